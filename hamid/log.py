@@ -1,0 +1,46 @@
+"""structlog setup: JSON lines when not on a terminal, console rendering on one.
+
+Request handlers bind ``pod`` (``namespace/name``), ``node`` and ``container`` with
+:func:`structlog.contextvars.bound_contextvars` so every line of a request carries them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure(log_format: LogFormat = "auto", level: str = "info") -> None:
+    """Configure structlog (and stdlib logging, for libraries) once for the process."""
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r}; choose one of {', '.join(LOG_LEVELS)}")
+    numeric = getattr(logging, level.upper())
+    use_console = log_format == "console" or (log_format == "auto" and sys.stderr.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    """A logger carrying ``component=<name>``."""
+    return structlog.get_logger().bind(component=name)

@@ -1,0 +1,34 @@
+"""HAMi's fit-failure reasons and the Event reasons hamid records (one definition each)."""
+
+from __future__ import annotations
+
+# --- per-device fit reasons (HAMi ``pkg/device/common``), counted as "<n>/<m> <Reason>" --------
+CARD_TYPE_MISMATCH = "CardTypeMismatch"
+CARD_UUID_MISMATCH = "CardUuidMismatch"
+CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
+CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
+CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
+CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+CARD_NOT_HEALTH = "CardNotHealth"
+CARD_CORDONED = "CardCordoned"
+NUMA_NOT_FIT = "NumaNotFit"
+EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
+CARD_NOT_FOUND_CUSTOM_FILTER_RULE = "CardNotFoundCustomFilterRule"
+CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
+NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
+NODE_UNFIT_POD = "NodeUnfitPod"
+NODE_FIT_POD = "NodeFitPod"
+RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
+MODE_NOT_FIT = "ModeNotFit"
+ALLOWED_DEVICE_SET_UNMATCHED = "AllowedDeviceSetUnmatched"
+NODE_UNREGISTERED = "node unregistered"
+
+# --- Event reasons --------------------------------------------------------------------------
+EVENT_FILTERING_SUCCEED = "FilteringSucceed"
+EVENT_FILTERING_FAILED = "FilteringFailed"
+EVENT_BINDING_SUCCEED = "BindingSucceed"
+EVENT_BINDING_FAILED = "BindingFailed"
+EVENT_NUMA_REFIT_SUCCEED = "NumaRefitSucceed"
+EVENT_NUMA_REFIT_FAILED = "NumaRefitFailed"
+EVENT_UNDECODABLE_ALLOCATION = "UndecodableAllocation"

@@ -1,0 +1,20 @@
+"""`hamid demo` and the `hamid sim` group."""
+
+from __future__ import annotations
+
+import click
+
+from hamid.sim.apiserver_cli import apiserver_command
+from hamid.sim.demo import demo_command
+from hamid.sim.kubelet_cli import kubelet_command
+
+
+@click.group("sim")
+def sim_group() -> None:
+    """Embedded stand-ins for a cluster: in-memory API server, simulated kubelet."""
+
+
+sim_group.add_command(apiserver_command)
+sim_group.add_command(kubelet_command)
+
+__all__ = ["demo_command", "sim_group"]
