@@ -1,1 +1,1 @@
-"""hamid.kube"""
+"""hamid.kube: raw-JSON Kubernetes client, watch-fed caches, event recorder, leader election."""

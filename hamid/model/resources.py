@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
 
+import yaml
+
+from hamid.model._wire import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    type_name,
+    want_bool,
+    want_int,
+    want_list,
+    want_number,
+    want_object,
+    want_str,
+)
 from hamid.model.devices import NVIDIA
+from hamid.model.errors import InvalidInput
+from hamid.model.nodeconfig import NodeConfig
 
 #: ``MemPercentagereq`` sentinel meaning "no percentage given".
 MEM_PERCENTAGE_UNSET = 101
@@ -49,3 +71,265 @@ class ResourceConfig:
             self.resource_core_name,
             self.resource_priority_name,
         )
+
+
+# ==========================================================================================
+# Device config (HAMi's device-config YAML, ``nvidia:`` section)
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    """The ``nvidia:`` section of HAMi's device-config YAML: resource names and request defaults for
+    the scheduler, and the node defaults (``deviceSplitCount`` ...) for the device plugin."""
+
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    node_defaults: NodeConfig = field(default_factory=NodeConfig)
+
+
+_RESOURCE_KEYS: dict[str, tuple[str, str]] = {
+    # YAML key -> (ResourceConfig field, kind)
+    "resourceCountName": ("resource_count_name", "name"),
+    "resourceMemoryName": ("resource_memory_name", "name"),
+    "resourceMemoryPercentageName": ("resource_memory_percentage_name", "name"),
+    "resourceCoreName": ("resource_core_name", "name"),
+    "resourcePriorityName": ("resource_priority_name", "name"),
+    "defaultMemory": ("default_memory", "count"),
+    "defaultCores": ("default_cores", "count"),
+    "defaultGPUNum": ("default_gpu_num", "count"),
+    "memoryFactor": ("memory_factor", "count"),
+    "overwriteEnv": ("overwrite_env", "bool"),
+    "disableCoreLimit": ("disable_core_limit", "bool"),
+    "gpuCorePolicy": ("gpu_core_policy", "policy"),
+    "runtimeClassName": ("runtime_class_name", "str"),
+}
+_NODE_KEYS: dict[str, tuple[str, str]] = {
+    "deviceSplitCount": ("device_split_count", "int"),
+    "deviceMemoryScaling": ("device_memory_scaling", "number"),
+    "deviceCoreScaling": ("device_core_scaling", "number"),
+    "preConfiguredDeviceMemory": ("preconfigured_device_memory", "int"),
+    "libCudaLogLevel": ("lib_cuda_log_level", "loglevel"),
+    "enableNumaTopology": ("enable_numa_topology", "bool"),
+}
+GPU_CORE_POLICIES = ("default", "force", "disable")
+
+
+def _config_value(value: object, kind: str, where: str) -> object:
+    if kind == "name":
+        text = want_str(value, where)
+        if not text:
+            raise InvalidInput(f"{where}: resource name must not be empty")
+        return text
+    if kind == "str":
+        return want_str(value, where)
+    if kind == "bool":
+        return want_bool(value, where)
+    if kind == "count":
+        return want_int(value, where, 0, INT32_MAX)
+    if kind == "int":
+        return want_int(value, where, INT32_MIN, INT32_MAX)
+    if kind == "number":
+        return want_number(value, where)
+    if kind == "policy":
+        policy = want_str(value, where) or "default"
+        if policy not in GPU_CORE_POLICIES:
+            raise InvalidInput(
+                f"{where}: unknown gpuCorePolicy {policy!r} (want {', '.join(GPU_CORE_POLICIES)})"
+            )
+        return policy
+    # kind == "loglevel": YAML writes it as a number (chart: 1) or a string
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    text = want_str(value, where)
+    if not text.isdigit():
+        raise InvalidInput(f"{where}: libCudaLogLevel {text!r} is not a non-negative integer")
+    return text
+
+
+def load_device_config(text: str) -> DeviceConfig:
+    """Parse HAMi's device-config YAML and return its ``nvidia:`` section.
+
+    Missing keys (or a missing ``nvidia:`` section, or an empty document) keep HAMi's defaults;
+    unknown keys (other vendors, ``migProfileAllowlist``, ...) are ignored. Wrong types, negative
+    defaults, an empty resource name or an unknown ``gpuCorePolicy`` raise InvalidInput naming the key.
+    """
+    if not isinstance(text, str):
+        raise InvalidInput(f"device config: want YAML text, got {type_name(text)}")
+    try:
+        doc = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        raise InvalidInput(f"device config: malformed YAML: {exc}") from None
+    if doc is None:
+        return DeviceConfig()
+    section_raw = want_object(doc, "device config").get("nvidia")
+    if section_raw is None:
+        return DeviceConfig()
+    section = want_object(section_raw, "device config nvidia")
+    resources: dict[str, object] = {}
+    node: dict[str, object] = {}
+    for keys, out in ((_RESOURCE_KEYS, resources), (_NODE_KEYS, node)):
+        for key, (attr, kind) in keys.items():
+            value = section.get(key)
+            if value is not None:
+                out[attr] = _config_value(value, kind, f"device config nvidia.{key}")
+    try:
+        node_defaults = NodeConfig(**node)  # type: ignore[arg-type]
+    except InvalidInput as exc:
+        raise InvalidInput(f"device config nvidia: {exc}") from None
+    return DeviceConfig(resources=ResourceConfig(**resources), node_defaults=node_defaults)  # type: ignore[arg-type]
+
+
+# ==========================================================================================
+# Pods, containers and requests (pods are plain dicts in Kubernetes wire JSON form)
+# ==========================================================================================
+
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]+)|(?P<dec>[numkMGTPE]?))\Z"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def quantity_as_int(value: object, where: str) -> int | None:
+    """A Kubernetes quantity as an exact int64, like Go's ``Quantity.AsInt64``; ``None`` if it is not one.
+
+    Accepts what the API server serves (``"1"``, ``"4096"``, ``"2k"`` — the canonical form of 2000 —,
+    ``"16Gi"``) and JSON numbers. Fractions (``"1.5"``, ``"500m"``) and values outside int64 give
+    ``None``; text that is not a quantity at all, or a non-scalar, raises InvalidInput.
+    """
+    if isinstance(value, bool):
+        raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
+    if isinstance(value, int):
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput(f"{where}: {value} is not a quantity")
+        return int(value) if value.is_integer() and INT64_MIN <= value <= INT64_MAX else None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise InvalidInput(f"{where}: {value!r} is not a Kubernetes quantity")
+    whole, _, frac = m["num"].partition(".")
+    whole, frac = whole.lstrip("0"), frac.rstrip("0")
+    if len(whole) > 60 or len(frac) > 60:
+        return None  # outside int64 or never an integer (even x 2**60); avoids huge int conversions
+    number = Fraction(int(whole + frac or "0"), 10 ** len(frac))
+    if m["bin"]:
+        number *= _BINARY[m["bin"]]
+    else:
+        exponent = int(m["exp"]) if m["exp"] is not None else _DECIMAL[m["dec"]]
+        if exponent > 30:  # bounded: anything non-zero this large is outside int64
+            return 0 if number == 0 else None
+        if exponent < -30:
+            return 0 if number == 0 else None
+        number *= Fraction(10) ** exponent
+    if m["sign"] == "-":
+        number = -number
+    if number.denominator != 1 or not INT64_MIN <= number.numerator <= INT64_MAX:
+        return None
+    return number.numerator
+
+
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(pod, Mapping):
+        raise InvalidInput(f"pod: want an object, got {type_name(pod)}")
+    spec = pod.get("spec")
+    return {} if spec is None else want_object(spec, "pod spec")
+
+
+def _container_list(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    raw = spec.get(key)
+    if raw is None:
+        return []
+    items = want_list(raw, f"pod spec.{key}")
+    for i, c in enumerate(items):
+        want_object(c, f"pod spec.{key}[{i}]")
+    return list(items)
+
+
+def all_containers(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``spec.initContainers`` then ``spec.containers`` (the "container index" order everywhere)."""
+    spec = _spec(pod)
+    return _container_list(spec, "initContainers") + _container_list(spec, "containers")
+
+
+def init_container_count(pod: Mapping[str, Any]) -> int:
+    """How many init containers lead :func:`all_containers`."""
+    return len(_container_list(_spec(pod), "initContainers"))
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """True for a sidecar: an *init* container with ``restartPolicy: Always`` (call it on init containers)."""
+    return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
+
+
+def _lookup(container: Mapping[str, Any], name: str, where: str) -> tuple[bool, object]:
+    """Limits first, then requests (HAMi's order for every resource)."""
+    resources_raw = container.get("resources")
+    resources = {} if resources_raw is None else want_object(resources_raw, f"{where} resources")
+    for section in ("limits", "requests"):
+        raw = resources.get(section)
+        values = {} if raw is None else want_object(raw, f"{where} resources.{section}")
+        if name in values:
+            return True, values[name]
+    return False, None
+
+
+def container_request(container: Mapping[str, Any], config: ResourceConfig) -> ContainerDeviceRequest | None:
+    """HAMi's ``GenerateResourceRequests`` for one container; ``None`` when it asks for no GPU.
+
+    Each resource is read from ``limits``, else ``requests``. Count absent, not an exact integer or
+    ``< 1`` → ``None``. Memory must be an integer in ``[0, MaxInt32 // factor]`` (factor =
+    ``max(memoryFactor, 1)``) or the whole request is ``None``; it is multiplied by the factor.
+    Percentage: 101 = unset, ``> 100`` → 100, ``<= 0`` (or not an integer) → unset. With no memory and
+    no percentage: ``defaultMemory`` if set (percentage stays 101), else 100 %. Cores: given value, else
+    ``defaultCores``; must be an integer in ``[0, MaxInt32]`` or the whole request is ``None``.
+    """
+    where = f"container {container.get('name')!r}" if isinstance(container, Mapping) else "container"
+    if not isinstance(container, Mapping):
+        raise InvalidInput(f"{where}: want an object, got {type_name(container)}")
+    found, raw = _lookup(container, config.resource_count_name, where)
+    if not found:
+        return None
+    nums = quantity_as_int(raw, f"{where} {config.resource_count_name}")
+    if nums is None or nums < 1 or nums > INT32_MAX:
+        return None
+
+    factor = max(config.memory_factor, 1)
+    memnum = 0
+    found, raw = _lookup(container, config.resource_memory_name, where)
+    if found:
+        mem = quantity_as_int(raw, f"{where} {config.resource_memory_name}")
+        if mem is None or not 0 <= mem <= INT32_MAX // factor:
+            return None
+        memnum = mem * factor
+
+    mempct = MEM_PERCENTAGE_UNSET
+    found, raw = _lookup(container, config.resource_memory_percentage_name, where)
+    if found:
+        pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
+        if pct is not None and pct > 0:
+            mempct = min(pct, 100)
+    if mempct == MEM_PERCENTAGE_UNSET and memnum == 0:
+        if config.default_memory != 0:
+            memnum = config.default_memory
+        else:
+            mempct = 100
+
+    cores = config.default_cores
+    found, raw = _lookup(container, config.resource_core_name, where)
+    if found:
+        value = quantity_as_int(raw, f"{where} {config.resource_core_name}")
+        if value is None or not 0 <= value <= INT32_MAX:
+            return None
+        cores = value
+    return ContainerDeviceRequest(
+        nums=nums, type=NVIDIA, memreq=memnum, mem_percentage_req=mempct, coresreq=cores
+    )
+
+
+def pod_requests(pod: Mapping[str, Any], config: ResourceConfig) -> list[ContainerDeviceRequest | None]:
+    """One entry per container, init containers first (``None`` where a container asks for no GPU)."""
+    return [container_request(c, config) for c in all_containers(pod)]

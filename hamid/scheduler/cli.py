@@ -1,13 +1,264 @@
-"""`hamid scheduler` command."""
+"""`hamid scheduler` command: extender, webhook, probes and metrics listeners; leader election."""
 
 from __future__ import annotations
 
-import click
+import asyncio
+import re
+import signal
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
 
-from hamid.options import not_built
+import click
+from aiohttp import web
+
+from hamid.kube.client import connect
+from hamid.kube.errors import KubeError
+from hamid.kube.leader import LeaderElector
+from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import DeviceConfig, load_device_config
+from hamid.options import option
+from hamid.scheduler.core import Scheduler, SchedulerSettings
+from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
+from hamid.tls import ReloadingServerContext, server_ssl_context
+
+log = get_logger("scheduler.cli")
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+REFIT_AUTH_METHODS = ("mtls", "token")
+
+
+def parse_duration(text: str) -> timedelta:
+    """A Go duration (``5m``, ``1h30m``, ``300ms``) as a timedelta; must be positive."""
+    value = text.strip()
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(value):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if not value or pos != len(value) or total <= 0:
+        raise InvalidInput(f"{text!r} is not a positive duration like 5m, 30s or 1h30m")
+    return timedelta(seconds=total)
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Every ``hamid scheduler`` option (the refit routes read the ``refit_*``/``device_plugin_*`` ones)."""
+
+    extender_listen: str = "127.0.0.1:9444"
+    listen: str = "0.0.0.0:9443"
+    metrics_listen: str = ":9395"
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+    settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    leader_elect: bool = False
+    leader_elect_namespace: str = "kube-system"
+    leader_elect_name: str = "hami-scheduler"
+    api_server: str | None = None
+    kubeconfig: str | None = None
+    device_plugin_namespace: str = "kube-system"
+    device_plugin_service_account: str = "hami-device-plugin"
+    refit_auth: tuple[str, ...] = REFIT_AUTH_METHODS
+
+
+#: Builds a route registrar for the cluster app from the running scheduler (e.g. ``POST /refit``).
+RouteFactory = Callable[[Scheduler, SchedulerOptions], RouteRegistrar]
+
+
+async def run_scheduler(
+    options: SchedulerOptions,
+    extra_routes: Sequence[RouteFactory] = (),
+    stop: asyncio.Event | None = None,
+    ready: Callable[[Scheduler, dict[str, int]], None] | None = None,
+) -> None:
+    """Run the scheduler until ``stop`` is set (or SIGTERM/SIGINT); every task is owned here.
+
+    ``ready`` is called with the scheduler and the bound ports (``extender``, ``cluster``,
+    ``metrics``) once all listeners are up.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            log.debug("signal_handler_unavailable", signal=sig.name)
+    tls: ReloadingServerContext | None = None
+    if options.tls_cert_file and options.tls_key_file:
+        tls = server_ssl_context(options.tls_cert_file, options.tls_key_file, options.client_ca_file)
+    elif options.tls_cert_file or options.tls_key_file:
+        raise InvalidInput("--tls-cert-file and --tls-key-file must be given together")
+    else:
+        log.warning(
+            "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and "
+            "--tls-key-file (development only)",
+            listen=options.listen,
+        )
+    kube = await connect(
+        options.api_server, options.kubeconfig, request_timeout=options.settings.api_timeout_s
+    )
+    scheduler = Scheduler(kube, options.device_config, options.settings)
+    runners: list[web.AppRunner] = []
+    try:
+        cluster = cluster_app(scheduler, [factory(scheduler, options) for factory in extra_routes])
+        ports: dict[str, int] = {}
+        for key, app, listen, ctx in (
+            ("extender", extender_app(scheduler), options.extender_listen, None),
+            ("cluster", cluster, options.listen, tls.context if tls else None),
+            ("metrics", metrics_app(scheduler), options.metrics_listen, None),
+        ):
+            runner, ports[key] = await serve(app, listen, ctx)
+            runners.append(runner)
+        elector: LeaderElector | None = None
+        if options.leader_elect:
+            scheduler.leading = False
+            elector = LeaderElector(
+                kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+                on_started_leading=lambda: setattr(scheduler, "leading", True),
+                on_stopped_leading=lambda: setattr(scheduler, "leading", False),
+            )
+        log.info("scheduler_started", **ports, tls=tls is not None, leader_elect=options.leader_elect)
+        if ready is not None:
+            ready(scheduler, ports)
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(scheduler.run())]
+            if elector is not None:
+                tasks.append(tg.create_task(elector.run()))
+            if tls is not None:
+                tasks.append(tg.create_task(tls.run()))
+            await stop.wait()
+            log.info("scheduler_stopping")
+            for task in tasks:
+                task.cancel()
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await scheduler.close()
+        await kube.close()
+
+
+def _load_device_config(path: str | None) -> DeviceConfig:
+    if not path:
+        return DeviceConfig()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--device-config-file") from exc
+    try:
+        return load_device_config(text)
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="--device-config-file") from exc
 
 
 @click.command("scheduler")
-def scheduler_command() -> None:
-    """Not built yet."""
-    raise not_built("scheduler")
+@option(
+    "--extender-listen",
+    default="127.0.0.1:9444",
+    help="host:port of the kube-scheduler extender (/filter, /bind), plain HTTP.",
+)
+@option(
+    "--listen",
+    default="0.0.0.0:9443",
+    help="host:port of /webhook, /healthz, /readyz (and /refit); TLS with the cert flags.",
+)
+@option("--metrics-listen", default=":9395", help="host:port of the Prometheus /metrics endpoint.")
+@option(
+    "--tls-cert-file", default=None, help="PEM server certificate for --listen (reloaded when it changes)."
+)
+@option("--tls-key-file", default=None, help="PEM private key of --tls-cert-file.")
+@option(
+    "--client-ca-file", default=None, help="PEM CA verifying client certificates (mTLS callers of /refit)."
+)
+@option("--scheduler-name", default="hami-scheduler", help="schedulerName the webhook sets on GPU pods.")
+@option(
+    "--node-scheduler-policy",
+    type=click.Choice(["binpack", "spread"]),
+    default="binpack",
+    help="Default node policy (pod annotation hami.io/node-scheduler-policy overrides).",
+)
+@option(
+    "--gpu-scheduler-policy",
+    default="spread",
+    help="Default GPU policy: binpack, spread, mutex, numa, topology-aware or a comma chain "
+    "(pod annotation hami.io/gpu-scheduler-policy overrides).",
+)
+@option("--device-config-file", default=None, help="HAMi device-config YAML (its nvidia: section).")
+@option("--node-lock-timeout", default="5m", help="Age after which a node lock (hami.io/mutex.lock) expires.")
+@option("--bind-wait", default="25s", help="How long a bind waits for a contended node lock before failing.")
+@option("--leader-elect/--no-leader-elect", default=False, help="Elect one active replica with a Lease.")
+@option("--leader-elect-namespace", default="kube-system", help="Namespace of the leader-election Lease.")
+@option("--leader-elect-name", default="hami-scheduler", help="Name of the leader-election Lease.")
+@option(
+    "--api-server",
+    default=None,
+    help="API server URL (no auth, e.g. the embedded one); default kubeconfig/in-cluster.",
+)
+@option("--kubeconfig", default=None, help="kubeconfig file (default $KUBECONFIG, then in-cluster).")
+@option(
+    "--device-plugin-namespace",
+    default="kube-system",
+    help="Namespace of the device plugin ServiceAccount (/refit token auth).",
+)
+@option(
+    "--device-plugin-service-account",
+    default="hami-device-plugin",
+    help="ServiceAccount of the device plugin (/refit token auth).",
+)
+@option(
+    "--refit-auth",
+    default="mtls,token",
+    help="Accepted /refit caller authentication: comma list of mtls, token.",
+)
+def scheduler_command(**kw: str | bool | None) -> None:
+    """Run the scheduler extender, the mutating webhook and the metrics endpoint."""
+    try:
+        refit_auth = tuple(m.strip() for m in str(kw["refit_auth"] or "").split(",") if m.strip())
+        unknown = [m for m in refit_auth if m not in REFIT_AUTH_METHODS]
+        if unknown:
+            raise click.BadParameter(f"unknown method(s) {', '.join(unknown)}", param_hint="--refit-auth")
+        settings = SchedulerSettings(
+            scheduler_name=str(kw["scheduler_name"]),
+            node_policy=str(kw["node_scheduler_policy"]),
+            gpu_policy=str(kw["gpu_scheduler_policy"]),
+            node_lock_timeout=parse_duration(str(kw["node_lock_timeout"])),
+            bind_wait_s=parse_duration(str(kw["bind_wait"])).total_seconds(),
+        )
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc)) from exc
+    options = SchedulerOptions(
+        extender_listen=str(kw["extender_listen"]),
+        listen=str(kw["listen"]),
+        metrics_listen=str(kw["metrics_listen"]),
+        tls_cert_file=_opt(kw["tls_cert_file"]),
+        tls_key_file=_opt(kw["tls_key_file"]),
+        client_ca_file=_opt(kw["client_ca_file"]),
+        settings=settings,
+        device_config=_load_device_config(_opt(kw["device_config_file"])),
+        leader_elect=bool(kw["leader_elect"]),
+        leader_elect_namespace=str(kw["leader_elect_namespace"]),
+        leader_elect_name=str(kw["leader_elect_name"]),
+        api_server=_opt(kw["api_server"]),
+        kubeconfig=_opt(kw["kubeconfig"]),
+        device_plugin_namespace=str(kw["device_plugin_namespace"]),
+        device_plugin_service_account=str(kw["device_plugin_service_account"]),
+        refit_auth=refit_auth,
+    )
+    try:
+        asyncio.run(run_scheduler(options))
+    except* (InvalidInput, KubeError) as group:
+        raise click.ClickException("; ".join(str(e) for e in group.exceptions)) from None
+
+
+def _opt(value: str | bool | None) -> str | None:
+    return str(value) if value else None

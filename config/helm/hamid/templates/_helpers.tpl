@@ -1,0 +1,140 @@
+{{/* Chart name. */}}
+{{- define "hamid.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name (HAMi's naming: objects are "<fullname>-<part>"). */}}
+{{- define "hamid.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hamid.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Common labels. */}}
+{{- define "hamid.labels" -}}
+helm.sh/chart: {{ include "hamid.chart" . }}
+app.kubernetes.io/name: {{ include "hamid.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "hamid.scheduler.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hamid.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: scheduler
+{{- end -}}
+
+{{- define "hamid.devicePlugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hamid.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: device-plugin
+{{- end -}}
+
+{{/* Object names. */}}
+{{- define "hamid.scheduler.name" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
+{{- define "hamid.scheduler.serviceAccount" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
+{{- define "hamid.devicePlugin.name" -}}{{ include "hamid.fullname" . }}-device-plugin{{- end -}}
+{{- define "hamid.devicePlugin.serviceAccount" -}}{{ include "hamid.fullname" . }}-device-plugin{{- end -}}
+{{- define "hamid.deviceConfig.name" -}}{{ include "hamid.fullname" . }}-device-config{{- end -}}
+{{- define "hamid.tls.generatedSecret" -}}{{ include "hamid.fullname" . }}-scheduler-tls{{- end -}}
+{{- define "hamid.tls.caConfigMap" -}}{{ include "hamid.fullname" . }}-scheduler-ca{{- end -}}
+{{- define "hamid.webhook.name" -}}{{ include "hamid.fullname" . }}-webhook{{- end -}}
+
+{{/* The Secret the scheduler serves TLS from. */}}
+{{- define "hamid.tls.secretName" -}}
+{{- default (include "hamid.tls.generatedSecret" .) .Values.scheduler.tls.existingSecret -}}
+{{- end -}}
+
+{{/* "true" when the chart knows the scheduler's CA (generated, or scheduler.tls.caBundle). */}}
+{{- define "hamid.tls.caKnown" -}}
+{{- if or (not .Values.scheduler.tls.existingSecret) .Values.scheduler.tls.caBundle -}}true{{- end -}}
+{{- end -}}
+
+{{/* Leader election is on only with more than one replica. */}}
+{{- define "hamid.scheduler.leaderElect" -}}
+{{- if and .Values.scheduler.leaderElect (gt (int .Values.scheduler.replicas) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "hamid.scheduler.leaseName" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
+{{- define "hamid.kubeScheduler.leaseName" -}}{{ include "hamid.fullname" . }}-kube-scheduler{{- end -}}
+
+{{/* DNS name of the scheduler Service inside the cluster. */}}
+{{- define "hamid.scheduler.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "hamid.scheduler.name" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Refit endpoint handed to the device plugins. */}}
+{{- define "hamid.numaRefit.endpoint" -}}
+{{- if .Values.devicePlugin.numaRefit.schedulerEndpoint -}}
+{{- .Values.devicePlugin.numaRefit.schedulerEndpoint -}}
+{{- else -}}
+{{- printf "https://%s:%v" (include "hamid.scheduler.serviceHost" .) (.Values.scheduler.service.httpPort | default 443) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+How the device plugin verifies the scheduler, first match wins:
+caFile (a path in the container) > caSecret (mounted) > tlsInsecure (explicit opt-out) >
+the chart-known CA (generated or scheduler.tls.caBundle, mounted) > system roots ("").
+Prints one of: file, secret, insecure, chart, system.
+*/}}
+{{- define "hamid.numaRefit.trust" -}}
+{{- $r := .Values.devicePlugin.numaRefit -}}
+{{- if $r.caFile -}}file
+{{- else if $r.caSecret -}}secret
+{{- else if $r.tlsInsecure -}}insecure
+{{- else if include "hamid.tls.caKnown" . -}}chart
+{{- else -}}system
+{{- end -}}
+{{- end -}}
+
+{{- define "hamid.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* kube-scheduler image: the cluster's vMAJOR.MINOR.PATCH unless a tag is given. */}}
+{{- define "hamid.kubeScheduler.image" -}}
+{{- $img := .Values.scheduler.kubeScheduler.image -}}
+{{- $tag := $img.tag -}}
+{{- if not $tag -}}
+{{- $tag = regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- if not (hasPrefix "v" $tag) -}}{{- $tag = printf "v%s" $tag -}}{{- end -}}
+{{- end -}}
+{{- printf "%s:%s" $img.repository $tag -}}
+{{- end -}}
+
+{{/* Every HAMi resource name (extender managedResources). */}}
+{{- define "hamid.resourceNames" -}}
+{{- list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority | toJson -}}
+{{- end -}}
+
+{{/* Global hamid options, before the mode name. */}}
+{{- define "hamid.globalArgs" -}}
+- --log-format={{ .Values.log.format }}
+- --log-level={{ .Values.log.level }}
+{{- end -}}
+
+{{/* Restricted container security context (non-root modes). */}}
+{{- define "hamid.restrictedSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

@@ -1,0 +1,281 @@
+"""GPU and node scheduling policies, device and node scores, and a pod's policy annotations."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from hamid.model import annotations as ann
+from hamid.model.annotations import ScoringWeights
+from hamid.model.resources import MEM_PERCENTAGE_UNSET, ContainerDeviceRequest
+
+#: GPU policy tokens (``hami.io/gpu-scheduler-policy``, ``--gpu-scheduler-policy``).
+BINPACK = "binpack"
+SPREAD = "spread"
+TOPOLOGY_AWARE = "topology-aware"
+MUTEX = "mutex"
+NUMA = "numa"
+GPU_POLICIES = (BINPACK, SPREAD, TOPOLOGY_AWARE, MUTEX, NUMA)
+#: Node policies (``hami.io/node-scheduler-policy``, ``--node-scheduler-policy``).
+NODE_POLICIES = (BINPACK, SPREAD)
+
+_SORT_KEYS = (BINPACK, SPREAD, NUMA)
+
+
+#: HAMi's default device-score weights (slot=1, core=1, memory=1).
+DEFAULT_WEIGHTS = ScoringWeights()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPolicy:
+    """A parsed GPU policy value: single token or comma chain (HAMi PR #2621).
+
+    ``chain`` holds the sort keys (``binpack``/``spread``/``numa``) when the value is a chain
+    (contains ``,`` or equals ``numa``), else ``None``. ``mutex`` and ``topology-aware`` act
+    as Fit filters wherever they appear (HAMi ``PolicyContains``).
+    """
+
+    value: str
+    chain: tuple[str, ...] | None
+    mutex: bool
+    topology_aware: bool
+
+    @classmethod
+    def parse(cls, value: str) -> GpuPolicy:
+        """Parse a policy value; unknown tokens are ignored as HAMi does (spread behaviour)."""
+        value = value.strip()
+        tokens = [t.strip() for t in value.split(",")]
+        chain: tuple[str, ...] | None = None
+        if "," in value or value == NUMA:
+            keys: list[str] = []
+            for t in tokens:
+                if t in _SORT_KEYS and t not in keys:
+                    keys.append(t)
+            chain = tuple(keys) or (SPREAD,)
+        return cls(value=value, chain=chain, mutex=MUTEX in tokens, topology_aware=TOPOLOGY_AWARE in tokens)
+
+    def sort_chain(self, numa_bind: bool) -> tuple[str, ...] | None:
+        """The chain's sort keys with ``numa`` moved first under numa-bind."""
+        if self.chain is None:
+            return None
+        if numa_bind and self.chain[0] != NUMA:
+            return (NUMA, *(k for k in self.chain if k != NUMA))
+        return self.chain
+
+
+def request_memory(request: ContainerDeviceRequest, totalmem: int) -> int:
+    """Per-device memory booked for a request on a card of ``totalmem`` MiB (Fit step 9).
+
+    ``Memreq`` if > 0, else ``totalmem * pct / 100`` when a percentage is set. A percentage of
+    0 or less books the whole card (HAMi ``TestZeroMemoryPercentageIsAccountedAsWholeCard``:
+    0 % is "unset", which without memory means 100 %).
+    """
+    if request.memreq > 0:
+        return request.memreq
+    pct = request.mem_percentage_req
+    if pct == MEM_PERCENTAGE_UNSET:
+        return 0
+    if pct <= 0:
+        return totalmem
+    return totalmem * min(pct, 100) // 100
+
+
+def device_score(
+    count: int,
+    totalcore: int,
+    totalmem: int,
+    used: int,
+    usedcores: int,
+    usedmem: int,
+    request: ContainerDeviceRequest | None,
+    weights: ScoringWeights = DEFAULT_WEIGHTS,
+) -> float:
+    """HAMi's ``ComputeScore`` of one device for one container's request.
+
+    ``10*(Ws*(r+Used)/Count + Wc*(c+Usedcores)/Totalcore + Wm*(m+Usedmem)/Totalmem)``; 0 when a
+    total is 0. Intended behaviour, unlike upstream (hami-wire §8.2): the container's NVIDIA
+    request always counts (``r=1``, ``c=Coresreq``, ``m`` from the percentage when set, else
+    ``Memreq``) — upstream only counted requests whose type equals the device's model name
+    exactly, i.e. never on real nodes.
+    """
+    if count == 0 or totalcore == 0 or totalmem == 0:
+        return 0.0
+    r = c = m = 0
+    if request is not None and request.nums > 0:
+        r = 1
+        c = request.coresreq
+        pct = request.mem_percentage_req
+        m = totalmem * pct // 100 if pct not in (0, MEM_PERCENTAGE_UNSET) else request.memreq
+    return 10.0 * (
+        weights.slot * (r + used) / count
+        + weights.core * (c + usedcores) / totalcore
+        + weights.memory * (m + usedmem) / totalmem
+    )
+
+
+SortKey = Callable[[int, float, int, int], tuple]
+"""``(numa, score, used, index) -> key``; HAMi's ascending ``DeviceUsageList.Less`` order."""
+
+
+def _key_mutex(numa: int, score: float, used: int, index: int) -> tuple:
+    return (-used, numa, index)
+
+
+def _key_binpack_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
+    return (-numa, score, index)
+
+
+def _key_spread_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
+    return (numa, -score, index)
+
+
+def _key_binpack(numa: int, score: float, used: int, index: int) -> tuple:
+    return (score, numa, index)
+
+
+def _key_spread(numa: int, score: float, used: int, index: int) -> tuple:
+    return (-score, numa, index)
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_key(chain: tuple[str, ...]) -> SortKey:
+    signs = tuple((key == NUMA, 1.0 if key == BINPACK else -1.0) for key in chain)
+
+    def key(numa: int, score: float, used: int, index: int) -> tuple:
+        return (*(numa if is_numa else sign * score for is_numa, sign in signs), index)
+
+    return key
+
+
+def sort_key(policy: GpuPolicy, numa_bind: bool) -> SortKey:
+    """The ascending sort key of a policy (HAMi consumes the sorted list from its end).
+
+    Chains compare key by key (binpack: score ascending, spread: score descending, numa: NUMA
+    ascending); single values follow hami-wire §3.6. Ties (HAMi's sort is unstable) break on
+    the device index so results are deterministic.
+    """
+    chain = policy.sort_chain(numa_bind)
+    if chain is not None:
+        return _chain_key(chain)
+    if policy.value == MUTEX:
+        return _key_mutex
+    if numa_bind:
+        return _key_binpack_numa_bind if policy.value == BINPACK else _key_spread_numa_bind
+    return _key_binpack if policy.value == BINPACK else _key_spread
+
+
+def try_order(
+    numas: Sequence[int],
+    scores: Sequence[float],
+    useds: Sequence[int],
+    indexes: Sequence[int],
+    policy: GpuPolicy,
+    numa_bind: bool,
+) -> list[int]:
+    """Positions of the candidate devices in the order Fit tries them (first = tried first).
+
+    HAMi sorts ascending with ``DeviceUsageList.Less`` and consumes from the end; this returns
+    that list reversed (see :func:`sort_key`).
+    """
+    key = sort_key(policy, numa_bind)
+    return sorted(
+        range(len(numas)), key=lambda i: key(numas[i], scores[i], useds[i], indexes[i]), reverse=True
+    )
+
+
+T = TypeVar("T")
+
+
+def pick_node(scored: Sequence[tuple[T, float]], node_policy: str) -> T:
+    """The winning candidate: binpack (default) takes the highest node score, spread the lowest.
+
+    Ties go to the earliest candidate. ``scored`` must not be empty.
+    """
+    if not scored:
+        raise ValueError("pick_node needs at least one candidate")
+    best, best_score = scored[0]
+    for item, score in scored[1:]:
+        if (score < best_score) if node_policy == SPREAD else (score > best_score):
+            best, best_score = item, score
+    return best
+
+
+def order_nodes(scored: Sequence[tuple[T, float]], node_policy: str) -> list[T]:
+    """Candidates in preference order (the first is what :func:`pick_node` would return).
+
+    Lets a caller fit nodes best-first and stop at the first that fits.
+    """
+    sign = 1.0 if node_policy == SPREAD else -1.0
+    order = sorted(range(len(scored)), key=lambda i: (sign * scored[i][1], i))
+    return [scored[i][0] for i in order]
+
+
+@dataclass(frozen=True, slots=True)
+class PodPolicy:
+    """Everything a pod's annotations change about its fit, parsed once per pod."""
+
+    gpu_policy: GpuPolicy
+    node_policy: str
+    weights: ScoringWeights = DEFAULT_WEIGHTS
+    numa_bind: bool = False
+    use_uuids: frozenset[str] | None = None
+    nouse_uuids: frozenset[str] = frozenset()
+    use_types: tuple[str, ...] | None = None
+    nouse_types: tuple[str, ...] = ()
+    vgpu_mode: str | None = None
+
+    @classmethod
+    def default(cls, gpu_policy: str = SPREAD, node_policy: str = BINPACK) -> PodPolicy:
+        """Policy of a pod without annotations."""
+        return cls(gpu_policy=GpuPolicy.parse(gpu_policy), node_policy=node_policy)
+
+    @classmethod
+    def from_annotations(
+        cls,
+        annotations: Mapping[str, str] | None,
+        default_gpu_policy: str = SPREAD,
+        default_node_policy: str = BINPACK,
+    ) -> PodPolicy:
+        """Parse a pod's policy annotations (blank values mean "unset").
+
+        Raises :class:`hamid.model.errors.InvalidInput` for invalid ``hami.io/device-scoring-weights``
+        (the scheduler answers the filter with that error, as HAMi does) and for a
+        ``nvidia.com/numa-bind`` that is not a Go boolean (HAMi silently ignores it; a clear
+        error is better than scheduling without the binding the user asked for).
+        """
+        a = annotations or {}
+        gpu = (a.get(ann.GPU_SCHEDULER_POLICY) or "").strip() or default_gpu_policy
+        node = (a.get(ann.NODE_SCHEDULER_POLICY) or "").strip() or default_node_policy
+        weights = ann.parse_scoring_weights(a.get(ann.DEVICE_SCORING_WEIGHTS))
+        numa_bind = ann.parse_numa_bind((a.get(ann.NUMA_BIND) or "").strip() or None)
+        use_uuids = ann.parse_uuid_list(a.get(ann.USE_GPU_UUID), ann.USE_GPU_UUID)
+        nouse = ann.parse_uuid_list(a.get(ann.NOUSE_GPU_UUID), ann.NOUSE_GPU_UUID)
+        use_types = ann.parse_type_list(a.get(ann.USE_GPU_TYPE), ann.USE_GPU_TYPE)
+        nouse_types = ann.parse_type_list(a.get(ann.NOUSE_GPU_TYPE), ann.NOUSE_GPU_TYPE)
+        mode = (a.get(ann.VGPU_MODE) or "").strip() or None
+        return cls(
+            gpu_policy=GpuPolicy.parse(gpu),
+            node_policy=node,
+            weights=weights,
+            numa_bind=numa_bind,
+            use_uuids=None if use_uuids is None else frozenset(use_uuids),
+            nouse_uuids=frozenset(nouse or ()),
+            use_types=None if use_types is None else tuple(t.upper() for t in use_types),
+            nouse_types=tuple(t.upper() for t in nouse_types or ()),
+            vgpu_mode=mode,
+        )
+
+    def type_allowed(self, device_type: str) -> bool:
+        """``use-gputype``/``nouse-gputype``: case-insensitive substring rules."""
+        upper = device_type.upper()
+        if self.use_types is not None and not any(t in upper for t in self.use_types):
+            return False
+        return not any(t in upper for t in self.nouse_types)
+
+    def uuid_allowed(self, uuid: str) -> bool:
+        """``use-gpuuuid``/``nouse-gpuuuid``."""
+        if self.use_uuids is not None and uuid not in self.use_uuids:
+            return False
+        return uuid not in self.nouse_uuids

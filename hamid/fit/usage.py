@@ -1,0 +1,350 @@
+"""Per-device usage of a node and the phase-aware effective usage of one pod.
+
+A pod's containers run in phases (Kubernetes init semantics): every regular init container runs
+alone, together with the sidecars (init containers with ``restartPolicy: Always``) declared before
+it; then all sidecars and app containers run concurrently. The usage a pod books on a GPU is, per
+field, the maximum over those phases of the sum of the containers of that phase on that GPU
+(HAMi's ``CollapseInitContainerUsage`` when sidecars come after the regular init containers,
+exact when they do not). Once all regular init containers succeeded only the last phase remains
+(HAMi's ``AppContainersOnlyDeviceUsage``; sidecars keep running and stay counted).
+
+The scheduler keeps :class:`NodeUsage` incrementally: :meth:`NodeUsage.add` when a pod is
+reserved or seen, :meth:`NodeUsage.remove` when it ends, both with the same :class:`PodUsage`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hamid.model.devices import NVIDIA, DeviceInfo, PodDevices
+from hamid.model.resources import all_containers, init_container_count, is_sidecar
+
+
+class ContainerKind(enum.Enum):
+    """How a container takes part in the pod's phases."""
+
+    INIT = "init"  #: regular init container: runs alone (with earlier sidecars), then exits
+    SIDECAR = "sidecar"  #: init container with ``restartPolicy: Always``: runs until the pod ends
+    APP = "app"  #: regular container
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAmount:
+    """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent)."""
+
+    slots: int
+    mem: int
+    cores: int
+
+
+#: A pod's effective usage: GPU UUID -> amount.
+PodUsage = Mapping[str, DeviceAmount]
+
+
+@dataclass(slots=True)
+class DeviceUsage:
+    """One GPU of a node with its current usage (mutable; kept by the scheduler)."""
+
+    id: str
+    index: int
+    count: int
+    totalmem: int
+    totalcore: int
+    type: str
+    numa: int
+    mode: str
+    health: bool
+    used: int = 0
+    usedmem: int = 0
+    usedcores: int = 0
+
+    @classmethod
+    def from_info(cls, info: DeviceInfo) -> DeviceUsage:
+        """A device with zero usage from its registered record."""
+        return cls(
+            id=info.id,
+            index=info.index,
+            count=info.count,
+            totalmem=info.devmem,
+            totalcore=info.devcore,
+            type=info.type,
+            numa=info.numa,
+            mode=info.mode,
+            health=info.health,
+        )
+
+    def copy(self) -> DeviceUsage:
+        """An independent copy (usage included)."""
+        return DeviceUsage(
+            self.id,
+            self.index,
+            self.count,
+            self.totalmem,
+            self.totalcore,
+            self.type,
+            self.numa,
+            self.mode,
+            self.health,
+            self.used,
+            self.usedmem,
+            self.usedcores,
+        )
+
+
+class NodeUsage:
+    """The GPUs of one node, their usage, GPU pair scores and cordoned UUIDs.
+
+    ``devices`` keeps the register order. Node-wide sums are maintained incrementally so
+    :meth:`score` is O(1).
+    """
+
+    __slots__ = (
+        "_sum_cores",
+        "_sum_mem",
+        "_sum_used",
+        "_tot_cores",
+        "_tot_count",
+        "_tot_mem",
+        "by_id",
+        "candidates",
+        "cordoned",
+        "devices",
+        "name",
+        "pair_scores",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        devices: Iterable[DeviceUsage],
+        pair_scores: Mapping[str, Mapping[str, int]] | None = None,
+        cordoned: Iterable[str] = (),
+    ) -> None:
+        self.name = name
+        self.devices: tuple[DeviceUsage, ...] = tuple(devices)
+        self.by_id: dict[str, DeviceUsage] = {d.id: d for d in self.devices}
+        #: Devices an NVIDIA request may use (type contains "nvidia", case-insensitive).
+        self.candidates: tuple[DeviceUsage, ...] = tuple(
+            d for d in self.devices if NVIDIA.lower() in d.type.lower()
+        )
+        self.pair_scores: Mapping[str, Mapping[str, int]] = pair_scores or {}
+        self.cordoned: frozenset[str] = frozenset(cordoned)
+        self._tot_count = sum(d.count for d in self.devices)
+        self._tot_mem = sum(d.totalmem for d in self.devices)
+        self._tot_cores = sum(d.totalcore for d in self.devices)
+        self._sum_used = sum(d.used for d in self.devices)
+        self._sum_mem = sum(d.usedmem for d in self.devices)
+        self._sum_cores = sum(d.usedcores for d in self.devices)
+
+    @classmethod
+    def from_infos(
+        cls,
+        name: str,
+        infos: Iterable[DeviceInfo],
+        pair_scores: Mapping[str, Mapping[str, int]] | None = None,
+        cordoned: Iterable[str] = (),
+    ) -> NodeUsage:
+        """A node with zero usage from its registered devices."""
+        return cls(name, (DeviceUsage.from_info(i) for i in infos), pair_scores, cordoned)
+
+    def copy(self) -> NodeUsage:
+        """An independent copy (devices copied; pair scores and cordon set shared, immutable)."""
+        return NodeUsage(self.name, (d.copy() for d in self.devices), self.pair_scores, self.cordoned)
+
+    def add(self, usage: PodUsage) -> tuple[str, ...]:
+        """Book a pod's usage; returns the UUIDs not on this node (ignored)."""
+        return self._apply(usage, 1)
+
+    def remove(self, usage: PodUsage) -> tuple[str, ...]:
+        """Release a pod's usage booked with :meth:`add`; returns the UUIDs not on this node."""
+        return self._apply(usage, -1)
+
+    def _apply(self, usage: PodUsage, sign: int) -> tuple[str, ...]:
+        unknown: list[str] = []
+        for uuid, amount in usage.items():
+            dev = self.by_id.get(uuid)
+            if dev is None:
+                unknown.append(uuid)
+                continue
+            slots = max(amount.slots, 1) * sign
+            dev.used += slots
+            dev.usedmem += amount.mem * sign
+            dev.usedcores += amount.cores * sign
+            self._sum_used += slots
+            self._sum_mem += amount.mem * sign
+            self._sum_cores += amount.cores * sign
+        return tuple(unknown)
+
+    def score(self, release: PodUsage | None = None) -> float:
+        """HAMi's node score ``10*(ΣUsed/ΣCount + ΣUsedcores/ΣTotalcore + ΣUsedmem/ΣTotalmem)``.
+
+        Computed from the usage before the pod being scheduled (``release``: that pod's usage
+        already booked here, left out); 0 when any total is 0.
+        """
+        if self._tot_count == 0 or self._tot_cores == 0 or self._tot_mem == 0:
+            return 0.0
+        used, mem, cores = self._sum_used, self._sum_mem, self._sum_cores
+        if release:
+            for uuid, amount in release.items():
+                if uuid in self.by_id:
+                    used -= max(amount.slots, 1)
+                    mem -= amount.mem
+                    cores -= amount.cores
+        return 10.0 * (used / self._tot_count + cores / self._tot_cores + mem / self._tot_mem)
+
+
+def container_kinds(pod: Mapping) -> tuple[ContainerKind, ...]:
+    """The kind of every container of a pod dict, init containers first."""
+    n_init = init_container_count(pod)
+    kinds: list[ContainerKind] = []
+    for i, container in enumerate(all_containers(pod)):
+        if i >= n_init:
+            kinds.append(ContainerKind.APP)
+        elif is_sidecar(container):
+            kinds.append(ContainerKind.SIDECAR)
+        else:
+            kinds.append(ContainerKind.INIT)
+    return tuple(kinds)
+
+
+def init_containers_succeeded(pod: Mapping) -> bool:
+    """Whether every regular init container of the pod terminated with exit code 0.
+
+    False when the pod has no regular init container (there is nothing to release). Sidecars
+    are not waited for: they keep running with the app containers.
+    """
+    spec = pod.get("spec") or {}
+    regular = [c.get("name") for c in spec.get("initContainers") or () if not is_sidecar(c)]
+    if not regular:
+        return False
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or ()}
+    for name in regular:
+        terminated = ((statuses.get(name) or {}).get("state") or {}).get("terminated")
+        if not terminated or terminated.get("exitCode") != 0:
+            return False
+    return True
+
+
+def phases(kinds: Sequence[ContainerKind], init_released: bool = False) -> tuple[tuple[int, ...], ...]:
+    """The sets of container indexes that run concurrently.
+
+    One phase per regular init container (itself plus the sidecars declared before it) unless
+    ``init_released``, then the steady phase (all sidecars and app containers).
+    """
+    out: list[tuple[int, ...]] = []
+    sidecars: list[int] = []
+    for i, kind in enumerate(kinds):
+        if kind is ContainerKind.INIT:
+            if not init_released:
+                out.append((*sidecars, i))
+        elif kind is ContainerKind.SIDECAR:
+            sidecars.append(i)
+    steady = tuple(i for i, k in enumerate(kinds) if k is not ContainerKind.INIT)
+    if steady:
+        out.append(steady)
+    return tuple(out)
+
+
+def _phase_sums(layout: PodDevices, phase: Iterable[int]) -> dict[str, list[int]]:
+    sums: dict[str, list[int]] = {}
+    for ci in phase:
+        if ci >= len(layout):
+            continue
+        for dev in layout[ci]:
+            if dev.type != NVIDIA:
+                continue
+            acc = sums.get(dev.uuid)
+            if acc is None:
+                sums[dev.uuid] = [1, dev.usedmem, dev.usedcores]
+            else:
+                acc[0] += 1
+                acc[1] += dev.usedmem
+                acc[2] += dev.usedcores
+    return sums
+
+
+def effective_pod_usage(
+    layout: PodDevices, kinds: Sequence[ContainerKind], init_released: bool = False
+) -> dict[str, DeviceAmount]:
+    """A pod's phase-aware usage per GPU UUID, from its positional allocation (init first).
+
+    Per field, the maximum over :func:`phases` of the phase's sum; slots at least 1. Entries
+    of other device types than NVIDIA are ignored. ``kinds`` shorter than ``layout`` counts
+    the extra entries as app containers.
+    """
+    kinds = _pad_kinds(kinds, len(layout))
+    peak: dict[str, list[int]] = {}
+    for phase in phases(kinds, init_released):
+        for uuid, (s, m, c) in _phase_sums(layout, phase).items():
+            acc = peak.get(uuid)
+            if acc is None:
+                peak[uuid] = [s, m, c]
+            else:
+                acc[0] = max(acc[0], s)
+                acc[1] = max(acc[1], m)
+                acc[2] = max(acc[2], c)
+    return {u: DeviceAmount(max(s, 1), m, c) for u, (s, m, c) in sorted(peak.items())}
+
+
+def usage_totals(usage: PodUsage) -> tuple[int, int]:
+    """Total (memory, cores) of a pod's usage, as counted against a namespace quota."""
+    return sum(a.mem for a in usage.values()), sum(a.cores for a in usage.values())
+
+
+def _pad_kinds(kinds: Sequence[ContainerKind], n: int) -> Sequence[ContainerKind]:
+    if len(kinds) >= n:
+        return kinds
+    return (*kinds, *([ContainerKind.APP] * (n - len(kinds))))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnUsage:
+    """The pod's own usage on one GPU as seen by the container being fitted (``t``).
+
+    ``con_*``: per-field maximum over the phases containing ``t`` of the other containers'
+    sums there (they run concurrently with ``t``); ``oth_*``: the same over the phases not
+    containing ``t``. With ``t`` placed with (mem, cores) the pod books
+    ``max(con + (1, mem, cores), oth)`` per field.
+    """
+
+    con_slots: int = 0
+    con_mem: int = 0
+    con_cores: int = 0
+    oth_slots: int = 0
+    oth_mem: int = 0
+    oth_cores: int = 0
+
+    def booked(self) -> tuple[int, int, int]:
+        """(slots, mem, cores) the pod books here without ``t``."""
+        return (
+            max(self.con_slots, self.oth_slots),
+            max(self.con_mem, self.oth_mem),
+            max(self.con_cores, self.oth_cores),
+        )
+
+
+def own_usage_for(
+    layout: PodDevices, kinds: Sequence[ContainerKind], target: int, init_released: bool = False
+) -> dict[str, OwnUsage]:
+    """The pod's own usage per GPU as seen by container ``target`` (its own entry excluded)."""
+    kinds = _pad_kinds(kinds, max(len(layout), target + 1))
+    con: dict[str, list[int]] = {}
+    oth: dict[str, list[int]] = {}
+    for phase in phases(kinds, init_released):
+        dest = con if target in phase else oth
+        for uuid, (s, m, c) in _phase_sums(layout, (i for i in phase if i != target)).items():
+            acc = dest.get(uuid)
+            if acc is None:
+                dest[uuid] = [s, m, c]
+            else:
+                acc[0] = max(acc[0], s)
+                acc[1] = max(acc[1], m)
+                acc[2] = max(acc[2], c)
+    out: dict[str, OwnUsage] = {}
+    for uuid in con.keys() | oth.keys():
+        cs, cm, cc = con.get(uuid, (0, 0, 0))
+        os_, om, oc = oth.get(uuid, (0, 0, 0))
+        out[uuid] = OwnUsage(cs, cm, cc, os_, om, oc)
+    return out

@@ -1,0 +1,367 @@
+"""Watch-fed caches (informers) of trimmed raw-JSON objects, with add/update/delete callbacks.
+
+A cache lists, then watches from the list's resourceVersion; a dropped stream resumes from the
+last resourceVersion seen; ``410 Gone`` triggers a re-list whose differences are delivered as
+add/update/delete callbacks, so consumers stay exact. Errors back off (bounded, jittered).
+Callbacks are synchronous and run on the event loop, in event order.
+"""
+
+# Every ``timeout`` parameter here is a deadline enforced inside with ``asyncio.timeout``.
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hamid.kube.backoff import Backoff
+from hamid.kube.client import (
+    JSON,
+    NODES,
+    PODS,
+    RESOURCE_QUOTAS,
+    KubeClient,
+    Resource,
+    WatchEvent,
+    object_key,
+)
+from hamid.kube.errors import Gone, Timeout
+from hamid.log import get_logger
+
+log = get_logger("kube.cache")
+
+AddHandler = Callable[[JSON], None]
+UpdateHandler = Callable[[JSON, JSON], None]
+DeleteHandler = Callable[[JSON], None]
+Trim = Callable[[JSON], JSON]
+
+# The parts of status hamid reads; everything else is dropped from cached records.
+POD_STATUS_KEYS = frozenset(
+    {"phase", "reason", "conditions", "containerStatuses", "initContainerStatuses", "qosClass"}
+)
+NODE_STATUS_KEYS = frozenset({"allocatable", "capacity", "conditions"})
+
+
+def trim_metadata(obj: JSON) -> JSON:
+    """Drop ``metadata.managedFields`` (in place) and return the object."""
+    meta = obj.get("metadata")
+    if meta is not None:
+        meta.pop("managedFields", None)
+    return obj
+
+
+def _keep_status(obj: JSON, keys: frozenset[str]) -> JSON:
+    trim_metadata(obj)
+    status = obj.get("status")
+    if status:
+        obj["status"] = {k: v for k, v in status.items() if k in keys}
+    return obj
+
+
+def trim_pod(obj: JSON) -> JSON:
+    """A lightweight pod record: no managedFields; status keeps phase/conditions/container statuses."""
+    return _keep_status(obj, POD_STATUS_KEYS)
+
+
+def trim_node(obj: JSON) -> JSON:
+    """A lightweight node record: no managedFields; status keeps allocatable/capacity/conditions."""
+    return _keep_status(obj, NODE_STATUS_KEYS)
+
+
+def _resource_version(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def join_selectors(*selectors: str | None) -> str | None:
+    """Comma-join the non-empty selectors (None when all are empty)."""
+    parts = [s for s in selectors if s]
+    return ",".join(parts) or None
+
+
+class WatchCache:
+    """A list+watch cache of one resource, keyed ``namespace/name`` (or ``name`` if cluster-scoped).
+
+    ``run()`` is a coroutine owned by the caller (a TaskGroup task); cancelling it stops the cache.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        trim: Trim = trim_metadata,
+        on_add: AddHandler | None = None,
+        on_update: UpdateHandler | None = None,
+        on_delete: DeleteHandler | None = None,
+        watch_timeout_s: int = 300,
+        page_size: int | None = 500,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.field_selector = field_selector
+        self.label_selector = label_selector
+        self.watch_timeout_s = watch_timeout_s
+        self.page_size = page_size
+        self._trim = trim
+        self._backoff = backoff or Backoff()
+        self._items: dict[str, JSON] = {}
+        self._resource_version: str | None = None
+        self._synced = asyncio.Event()
+        self._add: list[AddHandler] = []
+        self._update: list[UpdateHandler] = []
+        self._delete: list[DeleteHandler] = []
+        self.relists = 0
+        self.add_handlers(on_add=on_add, on_update=on_update, on_delete=on_delete)
+        self._log = log.bind(
+            resource=resource.plural,
+            namespace=namespace,
+            field_selector=field_selector,
+            label_selector=label_selector,
+        )
+
+    def add_handlers(
+        self,
+        on_add: AddHandler | None = None,
+        on_update: UpdateHandler | None = None,
+        on_delete: DeleteHandler | None = None,
+    ) -> None:
+        """Register more callbacks (call before ``run()`` to see the initial adds)."""
+        if on_add is not None:
+            self._add.append(on_add)
+        if on_update is not None:
+            self._update.append(on_update)
+        if on_delete is not None:
+            self._delete.append(on_delete)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the first list has been applied."""
+        return self._synced.is_set()
+
+    @property
+    def resource_version(self) -> str | None:
+        """The last resourceVersion applied (None before the first list / after a 410)."""
+        return self._resource_version
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait for the first list; raise :class:`~hamid.kube.errors.Timeout` after ``timeout`` s."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
+        except TimeoutError as exc:
+            raise Timeout(f"{self.resource.plural} cache not synced within {timeout:g}s") from exc
+
+    def get(self, key: str) -> JSON | None:
+        """The cached object for ``namespace/name`` (or ``name``), or None."""
+        return self._items.get(key)
+
+    def values(self) -> list[JSON]:
+        """A snapshot list of the cached objects."""
+        return list(self._items.values())
+
+    def keys(self) -> list[str]:
+        """A snapshot list of the keys."""
+        return list(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._items))
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    def _notify(self, handlers: list[Callable[..., None]], *args: JSON) -> None:
+        for handler in handlers:
+            try:
+                handler(*args)
+            except Exception:
+                self._log.exception(
+                    "cache callback failed", handler=getattr(handler, "__qualname__", handler)
+                )
+
+    def _added(self, obj: JSON) -> None:
+        self._notify(self._add, obj)
+
+    def _updated(self, old: JSON, new: JSON) -> None:
+        if _uid(old) != _uid(new):
+            # Same name, new object: consumers keyed by UID see the old one go and the new one come.
+            self._notify(self._delete, old)
+            self._notify(self._add, new)
+        else:
+            self._notify(self._update, old, new)
+
+    def _deleted(self, obj: JSON) -> None:
+        self._notify(self._delete, obj)
+
+    # -- list and watch ---------------------------------------------------------------------
+
+    def _normalize(self, obj: JSON) -> JSON:
+        obj.setdefault("kind", self.resource.kind)
+        obj.setdefault("apiVersion", self.resource.api_version)
+        return self._trim(obj)
+
+    async def _relist(self) -> None:
+        items, resource_version = await self.client.list_objects(
+            self.resource,
+            self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            page_size=self.page_size,
+        )
+        fresh: dict[str, JSON] = {}
+        for item in items:
+            obj = self._normalize(item)
+            fresh[object_key(obj)] = obj
+        old = self._items
+        self._items = fresh
+        self._resource_version = resource_version
+        self.relists += 1
+        for key, obj in old.items():
+            if key not in fresh:
+                self._deleted(obj)
+        for key, obj in fresh.items():
+            previous = old.get(key)
+            if previous is None:
+                self._added(obj)
+            elif _resource_version(previous) != _resource_version(obj):
+                self._updated(previous, obj)
+        self._synced.set()
+        self._log.debug("listed", count=len(fresh), resource_version=resource_version)
+
+    def _apply(self, event: WatchEvent) -> None:
+        obj = event.object
+        resource_version = _resource_version(obj)
+        if event.type == "BOOKMARK":
+            if resource_version:
+                self._resource_version = resource_version
+            return
+        obj = self._normalize(obj)
+        key = object_key(obj)
+        if event.type == "DELETED":
+            previous = self._items.pop(key, None)
+            if previous is not None:
+                self._deleted(obj)
+        elif event.type in ("ADDED", "MODIFIED"):
+            previous = self._items.get(key)
+            self._items[key] = obj
+            if previous is None:
+                self._added(obj)
+            else:
+                self._updated(previous, obj)
+        else:
+            self._log.warning("unknown watch event type", type=event.type, key=key)
+        if resource_version:
+            self._resource_version = resource_version
+
+    async def _watch_once(self) -> int:
+        """Follow one watch stream until it ends; return how many events it carried."""
+        assert self._resource_version is not None
+        count = 0
+        stream = self.client.watch(
+            self.resource,
+            self.namespace,
+            resource_version=self._resource_version,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout_seconds=self.watch_timeout_s,
+        )
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                self._apply(event)
+                count += 1
+        return count
+
+    async def run(self) -> None:
+        """List, then watch forever (resume, re-list on 410, back off on errors) until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if self._resource_version is None:
+                    await self._relist()
+                    self._backoff.reset()
+                started = loop.time()
+                events = await self._watch_once()
+                if events or loop.time() - started >= 1.0:
+                    self._backoff.reset()
+                    continue
+                # An empty stream that ended at once: do not spin against the server.
+                await asyncio.sleep(self._backoff.next())
+            except Gone:
+                self._log.info("resourceVersion too old, re-listing", resource_version=self._resource_version)
+                self._resource_version = None
+            except Exception as exc:
+                delay = self._backoff.next()
+                self._log.warning(
+                    "list/watch failed, backing off",
+                    error=str(exc),
+                    error_type=type(exc).__name__,
+                    retry_in_s=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
+
+
+class PodCache(WatchCache):
+    """Pods as lightweight records, optionally scoped to one node (``spec.nodeName``) and labels."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str | None = None,
+        node_name: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        trim: Trim = trim_pod,
+        **kwargs: Any,
+    ) -> None:
+        selector = join_selectors(f"spec.nodeName={node_name}" if node_name else None, field_selector)
+        super().__init__(
+            client,
+            PODS,
+            namespace=namespace,
+            field_selector=selector,
+            label_selector=label_selector,
+            trim=trim,
+            **kwargs,
+        )
+
+
+class NodeCache(WatchCache):
+    """Nodes as lightweight records (annotations, labels, allocatable/capacity, conditions)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        trim: Trim = trim_node,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            client, NODES, field_selector=field_selector, label_selector=label_selector, trim=trim, **kwargs
+        )
+
+
+class ResourceQuotaCache(WatchCache):
+    """ResourceQuotas (metadata trimmed; spec and status kept whole)."""
+
+    def __init__(self, client: KubeClient, *, namespace: str | None = None, **kwargs: Any) -> None:
+        super().__init__(client, RESOURCE_QUOTAS, namespace=namespace, **kwargs)

@@ -1,0 +1,154 @@
+"""core/v1 Event recorder that aggregates repeats into ``count``/``lastTimestamp`` like client-go.
+
+Recording never raises into the caller and is bounded in time: an event must never fail a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from hamid.kube.client import JSON, KubeClient
+from hamid.kube.errors import KubeError, NotFound
+from hamid.log import get_logger
+
+log = get_logger("kube.events")
+
+EventType = Literal["Normal", "Warning"]
+EVENT_TYPES: tuple[str, ...] = ("Normal", "Warning")
+MAX_MESSAGE_LEN = 1024
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Series:
+    """What is known about one aggregated event (one object + type + reason + message)."""
+
+    namespace: str
+    name: str = ""
+    count: int = 0
+    last_seen: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class EventRecorder:
+    """Records core/v1 Events on objects (pods, nodes) for ``component`` running as ``instance``.
+
+    A repeat of the same object + type + reason + message within ``aggregate_window_s`` bumps
+    ``count`` and ``lastTimestamp`` of the existing Event with a PATCH instead of creating one.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        component: str,
+        instance: str | None = None,
+        *,
+        aggregate_window_s: float = 600.0,
+        timeout: float = 5.0,
+        max_series: int = 4096,
+    ) -> None:
+        if not component:
+            raise ValueError("an EventRecorder needs a component name")
+        self.client = client
+        self.component = component
+        self.instance = instance or socket.gethostname()
+        self.aggregate_window_s = aggregate_window_s
+        self.timeout = timeout
+        self.max_series = max_series
+        self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+
+    async def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
+        """Record an Event on ``obj`` (a wire-form dict); failures are logged, never raised.
+
+        ``kind``/``apiVersion`` come from the object, defaulting to a v1 ``Pod`` when it has a
+        namespace and a v1 ``Node`` when it has none.
+        """
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        object_namespace = str(meta.get("namespace") or "")
+        kind = str(obj.get("kind") or ("Pod" if object_namespace else "Node"))
+        bound = log.bind(kind=kind, object=f"{object_namespace}/{name}".lstrip("/"), reason=reason)
+        if event_type not in EVENT_TYPES or not name or not reason:
+            bound.error("event not recorded: bad arguments", event_type=event_type, name=name)
+            return
+        message = message[:MAX_MESSAGE_LEN]
+        involved = {
+            "apiVersion": str(obj.get("apiVersion") or "v1"),
+            "kind": kind,
+            "name": name,
+            "uid": str(meta.get("uid") or ""),
+            "resourceVersion": str(meta.get("resourceVersion") or ""),
+        }
+        if object_namespace:
+            involved["namespace"] = object_namespace
+        key = (kind, object_namespace, name, involved["uid"], event_type, reason, message)
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._record(key, involved, object_namespace or "default", event_type, reason, message)
+        except (KubeError, TimeoutError) as exc:
+            bound.warning("event not recorded", error=str(exc), error_type=type(exc).__name__)
+        except Exception:
+            bound.exception("event not recorded")
+
+    def _series_for(self, key: tuple[str, ...], namespace: str) -> _Series:
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(namespace=namespace)
+            while len(self._series) > self.max_series:
+                self._series.popitem(last=False)
+        else:
+            self._series.move_to_end(key)
+        return series
+
+    async def _record(
+        self,
+        key: tuple[str, ...],
+        involved: dict[str, str],
+        namespace: str,
+        event_type: str,
+        reason: str,
+        message: str,
+    ) -> None:
+        series = self._series_for(key, namespace)
+        async with series.lock:
+            now = time.monotonic()
+            timestamp = _now_rfc3339()
+            if series.name and now - series.last_seen <= self.aggregate_window_s:
+                patch = {"count": series.count + 1, "lastTimestamp": timestamp}
+                try:
+                    await self.client.patch_event(namespace, series.name, patch)
+                except NotFound:
+                    # The Event expired (event TTL) or was deleted: start a new series below.
+                    series.name = ""
+                else:
+                    series.count += 1
+                    series.last_seen = now
+                    return
+            event: dict[str, Any] = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{involved['name']}.{time.time_ns():x}", "namespace": namespace},
+                "involvedObject": involved,
+                "type": event_type,
+                "reason": reason,
+                "message": message,
+                "source": {"component": self.component, "host": self.instance},
+                "reportingComponent": self.component,
+                "reportingInstance": self.instance,
+                "firstTimestamp": timestamp,
+                "lastTimestamp": timestamp,
+                "count": 1,
+            }
+            created = await self.client.create_event(namespace, event)
+            series.name = str((created.get("metadata") or {}).get("name") or event["metadata"]["name"])
+            series.count = 1
+            series.last_seen = now

@@ -1,0 +1,192 @@
+"""Lease-based leader election (coordination.k8s.io/v1), following client-go's algorithm.
+
+The lease is taken when free or expired (expiry judged on this replica's clock from when the
+record last changed, so clock skew between replicas does not matter), renewed every
+``retry_period``, and lost when no renewal succeeds within ``renew_deadline``. Every update is a
+PUT carrying the lease's resourceVersion, so two candidates can never both win.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from hamid.kube.client import JSON, KubeClient
+from hamid.kube.errors import KubeError, NotFound
+from hamid.log import get_logger
+
+log = get_logger("kube.leader")
+
+JITTER = 1.2
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Campaign for the Lease ``namespace/name`` as ``identity``; ``run()`` until cancelled."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        *,
+        on_started_leading: Callable[[], None] | None = None,
+        on_stopped_leading: Callable[[], None] | None = None,
+        release_on_cancel: bool = True,
+    ) -> None:
+        if not identity:
+            raise ValueError("leader election needs a non-empty identity")
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError(
+                "leader election needs lease_duration > renew_deadline > retry_period > 0, got "
+                f"{lease_duration}, {renew_deadline}, {retry_period}"
+            )
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.release_on_cancel = release_on_cancel
+        self._on_started = on_started_leading
+        self._on_stopped = on_stopped_leading
+        self._is_leader = False
+        self._lease: JSON | None = None
+        self._observed_spec: dict[str, Any] | None = None
+        self._observed_at = 0.0
+        self._log = log.bind(lease=f"{namespace}/{name}", identity=identity)
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica holds the lease."""
+        return self._is_leader
+
+    @property
+    def holder(self) -> str:
+        """The holder identity last observed on the lease ("" when unknown or released)."""
+        return str((self._observed_spec or {}).get("holderIdentity") or "")
+
+    def _set_leader(self, leading: bool) -> None:
+        if leading == self._is_leader:
+            return
+        self._is_leader = leading
+        self._log.info("started leading" if leading else "stopped leading")
+        callback = self._on_started if leading else self._on_stopped
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                self._log.exception("leader election callback failed")
+
+    def _observe(self, lease: JSON, now: float) -> dict[str, Any]:
+        spec = dict(lease.get("spec") or {})
+        if spec != self._observed_spec:
+            self._observed_spec = spec
+            self._observed_at = now
+        self._lease = lease
+        return spec
+
+    async def _try_acquire_or_renew(self) -> bool:
+        loop = asyncio.get_running_loop()
+        now_time = _now_micro()
+        duration_s = max(1, math.ceil(self.lease_duration))
+        try:
+            lease = await self.client.get_lease(self.namespace, self.name)
+        except NotFound:
+            body = {
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": duration_s,
+                    "acquireTime": now_time,
+                    "renewTime": now_time,
+                    "leaseTransitions": 0,
+                },
+            }
+            created = await self.client.create_lease(self.namespace, body)
+            self._observe(created, loop.time())
+            return True
+        spec = self._observe(lease, loop.time())
+        holder = str(spec.get("holderIdentity") or "")
+        held_for = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        if holder and holder != self.identity and self._observed_at + held_for > loop.time():
+            return False
+        new_spec = dict(spec)
+        new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=duration_s, renewTime=now_time)
+        if holder != self.identity:
+            new_spec["acquireTime"] = now_time
+            new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        body = {"metadata": lease.get("metadata") or {}, "spec": new_spec}
+        replaced = await self.client.replace_lease(self.namespace, self.name, body)
+        self._observe(replaced, loop.time())
+        return True
+
+    async def _attempt(self, deadline: float | None = None) -> bool:
+        """One try (bounded by ``deadline`` on the loop clock); API errors count as a failed try."""
+        loop = asyncio.get_running_loop()
+        budget = self.renew_deadline if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            async with asyncio.timeout(budget):
+                return await self._try_acquire_or_renew()
+        except (KubeError, TimeoutError) as exc:
+            self._log.debug("lease attempt failed", error=str(exc), error_type=type(exc).__name__)
+            return False
+
+    async def _acquire(self) -> None:
+        while True:
+            if await self._attempt():
+                return
+            await asyncio.sleep(self.retry_period * random.uniform(1.0, JITTER))
+
+    async def _renew_until_lost(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            deadline = loop.time() + self.renew_deadline
+            while not await self._attempt(deadline):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self._log.warning("failed to renew the lease within the renew deadline")
+                    return
+                await asyncio.sleep(min(self.retry_period, remaining))
+
+    async def _release(self) -> None:
+        lease = self._lease
+        if lease is None or self.holder != self.identity:
+            return
+        now_time = _now_micro()
+        spec = dict(lease.get("spec") or {})
+        spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
+        body = {"metadata": lease.get("metadata") or {}, "spec": spec}
+        try:
+            async with asyncio.timeout(self.renew_deadline):
+                await self.client.replace_lease(self.namespace, self.name, body)
+            self._log.info("released the lease")
+        except (KubeError, TimeoutError) as exc:
+            self._log.warning("could not release the lease", error=str(exc))
+
+    async def run(self) -> None:
+        """Campaign, lead, and campaign again after losing the lease; release it when cancelled."""
+        try:
+            while True:
+                await self._acquire()
+                self._set_leader(True)
+                await self._renew_until_lost()
+                self._set_leader(False)
+        finally:
+            if self._is_leader:
+                if self.release_on_cancel:
+                    await self._release()
+                self._set_leader(False)

@@ -1,0 +1,150 @@
+"""Per-node device-plugin configuration: HAMi's ``{"nodeconfig":[...]}`` JSON merged over defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hamid.model._wire import (
+    INT32_MAX,
+    INT32_MIN,
+    load_json,
+    want_bool,
+    want_int,
+    want_list,
+    want_number,
+    want_object,
+    want_str,
+)
+from hamid.model.devices import MODE_HAMI_CORE, OPERATING_MODES
+from hamid.model.errors import InvalidInput
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Effective device-plugin settings for one node.
+
+    Defaults follow HAMi's chart (split count 10, scaling 1, ``hami-core``, features off).
+    ``lib_cuda_log_level`` is ``None`` when not configured (HAMi-core's own default applies).
+    ``filter_uuids``/``filter_indices`` name devices that are neither advertised nor registered.
+    """
+
+    operating_mode: str = MODE_HAMI_CORE
+    device_split_count: int = 10
+    device_memory_scaling: float = 1.0
+    device_core_scaling: float = 1.0
+    preconfigured_device_memory: int = 0
+    lib_cuda_log_level: str | None = None
+    enable_numa_topology: bool = False
+    enable_get_preferred_allocation: bool = False
+    filter_uuids: tuple[str, ...] = ()
+    filter_indices: tuple[int, ...] = ()
+    mig_strategy: str = "none"
+
+    def __post_init__(self) -> None:
+        """Reject values the plugin cannot work with (same checks as for the JSON file)."""
+        _check(self)
+
+
+def _check(config: NodeConfig) -> None:
+    if config.operating_mode not in OPERATING_MODES:
+        raise InvalidInput(
+            f"unknown operatingmode {config.operating_mode!r} (want one of {', '.join(OPERATING_MODES)})"
+        )
+    if isinstance(config.device_split_count, bool) or not isinstance(config.device_split_count, int):
+        raise InvalidInput("devicesplitcount must be an integer")
+    if config.device_split_count < 1:
+        raise InvalidInput(f"devicesplitcount {config.device_split_count} must be at least 1")
+    for name, scaling in (
+        ("devicememoryscaling", config.device_memory_scaling),
+        ("devicecorescaling", config.device_core_scaling),
+    ):
+        if isinstance(scaling, bool) or not isinstance(scaling, int | float):
+            raise InvalidInput(f"{name} must be a number")
+        if not math.isfinite(scaling) or scaling <= 0:
+            raise InvalidInput(f"{name} {scaling} must be a positive number")
+    if config.preconfigured_device_memory < 0:
+        raise InvalidInput(
+            f"preconfigureddevicememory {config.preconfigured_device_memory} must not be negative"
+        )
+    if config.mig_strategy not in MIG_STRATEGIES:
+        raise InvalidInput(
+            f"unknown migstrategy {config.mig_strategy!r} (want one of {', '.join(MIG_STRATEGIES)})"
+        )
+    if any(i < 0 for i in config.filter_indices):
+        raise InvalidInput("filterdevices.index entries must not be negative")
+
+
+def _entry_overrides(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The non-null fields of one ``nodeconfig`` entry as NodeConfig field overrides (type-checked)."""
+    out: dict[str, Any] = {}
+
+    get = entry.get
+    if (v := get("operatingmode")) is not None:
+        out["operating_mode"] = want_str(v, f"{where}.operatingmode")
+    if (v := get("devicesplitcount")) is not None:
+        out["device_split_count"] = want_int(v, f"{where}.devicesplitcount", INT32_MIN, INT32_MAX)
+    if (v := get("devicememoryscaling")) is not None:
+        out["device_memory_scaling"] = want_number(v, f"{where}.devicememoryscaling")
+    if (v := get("devicecorescaling")) is not None:
+        out["device_core_scaling"] = want_number(v, f"{where}.devicecorescaling")
+    if (v := get("preconfigureddevicememory")) is not None:
+        out["preconfigured_device_memory"] = want_int(v, f"{where}.preconfigureddevicememory")
+    if (v := get("libcudaloglevel")) is not None:
+        out["lib_cuda_log_level"] = want_str(v, f"{where}.libcudaloglevel")
+    if (v := get("enablenumatopology")) is not None:
+        out["enable_numa_topology"] = want_bool(v, f"{where}.enablenumatopology")
+    if (v := get("enablegetpreferredallocation")) is not None:
+        out["enable_get_preferred_allocation"] = want_bool(v, f"{where}.enablegetpreferredallocation")
+    if (v := get("migstrategy")) is not None:
+        out["mig_strategy"] = want_str(v, f"{where}.migstrategy")
+    if (v := get("filterdevices")) is not None:
+        fd = want_object(v, f"{where}.filterdevices")
+        uuids = fd.get("uuid")
+        indices = fd.get("index")
+        out["filter_uuids"] = tuple(
+            want_str(u, f"{where}.filterdevices.uuid[{i}]")
+            for i, u in enumerate(() if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid"))
+        )
+        out["filter_indices"] = tuple(
+            want_int(x, f"{where}.filterdevices.index[{i}]", 0)
+            for i, x in enumerate(
+                () if indices is None else want_list(indices, f"{where}.filterdevices.index")
+            )
+        )
+    return out
+
+
+def resolve_node_config(config_json: str | None, node_name: str, defaults: NodeConfig) -> NodeConfig:
+    """Merge the ``nodeconfig`` entries whose ``name`` equals ``node_name`` over ``defaults``.
+
+    ``config_json`` is the text of ``/config/config.json`` (``None`` when there is no file: defaults).
+    Only non-null fields override; matching entries apply in file order. Every entry is type-checked
+    (like Go's decoder, a type error anywhere fails the file); the merged result is then validated
+    (known ``operatingmode``/``migstrategy``, split count ≥ 1, positive scalings, ...).
+    Unknown keys are ignored, as in HAMi. Errors name the entry (index and name) and the key.
+    """
+    if config_json is None:
+        return defaults
+    where = "node config"
+    root = want_object(load_json(config_json, where), where)
+    raw_entries = root.get("nodeconfig")
+    entries = () if raw_entries is None else want_list(raw_entries, f"{where}.nodeconfig")
+    result = defaults
+    for i, raw in enumerate(entries):
+        entry = want_object(raw, f"{where}.nodeconfig[{i}]")
+        raw_name = entry.get("name")
+        name = "" if raw_name is None else want_str(raw_name, f"{where}.nodeconfig[{i}].name")
+        entry_where = f"{where}.nodeconfig[{i}] (name {name!r})"
+        overrides = _entry_overrides(entry, entry_where)
+        if name == node_name:
+            try:
+                result = dataclasses.replace(result, **overrides)
+            except InvalidInput as exc:
+                raise InvalidInput(f"{entry_where}: {exc}") from None
+    return result

@@ -1,0 +1,299 @@
+"""Pure allocation logic of the device plugin: which pod, which entry, which replicas, which env.
+
+No I/O here: pods are plain wire-form dicts; the async shell (``hamid.plugin.allocate``) feeds
+them from the node-scoped caches and writes the results back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hamid.model import hamicore
+from hamid.model.annotations import (
+    BIND_PHASE,
+    BIND_PHASE_ALLOCATING,
+    BIND_PHASE_SUCCESS,
+    BIND_TIME,
+    DEVICES_TO_ALLOCATE,
+    VGPU_NODE,
+    decode_pod_devices,
+)
+from hamid.model.devices import ContainerDevices, PodDevices
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import all_containers
+
+Pod = Mapping[str, Any]
+UuidOf = Callable[[str], "str | None"]
+
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+class AllocationError(Exception):
+    """An Allocate/GetPreferredAllocation that must fail: the message goes to kubelet verbatim."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """A not yet consumed, non-empty to-allocate entry and its container index (init first)."""
+
+    index: int
+    devices: ContainerDevices
+
+
+def pod_key(pod: Pod) -> str:
+    """``namespace/name``."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def annotations_of(obj: Pod) -> Mapping[str, str]:
+    """The object's annotations (empty mapping when none)."""
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def to_allocate(pod: Pod) -> PodDevices:
+    """Decode the pod's ``hami.io/vgpu-devices-to-allocate`` (absent → no entries)."""
+    value = annotations_of(pod).get(DEVICES_TO_ALLOCATE)
+    return decode_pod_devices(value, DEVICES_TO_ALLOCATE) if value else ()
+
+
+def pending_entries(devices: PodDevices) -> list[PendingEntry]:
+    """The non-empty entries, each with its original container index."""
+    return [PendingEntry(i, entry) for i, entry in enumerate(devices) if entry]
+
+
+def container_at(pod: Pod, index: int) -> Mapping[str, Any] | None:
+    """The container at ``index`` of init containers followed by containers (None if out of range)."""
+    containers = all_containers(pod)
+    return containers[index] if 0 <= index < len(containers) else None
+
+
+def is_allocation_candidate(pod: Pod, node_name: str) -> bool:
+    """HAMi's bind-phase rule (§4.7): Pending, bind-time set, phase allocating/success, on this node."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    ann = annotations_of(pod)
+    return (
+        (pod.get("status") or {}).get("phase") == "Pending"
+        and BIND_TIME in ann
+        and ann.get(BIND_PHASE) in (BIND_PHASE_ALLOCATING, BIND_PHASE_SUCCESS)
+        and ann.get(VGPU_NODE) == node_name
+    )
+
+
+def has_pending_entry(pod: Pod) -> bool:
+    """Whether the pod still has a decodable, non-empty to-allocate entry."""
+    try:
+        return bool(pending_entries(to_allocate(pod)))
+    except InvalidInput:
+        return False
+
+
+def choose_pod(
+    candidates: Sequence[Pod],
+    lock_owner: str | None,
+    requested: Sequence[str] | None,
+) -> Pod:
+    """Pick the pod kubelet is admitting, or raise :class:`AllocationError` when it cannot be proven.
+
+    ``candidates`` are this node's allocation candidates with a pending entry; ``lock_owner`` the
+    ``namespace/name`` in the node lock; ``requested`` the physical UUIDs kubelet asked for (None
+    for GetPreferredAllocation, which has no choice yet). Order of proof: the lock owner whose next
+    entry names exactly the requested GPUs, then the only candidate that does, then the lock owner,
+    then the only candidate (kubelet's pick may differ from the annotation; ``resolve_devices``
+    decides what that means). Anything else is ambiguous and refused: guessing swaps pods' limits
+    (upstream #3096).
+    """
+    if not candidates:
+        raise AllocationError("no pod on this node is waiting for a GPU allocation (bind-phase allocating)")
+    owner = next((p for p in candidates if pod_key(p) == lock_owner), None)
+    if requested is not None:
+        want = Counter(requested)
+        exact = [p for p in candidates if Counter(d.uuid for d in _next_entry(p).devices) == want]
+        if owner is not None and owner in exact:
+            return owner
+        if len(exact) == 1:
+            return exact[0]
+        if len(exact) > 1:
+            names = ", ".join(sorted(pod_key(p) for p in exact))
+            raise AllocationError(
+                f"cannot tell which pod GPUs {sorted(want)} are for: pods {names} all wait for them and "
+                "none holds the node lock"
+            )
+    return _owner_or_single(owner, candidates)
+
+
+def _owner_or_single(owner: Pod | None, candidates: Sequence[Pod]) -> Pod:
+    if owner is not None:
+        return owner
+    if len(candidates) == 1:
+        return candidates[0]
+    names = ", ".join(sorted(pod_key(p) for p in candidates))
+    raise AllocationError(
+        f"cannot tell which pod kubelet is admitting: {len(candidates)} pods wait for GPUs on this node "
+        f"({names}) and none holds the node lock"
+    )
+
+
+def _next_entry(pod: Pod) -> PendingEntry:
+    entries = pending_entries(to_allocate(pod))
+    return entries[0]
+
+
+def select_preferred(
+    annotated: ContainerDevices,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    uuid_of: UuidOf,
+) -> tuple[list[str], list[str]]:
+    """Map annotated GPUs to kubelet's replica IDs (hami-wire §4.8).
+
+    Must-include replicas come first and count for the annotated GPUs they are replicas of; each
+    remaining annotated GPU takes its first available replica. Returns ``(chosen, missing)`` where
+    ``missing`` lists annotated GPU UUIDs that have no available replica.
+    """
+    chosen = list(must_include)
+    covered = Counter(uuid_of(i) for i in must_include)
+    taken = set(chosen)
+    missing: list[str] = []
+    for device in annotated:
+        if len(chosen) >= size:
+            break
+        if covered[device.uuid] > 0:
+            covered[device.uuid] -= 1
+            continue
+        replica = next((i for i in available if i not in taken and uuid_of(i) == device.uuid), None)
+        if replica is None:
+            missing.append(device.uuid)
+            continue
+        chosen.append(replica)
+        taken.add(replica)
+    return chosen, missing
+
+
+def allowed_uuids(available: Sequence[str], uuid_of: UuidOf) -> tuple[str, ...]:
+    """Unique physical GPUs behind kubelet's available replica IDs, first-seen order (upstream #2817)."""
+    seen: dict[str, None] = {}
+    for device_id in available:
+        uuid = uuid_of(device_id)
+        if uuid is not None:
+            seen.setdefault(uuid)
+    return tuple(seen)
+
+
+def resolve_devices(
+    entry: PendingEntry, requested: Sequence[str], *, follow_kubelet: bool
+) -> tuple[ContainerDevices, bool]:
+    """The devices to answer for one container and whether kubelet's pick differs from the annotation.
+
+    ``requested`` are the physical UUIDs of kubelet's replicas. Counts must match. On a mismatch
+    with ``follow_kubelet`` (GetPreferredAllocation on, as upstream) the annotated GPUs kubelet did
+    not pick are replaced, in order, by the GPUs it picked instead, keeping each entry's amounts;
+    two slots of one container on the same physical GPU are refused. Without ``follow_kubelet`` the
+    annotation decides (kubelet's pick is arbitrary then).
+    """
+    annotated = entry.devices
+    if len(annotated) != len(requested):
+        raise AllocationError(
+            f"device number not matched: the allocation for container {entry.index} has "
+            f"{len(annotated)} GPU(s) {[d.uuid for d in annotated]}, kubelet asked for {len(requested)}"
+        )
+    if Counter(d.uuid for d in annotated) == Counter(requested) or not follow_kubelet:
+        return annotated, Counter(d.uuid for d in annotated) != Counter(requested)
+    extra = list((Counter(requested) - Counter(d.uuid for d in annotated)).elements())
+    spare = Counter(requested)
+    out = []
+    for device in annotated:
+        if spare[device.uuid] > 0:
+            spare[device.uuid] -= 1
+            out.append(device)
+        else:
+            out.append(replace(device, uuid=extra.pop(0)))
+    uuids = [d.uuid for d in out]
+    if len(set(uuids)) != len(uuids) and len({d.uuid for d in annotated}) == len(annotated):
+        raise AllocationError(
+            f"kubelet picked replicas of {sorted(requested)} for container {entry.index}, which puts two "
+            f"slots on one GPU; the allocation is {[d.uuid for d in annotated]}"
+        )
+    return tuple(out), True
+
+
+def consume(devices: PodDevices, index: int) -> PodDevices:
+    """The to-allocate value after entry ``index`` is consumed (emptied; positions are kept)."""
+    return tuple(() if i == index else entry for i, entry in enumerate(devices))
+
+
+def env_is_true(container: Mapping[str, Any] | None, name: str) -> bool:
+    """Whether the container spec sets env ``name`` to a Go ``ParseBool`` true value."""
+    for env in (container or {}).get("env") or []:
+        if env.get("name") == name:
+            return str(env.get("value", "")) in _GO_TRUE
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class HamiCoreSettings:
+    """Node settings that shape the HAMi-core part of an Allocate answer."""
+
+    hook_path: str
+    oversubscribe: bool = False
+    log_level: str = ""
+    disable_core_limit: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MountSpec:
+    """One bind mount of the answer."""
+
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAnswer:
+    """Envs and mounts for one container, plus the host directory that must exist."""
+
+    envs: dict[str, str]
+    mounts: tuple[MountSpec, ...]
+    cache_dir: str
+
+
+def hami_core_answer(
+    devices: ContainerDevices,
+    pod_uid: str,
+    container: Mapping[str, Any] | None,
+    settings: HamiCoreSettings,
+    cache_token: str,
+) -> ContainerAnswer:
+    """The env vars and mounts HAMi-core needs for one container (hami-wire §4.9)."""
+    uuids = list(dict.fromkeys(d.uuid for d in devices))
+    envs = {hamicore.ENV_VISIBLE_DEVICES: ",".join(uuids)}
+    for position, device in enumerate(devices):
+        envs[hamicore.memory_limit_env(position)] = hamicore.memory_limit_value(device.usedmem)
+    envs[hamicore.ENV_SM_LIMIT] = str(devices[0].usedcores)
+    envs[hamicore.ENV_SHARED_CACHE] = hamicore.shared_cache_path(settings.hook_path, cache_token)
+    if settings.oversubscribe:
+        envs[hamicore.ENV_OVERSUBSCRIBE] = "true"
+    if settings.log_level:
+        envs[hamicore.ENV_LOG_LEVEL] = settings.log_level
+    if settings.disable_core_limit:
+        envs[hamicore.ENV_CORE_UTILIZATION_POLICY] = hamicore.CORE_UTILIZATION_POLICY_DISABLE
+    name = str((container or {}).get("name", ""))
+    cache_dir = hamicore.container_cache_dir(settings.hook_path, pod_uid, name)
+    lib = hamicore.libvgpu_path(settings.hook_path)
+    mounts = [
+        MountSpec(lib, lib, True),
+        MountSpec(hamicore.vgpu_dir(settings.hook_path), cache_dir, False),
+        MountSpec(hamicore.VGPU_LOCK_DIR, hamicore.VGPU_LOCK_DIR, False),
+    ]
+    if not env_is_true(container, hamicore.ENV_DISABLE_CONTROL):
+        mounts.append(
+            MountSpec(hamicore.LD_SO_PRELOAD, hamicore.ld_so_preload_host_path(settings.hook_path), True)
+        )
+    return ContainerAnswer(envs, tuple(mounts), cache_dir)

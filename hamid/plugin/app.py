@@ -1,0 +1,218 @@
+"""Assembly of ``hamid plugin``: configuration, discovery, and the tasks of one node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from hamid.kube.client import KubeClient, connect
+from hamid.kube.errors import KubeError
+from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+from hamid.model.nodeconfig import NodeConfig, resolve_node_config
+from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
+from hamid.plugin.allocate import Allocator, MismatchHandler, log_mismatch
+from hamid.plugin.allocation import HamiCoreSettings
+from hamid.plugin.discovery import (
+    HealthCheckPolicy,
+    NvmlUnavailable,
+    PhysicalGpu,
+    discover_nvml,
+    health_policy_from_env,
+    import_nvml,
+    load_devices_file,
+    watch_xid_events,
+)
+from hamid.plugin.inventory import Inventory
+from hamid.plugin.kubelet import KubeletConnector
+from hamid.plugin.pods import NodePods
+from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
+from hamid.plugin.service import DevicePluginService
+
+log = get_logger("plugin")
+
+
+class PluginStartupError(Exception):
+    """The plugin cannot start; the message says why and what to do (no traceback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    """Everything ``hamid plugin`` is started with (the CLI flags)."""
+
+    node_name: str
+    devices_file: str | None = None
+    node_config_file: str = "/config/config.json"
+    device_config_file: str | None = None
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins/"
+    resource_name: str | None = None
+    hook_path: str = "/usr/local"
+    api_server: str | None = None
+    kubeconfig: str | None = None
+    sysfs_root: str = "/sys"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSetup:
+    """Resolved configuration and discovered GPUs of this node."""
+
+    config: NodeConfig
+    resources: ResourceConfig
+    resource_name: str
+    gpus: tuple[PhysicalGpu, ...]
+    nvml: ModuleType | None
+
+
+def _read_optional(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+async def load_setup(options: PluginOptions) -> NodeSetup:
+    """Read the device config and node config, discover GPUs (all blocking work in threads)."""
+    device_config = DeviceConfig()
+    if options.device_config_file:
+        try:
+            text = await asyncio.to_thread(Path(options.device_config_file).read_text, encoding="utf-8")
+            device_config = load_device_config(text)
+        except (OSError, InvalidInput) as exc:
+            raise PluginStartupError(f"--device-config-file {options.device_config_file}: {exc}") from exc
+    try:
+        node_json = await asyncio.to_thread(_read_optional, options.node_config_file)
+        config = resolve_node_config(node_json, options.node_name, device_config.node_defaults)
+    except (OSError, InvalidInput) as exc:
+        raise PluginStartupError(f"--node-config-file {options.node_config_file}: {exc}") from exc
+    if node_json is None:
+        log.info("no node config file; using defaults", path=options.node_config_file)
+    nvml: ModuleType | None = None
+    if options.devices_file:
+        try:
+            gpus = await asyncio.to_thread(load_devices_file, options.devices_file)
+        except (OSError, InvalidInput) as exc:
+            raise PluginStartupError(f"--devices-file {options.devices_file}: {exc}") from exc
+    else:
+        try:
+            nvml = await asyncio.to_thread(import_nvml)
+            gpus = await asyncio.to_thread(discover_nvml, options.sysfs_root, nvml)
+        except NvmlUnavailable as exc:
+            raise PluginStartupError(
+                f"NVML is not available ({exc}); run on a node with the NVIDIA driver, "
+                "or pass --devices-file with a static inventory"
+            ) from exc
+    resource_name = options.resource_name or device_config.resources.resource_count_name
+    return NodeSetup(config, device_config.resources, resource_name, tuple(gpus), nvml)
+
+
+class Plugin:
+    """The parts of one node agent, wired together; :meth:`run` owns their tasks."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        node_name: str,
+        setup: NodeSetup,
+        *,
+        device_plugin_dir: str,
+        hook_path: str,
+        mismatch_handler: MismatchHandler = log_mismatch,
+        register_interval: float = REGISTER_INTERVAL_S,
+        error_interval: float = ERROR_INTERVAL_S,
+        health_policy: HealthCheckPolicy | None = None,
+    ) -> None:
+        self.setup = setup
+        config = setup.config
+        self.inventory = Inventory(setup.gpus, config)
+        self.pods = NodePods(client, node_name)
+        self.health_policy = health_policy or HealthCheckPolicy()
+        hami = HamiCoreSettings(
+            hook_path=hook_path,
+            oversubscribe=config.device_memory_scaling > 1,
+            log_level=config.lib_cuda_log_level or "",
+            disable_core_limit=setup.resources.disable_core_limit,
+        )
+        preferred = config.enable_get_preferred_allocation
+        self.allocator = Allocator(
+            client,
+            self.pods,
+            self.inventory,
+            hami,
+            follow_kubelet=preferred,
+            mismatch_handler=mismatch_handler,
+        )
+        self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
+        self.connector = KubeletConnector(
+            lambda: [self.service], device_plugin_dir, setup.resource_name, preferred_allocation=preferred
+        )
+        self.registrar = NodeRegistrar(
+            client, self.pods, self.inventory, interval=register_interval, error_interval=error_interval
+        )
+
+    async def run(self) -> None:
+        """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.pods.run())
+            if not self.inventory.gpus:
+                log.warning(
+                    "no GPUs to advertise on this node (none discovered, or all filtered/MIG-enabled); "
+                    "not registering with kubelet or the scheduler"
+                )
+                return
+            tg.create_task(self.registrar.run())
+            tg.create_task(self.connector.run())
+            if self.setup.nvml is not None and self.health_policy.active:
+                tg.create_task(self._watch_health(self.setup.nvml))
+
+    async def _watch_health(self, nvml: ModuleType) -> None:
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+
+        def report(uuid: str, reason: str) -> None:
+            loop.call_soon_threadsafe(self.inventory.mark_unhealthy, uuid, reason)
+
+        uuids = [g.uuid for g in self.inventory.gpus]
+        try:
+            await asyncio.to_thread(watch_xid_events, uuids, report, stop, self.health_policy, nvml)
+        finally:
+            stop.set()
+
+
+async def run_plugin(options: PluginOptions) -> None:
+    """Start ``hamid plugin`` and run until cancelled."""
+    setup = await load_setup(options)
+    try:
+        policy = health_policy_from_env(os.environ)
+    except InvalidInput as exc:
+        raise PluginStartupError(str(exc)) from exc
+    log.info(
+        "plugin configured",
+        node=options.node_name,
+        gpus=len(setup.gpus),
+        mode=setup.config.operating_mode,
+        split=setup.config.device_split_count,
+        numa_topology=setup.config.enable_numa_topology,
+        preferred_allocation=setup.config.enable_get_preferred_allocation,
+        resource=setup.resource_name,
+        source="devices-file" if options.devices_file else "nvml",
+    )
+    try:
+        client = await connect(options.api_server, options.kubeconfig)
+    except KubeError as exc:
+        raise PluginStartupError(str(exc)) from exc
+    try:
+        plugin = Plugin(
+            client,
+            options.node_name,
+            setup,
+            device_plugin_dir=options.device_plugin_dir,
+            hook_path=options.hook_path,
+            health_policy=policy,
+        )
+        await plugin.run()
+    finally:
+        await client.close()

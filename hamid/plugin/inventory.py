@@ -1,0 +1,149 @@
+"""The node's advertised devices: physical GPUs, their replicas, health, and what gets registered.
+
+Owned by the event loop: health changes arrive through :meth:`Inventory.mark_unhealthy` (the XID
+thread schedules it with ``loop.call_soon_threadsafe``) and wake every ``ListAndWatch`` stream and
+the registration loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hamid.log import get_logger
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo
+from hamid.model.nodeconfig import NodeConfig
+from hamid.plugin.discovery import PhysicalGpu
+
+log = get_logger("plugin.inventory")
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One kubelet-visible device: ``<UUID>-<i>``, its health and NUMA (None = no topology sent)."""
+
+    id: str
+    uuid: str
+    healthy: bool
+    numa: int | None
+
+
+def replica_id(uuid: str, i: int) -> str:
+    """HAMi's replica ID ``<UUID>-<i>``."""
+    return f"{uuid}-{i}"
+
+
+def device_type(name: str) -> str:
+    """The registered ``type``: the NVML name prefixed with ``NVIDIA-`` unless it starts with NVIDIA."""
+    return name if name.upper().startswith(NVIDIA) else f"{NVIDIA}-{name}"
+
+
+class Inventory:
+    """Physical GPUs selected for this node (filters applied) and their replicas."""
+
+    def __init__(self, gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> None:
+        self.settings = settings
+        self.gpus: tuple[PhysicalGpu, ...] = tuple(self._select(gpus, settings))
+        self._healthy = {g.uuid: g.healthy for g in self.gpus}
+        self._replica_uuid: dict[str, str] = {}
+        self._replicas_of: dict[str, tuple[str, ...]] = {}
+        for gpu in self.gpus:
+            ids = tuple(replica_id(gpu.uuid, i) for i in range(settings.device_split_count))
+            self._replicas_of[gpu.uuid] = ids
+            self._replica_uuid.update(dict.fromkeys(ids, gpu.uuid))
+        self.generation = 0
+        self._changed = asyncio.Event()
+
+    @staticmethod
+    def _select(gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> list[PhysicalGpu]:
+        chosen: list[PhysicalGpu] = []
+        for gpu in sorted(gpus, key=lambda g: g.index):
+            if gpu.uuid in settings.filter_uuids or gpu.index in settings.filter_indices:
+                log.info("gpu filtered out by filterdevices", uuid=gpu.uuid, index=gpu.index)
+                continue
+            if gpu.mig_enabled and settings.operating_mode != MODE_MIG:
+                log.warning(
+                    "gpu has MIG enabled but the node is not in mig operating mode; not advertised",
+                    uuid=gpu.uuid,
+                    mode=settings.operating_mode,
+                )
+                continue
+            chosen.append(gpu)
+        return chosen
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether the node runs in ``mig`` operating mode (never takes part in NUMA refit)."""
+        return self.settings.operating_mode == MODE_MIG
+
+    def uuid_of(self, device_id: str) -> str | None:
+        """The physical GPU UUID of one of this node's replica IDs (None if unknown)."""
+        return self._replica_uuid.get(device_id)
+
+    def gpu(self, uuid: str) -> PhysicalGpu | None:
+        """The physical GPU with this UUID, if advertised here."""
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def is_healthy(self, uuid: str) -> bool:
+        """Current health of a physical GPU."""
+        return self._healthy.get(uuid, False)
+
+    def replicas(self) -> list[Replica]:
+        """Every replica kubelet sees, in GPU index order (topology only with enablenumatopology)."""
+        out: list[Replica] = []
+        for gpu in self.gpus:
+            numa = gpu.numa if self.settings.enable_numa_topology else None
+            healthy = self._healthy[gpu.uuid]
+            out.extend(Replica(rid, gpu.uuid, healthy, numa) for rid in self._replicas_of[gpu.uuid])
+        return out
+
+    def device_infos(self) -> list[DeviceInfo]:
+        """What ``hami.io/node-nvidia-register`` carries, one record per GPU (NUMA unknown → 0)."""
+        s = self.settings
+        infos: list[DeviceInfo] = []
+        for gpu in self.gpus:
+            memory = gpu.memory_mib or s.preconfigured_device_memory
+            if memory <= 0:
+                log.warning(
+                    "gpu memory unknown and no preconfigureddevicememory; not registered", uuid=gpu.uuid
+                )
+                continue
+            if self.is_mig:
+                devmem, devcore = memory, 100
+            else:
+                devmem, devcore = int(memory * s.device_memory_scaling), int(s.device_core_scaling * 100)
+            infos.append(
+                DeviceInfo(
+                    id=gpu.uuid,
+                    index=gpu.index,
+                    count=s.device_split_count,
+                    devmem=devmem,
+                    devcore=devcore,
+                    type=device_type(gpu.name),
+                    numa=gpu.numa if gpu.numa is not None else 0,
+                    mode=s.operating_mode,
+                    health=self._healthy[gpu.uuid],
+                )
+            )
+        return infos
+
+    def mark_unhealthy(self, uuid: str, reason: str) -> bool:
+        """Mark a GPU unhealthy (sticky, as upstream); wakes watchers. Returns whether it changed."""
+        if not self._healthy.get(uuid, False):
+            return False
+        self._healthy[uuid] = False
+        log.warning("gpu marked unhealthy", uuid=uuid, reason=reason)
+        self._bump()
+        return True
+
+    def _bump(self) -> None:
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self, generation: int) -> int:
+        """Wait until the generation moves past ``generation``; return the new one."""
+        while self.generation == generation:
+            await self._changed.wait()
+        return self.generation

@@ -1,0 +1,118 @@
+"""The node-scoped view the plugin reads pods and its node lock from (watch-fed, no LIST per call).
+
+Pods come from a :class:`~hamid.kube.cache.PodCache` scoped with ``spec.nodeName=<node>`` and the
+node from a :class:`~hamid.kube.cache.NodeCache` scoped with ``metadata.name=<node>``. The plugin's
+own writes are overlaid until the watch catches up, so a second Allocate right after the first
+never reads the entry it just consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hamid.kube.cache import NodeCache, PodCache
+from hamid.kube.client import JSON, KubeClient, object_key
+from hamid.kube.errors import NotFound
+from hamid.log import get_logger
+from hamid.model.annotations import NODE_LOCK, parse_node_lock
+from hamid.model.errors import InvalidInput
+
+log = get_logger("plugin.pods")
+
+
+def _rv(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _at_least(cached: str, ours: str) -> bool:
+    """Whether the cached resourceVersion has caught up with ours (numeric compare when possible)."""
+    if cached == ours:
+        return True
+    try:
+        return int(cached) >= int(ours)
+    except ValueError:
+        return False
+
+
+class NodePods:
+    """Pods bound to one node, that node, and the plugin's own recent writes on top."""
+
+    def __init__(self, client: KubeClient, node_name: str, *, call_timeout: float = 5.0) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.call_timeout = call_timeout
+        self._overlay: dict[str, JSON] = {}
+        self.pod_cache = PodCache(client, node_name=node_name, on_delete=self._forget)
+        self.node_cache = NodeCache(client, field_selector=f"metadata.name={node_name}")
+
+    async def run(self) -> None:
+        """Run both caches until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.pod_cache.run())
+            tg.create_task(self.node_cache.run())
+
+    async def wait_synced(self) -> None:
+        """Wait until both caches hold a complete list (bound it with ``asyncio.timeout``)."""
+        await self.pod_cache.wait_synced()
+        await self.node_cache.wait_synced()
+
+    def _forget(self, pod: JSON) -> None:
+        self._overlay.pop(object_key(pod), None)
+
+    def remember(self, pod: JSON) -> None:
+        """Overlay a pod the plugin just wrote (until the cache has that version)."""
+        self._overlay[object_key(pod)] = pod
+
+    def _merged(self, key: str, cached: JSON | None) -> JSON | None:
+        ours = self._overlay.get(key)
+        if ours is None:
+            return cached
+        if cached is not None and _at_least(_rv(cached), _rv(ours)):
+            del self._overlay[key]
+            return cached
+        return ours
+
+    def pod(self, key: str) -> JSON | None:
+        """One pod by ``namespace/name`` (cache with the overlay applied)."""
+        return self._merged(key, self.pod_cache.get(key))
+
+    def pods(self) -> list[JSON]:
+        """Every pod on the node (cache with the overlay applied)."""
+        out = []
+        for key in self.pod_cache:
+            merged = self._merged(key, self.pod_cache.get(key))
+            if merged is not None:
+                out.append(merged)
+        return out
+
+    def node(self) -> JSON | None:
+        """The node record from the cache (None until seen)."""
+        return self.node_cache.get(self.node_name)
+
+    def lock_owner(self, node: JSON | None = None) -> str | None:
+        """``namespace/name`` of the pod holding ``hami.io/mutex.lock`` (None: no lock or legacy form)."""
+        node = node if node is not None else self.node()
+        value = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NODE_LOCK)
+        if not value:
+            return None
+        try:
+            lock = parse_node_lock(value)
+        except InvalidInput as exc:
+            log.warning("ignoring unparsable node lock", node=self.node_name, error=str(exc))
+            return None
+        if lock.namespace is None or lock.name is None:
+            return None
+        return f"{lock.namespace}/{lock.name}"
+
+    async def fetch_pod(self, namespace: str, name: str) -> JSON | None:
+        """One GET of a pod (when the cache lags); remembered in the overlay. None when it is gone."""
+        try:
+            pod = await self.client.get_pod(namespace, name, timeout=self.call_timeout)
+        except NotFound:
+            return None
+        self.remember(pod)
+        return pod
+
+    async def fetch_node(self) -> JSON:
+        """One GET of the node."""
+        return await self.client.get_node(self.node_name, timeout=self.call_timeout)

@@ -1,0 +1,125 @@
+"""The grpclib ``v1beta1.DevicePlugin`` service kubelet calls on the plugin's unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+from grpclib import GRPCError
+from grpclib.const import Status
+from grpclib.server import Stream
+
+from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginBase
+from hamid.log import get_logger
+from hamid.plugin.allocate import Allocator, PreferredRequest
+from hamid.plugin.allocation import AllocationError, ContainerAnswer
+from hamid.plugin.inventory import Inventory
+
+log = get_logger("plugin.service")
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+#: Upper bound of one Allocate / GetPreferredAllocation (kubelet sets no deadline of its own).
+HANDLER_TIMEOUT_S = 15.0
+
+
+def list_response(inventory: Inventory) -> pb.ListAndWatchResponse:
+    """The full device list: one ``Device`` per replica, topology only when the NUMA node is sent."""
+    devices = []
+    for replica in inventory.replicas():
+        device = pb.Device(ID=replica.id, health=HEALTHY if replica.healthy else UNHEALTHY)
+        if replica.numa is not None:
+            device.topology.nodes.append(pb.NUMANode(ID=replica.numa))
+        devices.append(device)
+    return pb.ListAndWatchResponse(devices=devices)
+
+
+def allocate_response(answers: list[ContainerAnswer]) -> pb.AllocateResponse:
+    """Protobuf form of the per-container answers."""
+    out = pb.AllocateResponse()
+    for answer in answers:
+        car = out.container_responses.add()
+        car.envs.update(answer.envs)
+        for m in answer.mounts:
+            car.mounts.append(
+                pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            )
+    return out
+
+
+class DevicePluginService(DevicePluginBase):
+    """Serves kubelet: options, the replica list, preferred allocation, Allocate, PreStartContainer."""
+
+    def __init__(self, inventory: Inventory, allocator: Allocator, *, preferred_allocation: bool) -> None:
+        self.inventory = inventory
+        self.allocator = allocator
+        self.preferred_allocation = preferred_allocation
+
+    def options(self) -> pb.DevicePluginOptions:
+        """The options kubelet reads (upstream #2844: the preferred flag follows the node config)."""
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=self.preferred_allocation
+        )
+
+    async def GetDevicePluginOptions(self, stream: Stream[pb.Empty, pb.DevicePluginOptions]) -> None:
+        """Answer the plugin options."""
+        await stream.recv_message()
+        await stream.send_message(self.options())
+
+    async def ListAndWatch(self, stream: Stream[pb.Empty, pb.ListAndWatchResponse]) -> None:
+        """Send the full list now and again after every health change; never returns on its own."""
+        await stream.recv_message()
+        generation = self.inventory.generation
+        while True:
+            await stream.send_message(list_response(self.inventory))
+            generation = await self.inventory.wait_changed(generation)
+
+    async def GetPreferredAllocation(
+        self, stream: Stream[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]
+    ) -> None:
+        """Annotation-driven preference; an empty list is "no opinion", errors only when deliberate."""
+        request = await stream.recv_message()
+        assert request is not None
+        requests = [
+            PreferredRequest(
+                tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs), int(r.allocation_size)
+            )
+            for r in request.container_requests
+        ]
+        try:
+            async with asyncio.timeout(HANDLER_TIMEOUT_S):
+                chosen = await self.allocator.preferred(requests)
+        except AllocationError as exc:
+            raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+        except Exception as exc:  # never fail admission by accident: no opinion instead
+            log.exception(
+                "GetPreferredAllocation failed unexpectedly; answering no preference", error=str(exc)
+            )
+            chosen = [[] for _ in requests]
+        response = pb.PreferredAllocationResponse()
+        for ids in chosen:
+            response.container_responses.add().deviceIDs.extend(ids)
+        await stream.send_message(response)
+
+    async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
+        """Allocate from the pending pod's annotation; fails closed with a clear message."""
+        request = await stream.recv_message()
+        assert request is not None
+        ids = [list(r.devices_ids) for r in request.container_requests]
+        try:
+            async with asyncio.timeout(HANDLER_TIMEOUT_S):
+                answers = await self.allocator.allocate(ids)
+        except AllocationError as exc:
+            raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+        except TimeoutError as exc:
+            raise GRPCError(
+                Status.DEADLINE_EXCEEDED, f"Allocate did not finish in {HANDLER_TIMEOUT_S:g}s"
+            ) from exc
+        await stream.send_message(allocate_response(answers))
+
+    async def PreStartContainer(
+        self, stream: Stream[pb.PreStartContainerRequest, pb.PreStartContainerResponse]
+    ) -> None:
+        """No-op (``pre_start_required`` is false)."""
+        await stream.recv_message()
+        await stream.send_message(pb.PreStartContainerResponse())

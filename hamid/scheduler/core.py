@@ -1,0 +1,380 @@
+"""The scheduler's operations: filter, bind, admission, wired to the state, caches and API.
+
+:class:`Scheduler` owns the :class:`~hamid.scheduler.state.SchedulerState`, feeds it from the
+watch caches (pods, nodes, ResourceQuotas), and implements the extender verbs. HTTP lives in
+:mod:`hamid.scheduler.http`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
+from hamid.fit.policy import order_nodes
+from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
+from hamid.kube.client import KubeClient
+from hamid.kube.errors import KubeError, NotFound
+from hamid.kube.events import EventRecorder, EventType
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import DeviceConfig, init_container_count
+from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
+from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.nodelock import LockContention, NodeLocker
+from hamid.scheduler.state import JSON, SchedulerState, pod_key, pod_uid
+from hamid.scheduler.webhook import Verdict, review_pod
+
+log = get_logger("scheduler")
+
+#: How long a bind waits for a contended node lock (well inside kube-scheduler's 30 s httpTimeout).
+DEFAULT_BIND_WAIT_S = 25.0
+_MAX_FAILED_EVENTS = 5
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """Options of ``hamid scheduler`` that shape decisions."""
+
+    scheduler_name: str = "hami-scheduler"
+    node_policy: str = "binpack"
+    gpu_policy: str = "spread"
+    node_lock_timeout: timedelta = timedelta(minutes=5)
+    bind_wait_s: float = DEFAULT_BIND_WAIT_S
+    api_timeout_s: float = 5.0
+    handshake_interval_s: float = 15.0
+
+
+class Scheduler:
+    """Filter, bind and admission over one :class:`SchedulerState` (event-loop owned)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        device_config: DeviceConfig | None = None,
+        settings: SchedulerSettings | None = None,
+        events: EventRecorder | None = None,
+    ) -> None:
+        self.kube = kube
+        self.device_config = device_config or DeviceConfig()
+        self.config = self.device_config.resources
+        self.settings = settings or SchedulerSettings()
+        self.state = SchedulerState(self.config)
+        self.metrics = SchedulerMetrics(self.state)
+        self.events = events or EventRecorder(kube, "hami-scheduler")
+        self.pods = PodCache(kube)
+        self.nodes = NodeCache(kube)
+        self.quotas = ResourceQuotaCache(kube)
+        self.pods.add_handlers(on_add=self._pod_seen, on_update=self._pod_updated, on_delete=self._pod_gone)
+        self.nodes.add_handlers(
+            on_add=self.state.on_node,
+            on_update=lambda _old, new: self.state.on_node(new),
+            on_delete=self.state.on_node_deleted,
+        )
+        self.quotas.add_handlers(
+            on_add=self.state.on_quota,
+            on_update=lambda _old, new: self.state.on_quota(new),
+            on_delete=self.state.on_quota_deleted,
+        )
+        self.locker = NodeLocker(
+            kube,
+            self.state,
+            node_of=self.nodes.get,
+            pod_of=lambda ns, name: (self.pods.get(f"{ns}/{name}"), self.pods.synced),
+            timeout=self.settings.node_lock_timeout,
+            call_timeout=self.settings.api_timeout_s,
+        )
+        self.leading: bool = True
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """Whether every cache has applied its first list."""
+        return self.pods.synced and self.nodes.synced and self.quotas.synced
+
+    def not_ready_reason(self) -> str:
+        """Why the scheduler must not decide now ("" when ready)."""
+        if not self.synced:
+            return "caches not synced"
+        if not self.leading:
+            return "not the leader"
+        return ""
+
+    async def run(self) -> None:
+        """Run the caches and the handshake loop until cancelled (each task owned here)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.pods.run())
+                tg.create_task(self.nodes.run())
+                tg.create_task(self.quotas.run())
+                tg.create_task(self._handshake_loop())
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Cancel background event tasks."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
+        """Record an Event in the background (never delays or fails the caller)."""
+        self._spawn(self.events.record(obj, event_type, reason, message))
+
+    # -- cache callbacks --------------------------------------------------------------------------
+
+    def _pod_seen(self, pod: JSON) -> None:
+        self.state.on_pod(pod)
+        self._report_undecodable()
+
+    def _pod_updated(self, _old: JSON, new: JSON) -> None:
+        self._pod_seen(new)
+
+    def _pod_gone(self, pod: JSON) -> None:
+        self.state.on_pod_deleted(pod)
+
+    def _report_undecodable(self) -> None:
+        while self.state.undecodable:
+            pod, error = self.state.undecodable.pop()
+            self.record(
+                pod,
+                "Warning",
+                R.EVENT_UNDECODABLE_ALLOCATION,
+                f"{ann.DEVICES_ALLOCATED} cannot be decoded ({error}); its GPUs are blocked until fixed",
+            )
+
+    async def _handshake_loop(self) -> None:
+        while True:
+            if self.leading and self.synced:
+                await self.write_handshakes()
+            await asyncio.sleep(self.settings.handshake_interval_s)
+
+    async def write_handshakes(self) -> None:
+        """Write ``Requesting_<now>`` on registered nodes whose handshake is missing or stale-format."""
+        for name in sorted(self.state.handshake_wanted):
+            if name not in self.state.nodes:
+                continue
+            value = ann.format_handshake(datetime.now())
+            try:
+                await self.kube.patch_node_metadata(
+                    name, annotations={ann.NODE_HANDSHAKE: value}, timeout=self.settings.api_timeout_s
+                )
+                self.state.handshake_wanted.discard(name)
+            except KubeError as exc:
+                log.warning("handshake_write_failed", node=name, error=str(exc))
+
+    # -- filter -----------------------------------------------------------------------------------
+
+    async def filter(self, args: FilterArgs) -> FilterResult:
+        """The extender filter verb: fit, reserve, patch (undo on failure), answer one node."""
+        started = time.perf_counter()
+        try:
+            result = await self._filter(args)
+        finally:
+            self.metrics.filter_seconds.observe(time.perf_counter() - started)
+        self.metrics.filter_results.labels(
+            "error" if result.error else "fit" if _chosen(result) else "unfit"
+        ).inc()
+        return result
+
+    def plan(
+        self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...]
+    ) -> tuple[str | None, Fitted | None, dict[str, str]]:
+        """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
+
+        Nodes are tried best-first by node score and policy; the first that fits wins (same
+        result as fitting all and picking the best). Returns (node, fit, failed-node reasons).
+        """
+        uid = pod_uid(pod)
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        previous = self.state.reservation(uid)
+        quota = self.state.fit_quota(namespace, exclude_uid=uid)
+        failed: dict[str, str] = {}
+        scored = []
+        for name in names:
+            entry = self.state.schedulable(name)
+            if entry is None:
+                failed[name] = R.NODE_UNREGISTERED
+                continue
+            scored.append((entry, entry.usage.score()))
+        for entry in order_nodes(scored, spec.policy.node_policy):
+            release = previous.applied if previous is not None and previous.node == entry.name else None
+            result = fit_pod(entry.usage, spec, quota, release)
+            if isinstance(result, Fitted):
+                return entry.name, result, failed
+            failed[entry.name] = result.reason
+        return None, None, failed
+
+    async def _filter(self, args: FilterArgs) -> FilterResult:
+        pod = args.pod
+        try:
+            spec = PodFitSpec.from_pod(pod, self.config, self.settings.gpu_policy, self.settings.node_policy)
+        except InvalidInput as exc:
+            return FilterResult(error=str(exc))
+        if not spec.wants_gpu:
+            return FilterResult(
+                node_names=list(args.node_names) if args.node_names is not None else None,
+                nodes=list(args.nodes) if args.nodes is not None else None,
+            )
+        reason = self.not_ready_reason()
+        if reason:
+            return FilterResult(error=f"scheduler not ready: {reason}")
+        uid = pod_uid(pod)
+        if not uid:
+            return FilterResult(error="extender args pod has no metadata.uid")
+        meta = pod["metadata"]
+        name = pod_key(pod)
+        node, fitted, failed = self.plan(pod, spec, args.candidate_names)
+        if node is None or fitted is None:
+            self._record_unfit(pod, failed)
+            return FilterResult(failed_nodes=failed)
+        raw = ann.encode_pod_devices(fitted.devices)
+        undo = self.state.reserve(pod, node, fitted.devices, raw)
+        try:
+            await self.kube.patch_pod_metadata(
+                str(meta.get("namespace") or ""),
+                str(meta.get("name") or ""),
+                annotations={
+                    ann.VGPU_NODE: node,
+                    ann.VGPU_TIME: str(int(time.time())),
+                    ann.DEVICES_TO_ALLOCATE: raw,
+                    ann.DEVICES_ALLOCATED: raw,
+                },
+                labels={ann.VGPU_NODE: node},
+                timeout=self.settings.api_timeout_s,
+            )
+        except KubeError as exc:
+            undo()
+            log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
+            return FilterResult(error=f"patching pod {name} failed: {exc}")
+        self.state.confirm(uid)
+        self.record(
+            pod,
+            "Normal",
+            R.EVENT_FILTERING_SUCCEED,
+            f"find fit node({node}), {len(failed)} nodes not fit, 1 nodes fit({node}:{fitted.score:.2f})",
+        )
+        log.info("filter_fit", pod=name, node=node, devices=raw)
+        if args.nodes is not None:
+            chosen = [n for n in args.nodes if (n.get("metadata") or {}).get("name") == node]
+            return FilterResult(nodes=chosen, failed_nodes=failed)
+        return FilterResult(node_names=[node], failed_nodes=failed)
+
+    def _record_unfit(self, pod: JSON, failed: dict[str, str]) -> None:
+        by_reason: dict[str, list[str]] = {}
+        for node, reason in failed.items():
+            by_reason.setdefault(reason, []).append(node)
+        for reason, nodes in sorted(by_reason.items())[:_MAX_FAILED_EVENTS]:
+            message = f"{len(nodes)} nodes {reason}({', '.join(sorted(nodes))})"
+            self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, message)
+        if not failed:
+            self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, "no candidate nodes")
+
+    # -- bind -------------------------------------------------------------------------------------
+
+    async def bind(self, args: BindArgs) -> str:
+        """The extender bind verb; returns the error message ("" on success)."""
+        started = time.perf_counter()
+        error = await self._bind(args)
+        self.metrics.bind_seconds.labels("error" if error else "ok").observe(time.perf_counter() - started)
+        return error
+
+    async def _bind(self, args: BindArgs) -> str:
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        reason = self.not_ready_reason()
+        if reason:
+            return f"scheduler not ready: {reason}"
+        pod = self.pods.get(key)
+        if pod is None:
+            try:
+                pod = await self.kube.get_pod(
+                    args.pod_namespace, args.pod_name, timeout=self.settings.api_timeout_s
+                )
+            except NotFound:
+                self.state.release(args.pod_uid)
+                return f"pod {key} not found"
+            except KubeError as exc:
+                return f"reading pod {key} failed: {exc}"
+        if pod_uid(pod) != args.pod_uid:
+            return f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+        if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
+            self.state.release(args.pod_uid)
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
+            return f"node {args.node} not found"
+        needs_lock = self._needs_lock(pod)
+        if needs_lock:
+            res = self.state.reservation(args.pod_uid)
+            if res is None or res.node != args.node:
+                message = f"pod {key} has no GPU reservation on node {args.node}; filter it again"
+                self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
+                return message
+            try:
+                waited = await self.locker.acquire(
+                    args.node, args.pod_namespace, args.pod_name, self.settings.bind_wait_s
+                )
+            except (LockContention, KubeError) as exc:
+                self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+                return str(exc)
+            self.metrics.node_lock_wait_seconds.observe(waited)
+        try:
+            await self.kube.patch_pod_metadata(
+                args.pod_namespace,
+                args.pod_name,
+                annotations={ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING, ann.BIND_TIME: str(int(time.time()))},
+                timeout=self.settings.api_timeout_s,
+            )
+            await self.kube.bind_pod(
+                args.pod_namespace,
+                args.pod_name,
+                args.pod_uid,
+                args.node,
+                timeout=self.settings.api_timeout_s,
+            )
+        except KubeError as exc:
+            if needs_lock:
+                await self.locker.release(args.node, args.pod_namespace, args.pod_name)
+            if isinstance(exc, NotFound):
+                self.state.release(args.pod_uid)
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+            log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
+            return f"binding pod {key} to {args.node} failed: {exc}"
+        self.record(
+            pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
+        )
+        log.info("bind_ok", pod=key, node=args.node)
+        return ""
+
+    def _needs_lock(self, pod: JSON) -> bool:
+        """HAMi takes the node lock only when a regular container requests the GPU count."""
+        try:
+            requests = PodFitSpec.from_pod(
+                pod, self.config, self.settings.gpu_policy, self.settings.node_policy
+            )
+        except InvalidInput:
+            return True
+        n_init = init_container_count(pod)
+        return any(r is not None and r.nums > 0 for r in requests.requests[n_init:])
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def admit(self, pod: JSON, namespace: str) -> Verdict:
+        """The webhook verdict for a pod (quota precheck against the live state)."""
+        return review_pod(pod, self.config, self.settings.scheduler_name, self.state.fit_quota, namespace)
+
+
+def _chosen(result: FilterResult) -> bool:
+    return bool(result.node_names) or bool(result.nodes)

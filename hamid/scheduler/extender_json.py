@@ -1,0 +1,121 @@
+"""kube-scheduler extender wire types (``k8s.io/kube-scheduler/extender/v1``), decoded like Go.
+
+The Go structs carry no JSON tags, so keys are the Go field names (``Pod``, ``NodeNames``, ...);
+Go's decoder matches keys case-insensitively (exact match first), so ``pod``/``nodenames``
+from older HAMi-style clients are accepted too. Responses use the canonical Go names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hamid.model.errors import InvalidInput
+
+JSON = dict[str, Any]
+
+
+def go_field(obj: Mapping[str, Any], name: str) -> Any:
+    """The value of Go field ``name`` in a decoded JSON object: exact key first, then case-insensitive."""
+    if name in obj:
+        return obj[name]
+    folded = name.casefold()
+    for key, value in obj.items():
+        if key.casefold() == folded:
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterArgs:
+    """``ExtenderArgs`` of a filter call: the pod and either node names or full Node objects."""
+
+    pod: JSON
+    node_names: tuple[str, ...] | None
+    nodes: tuple[JSON, ...] | None
+
+    @property
+    def candidate_names(self) -> tuple[str, ...]:
+        """Names of every candidate node, in request order (from NodeNames or Nodes.items)."""
+        if self.node_names is not None:
+            return self.node_names
+        return tuple(str((n.get("metadata") or {}).get("name", "")) for n in self.nodes or ())
+
+
+def decode_filter_args(body: Any) -> FilterArgs:
+    """Decode ``ExtenderArgs``; raise :class:`InvalidInput` with the reason when malformed."""
+    if not isinstance(body, dict):
+        raise InvalidInput("extender args must be a JSON object")
+    pod = go_field(body, "Pod")
+    if not isinstance(pod, dict):
+        raise InvalidInput("extender args missing pod")
+    if not isinstance(pod.get("metadata"), dict):
+        raise InvalidInput("extender args pod has no metadata")
+    raw_names = go_field(body, "NodeNames")
+    node_names: tuple[str, ...] | None = None
+    if raw_names is not None:
+        if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+            raise InvalidInput("NodeNames must be a list of strings")
+        node_names = tuple(raw_names)
+    raw_nodes = go_field(body, "Nodes")
+    nodes: tuple[JSON, ...] | None = None
+    if raw_nodes is not None:
+        if not isinstance(raw_nodes, dict):
+            raise InvalidInput("Nodes must be a NodeList object")
+        items = go_field(raw_nodes, "items") or []
+        if not isinstance(items, list) or not all(
+            isinstance(n, dict) and isinstance(n.get("metadata"), dict) for n in items
+        ):
+            raise InvalidInput("Nodes.items must be a list of Node objects")
+        nodes = tuple(items)
+    if node_names is None and nodes is None:
+        raise InvalidInput("extender args carry neither NodeNames nor Nodes")
+    return FilterArgs(pod=pod, node_names=node_names, nodes=nodes)
+
+
+@dataclass(slots=True)
+class FilterResult:
+    """``ExtenderFilterResult``."""
+
+    node_names: list[str] | None = None
+    nodes: list[JSON] | None = None
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    failed_and_unresolvable: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> JSON:
+        """The Go-cased response body."""
+        out: JSON = {"FailedNodes": self.failed_nodes}
+        if self.node_names is not None:
+            out["NodeNames"] = self.node_names
+        if self.nodes is not None:
+            out["Nodes"] = {"metadata": {}, "items": self.nodes}
+        if self.failed_and_unresolvable:
+            out["FailedAndUnresolvableNodes"] = self.failed_and_unresolvable
+        if self.error:
+            out["Error"] = self.error
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class BindArgs:
+    """``ExtenderBindingArgs``."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def decode_bind_args(body: Any) -> BindArgs:
+    """Decode ``ExtenderBindingArgs``; every field must be a non-empty string."""
+    if not isinstance(body, dict):
+        raise InvalidInput("binding args must be a JSON object")
+    values: dict[str, str] = {}
+    for name in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = go_field(body, name)
+        if not isinstance(value, str) or not value:
+            raise InvalidInput(f"binding args field {name} must be a non-empty string")
+        values[name] = value
+    return BindArgs(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])

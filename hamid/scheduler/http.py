@@ -1,0 +1,142 @@
+"""aiohttp apps of ``hamid scheduler``: extender, cluster (webhook, probes, extra routes), metrics.
+
+Request bodies over 1 MiB answer 413; malformed JSON or a body of the wrong shape answers 400
+with the reason; in both cases nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.extender_json import decode_bind_args, decode_filter_args
+from hamid.scheduler.webhook import admission_response
+
+log = get_logger("scheduler.http")
+
+MAX_BODY_BYTES = 1024 * 1024
+#: Adds routes to the cluster app (``--listen``), e.g. ``POST /refit``.
+RouteRegistrar = Callable[[web.Application], None]
+SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
+
+
+def bad_request(reason: str) -> web.Response:
+    """400 with ``{"error": reason}``."""
+    return web.json_response({"error": reason}, status=400)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON; raises 413 (too large) or 400 (malformed) HTTP errors."""
+    body = await request.read()  # aiohttp raises 413 above client_max_size
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"malformed JSON body: {exc}"}), content_type="application/json"
+        ) from None
+
+
+async def _filter(request: web.Request) -> web.Response:
+    scheduler = request.app[SCHEDULER_KEY]
+    try:
+        args = decode_filter_args(await read_json(request))
+    except InvalidInput as exc:
+        return bad_request(str(exc))
+    result = await scheduler.filter(args)
+    return web.json_response(result.to_json())
+
+
+async def _bind(request: web.Request) -> web.Response:
+    scheduler = request.app[SCHEDULER_KEY]
+    try:
+        args = decode_bind_args(await read_json(request))
+    except InvalidInput as exc:
+        return bad_request(str(exc))
+    error = await scheduler.bind(args)
+    return web.json_response({"Error": error} if error else {})
+
+
+async def _webhook(request: web.Request) -> web.Response:
+    scheduler = request.app[SCHEDULER_KEY]
+    try:
+        answer = admission_response(await read_json(request), scheduler.admit)
+    except InvalidInput as exc:
+        return bad_request(str(exc))
+    return web.json_response(answer)
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    reason = request.app[SCHEDULER_KEY].not_ready_reason()
+    if reason:
+        return web.Response(status=503, text=f"not ready: {reason}")
+    return web.Response(text="ok")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    payload = generate_latest(request.app[SCHEDULER_KEY].metrics.registry)
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def extender_app(scheduler: Scheduler) -> web.Application:
+    """``POST /filter`` and ``POST /bind`` (kube-scheduler extender, loopback by default)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SCHEDULER_KEY] = scheduler
+    app.router.add_post("/filter", _filter)
+    app.router.add_post("/bind", _bind)
+    return app
+
+
+def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = ()) -> web.Application:
+    """``POST /webhook``, ``GET /healthz``, ``GET /readyz`` plus routes added by ``extra_routes``."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SCHEDULER_KEY] = scheduler
+    app.router.add_post("/webhook", _webhook)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    for register in extra_routes:
+        register(app)
+    return app
+
+
+def metrics_app(scheduler: Scheduler) -> web.Application:
+    """``GET /metrics`` (Prometheus text format)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SCHEDULER_KEY] = scheduler
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` (``:port`` = all interfaces, ``[v6]:port`` accepted) → (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidInput(f"listen address {value!r} must be host:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+async def serve(
+    app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on ``listen``; returns the runner (call ``cleanup()``) and the bound port."""
+    host, port = parse_listen(listen)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or ()
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)

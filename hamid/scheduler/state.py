@@ -1,0 +1,533 @@
+"""The scheduler's in-memory state: GPU inventory, reservations keyed by pod UID, quotas.
+
+Owned by the event loop: every mutation is synchronous (between awaits). Operations that must
+await the API (filter patch, bind, refit) make a tentative in-memory change first and keep the
+returned :data:`Undo` to roll it back on failure; those that must keep a node's plan stable
+across an await take :meth:`SchedulerState.node_lock` (per node, never process-wide), so a slow
+API server never stalls other nodes.
+
+Accounting is incremental: pod add/update/delete events adjust per-device usage of one node; a
+rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hamid.fit.fit import Quota, pod_quota_usage, quota_limits
+from hamid.fit.usage import (
+    ContainerKind,
+    DeviceAmount,
+    NodeUsage,
+    container_kinds,
+    effective_pod_usage,
+    init_containers_succeeded,
+)
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model.devices import DeviceInfo, PodDevices
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig, quantity_as_int
+
+log = get_logger("scheduler.state")
+
+JSON = dict[str, Any]
+#: Rolls back one tentative change; calling it twice, or after the pod is gone, is a no-op.
+Undo = Callable[[], None]
+
+#: A handshake ``Requesting_<t>`` younger than this keeps the node healthy (HAMi: 60 s).
+HANDSHAKE_GRACE_S = 60.0
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_DELETED_MEMORY = 10_000
+
+
+def _noop() -> None:
+    """An undo with nothing to roll back."""
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one pod books: its node, positional allocation and the usage applied to that node.
+
+    ``pending`` is True while the filter's annotation patch is in flight. ``blocked`` marks an
+    allocation that could not be decoded on a live pod: its devices are booked as full.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    layout: PodDevices
+    kinds: tuple[ContainerKind, ...]
+    init_released: bool
+    raw: str
+    pending: bool = False
+    blocked: frozenset[str] | None = None
+    applied: dict[str, DeviceAmount] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One registered node: its devices with live usage and the health signals."""
+
+    name: str
+    usage: NodeUsage
+    infos: tuple[DeviceInfo, ...]
+    register_raw: str
+    score_raw: str
+    cordon_raw: str
+    node: JSON
+    handshake_at: float | None
+    allocatable_gpu: int
+
+    def healthy(self, now: float) -> bool:
+        """HAMi's handshake rule (§2.5) without its dead ends.
+
+        Healthy while ``Requesting_<t>`` is younger than 60 s (or absent / not yet written, or in
+        the future: clock skew), afterwards iff the node advertises ``nvidia.com/gpu``. A plugin
+        that (re)advertises its GPUs makes the node schedulable again on its own.
+        """
+        if self.handshake_at is None or now - self.handshake_at < HANDSHAKE_GRACE_S:
+            return True
+        return self.allocatable_gpu > 0
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    """``metadata.uid`` of a pod dict."""
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod dict."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class SchedulerState:
+    """Inventory, reservations and quotas of one scheduler process (event-loop owned)."""
+
+    def __init__(self, config: ResourceConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config or ResourceConfig()
+        self.clock = clock
+        self.nodes: dict[str, NodeEntry] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._deleted: OrderedDict[str, None] = OrderedDict()
+        self._quota_objects: dict[str, dict[str, tuple[int | None, int | None]]] = {}
+        self._quota_used: dict[str, list[int]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self.undecodable: list[tuple[JSON, str]] = []
+        self.handshake_wanted: set[str] = set()
+
+    # -- per-node coordination ----------------------------------------------------------------
+
+    def node_lock(self, node: str) -> asyncio.Lock:
+        """The in-process lock of ``node`` (hold it across an await that must keep the plan)."""
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+    def notify(self, node: str) -> None:
+        """Wake every :meth:`wait_change` waiter of ``node``."""
+        for fut in self._waiters.pop(node, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_change(self, node: str, max_wait: float) -> bool:
+        """Wait until the node (or a pod placed on it) changes; False when ``max_wait`` s passed."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(node, set()).add(fut)
+        try:
+            async with asyncio.timeout(max(max_wait, 0.0)):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiters.get(node)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    self._waiters.pop(node, None)
+
+    # -- inventory ------------------------------------------------------------------------------
+
+    def on_node(self, node: JSON) -> None:
+        """Apply a node add/update: inventory, cordon, pair scores, handshake and allocatable."""
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        register_raw = annotations.get(ann.NODE_REGISTER)
+        entry = self.nodes.get(name)
+        if register_raw is None:
+            if entry is not None:
+                log.info("node_unregistered", node=name)
+                self._drop_node(name)
+            self.notify(name)
+            return
+        score_raw = annotations.get(ann.NODE_SCORE, "")
+        cordon_raw = annotations.get(ann.DEVICE_CORDON, "")
+        allocatable = self._allocatable(node)
+        handshake_at, wants_handshake = self._handshake(annotations.get(ann.NODE_HANDSHAKE))
+        if wants_handshake:
+            self.handshake_wanted.add(name)
+        else:
+            self.handshake_wanted.discard(name)
+        if (
+            entry is not None
+            and entry.register_raw == register_raw
+            and entry.score_raw == score_raw
+            and entry.cordon_raw == cordon_raw
+        ):
+            entry.node, entry.handshake_at, entry.allocatable_gpu = node, handshake_at, allocatable
+            self.notify(name)
+            return
+        try:
+            infos = tuple(ann.decode_node_devices(register_raw))
+            pair_scores = ann.decode_pair_scores(score_raw) if score_raw else {}
+            cordoned = ann.parse_uuid_list(cordon_raw, ann.DEVICE_CORDON) if cordon_raw else ()
+        except InvalidInput as exc:
+            log.warning("node_register_invalid", node=name, error=str(exc))
+            if entry is not None:
+                entry.node, entry.handshake_at, entry.allocatable_gpu = node, handshake_at, allocatable
+            self.notify(name)
+            return
+        usage = NodeUsage.from_infos(name, infos, pair_scores, cordoned or ())
+        new_entry = NodeEntry(
+            name, usage, infos, register_raw, score_raw, cordon_raw, node, handshake_at, allocatable
+        )
+        self.nodes[name] = new_entry
+        for uid in self._by_node.get(name, ()):
+            self._apply(self._reservations[uid], new_entry)
+        self.notify(name)
+
+    def _allocatable(self, node: JSON) -> int:
+        value = ((node.get("status") or {}).get("allocatable") or {}).get(self.config.resource_count_name, 0)
+        try:
+            return quantity_as_int(value, self.config.resource_count_name) or 0
+        except InvalidInput:
+            return 0
+
+    def on_node_deleted(self, node: JSON) -> None:
+        """Forget a deleted node's inventory (its pods' reservations stay until they go)."""
+        name = str((node.get("metadata") or {}).get("name") or "")
+        self._drop_node(name)
+        self.handshake_wanted.discard(name)
+        self.notify(name)
+
+    def _drop_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        for uid in self._by_node.get(name, ()):
+            self._reservations[uid].applied = {}
+
+    def _handshake(self, value: str | None) -> tuple[float | None, bool]:
+        """(time of a valid ``Requesting_<t>`` stamp or None, whether to write a fresh one).
+
+        Missing, legacy (``Reported``/``Deleted_``), malformed or unparsable values are replaced by
+        ``Requesting_<now>`` (never a state that needs a hand edit to leave).
+        """
+        if value is None:
+            return None, True
+        try:
+            handshake = ann.parse_handshake(value)
+        except InvalidInput:
+            return None, True
+        if handshake.state is not ann.HandshakeState.REQUESTING or handshake.time is None:
+            return None, True
+        return handshake.time.timestamp(), False
+
+    def schedulable(self, name: str) -> NodeEntry | None:
+        """The node's entry if it is registered and healthy now, else None."""
+        entry = self.nodes.get(name)
+        if entry is None or not entry.healthy(self.clock()):
+            return None
+        return entry
+
+    # -- reservations ---------------------------------------------------------------------------
+
+    def reservation(self, uid: str) -> Reservation | None:
+        """The reservation of pod ``uid``, if any."""
+        return self._reservations.get(uid)
+
+    def reservations(self) -> Iterator[Reservation]:
+        """Every reservation (snapshot iterator)."""
+        return iter(list(self._reservations.values()))
+
+    def node_snapshot(self, node: str) -> NodeUsage | None:
+        """An independent copy of a node's current usage (None when unregistered)."""
+        entry = self.nodes.get(node)
+        return entry.usage.copy() if entry is not None else None
+
+    def reserve(self, pod: JSON, node: str, layout: PodDevices, raw: str) -> Undo:
+        """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
+
+        Replaces any earlier reservation of the same pod; the undo restores it.
+        """
+        uid = pod_uid(pod)
+        meta = pod.get("metadata") or {}
+        previous = self._remove(uid)
+        res = Reservation(
+            uid=uid,
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            node=node,
+            layout=layout,
+            kinds=container_kinds(pod),
+            init_released=False,
+            raw=raw,
+            pending=True,
+        )
+        self._insert(res)
+
+        def undo() -> None:
+            if self._reservations.get(uid) is not res:
+                return
+            self._remove(uid)
+            if previous is not None and uid not in self._deleted:
+                self._insert(previous)
+
+        return undo
+
+    def confirm(self, uid: str) -> None:
+        """Mark a pending reservation as persisted (its annotation patch succeeded)."""
+        res = self._reservations.get(uid)
+        if res is not None:
+            res.pending = False
+
+    def release(self, uid: str) -> Undo:
+        """Release pod ``uid``'s reservation; the undo re-books it unless the pod is gone."""
+        previous = self._remove(uid)
+        if previous is None:
+            return _noop
+
+        def undo() -> None:
+            if uid in self._reservations or uid in self._deleted:
+                return
+            self._insert(previous)
+
+        return undo
+
+    def move(self, uid: str, layout: PodDevices, raw: str) -> Undo:
+        """Replace pod ``uid``'s layout on the same node (refit); the undo restores the old one.
+
+        The undo is a no-op if the reservation was released or replaced meanwhile, so a pod
+        deleted during a refit is never released twice nor resurrected.
+        """
+        old = self._reservations.get(uid)
+        if old is None:
+            raise KeyError(f"no reservation for pod {uid}")
+        self._remove(uid)
+        new = Reservation(
+            uid=uid,
+            namespace=old.namespace,
+            name=old.name,
+            node=old.node,
+            layout=layout,
+            kinds=old.kinds,
+            init_released=old.init_released,
+            raw=raw,
+            pending=old.pending,
+        )
+        self._insert(new)
+
+        def undo() -> None:
+            if self._reservations.get(uid) is not new:
+                return
+            self._remove(uid)
+            self._insert(old)
+
+        return undo
+
+    def _insert(self, res: Reservation) -> None:
+        self._reservations[res.uid] = res
+        self._by_node.setdefault(res.node, set()).add(res.uid)
+        entry = self.nodes.get(res.node)
+        if entry is not None:
+            self._apply(res, entry)
+        else:
+            res.applied = {}
+        self._quota_add(res, 1)
+
+    def _remove(self, uid: str) -> Reservation | None:
+        res = self._reservations.pop(uid, None)
+        if res is None:
+            return None
+        uids = self._by_node.get(res.node)
+        if uids is not None:
+            uids.discard(uid)
+            if not uids:
+                del self._by_node[res.node]
+        entry = self.nodes.get(res.node)
+        if entry is not None and res.applied:
+            entry.usage.remove(res.applied)
+        self._quota_add(res, -1)
+        return res
+
+    def _apply(self, res: Reservation, entry: NodeEntry) -> None:
+        """Book ``res`` on ``entry`` (a fresh NodeUsage, or one without ``res``)."""
+        if res.blocked is not None:
+            named = res.blocked or frozenset(d.id for d in entry.usage.devices)
+            res.applied = {
+                d.id: DeviceAmount(max(d.count, 1), d.totalmem, d.totalcore)
+                for d in entry.usage.devices
+                if d.id in named
+            }
+        else:
+            res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
+        unknown = entry.usage.add(res.applied)
+        if unknown:
+            log.warning("allocation_on_unknown_gpu", pod=res.key, node=res.node, uuids=list(unknown))
+
+    # -- pod events ------------------------------------------------------------------------------
+
+    def on_pod(self, pod: JSON) -> None:
+        """Apply a pod add/update (incremental, phase-aware)."""
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        meta = pod.get("metadata") or {}
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        node = annotations.get(ann.VGPU_NODE)
+        phase = (pod.get("status") or {}).get("phase")
+        current = self._reservations.get(uid)
+        if phase in _TERMINAL_PHASES:
+            if current is not None:
+                self._remove(uid)
+                self.notify(current.node)
+            return
+        raw = annotations.get(ann.DEVICES_ALLOCATED)
+        if node is None or raw is None:
+            if current is not None and not current.pending:
+                self._remove(uid)
+                self.notify(current.node)
+            return
+        released = init_containers_succeeded(pod)
+        if (
+            current is not None
+            and current.node == node
+            and current.raw == raw
+            and current.init_released == released
+            and current.blocked is None
+        ):
+            if current.pending:
+                current.pending = False
+            self.notify(node)
+            return
+        kinds = container_kinds(pod)
+        try:
+            layout = tuple(ann.decode_pod_devices(raw))
+            blocked = None
+        except InvalidInput as exc:
+            layout = ()
+            entry = self.nodes.get(node)
+            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
+            blocked = named
+            if current is None or current.raw != raw:
+                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
+                self.undecodable.append((pod, str(exc)))
+        self._remove(uid)
+        self._insert(
+            Reservation(
+                uid=uid,
+                namespace=str(meta.get("namespace") or ""),
+                name=str(meta.get("name") or ""),
+                node=node,
+                layout=layout,
+                kinds=kinds,
+                init_released=released,
+                raw=raw,
+                blocked=blocked,
+            )
+        )
+        if current is not None and current.node != node:
+            self.notify(current.node)
+        self.notify(node)
+
+    def on_pod_deleted(self, pod: JSON) -> None:
+        """A pod is gone: release its reservation and remember the UID (undos skip it)."""
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        self._deleted[uid] = None
+        while len(self._deleted) > _DELETED_MEMORY:
+            self._deleted.popitem(last=False)
+        res = self._remove(uid)
+        node = (res.node if res else None) or ((pod.get("metadata") or {}).get("annotations") or {}).get(
+            ann.VGPU_NODE
+        )
+        if node:
+            self.notify(node)
+
+    # -- quotas ------------------------------------------------------------------------------------
+
+    def on_quota(self, quota: JSON) -> None:
+        """Apply a ResourceQuota add/update (``limits.<gpumem>`` / ``limits.<gpucores>``)."""
+        meta = quota.get("metadata") or {}
+        hard = (quota.get("spec") or {}).get("hard") or {}
+        ns = str(meta.get("namespace") or "")
+        try:
+            limits = quota_limits(hard, self.config)
+        except InvalidInput as exc:
+            log.warning("resource_quota_invalid", namespace=ns, error=str(exc))
+            return
+        self._quota_objects.setdefault(ns, {})[str(meta.get("name") or "")] = limits
+
+    def on_quota_deleted(self, quota: JSON) -> None:
+        """Forget a deleted ResourceQuota."""
+        meta = quota.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        objects = self._quota_objects.get(ns)
+        if objects is not None:
+            objects.pop(str(meta.get("name") or ""), None)
+            if not objects:
+                del self._quota_objects[ns]
+
+    def fit_quota(self, namespace: str, exclude_uid: str = "") -> Quota | None:
+        """The namespace's quota headroom for a fit (tightest limits; usage without ``exclude_uid``)."""
+        objects = self._quota_objects.get(namespace)
+        if not objects:
+            return None
+        mems = [m for m, _ in objects.values() if m is not None]
+        cores = [c for _, c in objects.values() if c is not None]
+        used_mem, used_cores = self.quota_used(namespace)
+        res = self._reservations.get(exclude_uid) if exclude_uid else None
+        if res is not None and res.namespace == namespace and res.blocked is None:
+            mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released)
+            used_mem, used_cores = used_mem - mem, used_cores - core
+        return Quota(min(mems) if mems else None, min(cores) if cores else None, used_mem, used_cores)
+
+    def quota_used(self, namespace: str) -> tuple[int, int]:
+        """(memory MiB, cores %) booked by the namespace's pods."""
+        used = self._quota_used.get(namespace)
+        return (used[0], used[1]) if used else (0, 0)
+
+    def _quota_add(self, res: Reservation, sign: int) -> None:
+        if res.blocked is not None:
+            return
+        mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+        used = self._quota_used.setdefault(res.namespace, [0, 0])
+        used[0] += sign * mem
+        used[1] += sign * cores
+        if used == [0, 0]:
+            del self._quota_used[res.namespace]
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> GPU UUID -> (used slots, used MiB, used cores): for equality checks and metrics."""
+        return {
+            name: {d.id: (d.used, d.usedmem, d.usedcores) for d in entry.usage.devices}
+            for name, entry in sorted(self.nodes.items())
+        }

@@ -1,0 +1,189 @@
+"""Mutating admission webhook (HAMi ``pkg/scheduler/webhook.go`` rules, hami-wire §1.3 and §3.9).
+
+AdmissionReview ``admission.k8s.io/v1`` and ``v1beta1``: the answer echoes the request's
+``apiVersion``, ``kind`` and ``uid``; a mutation is a base64 JSONPatch.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hamid.fit.fit import Quota
+from hamid.model import annotations as ann
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig, init_container_count, pod_requests, quantity_as_int
+
+JSON = dict[str, Any]
+ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The webhook's decision on one pod: JSONPatch ops when allowed, a message when denied."""
+
+    allowed: bool
+    patch: tuple[JSON, ...] = ()
+    message: str = ""
+    code: int = 200
+
+
+def _resource(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if name in values:
+            return True, values[name]
+    return False, None
+
+
+def _append_env(container: JSON, name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    env.append({"name": name, "value": value})
+
+
+def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
+    """HAMi ``MutateAdmission`` on one container (in place); True when it uses HAMi resources."""
+    where = f"container {container.get('name')!r}"
+    found, raw = _resource(container, config.resource_memory_percentage_name)
+    if found:
+        pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
+        if pct is None or not 0 <= pct <= 100:
+            raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
+    resources = container.setdefault("resources", {})
+    limits = resources.get("limits")
+    if limits is None:
+        limits = resources["limits"] = {}
+    if config.resource_priority_name in limits:
+        priority = quantity_as_int(limits[config.resource_priority_name], f"{where} priority")
+        if priority is None:
+            raise InvalidInput(f"{where}: {config.resource_priority_name} must be an integer")
+        _append_env(container, "CUDA_TASK_PRIORITY", str(priority))
+    if config.gpu_core_policy and config.gpu_core_policy != "default":
+        _append_env(container, "GPU_CORE_UTILIZATION_POLICY", config.gpu_core_policy)
+    has = config.resource_count_name in limits
+    if not has and config.default_gpu_num > 0:
+        others = (
+            config.resource_core_name,
+            config.resource_memory_name,
+            config.resource_memory_percentage_name,
+        )
+        if any(name in limits for name in others):
+            limits[config.resource_count_name] = str(config.default_gpu_num)
+            has = True
+    count_present, _ = _resource(container, config.resource_count_name)
+    cores_present, _ = _resource(container, config.resource_core_name)
+    if count_present and not cores_present:
+        pct_found, pct_raw = _resource(container, config.resource_memory_percentage_name)
+        mem_found, _ = _resource(container, config.resource_memory_name)
+        if pct_found:  # a percentage decides: only 100 % is the whole card
+            whole = quantity_as_int(pct_raw, where) == 100
+        else:
+            whole = not config.resource_memory_name or not mem_found
+        if whole:
+            limits[config.resource_core_name] = "100"
+            has = True
+    if not limits:
+        del resources["limits"]
+    if not resources:
+        del container["resources"]
+    if not has and config.overwrite_env:
+        _append_env(container, "NVIDIA_VISIBLE_DEVICES", "none")
+    return has
+
+
+def _pod_quota_request(pod: JSON, config: ResourceConfig) -> tuple[int, int]:
+    """max(sum of app mem x nums, max init) and the same for cores (HAMi's webhook quota precheck)."""
+    requests = pod_requests(pod, config)
+    n_init = init_container_count(pod)
+    app_mem = app_cores = init_mem = init_cores = 0
+    for i, req in enumerate(requests):
+        if req is None:
+            continue
+        mem, cores = req.memreq * req.nums, req.coresreq * req.nums
+        if i < n_init:
+            init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
+        else:
+            app_mem, app_cores = app_mem + mem, app_cores + cores
+    return max(app_mem, init_mem), max(app_cores, init_cores)
+
+
+def review_pod(
+    pod: JSON,
+    config: ResourceConfig,
+    scheduler_name: str,
+    quota_of: Callable[[str], Quota | None],
+    namespace: str = "",
+) -> Verdict:
+    """Apply the webhook rules to a pod dict; the original is not modified."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE:
+        return Verdict(True)
+    spec = pod.get("spec") or {}
+    if not spec.get("containers"):
+        return Verdict(False, message="pod has no containers", code=400)
+    current = spec.get("schedulerName") or ""
+    if current and current != DEFAULT_SCHEDULER and current != scheduler_name:
+        return Verdict(True)
+    mutated = copy.deepcopy(pod)
+    mspec = mutated["spec"]
+    ops: list[JSON] = []
+    uses = False
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(mspec.get(key) or ()):
+            try:
+                has = _mutate_container(container, config)
+            except InvalidInput as exc:
+                return Verdict(False, message=str(exc), code=400)
+            uses = uses or has
+            if container != spec[key][i]:
+                ops.append({"op": "replace", "path": f"/spec/{key}/{i}", "value": container})
+    if not uses:
+        return Verdict(True, tuple(ops))
+    for key in ("initContainers", "containers"):
+        for container in mspec.get(key) or ():
+            if (container.get("securityContext") or {}).get("privileged"):
+                return Verdict(False, message=f"container {container.get('name')} is privileged", code=403)
+    if scheduler_name:
+        if spec.get("nodeName"):
+            return Verdict(False, message="pod has node assigned", code=403)
+        if current != scheduler_name:
+            ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+    if config.runtime_class_name and not spec.get("runtimeClassName"):
+        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": config.runtime_class_name})
+    quota = quota_of(meta.get("namespace") or namespace)
+    if quota is not None and quota.limited:
+        mem, cores = _pod_quota_request(mutated, config)
+        if not quota.fits(mem, cores):
+            return Verdict(False, message="exceeding resource quota", code=403)
+    return Verdict(True, tuple(ops))
+
+
+def admission_response(review: Any, judge: Callable[[JSON, str], Verdict]) -> JSON:
+    """Answer an AdmissionReview dict; raise :class:`InvalidInput` when it is not one."""
+    if not isinstance(review, dict):
+        raise InvalidInput("AdmissionReview must be a JSON object")
+    api_version = review.get("apiVersion")
+    if api_version not in ADMISSION_VERSIONS:
+        raise InvalidInput(f"unsupported AdmissionReview apiVersion {api_version!r}")
+    request = review.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise InvalidInput("AdmissionReview has no request.uid")
+    response: JSON = {"uid": request["uid"]}
+    pod = request.get("object")
+    if not isinstance(pod, dict) or (pod.get("kind") not in (None, "Pod")):
+        response.update(allowed=True)
+    else:
+        verdict = judge(pod, str(request.get("namespace") or ""))
+        response["allowed"] = verdict.allowed
+        if verdict.allowed and verdict.patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode()
+        if not verdict.allowed:
+            response["status"] = {"code": verdict.code, "message": verdict.message}
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}

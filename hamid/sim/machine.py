@@ -1,0 +1,202 @@
+"""The simulated node's hardware: NUMA nodes with their CPUs, reserved CPUs, memory and GPUs.
+
+A machine file is YAML (or JSON)::
+
+    numaNodes:
+      - {id: 0, cpus: "0-31"}        # Linux cpuset syntax or a list of ids
+      - {id: 1, cpus: "32-63"}
+    reservedCpus: "0,32"             # kubelet --reserved-cpus (required by the static CPU manager)
+    memory: 512Gi                    # node capacity (optional, default 256Gi)
+    pods: 110                        # node pod capacity (optional, default 110)
+    devices:                         # exactly the entries of ``hamid plugin --devices-file``
+      - {uuid: GPU-0, index: 0, name: NVIDIA A100, memoryMiB: 81920, numa: 0, pciBusId: "0000:17:00.0"}
+
+Because ``devices`` uses the plugin's inventory format, the same file can be handed to
+``hamid plugin --devices-file``. Every GPU's ``numa`` must be one of the machine's NUMA nodes
+(or ``-1`` for unknown).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hamid.model.errors import InvalidInput
+from hamid.plugin.discovery import PhysicalGpu, parse_devices_text
+from hamid.sim.topology import CpuTopology, format_cpu_list, parse_cpu_list, parse_quantity
+
+_TOP_KEYS = ("numaNodes", "reservedCpus", "memory", "pods", "devices")
+_NODE_KEYS = ("id", "cpus")
+DEFAULT_MEMORY = "256Gi"
+DEFAULT_PODS = 110
+#: Sample machine files shipped in ``hamid/sim/data/`` (name → file name).
+SAMPLES = {"2numa-8gpu": "machine-2numa-8gpu.yaml", "1numa-2gpu": "machine-1numa-2gpu.yaml"}
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    """One NUMA node and the CPU ids on it."""
+
+    id: int
+    cpus: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """A validated machine description (see the module docs for the file format)."""
+
+    numa_nodes: tuple[NumaNode, ...]
+    reserved_cpus: frozenset[int]
+    gpus: tuple[PhysicalGpu, ...] = ()
+    memory: str = DEFAULT_MEMORY
+    pods: int = DEFAULT_PODS
+
+    @property
+    def numa_ids(self) -> list[int]:
+        """NUMA node ids, ascending."""
+        return sorted(n.id for n in self.numa_nodes)
+
+    @property
+    def all_cpus(self) -> frozenset[int]:
+        """Every CPU id of the machine."""
+        return frozenset().union(*(n.cpus for n in self.numa_nodes))
+
+    @property
+    def cpu_topology(self) -> CpuTopology:
+        """The CPU layout the static CPU manager works on."""
+        return CpuTopology({n.id: n.cpus for n in self.numa_nodes})
+
+    def devices_document(self) -> dict[str, Any]:
+        """The GPUs as a ``hamid plugin --devices-file`` document (``{"devices": [...]}``)."""
+        return {
+            "devices": [
+                {
+                    "uuid": g.uuid,
+                    "index": g.index,
+                    "name": g.name,
+                    "memoryMiB": g.memory_mib,
+                    "numa": -1 if g.numa is None else g.numa,
+                    "pciBusId": g.pci_bus_id,
+                    "migEnabled": g.mig_enabled,
+                    "healthy": g.healthy,
+                }
+                for g in self.gpus
+            ]
+        }
+
+    def describe(self) -> str:
+        """One line per NUMA node: its CPUs and GPUs."""
+        lines = []
+        for node in sorted(self.numa_nodes, key=lambda n: n.id):
+            gpus = [g.uuid for g in self.gpus if g.numa == node.id]
+            lines.append(f"NUMA {node.id}: CPUs {format_cpu_list(node.cpus)}; GPUs {', '.join(gpus) or '-'}")
+        return "\n".join(lines)
+
+
+def _cpus(value: Any, where: str) -> frozenset[int]:
+    if isinstance(value, str):
+        return parse_cpu_list(value, where)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, list):
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in value):
+            raise InvalidInput(f"{where}: CPU ids must be non-negative integers, got {value!r}")
+        return frozenset(value)
+    raise InvalidInput(f'{where}: want a CPU list like "0-31" or [0, 1, 2], got {value!r}')
+
+
+def parse_machine(doc: Any, text: str, source: str = "<machine file>") -> Machine:
+    """Validate a decoded machine document (``text`` is its source text, for the GPU entries)."""
+    if not isinstance(doc, Mapping):
+        raise InvalidInput(f"{source}: expected a mapping with 'numaNodes' (and 'devices', 'reservedCpus')")
+    unknown = sorted(set(doc) - set(_TOP_KEYS))
+    if unknown:
+        raise InvalidInput(f"{source}: unknown keys {unknown}; allowed: {list(_TOP_KEYS)}")
+    raw_nodes = doc.get("numaNodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise InvalidInput(f"{source}: 'numaNodes' must be a non-empty list")
+    nodes: list[NumaNode] = []
+    owner: dict[int, int] = {}
+    for position, item in enumerate(raw_nodes):
+        where = f"{source}: numaNodes[{position}]"
+        if not isinstance(item, Mapping):
+            raise InvalidInput(f"{where}: expected a mapping with 'id' and 'cpus'")
+        bad = sorted(set(item) - set(_NODE_KEYS))
+        if bad:
+            raise InvalidInput(f"{where}: unknown keys {bad}; allowed: {list(_NODE_KEYS)}")
+        node_id = item.get("id")
+        if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id < 64:
+            raise InvalidInput(f"{where}: id must be an integer in 0..63, got {node_id!r}")
+        if any(n.id == node_id for n in nodes):
+            raise InvalidInput(f"{where}: duplicate NUMA node id {node_id}")
+        if "cpus" not in item:
+            raise InvalidInput(f"{where}: missing 'cpus'")
+        cpus = _cpus(item["cpus"], f"{where}.cpus")
+        if not cpus:
+            raise InvalidInput(f"{where}: NUMA node {node_id} has no CPUs")
+        for cpu in sorted(cpus):
+            if cpu in owner:
+                raise InvalidInput(f"{where}: CPU {cpu} is already on NUMA node {owner[cpu]}")
+            owner[cpu] = node_id
+        nodes.append(NumaNode(node_id, cpus))
+    reserved = _cpus(doc.get("reservedCpus", []), f"{source}: reservedCpus")
+    outside = sorted(reserved - set(owner))
+    if outside:
+        raise InvalidInput(f"{source}: reservedCpus {format_cpu_list(outside)} are on no NUMA node")
+    if reserved == frozenset(owner):
+        raise InvalidInput(f"{source}: reservedCpus cover every CPU; nothing is left for pods")
+    memory = doc.get("memory", DEFAULT_MEMORY)
+    memory_text = str(memory)
+    if isinstance(memory, bool) or parse_quantity(memory_text, f"{source}: memory") <= 0:
+        raise InvalidInput(f"{source}: memory must be a positive quantity like 512Gi, got {memory!r}")
+    pods = doc.get("pods", DEFAULT_PODS)
+    if isinstance(pods, bool) or not isinstance(pods, int) or pods <= 0:
+        raise InvalidInput(f"{source}: pods must be a positive integer, got {pods!r}")
+    gpus: tuple[PhysicalGpu, ...] = ()
+    if doc.get("devices") is not None:
+        gpus = tuple(parse_devices_text(text, source))
+    numa_ids = {n.id for n in nodes}
+    for gpu in gpus:
+        if gpu.numa is not None and gpu.numa not in numa_ids:
+            raise InvalidInput(
+                f"{source}: GPU {gpu.uuid} is on NUMA node {gpu.numa}, which is not in numaNodes "
+                f"{sorted(numa_ids)} (use -1 for unknown)"
+            )
+    return Machine(
+        numa_nodes=tuple(sorted(nodes, key=lambda n: n.id)),
+        reserved_cpus=reserved,
+        gpus=gpus,
+        memory=memory_text,
+        pods=pods,
+    )
+
+
+def parse_machine_text(text: str, source: str = "<machine file>") -> Machine:
+    """Parse a machine file's text (YAML or JSON)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{source}: not valid YAML/JSON: {exc}") from exc
+    return parse_machine(doc, text, source)
+
+
+def load_machine_file(path: str | os.PathLike[str]) -> Machine:
+    """Read and validate a machine file (blocking file read: call it in a thread from async code)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read machine file {os.fspath(path)!r}: {exc}") from exc
+    return parse_machine_text(text, os.fspath(path))
+
+
+def sample_machine_path(name: str = "2numa-8gpu") -> Path:
+    """The path of a sample machine file shipped with hamid (see :data:`SAMPLES`)."""
+    if name not in SAMPLES:
+        raise InvalidInput(f"unknown sample machine {name!r}; choose one of {sorted(SAMPLES)}")
+    return Path(str(resources.files("hamid.sim") / "data" / SAMPLES[name]))

@@ -1,0 +1,192 @@
+"""TLS contexts: a server context that reloads its certificate, and strict client contexts.
+
+Server: TLS >= 1.2; when a client CA is given, client certificates are *optionally* verified
+(callers without one, e.g. ServiceAccount-token callers of ``/refit``, still connect; a caller that
+presents a certificate must present a valid one). The certificate and key are reloaded when the
+files change: a timer task stats them in a thread and builds a fresh context off the event loop;
+the per-handshake SNI callback only swaps in the newest context (no I/O on the handshake path).
+
+Client: verifies the server by default against a CA file or the system roots; an unreadable or
+empty CA file is an error, never a silent fallback; skipping verification is explicit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+
+log = get_logger("tls")
+
+_PEM_CERT_MARKER = "-----BEGIN CERTIFICATE-----"
+
+
+class TLSConfigError(InvalidInput):
+    """A TLS file or option is unusable (missing, unreadable, empty, malformed, conflicting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FileStamp:
+    inode: int
+    mtime_ns: int
+    size: int
+
+
+def _stamp(path: Path) -> _FileStamp | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _FileStamp(st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _read_ca(ca_file: str | os.PathLike[str], what: str) -> str:
+    """Read a PEM CA bundle; raise TLSConfigError if unreadable or holding no certificate."""
+    try:
+        text = Path(ca_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TLSConfigError(f"{what} {os.fspath(ca_file)!r} is unreadable: {exc}") from exc
+    if _PEM_CERT_MARKER not in text:
+        raise TLSConfigError(f"{what} {os.fspath(ca_file)!r} holds no PEM certificate")
+    return text
+
+
+def _build_server_context(cert_file: Path, key_file: Path, client_ca_pem: str | None) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(
+            f"cannot load TLS certificate {str(cert_file)!r} / key {str(key_file)!r}: {exc}"
+        ) from exc
+    if client_ca_pem is not None:
+        try:
+            ctx.load_verify_locations(cadata=client_ca_pem)
+        except ssl.SSLError as exc:
+            raise TLSConfigError(f"client CA is not a valid PEM bundle: {exc}") from exc
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+class ReloadingServerContext:
+    """A server ``SSLContext`` (``.context``) whose certificate follows the files on disk.
+
+    Pass ``.context`` to the server; run :meth:`run` as an owned background task (or call
+    :meth:`reload_if_changed`) to pick up rotated files. A rotation that cannot be loaded is logged
+    and the previous certificate keeps serving.
+    """
+
+    def __init__(self, cert_file: Path, key_file: Path, client_ca_file: Path | None = None) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.client_ca_file = client_ca_file
+        self._client_ca_pem = _read_ca(client_ca_file, "client CA file") if client_ca_file else None
+        self._stamps = self._current_stamps()
+        self.context = _build_server_context(cert_file, key_file, self._client_ca_pem)
+        self._current = self.context
+        self.context.sni_callback = self._on_client_hello
+        self.reloads = 0
+
+    @property
+    def verifies_clients(self) -> bool:
+        """Whether client certificates are verified (a client CA was configured)."""
+        return self._client_ca_pem is not None
+
+    def _current_stamps(self) -> tuple[_FileStamp | None, _FileStamp | None]:
+        return (_stamp(self.cert_file), _stamp(self.key_file))
+
+    def _on_client_hello(self, ssl_obj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        if self._current is not ctx:
+            ssl_obj.context = self._current
+
+    async def reload_if_changed(self) -> bool:
+        """Reload when the certificate or key file changed; True when a new certificate is live."""
+        stamps = await asyncio.to_thread(self._current_stamps)
+        if stamps == self._stamps or None in stamps:
+            return False
+        try:
+            fresh = await asyncio.to_thread(
+                _build_server_context, self.cert_file, self.key_file, self._client_ca_pem
+            )
+        except TLSConfigError as exc:
+            log.warning("tls_reload_failed", error=str(exc), cert_file=str(self.cert_file))
+            return False
+        self._stamps = stamps
+        self._current = fresh
+        self.reloads += 1
+        log.info("tls_certificate_reloaded", cert_file=str(self.cert_file))
+        return True
+
+    async def run(self, interval: float = 10.0) -> None:
+        """Check the files every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.reload_if_changed()
+
+
+def server_ssl_context(
+    cert_file: str | os.PathLike[str],
+    key_file: str | os.PathLike[str],
+    client_ca_file: str | os.PathLike[str] | None = None,
+) -> ReloadingServerContext:
+    """A TLS >= 1.2 server context reloaded on file change; optional client-cert verification."""
+    return ReloadingServerContext(
+        Path(cert_file), Path(key_file), Path(client_ca_file) if client_ca_file else None
+    )
+
+
+def client_ssl_context(
+    ca_file: str | os.PathLike[str] | None = None,
+    insecure: bool = False,
+    cert_file: str | os.PathLike[str] | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+) -> ssl.SSLContext:
+    """A TLS >= 1.2 client context.
+
+    Verifies the server against ``ca_file`` (or the system roots when None). ``insecure=True``
+    skips verification and is mutually exclusive with ``ca_file``. ``cert_file``/``key_file``
+    present a client certificate (both or neither).
+    """
+    if insecure and ca_file:
+        raise TLSConfigError("a CA file and insecure (no verification) are mutually exclusive")
+    if bool(cert_file) != bool(key_file):
+        raise TLSConfigError("a client certificate needs both a certificate file and a key file")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif ca_file:
+        pem = _read_ca(ca_file, "CA file")
+        try:
+            ctx.load_verify_locations(cadata=pem)
+        except ssl.SSLError as exc:
+            raise TLSConfigError(f"CA file {os.fspath(ca_file)!r} is not a valid PEM bundle: {exc}") from exc
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if cert_file and key_file:
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"cannot load client certificate {os.fspath(cert_file)!r}: {exc}") from exc
+    return ctx
+
+
+def peer_common_name(peercert: dict[str, object] | None) -> str | None:
+    """The subject CN of a verified peer certificate (``SSLObject.getpeercert()`` form), if any."""
+    if not peercert:
+        return None
+    subject = peercert.get("subject")
+    if not isinstance(subject, tuple):
+        return None
+    for rdn in subject:
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

@@ -1,0 +1,69 @@
+"""Small helpers shared by the kube-layer integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from hamid.kube.backoff import Backoff
+
+
+def fast_backoff() -> Backoff:
+    """A short backoff so retry paths run quickly in tests."""
+    return Backoff(initial=0.02, maximum=0.2)
+
+
+def pod(name: str, namespace: str = "default", node: str | None = None, **labels: str) -> dict[str, Any]:
+    """A minimal pod manifest."""
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = dict(labels)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    """A minimal node manifest."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "status": {"allocatable": {"cpu": "8"}, "capacity": {"cpu": "8"}},
+    }
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``check`` until true; fail the test after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+    assert check(), what
+
+
+class Recorder:
+    """Collects cache callbacks as ``(kind, key, resourceVersion)`` tuples."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    @staticmethod
+    def _key(obj: dict[str, Any]) -> str:
+        meta = obj["metadata"]
+        return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+    def on_add(self, obj: dict[str, Any]) -> None:
+        self.events.append(("add", self._key(obj), obj["metadata"]["resourceVersion"]))
+
+    def on_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        assert self._key(old) == self._key(new)
+        self.events.append(("update", self._key(new), new["metadata"]["resourceVersion"]))
+
+    def on_delete(self, obj: dict[str, Any]) -> None:
+        self.events.append(("delete", self._key(obj), obj["metadata"]["resourceVersion"]))
+
+    def kinds(self, key: str) -> list[str]:
+        """The callback kinds seen for one key, in order."""
+        return [kind for kind, k, _ in self.events if k == key]

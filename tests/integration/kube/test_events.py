@@ -1,0 +1,95 @@
+"""EventRecorder against the embedded API server: fields, aggregation, failures never raised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hamid.kube.client import EVENTS, KubeClient
+from hamid.kube.events import EventRecorder
+from hamid.model.reasons import EVENT_FILTERING_FAILED, EVENT_NUMA_REFIT_SUCCEED
+from tests.integration.kube.helpers import node, pod
+
+
+async def events_for(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    items, _ = await kube.list_objects(EVENTS, namespace)
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
+async def test_event_fields(kube: KubeClient) -> None:
+    await kube.create_namespace("ml")
+    target = await kube.create_pod(pod("trainer-0", "ml"))
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1")
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "moved to GPU-b on NUMA 0")
+    [event] = await events_for(kube, "ml", "trainer-0")
+    assert event["metadata"]["namespace"] == "ml"
+    assert event["metadata"]["name"].startswith("trainer-0.")
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ml",
+        "name": "trainer-0",
+        "uid": target["metadata"]["uid"],
+        "resourceVersion": target["metadata"]["resourceVersion"],
+    }
+    assert event["type"] == "Normal"
+    assert event["reason"] == EVENT_NUMA_REFIT_SUCCEED
+    assert event["message"] == "moved to GPU-b on NUMA 0"
+    assert event["source"] == {"component": "hami-scheduler", "host": "sched-1"}
+    assert event["reportingComponent"] == "hami-scheduler"
+    assert event["reportingInstance"] == "sched-1"
+    assert event["count"] == 1
+    assert event["firstTimestamp"] == event["lastTimestamp"]
+    assert event["firstTimestamp"].endswith("Z")
+
+
+async def test_repeats_are_aggregated(kube: KubeClient) -> None:
+    target = await kube.create_pod(pod("again"))
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1")
+    for expected in (1, 2, 3):
+        await recorder.record(target, "Warning", EVENT_FILTERING_FAILED, "no node fits")
+        [event] = await events_for(kube, "default", "again")
+        assert event["count"] == expected
+    assert event["type"] == "Warning"
+    # Another message is another Event.
+    await recorder.record(target, "Warning", EVENT_FILTERING_FAILED, "still no node fits")
+    events = await events_for(kube, "default", "again")
+    assert sorted((e["message"], e["count"]) for e in events) == [("no node fits", 3), ("still no node fits", 1)]
+
+
+async def test_expired_event_starts_a_new_series(kube: KubeClient) -> None:
+    target = await kube.create_pod(pod("expire"))
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1")
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "m")
+    [event] = await events_for(kube, "default", "expire")
+    await kube.delete(EVENTS, event["metadata"]["name"], "default")
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "m")
+    [fresh] = await events_for(kube, "default", "expire")
+    assert fresh["count"] == 1
+    assert fresh["metadata"]["name"] != event["metadata"]["name"]
+
+
+async def test_node_event_lands_in_default(kube: KubeClient) -> None:
+    target = await kube.create_node(node("gpu-node"))
+    recorder = EventRecorder(kube, "hami-device-plugin")
+    await recorder.record(target, "Warning", "DeviceUnhealthy", "GPU-a lost")
+    [event] = await events_for(kube, "default", "gpu-node")
+    assert event["involvedObject"]["kind"] == "Node"
+    assert "namespace" not in event["involvedObject"]
+    assert event["reportingInstance"]
+
+
+async def test_failures_are_logged_not_raised(kube: KubeClient, apiserver: Any) -> None:
+    target = await kube.create_pod(pod("fails"))
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1", timeout=0.5)
+    apiserver.faults.fail_next(1, verb="create", path_pattern="/events", status=500)
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "lost")
+    assert await events_for(kube, "default", "fails") == []
+    # A slow API server costs at most the recorder's timeout.
+    rule = apiserver.faults.add_latency(5.0, path_pattern="/events")
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "slow")
+    apiserver.faults.remove(rule.id)
+    # Bad arguments are refused without an API call.
+    await recorder.record(target, "Informational", EVENT_NUMA_REFIT_SUCCEED, "bad type")  # type: ignore[arg-type]
+    await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "works again")
+    events = await events_for(kube, "default", "fails")
+    assert [e["message"] for e in events] == ["works again"]

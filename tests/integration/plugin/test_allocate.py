@@ -1,0 +1,311 @@
+"""GetPreferredAllocation and Allocate end to end: unix-socket gRPC, embedded API server, real annotations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Status
+
+from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginStub
+from hamid.model.annotations import (
+    BIND_PHASE,
+    DEVICES_ALLOCATED,
+    DEVICES_TO_ALLOCATE,
+    NODE_LOCK,
+    NODE_REGISTER,
+    NUMA_ALIGNMENT,
+    decode_node_devices,
+    decode_pod_devices,
+)
+from hamid.model.devices import ContainerDevices
+from hamid.model.nodeconfig import NodeConfig
+from hamid.plugin.allocate import PreferredMismatch
+from hamid.plugin.allocation import AllocationError
+from tests.integration.plugin.helpers import (
+    NODE,
+    Env,
+    annotations,
+    dev,
+    eventually,
+    lock_node,
+    running_plugin,
+    scheduled_pod,
+)
+
+PREFERRED = NodeConfig(device_split_count=4, enable_numa_topology=True, enable_get_preferred_allocation=True)
+
+
+@contextlib.asynccontextmanager
+async def stub_for(env: Env) -> AsyncIterator[DevicePluginStub]:
+    channel = Channel(path=env.socket)
+    try:
+        yield DevicePluginStub(channel)
+    finally:
+        channel.close()
+
+
+async def allocate(stub: DevicePluginStub, *ids: str) -> pb.ContainerAllocateResponse:
+    response = await stub.Allocate(
+        pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))]),
+        timeout=10,
+    )
+    assert len(response.container_responses) == 1
+    return response.container_responses[0]
+
+
+async def preferred(
+    stub: DevicePluginStub, available: list[str], size: int, must: list[str] | None = None
+) -> list[str]:
+    request = pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=must or [], allocation_size=size
+            )
+        ]
+    )
+    response = await stub.GetPreferredAllocation(request, timeout=10)
+    assert len(response.container_responses) == 1
+    return list(response.container_responses[0].deviceIDs)
+
+
+async def seeded(env: Env, pod: dict, *, lock: bool = True) -> None:
+    env.server.put(pod)
+    name = pod["metadata"]["name"]
+    if lock:
+        lock_node(env.server, name)
+    await eventually(lambda: env.plugin.pods.pod(f"default/{name}") is not None)
+    if lock:
+        await eventually(lambda: env.plugin.pods.lock_owner() == f"default/{name}")
+
+
+async def test_multi_container_with_init_containers() -> None:
+    devices = (
+        (dev("GPU-0", 1000, 30),),  # init i0
+        (),  # init i1 (no GPU)
+        (dev("GPU-1", 2000, 40), dev("GPU-2", 2500, 40)),  # c0
+        (),  # c1 (no GPU)
+        (dev("GPU-3", 500, 10),),  # c2
+    )
+    pod = scheduled_pod(
+        "multi",
+        devices,
+        init=("i0", "i1"),
+        containers=("c0", "c1", "c2"),
+        env={"c2": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]},
+    )
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        uid = env.server.get("Pod", "default", "multi")["metadata"]["uid"]
+
+        r0 = await allocate(stub, "GPU-0-2")
+        assert dict(r0.envs) | {"CUDA_DEVICE_MEMORY_SHARED_CACHE": ""} == {
+            "NVIDIA_VISIBLE_DEVICES": "GPU-0",
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m",
+            "CUDA_DEVICE_SM_LIMIT": "30",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": "",
+        }
+        assert r0.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith(f"{env.hook}/vgpu/")
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in r0.mounts}
+        assert mounts == {
+            f"{env.hook}/vgpu/libvgpu.so": (f"{env.hook}/vgpu/libvgpu.so", True),
+            f"{env.hook}/vgpu": (f"{env.hook}/vgpu/containers/{uid}_i0", False),
+            "/tmp/vgpulock": ("/tmp/vgpulock", False),
+            "/etc/ld.so.preload": (f"{env.hook}/vgpu/ld.so.preload", True),
+        }
+        assert await asyncio.to_thread(Path(env.hook, "vgpu", "containers", f"{uid}_i0").is_dir)
+        ann = annotations(env.server, "Pod", "multi")
+        assert (
+            ann[DEVICES_TO_ALLOCATE] == ";;GPU-1,NVIDIA,2000,40:GPU-2,NVIDIA,2500,40:;;GPU-3,NVIDIA,500,10:;"
+        )
+        assert ann[BIND_PHASE] == "allocating"
+
+        r1 = await allocate(stub, "GPU-2-0", "GPU-1-3")  # the very next call: the overlay, not a stale cache
+        assert r1.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1,GPU-2"
+        assert (r1.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], r1.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
+            "2000m",
+            "2500m",
+        )
+        assert {m.host_path for m in r1.mounts} >= {f"{env.hook}/vgpu/containers/{uid}_c0"}
+
+        r2 = await allocate(stub, "GPU-3-1")
+        assert r2.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-3" and r2.envs["CUDA_DEVICE_SM_LIMIT"] == "10"
+        assert "/etc/ld.so.preload" not in {m.container_path for m in r2.mounts}  # CUDA_DISABLE_CONTROL
+        assert f"{env.hook}/vgpu/containers/{uid}_c2" in {m.host_path for m in r2.mounts}
+
+        ann = annotations(env.server, "Pod", "multi")
+        assert ann[DEVICES_TO_ALLOCATE] == ";;;;;"
+        assert ann[BIND_PHASE] == "success"
+        assert ann[DEVICES_ALLOCATED] == pod["metadata"]["annotations"][DEVICES_ALLOCATED]  # never touched
+        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (("GPU-1-0", "GPU-1-1"), "device number not matched"),
+        (("GPU-9-0",), "unknown device IDs"),
+    ],
+)
+async def test_mismatch_fails_closed(ids: tuple[str, ...], message: str) -> None:
+    pod = scheduled_pod("bad", ((dev("GPU-1", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        with pytest.raises(GRPCError) as err:
+            await allocate(stub, *ids)
+        assert err.value.status is Status.FAILED_PRECONDITION and message in str(err.value.message)
+        ann = annotations(env.server, "Pod", "bad")
+        assert ann[BIND_PHASE] == "failed"
+        assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]  # unchanged
+        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+
+
+async def test_no_pending_pod_refuses_and_changes_nothing() -> None:
+    stranger = scheduled_pod("stranger", ((dev("GPU-0", 1000, 10),),))
+    del stranger["metadata"]["annotations"][BIND_PHASE]  # never bound by hamid
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, stranger, lock=False)
+        with pytest.raises(GRPCError, match="no pod on this node"):
+            await allocate(stub, "GPU-0-0")
+        assert BIND_PHASE not in annotations(env.server, "Pod", "stranger")
+
+
+async def test_identity_from_lock_and_exact_match() -> None:
+    p1 = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
+    p2 = scheduled_pod("p2", ((dev("GPU-0", 3000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, p1, lock=False)
+        await seeded(env, p2, lock=False)
+        with pytest.raises(GRPCError, match="cannot tell which pod"):  # both want GPU-0, no lock
+            await allocate(stub, "GPU-0-0")
+        for name in ("p1", "p2"):  # the refused call marked nothing: no pod was proven
+            assert annotations(env.server, "Pod", name)[BIND_PHASE] == "allocating"
+        lock_node(env.server, "p2")
+        await eventually(lambda: env.plugin.pods.lock_owner() == "default/p2")
+        r = await allocate(stub, "GPU-0-1")
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"  # p2's limit, not p1's
+        assert annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
+        # p1 now is the only one waiting: its exact match proves it
+        r = await allocate(stub, "GPU-0-2")
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+async def test_runtime_follows_annotation_without_preferred_allocation() -> None:
+    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        r = await allocate(stub, "GPU-0-0")  # kubelet's arbitrary pick
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-3"
+
+
+async def test_runtime_follows_kubelet_with_preferred_allocation() -> None:
+    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20),),))
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        r = await allocate(stub, "GPU-0-0")
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1200m"
+
+
+async def test_preferred_allocation_annotation_driven() -> None:
+    pod = scheduled_pod(
+        "p",
+        ((), (dev("GPU-1", 1000, 10), dev("GPU-0", 1000, 10)), (dev("GPU-3", 500, 5),)),
+        init=("i0",),
+        containers=("a", "b"),
+    )
+    available = [f"GPU-{g}-{i}" for g in range(4) for i in range(4)]
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        assert await preferred(stub, available, 2) == ["GPU-1-0", "GPU-0-0"]
+        assert await preferred(stub, available, 2, ["GPU-0-3"]) == ["GPU-0-3", "GPU-1-0"]
+        assert await preferred(stub, available, 3) == []  # annotation cannot fill: no opinion
+        await allocate(stub, "GPU-1-0", "GPU-0-0")
+        assert await preferred(stub, available, 1) == ["GPU-3-0"]  # next pending entry
+        # GPU-3 is not offered (kubelet restricted to NUMA 0): default handler logs, no opinion
+        assert await preferred(stub, available[:8], 1) == []
+        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"
+
+
+async def test_preferred_without_pending_pod_is_no_opinion() -> None:
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        assert await preferred(stub, ["GPU-0-0", "GPU-1-0"], 1) == []
+
+
+class Handler:
+    """A stand-in for the refit client behind the mismatch seam."""
+
+    def __init__(self, result: ContainerDevices | None = None, error: str | None = None) -> None:
+        self.result, self.error = result, error
+        self.calls: list[PreferredMismatch] = []
+
+    async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
+        self.calls.append(mismatch)
+        if self.error:
+            raise AllocationError(self.error)
+        return self.result
+
+
+async def test_mismatch_seam_replacement_and_failures() -> None:
+    pod = scheduled_pod(
+        "p",
+        ((), (dev("GPU-3", 700, 7),)),
+        init=("setup",),
+        containers=("main",),
+        extra={NUMA_ALIGNMENT: "strict"},
+    )
+    numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
+    handler = Handler(result=(dev("GPU-1", 700, 7),))
+    async with running_plugin(PREFERRED, mismatch_handler=handler) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        assert await preferred(stub, numa0, 1) == ["GPU-1-0"]
+        call = handler.calls[0]
+        assert (call.container_index, call.container_name, call.node_name) == (1, "main", NODE)
+        assert [d.uuid for d in call.annotated] == ["GPU-3"] and call.missing == ("GPU-3",)
+        assert call.allowed_uuids == ("GPU-0", "GPU-1") and call.allocation_size == 1
+        assert call.available_ids == tuple(numa0) and call.must_include_ids == ()
+
+        handler.result = (dev("GPU-2", 700, 7),)  # committed but not offered by kubelet
+        with pytest.raises(GRPCError, match="numa refit committed but kubelet cannot honor"):
+            await preferred(stub, numa0, 1)
+        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
+        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+
+
+async def test_mismatch_seam_refusal_is_a_grpc_error() -> None:
+    pod = scheduled_pod("p", ((dev("GPU-3", 700, 7),),))
+    handler = Handler(error="numa-alignment strict: no GPU on NUMA 0 fits")
+    async with running_plugin(PREFERRED, mismatch_handler=handler) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        with pytest.raises(GRPCError) as err:
+            await preferred(stub, ["GPU-0-0", "GPU-1-0"], 1)
+        assert err.value.status is Status.FAILED_PRECONDITION and "strict" in str(err.value.message)
+        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
+
+
+async def test_registration_annotation_written_once_and_rewritten_on_change() -> None:
+    async with running_plugin(register_interval=0.05) as (env, _):
+        registrar = env.plugin.registrar
+        await eventually(lambda: registrar.patches == 1)
+        value = annotations(env.server, "Node", NODE, None)[NODE_REGISTER]
+        assert [d.numa for d in decode_node_devices(value)] == [0, 0, 1, 1]
+        await eventually(
+            lambda: env.plugin.pods.node()["metadata"]["annotations"].get(NODE_REGISTER) == value
+        )
+        assert not await registrar.register_once()  # unchanged: no patch
+        env.server.patch("Node", None, NODE, {"metadata": {"annotations": {NODE_REGISTER: None}}})
+        await eventually(lambda: registrar.patches == 2)  # someone removed it: written again
+        env.plugin.inventory.mark_unhealthy("GPU-2", "XID 79")
+        await eventually(lambda: registrar.patches == 3)
+        latest = decode_node_devices(annotations(env.server, "Node", NODE, None)[NODE_REGISTER])
+        assert [d.health for d in latest] == [True, True, False, True]
+
+
+def test_decode_sanity() -> None:
+    assert decode_pod_devices(";;", DEVICES_TO_ALLOCATE) == ((), ())

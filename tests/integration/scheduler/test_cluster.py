@@ -1,0 +1,135 @@
+"""/webhook (v1, v1beta1), /healthz, /readyz, body limits, TLS, metrics and the CLI runner."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import aiohttp
+import pytest
+
+from hamid.scheduler.cli import SchedulerOptions, parse_duration, run_scheduler
+from hamid.scheduler.http import MAX_BODY_BYTES
+from hamid.sim.apiserver import ApiServer
+from hamid.tls import client_ssl_context
+from tests.fixtures.tls import TLSFiles
+from tests.integration.scheduler.harness import running_scheduler, wait_for
+from tests.unit.scheduler.helpers import pod
+
+
+@pytest.mark.parametrize("version", ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"])
+async def test_webhook_over_http(version: str) -> None:
+    async with running_scheduler() as env:
+        review = {
+            "apiVersion": version,
+            "kind": "AdmissionReview",
+            "request": {"uid": "r1", "object": pod("a")},
+        }
+        status, body = await env.post(env.cluster, "/webhook", review)
+        assert status == 200 and body["apiVersion"] == version
+        patch = json.loads(base64.b64decode(body["response"]["patch"]))
+        assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in patch
+        env.server.put(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "q", "namespace": "default"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "500"}},
+            }
+        )
+        await wait_for(lambda: env.scheduler.state.fit_quota("default") is not None)
+        status, body = await env.post(env.cluster, "/webhook", review)
+        assert body["response"] == {
+            "uid": "r1",
+            "allowed": False,
+            "status": {"code": 403, "message": "exceeding resource quota"},
+        }
+
+
+async def test_body_limits_and_malformed_json() -> None:
+    async with running_scheduler() as env:
+        for base, path in ((env.extender, "/filter"), (env.extender, "/bind"), (env.cluster, "/webhook")):
+            async with env.session.post(base + path, data=b"{not json") as resp:
+                assert resp.status == 400 and "malformed JSON" in await resp.text()
+            async with env.session.post(base + path, data=b" " * (MAX_BODY_BYTES + 1)) as resp:
+                assert resp.status == 413
+        status, body = await env.post(env.extender, "/filter", {"NodeNames": ["a"]})
+        assert status == 400 and body["error"] == "extender args missing pod"
+        status, body = await env.post(env.cluster, "/webhook", {"apiVersion": "admission.k8s.io/v1"})
+        assert status == 400 and "request.uid" in body["error"]
+        assert env.server.count("Pod") == 0
+
+
+async def test_readyz_follows_sync_and_leadership() -> None:
+    async with running_scheduler(start=False) as env:
+        async with env.session.get(env.cluster + "/readyz") as resp:
+            assert resp.status == 503 and "caches not synced" in await resp.text()
+        _status, body = await env.post(env.extender, "/filter", {"Pod": pod("a"), "NodeNames": ["n"]})
+        assert "not ready" in body["Error"]
+        task = asyncio.create_task(env.scheduler.run())
+        try:
+            await asyncio.wait_for(env.scheduler.pods.wait_synced(), 10)
+            await asyncio.wait_for(env.scheduler.nodes.wait_synced(), 10)
+            await asyncio.wait_for(env.scheduler.quotas.wait_synced(), 10)
+            async with env.session.get(env.cluster + "/readyz") as resp:
+                assert resp.status == 200
+            env.scheduler.leading = False
+            async with env.session.get(env.cluster + "/readyz") as resp:
+                assert resp.status == 503 and "not the leader" in await resp.text()
+            async with env.session.get(env.cluster + "/healthz") as resp:
+                assert resp.status == 200
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_run_scheduler_with_tls_and_metrics(tls_files: TLSFiles) -> None:
+    async with ApiServer() as server:
+        options = SchedulerOptions(
+            extender_listen="127.0.0.1:0",
+            listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            tls_cert_file=str(tls_files.server.cert_file),
+            tls_key_file=str(tls_files.server.key_file),
+            client_ca_file=str(tls_files.ca_file),
+            api_server=server.url,
+        )
+        stop = asyncio.Event()
+        ports: dict[str, int] = {}
+        started = asyncio.Event()
+
+        def ready(_scheduler: object, bound: dict[str, int]) -> None:
+            ports.update(bound)
+            started.set()
+
+        runner = asyncio.create_task(run_scheduler(options, stop=stop, ready=ready))
+        try:
+            await asyncio.wait_for(started.wait(), 10)
+            ctx = client_ssl_context(tls_files.ca_file)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.get(f"https://localhost:{ports['cluster']}/healthz", ssl=ctx) as resp:
+                    assert resp.status == 200
+                async with asyncio.timeout(10):
+                    while True:
+                        async with session.get(
+                            f"https://localhost:{ports['cluster']}/readyz", ssl=ctx
+                        ) as resp:
+                            if resp.status == 200:
+                                break
+                        await asyncio.sleep(0.05)
+                async with session.get(f"http://127.0.0.1:{ports['metrics']}/metrics") as resp:
+                    text = await resp.text()
+                    assert "hamid_filter_duration_seconds" in text
+        finally:
+            stop.set()
+            await asyncio.wait_for(runner, 10)
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("5m").total_seconds() == 300
+    assert parse_duration("1h30m").total_seconds() == 5400
+    assert parse_duration("250ms").total_seconds() == 0.25
+    for bad in ("", "5", "m5", "-1s", "0s", "5m garbage"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)

@@ -1,0 +1,1 @@
+"""Integration tests of the simulated kubelet and the kube-scheduler driver."""

@@ -1,0 +1,502 @@
+"""The Helm chart, rendered offline by the real Helm engine, object by object."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from typing import Any
+
+import click
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+
+from hamid.cli import cli
+from hamid.model import annotations
+from hamid.model.nodeconfig import NodeConfig, resolve_node_config
+from hamid.model.resources import ResourceConfig, load_device_config
+from tests.unit.deploy.helm_render import (
+    CHART_DIR,
+    KUBE_VERSION,
+    NAMESPACE,
+    Rendered,
+    container,
+    flag_values,
+    iter_rules,
+    lint,
+    mounts,
+    render,
+    split_mode_args,
+    volumes,
+)
+
+SCHED = "hamid-scheduler"
+PLUGIN = "hamid-device-plugin"
+SEED_NODE = "gpu-node-1"
+SEED_NODE_CONFIG = json.dumps(
+    {
+        "nodeconfig": [
+            {
+                "name": SEED_NODE,
+                "operatingmode": "hami-core",
+                "enablenumatopology": True,
+                "enablegetpreferredallocation": True,
+            }
+        ]
+    },
+    indent=2,
+)
+SEED = {
+    "devicePlugin": {
+        "enableNumaTopology": True,
+        "numaRefit": {"enabled": True},
+        "nodeConfiguration": {"config": SEED_NODE_CONFIG},
+    }
+}
+ENDPOINT = f"https://hamid-scheduler.{NAMESPACE}.svc:443"
+CHART_CA_FILE = "/etc/hamid/scheduler-ca/ca.crt"
+
+
+def refit(**settings: Any) -> dict[str, Any]:
+    """Values with NUMA refit enabled plus ``settings`` under devicePlugin.numaRefit."""
+    return {"devicePlugin": {"numaRefit": {"enabled": True, **settings}}}
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "seed": SEED,
+    "ca-secret": refit(caSecret="my-scheduler-ca"),
+    "ca-file": refit(caFile="/etc/pki/scheduler/ca.pem"),
+    "tls-insecure": refit(tlsInsecure=True),
+    "existing-cert-no-ca": {**refit(), "scheduler": {"tls": {"existingSecret": "my-tls"}}},
+    "existing-cert-with-ca": {
+        **refit(),
+        "scheduler": {"tls": {"existingSecret": "my-tls", "caBundle": "-----BEGIN CERTIFICATE-----\nMIIB\n"}},
+    },
+    "ha": {"scheduler": {"replicas": 2}},
+    "host-network": {"devicePlugin": {"hostNetwork": True, "numaRefit": {"enabled": True}}},
+    "mtls": {
+        "scheduler": {"refitAuth": ["token", "mtls"], "tls": {"clientCASecret": "cluster-ca"}},
+        "devicePlugin": {"numaRefit": {"enabled": True, "kubeletClientCert": {"enabled": True}}},
+    },
+}
+
+
+@functools.cache
+def rendered(scenario: str) -> Rendered:
+    """One render per scenario per test session (rendering generates RSA keys)."""
+    return render(SCENARIOS[scenario])
+
+
+def plugin_args(r: Rendered) -> dict[str, str | None]:
+    return flag_values(container(r.get("DaemonSet", PLUGIN), "device-plugin")["args"])
+
+
+def scheduler_args(r: Rendered) -> dict[str, str | None]:
+    return flag_values(container(r.get("Deployment", SCHED), "hamid-scheduler")["args"])
+
+
+def kube_scheduler_config(r: Rendered) -> dict[str, Any]:
+    return yaml.safe_load(r.get("ConfigMap", SCHED)["data"]["config.yaml"])
+
+
+# --- every scenario: schemas, lint, CLI flags ---------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_object_validates_against_kubernetes_schemas(scenario: str) -> None:
+    r = rendered(scenario)
+    assert r.objects
+    for obj in r.objects:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_lint_is_clean(scenario: str) -> None:
+    assert lint(SCENARIOS[scenario]) == []
+
+
+#: The plugin's refit-client options (fixed names in the contract), built with NUMA refit (issue 6).
+REFIT_CLIENT_OPTIONS = {
+    "--scheduler-endpoint",
+    "--scheduler-ca-file",
+    "--scheduler-tls-insecure",
+    "--scheduler-client-cert-file",
+    "--scheduler-client-key-file",
+    "--service-account-token-file",
+}
+
+
+def _option_names(command: click.Command) -> set[str]:
+    return {name for p in command.params for name in (*p.opts, *p.secondary_opts)}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize(
+    ("kind", "name", "container_name", "mode"),
+    [("Deployment", SCHED, "hamid-scheduler", "scheduler"), ("DaemonSet", PLUGIN, "device-plugin", "plugin")],
+)
+def test_chart_passes_only_real_cli_options(
+    scenario: str, kind: str, name: str, container_name: str, mode: str
+) -> None:
+    args = container(rendered(scenario).get(kind, name), container_name)["args"]
+    global_args, mode_args = split_mode_args(args, mode)
+    assert set(flag_values(global_args)) <= _option_names(cli)
+    known = _option_names(cli.commands[mode])
+    unknown = set(flag_values(mode_args)) - known
+    if (
+        mode == "plugin"
+        and "--scheduler-endpoint" not in known
+        and unknown
+        and unknown <= REFIT_CLIENT_OPTIONS
+    ):
+        pytest.skip(f"`hamid plugin` has no refit client options yet (issue 6): {sorted(unknown)}")
+    assert not unknown, f"`hamid {mode}` has no option(s) {sorted(unknown)}"
+
+
+# --- defaults -------------------------------------------------------------------------------------
+
+
+def test_defaults_render_the_expected_objects() -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in rendered("defaults").objects}
+    assert {
+        ("Deployment", SCHED),
+        ("Service", SCHED),
+        ("ConfigMap", SCHED),
+        ("ConfigMap", "hamid-device-config"),
+        ("ConfigMap", "hamid-scheduler-ca"),
+        ("Secret", "hamid-scheduler-tls"),
+        ("MutatingWebhookConfiguration", "hamid-webhook"),
+        ("ClusterRole", SCHED),
+        ("ClusterRole", PLUGIN),
+        ("ServiceAccount", SCHED),
+        ("ServiceAccount", PLUGIN),
+        ("DaemonSet", PLUGIN),
+        ("ConfigMap", PLUGIN),
+    } <= kinds
+    # no leader election with one replica
+    assert not any(k == "Role" for k, _ in kinds)
+
+
+def test_seed_switches_are_off_by_default() -> None:
+    r = rendered("defaults")
+    device_config = load_device_config(
+        r.get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+    )
+    assert device_config.node_defaults.enable_numa_topology is False
+    args = plugin_args(r)
+    assert "--scheduler-endpoint" not in args  # empty endpoint = refit disabled
+    assert "--scheduler-tls-insecure" not in args
+    node_config = resolve_node_config(
+        r.get("ConfigMap", PLUGIN)["data"]["config.json"], "your-node-name", NodeConfig()
+    )
+    assert node_config.enable_numa_topology is False
+    assert node_config.enable_get_preferred_allocation is False
+
+
+def test_kube_scheduler_configuration() -> None:
+    config = kube_scheduler_config(rendered("defaults"))
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    assert config["leaderElection"] == {"leaderElect": False}
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:9444"
+    assert extender["filterVerb"] == "filter"
+    assert extender["bindVerb"] == "bind"
+    assert extender["nodeCacheCapable"] is True
+    assert extender["httpTimeout"] == "30s"
+    assert "prioritizeVerb" not in extender
+    managed = extender["managedResources"]
+    assert [m["name"] for m in managed] == list(ResourceConfig().resource_names)
+    assert all(m["ignoredByScheduler"] is True for m in managed)
+    # the extender's loopback port is the one hamid listens on
+    assert scheduler_args(rendered("defaults"))["--extender-listen"] == "127.0.0.1:9444"
+
+
+def test_device_config_is_hamis_format_with_the_chart_resource_names() -> None:
+    text = rendered("defaults").get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+    config = load_device_config(text)
+    assert config.resources == ResourceConfig()
+    assert config.node_defaults.device_split_count == 10
+
+
+def test_scheduler_container_args_and_mounts() -> None:
+    deployment = rendered("defaults").get("Deployment", SCHED)
+    c = container(deployment, "hamid-scheduler")
+    global_args, _ = split_mode_args(c["args"], "scheduler")
+    assert global_args == ["--log-format=json", "--log-level=info"]
+    args = flag_values(c["args"])
+    assert args["--listen"] == "0.0.0.0:9443"
+    assert args["--tls-cert-file"] == "/tls/tls.crt"
+    assert args["--tls-key-file"] == "/tls/tls.key"
+    assert args["--scheduler-name"] == "hami-scheduler"
+    assert args["--device-config-file"] == "/device-config/device-config.yaml"
+    assert args["--node-lock-timeout"] == "5m"
+    assert "--leader-elect" not in args
+    # caller authentication on /refit wired by default: bound token + TokenReview
+    assert args["--refit-auth"] == "token"
+    assert args["--device-plugin-namespace"] == NAMESPACE
+    assert args["--device-plugin-service-account"] == PLUGIN
+    assert set(mounts(c)) == {"/tls", "/device-config"}
+    assert volumes(deployment)["tls"]["secret"]["secretName"] == "hamid-scheduler-tls"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[annotations.WEBHOOK] == annotations.WEBHOOK_IGNORE
+    ks = container(deployment, "kube-scheduler")
+    assert "--config=/config/config.yaml" in ks["command"]
+    assert ks["image"].startswith("registry.k8s.io/kube-scheduler:v")
+
+
+def test_service_is_cluster_ip_443_to_9443() -> None:
+    service = rendered("defaults").get("Service", SCHED)
+    assert service["spec"]["type"] == "ClusterIP"
+    https = next(p for p in service["spec"]["ports"] if p["name"] == "https")
+    assert https["port"] == 443
+    ports = container(rendered("defaults").get("Deployment", SCHED), "hamid-scheduler")["ports"]
+    assert {"name": "https", "containerPort": 9443, "protocol": "TCP"} in ports
+    assert https["targetPort"] == "https"
+
+
+def test_rbac_is_exactly_what_each_mode_uses() -> None:
+    r = rendered("defaults")
+    scheduler = set(iter_rules(r.get("ClusterRole", SCHED)))
+    assert scheduler == {
+        *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+        ("", "pods/binding", "create"),
+        *{("", "nodes", v) for v in ("get", "list", "watch", "patch")},
+        ("", "events", "create"),
+        ("", "events", "patch"),
+        *{("", "resourcequotas", v) for v in ("get", "list", "watch")},
+        ("authentication.k8s.io", "tokenreviews", "create"),
+    }
+    plugin = set(iter_rules(r.get("ClusterRole", PLUGIN)))
+    assert plugin == {
+        *{("", "nodes", v) for v in ("get", "list", "watch", "patch")},
+        *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+        ("", "events", "create"),
+        ("", "events", "patch"),
+    }
+    binding = r.get("ClusterRoleBinding", PLUGIN)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PLUGIN, "namespace": NAMESPACE}]
+    # kube-scheduler (same pod) gets Kubernetes' own roles for a second scheduler
+    roles = {b["roleRef"]["name"] for b in r.all("ClusterRoleBinding")}
+    assert {"system:kube-scheduler", "system:volume-scheduler"} <= roles
+
+
+def test_generated_certificate_ca_is_shared_by_secret_webhook_and_plugins() -> None:
+    r = rendered("defaults")
+    secret = r.get("Secret", "hamid-scheduler-tls")
+    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"hamid-scheduler.{NAMESPACE}.svc" in sans.get_values_for_type(x509.DNSName)
+    assert r.get("ConfigMap", "hamid-scheduler-ca")["data"]["ca.crt"].strip() == ca_pem.decode().strip()
+    (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+
+
+def test_webhook() -> None:
+    (hook,) = rendered("defaults").get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["clientConfig"]["service"] == {
+        "name": SCHED,
+        "namespace": NAMESPACE,
+        "path": "/webhook",
+        "port": 443,
+    }
+    assert hook["rules"][0]["resources"] == ["pods"]
+    assert hook["rules"][0]["operations"] == ["CREATE"]
+    ignore = {"key": annotations.WEBHOOK, "operator": "NotIn", "values": [annotations.WEBHOOK_IGNORE]}
+    assert hook["objectSelector"]["matchExpressions"] == [ignore]
+    assert hook["namespaceSelector"]["matchExpressions"] == [ignore]
+
+
+def test_daemonset_defaults() -> None:
+    ds = rendered("defaults").get("DaemonSet", PLUGIN)
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    spec = ds["spec"]["template"]["spec"]
+    assert "hostNetwork" not in spec
+    assert "dnsPolicy" not in spec
+    c = container(ds, "device-plugin")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    args = flag_values(c["args"])
+    assert args["--node-config-file"] == "/config/config.json"
+    assert args["--device-plugin-dir"] == "/var/lib/kubelet/device-plugins/"
+    assert args["--hook-path"] == "/usr/local"
+    m = mounts(c)
+    assert {"/var/lib/kubelet/device-plugins", "/usr/local/vgpu", "/tmp/vgpulock", "/config"} <= set(m)
+    v = volumes(ds)
+    assert (
+        v[m["/var/lib/kubelet/device-plugins"]["name"]]["hostPath"]["path"]
+        == "/var/lib/kubelet/device-plugins"
+    )
+    assert v[m["/usr/local/vgpu"]["name"]]["hostPath"]["path"] == "/usr/local/vgpu"
+    assert v[m["/config"]["name"]]["configMap"]["name"] == PLUGIN
+    # explicit projected, pod-bound ServiceAccount token (refit caller identity)
+    assert spec["automountServiceAccountToken"] is False
+    token_volume = v[m["/var/run/secrets/kubernetes.io/serviceaccount"]["name"]]
+    sources = token_volume["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}} in sources
+    assert c["securityContext"]["privileged"] is True
+    init = container(ds, "install-hami-core", init=True)
+    assert mounts(init)["/usr/local/vgpu"]["name"] == m["/usr/local/vgpu"]["name"]
+    assert "mv -f" in init["args"][0]
+
+
+# --- the seed's values ----------------------------------------------------------------------------
+
+
+def test_seed_values_enable_topology_and_refit_with_verified_tls() -> None:
+    r = rendered("seed")
+    device_config = load_device_config(
+        r.get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+    )
+    assert device_config.node_defaults.enable_numa_topology is True
+    node_config = resolve_node_config(
+        r.get("ConfigMap", PLUGIN)["data"]["config.json"], SEED_NODE, device_config.node_defaults
+    )
+    assert node_config.operating_mode == "hami-core"
+    assert node_config.enable_numa_topology is True
+    assert node_config.enable_get_preferred_allocation is True
+    args = plugin_args(r)
+    assert args["--scheduler-endpoint"] == ENDPOINT
+    assert args["--service-account-token-file"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    # secure by default: the chart's own CA, mounted, verifies the scheduler
+    assert args["--scheduler-ca-file"] == CHART_CA_FILE
+    assert "--scheduler-tls-insecure" not in args
+    ds = r.get("DaemonSet", PLUGIN)
+    mount = mounts(container(ds, "device-plugin"))["/etc/hamid/scheduler-ca"]
+    assert volumes(ds)[mount["name"]]["configMap"]["name"] == "hamid-scheduler-ca"
+    assert "verified with the scheduler's CA" in r.notes
+
+
+def test_ca_secret_is_mounted_and_used() -> None:
+    r = rendered("ca-secret")
+    assert plugin_args(r)["--scheduler-ca-file"] == CHART_CA_FILE
+    ds = r.get("DaemonSet", PLUGIN)
+    mount = mounts(container(ds, "device-plugin"))["/etc/hamid/scheduler-ca"]
+    secret = volumes(ds)[mount["name"]]["secret"]
+    assert secret["secretName"] == "my-scheduler-ca"
+    assert secret["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+
+
+def test_ca_file_is_passed_as_is() -> None:
+    r = rendered("ca-file")
+    assert plugin_args(r)["--scheduler-ca-file"] == "/etc/pki/scheduler/ca.pem"
+    assert "/etc/hamid/scheduler-ca" not in mounts(container(r.get("DaemonSet", PLUGIN), "device-plugin"))
+
+
+def test_explicit_tls_insecure() -> None:
+    r = rendered("tls-insecure")
+    args = plugin_args(r)
+    assert "--scheduler-tls-insecure" in args
+    assert "--scheduler-ca-file" not in args
+    assert "NOT VERIFIED" in r.notes
+
+
+def test_a_given_ca_wins_over_tls_insecure() -> None:
+    args = plugin_args(render(refit(tlsInsecure=True, caSecret="ca")))
+    assert args["--scheduler-ca-file"] == CHART_CA_FILE
+    assert "--scheduler-tls-insecure" not in args
+
+
+def test_custom_scheduler_endpoint() -> None:
+    args = plugin_args(render(refit(schedulerEndpoint="https://sched.example:8443")))
+    assert args["--scheduler-endpoint"] == "https://sched.example:8443"
+
+
+# --- other shapes ---------------------------------------------------------------------------------
+
+
+def test_existing_certificate_without_ca_uses_system_roots() -> None:
+    r = rendered("existing-cert-no-ca")
+    assert not r.all("Secret")
+    assert not r.has("ConfigMap", "hamid-scheduler-ca")
+    (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert "caBundle" not in hook["clientConfig"]
+    assert volumes(r.get("Deployment", SCHED))["tls"]["secret"]["secretName"] == "my-tls"
+    args = plugin_args(r)
+    assert "--scheduler-ca-file" not in args
+    assert "--scheduler-tls-insecure" not in args
+
+
+def test_existing_certificate_with_ca_bundle_hands_it_out() -> None:
+    r = rendered("existing-cert-with-ca")
+    ca = SCENARIOS["existing-cert-with-ca"]["scheduler"]["tls"]["caBundle"]
+    assert r.get("ConfigMap", "hamid-scheduler-ca")["data"]["ca.crt"].strip() == ca.strip()
+    (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]).decode() == ca
+    assert plugin_args(r)["--scheduler-ca-file"] == CHART_CA_FILE
+
+
+def test_leader_election_with_more_than_one_replica() -> None:
+    r = rendered("ha")
+    args = scheduler_args(r)
+    assert "--leader-elect" in args
+    assert args["--leader-elect-namespace"] == NAMESPACE
+    lease = args["--leader-elect-name"]
+    config = kube_scheduler_config(r)
+    assert config["leaderElection"]["leaderElect"] is True
+    assert config["leaderElection"]["resourceName"] != lease
+    role = r.get("Role", f"{SCHED}-leader-election")
+    assert set(iter_rules(role)) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    }
+    named = next(rule for rule in role["rules"] if "resourceNames" in rule)
+    assert set(named["resourceNames"]) == {lease, config["leaderElection"]["resourceName"]}
+    c = container(r.get("Deployment", SCHED), "hamid-scheduler")
+    # followers stay in the Service to answer the webhook
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_host_network_plugin_resolves_cluster_dns() -> None:
+    spec = rendered("host-network").get("DaemonSet", PLUGIN)["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_mtls_caller_authentication() -> None:
+    r = rendered("mtls")
+    args = scheduler_args(r)
+    assert args["--refit-auth"] == "token,mtls"
+    assert args["--client-ca-file"] == "/client-ca/ca.crt"
+    pargs = plugin_args(r)
+    cert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+    assert pargs["--scheduler-client-cert-file"] == cert
+    assert pargs["--scheduler-client-key-file"] == cert
+    assert "/var/lib/kubelet/pki" in mounts(container(r.get("DaemonSet", PLUGIN), "device-plugin"))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"scheduler": {"refitAuth": ["mtls"]}}, "clientCASecret"),
+        ({"scheduler": {"refitAuth": ["password"]}}, "unknown method"),
+        ({"devicePlugin": {"nodeConfiguration": {"config": "{not json"}}}, "not valid JSON"),
+    ],
+)
+def test_bad_values_fail_with_a_reason(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize("kube_version", ["v1.31.2+k3s1", "v1.35.6-eks-8f3a2c1"])
+def test_renders_for_distribution_version_strings(kube_version: str) -> None:
+    """Vendor suffixes broke upstream's image tags and semver checks (upstream-pain §13)."""
+    report = helm_python.lint(CHART_DIR, SEED, strict=True, namespace=NAMESPACE, kube_version=kube_version)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []

@@ -1,0 +1,182 @@
+"""Property: neither a fit nor a refit ever over-commits a device (slots, memory, cores)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hamid.fit import (
+    ContainerKind,
+    Fitted,
+    NodeUsage,
+    PodPolicy,
+    Refitted,
+    effective_pod_usage,
+    fit_container_restricted,
+    fit_pod,
+    is_heterogeneous,
+)
+from hamid.model import annotations as ann
+
+from .helpers import dev, req, spec
+
+
+@st.composite
+def devices(draw):
+    n = draw(st.integers(1, 5))
+    out = []
+    for i in range(n):
+        count = draw(st.integers(1, 4))
+        mem = draw(st.sampled_from([1000, 4000, 8000]))
+        core = draw(st.sampled_from([50, 100, 200]))
+        out.append(
+            dev(
+                f"g{i}",
+                i,
+                count=count,
+                mem=mem,
+                core=core,
+                numa=draw(st.integers(0, 1)),
+                used=draw(st.integers(0, count)),
+                usedmem=draw(st.integers(0, mem)),
+                usedcores=draw(st.integers(0, core)),
+                health=draw(st.booleans()) or draw(st.booleans()),
+            )
+        )
+    return out
+
+
+requests = st.one_of(
+    st.none(),
+    st.builds(
+        lambda nums, mem, cores, pct: req(nums, mem=mem, cores=cores, pct=pct),
+        st.integers(1, 3),
+        st.sampled_from([0, 100, 1500, 3000]),
+        st.sampled_from([0, 10, 50, 100, 120]),
+        st.sampled_from([101, 0, 30, 100]),
+    ),
+)
+kinds = st.sampled_from(list(ContainerKind))
+policies = st.builds(
+    lambda gpu, bind: PodPolicy.from_annotations({ann.GPU_SCHEDULER_POLICY: gpu, ann.NUMA_BIND: bind}),
+    st.sampled_from(["spread", "binpack", "mutex", "topology-aware", "binpack,numa", "numa", "spread,mutex"]),
+    st.sampled_from(["true", "false"]),
+)
+
+
+def assert_not_overcommitted(n: NodeUsage, before: dict[str, tuple[int, int, int]]) -> None:
+    for d in n.devices:
+        bu, bm, bc = before[d.id]
+        # a device already over a limit (impossible from a fit) may not get worse
+        assert d.used <= max(d.count, bu)
+        assert d.usedmem <= max(d.totalmem, bm)
+        assert d.usedcores <= max(d.totalcore, bc)
+
+
+def snapshot(n: NodeUsage) -> dict[str, tuple[int, int, int]]:
+    return {d.id: (d.used, d.usedmem, d.usedcores) for d in n.devices}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(devices(), st.lists(st.tuples(requests, kinds), min_size=1, max_size=4), policies)
+def test_fit_pod_never_overcommits(devs, containers, policy):
+    n = NodeUsage("n", devs)
+    before = snapshot(n)
+    s = spec(*(r for r, _ in containers), kinds=[k for _, k in containers], policy=policy)
+    result = fit_pod(n, s)
+    if isinstance(result, Fitted):
+        assert len(result.devices) == len(containers)
+        for (r, _), entry in zip(containers, result.devices, strict=True):
+            assert len(entry) == (r.nums if r is not None else 0)
+            assert len({d.uuid for d in entry}) == len(entry)
+        n.add(effective_pod_usage(result.devices, s.kinds))
+        assert_not_overcommitted(n, before)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    devices(),
+    st.lists(st.tuples(requests, kinds), min_size=1, max_size=4),
+    policies,
+    st.data(),
+)
+def test_refit_never_overcommits(devs, containers, policy, data):
+    n = NodeUsage("n", devs)
+    s = spec(*(r for r, _ in containers), kinds=[k for _, k in containers], policy=policy)
+    placed = fit_pod(n, s)
+    if not isinstance(placed, Fitted):
+        return
+    booked = effective_pod_usage(placed.devices, s.kinds)
+    n.add(booked)
+    before = snapshot(n)
+    targets = [i for i, e in enumerate(placed.devices) if e and not is_heterogeneous(e)]
+    if not targets:
+        return
+    target = data.draw(st.sampled_from(targets))
+    allowed = data.draw(st.sets(st.sampled_from([d.id for d in devs])))
+    result = fit_container_restricted(n, placed.devices, s.kinds, target, allowed, policy)
+    if isinstance(result, Refitted):
+        assert {d.uuid for d in result.devices} <= allowed
+        assert len(result.devices) == len(placed.devices[target])
+        n.remove(booked)
+        n.add(effective_pod_usage(result.layout, s.kinds))
+        assert_not_overcommitted(n, before)
+
+
+@st.composite
+def scored_devices(draw):
+    n = draw(st.integers(2, 6))
+    out = []
+    for i in range(n):
+        count = draw(st.integers(2, 10))
+        mem = draw(st.sampled_from([8000, 16000, 80000]))
+        core = draw(st.sampled_from([100, 200]))
+        out.append(
+            dev(
+                f"g{i}",
+                i,
+                count=count,
+                mem=mem,
+                core=core,
+                numa=draw(st.integers(0, 1)),
+                used=draw(st.integers(0, count - 1)),
+                usedmem=draw(st.integers(0, mem - 100)),
+                usedcores=draw(st.integers(0, core - 1)),
+            )
+        )
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    scored_devices(),
+    st.sampled_from(["spread", "binpack", "mutex", "numa", "binpack,numa", "numa,spread"]),
+    st.booleans(),
+    st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)).filter(any),
+    st.sampled_from([(50, 101), (0, 1), (0, 101)]),
+)
+def test_fit_tries_devices_in_policy_order(devs, gpu_policy, numa_bind, weights, mem_pct):
+    """The fit's (inlined) device score and sort agree with device_score + try_order."""
+    from hamid.fit import device_score, try_order
+
+    policy = PodPolicy.from_annotations(
+        {
+            ann.GPU_SCHEDULER_POLICY: gpu_policy,
+            ann.DEVICE_SCORING_WEIGHTS: "slot={},core={},memory={}".format(*weights),
+            ann.NUMA_BIND: str(numa_bind).lower(),
+        }
+    )
+    if gpu_policy == "mutex":
+        for d in devs:
+            d.used = 0
+    request = req(1, mem=mem_pct[0], pct=mem_pct[1])
+    w = policy.weights
+    scores = [
+        device_score(d.count, d.totalcore, d.totalmem, d.used, d.usedcores, d.usedmem, request, w)
+        for d in devs
+    ]
+    numas, useds, indexes = [d.numa for d in devs], [d.used for d in devs], [d.index for d in devs]
+    order = try_order(numas, scores, useds, indexes, policy.gpu_policy, numa_bind)
+    result = fit_pod(NodeUsage("n", devs), spec(request, policy=policy))
+    assert isinstance(result, Fitted)
+    assert result.devices[0][0].uuid == devs[order[0]].id

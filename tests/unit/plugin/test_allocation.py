@@ -1,0 +1,232 @@
+"""Pure plugin logic: inventory/replicas/register value, preferred selection, pod choice, Allocate answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hamid.model.annotations import (
+    BIND_PHASE,
+    BIND_TIME,
+    DEVICES_TO_ALLOCATE,
+    NUMA_ALIGNMENT,
+    VGPU_NODE,
+    encode_node_devices,
+)
+from hamid.model.devices import ContainerDevice
+from hamid.model.nodeconfig import NodeConfig
+from hamid.plugin.allocation import (
+    AllocationError,
+    HamiCoreSettings,
+    MountSpec,
+    PendingEntry,
+    allowed_uuids,
+    choose_pod,
+    consume,
+    hami_core_answer,
+    is_allocation_candidate,
+    pending_entries,
+    resolve_devices,
+    select_preferred,
+    to_allocate,
+)
+from hamid.plugin.discovery import PhysicalGpu
+from hamid.plugin.inventory import Inventory, device_type
+
+V100_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
+V100_B = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
+
+
+def gpu(uuid: str, index: int, numa: int | None = 0, **kw: Any) -> PhysicalGpu:
+    return PhysicalGpu(
+        uuid, index, kw.pop("name", "Tesla V100-PCIE-32GB"), kw.pop("mem", 32768), numa, "", **kw
+    )
+
+
+def test_register_value_matches_hami_bytes() -> None:
+    inv = Inventory([gpu(V100_B, 1, None), gpu(V100_A, 0, None)], NodeConfig())
+    assert encode_node_devices(inv.device_infos()) == (
+        f'[{{"id":"{V100_A}","count":10,"devmem":32768,"devcore":100,"type":"NVIDIA-Tesla V100-PCIE-32GB",'
+        f'"mode":"hami-core","health":true}},{{"id":"{V100_B}","index":1,"count":10,"devmem":32768,'
+        '"devcore":100,"type":"NVIDIA-Tesla V100-PCIE-32GB","mode":"hami-core","health":true}]'
+    )
+
+
+def test_register_scaling_numa_filter_and_mig() -> None:
+    config = NodeConfig(
+        device_split_count=4,
+        device_memory_scaling=1.5,
+        device_core_scaling=2,
+        preconfigured_device_memory=1000,
+        filter_uuids=("GPU-x",),
+        filter_indices=(3,),
+    )
+    gpus = [
+        gpu("GPU-a", 0, 1, mem=1000),
+        gpu("GPU-x", 1),
+        gpu("GPU-m", 2, mig_enabled=True),
+        gpu("GPU-f", 3),
+        gpu("GPU-z", 4, None, mem=0),
+    ]
+    infos = Inventory(gpus, config).device_infos()
+    assert [(i.id, i.devmem, i.devcore, i.numa, i.count) for i in infos] == [
+        ("GPU-a", 1500, 200, 1, 4),
+        ("GPU-z", 1500, 200, 0, 4),  # preconfigured memory when NVML gives none; numa unknown → 0
+    ]
+    mig = Inventory(gpus[:3], NodeConfig(operating_mode="mig", device_memory_scaling=2))
+    assert [(i.id, i.mode, i.devmem, i.devcore) for i in mig.device_infos()] == [
+        ("GPU-a", "mig", 1000, 100),
+        ("GPU-x", "mig", 32768, 100),
+        ("GPU-m", "mig", 32768, 100),
+    ]
+    assert mig.is_mig
+
+
+def test_device_type_prefix() -> None:
+    assert device_type("Tesla P4") == "NVIDIA-Tesla P4"
+    assert device_type("NVIDIA A100-SXM4-40GB") == "NVIDIA A100-SXM4-40GB"
+
+
+def test_replicas_topology_and_health() -> None:
+    gpus = [gpu("GPU-a", 0, 3), gpu("GPU-b", 1, None)]
+    plain = Inventory(gpus, NodeConfig(device_split_count=2))
+    assert [(r.id, r.numa) for r in plain.replicas()] == [
+        ("GPU-a-0", None),
+        ("GPU-a-1", None),
+        ("GPU-b-0", None),
+        ("GPU-b-1", None),
+    ]
+    topo = Inventory(gpus, NodeConfig(device_split_count=2, enable_numa_topology=True))
+    assert [r.numa for r in topo.replicas()] == [3, 3, None, None]
+    assert topo.uuid_of("GPU-b-1") == "GPU-b" and topo.uuid_of("GPU-b-2") is None
+    assert topo.mark_unhealthy("GPU-a", "XID 79") and not topo.mark_unhealthy("GPU-a", "again")
+    assert topo.generation == 1
+    assert [r.healthy for r in topo.replicas()] == [False, False, True, True]
+
+
+def cd(uuid: str, mem: int = 1000, cores: int = 30) -> ContainerDevice:
+    return ContainerDevice(uuid, "NVIDIA", mem, cores)
+
+
+def uuid_of(device_id: str) -> str | None:
+    head, _, tail = device_id.rpartition("-")
+    return head if tail.isdigit() else None
+
+
+def test_select_preferred_hami_vector() -> None:
+    a, b = "GPU-8dcd427f-483b-b48f-d7e5-75fb19a5267a", "GPU-8dcd427f-483b-b48f-d7e5-75fb19a5267b"
+    available = [f"{a}-0", f"{a}-1", f"{b}-0", f"{b}-1"]
+    assert select_preferred((cd(a), cd(b)), available, [], 2, uuid_of) == ([f"{a}-0", f"{b}-0"], [])
+
+
+def test_select_preferred_must_include_and_missing() -> None:
+    available = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-c-0"]
+    # must-include covers GPU-a; GPU-b takes its first replica
+    assert select_preferred((cd("GPU-a"), cd("GPU-b")), available, ["GPU-a-1"], 2, uuid_of) == (
+        ["GPU-a-1", "GPU-b-0"],
+        [],
+    )
+    chosen, missing = select_preferred((cd("GPU-a"), cd("GPU-d")), available, [], 2, uuid_of)
+    assert chosen == ["GPU-a-0"] and missing == ["GPU-d"]
+    assert allowed_uuids(["GPU-c-0", "GPU-a-0", "GPU-a-1", "bogus"], uuid_of) == ("GPU-c", "GPU-a")
+
+
+def pod(
+    name: str, value: str, *, phase: str = "allocating", node: str = "n1", **extra: str
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": {
+                DEVICES_TO_ALLOCATE: value,
+                BIND_PHASE: phase,
+                BIND_TIME: "1700000000",
+                VGPU_NODE: node,
+                **extra,
+            },
+        },
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_candidates() -> None:
+    assert is_allocation_candidate(pod("p", "GPU-a,NVIDIA,1,1:;"), "n1")
+    assert not is_allocation_candidate(pod("p", "GPU-a,NVIDIA,1,1:;", phase="failed"), "n1")
+    assert not is_allocation_candidate(pod("p", "GPU-a,NVIDIA,1,1:;", node="n2"), "n1")
+    gone = pod("p", "GPU-a,NVIDIA,1,1:;")
+    gone["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    assert not is_allocation_candidate(gone, "n1")
+
+
+def test_choose_pod_fails_closed() -> None:
+    p1, p2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
+    assert choose_pod([p1, p2], "default/p2", None) is p2
+    assert choose_pod([p1, p2], None, ["GPU-b"]) is p2  # exact match proves identity
+    assert choose_pod([p1, p2], "default/p1", ["GPU-b"]) is p2  # lock moved on: the match wins
+    assert choose_pod([p1], None, ["GPU-z"]) is p1  # only one candidate: resolve_devices decides
+    with pytest.raises(AllocationError, match="none holds the node lock"):
+        choose_pod([p1, p2], None, None)
+    twin = pod("p3", "GPU-a,NVIDIA,2000,10:;")
+    with pytest.raises(AllocationError, match="cannot tell which pod"):
+        choose_pod([p1, twin], None, ["GPU-a"])
+    assert choose_pod([p1, twin], "default/p3", ["GPU-a"]) is twin
+    with pytest.raises(AllocationError, match="no pod on this node"):
+        choose_pod([], None, ["GPU-a"])
+
+
+def test_entries_and_consume() -> None:
+    devices = to_allocate(pod("p", ";GPU-a,NVIDIA,1000,10:GPU-b,NVIDIA,1000,10:;;GPU-c,NVIDIA,5,5:;"))
+    entries = pending_entries(devices)
+    assert [e.index for e in entries] == [1, 3]
+    after = consume(devices, 1)
+    assert [e.index for e in pending_entries(after)] == [3]
+    assert len(after) == 4
+
+
+def test_resolve_devices() -> None:
+    entry = PendingEntry(0, (cd("GPU-a", 1000), cd("GPU-b", 2000)))
+    assert resolve_devices(entry, ["GPU-b", "GPU-a"], follow_kubelet=True) == (entry.devices, False)
+    with pytest.raises(AllocationError, match="device number not matched"):
+        resolve_devices(entry, ["GPU-a"], follow_kubelet=True)
+    # the annotation decides when kubelet's pick is arbitrary
+    assert resolve_devices(entry, ["GPU-a", "GPU-c"], follow_kubelet=False) == (entry.devices, True)
+    # as upstream with GetPreferredAllocation on: the runtime follows kubelet, amounts kept
+    followed, differs = resolve_devices(entry, ["GPU-a", "GPU-c"], follow_kubelet=True)
+    assert differs and followed == (cd("GPU-a", 1000), cd("GPU-c", 2000))
+    with pytest.raises(AllocationError, match="two slots on one GPU"):
+        resolve_devices(entry, ["GPU-a", "GPU-a"], follow_kubelet=True)
+
+
+def test_hami_core_answer() -> None:
+    container = {"name": "main", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}
+    settings = HamiCoreSettings("/usr/local", oversubscribe=True, log_level="3", disable_core_limit=True)
+    answer = hami_core_answer(
+        (cd("GPU-a", 3000, 50), cd("GPU-b", 4000, 60)), "uid1", container, settings, "tok"
+    )
+    assert answer.envs == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "4000m",
+        "CUDA_DEVICE_SM_LIMIT": "50",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/tok.cache",
+        "CUDA_OVERSUBSCRIBE": "true",
+        "LIBCUDA_LOG_LEVEL": "3",
+        "GPU_CORE_UTILIZATION_POLICY": "disable",
+    }
+    assert answer.cache_dir == "/usr/local/vgpu/containers/uid1_main"
+    assert answer.mounts == (
+        MountSpec("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
+        MountSpec("/usr/local/vgpu", "/usr/local/vgpu/containers/uid1_main", False),
+        MountSpec("/tmp/vgpulock", "/tmp/vgpulock", False),
+    )
+    plain = hami_core_answer((cd("GPU-a"),), "uid1", {"name": "main"}, HamiCoreSettings("/h"), "t")
+    assert MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in plain.mounts
+    assert "CUDA_OVERSUBSCRIBE" not in plain.envs and "LIBCUDA_LOG_LEVEL" not in plain.envs
+
+
+def test_alignment_key_is_the_model_one() -> None:
+    assert NUMA_ALIGNMENT == "hami.io/numa-alignment"

@@ -1,0 +1,70 @@
+"""Node lock decisions: value format, expiry, re-entrancy, holder states (upstream #3096)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.scheduler.nodelock import Decision, Holder, decide, holder_state
+from tests.unit.scheduler.helpers import pod
+
+NOW = datetime(2026, 7, 3, 7, 35, 10, tzinfo=UTC)
+TIMEOUT = timedelta(minutes=5)
+
+
+def lock(ns: str = "ns", name: str = "holder", age: float = 10) -> str:
+    return ann.format_node_lock(NOW - timedelta(seconds=age), ns, name)
+
+
+def always(state: Holder):
+    return lambda _ns, _name: state
+
+
+def test_unlocked_and_own_lock() -> None:
+    assert decide(None, "ns", "p", NOW, TIMEOUT, always(Holder.PENDING)).decision is Decision.TAKE
+    view = decide(lock(name="p"), "ns", "p", NOW, TIMEOUT, always(Holder.PENDING))
+    assert view.decision is Decision.OWN
+
+
+def test_prefix_names_are_not_owners() -> None:  # upstream #1433
+    view = decide(lock(name="abc-1"), "ns", "abc", NOW, TIMEOUT, always(Holder.PENDING))
+    assert view.decision is Decision.WAIT
+
+
+@pytest.mark.parametrize(
+    ("holder", "expected"),
+    [
+        (Holder.PENDING, Decision.WAIT),
+        (Holder.UNKNOWN, Decision.WAIT),
+        (Holder.ABSENT, Decision.TAKE),
+        (Holder.DONE, Decision.TAKE),
+    ],
+)
+def test_holder_states(holder: Holder, expected: Decision) -> None:
+    assert decide(lock(), "ns", "p", NOW, TIMEOUT, always(holder)).decision is expected
+
+
+def test_expiry_and_legacy() -> None:
+    assert decide(lock(age=301), "ns", "p", NOW, TIMEOUT, always(Holder.PENDING)).decision is Decision.TAKE
+    legacy = ann.format_rfc3339(NOW - timedelta(seconds=30))
+    assert decide(legacy, "ns", "p", NOW, TIMEOUT, always(Holder.ABSENT)).decision is Decision.WAIT
+    old_legacy = "2026-07-03T15:35:10+08:00"  # HAMi's vector: 7:35:10Z, i.e. NOW → not expired
+    assert decide(old_legacy, "ns", "p", NOW, TIMEOUT, always(Holder.ABSENT)).decision is Decision.WAIT
+    assert decide("garbage,a", "ns", "p", NOW, TIMEOUT, always(Holder.PENDING)).decision is Decision.TAKE
+
+
+def test_holder_state_classification() -> None:
+    assert holder_state(None, "n1") is Holder.ABSENT
+    assert holder_state(None, "n1", known=False) is Holder.UNKNOWN
+    pending = pod("h", annotations={ann.VGPU_NODE: "n1", ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING})
+    assert holder_state(pending, "n1") is Holder.PENDING
+    assert holder_state(pending, "n2") is Holder.DONE  # re-filtered elsewhere
+    allocated = pod("h", annotations={ann.BIND_PHASE: ann.BIND_PHASE_SUCCESS})
+    assert holder_state(allocated, "n1") is Holder.DONE
+    failed = pod("h", phase="Failed")
+    assert holder_state(failed, "n1") is Holder.DONE
+    deleting = pod("h")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert holder_state(deleting, "n1") is Holder.DONE

@@ -1,0 +1,219 @@
+"""SchedulerState: incremental, phase-aware accounting; restart rebuild; undo; health; quotas."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from hamid.model import annotations as ann
+from hamid.model.devices import ContainerDevice
+from hamid.scheduler.state import HANDSHAKE_GRACE_S, SchedulerState
+from tests.unit.scheduler.helpers import container, node, placed, pod
+
+
+def dev(uuid: str, mem: int, cores: int) -> ContainerDevice:
+    return ContainerDevice(uuid, "NVIDIA", mem, cores)
+
+
+def usage(state: SchedulerState, name: str, uuid: str) -> tuple[int, int, int]:
+    return state.snapshot()[name][uuid]
+
+
+def test_pod_add_update_delete_incremental() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
+    state.on_pod(p)
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    state.on_pod(copy.deepcopy(p))  # unchanged update: no double count
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    done = copy.deepcopy(p)
+    done["status"]["phase"] = "Succeeded"
+    state.on_pod(done)
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    state.on_pod(p)
+    state.on_pod_deleted(p)
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    assert state.reservation("uid-a") is None
+
+
+def test_init_peak_then_release_after_init_succeeded() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = pod(
+        "a",
+        init=[container("init", 1, 5000, 50)],
+        containers=[container("app1", 1, 1000, 10), container("app2", 1, 2000, 20)],
+    )
+    placed(p, "n1", "n1-gpu0,NVIDIA,5000,50:;n1-gpu0,NVIDIA,1000,10:;n1-gpu0,NVIDIA,2000,20:;")
+    state.on_pod(p)
+    # init 5000/50 alone vs apps 3000/30 together (2 slots): max per field
+    assert usage(state, "n1", "n1-gpu0") == (2, 5000, 50)
+    assert state.quota_used("default") == (5000, 50)
+    p["status"]["initContainerStatuses"] = [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]
+    state.on_pod(p)
+    assert usage(state, "n1", "n1-gpu0") == (2, 3000, 30)
+    assert state.quota_used("default") == (3000, 30)
+
+
+def test_sidecar_adds_to_apps() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    side = container("side", 1, 1000, 10, restartPolicy="Always")
+    p = pod("a", init=[side], containers=[container("app", 1, 2000, 20)])
+    placed(p, "n1", "n1-gpu0,NVIDIA,1000,10:;n1-gpu0,NVIDIA,2000,20:;")
+    state.on_pod(p)
+    assert usage(state, "n1", "n1-gpu0") == (2, 3000, 30)
+
+
+def _population() -> list[dict]:
+    pods = []
+    for i in range(40):
+        gpu = f"n{i % 3}-gpu{i % 2}"
+        p = pod(f"p{i}", init=[container("i", 1, 700, 5)] if i % 4 == 0 else None)
+        alloc = (f"{gpu},NVIDIA,700,5:;" if i % 4 == 0 else "") + f"{gpu},NVIDIA,{100 + i},{i % 7}:;"
+        placed(p, f"n{i % 3}", alloc)
+        if i % 5 == 0:
+            p["status"]["phase"] = "Running"
+        pods.append(p)
+    return pods
+
+
+def test_restart_rebuild_equals_incremental() -> None:
+    pods = _population()
+    live = SchedulerState()
+    for n in range(3):
+        live.on_node(node(f"n{n}"))
+    for p in pods:  # incremental history with churn
+        live.on_pod(p)
+    for p in pods[::7]:
+        live.on_pod_deleted(p)
+    survivors = [p for i, p in enumerate(pods) if i % 7 != 0]
+    rebuilt = SchedulerState()
+    shuffled = list(survivors)
+    random.Random(4).shuffle(shuffled)
+    for p in shuffled[:10]:  # pods seen before their nodes
+        rebuilt.on_pod(p)
+    for n in range(3):
+        rebuilt.on_node(node(f"n{n}"))
+    for p in shuffled[10:]:
+        rebuilt.on_pod(p)
+    assert rebuilt.snapshot() == live.snapshot()
+    assert rebuilt.quota_used("default") == live.quota_used("default")
+    assert any(u != (0, 0, 0) for n in live.snapshot().values() for u in n.values())
+
+
+def test_undecodable_allocation_blocks_named_device() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = placed(pod("bad"), "n1", "n1-gpu1,NVIDIA,oops:;")
+    state.on_pod(p)
+    assert usage(state, "n1", "n1-gpu1") == (10, 8000, 100)
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    assert state.undecodable and state.undecodable[0][0] is p
+    garbage = placed(pod("worse"), "n1", "???")
+    state.on_pod(garbage)
+    assert usage(state, "n1", "n1-gpu0") == (10, 8000, 100)
+    state.on_pod_deleted(garbage)
+    state.on_pod_deleted(p)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+
+
+def test_reserve_undo_restores_previous_and_skips_deleted() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = pod("a")
+    first = state.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
+    undo = state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    undo()
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
+    undo()  # idempotent
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    state.on_pod_deleted(p)
+    first()  # already gone: nothing resurrected
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+
+
+def test_pending_reservation_survives_event_without_annotation() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = pod("a")
+    state.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
+    state.on_pod(p)  # the watch delivers the pod before the filter's patch
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    state.on_pod(placed(copy.deepcopy(p), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    res = state.reservation("uid-a")
+    assert res is not None and not res.pending
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+
+
+def test_move_and_undo_after_delete_is_noop() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
+    state.on_pod(p)
+    undo = state.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
+    undo()
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
+    undo2 = state.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.on_pod_deleted(p)
+    undo2()
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert state.quota_used("default") == (0, 0)
+
+
+def test_node_reregistration_keeps_reservations() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    bare = node("n1")
+    del bare["metadata"]["annotations"][ann.NODE_REGISTER]
+    state.on_node(bare)
+    assert "n1" not in state.nodes
+    state.on_node(node("n1", gpus=3))
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+
+
+def test_handshake_health_heals() -> None:
+    now = [1_000_000.0]
+    state = SchedulerState(clock=lambda: now[0])
+    state.on_node(node("n1", allocatable=0))
+    assert "n1" in state.handshake_wanted  # missing: scheduler writes Requesting_<now>
+    assert state.schedulable("n1") is not None
+    from datetime import datetime
+
+    stamp = ann.format_handshake(datetime.fromtimestamp(now[0]))
+    state.on_node(node("n1", allocatable=0, **{ann.NODE_HANDSHAKE: stamp}))
+    assert "n1" not in state.handshake_wanted
+    assert state.schedulable("n1") is not None
+    now[0] += HANDSHAKE_GRACE_S + 1
+    assert state.schedulable("n1") is None  # no GPUs advertised after the grace period
+    state.on_node(node("n1", allocatable=20, **{ann.NODE_HANDSHAKE: stamp}))
+    assert state.schedulable("n1") is not None  # plugin back: heals without hand edits
+    for stale in ("Deleted_2020-01-01 00:00:00", "Requesting_garbage", "Reported 2020"):
+        state.on_node(node("n1", **{ann.NODE_HANDSHAKE: stale}))
+        assert "n1" in state.handshake_wanted
+        assert state.schedulable("n1") is not None
+
+
+def test_quota_headroom_excludes_pod() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    state.on_quota(
+        {
+            "metadata": {"name": "q", "namespace": "default"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "3000", "limits.nvidia.com/gpucores": "50"}},
+        }
+    )
+    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    quota = state.fit_quota("default")
+    assert quota is not None and (quota.mem_limit, quota.used_mem, quota.used_cores) == (3000, 1000, 10)
+    own = state.fit_quota("default", exclude_uid="uid-a")
+    assert own is not None and own.used_mem == 0
+    assert state.fit_quota("other") is None
+    state.on_quota_deleted({"metadata": {"name": "q", "namespace": "default"}})
+    assert state.fit_quota("default") is None

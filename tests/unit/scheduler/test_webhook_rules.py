@@ -1,0 +1,118 @@
+"""Webhook rules (hami-wire §1.3, §3.9) and AdmissionReview v1/v1beta1 answers."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from hamid.fit.fit import Quota
+from hamid.model import annotations as ann
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig
+from hamid.scheduler.webhook import admission_response, review_pod
+from tests.unit.scheduler.helpers import container, pod
+
+CFG = ResourceConfig()
+
+
+def review(p: dict, quota: Quota | None = None, config: ResourceConfig = CFG):
+    return review_pod(p, config, "hami-scheduler", lambda _ns: quota)
+
+
+def ops_by_path(verdict) -> dict:
+    return {op["path"]: op for op in verdict.patch}
+
+
+@pytest.mark.parametrize(
+    ("limits", "cores"),
+    [
+        ({"nvidia.com/gpu": "1"}, "100"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"}, "100"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}, None),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192"}, None),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "70"}, "70"),
+    ],
+)
+def test_exclusive_default_cores(limits: dict, cores: str | None) -> None:
+    p = pod("a", containers=[{"name": "c", "resources": {"limits": dict(limits)}}])
+    verdict = review(p)
+    assert verdict.allowed
+    ops = ops_by_path(verdict)
+    assert ops["/spec/schedulerName"]["value"] == "hami-scheduler"
+    new = ops.get("/spec/containers/0", {"value": p["spec"]["containers"][0]})["value"]
+    assert new["resources"]["limits"].get("nvidia.com/gpucores") == cores
+    assert p["spec"]["containers"][0]["resources"]["limits"] == limits  # original untouched
+
+
+def test_default_gpu_num_injected() -> None:
+    p = pod("a", containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}])
+    new = ops_by_path(review(p))["/spec/containers/0"]["value"]
+    assert new["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_skips() -> None:
+    plain = pod("a", containers=[container("c")])
+    assert review(plain).patch == ()
+    other = pod("a")
+    other["spec"]["schedulerName"] = "volcano"
+    assert review(other).patch == ()
+    ignored = pod("a")
+    ignored["metadata"]["labels"] = {ann.WEBHOOK: ann.WEBHOOK_IGNORE}
+    assert review(ignored).patch == ()
+
+
+def test_denials() -> None:
+    priv = pod("a", containers=[container("c", 1, 1000, 10, securityContext={"privileged": True})])
+    verdict = review(priv)
+    assert not verdict.allowed and verdict.message == "container c is privileged"
+    assigned = pod("a")
+    assigned["spec"]["nodeName"] = "n1"
+    assert review(assigned).message == "pod has node assigned"
+    empty = pod("a")
+    empty["spec"]["containers"] = []
+    assert review(empty).message == "pod has no containers"
+    bad_pct = pod(
+        "a",
+        containers=[
+            {
+                "name": "c",
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}},
+            }
+        ],
+    )
+    assert "within [0, 100]" in review(bad_pct).message
+
+
+def test_quota_precheck_uses_init_peak() -> None:
+    p = pod("a", init=[container("i", 1, 5000, 10)], containers=[container("c", 2, 1000, 10)])
+    assert review(p, Quota(mem_limit=5000, used_mem=0)).allowed
+    denied = review(p, Quota(mem_limit=5000, used_mem=1))
+    assert not denied.allowed and denied.message == "exceeding resource quota"
+
+
+def test_env_rules() -> None:
+    config = ResourceConfig(gpu_core_policy="force", overwrite_env=True)
+    p = pod("a", containers=[container("gpu", 1, 1000, 10), container("cpu")])
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = "1"
+    ops = ops_by_path(review(p, config=config))
+    gpu_env = {e["name"]: e["value"] for e in ops["/spec/containers/0"]["value"]["env"]}
+    cpu_env = {e["name"]: e["value"] for e in ops["/spec/containers/1"]["value"]["env"]}
+    assert gpu_env == {"CUDA_TASK_PRIORITY": "1", "GPU_CORE_UTILIZATION_POLICY": "force"}
+    assert cpu_env["NVIDIA_VISIBLE_DEVICES"] == "none"
+
+
+@pytest.mark.parametrize("version", ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"])
+def test_admission_review_versions(version: str) -> None:
+    body = {"apiVersion": version, "kind": "AdmissionReview", "request": {"uid": "u-1", "object": pod("a")}}
+    answer = admission_response(body, lambda p, ns: review(p))
+    assert answer["apiVersion"] == version and answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == "u-1" and response["allowed"] and response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in patch
+    with pytest.raises(InvalidInput):
+        admission_response({"apiVersion": "v2", "request": {"uid": "x"}}, lambda p, ns: review(p))
+    with pytest.raises(InvalidInput):
+        admission_response({"apiVersion": version, "request": {}}, lambda p, ns: review(p))
