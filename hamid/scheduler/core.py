@@ -8,6 +8,7 @@ watch caches (pods, nodes, ResourceQuotas), and implements the extender verbs. H
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
-from hamid.fit.policy import order_nodes
+from hamid.fit.policy import SPREAD
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
@@ -28,7 +29,7 @@ from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import LockContention, NodeLocker
-from hamid.scheduler.state import JSON, SchedulerState, pod_key, pod_uid
+from hamid.scheduler.state import JSON, NodeEntry, SchedulerState, pod_key, pod_uid
 from hamid.scheduler.webhook import Verdict, review_pod
 
 log = get_logger("scheduler")
@@ -196,22 +197,29 @@ class Scheduler:
     ) -> tuple[str | None, Fitted | None, dict[str, str]]:
         """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
 
-        Nodes are tried best-first by node score and policy; the first that fits wins (same
-        result as fitting all and picking the best). Returns (node, fit, failed-node reasons).
+        Nodes are tried best-first by node score and policy (ties: request order); the first
+        that fits wins — the same node as fitting all and picking the best, with work
+        proportional to the nodes tried. Nodes after the winner get no reason.
+        Returns (node, fit, failed-node reasons).
         """
         uid = pod_uid(pod)
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         previous = self.state.reservation(uid)
         quota = self.state.fit_quota(namespace, exclude_uid=uid)
         failed: dict[str, str] = {}
-        scored = []
-        for name in names:
-            entry = self.state.schedulable(name)
-            if entry is None:
+        now = self.state.clock()
+        nodes = self.state.nodes
+        sign = 1.0 if spec.policy.node_policy == SPREAD else -1.0
+        heap: list[tuple[float, int, NodeEntry]] = []
+        for i, name in enumerate(names):
+            entry = nodes.get(name)
+            if entry is None or not entry.healthy(now):
                 failed[name] = R.NODE_UNREGISTERED
                 continue
-            scored.append((entry, entry.usage.score()))
-        for entry in order_nodes(scored, spec.policy.node_policy):
+            heap.append((sign * entry.usage.score(), i, entry))
+        heapq.heapify(heap)  # best-first in order_nodes' order, without sorting every candidate
+        while heap:
+            entry = heapq.heappop(heap)[2]
             release = previous.applied if previous is not None and previous.node == entry.name else None
             result = fit_pod(entry.usage, spec, quota, release)
             if isinstance(result, Fitted):

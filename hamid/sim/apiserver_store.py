@@ -416,6 +416,11 @@ class Store:
         out["metadata"] = dict(meta)
         return out
 
+    def _incoming(self, resource: Resource, body: Any) -> dict[str, Any]:
+        """A request body checked against the resource's wire form, then in storage form."""
+        checked = self._check_kind(resource, body)
+        return resource.from_view(checked) if resource.storage else checked
+
     def _check_namespace(self, resource: Resource, namespace: str, meta: dict[str, Any]) -> None:
         if not resource.namespaced:
             meta.pop("namespace", None)
@@ -437,7 +442,7 @@ class Store:
 
     def create(self, resource: Resource, namespace: str, body: Any) -> Stored:
         """POST: a new object (201); 409 AlreadyExists when the name is taken."""
-        obj = self._check_kind(resource, resource.from_view(body) if isinstance(body, dict) else body)
+        obj = self._incoming(resource, body)
         base = BY_STORAGE[resource.store_key]
         obj["kind"], obj["apiVersion"] = base.kind, base.api_version
         meta = obj["metadata"]
@@ -492,7 +497,7 @@ class Store:
         subresource: str = "",
     ) -> Stored:
         """PUT: replace an object; a stale ``metadata.resourceVersion`` is a 409 Conflict."""
-        obj = self._check_kind(resource, resource.from_view(body) if isinstance(body, dict) else body)
+        obj = self._incoming(resource, body)
         old = self.get(resource, namespace, name)
         return self._update(resource, old, obj, subresource)
 
@@ -513,9 +518,7 @@ class Store:
             if err.unprocessable:
                 raise ApiError(422, str(err)) from err
             raise bad_request(str(err)) from err
-        obj = self._check_kind(
-            resource, resource.from_view(patched) if isinstance(patched, dict) else patched
-        )
+        obj = self._incoming(resource, patched)
         return self._update(resource, old, obj, subresource)
 
     def _update(self, resource: Resource, old: Stored, obj: dict[str, Any], subresource: str) -> Stored:

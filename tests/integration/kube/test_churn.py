@@ -12,7 +12,7 @@ from tests.integration.kube.helpers import eventually, fast_backoff, node, pod
 
 UPDATES = 5_000
 PODS = 150
-CONCURRENCY = 24
+CONCURRENCY = 64
 
 
 class Mirror:

@@ -16,7 +16,14 @@ from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid.model.annotations import BIND_PHASE
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.service import list_response
-from tests.integration.plugin.helpers import annotations, dev, lock_node, running_plugin, scheduled_pod
+from tests.integration.plugin.helpers import (
+    annotations,
+    dev,
+    eventually,
+    lock_node,
+    running_plugin,
+    scheduled_pod,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -73,9 +80,7 @@ async def test_grpcio_kubelet_calls_every_rpc(tmp_path: Path) -> None:
     async with running_plugin(config) as (env, _):
         env.server.put(scheduled_pod("job", ((dev("GPU-2", 4000, 25),),)))
         lock_node(env.server, "job")
-        async with asyncio.timeout(10):
-            while env.plugin.pods.lock_owner() != "default/job":
-                await asyncio.sleep(0.01)
+        await eventually(lambda: env.plugin.pods.lock_owner() == "default/job")
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(tmp_path / "client.py"),
