@@ -45,7 +45,11 @@ from hamid.sim.apiserver_resources import (
 from hamid.sim.apiserver_select import parse_field_selector, parse_label_selector
 from hamid.sim.apiserver_store import Change, Store, Stored, Watcher, dumps, resource_of
 
-log = get_logger("sim.apiserver")
+
+def _log() -> Any:
+    """The module logger, looked up per use so it follows ``hamid.log.configure`` (stderr, format)."""
+    return get_logger("sim.apiserver")
+
 
 VERSION_INFO = {
     "major": "1",
@@ -202,7 +206,7 @@ class ApiServer:
         self.port = int(sockets[0][1])
         self._runner = runner
         self._stopping.clear()
-        log.info("apiserver started", url=self.url)
+        _log().info("apiserver started", url=self.url)
 
     async def stop(self) -> None:
         """End every watch and stop listening."""
@@ -396,7 +400,7 @@ class ApiServer:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as err:
-            log.exception("apiserver request failed", method=request.method, path=path)
+            _log().exception("apiserver request failed", method=request.method, path=path)
             return _error_response(ApiError(500, f"internal error: {type(err).__name__}: {err}"))
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:

@@ -352,6 +352,7 @@ class _Endpoint:
     stub: DevicePluginStub
     options: pb.DevicePluginOptions
     stopped: bool = False
+    updates: int = 0
     task: asyncio.Task[None] | None = None
 
     def close(self) -> None:
@@ -543,7 +544,7 @@ class SimKubelet:
         so capacity/allocatable read 0 until its plugin registers again.
         """
         async with self._admit_lock:
-            await self._stop_grpc()
+            await self._start_server_anew()
             now = time.monotonic()
             for state in self.resources.values():
                 state.all_devices = {}
@@ -552,7 +553,6 @@ class SimKubelet:
                 state.endpoint = None
                 state.stopped_at = now
             self.restarts += 1
-            await self._start_server()
             self._changed()
         self._log.info("simulated kubelet restarted", restarts=self.restarts)
 
@@ -569,10 +569,25 @@ class SimKubelet:
         await server.start(path=str(self.socket_path))
         self._server = server
 
-    def _cleanup_plugin_dir(self) -> None:
+    async def _start_server_anew(self) -> None:
+        """Serve a new ``kubelet.sock`` with a new inode (plugins may watch the inode to spot restarts).
+
+        The new socket is bound under a temporary name while the old file still exists, so the
+        filesystem cannot hand the old inode back; then the old sockets are wiped and it is renamed.
+        """
+        staging = self.root / f".{KUBELET_SOCKET}.restart"
+        await asyncio.to_thread(staging.unlink, missing_ok=True)
+        server = Server([_RegistrationService(self)])
+        await server.start(path=str(staging))
+        await self._stop_grpc()
+        await asyncio.to_thread(self._cleanup_plugin_dir, staging.name)
+        await asyncio.to_thread(staging.rename, self.socket_path)
+        self._server = server
+
+    def _cleanup_plugin_dir(self, keep: str = "") -> None:
         """kubelet's ``CleanupPluginDirectory``: remove every unix socket but the checkpoint."""
         for entry in self.root.iterdir():
-            if entry.name == CHECKPOINT_FILE:
+            if entry.name in (CHECKPOINT_FILE, keep):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(entry.lstat().st_mode):
@@ -613,13 +628,15 @@ class SimKubelet:
             raise TimeoutError(f"{what or 'condition'} not reached within {timeout:g}s") from exc
 
     async def wait_registered(self, resource: str, timeout: float = 5.0) -> ResourceState:
-        """Wait until ``resource`` is registered and its first ListAndWatch message arrived."""
+        """Wait until ``resource`` is registered and its plugin's first ListAndWatch message arrived."""
+
+        def ready() -> bool:
+            state = self.resources.get(resource)
+            endpoint = None if state is None else state.endpoint
+            return endpoint is not None and not endpoint.stopped and endpoint.updates > 0
+
         await self.wait_until(
-            lambda: (
-                resource in self.resources
-                and self.resources[resource].connected
-                and self.resources[resource].updates > 0
-            ),
+            ready,
             timeout,
             f"registration of {resource}",
         )
@@ -830,6 +847,7 @@ class SimKubelet:
             state.all_devices[device.ID] = topology
             (state.healthy if device.health == HEALTHY else state.unhealthy).add(device.ID)
         state.updates += 1
+        endpoint.updates += 1
         self._log.info(
             "processed device updates for resource",
             resource=endpoint.resource,

@@ -178,7 +178,9 @@ async def test_delete_preconditions(core: client.CoreV1Api) -> None:
         )
     assert err.value.status == 409
     await core.delete_namespaced_pod(
-        "d", "default", body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=created.metadata.uid))
+        "d",
+        "default",
+        body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=created.metadata.uid)),
     )
 
 
@@ -212,7 +214,14 @@ async def test_discovery(api: client.ApiClient) -> None:
     resources = await client.CoordinationV1Api(api).get_api_resources()
     assert [r.name for r in resources.resources] == ["leases"]
     core_resources = {r.name for r in (await client.CoreV1Api(api).get_api_resources()).resources}
-    assert {"pods", "pods/status", "pods/binding", "nodes/status", "events", "resourcequotas"} <= core_resources
+    assert {
+        "pods",
+        "pods/status",
+        "pods/binding",
+        "nodes/status",
+        "events",
+        "resourcequotas",
+    } <= core_resources
     info = await client.VersionApi(api).get_code()
     assert info.major == "1"
 

@@ -109,18 +109,26 @@ async def test_events_in_both_apis(api: client.ApiClient) -> None:
         "hamid/scheduler",
         "p",
     )
-    listed = await core.list_namespaced_event("default", field_selector="involvedObject.name=p,reason=BindingSucceeded")
+    listed = await core.list_namespaced_event(
+        "default", field_selector="involvedObject.name=p,reason=BindingSucceeded"
+    )
     assert [e.metadata.name for e in listed.items] == ["p.2"]
     listed_v1 = await events.list_namespaced_event(
         "default", field_selector="regarding.name=p", _preload_content=False
     )
-    assert sorted(e["metadata"]["name"] for e in json.loads(await listed_v1.read())["items"]) == ["p.1", "p.2"]
-    only_new = await events.list_namespaced_event("default", field_selector="reportingController=hamid/scheduler")
+    assert sorted(e["metadata"]["name"] for e in json.loads(await listed_v1.read())["items"]) == [
+        "p.1",
+        "p.2",
+    ]
+    only_new = await events.list_namespaced_event(
+        "default", field_selector="reportingController=hamid/scheduler"
+    )
     assert [e.note for e in only_new.items] == ["bound"]
 
     with pytest.raises(ApiException) as err:
         await events.create_namespaced_event(
-            "default", {**new_style, "metadata": {"name": "p.3", "namespace": "default"}, "reportingController": ""}
+            "default",
+            {**new_style, "metadata": {"name": "p.3", "namespace": "default"}, "reportingController": ""},
         )
     assert err.value.status == 422
 
@@ -169,11 +177,17 @@ async def test_resource_quotas(core: client.CoreV1Api) -> None:
 async def test_token_reviews(api: client.ApiClient, apiserver: ApiServer) -> None:
     auth = client.AuthenticationV1Api(api)
     apiserver.register_pod_token(
-        "tok-1", namespace="kube-system", pod_name="hamid-plugin-x", pod_uid="uid-1", service_account="hamid-plugin"
+        "tok-1",
+        namespace="kube-system",
+        pod_name="hamid-plugin-x",
+        pod_uid="uid-1",
+        service_account="hamid-plugin",
     )
     apiserver.register_token("tok-aud", "alice", audiences=["hamid"])
 
-    review = await auth.create_token_review({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "tok-1"}})
+    review = await auth.create_token_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "tok-1"}}
+    )
     assert review.status.authenticated is True
     assert review.status.user.username == "system:serviceaccount:kube-system:hamid-plugin"
     assert "system:serviceaccounts:kube-system" in review.status.user.groups

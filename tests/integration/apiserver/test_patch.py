@@ -34,12 +34,18 @@ async def test_merge_patch_resource_version_is_a_precondition(core: client.CoreV
     created = await core.create_namespaced_pod("default", pod("lock"))
     rv = created.metadata.resource_version
     first = await core.patch_namespaced_pod(
-        "lock", "default", {"metadata": {"resourceVersion": rv, "annotations": {"lock": "me"}}}, _content_type=MERGE
+        "lock",
+        "default",
+        {"metadata": {"resourceVersion": rv, "annotations": {"lock": "me"}}},
+        _content_type=MERGE,
     )
     assert first.metadata.annotations == {"lock": "me"}
     with pytest.raises(ApiException) as err:
         await core.patch_namespaced_pod(
-            "lock", "default", {"metadata": {"resourceVersion": rv, "annotations": {"lock": "you"}}}, _content_type=MERGE
+            "lock",
+            "default",
+            {"metadata": {"resourceVersion": rv, "annotations": {"lock": "you"}}},
+            _content_type=MERGE,
         )
     body = json.loads(err.value.body)
     assert (err.value.status, body["kind"], body["reason"], body["code"]) == (409, "Status", "Conflict", 409)
@@ -79,7 +85,9 @@ async def test_json_patch_operations(core: client.CoreV1Api) -> None:
     assert [c.name for c in patched.spec.containers] == ["two"]
 
     with pytest.raises(ApiException) as failed_test:
-        await core.patch_namespaced_pod("jp", "default", [{"op": "test", "path": "/metadata/labels/a", "value": "9"}])
+        await core.patch_namespaced_pod(
+            "jp", "default", [{"op": "test", "path": "/metadata/labels/a", "value": "9"}]
+        )
     assert failed_test.value.status == 422
     with pytest.raises(ApiException) as malformed:
         await core.patch_namespaced_pod("jp", "default", [{"op": "jump", "path": "/x"}])

@@ -43,7 +43,9 @@ async def names(core: client.CoreV1Api, namespace: str | None = None, **selector
         ("spec.nodeName=n1,metadata.namespace=ns-a", ["a1"]),
     ],
 )
-async def test_field_selectors(core: client.CoreV1Api, seeded: ApiServer, selector: str, expected: list[str]) -> None:
+async def test_field_selectors(
+    core: client.CoreV1Api, seeded: ApiServer, selector: str, expected: list[str]
+) -> None:
     assert await names(core, field_selector=selector) == expected
 
 
@@ -61,13 +63,17 @@ async def test_field_selectors(core: client.CoreV1Api, seeded: ApiServer, select
         ("tier in (web),!env", ["b1"]),
     ],
 )
-async def test_label_selectors(core: client.CoreV1Api, seeded: ApiServer, selector: str, expected: list[str]) -> None:
+async def test_label_selectors(
+    core: client.CoreV1Api, seeded: ApiServer, selector: str, expected: list[str]
+) -> None:
     assert await names(core, label_selector=selector) == expected
 
 
 async def test_namespaced_list_with_selectors(core: client.CoreV1Api, seeded: ApiServer) -> None:
     assert await names(core, "ns-a", field_selector="spec.nodeName=n1") == ["a1"]
-    assert await names(core, "ns-b", label_selector="tier=web", field_selector="status.phase=Succeeded") == ["b1"]
+    assert await names(core, "ns-b", label_selector="tier=web", field_selector="status.phase=Succeeded") == [
+        "b1"
+    ]
 
 
 async def test_node_index_follows_binding_and_deletion(core: client.CoreV1Api, seeded: ApiServer) -> None:
@@ -97,7 +103,9 @@ async def test_bad_selectors_are_400(
 
 
 async def test_node_and_event_field_selectors(core: client.CoreV1Api, apiserver: ApiServer) -> None:
-    apiserver.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": True}})
+    apiserver.put(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": True}}
+    )
     apiserver.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}})
     nodes = await core.list_node(field_selector="spec.unschedulable=false")
     assert [n.metadata.name for n in nodes.items] == ["n2"]

@@ -46,14 +46,19 @@ async def test_watch_from_resource_version_and_resume(core: client.CoreV1Api, ap
     apiserver.put(pod("later"))
     w2 = watch.Watch()
     async with w2:
-        events = await collect(w2.stream(core.list_namespaced_pod, "default", resource_version=resume_from), 1)
+        events = await collect(
+            w2.stream(core.list_namespaced_pod, "default", resource_version=resume_from), 1
+        )
     assert events == [("ADDED", "later")]
 
 
 async def test_live_events_and_timeout(core: client.CoreV1Api, apiserver: ApiServer) -> None:
     w = watch.Watch()
     stream = w.stream(
-        core.list_namespaced_pod, "default", resource_version=str(apiserver.resource_version), timeout_seconds=1
+        core.list_namespaced_pod,
+        "default",
+        resource_version=str(apiserver.resource_version),
+        timeout_seconds=1,
     )
 
     async def writer() -> None:
@@ -70,7 +75,9 @@ async def test_live_events_and_timeout(core: client.CoreV1Api, apiserver: ApiSer
     assert events == [("ADDED", "live"), ("DELETED", "live")]
 
 
-async def test_watch_without_resource_version_starts_with_state(core: client.CoreV1Api, apiserver: ApiServer) -> None:
+async def test_watch_without_resource_version_starts_with_state(
+    core: client.CoreV1Api, apiserver: ApiServer
+) -> None:
     apiserver.put(pod("one"))
     apiserver.put(pod("two"))
     w = watch.Watch()
@@ -101,7 +108,9 @@ async def test_too_old_resource_version_is_410() -> None:
             recent = str(server.resource_version - 1)
             w2 = watch.Watch()
             async with w2:
-                events = await collect(w2.stream(core.list_namespaced_pod, "default", resource_version=recent), 1)
+                events = await collect(
+                    w2.stream(core.list_namespaced_pod, "default", resource_version=recent), 1
+                )
             assert events == [("ADDED", "p9")]
 
 
@@ -149,7 +158,9 @@ async def test_selectors_apply_to_watch_events(core: client.CoreV1Api, apiserver
     w = watch.Watch()
     async with w:
         node_events = await collect(
-            w.stream(core.list_pod_for_all_namespaces, field_selector="spec.nodeName=n1", resource_version=start),
+            w.stream(
+                core.list_pod_for_all_namespaces, field_selector="spec.nodeName=n1", resource_version=start
+            ),
             2,
         )
     assert node_events == [("ADDED", "p"), ("MODIFIED", "p")]

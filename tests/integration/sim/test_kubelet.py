@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from grpclib import GRPCError
 
-from hamid.kube.client import KubeClient
+from hamid.kube.client import EVENTS, KubeClient
 from hamid.sim.kubelet import (
     ASSIGNMENT_ANNOTATION,
     REASON_TOPOLOGY_AFFINITY,
@@ -131,7 +131,7 @@ async def test_register_validation(kube: KubeClient, root: Path, plugin: FakePlu
         with pytest.raises(GRPCError, match='requested API version "v1alpha1" is not supported by kubelet'):
             await plugin.register(version="v1alpha1")
         for bad in ("gpu", "kubernetes.io/gpu", "requests.example.com/gpu", "example.com/a/b"):
-            with pytest.raises(GRPCError, match="the ResourceName .* is invalid"):
+            with pytest.raises(GRPCError, match=r"the ResourceName .* is invalid"):
                 await plugin.register(resource=bad)
         assert kubelet.resources == {}
         await plugin.stop()
@@ -246,14 +246,15 @@ async def test_topology_affinity_error(kube: KubeClient, root: Path, plugin: Fak
         assert record.message == "Resources cannot be allocated with Topology locality"
         assert plugin.allocate_requests == []
 
-        # CPUs free only on NUMA 0, GPUs free only on NUMA 1 → cross-NUMA → rejected.
-        await kube.create_pod(pod("hog-cpu", "7", None))  # NUMA 1 CPUs... the lower node on a tie
-        hog = await kubelet.wait_admission("default", "hog-cpu")
-        assert hog.container("main").cpu_numa_nodes == (0,)
+        # GPUs free only on NUMA 1 and CPUs free only on NUMA 0 → cross-NUMA → rejected.
         await kube.create_pod(pod("hog-gpu", None, 4))
         hog_gpu = await kubelet.wait_admission("default", "hog-gpu")
         assert hog_gpu.container("main").device_numa_nodes == {R: (0,)}
-        await kube.create_pod(pod("split", "7", 1))
+        await kube.create_pod(pod("hog-cpu", "7", 1))
+        hog = await kubelet.wait_admission("default", "hog-cpu")
+        assert hog.container("main").cpu_numa_nodes == (1,)
+        assert hog.container("main").device_numa_nodes == {R: (1,)}
+        await kube.create_pod(pod("split", "2", 1))
         split = await kubelet.wait_admission("default", "split")
         assert split.reason == REASON_TOPOLOGY_AFFINITY, split
 
@@ -266,18 +267,25 @@ async def test_topology_affinity_error(kube: KubeClient, root: Path, plugin: Fak
 
         live = await asyncio.wait_for(failed(), 5)
         assert live["status"]["reason"] == "TopologyAffinityError"
-        assert live["status"]["message"] == "Pod was rejected: Resources cannot be allocated with Topology locality"
+        assert (
+            live["status"]["message"]
+            == "Pod was rejected: Resources cannot be allocated with Topology locality"
+        )
 
         async def event() -> dict[str, Any]:
             while True:
-                items, _ = await kube.list_objects_events()
+                items, _ = await kube.list_objects(EVENTS, "default")
                 for item in items:
                     if item["involvedObject"]["name"] == "split":
                         return item
                 await asyncio.sleep(0.02)
 
         ev = await asyncio.wait_for(event(), 5)
-        assert (ev["type"], ev["reason"], ev["source"]["component"]) == ("Warning", "TopologyAffinityError", "kubelet")
+        assert (ev["type"], ev["reason"], ev["source"]["component"]) == (
+            "Warning",
+            "TopologyAffinityError",
+            "kubelet",
+        )
     finally:
         await kubelet.stop()
 
@@ -292,7 +300,10 @@ async def test_allocate_error_is_unexpected_admission_error(
         await kube.create_pod(pod("broken", "2", 1))
         record = await kubelet.wait_admission("default", "broken")
         assert record.reason == REASON_UNEXPECTED_ADMISSION
-        assert record.message == "Allocate failed due to rpc error: code = Unknown desc = boom, which is unexpected"
+        assert (
+            record.message
+            == "Allocate failed due to rpc error: code = Unknown desc = boom, which is unexpected"
+        )
         assert kubelet.allocated_devices(R) == set()
         assert kubelet.free_cpus() == MACHINE.all_cpus - MACHINE.reserved_cpus
     finally:
@@ -331,7 +342,8 @@ async def test_restart_wipes_sockets_and_plugin_reregisters(
         old_inode = kubelet.socket_path.stat().st_ino
 
         await kubelet.restart()
-        assert sorted(p.name for p in root.iterdir()) == ["kubelet.sock", "kubelet_internal_checkpoint"]
+        names = await asyncio.to_thread(lambda: sorted(p.name for p in root.iterdir()))
+        assert names == ["kubelet.sock", "kubelet_internal_checkpoint"]
         assert sockets_in(root) == ["kubelet.sock"]
         assert kubelet.socket_path.stat().st_ino != old_inode
         assert kubelet.allocatable(R) == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import click
@@ -76,7 +78,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         **refit(),
         "scheduler": {"tls": {"existingSecret": "my-tls", "caBundle": "-----BEGIN CERTIFICATE-----\nMIIB\n"}},
     },
-    "ha": {"scheduler": {"replicas": 2}},
+    "ha": {
+        "scheduler": {"replicas": 2, "admissionWebhook": {"whitelistNamespaces": ["kube-system", "gpu-free"]}}
+    },
     "host-network": {"devicePlugin": {"hostNetwork": True, "numaRefit": {"enabled": True}}},
     "mtls": {
         "scheduler": {"refitAuth": ["token", "mtls"], "tls": {"clientCASecret": "cluster-ca"}},
@@ -354,7 +358,42 @@ def test_daemonset_defaults() -> None:
     assert c["securityContext"]["privileged"] is True
     init = container(ds, "install-hami-core", init=True)
     assert mounts(init)["/usr/local/vgpu"]["name"] == m["/usr/local/vgpu"]["name"]
-    assert "mv -f" in init["args"][0]
+    assert init["command"] == ["/bin/sh", "-c"]
+
+
+def _install_script(hook_path: Path, image_dir: Path) -> str:
+    ds = render({"global": {"gpuHookPath": str(hook_path)}}).get("DaemonSet", PLUGIN)
+    script = container(ds, "install-hami-core", init=True)["args"][0]
+    assert "src=/opt/hamid/hami-core\n" in script
+    return script.replace("src=/opt/hamid/hami-core\n", f"src={image_dir}\n")
+
+
+def test_init_container_installs_hami_core_on_the_host(tmp_path: Path) -> None:
+    image_dir = tmp_path / "image"
+    image_dir.mkdir()
+    (image_dir / "libvgpu.so").write_bytes(b"\x7fELF new")
+    (image_dir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    host = tmp_path / "host"
+    (host / "vgpu").mkdir(parents=True)
+    (host / "vgpu" / "libvgpu.so").write_bytes(b"\x7fELF old")
+    old_inode = (host / "vgpu" / "libvgpu.so").stat().st_ino
+    script = _install_script(host, image_dir)
+    subprocess.run(["/bin/sh", "-c", script], check=True, timeout=30)
+    assert (host / "vgpu" / "libvgpu.so").read_bytes() == b"\x7fELF new"
+    # replaced by rename: running containers keep the old file
+    assert (host / "vgpu" / "libvgpu.so").stat().st_ino != old_inode
+    # a non-default hook path gets a matching preload line
+    assert (host / "vgpu" / "ld.so.preload").read_text() == f"{host}/vgpu/libvgpu.so\n"
+    assert (host / "vgpu" / "containers").is_dir()
+
+
+def test_init_container_refuses_an_image_without_libvgpu(tmp_path: Path) -> None:
+    image_dir = tmp_path / "image"
+    image_dir.mkdir()
+    script = _install_script(tmp_path / "host", image_dir)
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "carries no HAMi-core libvgpu.so" in done.stderr
 
 
 # --- the seed's values ----------------------------------------------------------------------------
@@ -458,6 +497,12 @@ def test_leader_election_with_more_than_one_replica() -> None:
     }
     named = next(rule for rule in role["rules"] if "resourceNames" in rule)
     assert set(named["resourceNames"]) == {lease, config["leaderElection"]["resourceName"]}
+    (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": ["kube-system", "gpu-free"],
+    } in hook["namespaceSelector"]["matchExpressions"]
     c = container(r.get("Deployment", SCHED), "hamid-scheduler")
     # followers stay in the Service to answer the webhook
     assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"

@@ -1,0 +1,59 @@
+"""`hamid sim apiserver` as a subprocess: first line, one request, terminate."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from kubernetes_asyncio import client
+
+HAMID = (sys.executable, "-c", "from hamid.cli import main; main()")
+
+
+async def test_sim_apiserver_command(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-node-1\n---\n"
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: team\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *HAMID,
+        "sim",
+        "apiserver",
+        "--listen",
+        "127.0.0.1:0",
+        "--seed-file",
+        str(seed),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        assert line.startswith("listening on http://127.0.0.1:")
+        url = line.removeprefix("listening on ")
+        async with client.ApiClient(client.Configuration(host=url)) as api:
+            nodes = await client.CoreV1Api(api).list_node()
+            assert [n.metadata.name for n in nodes.items] == ["gpu-node-1"]
+            team = await client.CoreV1Api(api).read_namespace("team")
+            assert team.status.phase == "Active"
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0
+
+
+async def test_sim_apiserver_rejects_bad_listen() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *HAMID,
+        "sim",
+        "apiserver",
+        "--listen",
+        "nonsense",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert "HOST:PORT" in stderr.decode()
