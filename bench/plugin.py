@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 import statistics
@@ -109,7 +110,9 @@ async def main() -> dict:
         errors = 0
         try:
             async with asyncio.timeout(30):
-                while not socket.exists():
+                for _ in itertools.count():
+                    if socket.exists():
+                        break
                     await asyncio.sleep(0.05)
             channel = Channel(path=str(socket))
             stub = DevicePluginStub(channel)

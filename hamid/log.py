@@ -42,5 +42,9 @@ def configure(log_format: LogFormat = "auto", level: str = "info") -> None:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    """A logger carrying ``component=<name>``."""
-    return structlog.get_logger().bind(component=name)
+    """A logger carrying ``component=<name>``.
+
+    The logger is a lazy proxy: it takes the configuration in force when it is used, so module-level
+    loggers created before :func:`configure` still honour the configured level and format.
+    """
+    return structlog.get_logger(component=name)

@@ -1,1 +1,1 @@
-"""hamid.plugin"""
+"""`hamid plugin`: GPU discovery, node registration and the kubelet device plugin (grpclib)."""

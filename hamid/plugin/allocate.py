@@ -262,6 +262,9 @@ class Allocator:
                 except AllocationError as exc:
                     await self._fail(pod, str(exc))
                     raise
+                except InvalidInput as exc:
+                    await self._fail(pod, str(exc))
+                    raise AllocationError(str(exc)) from exc
                 except KubeError as exc:
                     message = f"API server call failed while allocating: {exc}"
                     await self._fail(pod, message)

@@ -185,17 +185,19 @@ async def test_delete_preconditions(core: client.CoreV1Api) -> None:
 
 
 async def test_graceful_pod_deletion() -> None:
-    async with ApiServer(graceful_pod_deletion=True) as server:
-        async with client.ApiClient(client.Configuration(host=server.url)) as api:
-            core = client.CoreV1Api(api)
-            await core.create_namespaced_pod("default", pod("g", node="n1"))
-            marked = await core.delete_namespaced_pod("g", "default")
-            assert marked.metadata.deletion_timestamp is not None
-            assert marked.metadata.deletion_grace_period_seconds == 30
-            await core.patch_namespaced_pod_status("g", "default", {"status": {"phase": "Running"}})
-            assert server.get("Pod", "default", "g") is not None
-            await core.delete_namespaced_pod("g", "default", grace_period_seconds=0)
-            assert server.get("Pod", "default", "g") is None
+    async with (
+        ApiServer(graceful_pod_deletion=True) as server,
+        client.ApiClient(client.Configuration(host=server.url)) as api,
+    ):
+        core = client.CoreV1Api(api)
+        await core.create_namespaced_pod("default", pod("g", node="n1"))
+        marked = await core.delete_namespaced_pod("g", "default")
+        assert marked.metadata.deletion_timestamp is not None
+        assert marked.metadata.deletion_grace_period_seconds == 30
+        await core.patch_namespaced_pod_status("g", "default", {"status": {"phase": "Running"}})
+        assert server.get("Pod", "default", "g") is not None
+        await core.delete_namespaced_pod("g", "default", grace_period_seconds=0)
+        assert server.get("Pod", "default", "g") is None
 
 
 async def test_delete_collection(core: client.CoreV1Api, apiserver: ApiServer) -> None:

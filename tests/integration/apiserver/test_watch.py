@@ -14,7 +14,7 @@ from hamid.sim.apiserver import ApiServer
 from .manifests import pod
 
 
-async def collect(stream: Any, count: int, timeout: float = 5.0) -> list[tuple[str, str]]:
+async def collect(stream: Any, count: int, limit_s: float = 5.0) -> list[tuple[str, str]]:
     """The first ``count`` (type, name) pairs of a watch stream."""
     events: list[tuple[str, str]] = []
 
@@ -25,7 +25,7 @@ async def collect(stream: Any, count: int, timeout: float = 5.0) -> list[tuple[s
             if len(events) == count:
                 return
 
-    await asyncio.wait_for(run(), timeout)
+    await asyncio.wait_for(run(), limit_s)
     return events
 
 
@@ -87,31 +87,31 @@ async def test_watch_without_resource_version_starts_with_state(
 
 
 async def test_too_old_resource_version_is_410() -> None:
-    async with ApiServer(history_size=3) as server:
-        async with client.ApiClient(client.Configuration(host=server.url)) as small:
-            core = client.CoreV1Api(small)
-            for i in range(10):
-                server.put(pod(f"p{i}"))
-            w = watch.Watch()
-            with pytest.raises(ApiException) as err:
-                async with w:
-                    await collect(w.stream(core.list_namespaced_pod, "default", resource_version="1"), 1)
-            assert err.value.status == 410
-            raw = await core.list_namespaced_pod(
-                "default", watch=True, resource_version="1", _preload_content=False
-            )
-            line = await raw.content.readline()
-            raw.release()
-            assert b'"type":"ERROR"' in line
-            assert b'"code":410' in line
-            assert b'"reason":"Expired"' in line
-            recent = str(server.resource_version - 1)
-            w2 = watch.Watch()
-            async with w2:
-                events = await collect(
-                    w2.stream(core.list_namespaced_pod, "default", resource_version=recent), 1
-                )
-            assert events == [("ADDED", "p9")]
+    async with (
+        ApiServer(history_size=3) as server,
+        client.ApiClient(client.Configuration(host=server.url)) as small,
+    ):
+        core = client.CoreV1Api(small)
+        for i in range(10):
+            server.put(pod(f"p{i}"))
+        w = watch.Watch()
+        with pytest.raises(ApiException) as err:
+            async with w:
+                await collect(w.stream(core.list_namespaced_pod, "default", resource_version="1"), 1)
+        assert err.value.status == 410
+        raw = await core.list_namespaced_pod(
+            "default", watch=True, resource_version="1", _preload_content=False
+        )
+        line = await raw.content.readline()
+        raw.release()
+        assert b'"type":"ERROR"' in line
+        assert b'"code":410' in line
+        assert b'"reason":"Expired"' in line
+        recent = str(server.resource_version - 1)
+        w2 = watch.Watch()
+        async with w2:
+            events = await collect(w2.stream(core.list_namespaced_pod, "default", resource_version=recent), 1)
+        assert events == [("ADDED", "p9")]
 
 
 async def test_bookmarks(core: client.CoreV1Api, apiserver: ApiServer) -> None:

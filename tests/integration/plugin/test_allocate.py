@@ -22,7 +22,6 @@ from hamid.model.annotations import (
     NODE_REGISTER,
     NUMA_ALIGNMENT,
     decode_node_devices,
-    decode_pod_devices,
 )
 from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
@@ -305,7 +304,3 @@ async def test_registration_annotation_written_once_and_rewritten_on_change() ->
         await eventually(lambda: registrar.patches == 3)
         latest = decode_node_devices(annotations(env.server, "Node", NODE, None)[NODE_REGISTER])
         assert [d.health for d in latest] == [True, True, False, True]
-
-
-def test_decode_sanity() -> None:
-    assert decode_pod_devices(";;", DEVICES_TO_ALLOCATE) == ((), ())

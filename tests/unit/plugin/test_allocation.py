@@ -10,7 +10,6 @@ from hamid.model.annotations import (
     BIND_PHASE,
     BIND_TIME,
     DEVICES_TO_ALLOCATE,
-    NUMA_ALIGNMENT,
     VGPU_NODE,
     encode_node_devices,
 )
@@ -226,7 +225,3 @@ def test_hami_core_answer() -> None:
     plain = hami_core_answer((cd("GPU-a"),), "uid1", {"name": "main"}, HamiCoreSettings("/h"), "t")
     assert MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in plain.mounts
     assert "CUDA_OVERSUBSCRIBE" not in plain.envs and "LIBCUDA_LOG_LEVEL" not in plain.envs
-
-
-def test_alignment_key_is_the_model_one() -> None:
-    assert NUMA_ALIGNMENT == "hami.io/numa-alignment"

@@ -1,0 +1,215 @@
+"""Who is calling ``POST /refit``: mTLS client certificates and bound ServiceAccount tokens.
+
+A caller is accepted only when it proves a node identity equal to the request's ``nodeName``:
+
+* ``mtls``: a client certificate verified against ``--client-ca-file`` during the TLS handshake
+  whose subject CN is ``system:node:<node>`` (Kubernetes' node identity convention) or ``<node>``;
+* ``token``: ``Authorization: Bearer <token>`` (TLS only), checked with a TokenReview: the user is
+  ``system:serviceaccount:<device-plugin-namespace>:<device-plugin-service-account>``, the token is
+  bound to a pod (``authentication.kubernetes.io/pod-name``/``pod-uid``), that pod still exists in
+  the device-plugin namespace with that UID and runs on ``<node>`` (upstream #2882's checks and
+  messages).
+
+A presented certificate decides on its own (a wrong-node certificate is refused even with a token).
+With no method usable the authenticator refuses every request with a reason that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from hamid.kube.client import KubeClient
+from hamid.kube.errors import KubeError, NotFound
+from hamid.log import get_logger
+from hamid.tls import peer_common_name
+
+log = get_logger("scheduler.refit_auth")
+
+MTLS = "mtls"
+TOKEN = "token"
+METHODS = (MTLS, TOKEN)
+#: Kubernetes' node identity prefix in certificate subjects (``system:node:<nodeName>``).
+NODE_CN_PREFIX = "system:node:"
+#: TokenReview ``status.user.extra`` keys of a token bound to a pod.
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+#: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
+AUTH_TIMEOUT_S = 2.0
+_BEARER = "Bearer "
+
+
+class AuthError(Exception):
+    """The caller could not be authenticated; the message says why (it never contains the token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated caller: the node it speaks for, the method and who it is."""
+
+    node: str
+    method: str
+    identity: str
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization`` header with the exact ``Bearer `` scheme; "" otherwise."""
+    if not header or not header.startswith(_BEARER):
+        return ""
+    return header[len(_BEARER) :].strip()
+
+
+def node_of_common_name(cn: str) -> str:
+    """The node a certificate CN names: ``system:node:<n>`` → ``<n>``, any other CN as is."""
+    return cn[len(NODE_CN_PREFIX) :] if cn.startswith(NODE_CN_PREFIX) else cn
+
+
+def peer_certificate(request: web.Request) -> dict[str, Any] | None:
+    """The verified client certificate of the request's TLS connection (None: none or plain HTTP)."""
+    transport = request.transport
+    if transport is None:
+        return None
+    cert = transport.get_extra_info("peercert")
+    if not cert:
+        ssl_object = transport.get_extra_info("ssl_object")
+        cert = ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket) else None
+    return cert or None
+
+
+def is_tls(request: web.Request) -> bool:
+    """Whether the request came over TLS."""
+    transport = request.transport
+    return transport is not None and transport.get_extra_info("ssl_object") is not None
+
+
+def parse_methods(value: str | Iterable[str]) -> tuple[str, ...]:
+    """``"mtls,token"`` (or an iterable) → the method tuple; ValueError naming unknown methods."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    methods = tuple(dict.fromkeys(m.strip().lower() for m in items if m.strip()))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown refit auth method(s) {', '.join(unknown)}; use {', '.join(METHODS)}")
+    return methods
+
+
+def _extra(user: Mapping[str, Any], key: str) -> str:
+    values = (user.get("extra") or {}).get(key)
+    if isinstance(values, str):
+        return values
+    if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str):
+        return values[0]
+    return ""
+
+
+class RefitAuthenticator:
+    """Checks ``/refit`` callers with the configured methods (see the module docstring)."""
+
+    def __init__(
+        self,
+        methods: Iterable[str],
+        *,
+        kube: KubeClient | None = None,
+        verifies_client_certs: bool = False,
+        device_plugin_namespace: str = "",
+        device_plugin_service_account: str = "",
+        timeout: float = AUTH_TIMEOUT_S,
+    ) -> None:
+        wanted = parse_methods(methods)
+        usable: list[str] = []
+        self.problems: list[str] = []
+        if MTLS in wanted:
+            if verifies_client_certs:
+                usable.append(MTLS)
+            else:
+                self.problems.append("mtls needs --client-ca-file (and TLS on --listen)")
+        if TOKEN in wanted:
+            if kube is not None and device_plugin_namespace and device_plugin_service_account:
+                usable.append(TOKEN)
+            else:
+                self.problems.append(
+                    "token needs --device-plugin-namespace and --device-plugin-service-account"
+                )
+        self.methods: tuple[str, ...] = tuple(usable)
+        self.kube = kube
+        self.timeout = timeout
+        self.namespace = device_plugin_namespace
+        self.service_account = device_plugin_service_account
+        self.username = f"system:serviceaccount:{device_plugin_namespace}:{device_plugin_service_account}"
+        for problem in self.problems:
+            log.warning("refit_auth_method_unusable", problem=problem)
+        if not self.methods:
+            log.error("refit_auth_disabled: /refit refuses every request", problems=self.problems)
+
+    def not_configured_reason(self) -> str:
+        """Why no caller can be accepted ("" when some method is usable)."""
+        if self.methods:
+            return ""
+        detail = "; ".join(self.problems) or "--refit-auth is empty"
+        return f"no caller authentication method is configured for /refit ({detail})"
+
+    async def authenticate(self, request: web.Request, node_name: str) -> Caller:
+        """The caller of ``request`` if it proves node ``node_name``; AuthError otherwise."""
+        reason = self.not_configured_reason()
+        if reason:
+            raise AuthError(reason)
+        cert = peer_certificate(request) if MTLS in self.methods else None
+        if cert is not None:
+            return self._from_certificate(cert, node_name)
+        token = bearer_token(request.headers.get("Authorization")) if TOKEN in self.methods else ""
+        if token:
+            if not is_tls(request):
+                raise AuthError("bearer tokens are accepted only over TLS")
+            return await self.check_token(token, node_name)
+        raise AuthError("no caller credentials presented")
+
+    def _from_certificate(self, cert: dict[str, Any], node_name: str) -> Caller:
+        cn = peer_common_name(cert)
+        if not cn:
+            raise AuthError("client certificate has no subject common name")
+        node = node_of_common_name(cn)
+        if node != node_name:
+            raise AuthError(f"client certificate {cn!r} is for node {node!r}, not {node_name!r}")
+        return Caller(node=node, method=MTLS, identity=cn)
+
+    async def check_token(self, token: str, node_name: str) -> Caller:
+        """TokenReview + bound-pod checks (upstream #2882); AuthError with upstream's reasons."""
+        assert self.kube is not None
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._check_token(self.kube, token, node_name)
+        except TimeoutError:
+            raise AuthError(f"caller authentication did not finish within {self.timeout:g}s") from None
+
+    async def _check_token(self, kube: KubeClient, token: str, node_name: str) -> Caller:
+        try:
+            review = await kube.create_token_review(token, timeout=self.timeout)
+        except KubeError as exc:
+            raise AuthError(f"token is not authenticated: TokenReview failed: {exc}") from exc
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            raise AuthError(f"token is not authenticated: {status.get('error') or 'rejected'}")
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        if username != self.username:
+            raise AuthError(f"caller {username!r} is not the device-plugin service account")
+        pod_name, pod_uid = _extra(user, POD_NAME_EXTRA), _extra(user, POD_UID_EXTRA)
+        if not pod_name or not pod_uid:
+            raise AuthError("token is not a bound pod service account token")
+        key = f"{self.namespace}/{pod_name}"
+        try:
+            pod = await kube.get_pod(self.namespace, pod_name, timeout=self.timeout)
+        except NotFound:
+            raise AuthError(f"cannot look up caller pod {key}: not found") from None
+        except KubeError as exc:
+            raise AuthError(f"cannot look up caller pod {key}: {exc}") from exc
+        if str((pod.get("metadata") or {}).get("uid") or "") != pod_uid:
+            raise AuthError(f"caller pod {key} no longer matches the token's bound UID")
+        runs_on = str((pod.get("spec") or {}).get("nodeName") or "")
+        if runs_on != node_name:
+            raise AuthError(f"caller pod {key} runs on node {runs_on!r}, not {node_name!r}")
+        return Caller(node=runs_on, method=TOKEN, identity=f"{username} ({key})")
