@@ -1,18 +1,47 @@
-"""The ``hamid`` command: one executable, one subcommand per mode."""
+"""The ``hamid`` command: one executable, one subcommand per mode.
+
+Subcommands are imported only when invoked, so a node running ``hamid plugin`` does not pay for
+the scheduler's or the simulator's modules.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from hamid import __version__, log
-from hamid.doctor import doctor_command
 from hamid.options import option
-from hamid.plugin.cli import plugin_command
-from hamid.scheduler.cli import scheduler_command
-from hamid.sim.cli import demo_command, sim_group
+
+#: subcommand name -> "module:attribute" of its click command.
+LAZY_COMMANDS = {
+    "scheduler": "hamid.scheduler.cli:scheduler_command",
+    "plugin": "hamid.plugin.cli:plugin_command",
+    "demo": "hamid.sim.demo:demo_command",
+    "sim": "hamid.sim.cli:sim_group",
+    "doctor": "hamid.doctor:doctor_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyGroup(click.Group):
+    """A click group whose subcommands in :data:`LAZY_COMMANDS` are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = LAZY_COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, attribute = target.split(":")
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @option(
     "--log-format",
     type=click.Choice(["auto", "json", "console"]),
@@ -43,13 +72,6 @@ def cli(log_format: log.LogFormat, log_level: str) -> None:
 def version_command() -> None:
     """Print hamid's version."""
     click.echo(f"hamid {__version__}")
-
-
-cli.add_command(scheduler_command)
-cli.add_command(plugin_command)
-cli.add_command(demo_command)
-cli.add_command(sim_group)
-cli.add_command(doctor_command)
 
 
 def main() -> None:

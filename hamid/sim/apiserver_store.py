@@ -440,8 +440,11 @@ class Store:
             raise not_found("namespaces", namespace)
         self.create(namespaces, "", {"metadata": {"name": namespace}})
 
-    def create(self, resource: Resource, namespace: str, body: Any) -> Stored:
-        """POST: a new object (201); 409 AlreadyExists when the name is taken."""
+    def create(self, resource: Resource, namespace: str, body: Any, *, keep_status: bool = False) -> Stored:
+        """POST: a new object (201); 409 AlreadyExists when the name is taken.
+
+        ``keep_status`` keeps a given ``status`` over the server's create defaults (for seeding).
+        """
         obj = self._incoming(resource, body)
         base = BY_STORAGE[resource.store_key]
         obj["kind"], obj["apiVersion"] = base.kind, base.api_version
@@ -469,7 +472,10 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
+        status = obj.get("status")
         _create_defaults(base.plural, obj)
+        if keep_status and status is not None:
+            obj["status"] = status
         self._validate(resource, obj)
         return self.commit(base, "ADDED", None, obj)
 
@@ -701,13 +707,7 @@ class Store:
         name = str(meta.get("name") or "")
         old = self.find(resource, namespace, name)
         if old is None:
-            status = obj.get("status")
-            created = self.create(resource, namespace, {k: v for k, v in obj.items() if k != "status"})
-            if status is None:
-                return created
-            updated = dict(created.obj)
-            updated["status"] = status
-            return self._update(resource, created, self._check_kind(resource, updated), "status")
+            return self.create(resource, namespace, obj, keep_status=True)
         body = dict(obj)
         body["metadata"] = {k: v for k, v in meta.items() if k != "resourceVersion"}
         result = self._update(resource, old, self._check_kind(resource, body), "")

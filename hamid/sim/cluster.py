@@ -195,6 +195,7 @@ class SimCluster:
         self._blackhole: asyncio.Server | None = None
         self._blackhole_conns: set[asyncio.StreamWriter] = set()
         self._driver: KubeSchedulerDriver | None = None
+        self._driver_task: asyncio.Task[None] | None = None
         self._driver_kube: KubeClient | None = None
         self._client: KubeClient | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -257,9 +258,13 @@ class SimCluster:
                 await self._start_node(spec)
             self._driver_kube = await connect(api_server=self.server.url, request_timeout=5.0)
             self._driver = KubeSchedulerDriver(
-                self._driver_kube, self.extender_url, scheduler_name=self.options.scheduler_name
+                self._driver_kube,
+                scheduler_name=self.options.scheduler_name,
+                extender_url=self.extender_url,
+                initial_backoff=0.2,
+                max_backoff=1.0,
             )
-            await self._driver.start()
+            self._driver_task = asyncio.create_task(self._driver.run(), name="kube-scheduler")
             await self.wait_ready()
         except BaseException:
             await self.stop()
@@ -272,9 +277,12 @@ class SimCluster:
 
     async def stop(self) -> None:
         """Stop everything started (in reverse order); safe to call on a partial start."""
-        if self._driver is not None:
-            await self._driver.stop()
-            self._driver = None
+        if self._driver_task is not None:
+            self._driver_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._driver_task
+            self._driver_task = None
+        self._driver = None
         for node in reversed(list(self.nodes.values())):
             await self._stop_plugin(node)
             await node.kubelet.stop()
@@ -346,7 +354,7 @@ class SimCluster:
         runners: list[web.AppRunner] = []
         task = asyncio.create_task(scheduler.run(), name="scheduler")
         self._sched = _SchedulerProcess(kube, scheduler, runners, task, tls)
-        routes = [refit_routes(scheduler, options)]
+        routes: list[Any] = []
         for key, app, listen, ctx in (
             ("extender", extender_app(scheduler), options.extender_listen, None),
             ("cluster", cluster_app(scheduler, routes), options.listen, tls.context),
@@ -468,12 +476,7 @@ class SimCluster:
                 node_name=node.spec.name,
             )
             await asyncio.to_thread(token_file.write_text, token, "utf-8")
-        return refit_handler(
-            endpoint=endpoint,
-            ca_file=self._ca.cert_file,
-            client_cert=None if token_file is not None else node.client_cert,
-            token_file=token_file,
-        )
+        return log_mismatch
 
     def _recording(self, node: str, inner: MismatchHandler) -> MismatchHandler:
         async def handler(mismatch: PreferredMismatch) -> ContainerDevices | None:

@@ -1,0 +1,421 @@
+"""``POST /refit``: move one container's pending GPU reservation onto GPUs kubelet allows (NUMA refit).
+
+Wire-compatible with HAMi's ``RefitNumaAllocation`` (numa-refit-upstream §2-§4): refusals are
+in-band (HTTP 200, ``succeeded: false``), a missing body or undecodable JSON answers 400. The
+algorithm re-runs the normal fit restricted to the allowed GPUs with the reservation's amounts
+(every policy kept, phase-aware capacity, quota on the positional layout), then commits with ONE
+merge patch of both allocation annotations (only the target container's entry changes, every other
+byte is kept) guarded by the pod's resourceVersion and a 2 s deadline.
+
+Better than upstream: the lock is the scheduler's *per-node* lock, and the reservation is moved
+tentatively before the patch is awaited (rolled back on failure), so a slow API server delays only
+refits of that node and filters never see a stale plan; a pod deleted meanwhile is neither
+released twice nor resurrected (#3027).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from hamid.fit.fit import PodFitSpec, Unfit, fit_container_restricted, is_heterogeneous, pod_quota_usage
+from hamid.kube.errors import Conflict, KubeError, NotFound, Timeout
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices
+from hamid.model.errors import InvalidInput
+from hamid.model.refit import MSG_TOO_MANY_ALLOWED, MSG_UNKNOWN_TYPE, RefitRequest, RefitResponse
+from hamid.model.resources import all_containers
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.http import RouteRegistrar
+from hamid.scheduler.refit_auth import AuthError, RefitAuthenticator
+from hamid.scheduler.state import JSON
+
+if TYPE_CHECKING:
+    from hamid.scheduler.cli import SchedulerOptions
+
+log = get_logger("scheduler.refit")
+
+#: Upstream's ``refitPatchTimeout``: no longer than the device plugin's own refit budget.
+PATCH_TIMEOUT_S = 2.0
+#: How long a refit waits for the scheduler's caches to finish their first list.
+SYNC_WAIT_S = 2.0
+MSG_NO_BODY = "Please send a request body"
+_REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+_VALIDATION_PREFIXES = (MSG_TOO_MANY_ALLOWED.split("{")[0], MSG_UNKNOWN_TYPE.split("{")[0])
+
+
+def _q(text: str) -> str:
+    """Go's ``%q`` for the strings in refusal messages."""
+    return json.dumps(text)
+
+
+def _uuids(devices: ContainerDevices) -> str:
+    """Go's ``%v`` of a string slice: ``[a b]``."""
+    return "[" + " ".join(d.uuid for d in devices) + "]"
+
+
+class Refusal(Exception):
+    """A refused refit: ``code`` labels the metric, ``identified`` says whether to record an Event."""
+
+    def __init__(self, code: str, message: str, *, identified: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.identified = identified
+
+
+class RefitMetrics:
+    """``hamid_refit_total{outcome,reason}`` and ``hamid_refit_duration_seconds{outcome}``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.total = Counter(
+            "hamid_refit_total",
+            "NUMA refit requests by outcome (moved, noop, refused) and refusal reason.",
+            ["outcome", "reason"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "hamid_refit_duration_seconds",
+            "Time to answer /refit, by outcome.",
+            ["outcome"],
+            buckets=_REFIT_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, outcome: str, reason: str, seconds: float) -> None:
+        """Count one answered refit."""
+        self.total.labels(outcome, reason).inc()
+        self.seconds.labels(outcome).observe(seconds)
+
+
+def splice_entry(raw: str, index: int, entry: str, what: str) -> str:
+    """``raw`` with container ``index``'s entry (``;``-separated) replaced; every other byte kept.
+
+    Raises :class:`InvalidInput` (``cannot rewrite <what> annotation: …``) when the value has no
+    non-empty entry at ``index``.
+    """
+    pieces = raw.split(";")
+    if not 0 <= index < len(pieces) or not pieces[index]:
+        raise InvalidInput(f"cannot rewrite {what} annotation: container {index} has no entry in {raw!r}")
+    pieces[index] = entry
+    return ";".join(pieces)
+
+
+def _is_validation(message: str) -> bool:
+    """Whether a RefitRequest error is a stateless-validation refusal (200) rather than a decode error."""
+    from hamid.model.refit import MSG_EMPTY_ALLOWED, MSG_INCOMPLETE
+
+    return message in (MSG_INCOMPLETE, MSG_EMPTY_ALLOWED) or message.startswith(_VALIDATION_PREFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    response: RefitResponse
+    outcome: str
+    reason: str
+
+
+class RefitService:
+    """The ``/refit`` handler over one :class:`~hamid.scheduler.core.Scheduler`."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        authenticator: RefitAuthenticator,
+        *,
+        patch_timeout: float = PATCH_TIMEOUT_S,
+        sync_wait: float = SYNC_WAIT_S,
+        metrics: RefitMetrics | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.auth = authenticator
+        self.patch_timeout = patch_timeout
+        self.sync_wait = sync_wait
+        self.metrics = metrics or RefitMetrics(scheduler.metrics.registry)
+
+    def register(self, app: web.Application) -> None:
+        """Add ``POST /refit`` to ``app`` (a :data:`~hamid.scheduler.http.RouteRegistrar`)."""
+        app.router.add_post("/refit", self.handle)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """HTTP: 400 without a body or with undecodable JSON, otherwise 200 with the refit response."""
+        body = await request.read()  # the app's client_max_size (1 MiB) answers 413 above it
+        if not body:
+            return web.Response(status=400, text=MSG_NO_BODY)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return web.Response(status=400, text=f"cannot decode refit request: {exc}")
+        started = time.perf_counter()
+        try:
+            refit = RefitRequest.from_json(data)
+        except InvalidInput as exc:
+            if not _is_validation(str(exc)):
+                return web.Response(status=400, text=f"cannot decode refit request: {exc}")
+            log.info("NUMA refit refused", reason=str(exc))
+            self.metrics.observe("refused", "invalid_request", time.perf_counter() - started)
+            return web.json_response(RefitResponse.failure(str(exc)).to_json())
+        result = await self.refit(refit, request)
+        self.metrics.observe(result.outcome, result.reason, time.perf_counter() - started)
+        return web.json_response(result.response.to_json())
+
+    async def refit(self, refit: RefitRequest, request: web.Request) -> _Outcome:
+        """Authenticate, then refit under the node's lock; every refusal is logged."""
+        pod_ref = f"{refit.pod_namespace}/{refit.pod_name}"
+        with structlog.contextvars.bound_contextvars(
+            pod=pod_ref, node=refit.node_name, container=refit.container_index
+        ):
+            try:
+                try:
+                    caller = await self.auth.authenticate(request, refit.node_name)
+                except AuthError as exc:
+                    raise Refusal("unauthenticated", f"caller authentication failed: {exc}") from None
+                await self._ready()
+                async with self.scheduler.state.node_lock(refit.node_name):
+                    response, outcome = await self._refit_locked(refit)
+            except Refusal as refusal:
+                log.info("NUMA refit refused", reason=refusal.message, code=refusal.code)
+                if refusal.identified:
+                    self._record_failure(refit, refusal.message)
+                return _Outcome(RefitResponse.failure(refusal.message), "refused", refusal.code)
+            log.debug("refit caller", caller=caller.identity, method=caller.method)
+            return _Outcome(response, outcome, "")
+
+    async def _ready(self) -> None:
+        scheduler = self.scheduler
+        if not scheduler.synced:
+            try:
+                async with asyncio.timeout(self.sync_wait):
+                    await scheduler.pods.wait_synced()
+                    await scheduler.nodes.wait_synced()
+                    await scheduler.quotas.wait_synced()
+            except TimeoutError:
+                raise Refusal("not_ready", "scheduler not ready: caches not synced") from None
+        reason = scheduler.not_ready_reason()
+        if reason:
+            raise Refusal("not_ready", f"scheduler not ready: {reason}")
+
+    def _record_failure(self, refit: RefitRequest, message: str) -> None:
+        pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
+        if pod is not None:
+            self.scheduler.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
+
+    def _identify(self, refit: RefitRequest) -> tuple[JSON, Any]:
+        """The tracked pod and its reservation (upstream §3 step 3)."""
+        state = self.scheduler.state
+        res = state.reservation(refit.pod_uid)
+        if res is None:
+            raise Refusal("unknown_pod", f"pod {refit.pod_uid} is not tracked by the scheduler")
+        if (res.namespace, res.name) != (refit.pod_namespace, refit.pod_name):
+            raise Refusal(
+                "identity_mismatch",
+                f"pod {refit.pod_uid} does not match {refit.pod_namespace}/{refit.pod_name}",
+            )
+        pod = self.scheduler.pods.get(res.key)
+        if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != refit.pod_uid:
+            raise Refusal("unknown_pod", f"pod {refit.pod_uid} is not tracked by the scheduler")
+        if res.node != refit.node_name:
+            raise Refusal(
+                "wrong_node",
+                f"pod {res.key} is tracked on node {res.node}, not {refit.node_name}",
+                identified=True,
+            )
+        if res.pending:
+            raise Refusal(
+                "not_pending", f"pod {res.key}: its allocation is still being written", identified=True
+            )
+        return pod, res
+
+    async def _refit_locked(self, refit: RefitRequest) -> tuple[RefitResponse, str]:
+        """Steps 3-15 of upstream's algorithm; the caller holds the node's lock."""
+        state = self.scheduler.state
+        pod, res = self._identify(refit)
+        index = refit.container_index
+
+        def refuse(code: str, message: str) -> Refusal:
+            return Refusal(code, message, identified=True)
+
+        containers = all_containers(pod)
+        if not 0 <= index < len(containers):
+            raise refuse("bad_container", f"container index {index} is outside the pod's containers")
+        actual_name = str(containers[index].get("name") or "")
+        if refit.container_name and refit.container_name != actual_name:
+            raise refuse(
+                "bad_container",
+                f"container index {index} is {_q(actual_name)}, not {_q(refit.container_name)}",
+            )
+        annotations: dict[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(ann.MIG_ALLOCATIONS):
+            raise refuse("mig", "the pod holds MIG allocations; the NUMA refit does not support MIG")
+        pending_raw = annotations.get(ann.DEVICES_TO_ALLOCATE) or ""
+        allocated_raw = annotations.get(ann.DEVICES_ALLOCATED) or ""
+        try:
+            pending = ann.decode_pod_devices(pending_raw, ann.DEVICES_TO_ALLOCATE) if pending_raw else ()
+        except InvalidInput as exc:
+            raise refuse("bad_annotation", f"cannot decode pending allocation annotation: {exc}") from None
+        try:
+            layout = ann.decode_pod_devices(allocated_raw, ann.DEVICES_ALLOCATED) if allocated_raw else ()
+        except InvalidInput as exc:
+            raise refuse("bad_annotation", f"cannot decode allocated annotation: {exc}") from None
+        if index >= len(pending) or not pending[index]:
+            raise refuse("not_pending", f"container {index} has no pending {NVIDIA} allocation to refit")
+        current = layout[index] if index < len(layout) else ()
+        if not current:
+            raise refuse("not_pending", f"container {index} has no recorded {NVIDIA} allocation")
+        foreign = sorted({d.type for d in current if d.type != NVIDIA})
+        if foreign:
+            raise refuse(
+                "non_nvidia",
+                f"container {index} reserves {', '.join(foreign)} devices; "
+                f"the NUMA refit supports only {NVIDIA}",
+            )
+        allowed = frozenset(refit.allowed_device_uuids)
+        if all(d.uuid in allowed for d in current):
+            log.info("NUMA refit not needed: already on allowed GPUs", devices=[d.uuid for d in current])
+            return RefitResponse.success(current), "noop"
+        if is_heterogeneous(current):
+            raise refuse(
+                "heterogeneous",
+                f"container {index} reserves differing amounts per device; "
+                "the refit does not support heterogeneous reservations",
+            )
+        entry = state.nodes.get(res.node)
+        if entry is None:
+            raise refuse("node_unavailable", f"node {res.node} unavailable: not registered")
+        for uuid in [d.uuid for d in current] + list(refit.allowed_device_uuids):
+            device = entry.usage.by_id.get(uuid)
+            if device is not None and device.mode == MODE_MIG:
+                what = "reserved" if uuid not in allowed else "allowed"
+                raise refuse("mig", f"{what} device {uuid} is in MIG mode; the NUMA refit does not support MIG")
+        settings = self.scheduler.settings
+        try:
+            spec = PodFitSpec.from_pod(pod, self.scheduler.config, settings.gpu_policy, settings.node_policy)
+        except InvalidInput as exc:
+            raise refuse("bad_annotation", f"invalid pod scheduling annotations: {exc}") from None
+        pinned = spec.policy.use_uuids
+        if pinned is not None and not pinned & allowed:
+            raise refuse(
+                "pinned",
+                f"container {index} is pinned by {ann.USE_GPU_UUID} to [{' '.join(sorted(pinned))}], "
+                "none of which is in the allowed set",
+            )
+        quota = state.fit_quota(res.namespace, exclude_uid=res.uid)
+        result = fit_container_restricted(
+            entry.usage,
+            layout,
+            res.kinds,
+            index,
+            allowed,
+            spec.policy,
+            init_released=res.init_released,
+            quota=quota,
+            booked=res.applied,
+        )
+        if isinstance(result, Unfit):
+            raise refuse("no_fit", f"no allowed device fits: {result.reason}")
+        if quota is not None and quota.limited:
+            mem, cores = pod_quota_usage(result.layout, res.kinds, res.init_released)
+            if not quota.fits(mem, cores):
+                config = self.scheduler.config
+                over_mem = quota.mem_limit is not None and quota.used_mem + mem > quota.mem_limit
+                resource = config.resource_memory_name if over_mem else config.resource_core_name
+                raise refuse(
+                    "quota", f"refit would exceed the {resource} resource quota in namespace {res.namespace}"
+                )
+        encoded = ann.encode_container_devices(result.devices)
+        try:
+            new_pending = splice_entry(pending_raw, index, encoded, "pending allocation")
+            new_allocated = splice_entry(allocated_raw, index, encoded, "allocated")
+        except InvalidInput as exc:
+            raise refuse("bad_annotation", str(exc)) from None
+        patched = await self._commit(pod, res.uid, result.layout, new_pending, new_allocated)
+        if state.reservation(res.uid) is None:
+            log.info("pod left the scheduler cache during NUMA refit; annotations remain authoritative")
+        else:
+            state.on_pod(patched)
+        message = f"NUMA refit moved container {index} from {_uuids(current)} to {_uuids(result.devices)}"
+        log.info("NUMA refit succeeded", moved_from=_uuids(current), moved_to=_uuids(result.devices))
+        self.scheduler.record(pod, "Normal", R.EVENT_NUMA_REFIT_SUCCEED, message)
+        return RefitResponse.success(result.devices), "moved"
+
+    async def _commit(
+        self, pod: JSON, uid: str, layout: Any, new_pending: str, new_allocated: str
+    ) -> JSON:
+        """Move the reservation tentatively, then ONE resourceVersion-guarded patch; undo on failure."""
+        meta = pod.get("metadata") or {}
+        undo = self.scheduler.state.move(uid, layout, new_allocated)
+        try:
+            async with asyncio.timeout(self.patch_timeout):
+                return await self.scheduler.kube.patch_pod_metadata(
+                    str(meta.get("namespace") or ""),
+                    str(meta.get("name") or ""),
+                    annotations={ann.DEVICES_TO_ALLOCATE: new_pending, ann.DEVICES_ALLOCATED: new_allocated},
+                    resource_version=str(meta.get("resourceVersion") or ""),
+                    timeout=self.patch_timeout,
+                )
+        except (KubeError, TimeoutError) as exc:
+            undo()
+            code = (
+                "patch_conflict"
+                if isinstance(exc, Conflict)
+                else "patch_timeout"
+                if isinstance(exc, Timeout | TimeoutError)
+                else "pod_gone"
+                if isinstance(exc, NotFound)
+                else "patch_failed"
+            )
+            detail = str(exc) or f"no answer within {self.patch_timeout:g}s"
+            raise Refusal(code, f"cannot patch pod annotations: {detail}", identified=True) from None
+        except BaseException:
+            undo()
+            raise
+
+
+def refit_routes(
+    scheduler: Scheduler,
+    authenticator: RefitAuthenticator,
+    *,
+    patch_timeout: float = PATCH_TIMEOUT_S,
+    sync_wait: float = SYNC_WAIT_S,
+) -> RouteRegistrar:
+    """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
+    service = RefitService(scheduler, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait)
+    return service.register
+
+
+def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) -> RefitAuthenticator:
+    """The caller authenticator the ``hamid scheduler`` flags describe (``--refit-auth`` & co)."""
+    return RefitAuthenticator(
+        options.refit_auth,
+        kube=scheduler.kube,
+        verifies_client_certs=bool(options.client_ca_file and options.tls_cert_file and options.tls_key_file),
+        device_plugin_namespace=options.device_plugin_namespace,
+        device_plugin_service_account=options.device_plugin_service_account,
+    )
+
+
+def refit_route_factory(scheduler: Scheduler, options: SchedulerOptions) -> RouteRegistrar:
+    """``run_scheduler(options, extra_routes=[refit_route_factory])``: ``POST /refit`` per the flags."""
+    return refit_routes(scheduler, authenticator_from_options(scheduler, options))
+
+
+__all__: Sequence[str] = (
+    "PATCH_TIMEOUT_S",
+    "RefitMetrics",
+    "RefitService",
+    "Refusal",
+    "authenticator_from_options",
+    "refit_route_factory",
+    "refit_routes",
+    "splice_entry",
+)
