@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
@@ -31,14 +30,21 @@ from hamid.kube.errors import Conflict, KubeError, NotFound, Timeout
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices
+from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.refit import MSG_TOO_MANY_ALLOWED, MSG_UNKNOWN_TYPE, RefitRequest, RefitResponse
+from hamid.model.refit import (
+    MSG_EMPTY_ALLOWED,
+    MSG_INCOMPLETE,
+    MSG_TOO_MANY_ALLOWED,
+    MSG_UNKNOWN_TYPE,
+    RefitRequest,
+    RefitResponse,
+)
 from hamid.model.resources import all_containers
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar
 from hamid.scheduler.refit_auth import AuthError, RefitAuthenticator
-from hamid.scheduler.state import JSON
+from hamid.scheduler.state import JSON, Reservation
 
 if TYPE_CHECKING:
     from hamid.scheduler.cli import SchedulerOptions
@@ -113,8 +119,6 @@ def splice_entry(raw: str, index: int, entry: str, what: str) -> str:
 
 def _is_validation(message: str) -> bool:
     """Whether a RefitRequest error is a stateless-validation refusal (200) rather than a decode error."""
-    from hamid.model.refit import MSG_EMPTY_ALLOWED, MSG_INCOMPLETE
-
     return message in (MSG_INCOMPLETE, MSG_EMPTY_ALLOWED) or message.startswith(_VALIDATION_PREFIXES)
 
 
@@ -210,7 +214,7 @@ class RefitService:
         if pod is not None:
             self.scheduler.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
 
-    def _identify(self, refit: RefitRequest) -> tuple[JSON, Any]:
+    def _identify(self, refit: RefitRequest) -> tuple[JSON, Reservation]:
         """The tracked pod and its reservation (upstream §3 step 3)."""
         state = self.scheduler.state
         res = state.reservation(refit.pod_uid)
@@ -296,7 +300,9 @@ class RefitService:
             device = entry.usage.by_id.get(uuid)
             if device is not None and device.mode == MODE_MIG:
                 what = "reserved" if uuid not in allowed else "allowed"
-                raise refuse("mig", f"{what} device {uuid} is in MIG mode; the NUMA refit does not support MIG")
+                raise refuse(
+                    "mig", f"{what} device {uuid} is in MIG mode; the NUMA refit does not support MIG"
+                )
         settings = self.scheduler.settings
         try:
             spec = PodFitSpec.from_pod(pod, self.scheduler.config, settings.gpu_policy, settings.node_policy)
@@ -349,11 +355,22 @@ class RefitService:
         return RefitResponse.success(result.devices), "moved"
 
     async def _commit(
-        self, pod: JSON, uid: str, layout: Any, new_pending: str, new_allocated: str
+        self, pod: JSON, uid: str, layout: PodDevices, new_pending: str, new_allocated: str
     ) -> JSON:
-        """Move the reservation tentatively, then ONE resourceVersion-guarded patch; undo on failure."""
+        """Move the reservation tentatively, then ONE resourceVersion-guarded patch; undo on failure.
+
+        Raises :class:`Refusal` when the patch fails (conflict, timeout, pod gone): nothing changed.
+        """
         meta = pod.get("metadata") or {}
-        undo = self.scheduler.state.move(uid, layout, new_allocated)
+        state = self.scheduler.state
+        res = state.reservation(uid)
+        held = dict(res.applied) if res is not None else {}
+        entry = state.nodes.get(res.node) if res is not None else None
+        undo = state.move(uid, layout, new_allocated)
+        # Until the patch is decided the pod books BOTH its old and its new GPUs: a filter running
+        # meanwhile can take neither, so a rollback can never over-commit the old GPUs.
+        if entry is not None:
+            entry.usage.add(held)
         try:
             async with asyncio.timeout(self.patch_timeout):
                 return await self.scheduler.kube.patch_pod_metadata(
@@ -379,6 +396,9 @@ class RefitService:
         except BaseException:
             undo()
             raise
+        finally:
+            if entry is not None and state.nodes.get(entry.name) is entry:
+                entry.usage.remove(held)
 
 
 def refit_routes(
@@ -407,15 +427,3 @@ def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) 
 def refit_route_factory(scheduler: Scheduler, options: SchedulerOptions) -> RouteRegistrar:
     """``run_scheduler(options, extra_routes=[refit_route_factory])``: ``POST /refit`` per the flags."""
     return refit_routes(scheduler, authenticator_from_options(scheduler, options))
-
-
-__all__: Sequence[str] = (
-    "PATCH_TIMEOUT_S",
-    "RefitMetrics",
-    "RefitService",
-    "Refusal",
-    "authenticator_from_options",
-    "refit_route_factory",
-    "refit_routes",
-    "splice_entry",
-)

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -251,8 +251,15 @@ class ApiServer:
         No preconditions: for seeding state. Emits ADDED/MODIFIED watch events. Returns the stored copy.
         """
         body = json.loads(dumps(obj))
-        resource = resource_of(body)
-        return self._copy(self.store.put(body), BY_STORAGE[resource.store_key])
+        return self._copy(self.store.put(body), BY_STORAGE[resource_of(body).store_key])
+
+    def put_many(self, objs: Iterable[Mapping[str, Any]]) -> int:
+        """:meth:`put` each object without building return copies (bulk seeding); returns how many."""
+        count = 0
+        for obj in objs:
+            self.store.put(json.loads(dumps(obj)))
+            count += 1
+        return count
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create ``obj`` as a POST would (server defaults, status reset for pods).
@@ -418,6 +425,7 @@ class ApiServer:
         if "dryRun" in request.query:
             raise bad_request("dryRun is not supported by the embedded API server")
         if route.resource.plural == "tokenreviews":
+            self._check_verb_allowed(route, verb)
             return self._token_review(await self._body(request))
         if route.resource.plural == "bindings" or route.subresource == "binding":
             return await self._bind(request, route)

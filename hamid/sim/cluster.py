@@ -43,15 +43,19 @@ from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, deco
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig
-from hamid.plugin.allocate import MismatchHandler, PreferredMismatch, log_mismatch
+from hamid.plugin.allocate import MismatchHandler, PreferredMismatch
 from hamid.plugin.allocation import AllocationError
 from hamid.plugin.app import Plugin, PluginOptions, load_setup
+from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.cli import SchedulerOptions
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.http import cluster_app, extender_app, serve
+from hamid.scheduler.refit import refit_route_factory
 from hamid.scheduler.state import Reservation
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver_patch import json_patch
+from hamid.sim.apiserver_store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
@@ -172,7 +176,9 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
     """Poll an in-process predicate until true; TimeoutError naming ``what`` after ``timeout`` s."""
     try:
         async with asyncio.timeout(timeout):
-            while not predicate():
+            while True:
+                if predicate():
+                    return
                 await asyncio.sleep(_POLL_S)
     except TimeoutError:
         raise TimeoutError(f"{what}: not reached within {timeout:g}s") from None
@@ -199,6 +205,8 @@ class SimCluster:
         self._driver_kube: KubeClient | None = None
         self._client: KubeClient | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._history: dict[str, dict[str, list[str]]] = {}
+        self._unlisten: Callable[[], None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -245,6 +253,7 @@ class SimCluster:
         try:
             self._dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hamid-sim-"))
             await self.server.start()
+            self._unlisten = self.server.add_listener(self._record_change)
             self._client = await connect(api_server=self.server.url, request_timeout=5.0)
             self._ca, self._server_cert = await asyncio.to_thread(self._make_certs, self._dir / "tls")
             self._session = aiohttp.ClientSession(
@@ -284,8 +293,8 @@ class SimCluster:
             self._driver_task = None
         self._driver = None
         for node in reversed(list(self.nodes.values())):
-            await self._stop_plugin(node)
             await node.kubelet.stop()
+            await self._stop_plugin(node)
             await node.kubelet_kube.close()
         self.nodes.clear()
         await self._stop_scheduler()
@@ -302,6 +311,9 @@ class SimCluster:
             await self._session.close()
             self._session = None
         await self.server.stop()
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         if self._dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._dir, True)
             self._dir = None
@@ -354,7 +366,7 @@ class SimCluster:
         runners: list[web.AppRunner] = []
         task = asyncio.create_task(scheduler.run(), name="scheduler")
         self._sched = _SchedulerProcess(kube, scheduler, runners, task, tls)
-        routes: list[Any] = []
+        routes = [refit_route_factory(scheduler, options)]
         for key, app, listen, ctx in (
             ("extender", extender_app(scheduler), options.extender_listen, None),
             ("cluster", cluster_app(scheduler, routes), options.listen, tls.context),
@@ -460,9 +472,9 @@ class SimCluster:
         node.plugin = None
 
     async def _mismatch_handler(self, node: _Node) -> MismatchHandler:
-        """The plugin's refit seam: the refit client when enabled, else HAMi's log-only default."""
+        """The plugin's refit seam: the refit client when enabled, else the log-only handler."""
         if not self.options.refit:
-            return log_mismatch
+            return make_mismatch_handler(None)
         assert node.client_cert is not None and self._ca is not None and self._dir is not None
         endpoint = self.cluster_url
         if self._blackhole is not None:
@@ -470,13 +482,46 @@ class SimCluster:
         token_file: Path | None = None
         if self.options.refit_auth == "token":
             token_file = self._dir / node.spec.name / "token"
-            token = self.server.register_pod_token(
+            plugin_pod = await self.kube.create_pod(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"hamid-plugin-{node.spec.name}",
+                        "namespace": DEVICE_PLUGIN_NAMESPACE,
+                    },
+                    "spec": {
+                        "nodeName": node.spec.name,
+                        "serviceAccountName": DEVICE_PLUGIN_SERVICE_ACCOUNT,
+                        "containers": [{"name": "plugin", "image": "hamid"}],
+                    },
+                }
+            )
+            token = f"sa-token-{node.spec.name}-{plugin_pod['metadata']['uid']}"
+            self.server.register_pod_token(
+                token,
                 namespace=DEVICE_PLUGIN_NAMESPACE,
+                pod_name=plugin_pod["metadata"]["name"],
+                pod_uid=plugin_pod["metadata"]["uid"],
                 service_account=DEVICE_PLUGIN_SERVICE_ACCOUNT,
                 node_name=node.spec.name,
             )
             await asyncio.to_thread(token_file.write_text, token, "utf-8")
-        return log_mismatch
+        client = RefitClient(
+            RefitClientConfig(
+                endpoint=endpoint,
+                ca_file=str(self._ca.cert_file),
+                client_cert_file=None if token_file is not None else str(node.client_cert.cert_file),
+                client_key_file=None if token_file is not None else str(node.client_cert.key_file),
+                token_file=None if token_file is None else str(token_file),
+            )
+        )
+
+        async def fetch_pod(namespace: str, name: str) -> JSON | None:
+            assert node.plugin is not None
+            return await node.plugin.pods.fetch_pod(namespace, name)
+
+        return make_mismatch_handler(client, fetch_pod)
 
     def _recording(self, node: str, inner: MismatchHandler) -> MismatchHandler:
         async def handler(mismatch: PreferredMismatch) -> ContainerDevices | None:
@@ -497,7 +542,9 @@ class SimCluster:
             if result is None:
                 self.refits.append(RefitCall(**base, outcome="kept"))
             else:
-                self.refits.append(RefitCall(**base, outcome="refitted", devices=tuple(d.uuid for d in result)))
+                self.refits.append(
+                    RefitCall(**base, outcome="refitted", devices=tuple(d.uuid for d in result))
+                )
             return result
 
         return handler
@@ -508,9 +555,11 @@ class SimCluster:
         before = sim.resources[RESOURCE_NAME].registrations if RESOURCE_NAME in sim.resources else 0
         await sim.restart()
         await sim.wait_until(
-            lambda: sim.resources[RESOURCE_NAME].registrations > before
-            and sim.resources[RESOURCE_NAME].connected
-            and sim.allocatable(RESOURCE_NAME) > 0,
+            lambda: (
+                sim.resources[RESOURCE_NAME].registrations > before
+                and sim.resources[RESOURCE_NAME].connected
+                and sim.allocatable(RESOURCE_NAME) > 0
+            ),
             timeout=timeout,
             what=f"plugin re-registered with the restarted kubelet of {node}",
         )
@@ -609,6 +658,28 @@ class SimCluster:
         await self.nodes[node].kubelet.terminate_pod(namespace, name, phase)
 
     # -- readers --------------------------------------------------------------------------------
+
+    def _record_change(self, change: Change) -> None:
+        """Keep every distinct value the allocation annotations of each pod took (API server listener)."""
+        if change.resource.kind != "Pod" or change.type == "DELETED":
+            return
+        meta = change.new.obj.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        history = self._history.setdefault(f"{meta.get('namespace', '')}/{meta.get('name', '')}", {})
+        for key in (DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE):
+            value = notes.get(key)
+            values = history.setdefault(key, [])
+            if value is not None and (not values or values[-1] != value):
+                values.append(value)
+
+    def annotation_history(self, name: str, key: str, namespace: str = "default") -> list[str]:
+        """Every distinct value annotation ``key`` of the pod took, in order (allocation keys only)."""
+        return list(self._history.get(f"{namespace}/{name}", {}).get(key, []))
+
+    def scheduler_choice(self, name: str, namespace: str = "default") -> PodDevices | None:
+        """The allocation the scheduler's filter first wrote for the pod (before any refit)."""
+        values = self.annotation_history(name, DEVICES_ALLOCATED, namespace)
+        return decode_pod_devices(values[0]) if values else None
 
     def assignment(self, name: str, namespace: str = "default") -> PodAdmission | None:
         """The kubelet's recorded decision for the pod (CPUs, NUMA node, devices, Allocate env)."""

@@ -281,6 +281,8 @@ class PodAdmission:
     topology_policy: str = ""
     cpu_manager_policy: str = ""
     released: bool = False
+    #: True once the annotation and the pod status have been written (or failed to be).
+    published: bool = False
 
     @property
     def key(self) -> str:
@@ -878,11 +880,19 @@ class SimKubelet:
         """Every decision so far, in admission order."""
         return list(self._records.values())
 
-    async def wait_admission(self, namespace: str, name: str, timeout: float = 5.0) -> PodAdmission:
-        """Wait for the kubelet's decision on ``namespace/name``."""
-        await self.wait_until(
-            lambda: self.admission(namespace, name) is not None, timeout, f"admission of {namespace}/{name}"
-        )
+    async def wait_admission(
+        self, namespace: str, name: str, timeout: float = 5.0, *, published: bool = False
+    ) -> PodAdmission:
+        """Wait for the kubelet's decision on ``namespace/name``.
+
+        With ``published=True`` also wait until the annotation and pod status have been written.
+        """
+
+        def decided() -> bool:
+            record = self.admission(namespace, name)
+            return record is not None and (record.published or not published)
+
+        await self.wait_until(decided, timeout, f"admission of {namespace}/{name}")
         record = self.admission(namespace, name)
         assert record is not None
         return record
@@ -1049,6 +1059,8 @@ class SimKubelet:
         else:
             self._log.warning("pod rejected", reason=record.reason, message=record.message)
             await self._publish_rejected(pod, record)
+        record.published = True
+        self._changed()
 
     async def _admit(self, pod: JSON, record: PodAdmission) -> None:
         uid = record.uid
@@ -1233,6 +1245,18 @@ class SimKubelet:
         assignment.preferred_calls.append(
             PreferredCall(state.name, tuple(sorted(available)), tuple(sorted(must_include)), size, answer)
         )
+        outside = sorted(set(answer) - available)
+        missing = sorted(must_include - set(answer))
+        if outside or missing or len(answer) != size:
+            # kubelet does not refuse such answers (it intersects and tops up); say so loudly.
+            self._log.warning(
+                "GetPreferredAllocation answer breaks the contract",
+                resource=state.name,
+                outside_offered=outside,
+                missing_must_include=missing,
+                size=len(answer),
+                expected_size=size,
+            )
         self._log.info(
             "GetPreferredAllocation",
             resource=state.name,

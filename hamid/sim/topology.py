@@ -503,13 +503,6 @@ class CpuTopology:
         """NUMA node ids in ascending order."""
         return sorted(self.numa_cpus)
 
-    def numa_of(self, cpu: int) -> int:
-        """The NUMA node of ``cpu``."""
-        for node, cpus in self.numa_cpus.items():
-            if cpu in cpus:
-                return node
-        raise InvalidInput(f"CPU {cpu} is on no NUMA node of this machine")
-
     def cpus_in(self, nodes: Iterable[int]) -> frozenset[int]:
         """All CPUs of the given NUMA nodes."""
         result: set[int] = set()

@@ -9,6 +9,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
+from hamid.sim.apiserver_errors import ApiError
 
 from .manifests import pod
 
@@ -245,3 +246,29 @@ async def test_python_api_round_trip(apiserver: ApiServer, core: client.CoreV1Ap
     assert apiserver.delete("Pod", "default", "seed") is None
     with pytest.raises(KeyError):
         apiserver.get("Deployment", "default", "x")
+
+
+async def test_python_api_seeding_and_listener(apiserver: ApiServer, core: client.CoreV1Api) -> None:
+    seen: list[tuple[str, str, str]] = []
+    remove = apiserver.add_listener(
+        lambda change: seen.append((change.type, change.resource.kind, change.new.name))
+    )
+    assert apiserver.put_many(pod(f"bulk{i}", node="n1") for i in range(3)) == 3
+    created = apiserver.create(pod("made"))
+    assert created["status"] == {"phase": "Pending"}
+    with pytest.raises(ApiError) as err:
+        apiserver.create(pod("made"))
+    assert (err.value.code, err.value.reason) == (409, "AlreadyExists")
+    await core.patch_namespaced_pod("made", "default", {"metadata": {"labels": {"a": "b"}}})
+    remove()
+    apiserver.delete("Pod", "default", "made")
+    assert seen == [
+        ("ADDED", "Pod", "bulk0"),
+        ("ADDED", "Pod", "bulk1"),
+        ("ADDED", "Pod", "bulk2"),
+        ("ADDED", "Pod", "made"),
+        ("MODIFIED", "Pod", "made"),
+    ]
+    on_node = apiserver.list("pods", field_selector="spec.nodeName=n1", label_selector="!missing")
+    assert sorted(p["metadata"]["name"] for p in on_node) == ["bulk0", "bulk1", "bulk2"]
+    assert apiserver.list("nodes") == []

@@ -146,6 +146,9 @@ async def test_bad_requests_never_500(apiserver: ApiServer) -> None:
             ("POST", "/apis/authentication.k8s.io/v1/tokenreviews", b'{"spec":{}}', 422),
             ("PATCH", "/api/v1/namespaces/default/pods/missing/log", b"{}", 404),
             ("GET", "/_sim/nothing", b"", 404),
+            ("GET", "/apis/authentication.k8s.io/v1/tokenreviews", b"", 405),
+            ("OPTIONS", "/api/v1/nodes", b"", 405),
+            ("POST", "/api/v1/namespaces/default/pods/x/status", b"{}", 405),
         ]
         for method, path, body, code in cases:
             async with http.request(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 from typing import Any
 
 import pytest
@@ -205,3 +207,38 @@ async def test_watch_many_events_in_order(core: client.CoreV1Api, apiserver: Api
     async with w:
         events = await collect(w.stream(core.list_namespaced_pod, "default", resource_version=start), 300)
     assert events == [("ADDED", f"p{i}") for i in range(300)]
+
+
+async def test_watch_mirror_equals_list_after_churn(core: client.CoreV1Api, apiserver: ApiServer) -> None:
+    rng = random.Random(7)
+    for i in range(50):
+        apiserver.put(pod(f"p{i}", node=f"n{i % 3}"))
+    listed = await core.list_pod_for_all_namespaces(_preload_content=False)
+    body = json.loads(await listed.read())
+    mirror = {p["metadata"]["name"]: p for p in body["items"]}
+    start = body["metadata"]["resourceVersion"]
+    for step in range(500):
+        name = f"p{rng.randrange(60)}"
+        action = rng.choice(("put", "patch", "delete"))
+        if action == "put":
+            apiserver.put(pod(name, node=f"n{rng.randrange(3)}", step=str(step)))
+        elif apiserver.get("Pod", "default", name) is None:
+            continue
+        elif action == "patch":
+            apiserver.patch("Pod", "default", name, {"metadata": {"labels": {"step": str(step)}}})
+        else:
+            apiserver.delete("Pod", "default", name)
+    resp = await core.list_pod_for_all_namespaces(watch=True, resource_version=start, _preload_content=False)
+    target = str(apiserver.resource_version)
+    while True:
+        event = json.loads(await asyncio.wait_for(resp.content.readline(), 5))
+        obj = event["object"]
+        if event["type"] == "DELETED":
+            mirror.pop(obj["metadata"]["name"], None)
+        else:
+            mirror[obj["metadata"]["name"]] = obj
+        if obj["metadata"]["resourceVersion"] == target:
+            break
+    resp.release()
+    final = {p["metadata"]["name"]: p for p in apiserver.list("pods")}
+    assert mirror == final

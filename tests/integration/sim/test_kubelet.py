@@ -18,6 +18,7 @@ from hamid.sim.kubelet import (
     REASON_TOPOLOGY_AFFINITY,
     REASON_UNEXPECTED_ADMISSION,
     SimKubelet,
+    devices_on_numa,
     read_assignment,
     sockets_in,
 )
@@ -98,6 +99,9 @@ async def test_registration_list_and_watch_and_node_status(
         state = kubelet.resources[R]
         assert state.options is not None and state.options.get_preferred_allocation_available
         assert state.all_devices["a0"] == (0,)
+        assert devices_on_numa(state, 1) == ["b0", "b1", "b2", "b3"]
+        (summary,) = kubelet.describe_resources()
+        assert summary["healthy"] == 8 and summary["registrations"] == 1 and summary["connected"]
         await kubelet.sync_node_status()
         assert await node_resource(kube, "capacity") == "8"
         assert await node_resource(kube, "allocatable") == "8"
@@ -171,16 +175,10 @@ async def test_admission_aligns_cpus_and_devices_and_calls_preferred_with_numa_s
         assert main.env == {"FAKE_VISIBLE_DEVICES": "b3"}
         assert main.preferred_calls[0].available == ("b0", "b1", "b2", "b3")
 
-        async def running() -> dict[str, Any]:
-            while True:
-                p = await kube.get_pod("default", "trainer")
-                if p["status"].get("phase") == "Running" and ASSIGNMENT_ANNOTATION in p["metadata"].get(
-                    "annotations", {}
-                ):
-                    return p
-                await asyncio.sleep(0.02)
-
-        live = await asyncio.wait_for(running(), 5)
+        await kubelet.wait_admission("default", "trainer", published=True)
+        live = await kube.get_pod("default", "trainer")
+        assert live["status"]["phase"] == "Running"
+        assert ASSIGNMENT_ANNOTATION in live["metadata"]["annotations"]
         assert live["status"]["containerStatuses"][0]["state"]["running"]
         from_pod = read_assignment(live)
         assert from_pod is not None
@@ -365,3 +363,21 @@ async def test_restart_wipes_sockets_and_plugin_reregisters(
         assert not set(after.container("main").devices[R]) & set(before.container("main").devices[R])
     finally:
         await kubelet.stop()
+
+
+async def test_pre_start_container_called_when_required(kube: KubeClient, root: Path) -> None:
+    fake = FakePlugin(root, DEVICES, resource=R, preferred=False, pre_start=True)
+    kubelet = make_kubelet(kube, root)
+    try:
+        await started(kubelet, fake)
+        await kube.create_pod(pod("pre", None, 2))
+        record = await kubelet.wait_admission("default", "pre")
+        assert record.admitted
+        # No GetPreferredAllocation without the option; kubelet picks from the aligned set itself.
+        assert fake.preferred_requests == []
+        assert record.container("main").devices == {R: ("a0", "a1")}
+        await kubelet.wait_until(lambda: fake.pre_start_requests != [], what="PreStartContainer")
+        assert fake.pre_start_requests == [["a0", "a1"]]
+    finally:
+        await kubelet.stop()
+        await fake.stop()

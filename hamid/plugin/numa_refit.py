@@ -1,0 +1,112 @@
+"""The plugin side of NUMA refit: what GetPreferredAllocation does when kubelet excludes the annotated GPU.
+
+Plugged into :class:`~hamid.plugin.allocate.Allocator` as its mismatch handler. Behaviour matrix
+(numa-refit-upstream §5; MIG-mode nodes never get here, the allocator skips them):
+
+=============  ==========================================  =====================================
+mode           refit enabled                               refit disabled (no endpoint)
+=============  ==========================================  =====================================
+none/invalid   nothing (invalid: warning, treated as none)  same
+best-effort    one refit; on failure kubelet's choice       info log, kubelet's choice stands
+               stands (info log)
+strict         one refit; on failure the allocation fails   error log only, kubelet's choice
+               (gRPC error, bind-phase=failed, lock freed)
+=============  ==========================================  =====================================
+
+A committed refit returns the new devices; if kubelet cannot honour them the allocator fails the
+allocation in every mode. After a commit the pod is re-read (GET), so ``Allocate`` consumes the
+refitted entry even when the plugin's watch cache lags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from hamid.kube.client import JSON
+from hamid.kube.errors import KubeError
+from hamid.log import get_logger
+from hamid.model.alignment import AlignmentMode, parse_alignment
+from hamid.model.devices import NVIDIA, ContainerDevices
+from hamid.model.errors import InvalidInput
+from hamid.model.refit import RefitRequest
+from hamid.plugin.allocate import PreferredMismatch, log_mismatch
+from hamid.plugin.allocation import AllocationError, annotations_of
+from hamid.plugin.refit_client import RefitClient, RefitError
+
+log = get_logger("plugin.numa_refit")
+
+#: Re-reads one pod (the plugin's ``NodePods.fetch_pod``: a GET whose answer overlays the cache).
+FetchPod = Callable[[str, str], Awaitable[JSON | None]]
+
+
+def refit_request(mismatch: PreferredMismatch) -> RefitRequest:
+    """The one request sent for a mismatched container (all available GPUs allowed, upstream #2817)."""
+    meta = mismatch.pod.get("metadata") or {}
+    return RefitRequest(
+        pod_uid=str(meta.get("uid") or ""),
+        pod_namespace=str(meta.get("namespace") or ""),
+        pod_name=str(meta.get("name") or ""),
+        node_name=mismatch.node_name,
+        container_index=mismatch.container_index,
+        container_name=mismatch.container_name,
+        device_type=NVIDIA,
+        allowed_device_uuids=mismatch.allowed_uuids,
+    )
+
+
+class NumaRefitHandler:
+    """The allocator's mismatch handler: refit per the pod's ``hami.io/numa-alignment`` mode."""
+
+    def __init__(self, client: RefitClient | None, fetch_pod: FetchPod | None = None) -> None:
+        self.client = client
+        self.fetch_pod = fetch_pod
+
+    async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
+        """Replacement devices (committed), None to keep kubelet's pick, or AllocationError."""
+        if self.client is None:
+            return await log_mismatch(mismatch)
+        try:
+            mode = parse_alignment(annotations_of(mismatch.pod))
+        except InvalidInput as exc:
+            log.warning("ignoring invalid numa-alignment annotation", error=str(exc))
+            return None
+        if mode is AlignmentMode.NONE:
+            return None
+        request = refit_request(mismatch)
+        fields = {
+            "numa_alignment": mode.value,
+            "container": mismatch.container_index,
+            "annotated": [d.uuid for d in mismatch.annotated],
+            "allowed": list(mismatch.allowed_uuids),
+        }
+        try:
+            request.validate()
+            devices = await self.client.refit(request)
+        except (RefitError, InvalidInput) as exc:
+            if mode is AlignmentMode.STRICT:
+                log.error(
+                    "NUMA refit failed; numa-alignment strict fails the allocation", error=str(exc), **fields
+                )
+                raise AllocationError(f"numa-alignment strict: {exc}") from exc
+            log.info("NUMA refit failed; best-effort keeps kubelet's own selection", error=str(exc), **fields)
+            return None
+        log.info("NUMA refit succeeded", devices=[d.uuid for d in devices], **fields)
+        await self._reread(request)
+        return devices
+
+    async def _reread(self, request: RefitRequest) -> None:
+        """GET the pod after a commit so Allocate reads the refitted entry (the watch may lag)."""
+        if self.fetch_pod is None:
+            return
+        try:
+            await self.fetch_pod(request.pod_namespace, request.pod_name)
+        except KubeError as exc:
+            log.warning(
+                "cannot re-read the pod after NUMA refit; Allocate relies on its resourceVersion guard",
+                error=str(exc),
+            )
+
+
+def make_mismatch_handler(client: RefitClient | None, fetch_pod: FetchPod | None = None) -> NumaRefitHandler:
+    """The handler to pass as ``Allocator(mismatch_handler=...)`` (``client`` None = refit disabled)."""
+    return NumaRefitHandler(client, fetch_pod)

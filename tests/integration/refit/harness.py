@@ -1,0 +1,289 @@
+"""A scheduler serving ``/refit`` over TLS against the embedded API server, and refit callers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from hamid.kube.client import KubeClient, connect
+from hamid.model import annotations as ann
+from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice, DeviceInfo, PodDevices
+from hamid.model.refit import RefitRequest
+from hamid.plugin.refit_client import RefitClient, RefitClientConfig
+from hamid.scheduler.core import Scheduler, SchedulerSettings
+from hamid.scheduler.http import cluster_app, extender_app, serve
+from hamid.scheduler.refit import refit_routes
+from hamid.scheduler.refit_auth import RefitAuthenticator
+from hamid.sim.apiserver import ApiServer
+from hamid.tls import client_ssl_context, server_ssl_context
+from tests.fixtures.tls import TLSFiles
+
+PLUGIN_NS = "kube-system"
+PLUGIN_SA = "hami-device-plugin"
+
+
+async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll an in-process predicate until true; fail after ``within`` s (a bound, not an assertion)."""
+    async with asyncio.timeout(within):
+        for _ in itertools.count():
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+def gpu(uuid: str, numa: int = 0, mem: int = 40000, count: int = 10, mode: str = MODE_HAMI_CORE) -> DeviceInfo:
+    """A healthy GPU record for a node register."""
+    return DeviceInfo(
+        id=uuid, index=0, count=count, devmem=mem, devcore=100, type="NVIDIA-A100", numa=numa, mode=mode, health=True
+    )
+
+
+def d(uuid: str, mem: int, cores: int = 0) -> ContainerDevice:
+    """One allocated device."""
+    return ContainerDevice(uuid, NVIDIA, mem, cores)
+
+
+def container(name: str, gpus: int = 1, mem: int = 1000, **extra: Any) -> dict[str, Any]:
+    """A container spec requesting GPUs (0 = none)."""
+    out: dict[str, Any] = {"name": name, "image": "cuda", **extra}
+    if gpus:
+        out["resources"] = {"limits": {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(mem)}}
+    return out
+
+
+@dataclass
+class Env:
+    """The API server, the scheduler and its TLS ``/refit`` endpoint."""
+
+    server: ApiServer
+    kube: KubeClient
+    scheduler: Scheduler
+    tls: TLSFiles
+    cluster: str
+    extender: str
+    session: aiohttp.ClientSession
+    tmp: Path
+
+    # -- seeding -----------------------------------------------------------------------------
+
+    def add_node(self, name: str, gpus: Sequence[DeviceInfo]) -> None:
+        """A registered GPU node."""
+        devices = [dataclasses.replace(g, index=i) for i, g in enumerate(gpus)]
+        self.server.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)}},
+                "status": {"allocatable": {"nvidia.com/gpu": str(10 * len(devices))}},
+            }
+        )
+
+    async def place(
+        self,
+        name: str,
+        node: str,
+        layout: PodDevices,
+        *,
+        containers: list[dict[str, Any]] | None = None,
+        init: list[dict[str, Any]] | None = None,
+        pending: str | None = None,
+        annotations: dict[str, str] | None = None,
+        namespace: str = "default",
+        status: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A pod scheduled by hamid on ``node`` (both annotations), bound, waiting for Allocate."""
+        raw = ann.encode_pod_devices(layout)
+        spec: dict[str, Any] = {"nodeName": node, "containers": containers or [container("main")]}
+        if init:
+            spec["initContainers"] = init
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "annotations": {
+                    ann.VGPU_NODE: node,
+                    ann.DEVICES_ALLOCATED: raw,
+                    ann.DEVICES_TO_ALLOCATE: raw if pending is None else pending,
+                    ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING,
+                    ann.BIND_TIME: "1700000000",
+                    **(annotations or {}),
+                },
+            },
+            "spec": spec,
+            "status": {"phase": "Pending", **(status or {})},
+        }
+        stored = self.server.put(pod)
+        uid = stored["metadata"]["uid"]
+        rv = stored["metadata"]["resourceVersion"]
+        await eventually(
+            lambda: self.scheduler.state.reservation(uid) is not None
+            and (self.scheduler.pods.get(f"{namespace}/{name}") or {}).get("metadata", {}).get("resourceVersion")
+            == rv
+        )
+        return stored
+
+    def quota(self, namespace: str, mem: int) -> None:
+        """A ResourceQuota limiting ``limits.nvidia.com/gpumem``."""
+        self.server.put(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "gpu", "namespace": namespace},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": str(mem)}},
+            }
+        )
+
+    def plugin_pod(self, node: str, name: str | None = None) -> dict[str, Any]:
+        """A device-plugin pod on ``node`` in the plugin namespace."""
+        name = name or f"hami-device-plugin-{node}"
+        return self.server.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": PLUGIN_NS, "uid": f"uid-{name}"},
+                "spec": {"nodeName": node, "serviceAccountName": PLUGIN_SA, "containers": [{"name": "p"}]},
+                "status": {"phase": "Running"},
+            }
+        )
+
+    def token_for(self, node: str, *, service_account: str = PLUGIN_SA) -> Path:
+        """A bound ServiceAccount token of the device-plugin pod on ``node``, written to a file."""
+        pod = self.plugin_pod(node)
+        token = f"token-{node}-{service_account}"
+        self.server.register_pod_token(
+            token,
+            namespace=PLUGIN_NS,
+            pod_name=pod["metadata"]["name"],
+            pod_uid=pod["metadata"]["uid"],
+            service_account=service_account,
+            node_name=node,
+        )
+        path = self.tmp / f"{token}.txt"
+        path.write_text(token + "\n")
+        return path
+
+    # -- callers -----------------------------------------------------------------------------
+
+    def mtls_client(self, cn: str, **kw: Any) -> RefitClient:
+        """A refit client presenting a client certificate with subject CN ``cn`` (no token)."""
+        pair = self.tls.client(cn)
+        config = RefitClientConfig(
+            endpoint=self.cluster,
+            ca_file=str(self.tls.ca_file),
+            client_cert_file=str(pair.cert_file),
+            client_key_file=str(pair.key_file),
+            token_file=None,
+            **kw,
+        )
+        return RefitClient(config)
+
+    def token_client(self, token_file: Path | str) -> RefitClient:
+        """A refit client sending a ServiceAccount token (no client certificate)."""
+        return RefitClient(
+            RefitClientConfig(endpoint=self.cluster, ca_file=str(self.tls.ca_file), token_file=str(token_file))
+        )
+
+    async def post_raw(self, body: bytes | None, cn: str = "system:node:n1") -> tuple[int, str]:
+        """POST raw bytes to /refit with a node client certificate: (status, text)."""
+        pair = self.tls.client(cn)
+        ctx = client_ssl_context(self.tls.ca_file, cert_file=pair.cert_file, key_file=pair.key_file)
+        async with self.session.post(self.cluster + "/refit", data=body, ssl=ctx) as resp:
+            return resp.status, await resp.text()
+
+    def annotations(self, name: str, namespace: str = "default") -> dict[str, str]:
+        """The pod's current annotations on the API server."""
+        obj = self.server.get("Pod", namespace, name)
+        assert obj is not None
+        return obj["metadata"].get("annotations") or {}
+
+    def events(self, reason: str, namespace: str = "default") -> list[dict[str, Any]]:
+        """Events with ``reason``."""
+        return [e for e in self.server.list("Event", namespace) if e.get("reason") == reason]
+
+
+def request(
+    pod: dict[str, Any], node: str, index: int, allowed: Sequence[str], name: str = "", device_type: str = NVIDIA
+) -> RefitRequest:
+    """A refit request for ``pod`` (UID, namespace, name from the stored object)."""
+    meta = pod["metadata"]
+    return RefitRequest(
+        pod_uid=meta["uid"],
+        pod_namespace=meta["namespace"],
+        pod_name=meta["name"],
+        node_name=node,
+        container_index=index,
+        container_name=name,
+        device_type=device_type,
+        allowed_device_uuids=tuple(allowed),
+    )
+
+
+@contextlib.asynccontextmanager
+async def refit_env(
+    tls: TLSFiles,
+    tmp: Path,
+    *,
+    methods: Sequence[str] = ("mtls", "token"),
+    client_ca: bool = True,
+    patch_timeout: float = 2.0,
+    sync_wait: float = 2.0,
+    start: bool = True,
+    settings: SchedulerSettings | None = None,
+) -> AsyncIterator[Env]:
+    """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit."""
+    async with ApiServer() as server:
+        kube = await connect(api_server=server.url, request_timeout=5.0)
+        scheduler = Scheduler(kube, settings=settings or SchedulerSettings(gpu_policy="binpack"))
+        server_tls = server_ssl_context(tls.server.cert_file, tls.server.key_file, tls.ca_file if client_ca else None)
+        auth = RefitAuthenticator(
+            methods,
+            kube=kube,
+            verifies_client_certs=server_tls.verifies_clients,
+            device_plugin_namespace=PLUGIN_NS,
+            device_plugin_service_account=PLUGIN_SA,
+        )
+        routes = refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
+        runners: list[web.AppRunner] = []
+        task: asyncio.Task[None] | None = None
+        try:
+            cl_runner, cl_port = await serve(cluster_app(scheduler, [routes]), "127.0.0.1:0", server_tls.context)
+            ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
+            runners += [cl_runner, ext_runner]
+            if start:
+                task = asyncio.create_task(scheduler.run())
+                async with asyncio.timeout(10):
+                    await scheduler.pods.wait_synced()
+                    await scheduler.nodes.wait_synced()
+                    await scheduler.quotas.wait_synced()
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+                yield Env(
+                    server,
+                    kube,
+                    scheduler,
+                    tls,
+                    f"https://localhost:{cl_port}",
+                    f"http://127.0.0.1:{ext_port}",
+                    session,
+                    tmp,
+                )
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for runner in runners:
+                await runner.cleanup()
+            await scheduler.close()
+            await kube.close()

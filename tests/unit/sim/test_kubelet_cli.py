@@ -1,0 +1,43 @@
+"""`hamid sim kubelet` argument handling (the serving path is covered by the integration tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from hamid.cli import cli
+from hamid.sim.kubelet_cli import load_machine
+
+
+def test_help_explains_options() -> None:
+    result = CliRunner().invoke(cli, ["sim", "kubelet", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--api-server", "--node-name", "--machine-file", "--root", "--topology-policy"):
+        assert flag in result.output
+
+
+def test_bad_machine_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "m.yaml"
+    bad.write_text("numaNodes: []\n")
+    args = [
+        "sim",
+        "kubelet",
+        "--api-server",
+        "http://127.0.0.1:1",
+        "--node-name",
+        "n",
+        "--root",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(cli, [*args, "--machine-file", str(bad)])
+    assert result.exit_code == 1
+    assert "'numaNodes' must be a non-empty list" in result.output
+    result = CliRunner().invoke(cli, [*args, "--machine-file", "sample:nope"])
+    assert "unknown sample machine 'nope'" in result.output
+    result = CliRunner().invoke(cli, [*args, "--machine-file", "sample:1numa-2gpu", "--topology-policy", "x"])
+    assert result.exit_code == 2
+
+
+def test_sample_prefix() -> None:
+    assert load_machine("sample:2numa-8gpu").numa_ids == [0, 1]
