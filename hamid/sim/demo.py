@@ -1,13 +1,657 @@
-"""`hamid demo` command (not built yet)."""
+"""`hamid demo`: the NUMA-alignment flow end to end in one process, on the embedded defaults.
+
+Each scenario starts a :class:`~hamid.sim.cluster.SimCluster` (embedded API server, scheduler with
+TLS and ``/refit``, plugin, simulated kubelet with ``single-numa-node`` and the static CPU manager,
+kube-scheduler driver), prepares the node so that kubelet *must* place the pod's CPUs on the NUMA
+node the scheduler did not pick, creates the seed's pod and checks the expected outcome.
+
+The stage is the same in every scenario: the demo node reserves CPUs 0-1 (NUMA 0) and 16 (NUMA 1),
+so NUMA 0 has 14 free CPUs and NUMA 1 has 15; a Guaranteed ``cpu-batch`` pod asking for 15 CPUs can
+only go to NUMA 1, which leaves the seed pod's 8 CPUs no choice but NUMA 0, while the scheduler's
+GPU policy (spread, NUMA-blind) picks a GPU on NUMA 1.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 import click
 
-from hamid.options import not_built
+from hamid import log as hamid_log
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
+from hamid.plugin.discovery import PhysicalGpu
+from hamid.sim.cluster import (
+    DEMO_MACHINE,
+    DEMO_MIG_MACHINE,
+    ClusterOptions,
+    NodeSpec,
+    SimCluster,
+    data_file,
+)
+from hamid.sim.kubelet import PodAdmission
+from hamid.sim.machine import load_machine_file
+
+NODE = "node-1"
+SEED_NAME = "numa-aligned"
+FILLER_NAME = "cpu-batch"
+HETERO_MACHINE = "demo-hetero-node.yaml"
+SCENARIOS = (
+    "refit",
+    "strict-failure",
+    "refit-disabled",
+    "pinned-uuid",
+    "heterogeneous",
+    "mig-node",
+    "numa-bind",
+)
+DEFAULT_SCENARIO = "refit"
+_SETTLE_S = 15.0
+
+
+@dataclass
+class Check:
+    """One verified expectation."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class ScenarioResult:
+    """What one scenario did and whether the expected outcome happened."""
+
+    scenario: str
+    expected: str
+    timeline: list[tuple[str, str]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every check held (and there was at least one)."""
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def step(self, title: str, text: str) -> None:
+        """Add a timeline entry."""
+        self.timeline.append((title, text))
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        """Record an expectation; returns ``ok``."""
+        self.checks.append(Check(name, bool(ok), detail))
+        return bool(ok)
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable result."""
+        return {
+            "scenario": self.scenario,
+            "ok": self.ok,
+            "expected": self.expected,
+            "timeline": [{"step": t, "text": x} for t, x in self.timeline],
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+            **self.facts,
+        }
+
+
+# -- pods ----------------------------------------------------------------------------------------
+
+
+def seed_pod(
+    name: str = SEED_NAME,
+    alignment: str = "best-effort",
+    *,
+    gpus: int = 1,
+    gpumem: int | None = 20000,
+    gpumem_percentage: int | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The seed document's pod (cpu 8, memory 8Gi, one GPU with 20000 MiB) with variations."""
+    limits: dict[str, Any] = {"cpu": "8", "memory": "8Gi", "nvidia.com/gpu": gpus}
+    if gpumem is not None:
+        limits["nvidia.com/gpumem"] = gpumem
+    if gpumem_percentage is not None:
+        limits["nvidia.com/gpumem-percentage"] = gpumem_percentage
+    notes = {ann.NUMA_ALIGNMENT: alignment} if alignment else {}
+    notes.update(annotations or {})
+    return {
+        "metadata": {"name": name, "namespace": "default", "annotations": notes},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "ubuntu:22.04",
+                    "command": ["sleep", "infinity"],
+                    "resources": {"limits": limits},
+                }
+            ]
+        },
+    }
+
+
+def filler_pod(node: str = NODE, cpus: int = 15, name: str = FILLER_NAME) -> dict[str, Any]:
+    """A Guaranteed CPU-only pod bound to ``node`` (its exclusive CPUs fill one NUMA node)."""
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "batch",
+                    "image": "busybox",
+                    "resources": {"limits": {"cpu": str(cpus), "memory": "16Gi"}},
+                }
+            ],
+        },
+    }
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _uuids(devices: PodDevices | None, container: int = 0) -> list[str]:
+    if not devices or container >= len(devices):
+        return []
+    return [d.uuid for d in devices[container]]
+
+
+def _fmt(uuids: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(uuids) if uuids else "-"
+
+
+def _numas(cluster: SimCluster, uuids: list[str] | tuple[str, ...], node: str = NODE) -> list[int | None]:
+    table = cluster.gpu_numa(node)
+    return sorted({table.get(u) for u in uuids}, key=lambda n: -1 if n is None else n)
+
+
+async def _stage(cluster: SimCluster, result: ScenarioResult, node: str = NODE) -> int:
+    """Fill one NUMA node's CPUs with ``cpu-batch``; returns that NUMA node."""
+    result.step("node", f"{node}: " + cluster.machine(node).describe().replace("\n", " | "))
+    await cluster.create_pod(filler_pod(node))
+    await cluster.wait_settled(FILLER_NAME)
+    admission = cluster.assignment(FILLER_NAME)
+    filler = admission.containers[0] if admission and admission.containers else None
+    numa = filler.numa_node if filler is not None else None
+    cpus = ", ".join(str(c) for c in sorted(filler.cpus)) if filler else "-"
+    result.step(
+        "cpu-batch", f"Guaranteed pod with 15 CPUs (no GPU): kubelet pins CPUs [{cpus}] on NUMA {numa}"
+    )
+    return -1 if numa is None else numa
+
+
+def _kubelet_step(result: ScenarioResult, admission: PodAdmission | None) -> PodAdmission | None:
+    if admission is None:
+        result.step("kubelet", "no admission recorded")
+        return None
+    if not admission.admitted:
+        result.step("kubelet", f"rejected the pod: {admission.reason}: {admission.message}")
+        return admission
+    c = admission.containers[0]
+    available = c.preferred_calls[0].available if c.preferred_calls else ()
+    result.step(
+        "kubelet",
+        f"Topology Manager ({admission.topology_policy}) chose NUMA {c.numa_node}; static CPU manager gave "
+        f"CPUs {_cpu_text(c.cpus)}; GetPreferredAllocation offered {len(available)} replicas, all on "
+        f"NUMA {c.numa_node}",
+    )
+    return admission
+
+
+def _cpu_text(cpus: frozenset[int]) -> str:
+    ordered = sorted(cpus)
+    if not ordered:
+        return "-"
+    runs: list[str] = []
+    start = prev = ordered[0]
+    for cpu in [*ordered[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(runs)
+
+
+def _events_step(cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME) -> list[dict[str, Any]]:
+    events = [
+        e
+        for e in cluster.events(name)
+        if e.get("reason") in (R.EVENT_NUMA_REFIT_SUCCEED, R.EVENT_NUMA_REFIT_FAILED)
+    ]
+    for e in events:
+        result.step("event", f"{e.get('type')}  {e.get('reason')}  {e.get('message')}")
+    if not events:
+        result.step("event", "no NumaRefit event")
+    return events
+
+
+def _refit_step(cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME) -> list[Any]:
+    calls = cluster.refit_calls(name)
+    for call in calls:
+        text = (
+            f"plugin: annotated [{_fmt(call.annotated)}] has no replica in kubelet's set; "
+            f"POST /refit container {call.container_index} allowed [{_fmt(call.allowed)}] -> {call.outcome}"
+        )
+        if call.devices:
+            text += f" [{_fmt(call.devices)}]"
+        if call.error:
+            text += f" ({call.error})"
+        result.step("refit", text)
+    if not calls:
+        result.step("refit", "plugin sent no refit request")
+    return calls
+
+
+def _final_state(cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME) -> dict[str, Any]:
+    """Record runtime GPU, annotations and accounting of the pod's first container."""
+    admission = cluster.assignment(name)
+    env = admission.containers[0].env if admission and admission.containers else {}
+    runtime = [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+    allocated = _uuids(cluster.allocated(name))
+    pending = [v for v in cluster.annotation_history(name, ann.DEVICES_TO_ALLOCATE) if v.strip(";")]
+    to_allocate = _uuids(ann.decode_pod_devices(pending[-1])) if pending else []
+    reservation = cluster.reservation(name)
+    accounting = _uuids(reservation.layout) if reservation is not None else []
+    cpu_numa = admission.containers[0].numa_node if admission and admission.containers else None
+    state = {
+        "phase": (cluster.pod(name).get("status") or {}).get("phase"),
+        "bindPhase": cluster.annotations(name).get(ann.BIND_PHASE),
+        "cpuNuma": cpu_numa,
+        "cpus": _cpu_text(admission.containers[0].cpus) if admission and admission.containers else "",
+        "runtimeGpus": runtime,
+        "allocatedAnnotation": allocated,
+        "toAllocateAnnotation": to_allocate,
+        "accounting": accounting,
+        "env": {k: v for k, v in env.items() if not k.endswith("SHARED_CACHE")},
+    }
+    result.facts["final"] = state
+    return state
+
+
+def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
+    node_obj = cluster.server.get("Node", None, node) or {}
+    return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _node_usage_empty_except(cluster: SimCluster, node: str, keep: set[str]) -> bool:
+    snapshot = cluster.scheduler.state.snapshot().get(node, {})
+    return all(used == (0, 0, 0) for uuid, used in snapshot.items() if uuid not in keep)
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+
+async def _aligned_run(result: ScenarioResult, options: ClusterOptions, pod: dict[str, Any]) -> None:
+    """Shared body of the scenarios whose refit must succeed (refit, numa-bind)."""
+    async with SimCluster(options) as cluster:
+        blocked = await _stage(cluster, result)
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+        choice_numa = _numas(cluster, choice)
+        result.step(
+            "scheduler", f"filter + bind: {NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}"
+        )
+        admission = _kubelet_step(result, cluster.assignment(SEED_NAME))
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.step("allocate", "env " + json.dumps(state["env"], sort_keys=True))
+        cpu_numa = state["cpuNuma"]
+        result.check(
+            "kubelet had to use the other NUMA node",
+            admission is not None
+            and cpu_numa is not None
+            and choice_numa == [blocked]
+            and cpu_numa != blocked,
+            f"scheduler NUMA {choice_numa}, CPUs NUMA {cpu_numa}, CPU-full NUMA {blocked}",
+        )
+        refitted = [c for c in calls if c.outcome == "refitted"]
+        result.check(
+            "one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)"
+        )
+        new = list(refitted[0].devices) if refitted else []
+        message = f"NUMA refit moved container 0 from [{', '.join(choice)}] to [{', '.join(new)}]"
+        result.facts["event"] = message
+        result.check(
+            "NumaRefitSucceed event with the exact message",
+            any(
+                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
+            ),
+            message,
+        )
+        _agreement_checks(cluster, result, state, new, cpu_numa)
+
+
+def _agreement_checks(
+    cluster: SimCluster, result: ScenarioResult, state: dict[str, Any], new: list[str], cpu_numa: int | None
+) -> None:
+    result.check("pod Running", state["phase"] == "Running", str(state["phase"]))
+    agree = (
+        bool(new)
+        and sorted(state["runtimeGpus"]) == sorted(new)
+        and state["allocatedAnnotation"] == new
+        and state["toAllocateAnnotation"] == new
+        and state["accounting"] == new
+    )
+    result.check(
+        "runtime GPU == both annotations == scheduler accounting",
+        agree,
+        f"runtime {state['runtimeGpus']}, allocated {state['allocatedAnnotation']}, "
+        f"to-allocate {state['toAllocateAnnotation']}, accounting {state['accounting']}",
+    )
+    numas = _numas(cluster, new)
+    result.check("GPU on the CPUs' NUMA node", numas == [cpu_numa], f"GPU NUMA {numas}, CPU NUMA {cpu_numa}")
+    result.step(
+        "check",
+        f"runtime {_fmt(state['runtimeGpus'])} == allocated == to-allocate == accounting; "
+        f"GPU NUMA {_fmt_numa(numas)} == CPU NUMA {cpu_numa}: {'OK' if result.ok else 'FAILED'}",
+    )
+
+
+def _fmt_numa(numas: list[int | None]) -> str:
+    return ",".join("?" if n is None else str(n) for n in numas) or "-"
+
+
+def _pod_text(pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    notes = ", ".join(f"{k}: {v}" for k, v in meta.get("annotations", {}).items())
+    return f"created {meta['name']} ({notes}; limits {json.dumps(limits, sort_keys=True)})"
+
+
+async def scenario_refit() -> ScenarioResult:
+    """best-effort: the refit moves the allocation onto the CPUs' NUMA node."""
+    result = ScenarioResult(
+        "refit", "refit succeeds; runtime GPU == annotations == accounting on the CPUs' NUMA"
+    )
+    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), seed_pod())
+    return result
+
+
+async def scenario_numa_bind() -> ScenarioResult:
+    """numa-bind + best-effort: two GPUs refitted together onto the CPUs' NUMA node."""
+    result = ScenarioResult("numa-bind", "2 GPUs with numa-bind refitted together onto the CPUs' NUMA node")
+    pod = seed_pod(gpus=2, annotations={ann.NUMA_BIND: "true"})
+    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod)
+    return result
+
+
+async def _refused_run(
+    result: ScenarioResult,
+    options: ClusterOptions,
+    pod: dict[str, Any],
+    *,
+    strict: bool,
+    refit_enabled: bool = True,
+    reason_text: str = "",
+    node: str = NODE,
+) -> None:
+    """Shared body of the scenarios where the allocation cannot be aligned."""
+    async with SimCluster(options) as cluster:
+        blocked = await _stage(cluster, result, node)
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+        choice_numa = _numas(cluster, choice, node)
+        result.step(
+            "scheduler", f"filter + bind: {node}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}"
+        )
+        admission = _kubelet_step(result, cluster.assignment(SEED_NAME))
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        cpu_numa = state["cpuNuma"]
+        result.check(
+            "kubelet had to use the other NUMA node",
+            choice_numa == [blocked] and (cpu_numa is None or cpu_numa != blocked),
+            f"scheduler NUMA {choice_numa}, CPUs NUMA {cpu_numa}, CPU-full NUMA {blocked}",
+        )
+        if refit_enabled:
+            failed = [e for e in events if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED]
+            result.check(
+                "refit refused (NumaRefitFailed)",
+                len(calls) == 1 and bool(failed) and reason_text in str(failed[0].get("message")),
+                str(failed[0].get("message")) if failed else "no NumaRefitFailed event",
+            )
+        else:
+            result.check(
+                "no refit request sent (refit disabled)",
+                len(calls) == 1 and calls[0].outcome == "kept" and not events,
+                f"{len(calls)} mismatch(es), events {len(events)}",
+            )
+        result.check(
+            "annotations unchanged", state["allocatedAnnotation"] == choice, str(state["allocatedAnnotation"])
+        )
+        if strict:
+            result.check(
+                "allocation failed: pod Failed, bind-phase failed, node lock released",
+                state["phase"] == "Failed"
+                and state["bindPhase"] == ann.BIND_PHASE_FAILED
+                and _lock_free(cluster, node)
+                and admission is not None
+                and not admission.admitted,
+                f"phase {state['phase']}, bind-phase {state['bindPhase']}, lock free {_lock_free(cluster, node)}",
+            )
+            result.check(
+                "no GPU held after the failure",
+                state["accounting"] == [] and _node_usage_empty_except(cluster, node, set()),
+                f"accounting {state['accounting']}",
+            )
+            result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
+        else:
+            runtime_numas = _numas(cluster, state["runtimeGpus"], node)
+            result.check(
+                "pod Running on kubelet's choice",
+                state["phase"] == "Running" and runtime_numas == [cpu_numa],
+                f"phase {state['phase']}, runtime {state['runtimeGpus']} NUMA {runtime_numas}",
+            )
+            result.step(
+                "allocate",
+                f"kubelet's choice kept: runtime GPU [{_fmt(state['runtimeGpus'])}] on NUMA "
+                f"{_fmt_numa(runtime_numas)}; annotation still [{_fmt(state['allocatedAnnotation'])}]",
+            )
+
+
+async def scenario_strict_failure() -> ScenarioResult:
+    """strict: the refit is refused (the pod's own policy excludes every allowed GPU) → allocation fails."""
+    result = ScenarioResult("strict-failure", "refit refused; strict fails the allocation (pod Failed)")
+    banned = ",".join(g.uuid for g in data_machine_gpus() if g.numa == 0)  # all GPUs kubelet may use
+    pod = seed_pod(alignment="strict", annotations={ann.NOUSE_GPU_UUID: banned})
+    await _refused_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod, strict=True)
+    return result
+
+
+async def scenario_refit_disabled() -> ScenarioResult:
+    """Refit not deployed: strict only logs at error level; kubelet's choice runs, annotations unchanged."""
+    result = ScenarioResult(
+        "refit-disabled", "no refit request; strict only logs at error; pod runs on kubelet's choice"
+    )
+    options = ClusterOptions(nodes=(NodeSpec(NODE),), refit=False)
+    await _refused_run(result, options, seed_pod(alignment="strict"), strict=False, refit_enabled=False)
+    return result
+
+
+async def scenario_pinned_uuid() -> ScenarioResult:
+    """A pod pinned with use-gpuuuid to a GPU outside kubelet's set: refused, best-effort keeps kubelet's pick."""
+    result = ScenarioResult(
+        "pinned-uuid", "refit refused (pinned GPU not allowed); best-effort runs on kubelet's choice"
+    )
+    pinned = next(g.uuid for g in data_machine_gpus() if g.numa == 1)
+    pod = seed_pod(annotations={ann.USE_GPU_UUID: pinned})
+    await _refused_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod, strict=False, reason_text="pin")
+    return result
+
+
+async def scenario_heterogeneous() -> ScenarioResult:
+    """Percentage request on mixed GPUs books differing MiB per GPU: the refit is refused."""
+    result = ScenarioResult(
+        "heterogeneous", "refit refused (differing per-device amounts); best-effort runs on kubelet's choice"
+    )
+    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
+    pod = seed_pod(gpus=2, gpumem=None, gpumem_percentage=25)
+    await _refused_run(result, options, pod, strict=False, reason_text="heterogeneous")
+    return result
+
+
+async def scenario_mig_node() -> ScenarioResult:
+    """A node in MIG operating mode never takes part in refit (nor does the scheduler place vGPUs there)."""
+    result = ScenarioResult(
+        "mig-node", "no refit on a MIG-mode node; the allocation is refused, never refitted"
+    )
+    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),))
+    async with SimCluster(options) as cluster:
+        blocked = await _stage(cluster, result)
+        probe = seed_pod(name="probe")
+        await cluster.create_pod(probe)
+        await cluster.wait_pod(
+            "probe",
+            lambda _p: bool(cluster.events("probe", reason=R.EVENT_FILTERING_FAILED)),
+            what="FilteringFailed",
+        )
+        failed = cluster.events("probe", reason=R.EVENT_FILTERING_FAILED)
+        result.step("scheduler", f"probe pod: {failed[0].get('message') if failed else '-'}")
+        result.check("scheduler does not place vGPU pods on a MIG-mode node", bool(failed))
+        await cluster.delete_pod("probe")
+        gpu = next(g for g in cluster.machine(NODE).gpus if g.numa == blocked)
+        pod = _preassigned_pod(seed_pod(), NODE, gpu.uuid, 20000)
+        await cluster.kube.create_pod({"apiVersion": "v1", "kind": "Pod", **pod})
+        result.step(
+            "pod",
+            f"created {SEED_NAME} already bound to {NODE} with GPU [{gpu.uuid}] on NUMA {gpu.numa} "
+            "(as a MIG-aware HAMi scheduler would annotate it)",
+        )
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        _kubelet_step(result, cluster.assignment(SEED_NAME))
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.check("no refit request", not calls, f"{len(calls)} refit call(s)")
+        result.check("no NumaRefit event", not events)
+        result.check(
+            "annotations unchanged",
+            state["allocatedAnnotation"] == [gpu.uuid],
+            str(state["allocatedAnnotation"]),
+        )
+        result.check("pod not run with a refitted GPU", state["phase"] == "Failed", str(state["phase"]))
+    return result
+
+
+def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dict[str, Any]:
+    """``pod`` bound to ``node`` with allocation annotations for one GPU (node lock not taken)."""
+    encoded = ann.encode_pod_devices(((ContainerDevice(uuid, NVIDIA, mem, 0),),))
+    notes = dict(pod["metadata"]["annotations"])
+    notes.update(
+        {
+            ann.VGPU_NODE: node,
+            ann.DEVICES_ALLOCATED: encoded,
+            ann.DEVICES_TO_ALLOCATE: encoded,
+            ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING,
+            ann.BIND_TIME: "1700000000",
+        }
+    )
+    return {
+        "metadata": {**pod["metadata"], "annotations": notes},
+        "spec": {**pod["spec"], "nodeName": node, "schedulerName": "hami-scheduler"},
+    }
+
+
+def data_machine_gpus() -> list[PhysicalGpu]:
+    """The GPUs of the demo node's machine file."""
+    return list(load_machine_file(data_file(DEMO_MACHINE)).gpus)
+
+
+RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
+    "refit": scenario_refit,
+    "strict-failure": scenario_strict_failure,
+    "refit-disabled": scenario_refit_disabled,
+    "pinned-uuid": scenario_pinned_uuid,
+    "heterogeneous": scenario_heterogeneous,
+    "mig-node": scenario_mig_node,
+    "numa-bind": scenario_numa_bind,
+}
+
+
+async def run_scenario(name: str) -> ScenarioResult:
+    """Run one scenario; an unexpected error becomes a failed check (never a traceback on stdout)."""
+    try:
+        async with asyncio.timeout(60):
+            return await RUNNERS[name]()
+    except (TimeoutError, Exception) as exc:
+        result = ScenarioResult(name, "scenario ran to completion")
+        result.check("scenario ran to completion", False, f"{type(exc).__name__}: {exc}")
+        return result
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def render(result: ScenarioResult) -> str:
+    """The readable timeline of one scenario."""
+    lines = [f"== scenario {result.scenario}: expect {result.expected}"]
+    width = max((len(t) for t, _ in result.timeline), default=0)
+    for i, (title, text) in enumerate(result.timeline, 1):
+        lines.append(f"{i:2d}. {title.ljust(width)}  {text}")
+    for c in result.checks:
+        lines.append(
+            f"    [{'ok' if c.ok else 'FAIL'}] {c.name}" + (f": {c.detail}" if c.detail and not c.ok else "")
+        )
+    lines.append(f"== {result.scenario}: {'PASS' if result.ok else 'FAIL'}")
+    return "\n".join(lines)
 
 
 @click.command("demo")
-def demo_command() -> None:
-    """Not built yet."""
-    raise not_built("demo")
+@click.option(
+    "--scenario",
+    type=click.Choice([*SCENARIOS, "all"]),
+    default=DEFAULT_SCENARIO,
+    show_default=True,
+    help="Which row of the NUMA-alignment behaviour to run (all: every scenario in turn).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON result object instead of the timeline.")
+@click.pass_context
+def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
+    """Run the NUMA-alignment flow locally: no cluster, no GPU, a few seconds.
+
+    Embedded API server, scheduler (TLS, authenticated /refit), plugin (8 GPUs on 2 NUMA nodes),
+    simulated kubelet (single-numa-node, static CPU manager) and a kube-scheduler driver, in one
+    process. Exits 0 only when the scenario's expected outcome happened. Component logs go to
+    stderr (warning level unless --log-level is given to hamid).
+    """
+    _quiet_logs(ctx)
+    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    results = asyncio.run(_run_all(names))
+    ok = all(r.ok for r in results)
+    if as_json:
+        if scenario == "all":
+            click.echo(json.dumps({"ok": ok, "scenarios": [r.to_json() for r in results]}))
+        else:
+            click.echo(json.dumps(results[0].to_json()))
+    else:
+        click.echo("\n\n".join(render(r) for r in results))
+    sys.stdout.flush()
+    ctx.exit(0 if ok else 1)
+
+
+async def _run_all(names: list[str]) -> list[ScenarioResult]:
+    return [await run_scenario(n) for n in names]
+
+
+def _quiet_logs(ctx: click.Context) -> None:
+    """Warning-level component logs unless the user chose a level (flag or HAMID_LOG_LEVEL)."""
+    parent = ctx.parent
+    if parent is None:
+        hamid_log.configure("auto", "warning")
+        return
+    source = parent.get_parameter_source("log_level")
+    if source in (None, click.core.ParameterSource.DEFAULT):
+        hamid_log.configure(parent.params.get("log_format") or "auto", "warning")
