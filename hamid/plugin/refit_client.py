@@ -149,7 +149,12 @@ class RefitClient:
                     raise RefitError("redirects are not permitted for refit requests")
                 if resp.status != 200:
                     raise RefitError(f"scheduler refit returned status {resp.status}")
-                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = bytearray()
+                while len(raw) <= MAX_RESPONSE_BYTES:
+                    chunk = await resp.content.read(MAX_RESPONSE_BYTES + 1 - len(raw))
+                    if not chunk:
+                        break
+                    raw += chunk
         except aiohttp.ClientError as exc:
             raise RefitError(f"scheduler refit request failed: {type(exc).__name__}: {exc}") from exc
         if len(raw) > MAX_RESPONSE_BYTES:

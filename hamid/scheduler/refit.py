@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,10 +99,21 @@ class RefitMetrics:
             registry=registry,
         )
 
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> RefitMetrics:
+        """The refit metrics registered in ``registry`` (created once per registry)."""
+        metrics = _METRICS.get(registry)
+        if metrics is None:
+            metrics = _METRICS[registry] = cls(registry)
+        return metrics
+
     def observe(self, outcome: str, reason: str, seconds: float) -> None:
         """Count one answered refit."""
         self.total.labels(outcome, reason).inc()
         self.seconds.labels(outcome).observe(seconds)
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, RefitMetrics] = weakref.WeakKeyDictionary()
 
 
 def splice_entry(raw: str, index: int, entry: str, what: str) -> str:
@@ -145,7 +157,7 @@ class RefitService:
         self.auth = authenticator
         self.patch_timeout = patch_timeout
         self.sync_wait = sync_wait
-        self.metrics = metrics or RefitMetrics(scheduler.metrics.registry)
+        self.metrics = metrics or RefitMetrics.of(scheduler.metrics.registry)
 
     def register(self, app: web.Application) -> None:
         """Add ``POST /refit`` to ``app`` (a :data:`~hamid.scheduler.http.RouteRegistrar`)."""

@@ -682,8 +682,16 @@ class SimCluster:
         return decode_pod_devices(values[0]) if values else None
 
     def assignment(self, name: str, namespace: str = "default") -> PodAdmission | None:
-        """The kubelet's recorded decision for the pod (CPUs, NUMA node, devices, Allocate env)."""
-        return read_assignment(self.pod(name, namespace))
+        """The kubelet's decision for the pod (CPUs, NUMA node, devices, Allocate env, or the rejection).
+
+        Read from the pod's assignment annotation, else from its kubelet's records (rejections).
+        """
+        pod = self.pod(name, namespace)
+        recorded = read_assignment(pod)
+        if recorded is not None:
+            return recorded
+        node = self.nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+        return None if node is None else node.kubelet.admission(namespace, name)
 
     def annotations(self, name: str, namespace: str = "default") -> dict[str, str]:
         """The pod's annotations."""
@@ -713,6 +721,12 @@ class SimCluster:
         """The scheduler's in-memory reservation of the pod (its accounting), if any."""
         uid = str((self.pod(name, namespace).get("metadata") or {}).get("uid") or "")
         return self.scheduler.state.reservation(uid)
+
+    def scheduling_failures(self, name: str, namespace: str = "default") -> list[str]:
+        """Errors of the kube-scheduler driver's failed attempts for the pod (unschedulable, extender errors)."""
+        if self._driver is None:
+            return []
+        return [a.error for a in self._driver.attempts_for(namespace, name) if a.error]
 
     def refit_calls(self, name: str | None = None, namespace: str = "default") -> list[RefitCall]:
         """Refit seam calls the plugins made (for one pod when ``name`` is given)."""

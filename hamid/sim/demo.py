@@ -34,6 +34,7 @@ from hamid.sim.cluster import (
     NodeSpec,
     SimCluster,
     data_file,
+    wait_until,
 )
 from hamid.sim.kubelet import PodAdmission
 from hamid.sim.machine import load_machine_file
@@ -275,6 +276,15 @@ def _final_state(cluster: SimCluster, result: ScenarioResult, name: str = SEED_N
     return state
 
 
+async def _released(cluster: SimCluster, name: str = SEED_NAME) -> bool:
+    """Wait (bounded) until the scheduler has dropped the pod's reservation."""
+    try:
+        await wait_until(lambda: cluster.reservation(name) is None, 5.0, "reservation released")
+    except TimeoutError:
+        return False
+    return True
+
+
 def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
     node_obj = cluster.server.get("Node", None, node) or {}
     return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
@@ -319,7 +329,7 @@ async def _aligned_run(result: ScenarioResult, options: ClusterOptions, pod: dic
             "one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)"
         )
         new = list(refitted[0].devices) if refitted else []
-        message = f"NUMA refit moved container 0 from [{', '.join(choice)}] to [{', '.join(new)}]"
+        message = refit_event_message(0, choice, new)
         result.facts["event"] = message
         result.check(
             "NumaRefitSucceed event with the exact message",
@@ -329,6 +339,11 @@ async def _aligned_run(result: ScenarioResult, options: ClusterOptions, pod: dic
             message,
         )
         _agreement_checks(cluster, result, state, new, cpu_numa)
+
+
+def refit_event_message(index: int, old: list[str], new: list[str]) -> str:
+    """The exact ``NumaRefitSucceed`` message (UUID lists rendered like Go's ``%v`` of a []string)."""
+    return f"NUMA refit moved container {index} from [{' '.join(old)}] to [{' '.join(new)}]"
 
 
 def _agreement_checks(
@@ -433,6 +448,7 @@ async def _refused_run(
             "annotations unchanged", state["allocatedAnnotation"] == choice, str(state["allocatedAnnotation"])
         )
         if strict:
+            released = await _released(cluster)
             result.check(
                 "allocation failed: pod Failed, bind-phase failed, node lock released",
                 state["phase"] == "Failed"
@@ -440,12 +456,13 @@ async def _refused_run(
                 and _lock_free(cluster, node)
                 and admission is not None
                 and not admission.admitted,
-                f"phase {state['phase']}, bind-phase {state['bindPhase']}, lock free {_lock_free(cluster, node)}",
+                f"phase {state['phase']}, bind-phase {state['bindPhase']}, "
+                f"lock free {_lock_free(cluster, node)}",
             )
             result.check(
                 "no GPU held after the failure",
-                state["accounting"] == [] and _node_usage_empty_except(cluster, node, set()),
-                f"accounting {state['accounting']}",
+                released and _node_usage_empty_except(cluster, node, set()),
+                f"reservation released: {released}",
             )
             result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
         else:
@@ -482,7 +499,7 @@ async def scenario_refit_disabled() -> ScenarioResult:
 
 
 async def scenario_pinned_uuid() -> ScenarioResult:
-    """A pod pinned with use-gpuuuid to a GPU outside kubelet's set: refused, best-effort keeps kubelet's pick."""
+    """Pinned (use-gpuuuid) to a GPU outside kubelet's set: refused; best-effort keeps kubelet's pick."""
     result = ScenarioResult(
         "pinned-uuid", "refit refused (pinned GPU not allowed); best-effort runs on kubelet's choice"
     )
@@ -495,11 +512,14 @@ async def scenario_pinned_uuid() -> ScenarioResult:
 async def scenario_heterogeneous() -> ScenarioResult:
     """Percentage request on mixed GPUs books differing MiB per GPU: the refit is refused."""
     result = ScenarioResult(
-        "heterogeneous", "refit refused (differing per-device amounts); best-effort runs on kubelet's choice"
+        "heterogeneous", "refit refused (differing per-device amounts); strict fails the allocation"
     )
+    # numa-bind makes the scheduler take both GPUs of one NUMA node: one 48 GB and one 96 GB card.
     options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
-    pod = seed_pod(gpus=2, gpumem=None, gpumem_percentage=25)
-    await _refused_run(result, options, pod, strict=False, reason_text="heterogeneous")
+    pod = seed_pod(
+        alignment="strict", gpus=2, gpumem=None, gpumem_percentage=25, annotations={ann.NUMA_BIND: "true"}
+    )
+    await _refused_run(result, options, pod, strict=True, reason_text="heterogeneous")
     return result
 
 

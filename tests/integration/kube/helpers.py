@@ -35,12 +35,16 @@ def node(name: str, **labels: str) -> dict[str, Any]:
     }
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``check`` until true; fail the test after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
-    assert check(), what
+async def eventually(check: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
+    """Poll ``check`` until true; fail the test after ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                if check():
+                    return
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"{what} not reached within {within}s") from None
 
 
 class Recorder:

@@ -40,7 +40,9 @@ async def test_sync_and_callbacks(kube: KubeClient) -> None:
         await kube.create_pod(pod("after"))
         await eventually(lambda: "default/after" in cache)
         await kube.patch_pod_metadata("default", "after", annotations={"x": "1"})
-        await eventually(lambda: (cache.get("default/after") or {}).get("metadata", {}).get("annotations") == {"x": "1"})
+        await eventually(
+            lambda: (cache.get("default/after") or {}).get("metadata", {}).get("annotations") == {"x": "1"}
+        )
         await kube.delete_pod("default", "after")
         await eventually(lambda: "default/after" not in cache)
         assert rec.kinds("default/after") == ["add", "update", "delete"]
@@ -69,7 +71,10 @@ async def test_records_are_trimmed(kube: KubeClient) -> None:
         assert record["kind"] == "Pod" and record["apiVersion"] == "v1"
         task.cancel()
     # The trim function itself, on a record carrying managedFields.
-    raw = {"metadata": {"name": "x", "managedFields": [{"manager": "kubectl"}]}, "status": {"phase": "Pending"}}
+    raw = {
+        "metadata": {"name": "x", "managedFields": [{"manager": "kubectl"}]},
+        "status": {"phase": "Pending"},
+    }
     assert trim_pod(raw) == {"metadata": {"name": "x"}, "status": {"phase": "Pending"}}
 
 

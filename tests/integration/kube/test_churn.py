@@ -99,12 +99,12 @@ async def test_churn_leaves_caches_equal_to_a_fresh_list(kube: KubeClient, apise
 
         def matches() -> bool:
             return (
-                {k: all_pods.get(k) for k in all_pods.keys()} == expected["all"]
-                and {k: on_n1.get(k) for k in on_n1.keys()} == expected["n1"]
-                and {k: nodes.get(k) for k in nodes.keys()} == expected["nodes"]
+                {k: all_pods.get(k) for k in all_pods} == expected["all"]
+                and {k: on_n1.get(k) for k in on_n1} == expected["n1"]
+                and {k: nodes.get(k) for k in nodes} == expected["nodes"]
             )
 
-        await eventually(matches, timeout=30, what="caches equal to a fresh list")
+        await eventually(matches, within=30, what="caches equal to a fresh list")
         assert len(expected["all"]) == PODS
         assert len(expected["n1"]) == PODS // 3
         # The callback-fed consumers are exact too.

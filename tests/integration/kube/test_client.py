@@ -218,7 +218,9 @@ async def test_unreachable_server_is_a_kube_error(unused_tcp_port: int) -> None:
         await client.close()
 
 
-async def test_connect_with_kubeconfig(apiserver: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_connect_with_kubeconfig(
+    apiserver: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = {
         "apiVersion": "v1",
         "kind": "Config",

@@ -53,7 +53,10 @@ async def test_repeats_are_aggregated(kube: KubeClient) -> None:
     # Another message is another Event.
     await recorder.record(target, "Warning", EVENT_FILTERING_FAILED, "still no node fits")
     events = await events_for(kube, "default", "again")
-    assert sorted((e["message"], e["count"]) for e in events) == [("no node fits", 3), ("still no node fits", 1)]
+    assert sorted((e["message"], e["count"]) for e in events) == [
+        ("no node fits", 3),
+        ("still no node fits", 1),
+    ]
 
 
 async def test_expired_event_starts_a_new_series(kube: KubeClient) -> None:

@@ -11,7 +11,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.leader import LeaderElector
 from tests.integration.kube.helpers import eventually
 
-FAST = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.1}
+FAST = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.1}
 
 
 def elector(kube: KubeClient, identity: str, log: list[str], **kwargs: Any) -> LeaderElector:
@@ -41,7 +41,7 @@ async def test_one_leader_then_failover_after_crash(kube: KubeClient) -> None:
         assert b.holder == "a"
         # a "crashes" (no release): b takes over once the lease expires.
         task_a.cancel()
-        await eventually(lambda: b.is_leader, timeout=15)
+        await eventually(lambda: b.is_leader, within=15)
         lease = await kube.get_lease("kube-system", "hamid-scheduler")
         assert lease["spec"]["holderIdentity"] == "b"
         assert lease["spec"]["leaseTransitions"] == 1
@@ -74,10 +74,10 @@ async def test_leader_steps_down_when_renewals_fail(kube: KubeClient, apiserver:
         task_a = tg.create_task(a.run())
         await eventually(lambda: a.is_leader)
         apiserver.faults.fail_next(100_000, path_pattern="/leases", status=500)
-        await eventually(lambda: not a.is_leader, timeout=15)
+        await eventually(lambda: not a.is_leader, within=15)
         assert log == ["a+", "a-"]
         apiserver.faults.clear()
-        await eventually(lambda: a.is_leader, timeout=15)
+        await eventually(lambda: a.is_leader, within=15)
         task_a.cancel()
     assert log == ["a+", "a-", "a+", "a-"]
 

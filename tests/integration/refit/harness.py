@@ -40,10 +40,20 @@ async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
-def gpu(uuid: str, numa: int = 0, mem: int = 40000, count: int = 10, mode: str = MODE_HAMI_CORE) -> DeviceInfo:
+def gpu(
+    uuid: str, numa: int = 0, mem: int = 40000, count: int = 10, mode: str = MODE_HAMI_CORE
+) -> DeviceInfo:
     """A healthy GPU record for a node register."""
     return DeviceInfo(
-        id=uuid, index=0, count=count, devmem=mem, devcore=100, type="NVIDIA-A100", numa=numa, mode=mode, health=True
+        id=uuid,
+        index=0,
+        count=count,
+        devmem=mem,
+        devcore=100,
+        type="NVIDIA-A100",
+        numa=numa,
+        mode=mode,
+        health=True,
     )
 
 
@@ -82,7 +92,10 @@ class Env:
             {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": name, "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)}},
+                "metadata": {
+                    "name": name,
+                    "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)},
+                },
                 "status": {"allocatable": {"nvidia.com/gpu": str(10 * len(devices))}},
             }
         )
@@ -128,9 +141,13 @@ class Env:
         uid = stored["metadata"]["uid"]
         rv = stored["metadata"]["resourceVersion"]
         await eventually(
-            lambda: self.scheduler.state.reservation(uid) is not None
-            and (self.scheduler.pods.get(f"{namespace}/{name}") or {}).get("metadata", {}).get("resourceVersion")
-            == rv
+            lambda: (
+                self.scheduler.state.reservation(uid) is not None
+                and (self.scheduler.pods.get(f"{namespace}/{name}") or {})
+                .get("metadata", {})
+                .get("resourceVersion")
+                == rv
+            )
         )
         return stored
 
@@ -146,13 +163,16 @@ class Env:
         )
 
     def plugin_pod(self, node: str, name: str | None = None) -> dict[str, Any]:
-        """A device-plugin pod on ``node`` in the plugin namespace."""
+        """The device-plugin pod on ``node`` in the plugin namespace (created when absent)."""
         name = name or f"hami-device-plugin-{node}"
+        existing = self.server.get("Pod", PLUGIN_NS, name)
+        if existing is not None:
+            return existing
         return self.server.put(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": PLUGIN_NS, "uid": f"uid-{name}"},
+                "metadata": {"name": name, "namespace": PLUGIN_NS},
                 "spec": {"nodeName": node, "serviceAccountName": PLUGIN_SA, "containers": [{"name": "p"}]},
                 "status": {"phase": "Running"},
             }
@@ -192,7 +212,9 @@ class Env:
     def token_client(self, token_file: Path | str) -> RefitClient:
         """A refit client sending a ServiceAccount token (no client certificate)."""
         return RefitClient(
-            RefitClientConfig(endpoint=self.cluster, ca_file=str(self.tls.ca_file), token_file=str(token_file))
+            RefitClientConfig(
+                endpoint=self.cluster, ca_file=str(self.tls.ca_file), token_file=str(token_file)
+            )
         )
 
     async def post_raw(self, body: bytes | None, cn: str = "system:node:n1") -> tuple[int, str]:
@@ -214,7 +236,12 @@ class Env:
 
 
 def request(
-    pod: dict[str, Any], node: str, index: int, allowed: Sequence[str], name: str = "", device_type: str = NVIDIA
+    pod: dict[str, Any],
+    node: str,
+    index: int,
+    allowed: Sequence[str],
+    name: str = "",
+    device_type: str = NVIDIA,
 ) -> RefitRequest:
     """A refit request for ``pod`` (UID, namespace, name from the stored object)."""
     meta = pod["metadata"]
@@ -246,7 +273,9 @@ async def refit_env(
     async with ApiServer() as server:
         kube = await connect(api_server=server.url, request_timeout=5.0)
         scheduler = Scheduler(kube, settings=settings or SchedulerSettings(gpu_policy="binpack"))
-        server_tls = server_ssl_context(tls.server.cert_file, tls.server.key_file, tls.ca_file if client_ca else None)
+        server_tls = server_ssl_context(
+            tls.server.cert_file, tls.server.key_file, tls.ca_file if client_ca else None
+        )
         auth = RefitAuthenticator(
             methods,
             kube=kube,
@@ -258,7 +287,9 @@ async def refit_env(
         runners: list[web.AppRunner] = []
         task: asyncio.Task[None] | None = None
         try:
-            cl_runner, cl_port = await serve(cluster_app(scheduler, [routes]), "127.0.0.1:0", server_tls.context)
+            cl_runner, cl_port = await serve(
+                cluster_app(scheduler, [routes]), "127.0.0.1:0", server_tls.context
+            )
             ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
             runners += [cl_runner, ext_runner]
             if start:

@@ -149,7 +149,7 @@ def test_chart_passes_only_real_cli_options(
     args = container(rendered(scenario).get(kind, name), container_name)["args"]
     global_args, mode_args = split_mode_args(args, mode)
     assert set(flag_values(global_args)) <= _option_names(cli)
-    known = _option_names(cli.commands[mode])
+    known = _option_names(cli.get_command(click.Context(cli), mode))
     unknown = set(flag_values(mode_args)) - known
     if (
         mode == "plugin"

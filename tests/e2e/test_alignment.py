@@ -1,0 +1,271 @@
+"""Every row of the seed's NUMA-alignment behaviour, end to end on the simulated cluster.
+
+Each test runs the real scheduler (TLS, authenticated ``/refit``), plugin, simulated kubelet
+(single-numa-node, static CPU manager) and kube-scheduler driver against the embedded API server.
+The stage: ``cpu-batch`` holds every free CPU of NUMA 1, so kubelet must put the seed pod's CPUs on
+NUMA 0 while the scheduler's spread policy picks a GPU on NUMA 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.sim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
+from hamid.sim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, seed_pod
+from hamid.sim.kubelet import REASON_UNEXPECTED_ADMISSION
+from tests.e2e.helpers import NODE, env_of, expected_usage, refit_event_message, stage, used_only, uuids
+
+NUMA0 = [g.uuid for g in data_machine_gpus() if g.numa == 0]
+NUMA1 = [g.uuid for g in data_machine_gpus() if g.numa == 1]
+
+
+def _events(cluster: SimCluster, reason: str, name: str = SEED_NAME) -> list[dict[str, Any]]:
+    return cluster.events(name, reason=reason)
+
+
+def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
+    node_obj = cluster.server.get("Node", None, node) or {}
+    return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _messages(logs: list[dict[str, Any]], level: str) -> list[str]:
+    return [str(e.get("event")) for e in logs if e.get("log_level") == level]
+
+
+async def _run_seed(cluster: SimCluster, **kw: Any) -> dict[str, Any]:
+    await stage(cluster)
+    await cluster.create_pod(seed_pod(**kw))
+    return await cluster.wait_settled(SEED_NAME, timeout=15)
+
+
+def _assert_aligned(cluster: SimCluster, name: str = SEED_NAME, gpus: int = 1) -> list[str]:
+    """The pod runs with runtime GPU == both annotations == accounting, on its CPUs' NUMA node."""
+    pod = cluster.pod(name)
+    assert pod["status"]["phase"] == "Running"
+    notes = cluster.annotations(name)
+    assert notes[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+    choice = uuids(cluster.scheduler_choice(name))
+    new = uuids(cluster.allocated(name))
+    assert len(new) == gpus
+    calls = [c for c in cluster.refit_calls(name) if c.outcome == "refitted"]
+    assert [list(c.devices) for c in calls] == [new]
+    events = _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED, name)
+    assert [(e["type"], e["message"]) for e in events] == [("Normal", refit_event_message(0, choice, new))]
+    env = env_of(cluster, name)
+    assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == new
+    for i in range(gpus):
+        assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == "20000m"
+    pending = [v for v in cluster.annotation_history(name, ann.DEVICES_TO_ALLOCATE) if v.strip(";")]
+    assert uuids(ann.decode_pod_devices(pending[-1])) == new
+    assert uuids(cluster.to_allocate(name)) == []
+    reservation = cluster.reservation(name)
+    assert reservation is not None and uuids(reservation.layout) == new
+    admission = cluster.assignment(name)
+    assert admission is not None
+    numa = admission.containers[0].numa_node
+    table = cluster.gpu_numa(NODE)
+    assert {table[u] for u in new} == {numa}
+    assert {table[u] for u in choice} != {numa}
+    assert _lock_free(cluster)
+    return new
+
+
+async def test_best_effort_refit_succeeds_mtls() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster)
+        new = _assert_aligned(cluster)
+        assert new[0] in NUMA0
+        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+
+
+async def test_best_effort_refit_succeeds_with_service_account_token() -> None:
+    async with SimCluster(ClusterOptions(refit_auth="token")) as cluster:
+        await _run_seed(cluster)
+        _assert_aligned(cluster)
+
+
+async def test_strict_refit_succeeds() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster, alignment="strict")
+        _assert_aligned(cluster)
+
+
+async def test_best_effort_refused_keeps_kubelets_choice_and_logs(logs: list[dict[str, Any]]) -> None:
+    async with SimCluster() as cluster:
+        pinned = NUMA1[0]
+        await _run_seed(cluster, annotations={ann.USE_GPU_UUID: pinned})
+        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
+        assert uuids(cluster.allocated(SEED_NAME)) == [pinned]
+        failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
+        assert len(failed) == 1 and failed[0]["type"] == "Warning" and pinned in failed[0]["message"]
+        assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED)
+        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
+        runtime = env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"]
+        assert runtime in NUMA0
+        assert "NUMA refit failed; best-effort keeps kubelet's own selection" in _messages(logs, "info")
+        assert _lock_free(cluster)
+
+
+async def _assert_allocation_failed(cluster: SimCluster, reason_text: str) -> None:
+    pod = cluster.pod(SEED_NAME)
+    assert pod["status"]["phase"] == "Failed"
+    assert pod["status"]["reason"] == REASON_UNEXPECTED_ADMISSION
+    assert reason_text in pod["status"]["message"]
+    assert cluster.annotations(SEED_NAME)[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+    assert _lock_free(cluster)
+    failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
+    assert len(failed) == 1 and reason_text in failed[0]["message"]
+    assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["failed"]
+    assert uuids(cluster.allocated(SEED_NAME)) == uuids(cluster.scheduler_choice(SEED_NAME))
+    await wait_until(lambda: cluster.reservation(SEED_NAME) is None, 5, "reservation released")
+    assert used_only(cluster.scheduler.state.snapshot()) == {}
+
+
+async def test_strict_refused_fails_the_allocation() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster, alignment="strict", annotations={ann.NOUSE_GPU_UUID: ",".join(NUMA0)})
+        await _assert_allocation_failed(cluster, "CardUuidMismatch")
+
+
+async def test_strict_pinned_outside_allowed_set_is_refused() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster, alignment="strict", annotations={ann.USE_GPU_UUID: NUMA1[1]})
+        await _assert_allocation_failed(cluster, "use-gpuuuid")
+
+
+async def test_heterogeneous_amounts_are_refused() -> None:
+    node = NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE))
+    async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
+        await _run_seed(
+            cluster,
+            alignment="strict",
+            gpus=2,
+            gpumem=None,
+            gpumem_percentage=25,
+            annotations={ann.NUMA_BIND: "true"},
+        )
+        choice = cluster.scheduler_choice(SEED_NAME)
+        assert choice is not None and len({d.usedmem for d in choice[0]}) == 2
+        await _assert_allocation_failed(cluster, "heterogeneous")
+
+
+@pytest.mark.parametrize("alignment", ["best-effort", "strict"])
+async def test_refit_disabled_leaves_kubelets_choice(alignment: str, logs: list[dict[str, Any]]) -> None:
+    async with SimCluster(ClusterOptions(refit=False)) as cluster:
+        await _run_seed(cluster, alignment=alignment)
+        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
+        choice = uuids(cluster.scheduler_choice(SEED_NAME))
+        assert uuids(cluster.allocated(SEED_NAME)) == choice
+        assert choice[0] in NUMA1
+        assert env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"] in NUMA0
+        assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED) and not _events(
+            cluster, R.EVENT_NUMA_REFIT_FAILED
+        )
+        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
+        errors = [m for m in _messages(logs, "error") if "NUMA refit is disabled" in m]
+        infos = [m for m in _messages(logs, "info") if "no replica in kubelet's available devices" in m]
+        if alignment == "strict":
+            assert len(errors) == 1 and not infos
+        else:
+            assert not errors and len(infos) == 1
+
+
+async def test_mig_node_never_refits() -> None:
+    node = NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True)
+    async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
+        await stage(cluster)
+        gpu = next(g for g in cluster.machine(NODE).gpus if g.numa == 1)
+        encoded = f"{gpu.uuid},NVIDIA,20000,0:;"
+        pod = seed_pod()
+        pod["metadata"]["annotations"].update(
+            {
+                ann.VGPU_NODE: NODE,
+                ann.DEVICES_ALLOCATED: encoded,
+                ann.DEVICES_TO_ALLOCATE: encoded,
+                ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING,
+                ann.BIND_TIME: "1700000000",
+            }
+        )
+        pod["spec"]["nodeName"] = NODE
+        await cluster.kube.create_pod({"apiVersion": "v1", "kind": "Pod", **pod})
+        await cluster.wait_settled(SEED_NAME, timeout=15)
+        assert cluster.refit_calls() == []
+        assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED) and not _events(
+            cluster, R.EVENT_NUMA_REFIT_FAILED
+        )
+        assert cluster.annotations(SEED_NAME)[ann.DEVICES_ALLOCATED] == encoded
+        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Failed"
+        assert "mig operating mode" in cluster.pod(SEED_NAME)["status"]["message"]
+
+
+async def test_numa_bind_and_alignment_combined() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster, gpus=2, annotations={ann.NUMA_BIND: "true"})
+        choice = uuids(cluster.scheduler_choice(SEED_NAME))
+        assert len(choice) == 2 and set(choice) <= set(NUMA1)
+        new = _assert_aligned(cluster, gpus=2)
+        assert set(new) <= set(NUMA0)
+
+
+@pytest.mark.parametrize("alignment", ["best-effort", "strict"])
+async def test_scheduler_unreachable(alignment: str, logs: list[dict[str, Any]]) -> None:
+    async with SimCluster(ClusterOptions(scheduler_unreachable=True)) as cluster:
+        await _run_seed(cluster, alignment=alignment)
+        timeouts = [e for e in logs if "did not answer within 2s" in str(e.get("error", ""))]
+        assert len(timeouts) == 1
+        assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED)
+        pod = cluster.pod(SEED_NAME)
+        if alignment == "best-effort":
+            assert pod["status"]["phase"] == "Running"
+            assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
+            assert env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"] in NUMA0
+        else:
+            assert pod["status"]["phase"] == "Failed"
+            assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["failed"]
+            assert cluster.annotations(SEED_NAME)[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+            assert _lock_free(cluster)
+
+
+def _small_pod(name: str) -> dict[str, Any]:
+    pod = seed_pod(name=name)
+    pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    return pod
+
+
+async def test_kubelet_restart_plugin_reregisters_and_pods_still_align() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster)
+        _assert_aligned(cluster)
+        kubelet = cluster.nodes[NODE].kubelet
+        before = kubelet.resources["nvidia.com/gpu"].registrations
+        await cluster.restart_kubelet(NODE)
+        assert kubelet.restarts == 1
+        assert kubelet.resources["nvidia.com/gpu"].registrations == before + 1
+        await cluster.create_pod(_small_pod("after-restart"))
+        await cluster.wait_settled("after-restart", timeout=15)
+        _assert_aligned(cluster, "after-restart")
+        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+
+
+async def test_scheduler_restart_mid_stream_rebuilds_accounting() -> None:
+    async with SimCluster() as cluster:
+        await _run_seed(cluster)
+        await cluster.create_pod(_small_pod("second"))
+        await cluster.wait_settled("second", timeout=15)
+        reservations = {r.uid: r.raw for r in cluster.scheduler.state.reservations()}
+        await cluster.create_pod(_small_pod("third"))
+        await cluster.restart_scheduler()
+        await cluster.wait_settled("third", timeout=15)
+        for name in (SEED_NAME, "second", "third"):
+            _assert_aligned(cluster, name)
+        rebuilt = {r.uid: r.raw for r in cluster.scheduler.state.reservations()}
+        assert {uid: rebuilt.get(uid) for uid in reservations} == reservations
+        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+        settled = cluster.scheduler.state.snapshot()
+        await cluster.restart_scheduler()
+        assert cluster.scheduler.state.snapshot() == settled
+        assert cluster.scheduler_restarts == 2

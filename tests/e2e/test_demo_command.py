@@ -1,0 +1,58 @@
+"""`hamid demo` itself, run as a separate process (it configures logging for the whole process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from hamid.sim.demo import SCENARIOS
+
+_RUN = "from hamid.cli import main; main()"
+
+
+async def _hamid(*args: str, limit: float = 120.0) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _RUN, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(limit):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_demo_default_scenario_prints_the_timeline() -> None:
+    code, out, err = await _hamid("demo")
+    assert code == 0, out + err
+    for step in ("scheduler", "kubelet", "refit", "event", "allocate", "check"):
+        assert f" {step} " in out
+    assert "Normal  NumaRefitSucceed  NUMA refit moved container 0 from [GPU-ba09367f" in out
+    assert "== refit: PASS" in out and "FAIL" not in out
+    assert '"level": "info"' not in err
+
+
+@pytest.mark.slow
+async def test_demo_all_scenarios_json() -> None:
+    code, out, err = await _hamid("demo", "--scenario", "all", "--json", limit=240.0)
+    assert code == 0, out + err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] is True
+    assert [s["scenario"] for s in result["scenarios"]] == list(SCENARIOS)
+    for scenario in result["scenarios"]:
+        assert scenario["ok"] and all(c["ok"] for c in scenario["checks"]), scenario
+    refit = result["scenarios"][0]
+    assert refit["event"].startswith("NUMA refit moved container 0 from [")
+    final = refit["final"]
+    assert final["runtimeGpus"] == final["allocatedAnnotation"] == final["accounting"]
+
+
+async def test_demo_rejects_unknown_scenario() -> None:
+    code, _out, err = await _hamid("demo", "--scenario", "nope", limit=60.0)
+    assert code == 2 and "nope" in err

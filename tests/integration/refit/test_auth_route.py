@@ -1,0 +1,205 @@
+"""Caller authentication of ``/refit`` (mTLS and bound ServiceAccount tokens), HTTP codes, metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
+from hamid.scheduler.http import cluster_app, serve
+from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
+from hamid.scheduler.refit_auth import RefitAuthenticator, bearer_token, node_of_common_name, parse_methods
+from hamid.sim.certs import CertificateAuthority
+from tests.fixtures.tls import TLSFiles
+from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
+
+AL = ann.DEVICES_ALLOCATED
+
+
+async def setup(env: Env) -> dict:
+    env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+    env.add_node("n2", [gpu("GPU-c", 0)])
+    return await env.place("p", "n1", ((d("GPU-a", 20000),),))
+
+
+async def reason_of(client: RefitClient, req: object) -> str:
+    with pytest.raises(RefitError) as info:
+        await client.refit(req)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+def test_bearer_token_and_cn_parsing() -> None:
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer abc") == ""
+    assert bearer_token("Basic abc") == ""
+    assert bearer_token("Bearer ") == ""
+    assert bearer_token(None) == ""
+    assert node_of_common_name("system:node:n1") == "n1"
+    assert node_of_common_name("n1") == "n1"
+    assert parse_methods(" mtls , token,mtls") == ("mtls", "token")
+    with pytest.raises(ValueError, match="unknown refit auth method"):
+        parse_methods("mtls,basic")
+
+
+async def test_token_authentication(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        before = env.annotations("p")
+        wrong_sa = await reason_of(env.token_client(env.token_for("n1", service_account="default")), req)
+        assert (
+            "caller authentication failed: caller 'system:serviceaccount:kube-system:default' is not"
+            in wrong_sa
+        )
+        wrong_node = await reason_of(env.token_client(env.token_for("n2")), req)
+        assert wrong_node.endswith(
+            f"caller pod {PLUGIN_NS}/hami-device-plugin-n2 runs on node 'n2', not 'n1'"
+        )
+        garbage = tmp_path / "garbage"
+        garbage.write_text("not-a-token")
+        assert "caller authentication failed: token is not authenticated" in await reason_of(
+            env.token_client(garbage), req
+        )
+        missing = await reason_of(env.token_client(tmp_path / "absent"), req)
+        assert missing.startswith("cannot read service account token for refit authentication")
+        anonymous = RefitClient(
+            RefitClientConfig(env.cluster, ca_file=str(tls_files.ca_file), token_file=None)
+        )
+        assert (await reason_of(anonymous, req)).endswith(
+            "caller authentication failed: no caller credentials presented"
+        )
+        unbound = tmp_path / "unbound"
+        unbound.write_text("unbound-token")
+        env.server.register_token("unbound-token", f"system:serviceaccount:{PLUGIN_NS}:{PLUGIN_SA}")
+        assert (await reason_of(env.token_client(unbound), req)).endswith(
+            "token is not a bound pod service account token"
+        )
+        good = env.token_for("n1")
+        env.server.delete("Pod", PLUGIN_NS, "hami-device-plugin-n1")
+        assert "cannot look up caller pod kube-system/hami-device-plugin-n1" in await reason_of(
+            env.token_client(good), req
+        )
+        assert env.annotations("p") == before
+        assert (await env.token_client(env.token_for("n1")).refit(req))[0].uuid == "GPU-b"
+
+
+async def test_bound_uid_mismatch_is_refused(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        token = env.token_for("n1")
+        env.server.delete("Pod", PLUGIN_NS, "hami-device-plugin-n1")
+        env.plugin_pod("n1")  # same name, new UID
+        reason = await reason_of(env.token_client(token), request(pod, "n1", 0, ["GPU-b"]))
+        assert reason.endswith(
+            "caller pod kube-system/hami-device-plugin-n1 no longer matches the token's bound UID"
+        )
+
+
+async def test_mtls_node_identity(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        other_node = await reason_of(env.mtls_client("system:node:n2"), req)
+        assert other_node.endswith("client certificate 'system:node:n2' is for node 'n2', not 'n1'")
+        # node n2 speaking for itself still cannot move a pod tracked on n1
+        as_n2 = request(pod, "n2", 0, ["GPU-c"])
+        assert (await reason_of(env.mtls_client("system:node:n2"), as_n2)).endswith(
+            "pod default/p is tracked on node n1, not n2"
+        )
+        other_ca = CertificateAuthority.create(tmp_path / "rogue", "rogue CA")
+        rogue = other_ca.issue_client(tmp_path / "rogue", "system:node:n1")
+        rogue_client = RefitClient(
+            RefitClientConfig(
+                env.cluster,
+                ca_file=str(tls_files.ca_file),
+                client_cert_file=str(rogue.cert_file),
+                client_key_file=str(rogue.key_file),
+                token_file=None,
+            )
+        )
+        assert (await reason_of(rogue_client, req)).startswith("scheduler refit request failed")
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
+        assert (await env.mtls_client("n1").refit(req))[0].uuid == "GPU-b"  # plain node-name CN
+
+
+async def test_only_configured_methods_are_accepted(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, methods=("token",)) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        assert (await reason_of(env.mtls_client("system:node:n1"), req)).endswith(
+            "no caller credentials presented"
+        )
+    async with refit_env(tls_files, tmp_path, methods=("mtls",)) as env:
+        pod = await setup(env)
+        assert (await reason_of(env.token_client(env.token_for("n1")), req)).endswith(
+            "no caller credentials presented"
+        )
+    async with refit_env(tls_files, tmp_path, methods=()) as env:
+        pod = await setup(env)
+        reason = await reason_of(env.mtls_client("system:node:n1"), req)
+        assert "no caller authentication method is configured for /refit (--refit-auth is empty)" in reason
+    async with refit_env(tls_files, tmp_path, methods=("mtls",), client_ca=False) as env:
+        pod = await setup(env)
+        reason = await reason_of(env.mtls_client("system:node:n1"), req)
+        assert "mtls needs --client-ca-file" in reason
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
+
+
+async def test_token_over_plain_http_is_refused(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        token = env.token_for("n1").read_text().strip()
+        auth = RefitAuthenticator(
+            ["token"],
+            kube=env.kube,
+            device_plugin_namespace=PLUGIN_NS,
+            device_plugin_service_account=PLUGIN_SA,
+        )
+        runner, port = await serve(
+            cluster_app(env.scheduler, [refit_routes(env.scheduler, auth)]), "127.0.0.1:0"
+        )
+        try:
+            body = request(pod, "n1", 0, ["GPU-b"]).to_json()
+            headers = {"Authorization": f"Bearer {token}"}
+            async with env.session.post(f"http://127.0.0.1:{port}/refit", json=body, headers=headers) as resp:
+                answer = await resp.json()
+        finally:
+            await runner.cleanup()
+        assert answer == {
+            "succeeded": False,
+            "failureReason": "caller authentication failed: bearer tokens are accepted only over TLS",
+        }
+
+
+async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        assert await env.post_raw(None) == (400, MSG_NO_BODY)
+        status, text = await env.post_raw(b"{not json")
+        assert status == 400 and text.startswith("cannot decode refit request")
+        body = request(pod, "n1", 0, ["GPU-b"]).to_json()
+        status, text = await env.post_raw(json.dumps({**body, "containerIndex": "zero"}).encode())
+        assert status == 400 and "containerIndex" in text
+        status, _ = await env.post_raw(b" " * (2 << 20))
+        assert status == 413
+        status, text = await env.post_raw(json.dumps({**body, "allowedDeviceUUIDs": []}).encode())
+        assert status == 200 and json.loads(text)["succeeded"] is False
+        status, text = await env.post_raw(json.dumps(body).encode())
+        assert status == 200
+        assert json.loads(text) == {"succeeded": True, "containerDevices": "GPU-b,NVIDIA,20000,0:"}
+        registry = env.scheduler.metrics.registry
+        assert registry.get_sample_value("hamid_refit_total", {"outcome": "moved", "reason": ""}) == 1
+        refused = {"outcome": "refused", "reason": "invalid_request"}
+        assert registry.get_sample_value("hamid_refit_total", refused) == 1
+        assert registry.get_sample_value("hamid_refit_duration_seconds_count", {"outcome": "moved"}) == 1
+
+
+async def test_not_synced_scheduler_refuses(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, start=False, sync_wait=0.2) as env:
+        env.add_node("n1", [gpu("GPU-a")])
+        req = request({"metadata": {"uid": "u", "namespace": "default", "name": "p"}}, "n1", 0, ["GPU-a"])
+        reason = await reason_of(env.mtls_client("system:node:n1"), req)
+        assert reason == "scheduler refused refit: scheduler not ready: caches not synced"

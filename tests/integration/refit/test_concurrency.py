@@ -1,0 +1,170 @@
+"""Refits and filters together: per-node locking, tentative moves, deadlines, deleted pods."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.plugin.refit_client import RefitError
+from hamid.scheduler.state import SchedulerState
+from tests.fixtures.tls import TLSFiles
+from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
+
+AL = ann.DEVICES_ALLOCATED
+
+
+def new_pod(env: Env, name: str, mem: int) -> dict[str, Any]:
+    """An unscheduled pod asking for one GPU with ``mem`` MiB."""
+    return env.server.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulerName": "hami-scheduler", "containers": [container("main", 1, mem)]},
+            "status": {"phase": "Pending"},
+        }
+    )
+
+
+async def filter_on(env: Env, pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    async with env.session.post(env.extender + "/filter", json={"Pod": pod, "NodeNames": nodes}) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+def over_committed(env: Env) -> list[str]:
+    """GPUs whose booked memory or slots exceed their capacity."""
+    out = []
+    for name, entry in env.scheduler.state.nodes.items():
+        for dev in entry.usage.devices:
+            if dev.usedmem > dev.totalmem or dev.used > dev.count:
+                out.append(f"{name}/{dev.id} {dev.usedmem}/{dev.totalmem}")
+    return out
+
+
+async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=1.0) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        env.quota("default", 100000)
+        pod = await env.place("p", "n1", ((d("GPU-a", 20000, 30),),))
+        await eventually(lambda: env.scheduler.state.quota_used("default") == (20000, 30))
+        before = env.annotations("p")
+        env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"])))
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])  # type: ignore[union-attr]
+        # while the refit's patch hangs, a filter on the same node answers at once, and can take
+        # neither the old GPU nor the new one (30000 MiB fits on neither while both are held)
+        big = new_pod(env, "big", 30000)
+        answer = await filter_on(env, big, ["n1"])
+        assert not refit.done()
+        assert not answer.get("NodeNames"), answer
+        with pytest.raises(RefitError, match="cannot patch pod annotations"):
+            await asyncio.wait_for(refit, 10)
+        assert env.annotations("p") == before
+        res = env.scheduler.state.reservation(uid)
+        assert res is not None and res.raw == before[AL]
+        assert env.scheduler.state.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+        assert env.scheduler.state.quota_used("default") == (20000, 30)
+        assert not over_committed(env)
+
+
+async def test_refit_on_node_a_does_not_block_filter_on_node_b(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=3.0) as env:
+        env.add_node("na", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        env.add_node("nb", [gpu("GPU-c", 0)])
+        pod = await env.place("p", "na", ((d("GPU-a", 20000),),))
+        env.server.faults.add_latency(10.0, verb="patch", path_pattern="/pods/p$")
+        refit = asyncio.create_task(env.mtls_client("system:node:na").refit(request(pod, "na", 0, ["GPU-b"])))
+        uid = pod["metadata"]["uid"]
+        await eventually(
+            lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
+        )  # type: ignore[union-attr]
+        assert env.scheduler.state.node_lock("na").locked()
+        answer = await filter_on(env, new_pod(env, "q", 1000), ["nb"])
+        assert answer.get("NodeNames") == ["nb"], answer
+        assert not refit.done()
+        with pytest.raises(RefitError):
+            await asyncio.wait_for(refit, 10)
+
+
+async def test_pod_deleted_during_refit_is_released_once(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=3.0) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        env.quota("default", 100000)
+        await env.place("stay", "n1", ((d("GPU-b", 5000),),))
+        pod = await env.place("p", "n1", ((d("GPU-a", 20000),),))
+        await eventually(lambda: env.scheduler.state.quota_used("default") == (25000, 0))
+        rule = env.server.faults.add_latency(0.5, verb="patch", path_pattern="/pods/p$")
+        refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"])))
+        uid = pod["metadata"]["uid"]
+        await eventually(
+            lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
+        )  # type: ignore[union-attr]
+        env.server.delete("Pod", "default", "p")
+        await eventually(lambda: env.scheduler.state.reservation(uid) is None)
+        with pytest.raises(RefitError, match="cannot patch pod annotations"):
+            await asyncio.wait_for(refit, 10)
+        env.server.faults.remove(rule.id)
+        assert env.scheduler.state.reservation(uid) is None
+        assert env.scheduler.state.quota_used("default") == (5000, 0)
+        assert env.scheduler.state.snapshot()["n1"] == {"GPU-a": (0, 0, 0), "GPU-b": (1, 5000, 0)}
+
+
+async def test_concurrent_refits_and_filters_never_over_commit(tls_files: TLSFiles, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    async with refit_env(tls_files, tmp_path) as env:
+        env.add_node("n1", [gpu(f"GPU-{i}", i // 2, 20000) for i in range(4)])
+        placed = []
+        for i in range(6):
+            placed.append(await env.place(f"p{i}", "n1", ((d(f"GPU-{i % 2}", 6000),),)))
+        env.server.faults.add_latency(0.02, verb="patch")
+        client = env.mtls_client("system:node:n1")
+        violations: list[list[str]] = []
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                bad = over_committed(env)
+                if bad:
+                    violations.append(bad)
+                await asyncio.sleep(0.002)
+
+        outcomes: list[str] = []
+
+        async def one_refit(p: dict[str, Any]) -> None:
+            allowed = rng.sample(["GPU-0", "GPU-1", "GPU-2", "GPU-3"], 2)
+            try:
+                await client.refit(request(p, "n1", 0, allowed))
+                outcomes.append("refit")
+            except RefitError:
+                outcomes.append("refused")
+
+        async def one_filter(i: int) -> None:
+            answer = await filter_on(env, new_pod(env, f"f{i}", 5000), ["n1"])
+            outcomes.append("placed" if answer.get("NodeNames") else "unfit")
+
+        watcher = asyncio.create_task(watch())
+        jobs = [one_refit(p) for p in placed] + [one_filter(i) for i in range(6)]
+        rng.shuffle(jobs)
+        await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        stop.set()
+        await watcher
+        assert not violations
+        assert "refit" in outcomes and "placed" in outcomes, outcomes
+        # the live state equals a rebuild from the annotations on the API server
+        await asyncio.sleep(0.2)
+        fresh = SchedulerState(env.scheduler.config)
+        for node in env.server.list("Node"):
+            fresh.on_node(node)
+        for pod in env.server.list("Pod", "default"):
+            fresh.on_pod(pod)
+        await eventually(lambda: env.scheduler.state.snapshot() == fresh.snapshot())
+        assert not over_committed(env)
