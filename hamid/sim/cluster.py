@@ -28,7 +28,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -723,7 +723,7 @@ class SimCluster:
         return self.scheduler.state.reservation(uid)
 
     def scheduling_failures(self, name: str, namespace: str = "default") -> list[str]:
-        """Errors of the kube-scheduler driver's failed attempts for the pod (unschedulable, extender errors)."""
+        """Errors of the kube-scheduler driver's failed attempts for the pod (unschedulable, extender)."""
         if self._driver is None:
             return []
         return [a.error for a in self._driver.attempts_for(namespace, name) if a.error]
@@ -741,8 +741,3 @@ class SimCluster:
     def gpu_numa(self, node: str) -> dict[str, int | None]:
         """GPU UUID → NUMA node on ``node``."""
         return {g.uuid: g.numa for g in self.nodes[node].machine.gpus}
-
-    async def run_until(self, awaitable: Awaitable[Any], timeout: float = 10.0) -> Any:
-        """Await ``awaitable`` with a deadline (helper for scripted scenarios)."""
-        async with asyncio.timeout(timeout):
-            return await awaitable

@@ -26,6 +26,7 @@ from hamid import log as hamid_log
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
+from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.sim.cluster import (
     DEMO_MACHINE,
@@ -37,7 +38,7 @@ from hamid.sim.cluster import (
     wait_until,
 )
 from hamid.sim.kubelet import PodAdmission
-from hamid.sim.machine import load_machine_file
+from hamid.sim.machine import Machine, load_machine_file
 
 NODE = "node-1"
 SEED_NAME = "numa-aligned"
@@ -173,17 +174,27 @@ def _numas(cluster: SimCluster, uuids: list[str] | tuple[str, ...], node: str = 
 
 async def _stage(cluster: SimCluster, result: ScenarioResult, node: str = NODE) -> int:
     """Fill one NUMA node's CPUs with ``cpu-batch``; returns that NUMA node."""
-    result.step("node", f"{node}: " + cluster.machine(node).describe().replace("\n", " | "))
+    result.step("node", f"{node}: {_describe(cluster.machine(node))}")
     await cluster.create_pod(filler_pod(node))
     await cluster.wait_settled(FILLER_NAME)
     admission = cluster.assignment(FILLER_NAME)
     filler = admission.containers[0] if admission and admission.containers else None
     numa = filler.numa_node if filler is not None else None
-    cpus = ", ".join(str(c) for c in sorted(filler.cpus)) if filler else "-"
-    result.step(
-        "cpu-batch", f"Guaranteed pod with 15 CPUs (no GPU): kubelet pins CPUs [{cpus}] on NUMA {numa}"
-    )
+    cpus = _cpu_text(filler.cpus) if filler else "-"
+    result.step("cpu-batch", f"Guaranteed pod with 15 CPUs (no GPU): kubelet pins CPUs {cpus} on NUMA {numa}")
     return -1 if numa is None else numa
+
+
+def _describe(machine: Machine) -> str:
+    """One line per NUMA node: CPUs (reserved ones named) and GPU indexes."""
+    parts = []
+    for numa in machine.numa_nodes:
+        reserved = numa.cpus & machine.reserved_cpus
+        gpus = ",".join(str(g.index) for g in machine.gpus if g.numa == numa.id) or "-"
+        parts.append(
+            f"NUMA {numa.id}: CPUs {_cpu_text(numa.cpus)} (reserved {_cpu_text(reserved)}), GPUs {gpus}"
+        )
+    return " | ".join(parts)
 
 
 def _kubelet_step(result: ScenarioResult, admission: PodAdmission | None) -> PodAdmission | None:
@@ -290,9 +301,9 @@ def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
     return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
 
 
-def _node_usage_empty_except(cluster: SimCluster, node: str, keep: set[str]) -> bool:
-    snapshot = cluster.scheduler.state.snapshot().get(node, {})
-    return all(used == (0, 0, 0) for uuid, used in snapshot.items() if uuid not in keep)
+def _node_idle(cluster: SimCluster, node: str) -> bool:
+    """No GPU of ``node`` carries usage in the scheduler's accounting."""
+    return all(used == (0, 0, 0) for used in cluster.scheduler.state.snapshot().get(node, {}).values())
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -461,7 +472,7 @@ async def _refused_run(
             )
             result.check(
                 "no GPU held after the failure",
-                released and _node_usage_empty_except(cluster, node, set()),
+                released and _node_idle(cluster, node),
                 f"reservation released: {released}",
             )
             result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
@@ -606,7 +617,7 @@ async def run_scenario(name: str) -> ScenarioResult:
     try:
         async with asyncio.timeout(60):
             return await RUNNERS[name]()
-    except (TimeoutError, Exception) as exc:
+    except Exception as exc:
         result = ScenarioResult(name, "scenario ran to completion")
         result.check("scenario ran to completion", False, f"{type(exc).__name__}: {exc}")
         return result
@@ -630,14 +641,13 @@ def render(result: ScenarioResult) -> str:
 
 
 @click.command("demo")
-@click.option(
+@option(
     "--scenario",
     type=click.Choice([*SCENARIOS, "all"]),
     default=DEFAULT_SCENARIO,
-    show_default=True,
     help="Which row of the NUMA-alignment behaviour to run (all: every scenario in turn).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON result object instead of the timeline.")
+@option("--json", "as_json", is_flag=True, help="Print one JSON result object instead of the timeline.")
 @click.pass_context
 def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
     """Run the NUMA-alignment flow locally: no cluster, no GPU, a few seconds.

@@ -11,7 +11,7 @@ from hamid.model import annotations as ann
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamid.scheduler.http import cluster_app, serve
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
-from hamid.scheduler.refit_auth import RefitAuthenticator, bearer_token, node_of_common_name, parse_methods
+from hamid.scheduler.refit_auth import RefitAuthenticator
 from hamid.sim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
@@ -29,19 +29,6 @@ async def reason_of(client: RefitClient, req: object) -> str:
     with pytest.raises(RefitError) as info:
         await client.refit(req)  # type: ignore[arg-type]
     return str(info.value)
-
-
-def test_bearer_token_and_cn_parsing() -> None:
-    assert bearer_token("Bearer abc") == "abc"
-    assert bearer_token("bearer abc") == ""
-    assert bearer_token("Basic abc") == ""
-    assert bearer_token("Bearer ") == ""
-    assert bearer_token(None) == ""
-    assert node_of_common_name("system:node:n1") == "n1"
-    assert node_of_common_name("n1") == "n1"
-    assert parse_methods(" mtls , token,mtls") == ("mtls", "token")
-    with pytest.raises(ValueError, match="unknown refit auth method"):
-        parse_methods("mtls,basic")
 
 
 async def test_token_authentication(tls_files: TLSFiles, tmp_path: Path) -> None:

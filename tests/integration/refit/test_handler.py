@@ -12,7 +12,6 @@ from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG, ContainerDevice
 from hamid.model.refit import MSG_EMPTY_ALLOWED, MSG_INCOMPLETE
 from hamid.plugin.refit_client import RefitError
-from hamid.scheduler.refit import PATCH_TIMEOUT_S, splice_entry
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
 
@@ -190,13 +189,6 @@ async def test_seeds_existing_allocations_and_keeps_other_bytes(tls_files: TLSFi
         assert after[TA] == ";;GPU-b,NVIDIA,20000,0:;"
         assert after[AL] == "GPU-a,NVIDIA,5000,0:;;GPU-b,NVIDIA,20000,0:;"
         assert used(env) == {"GPU-a": (1, 5000, 0), "GPU-b": (1, 20000, 0)}
-
-
-def test_splice_entry_keeps_every_other_byte() -> None:
-    assert splice_entry(";x:;y:;", 1, "z:", "pending allocation") == ";z:;y:;"
-    with pytest.raises(ValueError, match="cannot rewrite allocated annotation"):
-        splice_entry(";x:;", 0, "z:", "allocated")
-    assert PATCH_TIMEOUT_S == 2.0
 
 
 async def test_competing_refits_one_wins(tls_files: TLSFiles, tmp_path: Path) -> None:
