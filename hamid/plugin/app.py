@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -29,7 +29,9 @@ from hamid.plugin.discovery import (
 )
 from hamid.plugin.inventory import Inventory
 from hamid.plugin.kubelet import KubeletConnector
+from hamid.plugin.numa_refit import make_mismatch_handler
 from hamid.plugin.pods import NodePods
+from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
 from hamid.plugin.service import DevicePluginService
 
@@ -54,6 +56,7 @@ class PluginOptions:
     api_server: str | None = None
     kubeconfig: str | None = None
     sysfs_root: str = "/sys"
+    refit: RefitClientConfig = field(default_factory=RefitClientConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +204,10 @@ async def run_plugin(options: PluginOptions) -> None:
         source="devices-file" if options.devices_file else "nvml",
     )
     try:
+        refit_client = build_refit_client(options.refit)
+    except InvalidInput as exc:
+        raise PluginStartupError(str(exc)) from exc
+    try:
         client = await connect(options.api_server, options.kubeconfig)
     except KubeError as exc:
         raise PluginStartupError(str(exc)) from exc
@@ -213,6 +220,7 @@ async def run_plugin(options: PluginOptions) -> None:
             hook_path=options.hook_path,
             health_policy=policy,
         )
+        plugin.allocator.mismatch_handler = make_mismatch_handler(refit_client, plugin.pods.fetch_pod)
         await plugin.run()
     finally:
         await client.close()

@@ -11,6 +11,7 @@ import click
 from hamid.log import get_logger
 from hamid.options import option
 from hamid.plugin.app import PluginOptions, PluginStartupError, run_plugin
+from hamid.plugin.refit_client import DEFAULT_TOKEN_FILE, RefitClientConfig
 
 log = get_logger("plugin")
 
@@ -67,6 +68,35 @@ async def _run_until_signal(options: PluginOptions) -> None:
     default="/usr/local",
     help="Host directory holding HAMi-core (vgpu/libvgpu.so, vgpu/ld.so.preload, per-container caches).",
 )
+@option(
+    "--scheduler-endpoint",
+    aliases=["HAMI_SCHEDULER_ENDPOINT"],
+    default="",
+    help="Base URL (https://...) of the scheduler's POST /refit; empty disables NUMA refit.",
+)
+@option(
+    "--scheduler-ca-file",
+    aliases=["HAMI_SCHEDULER_CA_FILE"],
+    default=None,
+    help="PEM CA bundle that verifies the scheduler [default: system roots]; unreadable is an error.",
+)
+@option(
+    "--scheduler-tls-insecure/--no-scheduler-tls-insecure",
+    aliases=["HAMI_SCHEDULER_TLS_INSECURE"],
+    default=False,
+    help="Skip verifying the scheduler's certificate (logged; refused when a token would be sent).",
+)
+@option(
+    "--scheduler-client-cert-file",
+    default=None,
+    help="PEM client certificate (CN system:node:<node>) presented to /refit for mTLS.",
+)
+@option("--scheduler-client-key-file", default=None, help="Private key of --scheduler-client-cert-file.")
+@option(
+    "--service-account-token-file",
+    default=DEFAULT_TOKEN_FILE,
+    help="Projected ServiceAccount token sent to /refit (TokenReview); empty sends none (mTLS only).",
+)
 @option("--api-server", default=None, help="Kubernetes API server URL (overrides the kubeconfig's).")
 @option("--kubeconfig", default=None, help="Kubeconfig file (default: $KUBECONFIG, then in-cluster).")
 def plugin_command(
@@ -77,6 +107,12 @@ def plugin_command(
     device_plugin_dir: str,
     resource_name: str | None,
     hook_path: str,
+    scheduler_endpoint: str,
+    scheduler_ca_file: str | None,
+    scheduler_tls_insecure: bool,
+    scheduler_client_cert_file: str | None,
+    scheduler_client_key_file: str | None,
+    service_account_token_file: str,
     api_server: str | None,
     kubeconfig: str | None,
 ) -> None:
@@ -97,6 +133,14 @@ def plugin_command(
         hook_path=hook_path,
         api_server=api_server,
         kubeconfig=kubeconfig,
+        refit=RefitClientConfig(
+            endpoint=scheduler_endpoint,
+            ca_file=scheduler_ca_file,
+            insecure=scheduler_tls_insecure,
+            client_cert_file=scheduler_client_cert_file,
+            client_key_file=scheduler_client_key_file,
+            token_file=service_account_token_file or None,
+        ),
     )
     with contextlib.suppress(KeyboardInterrupt):
         try:

@@ -24,6 +24,7 @@ from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import option
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
+from hamid.scheduler.refit import refit_route_factory
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.cli")
@@ -255,7 +256,7 @@ def scheduler_command(**kw: str | bool | None) -> None:
         refit_auth=refit_auth,
     )
     try:
-        asyncio.run(run_scheduler(options))
+        asyncio.run(run_scheduler(options, extra_routes=[refit_route_factory]))
     except* (InvalidInput, KubeError) as group:
         raise click.ClickException("; ".join(str(e) for e in group.exceptions)) from None
 
