@@ -26,6 +26,7 @@ from aiohttp import web
 
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
+from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
 from hamid.tls import peer_common_name
 
@@ -37,8 +38,6 @@ METHODS = (MTLS, TOKEN)
 #: Kubernetes' node identity prefix in certificate subjects (``system:node:<nodeName>``).
 NODE_CN_PREFIX = "system:node:"
 #: TokenReview ``status.user.extra`` keys of a token bound to a pod.
-POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
-POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 #: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
 AUTH_TIMEOUT_S = 2.0
 _BEARER = "Bearer "

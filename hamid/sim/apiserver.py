@@ -28,6 +28,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from hamid.kube.tokens import NODE_NAME_EXTRA, NODE_UID_EXTRA, POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
 from hamid.sim.apiserver_errors import ApiError, bad_request, status_body
 from hamid.sim.apiserver_faults import Faults
@@ -64,10 +65,6 @@ VERSION_INFO = {
 }
 MAX_BODY_BYTES = 16 * 1024 * 1024
 TOKEN_REVIEW = "authentication.k8s.io/v1"
-POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
-POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-NODE_UID_EXTRA = "authentication.kubernetes.io/node-uid"
 
 
 @dataclass(frozen=True)
