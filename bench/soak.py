@@ -6,7 +6,11 @@ Runs a :class:`~hamid.sim.cluster.SimCluster` of several demo nodes (2 NUMA node
 deleting and completing pods along the way. Afterwards it checks, with the survivors still running:
 
 * I1 no over-commit: per GPU, the scheduler's slots/MiB/cores ≤ capacity, and the memory limits
-  the plugin handed to running containers ≤ the GPU's memory;
+  the plugin handed to running containers that run on their accounted GPUs ≤ the GPU's memory.
+  After a best-effort fallback the container runs on kubelet's GPUs with the amounts the scheduler
+  booked elsewhere (upstream semantics: nothing accounts for them there); GPUs whose memory limits
+  exceed capacity only once those containers are added are counted as ``fallback_overcommits``
+  (reported, not a violation);
 * the scheduler's accounting equals the usage recomputed from the pods' allocation annotations;
 * I2 for every running container whose allocation kubelet honoured (no fallback to kubelet's own
   pick): runtime GPUs and memory limits == ``hami.io/vgpu-devices-allocated`` == the scheduler's entry;
@@ -37,41 +41,66 @@ configure("json", "error")  # before the modules below bind their loggers
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until  # noqa: E402
+from hamid.model.resources import ResourceConfig  # noqa: E402
+from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
+from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4)
 MEMORY = (4000, 8000, 16000, 20000)
+NAMES = ResourceConfig()
+#: The soak's share of pods pinned with ``nvidia.com/use-gpuuuid`` and of heterogeneous pods.
+PINNED_SHARE = 0.1
+HETERO_SHARE = 0.1
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def random_pod(rng: random.Random, name: str) -> dict[str, Any]:
-    """A Guaranteed pod with 1-2 GPUs, a random memory request and alignment mode (sometimes numa-bind)."""
-    gpus = rng.choice((1, 1, 1, 2))
+def random_pod(
+    rng: random.Random, name: str, pin_uuids: list[str], hetero_nodes: list[str]
+) -> tuple[str, dict[str, Any]]:
+    """A Guaranteed GPU pod and its kind: ``plain`` (1-2 GPUs, random memory and alignment, sometimes
+    numa-bind), ``pinned`` (``use-gpuuuid`` on one GPU: a refit may only be refused) or ``hetero``
+    (2 GPUs with numa-bind and a memory percentage on a mixed-GPU node: differing MiB per GPU, which
+    the refit refuses)."""
+    draw = rng.random()
+    kind = "plain"
+    if draw < PINNED_SHARE and pin_uuids:
+        kind = "pinned"
+    elif draw < PINNED_SHARE + HETERO_SHARE and hetero_nodes:
+        kind = "hetero"
+    gpus = 2 if kind == "hetero" else 1 if kind == "pinned" else rng.choice((1, 1, 1, 2))
     notes: dict[str, str] = {}
-    mode = rng.choice(MODES)
+    mode = rng.choice(MODES[1:]) if kind != "plain" else rng.choice(MODES)
     if mode:
         notes[ann.NUMA_ALIGNMENT] = mode
-    if gpus == 2 and rng.random() < 0.5:
+    if kind == "hetero" or (gpus == 2 and rng.random() < 0.5):
         notes[ann.NUMA_BIND] = "true"
+    if kind == "pinned":
+        notes[ann.USE_GPU_UUID] = rng.choice(pin_uuids)
     cpu = rng.choice(CPUS)
-    limits = {
-        "cpu": str(cpu),
-        "memory": f"{cpu * 2}Gi",
-        "nvidia.com/gpu": gpus,
-        "nvidia.com/gpumem": rng.choice(MEMORY),
+    limits: dict[str, Any] = {"cpu": str(cpu), "memory": f"{cpu * 2}Gi", NAMES.resource_count_name: gpus}
+    if kind == "hetero":
+        limits[NAMES.resource_memory_percentage_name] = 25
+    else:
+        limits[NAMES.resource_memory_name] = rng.choice(MEMORY)
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "soak", "resources": {"limits": limits}}]
     }
-    return {
-        "metadata": {"name": name, "namespace": "default", "annotations": notes},
-        "spec": {"containers": [{"name": "main", "image": "soak", "resources": {"limits": limits}}]},
-    }
+    if kind == "hetero":
+        spec["nodeSelector"] = {HOSTNAME_LABEL: rng.choice(hetero_nodes)}
+    return kind, {"metadata": {"name": name, "namespace": "default", "annotations": notes}, "spec": spec}
 
 
 class Soak:
     """One soak run and its counters."""
 
-    def __init__(self, cluster: SimCluster, rng: random.Random) -> None:
+    def __init__(self, cluster: SimCluster, rng: random.Random, hetero_nodes: list[str]) -> None:
         self.cluster = cluster
         self.rng = rng
+        self.hetero_nodes = hetero_nodes
+        self.pin_uuids = sorted(
+            {g.uuid for node in cluster.nodes if node not in hetero_nodes for g in cluster.machine(node).gpus}
+        )
         self.live: list[str] = []
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
@@ -80,8 +109,10 @@ class Soak:
         """Create one pod and wait until it runs, is rejected or is found unschedulable."""
         name = f"soak-{index}"
         cluster = self.cluster
-        await cluster.create_pod(random_pod(self.rng, name))
+        kind, pod = random_pod(self.rng, name, self.pin_uuids, self.hetero_nodes)
+        await cluster.create_pod(pod)
         self.counts["pods"] += 1
+        self.counts[kind] += 1
 
         def settled() -> bool:
             pod = cluster.server.get("Pod", "default", name) or {}
@@ -130,6 +161,7 @@ def check(cluster: SimCluster) -> tuple[list[str], dict[str, int]]:
                     f"I1 scheduler over-commit on {node}/{d.id}: {d.used}/{d.usedmem}/{d.usedcores}"
                 )
     runtime_mem: dict[str, int] = defaultdict(int)
+    fallback_mem: dict[str, int] = defaultdict(int)
     fallback_pods = {c.pod for c in cluster.refit_calls() if c.outcome != "refitted"}
     for pod in cluster.server.list("Pod", "default"):
         meta = pod["metadata"]
@@ -155,7 +187,7 @@ def check(cluster: SimCluster) -> tuple[list[str], dict[str, int]]:
                 int(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0m").rstrip("m")) for i in range(len(runtime))
             ]
             for uuid, mem in zip(runtime, limits, strict=True):
-                runtime_mem[f"{node}/{uuid}"] += mem
+                (fallback_mem if fallback else runtime_mem)[f"{node}/{uuid}"] += mem
             if fallback:
                 if mode is AlignmentMode.STRICT:
                     violations.append(f"{name}: strict pod running after a fallback")
@@ -176,6 +208,11 @@ def check(cluster: SimCluster) -> tuple[list[str], dict[str, int]]:
     for key, mem in runtime_mem.items():
         if mem > capacity[key]:
             violations.append(f"I1 runtime over-commit on {key}: {mem} MiB > {capacity[key]} MiB")
+    stats["fallback_overcommits"] = sum(
+        1
+        for key, mem in fallback_mem.items()
+        if runtime_mem.get(key, 0) <= capacity[key] < runtime_mem.get(key, 0) + mem
+    )
     return violations, dict(stats)
 
 
@@ -205,14 +242,47 @@ def accounting_matches(cluster: SimCluster) -> bool:
     return actual == dict(expected)
 
 
-async def run(pods: int, nodes: int, seed: int, concurrency: int, live_cap: int) -> dict[str, Any]:
+def _reason_kind(message: str) -> str:
+    """A short class of a NumaRefitFailed message (pinned, heterogeneous, no fit, other)."""
+    for marker, kind in (
+        ("use-gpuuuid", "pinned"),
+        ("heterogeneous", "heterogeneous"),
+        ("no allowed device fits", "no-fit"),
+    ):
+        if marker in message:
+            return kind
+    return "other"
+
+
+def node_specs(nodes: int, hetero: int) -> tuple[NodeSpec, ...]:
+    """``nodes`` demo nodes, the last ``hetero`` of them with mixed GPU models (48 GB and 96 GB)."""
+    hetero = max(0, min(hetero, nodes))
+    return tuple(
+        NodeSpec(f"node-{i}", machine_file=data_file(HETERO_MACHINE))
+        if i > nodes - hetero
+        else NodeSpec(f"node-{i}")
+        for i in range(1, nodes + 1)
+    )
+
+
+async def run(
+    pods: int,
+    nodes: int,
+    seed: int,
+    concurrency: int,
+    live_cap: int,
+    *,
+    node_policy: str = "binpack",
+    hetero: int = 1,
+) -> dict[str, Any]:
     """Run the soak and return its result object."""
     rng = random.Random(seed)
-    specs = tuple(NodeSpec(f"node-{i}") for i in range(1, nodes + 1))
-    options = ClusterOptions(nodes=specs, node_policy="spread")
+    specs = node_specs(nodes, hetero)
+    hetero_nodes = [spec.name for spec in specs if spec.machine_file == data_file(HETERO_MACHINE)]
+    options = ClusterOptions(nodes=specs, node_policy=node_policy)
     started = time.monotonic()
     async with SimCluster(options) as cluster:
-        soak = Soak(cluster, rng)
+        soak = Soak(cluster, rng, hetero_nodes)
         index = 0
         while index < pods:
             await soak.churn(live_cap)
@@ -228,11 +298,17 @@ async def run(pods: int, nodes: int, seed: int, concurrency: int, live_cap: int)
         found, stats = check(cluster)
         violations += found
         refits = sum(1 for c in cluster.refit_calls() if c.outcome == "refitted")
+        # one NumaRefitFailed event per refused refit, also for pods deleted since
         refusals = sum(
-            len(cluster.events(p["metadata"]["name"], reason=R.EVENT_NUMA_REFIT_FAILED))
-            for p in cluster.server.list("Pod", "default")
+            int(e.get("count") or 1)
+            for e in cluster.server.list("Event", "default")
+            if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED
         )
-        refusals += sum(1 for c in cluster.refit_calls() if c.outcome == "failed")
+        strict_failures = sum(1 for c in cluster.refit_calls() if c.outcome == "failed")
+        refusal_reasons: Counter[str] = Counter()
+        for e in cluster.server.list("Event", "default"):
+            if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED:
+                refusal_reasons[_reason_kind(str(e.get("message") or ""))] += int(e.get("count") or 1)
     for line in violations[:20]:
         print("violation:", line, file=sys.stderr)
     return {
@@ -242,8 +318,15 @@ async def run(pods: int, nodes: int, seed: int, concurrency: int, live_cap: int)
         "running_at_end": stats.get("running", 0),
         "aligned_checked": stats.get("aligned", 0),
         "fallbacks": stats.get("fallbacks", 0),
+        "fallback_overcommits": stats.get("fallback_overcommits", 0),
+        "node_policy": node_policy,
+        "hetero_nodes": len(hetero_nodes),
+        "pinned_pods": soak.counts["pinned"],
+        "hetero_pods": soak.counts["hetero"],
         "refits": refits,
         "refusals": refusals,
+        "strict_failures": strict_failures,
+        "refusal_reasons": dict(refusal_reasons.most_common()),
         "rejected": soak.counts["rejected"],
         "unschedulable": soak.counts["unschedulable"],
         "stuck": soak.counts["stuck"],
@@ -265,8 +348,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument("--concurrency", type=int, default=8, help="pods created at once (default 8)")
     parser.add_argument("--live", type=int, default=32, help="running pods kept before churn (default 32)")
+    parser.add_argument(
+        "--node-policy",
+        choices=("binpack", "spread"),
+        default="binpack",
+        help="the scheduler's node policy (default binpack, as hamid scheduler)",
+    )
+    parser.add_argument(
+        "--hetero-nodes", type=int, default=1, help="nodes with mixed GPU models, taken last (default 1)"
+    )
     args = parser.parse_args()
-    result = asyncio.run(run(args.pods, args.nodes, args.seed, args.concurrency, args.live))
+    result = asyncio.run(
+        run(
+            args.pods,
+            args.nodes,
+            args.seed,
+            args.concurrency,
+            args.live,
+            node_policy=args.node_policy,
+            hetero=args.hetero_nodes,
+        )
+    )
     print(json.dumps(result))
     sys.exit(1 if result["violations"] else 0)
 

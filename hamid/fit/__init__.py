@@ -19,6 +19,7 @@ from hamid.fit.fit import (
     quota_limits,
     replace_entry,
     reservation_request,
+    room_needed,
 )
 from hamid.fit.policy import (
     BINPACK,
@@ -88,6 +89,7 @@ __all__ = [
     "replace_entry",
     "request_memory",
     "reservation_request",
+    "room_needed",
     "sort_key",
     "try_order",
     "usage_totals",

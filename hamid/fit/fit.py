@@ -347,6 +347,26 @@ def fit_pod(
     return Fitted(tuple(layout), score)
 
 
+def room_needed(spec: PodFitSpec) -> tuple[int, int, int]:
+    """The least :meth:`NodeUsage.room` a node needs for :func:`fit_pod` to possibly fit ``spec``.
+
+    (most GPUs one container asks, most MiB one container asks per GPU as a fixed amount,
+    most cores one container asks per GPU). Each container needs that many usable GPUs with a
+    free slot, its memory and its cores free beyond every other pod's usage (the pod's own
+    usage only adds), so a node whose room is below this in any field cannot fit the pod
+    without ``release`` — a cheap test that skips full nodes without running the fit.
+    Percentage and whole-card memory requests depend on each card's size and add no bound.
+    """
+    nums = mem = cores = 0
+    for request in spec.requests:
+        if request is None or request.nums <= 0:
+            continue
+        nums = max(nums, request.nums)
+        mem = max(mem, request.memreq)
+        cores = max(cores, min(request.coresreq, 100))
+    return nums, mem, cores
+
+
 def is_heterogeneous(devices: ContainerDevices) -> bool:
     """Whether a multi-device reservation books differing memory or cores per device."""
     return len({(d.usedmem, d.usedcores) for d in devices}) > 1

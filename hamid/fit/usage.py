@@ -15,10 +15,10 @@ reserved or seen, :meth:`NodeUsage.remove` when it ends, both with the same :cla
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hamid.model.devices import NVIDIA, DeviceInfo, PodDevices
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
 from hamid.model.resources import all_containers, init_container_count, is_sidecar
 
 
@@ -96,11 +96,14 @@ class DeviceUsage:
 class NodeUsage:
     """The GPUs of one node, their usage, GPU pair scores and cordoned UUIDs.
 
-    ``devices`` keeps the register order. Node-wide sums are maintained incrementally so
-    :meth:`score` is O(1).
+    ``devices`` keeps the register order; a device's registered fields are fixed, only its usage
+    changes (through :meth:`add`/:meth:`remove`). Node-wide sums are maintained incrementally so
+    :meth:`score` is O(1), and :meth:`room` is cached until the next change. ``on_change`` (if
+    set) is called with the node name after every change, so an index over nodes stays current.
     """
 
     __slots__ = (
+        "_room",
         "_sum_cores",
         "_sum_mem",
         "_sum_used",
@@ -112,6 +115,7 @@ class NodeUsage:
         "cordoned",
         "devices",
         "name",
+        "on_change",
         "pair_scores",
     )
 
@@ -137,6 +141,8 @@ class NodeUsage:
         self._sum_used = sum(d.used for d in self.devices)
         self._sum_mem = sum(d.usedmem for d in self.devices)
         self._sum_cores = sum(d.usedcores for d in self.devices)
+        self._room: tuple[int, int, int] | None = None
+        self.on_change: Callable[[str], None] | None = None
 
     @classmethod
     def from_infos(
@@ -175,7 +181,30 @@ class NodeUsage:
             self._sum_used += slots
             self._sum_mem += amount.mem * sign
             self._sum_cores += amount.cores * sign
+        self._room = None
+        if self.on_change is not None:
+            self.on_change(self.name)
         return tuple(unknown)
+
+    def room(self) -> tuple[int, int, int]:
+        """(usable GPUs with a free slot, the most free MiB on one, the most free cores on one).
+
+        Usable: an NVIDIA candidate that is healthy, not cordoned and not in MIG mode — the only
+        devices a hami-core request can get. Every container a pod places here needs ``nums``
+        such GPUs each with its memory and cores free, so a pod asking more than this cannot fit
+        (see :func:`hamid.fit.fit.room_needed`). Cached until the usage changes.
+        """
+        room = self._room
+        if room is None:
+            slots = mem = cores = 0
+            cordoned = self.cordoned
+            for d in self.candidates:
+                if d.used < d.count and d.health and d.mode != MODE_MIG and d.id not in cordoned:
+                    slots += 1
+                    mem = max(mem, d.totalmem - d.usedmem)
+                    cores = max(cores, d.totalcore - d.usedcores)
+            room = self._room = (slots, mem, cores)
+        return room
 
     def score(self, release: PodUsage | None = None) -> float:
         """HAMi's node score ``10*(ΣUsed/ΣCount + ΣUsedcores/ΣTotalcore + ΣUsedmem/ΣTotalmem)``.

@@ -1,9 +1,13 @@
-"""Lease-based leader election (coordination.k8s.io/v1), following client-go's algorithm.
+"""Lease-based leadership (coordination.k8s.io/v1): campaign for a Lease, or follow one.
 
-The lease is taken when free or expired (expiry judged on this replica's clock from when the
-record last changed, so clock skew between replicas does not matter), renewed every
-``retry_period``, and lost when no renewal succeeds within ``renew_deadline``. Every update is a
-PUT carrying the lease's resourceVersion, so two candidates can never both win.
+:class:`LeaderElector` campaigns, following client-go's algorithm. :class:`LeaseFollower` follows
+the Lease another process campaigns for (HAMi's model: the extender leads iff the kube-scheduler
+in its pod holds the kube-scheduler Lease).
+
+The campaigning elector's lease is taken when free or expired (expiry judged on this replica's
+clock from when the record last changed, so clock skew between replicas does not matter),
+renewed every ``retry_period``, and lost when no renewal succeeds within ``renew_deadline``.
+Every update is a PUT carrying the lease's resourceVersion, so two candidates can never both win.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -190,3 +195,133 @@ class LeaderElector:
                 if self.release_on_cancel:
                     await self._release()
                 self._set_leader(False)
+
+
+def _parse_time(value: object) -> float | None:
+    """A Lease MicroTime (RFC 3339) as a POSIX timestamp; None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+class LeaseFollower:
+    """Follow a Lease that another process campaigns for (kube-scheduler beside hamid).
+
+    kube-scheduler writes ``holderIdentity = <hostname>_<uuid>``; this replica leads iff the
+    holder starts with ``<hostname>_`` and ``renewTime + leaseDurationSeconds`` is in the future
+    on the local clock. The Lease is read every ``poll_interval`` (sooner when the lease would
+    expire first). A change of holder, ``acquireTime`` or ``leaseTransitions`` while leading
+    (another replica held it in between, or kube-scheduler restarted) ends the term and starts a
+    new one, so ``on_started_leading`` runs once per term. Read errors keep the last observed
+    record, whose expiry still ends leadership.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        hostname: str,
+        *,
+        poll_interval: float = 2.0,
+        request_timeout: float = 5.0,
+        on_started_leading: Callable[[], None] | None = None,
+        on_stopped_leading: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not hostname:
+            raise ValueError("following a lease needs a non-empty hostname")
+        if not poll_interval > 0 or not request_timeout > 0:
+            raise ValueError(
+                f"poll_interval and request_timeout must be > 0, got {poll_interval}, {request_timeout}"
+            )
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.hostname = hostname
+        self.poll_interval = poll_interval
+        self.request_timeout = request_timeout
+        self._on_started = on_started_leading
+        self._on_stopped = on_stopped_leading
+        self._clock = clock
+        self._spec: dict[str, Any] = {}
+        self._term: tuple[str, str, int] | None = None
+        self._log = log.bind(lease=f"{namespace}/{name}", hostname=hostname)
+
+    @property
+    def is_leader(self) -> bool:
+        """True while the observed holder is this replica's kube-scheduler and the lease is valid."""
+        return self._term is not None
+
+    @property
+    def holder(self) -> str:
+        """The holder identity last observed on the lease ("" when unknown or released)."""
+        return str(self._spec.get("holderIdentity") or "")
+
+    def expires_at(self) -> float | None:
+        """When the observed lease expires (POSIX seconds); None without a renewal on record."""
+        renewed = _parse_time(self._spec.get("renewTime"))
+        duration = self._spec.get("leaseDurationSeconds")
+        if renewed is None or not isinstance(duration, int | float):
+            return None
+        return renewed + float(duration)
+
+    def _observed_term(self) -> tuple[str, str, int] | None:
+        """The (holder, acquireTime, transitions) this replica leads under, or None."""
+        holder = self.holder
+        expires = self.expires_at()
+        if not holder.startswith(f"{self.hostname}_") or expires is None or expires <= self._clock():
+            return None
+        return holder, str(self._spec.get("acquireTime") or ""), int(self._spec.get("leaseTransitions") or 0)
+
+    def _callback(self, leading: bool) -> None:
+        self._log.info("started leading" if leading else "stopped leading", holder=self.holder)
+        callback = self._on_started if leading else self._on_stopped
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                self._log.exception("leader election callback failed")
+
+    def _update(self) -> None:
+        term = self._observed_term()
+        if term == self._term:
+            return
+        if self._term is not None:
+            self._term = None
+            self._callback(False)
+        if term is not None:
+            self._term = term
+            self._callback(True)
+
+    async def _read(self) -> None:
+        try:
+            lease = await self.client.get_lease(self.namespace, self.name, timeout=self.request_timeout)
+        except NotFound:
+            self._spec = {}
+        except (KubeError, TimeoutError) as exc:
+            self._log.debug("lease read failed", error=str(exc), error_type=type(exc).__name__)
+        else:
+            self._spec = dict(lease.get("spec") or {})
+
+    async def run(self) -> None:
+        """Follow the lease until cancelled; leadership ends (callback) on the way out."""
+        try:
+            while True:
+                await self._read()
+                self._update()
+                wait = self.poll_interval
+                expires = self.expires_at()
+                if self.is_leader and expires is not None:
+                    wait = min(wait, max(expires - self._clock(), 0.0) + 0.01)
+                await asyncio.sleep(wait)
+        finally:
+            if self._term is not None:
+                self._term = None
+                self._callback(False)

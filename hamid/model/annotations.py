@@ -69,6 +69,8 @@ NUMA_ALIGNMENT = "hami.io/numa-alignment"
 
 # --- labels -------------------------------------------------------------------------------
 SCHEDULER_ROLE = "hami.io/scheduler-role"
+ROLE_LEADER = "leader"
+ROLE_FOLLOWER = "follower"
 WEBHOOK = "hami.io/webhook"
 WEBHOOK_IGNORE = "ignore"
 POD_GROUP = "scheduling.x-k8s.io/pod-group"

@@ -39,6 +39,7 @@ from hamid.plugin.allocation import (
     choose_pod,
     consume,
     container_at,
+    distinct_gpu_preference,
     hami_core_answer,
     has_pending_entry,
     is_allocation_candidate,
@@ -225,7 +226,7 @@ class Allocator:
                 await self._fail(pod, str(exc))
                 raise
             if replacement is None:
-                return []
+                return self._fallback(entry.index, chosen, request)
             chosen, still = select_preferred(
                 replacement, request.available, request.must_include, request.size, uuid_of
             )
@@ -244,6 +245,26 @@ class Allocator:
                 size=request.size,
             )
             return []
+        return chosen
+
+    def _fallback(self, index: int, partial: Sequence[str], request: PreferredRequest) -> list[str]:
+        """kubelet's choice stands: prefer one replica per distinct GPU so Allocate can honour it.
+
+        ``partial`` (must-include replicas plus the annotated GPUs that are still available) is kept
+        when possible; "no preference" only when the size cannot be met with distinct GPUs.
+        """
+        uuid_of = self.inventory.uuid_of
+        chosen = distinct_gpu_preference(request.available, partial, request.size, uuid_of)
+        if not chosen and list(partial) != list(request.must_include):
+            chosen = distinct_gpu_preference(request.available, request.must_include, request.size, uuid_of)
+        log.info(
+            "kubelet's choice stands; preferring replicas on distinct GPUs"
+            if chosen
+            else "kubelet's choice stands; no distinct-GPU preference possible",
+            container_index=index,
+            preferred=chosen,
+            size=request.size,
+        )
         return chosen
 
     # -- Allocate -------------------------------------------------------------------------------

@@ -176,6 +176,35 @@ def select_preferred(
     return chosen, missing
 
 
+def distinct_gpu_preference(
+    available: Sequence[str], must_include: Sequence[str], size: int, uuid_of: UuidOf
+) -> list[str]:
+    """``size`` replica IDs on distinct physical GPUs (the fallback preference), or ``[]`` if impossible.
+
+    Used when the plugin keeps kubelet's choice: "no preference" would let kubelet take two replicas
+    of one GPU for a multi-GPU container, which Allocate must refuse. Must-include replicas come
+    first (they must name distinct known GPUs); the rest is one replica per GPU, GPUs with the most
+    available replicas first, ties by UUID; each GPU gives its smallest replica ID.
+    """
+    if size <= 0 or len(must_include) > size:
+        return []
+    chosen = list(must_include)
+    used: set[str] = set()
+    for device_id in must_include:
+        uuid = uuid_of(device_id)
+        if uuid is None or uuid in used:
+            return []
+        used.add(uuid)
+    replicas: dict[str, list[str]] = {}
+    for device_id in dict.fromkeys(available):
+        uuid = uuid_of(device_id)
+        if uuid is not None and uuid not in used and device_id not in chosen:
+            replicas.setdefault(uuid, []).append(device_id)
+    ranked = sorted(replicas, key=lambda u: (-len(replicas[u]), u))
+    chosen += [min(replicas[u]) for u in ranked[: size - len(chosen)]]
+    return chosen if len(chosen) == size else []
+
+
 def allowed_uuids(available: Sequence[str], uuid_of: UuidOf) -> tuple[str, ...]:
     """Unique physical GPUs behind kubelet's available replica IDs, first-seen order (upstream #2817)."""
     seen: dict[str, None] = {}

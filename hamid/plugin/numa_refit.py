@@ -13,7 +13,10 @@ strict         one refit; on failure the allocation fails   error log only, kube
                (gRPC error, bind-phase=failed, lock freed)
 =============  ==========================================  =====================================
 
-A committed refit returns the new devices; if kubelet cannot honour them the allocator fails the
+Whenever kubelet's choice stands, the allocator answers GetPreferredAllocation with one replica per
+distinct physical GPU (must-include first, then the GPUs with the most available replicas) so that
+kubelet never puts two slots of one container on the same GPU; "no preference" only when that is
+impossible. A committed refit returns the new devices; if kubelet cannot honour them the allocator fails the
 allocation in every mode. After a commit the pod is re-read (GET), so ``Allocate`` consumes the
 refitted entry even when the plugin's watch cache lags.
 """

@@ -1,4 +1,9 @@
-"""`hamid scheduler` command: extender, webhook, probes and metrics listeners; leader election."""
+"""`hamid scheduler` command: extender, webhook, probes and metrics listeners; leadership.
+
+With ``--leader-elect`` the replica follows the Lease of the kube-scheduler in its pod (mode
+``follow``, HAMi's model) or campaigns for its own Lease (mode ``campaign``, when no
+kube-scheduler runs beside it); terms and role labels are in :mod:`hamid.scheduler.ha`.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +22,13 @@ from aiohttp import web
 
 from hamid.kube.client import connect
 from hamid.kube.errors import KubeError
-from hamid.kube.leader import LeaderElector
+from hamid.kube.leader import LeaderElector, LeaseFollower
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import option
 from hamid.scheduler.core import Scheduler, SchedulerSettings
+from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.refit import refit_route_factory
 from hamid.tls import ReloadingServerContext, server_ssl_context
@@ -32,6 +38,8 @@ log = get_logger("scheduler.cli")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 REFIT_AUTH_METHODS = ("mtls", "token")
+LEADER_ELECT_MODES = ("follow", "campaign")
+DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component=scheduler"
 
 
 def parse_duration(text: str) -> timedelta:
@@ -63,6 +71,12 @@ class SchedulerOptions:
     leader_elect: bool = False
     leader_elect_namespace: str = "kube-system"
     leader_elect_name: str = "hami-scheduler"
+    leader_elect_mode: str = "follow"
+    leader_elect_retry_period_s: float = 2.0
+    leader_identity: str | None = None
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    scheduler_pod_selector: str = DEFAULT_POD_SELECTOR
     api_server: str | None = None
     kubeconfig: str | None = None
     device_plugin_namespace: str = "kube-system"
@@ -109,6 +123,8 @@ async def run_scheduler(
     scheduler = Scheduler(kube, options.device_config, options.settings)
     runners: list[web.AppRunner] = []
     try:
+        # before any listener: with leader election a replica starts as a follower
+        ha = _leadership(scheduler, options) if options.leader_elect else None
         cluster = cluster_app(scheduler, [factory(scheduler, options) for factory in extra_routes])
         ports: dict[str, int] = {}
         for key, app, listen, ctx in (
@@ -118,24 +134,18 @@ async def run_scheduler(
         ):
             runner, ports[key] = await serve(app, listen, ctx)
             runners.append(runner)
-        elector: LeaderElector | None = None
-        if options.leader_elect:
-            scheduler.leading = False
-            elector = LeaderElector(
-                kube,
-                options.leader_elect_namespace,
-                options.leader_elect_name,
-                f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-                on_started_leading=lambda: setattr(scheduler, "leading", True),
-                on_stopped_leading=lambda: setattr(scheduler, "leading", False),
-            )
-        log.info("scheduler_started", **ports, tls=tls is not None, leader_elect=options.leader_elect)
+        log.info(
+            "scheduler_started",
+            **ports,
+            tls=tls is not None,
+            leader_elect=options.leader_elect and options.leader_elect_mode,
+        )
         if ready is not None:
             ready(scheduler, ports)
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(scheduler.run())]
-            if elector is not None:
-                tasks.append(tg.create_task(elector.run()))
+            if ha is not None:
+                tasks += [tg.create_task(ha[0].run()), tg.create_task(ha[1].run())]
             if tls is not None:
                 tasks.append(tg.create_task(tls.run()))
             await stop.wait()
@@ -147,6 +157,48 @@ async def run_scheduler(
             await runner.cleanup()
         await scheduler.close()
         await kube.close()
+
+
+def _leadership(
+    scheduler: Scheduler, options: SchedulerOptions
+) -> tuple[Leadership, LeaderElector | LeaseFollower]:
+    """The replica's terms/role labels and the elector driving them (``--leader-elect-mode``)."""
+    retry = options.leader_elect_retry_period_s
+    identity = options.leader_identity or socket.gethostname()
+    try:
+        leadership = Leadership(
+            scheduler,
+            pod_name=options.pod_name,
+            pod_namespace=options.pod_namespace,
+            pod_selector=options.scheduler_pod_selector,
+            retry_delay=retry,
+        )
+        if options.leader_elect_mode == "campaign":
+            return leadership, LeaderElector(
+                scheduler.kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                f"{identity}_{uuid.uuid4().hex[:8]}",
+                retry_period=retry,
+                on_started_leading=leadership.started,
+                on_stopped_leading=leadership.stopped,
+            )
+        if options.leader_elect_mode == "follow":
+            return leadership, LeaseFollower(
+                scheduler.kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                identity,
+                poll_interval=retry,
+                request_timeout=options.settings.api_timeout_s,
+                on_started_leading=leadership.started,
+                on_stopped_leading=leadership.stopped,
+            )
+    except ValueError as exc:
+        raise InvalidInput(f"leader election: {exc}") from None
+    raise InvalidInput(
+        f"unknown leader election mode {options.leader_elect_mode!r} (use {', '.join(LEADER_ELECT_MODES)})"
+    )
 
 
 def _load_device_config(path: str | None) -> DeviceConfig:
@@ -197,9 +249,43 @@ def _load_device_config(path: str | None) -> DeviceConfig:
 @option("--device-config-file", default=None, help="HAMi device-config YAML (its nvidia: section).")
 @option("--node-lock-timeout", default="5m", help="Age after which a node lock (hami.io/mutex.lock) expires.")
 @option("--bind-wait", default="25s", help="How long a bind waits for a contended node lock before failing.")
-@option("--leader-elect/--no-leader-elect", default=False, help="Elect one active replica with a Lease.")
+@option(
+    "--leader-elect/--no-leader-elect",
+    default=False,
+    help="Only one replica decides (/filter /bind /refit); see --leader-elect-mode.",
+)
+@option(
+    "--leader-elect-mode",
+    type=click.Choice(LEADER_ELECT_MODES),
+    default="follow",
+    help="follow: lead while the kube-scheduler in this pod holds the Lease named below (its "
+    "holderIdentity starts with '<--leader-identity>_'); campaign: campaign for that Lease "
+    "(no kube-scheduler beside hamid; never name kube-scheduler's Lease then).",
+)
 @option("--leader-elect-namespace", default="kube-system", help="Namespace of the leader-election Lease.")
-@option("--leader-elect-name", default="hami-scheduler", help="Name of the leader-election Lease.")
+@option(
+    "--leader-elect-name",
+    default="hami-scheduler",
+    help="Name of the leader-election Lease (in follow mode: kube-scheduler's resourceName).",
+)
+@option(
+    "--leader-elect-retry-period",
+    default="2s",
+    help="How often the Lease is read (follow) or acquisition is retried (campaign).",
+)
+@option(
+    "--leader-identity",
+    default=None,
+    help="This replica's hostname in Lease holder identities (default: the pod's hostname).",
+)
+@option("--pod-name", aliases=["POD_NAME"], default=None, help="This scheduler's pod (role labels).")
+@option("--pod-namespace", aliases=["POD_NAMESPACE"], default=None, help="Namespace of --pod-name.")
+@option(
+    "--scheduler-pod-selector",
+    default=DEFAULT_POD_SELECTOR,
+    help="Label selector of all scheduler pods in --pod-namespace; the leader labels them "
+    "hami.io/scheduler-role=follower and its own pod leader.",
+)
 @option(
     "--api-server",
     default=None,
@@ -235,6 +321,7 @@ def scheduler_command(**kw: str | bool | None) -> None:
             node_lock_timeout=parse_duration(str(kw["node_lock_timeout"])),
             bind_wait_s=parse_duration(str(kw["bind_wait"])).total_seconds(),
         )
+        retry_period = parse_duration(str(kw["leader_elect_retry_period"])).total_seconds()
     except InvalidInput as exc:
         raise click.BadParameter(str(exc)) from exc
     options = SchedulerOptions(
@@ -249,6 +336,12 @@ def scheduler_command(**kw: str | bool | None) -> None:
         leader_elect=bool(kw["leader_elect"]),
         leader_elect_namespace=str(kw["leader_elect_namespace"]),
         leader_elect_name=str(kw["leader_elect_name"]),
+        leader_elect_mode=str(kw["leader_elect_mode"]),
+        leader_elect_retry_period_s=retry_period,
+        leader_identity=_opt(kw["leader_identity"]),
+        pod_name=_opt(kw["pod_name"]),
+        pod_namespace=_opt(kw["pod_namespace"]),
+        scheduler_pod_selector=str(kw["scheduler_pod_selector"] or ""),
         api_server=_opt(kw["api_server"]),
         kubeconfig=_opt(kw["kubeconfig"]),
         device_plugin_namespace=str(kw["device_plugin_namespace"]),

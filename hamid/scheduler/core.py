@@ -8,14 +8,14 @@ watch caches (pods, nodes, ResourceQuotas), and implements the extender verbs. H
 from __future__ import annotations
 
 import asyncio
-import heapq
+import gc
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
+from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
 from hamid.fit.policy import SPREAD
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
@@ -29,7 +29,15 @@ from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import LockContention, NodeLocker
-from hamid.scheduler.state import JSON, NodeEntry, SchedulerState, pod_key, pod_uid
+from hamid.scheduler.state import (
+    JSON,
+    NodeEntry,
+    Reservation,
+    SchedulerState,
+    pod_key,
+    pod_uid,
+    trim_scheduler_pod,
+)
 from hamid.scheduler.webhook import Verdict, review_pod
 
 log = get_logger("scheduler")
@@ -50,6 +58,20 @@ class SchedulerSettings:
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
+    #: After the first cache sync, take the live heap out of the cyclic GC (:func:`freeze_heap`).
+    #: For the ``hamid scheduler`` process; off where the scheduler is embedded (tests, simulator).
+    gc_freeze: bool = False
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every live object to the GC's permanent generation (``gc.freeze``).
+
+    The synced caches and state are long-lived; left in the collector, each full collection walks
+    all of them (hundreds of ms at 10,000 pods) and stalls whichever filter it lands in. Frozen
+    objects are still freed by reference counting when dropped; only cycles among them are not.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class Scheduler:
@@ -69,7 +91,7 @@ class Scheduler:
         self.state = SchedulerState(self.config)
         self.metrics = SchedulerMetrics(self.state)
         self.events = events or EventRecorder(kube, "hami-scheduler")
-        self.pods = PodCache(kube)
+        self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
         self.pods.add_handlers(on_add=self._pod_seen, on_update=self._pod_updated, on_delete=self._pod_gone)
@@ -91,8 +113,12 @@ class Scheduler:
             timeout=self.settings.node_lock_timeout,
             call_timeout=self.settings.api_timeout_s,
         )
+        #: Whether this replica decides; with ``term_synced`` managed by hamid.scheduler.ha.Leadership.
         self.leading: bool = True
+        #: False from the start of a leadership term until the caches have caught up in it.
+        self.term_synced: bool = True
         self._tasks: set[asyncio.Task[None]] = set()
+        self._candidates: _Candidates | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -107,6 +133,8 @@ class Scheduler:
             return "caches not synced"
         if not self.leading:
             return "not the leader"
+        if not self.term_synced:
+            return "cache of this term not synced yet"
         return ""
 
     async def run(self) -> None:
@@ -117,8 +145,16 @@ class Scheduler:
                 tg.create_task(self.nodes.run())
                 tg.create_task(self.quotas.run())
                 tg.create_task(self._handshake_loop())
+                if self.settings.gc_freeze:
+                    tg.create_task(self._freeze_after_sync())
         finally:
             await self.close()
+
+    async def _freeze_after_sync(self) -> None:
+        for cache in (self.pods, self.nodes, self.quotas):
+            await cache.wait_synced()
+        freeze_heap()
+        log.info("heap_frozen_after_sync", frozen_objects=gc.get_freeze_count())
 
     async def close(self) -> None:
         """Cancel background event tasks."""
@@ -160,7 +196,7 @@ class Scheduler:
 
     async def _handshake_loop(self) -> None:
         while True:
-            if self.leading and self.synced:
+            if not self.not_ready_reason():  # only the leader writes handshakes
                 await self.write_handshakes()
             await asyncio.sleep(self.settings.handshake_interval_s)
 
@@ -197,35 +233,83 @@ class Scheduler:
     ) -> tuple[str | None, Fitted | None, dict[str, str]]:
         """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
 
-        Nodes are tried best-first by node score and policy (ties: request order); the first
-        that fits wins — the same node as fitting all and picking the best, with work
-        proportional to the nodes tried. Nodes after the winner get no reason.
-        Returns (node, fit, failed-node reasons).
+        The node chosen is the one fitting every candidate and picking the best would choose
+        (best node score for the policy, ties to the earliest candidate), with work proportional
+        to the nodes ahead of it: nodes are walked best-first from the state's score index, a
+        node whose :meth:`~hamid.fit.usage.NodeUsage.room` is below the pod's need is passed
+        over without a fit, and the first node that fits wins. Failed-node reasons are HAMi's:
+        when nothing fits every candidate gets its reason; when a node fits, the unregistered
+        candidates and the nodes fitted before the winner get theirs (kube-scheduler reads
+        them only when no node passes). Returns (node, fit, failed-node reasons).
         """
         uid = pod_uid(pod)
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-        previous = self.state.reservation(uid)
-        quota = self.state.fit_quota(namespace, exclude_uid=uid)
-        failed: dict[str, str] = {}
-        now = self.state.clock()
-        nodes = self.state.nodes
-        sign = 1.0 if spec.policy.node_policy == SPREAD else -1.0
-        heap: list[tuple[float, int, NodeEntry]] = []
-        for i, name in enumerate(names):
-            entry = nodes.get(name)
-            if entry is None or not entry.healthy(now):
-                failed[name] = R.NODE_UNREGISTERED
-                continue
-            heap.append((sign * entry.usage.score(), i, entry))
-        heapq.heapify(heap)  # best-first in order_nodes' order, without sorting every candidate
-        while heap:
-            entry = heapq.heappop(heap)[2]
-            release = previous.applied if previous is not None and previous.node == entry.name else None
-            result = fit_pod(entry.usage, spec, quota, release)
+        state = self.state
+        previous = state.reservation(uid)
+        quota = state.fit_quota(namespace, exclude_uid=uid)
+        nodes = state.nodes
+        now = state.clock()
+        position, unregistered = self._positions(names)
+        failed = dict.fromkeys(unregistered, R.NODE_UNREGISTERED)
+        # A re-filtered pod sees its own booking on its node as free: that node's score differs
+        # from the index's, so it is ranked on its own.
+        own: tuple[float, str] | None = None
+        if previous is not None and previous.node in position and previous.node in nodes:
+            own = (nodes[previous.node].usage.score(previous.applied), previous.node)
+        need_gpus, need_mem, need_cores = room_needed(spec)
+        passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
+        for group in _best_first(state.ranked(), spec.policy.node_policy == SPREAD, position, own):
+            tries: list[NodeEntry] = []
+            for name in group:
+                entry = nodes[name]
+                if not entry.healthy(now):
+                    failed[name] = R.NODE_UNREGISTERED
+                    continue
+                if own is None or name != own[1]:
+                    gpus, mem, cores = entry.usage.room()
+                    if gpus < need_gpus or mem < need_mem or cores < need_cores:
+                        passed.append(entry)
+                        continue
+                tries.append(entry)
+            if len(tries) > 1:
+                tries.sort(key=lambda e: position[e.name])
+            for entry in tries:
+                result = self._fit(entry, spec, quota, previous)
+                if isinstance(result, Fitted):
+                    return entry.name, result, failed
+                failed[entry.name] = result.reason
+        for entry in passed:
+            result = self._fit(entry, spec, quota, previous)
             if isinstance(result, Fitted):
                 return entry.name, result, failed
             failed[entry.name] = result.reason
         return None, None, failed
+
+    def _positions(self, names: tuple[str, ...]) -> tuple[Mapping[str, int], tuple[str, ...]]:
+        """Each candidate's request position (first occurrence) and the unregistered candidates.
+
+        kube-scheduler sends the same node list filter after filter: the answer is kept until the
+        list or the set of registered nodes changes, so a filter does not rebuild it.
+        """
+        membership = self.state.membership
+        cached = self._candidates
+        if (
+            cached is not None
+            and cached.membership == membership
+            and (cached.names is names or cached.names == names)
+        ):
+            return cached.position, cached.unregistered
+        position = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
+        unregistered = tuple(position.keys() - self.state.nodes.keys())
+        self._candidates = _Candidates(names, membership, position, unregistered)
+        return position, unregistered
+
+    @staticmethod
+    def _fit(
+        entry: NodeEntry, spec: PodFitSpec, quota: Quota | None, previous: Reservation | None
+    ) -> Fitted | Unfit:
+        release = previous.applied if previous is not None and previous.node == entry.name else None
+        return fit_pod(entry.usage, spec, quota, release)
 
     async def _filter(self, args: FilterArgs) -> FilterResult:
         pod = args.pod
@@ -382,6 +466,52 @@ class Scheduler:
     def admit(self, pod: JSON, namespace: str) -> Verdict:
         """The webhook verdict for a pod (quota precheck against the live state)."""
         return review_pod(pod, self.config, self.settings.scheduler_name, self.state.fit_quota, namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """A candidate list with its positions and unregistered names, for one node membership."""
+
+    names: tuple[str, ...]
+    membership: int
+    position: Mapping[str, int]
+    unregistered: tuple[str, ...]
+
+
+def _best_first(
+    ranked: list[tuple[float, str]],
+    spread: bool,
+    position: Mapping[str, int],
+    own: tuple[float, str] | None,
+) -> Iterator[list[str]]:
+    """Candidates in groups of equal node score, best group first (spread: lowest score first).
+
+    ``ranked`` is the ascending ``(score, name)`` index; names not in ``position`` (not
+    candidates) are left out, ``own`` (score, name) is placed by its own score instead of its
+    indexed one. Within a group the caller orders by request position.
+    """
+    step = 1 if spread else -1
+    i = 0 if spread else len(ranked) - 1
+    end = len(ranked) if spread else -1
+    own_name = own[1] if own is not None else None
+    while i != end:
+        score = ranked[i][0]
+        group: list[str] = []
+        while i != end and ranked[i][0] == score:
+            name = ranked[i][1]
+            i += step
+            if name in position and name != own_name:
+                group.append(name)
+        if own is not None and (own[0] < score if spread else own[0] > score):
+            yield [own[1]]
+            own = None
+        elif own is not None and own[0] == score:
+            group.append(own[1])
+            own = None
+        if group:
+            yield group
+    if own is not None:
+        yield [own[1]]
 
 
 def _chosen(result: FilterResult) -> bool:

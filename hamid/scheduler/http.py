@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
+from prometheus_client.registry import Collector
 
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.extender_json import decode_bind_args, decode_filter_args
+from hamid.scheduler.metrics import CLUSTER_METRICS
+from hamid.scheduler.state import SchedulerState
 from hamid.scheduler.webhook import admission_response
 
 log = get_logger("scheduler.http")
@@ -84,8 +87,27 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def _readyz_webhook(request: web.Request) -> web.Response:
+    """Ready to answer /webhook (any role): the caches have applied their first list."""
+    if not request.app[SCHEDULER_KEY].synced:
+        return web.Response(status=503, text="not ready: caches not synced")
+    return web.Response(text="ok")
+
+
+class _FollowerView(Collector):
+    """A registry without the cluster families (what a follower exports)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.registry.collect() if family.name not in CLUSTER_METRICS)
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    payload = generate_latest(request.app[SCHEDULER_KEY].metrics.registry)
+    scheduler = request.app[SCHEDULER_KEY]
+    registry = scheduler.metrics.registry
+    payload = generate_latest(registry if scheduler.leading else _FollowerView(registry))
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -99,12 +121,17 @@ def extender_app(scheduler: Scheduler) -> web.Application:
 
 
 def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = ()) -> web.Application:
-    """``POST /webhook``, ``GET /healthz``, ``GET /readyz`` plus routes added by ``extra_routes``."""
+    """``POST /webhook``, ``GET /healthz``, ``GET /readyz[/webhook]`` plus ``extra_routes``'s routes.
+
+    ``/readyz`` is 200 only on the replica that decides (synced, leader, term synced);
+    ``/readyz/webhook`` is 200 on every replica whose caches are synced (followers answer the webhook).
+    """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SCHEDULER_KEY] = scheduler
     app.router.add_post("/webhook", _webhook)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/readyz/webhook", _readyz_webhook)
     for register in extra_routes:
         register(app)
     return app

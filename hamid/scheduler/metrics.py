@@ -44,6 +44,10 @@ class _GpuCollector(Collector):
         yield from (mem, mem_limit, cores, slots, healthy)
 
 
+#: Families describing the cluster (per GPU, per node): exported by the leader only (HAMi #1432).
+CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(SchedulerState()).collect())
+
+
 class SchedulerMetrics:
     """Histograms and counters of the scheduler, registered in their own registry."""
 

@@ -378,9 +378,19 @@ class RefitService:
         res = state.reservation(uid)
         held = dict(res.applied) if res is not None else {}
         entry = state.nodes.get(res.node) if res is not None else None
+        release_quota = _noop_release
+        if res is not None and res.blocked is None:
+            old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+            new_mem, new_cores = pod_quota_usage(layout, res.kinds, res.init_released)
+            # The namespace keeps the larger of the old and new usage per field (below).
+            release_quota = state.hold_quota(
+                res.namespace, max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
+            )
         undo = state.move(uid, layout, new_allocated)
         # Until the patch is decided the pod books BOTH its old and its new GPUs: a filter running
-        # meanwhile can take neither, so a rollback can never over-commit the old GPUs.
+        # meanwhile can take neither, so a rollback can never over-commit the old GPUs; likewise
+        # its namespace quota counts the larger of its old and new usage, so a refit that lowers
+        # the usage frees no headroom a rollback would need.
         if entry is not None:
             entry.usage.add(held)
         try:
@@ -409,8 +419,13 @@ class RefitService:
             undo()
             raise
         finally:
+            release_quota()
             if entry is not None and state.nodes.get(entry.name) is entry:
                 entry.usage.remove(held)
+
+
+def _noop_release() -> None:
+    """No quota held: nothing to release."""
 
 
 def refit_routes(

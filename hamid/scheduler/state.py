@@ -13,6 +13,7 @@ rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,72 @@ Undo = Callable[[], None]
 HANDSHAKE_GRACE_S = 60.0
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _DELETED_MEMORY = 10_000
+
+
+#: Every annotation key hamid defines (``hami.io/…``, ``nvidia.com/…``): the pod annotations the
+#: scheduler can read. Others (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the
+#: whole spec —, tooling notes) stay out of its pod cache.
+HAMID_ANNOTATION_KEYS = frozenset(
+    value for name, value in vars(ann).items() if name.isupper() and isinstance(value, str) and "/" in value
+)
+_POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+_CONTAINER_KEYS = ("name", "resources", "restartPolicy")
+
+
+def _trim_containers(containers: Any) -> Any:
+    if not isinstance(containers, list):
+        return containers  # malformed: kept as is, so the reader reports it
+    return [{k: c[k] for k in _CONTAINER_KEYS if k in c} if isinstance(c, dict) else c for c in containers]
+
+
+def _trim_init_statuses(statuses: Any) -> Any:
+    """Name and ``state.terminated.exitCode`` of each init container status (what init release reads)."""
+    if not isinstance(statuses, list):
+        return statuses
+    out = []
+    for status in statuses:
+        if not isinstance(status, dict):
+            out.append(status)
+            continue
+        kept: JSON = {"name": status.get("name")}
+        terminated = (status.get("state") or {}).get("terminated")
+        if isinstance(terminated, dict):
+            kept["state"] = {"terminated": {"exitCode": terminated.get("exitCode")}}
+        out.append(kept)
+    return out
+
+
+def trim_scheduler_pod(pod: JSON) -> JSON:
+    """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
+
+    metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
+    annotations; spec: nodeName, schedulerName and each (init) container's name, resources and
+    restartPolicy; status: phase and each init container's name and exit code. Accounting,
+    bind, the node lock, refit and Events read nothing else, and a rebuild from trimmed pods
+    equals one from full pods. Env, volumes, probes, images, managedFields, conditions and the
+    app containers' statuses — most of a pod's bytes — are dropped.
+    """
+    meta = pod.get("metadata") or {}
+    out_meta: JSON = {k: meta[k] for k in _POD_METADATA_KEYS if k in meta}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, dict):
+        out_meta["annotations"] = {k: v for k, v in annotations.items() if k in HAMID_ANNOTATION_KEYS}
+    out: JSON = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
+    out["metadata"] = out_meta
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        out_spec: JSON = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+        for key in ("initContainers", "containers"):
+            if key in spec:
+                out_spec[key] = _trim_containers(spec[key])
+        out["spec"] = out_spec
+    status = pod.get("status")
+    if isinstance(status, dict):
+        out_status: JSON = {k: status[k] for k in ("phase",) if k in status}
+        if "initContainerStatuses" in status:
+            out_status["initContainerStatuses"] = _trim_init_statuses(status["initContainerStatuses"])
+        out["status"] = out_status
+    return out
 
 
 def _noop() -> None:
@@ -102,6 +169,42 @@ class NodeEntry:
         return self.allocatable_gpu > 0
 
 
+class ScoreIndex:
+    """Registered nodes ordered by node score, kept incrementally.
+
+    A node whose usage changes is only marked (:meth:`touch`, the ``NodeUsage.on_change`` hook);
+    :meth:`ranked` re-keys the marked nodes (a bisect and a list move each) and returns the
+    ``(score, name)`` pairs ascending, so a filter walks nodes best-first without scoring or
+    sorting every candidate.
+    """
+
+    __slots__ = ("_dirty", "_keys", "_score")
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[float, str]] = []
+        self._score: dict[str, float] = {}
+        self._dirty: set[str] = set()
+
+    def touch(self, name: str) -> None:
+        """Mark ``name`` for re-keying (its usage changed, or it was added or dropped)."""
+        self._dirty.add(name)
+
+    def ranked(self, nodes: Mapping[str, NodeEntry]) -> list[tuple[float, str]]:
+        """``(score, name)`` of every node in ``nodes``, ascending (the live list: do not mutate)."""
+        keys = self._keys
+        for name in self._dirty:
+            old = self._score.pop(name, None)
+            if old is not None:
+                del keys[bisect.bisect_left(keys, (old, name))]
+            entry = nodes.get(name)
+            if entry is not None:
+                score = entry.usage.score()
+                self._score[name] = score
+                bisect.insort(keys, (score, name))
+        self._dirty.clear()
+        return keys
+
+
 def pod_uid(pod: Mapping[str, Any]) -> str:
     """``metadata.uid`` of a pod dict."""
     return str((pod.get("metadata") or {}).get("uid") or "")
@@ -120,6 +223,9 @@ class SchedulerState:
         self.config = config or ResourceConfig()
         self.clock = clock
         self.nodes: dict[str, NodeEntry] = {}
+        #: Bumped whenever a node name joins or leaves :attr:`nodes` (caches keyed on the set).
+        self.membership = 0
+        self._index = ScoreIndex()
         self._reservations: dict[str, Reservation] = {}
         self._by_node: dict[str, set[str]] = {}
         self._deleted: OrderedDict[str, None] = OrderedDict()
@@ -205,9 +311,13 @@ class SchedulerState:
             self.notify(name)
             return
         usage = NodeUsage.from_infos(name, infos, pair_scores, cordoned or ())
+        usage.on_change = self._index.touch
+        self._index.touch(name)
         new_entry = NodeEntry(
             name, usage, infos, register_raw, score_raw, cordon_raw, node, handshake_at, allocatable
         )
+        if name not in self.nodes:
+            self.membership += 1
         self.nodes[name] = new_entry
         for uid in self._by_node.get(name, ()):
             self._apply(self._reservations[uid], new_entry)
@@ -228,7 +338,9 @@ class SchedulerState:
         self.notify(name)
 
     def _drop_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        if self.nodes.pop(name, None) is not None:
+            self.membership += 1
+        self._index.touch(name)
         for uid in self._by_node.get(name, ()):
             self._reservations[uid].applied = {}
 
@@ -247,6 +359,10 @@ class SchedulerState:
         if handshake.state is not ann.HandshakeState.REQUESTING or handshake.time is None:
             return None, True
         return handshake.time.timestamp(), False
+
+    def ranked(self) -> list[tuple[float, str]]:
+        """``(node score, name)`` of every registered node, ascending (do not mutate)."""
+        return self._index.ranked(self.nodes)
 
     def schedulable(self, name: str) -> NodeEntry | None:
         """The node's entry if it is registered and healthy now, else None."""
@@ -513,15 +629,37 @@ class SchedulerState:
         used = self._quota_used.get(namespace)
         return (used[0], used[1]) if used else (0, 0)
 
+    def hold_quota(self, namespace: str, mem: int, cores: int) -> Undo:
+        """Count ``mem`` MiB and ``cores`` % more against ``namespace`` until the undo runs (once).
+
+        A refit holds the larger of the pod's old and new quota usage while its patch is in
+        flight, so a filter meanwhile cannot take headroom a rollback would need.
+        """
+        if mem == 0 and cores == 0:
+            return _noop
+        self._quota_shift(namespace, mem, cores)
+        done = False
+
+        def undo() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._quota_shift(namespace, -mem, -cores)
+
+        return undo
+
     def _quota_add(self, res: Reservation, sign: int) -> None:
         if res.blocked is not None:
             return
         mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
-        used = self._quota_used.setdefault(res.namespace, [0, 0])
-        used[0] += sign * mem
-        used[1] += sign * cores
+        self._quota_shift(res.namespace, sign * mem, sign * cores)
+
+    def _quota_shift(self, namespace: str, mem: int, cores: int) -> None:
+        used = self._quota_used.setdefault(namespace, [0, 0])
+        used[0] += mem
+        used[1] += cores
         if used == [0, 0]:
-            del self._quota_used[res.namespace]
+            del self._quota_used[namespace]
 
     # -- views -----------------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ SCENARIOS = (
     "refit-disabled",
     "pinned-uuid",
     "heterogeneous",
+    "heterogeneous-strict",
     "mig-node",
     "numa-bind",
 )
@@ -478,10 +479,13 @@ async def _refused_run(
             result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
         else:
             runtime_numas = _numas(cluster, state["runtimeGpus"], node)
+            runtime = state["runtimeGpus"]
             result.check(
-                "pod Running on kubelet's choice",
-                state["phase"] == "Running" and runtime_numas == [cpu_numa],
-                f"phase {state['phase']}, runtime {state['runtimeGpus']} NUMA {runtime_numas}",
+                "pod Running on kubelet's choice (one slot per distinct GPU)",
+                state["phase"] == "Running"
+                and runtime_numas == [cpu_numa]
+                and len(set(runtime)) == len(runtime) == len(choice),
+                f"phase {state['phase']}, runtime {runtime} NUMA {runtime_numas}",
             )
             result.step(
                 "allocate",
@@ -520,17 +524,33 @@ async def scenario_pinned_uuid() -> ScenarioResult:
     return result
 
 
+def heterogeneous_pod(alignment: str) -> dict[str, Any]:
+    """Two GPUs with numa-bind and a memory percentage: on mixed cards the MiB booked per GPU differ."""
+    return seed_pod(
+        alignment=alignment, gpus=2, gpumem=None, gpumem_percentage=25, annotations={ann.NUMA_BIND: "true"}
+    )
+
+
 async def scenario_heterogeneous() -> ScenarioResult:
-    """Percentage request on mixed GPUs books differing MiB per GPU: the refit is refused."""
+    """Percentage request on mixed GPUs books differing MiB per GPU: refused; best-effort runs anyway."""
     result = ScenarioResult(
-        "heterogeneous", "refit refused (differing per-device amounts); strict fails the allocation"
+        "heterogeneous",
+        "refit refused (differing per-device amounts); best-effort runs on kubelet's two distinct GPUs",
     )
     # numa-bind makes the scheduler take both GPUs of one NUMA node: one 48 GB and one 96 GB card.
     options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
-    pod = seed_pod(
-        alignment="strict", gpus=2, gpumem=None, gpumem_percentage=25, annotations={ann.NUMA_BIND: "true"}
+    pod = heterogeneous_pod("best-effort")
+    await _refused_run(result, options, pod, strict=False, reason_text="heterogeneous")
+    return result
+
+
+async def scenario_heterogeneous_strict() -> ScenarioResult:
+    """The heterogeneous reservation with strict alignment: the refused refit fails the allocation."""
+    result = ScenarioResult(
+        "heterogeneous-strict", "refit refused (differing per-device amounts); strict fails the allocation"
     )
-    await _refused_run(result, options, pod, strict=True, reason_text="heterogeneous")
+    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
+    await _refused_run(result, options, heterogeneous_pod("strict"), strict=True, reason_text="heterogeneous")
     return result
 
 
@@ -607,6 +627,7 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "refit-disabled": scenario_refit_disabled,
     "pinned-uuid": scenario_pinned_uuid,
     "heterogeneous": scenario_heterogeneous,
+    "heterogeneous-strict": scenario_heterogeneous_strict,
     "mig-node": scenario_mig_node,
     "numa-bind": scenario_numa_bind,
 }

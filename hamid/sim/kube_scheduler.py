@@ -8,8 +8,18 @@ A failed attempt records a ``FailedScheduling`` Warning event with kube-schedule
 ``PodScheduled=False`` condition and retries after kube-scheduler's per-pod backoff (1 s doubling
 up to 10 s by default; both configurable). A success records ``Scheduled``.
 
-Simplifications: no in-tree filters or scores (every node is a candidate; among feasible nodes the
-first returned wins), no prioritize or preempt verbs, the extender is interested in every pod.
+In-tree filtering, like ``NodeAffinity`` (``spec.nodeSelector`` only) and ``NodeResourcesFit``
+(cpu, memory and the pod count): a node is only sent to ``/filter`` when its labels match the pod's
+``nodeSelector`` and the pod's ``cpu``/``memory`` requests fit the node's ``status.allocatable`` minus
+the requests of the non-terminated pods on it (bound pods from a watch of assigned pods, plus pods
+this driver bound that the watch has not shown yet, like kube-scheduler's assumed pods). Failing
+nodes carry kube-scheduler's reasons (``Insufficient cpu``, ``Insufficient memory``, ``Too many
+pods``, ``node(s) didn't match Pod's node affinity/selector``) into the ``FailedScheduling``
+message; when no node passes, the extender is not called. Extended resources (``nvidia.com/*``)
+are left to the extender (HAMi marks them ``ignoredByScheduler``).
+
+Simplifications: no other in-tree filters, no scores (among feasible nodes the first returned wins),
+no prioritize or preempt verbs, the extender is interested in every pod.
 """
 
 # Every ``timeout`` parameter here is a deadline enforced inside with ``asyncio.timeout``.
@@ -33,8 +43,20 @@ from hamid.kube.client import JSON, KubeClient, object_key
 from hamid.kube.errors import KubeError
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import is_sidecar
+from hamid.sim.topology import quantity_milli_value, quantity_value
 
 log = get_logger("sim.kube_scheduler")
+
+#: ``NodeResourcesFit`` reasons (kube-scheduler's wording).
+REASON_INSUFFICIENT = "Insufficient {}"
+REASON_TOO_MANY_PODS = "Too many pods"
+#: ``NodeAffinity`` reason for a ``spec.nodeSelector`` mismatch.
+REASON_NODE_SELECTOR = "node(s) didn't match Pod's node affinity/selector"
+#: How long a pod bound by this driver counts on its node before the watch confirms it.
+ASSUME_TTL_S = 30.0
+_TERMINATED = ("Succeeded", "Failed")
 
 REASON_FAILED_SCHEDULING = "FailedScheduling"
 REASON_SCHEDULED = "Scheduled"
@@ -80,6 +102,99 @@ def fit_error_message(total_nodes: int, statuses: Mapping[str, list[str]]) -> st
     if histogram:
         message += f" {', '.join(histogram)}."
     return message
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """Requests or capacity in kube-scheduler's units: milli-CPU and memory bytes."""
+
+    milli_cpu: int = 0
+    memory: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(self.milli_cpu + other.milli_cpu, self.memory + other.memory)
+
+    def max(self, other: Resources) -> Resources:
+        """Per-resource maximum."""
+        return Resources(max(self.milli_cpu, other.milli_cpu), max(self.memory, other.memory))
+
+
+def _amount(values: Mapping[str, Any], name: str, where: str) -> int:
+    if name not in values:
+        return 0
+    convert = quantity_milli_value if name == "cpu" else quantity_value
+    return convert(values[name], f"{where}.{name}")
+
+
+def _container_requests(container: Mapping[str, Any]) -> Resources:
+    """``requests`` per resource, defaulting to ``limits`` (as the API server defaults them)."""
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    where = f"container {container.get('name')!r}"
+    out = {}
+    for name in ("cpu", "memory"):
+        source, section = (requests, "requests") if name in requests else (limits, "limits")
+        out[name] = _amount(source, name, f"{where} resources.{section}")
+    return Resources(out["cpu"], out["memory"])
+
+
+def pod_requests(pod: Mapping[str, Any]) -> Resources:
+    """kube-scheduler's ``computePodResourceRequest`` for cpu and memory (InvalidInput on a bad quantity).
+
+    Containers are summed; sidecars (init containers with ``restartPolicy: Always``) add to the sum
+    and stay running under later init containers; a regular init container needs its own request
+    plus the sidecars started before it; the pod needs the larger of the two, plus ``spec.overhead``.
+    """
+    spec = pod.get("spec") or {}
+    total = Resources()
+    for container in spec.get("containers") or []:
+        total = total + _container_requests(container)
+    sidecars = Resources()
+    init_peak = Resources()
+    for container in spec.get("initContainers") or []:
+        requests = _container_requests(container)
+        if is_sidecar(container):
+            total = total + requests
+            sidecars = sidecars + requests
+        else:
+            init_peak = init_peak.max(requests + sidecars)
+    overhead = spec.get("overhead") or {}
+    extra = Resources(_amount(overhead, "cpu", "spec.overhead"), _amount(overhead, "memory", "spec.overhead"))
+    return total.max(init_peak) + extra
+
+
+def _requests_or_zero(pod: Mapping[str, Any]) -> Resources:
+    try:
+        return pod_requests(pod)
+    except InvalidInput:
+        return Resources()
+
+
+def node_allocatable(node: Mapping[str, Any]) -> tuple[Resources, int]:
+    """The node's ``status.allocatable`` cpu/memory and pod count (missing or unreadable = 0)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    values = []
+    for name in ("cpu", "memory", "pods"):
+        try:
+            values.append(_amount(allocatable, name, "status.allocatable"))
+        except InvalidInput:
+            values.append(0)
+    return Resources(values[0], values[1]), values[2]
+
+
+def resource_fit_reasons(
+    request: Resources, allocatable: Resources, requested: Resources, allowed_pods: int, pods: int
+) -> list[str]:
+    """``NodeResourcesFit`` for cpu/memory and the pod count: kube-scheduler's reasons, empty if it fits."""
+    reasons = []
+    if pods + 1 > allowed_pods:
+        reasons.append(REASON_TOO_MANY_PODS)
+    if request.milli_cpu > 0 and request.milli_cpu > allocatable.milli_cpu - requested.milli_cpu:
+        reasons.append(REASON_INSUFFICIENT.format("cpu"))
+    if request.memory > 0 and request.memory > allocatable.memory - requested.memory:
+        reasons.append(REASON_INSUFFICIENT.format("memory"))
+    return reasons
 
 
 class KubeSchedulerDriver:
@@ -129,6 +244,8 @@ class KubeSchedulerDriver:
         self._waiting: dict[str, asyncio.TimerHandle] = {}
         self._pods: PodCache | None = None
         self._nodes: NodeCache | None = None
+        self._assigned: PodCache | None = None
+        self._assumed: dict[str, tuple[str, JSON, float]] = {}
         self._pulse = asyncio.Event()
         self._log = log.bind(scheduler=scheduler_name)
 
@@ -188,11 +305,70 @@ class KubeSchedulerDriver:
             handle.cancel()
         self._attempts.pop(uid, None)
 
+    def _confirmed(self, pod: JSON) -> None:
+        """The watch of assigned pods shows the pod: it no longer needs to be assumed."""
+        self._assumed.pop(str((pod.get("metadata") or {}).get("uid") or ""), None)
+
+    # -- in-tree filter (NodeResourcesFit) ------------------------------------------------------------
+
+    def node_usage(self) -> dict[str, tuple[Resources, int]]:
+        """Per node: summed requests and count of the non-terminated pods on it (assumed ones included)."""
+        usage: dict[str, tuple[Resources, int]] = {}
+        seen: set[str] = set()
+
+        def add(node: str, pod: Mapping[str, Any]) -> None:
+            requested, count = usage.get(node, (Resources(), 0))
+            usage[node] = (requested + _requests_or_zero(pod), count + 1)
+
+        for pod in [] if self._assigned is None else self._assigned.values():
+            seen.add(str((pod.get("metadata") or {}).get("uid") or ""))
+            if (pod.get("status") or {}).get("phase") not in _TERMINATED:
+                add(str((pod.get("spec") or {}).get("nodeName") or ""), pod)
+        now = asyncio.get_running_loop().time()
+        for uid, (node, pod, since) in list(self._assumed.items()):
+            if uid in seen or now - since > ASSUME_TTL_S:
+                del self._assumed[uid]
+            else:
+                add(node, pod)
+        return usage
+
+    def prefilter(self, pod: JSON, nodes: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+        """Split ``nodes`` into those passing ``nodeSelector`` and cpu/memory fit, and the others' reasons."""
+        try:
+            request = pod_requests(pod)
+        except InvalidInput as exc:
+            raise SchedulingError(str(exc), unschedulable=True) from exc
+        usage = self.node_usage()
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        fits: list[str] = []
+        failed: dict[str, list[str]] = {}
+        for name in nodes:
+            node = (None if self._nodes is None else self._nodes.get(name)) or {}
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            if any(labels.get(k) != v for k, v in selector.items()):
+                failed[name] = [REASON_NODE_SELECTOR]
+                continue
+            allocatable, allowed_pods = node_allocatable(node)
+            requested, count = usage.get(name, (Resources(), 0))
+            reasons = resource_fit_reasons(request, allocatable, requested, allowed_pods, count)
+            if reasons:
+                failed[name] = reasons
+            else:
+                fits.append(name)
+        return fits, failed
+
     # -- the loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Watch nodes and unscheduled pods and schedule them until cancelled."""
         self._nodes = NodeCache(self.kube)
+        self._assigned = PodCache(
+            self.kube,
+            field_selector="spec.nodeName!=",
+            on_add=self._confirmed,
+            on_update=lambda _old, new: self._confirmed(new),
+            on_delete=self._confirmed,
+        )
         self._pods = PodCache(
             self.kube,
             field_selector=f"spec.schedulerName={self.scheduler_name},spec.nodeName=",
@@ -206,7 +382,9 @@ class KubeSchedulerDriver:
             async with aiohttp.ClientSession(timeout=timeout) as session, asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._nodes.run())
                 tasks.create_task(self._pods.run())
+                tasks.create_task(self._assigned.run())
                 await self._nodes.wait_synced(timeout=30.0)
+                await self._assigned.wait_synced(timeout=30.0)
                 await self._pods.wait_synced(timeout=30.0)
                 self._log.info("kube-scheduler driver started", extender=self.extender_url)
                 while True:
@@ -250,6 +428,7 @@ class KubeSchedulerDriver:
             self._waiting[uid] = loop.call_later(delay, self._requeue, key, uid)
             return
         self._attempts.pop(uid, None)
+        self._assumed[uid] = (node, pod, asyncio.get_running_loop().time())
         self.bound[key] = node
         self.history.append(SchedulingAttempt(key, uid, attempt, node=node))
         bound.info("pod bound through the extender", node=node)
@@ -297,9 +476,12 @@ class KubeSchedulerDriver:
 
     async def _filter(self, session: aiohttp.ClientSession, pod: JSON) -> str:
         assert self._nodes is not None
-        nodes = sorted(self._nodes.keys())
-        if not nodes:
+        all_nodes = sorted(self._nodes.keys())
+        if not all_nodes:
             raise SchedulingError("no nodes available to schedule pods")
+        nodes, statuses = self.prefilter(pod, all_nodes)
+        if not nodes:
+            raise SchedulingError(fit_error_message(len(all_nodes), statuses), unschedulable=True)
         result = await self._post(session, self.filter_verb, {"Pod": pod, "NodeNames": nodes})
         if result.get("error"):
             raise SchedulingError(str(result["error"]))
@@ -313,7 +495,6 @@ class KubeSchedulerDriver:
                 )
         if feasible:
             return feasible[0]
-        statuses: dict[str, list[str]] = {}
         unresolvable = result.get("failedandunresolvablenodes")
         unresolvable = dict(unresolvable) if isinstance(unresolvable, Mapping) else {}
         failed = result.get("failednodes")
@@ -323,7 +504,7 @@ class KubeSchedulerDriver:
         for node, reason in failed.items():
             if node not in unresolvable:
                 statuses.setdefault(str(node), []).append(str(reason))
-        raise SchedulingError(fit_error_message(len(nodes), statuses), unschedulable=True)
+        raise SchedulingError(fit_error_message(len(all_nodes), statuses), unschedulable=True)
 
     async def _bind(self, session: aiohttp.ClientSession, pod: JSON, node: str) -> None:
         meta = pod.get("metadata") or {}

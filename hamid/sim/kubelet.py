@@ -821,7 +821,6 @@ class SimKubelet:
             delay = min(delay * 2, 0.5)
 
     async def _list_and_watch(self, endpoint: _Endpoint) -> None:
-        bound = self._log.bind(resource=endpoint.resource)
         try:
             async with endpoint.stub.ListAndWatch.open() as stream:
                 await stream.send_message(pb.Empty(), end=True)
@@ -830,11 +829,19 @@ class SimKubelet:
                     if response is None:
                         break
                     self._devices_updated(endpoint, response)
-            bound.warning("ListAndWatch ended unexpectedly for device plugin", error="stream closed")
+            self._stream_ended(endpoint, "stream closed")
         except (GRPCError, OSError, StreamTerminatedError, ConnectionError) as exc:
-            bound.warning("ListAndWatch ended unexpectedly for device plugin", error=rpc_error_text(exc))
+            self._stream_ended(endpoint, rpc_error_text(exc))
         finally:
             self._disconnected(endpoint)
+
+    def _stream_ended(self, endpoint: _Endpoint, error: str) -> None:
+        """Log a ListAndWatch end: a warning, unless this kubelet closed the endpoint (stop, restart)."""
+        bound = self._log.bind(resource=endpoint.resource, error=error)
+        if endpoint.stopped:
+            bound.debug("ListAndWatch stream closed by the kubelet's own shutdown")
+        else:
+            bound.warning("ListAndWatch ended unexpectedly for device plugin")
 
     def _devices_updated(self, endpoint: _Endpoint, response: pb.ListAndWatchResponse) -> None:
         state = self.resources.get(endpoint.resource)
@@ -1247,7 +1254,10 @@ class SimKubelet:
         )
         outside = sorted(set(answer) - available)
         missing = sorted(must_include - set(answer))
-        if outside or missing or len(answer) != size:
+        if not answer:
+            # "no opinion" is legal (kubelet fills the request from its own sets, §2.6 step 8).
+            self._log.debug("GetPreferredAllocation answered no preference", resource=state.name, size=size)
+        elif outside or missing or len(answer) != size:
             # kubelet does not refuse such answers (it intersects and tops up); say so loudly.
             self._log.warning(
                 "GetPreferredAllocation answer breaks the contract",

@@ -15,7 +15,7 @@ import pytest
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.sim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
-from hamid.sim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, seed_pod
+from hamid.sim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, heterogeneous_pod, seed_pod
 from hamid.sim.kubelet import REASON_UNEXPECTED_ADMISSION
 from tests.e2e.helpers import NODE, env_of, expected_usage, refit_event_message, stage, used_only, uuids
 
@@ -137,20 +137,33 @@ async def test_strict_pinned_outside_allowed_set_is_refused() -> None:
         await _assert_allocation_failed(cluster, "use-gpuuuid")
 
 
-async def test_heterogeneous_amounts_are_refused() -> None:
+@pytest.mark.parametrize("alignment", ["best-effort", "strict"])
+async def test_heterogeneous_amounts_are_refused(alignment: str) -> None:
     node = NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE))
     async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
-        await _run_seed(
-            cluster,
-            alignment="strict",
-            gpus=2,
-            gpumem=None,
-            gpumem_percentage=25,
-            annotations={ann.NUMA_BIND: "true"},
-        )
+        await stage(cluster)
+        await cluster.create_pod(heterogeneous_pod(alignment))
+        await cluster.wait_settled(SEED_NAME, timeout=15)
         choice = cluster.scheduler_choice(SEED_NAME)
         assert choice is not None and len({d.usedmem for d in choice[0]}) == 2
-        await _assert_allocation_failed(cluster, "heterogeneous")
+        if alignment == "strict":
+            await _assert_allocation_failed(cluster, "heterogeneous")
+            return
+        # best-effort: refused, kubelet's choice stands on two distinct GPUs of the CPUs' NUMA node
+        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
+        failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
+        assert len(failed) == 1 and "heterogeneous" in failed[0]["message"]
+        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
+        assert uuids(cluster.allocated(SEED_NAME)) == uuids(choice)
+        admission = cluster.assignment(SEED_NAME)
+        assert admission is not None
+        (call,) = admission.containers[0].preferred_calls
+        plugin = cluster.nodes[NODE].plugin
+        assert plugin is not None and len({plugin.inventory.uuid_of(i) for i in call.answer}) == 2
+        runtime = env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"].split(",")
+        table = cluster.gpu_numa(NODE)
+        assert len(set(runtime)) == 2 and {table[u] for u in runtime} == {admission.containers[0].numa_node}
+        assert _lock_free(cluster)
 
 
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])

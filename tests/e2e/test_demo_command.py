@@ -35,7 +35,7 @@ async def test_demo_default_scenario_prints_the_timeline() -> None:
         assert f" {step} " in out
     assert "Normal  NumaRefitSucceed  NUMA refit moved container 0 from [GPU-ba09367f" in out
     assert "== refit: PASS" in out and "FAIL" not in out
-    assert '"level": "info"' not in err
+    assert err == ""  # nothing on stderr: no warning for expected behaviour (empty answers, own shutdown)
 
 
 @pytest.mark.slow

@@ -1,14 +1,15 @@
-"""Lease-based leader election between two electors against the embedded API server."""
+"""Lease-based leadership against the embedded API server: campaigning electors, lease followers."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from hamid.kube.client import KubeClient
-from hamid.kube.leader import LeaderElector
+from hamid.kube.leader import LeaderElector, LeaseFollower
 from tests.integration.kube.helpers import eventually
 
 FAST = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.1}
@@ -87,3 +88,101 @@ def test_bad_durations_are_refused() -> None:
         LeaderElector(None, "ns", "n", "id", lease_duration=1, renew_deadline=2, retry_period=0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         LeaderElector(None, "ns", "n", "", lease_duration=3, renew_deadline=2, retry_period=0.5)  # type: ignore[arg-type]
+
+
+# -- following kube-scheduler's lease ---------------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def put_lease(apiserver: Any, holder: str, transitions: int = 0, duration: int = 15) -> None:
+    """Play kube-scheduler: ``holder`` renewed the lease at T0."""
+    stamp = T0.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    apiserver.put(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": duration,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": transitions,
+            },
+        }
+    )
+
+
+def follower(kube: KubeClient, hostname: str, log: list[str], now: list[float]) -> LeaseFollower:
+    return LeaseFollower(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        hostname,
+        poll_interval=0.02,
+        on_started_leading=lambda: log.append(f"{hostname}+"),
+        on_stopped_leading=lambda: log.append(f"{hostname}-"),
+        clock=lambda: now[0],
+    )
+
+
+async def test_follower_leads_while_its_kube_scheduler_holds_the_lease(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    log: list[str] = []
+    now = [T0.timestamp() + 5]
+    a = follower(kube, "host-a", log, now)
+    ab = follower(kube, "host-ab", log, now)  # a hostname that "host-a_..." must not match
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(a.run()), tg.create_task(ab.run())]
+        await eventually(lambda: ab.holder == "" and a.holder == "", what="no lease yet")
+        assert not a.is_leader and not ab.is_leader
+        await put_lease(apiserver, "host-a_1111")
+        await eventually(lambda: a.is_leader, what="host-a leads")
+        await eventually(lambda: ab.holder == "host-a_1111", what="host-ab sees the holder")
+        assert not ab.is_leader
+        # The lease expires on the local clock (kube-scheduler stopped renewing): leadership ends.
+        now[0] = T0.timestamp() + 16
+        await eventually(lambda: not a.is_leader, what="expired lease ends leadership")
+        # Renewed again by the same kube-scheduler: a new term.
+        now[0] = T0.timestamp() + 5
+        await eventually(lambda: a.is_leader, what="a leads again")
+        # Another replica's kube-scheduler takes it.
+        await put_lease(apiserver, "host-ab_2222", transitions=1)
+        await eventually(lambda: ab.is_leader and not a.is_leader, what="host-ab leads")
+        for task in tasks:
+            task.cancel()
+    assert log == ["host-a+", "host-a-", "host-a+", "host-a-", "host-ab+", "host-ab-"]
+
+
+async def test_follower_starts_a_new_term_when_the_holder_changes_unseen(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """A→B→A between two reads (or kube-scheduler restarted in the pod) is a new term."""
+    log: list[str] = []
+    now = [T0.timestamp() + 5]
+    a = follower(kube, "host-a", log, now)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await put_lease(apiserver, "host-a_1111")
+        await eventually(lambda: a.is_leader, what="a leads")
+        await put_lease(apiserver, "host-a_3333", transitions=2)
+        await eventually(lambda: len(log) == 3, what="a new term")
+        assert a.is_leader and a.holder == "host-a_3333"
+        # lease read errors keep the last record: leadership lasts until it expires
+        failing = apiserver.faults.fail_next(100_000, path_pattern="/leases", status=500)
+        await eventually(lambda: (failing.remaining or 0) < 100_000 - 3, what="three failed reads")
+        assert a.is_leader
+        now[0] = T0.timestamp() + 16
+        await eventually(lambda: not a.is_leader, what="expiry ends leadership despite read errors")
+        apiserver.faults.clear()
+        task.cancel()
+    assert log == ["host-a+", "host-a-", "host-a+", "host-a-"]
+
+
+def test_follower_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError):
+        LeaseFollower(None, "ns", "n", "", poll_interval=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        LeaseFollower(None, "ns", "n", "host", poll_interval=0)  # type: ignore[arg-type]

@@ -227,9 +227,40 @@ async def test_preferred_allocation_annotation_driven() -> None:
         assert await preferred(stub, available, 3) == []  # annotation cannot fill: no opinion
         await allocate(stub, "GPU-1-0", "GPU-0-0")
         assert await preferred(stub, available, 1) == ["GPU-3-0"]  # next pending entry
-        # GPU-3 is not offered (kubelet restricted to NUMA 0): default handler logs, no opinion
-        assert await preferred(stub, available[:8], 1) == []
+        # GPU-3 is not offered (kubelet restricted to NUMA 0): the default handler logs and kubelet's
+        # choice stands, with one replica of the GPU with the most free replicas (ties by UUID)
+        assert await preferred(stub, available[:8], 1) == ["GPU-0-0"]
         assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"
+
+
+@pytest.mark.parametrize("alignment", ["", "best-effort", "strict"])
+async def test_kubelets_choice_prefers_distinct_gpus(alignment: str) -> None:
+    """Refit off (default handler): a 2-GPU container gets replicas of two GPUs, never one GPU twice."""
+    extra = {NUMA_ALIGNMENT: alignment} if alignment else {}
+    pod = scheduled_pod("p", ((dev("GPU-2", 900, 9), dev("GPU-3", 800, 8)),), extra=extra)
+    numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        # sorted, "no preference" would let kubelet take GPU-0-0 and GPU-0-1 (one GPU twice)
+        assert await preferred(stub, numa0, 2) == ["GPU-0-0", "GPU-1-0"]
+        # GPU-0 has fewer free replicas now: GPU-1 first; a must-include replica is kept
+        assert await preferred(stub, numa0[1:], 2) == ["GPU-1-0", "GPU-0-1"]
+        assert await preferred(stub, numa0, 2, ["GPU-0-2"]) == ["GPU-0-2", "GPU-1-0"]
+        # only one physical GPU offered: distinct GPUs impossible, no preference
+        assert await preferred(stub, numa0[:4], 2) == []
+        r = await allocate(stub, "GPU-0-0", "GPU-1-0")
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "900m"
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "800m"
+
+
+async def test_kubelets_choice_keeps_the_annotated_gpu_it_offers() -> None:
+    """A partial mismatch keeps the annotated GPU kubelet still offers; the other slot goes elsewhere."""
+    pod = scheduled_pod("p", ((dev("GPU-1", 900, 9), dev("GPU-3", 800, 8)),))
+    numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        assert await preferred(stub, numa0, 2) == ["GPU-1-0", "GPU-0-0"]
 
 
 async def test_preferred_without_pending_pod_is_no_opinion() -> None:

@@ -76,6 +76,40 @@ async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
         assert not over_committed(env)
 
 
+async def test_in_flight_refit_that_lowers_quota_usage_frees_no_headroom(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=1.0) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1), gpu("GPU-c", 1)])
+        env.quota("default", 15000)
+        # init@b 5000 then two apps@a 5000 each: the pod counts b 5000 + a 10000 = 15000; with its
+        # init container moved to a it would count only 10000 (phase-aware, upstream #2836)
+        pod = await env.place(
+            "p",
+            "n1",
+            ((d("GPU-b", 5000),), (d("GPU-a", 5000),), (d("GPU-a", 5000),)),
+            init=[container("init", 1, 5000)],
+            containers=[container("m1", 1, 5000), container("m2", 1, 5000)],
+        )
+        await eventually(lambda: env.scheduler.state.quota_used("default") == (15000, 0))
+        before = env.annotations("p")
+        env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-a"])))
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])  # type: ignore[union-attr]
+        # while the patch hangs the namespace still counts the larger, old usage: a 5000 MiB pod
+        # does not fit the quota (it would over-run it once the refit rolls back)
+        assert env.scheduler.state.quota_used("default") == (15000, 0)
+        answer = await filter_on(env, new_pod(env, "q", 5000), ["n1"])
+        assert not refit.done()
+        assert not answer.get("NodeNames"), answer
+        assert "ResourceQuotaNotFit" in answer["FailedNodes"]["n1"], answer
+        with pytest.raises(RefitError, match="cannot patch pod annotations"):
+            await asyncio.wait_for(refit, 10)
+        assert env.annotations("p") == before
+        assert env.scheduler.state.quota_used("default") == (15000, 0)
+
+
 async def test_refit_on_node_a_does_not_block_filter_on_node_b(tls_files: TLSFiles, tmp_path: Path) -> None:
     async with refit_env(tls_files, tmp_path, patch_timeout=3.0) as env:
         env.add_node("na", [gpu("GPU-a", 0), gpu("GPU-b", 1)])

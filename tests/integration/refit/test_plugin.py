@@ -38,6 +38,8 @@ from tests.integration.refit.harness import d, eventually, refit_env
 
 PREFERRED = NodeConfig(device_split_count=4, enable_numa_topology=True, enable_get_preferred_allocation=True)
 NUMA1 = [f"GPU-{g}-{i}" for g in (2, 3) for i in range(4)]
+#: kubelet's choice stands: one replica of the GPU with the most available replicas (ties by UUID).
+KUBELETS_CHOICE = ["GPU-2-0"]
 
 
 @contextlib.asynccontextmanager
@@ -114,7 +116,7 @@ async def test_enabled_success_returns_replicas_of_refitted_gpu(tls_files: TLSFi
 async def test_enabled_refused_best_effort_keeps_kubelet_choice(tls_files: TLSFiles) -> None:
     async with fake_scheduler(tls_files, body=REFUSED) as fake, plugin_with(fake, tls_files) as env:
         await seed(env, pod_with("best-effort"))
-        assert await preferred(env.socket, NUMA1) == []
+        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
         assert len(fake.requests) == 1
         pod = env.server.get("Pod", "default", "p")
         assert pod is not None and pod["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
@@ -157,7 +159,7 @@ async def test_committed_but_unmappable_fails_in_both_modes(tls_files: TLSFiles,
 async def test_disabled_only_logs(tls_files: TLSFiles, mode: str | None) -> None:
     async with plugin_with(None, tls_files) as env:
         await seed(env, pod_with(mode))
-        assert await preferred(env.socket, NUMA1) == []
+        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
         pod = env.server.get("Pod", "default", "p")
         assert pod is not None and pod["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
 
@@ -166,7 +168,7 @@ async def test_disabled_only_logs(tls_files: TLSFiles, mode: str | None) -> None
 async def test_enabled_without_valid_opt_in_sends_nothing(tls_files: TLSFiles, mode: str | None) -> None:
     async with fake_scheduler(tls_files, body=SUCCESS) as fake, plugin_with(fake, tls_files) as env:
         await seed(env, pod_with(mode))
-        assert await preferred(env.socket, NUMA1) == []
+        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
         assert fake.requests == []
 
 

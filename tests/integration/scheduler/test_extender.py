@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.annotations import parse_node_lock
+from hamid.scheduler.core import SchedulerSettings
 from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import container, pod
 
@@ -152,3 +154,20 @@ async def test_forty_pods_one_node_all_bind() -> None:
         assert errors == [""] * 40
         assert all(env.server.get("Pod", "default", f"w{i}")["spec"]["nodeName"] == "big" for i in range(40))
         assert env.scheduler.metrics.node_lock_wait_seconds._sum.get() > 0  # some binds waited
+
+
+async def test_gc_freeze_after_sync_then_filters_as_before() -> None:
+    gc.unfreeze()
+    try:
+        async with running_scheduler(SchedulerSettings(gc_freeze=True)) as env:
+            await wait_for(lambda: gc.get_freeze_count() > 0)
+            env.add_node("n1")
+            await _node_synced(env, "n1")
+            body = await env.filter(await env.create_pod(pod("a")), ["n1"])
+            assert body["NodeNames"] == ["n1"]
+        gc.unfreeze()
+        async with running_scheduler():  # off by default (embedded schedulers)
+            await asyncio.sleep(0.05)  # any task started by the sync has run by now
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()

@@ -11,9 +11,19 @@ import pytest
 from aiohttp import web
 
 from hamid.kube.client import EVENTS, KubeClient
-from hamid.sim.kube_scheduler import KubeSchedulerDriver, fit_error_message
+from hamid.model.errors import InvalidInput
+from hamid.sim.kube_scheduler import (
+    KubeSchedulerDriver,
+    Resources,
+    fit_error_message,
+    node_allocatable,
+    pod_requests,
+    resource_fit_reasons,
+)
 
 SCHEDULER = "hami-scheduler"
+#: What each test node publishes (like the simulated kubelet does for its machine).
+ALLOCATABLE = {"cpu": "4", "memory": "8Gi", "pods": "3"}
 
 
 class FakeExtender:
@@ -68,6 +78,7 @@ async def extender(kube: KubeClient) -> AsyncIterator[FakeExtender]:
 async def driver(kube: KubeClient, extender: FakeExtender) -> AsyncIterator[KubeSchedulerDriver]:
     for name in ("node-b", "node-a"):
         await kube.create_node({"metadata": {"name": name}})
+        await kube.patch_node_status(name, {"allocatable": ALLOCATABLE, "capacity": ALLOCATABLE})
     drv = KubeSchedulerDriver(
         kube,
         scheduler_name=SCHEDULER,
@@ -85,10 +96,16 @@ async def driver(kube: KubeClient, extender: FakeExtender) -> AsyncIterator[Kube
             await task
 
 
-def pod(name: str, scheduler: str = SCHEDULER) -> dict[str, Any]:
+def pod(
+    name: str, scheduler: str = SCHEDULER, *, cpu: str | None = None, memory: str | None = None
+) -> dict[str, Any]:
+    limits = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    container: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits:
+        container["resources"] = {"limits": limits}
     return {
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedulerName": scheduler, "containers": [{"name": "main", "image": "busybox"}]},
+        "spec": {"schedulerName": scheduler, "containers": [container]},
     }
 
 
@@ -132,6 +149,14 @@ async def test_filter_then_bind_with_go_cased_bodies(
     assert scheduled[0]["message"] == "Successfully assigned default/p1 to node-b"
 
 
+async def _poll(check: Any) -> None:
+    """Return once ``check()`` holds (callers bound it with ``wait_for``)."""
+    while True:
+        if check():
+            return
+        await asyncio.sleep(0.02)
+
+
 async def _until(fetch: Any) -> list[dict[str, Any]]:
     while True:
         found = await fetch()
@@ -166,3 +191,110 @@ async def test_retry_with_backoff_after_errors_and_fit_failures(
     assert {e["type"] for e in failed} == {"Warning"}
     assert len(extender.filter_bodies) == 5
     assert len(extender.bind_bodies) == 1
+
+
+GI = 1024**3
+
+
+def test_pod_requests_like_kube_scheduler() -> None:
+    spec = {
+        "initContainers": [
+            {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}},
+            {"name": "setup", "resources": {"limits": {"cpu": "3", "memory": "1Gi"}}},
+        ],
+        "containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2"}}},
+            {"name": "b", "resources": {"limits": {"memory": "512Mi", "nvidia.com/gpu": 1}}},
+        ],
+        "overhead": {"cpu": "100m"},
+    }
+    # containers 1 CPU + sidecar 0.5 = 1.5 < setup 3 + sidecar 0.5 = 3.5; memory 2.5Gi > 1Gi; + overhead
+    assert pod_requests({"spec": spec}) == Resources(3600, 2 * GI + 512 * 1024**2)
+    assert pod_requests({"spec": {"containers": [{"name": "x"}]}}) == Resources()
+    with pytest.raises(InvalidInput, match=r"resources\.limits\.cpu"):
+        pod_requests({"spec": {"containers": [{"name": "x", "resources": {"limits": {"cpu": "lots"}}}]}})
+
+
+def test_resource_fit_reasons_and_allocatable() -> None:
+    allocatable, pods = node_allocatable({"status": {"allocatable": ALLOCATABLE}})
+    assert (allocatable, pods) == (Resources(4000, 8 * GI), 3)
+    assert node_allocatable({"metadata": {"name": "bare"}}) == (Resources(), 0)
+    used = Resources(3000, 7 * GI)
+    assert resource_fit_reasons(Resources(1000, GI), allocatable, used, pods, 2) == []
+    assert resource_fit_reasons(Resources(1001, GI + 1), allocatable, used, pods, 3) == [
+        "Too many pods",
+        "Insufficient cpu",
+        "Insufficient memory",
+    ]
+    # a pod without requests fits anywhere there is room for one more pod
+    assert resource_fit_reasons(Resources(), Resources(), Resources(), 1, 0) == []
+
+
+async def test_cpu_fit_filters_nodes_before_the_extender(
+    kube: KubeClient, extender: FakeExtender, driver: KubeSchedulerDriver
+) -> None:
+    await kube.create_pod(pod("big-1", cpu="3"))
+    assert await driver.wait_bound("default", "big-1") == "node-b"
+    await kube.create_pod(pod("big-2", cpu="3"))
+    assert await driver.wait_bound("default", "big-2") == "node-a"
+    # node-b cannot hold a second 3-CPU pod (assumed or watched): only node-a went to /filter
+    assert [b["NodeNames"] for b in extender.filter_bodies] == [["node-a", "node-b"], ["node-a"]]
+
+    await kube.create_pod(pod("big-3", cpu="3"))
+    await driver.wait_until(lambda: bool(driver.attempts_for("default", "big-3")), what="big-3 attempted")
+    assert driver.attempts_for("default", "big-3")[0].error == "0/2 nodes are available: 2 Insufficient cpu."
+    assert len(extender.filter_bodies) == 2  # the extender is not asked when no node fits
+    failed = await asyncio.wait_for(_until(lambda: events_for(kube, "big-3", "FailedScheduling")), 5)
+    assert failed[0]["message"] == "0/2 nodes are available: 2 Insufficient cpu."
+    condition = (await kube.get_pod("default", "big-3"))["status"]["conditions"][0]
+    assert (condition["reason"], condition["message"]) == ("Unschedulable", failed[0]["message"])
+
+    # a terminated pod no longer counts: big-3 fits on node-b after big-1 completes
+    await kube.patch_pod_status("default", "big-1", {"phase": "Succeeded"})
+    assert await driver.wait_bound("default", "big-3", timeout=10) == "node-b"
+
+
+async def test_memory_and_pod_count_reasons_combine_with_the_extenders(
+    kube: KubeClient, extender: FakeExtender, driver: KubeSchedulerDriver
+) -> None:
+    await kube.create_pod(pod("huge", memory="9Gi"))
+    await driver.wait_until(lambda: bool(driver.attempts_for("default", "huge")), what="huge attempted")
+    assert (
+        driver.attempts_for("default", "huge")[0].error == "0/2 nodes are available: 2 Insufficient memory."
+    )
+    await kube.delete_pod("default", "huge")
+
+    for i in range(3):
+        node = {"metadata": {"name": f"filler-{i}", "namespace": "default"}, "spec": {"nodeName": "node-a"}}
+        await kube.create_pod({**node, "spec": {**node["spec"], "containers": [{"name": "c", "image": "x"}]}})
+
+    await asyncio.wait_for(_poll(lambda: driver.node_usage().get("node-a", (Resources(), 0))[1] == 3), 5)
+    extender.filter_script = [
+        (200, {"NodeNames": [], "FailedNodes": {"node-b": "CardInsufficientMemory"}, "Error": ""}),
+    ]
+    await kube.create_pod(pod("small", cpu="1"))
+    await driver.wait_until(lambda: bool(driver.attempts_for("default", "small")), what="small attempted")
+    assert driver.attempts_for("default", "small")[0].error == (
+        "0/2 nodes are available: 1 CardInsufficientMemory, 1 Too many pods."
+    )
+    assert extender.filter_bodies[-1]["NodeNames"] == ["node-b"]
+    assert await driver.wait_bound("default", "small", timeout=10) == "node-b"
+
+
+async def test_node_selector_filters_nodes(
+    kube: KubeClient, extender: FakeExtender, driver: KubeSchedulerDriver
+) -> None:
+    await kube.patch_node_metadata("node-a", labels={"zone": "a"})
+    picky = pod("picky", cpu="1")
+    picky["spec"]["nodeSelector"] = {"zone": "a"}
+    await asyncio.wait_for(_poll(lambda: driver.prefilter(picky, ["node-a", "node-b"])[0] == ["node-a"]), 5)
+    await kube.create_pod(picky)
+    assert await driver.wait_bound("default", "picky", timeout=10) == "node-a"
+    assert extender.filter_bodies[-1]["NodeNames"] == ["node-a"]
+    lost = pod("lost")
+    lost["spec"]["nodeSelector"] = {"zone": "c"}
+    await kube.create_pod(lost)
+    await driver.wait_until(lambda: bool(driver.attempts_for("default", "lost")), what="lost attempted")
+    assert driver.attempts_for("default", "lost")[0].error == (
+        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+    )

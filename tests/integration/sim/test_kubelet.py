@@ -219,6 +219,47 @@ async def test_case_b_and_policy_none(kube: KubeClient, root: Path, plugin: Fake
         await kubelet.stop()
 
 
+def _events_at(logs: list[dict[str, Any]], level: str) -> list[str]:
+    return [str(e.get("event")) for e in logs if e.get("log_level") == level]
+
+
+async def test_empty_preferred_answer_and_own_shutdown_are_not_warnings(
+    kube: KubeClient, root: Path, plugin: FakePlugin, logs: list[dict[str, Any]]
+) -> None:
+    plugin.answer = lambda _request: []  # "no preference" is legal
+    kubelet = make_kubelet(kube, root, policy="none")
+    try:
+        await started(kubelet, plugin)
+        await kube.create_pod(pod("any", None, 2))
+        record = await kubelet.wait_admission("default", "any")
+        assert record.admitted and len(record.container("main").devices[R]) == 2
+        assert record.container("main").preferred_calls[0].answer == ()
+    finally:
+        await kubelet.stop()
+    assert _events_at(logs, "warning") == []
+    debug = _events_at(logs, "debug")
+    assert "GetPreferredAllocation answered no preference" in debug
+    assert "ListAndWatch stream closed by the kubelet's own shutdown" in debug
+
+
+async def test_contract_breaking_answer_and_plugin_going_away_are_warnings(
+    kube: KubeClient, root: Path, plugin: FakePlugin, logs: list[dict[str, Any]]
+) -> None:
+    plugin.answer = lambda request: list(request.available_deviceIDs)[:1]  # short answer
+    kubelet = make_kubelet(kube, root, policy="none")
+    try:
+        await started(kubelet, plugin)
+        await kube.create_pod(pod("any", None, 2))
+        assert (await kubelet.wait_admission("default", "any")).admitted
+        plugin.end_stream()  # the plugin ends ListAndWatch: unexpected for kubelet
+        await kubelet.wait_until(lambda: not kubelet.resources[R].connected, what="stream end seen")
+    finally:
+        await kubelet.stop()
+    warnings = _events_at(logs, "warning")
+    assert "GetPreferredAllocation answer breaks the contract" in warnings
+    assert "ListAndWatch ended unexpectedly for device plugin" in warnings
+
+
 async def test_needed_equal_to_aligned_skips_plugin(kube: KubeClient, root: Path, plugin: FakePlugin) -> None:
     kubelet = make_kubelet(kube, root, policy="best-effort")
     try:

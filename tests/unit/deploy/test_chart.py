@@ -36,6 +36,7 @@ from tests.unit.deploy.helm_render import (
 )
 
 SCHED = "hamid-scheduler"
+WEBHOOK_SVC = "hamid-scheduler-webhook"
 PLUGIN = "hamid-device-plugin"
 SEED_NODE = "gpu-node-1"
 SEED_NODE_CONFIG = json.dumps(
@@ -169,6 +170,7 @@ def test_defaults_render_the_expected_objects() -> None:
     assert {
         ("Deployment", SCHED),
         ("Service", SCHED),
+        ("Service", WEBHOOK_SVC),
         ("ConfigMap", SCHED),
         ("ConfigMap", "hamid-device-config"),
         ("ConfigMap", "hamid-scheduler-ca"),
@@ -181,8 +183,11 @@ def test_defaults_render_the_expected_objects() -> None:
         ("DaemonSet", PLUGIN),
         ("ConfigMap", PLUGIN),
     } <= kinds
-    # no leader election with one replica
+    # no leader election with one replica: the Service selects the one pod, no role labels
     assert not any(k == "Role" for k, _ in kinds)
+    service = rendered("defaults").get("Service", SCHED)
+    assert annotations.SCHEDULER_ROLE not in service["spec"]["selector"]
+    assert "--leader-elect" not in scheduler_args(rendered("defaults"))
 
 
 def test_seed_switches_are_off_by_default() -> None:
@@ -301,7 +306,10 @@ def test_generated_certificate_ca_is_shared_by_secret_webhook_and_plugins() -> N
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     cert.verify_directly_issued_by(ca)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert f"hamid-scheduler.{NAMESPACE}.svc" in sans.get_values_for_type(x509.DNSName)
+    names = sans.get_values_for_type(x509.DNSName)
+    assert {f"{SCHED}.{NAMESPACE}.svc", f"{WEBHOOK_SVC}.{NAMESPACE}.svc"} <= set(names)
+    # the Secret records the names: an upgrade that changes them regenerates the certificate
+    assert secret["metadata"]["annotations"]["hamid.io/tls-dns-names"] == ",".join(names)
     assert r.get("ConfigMap", "hamid-scheduler-ca")["data"]["ca.crt"].strip() == ca_pem.decode().strip()
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
@@ -313,7 +321,7 @@ def test_webhook() -> None:
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["clientConfig"]["service"] == {
-        "name": SCHED,
+        "name": WEBHOOK_SVC,
         "namespace": NAMESPACE,
         "path": "/webhook",
         "port": 443,
@@ -489,23 +497,41 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert args["--leader-elect-namespace"] == NAMESPACE
     lease = args["--leader-elect-name"]
     config = kube_scheduler_config(r)
+    # hamid follows the Lease its pod's kube-scheduler campaigns for (HAMi's model)
+    assert args["--leader-elect-mode"] == "follow"
     assert config["leaderElection"]["leaderElect"] is True
-    assert config["leaderElection"]["resourceName"] != lease
+    assert config["leaderElection"]["resourceName"] == lease
+    assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
     role = r.get("Role", f"{SCHED}-leader-election")
     assert set(iter_rules(role)) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
     }
     named = next(rule for rule in role["rules"] if "resourceNames" in rule)
-    assert set(named["resourceNames"]) == {lease, config["leaderElection"]["resourceName"]}
+    assert named["resourceNames"] == [lease]
+    # role labels: own pod from the downward API, peers by the Deployment's selector labels
+    deployment = r.get("Deployment", SCHED)
+    c = container(deployment, "hamid-scheduler")
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    selector = dict(pair.split("=") for pair in str(args["--scheduler-pod-selector"]).split(","))
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # /refit and metrics reach only the leader; the webhook every ready replica
+    service = r.get("Service", SCHED)
+    assert service["spec"]["selector"] == {**selector, annotations.SCHEDULER_ROLE: "leader"}
+    assert r.get("Service", WEBHOOK_SVC)["spec"]["selector"] == selector
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
+    assert hook["clientConfig"]["service"]["name"] == WEBHOOK_SVC
+    # the leader patches scheduler pods' labels
+    assert ("", "pods", "patch") in set(iter_rules(r.get("ClusterRole", SCHED)))
     assert {
         "key": "kubernetes.io/metadata.name",
         "operator": "NotIn",
         "values": ["kube-system", "gpu-free"],
     } in hook["namespaceSelector"]["matchExpressions"]
     c = container(r.get("Deployment", SCHED), "hamid-scheduler")
-    # followers stay in the Service to answer the webhook
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # followers stay ready (caches synced) to answer the webhook
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz/webhook"
 
 
 def test_host_network_plugin_resolves_cluster_dns() -> None:

@@ -140,7 +140,7 @@ def scored_devices(draw):
                 core=core,
                 numa=draw(st.integers(0, 1)),
                 used=draw(st.integers(0, count - 1)),
-                usedmem=draw(st.integers(0, mem - 100)),
+                usedmem=draw(st.integers(0, mem - mem // 50)),  # room for 1 % and for 50 MiB
                 usedcores=draw(st.integers(0, core - 1)),
             )
         )
@@ -180,3 +180,62 @@ def test_fit_tries_devices_in_policy_order(devs, gpu_policy, numa_bind, weights,
     result = fit_pod(NodeUsage("n", devs), spec(request, policy=policy))
     assert isinstance(result, Fitted)
     assert result.devices[0][0].uuid == devs[order[0]].id
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    devices(),
+    st.lists(st.tuples(requests, kinds), min_size=1, max_size=4),
+    policies,
+    st.data(),
+)
+def test_room_below_need_means_no_fit(devs, containers, policy, data):
+    """The filter's cheap room test never passes over a node the fit would accept."""
+    from hamid.fit import room_needed
+    from hamid.model.devices import MODE_MIG
+
+    for d in devs:
+        if data.draw(st.integers(0, 9)) == 0:
+            d.mode = MODE_MIG
+        if data.draw(st.booleans()):  # free memory and cores exactly at a request's size
+            d.usedmem = max(d.totalmem - data.draw(st.sampled_from([100, 1500, 3000])), 0)
+            d.usedcores = max(d.totalcore - data.draw(st.sampled_from([10, 50, 100])), 0)
+    cordoned = data.draw(st.sets(st.sampled_from([d.id for d in devs])))
+    n = NodeUsage("n", devs, cordoned=cordoned)
+    s = spec(*(r for r, _ in containers), kinds=[k for _, k in containers], policy=policy)
+    room, need = n.room(), room_needed(s)
+    if any(have < want for have, want in zip(room, need, strict=True)):
+        assert not isinstance(fit_pod(n, s), Fitted)
+
+
+def test_room_follows_usage_changes_and_reports_them():
+    from hamid.fit import DeviceAmount
+
+    from .helpers import cd, node
+
+    n = node(dev("a", 0, count=2, mem=8000), dev("b", 1, count=1, mem=4000, health=False), dev("c", 2))
+    changed: list[str] = []
+    n.on_change = changed.append
+    assert n.room() == (2, 40000, 100)  # b is unhealthy
+    booked = {"c": DeviceAmount(1, 39000, 60)}
+    n.add(booked)
+    assert n.room() == (2, 8000, 100) and changed == ["n1"]
+    n.add(effective_pod_usage(((cd("a", 8000, 40), cd("a", 0, 0)),), [ContainerKind.APP]))
+    assert n.room() == (1, 1000, 40)  # a has no free slot left
+    n.remove(booked)
+    assert n.room() == (1, 40000, 100) and changed == ["n1"] * 3
+    assert n.copy().on_change is None
+
+
+def test_room_exactly_at_need_still_fits():
+    from hamid.fit import room_needed
+
+    n = NodeUsage(
+        "n",
+        [dev("a", 0, count=2, mem=8000, used=1, usedmem=6500, usedcores=60), dev("b", 1, used=2, count=2)],
+    )
+    s = spec(req(1, mem=1500, cores=40))
+    assert n.room() == room_needed(s) == (1, 1500, 40)
+    assert isinstance(fit_pod(n, s), Fitted)
+    assert not isinstance(fit_pod(n, spec(req(1, mem=1501, cores=40))), Fitted)
+    assert not isinstance(fit_pod(n, spec(req(2, mem=100))), Fitted)

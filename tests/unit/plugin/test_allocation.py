@@ -23,6 +23,7 @@ from hamid.plugin.allocation import (
     allowed_uuids,
     choose_pod,
     consume,
+    distinct_gpu_preference,
     hami_core_answer,
     is_allocation_candidate,
     pending_entries,
@@ -129,6 +130,33 @@ def test_select_preferred_must_include_and_missing() -> None:
     chosen, missing = select_preferred((cd("GPU-a"), cd("GPU-d")), available, [], 2, uuid_of)
     assert chosen == ["GPU-a-0"] and missing == ["GPU-d"]
     assert allowed_uuids(["GPU-c-0", "GPU-a-0", "GPU-a-1", "bogus"], uuid_of) == ("GPU-c", "GPU-a")
+
+
+def test_distinct_gpu_preference_spreads_over_physical_gpus() -> None:
+    # Two replicas of GPU-a sort first; the fallback must not answer both of them.
+    available = ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0", "GPU-b-1", "GPU-c-0", "bogus"]
+    assert distinct_gpu_preference(available, [], 2, uuid_of) == ["GPU-a-0", "GPU-b-0"]
+    assert distinct_gpu_preference(list(reversed(available)), [], 2, uuid_of) == ["GPU-a-0", "GPU-b-0"]
+    assert distinct_gpu_preference(available, [], 3, uuid_of) == ["GPU-a-0", "GPU-b-0", "GPU-c-0"]
+    # ties on replica count: by UUID
+    assert distinct_gpu_preference(["GPU-d-0", "GPU-c-0"], [], 1, uuid_of) == ["GPU-c-0"]
+
+
+def test_distinct_gpu_preference_must_include_first() -> None:
+    available = ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0", "GPU-c-0", "GPU-c-1"]
+    # GPU-a is taken by the must-include replica: the rest comes from other GPUs
+    assert distinct_gpu_preference(available, ["GPU-a-1"], 2, uuid_of) == ["GPU-a-1", "GPU-c-0"]
+    assert distinct_gpu_preference(available, ["GPU-b-0", "GPU-a-2"], 2, uuid_of) == ["GPU-b-0", "GPU-a-2"]
+
+
+def test_distinct_gpu_preference_impossible_is_no_preference() -> None:
+    assert distinct_gpu_preference(["GPU-a-0", "GPU-a-1", "GPU-a-2"], [], 2, uuid_of) == []
+    assert (
+        distinct_gpu_preference(["GPU-a-0", "GPU-a-1", "GPU-b-0"], ["GPU-a-0", "GPU-a-1"], 2, uuid_of) == []
+    )
+    assert distinct_gpu_preference(["GPU-a-0", "GPU-b-0"], ["GPU-a-0", "GPU-b-0"], 1, uuid_of) == []
+    assert distinct_gpu_preference(["GPU-a-0", "GPU-b-0"], ["bogus"], 2, uuid_of) == []
+    assert distinct_gpu_preference(["GPU-a-0"], [], 0, uuid_of) == []
 
 
 def pod(

@@ -217,3 +217,20 @@ def test_quota_headroom_excludes_pod() -> None:
     assert state.fit_quota("other") is None
     state.on_quota_deleted({"metadata": {"name": "q", "namespace": "default"}})
     assert state.fit_quota("default") is None
+
+
+def test_hold_quota_counts_until_released_once() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    release = state.hold_quota("default", 500, 5)
+    assert state.quota_used("default") == (1500, 15)
+    release()
+    release()  # a second call changes nothing
+    assert state.quota_used("default") == (1000, 10)
+    state.hold_quota("other", 0, 0)()
+    assert state.quota_used("other") == (0, 0)
+    hold = state.hold_quota("other", 300, 0)
+    assert state.quota_used("other") == (300, 0)
+    hold()
+    assert "other" not in state._quota_used  # nothing left behind for an idle namespace

@@ -36,6 +36,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: scheduler
 {{- end -}}
 
+{{/* The same labels as a label selector string (--scheduler-pod-selector). */}}
+{{- define "hamid.scheduler.selector" -}}
+app.kubernetes.io/name={{ include "hamid.name" . }},app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=scheduler
+{{- end -}}
+
 {{- define "hamid.devicePlugin.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "hamid.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -67,8 +72,10 @@ app.kubernetes.io/component: device-plugin
 {{- if and .Values.scheduler.leaderElect (gt (int .Values.scheduler.replicas) 1) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The one Lease: kube-scheduler campaigns for it, hamid follows it (leads iff its pod's
+kube-scheduler holds it). */}}
 {{- define "hamid.scheduler.leaseName" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
-{{- define "hamid.kubeScheduler.leaseName" -}}{{ include "hamid.fullname" . }}-kube-scheduler{{- end -}}
+{{- define "hamid.webhook.serviceName" -}}{{ include "hamid.fullname" . }}-scheduler-webhook{{- end -}}
 
 {{/* DNS name of the scheduler Service inside the cluster. */}}
 {{- define "hamid.scheduler.serviceHost" -}}

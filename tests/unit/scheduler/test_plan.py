@@ -1,0 +1,222 @@
+"""``Scheduler.plan`` (score index, room test, early stop) chooses what fitting every candidate would."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from typing import Any
+
+from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
+from hamid.fit.policy import SPREAD
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
+from hamid.model.errors import InvalidInput
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.state import HANDSHAKE_GRACE_S, SchedulerState, pod_uid
+from tests.unit.scheduler.helpers import container, placed, pod
+
+NOW = 1_000_000.0
+
+
+def _node(rng: random.Random, name: str) -> dict[str, Any]:
+    gpus = [
+        DeviceInfo(
+            id=f"{name}-g{i}",
+            index=i,
+            count=rng.choice((1, 2, 4)),
+            devmem=rng.choice((4000, 8000)),
+            devcore=100,
+            type=rng.choice(("NVIDIA-A100", "NVIDIA-A100", "NVIDIA-H100")),
+            numa=i % 2,
+            mode=MODE_MIG if rng.random() < 0.05 else MODE_HAMI_CORE,
+            health=rng.random() > 0.1,
+        )
+        for i in range(rng.randint(1, 4))
+    ]
+    annotations = {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}
+    if rng.random() < 0.15:
+        annotations[ann.DEVICE_CORDON] = gpus[0].id
+    allocatable = 10
+    if rng.random() < 0.1:  # a plugin gone for longer than the grace period: unhealthy node
+        stamp = datetime.fromtimestamp(NOW - HANDSHAKE_GRACE_S - 5)
+        annotations[ann.NODE_HANDSHAKE] = ann.format_handshake(stamp)
+        allocatable = 0
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "status": {"allocatable": {"nvidia.com/gpu": str(allocatable)}},
+    }
+
+
+def _running(rng: random.Random, i: int, state: SchedulerState) -> dict[str, Any]:
+    name = rng.choice(sorted(state.nodes))
+    gpu = rng.choice(state.nodes[name].infos)
+    mem, cores = rng.choice((500, 1000, 3000)), rng.choice((0, 10, 30))
+    return placed(pod(f"run{i}", namespace=rng.choice(("a", "b"))), name, f"{gpu.id},NVIDIA,{mem},{cores}:;")
+
+
+def _request(rng: random.Random, name: str, **extra: Any) -> dict[str, Any]:
+    gpus = rng.choice((1, 1, 1, 2))
+    if rng.random() < 0.2:
+        limits = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem-percentage": str(rng.choice((0, 25, 50)))}
+        return container(name, **extra) | {"resources": {"limits": limits}}
+    return container(
+        name, gpus, rng.choice((0, 500, 1000, 2500, 6000)), rng.choice((0, 10, 50, 100)), **extra
+    )
+
+
+def _new_pod(rng: random.Random, i: int) -> dict[str, Any]:
+    containers = [_request(rng, "main")]
+    if rng.random() < 0.3:
+        containers.append(_request(rng, "second") if rng.random() < 0.7 else container("cpu"))
+    init = None
+    if rng.random() < 0.3:
+        init = [_request(rng, "init", **({"restartPolicy": "Always"} if rng.random() < 0.5 else {}))]
+    annotations = {ann.NODE_SCHEDULER_POLICY: rng.choice(("binpack", "spread"))}
+    if rng.random() < 0.5:
+        annotations[ann.GPU_SCHEDULER_POLICY] = rng.choice(("binpack", "spread", "mutex", "topology-aware"))
+    if rng.random() < 0.2:
+        annotations[ann.NUMA_BIND] = "true"
+    return pod(
+        f"new{i}", containers=containers, init=init, namespace=rng.choice(("a", "b")), annotations=annotations
+    )
+
+
+def _reference(
+    scheduler: Scheduler, p: dict[str, Any], spec: PodFitSpec, names: tuple[str, ...]
+) -> tuple[str | None, Fitted | None, dict[str, str]]:
+    """Fit every candidate, then pick the best score for the policy (ties: request order)."""
+    state = scheduler.state
+    uid = pod_uid(p)
+    previous = state.reservation(uid)
+    quota = state.fit_quota(p["metadata"]["namespace"], exclude_uid=uid)
+    sign = 1.0 if spec.policy.node_policy == SPREAD else -1.0
+    fits: list[tuple[float, int, str, Fitted]] = []
+    failed: dict[str, str] = {}
+    for i, name in enumerate(names):
+        if name in failed or any(f[2] == name for f in fits):
+            continue
+        entry = state.nodes.get(name)
+        if entry is None or not entry.healthy(state.clock()):
+            failed[name] = R.NODE_UNREGISTERED
+            continue
+        release = previous.applied if previous is not None and previous.node == name else None
+        result = fit_pod(entry.usage, spec, quota, release)
+        if isinstance(result, Fitted):
+            fits.append((sign * result.score, i, name, result))
+        else:
+            failed[name] = result.reason
+    if not fits:
+        return None, None, failed
+    _, _, best, fitted = min(fits, key=lambda f: (f[0], f[1]))
+    return best, fitted, failed
+
+
+def _check(
+    scheduler: Scheduler, p: dict[str, Any], names: tuple[str, ...]
+) -> tuple[str | None, Fitted | None]:
+    spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
+    want_node, want_fit, want_failed = _reference(scheduler, p, spec, names)
+    node, fitted, failed = scheduler.plan(p, spec, names)
+    assert (node, fitted) == (want_node, want_fit)
+    if node is None:
+        assert failed == want_failed
+    else:
+        assert {n: want_failed[n] for n in failed} == failed  # every reason given is the exact one
+        unregistered = {n for n in names if n not in scheduler.state.nodes}
+        assert unregistered <= failed.keys()
+        assert node not in failed
+    return node, fitted
+
+
+def test_plan_equals_fitting_every_candidate_on_random_states() -> None:
+    chosen = unfit = refiltered = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+        state = scheduler.state
+        state.clock = lambda: NOW
+        names = [f"n{i}" for i in range(rng.randint(1, 14))]
+        for name in names:
+            state.on_node(_node(rng, name))
+        if not state.nodes:
+            continue
+        if rng.random() < 0.5:
+            hard = {"limits.nvidia.com/gpumem": str(rng.choice((4000, 20000)))}
+            state.on_quota({"metadata": {"name": "q", "namespace": "a"}, "spec": {"hard": hard}})
+        running = [_running(rng, i, state) for i in range(rng.randint(0, 30))]
+        for r in running:
+            state.on_pod(r)
+        for i in range(12):
+            candidates = rng.sample(names, rng.randint(1, len(names))) + ["ghost"] * (rng.random() < 0.3)
+            if rng.random() < 0.2:
+                candidates += candidates[:2]  # duplicates keep their first position
+            p = _new_pod(rng, i)
+            try:
+                node, fitted = _check(scheduler, p, tuple(candidates))
+            except InvalidInput:
+                continue
+            if node is None or fitted is None:
+                unfit += 1
+                continue
+            chosen += 1
+            state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            if rng.random() < 0.5:  # a re-filter sees its own booking as free
+                _check(scheduler, p, tuple(rng.sample(names, len(names))))
+                refiltered += 1
+            # the index follows every kind of change: pods leaving, nodes re-registering
+            if running and rng.random() < 0.5:
+                state.on_pod_deleted(running.pop(rng.randrange(len(running))))
+            if rng.random() < 0.2:
+                state.on_node(_node(rng, rng.choice(names)))
+            assert state.ranked() == sorted((e.usage.score(), n) for n, e in state.nodes.items())
+    assert chosen > 50 and unfit > 20 and refiltered > 10, (chosen, unfit, refiltered)
+
+
+def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() -> None:
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    state = scheduler.state
+    for name in ("full", "free"):
+        gpus = [DeviceInfo(f"{name}-g0", 0, 4, 8000, 100, "NVIDIA-A100", 0, MODE_HAMI_CORE, True)]
+        state.on_node(
+            {"metadata": {"name": name, "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}}}
+        )
+    state.on_pod(placed(pod("hog"), "full", "full-g0,NVIDIA,7500,100:;"))
+    fits = pod("p", containers=[container("c", 1, 1000, 10)])
+    spec = PodFitSpec.from_pod(fits, scheduler.config, "spread", "binpack")
+    # binpack ranks the used node first; its room (500 MiB, 0 cores) rules it out without a fit
+    assert state.ranked()[-1][1] == "full"
+    node, fitted, failed = scheduler.plan(fits, spec, ("full", "free"))
+    assert node == "free" and fitted is not None and failed == {}
+    big = pod("big", containers=[container("c", 1, 9000, 10)])
+    spec = PodFitSpec.from_pod(big, scheduler.config, "spread", "binpack")
+    node, _, failed = scheduler.plan(big, spec, ("full", "free", "ghost"))
+    assert node is None
+    assert failed == {
+        "full": "1/1 CardInsufficientMemory",
+        "free": "1/1 CardInsufficientMemory",
+        "ghost": R.NODE_UNREGISTERED,
+    }
+
+
+def test_repeated_candidate_list_follows_node_registration() -> None:
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    state = scheduler.state
+    rng = random.Random(3)
+    state.clock = lambda: NOW
+    gpus = [DeviceInfo("a-g0", 0, 4, 8000, 100, "NVIDIA-A100", 0, MODE_HAMI_CORE, True)]
+    state.on_node(
+        {"metadata": {"name": "a", "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}}}
+    )
+    names = ("ghost", "a")
+    p = pod("p", containers=[container("c", 1, 1000, 10)])
+    _check(scheduler, p, names)
+    node, _, failed = scheduler.plan(p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names)
+    assert node == "a" and failed == {"ghost": R.NODE_UNREGISTERED}
+    state.on_node(_node(rng, "ghost"))  # the same list now names a registered node
+    _check(scheduler, p, names)
+    _check(scheduler, p, tuple(names))
+    state.on_node({"metadata": {"name": "a", "annotations": {}}})  # a unregisters
+    node, _, failed = scheduler.plan(p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names)
+    assert failed.get("a") == R.NODE_UNREGISTERED and node != "a"
+    _check(scheduler, p, names)

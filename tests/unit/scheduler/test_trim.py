@@ -1,0 +1,125 @@
+"""The scheduler's pod cache keeps only what it reads, and decides the same on trimmed pods."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hamid.fit.fit import PodFitSpec
+from hamid.fit.usage import container_kinds, init_containers_succeeded
+from hamid.model import annotations as ann
+from hamid.model.resources import ResourceConfig, all_containers
+from hamid.scheduler.nodelock import holder_state
+from hamid.scheduler.state import SchedulerState, trim_scheduler_pod
+from tests.unit.scheduler.helpers import container, node, placed, pod
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def realistic(p: dict[str, Any]) -> dict[str, Any]:
+    """``p`` dressed as the API server serves it: env, volumes, probes, managedFields, statuses."""
+    p = copy.deepcopy(p)
+    meta = p["metadata"]
+    meta.update(
+        resourceVersion="42",
+        generateName="web-",
+        creationTimestamp="2024-01-01T00:00:00Z",
+        labels={"app": "web", ann.VGPU_NODE: "n1"},
+        ownerReferences=[{"kind": "ReplicaSet", "name": "web-1", "uid": "rs", "controller": True}],
+        managedFields=[{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    )
+    meta["annotations"][LAST_APPLIED] = json.dumps(p["spec"])
+    meta["annotations"][ann.GPU_SCHEDULER_POLICY] = "binpack"
+    for c in all_containers(p):
+        c.update(
+            image="registry/app:1",
+            env=[{"name": f"V{i}", "value": "x" * 40} for i in range(10)],
+            volumeMounts=[{"name": "data", "mountPath": "/data"}],
+            securityContext={"privileged": False},
+            livenessProbe={"httpGet": {"path": "/", "port": 80}},
+        )
+    p["spec"].update(
+        nodeName="n1",
+        schedulerName="hami-scheduler",
+        volumes=[{"name": "data", "emptyDir": {}}],
+        tolerations=[{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}],
+    )
+    p["status"].update(
+        conditions=[{"type": "Ready", "status": "True"}],
+        podIP="10.0.0.1",
+        containerStatuses=[{"name": "main", "image": "registry/app:1", "state": {"running": {}}}],
+    )
+    return p
+
+
+def _fleet() -> list[dict[str, Any]]:
+    done = {"state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "t"}}}
+    pods = []
+    for i in range(12):
+        init = [container("init", 1, 700, 5)] if i % 3 == 0 else None
+        p = pod(f"p{i}", init=init, containers=[container("main", 1, 1000 + i, 10)])
+        alloc = ("n1-gpu0,NVIDIA,700,5:;" if init else "") + f"n1-gpu{i % 2},NVIDIA,{1000 + i},10:;"
+        placed(p, "n1", alloc)
+        if i % 6 == 0:
+            p["status"]["initContainerStatuses"] = [{"name": "init", "image": "x", **done}]
+        if i % 4 == 1:
+            p["status"]["phase"] = "Running"
+        pods.append(realistic(p))
+    return pods
+
+
+def test_trim_keeps_what_the_scheduler_reads() -> None:
+    full = _fleet()[0]
+    trimmed = trim_scheduler_pod(full)
+    assert full["metadata"]["annotations"][LAST_APPLIED]  # the input is left alone
+    meta = trimmed["metadata"]
+    assert set(meta) == {"name", "namespace", "uid", "resourceVersion", "labels", "annotations"}
+    assert LAST_APPLIED not in meta["annotations"]
+    assert (
+        meta["annotations"][ann.DEVICES_ALLOCATED] == full["metadata"]["annotations"][ann.DEVICES_ALLOCATED]
+    )
+    assert meta["annotations"][ann.GPU_SCHEDULER_POLICY] == "binpack"
+    assert set(trimmed["spec"]) == {"nodeName", "schedulerName", "initContainers", "containers"}
+    assert trimmed["spec"]["containers"][0] == {
+        "name": "main",
+        "resources": full["spec"]["containers"][0]["resources"],
+    }
+    assert trimmed["status"] == {
+        "phase": "Pending",
+        "initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}],
+    }
+    assert len(json.dumps(trimmed)) * 3 < len(json.dumps(full))
+
+
+def test_decisions_on_trimmed_pods_equal_those_on_full_pods() -> None:
+    config = ResourceConfig()
+    states = {}
+    for label, view in (("full", lambda p: p), ("trimmed", trim_scheduler_pod)):
+        state = SchedulerState(config)
+        state.on_node(node("n1"))
+        for p in _fleet():
+            state.on_pod(view(p))
+        states[label] = state
+    assert states["full"].snapshot() == states["trimmed"].snapshot()
+    assert states["full"].quota_used("default") == states["trimmed"].quota_used("default")
+    assert any(u != (0, 0, 0) for u in states["full"].snapshot()["n1"].values())
+    released = 0
+    for full in _fleet():
+        trimmed = trim_scheduler_pod(full)
+        assert PodFitSpec.from_pod(trimmed, config, "spread", "binpack") == PodFitSpec.from_pod(
+            full, config, "spread", "binpack"
+        )
+        assert container_kinds(trimmed) == container_kinds(full)
+        assert init_containers_succeeded(trimmed) == init_containers_succeeded(full)
+        released += init_containers_succeeded(full)
+        assert holder_state(trimmed, "n1") == holder_state(full, "n1")
+        assert [c["name"] for c in all_containers(trimmed)] == [c["name"] for c in all_containers(full)]
+    assert released == 2
+
+
+def test_trim_passes_malformed_parts_through_for_the_reader_to_reject() -> None:
+    bad = {"metadata": {"name": "x", "annotations": None}, "spec": {"containers": "nope"}, "status": {}}
+    trimmed = trim_scheduler_pod(bad)
+    assert trimmed["spec"]["containers"] == "nope"
+    assert "annotations" not in trimmed["metadata"]
