@@ -202,10 +202,10 @@ class Leadership:
                 own = (pod.get("metadata") or {}).get("name") == self.pod_name
                 if not self.scheduler.leading:
                     return
-                await self._patch_role(pod, ROLE_LEADER if own else ROLE_FOLLOWER)
+                await self._patch_role(pod, ann.ROLE_LEADER if own else ann.ROLE_FOLLOWER)
         else:
             await self._patch_role(
-                await kube.get_pod(self.pod_namespace, self.pod_name, timeout=timeout), ROLE_FOLLOWER
+                await kube.get_pod(self.pod_namespace, self.pod_name, timeout=timeout), ann.ROLE_FOLLOWER
             )
 
     async def run(self) -> None:

@@ -20,7 +20,6 @@ from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.extender_json import decode_bind_args, decode_filter_args
 from hamid.scheduler.metrics import CLUSTER_METRICS
-from hamid.scheduler.state import SchedulerState
 from hamid.scheduler.webhook import admission_response
 
 log = get_logger("scheduler.http")

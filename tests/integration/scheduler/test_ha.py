@@ -19,11 +19,11 @@ import aiohttp
 import pytest
 
 from hamid.model import annotations as ann
+from hamid.model.annotations import ROLE_FOLLOWER, ROLE_LEADER
 from hamid.model.devices import NVIDIA
 from hamid.model.refit import RefitRequest
 from hamid.scheduler.cli import SchedulerOptions, run_scheduler
 from hamid.scheduler.core import Scheduler, SchedulerSettings
-from hamid.model.annotations import ROLE_FOLLOWER, ROLE_LEADER
 from hamid.scheduler.ha import caught_up
 from hamid.scheduler.refit import refit_route_factory
 from hamid.sim.apiserver import ApiServer
