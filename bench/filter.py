@@ -1,10 +1,14 @@
 """Filter benchmark: latency in-process and over HTTP, pods/s, scheduler RSS.
 
 Default: 1,000 nodes x 8 GPUs with 10,000 running pods (``--nodes 100`` for the small case).
-In-process: the filter's compute (fit over the candidates, reserve, encode) on a state fed
-directly with node and pod dicts; its peak RSS is the scheduler's. Over HTTP: the real extender
-``/filter`` against the embedded API server (seeded with the same nodes and pods, caches synced
-through the API), including the annotation patch. The last output line is one JSON object.
+The running pods are realistic wire JSON (env vars, volumes, probes, managedFields, a
+last-applied annotation, statuses). In-process: the scheduler's pod cache is built as its watch
+cache does (decode, trim, keep, feed the state), then the heap is frozen as ``hamid scheduler``
+does after its first sync, then the filter's compute (fit, reserve, encode) is timed; its peak
+RSS is the scheduler's (``--pod-trim generic`` / ``--no-gc-freeze`` give the figures without
+those). Over HTTP: the real extender ``/filter`` against the embedded API server (seeded with the
+same kind of nodes and pods, caches synced through the API), including the annotation patch.
+The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ configure("json", "error")  # before the modules below bind their loggers
 import aiohttp  # noqa: E402
 
 from hamid.fit.fit import PodFitSpec  # noqa: E402
+from hamid.kube.cache import trim_pod  # noqa: E402
 from hamid.kube.client import connect  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo  # noqa: E402
-from hamid.scheduler.core import Scheduler, SchedulerSettings  # noqa: E402
+from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap  # noqa: E402
 from hamid.scheduler.http import extender_app, serve  # noqa: E402
+from hamid.scheduler.state import trim_scheduler_pod  # noqa: E402
 from hamid.sim.apiserver import ApiServer  # noqa: E402
 
 GPU_MEM = 40960
@@ -73,17 +79,114 @@ def _pod(name: str, uid: str, mem: int, cores: int) -> dict[str, Any]:
 
 
 def _running(i: int, nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
+    """A running pod as the API server serves it (what a real cluster's pods carry)."""
     n, g = rng.randrange(nodes), rng.randrange(gpus)
     mem, cores = rng.choice((1000, 2000, 4000)), rng.choice((5, 10, 20))
     p = _pod(f"run-{i}", f"uid-run-{i}", mem, cores)
-    alloc = f"GPU-{n:05d}-{g},NVIDIA,{mem},{cores}:;"
-    p["metadata"]["annotations"] = {
-        ann.VGPU_NODE: f"node-{n:05d}",
-        ann.DEVICES_ALLOCATED: alloc,
-        ann.DEVICES_TO_ALLOCATE: "",
+    app = f"app-{i % 50}"
+    main = p["spec"]["containers"][0]
+    main.update(
+        name="main",
+        image=f"registry.example.com/team/{app}:1.{i % 7}.3",
+        command=["python", "-m", "server"],
+        args=["--port=8080", "--workers=4", f"--model=/models/{app}"],
+        env=[{"name": f"SETTING_{k}", "value": f"value-{k}-{i % 13}-{'x' * 24}"} for k in range(12)]
+        + [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        ports=[{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+        volumeMounts=[
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "config", "mountPath": "/etc/app"},
+            {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+        ],
+        readinessProbe={"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 10},
+        livenessProbe={"httpGet": {"path": "/live", "port": 8080}, "failureThreshold": 3},
+        securityContext={"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+        terminationMessagePath="/dev/termination-log",
+        imagePullPolicy="IfNotPresent",
+    )
+    sidecar = {
+        "name": "log-shipper",
+        "image": "registry.example.com/infra/shipper:2.1",
+        "env": [{"name": f"SHIP_{k}", "value": f"{k}-{'y' * 20}"} for k in range(6)],
+        "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}},
+        "volumeMounts": [{"name": "logs", "mountPath": "/var/log/app"}],
     }
-    p["spec"]["nodeName"] = f"node-{n:05d}"
-    p["status"]["phase"] = "Running"
+    p["spec"]["containers"].append(sidecar)
+    alloc = f"GPU-{n:05d}-{g},NVIDIA,{mem},{cores}:;;"
+    meta = p["metadata"]
+    meta.update(
+        generateName=f"{app}-7d9f8c-",
+        creationTimestamp="2024-05-01T10:00:00Z",
+        labels={"app": app, "pod-template-hash": "7d9f8c", ann.VGPU_NODE: f"node-{n:05d}"},
+        ownerReferences=[
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{app}-7d9f8c", "uid": f"rs-{app}"}
+        ],
+        managedFields=[
+            {
+                "manager": "kube-controller-manager",
+                "operation": "Update",
+                "fieldsV1": {"f:spec": {"f:x": {}}},
+            },
+            {
+                "manager": "kubelet",
+                "operation": "Update",
+                "subresource": "status",
+                "fieldsV1": {"f:status": {}},
+            },
+        ],
+    )
+    meta["annotations"] = {
+        ann.VGPU_NODE: f"node-{n:05d}",
+        ann.VGPU_TIME: "1714557600",
+        ann.DEVICES_ALLOCATED: alloc,
+        ann.DEVICES_TO_ALLOCATE: ";;",
+        ann.BIND_PHASE: ann.BIND_PHASE_SUCCESS,
+        "kubectl.kubernetes.io/last-applied-configuration": json.dumps(p["spec"]),
+        "prometheus.io/scrape": "true",
+    }
+    p["spec"].update(
+        nodeName=f"node-{n:05d}",
+        schedulerName="hami-scheduler",
+        serviceAccountName=app,
+        volumes=[
+            {"name": "models", "persistentVolumeClaim": {"claimName": f"{app}-models"}},
+            {"name": "config", "configMap": {"name": f"{app}-config"}},
+            {"name": "logs", "emptyDir": {}},
+            {
+                "name": "kube-api-access",
+                "projected": {
+                    "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]
+                },
+            },
+        ],
+        tolerations=[
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        ],
+    )
+    p["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": "2024-05-01T10:00:05Z"}
+            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ],
+        "hostIP": f"10.0.{n // 256}.{n % 256}",
+        "podIP": f"10.244.{i // 256 % 256}.{i % 256}",
+        "startTime": "2024-05-01T10:00:00Z",
+        "qosClass": "Burstable",
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "ready": True,
+                "restartCount": 0,
+                "image": c["image"],
+                "imageID": f"registry.example.com/x@sha256:{'0' * 64}",
+                "containerID": f"containerd://{i:064x}",
+                "state": {"running": {"startedAt": "2024-05-01T10:00:03Z"}},
+            }
+            for c in p["spec"]["containers"]
+        ],
+    }
     return p
 
 
@@ -93,21 +196,41 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _rss_mib() -> float:
+    """Peak RSS of this process so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_in_process(nodes: int, gpus: int, pods: int, filters: int) -> dict[str, float]:
-    """Feed a state directly; time plan + reserve + encode per pod."""
+def _rss_now_mib() -> float:
+    """Current RSS of this process (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def bench_in_process(
+    nodes: int, gpus: int, pods: int, filters: int, *, pod_trim: str, gc_freeze: bool
+) -> dict[str, float]:
+    """Build the pod cache and state as the scheduler does; time fit + reserve + encode per pod."""
     rng = random.Random(1)
     scheduler = Scheduler(None, settings=SchedulerSettings())  # type: ignore[arg-type]  # no API calls here
     state = scheduler.state
+    trim = trim_scheduler_pod if pod_trim == "scheduler" else trim_pod
     names = []
     for i in range(nodes):
         node = _node(i, gpus)
         state.on_node(node)
         names.append(node["metadata"]["name"])
+    cache: dict[str, dict[str, Any]] = {}  # what the scheduler's PodCache keeps
+    rss_before = _rss_now_mib()
     for i in range(pods):
-        state.on_pod(_running(i, nodes, gpus, rng))
+        running = _running(i, nodes, gpus, rng)
+        running["metadata"]["resourceVersion"] = str(1000 + i)  # as served (the API server sets it)
+        wire = json.dumps(running).encode()
+        pod = trim(json.loads(wire))
+        cache[f"default/run-{i}"] = pod
+        state.on_pod(pod)
+    cache_mib = _rss_now_mib() - rss_before
+    if gc_freeze:
+        freeze_heap()
     candidates = tuple(names)
     latencies = []
     started = time.perf_counter()
@@ -123,12 +246,14 @@ def bench_in_process(nodes: int, gpus: int, pods: int, filters: int) -> dict[str
     return {
         "filter_p50_ms": _pct(latencies, 0.5) * 1000,
         "filter_p99_ms": _pct(latencies, 0.99) * 1000,
+        "filter_max_ms": max(latencies) * 1000,
         "in_process_pods_per_s": filters / elapsed,
         "rss_mib": _rss_mib(),
+        "pod_cache_and_state_mib": cache_mib,
     }
 
 
-async def bench_http(nodes: int, gpus: int, pods: int, filters: int) -> dict[str, float]:
+async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freeze: bool) -> dict[str, float]:
     """Real /filter over HTTP against the embedded API server (patch included)."""
     rng = random.Random(2)
     async with ApiServer() as server:
@@ -138,7 +263,7 @@ async def bench_http(nodes: int, gpus: int, pods: int, filters: int) -> dict[str
             server.put(_running(i, nodes, gpus, rng))
         new_pods = [server.put(_pod(f"new-{i}", f"uid-http-{i}", 2000, 20)) for i in range(filters)]
         kube = await connect(api_server=server.url, request_timeout=30.0)
-        scheduler = Scheduler(kube, settings=SchedulerSettings())
+        scheduler = Scheduler(kube, settings=SchedulerSettings(gc_freeze=gc_freeze))
         task = asyncio.create_task(scheduler.run())
         runner, port = await serve(extender_app(scheduler), "127.0.0.1:0")
         try:
@@ -180,15 +305,43 @@ def main() -> None:
     )
     parser.add_argument("--filters", type=int, default=2000, help="in-process filter calls (default 2000)")
     parser.add_argument("--http-filters", type=int, default=300, help="HTTP filter calls (default 300)")
+    parser.add_argument(
+        "--pod-trim",
+        choices=("scheduler", "generic"),
+        default="scheduler",
+        help="pod cache trim: the scheduler's (default) or the generic cache trim (managedFields only)",
+    )
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="leave the synced heap in the cyclic GC (for comparison)"
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     result: dict[str, Any] = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "pods": args.pods}
-    result.update(bench_in_process(args.nodes, args.gpus_per_node, args.pods, args.filters))
+    result["pod_trim"] = args.pod_trim
+    result["gc_freeze"] = not args.no_gc_freeze
+    result.update(
+        bench_in_process(
+            args.nodes,
+            args.gpus_per_node,
+            args.pods,
+            args.filters,
+            pod_trim=args.pod_trim,
+            gc_freeze=not args.no_gc_freeze,
+        )
+    )
     print(
         f"in-process: p50 {result['filter_p50_ms']:.3f} ms, p99 {result['filter_p99_ms']:.3f} ms, "
-        f"{result['in_process_pods_per_s']:.0f} pods/s, scheduler peak RSS {result['rss_mib']:.0f} MiB"
+        f"max {result['filter_max_ms']:.1f} ms, {result['in_process_pods_per_s']:.0f} pods/s, "
+        f"scheduler peak RSS {result['rss_mib']:.0f} MiB "
+        f"(pod cache + state {result['pod_cache_and_state_mib']:.0f} MiB, trim {args.pod_trim})"
     )
-    result.update(asyncio.run(bench_http(args.nodes, args.gpus_per_node, args.pods, args.http_filters)))
+    result.update(
+        asyncio.run(
+            bench_http(
+                args.nodes, args.gpus_per_node, args.pods, args.http_filters, gc_freeze=not args.no_gc_freeze
+            )
+        )
+    )
     result["process_peak_rss_mib"] = _rss_mib()
     print(
         f"http: p50 {result['http_filter_p50_ms']:.2f} ms, p99 {result['http_filter_p99_ms']:.2f} ms, "

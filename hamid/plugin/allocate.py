@@ -2,6 +2,13 @@
 
 One :class:`Allocator` per plugin process; calls are serialised (kubelet admits pods one at a time,
 and every decision reads the state the previous one wrote).
+
+Allocate always serves the GPUs of the pod's (possibly refitted) allocation annotation, the ones the
+scheduler accounts for, so runtime == annotations == accounting in every mode (I1, I2). kubelet's
+replica IDs are checked for count and validity only; when they are on other GPUs (a fallback after
+a refused, failed or disabled refit, or GetPreferredAllocation off) a warning names both sets.
+Unlike upstream the container never follows kubelet's GPUs: that would run it where no accounting
+records it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from hamid.model.annotations import (
     BIND_PHASE_SUCCESS,
     DEVICES_TO_ALLOCATE,
     NODE_LOCK,
+    NUMA_ALIGNMENT,
     encode_pod_devices,
 )
 from hamid.model.devices import ContainerDevices, PodDevices
@@ -43,9 +51,9 @@ from hamid.plugin.allocation import (
     hami_core_answer,
     has_pending_entry,
     is_allocation_candidate,
+    kubelet_differs,
     pending_entries,
     pod_key,
-    resolve_devices,
     select_preferred,
     to_allocate,
 )
@@ -78,13 +86,14 @@ class PreferredMismatch:
     allowed_uuids: tuple[str, ...]
 
 
-#: Replacement devices (already committed by the scheduler), None for "keep kubelet's choice", or
-#: raise :class:`~hamid.plugin.allocation.AllocationError` to fail the allocation.
+#: Replacement devices (already committed by the scheduler), None for "no replacement" (the annotation
+#: stands and Allocate serves it, without NUMA alignment), or raise
+#: :class:`~hamid.plugin.allocation.AllocationError` to fail the allocation.
 MismatchHandler = Callable[[PreferredMismatch], Awaitable[ContainerDevices | None]]
 
 
 async def log_mismatch(mismatch: PreferredMismatch) -> ContainerDevices | None:
-    """Default mismatch handler (no refit client): log per the pod's alignment mode, keep kubelet's pick."""
+    """Default mismatch handler (no refit client): log per the pod's alignment mode; the annotation stands."""
     fields = {
         "container_index": mismatch.container_index,
         "annotated": [d.uuid for d in mismatch.annotated],
@@ -140,16 +149,18 @@ class Allocator:
         inventory: Inventory,
         hami: HamiCoreSettings,
         *,
-        follow_kubelet: bool,
         mismatch_handler: MismatchHandler = log_mismatch,
         call_timeout: float = 5.0,
+        preferred_allocation: bool = True,
     ) -> None:
         self.client = client
+        # Without GetPreferredAllocation kubelet's replica pick is arbitrary, so a differing pick is
+        # expected (info); with it, a difference means the preference was not honoured (warning).
+        self._log_differing_pick = log.warning if preferred_allocation else log.info
         self.pods = pods
         self.node_name = pods.node_name
         self.inventory = inventory
         self.hami = hami
-        self.follow_kubelet = follow_kubelet and not inventory.is_mig
         self.mismatch_handler = mismatch_handler
         self.call_timeout = call_timeout
         self._lock = asyncio.Lock()
@@ -248,22 +259,25 @@ class Allocator:
         return chosen
 
     def _fallback(self, index: int, partial: Sequence[str], request: PreferredRequest) -> list[str]:
-        """kubelet's choice stands: prefer one replica per distinct GPU so Allocate can honour it.
+        """No replacement: prefer one replica per distinct GPU, for kubelet's replica bookkeeping.
 
-        ``partial`` (must-include replicas plus the annotated GPUs that are still available) is kept
-        when possible; "no preference" only when the size cannot be met with distinct GPUs.
+        Allocate serves the annotated GPUs whatever kubelet picks; distinct GPUs keep kubelet's
+        per-GPU replica counts shaped like the allocation (one slot per GPU). ``partial``
+        (must-include replicas plus the annotated GPUs that are still available) is kept when
+        possible; "no preference" only when the size cannot be met with distinct GPUs.
         """
         uuid_of = self.inventory.uuid_of
         chosen = distinct_gpu_preference(request.available, partial, request.size, uuid_of)
         if not chosen and list(partial) != list(request.must_include):
             chosen = distinct_gpu_preference(request.available, request.must_include, request.size, uuid_of)
         log.info(
-            "kubelet's choice stands; preferring replicas on distinct GPUs"
+            "annotated GPUs not offered; preferring replicas on distinct GPUs"
             if chosen
-            else "kubelet's choice stands; no distinct-GPU preference possible",
+            else "annotated GPUs not offered; no distinct-GPU preference possible",
             container_index=index,
             preferred=chosen,
             size=request.size,
+            allocate_serves="annotation",
         )
         return chosen
 
@@ -311,17 +325,18 @@ class Allocator:
                 raise AllocationError(f"pod {pod_key(pod)} has no GPU allocation left for this container")
             entry = entries[0]
             requested = [u for u in (self.inventory.uuid_of(i) for i in ids) if u is not None]
-            chosen, differs = resolve_devices(entry, requested, follow_kubelet=self.follow_kubelet)
-            if differs:
-                (log.warning if self.follow_kubelet else log.info)(
-                    "kubelet's devices differ from the allocation annotation",
+            if kubelet_differs(entry, requested):
+                self._log_differing_pick(
+                    "kubelet's replicas are on other GPUs than the allocation annotation; the runtime "
+                    "follows the scheduler's accounting (the annotated GPUs), NUMA alignment was not "
+                    "achieved for best-effort pods",
                     container_index=entry.index,
                     annotated=[d.uuid for d in entry.devices],
                     kubelet=requested,
-                    runtime=[d.uuid for d in chosen],
-                    runtime_follows="kubelet" if self.follow_kubelet else "annotation",
+                    kubelet_ids=list(ids),
+                    numa_alignment=annotations_of(pod).get(NUMA_ALIGNMENT, ""),
                 )
-            plans.append((entry.index, chosen))
+            plans.append((entry.index, entry.devices))
             devices = consume(devices, entry.index)
         return plans, devices
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hamid.model import hamicore
@@ -102,34 +102,35 @@ def choose_pod(
 
     ``candidates`` are this node's allocation candidates with a pending entry; ``lock_owner`` the
     ``namespace/name`` in the node lock; ``requested`` the physical UUIDs kubelet asked for (None
-    for GetPreferredAllocation, which has no choice yet). Order of proof: the lock owner whose next
-    entry names exactly the requested GPUs, then the only candidate that does, then the lock owner,
-    then the only candidate (kubelet's pick may differ from the annotation; ``resolve_devices``
-    decides what that means). Anything else is ambiguous and refused: guessing swaps pods' limits
-    (upstream #3096).
+    for GetPreferredAllocation, which has no choice yet). Proof, in order: the lock owner whose next
+    entry names exactly the requested GPUs; the lock owner when no other candidate names them
+    (kubelet's pick may differ after a best-effort fallback; Allocate still serves the annotation,
+    see :func:`kubelet_differs`); without a lock owner, the only candidate naming them, else the only
+    candidate. Anything else is ambiguous and refused: guessing swaps pods' limits (upstream #3096).
     """
     if not candidates:
         raise AllocationError("no pod on this node is waiting for a GPU allocation (bind-phase allocating)")
     owner = next((p for p in candidates if pod_key(p) == lock_owner), None)
+    exact: list[Pod] = []
     if requested is not None:
         want = Counter(requested)
         exact = [p for p in candidates if Counter(d.uuid for d in _next_entry(p).devices) == want]
-        if owner is not None and owner in exact:
-            return owner
-        if len(exact) == 1:
-            return exact[0]
-        if len(exact) > 1:
+        if owner is not None and owner not in exact and exact:
             names = ", ".join(sorted(pod_key(p) for p in exact))
             raise AllocationError(
-                f"cannot tell which pod GPUs {sorted(want)} are for: pods {names} all wait for them and "
-                "none holds the node lock"
+                f"cannot tell which pod GPUs {sorted(want)} are for: the node lock holder {pod_key(owner)} "
+                f"waits for other GPUs and {names} wait for these"
             )
-    return _owner_or_single(owner, candidates)
-
-
-def _owner_or_single(owner: Pod | None, candidates: Sequence[Pod]) -> Pod:
     if owner is not None:
         return owner
+    if len(exact) > 1:
+        names = ", ".join(sorted(pod_key(p) for p in exact))
+        raise AllocationError(
+            f"cannot tell which pod GPUs {sorted(Counter(requested or ()))} are for: pods {names} all "
+            "wait for them and none holds the node lock"
+        )
+    if len(exact) == 1:
+        return exact[0]
     if len(candidates) == 1:
         return candidates[0]
     names = ", ".join(sorted(pod_key(p) for p in candidates))
@@ -181,8 +182,10 @@ def distinct_gpu_preference(
 ) -> list[str]:
     """``size`` replica IDs on distinct physical GPUs (the fallback preference), or ``[]`` if impossible.
 
-    Used when the plugin keeps kubelet's choice: "no preference" would let kubelet take two replicas
-    of one GPU for a multi-GPU container, which Allocate must refuse. Must-include replicas come
+    Used when the annotated GPUs cannot be offered (no refit, or it was refused): Allocate will serve
+    the annotated GPUs anyway, so this only shapes kubelet's replica bookkeeping. One replica per GPU
+    mirrors the allocation (each slot of a container is on its own GPU), where "no preference" would
+    let kubelet count two replicas of one GPU for a multi-GPU container. Must-include replicas come
     first (they must name distinct known GPUs); the rest is one replica per GPU, GPUs with the most
     available replicas first, ties by UUID; each GPU gives its smallest replica ID.
     """
@@ -215,16 +218,14 @@ def allowed_uuids(available: Sequence[str], uuid_of: UuidOf) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def resolve_devices(
-    entry: PendingEntry, requested: Sequence[str], *, follow_kubelet: bool
-) -> tuple[ContainerDevices, bool]:
-    """The devices to answer for one container and whether kubelet's pick differs from the annotation.
+def kubelet_differs(entry: PendingEntry, requested: Sequence[str]) -> bool:
+    """Check kubelet's pick for one container; True when its replicas are on other GPUs than the entry.
 
-    ``requested`` are the physical UUIDs of kubelet's replicas. Counts must match. On a mismatch
-    with ``follow_kubelet`` (GetPreferredAllocation on, as upstream) the annotated GPUs kubelet did
-    not pick are replaced, in order, by the GPUs it picked instead, keeping each entry's amounts;
-    two slots of one container on the same physical GPU are refused. Without ``follow_kubelet`` the
-    annotation decides (kubelet's pick is arbitrary then).
+    ``requested`` are the physical UUIDs behind kubelet's replica IDs (already known to be GPUs of this
+    node). Only the count must match the allocation entry: the runtime always gets the entry's GPUs,
+    the ones the scheduler accounts for (I1, I2), whatever replicas kubelet picked. Serving kubelet's
+    GPUs instead would run the container where no accounting records it (over-commit) and break a
+    ``nvidia.com/use-gpuuuid`` pin.
     """
     annotated = entry.devices
     if len(annotated) != len(requested):
@@ -232,24 +233,7 @@ def resolve_devices(
             f"device number not matched: the allocation for container {entry.index} has "
             f"{len(annotated)} GPU(s) {[d.uuid for d in annotated]}, kubelet asked for {len(requested)}"
         )
-    if Counter(d.uuid for d in annotated) == Counter(requested) or not follow_kubelet:
-        return annotated, Counter(d.uuid for d in annotated) != Counter(requested)
-    extra = list((Counter(requested) - Counter(d.uuid for d in annotated)).elements())
-    spare = Counter(requested)
-    out = []
-    for device in annotated:
-        if spare[device.uuid] > 0:
-            spare[device.uuid] -= 1
-            out.append(device)
-        else:
-            out.append(replace(device, uuid=extra.pop(0)))
-    uuids = [d.uuid for d in out]
-    if len(set(uuids)) != len(uuids) and len({d.uuid for d in annotated}) == len(annotated):
-        raise AllocationError(
-            f"kubelet picked replicas of {sorted(requested)} for container {entry.index}, which puts two "
-            f"slots on one GPU; the allocation is {[d.uuid for d in annotated]}"
-        )
-    return tuple(out), True
+    return Counter(d.uuid for d in annotated) != Counter(requested)
 
 
 def consume(devices: PodDevices, index: int) -> PodDevices:

@@ -145,8 +145,8 @@ class Plugin:
             self.pods,
             self.inventory,
             hami,
-            follow_kubelet=preferred,
             mismatch_handler=mismatch_handler,
+            preferred_allocation=preferred,
         )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
         self.connector = KubeletConnector(

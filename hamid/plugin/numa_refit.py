@@ -1,22 +1,25 @@
 """The plugin side of NUMA refit: what GetPreferredAllocation does when kubelet excludes the annotated GPU.
 
 Plugged into :class:`~hamid.plugin.allocate.Allocator` as its mismatch handler. Behaviour matrix
-(numa-refit-upstream §5; MIG-mode nodes never get here, the allocator skips them):
+(numa-refit-upstream §5, except what runs after a fallback; MIG-mode nodes never get here, the
+allocator skips them):
 
 =============  ==========================================  =====================================
 mode           refit enabled                               refit disabled (no endpoint)
 =============  ==========================================  =====================================
 none/invalid   nothing (invalid: warning, treated as none)  same
-best-effort    one refit; on failure kubelet's choice       info log, kubelet's choice stands
-               stands (info log)
-strict         one refit; on failure the allocation fails   error log only, kubelet's choice
-               (gRPC error, bind-phase=failed, lock freed)
+best-effort    one refit; on failure the pod runs on its    info log; runs on its annotated GPUs
+               annotated GPUs, unaligned (info log)
+strict         one refit; on failure the allocation fails   error log only; runs on its annotated
+               (gRPC error, bind-phase=failed, lock freed)  GPUs, unaligned
 =============  ==========================================  =====================================
 
-Whenever kubelet's choice stands, the allocator answers GetPreferredAllocation with one replica per
+Whenever no refit applies (a fallback), the annotation stands and Allocate serves its GPUs, the
+ones the scheduler accounts for, whatever replicas kubelet picked (upstream hands the container
+kubelet's GPUs instead, which over-commits them). GetPreferredAllocation then answers one replica per
 distinct physical GPU (must-include first, then the GPUs with the most available replicas) so that
-kubelet never puts two slots of one container on the same GPU; "no preference" only when that is
-impossible. A committed refit returns the new devices; if kubelet cannot honour them the allocator fails the
+kubelet's replica bookkeeping keeps one slot per GPU; "no preference" only when that is impossible.
+A committed refit returns the new devices; if kubelet cannot honour them the allocator fails the
 allocation in every mode. After a commit the pod is re-read (GET), so ``Allocate`` consumes the
 refitted entry even when the plugin's watch cache lags.
 """
@@ -65,7 +68,7 @@ class NumaRefitHandler:
         self.fetch_pod = fetch_pod
 
     async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
-        """Replacement devices (committed), None to keep kubelet's pick, or AllocationError."""
+        """Replacement devices (committed), None when the annotation stands, or AllocationError."""
         if self.client is None:
             return await log_mismatch(mismatch)
         try:
@@ -91,7 +94,11 @@ class NumaRefitHandler:
                     "NUMA refit failed; numa-alignment strict fails the allocation", error=str(exc), **fields
                 )
                 raise AllocationError(f"numa-alignment strict: {exc}") from exc
-            log.info("NUMA refit failed; best-effort keeps kubelet's own selection", error=str(exc), **fields)
+            log.info(
+                "NUMA refit failed; best-effort runs on the scheduler's allocation without NUMA alignment",
+                error=str(exc),
+                **fields,
+            )
             return None
         log.info("NUMA refit succeeded", devices=[d.uuid for d in devices], **fields)
         await self._reread(request)

@@ -119,7 +119,8 @@ class ClusterOptions:
 class RefitCall:
     """One mismatch the plugin saw in GetPreferredAllocation and what its refit seam answered.
 
-    ``outcome`` is ``refitted`` (``devices`` holds the new GPUs), ``kept`` (kubelet's choice kept)
+    ``outcome`` is ``refitted`` (``devices`` holds the new GPUs), ``unaligned`` (no refit applied:
+    the allocation annotation stands and the pod runs on its accounted GPUs without NUMA alignment)
     or ``failed`` (the allocation was failed; ``error`` says why).
     """
 
@@ -540,7 +541,7 @@ class SimCluster:
                 self.refits.append(RefitCall(**base, outcome="failed", error=str(exc)))
                 raise
             if result is None:
-                self.refits.append(RefitCall(**base, outcome="kept"))
+                self.refits.append(RefitCall(**base, outcome="unaligned"))
             else:
                 self.refits.append(
                     RefitCall(**base, outcome="refitted", devices=tuple(d.uuid for d in result))

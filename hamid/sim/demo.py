@@ -31,6 +31,7 @@ from hamid.plugin.discovery import PhysicalGpu
 from hamid.sim.cluster import (
     DEMO_MACHINE,
     DEMO_MIG_MACHINE,
+    RESOURCE_NAME,
     ClusterOptions,
     NodeSpec,
     SimCluster,
@@ -245,12 +246,19 @@ def _events_step(cluster: SimCluster, result: ScenarioResult, name: str = SEED_N
     return events
 
 
-def _refit_step(cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME) -> list[Any]:
+def _refit_step(
+    cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME, *, enabled: bool = True
+) -> list[Any]:
     calls = cluster.refit_calls(name)
     for call in calls:
+        request = (
+            f"POST /refit container {call.container_index} allowed [{_fmt(call.allowed)}]"
+            if enabled
+            else "refit disabled, no request"
+        )
         text = (
             f"plugin: annotated [{_fmt(call.annotated)}] has no replica in kubelet's set; "
-            f"POST /refit container {call.container_index} allowed [{_fmt(call.allowed)}] -> {call.outcome}"
+            f"{request} -> {call.outcome}"
         )
         if call.devices:
             text += f" [{_fmt(call.devices)}]"
@@ -434,7 +442,7 @@ async def _refused_run(
             "scheduler", f"filter + bind: {node}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}"
         )
         admission = _kubelet_step(result, cluster.assignment(SEED_NAME))
-        calls = _refit_step(cluster, result)
+        calls = _refit_step(cluster, result, enabled=refit_enabled)
         events = _events_step(cluster, result)
         state = _final_state(cluster, result)
         cpu_numa = state["cpuNuma"]
@@ -453,7 +461,7 @@ async def _refused_run(
         else:
             result.check(
                 "no refit request sent (refit disabled)",
-                len(calls) == 1 and calls[0].outcome == "kept" and not events,
+                len(calls) == 1 and calls[0].outcome == "unaligned" and not events,
                 f"{len(calls)} mismatch(es), events {len(events)}",
             )
         result.check(
@@ -478,20 +486,52 @@ async def _refused_run(
             )
             result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
         else:
-            runtime_numas = _numas(cluster, state["runtimeGpus"], node)
-            runtime = state["runtimeGpus"]
-            result.check(
-                "pod Running on kubelet's choice (one slot per distinct GPU)",
-                state["phase"] == "Running"
-                and runtime_numas == [cpu_numa]
-                and len(set(runtime)) == len(runtime) == len(choice),
-                f"phase {state['phase']}, runtime {runtime} NUMA {runtime_numas}",
-            )
-            result.step(
-                "allocate",
-                f"kubelet's choice kept: runtime GPU [{_fmt(state['runtimeGpus'])}] on NUMA "
-                f"{_fmt_numa(runtime_numas)}; annotation still [{_fmt(state['allocatedAnnotation'])}]",
-            )
+            _unaligned_checks(cluster, result, state, admission, choice, node)
+
+
+def _unaligned_checks(
+    cluster: SimCluster,
+    result: ScenarioResult,
+    state: dict[str, Any],
+    admission: PodAdmission | None,
+    choice: list[str],
+    node: str,
+) -> None:
+    """No refit applied: the pod runs on the scheduler's GPUs (runtime == annotations == accounting)."""
+    runtime = state["runtimeGpus"]
+    runtime_numas = _numas(cluster, runtime, node)
+    cpu_numa = state["cpuNuma"]
+    picked = (
+        admission.containers[0].devices.get(RESOURCE_NAME, ()) if admission and admission.containers else ()
+    )
+    result.step(
+        "allocate",
+        f"kubelet allocated replicas [{_fmt(list(picked))}] on NUMA {cpu_numa}; the plugin serves the "
+        f"annotated GPU(s) [{_fmt(runtime)}] on NUMA {_fmt_numa(runtime_numas)} (warning logged: "
+        "runtime follows the scheduler's accounting)",
+    )
+    result.check("pod Running", state["phase"] == "Running", str(state["phase"]))
+    result.check(
+        "runtime GPU == both annotations == scheduler accounting == the scheduler's GPU",
+        bool(choice)
+        and sorted(runtime) == sorted(choice)
+        and state["allocatedAnnotation"] == choice
+        and state["toAllocateAnnotation"] == choice
+        and state["accounting"] == choice,
+        f"runtime {runtime}, allocated {state['allocatedAnnotation']}, "
+        f"to-allocate {state['toAllocateAnnotation']}, accounting {state['accounting']}, scheduler {choice}",
+    )
+    result.check(
+        "NUMA alignment not achieved (GPU NUMA != CPU NUMA)",
+        cpu_numa is not None and bool(runtime_numas) and cpu_numa not in runtime_numas,
+        f"GPU NUMA {runtime_numas}, CPU NUMA {cpu_numa}",
+    )
+    result.step(
+        "check",
+        f"runtime {_fmt(runtime)} == allocated == to-allocate == accounting == scheduler's choice; "
+        f"GPU NUMA {_fmt_numa(runtime_numas)} != CPU NUMA {cpu_numa}: NUMA alignment not achieved, "
+        f"the container runs where the scheduler accounts for it: {'OK' if result.ok else 'FAILED'}",
+    )
 
 
 async def scenario_strict_failure() -> ScenarioResult:
@@ -504,9 +544,10 @@ async def scenario_strict_failure() -> ScenarioResult:
 
 
 async def scenario_refit_disabled() -> ScenarioResult:
-    """Refit not deployed: strict only logs at error level; kubelet's choice runs, annotations unchanged."""
+    """Refit not deployed: strict only logs at error level; the pod runs unaligned on the scheduler's GPU."""
     result = ScenarioResult(
-        "refit-disabled", "no refit request; strict only logs at error; pod runs on kubelet's choice"
+        "refit-disabled",
+        "no refit request; strict only logs at error; pod runs on the scheduler's GPU, NUMA not aligned",
     )
     options = ClusterOptions(nodes=(NodeSpec(NODE),), refit=False)
     await _refused_run(result, options, seed_pod(alignment="strict"), strict=False, refit_enabled=False)
@@ -514,9 +555,10 @@ async def scenario_refit_disabled() -> ScenarioResult:
 
 
 async def scenario_pinned_uuid() -> ScenarioResult:
-    """Pinned (use-gpuuuid) to a GPU outside kubelet's set: refused; best-effort keeps kubelet's pick."""
+    """Pinned (use-gpuuuid) to a GPU outside kubelet's set: refused; best-effort runs on the pinned GPU."""
     result = ScenarioResult(
-        "pinned-uuid", "refit refused (pinned GPU not allowed); best-effort runs on kubelet's choice"
+        "pinned-uuid",
+        "refit refused (pinned GPU not allowed); best-effort runs on the pinned GPU, NUMA not aligned",
     )
     pinned = next(g.uuid for g in data_machine_gpus() if g.numa == 1)
     pod = seed_pod(annotations={ann.USE_GPU_UUID: pinned})
@@ -532,10 +574,11 @@ def heterogeneous_pod(alignment: str) -> dict[str, Any]:
 
 
 async def scenario_heterogeneous() -> ScenarioResult:
-    """Percentage request on mixed GPUs books differing MiB per GPU: refused; best-effort runs anyway."""
+    """Percentage request on mixed GPUs books differing MiB per GPU: refused; best-effort runs unaligned."""
     result = ScenarioResult(
         "heterogeneous",
-        "refit refused (differing per-device amounts); best-effort runs on kubelet's two distinct GPUs",
+        "refit refused (differing per-device amounts); best-effort runs on the scheduler's two GPUs, "
+        "NUMA not aligned",
     )
     # numa-bind makes the scheduler take both GPUs of one NUMA node: one 48 GB and one 96 GB card.
     options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))

@@ -42,6 +42,51 @@ async def _run_seed(cluster: SimCluster, **kw: Any) -> dict[str, Any]:
     return await cluster.wait_settled(SEED_NAME, timeout=15)
 
 
+def _assert_unaligned(
+    cluster: SimCluster,
+    logs: list[dict[str, Any]],
+    name: str = SEED_NAME,
+    *,
+    mismatches: int = 1,
+    level: str = "warning",
+) -> list[str]:
+    """No refit applied: the pod runs on the scheduler's GPUs (runtime == both annotations == accounting),
+    not on kubelet's, NUMA alignment not achieved, and a log line at ``level`` names both GPU sets."""
+    pod = cluster.pod(name)
+    assert pod["status"]["phase"] == "Running"
+    assert cluster.annotations(name)[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+    choice = uuids(cluster.scheduler_choice(name))
+    assert [c.outcome for c in cluster.refit_calls(name)] == ["unaligned"] * mismatches
+    assert uuids(cluster.allocated(name)) == choice
+    pending = [v for v in cluster.annotation_history(name, ann.DEVICES_TO_ALLOCATE) if v.strip(";")]
+    assert uuids(ann.decode_pod_devices(pending[-1])) == choice
+    reservation = cluster.reservation(name)
+    assert reservation is not None and uuids(reservation.layout) == choice
+    env = env_of(cluster, name)
+    assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == choice
+    allocated = cluster.allocated(name)
+    assert allocated is not None
+    for i, device in enumerate(allocated[0]):
+        assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{device.usedmem}m"
+    admission = cluster.assignment(name)
+    assert admission is not None
+    container = admission.containers[0]
+    plugin = cluster.nodes[NODE].plugin
+    assert plugin is not None
+    picked = [plugin.inventory.uuid_of(i) for i in container.devices["nvidia.com/gpu"]]
+    table = cluster.gpu_numa(NODE)
+    assert {table[u] for u in picked if u is not None} == {container.numa_node}  # kubelet's NUMA node
+    assert container.numa_node not in {table[u] for u in choice}  # NUMA alignment not achieved
+    warnings = [
+        e for e in logs if e.get("log_level") == level and "other GPUs than the allocation" in e["event"]
+    ]
+    assert len(warnings) == 1 and "the runtime follows the scheduler's accounting" in warnings[0]["event"]
+    assert warnings[0]["annotated"] == choice and warnings[0]["kubelet"] == picked
+    assert _lock_free(cluster)
+    assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+    return choice
+
+
 def _assert_aligned(cluster: SimCluster, name: str = SEED_NAME, gpus: int = 1) -> list[str]:
     """The pod runs with runtime GPU == both annotations == accounting, on its CPUs' NUMA node."""
     pod = cluster.pod(name)
@@ -94,20 +139,18 @@ async def test_strict_refit_succeeds() -> None:
         _assert_aligned(cluster)
 
 
-async def test_best_effort_refused_keeps_kubelets_choice_and_logs(logs: list[dict[str, Any]]) -> None:
+async def test_best_effort_refused_runs_on_the_pinned_gpu_and_logs(logs: list[dict[str, Any]]) -> None:
     async with SimCluster() as cluster:
         pinned = NUMA1[0]
         await _run_seed(cluster, annotations={ann.USE_GPU_UUID: pinned})
-        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
-        assert uuids(cluster.allocated(SEED_NAME)) == [pinned]
         failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
         assert len(failed) == 1 and failed[0]["type"] == "Warning" and pinned in failed[0]["message"]
         assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED)
-        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
-        runtime = env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"]
-        assert runtime in NUMA0
-        assert "NUMA refit failed; best-effort keeps kubelet's own selection" in _messages(logs, "info")
-        assert _lock_free(cluster)
+        assert _assert_unaligned(cluster, logs) == [pinned]  # the user's pin holds
+        assert (
+            "NUMA refit failed; best-effort runs on the scheduler's allocation without NUMA alignment"
+            in _messages(logs, "info")
+        )
 
 
 async def _assert_allocation_failed(cluster: SimCluster, reason_text: str) -> None:
@@ -138,7 +181,7 @@ async def test_strict_pinned_outside_allowed_set_is_refused() -> None:
 
 
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
-async def test_heterogeneous_amounts_are_refused(alignment: str) -> None:
+async def test_heterogeneous_amounts_are_refused(alignment: str, logs: list[dict[str, Any]]) -> None:
     node = NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE))
     async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
         await stage(cluster)
@@ -149,42 +192,43 @@ async def test_heterogeneous_amounts_are_refused(alignment: str) -> None:
         if alignment == "strict":
             await _assert_allocation_failed(cluster, "heterogeneous")
             return
-        # best-effort: refused, kubelet's choice stands on two distinct GPUs of the CPUs' NUMA node
-        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
+        # best-effort: refused; kubelet's replicas are on two distinct GPUs of the CPUs' NUMA node, the
+        # runtime gets the scheduler's two GPUs with their differing amounts
         failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
         assert len(failed) == 1 and "heterogeneous" in failed[0]["message"]
-        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
-        assert uuids(cluster.allocated(SEED_NAME)) == uuids(choice)
         admission = cluster.assignment(SEED_NAME)
         assert admission is not None
         (call,) = admission.containers[0].preferred_calls
         plugin = cluster.nodes[NODE].plugin
         assert plugin is not None and len({plugin.inventory.uuid_of(i) for i in call.answer}) == 2
-        runtime = env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"].split(",")
-        table = cluster.gpu_numa(NODE)
-        assert len(set(runtime)) == 2 and {table[u] for u in runtime} == {admission.containers[0].numa_node}
-        assert _lock_free(cluster)
+        assert _assert_unaligned(cluster, logs) == uuids(choice)
 
 
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
-async def test_refit_disabled_leaves_kubelets_choice(alignment: str, logs: list[dict[str, Any]]) -> None:
+async def test_refit_disabled_runs_on_the_scheduler_gpu(alignment: str, logs: list[dict[str, Any]]) -> None:
     async with SimCluster(ClusterOptions(refit=False)) as cluster:
         await _run_seed(cluster, alignment=alignment)
-        assert cluster.pod(SEED_NAME)["status"]["phase"] == "Running"
-        choice = uuids(cluster.scheduler_choice(SEED_NAME))
-        assert uuids(cluster.allocated(SEED_NAME)) == choice
+        choice = _assert_unaligned(cluster, logs)
         assert choice[0] in NUMA1
-        assert env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"] in NUMA0
         assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED) and not _events(
             cluster, R.EVENT_NUMA_REFIT_FAILED
         )
-        assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
         errors = [m for m in _messages(logs, "error") if "NUMA refit is disabled" in m]
         infos = [m for m in _messages(logs, "info") if "no replica in kubelet's available devices" in m]
         if alignment == "strict":
             assert len(errors) == 1 and not infos
         else:
             assert not errors and len(infos) == 1
+
+
+async def test_preferred_allocation_off_runs_on_the_scheduler_gpu(logs: list[dict[str, Any]]) -> None:
+    """No GetPreferredAllocation: kubelet picks replicas on the CPUs' NUMA node by itself; the runtime
+    still gets the scheduler's GPU."""
+    async with SimCluster(ClusterOptions(preferred_allocation=False)) as cluster:
+        await _run_seed(cluster)
+        admission = cluster.assignment(SEED_NAME)
+        assert admission is not None and admission.containers[0].preferred_calls == []
+        assert _assert_unaligned(cluster, logs, mismatches=0, level="info")[0] in NUMA1
 
 
 async def test_mig_node_never_refits() -> None:
@@ -234,8 +278,7 @@ async def test_scheduler_unreachable(alignment: str, logs: list[dict[str, Any]])
         pod = cluster.pod(SEED_NAME)
         if alignment == "best-effort":
             assert pod["status"]["phase"] == "Running"
-            assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["kept"]
-            assert env_of(cluster, SEED_NAME)["NVIDIA_VISIBLE_DEVICES"] in NUMA0
+            assert _assert_unaligned(cluster, logs)[0] in NUMA1
         else:
             assert pod["status"]["phase"] == "Failed"
             assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["failed"]

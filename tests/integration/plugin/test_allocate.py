@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import structlog.testing
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
@@ -195,21 +196,58 @@ async def test_identity_from_lock_and_exact_match() -> None:
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
 
 
-async def test_runtime_follows_annotation_without_preferred_allocation() -> None:
-    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20),),))
-    async with running_plugin() as (env, _), stub_for(env) as stub:
+@pytest.mark.parametrize("config", [None, PREFERRED], ids=["preferred-off", "preferred-on"])
+@pytest.mark.parametrize("alignment", ["", "best-effort"])
+async def test_runtime_follows_the_annotation_not_kubelets_gpus(
+    config: NodeConfig | None, alignment: str
+) -> None:
+    """kubelet's replicas on other GPUs than the annotation: the runtime gets the annotated (accounted)
+    GPUs and amounts in both modes, and a log line names both sets (a warning when kubelet was given a
+    preference it did not honour, info when GetPreferredAllocation is off and its pick is arbitrary)."""
+    extra = {NUMA_ALIGNMENT: alignment} if alignment else {}
+    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20), dev("GPU-2", 800, 20)),), extra=extra)
+    allocated = pod["metadata"]["annotations"][DEVICES_ALLOCATED]
+    async with running_plugin(config) as (env, _), stub_for(env) as stub:
         await seeded(env, pod)
-        r = await allocate(stub, "GPU-0-0")  # kubelet's arbitrary pick
-        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-3"
+        with structlog.testing.capture_logs() as logs:
+            r = await allocate(stub, "GPU-0-0", "GPU-1-2")  # kubelet's pick: two other GPUs (NUMA 0)
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-3,GPU-2"
+        assert (r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
+            "1200m",
+            "800m",
+        )
+        assert r.envs["CUDA_DEVICE_SM_LIMIT"] == "20"
+        notes = annotations(env.server, "Pod", "p")
+        assert notes[DEVICES_ALLOCATED] == allocated  # the accounted allocation, untouched
+        assert notes[DEVICES_TO_ALLOCATE] == ";" and notes[BIND_PHASE] == "success"
+        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+        level = "info" if config is None else "warning"
+        (warning,) = [e for e in logs if e["log_level"] == level and "other GPUs" in e["event"]]
+        assert "the runtime follows the scheduler's accounting" in warning["event"]
+        assert "NUMA alignment was not achieved" in warning["event"]
+        assert warning["annotated"] == ["GPU-3", "GPU-2"] and warning["kubelet"] == ["GPU-0", "GPU-1"]
+        assert warning["numa_alignment"] == alignment
 
 
-async def test_runtime_follows_kubelet_with_preferred_allocation() -> None:
-    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20),),))
+async def test_kubelet_on_the_annotated_gpus_logs_no_warning() -> None:
+    pod = scheduled_pod("p", ((dev("GPU-3", 1200, 20), dev("GPU-2", 800, 20)),))
     async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
         await seeded(env, pod)
-        r = await allocate(stub, "GPU-0-0")
-        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
-        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1200m"
+        with structlog.testing.capture_logs() as logs:
+            r = await allocate(stub, "GPU-2-1", "GPU-3-0")
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-3,GPU-2"
+        assert not [e for e in logs if e["log_level"] in ("warning", "error")]
+
+
+async def test_two_replicas_of_one_gpu_still_serve_the_annotation() -> None:
+    """kubelet's replica bookkeeping put both slots on one GPU (no distinct preference was possible):
+    Allocate still serves the two annotated GPUs instead of refusing."""
+    pod = scheduled_pod("p", ((dev("GPU-2", 900, 9), dev("GPU-3", 800, 8)),))
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        r = await allocate(stub, "GPU-0-0", "GPU-0-1")
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"
+        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
 
 
 async def test_preferred_allocation_annotation_driven() -> None:
@@ -227,15 +265,16 @@ async def test_preferred_allocation_annotation_driven() -> None:
         assert await preferred(stub, available, 3) == []  # annotation cannot fill: no opinion
         await allocate(stub, "GPU-1-0", "GPU-0-0")
         assert await preferred(stub, available, 1) == ["GPU-3-0"]  # next pending entry
-        # GPU-3 is not offered (kubelet restricted to NUMA 0): the default handler logs and kubelet's
-        # choice stands, with one replica of the GPU with the most free replicas (ties by UUID)
+        # GPU-3 is not offered (kubelet restricted to NUMA 0): the default handler logs, the annotation
+        # stands, and the answer is one replica of the GPU with the most free replicas (ties by UUID)
         assert await preferred(stub, available[:8], 1) == ["GPU-0-0"]
         assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"
 
 
 @pytest.mark.parametrize("alignment", ["", "best-effort", "strict"])
-async def test_kubelets_choice_prefers_distinct_gpus(alignment: str) -> None:
-    """Refit off (default handler): a 2-GPU container gets replicas of two GPUs, never one GPU twice."""
+async def test_fallback_preference_is_distinct_gpus(alignment: str) -> None:
+    """Refit off (default handler): a 2-GPU container is offered replicas of two GPUs, never one GPU
+    twice (kubelet's bookkeeping keeps one slot per GPU); Allocate serves the annotated GPUs."""
     extra = {NUMA_ALIGNMENT: alignment} if alignment else {}
     pod = scheduled_pod("p", ((dev("GPU-2", 900, 9), dev("GPU-3", 800, 8)),), extra=extra)
     numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
@@ -249,13 +288,13 @@ async def test_kubelets_choice_prefers_distinct_gpus(alignment: str) -> None:
         # only one physical GPU offered: distinct GPUs impossible, no preference
         assert await preferred(stub, numa0[:4], 2) == []
         r = await allocate(stub, "GPU-0-0", "GPU-1-0")
-        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"  # the accounted GPUs, not kubelet's
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "900m"
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "800m"
 
 
-async def test_kubelets_choice_keeps_the_annotated_gpu_it_offers() -> None:
-    """A partial mismatch keeps the annotated GPU kubelet still offers; the other slot goes elsewhere."""
+async def test_fallback_preference_keeps_the_annotated_gpu_it_offers() -> None:
+    """A partial mismatch prefers the annotated GPU kubelet still offers; the other slot goes elsewhere."""
     pod = scheduled_pod("p", ((dev("GPU-1", 900, 9), dev("GPU-3", 800, 8)),))
     numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
     async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:

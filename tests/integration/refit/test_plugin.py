@@ -38,8 +38,9 @@ from tests.integration.refit.harness import d, eventually, refit_env
 
 PREFERRED = NodeConfig(device_split_count=4, enable_numa_topology=True, enable_get_preferred_allocation=True)
 NUMA1 = [f"GPU-{g}-{i}" for g in (2, 3) for i in range(4)]
-#: kubelet's choice stands: one replica of the GPU with the most available replicas (ties by UUID).
-KUBELETS_CHOICE = ["GPU-2-0"]
+#: No refit applied: one replica of the GPU with the most available replicas (ties by UUID); Allocate
+#: then still serves the annotated GPU-0 (the accounted one), never kubelet's GPU-2.
+FALLBACK_PREFERENCE = ["GPU-2-0"]
 
 
 @contextlib.asynccontextmanager
@@ -64,6 +65,25 @@ async def preferred(
     async with stub(socket) as s:
         response = await s.GetPreferredAllocation(request, timeout=10)
     return list(response.container_responses[0].deviceIDs)
+
+
+async def allocate(socket: str, ids: list[str]) -> dict[str, str]:
+    """One Allocate for one container; its envs."""
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    async with stub(socket) as s:
+        response = await s.Allocate(request, timeout=10)
+    return dict(response.container_responses[0].envs)
+
+
+def assert_served_the_annotation(env: Env, envs: dict[str, str]) -> None:
+    """Runtime == the (unchanged) allocation annotation == what the scheduler booked: GPU-0, 1000 MiB."""
+    assert envs[hamicore.ENV_VISIBLE_DEVICES] == "GPU-0"
+    assert envs[hamicore.memory_limit_env(0)] == "1000m"
+    pod = env.server.get("Pod", "default", "p")
+    assert pod is not None
+    notes = pod["metadata"]["annotations"]
+    assert notes[ann.DEVICES_ALLOCATED] == "GPU-0,NVIDIA,1000,10:;"
+    assert notes[ann.DEVICES_TO_ALLOCATE] == ";" and notes[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
 
 
 async def seed(env: Env, pod: dict[str, Any]) -> None:
@@ -113,13 +133,15 @@ async def test_enabled_success_returns_replicas_of_refitted_gpu(tls_files: TLSFi
         assert sent["deviceType"] == "NVIDIA"
 
 
-async def test_enabled_refused_best_effort_keeps_kubelet_choice(tls_files: TLSFiles) -> None:
+async def test_enabled_refused_best_effort_runs_on_the_annotated_gpu(tls_files: TLSFiles) -> None:
     async with fake_scheduler(tls_files, body=REFUSED) as fake, plugin_with(fake, tls_files) as env:
         await seed(env, pod_with("best-effort"))
-        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
+        assert await preferred(env.socket, NUMA1) == FALLBACK_PREFERENCE
         assert len(fake.requests) == 1
         pod = env.server.get("Pod", "default", "p")
         assert pod is not None and pod["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        # "no allowed device fits": running on kubelet's GPU-2 would over-commit it; the accounted GPU-0
+        assert_served_the_annotation(env, await allocate(env.socket, FALLBACK_PREFERENCE))
 
 
 @pytest.mark.parametrize(
@@ -159,17 +181,19 @@ async def test_committed_but_unmappable_fails_in_both_modes(tls_files: TLSFiles,
 async def test_disabled_only_logs(tls_files: TLSFiles, mode: str | None) -> None:
     async with plugin_with(None, tls_files) as env:
         await seed(env, pod_with(mode))
-        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
+        assert await preferred(env.socket, NUMA1) == FALLBACK_PREFERENCE
         pod = env.server.get("Pod", "default", "p")
         assert pod is not None and pod["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        assert_served_the_annotation(env, await allocate(env.socket, FALLBACK_PREFERENCE))
 
 
 @pytest.mark.parametrize("mode", [None, "true", ""])
 async def test_enabled_without_valid_opt_in_sends_nothing(tls_files: TLSFiles, mode: str | None) -> None:
     async with fake_scheduler(tls_files, body=SUCCESS) as fake, plugin_with(fake, tls_files) as env:
         await seed(env, pod_with(mode))
-        assert await preferred(env.socket, NUMA1) == KUBELETS_CHOICE
+        assert await preferred(env.socket, NUMA1) == FALLBACK_PREFERENCE
         assert fake.requests == []
+        assert_served_the_annotation(env, await allocate(env.socket, FALLBACK_PREFERENCE))
 
 
 async def test_mig_node_never_refits(tls_files: TLSFiles) -> None:

@@ -26,8 +26,8 @@ from hamid.plugin.allocation import (
     distinct_gpu_preference,
     hami_core_answer,
     is_allocation_candidate,
+    kubelet_differs,
     pending_entries,
-    resolve_devices,
     select_preferred,
     to_allocate,
 )
@@ -193,8 +193,10 @@ def test_choose_pod_fails_closed() -> None:
     p1, p2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
     assert choose_pod([p1, p2], "default/p2", None) is p2
     assert choose_pod([p1, p2], None, ["GPU-b"]) is p2  # exact match proves identity
-    assert choose_pod([p1, p2], "default/p1", ["GPU-b"]) is p2  # lock moved on: the match wins
-    assert choose_pod([p1], None, ["GPU-z"]) is p1  # only one candidate: resolve_devices decides
+    with pytest.raises(AllocationError, match="node lock holder default/p1 waits for other GPUs"):
+        choose_pod([p1, p2], "default/p1", ["GPU-b"])  # holder and an exact match disagree: refuse
+    assert choose_pod([p1, p2], "default/p1", ["GPU-z"]) is p1  # holder after a fallback pick
+    assert choose_pod([p1], None, ["GPU-z"]) is p1  # only one candidate: Allocate serves its annotation
     with pytest.raises(AllocationError, match="none holds the node lock"):
         choose_pod([p1, p2], None, None)
     twin = pod("p3", "GPU-a,NVIDIA,2000,10:;")
@@ -214,18 +216,15 @@ def test_entries_and_consume() -> None:
     assert len(after) == 4
 
 
-def test_resolve_devices() -> None:
+def test_kubelet_differs_checks_count_only() -> None:
     entry = PendingEntry(0, (cd("GPU-a", 1000), cd("GPU-b", 2000)))
-    assert resolve_devices(entry, ["GPU-b", "GPU-a"], follow_kubelet=True) == (entry.devices, False)
+    assert kubelet_differs(entry, ["GPU-b", "GPU-a"]) is False  # same GPUs, any order
+    assert kubelet_differs(entry, ["GPU-a", "GPU-c"]) is True  # another GPU: Allocate still serves a, b
+    assert kubelet_differs(entry, ["GPU-c", "GPU-c"]) is True  # two replicas of one GPU: allowed too
     with pytest.raises(AllocationError, match="device number not matched"):
-        resolve_devices(entry, ["GPU-a"], follow_kubelet=True)
-    # the annotation decides when kubelet's pick is arbitrary
-    assert resolve_devices(entry, ["GPU-a", "GPU-c"], follow_kubelet=False) == (entry.devices, True)
-    # as upstream with GetPreferredAllocation on: the runtime follows kubelet, amounts kept
-    followed, differs = resolve_devices(entry, ["GPU-a", "GPU-c"], follow_kubelet=True)
-    assert differs and followed == (cd("GPU-a", 1000), cd("GPU-c", 2000))
-    with pytest.raises(AllocationError, match="two slots on one GPU"):
-        resolve_devices(entry, ["GPU-a", "GPU-a"], follow_kubelet=True)
+        kubelet_differs(entry, ["GPU-a"])
+    with pytest.raises(AllocationError, match="has 2 GPU"):
+        kubelet_differs(entry, ["GPU-a", "GPU-b", "GPU-c"])
 
 
 def test_hami_core_answer() -> None:
