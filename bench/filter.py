@@ -1,6 +1,7 @@
 """Filter benchmark: latency in-process and over HTTP, pods/s, scheduler RSS.
 
-Default: 1,000 nodes x 8 GPUs with 10,000 running pods (``--nodes 100`` for the small case).
+Default: 1,000 nodes x 8 GPUs with 10,000 running pods (``--nodes 100`` for the small case,
+whose running pods are proportionally smaller, with more vGPU slots per GPU, so GPUs fill alike).
 The running pods are realistic wire JSON (env vars, volumes, probes, managedFields, a
 last-applied annotation, statuses). In-process: the scheduler's pod cache is built as its watch
 cache does (decode, trim, keep, feed the state), then the heap is frozen as ``hamid scheduler``
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
+import math
 import random
 import resource
 import time
@@ -41,12 +44,21 @@ from hamid.sim.apiserver import ApiServer  # noqa: E402
 GPU_MEM = 40960
 
 
-def _node(i: int, gpus: int) -> dict[str, Any]:
+#: Running pods per GPU of the default case (10,000 on 1,000 x 8); denser cases scale down.
+BASE_DENSITY = 1.25
+
+
+def _shrink(nodes: int, gpus: int, pods: int) -> float:
+    """How much smaller each running pod is than in the default case, so GPUs fill alike."""
+    return max(1.0, pods / (nodes * gpus) / BASE_DENSITY)
+
+
+def _node(i: int, gpus: int, shrink: float = 1.0) -> dict[str, Any]:
     devices = [
         DeviceInfo(
             id=f"GPU-{i:05d}-{g}",
             index=g,
-            count=10,
+            count=math.ceil(10 * shrink),
             devmem=GPU_MEM,
             devcore=100,
             type="NVIDIA-A100",
@@ -78,10 +90,11 @@ def _pod(name: str, uid: str, mem: int, cores: int) -> dict[str, Any]:
     }
 
 
-def _running(i: int, nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
+def _running(i: int, nodes: int, gpus: int, rng: random.Random, shrink: float = 1.0) -> dict[str, Any]:
     """A running pod as the API server serves it (what a real cluster's pods carry)."""
     n, g = rng.randrange(nodes), rng.randrange(gpus)
-    mem, cores = rng.choice((1000, 2000, 4000)), rng.choice((5, 10, 20))
+    mem = int(rng.choice((1000, 2000, 4000)) / shrink)
+    cores = max(1, int(rng.choice((5, 10, 20)) / shrink))
     p = _pod(f"run-{i}", f"uid-run-{i}", mem, cores)
     app = f"app-{i % 50}"
     main = p["spec"]["containers"][0]
@@ -214,15 +227,16 @@ def bench_in_process(
     scheduler = Scheduler(None, settings=SchedulerSettings())  # type: ignore[arg-type]  # no API calls here
     state = scheduler.state
     trim = trim_scheduler_pod if pod_trim == "scheduler" else trim_pod
+    shrink = _shrink(nodes, gpus, pods)
     names = []
     for i in range(nodes):
-        node = _node(i, gpus)
+        node = _node(i, gpus, shrink)
         state.on_node(node)
         names.append(node["metadata"]["name"])
     cache: dict[str, dict[str, Any]] = {}  # what the scheduler's PodCache keeps
     rss_before = _rss_now_mib()
     for i in range(pods):
-        running = _running(i, nodes, gpus, rng)
+        running = _running(i, nodes, gpus, rng, shrink)
         running["metadata"]["resourceVersion"] = str(1000 + i)  # as served (the API server sets it)
         wire = json.dumps(running).encode()
         pod = trim(json.loads(wire))
@@ -231,6 +245,11 @@ def bench_in_process(
     cache_mib = _rss_now_mib() - rss_before
     if gc_freeze:
         freeze_heap()
+    else:
+        gc.collect()
+    t0 = time.perf_counter()
+    gc.collect()  # what a full collection would stall a filter for, with this heap
+    full_gc_s = time.perf_counter() - t0
     candidates = tuple(names)
     latencies = []
     started = time.perf_counter()
@@ -250,17 +269,19 @@ def bench_in_process(
         "in_process_pods_per_s": filters / elapsed,
         "rss_mib": _rss_mib(),
         "pod_cache_and_state_mib": cache_mib,
+        "full_gc_ms": full_gc_s * 1000,
     }
 
 
 async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freeze: bool) -> dict[str, float]:
     """Real /filter over HTTP against the embedded API server (patch included)."""
     rng = random.Random(2)
+    shrink = _shrink(nodes, gpus, pods)
     async with ApiServer() as server:
         for i in range(nodes):
-            server.put(_node(i, gpus))
+            server.put(_node(i, gpus, shrink))
         for i in range(pods):
-            server.put(_running(i, nodes, gpus, rng))
+            server.put(_running(i, nodes, gpus, rng, shrink))
         new_pods = [server.put(_pod(f"new-{i}", f"uid-http-{i}", 2000, 20)) for i in range(filters)]
         kube = await connect(api_server=server.url, request_timeout=30.0)
         scheduler = Scheduler(kube, settings=SchedulerSettings(gc_freeze=gc_freeze))
@@ -309,7 +330,7 @@ def main() -> None:
         "--pod-trim",
         choices=("scheduler", "generic"),
         default="scheduler",
-        help="pod cache trim: the scheduler's (default) or the generic cache trim (managedFields only)",
+        help="pod cache trim: the scheduler's (default) or the generic one (managedFields, most of status)",
     )
     parser.add_argument(
         "--no-gc-freeze", action="store_true", help="leave the synced heap in the cyclic GC (for comparison)"
@@ -333,7 +354,8 @@ def main() -> None:
         f"in-process: p50 {result['filter_p50_ms']:.3f} ms, p99 {result['filter_p99_ms']:.3f} ms, "
         f"max {result['filter_max_ms']:.1f} ms, {result['in_process_pods_per_s']:.0f} pods/s, "
         f"scheduler peak RSS {result['rss_mib']:.0f} MiB "
-        f"(pod cache + state {result['pod_cache_and_state_mib']:.0f} MiB, trim {args.pod_trim})"
+        f"(pod cache + state {result['pod_cache_and_state_mib']:.0f} MiB, trim {args.pod_trim}); "
+        f"a full GC takes {result['full_gc_ms']:.1f} ms (gc freeze {'off' if args.no_gc_freeze else 'on'})"
     )
     result.update(
         asyncio.run(

@@ -208,6 +208,8 @@ def quantity_as_int(value: object, where: str) -> int | None:
         return int(value) if value.is_integer() and INT64_MIN <= value <= INT64_MAX else None
     if not isinstance(value, str):
         raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
+    if value.isascii() and value.isdigit() and len(value) <= 18:  # the common case: a plain integer
+        return int(value)
     m = _QUANTITY.match(value.strip())
     if not m:
         raise InvalidInput(f"{where}: {value!r} is not a Kubernetes quantity")

@@ -320,6 +320,7 @@ def scheduler_command(**kw: str | bool | None) -> None:
             gpu_policy=str(kw["gpu_scheduler_policy"]),
             node_lock_timeout=parse_duration(str(kw["node_lock_timeout"])),
             bind_wait_s=parse_duration(str(kw["bind_wait"])).total_seconds(),
+            gc_freeze=True,
         )
         retry_period = parse_duration(str(kw["leader_elect_retry_period"])).total_seconds()
     except InvalidInput as exc:

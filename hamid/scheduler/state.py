@@ -7,7 +7,9 @@ across an await take :meth:`SchedulerState.node_lock` (per node, never process-w
 API server never stalls other nodes.
 
 Accounting is incremental: pod add/update/delete events adjust per-device usage of one node; a
-rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot`).
+rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot`). Nodes are
+kept ordered by node score the same way (:class:`ScoreIndex`), so a filter walks them best-first.
+The scheduler's pod cache keeps pods trimmed to what is read here (:func:`trim_scheduler_pod`).
 """
 
 from __future__ import annotations
