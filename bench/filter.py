@@ -25,21 +25,19 @@ import resource
 import time
 from typing import Any
 
+import aiohttp
+from benchstats import peak_rss_mib, percentile
+
+from hamid.fit.fit import PodFitSpec
+from hamid.kube.cache import trim_pod
+from hamid.kube.client import connect
 from hamid.log import configure
-
-configure("json", "error")  # before the modules below bind their loggers
-
-import aiohttp  # noqa: E402
-
-from hamid.fit.fit import PodFitSpec  # noqa: E402
-from hamid.kube.cache import trim_pod  # noqa: E402
-from hamid.kube.client import connect  # noqa: E402
-from hamid.model import annotations as ann  # noqa: E402
-from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo  # noqa: E402
-from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap  # noqa: E402
-from hamid.scheduler.http import extender_app, serve  # noqa: E402
-from hamid.scheduler.state import trim_scheduler_pod  # noqa: E402
-from hamid.sim.apiserver import ApiServer  # noqa: E402
+from hamid.model import annotations as ann
+from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap
+from hamid.scheduler.http import extender_app, serve
+from hamid.scheduler.state import trim_scheduler_pod
+from hamid.sim.apiserver import ApiServer
 
 GPU_MEM = 40960
 
@@ -203,16 +201,6 @@ def _running(i: int, nodes: int, gpus: int, rng: random.Random, shrink: float = 
     return p
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _rss_mib() -> float:
-    """Peak RSS of this process so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _rss_now_mib() -> float:
     """Current RSS of this process (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm") as statm:
@@ -263,11 +251,11 @@ def bench_in_process(
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     return {
-        "filter_p50_ms": _pct(latencies, 0.5) * 1000,
-        "filter_p99_ms": _pct(latencies, 0.99) * 1000,
+        "filter_p50_ms": percentile(latencies, 0.5) * 1000,
+        "filter_p99_ms": percentile(latencies, 0.99) * 1000,
         "filter_max_ms": max(latencies) * 1000,
         "in_process_pods_per_s": filters / elapsed,
-        "rss_mib": _rss_mib(),
+        "rss_mib": peak_rss_mib(),
         "pod_cache_and_state_mib": cache_mib,
         "full_gc_ms": full_gc_s * 1000,
     }
@@ -310,14 +298,15 @@ async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freez
             await asyncio.gather(task, return_exceptions=True)
             await kube.close()
     return {
-        "http_filter_p50_ms": _pct(latencies, 0.5) * 1000,
-        "http_filter_p99_ms": _pct(latencies, 0.99) * 1000,
+        "http_filter_p50_ms": percentile(latencies, 0.5) * 1000,
+        "http_filter_p99_ms": percentile(latencies, 0.99) * 1000,
         "pods_per_s": filters / elapsed,
     }
 
 
 def main() -> None:
     """Run both phases and print the figures; the last line is JSON."""
+    configure("json", "error")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000, help="number of nodes (default 1000)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -364,7 +353,7 @@ def main() -> None:
             )
         )
     )
-    result["process_peak_rss_mib"] = _rss_mib()
+    result["process_peak_rss_mib"] = peak_rss_mib()
     print(
         f"http: p50 {result['http_filter_p50_ms']:.2f} ms, p99 {result['http_filter_p99_ms']:.2f} ms, "
         f"{result['pods_per_s']:.0f} pods/s (API server in the same process)"

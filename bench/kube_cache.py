@@ -39,6 +39,8 @@ PAGE_SIZE = 500
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchstats import peak_rss_mib  # noqa: E402
+
 from hamid.log import configure  # noqa: E402
 
 
@@ -47,11 +49,6 @@ def rss_now_mib() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
     return pages * resource.getpagesize() / 2**20
-
-
-def rss_peak_mib() -> float:
-    """Peak resident set size of this process (ru_maxrss is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def make_pod(i: int) -> dict[str, Any]:
@@ -255,7 +252,7 @@ def worker(variant: str, url: str) -> None:
     configure(level="warning")
     run = light_worker if variant == "light" else model_worker
     result = asyncio.run(run(url))
-    result["rss_peak_mib"] = rss_peak_mib()
+    result["rss_peak_mib"] = peak_rss_mib()
     print(json.dumps(result), flush=True)
 
 

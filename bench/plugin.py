@@ -21,6 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchstats import peak_rss_mib, percentile
 from grpclib.client import Channel
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
@@ -65,18 +66,6 @@ def pod(name: str, gpu: int, phase: str, to_allocate: bool) -> dict:
         "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda"}]},
         "status": {"phase": "Pending" if to_allocate else "Running"},
     }
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main() -> dict:
@@ -167,9 +156,9 @@ async def main() -> dict:
         "cycles": CYCLES,
         "errors": errors,
         "allocate_p50_ms": round(statistics.median(alloc_ms), 2),
-        "allocate_p99_ms": round(pct(alloc_ms, 0.99), 2),
+        "allocate_p99_ms": round(percentile(alloc_ms, 0.99), 2),
         "preferred_p50_ms": round(statistics.median(pref_ms), 2),
-        "preferred_p99_ms": round(pct(pref_ms, 0.99), 2),
+        "preferred_p99_ms": round(percentile(pref_ms, 0.99), 2),
         "rss_mib": round(rss, 1),
         "targets": {"allocate_p99_ms": 20, "rss_mib": 80},
     }

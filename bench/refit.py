@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchstats import percentile
+
 from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
@@ -86,11 +88,6 @@ def pod_obj(name: str, node: int, g: int, mem: int) -> dict[str, Any]:
         },
         "status": {"phase": "Pending"},
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main() -> dict[str, Any]:

@@ -26,11 +26,12 @@ import argparse
 import asyncio
 import json
 import random
-import resource
 import sys
 import time
 from collections import Counter, defaultdict
 from typing import Any
+
+from benchstats import peak_rss_mib
 
 from hamid.log import configure
 
@@ -210,28 +211,7 @@ def check(cluster: SimCluster) -> tuple[list[str], dict[str, int]]:
 
 def accounting_matches(cluster: SimCluster) -> bool:
     """The scheduler's usage equals the usage recomputed from live pods' allocation annotations."""
-    expected: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for pod in cluster.server.list("Pod", None):
-        meta = pod.get("metadata") or {}
-        notes = meta.get("annotations") or {}
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
-            continue
-        raw, node = notes.get(ann.DEVICES_ALLOCATED), notes.get(ann.VGPU_NODE)
-        if raw is None or node is None:
-            continue
-        for container in ann.decode_pod_devices(raw):
-            for d in container:
-                row = expected[f"{node}/{d.uuid}"]
-                row[0] += 1
-                row[1] += d.usedmem
-                row[2] += d.usedcores
-    actual = {
-        f"{node}/{uuid}": list(used)
-        for node, gpus in cluster.scheduler.state.snapshot().items()
-        for uuid, used in gpus.items()
-        if used != (0, 0, 0)
-    }
-    return actual == dict(expected)
+    return cluster.booked_usage() == cluster.annotated_usage()
 
 
 def _reason_kind(message: str) -> str:
@@ -327,7 +307,7 @@ async def run(
         "violations": len(violations),
         "seconds": round(elapsed, 2),
         "pods_per_s": round(soak.counts["pods"] / elapsed, 1) if elapsed else 0.0,
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
 

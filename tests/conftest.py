@@ -3,5 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.apiserver",
     "tests.fixtures.kube",
+    "tests.fixtures.logs",
     "tests.fixtures.tls",
 ]

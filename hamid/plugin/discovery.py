@@ -349,19 +349,25 @@ def watch_xid_events(
         nvml.nvmlEventSetFree(event_set)
 
 
+def devices_document(gpus: Iterable[PhysicalGpu]) -> dict[str, Any]:
+    """GPUs as a ``--devices-file`` document (``{"devices": [...]}``; used by the simulator and tests)."""
+    return {
+        "devices": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "name": g.name,
+                "memoryMiB": g.memory_mib,
+                "numa": -1 if g.numa is None else g.numa,
+                "pciBusId": g.pci_bus_id,
+                "migEnabled": g.mig_enabled,
+                "healthy": g.healthy,
+            }
+            for g in gpus
+        ]
+    }
+
+
 def devices_file_json(gpus: Iterable[PhysicalGpu]) -> str:
-    """Serialise GPUs in the ``--devices-file`` format (used by ``hamid doctor`` and the simulator)."""
-    items = [
-        {
-            "uuid": g.uuid,
-            "index": g.index,
-            "name": g.name,
-            "memoryMiB": g.memory_mib,
-            "numa": -1 if g.numa is None else g.numa,
-            "pciBusId": g.pci_bus_id,
-            "migEnabled": g.mig_enabled,
-            "healthy": g.healthy,
-        }
-        for g in gpus
-    ]
-    return json.dumps({"devices": items}, indent=2)
+    """Serialise GPUs in the ``--devices-file`` format."""
+    return json.dumps(devices_document(gpus), indent=2)

@@ -39,7 +39,7 @@ from aiohttp import web
 
 from hamid.kube.client import JSON, KubeClient, connect
 from hamid.log import get_logger
-from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, decode_pod_devices
+from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, VGPU_NODE, decode_pod_devices
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig
@@ -61,6 +61,9 @@ from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
 from hamid.sim.machine import Machine, load_machine_file
 from hamid.tls import ReloadingServerContext, client_ssl_context, server_ssl_context
+
+#: Per node, per GPU UUID: (slots, MiB, cores).
+GpuUsage = dict[str, dict[str, tuple[int, int, int]]]
 
 log = get_logger("sim.cluster")
 
@@ -722,6 +725,37 @@ class SimCluster:
         """The scheduler's in-memory reservation of the pod (its accounting), if any."""
         uid = str((self.pod(name, namespace).get("metadata") or {}).get("uid") or "")
         return self.scheduler.state.reservation(uid)
+
+    def booked_usage(self) -> GpuUsage:
+        """The scheduler's accounting: per node and GPU (slots, MiB, cores), idle GPUs left out."""
+        return {
+            node: used
+            for node, gpus in self.scheduler.state.snapshot().items()
+            if (used := {u: v for u, v in gpus.items() if v != (0, 0, 0)})
+        }
+
+    def annotated_usage(self) -> GpuUsage:
+        """Per node and GPU (slots, MiB, cores) summed from live pods' allocated annotations.
+
+        A plain sum: equal to :meth:`booked_usage` while no live pod has GPU init containers.
+        """
+        usage: dict[str, dict[str, tuple[int, int, int]]] = {}
+        for pod in self.server.list("Pod", None):
+            meta = pod.get("metadata") or {}
+            notes = meta.get("annotations") or {}
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or meta.get(
+                "deletionTimestamp"
+            ):
+                continue
+            raw, node = notes.get(DEVICES_ALLOCATED), notes.get(VGPU_NODE)
+            if raw is None or node is None:
+                continue
+            gpus = usage.setdefault(node, {})
+            for container in decode_pod_devices(raw):
+                for d in container:
+                    slots, mem, cores = gpus.get(d.uuid, (0, 0, 0))
+                    gpus[d.uuid] = (slots + 1, mem + d.usedmem, cores + d.usedcores)
+        return usage
 
     def scheduling_failures(self, name: str, namespace: str = "default") -> list[str]:
         """Errors of the kube-scheduler driver's failed attempts for the pod (unschedulable, extender)."""

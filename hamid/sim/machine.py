@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from hamid.model.errors import InvalidInput
-from hamid.plugin.discovery import PhysicalGpu, parse_devices_text
+from hamid.plugin.discovery import PhysicalGpu, devices_document, parse_devices_text
 from hamid.sim.topology import CpuTopology, format_cpu_list, parse_cpu_list, parse_quantity
 
 _TOP_KEYS = ("numaNodes", "reservedCpus", "memory", "pods", "devices")
@@ -74,21 +74,7 @@ class Machine:
 
     def devices_document(self) -> dict[str, Any]:
         """The GPUs as a ``hamid plugin --devices-file`` document (``{"devices": [...]}``)."""
-        return {
-            "devices": [
-                {
-                    "uuid": g.uuid,
-                    "index": g.index,
-                    "name": g.name,
-                    "memoryMiB": g.memory_mib,
-                    "numa": -1 if g.numa is None else g.numa,
-                    "pciBusId": g.pci_bus_id,
-                    "migEnabled": g.mig_enabled,
-                    "healthy": g.healthy,
-                }
-                for g in self.gpus
-            ]
-        }
+        return devices_document(self.gpus)
 
     def describe(self) -> str:
         """One line per NUMA node: its CPUs and GPUs."""

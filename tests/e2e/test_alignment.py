@@ -17,7 +17,7 @@ from hamid.model import reasons as R
 from hamid.sim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
 from hamid.sim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, heterogeneous_pod, seed_pod
 from hamid.sim.kubelet import REASON_UNEXPECTED_ADMISSION
-from tests.e2e.helpers import NODE, env_of, expected_usage, refit_event_message, stage, used_only, uuids
+from tests.e2e.helpers import NODE, env_of, refit_event_message, stage, uuids
 
 NUMA0 = [g.uuid for g in data_machine_gpus() if g.numa == 0]
 NUMA1 = [g.uuid for g in data_machine_gpus() if g.numa == 1]
@@ -83,7 +83,7 @@ def _assert_unaligned(
     assert len(warnings) == 1 and "the runtime follows the scheduler's accounting" in warnings[0]["event"]
     assert warnings[0]["annotated"] == choice and warnings[0]["kubelet"] == picked
     assert _lock_free(cluster)
-    assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+    assert cluster.booked_usage() == cluster.annotated_usage()
     return choice
 
 
@@ -124,7 +124,7 @@ async def test_best_effort_refit_succeeds_mtls() -> None:
         await _run_seed(cluster)
         new = _assert_aligned(cluster)
         assert new[0] in NUMA0
-        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+        assert cluster.booked_usage() == cluster.annotated_usage()
 
 
 async def test_best_effort_refit_succeeds_with_service_account_token() -> None:
@@ -165,7 +165,7 @@ async def _assert_allocation_failed(cluster: SimCluster, reason_text: str) -> No
     assert [c.outcome for c in cluster.refit_calls(SEED_NAME)] == ["failed"]
     assert uuids(cluster.allocated(SEED_NAME)) == uuids(cluster.scheduler_choice(SEED_NAME))
     await wait_until(lambda: cluster.reservation(SEED_NAME) is None, 5, "reservation released")
-    assert used_only(cluster.scheduler.state.snapshot()) == {}
+    assert cluster.booked_usage() == {}
 
 
 async def test_strict_refused_fails_the_allocation() -> None:
@@ -304,7 +304,7 @@ async def test_kubelet_restart_plugin_reregisters_and_pods_still_align() -> None
         await cluster.create_pod(_small_pod("after-restart"))
         await cluster.wait_settled("after-restart", timeout=15)
         _assert_aligned(cluster, "after-restart")
-        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+        assert cluster.booked_usage() == cluster.annotated_usage()
 
 
 async def test_scheduler_restart_mid_stream_rebuilds_accounting() -> None:
@@ -320,7 +320,7 @@ async def test_scheduler_restart_mid_stream_rebuilds_accounting() -> None:
             _assert_aligned(cluster, name)
         rebuilt = {r.uid: r.raw for r in cluster.scheduler.state.reservations()}
         assert {uid: rebuilt.get(uid) for uid in reservations} == reservations
-        assert used_only(cluster.scheduler.state.snapshot()) == expected_usage(cluster)
+        assert cluster.booked_usage() == cluster.annotated_usage()
         settled = cluster.scheduler.state.snapshot()
         await cluster.restart_scheduler()
         assert cluster.scheduler.state.snapshot() == settled
