@@ -45,6 +45,7 @@ from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import is_sidecar
+from hamid.sim.pulse import Pulse
 from hamid.sim.topology import quantity_milli_value, quantity_value
 
 log = get_logger("sim.kube_scheduler")
@@ -246,7 +247,7 @@ class KubeSchedulerDriver:
         self._nodes: NodeCache | None = None
         self._assigned: PodCache | None = None
         self._assumed: dict[str, tuple[str, JSON, float]] = {}
-        self._pulse = asyncio.Event()
+        self._pulse = Pulse()
         self._log = log.bind(scheduler=scheduler_name)
 
     # -- backoff ----------------------------------------------------------------------------------
@@ -260,17 +261,11 @@ class KubeSchedulerDriver:
     # -- waiting ----------------------------------------------------------------------------------
 
     def _changed(self) -> None:
-        pulse, self._pulse = self._pulse, asyncio.Event()
-        pulse.set()
+        self._pulse.fire()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
         """Wait until ``predicate()`` holds (checked after every attempt); TimeoutError after ``timeout``."""
-        try:
-            async with asyncio.timeout(timeout):
-                while not predicate():
-                    await self._pulse.wait()
-        except TimeoutError as exc:
-            raise TimeoutError(f"{what or 'condition'} not reached within {timeout:g}s") from exc
+        await self._pulse.wait_until(predicate, timeout, what)
 
     async def wait_bound(self, namespace: str, name: str, timeout: float = 5.0) -> str:
         """Wait until the pod is bound through the extender; returns the node name."""

@@ -53,6 +53,7 @@ from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.sim.machine import Machine
+from hamid.sim.pulse import Pulse
 from hamid.sim.topology import (
     CPU_POLICIES,
     CPU_POLICY_STATIC,
@@ -469,7 +470,7 @@ class SimKubelet:
         self._pod_cpus: dict[str, dict[str, frozenset[int]]] = {}
         self._admit_lock = asyncio.Lock()
         self._status_dirty = asyncio.Event()
-        self._pulse = asyncio.Event()
+        self._pulse = Pulse()
         self._published_resources: set[str] = set()
         self._started = False
         self._log = log.bind(node=node_name)
@@ -616,18 +617,12 @@ class SimKubelet:
     # -- waiting helpers ------------------------------------------------------------------------
 
     def _changed(self) -> None:
-        pulse, self._pulse = self._pulse, asyncio.Event()
-        pulse.set()
+        self._pulse.fire()
         self._status_dirty.set()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
         """Wait until ``predicate()`` holds (checked on each state change); TimeoutError after ``timeout``."""
-        try:
-            async with asyncio.timeout(timeout):
-                while not predicate():
-                    await self._pulse.wait()
-        except TimeoutError as exc:
-            raise TimeoutError(f"{what or 'condition'} not reached within {timeout:g}s") from exc
+        await self._pulse.wait_until(predicate, timeout, what)
 
     async def wait_registered(self, resource: str, timeout: float = 5.0) -> ResourceState:
         """Wait until ``resource`` is registered and its plugin's first ListAndWatch message arrived."""
