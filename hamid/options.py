@@ -25,8 +25,3 @@ def option(*param_decls: str, aliases: Sequence[str] = (), **attrs: Any) -> Call
     if "default" in attrs and "show_default" not in attrs:
         attrs["show_default"] = True
     return click.option(*param_decls, **attrs)
-
-
-def not_built(mode: str) -> click.ClickException:
-    """The one-line error for a mode whose issue has not landed yet (``raise not_built(...)``)."""
-    return click.ClickException(f"`hamid {mode}` is not built yet in this version of hamid")
