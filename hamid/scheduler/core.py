@@ -29,6 +29,7 @@ from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import LockContention, NodeLocker
+from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
     NodeEntry,
@@ -58,6 +59,8 @@ class SchedulerSettings:
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
+    #: Seconds between reconciles of the accounting against a fresh pod list (0: never).
+    reconcile_interval_s: float = 300.0
     #: After the first cache sync, take the live heap out of the cyclic GC (:func:`freeze_heap`).
     #: For the ``hamid scheduler`` process; off where the scheduler is embedded (tests, simulator).
     gc_freeze: bool = False
@@ -119,6 +122,9 @@ class Scheduler:
         self.term_synced: bool = True
         self._tasks: set[asyncio.Task[None]] = set()
         self._candidates: _Candidates | None = None
+        #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
+        self.binding: set[str] = set()
+        self.reconciler = Reconciler(self)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -145,6 +151,8 @@ class Scheduler:
                 tg.create_task(self.nodes.run())
                 tg.create_task(self.quotas.run())
                 tg.create_task(self._handshake_loop())
+                if self.settings.reconcile_interval_s > 0:
+                    tg.create_task(self.reconciler.run())
                 if self.settings.gc_freeze:
                     tg.create_task(self._freeze_after_sync())
         finally:
@@ -176,7 +184,7 @@ class Scheduler:
 
     def _pod_seen(self, pod: JSON) -> None:
         self.state.on_pod(pod)
-        self._report_undecodable()
+        self.report_undecodable()
 
     def _pod_updated(self, _old: JSON, new: JSON) -> None:
         self._pod_seen(new)
@@ -184,7 +192,8 @@ class Scheduler:
     def _pod_gone(self, pod: JSON) -> None:
         self.state.on_pod_deleted(pod)
 
-    def _report_undecodable(self) -> None:
+    def report_undecodable(self) -> None:
+        """Record a Warning Event for each pod the state found with an undecodable allocation."""
         while self.state.undecodable:
             pod, error = self.state.undecodable.pop()
             self.record(
@@ -381,7 +390,11 @@ class Scheduler:
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb; returns the error message ("" on success)."""
         started = time.perf_counter()
-        error = await self._bind(args)
+        self.binding.add(args.pod_uid)
+        try:
+            error = await self._bind(args)
+        finally:
+            self.binding.discard(args.pod_uid)
         self.metrics.bind_seconds.labels("error" if error else "ok").observe(time.perf_counter() - started)
         return error
 

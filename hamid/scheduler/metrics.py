@@ -8,9 +8,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class _GpuCollector(Collector):
@@ -74,5 +76,26 @@ class SchedulerMetrics:
         )
         self.filter_results = Counter(
             "hamid_filter_total", "Filter calls by result.", ["result"], registry=self.registry
+        )
+        self.reconcile_seconds = Histogram(
+            "hamid_reconcile_duration_seconds",
+            "Time of one accounting reconcile (fresh pod list, compare, repair).",
+            buckets=_RECONCILE_BUCKETS,
+            registry=self.registry,
+        )
+        self.reconcile_drift = Counter(
+            "hamid_reconcile_drift_total",
+            "Differences the reconcile found (and repaired) between the accounting and a fresh pod "
+            "list, by kind: missing, changed, leaked (pod reservations), gpu (a GPU's usage).",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in DRIFT_KINDS:
+            self.reconcile_drift.labels(kind)
+        self.reconcile_runs = Counter(
+            "hamid_reconcile_runs_total",
+            "Reconcile runs by outcome: clean, repaired, failed.",
+            ["outcome"],
+            registry=self.registry,
         )
         self.registry.register(_GpuCollector(state))

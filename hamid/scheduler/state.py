@@ -7,7 +7,8 @@ across an await take :meth:`SchedulerState.node_lock` (per node, never process-w
 API server never stalls other nodes.
 
 Accounting is incremental: pod add/update/delete events adjust per-device usage of one node; a
-rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot`). Nodes are
+rebuild from a fresh list in any order gives the same usage (see :meth:`snapshot`), which the
+periodic reconcile (:mod:`hamid.scheduler.reconcile`) checks and repairs. Nodes are
 kept ordered by node score the same way (:class:`ScoreIndex`), so a filter walks them best-first.
 The scheduler's pod cache keeps pods trimmed to what is read here (:func:`trim_scheduler_pod`).
 """
@@ -18,8 +19,8 @@ import asyncio
 import bisect
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hamid.fit.fit import Quota, pod_quota_usage, quota_limits
@@ -125,6 +126,7 @@ class Reservation:
 
     ``pending`` is True while the filter's annotation patch is in flight. ``blocked`` marks an
     allocation that could not be decoded on a live pod: its devices are booked as full.
+    ``version`` is the pod resourceVersion it was last derived from ("" for the filter's own).
     """
 
     uid: str
@@ -138,6 +140,7 @@ class Reservation:
     pending: bool = False
     blocked: frozenset[str] | None = None
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
+    version: str = ""
 
     @property
     def key(self) -> str:
@@ -237,6 +240,11 @@ class SchedulerState:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.undecodable: list[tuple[JSON, str]] = []
         self.handshake_wanted: set[str] = set()
+        #: Bumped by every reservation change; :meth:`changed_since` compares against it.
+        self.seq = 0
+        self._touched: dict[str, int] = {}
+        #: A throwaway copy (the reconcile's shadow): no warnings about what it is fed.
+        self.quiet = False
 
     # -- per-node coordination ----------------------------------------------------------------
 
@@ -246,6 +254,11 @@ class SchedulerState:
         if lock is None:
             lock = self._locks[node] = asyncio.Lock()
         return lock
+
+    def node_busy(self, node: str) -> bool:
+        """Whether the node's lock is held now (a refit or a node-lock acquisition is in flight)."""
+        lock = self._locks.get(node)
+        return lock is not None and lock.locked()
 
     def notify(self, node: str) -> None:
         """Wake every :meth:`wait_change` waiter of ``node``."""
@@ -312,9 +325,7 @@ class SchedulerState:
                 entry.node, entry.handshake_at, entry.allocatable_gpu = node, handshake_at, allocatable
             self.notify(name)
             return
-        usage = NodeUsage.from_infos(name, infos, pair_scores, cordoned or ())
-        usage.on_change = self._index.touch
-        self._index.touch(name)
+        usage = self._fresh_usage(name, infos, pair_scores, cordoned or ())
         new_entry = NodeEntry(
             name, usage, infos, register_raw, score_raw, cordon_raw, node, handshake_at, allocatable
         )
@@ -324,6 +335,49 @@ class SchedulerState:
         for uid in self._by_node.get(name, ()):
             self._apply(self._reservations[uid], new_entry)
         self.notify(name)
+
+    def _fresh_usage(
+        self,
+        name: str,
+        infos: tuple[DeviceInfo, ...],
+        pair_scores: Mapping[str, Mapping[str, int]],
+        cordoned: Iterable[str],
+    ) -> NodeUsage:
+        """A zero-usage NodeUsage of a node, hooked to (and marked in) the score index."""
+        usage = NodeUsage.from_infos(name, infos, pair_scores, cordoned)
+        usage.on_change = self._index.touch
+        self._index.touch(name)
+        return usage
+
+    def rebuild_usage(self, name: str) -> None:
+        """Recompute a node's usage from its devices and the reservations placed on it."""
+        entry = self.nodes.get(name)
+        if entry is None:
+            return
+        old = entry.usage
+        entry.usage = self._fresh_usage(name, entry.infos, old.pair_scores, old.cordoned)
+        for uid in self._by_node.get(name, ()):
+            self._apply(self._reservations[uid], entry)
+        self.notify(name)
+
+    def blank_copy(self) -> SchedulerState:
+        """A quiet state with this one's config, clock and registered nodes, no usage or pods."""
+        copy = SchedulerState(self.config, self.clock)
+        copy.quiet = True
+        for name, entry in self.nodes.items():
+            usage = copy._fresh_usage(name, entry.infos, entry.usage.pair_scores, entry.usage.cordoned)
+            copy.nodes[name] = NodeEntry(
+                name,
+                usage,
+                entry.infos,
+                entry.register_raw,
+                entry.score_raw,
+                entry.cordon_raw,
+                entry.node,
+                entry.handshake_at,
+                entry.allocatable_gpu,
+            )
+        return copy
 
     def _allocatable(self, node: JSON) -> int:
         value = ((node.get("status") or {}).get("allocatable") or {}).get(self.config.resource_count_name, 0)
@@ -423,6 +477,7 @@ class SchedulerState:
         res = self._reservations.get(uid)
         if res is not None:
             res.pending = False
+            self._touch(uid)
 
     def release(self, uid: str) -> Undo:
         """Release pod ``uid``'s reservation; the undo re-books it unless the pod is gone."""
@@ -468,7 +523,42 @@ class SchedulerState:
 
         return undo
 
+    def changed_since(self, uid: str, seq: int) -> bool:
+        """Whether pod ``uid``'s reservation changed (booked, moved, confirmed, released) after ``seq``."""
+        return self._touched.get(uid, -1) > seq
+
+    def prune_marks(self, since: int, listed: Container[str]) -> None:
+        """Forget the change marks of pods a list requested at ``since`` shows gone.
+
+        Gone: not in ``listed``, no reservation, and unchanged since ``since``.
+        """
+        gone = [
+            uid
+            for uid, seq in self._touched.items()
+            if seq <= since and uid not in self._reservations and uid not in listed
+        ]
+        for uid in gone:
+            del self._touched[uid]
+
+    def was_deleted(self, uid: str) -> bool:
+        """Whether a delete of pod ``uid`` was applied (among the last deletions remembered)."""
+        return uid in self._deleted
+
+    def adopt(self, res: Reservation | None, uid: str) -> None:
+        """Make pod ``uid`` book a copy of ``res`` (another state's), or nothing when None.
+
+        The reconcile's shadow mirrors the reservations it must not judge with this.
+        """
+        self._remove(uid)
+        if res is not None:
+            self._insert(replace(res, applied={}))
+
+    def _touch(self, uid: str) -> None:
+        self.seq += 1
+        self._touched[uid] = self.seq
+
     def _insert(self, res: Reservation) -> None:
+        self._touch(res.uid)
         self._reservations[res.uid] = res
         self._by_node.setdefault(res.node, set()).add(res.uid)
         entry = self.nodes.get(res.node)
@@ -482,6 +572,7 @@ class SchedulerState:
         res = self._reservations.pop(uid, None)
         if res is None:
             return None
+        self._touch(uid)
         uids = self._by_node.get(res.node)
         if uids is not None:
             uids.discard(uid)
@@ -505,7 +596,7 @@ class SchedulerState:
         else:
             res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
         unknown = entry.usage.add(res.applied)
-        if unknown:
+        if unknown and not self.quiet:
             log.warning("allocation_on_unknown_gpu", pod=res.key, node=res.node, uuids=list(unknown))
 
     # -- pod events ------------------------------------------------------------------------------
@@ -532,6 +623,7 @@ class SchedulerState:
                 self.notify(current.node)
             return
         released = init_containers_succeeded(pod)
+        version = str(meta.get("resourceVersion") or "")
         if (
             current is not None
             and current.node == node
@@ -539,8 +631,10 @@ class SchedulerState:
             and current.init_released == released
             and current.blocked is None
         ):
+            current.version = version
             if current.pending:
                 current.pending = False
+                self._touch(uid)
             self.notify(node)
             return
         kinds = container_kinds(pod)
@@ -552,7 +646,7 @@ class SchedulerState:
             entry = self.nodes.get(node)
             named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
             blocked = named
-            if current is None or current.raw != raw:
+            if not self.quiet and (current is None or current.raw != raw):
                 log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
                 self.undecodable.append((pod, str(exc)))
         self._remove(uid)
@@ -567,11 +661,20 @@ class SchedulerState:
                 init_released=released,
                 raw=raw,
                 blocked=blocked,
+                version=version,
             )
         )
         if current is not None and current.node != node:
             self.notify(current.node)
         self.notify(node)
+
+    def resync_pod(self, pod: JSON) -> None:
+        """Re-derive pod's reservation from scratch through :meth:`on_pod` (the reconcile's repair)."""
+        uid = pod_uid(pod)
+        previous = self._remove(uid)
+        self.on_pod(pod)
+        if previous is not None:
+            self.notify(previous.node)
 
     def on_pod_deleted(self, pod: JSON) -> None:
         """A pod is gone: release its reservation and remember the UID (undos skip it)."""
@@ -582,6 +685,7 @@ class SchedulerState:
         while len(self._deleted) > _DELETED_MEMORY:
             self._deleted.popitem(last=False)
         res = self._remove(uid)
+        self._touched.pop(uid, None)
         node = (res.node if res else None) or ((pod.get("metadata") or {}).get("annotations") or {}).get(
             ann.VGPU_NODE
         )

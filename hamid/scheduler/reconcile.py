@@ -1,0 +1,332 @@
+"""Periodic reconcile of the scheduler's accounting against a fresh list of pods.
+
+The state is fed by watch events; a dropped delete or update (a watch gap, a bug) would leave a
+GPU booked or free for good (HAMi #2923, #1458). Every ``--reconcile-interval`` the leader, with
+its term synced, LISTs pods from the API server (not the cache), lets the cache catch up with the
+list, feeds the listed pods through the state's own pod-event code into a *shadow* state holding
+the same nodes, and compares it with the live state per pod UID (node, allocation, init release,
+booked amounts) and per GPU (slots, MiB, cores). Each difference is logged, counted in
+``hamid_reconcile_drift_total{kind}`` and repaired to the list's view in synchronous code (no await
+between the comparison and the repair).
+
+A pod is left alone when the list may be older than what the state knows of it: its reservation
+is pending (the filter's patch is in flight), a bind or refit holds it (or its node's lock), it
+changed after the list was requested (booked, moved, confirmed or released), its delete was
+already applied, or the state applied a version newer than the list's resourceVersion. A
+reservation whose pod the list lacks is released only when it is older than the list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from hamid.fit.usage import DeviceAmount
+from hamid.kube.errors import KubeError
+from hamid.log import get_logger
+from hamid.scheduler.state import JSON, Reservation, SchedulerState, pod_uid
+
+if TYPE_CHECKING:
+    from hamid.scheduler.core import Scheduler
+
+log = get_logger("scheduler.reconcile")
+
+#: The list implies a reservation the state lacks (a dropped add or update).
+DRIFT_MISSING = "missing"
+#: The state's reservation differs from what the pod's annotations and phase imply.
+DRIFT_CHANGED = "changed"
+#: The state books a pod that is gone, finished or no longer placed (a dropped delete).
+DRIFT_LEAKED = "leaked"
+#: A GPU's usage differs from the sum of the reservations placed on it.
+DRIFT_GPU = "gpu"
+DRIFT_KINDS = (DRIFT_MISSING, DRIFT_CHANGED, DRIFT_LEAKED, DRIFT_GPU)
+
+#: Deadline of the whole paginated LIST of pods.
+LIST_TIMEOUT_S = 60.0
+#: How long the pod cache may take to apply the events up to the list's resourceVersion.
+CATCH_UP_S = 2.0
+_CATCH_UP_POLL_S = 0.05
+
+#: GPU UUID -> (slots, MiB, cores) the state held minus what the list implies.
+Difference = dict[str, tuple[int, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One difference between the live state and the fresh list, as found (before the repair)."""
+
+    kind: str
+    node: str
+    pod: str = ""
+    uid: str = ""
+    gpu: str = ""
+    held: str = ""
+    listed: str = ""
+    difference: Difference = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    """What one reconcile run compared, skipped and repaired."""
+
+    list_version: str
+    pods: int = 0
+    reservations: int = 0
+    skipped: int = 0
+    gpus: int = 0
+    drifts: list[Drift] = field(default_factory=list)
+
+
+def _as_int(version: str | None) -> int | None:
+    try:
+        return int(version or "")
+    except ValueError:
+        return None
+
+
+def newer_than(version: str, list_version: str) -> bool:
+    """Whether a pod version the state applied may be newer than a list's resourceVersion.
+
+    Kubernetes resourceVersions compare as integers in practice; others cannot be ordered, so
+    any applied version counts as possibly newer (the pod is left alone). "" is never newer.
+    """
+    if not version:
+        return False
+    have, listed = _as_int(version), _as_int(list_version)
+    return have is None or listed is None or have > listed
+
+
+def _signature(res: Reservation) -> tuple[object, ...]:
+    return (res.node, res.raw, res.init_released, res.blocked, res.kinds, res.applied)
+
+
+def _describe(res: Reservation | None) -> str:
+    if res is None:
+        return "nothing"
+    if res.blocked is not None:
+        return f"{res.node}: blocked (undecodable) {res.raw}"
+    return f"{res.node}: {res.raw}"
+
+
+def _difference(held: Mapping[str, DeviceAmount], listed: Mapping[str, DeviceAmount]) -> Difference:
+    out: Difference = {}
+    for uuid in sorted(held.keys() | listed.keys()):
+        a, b = held.get(uuid), listed.get(uuid)
+        delta = (
+            (max(a.slots, 1) if a else 0) - (max(b.slots, 1) if b else 0),
+            (a.mem if a else 0) - (b.mem if b else 0),
+            (a.cores if a else 0) - (b.cores if b else 0),
+        )
+        if delta != (0, 0, 0):
+            out[uuid] = delta
+    return out
+
+
+def _left_alone(
+    state: SchedulerState,
+    uid: str,
+    live: Reservation | None,
+    want: Reservation | None,
+    list_version: str,
+    since: int,
+    busy: frozenset[str],
+) -> bool:
+    """Whether the list may be older than what the state knows of pod ``uid`` (see module doc)."""
+    if uid in busy or state.changed_since(uid, since) or state.was_deleted(uid):
+        return True
+    if live is not None and (live.pending or newer_than(live.version, list_version)):
+        return True
+    return any(res is not None and state.node_busy(res.node) for res in (live, want))
+
+
+def reconcile_state(
+    state: SchedulerState,
+    pods: Iterable[JSON],
+    list_version: str,
+    since: int,
+    busy: frozenset[str] = frozenset(),
+) -> ReconcileReport:
+    """Compare ``state`` with the reservations ``pods`` imply and repair it (synchronous).
+
+    ``pods`` is a fresh list at ``list_version``, requested when ``state.seq`` was ``since``;
+    ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow state with
+    the same nodes through :meth:`SchedulerState.on_pod`; a differing reservation is repaired
+    with :meth:`SchedulerState.resync_pod` (or :meth:`SchedulerState.on_pod_deleted` when the
+    pod is not listed), then each GPU's usage is compared with the shadow's (which mirrors the
+    reservations left alone) and a differing node is recomputed from its reservations.
+    """
+    shadow = state.blank_copy()
+    listed: dict[str, JSON] = {}
+    for pod in pods:
+        uid = pod_uid(pod)
+        if uid:
+            listed[uid] = pod
+            shadow.on_pod(pod)
+    report = ReconcileReport(list_version, pods=len(listed))
+    live_uids = {res.uid for res in state.reservations()}
+    want_uids = {res.uid for res in shadow.reservations()}
+    report.reservations = len(want_uids)
+    for uid in sorted(live_uids | want_uids):
+        live, want = state.reservation(uid), shadow.reservation(uid)
+        if live is not None and want is not None and _signature(live) == _signature(want):
+            continue
+        if _left_alone(state, uid, live, want, list_version, since, busy):
+            report.skipped += 1
+            shadow.adopt(live, uid)
+            continue
+        pod = listed.get(uid)
+        if live is not None:
+            kind, some = (DRIFT_CHANGED if want is not None else DRIFT_LEAKED), live
+        elif want is not None:
+            kind, some = DRIFT_MISSING, want
+        else:
+            continue
+        report.drifts.append(
+            Drift(
+                kind=kind,
+                node=some.node,
+                pod=some.key,
+                uid=uid,
+                held=_describe(live),
+                listed=_describe(want) if pod is not None else "pod not listed",
+                difference=_difference(live.applied if live else {}, want.applied if want else {}),
+            )
+        )
+        if pod is not None:
+            state.resync_pod(pod)
+        else:
+            state.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
+    for name, entry in state.nodes.items():
+        if state.node_busy(name):
+            continue
+        drifted = False
+        for have, want_dev in zip(entry.usage.devices, shadow.nodes[name].usage.devices, strict=True):
+            report.gpus += 1
+            held = (have.used, have.usedmem, have.usedcores)
+            expected = (want_dev.used, want_dev.usedmem, want_dev.usedcores)
+            if held != expected:
+                drifted = True
+                report.drifts.append(
+                    Drift(
+                        kind=DRIFT_GPU,
+                        node=name,
+                        gpu=have.id,
+                        held=f"slots={held[0]} MiB={held[1]} cores={held[2]}",
+                        listed=f"slots={expected[0]} MiB={expected[1]} cores={expected[2]}",
+                        difference={
+                            have.id: (held[0] - expected[0], held[1] - expected[1], held[2] - expected[2])
+                        },
+                    )
+                )
+        if drifted:
+            state.rebuild_usage(name)
+    state.prune_marks(since, listed)
+    return report
+
+
+class Reconciler:
+    """The scheduler's periodic reconcile (``run`` is owned by :meth:`Scheduler.run`'s TaskGroup)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        list_timeout_s: float = LIST_TIMEOUT_S,
+        catch_up_s: float = CATCH_UP_S,
+    ) -> None:
+        self.scheduler = scheduler
+        self.list_timeout_s = list_timeout_s
+        self.catch_up_s = catch_up_s
+
+    async def run(self) -> None:
+        """Reconcile every ``settings.reconcile_interval_s`` seconds until cancelled (0: never)."""
+        interval = self.scheduler.settings.reconcile_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reconcile_once()
+            except (KubeError, TimeoutError) as exc:
+                log.warning("reconcile_failed", error=str(exc) or type(exc).__name__)
+
+    async def _catch_up(self, list_version: str) -> bool:
+        """Wait (bounded) until the pod cache applied events up to ``list_version``."""
+        cache = self.scheduler.pods
+        want = _as_int(list_version)
+        if want is None:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_s
+        while True:
+            have = _as_int(cache.resource_version)
+            if have is not None and have >= want:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(min(_CATCH_UP_POLL_S, remaining))
+
+    async def reconcile_once(self) -> ReconcileReport | None:
+        """One run: None when this replica must not decide now (follower, term not synced)."""
+        s = self.scheduler
+        reason = s.not_ready_reason()
+        if reason:
+            log.debug("reconcile_skipped", reason=reason)
+            return None
+        started = time.perf_counter()
+        try:
+            since = s.state.seq
+            cache = s.pods
+            async with asyncio.timeout(self.list_timeout_s):
+                items, list_version = await s.kube.list_objects(
+                    cache.resource,
+                    cache.namespace,
+                    field_selector=cache.field_selector,
+                    label_selector=cache.label_selector,
+                    page_size=cache.page_size,
+                    timeout=self.list_timeout_s,
+                )
+            caught_up = await self._catch_up(list_version)
+            reason = s.not_ready_reason()
+            if reason:
+                log.info("reconcile_abandoned", reason=reason)
+                return None
+            # from here to the return: no await (the comparison and the repair see one state)
+            report = reconcile_state(s.state, items, list_version, since, frozenset(s.binding))
+        except Exception:
+            s.metrics.reconcile_runs.labels("failed").inc()
+            raise
+        finally:
+            s.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        for drift in report.drifts:
+            s.metrics.reconcile_drift.labels(drift.kind).inc()
+            where = {"node": drift.node, "pod": drift.pod} if drift.pod else {"node": drift.node}
+            with structlog.contextvars.bound_contextvars(**where):
+                log.warning(
+                    "reconcile_drift",
+                    kind=drift.kind,
+                    uid=drift.uid or None,
+                    gpu=drift.gpu or None,
+                    held=drift.held,
+                    listed=drift.listed,
+                    difference={k: list(v) for k, v in drift.difference.items()},
+                )
+        s.report_undecodable()
+        s.metrics.reconcile_runs.labels("repaired" if report.drifts else "clean").inc()
+        log.info(
+            "reconcile_done",
+            list_version=list_version,
+            pods=report.pods,
+            reservations=report.reservations,
+            skipped=report.skipped,
+            gpus=report.gpus,
+            drifts=len(report.drifts),
+            cache_caught_up=caught_up,
+        )
+        return report
