@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from hamid.kube.backoff import Backoff
@@ -72,6 +72,25 @@ def trim_node(obj: JSON) -> JSON:
 
 def _resource_version(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def version_number(resource_version: str | None) -> int | None:
+    """A resourceVersion as an integer (the API server's compare as integers in practice), else None."""
+    try:
+        return int(resource_version or "")
+    except ValueError:
+        return None
+
+
+def newer_than(version: str, list_version: str) -> bool:
+    """Whether an object at ``version`` may be newer than a list taken at ``list_version``.
+
+    Versions that cannot be ordered count as possibly newer (leave the object alone); "" never does.
+    """
+    if not version:
+        return False
+    have, listed = version_number(version), version_number(list_version)
+    return have is None or listed is None or have > listed
 
 
 def _uid(obj: JSON) -> str:
@@ -209,6 +228,23 @@ class WatchCache:
 
     def _deleted(self, obj: JSON) -> None:
         self._notify(self._delete, obj)
+
+    def forget_missing(self, listed: Collection[str], list_version: str) -> int:
+        """Drop cached objects a fresh list (taken at ``list_version``) no longer holds.
+
+        Only objects not changed since the list are dropped — a delete the watch never delivered —
+        with ``on_delete`` callbacks as for a watched delete. Returns how many were dropped.
+        """
+        stale = [
+            key
+            for key, obj in self._items.items()
+            if key not in listed and not newer_than(_resource_version(obj), list_version)
+        ]
+        for key in stale:
+            self._deleted(self._items.pop(key))
+        if stale:
+            self._log.warning("dropped objects a fresh list no longer holds", keys=stale)
+        return len(stale)
 
     # -- list and watch ---------------------------------------------------------------------
 

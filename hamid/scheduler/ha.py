@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 
-from hamid.kube.cache import WatchCache
+from hamid.kube.cache import WatchCache, version_number
 from hamid.kube.client import JSON, object_key
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
@@ -26,15 +26,6 @@ from hamid.model import annotations as ann
 from hamid.scheduler.core import Scheduler
 
 log = get_logger("scheduler.ha")
-
-#: Values of the ``hami.io/scheduler-role`` label.
-
-
-def _as_int(resource_version: str | None) -> int | None:
-    try:
-        return int(resource_version or "")
-    except ValueError:
-        return None
 
 
 def versions(objects: list[JSON]) -> dict[str, str]:
@@ -51,7 +42,7 @@ def caught_up(
     resourceVersions are comparable integers; others fall back to the second test), or when it
     holds exactly the listed objects at the listed versions.
     """
-    have, want = _as_int(cache_version), _as_int(list_version)
+    have, want = version_number(cache_version), version_number(list_version)
     if have is not None and want is not None and have >= want:
         return True
     return dict(cached) == dict(listed)

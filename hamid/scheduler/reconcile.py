@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from hamid.fit.usage import DeviceAmount
+from hamid.kube.cache import newer_than, version_number
+from hamid.kube.client import object_key
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.scheduler.state import JSON, Reservation, SchedulerState, pod_uid
@@ -80,25 +82,6 @@ class ReconcileReport:
     skipped: int = 0
     gpus: int = 0
     drifts: list[Drift] = field(default_factory=list)
-
-
-def _as_int(version: str | None) -> int | None:
-    try:
-        return int(version or "")
-    except ValueError:
-        return None
-
-
-def newer_than(version: str, list_version: str) -> bool:
-    """Whether a pod version the state applied may be newer than a list's resourceVersion.
-
-    Kubernetes resourceVersions compare as integers in practice; others cannot be ordered, so
-    any applied version counts as possibly newer (the pod is left alone). "" is never newer.
-    """
-    if not version:
-        return False
-    have, listed = _as_int(version), _as_int(list_version)
-    return have is None or listed is None or have > listed
 
 
 def _signature(res: Reservation) -> tuple[object, ...]:
@@ -258,13 +241,13 @@ class Reconciler:
     async def _catch_up(self, list_version: str) -> bool:
         """Wait (bounded) until the pod cache applied events up to ``list_version``."""
         cache = self.scheduler.pods
-        want = _as_int(list_version)
+        want = version_number(list_version)
         if want is None:
             return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_s
         while True:
-            have = _as_int(cache.resource_version)
+            have = version_number(cache.resource_version)
             if have is not None and have >= want:
                 return True
             remaining = deadline - loop.time()
@@ -299,6 +282,7 @@ class Reconciler:
                 return None
             # from here to the return: no await (the comparison and the repair see one state)
             report = reconcile_state(s.state, items, list_version, since, frozenset(s.binding))
+            cache.forget_missing({object_key(item) for item in items}, list_version)
         except Exception:
             s.metrics.reconcile_runs.labels("failed").inc()
             raise

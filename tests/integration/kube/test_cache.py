@@ -240,3 +240,23 @@ async def test_real_gone_from_a_short_history() -> None:
                 task.cancel()
         finally:
             await client.close()
+
+
+async def test_forget_missing_drops_only_objects_older_than_the_list(kube: KubeClient) -> None:
+    for name in ("kept", "gone", "late"):
+        await kube.create_pod(pod(name))
+    cache, rec = recorded_cache(PodCache, kube)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(cache.run())
+        await cache.wait_synced(10)
+        items, list_version = await kube.list_pods()
+        listed = {f"default/{p['metadata']['name']}" for p in items} - {"default/gone", "default/late"}
+        await kube.patch_pod_metadata("default", "late", annotations={"x": "1"})  # changed after the list
+        await eventually(lambda: "x" in ((cache.get("default/late") or {})["metadata"].get("annotations") or {}))
+
+        assert cache.forget_missing(listed, list_version) == 1
+
+        assert "default/gone" not in cache and "default/late" in cache and "default/kept" in cache
+        assert rec.kinds("default/gone") == ["add", "delete"]
+        assert cache.forget_missing(listed, list_version) == 0
+        task.cancel()

@@ -99,6 +99,7 @@ async def test_dropped_delete_is_repaired_by_one_run(
         assert report is not None
         assert [(d.kind, d.pod, d.uid) for d in report.drifts] == [(DRIFT_LEAKED, "default/a", uid)]
         assert state.reservation(uid) is None
+        assert env.scheduler.pods.get("default/a") is None  # the cache forgot it too (node-lock checks)
         assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
         assert env.drift_count(DRIFT_LEAKED) == 1
         [warning] = drift_warnings(logs)
