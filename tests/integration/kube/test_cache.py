@@ -252,7 +252,11 @@ async def test_forget_missing_drops_only_objects_older_than_the_list(kube: KubeC
         items, list_version = await kube.list_pods()
         listed = {f"default/{p['metadata']['name']}" for p in items} - {"default/gone", "default/late"}
         await kube.patch_pod_metadata("default", "late", annotations={"x": "1"})  # changed after the list
-        await eventually(lambda: "x" in ((cache.get("default/late") or {})["metadata"].get("annotations") or {}))
+
+        def late_changed() -> bool:
+            return "x" in (cache.get("default/late") or {})["metadata"].get("annotations", {})
+
+        await eventually(late_changed)
 
         assert cache.forget_missing(listed, list_version) == 1
 
