@@ -37,6 +37,12 @@ VGPU_LOCK_DIR = "/tmp/vgpulock"
 #: Directory (under ``<HOOK_PATH>/vgpu``) holding one cache directory per container.
 CONTAINERS_DIR_NAME = "containers"
 CACHE_SUFFIX = ".cache"
+#: Host files under ``<HOOK_PATH>/vgpu``: when the license exists, both are mounted read-only.
+LICENSE_HOST_NAME = "license"
+VGPU_VALIDATOR_HOST_NAME = "vgpuvalidator"
+#: Container paths of the license and of the validator binary.
+LICENSE = "/tmp/license"
+VGPU_VALIDATOR = "/usr/bin/vgpuvalidator"
 
 
 def memory_limit_env(position: int) -> str:
@@ -64,9 +70,24 @@ def ld_so_preload_host_path(hook_path: str) -> str:
     return posixpath.join(vgpu_dir(hook_path), LD_SO_PRELOAD_HOST_NAME)
 
 
+def license_host_path(hook_path: str) -> str:
+    """``<HOOK_PATH>/vgpu/license`` (its existence turns the license mounts on)."""
+    return posixpath.join(vgpu_dir(hook_path), LICENSE_HOST_NAME)
+
+
+def vgpu_validator_host_path(hook_path: str) -> str:
+    """``<HOOK_PATH>/vgpu/vgpuvalidator``, mounted at ``/usr/bin/vgpuvalidator``."""
+    return posixpath.join(vgpu_dir(hook_path), VGPU_VALIDATOR_HOST_NAME)
+
+
+def containers_dir(hook_path: str) -> str:
+    """``<HOOK_PATH>/vgpu/containers``: one cache directory per container, ``<podUID>_<name>``."""
+    return posixpath.join(vgpu_dir(hook_path), CONTAINERS_DIR_NAME)
+
+
 def container_cache_dir(hook_path: str, pod_uid: str, container_name: str) -> str:
     """Host directory mounted at ``<HOOK_PATH>/vgpu`` for one container: ``.../containers/<uid>_<name>``."""
-    return posixpath.join(vgpu_dir(hook_path), CONTAINERS_DIR_NAME, f"{pod_uid}_{container_name}")
+    return posixpath.join(containers_dir(hook_path), f"{pod_uid}_{container_name}")
 
 
 def shared_cache_path(hook_path: str, token: str) -> str:

@@ -9,6 +9,13 @@ replica IDs are checked for count and validity only; when they are on other GPUs
 a refused, failed or disabled refit, or GetPreferredAllocation off) a warning names both sets.
 Unlike upstream the container never follows kubelet's GPUs: that would run it where no accounting
 records it.
+
+Identity (I6): the pod comes from the watch caches (one fresh GET node + LIST pods before refusing,
+in case the watches lag). While a Pending, not yet admitted pod on the node requests the resource
+without having gone through hamid, every call refuses (GetPreferredAllocation: no opinion, no
+refit), because kubelet may be admitting that pod; no hamid pod is marked. Deadlines: the work
+before Allocate's commit runs within ``prepare_timeout`` (past it: the failure path); the commit
+patch with its lock release and the failure path always complete (:func:`complete`).
 """
 
 from __future__ import annotations
@@ -16,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -38,18 +45,19 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocation import (
     AllocationError,
     ContainerAnswer,
     HamiCoreSettings,
     allowed_uuids,
     annotations_of,
-    choose_pod,
     consume,
     container_at,
     distinct_gpu_preference,
     hami_core_answer,
     has_pending_entry,
+    identify_pod,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
@@ -64,6 +72,16 @@ log = get_logger("plugin.allocate")
 
 #: How often Allocate re-reads and retries when its resourceVersion-guarded patch conflicts.
 CONFLICT_RETRIES = 3
+#: Timeout of each API call the allocator makes (GET, LIST, PATCH).
+CALL_TIMEOUT_S = 3.0
+#: Budget of everything before an Allocate commits (identification, plan, host directories) and of
+#: GetPreferredAllocation's identification. Past it, Allocate runs the failure path instead.
+PREPARE_TIMEOUT_S = 10.0
+#: API calls that may follow the prepare deadline: every commit patch (one per conflict retry), then
+#: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH).
+CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,33 +110,71 @@ class PreferredMismatch:
 MismatchHandler = Callable[[PreferredMismatch], Awaitable[ContainerDevices | None]]
 
 
+def alignment_mode(mismatch: PreferredMismatch) -> AlignmentMode:
+    """The pod's ``hami.io/numa-alignment`` mode; an invalid annotation is logged and treated as none."""
+    try:
+        return parse_alignment(annotations_of(mismatch.pod))
+    except InvalidInput as exc:
+        log.warning(
+            "ignoring invalid numa-alignment annotation",
+            error=str(exc),
+            container_index=mismatch.container_index,
+        )
+        return AlignmentMode.NONE
+
+
+def log_alignment(mismatch: PreferredMismatch, mode: AlignmentMode, event: str, **extra: Any) -> None:
+    """Log a mismatch outcome by alignment mode (the one place): strict → error, best-effort → info,
+    none → nothing."""
+    if mode is AlignmentMode.NONE:
+        return
+    emit = log.error if mode is AlignmentMode.STRICT else log.info
+    emit(
+        event,
+        numa_alignment=mode.value,
+        container_index=mismatch.container_index,
+        annotated=[d.uuid for d in mismatch.annotated],
+        missing=list(mismatch.missing),
+        available=list(mismatch.allowed_uuids),
+        **extra,
+    )
+
+
 async def log_mismatch(mismatch: PreferredMismatch) -> ContainerDevices | None:
     """Default mismatch handler (no refit client): log per the pod's alignment mode; the annotation stands."""
-    fields = {
-        "container_index": mismatch.container_index,
-        "annotated": [d.uuid for d in mismatch.annotated],
-        "missing": list(mismatch.missing),
-        "available": list(mismatch.allowed_uuids),
-    }
-    try:
-        mode = parse_alignment(annotations_of(mismatch.pod))
-    except InvalidInput as exc:
-        log.warning("ignoring invalid numa-alignment annotation", error=str(exc), **fields)
-        return None
-    if mode is AlignmentMode.STRICT:
-        log.error(
-            "scheduler-annotated GPU has no replica in kubelet's available devices; "
-            "numa-alignment strict but NUMA refit is disabled",
-            numa_alignment=mode.value,
-            **fields,
-        )
-    elif mode is AlignmentMode.BEST_EFFORT:
-        log.info(
-            "scheduler-annotated GPU has no replica in kubelet's available devices",
-            numa_alignment=mode.value,
-            **fields,
-        )
+    mode = alignment_mode(mismatch)
+    log_alignment(
+        mismatch,
+        mode,
+        "scheduler-annotated GPU has no replica in kubelet's available devices; "
+        + (
+            "numa-alignment strict but NUMA refit is disabled"
+            if mode is AlignmentMode.STRICT
+            else "NUMA refit is disabled, the pod runs unaligned on its annotated GPUs"
+        ),
+    )
     return None
+
+
+async def complete(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end even when the caller is cancelled meanwhile, then re-raise the cancel.
+
+    Like :func:`asyncio.shield`, but the caller also waits for the shielded work (so it stays owned).
+    For writes that must not be cut in half: the consume patch with its lock release, and the
+    failure path. Every call inside has its own timeout, so this always ends.
+    """
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("write failed after the call was cancelled", error=str(task.exception()))
+        raise asyncio.CancelledError
+    return task.result()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +205,10 @@ class Allocator:
         inventory: Inventory,
         hami: HamiCoreSettings,
         *,
+        resource_name: str = ResourceConfig().resource_count_name,
         mismatch_handler: MismatchHandler = log_mismatch,
-        call_timeout: float = 5.0,
+        call_timeout: float = CALL_TIMEOUT_S,
+        prepare_timeout: float = PREPARE_TIMEOUT_S,
         preferred_allocation: bool = True,
     ) -> None:
         self.client = client
@@ -159,35 +217,60 @@ class Allocator:
         self._log_differing_pick = log.warning if preferred_allocation else log.info
         self.pods = pods
         self.node_name = pods.node_name
+        self.resource_name = resource_name
         self.inventory = inventory
         self.hami = hami
         self.mismatch_handler = mismatch_handler
         self.call_timeout = call_timeout
+        self.prepare_timeout = prepare_timeout
         self._lock = asyncio.Lock()
+
+    @property
+    def deadline_s(self) -> float:
+        """Upper bound of one call: the prepare budget plus every API call that may follow it."""
+        return self.prepare_timeout + CALLS_AFTER_PREPARE * max(self.call_timeout, self.pods.call_timeout)
 
     # -- identify the pod ----------------------------------------------------------------------
 
     async def _identify(self, requested: Sequence[str] | None) -> JSON:
-        """The pending pod kubelet is admitting (node lock owner first), or AllocationError."""
+        """The pending pod kubelet is admitting (node lock owner first), or AllocationError.
+
+        Reads the watch caches; only before refusing (no candidate, ambiguous, a pod that bypassed
+        hamid, cache not synced) it reads the node and the node's pods once from the API server, in
+        case the watches lag behind kubelet. API errors become an AllocationError that marks nothing.
+        """
+        try:
+            try:
+                return await self._identify_cached(requested)
+            except AllocationError as exc:
+                log.info(
+                    "cannot identify the pending pod from the cache; reading node and pods once",
+                    node=self.node_name,
+                    reason=str(exc),
+                )
+            node, pods = await self.pods.fetch_all()
+            owner = self.pods.lock_owner(node)
+            return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
+        except KubeError as exc:
+            raise AllocationError(f"cannot identify the pending pod: {exc}") from exc
+
+    async def _identify_cached(self, requested: Sequence[str] | None) -> JSON:
         try:
             async with asyncio.timeout(self.call_timeout):
                 await self.pods.wait_synced()
         except TimeoutError as exc:
             raise AllocationError(f"the pod cache of node {self.node_name} is not synced yet") from exc
-        candidates = [
-            p for p in self.pods.pods() if is_allocation_candidate(p, self.node_name) and has_pending_entry(p)
-        ]
+        pods = self.pods.pods()
         owner = self.pods.lock_owner()
-        if owner is not None and all(pod_key(p) != owner for p in candidates):
+        if owner is not None and not any(
+            pod_key(p) == owner and is_allocation_candidate(p, self.node_name) and has_pending_entry(p)
+            for p in pods
+        ):
             namespace, _, name = owner.partition("/")
             fetched = await self.pods.fetch_pod(namespace, name)
-            if (
-                fetched is not None
-                and is_allocation_candidate(fetched, self.node_name)
-                and has_pending_entry(fetched)
-            ):
-                candidates.append(fetched)
-        return dict(choose_pod(candidates, owner, requested))
+            if fetched is not None:
+                pods = [p for p in pods if pod_key(p) != owner] + [fetched]
+        return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
 
     # -- GetPreferredAllocation --------------------------------------------------------------
 
@@ -195,9 +278,17 @@ class Allocator:
         """One list of replica IDs per request; an empty list means "no opinion"."""
         async with self._lock:
             try:
-                pod = await self._identify(None)
+                async with asyncio.timeout(self.prepare_timeout):
+                    pod = await self._identify(None)
                 entries = pending_entries(to_allocate(pod))
-            except (AllocationError, InvalidInput, KubeError) as exc:
+            except TimeoutError:
+                log.info(
+                    "no preferred allocation",
+                    node=self.node_name,
+                    reason=f"cannot identify the pending pod within {self.prepare_timeout:g}s",
+                )
+                return [[] for _ in requests]
+            except (AllocationError, InvalidInput) as exc:
                 log.info("no preferred allocation", node=self.node_name, reason=str(exc))
                 return [[] for _ in requests]
             with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
@@ -234,7 +325,7 @@ class Allocator:
             try:
                 replacement = await self.mismatch_handler(mismatch)
             except AllocationError as exc:
-                await self._fail(pod, str(exc))
+                await complete(self._fail(pod, str(exc)))
                 raise
             if replacement is None:
                 return self._fallback(entry.index, chosen, request)
@@ -246,7 +337,7 @@ class Allocator:
                     "numa refit committed but kubelet cannot honor the selection: "
                     f"{[d.uuid for d in replacement]} not among the available devices"
                 )
-                await self._fail(pod, message)
+                await complete(self._fail(pod, message))
                 raise AllocationError(message)
         if len(chosen) != request.size:
             log.info(
@@ -284,25 +375,39 @@ class Allocator:
     # -- Allocate -------------------------------------------------------------------------------
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
-        """Serve one Allocate call (one answer per request) or raise AllocationError (pod marked failed)."""
+        """Serve one Allocate call (one answer per request) or raise AllocationError.
+
+        Everything before the commit runs within ``prepare_timeout``; a failure of an identified pod
+        (including that deadline) marks it ``bind-phase=failed`` and releases its node lock. Once
+        the consume patch is sent, it and the lock release complete even if the call is cancelled.
+        An unproven identity marks nothing. Finishes within :attr:`deadline_s`.
+        """
         if not requests:
             raise AllocationError("Allocate called without container requests")
         async with self._lock:
+            deadline = asyncio.get_running_loop().time() + self.prepare_timeout
             first = [self.inventory.uuid_of(i) for i in requests[0]]
             known = None if None in first else [u for u in first if u is not None]
-            pod = await self._identify(known)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    pod = await self._identify(known)
+            except TimeoutError as exc:
+                raise AllocationError(
+                    f"cannot identify the pending pod within {self.prepare_timeout:g}s "
+                    "(API server or pod cache too slow)"
+                ) from exc
             with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
                 try:
-                    return await self._allocate_for(pod, requests)
+                    return await self._allocate_for(pod, requests, deadline)
                 except AllocationError as exc:
-                    await self._fail(pod, str(exc))
+                    await complete(self._fail(pod, str(exc)))
                     raise
                 except InvalidInput as exc:
-                    await self._fail(pod, str(exc))
+                    await complete(self._fail(pod, str(exc)))
                     raise AllocationError(str(exc)) from exc
                 except KubeError as exc:
                     message = f"API server call failed while allocating: {exc}"
-                    await self._fail(pod, message)
+                    await complete(self._fail(pod, message))
                     raise AllocationError(message) from exc
 
     def _plan(
@@ -340,53 +445,99 @@ class Allocator:
             devices = consume(devices, entry.index)
         return plans, devices
 
-    async def _allocate_for(self, pod: JSON, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
-        meta = pod["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+    async def _prepare(
+        self, pod: JSON, requests: Sequence[Sequence[str]]
+    ) -> tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]:
+        """Plan, answers and host directories (all before the commit)."""
+        plans, remaining = self._plan(pod, requests)
+        licensed = await self._licensed()
+        uid = pod["metadata"].get("uid", "")
+        answers = [
+            hami_core_answer(
+                devs, uid, container_at(pod, idx), self.hami, uuidlib.uuid4().hex, licensed=licensed
+            )
+            for idx, devs in plans
+        ]
+        await self._host_dirs(answers)
+        return plans, remaining, answers
+
+    async def _allocate_for(
+        self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
+    ) -> list[ContainerAnswer]:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         for _attempt in range(CONFLICT_RETRIES):
-            plans, remaining = self._plan(pod, requests)
-            answers = [
-                hami_core_answer(
-                    devs, meta.get("uid", ""), container_at(pod, idx), self.hami, uuidlib.uuid4().hex
-                )
-                for idx, devs in plans
-            ]
-            await self._host_dirs(answers)
-            done = not pending_entries(remaining)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    plans, remaining, answers = await self._prepare(pod, requests)
+            except TimeoutError as exc:
+                raise AllocationError(
+                    f"Allocate did not finish preparing within {self.prepare_timeout:g}s "
+                    "(nothing was committed)"
+                ) from exc
             patch: dict[str, str | None] = {DEVICES_TO_ALLOCATE: encode_pod_devices(remaining)}
+            done = not pending_entries(remaining)
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
+            committed = await complete(self._commit(pod, patch, plans, release=done))
+            if committed:
+                return answers
             try:
-                patched = await self.client.patch_pod_metadata(
-                    namespace,
-                    name,
-                    annotations=patch,
-                    resource_version=meta.get("resourceVersion"),
-                    timeout=self.call_timeout,
+                async with asyncio.timeout_at(deadline):
+                    fresh = await self.pods.fetch_pod(namespace, name)
+            except TimeoutError as exc:
+                raise AllocationError(
+                    f"pod {namespace}/{name} changed while allocating and could not be re-read within "
+                    f"{self.prepare_timeout:g}s"
+                ) from exc
+            if fresh is None or not is_allocation_candidate(fresh, self.node_name):
+                raise AllocationError(
+                    f"pod {namespace}/{name} changed while allocating and is no longer pending"
                 )
-            except Conflict:
-                fresh = await self.pods.fetch_pod(namespace, name)
-                if fresh is None or not is_allocation_candidate(fresh, self.node_name):
-                    raise AllocationError(
-                        f"pod {namespace}/{name} changed while allocating and is no longer pending"
-                    ) from None
-                pod, meta = fresh, fresh["metadata"]
-                continue
-            self.pods.remember(patched)
-            for idx, devs in plans:
-                log.info(
-                    "allocated",
-                    container_index=idx,
-                    devices=[d.uuid for d in devs],
-                    memory=[d.usedmem for d in devs],
-                    cores=devs[0].usedcores,
-                )
-            if done:
-                await self._release_lock(f"{namespace}/{name}")
-            return answers
+            pod = fresh
         raise AllocationError(
             f"pod {namespace}/{name} kept changing while allocating ({CONFLICT_RETRIES} conflicts)"
         )
+
+    async def _commit(
+        self,
+        pod: JSON,
+        patch: Mapping[str, str | None],
+        plans: Sequence[tuple[int, ContainerDevices]],
+        *,
+        release: bool,
+    ) -> bool:
+        """The consume patch (resourceVersion-guarded) and, when the pod is done, the lock release.
+
+        False when the patch conflicted (nothing written). Run through :func:`complete`.
+        """
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            patched = await self.client.patch_pod_metadata(
+                namespace,
+                name,
+                annotations=dict(patch),
+                resource_version=meta.get("resourceVersion"),
+                timeout=self.call_timeout,
+            )
+        except Conflict:
+            return False
+        self.pods.remember(patched)
+        for idx, devs in plans:
+            log.info(
+                "allocated",
+                container_index=idx,
+                devices=[d.uuid for d in devs],
+                memory=[d.usedmem for d in devs],
+                cores=devs[0].usedcores,
+            )
+        if release:
+            await self._release_lock(f"{namespace}/{name}")
+        return True
+
+    async def _licensed(self) -> bool:
+        """Whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts the license and validator)."""
+        return await asyncio.to_thread(os.path.exists, hamicore.license_host_path(self.hami.hook_path))
 
     async def _host_dirs(self, answers: Sequence[ContainerAnswer]) -> None:
         paths = [a.cache_dir for a in answers] + [hamicore.VGPU_LOCK_DIR]
@@ -415,10 +566,10 @@ class Allocator:
 
     async def _release_lock(self, owner: str) -> None:
         """Remove the node lock only if ``owner`` holds it (resourceVersion-guarded, one retry)."""
-        for _attempt in range(2):
-            node = self.pods.node()
+        for attempt in range(2):
+            node = self.pods.node() if attempt == 0 else None
             try:
-                if node is None or _attempt:
+                if node is None or self.pods.lock_owner(node) != owner:  # absent, stale or lagging
                     node = await self.pods.fetch_node()
                 if self.pods.lock_owner(node) != owner:
                     return

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hamid.model import hamicore
+from hamid.model._wire import parse_go_bool
 from hamid.model.annotations import (
     BIND_PHASE,
     BIND_PHASE_ALLOCATING,
@@ -23,12 +24,10 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import all_containers
+from hamid.model.resources import all_containers, quantity_as_int
 
 Pod = Mapping[str, Any]
 UuidOf = Callable[[str], "str | None"]
-
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 
 
 class AllocationError(Exception):
@@ -91,6 +90,93 @@ def has_pending_entry(pod: Pod) -> bool:
         return bool(pending_entries(to_allocate(pod)))
     except InvalidInput:
         return False
+
+
+def went_through_hamid(pod: Pod) -> bool:
+    """Whether hamid's scheduler handled the pod (it wrote ``hami.io/bind-phase`` or ``vgpu-node``)."""
+    ann = annotations_of(pod)
+    return BIND_PHASE in ann or VGPU_NODE in ann
+
+
+def requests_resource(pod: Pod, resource_name: str) -> bool:
+    """Whether any container (init first) asks for ``resource_name`` in its limits or requests.
+
+    A value that is not a plain non-negative integer counts as a request (fail closed).
+    """
+    try:
+        containers = all_containers(pod)
+    except InvalidInput:
+        return True
+    for index, container in enumerate(containers):
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            values = resources.get(section) or {}
+            if not isinstance(values, Mapping) or resource_name not in values:
+                continue
+            try:
+                amount = quantity_as_int(values[resource_name], f"container {index} {section}")
+            except InvalidInput:
+                return True
+            if amount is None or amount > 0:
+                return True
+    return False
+
+
+def is_unadmitted(pod: Pod) -> bool:
+    """Pending, not being deleted, and not yet admitted by kubelet (which writes container statuses
+    right after admission), so kubelet may be calling Allocate for it now. Running, finished and
+    admitted-but-starting pods never count."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    return (
+        status.get("phase", "Pending") == "Pending"
+        and not status.get("containerStatuses")
+        and not status.get("initContainerStatuses")
+    )
+
+
+def unscheduled_requesters(pods: Sequence[Pod], resource_name: str) -> list[Pod]:
+    """Pods on this node that may be admitted now, request ``resource_name``, and bypassed hamid.
+
+    kubelet may be calling Allocate for any of them; serving it a hamid pod's allocation would hand
+    it another pod's GPUs and limits (I6), so their presence makes identification fail closed.
+    """
+    return [
+        p
+        for p in pods
+        if not went_through_hamid(p) and is_unadmitted(p) and requests_resource(p, resource_name)
+    ]
+
+
+def unscheduled_error(strangers: Sequence[Pod], resource_name: str) -> AllocationError:
+    """The actionable refusal while pods that bypassed hamid wait on this node."""
+    names = ", ".join(sorted(pod_key(p) for p in strangers))
+    return AllocationError(
+        f"pod {names} requests {resource_name} but was not scheduled by hamid (no {BIND_PHASE}); "
+        "refusing to guess which pod kubelet is admitting. Check the MutatingWebhookConfiguration "
+        "(it must set the pod's schedulerName) and the pod's schedulerName, then delete and recreate "
+        "that pod"
+    )
+
+
+def identify_pod(
+    pods: Sequence[Pod],
+    node_name: str,
+    resource_name: str,
+    lock_owner: str | None,
+    requested: Sequence[str] | None,
+) -> Pod:
+    """The pod kubelet is admitting among ``pods`` (this node's pods), or :class:`AllocationError`.
+
+    Refuses while a pod that bypassed hamid may be admitted (:func:`unscheduled_requesters`), then
+    picks among the allocation candidates with :func:`choose_pod`.
+    """
+    strangers = unscheduled_requesters(pods, resource_name)
+    if strangers:
+        raise unscheduled_error(strangers, resource_name)
+    candidates = [p for p in pods if is_allocation_candidate(p, node_name) and has_pending_entry(p)]
+    return choose_pod(candidates, lock_owner, requested)
 
 
 def choose_pod(
@@ -156,24 +242,24 @@ def select_preferred(
 
     Must-include replicas come first and count for the annotated GPUs they are replicas of; each
     remaining annotated GPU takes its first available replica. Returns ``(chosen, missing)`` where
-    ``missing`` lists annotated GPU UUIDs that have no available replica.
+    ``missing`` lists annotated GPU UUIDs that have no available replica, over every annotated GPU:
+    also those left over once must-include replicas fill ``size`` (their annotation may sit on
+    another NUMA node, which is exactly when a refit is needed).
     """
     chosen = list(must_include)
     covered = Counter(uuid_of(i) for i in must_include)
     taken = set(chosen)
     missing: list[str] = []
     for device in annotated:
-        if len(chosen) >= size:
-            break
         if covered[device.uuid] > 0:
             covered[device.uuid] -= 1
             continue
         replica = next((i for i in available if i not in taken and uuid_of(i) == device.uuid), None)
         if replica is None:
             missing.append(device.uuid)
-            continue
-        chosen.append(replica)
-        taken.add(replica)
+        elif len(chosen) < size:
+            chosen.append(replica)
+            taken.add(replica)
     return chosen, missing
 
 
@@ -245,7 +331,10 @@ def env_is_true(container: Mapping[str, Any] | None, name: str) -> bool:
     """Whether the container spec sets env ``name`` to a Go ``ParseBool`` true value."""
     for env in (container or {}).get("env") or []:
         if env.get("name") == name:
-            return str(env.get("value", "")) in _GO_TRUE
+            try:
+                return parse_go_bool(str(env.get("value", "")), name)
+            except InvalidInput:
+                return False
     return False
 
 
@@ -283,8 +372,14 @@ def hami_core_answer(
     container: Mapping[str, Any] | None,
     settings: HamiCoreSettings,
     cache_token: str,
+    *,
+    licensed: bool = False,
 ) -> ContainerAnswer:
-    """The env vars and mounts HAMi-core needs for one container (hami-wire §4.9)."""
+    """The env vars and mounts HAMi-core needs for one container (hami-wire §4.9).
+
+    ``licensed``: ``<HOOK_PATH>/vgpu/license`` exists on the host (checked by the caller, in a
+    thread); the license and ``vgpuvalidator`` are then mounted read-only as HAMi does.
+    """
     uuids = list(dict.fromkeys(d.uuid for d in devices))
     envs = {hamicore.ENV_VISIBLE_DEVICES: ",".join(uuids)}
     for position, device in enumerate(devices):
@@ -308,5 +403,10 @@ def hami_core_answer(
     if not env_is_true(container, hamicore.ENV_DISABLE_CONTROL):
         mounts.append(
             MountSpec(hamicore.LD_SO_PRELOAD, hamicore.ld_so_preload_host_path(settings.hook_path), True)
+        )
+    if licensed:
+        mounts.append(MountSpec(hamicore.LICENSE, hamicore.license_host_path(settings.hook_path), True))
+        mounts.append(
+            MountSpec(hamicore.VGPU_VALIDATOR, hamicore.vgpu_validator_host_path(settings.hook_path), True)
         )
     return ContainerAnswer(envs, tuple(mounts), cache_dir)

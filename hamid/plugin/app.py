@@ -15,8 +15,9 @@ from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
-from hamid.plugin.allocate import Allocator, MismatchHandler, log_mismatch
+from hamid.plugin.allocate import CALL_TIMEOUT_S, Allocator, MismatchHandler, log_mismatch
 from hamid.plugin.allocation import HamiCoreSettings
+from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
     NvmlUnavailable,
@@ -127,11 +128,16 @@ class Plugin:
         register_interval: float = REGISTER_INTERVAL_S,
         error_interval: float = ERROR_INTERVAL_S,
         health_policy: HealthCheckPolicy | None = None,
+        cleanup_interval: float = CLEANUP_INTERVAL_S,
+        cleanup_min_age: float | None = None,
     ) -> None:
         self.setup = setup
         config = setup.config
         self.inventory = Inventory(setup.gpus, config)
-        self.pods = NodePods(client, node_name)
+        self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
+        self.cleaner = CacheDirCleaner(
+            self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
+        )
         self.health_policy = health_policy or HealthCheckPolicy()
         hami = HamiCoreSettings(
             hook_path=hook_path,
@@ -145,6 +151,7 @@ class Plugin:
             self.pods,
             self.inventory,
             hami,
+            resource_name=setup.resource_name,
             mismatch_handler=mismatch_handler,
             preferred_allocation=preferred,
         )
@@ -168,10 +175,12 @@ class Plugin:
                 return
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
+            tg.create_task(self.cleaner.run())
             if self.setup.nvml is not None and self.health_policy.active:
                 tg.create_task(self._watch_health(self.setup.nvml))
 
     async def _watch_health(self, nvml: ModuleType) -> None:
+        """The XID watcher; its failure disables health checks only, never serving or registration."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
 
@@ -181,12 +190,21 @@ class Plugin:
         uuids = [g.uuid for g in self.inventory.gpus]
         try:
             await asyncio.to_thread(watch_xid_events, uuids, report, stop, self.health_policy, nvml)
+        except Exception as exc:
+            log.error(
+                "XID health watcher failed; serving without GPU health checks",
+                error=f"{type(exc).__name__}: {exc}",
+            )
         finally:
             stop.set()
 
 
 async def run_plugin(options: PluginOptions) -> None:
     """Start ``hamid plugin`` and run until cancelled."""
+    try:
+        refit_client = build_refit_client(options.refit)
+    except InvalidInput as exc:
+        raise PluginStartupError(str(exc)) from exc
     setup = await load_setup(options)
     try:
         policy = health_policy_from_env(os.environ)
@@ -203,10 +221,6 @@ async def run_plugin(options: PluginOptions) -> None:
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
     )
-    try:
-        refit_client = build_refit_client(options.refit)
-    except InvalidInput as exc:
-        raise PluginStartupError(str(exc)) from exc
     try:
         client = await connect(options.api_server, options.kubeconfig)
     except KubeError as exc:

@@ -305,7 +305,8 @@ def watch_xid_events(
 
     A GPU that cannot be registered for events is reported unhealthy at once (except "not
     supported": too old for health checks, logged). A wait error other than a timeout, or an event
-    whose device cannot be identified, marks every GPU unhealthy.
+    whose device cannot be identified, marks every GPU unhealthy. Anything else (the event set
+    cannot be created, an unexpected error) propagates: the caller then serves without health checks.
     """
     wanted = set(uuids)
     event_set = nvml.nvmlEventSetCreate()

@@ -81,14 +81,6 @@ class Inventory:
         """The physical GPU UUID of one of this node's replica IDs (None if unknown)."""
         return self._replica_uuid.get(device_id)
 
-    def gpu(self, uuid: str) -> PhysicalGpu | None:
-        """The physical GPU with this UUID, if advertised here."""
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
-    def is_healthy(self, uuid: str) -> bool:
-        """Current health of a physical GPU."""
-        return self._healthy.get(uuid, False)
-
     def replicas(self) -> list[Replica]:
         """Every replica kubelet sees, in GPU index order (topology only with enablenumatopology)."""
         out: list[Replica] = []

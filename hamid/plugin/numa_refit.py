@@ -31,12 +31,12 @@ from collections.abc import Awaitable, Callable
 from hamid.kube.client import JSON
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
-from hamid.model.alignment import AlignmentMode, parse_alignment
+from hamid.model.alignment import AlignmentMode
 from hamid.model.devices import NVIDIA, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
-from hamid.plugin.allocate import PreferredMismatch, log_mismatch
-from hamid.plugin.allocation import AllocationError, annotations_of
+from hamid.plugin.allocate import PreferredMismatch, alignment_mode, log_alignment, log_mismatch
+from hamid.plugin.allocation import AllocationError
 from hamid.plugin.refit_client import RefitClient, RefitError
 
 log = get_logger("plugin.numa_refit")
@@ -71,36 +71,32 @@ class NumaRefitHandler:
         """Replacement devices (committed), None when the annotation stands, or AllocationError."""
         if self.client is None:
             return await log_mismatch(mismatch)
-        try:
-            mode = parse_alignment(annotations_of(mismatch.pod))
-        except InvalidInput as exc:
-            log.warning("ignoring invalid numa-alignment annotation", error=str(exc))
-            return None
+        mode = alignment_mode(mismatch)
         if mode is AlignmentMode.NONE:
             return None
         request = refit_request(mismatch)
-        fields = {
-            "numa_alignment": mode.value,
-            "container": mismatch.container_index,
-            "annotated": [d.uuid for d in mismatch.annotated],
-            "allowed": list(mismatch.allowed_uuids),
-        }
         try:
             request.validate()
             devices = await self.client.refit(request)
         except (RefitError, InvalidInput) as exc:
-            if mode is AlignmentMode.STRICT:
-                log.error(
-                    "NUMA refit failed; numa-alignment strict fails the allocation", error=str(exc), **fields
-                )
-                raise AllocationError(f"numa-alignment strict: {exc}") from exc
-            log.info(
-                "NUMA refit failed; best-effort runs on the scheduler's allocation without NUMA alignment",
-                error=str(exc),
-                **fields,
+            strict = mode is AlignmentMode.STRICT
+            outcome = (
+                "numa-alignment strict fails the allocation"
+                if strict
+                else "best-effort runs on the scheduler's allocation without NUMA alignment"
             )
+            log_alignment(mismatch, mode, f"NUMA refit failed; {outcome}", error=str(exc))
+            if strict:
+                raise AllocationError(f"numa-alignment strict: {exc}") from exc
             return None
-        log.info("NUMA refit succeeded", devices=[d.uuid for d in devices], **fields)
+        log.info(
+            "NUMA refit succeeded",
+            devices=[d.uuid for d in devices],
+            numa_alignment=mode.value,
+            container_index=mismatch.container_index,
+            annotated=[d.uuid for d in mismatch.annotated],
+            allowed=list(mismatch.allowed_uuids),
+        )
         await self._reread(request)
         return devices
 

@@ -116,3 +116,15 @@ class NodePods:
     async def fetch_node(self) -> JSON:
         """One GET of the node."""
         return await self.client.get_node(self.node_name, timeout=self.call_timeout)
+
+    async def fetch_all(self) -> tuple[JSON, list[JSON]]:
+        """A fresh read past the caches: GET the node and LIST the pods bound to it.
+
+        For when the watches may lag (a pod kubelet admits before the cache has it). The listed pods
+        are at least as new as the plugin's own writes, so no overlay applies to them.
+        """
+        node = await self.fetch_node()
+        pods, _version = await self.client.list_pods(
+            field_selector=f"spec.nodeName={self.node_name}", timeout=self.call_timeout
+        )
+        return node, pods

@@ -2,7 +2,7 @@
 
 * The server is verified with ``--scheduler-ca-file`` or the system roots; an unreadable or empty
   CA bundle is an error, never a silent fallback. ``--scheduler-tls-insecure`` is an explicit,
-  logged opt-out and is refused whenever a token would be sent.
+  logged opt-out and cannot be combined with a token (refused when the client is built, at startup).
 * The caller proves its node with a client certificate (mTLS, ``--scheduler-client-cert-file`` /
   ``--scheduler-client-key-file``) and/or its projected ServiceAccount token
   (``--service-account-token-file``, re-read on every call so rotation is followed; unreadable →
@@ -79,6 +79,13 @@ class RefitClient:
             raise InvalidInput(f"scheduler endpoint {endpoint!r} must be an http(s) URL")
         if config.insecure and config.ca_file:
             raise InvalidInput("--scheduler-ca-file and --scheduler-tls-insecure are mutually exclusive")
+        if config.insecure and config.token_file:
+            raise InvalidInput(
+                "--scheduler-tls-insecure cannot be used with a ServiceAccount token "
+                f"(--service-account-token-file {config.token_file}): the token is never sent over "
+                "unverified TLS; give --scheduler-ca-file instead, or --service-account-token-file='' "
+                "for mTLS-only refit"
+            )
         if bool(config.client_cert_file) != bool(config.client_key_file):
             raise InvalidInput(
                 "--scheduler-client-cert-file and --scheduler-client-key-file must be given together"
@@ -90,8 +97,7 @@ class RefitClient:
         self.scheme = parts.scheme
         if config.insecure:
             log.warning(
-                "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure); "
-                "token-authenticated refits will be refused",
+                "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)",
                 endpoint=endpoint,
             )
 
@@ -107,10 +113,6 @@ class RefitClient:
         if config.token_file:
             if self.scheme != "https":
                 raise RefitError(f"authenticated refit requires HTTPS, endpoint scheme is {self.scheme!r}")
-            if config.insecure:
-                raise RefitError(
-                    "insecure TLS verification is not permitted for authenticated refit requests"
-                )
             headers["Authorization"] = "Bearer " + _read_token(config.token_file)
         if self.scheme != "https":
             return headers, None

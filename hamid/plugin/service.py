@@ -19,8 +19,10 @@ log = get_logger("plugin.service")
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-#: Upper bound of one Allocate / GetPreferredAllocation (kubelet sets no deadline of its own).
-HANDLER_TIMEOUT_S = 15.0
+#: Slack on top of the allocator's own worst case (:attr:`Allocator.deadline_s`) for the outer
+#: bound of one Allocate / GetPreferredAllocation (kubelet sets no deadline of its own). The
+#: allocator ends first; this bound only catches a bug.
+HANDLER_SLACK_S = 2.0
 
 
 def list_response(inventory: Inventory) -> pb.ListAndWatchResponse:
@@ -55,6 +57,11 @@ class DevicePluginService(DevicePluginBase):
         self.allocator = allocator
         self.preferred_allocation = preferred_allocation
 
+    @property
+    def handler_timeout(self) -> float:
+        """Outer bound of one Allocate / GetPreferredAllocation: the allocator's worst case plus slack."""
+        return self.allocator.deadline_s + HANDLER_SLACK_S
+
     def options(self) -> pb.DevicePluginOptions:
         """The options kubelet reads (upstream #2844: the preferred flag follows the node config)."""
         return pb.DevicePluginOptions(
@@ -87,7 +94,7 @@ class DevicePluginService(DevicePluginBase):
             for r in request.container_requests
         ]
         try:
-            async with asyncio.timeout(HANDLER_TIMEOUT_S):
+            async with asyncio.timeout(self.handler_timeout):
                 chosen = await self.allocator.preferred(requests)
         except AllocationError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
@@ -107,13 +114,19 @@ class DevicePluginService(DevicePluginBase):
         assert request is not None
         ids = [list(r.devices_ids) for r in request.container_requests]
         try:
-            async with asyncio.timeout(HANDLER_TIMEOUT_S):
+            async with asyncio.timeout(self.handler_timeout):
                 answers = await self.allocator.allocate(ids)
         except AllocationError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
         except TimeoutError as exc:
+            log.error("Allocate ran past its outer deadline", timeout=self.handler_timeout)
             raise GRPCError(
-                Status.DEADLINE_EXCEEDED, f"Allocate did not finish in {HANDLER_TIMEOUT_S:g}s"
+                Status.DEADLINE_EXCEEDED, f"Allocate did not finish in {self.handler_timeout:g}s"
+            ) from exc
+        except Exception as exc:  # last resort: a message for kubelet, the traceback in our log
+            log.exception("Allocate failed unexpectedly", error=str(exc))
+            raise GRPCError(
+                Status.INTERNAL, f"device plugin internal error: {type(exc).__name__}: {exc}"
             ) from exc
         await stream.send_message(allocate_response(answers))
 

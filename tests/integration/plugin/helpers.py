@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from grpclib.client import Channel
@@ -110,6 +111,22 @@ def scheduled_pod(
     }
 
 
+def stranger_pod(
+    name: str, *, status: dict[str, Any] | None = None, resource: str = "nvidia.com/gpu"
+) -> dict[str, Any]:
+    """A pod bound to this node that requests GPUs but never went through hamid (no annotations)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}],
+        },
+        "status": status or {"phase": "Pending"},
+    }
+
+
 def lock_node(server: ApiServer, name: str, node: str = NODE) -> None:
     """Set the node lock as the scheduler's /bind does."""
     value = format_node_lock(datetime.now(UTC), "default", name)
@@ -194,6 +211,9 @@ async def running_plugin(
     mismatch_handler: MismatchHandler = log_mismatch,
     with_kubelet: bool = False,
     register_interval: float = 30.0,
+    nvml: ModuleType | None = None,
+    cleanup_interval: float = 300.0,
+    cleanup_min_age: float | None = None,
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
     """Start an API server, a node, optionally a fake kubelet, and the plugin; tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
@@ -204,7 +224,7 @@ async def running_plugin(
             kubelet = FakeKubelet(directory) if with_kubelet else None
             if kubelet is not None:
                 await kubelet.start()
-            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, None)
+            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml)
             hook = directory / "hook"
             plugin = Plugin(
                 client,
@@ -215,6 +235,8 @@ async def running_plugin(
                 mismatch_handler=mismatch_handler,
                 register_interval=register_interval,
                 error_interval=0.05,
+                cleanup_interval=cleanup_interval,
+                cleanup_min_age=cleanup_min_age,
             )
             env = Env(server, client, plugin, directory, hook)
             task = asyncio.create_task(plugin.run())

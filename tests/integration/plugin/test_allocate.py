@@ -374,3 +374,16 @@ async def test_registration_annotation_written_once_and_rewritten_on_change() ->
         await eventually(lambda: registrar.patches == 3)
         latest = decode_node_devices(annotations(env.server, "Node", NODE, None)[NODE_REGISTER])
         assert [d.health for d in latest] == [True, True, False, True]
+
+
+async def test_must_include_filling_the_size_still_asks_for_a_refit() -> None:
+    """kubelet must include a GPU-0 replica and the size is 1: the annotated GPU-3 (NUMA 1) is still
+    reported to the refit seam, and its replacement is preferred."""
+    pod = scheduled_pod("p", ((dev("GPU-3", 700, 7),),), extra={NUMA_ALIGNMENT: "best-effort"})
+    numa0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
+    handler = Handler(result=(dev("GPU-0", 700, 7),))
+    async with running_plugin(PREFERRED, mismatch_handler=handler) as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        assert await preferred(stub, numa0, 1, ["GPU-0-2"]) == ["GPU-0-2"]
+        (call,) = handler.calls
+        assert call.missing == ("GPU-3",) and call.must_include_ids == ("GPU-0-2",)

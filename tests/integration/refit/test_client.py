@@ -91,9 +91,11 @@ async def test_tls_verifies_by_default_and_insecure_is_explicit(tls_files: TLSFi
             await client(fake.url, ca_file=str(other.cert_file), token_file=None).refit(REQ)
         # explicit opt-out works without a token ...
         assert await client(fake.url, insecure=True, token_file=None).refit(REQ)
-        # ... and is refused when a token would be sent
-        with pytest.raises(RefitError, match="insecure TLS verification is not permitted"):
-            await client(fake.url, insecure=True, token_file=str(token_file(tmp_path))).refit(REQ)
+        # ... and is refused up front (startup) when a token would be sent: never a per-call failure
+        with pytest.raises(
+            InvalidInput, match="--scheduler-tls-insecure cannot be used with a ServiceAccount"
+        ):
+            client(fake.url, insecure=True, token_file=str(token_file(tmp_path)))
         assert all("Authorization" not in h for h in fake.headers)
 
 
@@ -165,7 +167,9 @@ def test_configuration_errors() -> None:
     with pytest.raises(InvalidInput, match="must be an http"):
         RefitClient(RefitClientConfig(endpoint="ftp://x"))
     with pytest.raises(InvalidInput, match="mutually exclusive"):
-        RefitClient(RefitClientConfig(endpoint="https://x", ca_file="/ca", insecure=True))
+        RefitClient(RefitClientConfig(endpoint="https://x", ca_file="/ca", insecure=True, token_file=None))
+    with pytest.raises(InvalidInput, match="token is never sent over unverified TLS"):
+        build_refit_client(RefitClientConfig(endpoint="https://x", insecure=True))  # default token file
     with pytest.raises(InvalidInput, match="must be given together"):
         RefitClient(RefitClientConfig(endpoint="https://x", client_cert_file="/c"))
     with pytest.raises(InvalidInput, match="needs an https endpoint"):

@@ -20,6 +20,7 @@ from hamid.cli import cli
 from hamid.model import annotations
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
+from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from tests.unit.deploy.helm_render import (
     CHART_DIR,
     KUBE_VERSION,
@@ -73,7 +74,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "seed": SEED,
     "ca-secret": refit(caSecret="my-scheduler-ca"),
     "ca-file": refit(caFile="/etc/pki/scheduler/ca.pem"),
-    "tls-insecure": refit(tlsInsecure=True),
+    # unverified TLS only works without a token: mTLS-only caller authentication
+    "tls-insecure": {
+        "scheduler": {"refitAuth": ["mtls"], "tls": {"clientCASecret": "cluster-ca"}},
+        "devicePlugin": {
+            "numaRefit": {"enabled": True, "tlsInsecure": True, "kubeletClientCert": {"enabled": True}}
+        },
+    },
     "existing-cert-no-ca": {**refit(), "scheduler": {"tls": {"existingSecret": "my-tls"}}},
     "existing-cert-with-ca": {
         **refit(),
@@ -288,9 +295,7 @@ def test_rbac_is_exactly_what_each_mode_uses() -> None:
     assert plugin == {
         *{("", "nodes", v) for v in ("get", "list", "watch", "patch")},
         *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
-        ("", "events", "create"),
-        ("", "events", "patch"),
-    }
+    }  # no events: the plugin emits none
     binding = r.get("ClusterRoleBinding", PLUGIN)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PLUGIN, "namespace": NAMESPACE}]
     # kube-scheduler (same pod) gets Kubernetes' own roles for a second scheduler
@@ -452,7 +457,32 @@ def test_explicit_tls_insecure() -> None:
     args = plugin_args(r)
     assert "--scheduler-tls-insecure" in args
     assert "--scheduler-ca-file" not in args
+    assert args["--service-account-token-file"] == ""  # mTLS only: no token over unverified TLS
     assert "NOT VERIFIED" in r.notes
+    # the plugin accepts exactly these refit flags at startup
+    config = RefitClientConfig(
+        endpoint=str(args["--scheduler-endpoint"]),
+        insecure=True,
+        client_cert_file=args["--scheduler-client-cert-file"],
+        client_key_file=args["--scheduler-client-key-file"],
+        token_file=args["--service-account-token-file"] or None,
+    )
+    assert build_refit_client(config) is not None
+
+
+def test_token_auth_sends_the_token_and_mtls_only_sends_none() -> None:
+    assert plugin_args(rendered("mtls"))["--service-account-token-file"] == (
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
+    mtls_only = render(
+        {
+            "scheduler": {"refitAuth": ["mtls"], "tls": {"clientCASecret": "cluster-ca"}},
+            "devicePlugin": {"numaRefit": {"enabled": True, "kubeletClientCert": {"enabled": True}}},
+        }
+    )
+    args = plugin_args(mtls_only)
+    assert args["--service-account-token-file"] == ""
+    assert args["--scheduler-ca-file"] == CHART_CA_FILE
 
 
 def test_a_given_ca_wins_over_tls_insecure() -> None:
@@ -558,6 +588,7 @@ def test_mtls_caller_authentication() -> None:
         ({"scheduler": {"refitAuth": ["mtls"]}}, "clientCASecret"),
         ({"scheduler": {"refitAuth": ["password"]}}, "unknown method"),
         ({"devicePlugin": {"nodeConfiguration": {"config": "{not json"}}}, "not valid JSON"),
+        (refit(tlsInsecure=True), "tlsInsecure=true cannot work with token authentication"),
     ],
 )
 def test_bad_values_fail_with_a_reason(values: dict[str, Any], message: str) -> None:

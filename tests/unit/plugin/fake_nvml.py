@@ -49,6 +49,8 @@ class FakeNvml:
         self.events: queue.Queue[Any] = queue.Queue()
         self.registered: list[str] = []
         self.freed = False
+        #: Raised by ``nvmlEventSetCreate`` when set (an injected fault).
+        self.event_set_error: Exception | None = None
 
     def _check(self, gpu: FakeGpu, call: str) -> None:
         if call in gpu.fail:
@@ -90,6 +92,8 @@ class FakeNvml:
         return [gpu.mig, gpu.mig]
 
     def nvmlEventSetCreate(self) -> str:
+        if self.event_set_error is not None:
+            raise self.event_set_error
         return "set"
 
     def nvmlEventSetFree(self, event_set: str) -> None:
@@ -108,7 +112,7 @@ class FakeNvml:
             item = self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise NVMLError(NVML_ERROR_TIMEOUT) from None
-        if isinstance(item, NVMLError):
+        if isinstance(item, Exception):
             raise item
         return item
 

@@ -252,3 +252,26 @@ def test_hami_core_answer() -> None:
     plain = hami_core_answer((cd("GPU-a"),), "uid1", {"name": "main"}, HamiCoreSettings("/h"), "t")
     assert MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in plain.mounts
     assert "CUDA_OVERSUBSCRIBE" not in plain.envs and "LIBCUDA_LOG_LEVEL" not in plain.envs
+
+
+def test_select_preferred_reports_missing_gpus_after_must_include_fills_the_size() -> None:
+    """kubelet's must-include replica fills the size: the annotated GPU it excluded (other NUMA node)
+    is still reported missing, so a refit is attempted."""
+    available = ["GPU-a-0", "GPU-a-1", "GPU-b-0"]
+    assert select_preferred((cd("GPU-d"),), available, ["GPU-a-1"], 1, uuid_of) == (["GPU-a-1"], ["GPU-d"])
+    # an annotated GPU kubelet still offers is not missing, even when there is no room for it
+    assert select_preferred((cd("GPU-b"),), available, ["GPU-a-1"], 1, uuid_of) == (["GPU-a-1"], [])
+    chosen, missing = select_preferred(
+        (cd("GPU-a"), cd("GPU-d"), cd("GPU-e")), available, ["GPU-a-0"], 1, uuid_of
+    )
+    assert chosen == ["GPU-a-0"] and missing == ["GPU-d", "GPU-e"]
+
+
+@pytest.mark.parametrize(
+    ("value", "mounted"),
+    [("true", False), ("T", False), ("1", False), ("false", True), ("yes", True), ("", True)],
+)
+def test_cuda_disable_control_is_a_go_bool(value: str, mounted: bool) -> None:
+    container = {"name": "main", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
+    answer = hami_core_answer((cd("GPU-a"),), "uid1", container, HamiCoreSettings("/h"), "t")
+    assert (MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in answer.mounts) is mounted

@@ -85,3 +85,25 @@ def test_cli_without_nvml_or_devices_file_exits_with_one_message(tmp_path: Path)
     )
     assert result.exit_code == 1
     assert "pass --devices-file" in result.output and "Traceback" not in result.output
+
+
+def test_cli_refuses_insecure_tls_with_a_token_at_startup(tmp_path: Path) -> None:
+    """--scheduler-tls-insecure with a token file can never refit (the token is never sent over
+    unverified TLS): one clear startup error instead of failing every call."""
+    devices = write(tmp_path / "d.yaml", DEVICES)
+    base = [
+        "plugin",
+        "--node-name",
+        "n1",
+        "--devices-file",
+        devices,
+        "--node-config-file",
+        str(tmp_path / "x"),
+    ]
+    refit = ["--scheduler-endpoint", "https://sched.example:443", "--scheduler-tls-insecure"]
+    token = ["--service-account-token-file", write(tmp_path / "token", "tok")]
+    result = CliRunner().invoke(cli, [*base, *refit, *token], env={})
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert "--scheduler-tls-insecure cannot be used with a ServiceAccount token" in line
+    assert "--scheduler-ca-file" in line

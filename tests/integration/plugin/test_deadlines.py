@@ -1,0 +1,92 @@
+"""Allocate's deadlines: the prepare budget, the shielded commit, the last-resort gRPC error."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+import structlog.testing
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from hamid.plugin import allocate as allocate_module
+from hamid.plugin.allocate import CALLS_AFTER_PREPARE, Allocator
+from tests.integration.plugin.helpers import NODE, annotations, dev, eventually, running_plugin, scheduled_pod
+from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
+
+
+async def test_a_timeout_before_the_commit_runs_the_failure_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host directories stall past the prepare budget: the pod is marked failed and its lock
+    released (instead of leaving bind-phase=allocating and a held lock behind)."""
+    release = threading.Event()
+
+    def stalled_make_dirs(paths: Sequence[str]) -> None:
+        release.wait(5)
+
+    monkeypatch.setattr(allocate_module, "_make_dirs", stalled_make_dirs)
+    pod = scheduled_pod("slow", ((dev("GPU-0", 1000, 10),),))
+    try:
+        async with running_plugin() as (env, _), stub_for(env) as stub:
+            env.plugin.allocator.prepare_timeout = 0.3
+            await seeded(env, pod)
+            with pytest.raises(GRPCError) as err:
+                await allocate(stub, "GPU-0-0")
+            assert err.value.status is Status.FAILED_PRECONDITION
+            assert "did not finish preparing within 0.3s" in str(err.value.message)
+            ann = annotations(env.server, "Pod", "slow")
+            assert ann[BIND_PHASE] == "failed"
+            assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+            assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+    finally:
+        release.set()
+
+
+async def test_a_cancelled_call_still_completes_the_commit_and_the_lock_release() -> None:
+    """The consume patch is in flight when the call is cancelled (here: the caller's gRPC deadline):
+    the patch and the node lock release still complete, so the annotation and the lock agree."""
+    pod = scheduled_pod("p", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        rule = env.server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/p$")
+        try:
+            request = pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-0-0"])]
+            )
+            with pytest.raises(TimeoutError):  # grpclib's client deadline; the server cancels the handler
+                await stub.Allocate(request, timeout=0.4)
+            assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"  # still in flight
+            await eventually(lambda: annotations(env.server, "Pod", "p")[BIND_PHASE] == "success")
+            await eventually(lambda: NODE_LOCK not in annotations(env.server, "Node", NODE, None))
+        finally:
+            env.server.faults.remove(rule.id)
+
+
+async def test_the_outer_deadline_covers_every_inner_budget() -> None:
+    async with running_plugin() as (env, _):
+        allocator: Allocator = env.plugin.allocator
+        worst = allocator.prepare_timeout + CALLS_AFTER_PREPARE * max(
+            allocator.call_timeout, env.plugin.pods.call_timeout
+        )
+        assert allocator.deadline_s == worst
+        assert env.plugin.service.handler_timeout > worst
+
+
+async def test_an_unexpected_error_is_internal_with_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(*args: object) -> None:
+        raise RuntimeError("injected fault")
+
+    pod = scheduled_pod("p", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        monkeypatch.setattr(env.plugin.allocator, "_prepare", broken)
+        with structlog.testing.capture_logs() as logs, pytest.raises(GRPCError) as err:
+            await allocate(stub, "GPU-0-0")
+        assert err.value.status is Status.INTERNAL
+        assert str(err.value.message) == "device plugin internal error: RuntimeError: injected fault"
+        (entry,) = [e for e in logs if e["event"] == "Allocate failed unexpectedly"]
+        assert entry["log_level"] == "error" and entry.get("exc_info")

@@ -1,0 +1,158 @@
+"""Which pod kubelet is admitting: pods that bypassed hamid, API errors, lagging watches (I6)."""
+
+from __future__ import annotations
+
+import pytest
+import structlog.testing
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from hamid.model.devices import ContainerDevices
+from hamid.plugin.allocate import PreferredMismatch
+from tests.integration.plugin.helpers import (
+    NODE,
+    annotations,
+    dev,
+    eventually,
+    lock_node,
+    running_plugin,
+    scheduled_pod,
+    stranger_pod,
+)
+from tests.integration.plugin.test_allocate import PREFERRED, allocate, preferred, seeded, stub_for
+
+NUMA0 = [f"GPU-{g}-{i}" for g in (0, 1) for i in range(4)]
+
+
+class Recorder:
+    """Mismatch handler that records calls (a refit would be sent here)."""
+
+    def __init__(self) -> None:
+        self.calls: list[PreferredMismatch] = []
+
+    async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
+        self.calls.append(mismatch)
+        return None
+
+
+async def test_a_pod_that_bypassed_hamid_fails_closed_and_marks_nothing() -> None:
+    """The reviewer's reproduction: stranger S (default-scheduler, no annotations) on the node while
+    p1 holds the lock. Allocate must not hand S p1's GPU and limits, nor consume p1's entry."""
+    p1 = scheduled_pod("p1", ((dev("GPU-2", 3000, 30),),))
+    recorder = Recorder()
+    async with running_plugin(PREFERRED, mismatch_handler=recorder) as (env, _), stub_for(env) as stub:
+        await seeded(env, p1)
+        env.server.put(stranger_pod("s"))
+        await eventually(lambda: env.plugin.pods.pod("default/s") is not None)
+
+        with pytest.raises(GRPCError) as err:
+            await allocate(stub, "GPU-2-0")
+        assert err.value.status is Status.FAILED_PRECONDITION
+        message = str(err.value.message)
+        assert "pod default/s requests nvidia.com/gpu but was not scheduled by hamid" in message
+        assert "no hami.io/bind-phase" in message and "MutatingWebhookConfiguration" in message
+        ann = annotations(env.server, "Pod", "p1")
+        assert ann[BIND_PHASE] == "allocating"  # p1 is not marked failed ...
+        assert (
+            ann[DEVICES_TO_ALLOCATE] == p1["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+        )  # ... nor consumed
+        assert NODE_LOCK in annotations(env.server, "Node", NODE, None)  # the lock stays with p1
+        assert BIND_PHASE not in (env.server.get("Pod", "default", "s")["metadata"].get("annotations") or {})
+
+        # GetPreferredAllocation: no opinion, and no refit for p1's missing GPU
+        assert await preferred(stub, NUMA0, 1) == []
+        assert recorder.calls == []
+
+        # kubelet rejected S (phase Failed): p1's own Allocate is served again
+        env.server.put(stranger_pod("s", status={"phase": "Failed", "reason": "UnexpectedAdmissionError"}))
+        await eventually(lambda: env.plugin.pods.pod("default/s")["status"]["phase"] == "Failed")
+        r = await allocate(stub, "GPU-2-1")
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "success"
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "Running", "containerStatuses": [{"name": "main", "state": {"running": {}}}]},
+        # admitted by kubelet, still starting (image pull): kubelet already wrote container statuses
+        {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        },
+        {"phase": "Succeeded"},
+    ],
+    ids=["running", "admitted-starting", "succeeded"],
+)
+async def test_admitted_or_finished_non_hamid_pods_never_block(status: dict) -> None:
+    p1 = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        env.server.put(stranger_pod("old", status=status))
+        await seeded(env, p1)
+        assert env.plugin.pods.pod("default/old") is not None
+        r = await allocate(stub, "GPU-0-0")
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+async def test_pending_pods_without_the_resource_never_block() -> None:
+    p1 = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        env.server.put(stranger_pod("cpu-only", resource="cpu"))
+        zero = stranger_pod("zero")
+        zero["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "0"}}
+        env.server.put(zero)
+        await seeded(env, p1)
+        await eventually(lambda: env.plugin.pods.pod("default/zero") is not None)
+        r = await allocate(stub, "GPU-0-0")
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+
+
+async def test_api_errors_during_identification_are_a_clear_refusal() -> None:
+    """The lock names a pod the cache does not hold and its GET fails: a FAILED_PRECONDITION with the
+    API error (not UNKNOWN "Internal Server Error" with a traceback), and nothing is marked."""
+    p1 = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+        await seeded(env, p1, lock=False)
+        lock_node(env.server, "ghost")
+        await eventually(lambda: env.plugin.pods.lock_owner() == "default/ghost")
+        env.server.faults.fail_next(
+            2, verb="get", path_pattern="/pods/ghost$", status=500, message="etcd down"
+        )
+        with pytest.raises(GRPCError) as err:
+            await allocate(stub, "GPU-0-0")
+        assert err.value.status is Status.FAILED_PRECONDITION
+        assert str(err.value.message).startswith("cannot identify the pending pod: 500")
+        assert "etcd down" in str(err.value.message)
+        assert await preferred(stub, NUMA0, 1) == []  # GetPreferredAllocation: no opinion
+        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
+        assert annotations(env.server, "Node", NODE, None)[NODE_LOCK]
+
+
+async def test_a_lagging_watch_is_caught_up_by_one_fresh_read() -> None:
+    """kubelet admits pod A before the plugin's watches deliver it (or the node lock): Allocate reads
+    the node and the node's pods once and serves A instead of refusing."""
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        rule = env.server.faults.add_latency(60, verb="watch")
+        try:
+            env.server.close_watches()
+            env.server.put(scheduled_pod("a", ((dev("GPU-1", 1500, 15),),)))
+            lock_node(env.server, "a")
+            assert env.plugin.pods.pod("default/a") is None and env.plugin.pods.lock_owner() is None
+            with structlog.testing.capture_logs() as logs:
+                r = await allocate(stub, "GPU-1-0")
+            assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1500m"
+            assert annotations(env.server, "Pod", "a")[BIND_PHASE] == "success"
+            assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+            assert any("reading node and pods once" in e["event"] for e in logs)
+            assert env.server.requests["list pods"] >= 2  # the cache's initial list and the fresh read
+        finally:
+            env.server.faults.remove(rule.id)
+
+
+async def test_no_pending_pod_still_refuses_after_the_fresh_read() -> None:
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        lists = env.server.requests["list pods"]
+        with pytest.raises(GRPCError, match="no pod on this node is waiting"):
+            await allocate(stub, "GPU-0-0")
+        assert env.server.requests["list pods"] == lists + 1  # exactly one fresh read
