@@ -426,7 +426,16 @@ def test_seed_values_enable_topology_and_refit_with_verified_tls() -> None:
     assert node_config.enable_get_preferred_allocation is True
     args = plugin_args(r)
     assert args["--scheduler-endpoint"] == ENDPOINT
-    assert args["--service-account-token-file"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    # a token minted for /refit only (its own audience), not the plugin's API credential
+    assert args["--service-account-token-file"] == "/var/run/secrets/kubernetes.io/serviceaccount/refit-token"
+    sources = volume_sources(r.get("DaemonSet", PLUGIN), "/var/run/secrets/kubernetes.io/serviceaccount")
+    assert {
+        "serviceAccountToken": {"path": "refit-token", "audience": "hamid-refit", "expirationSeconds": 3607}
+    } in sources
+    assert (
+        "--refit-token-audience=hamid-refit"
+        in container(r.get("Deployment", SCHED), "hamid-scheduler")["args"]
+    )
     # secure by default: the chart's own CA, mounted, verifies the scheduler
     assert args["--scheduler-ca-file"] == CHART_CA_FILE
     assert "--scheduler-tls-insecure" not in args
@@ -470,9 +479,16 @@ def test_explicit_tls_insecure() -> None:
     assert build_refit_client(config) is not None
 
 
+def volume_sources(ds: dict, mount_path: str) -> list[dict]:
+    """The projected sources of the volume mounted at ``mount_path`` in the device-plugin container."""
+    spec = ds["spec"]["template"]["spec"]
+    name = mounts(container(ds, "device-plugin"))[mount_path]["name"]
+    return next(v for v in spec["volumes"] if v["name"] == name)["projected"]["sources"]
+
+
 def test_token_auth_sends_the_token_and_mtls_only_sends_none() -> None:
     assert plugin_args(rendered("mtls"))["--service-account-token-file"] == (
-        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        "/var/run/secrets/kubernetes.io/serviceaccount/refit-token"
     )
     mtls_only = render(
         {
