@@ -2,9 +2,10 @@
 
 Server: TLS >= 1.2; when a client CA is given, client certificates are *optionally* verified
 (callers without one, e.g. ServiceAccount-token callers of ``/refit``, still connect; a caller that
-presents a certificate must present a valid one). The certificate and key are reloaded when the
-files change: a timer task stats them in a thread and builds a fresh context off the event loop;
-the per-handshake SNI callback only swaps in the newest context (no I/O on the handshake path).
+presents a certificate must present a valid one). The certificate, key and client CA are reloaded
+when the files change (a rotated CA Secret is picked up like a rotated certificate): a timer task
+stats them in a thread and builds a fresh context off the event loop; the per-handshake SNI
+callback only swaps in the newest context (no I/O on the handshake path).
 
 Client: verifies the server by default against a CA file or the system roots; an unreadable or
 empty CA file is an error, never a silent fallback; skipping verification is explicit.
@@ -98,29 +99,34 @@ class ReloadingServerContext:
         """Whether client certificates are verified (a client CA was configured)."""
         return self._client_ca_pem is not None
 
-    def _current_stamps(self) -> tuple[_FileStamp | None, _FileStamp | None]:
-        return (_stamp(self.cert_file), _stamp(self.key_file))
+    def _current_stamps(self) -> tuple[_FileStamp | None, ...]:
+        files = (self.cert_file, self.key_file) + ((self.client_ca_file,) if self.client_ca_file else ())
+        return tuple(_stamp(f) for f in files)
+
+    def _load(self) -> tuple[ssl.SSLContext, str | None]:
+        """A fresh context from the files (blocking: run in a thread), and the client CA PEM."""
+        pem = _read_ca(self.client_ca_file, "client CA file") if self.client_ca_file else None
+        return _build_server_context(self.cert_file, self.key_file, pem), pem
 
     def _on_client_hello(self, ssl_obj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
         if self._current is not ctx:
             ssl_obj.context = self._current
 
     async def reload_if_changed(self) -> bool:
-        """Reload when the certificate or key file changed; True when a new certificate is live."""
+        """Reload when the certificate, key or client CA file changed; True when the new one is live."""
         stamps = await asyncio.to_thread(self._current_stamps)
         if stamps == self._stamps or None in stamps:
             return False
         try:
-            fresh = await asyncio.to_thread(
-                _build_server_context, self.cert_file, self.key_file, self._client_ca_pem
-            )
+            fresh, pem = await asyncio.to_thread(self._load)
         except TLSConfigError as exc:
             log.warning("tls_reload_failed", error=str(exc), cert_file=str(self.cert_file))
             return False
         self._stamps = stamps
         self._current = fresh
+        self._client_ca_pem = pem
         self.reloads += 1
-        log.info("tls_certificate_reloaded", cert_file=str(self.cert_file))
+        log.info("tls_files_reloaded", cert_file=str(self.cert_file), client_ca_file=str(self.client_ca_file))
         return True
 
     async def run(self, interval: float = 10.0) -> None:

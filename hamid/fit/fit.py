@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from hamid.fit.policy import PodPolicy, request_memory, sort_key
+from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
     ContainerKind,
     DeviceUsage,
@@ -128,7 +128,6 @@ class Fitted:
 
     devices: PodDevices
     score: float  #: node score before placing the pod (HAMi ``ComputeDefaultScore``)
-    ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +136,6 @@ class Refitted:
 
     devices: ContainerDevices
     layout: PodDevices
-    ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +143,6 @@ class Unfit:
     """The pod (or container) does not fit: HAMi's reason string, e.g. ``2/2 CardCordoned``."""
 
     reason: str
-    ok: bool = False
 
 
 def gen_reason(reasons: Mapping[str, int], considered: int) -> str:
@@ -196,17 +193,15 @@ def _fit_container(
         return R.NODE_INSUFFICIENT_DEVICE
     n = len(node_cands)
     gpu_policy = policy.gpu_policy
-    key = sort_key(gpu_policy, policy.numa_bind)
-    # Device score terms (the formula of policy.device_score, inlined: this loop is the hot path).
     weights = policy.weights
-    ws, wc, wm = weights.slot, weights.core, weights.memory
-    req_cores = request.coresreq
-    pct = request.mem_percentage_req
-    pct_mem = pct not in (0, MEM_PERCENTAGE_UNSET)
-    req_mem = request.memreq
-    # Effective usage of every candidate: other pods (minus released) plus the pod's own.
-    rows: list[tuple[tuple, int, DeviceUsage, int, int, int, OwnUsage]] = []
-    for pos, d in enumerate(node_cands):
+    # Effective usage of every candidate: other pods (minus released) plus the pod's own; its
+    # score and the try order come from policy.device_score and policy.try_order.
+    rows: list[tuple[DeviceUsage, int, int, int, OwnUsage]] = []
+    numas: list[int] = []
+    scores: list[float] = []
+    useds: list[int] = []
+    indexes: list[int] = []
+    for d in node_cands:
         used, umem, ucore = d.used, d.usedmem, d.usedcores
         if release:
             rel = release.get(d.id)
@@ -219,16 +214,12 @@ def _fit_container(
         if o is not _NO_OWN:
             bs, bm, bc = o.booked()
             s_used, s_mem, s_core = used + bs, umem + bm, ucore + bc
-        count, tc, tm = d.count, d.totalcore, d.totalmem
-        if count and tc and tm:
-            m = tm * pct // 100 if pct_mem else req_mem
-            score = 10.0 * (
-                ws * (1 + s_used) / count + wc * (req_cores + s_core) / tc + wm * (m + s_mem) / tm
-            )
-        else:
-            score = 0.0
-        rows.append((key(d.numa, score, used + o.con_slots, d.index), pos, d, used, umem, ucore, o))
-    rows.sort(reverse=True)
+        scores.append(device_score(d.count, d.totalcore, d.totalmem, s_used, s_core, s_mem, request, weights))
+        numas.append(d.numa)
+        useds.append(used + o.con_slots)
+        indexes.append(d.index)
+        rows.append((d, used, umem, ucore, o))
+    order = try_order(numas, scores, useds, indexes, gpu_policy, policy.numa_bind)
     cores = min(request.coresreq, 100)
     reasons: Counter[str] = Counter()
     collected: list[ContainerDevice] = []
@@ -244,7 +235,8 @@ def _fit_container(
             base_mem += bm
             base_cores += bc
 
-    for _, _, d, used, umem, ucore, o in rows:
+    for i in order:
+        d, used, umem, ucore, o = rows[i]
         if not d.health:
             reasons[R.CARD_NOT_HEALTH] += 1
             continue

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from hamid.model import annotations as ann
 from hamid.model.annotations import ScoringWeights
@@ -185,31 +184,47 @@ def try_order(
     )
 
 
-T = TypeVar("T")
+def best_first(
+    ranked: Sequence[tuple[float, str]],
+    node_policy: str,
+    position: Mapping[str, int],
+    own: tuple[float, str] | None = None,
+) -> Iterator[list[str]]:
+    """Candidate nodes in the order a filter tries them, in groups of equal node score.
 
-
-def pick_node(scored: Sequence[tuple[T, float]], node_policy: str) -> T:
-    """The winning candidate: binpack (default) takes the highest node score, spread the lowest.
-
-    Ties go to the earliest candidate. ``scored`` must not be empty.
+    binpack (the default) takes the highest node score first, spread the lowest; within a group
+    the earliest candidate (lowest ``position``) comes first, so the first node that fits is the
+    one fitting every candidate and picking the best would choose. ``ranked`` is the ascending
+    ``(score, name)`` list of the state's score index; names not in ``position`` (not
+    candidates) are left out; ``own`` ``(score, name)`` is placed by its own score instead of
+    its indexed one (a re-filtered pod sees its own booking as free). Lazy: a filter stops at
+    the first group with a node that fits, so the work follows the nodes ahead of the winner.
     """
-    if not scored:
-        raise ValueError("pick_node needs at least one candidate")
-    best, best_score = scored[0]
-    for item, score in scored[1:]:
-        if (score < best_score) if node_policy == SPREAD else (score > best_score):
-            best, best_score = item, score
-    return best
-
-
-def order_nodes(scored: Sequence[tuple[T, float]], node_policy: str) -> list[T]:
-    """Candidates in preference order (the first is what :func:`pick_node` would return).
-
-    Lets a caller fit nodes best-first and stop at the first that fits.
-    """
-    sign = 1.0 if node_policy == SPREAD else -1.0
-    order = sorted(range(len(scored)), key=lambda i: (sign * scored[i][1], i))
-    return [scored[i][0] for i in order]
+    spread = node_policy == SPREAD
+    step = 1 if spread else -1
+    i = 0 if spread else len(ranked) - 1
+    end = len(ranked) if spread else -1
+    own_name = own[1] if own is not None else None
+    while i != end:
+        score = ranked[i][0]
+        group: list[str] = []
+        while i != end and ranked[i][0] == score:
+            name = ranked[i][1]
+            i += step
+            if name in position and name != own_name:
+                group.append(name)
+        if own is not None and (own[0] < score if spread else own[0] > score):
+            yield [own[1]]
+            own = None
+        elif own is not None and own[0] == score:
+            group.append(own[1])
+            own = None
+        if len(group) > 1:
+            group.sort(key=position.__getitem__)
+        if group:
+            yield group
+    if own is not None:
+        yield [own[1]]
 
 
 @dataclass(frozen=True, slots=True)

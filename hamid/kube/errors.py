@@ -80,3 +80,13 @@ def error_from_code(
     elif status == 504:
         cls = Timeout
     return cls(message, status=status, reason=reason, body=body)
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed write may still have been applied: a timeout, no answer, or a 5xx.
+
+    A 409, 404 or other 4xx is a definite refusal by the API server: nothing was written.
+    """
+    if isinstance(exc, TimeoutError | Timeout):
+        return True
+    return isinstance(exc, KubeError) and (exc.status is None or exc.status >= 500)

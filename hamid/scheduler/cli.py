@@ -31,6 +31,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.refit import refit_route_factory
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, METHODS, parse_methods
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.cli")
@@ -38,7 +39,6 @@ log = get_logger("scheduler.cli")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _ZERO = re.compile(r"0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-REFIT_AUTH_METHODS = ("mtls", "token")
 LEADER_ELECT_MODES = ("follow", "campaign")
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component=scheduler"
 
@@ -90,7 +90,9 @@ class SchedulerOptions:
     kubeconfig: str | None = None
     device_plugin_namespace: str = "kube-system"
     device_plugin_service_account: str = "hami-device-plugin"
-    refit_auth: tuple[str, ...] = REFIT_AUTH_METHODS
+    refit_auth: tuple[str, ...] = METHODS
+    #: Audience TokenReview checks refit tokens against ("" = the API server's default audience).
+    refit_token_audience: str = DEFAULT_TOKEN_AUDIENCE
 
 
 #: Builds a route registrar for the cluster app from the running scheduler (e.g. ``POST /refit``).
@@ -256,7 +258,18 @@ def _load_device_config(path: str | None) -> DeviceConfig:
     "(pod annotation hami.io/gpu-scheduler-policy overrides).",
 )
 @option("--device-config-file", default=None, help="HAMi device-config YAML (its nvidia: section).")
-@option("--node-lock-timeout", default="5m", help="Age after which a node lock (hami.io/mutex.lock) expires.")
+@option(
+    "--node-lock-timeout",
+    default="5m",
+    help="Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "
+    "unallocated keeps it longer (see --node-lock-max-hold).",
+)
+@option(
+    "--node-lock-max-hold",
+    default="30m",
+    help="Hard cap on how long a pod still Pending and unallocated keeps a node lock past "
+    "--node-lock-timeout; after it the lock is taken over with a warning. At least --node-lock-timeout.",
+)
 @option("--bind-wait", default="25s", help="How long a bind waits for a contended node lock before failing.")
 @option(
     "--reconcile-interval",
@@ -322,18 +335,33 @@ def _load_device_config(path: str | None) -> DeviceConfig:
     default="mtls,token",
     help="Accepted /refit caller authentication: comma list of mtls, token.",
 )
+@option(
+    "--refit-token-audience",
+    default=DEFAULT_TOKEN_AUDIENCE,
+    help="Audience a /refit bearer token must be issued for (TokenReview spec.audiences); the "
+    "plugin sends a projected token with this audience, so its API-server token is never sent. "
+    "Empty: the API server's default audience.",
+)
 def scheduler_command(**kw: str | bool | None) -> None:
     """Run the scheduler extender, the mutating webhook and the metrics endpoint."""
     try:
-        refit_auth = tuple(m.strip() for m in str(kw["refit_auth"] or "").split(",") if m.strip())
-        unknown = [m for m in refit_auth if m not in REFIT_AUTH_METHODS]
-        if unknown:
-            raise click.BadParameter(f"unknown method(s) {', '.join(unknown)}", param_hint="--refit-auth")
+        refit_auth = parse_methods(str(kw["refit_auth"] or ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--refit-auth") from exc
+    try:
+        lock_timeout = parse_duration(str(kw["node_lock_timeout"]))
+        lock_max_hold = parse_duration(str(kw["node_lock_max_hold"]))
+        if lock_max_hold < lock_timeout:
+            raise click.BadParameter(
+                f"{kw['node_lock_max_hold']} is shorter than --node-lock-timeout {kw['node_lock_timeout']}",
+                param_hint="--node-lock-max-hold",
+            )
         settings = SchedulerSettings(
             scheduler_name=str(kw["scheduler_name"]),
             node_policy=str(kw["node_scheduler_policy"]),
             gpu_policy=str(kw["gpu_scheduler_policy"]),
-            node_lock_timeout=parse_duration(str(kw["node_lock_timeout"])),
+            node_lock_timeout=lock_timeout,
+            node_lock_max_hold=lock_max_hold,
             bind_wait_s=parse_duration(str(kw["bind_wait"])).total_seconds(),
             reconcile_interval_s=parse_interval(str(kw["reconcile_interval"])),
             gc_freeze=True,
@@ -364,6 +392,7 @@ def scheduler_command(**kw: str | bool | None) -> None:
         device_plugin_namespace=str(kw["device_plugin_namespace"]),
         device_plugin_service_account=str(kw["device_plugin_service_account"]),
         refit_auth=refit_auth,
+        refit_token_audience=str(kw["refit_token_audience"] or ""),
     )
     try:
         asyncio.run(run_scheduler(options, extra_routes=[refit_route_factory]))

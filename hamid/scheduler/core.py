@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.policy import SPREAD
+from hamid.fit.policy import best_first
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
-from hamid.kube.errors import KubeError, NotFound
+from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.kube.events import EventRecorder, EventType
 from hamid.log import get_logger
 from hamid.model import annotations as ann
@@ -28,7 +28,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.nodelock import LockContention, NodeLocker
+from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, LockContention, NodeLocker
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
@@ -45,6 +45,16 @@ log = get_logger("scheduler")
 
 #: How long a bind waits for a contended node lock (well inside kube-scheduler's 30 s httpTimeout).
 DEFAULT_BIND_WAIT_S = 25.0
+#: The whole budget of one /bind (lock wait and every API call): kube-scheduler's extender
+#: httpTimeout is 30 s; the rest is margin for the HTTP exchange itself.
+BIND_BUDGET_S = 27.0
+#: Part of the budget the lock wait leaves for the annotation patch, the Binding and an undo.
+_BIND_AFTER_LOCK_S = 8.0
+#: Part of the budget the forward calls leave for undoing a failed bind (pod read, lock release,
+#: bind-phase removal).
+_BIND_UNDO_S = 3.0
+#: The shortest timeout a bind's API call gets when its budget is nearly spent.
+_MIN_CALL_S = 0.5
 _MAX_FAILED_EVENTS = 5
 
 
@@ -56,6 +66,8 @@ class SchedulerSettings:
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
     node_lock_timeout: timedelta = timedelta(minutes=5)
+    #: Hard cap of a node lock held by a Pending, unallocated pod (``--node-lock-max-hold``).
+    node_lock_max_hold: timedelta = DEFAULT_MAX_HOLD
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
@@ -115,6 +127,7 @@ class Scheduler:
             pod_of=lambda ns, name: (self.pods.get(f"{ns}/{name}"), self.pods.synced),
             timeout=self.settings.node_lock_timeout,
             call_timeout=self.settings.api_timeout_s,
+            max_hold=self.settings.node_lock_max_hold,
         )
         #: Whether this replica decides; with ``term_synced`` managed by hamid.scheduler.ha.Leadership.
         self.leading: bool = True
@@ -267,7 +280,7 @@ class Scheduler:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
-        for group in _best_first(state.ranked(), spec.policy.node_policy == SPREAD, position, own):
+        for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries: list[NodeEntry] = []
             for name in group:
                 entry = nodes[name]
@@ -280,8 +293,6 @@ class Scheduler:
                         passed.append(entry)
                         continue
                 tries.append(entry)
-            if len(tries) > 1:
-                tries.sort(key=lambda e: position[e.name])
             for entry in tries:
                 result = self._fit(entry, spec, quota, previous)
                 if isinstance(result, Fitted):
@@ -388,17 +399,28 @@ class Scheduler:
     # -- bind -------------------------------------------------------------------------------------
 
     async def bind(self, args: BindArgs) -> str:
-        """The extender bind verb; returns the error message ("" on success)."""
+        """The extender bind verb; returns the error message ("" on success), never raises.
+
+        Everything fits in :data:`BIND_BUDGET_S` (inside kube-scheduler's 30 s httpTimeout).
+        """
         started = time.perf_counter()
         self.binding.add(args.pod_uid)
         try:
-            error = await self._bind(args)
+            error = await self._bind(args, asyncio.get_running_loop().time() + BIND_BUDGET_S)
+        except Exception as exc:  # an answer in-band, never a 500: kube-scheduler retries the pod
+            log.exception("bind_error", pod=f"{args.pod_namespace}/{args.pod_name}", node=args.node)
+            error = f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} failed: {exc!r}"
         finally:
             self.binding.discard(args.pod_uid)
         self.metrics.bind_seconds.labels("error" if error else "ok").observe(time.perf_counter() - started)
         return error
 
-    async def _bind(self, args: BindArgs) -> str:
+    def _call_timeout(self, deadline: float, keep: float = 0.0) -> float:
+        """An API call's timeout: the API timeout, shortened so ``keep`` s of the budget remain."""
+        remaining = deadline - asyncio.get_running_loop().time() - keep
+        return max(min(self.settings.api_timeout_s, remaining), _MIN_CALL_S)
+
+    async def _bind(self, args: BindArgs, deadline: float) -> str:
         key = f"{args.pod_namespace}/{args.pod_name}"
         reason = self.not_ready_reason()
         if reason:
@@ -407,7 +429,9 @@ class Scheduler:
         if pod is None:
             try:
                 pod = await self.kube.get_pod(
-                    args.pod_namespace, args.pod_name, timeout=self.settings.api_timeout_s
+                    args.pod_namespace,
+                    args.pod_name,
+                    timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S),
                 )
             except NotFound:
                 self.state.release(args.pod_uid)
@@ -427,10 +451,10 @@ class Scheduler:
                 message = f"pod {key} has no GPU reservation on node {args.node}; filter it again"
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
                 return message
+            loop = asyncio.get_running_loop()
+            wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
             try:
-                waited = await self.locker.acquire(
-                    args.node, args.pod_namespace, args.pod_name, self.settings.bind_wait_s
-                )
+                waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
             except (LockContention, KubeError) as exc:
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 return str(exc)
@@ -440,28 +464,63 @@ class Scheduler:
                 args.pod_namespace,
                 args.pod_name,
                 annotations={ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING, ann.BIND_TIME: str(int(time.time()))},
-                timeout=self.settings.api_timeout_s,
+                timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
             await self.kube.bind_pod(
                 args.pod_namespace,
                 args.pod_name,
                 args.pod_uid,
                 args.node,
-                timeout=self.settings.api_timeout_s,
+                timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
         except KubeError as exc:
-            if needs_lock:
-                await self.locker.release(args.node, args.pod_namespace, args.pod_name)
-            if isinstance(exc, NotFound):
-                self.state.release(args.pod_uid)
-            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
-            log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
-            return f"binding pod {key} to {args.node} failed: {exc}"
+            # A Binding that timed out may have landed; a 409 may be a retry of one that did.
+            if (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(args, deadline):
+                log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
+            else:
+                await self._undo_bind(args, needs_lock, exc, deadline)
+                self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+                log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
+                return f"binding pod {key} to {args.node} failed: {exc}"
         self.record(
             pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
         )
         log.info("bind_ok", pod=key, node=args.node)
         return ""
+
+    async def _bound_to(self, args: BindArgs, deadline: float) -> bool:
+        """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown)."""
+        try:
+            pod = await self.kube.get_pod(
+                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline)
+            )
+        except KubeError as exc:
+            log.warning(
+                "bind_outcome_unreadable", pod=f"{args.pod_namespace}/{args.pod_name}", error=str(exc)
+            )
+            return False
+        return pod_uid(pod) == args.pod_uid and (pod.get("spec") or {}).get("nodeName") == args.node
+
+    async def _undo_bind(self, args: BindArgs, needs_lock: bool, exc: KubeError, deadline: float) -> None:
+        """A failed bind leaves nothing behind: lock released, ``bind-phase``/``bind-time`` removed."""
+        if needs_lock:
+            await self.locker.release(args.node, args.pod_namespace, args.pod_name, deadline=deadline)
+        if isinstance(exc, NotFound):
+            self.state.release(args.pod_uid)
+            return
+        try:
+            await self.kube.patch_pod_metadata(
+                args.pod_namespace,
+                args.pod_name,
+                annotations={ann.BIND_PHASE: None, ann.BIND_TIME: None},
+                timeout=self._call_timeout(deadline),
+            )
+        except KubeError as undo_exc:
+            log.warning(
+                "bind_phase_cleanup_failed",
+                pod=f"{args.pod_namespace}/{args.pod_name}",
+                error=str(undo_exc),
+            )
 
     def _needs_lock(self, pod: JSON) -> bool:
         """HAMi takes the node lock only when a regular container requests the GPU count."""
@@ -489,42 +548,6 @@ class _Candidates:
     membership: int
     position: Mapping[str, int]
     unregistered: tuple[str, ...]
-
-
-def _best_first(
-    ranked: list[tuple[float, str]],
-    spread: bool,
-    position: Mapping[str, int],
-    own: tuple[float, str] | None,
-) -> Iterator[list[str]]:
-    """Candidates in groups of equal node score, best group first (spread: lowest score first).
-
-    ``ranked`` is the ascending ``(score, name)`` index; names not in ``position`` (not
-    candidates) are left out, ``own`` (score, name) is placed by its own score instead of its
-    indexed one. Within a group the caller orders by request position.
-    """
-    step = 1 if spread else -1
-    i = 0 if spread else len(ranked) - 1
-    end = len(ranked) if spread else -1
-    own_name = own[1] if own is not None else None
-    while i != end:
-        score = ranked[i][0]
-        group: list[str] = []
-        while i != end and ranked[i][0] == score:
-            name = ranked[i][1]
-            i += step
-            if name in position and name != own_name:
-                group.append(name)
-        if own is not None and (own[0] < score if spread else own[0] > score):
-            yield [own[1]]
-            own = None
-        elif own is not None and own[0] == score:
-            group.append(own[1])
-            own = None
-        if group:
-            yield group
-    if own is not None:
-        yield [own[1]]
 
 
 def _chosen(result: FilterResult) -> bool:

@@ -1,7 +1,9 @@
 """aiohttp apps of ``hamid scheduler``: extender, cluster (webhook, probes, extra routes), metrics.
 
-Request bodies over 1 MiB answer 413; malformed JSON or a body of the wrong shape answers 400
-with the reason; in both cases nothing changes.
+Request bodies over 1 MiB answer 413 and a body that is not JSON answers 400 with the reason.
+Extender arguments of the wrong shape are answered in-band like HAMi does (HTTP 200 with
+``Error``, e.g. ``extender args missing pod``); an AdmissionReview of the wrong shape answers
+400, a malformed pod inside a valid one is denied with the reason. Nothing changes in any case.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from prometheus_client.registry import Collector
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.extender_json import decode_bind_args, decode_filter_args
+from hamid.scheduler.extender_json import FilterResult, decode_bind_args, decode_filter_args
 from hamid.scheduler.metrics import CLUSTER_METRICS
 from hamid.scheduler.webhook import admission_response
 
@@ -51,7 +53,7 @@ async def _filter(request: web.Request) -> web.Response:
     try:
         args = decode_filter_args(await read_json(request))
     except InvalidInput as exc:
-        return bad_request(str(exc))
+        return web.json_response(FilterResult(error=str(exc)).to_json())
     result = await scheduler.filter(args)
     return web.json_response(result.to_json())
 
@@ -61,7 +63,7 @@ async def _bind(request: web.Request) -> web.Response:
     try:
         args = decode_bind_args(await read_json(request))
     except InvalidInput as exc:
-        return bad_request(str(exc))
+        return web.json_response({"Error": str(exc)})
     error = await scheduler.bind(args)
     return web.json_response({"Error": error} if error else {})
 

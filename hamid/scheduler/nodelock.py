@@ -1,10 +1,13 @@
 """HAMi's node lock (``hami.io/mutex.lock``), compatible with HAMi plugins, without its stalls.
 
 Value ``<RFC3339>,<namespace>,<pod>`` set with a resourceVersion precondition; re-entrant for the
-same pod; taken over when expired (``--node-lock-timeout``), when its holder is gone, finished,
-already allocated, or headed to another node. A holder that is still Pending and unallocated
-keeps the lock until expiry (upstream #3096: two pods swapped memory limits). Contention
-*waits* (bounded) for the holder to release, woken by node/pod cache events, instead of failing.
+same pod; taken over when its holder is gone, finished, already allocated, or headed to another
+node. A holder that is still Pending and unallocated keeps the lock even past its expiry
+(``--node-lock-timeout``): handing it over would let the next pod's Allocate be served the
+holder's devices (upstream #3096: two pods swapped memory limits). Only past the hard cap
+``--node-lock-max-hold`` is it taken from such a holder, with a warning, so a stuck pod cannot
+block a node for good. A legacy lock without an owner is taken once expired. Contention *waits*
+(bounded) for the holder to release, woken by node/pod cache events, instead of failing.
 Release is owner-checked (exact namespace and name, never a substring).
 """
 
@@ -28,6 +31,10 @@ log = get_logger("scheduler.nodelock")
 
 JSON = dict[str, Any]
 _RECHECK_S = 1.0
+#: ``--node-lock-max-hold``: how long a Pending, unallocated holder may keep a node lock at most.
+DEFAULT_MAX_HOLD = timedelta(minutes=30)
+#: The shortest timeout an API call of an acquisition or release gets near the end of its budget.
+_MIN_CALL_S = 0.5
 
 
 class LockContention(Exception):
@@ -58,6 +65,8 @@ class LockView:
     decision: Decision
     why: str
     holder: str = ""
+    #: Taken from a holder that may still need it (past ``--node-lock-max-hold``): log a warning.
+    forced: bool = False
 
 
 def holder_state(pod: JSON | None, node: str, known: bool = True) -> Holder:
@@ -86,8 +95,13 @@ def decide(
     now: datetime,
     timeout: timedelta,
     holder_of: Callable[[str, str], Holder],
+    max_hold: timedelta = DEFAULT_MAX_HOLD,
 ) -> LockView:
-    """Decide on a lock value for pod ``namespace/name`` (pure; ``holder_of(ns, name)`` classifies)."""
+    """Decide on a lock value for pod ``namespace/name`` (pure; ``holder_of(ns, name)`` classifies).
+
+    The holder's state comes before the lock's age: a Pending, unallocated (or unknown) holder
+    keeps it past ``timeout`` until ``max_hold``.
+    """
     if value is None:
         return LockView(Decision.TAKE, "unlocked")
     try:
@@ -97,13 +111,20 @@ def decide(
     holder = f"{lock.namespace}/{lock.name}" if lock.name is not None else "legacy"
     if lock.namespace == namespace and lock.name == name:
         return LockView(Decision.OWN, "held by this pod", holder)
-    if now - lock.time > timeout:
-        return LockView(Decision.TAKE, "expired", holder)
+    age = now - lock.time
     if lock.namespace is None or lock.name is None:
+        if age > timeout:
+            return LockView(Decision.TAKE, "expired", holder)
         return LockView(Decision.WAIT, "legacy lock without owner", holder)
     state = holder_of(lock.namespace, lock.name)
     if state in (Holder.ABSENT, Holder.DONE):
         return LockView(Decision.TAKE, f"holder {state.value}", holder)
+    if age > max_hold:
+        why = f"holder still {state.value} after {age}, past --node-lock-max-hold {max_hold}"
+        return LockView(Decision.TAKE, why, holder, forced=True)
+    if age > timeout:
+        why = f"holder {state.value}: kept past --node-lock-timeout until --node-lock-max-hold"
+        return LockView(Decision.WAIT, why, holder)
     return LockView(Decision.WAIT, f"holder {state.value}", holder)
 
 
@@ -118,12 +139,14 @@ class NodeLocker:
         pod_of: Callable[[str, str], tuple[JSON | None, bool]],
         timeout: timedelta,
         call_timeout: float = 5.0,
+        max_hold: timedelta = DEFAULT_MAX_HOLD,
     ) -> None:
         self.kube = kube
         self.state = state
         self._node_of = node_of
         self._pod_of = pod_of
         self.timeout = timeout
+        self.max_hold = max_hold
         self.call_timeout = call_timeout
 
     def _holder(self, node: str) -> Callable[[str, str], Holder]:
@@ -133,11 +156,19 @@ class NodeLocker:
 
         return classify
 
+    def _call_timeout(self, deadline: float | None) -> float:
+        """An API call's timeout: ``call_timeout``, shortened near ``deadline`` (loop time)."""
+        if deadline is None:
+            return self.call_timeout
+        remaining = deadline - asyncio.get_running_loop().time()
+        return max(min(self.call_timeout, remaining), _MIN_CALL_S)
+
     async def acquire(self, node: str, namespace: str, name: str, wait_s: float) -> float:
         """Take the lock of ``node`` for ``namespace/name``, waiting up to ``wait_s``; seconds waited.
 
         Raises :class:`LockContention` when still held by another pod after ``wait_s``,
-        :class:`KubeError` when the node cannot be read or patched.
+        :class:`KubeError` when the node cannot be read or patched. API calls are bounded so the
+        whole acquisition ends close to ``wait_s``.
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -147,11 +178,19 @@ class NodeLocker:
             async with self.state.node_lock(node):
                 obj = fresh or self._node_of(node)
                 if obj is None:
-                    obj = await self.kube.get_node(node, timeout=self.call_timeout)
+                    obj = await self.kube.get_node(node, timeout=self._call_timeout(deadline))
                 fresh = None
                 meta = obj.get("metadata") or {}
                 value = (meta.get("annotations") or {}).get(ann.NODE_LOCK)
-                view = decide(value, namespace, name, datetime.now(UTC), self.timeout, self._holder(node))
+                view = decide(
+                    value,
+                    namespace,
+                    name,
+                    datetime.now(UTC),
+                    self.timeout,
+                    self._holder(node),
+                    self.max_hold,
+                )
                 if view.decision is Decision.OWN:
                     return loop.time() - started
                 if view.decision is Decision.TAKE:
@@ -161,12 +200,23 @@ class NodeLocker:
                             node,
                             annotations={ann.NODE_LOCK: lock_value},
                             resource_version=str(meta.get("resourceVersion") or ""),
-                            timeout=self.call_timeout,
+                            timeout=self._call_timeout(deadline),
                         )
                     except Conflict:
-                        fresh = await self.kube.get_node(node, timeout=self.call_timeout)
+                        if loop.time() >= deadline:
+                            raise LockContention(
+                                f"node {node}: the lock kept changing for {wait_s:g}s: node lock contention"
+                            ) from None
+                        fresh = await self.kube.get_node(node, timeout=self._call_timeout(deadline))
                         continue
-                    if value is not None:
+                    if view.forced:
+                        log.warning(
+                            "node_lock_taken_from_pending_holder",
+                            node=node,
+                            why=view.why,
+                            previous=view.holder,
+                        )
+                    elif value is not None:
                         log.info("node_lock_taken_over", node=node, why=view.why, previous=view.holder)
                     return loop.time() - started
             remaining = deadline - loop.time()
@@ -177,12 +227,23 @@ class NodeLocker:
                 )
             await self.state.wait_change(node, min(remaining, _RECHECK_S))
 
-    async def release(self, node: str, namespace: str, name: str, attempts: int = 5) -> bool:
-        """Remove the lock if (and only if) ``namespace/name`` holds it; True when removed."""
+    async def release(
+        self, node: str, namespace: str, name: str, attempts: int = 5, deadline: float | None = None
+    ) -> bool:
+        """Remove the lock if (and only if) ``namespace/name`` holds it; True when removed.
+
+        Never raises for an API failure: it is logged and False returned (the lock then expires,
+        or its holder's next bind retry takes it again as its own). ``deadline`` (loop time)
+        shortens the API calls.
+        """
+        pod = f"{namespace}/{name}"
         for _ in range(attempts):
             try:
-                obj = await self.kube.get_node(node, timeout=self.call_timeout)
+                obj = await self.kube.get_node(node, timeout=self._call_timeout(deadline))
             except NotFound:
+                return False
+            except KubeError as exc:
+                log.warning("node_lock_release_failed", node=node, pod=pod, error=str(exc))
                 return False
             meta = obj.get("metadata") or {}
             value = (meta.get("annotations") or {}).get(ann.NODE_LOCK)
@@ -199,12 +260,12 @@ class NodeLocker:
                     node,
                     annotations={ann.NODE_LOCK: None},
                     resource_version=str(meta.get("resourceVersion") or ""),
-                    timeout=self.call_timeout,
+                    timeout=self._call_timeout(deadline),
                 )
                 return True
             except Conflict:
                 continue
             except KubeError as exc:
-                log.warning("node_lock_release_failed", node=node, pod=f"{namespace}/{name}", error=str(exc))
+                log.warning("node_lock_release_failed", node=node, pod=pod, error=str(exc))
                 return False
         return False

@@ -150,6 +150,11 @@ def reconcile_state(
         if uid:
             listed[uid] = pod
             shadow.on_pod(pod)
+    # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
+    # newer than the patch's precondition decides it as well as an event would.
+    for uid in state.settle_holds(list_version):
+        if uid in listed:
+            state.resync_pod(listed[uid])
     report = ReconcileReport(list_version, pods=len(listed))
     live_uids = {res.uid for res in state.reservations()}
     want_uids = {res.uid for res in shadow.reservations()}

@@ -1,11 +1,12 @@
 """``POST /refit``: move one container's pending GPU reservation onto GPUs kubelet allows (NUMA refit).
 
 Wire-compatible with HAMi's ``RefitNumaAllocation`` (numa-refit-upstream §2-§4): refusals are
-in-band (HTTP 200, ``succeeded: false``), a missing body or undecodable JSON answers 400. The
+in-band (HTTP 200, ``succeeded: false``; malformed JSON too), a missing body answers 400. The
 algorithm re-runs the normal fit restricted to the allowed GPUs with the reservation's amounts
 (every policy kept, phase-aware capacity, quota on the positional layout), then commits with ONE
 merge patch of both allocation annotations (only the target container's entry changes, every other
-byte is kept) guarded by the pod's resourceVersion and a 2 s deadline.
+byte is kept) guarded by the pod's resourceVersion. One 2 s deadline from the request's arrival
+covers authentication, the cache wait, the node's lock and the patch.
 
 Better than upstream: the lock is the scheduler's *per-node* lock, and the reservation is moved
 tentatively before the patch is awaited (rolled back on failure), so a slow API server delays only
@@ -27,17 +28,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hamid.fit.fit import PodFitSpec, Unfit, fit_container_restricted, is_heterogeneous, pod_quota_usage
-from hamid.kube.errors import Conflict, KubeError, NotFound, Timeout
+from hamid.kube.cache import version_number
+from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import (
-    MSG_EMPTY_ALLOWED,
-    MSG_INCOMPLETE,
-    MSG_TOO_MANY_ALLOWED,
-    MSG_UNKNOWN_TYPE,
     RefitRequest,
     RefitResponse,
 )
@@ -56,9 +54,15 @@ log = get_logger("scheduler.refit")
 PATCH_TIMEOUT_S = 2.0
 #: How long a refit waits for the scheduler's caches to finish their first list.
 SYNC_WAIT_S = 2.0
+#: One deadline over a whole refit, from the request's arrival: authentication, cache wait, the
+#: node's lock and the patch all fit in it (the plugin gives up after its own 2 s); past it the
+#: refit is refused with nothing changed.
+REFIT_DEADLINE_S = 2.0
+#: Bound of the GET that learns whether a patch with an ambiguous outcome (timeout, 5xx) landed,
+#: and of the GET refreshing a cached pod older than the reservation.
+POD_READ_TIMEOUT_S = 2.0
 MSG_NO_BODY = "Please send a request body"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
-_VALIDATION_PREFIXES = (MSG_TOO_MANY_ALLOWED.split("{")[0], MSG_UNKNOWN_TYPE.split("{")[0])
 
 
 def _q(text: str) -> str:
@@ -129,11 +133,6 @@ def splice_entry(raw: str, index: int, entry: str, what: str) -> str:
     return ";".join(pieces)
 
 
-def _is_validation(message: str) -> bool:
-    """Whether a RefitRequest error is a stateless-validation refusal (200) rather than a decode error."""
-    return message in (MSG_INCOMPLETE, MSG_EMPTY_ALLOWED) or message.startswith(_VALIDATION_PREFIXES)
-
-
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     response: RefitResponse
@@ -151,12 +150,14 @@ class RefitService:
         *,
         patch_timeout: float = PATCH_TIMEOUT_S,
         sync_wait: float = SYNC_WAIT_S,
+        deadline: float = REFIT_DEADLINE_S,
         metrics: RefitMetrics | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.auth = authenticator
         self.patch_timeout = patch_timeout
         self.sync_wait = sync_wait
+        self.deadline = deadline
         self.metrics = metrics or RefitMetrics.of(scheduler.metrics.registry)
 
     def register(self, app: web.Application) -> None:
@@ -164,41 +165,66 @@ class RefitService:
         app.router.add_post("/refit", self.handle)
 
     async def handle(self, request: web.Request) -> web.Response:
-        """HTTP: 400 without a body or with undecodable JSON, otherwise 200 with the refit response."""
+        """HTTP as upstream: 400 without a body, 413 above 1 MiB, otherwise 200 with the response.
+
+        A body that is not JSON, or carries fields of the wrong type, is a refusal with the
+        decode error as ``failureReason`` (upstream ``TestNumaRefitRoute_DecodeError``).
+        """
+        deadline = asyncio.get_running_loop().time() + self.deadline
+        started = time.perf_counter()
         body = await request.read()  # the app's client_max_size (1 MiB) answers 413 above it
         if not body:
             return web.Response(status=400, text=MSG_NO_BODY)
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return web.Response(status=400, text=f"cannot decode refit request: {exc}")
-        started = time.perf_counter()
-        try:
-            refit = RefitRequest.from_json(data)
-        except InvalidInput as exc:
-            if not _is_validation(str(exc)):
-                return web.Response(status=400, text=f"cannot decode refit request: {exc}")
-            log.info("NUMA refit refused", reason=str(exc))
-            self.metrics.observe("refused", "invalid_request", time.perf_counter() - started)
-            return web.json_response(RefitResponse.failure(str(exc)).to_json())
-        result = await self.refit(refit, request)
+            refit = RefitRequest.from_json(json.loads(body))
+        except InvalidInput as exc:  # a field of the wrong type, or upstream's stateless checks
+            return self._refuse_request("invalid_request", str(exc), started)
+        except (ValueError, UnicodeDecodeError) as exc:  # not JSON at all
+            return self._refuse_request("decode_error", f"cannot decode refit request: {exc}", started)
+        result = await self.refit(refit, request, deadline)
         self.metrics.observe(result.outcome, result.reason, time.perf_counter() - started)
         return web.json_response(result.response.to_json())
 
-    async def refit(self, refit: RefitRequest, request: web.Request) -> _Outcome:
-        """Authenticate, then refit under the node's lock; every refusal is logged."""
+    def _late(self, stage: str) -> Refusal:
+        """The refusal of a refit whose deadline passed before ``stage``; nothing was changed."""
+        return Refusal(
+            "deadline", f"refit deadline of {self.deadline:g}s passed before {stage}; nothing changed"
+        )
+
+    def _refuse_request(self, code: str, reason: str, started: float) -> web.Response:
+        """The in-band refusal of a request that could not be read as a valid refit request."""
+        log.info("NUMA refit refused", reason=reason, code=code)
+        self.metrics.observe("refused", code, time.perf_counter() - started)
+        return web.json_response(RefitResponse.failure(reason).to_json())
+
+    async def refit(self, refit: RefitRequest, request: web.Request, deadline: float) -> _Outcome:
+        """Authenticate, then refit under the node's lock, all before ``deadline`` (loop time).
+
+        Every refusal is logged; past the deadline nothing is changed.
+        """
         pod_ref = f"{refit.pod_namespace}/{refit.pod_name}"
         with structlog.contextvars.bound_contextvars(
             pod=pod_ref, node=refit.node_name, container=refit.container_index
         ):
             try:
                 try:
-                    caller = await self.auth.authenticate(request, refit.node_name)
+                    async with asyncio.timeout_at(deadline):
+                        caller = await self.auth.authenticate(request, refit.node_name)
                 except AuthError as exc:
                     raise Refusal("unauthenticated", f"caller authentication failed: {exc}") from None
-                await self._ready()
-                async with self.scheduler.state.node_lock(refit.node_name):
-                    response, outcome = await self._refit_locked(refit)
+                except TimeoutError:
+                    raise self._late("caller authentication") from None
+                await self._ready(deadline)
+                lock = self.scheduler.state.node_lock(refit.node_name)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await lock.acquire()
+                except TimeoutError:
+                    raise self._late(f"node {refit.node_name} was free for a refit") from None
+                try:
+                    response, outcome = await self._refit_locked(refit, deadline)
+                finally:
+                    lock.release()
             except Refusal as refusal:
                 log.info("NUMA refit refused", reason=refusal.message, code=refusal.code)
                 if refusal.identified:
@@ -207,11 +233,12 @@ class RefitService:
             log.debug("refit caller", caller=caller.identity, method=caller.method)
             return _Outcome(response, outcome, "")
 
-    async def _ready(self) -> None:
+    async def _ready(self, deadline: float) -> None:
         scheduler = self.scheduler
         if not scheduler.synced:
+            wait_until = min(deadline, asyncio.get_running_loop().time() + self.sync_wait)
             try:
-                async with asyncio.timeout(self.sync_wait):
+                async with asyncio.timeout_at(wait_until):
                     await scheduler.pods.wait_synced()
                     await scheduler.nodes.wait_synced()
                     await scheduler.quotas.wait_synced()
@@ -252,10 +279,35 @@ class RefitService:
             )
         return pod, res
 
-    async def _refit_locked(self, refit: RefitRequest) -> tuple[RefitResponse, str]:
+    async def _fresh_pod(self, pod: JSON, res: Reservation, deadline: float) -> JSON:
+        """``pod`` (cached), or the API server's copy when the cache lags behind the reservation.
+
+        After a refit of another container the reservation is derived from the patch's answer
+        while the cache may not have the event yet: splicing its stale annotations would be
+        refused with a 409 (or, without a precondition, undo the first refit).
+        """
+        cached = version_number(str((pod.get("metadata") or {}).get("resourceVersion") or ""))
+        wanted = version_number(res.version)
+        if cached is None or wanted is None or cached >= wanted:
+            return pod
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._late("reading the pod")
+        try:
+            fresh = await self.scheduler.kube.get_pod(
+                res.namespace, res.name, timeout=min(POD_READ_TIMEOUT_S, remaining)
+            )
+        except KubeError as exc:
+            raise Refusal("pod_unreadable", f"cannot read pod {res.key}: {exc}", identified=True) from None
+        if str((fresh.get("metadata") or {}).get("uid") or "") != res.uid:
+            raise Refusal("unknown_pod", f"pod {res.uid} is not tracked by the scheduler")
+        return fresh
+
+    async def _refit_locked(self, refit: RefitRequest, deadline: float) -> tuple[RefitResponse, str]:
         """Steps 3-15 of upstream's algorithm; the caller holds the node's lock."""
         state = self.scheduler.state
         pod, res = self._identify(refit)
+        pod = await self._fresh_pod(pod, res, deadline)
         index = refit.container_index
 
         def refuse(code: str, message: str) -> Refusal:
@@ -356,7 +408,7 @@ class RefitService:
             new_allocated = splice_entry(allocated_raw, index, encoded, "allocated")
         except InvalidInput as exc:
             raise refuse("bad_annotation", str(exc)) from None
-        patched = await self._commit(pod, res.uid, result.layout, new_pending, new_allocated)
+        patched = await self._commit(pod, res.uid, result.layout, new_pending, new_allocated, deadline)
         if state.reservation(res.uid) is None:
             log.info("pod left the scheduler cache during NUMA refit; annotations remain authoritative")
         else:
@@ -367,65 +419,102 @@ class RefitService:
         return RefitResponse.success(result.devices), "moved"
 
     async def _commit(
-        self, pod: JSON, uid: str, layout: PodDevices, new_pending: str, new_allocated: str
+        self,
+        pod: JSON,
+        uid: str,
+        layout: PodDevices,
+        new_pending: str,
+        new_allocated: str,
+        deadline: float,
     ) -> JSON:
-        """Move the reservation tentatively, then ONE resourceVersion-guarded patch; undo on failure.
+        """Move the reservation tentatively, then ONE resourceVersion-guarded patch.
 
-        Raises :class:`Refusal` when the patch fails (conflict, timeout, pod gone): nothing changed.
+        Until the patch is decided the pod books BOTH its old and its new GPUs (a state hold):
+        a filter running meanwhile can take neither, so a rollback never over-commits the old
+        GPUs; likewise its namespace quota counts the larger of its old and new usage. A
+        definite refusal (409, 404, other 4xx) rolls back at once. An ambiguous failure
+        (timeout, no answer, 5xx) may have been applied: one bounded GET decides, and when it
+        cannot, the pod's next event does (see :meth:`SchedulerState.settle_on_event`) — the
+        accounting follows what the API server holds. Either failure is a :class:`Refusal`.
         """
         meta = pod.get("metadata") or {}
+        precondition = str(meta.get("resourceVersion") or "")
         state = self.scheduler.state
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._late("patching the pod")
         res = state.reservation(uid)
-        held = dict(res.applied) if res is not None else {}
-        entry = state.nodes.get(res.node) if res is not None else None
-        release_quota = _noop_release
-        if res is not None and res.blocked is None:
+        if res is None:
+            raise Refusal("unknown_pod", f"pod {uid} is not tracked by the scheduler", identified=True)
+        if res.blocked is None:
             old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
             new_mem, new_cores = pod_quota_usage(layout, res.kinds, res.init_released)
-            # The namespace keeps the larger of the old and new usage per field (below).
-            release_quota = state.hold_quota(
-                res.namespace, max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
-            )
+            mem, cores = max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
+        else:
+            mem = cores = 0
+        hold = state.hold(uid, res.node, res.applied, res.namespace, mem, cores)
         undo = state.move(uid, layout, new_allocated)
-        # Until the patch is decided the pod books BOTH its old and its new GPUs: a filter running
-        # meanwhile can take neither, so a rollback can never over-commit the old GPUs; likewise
-        # its namespace quota counts the larger of its old and new usage, so a refit that lowers
-        # the usage frees no headroom a rollback would need.
-        if entry is not None:
-            entry.usage.add(held)
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        timeout = min(self.patch_timeout, remaining)
         try:
-            async with asyncio.timeout(self.patch_timeout):
-                return await self.scheduler.kube.patch_pod_metadata(
-                    str(meta.get("namespace") or ""),
-                    str(meta.get("name") or ""),
+            async with asyncio.timeout(timeout):
+                patched = await self.scheduler.kube.patch_pod_metadata(
+                    namespace,
+                    name,
                     annotations={ann.DEVICES_TO_ALLOCATE: new_pending, ann.DEVICES_ALLOCATED: new_allocated},
-                    resource_version=str(meta.get("resourceVersion") or ""),
-                    timeout=self.patch_timeout,
+                    resource_version=precondition,
+                    timeout=timeout,
                 )
         except (KubeError, TimeoutError) as exc:
-            undo()
-            code = (
-                "patch_conflict"
-                if isinstance(exc, Conflict)
-                else "patch_timeout"
-                if isinstance(exc, Timeout | TimeoutError)
-                else "pod_gone"
-                if isinstance(exc, NotFound)
-                else "patch_failed"
-            )
-            detail = str(exc) or f"no answer within {self.patch_timeout:g}s"
-            raise Refusal(code, f"cannot patch pod annotations: {detail}", identified=True) from None
+            detail = str(exc) or f"no answer within {timeout:g}s"
+            if not outcome_unknown(exc):
+                undo()
+                state.release_hold(hold)
+                code = (
+                    "patch_conflict"
+                    if isinstance(exc, Conflict)
+                    else "pod_gone"
+                    if isinstance(exc, NotFound)
+                    else "patch_failed"
+                )
+                raise Refusal(code, f"cannot patch pod annotations: {detail}", identified=True) from None
+            outcome = await self._decide(namespace, name, uid, precondition, new_allocated)
+            if outcome is None:
+                state.settle_on_event(hold, precondition)
+                log.warning("refit_patch_outcome_unknown", held=sorted(hold.amounts))
+                what = "its outcome is unknown; both GPU sets stay booked until the pod's next update"
+            else:
+                if not outcome:
+                    undo()
+                state.release_hold(hold)
+                what = "it was applied" if outcome else "it was not applied"
+            raise Refusal(
+                "patch_timeout", f"cannot patch pod annotations: {detail} ({what})", identified=True
+            ) from None
         except BaseException:
             undo()
+            state.release_hold(hold)
             raise
-        finally:
-            release_quota()
-            if entry is not None and state.nodes.get(entry.name) is entry:
-                entry.usage.remove(held)
+        state.release_hold(hold)
+        return patched
 
-
-def _noop_release() -> None:
-    """No quota held: nothing to release."""
+    async def _decide(
+        self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str
+    ) -> bool | None:
+        """Whether an ambiguous patch landed, from one bounded GET (None: the GET failed too)."""
+        try:
+            current = await self.scheduler.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
+        except NotFound:
+            return False
+        except KubeError as exc:
+            log.warning("refit_patch_outcome_unreadable", error=str(exc))
+            return None
+        meta = current.get("metadata") or {}
+        if str(meta.get("uid") or "") != uid:
+            return False
+        if str(meta.get("resourceVersion") or "") == precondition:
+            return False
+        return (meta.get("annotations") or {}).get(ann.DEVICES_ALLOCATED) == new_allocated
 
 
 def refit_routes(
@@ -434,9 +523,12 @@ def refit_routes(
     *,
     patch_timeout: float = PATCH_TIMEOUT_S,
     sync_wait: float = SYNC_WAIT_S,
+    deadline: float = REFIT_DEADLINE_S,
 ) -> RouteRegistrar:
     """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
-    service = RefitService(scheduler, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait)
+    service = RefitService(
+        scheduler, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait, deadline=deadline
+    )
     return service.register
 
 
@@ -448,6 +540,7 @@ def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) 
         verifies_client_certs=bool(options.client_ca_file and options.tls_cert_file and options.tls_key_file),
         device_plugin_namespace=options.device_plugin_namespace,
         device_plugin_service_account=options.device_plugin_service_account,
+        token_audience=options.refit_token_audience,
     )
 
 

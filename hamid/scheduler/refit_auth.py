@@ -4,7 +4,8 @@ A caller is accepted only when it proves a node identity equal to the request's 
 
 * ``mtls``: a client certificate verified against ``--client-ca-file`` during the TLS handshake
   whose subject CN is ``system:node:<node>`` (Kubernetes' node identity convention) or ``<node>``;
-* ``token``: ``Authorization: Bearer <token>`` (TLS only), checked with a TokenReview: the user is
+* ``token``: ``Authorization: Bearer <token>`` (TLS only), checked with a TokenReview for the
+  audience ``--refit-token-audience`` (default ``hamid-refit``; the review must list it): the user is
   ``system:serviceaccount:<device-plugin-namespace>:<device-plugin-service-account>``, the token is
   bound to a pod (``authentication.kubernetes.io/pod-name``/``pod-uid``), that pod still exists in
   the device-plugin namespace with that UID and runs on ``<node>`` (upstream #2882's checks and
@@ -37,9 +38,11 @@ TOKEN = "token"
 METHODS = (MTLS, TOKEN)
 #: Kubernetes' node identity prefix in certificate subjects (``system:node:<nodeName>``).
 NODE_CN_PREFIX = "system:node:"
-#: TokenReview ``status.user.extra`` keys of a token bound to a pod.
 #: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
 AUTH_TIMEOUT_S = 2.0
+#: ``--refit-token-audience``: the audience of the token the plugin sends to ``/refit``. A token
+#: for this audience only is useless against the API server (unlike the pod's default token).
+DEFAULT_TOKEN_AUDIENCE = "hamid-refit"
 _BEARER = "Bearer "
 
 
@@ -116,6 +119,7 @@ class RefitAuthenticator:
         verifies_client_certs: bool = False,
         device_plugin_namespace: str = "",
         device_plugin_service_account: str = "",
+        token_audience: str = DEFAULT_TOKEN_AUDIENCE,
         timeout: float = AUTH_TIMEOUT_S,
     ) -> None:
         wanted = parse_methods(methods)
@@ -136,6 +140,7 @@ class RefitAuthenticator:
         self.methods: tuple[str, ...] = tuple(usable)
         self.kube = kube
         self.timeout = timeout
+        self.audience = token_audience
         self.namespace = device_plugin_namespace
         self.service_account = device_plugin_service_account
         self.username = f"system:serviceaccount:{device_plugin_namespace}:{device_plugin_service_account}"
@@ -185,13 +190,16 @@ class RefitAuthenticator:
             raise AuthError(f"caller authentication did not finish within {self.timeout:g}s") from None
 
     async def _check_token(self, kube: KubeClient, token: str, node_name: str) -> Caller:
+        audiences = [self.audience] if self.audience else None
         try:
-            review = await kube.create_token_review(token, timeout=self.timeout)
+            review = await kube.create_token_review(token, audiences, timeout=self.timeout)
         except KubeError as exc:
             raise AuthError(f"token is not authenticated: TokenReview failed: {exc}") from exc
         status = review.get("status") or {}
         if not status.get("authenticated"):
             raise AuthError(f"token is not authenticated: {status.get('error') or 'rejected'}")
+        if self.audience and self.audience not in (status.get("audiences") or ()):
+            raise AuthError(f"token is not authenticated: not issued for audience {self.audience!r}")
         user = status.get("user") or {}
         username = str(user.get("username") or "")
         if username != self.username:

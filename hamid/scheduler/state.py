@@ -32,6 +32,7 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
 )
+from hamid.kube.cache import newer_than
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import DeviceInfo, PodDevices
@@ -148,6 +149,26 @@ class Reservation:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(slots=True, eq=False)
+class Hold:
+    """Usage booked for pod ``uid`` beyond its reservation while a write about it is undecided.
+
+    A refit books the pod's old GPUs (``amounts`` on ``node``) and the larger of its old and new
+    quota usage (``mem``/``cores`` more on ``namespace``) until its patch is decided. ``after``
+    is None while the refit decides itself; once set, the first pod event newer than that
+    resourceVersion (or the pod's delete, or a reconcile list newer than it) decides instead.
+    """
+
+    uid: str
+    node: str
+    amounts: dict[str, DeviceAmount]
+    namespace: str
+    mem: int
+    cores: int
+    after: str | None = None
+    applied: dict[str, DeviceAmount] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class NodeEntry:
     """One registered node: its devices with live usage and the health signals."""
@@ -237,6 +258,7 @@ class SchedulerState:
         self._quota_objects: dict[str, dict[str, tuple[int | None, int | None]]] = {}
         self._quota_used: dict[str, list[int]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._holds: dict[str, list[Hold]] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.undecodable: list[tuple[JSON, str]] = []
         self.handshake_wanted: set[str] = set()
@@ -256,9 +278,11 @@ class SchedulerState:
         return lock
 
     def node_busy(self, node: str) -> bool:
-        """Whether the node's lock is held now (a refit or a node-lock acquisition is in flight)."""
+        """Whether a refit or node-lock acquisition holds the node's lock, or a hold is booked on it."""
         lock = self._locks.get(node)
-        return lock is not None and lock.locked()
+        if lock is not None and lock.locked():
+            return True
+        return any(h.node == node for holds in self._holds.values() for h in holds)
 
     def notify(self, node: str) -> None:
         """Wake every :meth:`wait_change` waiter of ``node``."""
@@ -334,6 +358,7 @@ class SchedulerState:
         self.nodes[name] = new_entry
         for uid in self._by_node.get(name, ()):
             self._apply(self._reservations[uid], new_entry)
+        self._apply_holds(new_entry)
         self.notify(name)
 
     def _fresh_usage(
@@ -358,6 +383,7 @@ class SchedulerState:
         entry.usage = self._fresh_usage(name, entry.infos, old.pair_scores, old.cordoned)
         for uid in self._by_node.get(name, ()):
             self._apply(self._reservations[uid], entry)
+        self._apply_holds(entry)
         self.notify(name)
 
     def blank_copy(self) -> SchedulerState:
@@ -387,10 +413,16 @@ class SchedulerState:
             return 0
 
     def on_node_deleted(self, node: JSON) -> None:
-        """Forget a deleted node's inventory (its pods' reservations stay until they go)."""
+        """Forget a deleted node's inventory (its pods' reservations stay until they go).
+
+        Its in-process lock is dropped too unless held (a later use creates a fresh one).
+        """
         name = str((node.get("metadata") or {}).get("name") or "")
         self._drop_node(name)
         self.handshake_wanted.discard(name)
+        lock = self._locks.get(name)
+        if lock is not None and not lock.locked():
+            del self._locks[name]
         self.notify(name)
 
     def _drop_node(self, name: str) -> None:
@@ -399,6 +431,10 @@ class SchedulerState:
         self._index.touch(name)
         for uid in self._by_node.get(name, ()):
             self._reservations[uid].applied = {}
+        for holds in self._holds.values():
+            for h in holds:
+                if h.node == name:
+                    h.applied = {}
 
     def _handshake(self, value: str | None) -> tuple[float | None, bool]:
         """(time of a valid ``Requesting_<t>`` stamp or None, whether to write a fresh one).
@@ -436,11 +472,6 @@ class SchedulerState:
     def reservations(self) -> Iterator[Reservation]:
         """Every reservation (snapshot iterator)."""
         return iter(list(self._reservations.values()))
-
-    def node_snapshot(self, node: str) -> NodeUsage | None:
-        """An independent copy of a node's current usage (None when unregistered)."""
-        entry = self.nodes.get(node)
-        return entry.usage.copy() if entry is not None else None
 
     def reserve(self, pod: JSON, node: str, layout: PodDevices, raw: str) -> Undo:
         """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
@@ -611,19 +642,26 @@ class SchedulerState:
         node = annotations.get(ann.VGPU_NODE)
         phase = (pod.get("status") or {}).get("phase")
         current = self._reservations.get(uid)
+        version = str(meta.get("resourceVersion") or "")
+        if self._holds:
+            self._settle_hold(uid, version)
         if phase in _TERMINAL_PHASES:
             if current is not None:
                 self._remove(uid)
                 self.notify(current.node)
             return
         raw = annotations.get(ann.DEVICES_ALLOCATED)
+        if current is not None and current.pending and (node != current.node or raw != current.raw):
+            # The filter's patch is in flight: an event without its allocation (the pod's earlier
+            # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
+            # is about to claim and confirm() would then confirm the old one (over-commit).
+            return
         if node is None or raw is None:
-            if current is not None and not current.pending:
+            if current is not None:
                 self._remove(uid)
                 self.notify(current.node)
             return
         released = init_containers_succeeded(pod)
-        version = str(meta.get("resourceVersion") or "")
         if (
             current is not None
             and current.node == node
@@ -684,6 +722,8 @@ class SchedulerState:
         self._deleted[uid] = None
         while len(self._deleted) > _DELETED_MEMORY:
             self._deleted.popitem(last=False)
+        for h in self.holds(uid):
+            self.release_hold(h)
         res = self._remove(uid)
         self._touched.pop(uid, None)
         node = (res.node if res else None) or ((pod.get("metadata") or {}).get("annotations") or {}).get(
@@ -735,24 +775,74 @@ class SchedulerState:
         used = self._quota_used.get(namespace)
         return (used[0], used[1]) if used else (0, 0)
 
-    def hold_quota(self, namespace: str, mem: int, cores: int) -> Undo:
-        """Count ``mem`` MiB and ``cores`` % more against ``namespace`` until the undo runs (once).
+    # -- holds -------------------------------------------------------------------------------------
 
-        A refit holds the larger of the pod's old and new quota usage while its patch is in
-        flight, so a filter meanwhile cannot take headroom a rollback would need.
+    def hold(
+        self, uid: str, node: str, amounts: Mapping[str, DeviceAmount], namespace: str, mem: int, cores: int
+    ) -> Hold:
+        """Book ``amounts`` on ``node`` and ``mem`` MiB / ``cores`` % on ``namespace`` for pod ``uid``.
+
+        Released by :meth:`release_hold` (once), by :meth:`on_pod_deleted`, or — after
+        :meth:`settle_on_event` — by the first pod event newer than the given resourceVersion.
+        A refit holds the pod's old GPUs and the larger of its old and new quota usage while its
+        patch is undecided, so a filter meanwhile takes nothing a rollback would need.
         """
-        if mem == 0 and cores == 0:
-            return _noop
+        h = Hold(uid, node, dict(amounts), namespace, mem, cores)
+        self._holds.setdefault(uid, []).append(h)
+        entry = self.nodes.get(node)
+        if entry is not None:
+            self._apply_hold(h, entry)
         self._quota_shift(namespace, mem, cores)
-        done = False
+        return h
 
-        def undo() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self._quota_shift(namespace, -mem, -cores)
+    def release_hold(self, h: Hold) -> None:
+        """Give back what ``h`` books (a no-op when already released)."""
+        holds = self._holds.get(h.uid)
+        if holds is None or h not in holds:
+            return
+        holds.remove(h)
+        if not holds:
+            del self._holds[h.uid]
+        entry = self.nodes.get(h.node)
+        if entry is not None and h.applied:
+            entry.usage.remove(h.applied)
+        h.applied = {}
+        self._quota_shift(h.namespace, -h.mem, -h.cores)
+        self.notify(h.node)
 
-        return undo
+    def settle_on_event(self, h: Hold, after: str) -> None:
+        """Let the pod's first event newer than resourceVersion ``after`` release ``h``."""
+        h.after = after
+
+    def holds(self, uid: str) -> tuple[Hold, ...]:
+        """The holds booked for pod ``uid``."""
+        return tuple(self._holds.get(uid, ()))
+
+    def _settle_hold(self, uid: str, version: str) -> None:
+        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`)."""
+        for h in list(self._holds.get(uid, ())):
+            if h.after is not None and newer_than(version, h.after):
+                self.release_hold(h)
+
+    def settle_holds(self, list_version: str) -> list[str]:
+        """Release the event-settled holds a list at ``list_version`` decides; their pod UIDs."""
+        decided: list[str] = []
+        for uid, holds in list(self._holds.items()):
+            for h in list(holds):
+                if h.after is not None and newer_than(list_version, h.after):
+                    self.release_hold(h)
+                    decided.append(uid)
+        return decided
+
+    def _apply_holds(self, entry: NodeEntry) -> None:
+        for holds in self._holds.values():
+            for h in holds:
+                if h.node == entry.name:
+                    self._apply_hold(h, entry)
+
+    def _apply_hold(self, h: Hold, entry: NodeEntry) -> None:
+        h.applied = dict(h.amounts)
+        entry.usage.add(h.applied)
 
     def _quota_add(self, res: Reservation, sign: int) -> None:
         if res.blocked is not None:

@@ -1,7 +1,10 @@
 """Mutating admission webhook (HAMi ``pkg/scheduler/webhook.go`` rules, hami-wire §1.3 and §3.9).
 
 AdmissionReview ``admission.k8s.io/v1`` and ``v1beta1``: the answer echoes the request's
-``apiVersion``, ``kind`` and ``uid``; a mutation is a base64 JSONPatch.
+``apiVersion``, ``kind`` and ``uid``; a mutation is a base64 JSONPatch. A pod of the wrong shape
+(a list where an object belongs, limits that are not a map, a quantity that is not one) is denied
+with code 400 and the reason, checked by the model's own request parsing
+(:func:`hamid.model.resources.pod_requests`) so the webhook and the fit agree on what a pod asks.
 """
 
 from __future__ import annotations
@@ -15,8 +18,15 @@ from typing import Any
 
 from hamid.fit.fit import Quota
 from hamid.model import annotations as ann
+from hamid.model._wire import want_list, want_object
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, init_container_count, pod_requests, quantity_as_int
+from hamid.model.resources import (
+    ResourceConfig,
+    all_containers,
+    init_container_count,
+    pod_requests,
+    quantity_as_int,
+)
 
 JSON = dict[str, Any]
 ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -33,7 +43,32 @@ class Verdict:
     code: int = 200
 
 
+def check_pod_shape(pod: Mapping[str, Any], config: ResourceConfig) -> None:
+    """Raise :class:`InvalidInput` (with the reason) for a pod the rules below cannot read.
+
+    ``metadata``, its ``labels`` and ``annotations`` and ``spec`` must be objects; containers,
+    their resources and quantities are checked by :func:`~hamid.model.resources.pod_requests`
+    (the fit's own parsing), each container's ``env`` must be a list and ``securityContext``
+    an object.
+    """
+    meta = pod.get("metadata")
+    if meta is not None:
+        want_object(meta, "pod metadata")
+        for key in ("labels", "annotations"):
+            if meta.get(key) is not None:
+                want_object(meta[key], f"pod metadata.{key}")
+    want_object(pod.get("spec"), "pod spec")
+    pod_requests(pod, config)
+    for container in all_containers(pod):
+        where = f"container {container.get('name')!r}"
+        if container.get("env") is not None:
+            want_list(container["env"], f"{where} env")
+        if container.get("securityContext") is not None:
+            want_object(container["securityContext"], f"{where} securityContext")
+
+
 def _resource(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
+    """(present, value) of a resource in limits, else requests (shape checked by check_pod_shape)."""
     resources = container.get("resources") or {}
     for section in ("limits", "requests"):
         values = resources.get(section) or {}
@@ -121,6 +156,10 @@ def review_pod(
     namespace: str = "",
 ) -> Verdict:
     """Apply the webhook rules to a pod dict; the original is not modified."""
+    try:
+        check_pod_shape(pod, config)
+    except InvalidInput as exc:
+        return Verdict(False, message=f"malformed pod: {exc}", code=400)
     meta = pod.get("metadata") or {}
     if (meta.get("labels") or {}).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE:
         return Verdict(True)

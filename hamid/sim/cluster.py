@@ -52,6 +52,7 @@ from hamid.scheduler.cli import SchedulerOptions
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.http import cluster_app, extender_app, serve
 from hamid.scheduler.refit import refit_route_factory
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE
 from hamid.scheduler.state import Reservation
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver_patch import json_patch
@@ -359,6 +360,7 @@ class SimCluster:
             device_plugin_namespace=DEVICE_PLUGIN_NAMESPACE,
             device_plugin_service_account=DEVICE_PLUGIN_SERVICE_ACCOUNT,
             refit_auth=(self.options.refit_auth,),
+            refit_token_audience=DEFAULT_TOKEN_AUDIENCE,
         )
 
     async def _start_scheduler(self) -> None:
@@ -509,6 +511,7 @@ class SimCluster:
                 pod_uid=plugin_pod["metadata"]["uid"],
                 service_account=DEVICE_PLUGIN_SERVICE_ACCOUNT,
                 node_name=node.spec.name,
+                audiences=[DEFAULT_TOKEN_AUDIENCE],  # a projected token for /refit only
             )
             await asyncio.to_thread(token_file.write_text, token, "utf-8")
         client = RefitClient(

@@ -22,7 +22,7 @@ from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.http import cluster_app, extender_app, serve
 from hamid.scheduler.refit import refit_routes
-from hamid.scheduler.refit_auth import RefitAuthenticator
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator
 from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context, server_ssl_context
 from tests.fixtures.tls import TLSFiles
@@ -178,10 +178,20 @@ class Env:
             }
         )
 
-    def token_for(self, node: str, *, service_account: str = PLUGIN_SA) -> Path:
-        """A bound ServiceAccount token of the device-plugin pod on ``node``, written to a file."""
+    def token_for(
+        self,
+        node: str,
+        *,
+        service_account: str = PLUGIN_SA,
+        audiences: Sequence[str] | None = None,
+    ) -> Path:
+        """A bound ServiceAccount token of the device-plugin pod on ``node``, written to a file.
+
+        ``audiences``: what the token is valid for (None: any audience TokenReview asks for).
+        """
         pod = self.plugin_pod(node)
-        token = f"token-{node}-{service_account}"
+        scope = "".join(c if c.isalnum() else "-" for c in ",".join(audiences)) if audiences else "any"
+        token = f"token-{node}-{service_account}-{scope}"
         self.server.register_pod_token(
             token,
             namespace=PLUGIN_NS,
@@ -189,6 +199,7 @@ class Env:
             pod_uid=pod["metadata"]["uid"],
             service_account=service_account,
             node_name=node,
+            audiences=audiences,
         )
         path = self.tmp / f"{token}.txt"
         path.write_text(token + "\n")
@@ -268,6 +279,7 @@ async def refit_env(
     sync_wait: float = 2.0,
     start: bool = True,
     settings: SchedulerSettings | None = None,
+    token_audience: str = DEFAULT_TOKEN_AUDIENCE,
 ) -> AsyncIterator[Env]:
     """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit."""
     async with ApiServer() as server:
@@ -282,6 +294,7 @@ async def refit_env(
             verifies_client_certs=server_tls.verifies_clients,
             device_plugin_namespace=PLUGIN_NS,
             device_plugin_service_account=PLUGIN_SA,
+            token_audience=token_audience,
         )
         routes = refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
         runners: list[web.AppRunner] = []

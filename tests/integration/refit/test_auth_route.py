@@ -11,7 +11,7 @@ from hamid.model import annotations as ann
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamid.scheduler.http import cluster_app, serve
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
-from hamid.scheduler.refit_auth import RefitAuthenticator
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator
 from hamid.sim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
@@ -71,6 +71,26 @@ async def test_token_authentication(tls_files: TLSFiles, tmp_path: Path) -> None
         )
         assert env.annotations("p") == before
         assert (await env.token_client(env.token_for("n1")).refit(req))[0].uuid == "GPU-b"
+
+
+async def test_token_must_be_issued_for_the_refit_audience(tls_files: TLSFiles, tmp_path: Path) -> None:
+    """The pod's API-audience token (replayable against the API server) is not accepted."""
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        api_token = env.token_for("n1", audiences=["https://kubernetes.default.svc"])
+        reason = await reason_of(env.token_client(api_token), req)
+        assert "caller authentication failed: token is not authenticated" in reason
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
+        refit_token = env.token_for("n1", audiences=[DEFAULT_TOKEN_AUDIENCE])
+        assert (await env.token_client(refit_token).refit(req))[0].uuid == "GPU-b"
+
+
+async def test_empty_token_audience_uses_the_api_default(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, token_audience="") as env:
+        pod = await setup(env)
+        token = env.token_for("n1", audiences=["https://kubernetes.default.svc"])
+        assert (await env.token_client(token).refit(request(pod, "n1", 0, ["GPU-b"])))[0].uuid == "GPU-b"
 
 
 async def test_bound_uid_mismatch_is_refused(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -165,11 +185,18 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
     async with refit_env(tls_files, tmp_path) as env:
         pod = await setup(env)
         assert await env.post_raw(None) == (400, MSG_NO_BODY)
+        # upstream TestNumaRefitRoute_DecodeError: malformed JSON and wrong field types are
+        # in-band refusals carrying the decode error
         status, text = await env.post_raw(b"{not json")
-        assert status == 400 and text.startswith("cannot decode refit request")
+        assert status == 200
+        answer = json.loads(text)
+        assert answer["succeeded"] is False
+        assert answer["failureReason"].startswith("cannot decode refit request: ")
         body = request(pod, "n1", 0, ["GPU-b"]).to_json()
         status, text = await env.post_raw(json.dumps({**body, "containerIndex": "zero"}).encode())
-        assert status == 400 and "containerIndex" in text
+        assert status == 200
+        answer = json.loads(text)
+        assert answer["succeeded"] is False and "containerIndex" in answer["failureReason"]
         status, _ = await env.post_raw(b" " * (2 << 20))
         assert status == 413
         status, text = await env.post_raw(json.dumps({**body, "allowedDeviceUUIDs": []}).encode())
@@ -180,7 +207,10 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
         registry = env.scheduler.metrics.registry
         assert registry.get_sample_value("hamid_refit_total", {"outcome": "moved", "reason": ""}) == 1
         refused = {"outcome": "refused", "reason": "invalid_request"}
-        assert registry.get_sample_value("hamid_refit_total", refused) == 1
+        assert registry.get_sample_value("hamid_refit_total", refused) == 2
+        decode = {"outcome": "refused", "reason": "decode_error"}
+        assert registry.get_sample_value("hamid_refit_total", decode) == 1
+        assert env.annotations("p")[ann.DEVICES_ALLOCATED] == "GPU-b,NVIDIA,20000,0:;"
         assert registry.get_sample_value("hamid_refit_duration_seconds_count", {"outcome": "moved"}) == 1
 
 

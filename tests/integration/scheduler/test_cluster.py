@@ -54,11 +54,53 @@ async def test_body_limits_and_malformed_json() -> None:
                 assert resp.status == 400 and "malformed JSON" in await resp.text()
             async with env.session.post(base + path, data=b" " * (MAX_BODY_BYTES + 1)) as resp:
                 assert resp.status == 413
+        # extender args of the wrong shape are answered in-band, like HAMi (kube-scheduler reads Error)
         status, body = await env.post(env.extender, "/filter", {"NodeNames": ["a"]})
-        assert status == 400 and body["error"] == "extender args missing pod"
+        assert status == 200 and body["Error"] == "extender args missing pod"
+        status, body = await env.post(env.extender, "/filter", {"Pod": pod("a"), "NodeNames": "a"})
+        assert status == 200 and body["Error"] == "NodeNames must be a list of strings"
+        status, body = await env.post(env.extender, "/bind", {"PodName": "a"})
+        assert status == 200 and "PodNamespace" in body["Error"]
         status, body = await env.post(env.cluster, "/webhook", {"apiVersion": "admission.k8s.io/v1"})
         assert status == 400 and "request.uid" in body["error"]
         assert env.server.count("Pod") == 0
+
+
+def _malformed(**changes: object) -> dict:
+    """A GPU pod with parts of the wrong type (``spec``/``metadata`` keys replaced)."""
+    p = pod("a")
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        p[section][field] = value
+    return p
+
+
+@pytest.mark.parametrize(
+    ("obj", "reason"),
+    [
+        (_malformed(spec__containers=[{"name": "c", "resources": {"limits": "nvidia.com/gpu=1"}}]), "limits"),
+        (_malformed(spec__containers=["main"]), "containers[0]"),
+        (_malformed(spec__containers={"name": "main"}), "containers"),
+        (_malformed(spec__initContainers="init"), "initContainers"),
+        (_malformed(metadata__labels=["a"]), "labels"),
+        (_malformed(metadata__annotations="x"), "annotations"),
+        ({**pod("a"), "spec": ["x"]}, "spec"),
+        ({**pod("a"), "metadata": "x"}, "metadata"),
+        (
+            _malformed(spec__containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu": [1]}}}]),
+            "gpu",
+        ),
+    ],
+)
+async def test_webhook_denies_malformed_pods_with_a_reason(obj: dict, reason: str) -> None:
+    async with running_scheduler() as env:
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "r"}}
+        review["request"]["object"] = obj
+        status, body = await env.post(env.cluster, "/webhook", review)
+        assert status == 200, body
+        answer = body["response"]
+        assert answer["uid"] == "r" and answer["allowed"] is False
+        assert answer["status"]["code"] == 400 and reason in answer["status"]["message"]
 
 
 async def test_readyz_follows_sync_and_leadership() -> None:

@@ -88,6 +88,33 @@ async def test_server_reloads_rotated_certificate(tls_files: TLSFiles) -> None:
         await runner.cleanup()
 
 
+async def test_server_reloads_rotated_client_ca(tls_files: TLSFiles) -> None:
+    import aiohttp
+
+    client_ca = tls_files.directory / "clients.crt"
+    client_ca.write_bytes(tls_files.ca_file.read_bytes())
+    server = server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file, client_ca)
+    runner, port = await _serve(server.context)
+    try:
+        rotated = CertificateAuthority.create(tls_files.directory / "rotated", "rotated client CA")
+        pair = rotated.issue_client(tls_files.directory / "rotated", "system:node:n1")
+        ctx = client_ssl_context(tls_files.ca_file, cert_file=pair.cert_file, key_file=pair.key_file)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            with pytest.raises(aiohttp.ClientError):  # signed by a CA the server does not trust yet
+                async with session.get(f"https://localhost:{port}/whoami", ssl=ctx) as resp:
+                    await resp.read()
+            client_ca.write_bytes(rotated.cert_file.read_bytes())
+            assert await server.reload_if_changed()
+            async with session.get(f"https://localhost:{port}/whoami", ssl=ctx) as resp:
+                assert (await resp.json()) == {"cn": "system:node:n1"}
+            client_ca.write_text("garbage")  # a broken rotation keeps the last good CA
+            assert not await server.reload_if_changed()
+            async with session.get(f"https://localhost:{port}/whoami", ssl=ctx) as resp:
+                assert (await resp.json()) == {"cn": "system:node:n1"}
+    finally:
+        await runner.cleanup()
+
+
 async def test_broken_rotation_keeps_serving(tls_files: TLSFiles) -> None:
     server = server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file)
     runner, port = await _serve(server.context)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hamid.fit import GpuPolicy, PodPolicy, device_score, order_nodes, pick_node, request_memory, try_order
+from hamid.fit import GpuPolicy, PodPolicy, best_first, device_score, request_memory, try_order
 from hamid.model import annotations as ann
 from hamid.model.annotations import ScoringWeights
 from hamid.model.errors import InvalidInput
@@ -105,14 +105,30 @@ def test_score_primary_selects_across_numa():
     assert _order([0, 1, 1], [1.0, 8.0, 5.0], "spread")[0] == 0
 
 
+def _node_order(scored, node_policy, own=None, extra=()):
+    """Flattened best_first order of candidates ``scored`` (request order) on a score index."""
+    ranked = sorted([(score, name) for name, score in scored] + list(extra))
+    position = {name: i for i, (name, _) in enumerate(scored)}
+    return [name for group in best_first(ranked, node_policy, position, own) for name in group]
+
+
 def test_node_policy():
-    scored = [("a", 3.0), ("b", 7.0), ("c", 1.0), ("d", 7.0)]
-    assert pick_node(scored, "binpack") == "b"
-    assert pick_node(scored, "spread") == "c"
-    assert order_nodes(scored, "binpack") == ["b", "d", "a", "c"]
-    assert order_nodes(scored, "spread") == ["c", "a", "b", "d"]
-    with pytest.raises(ValueError):
-        pick_node([], "binpack")
+    # binpack takes the highest node score, spread the lowest; ties go to the earliest candidate
+    scored = [("d", 7.0), ("a", 3.0), ("b", 7.0), ("c", 1.0)]
+    assert _node_order(scored, "binpack") == ["d", "b", "a", "c"]
+    assert _node_order(scored, "spread") == ["c", "a", "d", "b"]
+    # names of the index that are not candidates are left out
+    assert _node_order(scored, "binpack", extra=[(9.0, "x")]) == ["d", "b", "a", "c"]
+    assert _node_order([], "binpack") == []
+
+
+def test_node_policy_places_own_node_by_its_own_score():
+    scored = [("a", 3.0), ("b", 7.0), ("c", 1.0)]
+    # "c" is indexed at 1.0, but the re-filtered pod sees its own booking there as free (5.0)
+    assert _node_order(scored, "binpack", own=(5.0, "c")) == ["b", "c", "a"]
+    assert _node_order(scored, "spread", own=(5.0, "c")) == ["a", "c", "b"]
+    assert _node_order(scored, "binpack", own=(7.0, "c")) == ["b", "c", "a"]
+    assert _node_order(scored, "binpack", own=(0.5, "c")) == ["b", "a", "c"]
 
 
 def test_pod_policy_from_annotations():

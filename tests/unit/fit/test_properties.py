@@ -156,7 +156,7 @@ def scored_devices(draw):
     st.sampled_from([(50, 101), (0, 1), (0, 101)]),
 )
 def test_fit_tries_devices_in_policy_order(devs, gpu_policy, numa_bind, weights, mem_pct):
-    """The fit's (inlined) device score and sort agree with device_score + try_order."""
+    """With room on every device, the fit picks the first device of device_score + try_order."""
     from hamid.fit import device_score, try_order
 
     policy = PodPolicy.from_annotations(

@@ -47,7 +47,10 @@ def test_holder_states(holder: Holder, expected: Decision) -> None:
 
 
 def test_expiry_and_legacy() -> None:
-    assert decide(lock(age=301), "ns", "p", NOW, TIMEOUT, always(Holder.PENDING)).decision is Decision.TAKE
+    for gone in (Holder.ABSENT, Holder.DONE):
+        assert decide(lock(age=301), "ns", "p", NOW, TIMEOUT, always(gone)).decision is Decision.TAKE
+    legacy_expired = ann.format_rfc3339(NOW - timedelta(seconds=301))
+    assert decide(legacy_expired, "ns", "p", NOW, TIMEOUT, always(Holder.UNKNOWN)).decision is Decision.TAKE
     legacy = ann.format_rfc3339(NOW - timedelta(seconds=30))
     assert decide(legacy, "ns", "p", NOW, TIMEOUT, always(Holder.ABSENT)).decision is Decision.WAIT
     old_legacy = "2026-07-03T15:35:10+08:00"  # HAMi's vector: 7:35:10Z, i.e. NOW → not expired
@@ -68,3 +71,16 @@ def test_holder_state_classification() -> None:
     deleting = pod("h")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert holder_state(deleting, "n1") is Holder.DONE
+
+
+@pytest.mark.parametrize("holder", [Holder.PENDING, Holder.UNKNOWN])
+def test_pending_holder_keeps_an_expired_lock_until_the_max_hold(holder: Holder) -> None:
+    """Upstream #3096: an expired lock never passes while its holder is Pending and unallocated."""
+    max_hold = timedelta(minutes=30)
+    view = decide(lock(age=301), "ns", "p", NOW, TIMEOUT, always(holder), max_hold)
+    assert view.decision is Decision.WAIT and "--node-lock-max-hold" in view.why and not view.forced
+    view = decide(lock(age=1799), "ns", "p", NOW, TIMEOUT, always(holder), max_hold)
+    assert view.decision is Decision.WAIT
+    view = decide(lock(age=1801), "ns", "p", NOW, TIMEOUT, always(holder), max_hold)
+    assert view.decision is Decision.TAKE and view.forced  # taken with a warning
+    assert decide(lock(age=1801), "ns", "p", NOW, TIMEOUT, always(Holder.DONE), max_hold).forced is False

@@ -219,18 +219,97 @@ def test_quota_headroom_excludes_pod() -> None:
     assert state.fit_quota("default") is None
 
 
-def test_hold_quota_counts_until_released_once() -> None:
+def test_hold_books_gpus_and_quota_until_released_once() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
-    release = state.hold_quota("default", 500, 5)
+    held = state.reservation("uid-a").applied
+    h = state.hold("uid-a", "n1", held, "default", 500, 5)
+    assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
     assert state.quota_used("default") == (1500, 15)
-    release()
-    release()  # a second call changes nothing
+    assert state.node_busy("n1")  # the reconcile leaves a node with a hold alone
+    state.on_node(node("n1", **{ann.NODE_SCORE: "{}"}))  # a rebuilt node keeps the hold booked
+    assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
+    state.release_hold(h)
+    state.release_hold(h)  # a second call changes nothing
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
     assert state.quota_used("default") == (1000, 10)
-    state.hold_quota("other", 0, 0)()
-    assert state.quota_used("other") == (0, 0)
-    hold = state.hold_quota("other", 300, 0)
+    assert not state.node_busy("n1")
+    other = state.hold("uid-b", "n1", {}, "other", 300, 0)
     assert state.quota_used("other") == (300, 0)
-    hold()
+    state.release_hold(other)
     assert "other" not in state._quota_used  # nothing left behind for an idle namespace
+
+
+def test_event_settled_hold_waits_for_a_newer_pod_event_or_delete() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
+    p["metadata"]["resourceVersion"] = "10"
+    state.on_pod(p)
+    h = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
+    state.settle_on_event(h, "10")
+    state.on_pod(copy.deepcopy(p))  # the same version decides nothing
+    assert state.holds("uid-a") == (h,)
+    newer = copy.deepcopy(p)
+    newer["metadata"]["resourceVersion"] = "11"
+    state.on_pod(newer)
+    assert state.holds("uid-a") == ()
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    h2 = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
+    state.settle_on_event(h2, "11")
+    assert state.settle_holds("11") == []  # a list no newer than the precondition decides nothing
+    assert state.settle_holds("12") == ["uid-a"]
+    h3 = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
+    state.on_pod_deleted(newer)
+    assert state.holds("uid-a") == () and h3.applied == {}
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+
+
+def test_stale_event_never_replaces_a_pending_filter_reservation() -> None:
+    """A re-filtered pod moves gpu0 -> gpu1; an event still carrying gpu0 arrives mid-patch."""
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
+    state.on_pod(p)
+    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    stale = copy.deepcopy(p)
+    stale["metadata"]["labels"] = {"touched": "yes"}
+    state.on_pod(stale)
+    res = state.reservation("uid-a")
+    assert res is not None and res.pending and res.raw == "n1-gpu1,NVIDIA,1000,10:;"
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
+    state.on_pod({**stale, "metadata": {**stale["metadata"], "annotations": {}}})  # nothing placed yet
+    assert state.reservation("uid-a").pending
+    state.confirm("uid-a")
+    assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+
+
+def test_terminal_phase_and_delete_still_release_a_pending_reservation() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    p = pod("a")
+    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    done = copy.deepcopy(p)
+    done["status"]["phase"] = "Failed"
+    state.on_pod(done)
+    assert state.reservation("uid-a") is None
+    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.on_pod_deleted(p)
+    assert state.reservation("uid-a") is None
+    assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
+
+
+async def test_deleted_node_drops_its_lock_unless_held() -> None:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    state.on_node(node("n2"))
+    state.node_lock("n1")
+    held = state.node_lock("n2")
+    async with held:
+        state.on_node_deleted(node("n1"))
+        state.on_node_deleted(node("n2"))
+        assert "n1" not in state._locks
+        assert state.node_lock("n2") is held  # a holder keeps using the same lock

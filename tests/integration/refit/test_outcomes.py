@@ -1,0 +1,133 @@
+"""``/refit`` when the API server is slow or ambiguous: one deadline, patch outcomes, a lagging cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from hamid.model import annotations as ann
+from tests.fixtures.tls import TLSFiles
+from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
+
+TA, AL = ann.DEVICES_TO_ALLOCATE, ann.DEVICES_ALLOCATED
+OLD, NEW = "GPU-a,NVIDIA,20000,30:;", "GPU-b,NVIDIA,20000,30:;"
+
+
+def used(env: Env) -> dict[str, tuple[int, int, int]]:
+    return env.scheduler.state.snapshot()["n1"]
+
+
+async def placed(env: Env, **kw: Any) -> dict[str, Any]:
+    env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+    return await env.place("p", "n1", ((d("GPU-a", 20000, 30),),), **kw)
+
+
+async def post(env: Env, pod: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """POST /refit (mTLS as node n1) and wait for the server's own answer, however late."""
+    body = json.dumps(request(pod, "n1", index, ["GPU-b"]).to_json()).encode()
+    status, text = await asyncio.wait_for(env.post_raw(body), 20)
+    assert status == 200, text
+    return json.loads(text)
+
+
+async def cache_at(env: Env, version: str) -> None:
+    await eventually(
+        lambda: (
+            (env.scheduler.pods.get("default/p") or {}).get("metadata", {}).get("resourceVersion") == version
+        )
+    )
+
+
+async def test_patch_that_timed_out_but_landed_keeps_the_new_booking(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=1.0) as env:
+        pod = await placed(env)
+        uid = pod["metadata"]["uid"]
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        answer = asyncio.create_task(post(env, pod))
+        await eventually(lambda: bool(env.scheduler.state.holds(uid)))  # the patch is in flight
+        # the API server applies the write, but its answer never reaches the scheduler
+        landed = env.server.patch("Pod", "default", "p", {"metadata": {"annotations": {TA: NEW, AL: NEW}}})
+        await cache_at(env, landed["metadata"]["resourceVersion"])
+        result = await answer
+        env.server.faults.remove(slow.id)
+        assert result["succeeded"] is False  # the plugin falls back; the accounting follows the API
+        assert "(it was applied)" in result["failureReason"]
+        res = env.scheduler.state.reservation(uid)
+        assert res is not None and res.raw == NEW
+        assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
+        assert env.scheduler.state.holds(uid) == ()
+
+
+async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        pod = await placed(env)
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        result = await post(env, pod)
+        env.server.faults.remove(slow.id)
+        assert result["succeeded"] is False and "(it was not applied)" in result["failureReason"]
+        assert env.annotations("p")[AL] == OLD
+        assert env.scheduler.state.reservation(pod["metadata"]["uid"]).raw == OLD  # type: ignore[union-attr]
+        assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+
+
+async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        env.quota("default", 100000)
+        pod = await placed(env)
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: env.scheduler.state.quota_used("default") == (20000, 30))
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
+        result = await post(env, pod)
+        env.server.faults.remove(slow.id)
+        assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+        # neither GPU can be given away while the API server's answer is unknown
+        assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+        assert env.scheduler.state.quota_used("default") == (20000, 30)
+        # the pod's next update decides: the patch did not land, the old booking stays
+        update = env.server.patch("Pod", "default", "p", {"metadata": {"labels": {"next": "update"}}})
+        await cache_at(env, update["metadata"]["resourceVersion"])
+        await eventually(lambda: not env.scheduler.state.holds(uid))
+        assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+        assert env.scheduler.state.reservation(uid).raw == OLD  # type: ignore[union-attr]
+        assert env.scheduler.state.quota_used("default") == (20000, 30)
+
+
+async def test_one_deadline_covers_the_node_lock_wait(tls_files: TLSFiles, tmp_path: Path) -> None:
+    """A refit that would commit after the plugin gave up (2 s) is refused with nothing changed."""
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await placed(env)
+        before, snapshot = env.annotations("p"), used(env)
+        patches = env.server.requests["patch pods"]
+        async with env.scheduler.state.node_lock("n1"):  # another refit of n1 that takes long
+            result = await post(env, pod)
+        assert result["succeeded"] is False and "deadline" in result["failureReason"]
+        assert env.annotations("p") == before and used(env) == snapshot
+        assert env.server.requests["patch pods"] == patches
+
+
+async def test_second_refit_reads_the_pod_when_the_cache_lags(tls_files: TLSFiles, tmp_path: Path) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        two = [container("c0", 1, 1000), container("c1", 1, 1000)]
+        layout = ((d("GPU-a", 1000),), (d("GPU-a", 1000),))
+        pod = await env.place("p", "n1", layout, containers=two)
+        # the pod watch drops and cannot come back for a while: the cache keeps the old pod
+        lagging = [
+            env.server.faults.add_latency(5.0, verb=verb, path_pattern="/pods") for verb in ("watch", "list")
+        ]
+        env.server.close_watches("Pod")
+        assert (await post(env, pod, 0))["succeeded"] is True
+        second = await post(env, pod, 1)
+        for rule in lagging:
+            env.server.faults.remove(rule.id)
+        assert second == {"succeeded": True, "containerDevices": "GPU-b,NVIDIA,1000,0:"}
+        both = "GPU-b,NVIDIA,1000,0:;GPU-b,NVIDIA,1000,0:;"
+        assert env.annotations("p")[AL] == env.annotations("p")[TA] == both
+        assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (2, 2000, 0)}

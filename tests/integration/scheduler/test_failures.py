@@ -1,0 +1,155 @@
+"""Failure paths of /filter and /bind against the embedded API server with injected faults."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.scheduler.core import SchedulerSettings
+from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
+from tests.unit.scheduler.helpers import container, pod
+
+AL = ann.DEVICES_ALLOCATED
+
+
+async def _cache_has(env: Env, name: str, version: str) -> None:
+    await wait_for(
+        lambda: (
+            (env.scheduler.pods.get(f"default/{name}") or {}).get("metadata", {}).get("resourceVersion")
+            == version
+        )
+    )
+
+
+def _events(env: Env, reason: str) -> list[dict]:
+    return [e for e in env.server.list("Event", "default") if e.get("reason") == reason]
+
+
+def _node_annotations(env: Env, name: str = "n1") -> dict[str, str]:
+    return env.server.get("Node", None, name)["metadata"].get("annotations") or {}
+
+
+async def test_stale_event_during_a_refilter_patch_never_over_commits() -> None:
+    """P moves gpu0 -> gpu1; an update still carrying gpu0 arrives while P's patch is in flight."""
+    async with running_scheduler() as env:
+        env.add_node("n1", gpus=2)
+        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        big = [container("main", 1, 6000, 10)]  # one per 8000 MiB GPU
+        p = await env.create_pod(pod("p", containers=big))
+        assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+        first = env.server.get("Pod", "default", "p")["metadata"]["annotations"][AL]
+        old_gpu = first.split(",")[0]
+        new_gpu = "n1-gpu1" if old_gpu == "n1-gpu0" else "n1-gpu0"
+        env.server.patch("Node", None, "n1", {"metadata": {"annotations": {ann.DEVICE_CORDON: old_gpu}}})
+        await wait_for(lambda: old_gpu in env.scheduler.state.nodes["n1"].usage.cordoned)
+        uid = p["metadata"]["uid"]
+        slow = env.server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/p$")
+        refilter = asyncio.create_task(env.filter(env.server.get("Pod", "default", "p"), ["n1"]))
+
+        def pending_on_new_gpu() -> bool:
+            res = env.scheduler.state.reservation(uid)
+            return res is not None and res.pending and new_gpu in res.raw
+
+        await wait_for(pending_on_new_gpu)
+        stale = env.server.patch("Pod", "default", "p", {"metadata": {"labels": {"touched": "yes"}}})
+        assert stale["metadata"]["annotations"][AL] == first  # the earlier allocation
+        await _cache_has(env, "p", stale["metadata"]["resourceVersion"])
+        q = await env.create_pod(pod("q", containers=big))
+        answer = await env.filter(q, ["n1"])
+        assert not answer.get("NodeNames"), answer  # gpu1 is P's: Q fits nowhere
+        assert (await asyncio.wait_for(refilter, 10))["NodeNames"] == ["n1"]
+        env.server.faults.remove(slow.id)
+        used = env.scheduler.state.snapshot()["n1"]
+        assert used[new_gpu] == (1, 6000, 10) and used[old_gpu] == (0, 0, 0)
+        assert env.server.get("Pod", "default", "p")["metadata"]["annotations"][AL].startswith(new_gpu)
+
+
+async def _filtered(env: Env, name: str = "a") -> dict:
+    env.add_node("n1")
+    await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+    p = await env.create_pod(pod(name))
+    assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+    return p
+
+
+async def test_bind_answers_in_band_when_the_lock_release_fails_too() -> None:
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        env.server.faults.fail_next(1, verb="create", path_pattern="/binding$", status=500)
+        env.server.faults.fail_next(1, verb="get", path_pattern="/nodes/n1$", status=503)
+        status, body = await env.post(
+            env.extender,
+            "/bind",
+            {"PodName": "a", "PodNamespace": "default", "PodUID": p["metadata"]["uid"], "Node": "n1"},
+        )
+        assert status == 200 and "binding pod default/a to n1 failed" in body["Error"]
+        await wait_for(lambda: bool(_events(env, R.EVENT_BINDING_FAILED)))
+        assert "nodeName" not in env.server.get("Pod", "default", "a")["spec"]
+        # the pod's retry owns the lock it could not release, and binds
+        assert await env.bind(p, "n1") == ""
+
+
+async def test_failed_binding_leaves_no_allocating_pod_nor_lock() -> None:
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        env.server.faults.fail_next(1, verb="create", path_pattern="/binding$", status=504)
+        error = await env.bind(p, "n1")
+        assert "failed" in error
+        annotations = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert ann.BIND_PHASE not in annotations and ann.BIND_TIME not in annotations
+        assert ann.NODE_LOCK not in _node_annotations(env)
+        assert env.scheduler.state.reservation(p["metadata"]["uid"]) is not None  # still filtered
+
+
+async def test_binding_that_timed_out_but_landed_is_a_success() -> None:
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        # the Binding lands but its answer is lost (a 504 from the API server's front)
+        await env.kube.bind_pod("default", "a", p["metadata"]["uid"], "n1")
+        env.server.faults.fail_next(1, verb="create", path_pattern="/binding$", status=504)
+        assert await env.bind(p, "n1") == ""
+        annotations = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        lock = ann.parse_node_lock(_node_annotations(env)[ann.NODE_LOCK])
+        assert (lock.namespace, lock.name) == ("default", "a")  # kept for the plugin's Allocate
+
+
+def _holder_lock(env: Env, age: timedelta) -> None:
+    """Node n1 locked ``age`` ago by pod ``holder``, still Pending and unallocated on n1."""
+    env.server.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            **pod(
+                "holder",
+                annotations={ann.VGPU_NODE: "n1", ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING},
+            ),
+        }
+    )
+    value = ann.format_node_lock(datetime.now().astimezone() - age, "default", "holder")
+    env.server.patch("Node", None, "n1", {"metadata": {"annotations": {ann.NODE_LOCK: value}}})
+
+
+@pytest.mark.parametrize(("age_min", "taken"), [(10, False), (40, True)])
+async def test_expired_lock_stays_with_a_pending_holder_until_the_max_hold(age_min: int, taken: bool) -> None:
+    settings = SchedulerSettings(
+        bind_wait_s=0.5, node_lock_timeout=timedelta(minutes=5), node_lock_max_hold=timedelta(minutes=30)
+    )
+    async with running_scheduler(settings) as env:
+        p = await _filtered(env)
+        _holder_lock(env, timedelta(minutes=age_min))
+        await wait_for(lambda: env.scheduler.pods.get("default/holder") is not None)
+        await wait_for(
+            lambda: ann.NODE_LOCK in (env.scheduler.nodes.get("n1") or {})["metadata"]["annotations"]
+        )
+        error = await env.bind(p, "n1")
+        lock = ann.parse_node_lock(_node_annotations(env)[ann.NODE_LOCK])
+        if taken:
+            assert error == "" and lock.name == "a"
+        else:
+            assert "node lock contention" in error and "--node-lock-max-hold" in error
+            assert lock.name == "holder"
