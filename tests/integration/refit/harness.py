@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from hamid.kube.client import KubeClient, connect
 from hamid.model import annotations as ann
@@ -20,12 +19,12 @@ from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice, DeviceI
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.core import Scheduler, SchedulerSettings
-from hamid.scheduler.http import cluster_app, extender_app, serve
 from hamid.scheduler.refit import refit_routes
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator
 from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context, server_ssl_context
 from tests.fixtures.tls import TLSFiles
+from tests.integration.scheduler.harness import serving
 
 PLUGIN_NS = "kube-system"
 PLUGIN_SA = "hami-device-plugin"
@@ -297,37 +296,17 @@ async def refit_env(
             token_audience=token_audience,
         )
         routes = refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
-        runners: list[web.AppRunner] = []
-        task: asyncio.Task[None] | None = None
-        try:
-            cl_runner, cl_port = await serve(
-                cluster_app(scheduler, [routes]), "127.0.0.1:0", server_tls.context
+        async with (
+            serving(scheduler, [routes], server_tls.context, start=start) as (ext_port, cl_port),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            yield Env(
+                server,
+                kube,
+                scheduler,
+                tls,
+                f"https://localhost:{cl_port}",
+                f"http://127.0.0.1:{ext_port}",
+                session,
+                tmp,
             )
-            ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
-            runners += [cl_runner, ext_runner]
-            if start:
-                task = asyncio.create_task(scheduler.run())
-                async with asyncio.timeout(10):
-                    await scheduler.pods.wait_synced()
-                    await scheduler.nodes.wait_synced()
-                    await scheduler.quotas.wait_synced()
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-                yield Env(
-                    server,
-                    kube,
-                    scheduler,
-                    tls,
-                    f"https://localhost:{cl_port}",
-                    f"http://127.0.0.1:{ext_port}",
-                    session,
-                    tmp,
-                )
-        finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for runner in runners:
-                await runner.cleanup()
-            await scheduler.close()
-            await kube.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from hamid.kube.client import KubeClient, connect
 from hamid.scheduler.core import Scheduler, SchedulerSettings
-from hamid.scheduler.http import cluster_app, extender_app, serve
+from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, serve
 from hamid.sim.apiserver import ApiServer
 from tests.unit.scheduler.helpers import node as node_dict
 
@@ -79,6 +80,41 @@ async def wait_for(predicate: Any, limit: float = 10.0) -> None:
 
 
 @contextlib.asynccontextmanager
+async def serving(
+    scheduler: Scheduler,
+    cluster_routes: Sequence[RouteRegistrar] = (),
+    cluster_ssl: ssl.SSLContext | None = None,
+    *,
+    start: bool = True,
+) -> AsyncIterator[tuple[int, int]]:
+    """Serve the scheduler's extender and cluster apps on loopback and run it (caches synced unless
+    ``start`` is False); yields ``(extender_port, cluster_port)``. Closes the scheduler and its client."""
+    runners: list[web.AppRunner] = []
+    task: asyncio.Task[None] | None = None
+    try:
+        ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
+        runners.append(ext_runner)
+        cl_runner, cl_port = await serve(cluster_app(scheduler, cluster_routes), "127.0.0.1:0", cluster_ssl)
+        runners.append(cl_runner)
+        if start:
+            task = asyncio.create_task(scheduler.run())
+            async with asyncio.timeout(10):
+                await scheduler.pods.wait_synced()
+                await scheduler.nodes.wait_synced()
+                await scheduler.quotas.wait_synced()
+        yield ext_port, cl_port
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for runner in runners:
+            await runner.cleanup()
+        await scheduler.close()
+        await scheduler.kube.close()
+
+
+@contextlib.asynccontextmanager
 async def running_scheduler(
     settings: SchedulerSettings | None = None, start: bool = True
 ) -> AsyncIterator[Env]:
@@ -86,32 +122,15 @@ async def running_scheduler(
     async with ApiServer() as server:
         kube = await connect(api_server=server.url, request_timeout=5.0)
         scheduler = Scheduler(kube, settings=settings or SchedulerSettings(bind_wait_s=20.0))
-        runners: list[web.AppRunner] = []
-        task: asyncio.Task[None] | None = None
-        try:
-            ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
-            cl_runner, cl_port = await serve(cluster_app(scheduler), "127.0.0.1:0")
-            runners += [ext_runner, cl_runner]
-            if start:
-                task = asyncio.create_task(scheduler.run())
-                await asyncio.wait_for(scheduler.pods.wait_synced(), 10)
-                await asyncio.wait_for(scheduler.nodes.wait_synced(), 10)
-                await asyncio.wait_for(scheduler.quotas.wait_synced(), 10)
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-                yield Env(
-                    server,
-                    kube,
-                    scheduler,
-                    session,
-                    f"http://127.0.0.1:{ext_port}",
-                    f"http://127.0.0.1:{cl_port}",
-                )
-        finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for runner in runners:
-                await runner.cleanup()
-            await scheduler.close()
-            await kube.close()
+        async with (
+            serving(scheduler, start=start) as (ext_port, cl_port),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            yield Env(
+                server,
+                kube,
+                scheduler,
+                session,
+                f"http://127.0.0.1:{ext_port}",
+                f"http://127.0.0.1:{cl_port}",
+            )
