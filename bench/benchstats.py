@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import resource
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -21,3 +23,8 @@ def peak_rss_mib(pid: int | None = None) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def print_figures(figures: Mapping[str, Any]) -> None:
+    """Print the figures as the script's last output line: one JSON object, floats rounded."""
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}), flush=True)

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import aiohttp
-from benchstats import peak_rss_mib, percentile
+from benchstats import peak_rss_mib, percentile, print_figures
 
 from hamid.fit.fit import PodFitSpec
 from hamid.kube.cache import trim_pod
@@ -358,7 +358,7 @@ def main() -> None:
         f"http: p50 {result['http_filter_p50_ms']:.2f} ms, p99 {result['http_filter_p99_ms']:.2f} ms, "
         f"{result['pods_per_s']:.0f} pods/s (API server in the same process)"
     )
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
+    print_figures(result)
 
 
 if __name__ == "__main__":

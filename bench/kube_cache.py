@@ -39,7 +39,7 @@ PAGE_SIZE = 500
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchstats import peak_rss_mib  # noqa: E402
+from benchstats import peak_rss_mib, print_figures  # noqa: E402
 
 from hamid.log import configure  # noqa: E402
 
@@ -338,7 +338,7 @@ def main() -> None:
         "model_rss_mib": round(model["rss_peak_mib"], 1),
         "model_cache_mib": round(model["cache_mib"], 1),
     }
-    print(json.dumps(summary))
+    print_figures(summary)
 
 
 if __name__ == "__main__":

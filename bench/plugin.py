@@ -21,7 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchstats import peak_rss_mib, percentile
+from benchstats import peak_rss_mib, percentile, print_figures
 from grpclib.client import Channel
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
@@ -171,4 +171,4 @@ async def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main())))
+    print_figures(asyncio.run(main()))

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchstats import percentile
+from benchstats import percentile, print_figures
 
 from hamid.log import configure
 
@@ -182,4 +181,4 @@ if __name__ == "__main__":
     print(
         f"  p50 {result['refit_p50_ms']} ms, p99 {result['refit_p99_ms']} ms over {result['refits']} refits"
     )
-    print(json.dumps(result))
+    print_figures(result)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from benchstats import peak_rss_mib
+from benchstats import peak_rss_mib, print_figures
 
 from hamid.log import configure
 
@@ -340,7 +339,7 @@ def main() -> None:
             hetero=args.hetero_nodes,
         )
     )
-    print(json.dumps(result))
+    print_figures(result)
     sys.exit(1 if result["violations"] else 0)
 
 
