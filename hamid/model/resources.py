@@ -267,8 +267,8 @@ def is_sidecar(container: Mapping[str, Any]) -> bool:
     return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
 
 
-def _lookup(container: Mapping[str, Any], name: str, where: str) -> tuple[bool, object]:
-    """Limits first, then requests (HAMi's order for every resource)."""
+def resource_value(container: Mapping[str, Any], name: str, where: str = "container") -> tuple[bool, object]:
+    """``(present, raw value)`` of resource ``name``: limits first, then requests (HAMi's order)."""
     resources_raw = container.get("resources")
     resources = {} if resources_raw is None else want_object(resources_raw, f"{where} resources")
     for section in ("limits", "requests"):
@@ -292,7 +292,7 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
     where = f"container {container.get('name')!r}" if isinstance(container, Mapping) else "container"
     if not isinstance(container, Mapping):
         raise InvalidInput(f"{where}: want an object, got {type_name(container)}")
-    found, raw = _lookup(container, config.resource_count_name, where)
+    found, raw = resource_value(container, config.resource_count_name, where)
     if not found:
         return None
     nums = quantity_as_int(raw, f"{where} {config.resource_count_name}")
@@ -301,7 +301,7 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
 
     factor = max(config.memory_factor, 1)
     memnum = 0
-    found, raw = _lookup(container, config.resource_memory_name, where)
+    found, raw = resource_value(container, config.resource_memory_name, where)
     if found:
         mem = quantity_as_int(raw, f"{where} {config.resource_memory_name}")
         if mem is None or not 0 <= mem <= INT32_MAX // factor:
@@ -309,7 +309,7 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
         memnum = mem * factor
 
     mempct = MEM_PERCENTAGE_UNSET
-    found, raw = _lookup(container, config.resource_memory_percentage_name, where)
+    found, raw = resource_value(container, config.resource_memory_percentage_name, where)
     if found:
         pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
         if pct is not None and pct > 0:
@@ -321,7 +321,7 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
             mempct = 100
 
     cores = config.default_cores
-    found, raw = _lookup(container, config.resource_core_name, where)
+    found, raw = resource_value(container, config.resource_core_name, where)
     if found:
         value = quantity_as_int(raw, f"{where} {config.resource_core_name}")
         if value is None or not 0 <= value <= INT32_MAX:

@@ -26,6 +26,7 @@ from hamid.model.resources import (
     init_container_count,
     pod_requests,
     quantity_as_int,
+    resource_value,
 )
 
 JSON = dict[str, Any]
@@ -67,16 +68,6 @@ def check_pod_shape(pod: Mapping[str, Any], config: ResourceConfig) -> None:
             want_object(container["securityContext"], f"{where} securityContext")
 
 
-def _resource(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
-    """(present, value) of a resource in limits, else requests (shape checked by check_pod_shape)."""
-    resources = container.get("resources") or {}
-    for section in ("limits", "requests"):
-        values = resources.get(section) or {}
-        if name in values:
-            return True, values[name]
-    return False, None
-
-
 def _append_env(container: JSON, name: str, value: str) -> None:
     env = container.setdefault("env", [])
     env.append({"name": name, "value": value})
@@ -85,7 +76,7 @@ def _append_env(container: JSON, name: str, value: str) -> None:
 def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
     """HAMi ``MutateAdmission`` on one container (in place); True when it uses HAMi resources."""
     where = f"container {container.get('name')!r}"
-    found, raw = _resource(container, config.resource_memory_percentage_name)
+    found, raw = resource_value(container, config.resource_memory_percentage_name)
     if found:
         pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
         if pct is None or not 0 <= pct <= 100:
@@ -111,11 +102,11 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         if any(name in limits for name in others):
             limits[config.resource_count_name] = str(config.default_gpu_num)
             has = True
-    count_present, _ = _resource(container, config.resource_count_name)
-    cores_present, _ = _resource(container, config.resource_core_name)
+    count_present, _ = resource_value(container, config.resource_count_name)
+    cores_present, _ = resource_value(container, config.resource_core_name)
     if count_present and not cores_present:
-        pct_found, pct_raw = _resource(container, config.resource_memory_percentage_name)
-        mem_found, _ = _resource(container, config.resource_memory_name)
+        pct_found, pct_raw = resource_value(container, config.resource_memory_percentage_name)
+        mem_found, _ = resource_value(container, config.resource_memory_name)
         if pct_found:  # a percentage decides: only 100 % is the whole card
             whole = quantity_as_int(pct_raw, where) == 100
         else:
