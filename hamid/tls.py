@@ -92,7 +92,6 @@ class ReloadingServerContext:
         self.context = _build_server_context(cert_file, key_file, self._client_ca_pem)
         self._current = self.context
         self.context.sni_callback = self._on_client_hello
-        self.reloads = 0
 
     @property
     def verifies_clients(self) -> bool:
@@ -108,7 +107,7 @@ class ReloadingServerContext:
         pem = _read_ca(self.client_ca_file, "client CA file") if self.client_ca_file else None
         return _build_server_context(self.cert_file, self.key_file, pem), pem
 
-    def _on_client_hello(self, ssl_obj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+    def _on_client_hello(self, ssl_obj: ssl.SSLObject, _server_name: str | None, ctx: ssl.SSLContext) -> None:
         if self._current is not ctx:
             ssl_obj.context = self._current
 
@@ -125,7 +124,6 @@ class ReloadingServerContext:
         self._stamps = stamps
         self._current = fresh
         self._client_ca_pem = pem
-        self.reloads += 1
         log.info("tls_files_reloaded", cert_file=str(self.cert_file), client_ca_file=str(self.client_ca_file))
         return True
 

@@ -73,7 +73,6 @@ ROLE_LEADER = "leader"
 ROLE_FOLLOWER = "follower"
 WEBHOOK = "hami.io/webhook"
 WEBHOOK_IGNORE = "ignore"
-POD_GROUP = "scheduling.x-k8s.io/pod-group"
 HANDSHAKE_REQUESTING = "Requesting"
 HANDSHAKE_REPORTED = "Reported"
 HANDSHAKE_DELETED = "Deleted"
@@ -98,23 +97,22 @@ def _encode_mig_profile(profile: MigProfile) -> str:
 
 def _encode_device_json(device: DeviceInfo, where: str) -> str:
     _check_device_ranges(device, where)
-    parts: list[str] = []
-    if device.id:
-        parts.append(f'"id":{go_json_string(device.id)}')
-    if device.index:
-        parts.append(f'"index":{device.index}')
-    if device.count:
-        parts.append(f'"count":{device.count}')
-    if device.devmem:
-        parts.append(f'"devmem":{device.devmem}')
-    if device.devcore:
-        parts.append(f'"devcore":{device.devcore}')
-    if device.type:
-        parts.append(f'"type":{go_json_string(device.type)}')
-    if device.numa:
-        parts.append(f'"numa":{device.numa}')
-    if device.mode:
-        parts.append(f'"mode":{go_json_string(device.mode)}')
+    # Go's field order; every field omitempty (zero values are left out)
+    fields: tuple[tuple[str, object], ...] = (
+        ("id", device.id),
+        ("index", device.index),
+        ("count", device.count),
+        ("devmem", device.devmem),
+        ("devcore", device.devcore),
+        ("type", device.type),
+        ("numa", device.numa),
+        ("mode", device.mode),
+    )
+    parts = [
+        f'"{key}":{go_json_string(value) if isinstance(value, str) else value}'
+        for key, value in fields
+        if value
+    ]
     if device.mig_profiles:
         parts.append('"migProfiles":[' + ",".join(_encode_mig_profile(p) for p in device.mig_profiles) + "]")
     if device.health:

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 from aiohttp import web
 
+from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.kube.client import connect
 from hamid.kube.errors import KubeError
 from hamid.kube.leader import LeaderElector, LeaseFollower
@@ -247,7 +248,7 @@ def _load_device_config(path: str | None) -> DeviceConfig:
 @option("--scheduler-name", default="hami-scheduler", help="schedulerName the webhook sets on GPU pods.")
 @option(
     "--node-scheduler-policy",
-    type=click.Choice(["binpack", "spread"]),
+    type=click.Choice(NODE_POLICIES),
     default="binpack",
     help="Default node policy (pod annotation hami.io/node-scheduler-policy overrides).",
 )
@@ -356,10 +357,18 @@ def scheduler_command(**kw: str | bool | None) -> None:
                 f"{kw['node_lock_max_hold']} is shorter than --node-lock-timeout {kw['node_lock_timeout']}",
                 param_hint="--node-lock-max-hold",
             )
+        gpu_policy = str(kw["gpu_scheduler_policy"])
+        unknown = sorted({t.strip() for t in gpu_policy.split(",")} - set(GPU_POLICIES))
+        if unknown:
+            raise click.BadParameter(
+                f"unknown policy {', '.join(map(repr, unknown))} in {gpu_policy!r}; "
+                f"use {', '.join(GPU_POLICIES)} or a comma chain of them",
+                param_hint="--gpu-scheduler-policy",
+            )
         settings = SchedulerSettings(
             scheduler_name=str(kw["scheduler_name"]),
             node_policy=str(kw["node_scheduler_policy"]),
-            gpu_policy=str(kw["gpu_scheduler_policy"]),
+            gpu_policy=gpu_policy,
             node_lock_timeout=lock_timeout,
             node_lock_max_hold=lock_max_hold,
             bind_wait_s=parse_duration(str(kw["bind_wait"])).total_seconds(),

@@ -878,10 +878,6 @@ class SimKubelet:
         uid = self._uid_by_key.get(f"{namespace}/{name}")
         return None if uid is None else self._records.get(uid)
 
-    def admissions(self) -> list[PodAdmission]:
-        """Every decision so far, in admission order."""
-        return list(self._records.values())
-
     async def wait_admission(
         self, namespace: str, name: str, timeout: float = 5.0, *, published: bool = False
     ) -> PodAdmission:

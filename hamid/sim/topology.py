@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any
 
 from hamid.model.errors import InvalidInput
 
@@ -29,7 +29,6 @@ POLICY_BEST_EFFORT = "best-effort"
 POLICY_RESTRICTED = "restricted"
 POLICY_SINGLE_NUMA_NODE = "single-numa-node"
 TOPOLOGY_POLICIES = (POLICY_NONE, POLICY_BEST_EFFORT, POLICY_RESTRICTED, POLICY_SINGLE_NUMA_NODE)
-TopologyPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
 
 CPU_POLICY_NONE = "none"
 CPU_POLICY_STATIC = "static"
