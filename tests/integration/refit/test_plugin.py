@@ -21,7 +21,7 @@ from hamid.model import hamicore
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.app import NodeSetup, Plugin
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.numa_policy import make_mismatch_handler
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from tests.fixtures.tls import TLSFiles
 from tests.integration.plugin.helpers import (
@@ -108,13 +108,12 @@ def pod_with(mode: str | None, layout: tuple = ((d("GPU-0", 1000, 10),),), **kw:
 async def plugin_with(
     fake: FakeScheduler | None, tls: TLSFiles, config: NodeConfig = PREFERRED
 ) -> AsyncIterator[Env]:
-    async with running_plugin(config) as (env, _):
-        client = (
-            RefitClient(RefitClientConfig(endpoint=fake.url, ca_file=str(tls.ca_file), token_file=None))
-            if fake is not None
-            else None
-        )
-        env.plugin.allocator.mismatch_handler = make_mismatch_handler(client, env.plugin.pods.fetch_pod)
+    client = (
+        RefitClient(RefitClientConfig(endpoint=fake.url, ca_file=str(tls.ca_file), token_file=None))
+        if fake is not None
+        else None
+    )
+    async with running_plugin(config, mismatch_handler=make_mismatch_handler(client)) as (env, _):
         yield env
 
 
@@ -240,9 +239,13 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
         with short_dir() as directory:
             setup = NodeSetup(PREFERRED, ResourceConfig(), "nvidia.com/gpu", GPUS, None)
             plugin = Plugin(
-                kube, NODE, setup, device_plugin_dir=str(directory), hook_path=str(directory / "hook")
+                kube,
+                NODE,
+                setup,
+                device_plugin_dir=str(directory),
+                hook_path=str(directory / "hook"),
+                mismatch_handler=make_mismatch_handler(client),
             )
-            plugin.allocator.mismatch_handler = make_mismatch_handler(client, plugin.pods.fetch_pod)
             task = asyncio.create_task(plugin.run())
             try:
                 async with asyncio.timeout(10):

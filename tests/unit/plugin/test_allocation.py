@@ -15,7 +15,7 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin.allocation import (
+from hamid.plugin.allocator_rules import (
     AllocationError,
     HamiCoreSettings,
     MountSpec,
@@ -189,22 +189,35 @@ def test_candidates() -> None:
     assert not is_allocation_candidate(gone, "n1")
 
 
-def test_choose_pod_fails_closed() -> None:
-    p1, p2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
-    assert choose_pod([p1, p2], "default/p2", None) is p2
-    assert choose_pod([p1, p2], None, ["GPU-b"]) is p2  # exact match proves identity
-    with pytest.raises(AllocationError, match="node lock holder default/p1 waits for other GPUs"):
-        choose_pod([p1, p2], "default/p1", ["GPU-b"])  # holder and an exact match disagree: refuse
-    assert choose_pod([p1, p2], "default/p1", ["GPU-z"]) is p1  # holder after a fallback pick
-    assert choose_pod([p1], None, ["GPU-z"]) is p1  # only one candidate: Allocate serves its annotation
-    with pytest.raises(AllocationError, match="none holds the node lock"):
-        choose_pod([p1, p2], None, None)
-    twin = pod("p3", "GPU-a,NVIDIA,2000,10:;")
-    with pytest.raises(AllocationError, match="cannot tell which pod"):
-        choose_pod([p1, twin], None, ["GPU-a"])
-    assert choose_pod([p1, twin], "default/p3", ["GPU-a"]) is twin
-    with pytest.raises(AllocationError, match="no pod on this node"):
-        choose_pod([], None, ["GPU-a"])
+P1, P2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
+TWIN = pod("p3", "GPU-a,NVIDIA,2000,10:;")
+
+
+@pytest.mark.parametrize(
+    ("candidates", "lock", "requested", "expected"),
+    [
+        ([P1, P2], "default/p2", None, P2),
+        ([P1, P2], "default/p1", ["GPU-z"], P1),  # the holder after a fallback pick
+        ([P1, TWIN], "default/p3", ["GPU-a"], TWIN),  # the lock decides between twins
+        # the holder and an exact match disagree: refuse
+        ([P1, P2], "default/p1", ["GPU-b"], "node lock holder default/p1 waits for other GPUs"),
+        # issue 16: a pod's own annotations never prove it, only the lock the scheduler's /bind took
+        ([P1, P2], None, ["GPU-b"], "no pod holds the node lock"),
+        ([P1], None, ["GPU-z"], "no pod holds the node lock"),
+        ([P1, P2], None, None, "no pod holds the node lock"),
+        ([P1], "default/gone", ["GPU-a"], "names default/gone, which is not waiting"),
+        ([], None, ["GPU-a"], "no pod on this node"),
+    ],
+)
+def test_choose_pod_fails_closed(
+    candidates: list, lock: str | None, requested: list | None, expected: object
+) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(AllocationError, match=expected) as err:
+            choose_pod(candidates, lock, requested)
+        assert err.value.code in ("ambiguous-pod", "unproven-pod", "no-pod")
+    else:
+        assert choose_pod(candidates, lock, requested) is expected
 
 
 def test_entries_and_consume() -> None:
