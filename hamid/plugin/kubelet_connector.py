@@ -12,6 +12,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpclib import GRPCError
 from grpclib.client import Channel
@@ -22,6 +23,9 @@ from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import RegistrationStub
 from hamid.log import get_logger
 from hamid.plugin.grpc_codec import BoundedProtoCodec
+
+if TYPE_CHECKING:
+    from grpclib._typing import IServable
 
 log = get_logger("plugin.kubelet_connector")
 
@@ -56,7 +60,7 @@ class KubeletConnector:
 
     def __init__(
         self,
-        handlers: Callable[[], Sequence[object]],
+        handlers: Callable[[], Sequence[IServable]],
         plugin_dir: str | os.PathLike[str],
         resource_name: str,
         *,
