@@ -17,6 +17,7 @@ from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.allocator_rules import (
     AllocationError,
+    GpuFacts,
     HamiCoreSettings,
     MountSpec,
     PendingEntry,
@@ -28,7 +29,9 @@ from hamid.plugin.allocator_rules import (
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
+    refuse_unservable,
     select_preferred,
+    summarize,
     to_allocate,
 )
 from hamid.plugin.discovery import PhysicalGpu
@@ -288,3 +291,41 @@ def test_cuda_disable_control_is_a_go_bool(value: str, mounted: bool) -> None:
     container = {"name": "main", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
     answer = hami_core_answer((cd("GPU-a"),), "uid1", container, HamiCoreSettings("/h"), "t")
     assert (MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in answer.mounts) is mounted
+
+
+def test_inventory_facts_follow_scaling_and_health() -> None:
+    inv = Inventory(
+        [gpu("GPU-a", 0, mem=1000), gpu("GPU-b", 1, mem=0)],
+        NodeConfig(device_memory_scaling=2.0, device_core_scaling=1.5),
+    )
+    assert inv.facts("GPU-a") == GpuFacts(2000, 150, None)
+    assert inv.facts("GPU-b") is None  # memory unknown: never registered, so never servable
+    assert inv.facts("GPU-z") is None
+    inv.mark_unhealthy("GPU-a", "XID 79")
+    assert inv.facts("GPU-a") == GpuFacts(2000, 150, "XID 79")
+
+
+@pytest.mark.parametrize(
+    ("facts", "device", "code"),
+    [
+        (GpuFacts(1000, 100, None), cd("GPU-a", 1000, 100), None),
+        (None, cd("GPU-a", 1000), "unknown-gpu"),
+        (GpuFacts(1000, 100, "XID 48"), cd("GPU-a", 10), "unhealthy-gpu"),
+        (GpuFacts(1000, 100, None), cd("GPU-a", 1001), "over-capacity"),
+        (GpuFacts(1000, 100, None), cd("GPU-a", 10, 101), "over-capacity"),
+    ],
+)
+def test_refuse_unservable(facts: GpuFacts | None, device: ContainerDevice, code: str | None) -> None:
+    entry = PendingEntry(2, (device,))
+    if code is None:
+        refuse_unservable(entry, "n1", lambda _uuid: facts)
+        return
+    with pytest.raises(AllocationError, match="container 2") as err:
+        refuse_unservable(entry, "n1", lambda _uuid: facts)
+    assert err.value.code == code and "delete the pod" in str(err.value)
+
+
+def test_summarize_bounds_what_goes_into_a_message() -> None:
+    assert summarize(["a", "b"]) == "['a', 'b']"
+    text = summarize(["x" * 1000] * 20)
+    assert "(1000 chars)" in text and text.endswith("and 12 more") and len(text) < 1200
