@@ -100,8 +100,6 @@ CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4
 FALLBACK_MEMORY = 512
 
 T = TypeVar("T")
-#: (pod UID, container index) → the annotated GPU UUIDs the policy already kept.
-FallbackKey = tuple[str, int]
 
 
 async def complete(coro: Coroutine[Any, Any, T]) -> T:
@@ -143,6 +141,38 @@ def _make_dirs(paths: Sequence[str]) -> None:
             log.debug("cannot chmod directory (not the owner)", path=path)
 
 
+class Fallbacks:
+    """Containers for which the policy kept the annotation, so Allocate does not run it again.
+
+    Keyed by (pod UID, container index) with the annotated GPUs (a changed entry is a new case);
+    bounded (:data:`FALLBACK_MEMORY`, oldest forgotten first); an entry goes once consumed.
+    """
+
+    def __init__(self, size: int = FALLBACK_MEMORY) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
+
+    @staticmethod
+    def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
+        return str((pod.get("metadata") or {}).get("uid") or pod_key(pod)), index
+
+    def remember(self, pod: Mapping[str, Any], entry: PendingEntry) -> None:
+        """The policy kept this container's annotation."""
+        key = self._key(pod, entry.index)
+        self._kept[key] = tuple(d.uuid for d in entry.devices)
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+    def holds(self, pod: Mapping[str, Any], entry: PendingEntry) -> bool:
+        """Whether the policy already kept exactly this entry."""
+        return self._kept.get(self._key(pod, entry.index)) == tuple(d.uuid for d in entry.devices)
+
+    def forget(self, pod: Mapping[str, Any], index: int) -> None:
+        """The entry was consumed."""
+        self._kept.pop(self._key(pod, index), None)
+
+
 class Allocator:
     """Answers GetPreferredAllocation and Allocate for one node from its pending pod's annotations."""
 
@@ -172,7 +202,7 @@ class Allocator:
         self.call_timeout = call_timeout
         self.prepare_timeout = prepare_timeout
         self._lock = asyncio.Lock()
-        self._fallbacks: OrderedDict[FallbackKey, tuple[str, ...]] = OrderedDict()
+        self._fallbacks = Fallbacks()
         #: Refused Allocate calls by :attr:`AllocationError.code` (for metrics and tests).
         self.refusals: Counter[str] = Counter()
 
@@ -203,14 +233,16 @@ class Allocator:
             owner = self.pods.lock_owner(node)
             return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
         except KubeError as exc:
-            raise AllocationError(f"cannot identify the pending pod: {exc}") from exc
+            raise AllocationError(f"cannot identify the pending pod: {exc}", code="api-error") from exc
 
     async def _identify_cached(self, requested: Sequence[str] | None) -> JSON:
         try:
             async with asyncio.timeout(self.call_timeout):
                 await self.pods.wait_synced()
         except TimeoutError as exc:
-            raise AllocationError(f"the pod cache of node {self.node_name} is not synced yet") from exc
+            raise AllocationError(
+                f"the pod cache of node {self.node_name} is not synced yet", code="cache-not-synced"
+            ) from exc
         pods = self.pods.pods()
         owner = self.pods.lock_owner()
         if owner is not None and not any(
@@ -250,22 +282,6 @@ class Allocator:
             allowed_uuids=allowed_uuids(candidates, self.inventory.uuid_of),
         )
 
-    @staticmethod
-    def _fallback_key(pod: Mapping[str, Any], index: int) -> FallbackKey:
-        return str((pod.get("metadata") or {}).get("uid") or pod_key(pod)), index
-
-    def _remember_fallback(self, pod: JSON, entry: PendingEntry) -> None:
-        """The policy kept this container's annotation: Allocate must not run it again."""
-        key = self._fallback_key(pod, entry.index)
-        self._fallbacks[key] = tuple(d.uuid for d in entry.devices)
-        self._fallbacks.move_to_end(key)
-        while len(self._fallbacks) > FALLBACK_MEMORY:
-            self._fallbacks.popitem(last=False)
-
-    def _fell_back(self, pod: JSON, entry: PendingEntry) -> bool:
-        annotated = tuple(d.uuid for d in entry.devices)
-        return self._fallbacks.get(self._fallback_key(pod, entry.index)) == annotated
-
     async def _reread(self, pod: JSON) -> JSON | None:
         """GET the pod after a committed refit (the watch may lag); None when it cannot be read."""
         meta = pod["metadata"]
@@ -290,12 +306,14 @@ class Allocator:
         for entry, ids in zip(pending_entries(to_allocate(pod)), requests, strict=False):
             kubelet = [self.inventory.uuid_of(i) for i in ids]
             gpus = [u for u in kubelet if u is not None]
-            if len(gpus) != len(kubelet) or not kubelet_differs(entry, gpus) or self._fell_back(pod, entry):
+            if len(gpus) != len(kubelet):
+                continue  # unknown IDs: the plan refuses them
+            if not kubelet_differs(entry, gpus) or self._fallbacks.holds(pod, entry):
                 continue
             missing = list((Counter(d.uuid for d in entry.devices) - Counter(gpus)).elements())
             replacement = await self.mismatch_handler(self._mismatch(Door.ALLOCATE, pod, entry, missing, ids))
             if replacement is None:
-                self._remember_fallback(pod, entry)
+                self._fallbacks.remember(pod, entry)
                 continue
             if Counter(d.uuid for d in replacement) != Counter(gpus):
                 raise AllocationError(
@@ -361,7 +379,7 @@ class Allocator:
                 await complete(self._fail(pod, str(exc)))
                 raise
             if replacement is None:
-                self._remember_fallback(pod, entry)
+                self._fallbacks.remember(pod, entry)
                 return self._fallback(entry.index, chosen, request)
             await self._reread(pod)
             chosen, still = select_preferred(
@@ -576,7 +594,7 @@ class Allocator:
             return False
         self.pods.remember(patched)
         for idx, devs in plans:
-            self._fallbacks.pop(self._fallback_key(pod, idx), None)
+            self._fallbacks.forget(pod, idx)
             log.info(
                 "allocated",
                 container_index=idx,
