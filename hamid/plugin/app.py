@@ -15,8 +15,8 @@ from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
-from hamid.plugin.allocate import CALL_TIMEOUT_S, Allocator, MismatchHandler, log_mismatch
-from hamid.plugin.allocation import HamiCoreSettings
+from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
+from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
@@ -29,8 +29,8 @@ from hamid.plugin.discovery import (
     watch_xid_events,
 )
 from hamid.plugin.inventory import Inventory
-from hamid.plugin.kubelet import KubeletConnector
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.kubelet_connector import KubeletConnector
+from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
@@ -232,9 +232,9 @@ async def run_plugin(options: PluginOptions) -> None:
             setup,
             device_plugin_dir=options.device_plugin_dir,
             hook_path=options.hook_path,
+            mismatch_handler=make_mismatch_handler(refit_client),
             health_policy=policy,
         )
-        plugin.allocator.mismatch_handler = make_mismatch_handler(refit_client, plugin.pods.fetch_pod)
         await plugin.run()
     finally:
         await client.close()

@@ -5,18 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
+from hamid.kube.lean import use_lean_client
 from hamid.log import get_logger
 from hamid.options import option
-from hamid.plugin.app import PluginOptions, PluginStartupError, run_plugin
 from hamid.plugin.refit_client import DEFAULT_TOKEN_FILE, RefitClientConfig
+
+if TYPE_CHECKING:
+    from hamid.plugin.app import PluginOptions
 
 log = get_logger("plugin")
 
 
 async def _run_until_signal(options: PluginOptions) -> None:
+    from hamid.plugin.app import run_plugin  # loaded by plugin_command, after use_lean_client
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -123,6 +129,11 @@ def plugin_command(
         raise click.BadParameter(
             f"{resource_name!r} is not an extended resource name", param_hint="--resource-name"
         )
+    # The plugin never uses kubernetes-asyncio's typed models: load its client without them (the
+    # plugin's peak RSS, see hamid.kube.lean), so hamid.plugin.app is imported only after this.
+    use_lean_client()
+    from hamid.plugin.app import PluginOptions, PluginStartupError
+
     options = PluginOptions(
         node_name=node_name,
         devices_file=devices_file,

@@ -7,8 +7,10 @@
   ``--scheduler-client-key-file``) and/or its projected ServiceAccount token
   (``--service-account-token-file``, re-read on every call so rotation is followed; unreadable →
   the call fails closed). A token is only ever sent over https.
-* One attempt, 2 s in total, no redirects, a 1 MiB response limit; the TLS context is built per
-  call so a rotated CA is picked up (upstream #2817).
+* One attempt, 2 s in total, no redirects, a 1 MiB response limit. The TLS context is built once
+  and rebuilt when the CA bundle, client certificate or key file changes (checked by ``stat`` on
+  every call: device, inode, size, mtime), so a rotated CA is picked up (upstream #2817) without a
+  handshake setup on every refit.
 
 Every failure raises :class:`RefitError` with upstream's client messages.
 """
@@ -57,6 +59,20 @@ class RefitClientConfig:
     timeout: float = REFIT_TIMEOUT_S
 
 
+#: What identifies one version of a file: (device, inode, size, mtime in ns); None when unreadable.
+FileVersion = tuple[int, int, int, int] | None
+
+
+def _file_version(path: str | None) -> FileVersion:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _read_token(path: str) -> str:
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
@@ -95,6 +111,9 @@ class RefitClient:
         self.config = config
         self.url = endpoint.rstrip("/") + REFIT_PATH
         self.scheme = parts.scheme
+        self._tls: tuple[tuple[FileVersion, ...], ssl.SSLContext] | None = None
+        #: How many TLS contexts this client built (once, then once per change of its files).
+        self.tls_builds = 0
         if config.insecure:
             log.warning(
                 "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)",
@@ -116,6 +135,17 @@ class RefitClient:
             headers["Authorization"] = "Bearer " + _read_token(config.token_file)
         if self.scheme != "https":
             return headers, None
+        return headers, self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The cached TLS context, rebuilt when one of its files changed (blocking: in a thread)."""
+        config = self.config
+        versions = tuple(
+            _file_version(path) for path in (config.ca_file, config.client_cert_file, config.client_key_file)
+        )
+        cached = self._tls
+        if cached is not None and cached[0] == versions:
+            return cached[1]
         try:
             ctx = client_ssl_context(
                 ca_file=config.ca_file,
@@ -127,7 +157,11 @@ class RefitClient:
             if config.ca_file and not os.path.isfile(config.ca_file):
                 raise RefitError(f"cannot read scheduler CA bundle {config.ca_file!r}: {exc}") from exc
             raise RefitError(f"unusable refit TLS configuration: {exc}") from exc
-        return headers, ctx
+        self._tls = (versions, ctx)
+        self.tls_builds += 1
+        if cached is not None:
+            log.info("refit TLS files changed; TLS context rebuilt", ca_file=config.ca_file)
+        return ctx
 
     async def refit(self, request: RefitRequest) -> ContainerDevices:
         """Send ``request`` once (2 s total); the committed devices, or :class:`RefitError`."""

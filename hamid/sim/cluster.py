@@ -43,10 +43,9 @@ from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, VGPU
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig
-from hamid.plugin.allocate import MismatchHandler, PreferredMismatch
-from hamid.plugin.allocation import AllocationError
+from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.app import Plugin, PluginOptions, load_setup
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.cli import SchedulerOptions
 from hamid.scheduler.core import Scheduler, SchedulerSettings
@@ -121,7 +120,8 @@ class ClusterOptions:
 
 @dataclass(frozen=True, slots=True)
 class RefitCall:
-    """One mismatch the plugin saw in GetPreferredAllocation and what its refit seam answered.
+    """One mismatch the plugin saw (``door``: GetPreferredAllocation or Allocate) and what its
+    NUMA mismatch policy answered.
 
     ``outcome`` is ``refitted`` (``devices`` holds the new GPUs), ``unaligned`` (no refit applied:
     the allocation annotation stands and the pod runs on its accounted GPUs without NUMA alignment)
@@ -137,6 +137,7 @@ class RefitCall:
     outcome: str
     devices: tuple[str, ...] = ()
     error: str = ""
+    door: str = "GetPreferredAllocation"
 
 
 @dataclass
@@ -523,15 +524,10 @@ class SimCluster:
                 token_file=None if token_file is None else str(token_file),
             )
         )
-
-        async def fetch_pod(namespace: str, name: str) -> JSON | None:
-            assert node.plugin is not None
-            return await node.plugin.pods.fetch_pod(namespace, name)
-
-        return make_mismatch_handler(client, fetch_pod)
+        return make_mismatch_handler(client)
 
     def _recording(self, node: str, inner: MismatchHandler) -> MismatchHandler:
-        async def handler(mismatch: PreferredMismatch) -> ContainerDevices | None:
+        async def handler(mismatch: NumaMismatch) -> ContainerDevices | None:
             meta = mismatch.pod.get("metadata") or {}
             base = {
                 "node": node,
@@ -540,6 +536,7 @@ class SimCluster:
                 "annotated": tuple(d.uuid for d in mismatch.annotated),
                 "missing": tuple(mismatch.missing),
                 "allowed": tuple(mismatch.allowed_uuids),
+                "door": mismatch.door.value,
             }
             try:
                 result = await inner(mismatch)

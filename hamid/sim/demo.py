@@ -54,6 +54,7 @@ SCENARIOS = (
     "heterogeneous-strict",
     "mig-node",
     "numa-bind",
+    "exact-fit",
 )
 DEFAULT_SCENARIO = "refit"
 _SETTLE_S = 15.0
@@ -659,6 +660,115 @@ def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dic
     }
 
 
+# -- exact fit: kubelet skips GetPreferredAllocation -------------------------------------------
+
+#: Replicas per GPU on the exact-fit node: NUMA 0's four GPUs offer 16 replicas.
+EXACT_FIT_SPLIT = 4
+#: GPU pods that fill 15 of NUMA 0's 16 replicas, leaving one on its last GPU.
+EXACT_FIT_FILLERS = 15
+#: MiB each filler books; ``crowded`` fillers leave the last GPU too little memory for the seed pod.
+EXACT_FIT_FILLER_MIB = 1000
+EXACT_FIT_CROWDED_MIB = 30000
+
+
+def gpu_filler_pod(name: str, uuid: str, mem: int = EXACT_FIT_FILLER_MIB) -> dict[str, Any]:
+    """A one-GPU pod pinned (``nvidia.com/use-gpuuuid``) to ``uuid``, no CPU request (shared pool)."""
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}
+    return {
+        "metadata": {"name": name, "namespace": "default", "annotations": {ann.USE_GPU_UUID: uuid}},
+        "spec": {"containers": [{"name": "work", "image": "cuda", "resources": {"limits": limits}}]},
+    }
+
+
+def exact_fit_pod(alignment: str) -> dict[str, Any]:
+    """The seed pod made small (2 CPUs), so NUMA 0 has room for its CPUs but one replica only."""
+    pod = seed_pod(alignment=alignment)
+    pod["spec"]["containers"][0]["resources"]["limits"].update({"cpu": "2", "memory": "2Gi"})
+    return pod
+
+
+def exact_fit_options(*, refit: bool = True) -> ClusterOptions:
+    """The demo node with :data:`EXACT_FIT_SPLIT` replicas per GPU."""
+    return ClusterOptions(nodes=(NodeSpec(NODE, split=EXACT_FIT_SPLIT),), refit=refit)
+
+
+async def stage_exact_fit(cluster: SimCluster, *, crowded: bool = False) -> str:
+    """Fill 15 of NUMA 0's 16 replicas with pinned GPU pods; returns the GPU keeping the last one.
+
+    NUMA 0's CPUs stay free, so kubelet's Topology Manager prefers NUMA 0 (its lowest NUMA node)
+    and finds there exactly the one replica the seed pod needs: it allocates it without calling
+    GetPreferredAllocation, while the scheduler's spread policy picks an idle GPU on NUMA 1.
+    """
+    numa0 = [g.uuid for g in cluster.machine(NODE).gpus if g.numa == 0]
+    last = numa0[-1]
+    for i in range(EXACT_FIT_FILLERS):
+        uuid = numa0[i // EXACT_FIT_SPLIT]
+        mem = EXACT_FIT_CROWDED_MIB if crowded and uuid == last else EXACT_FIT_FILLER_MIB
+        await cluster.create_pod(gpu_filler_pod(f"gpu-fill-{i}", uuid, mem))
+        await cluster.wait_settled(f"gpu-fill-{i}")
+    return last
+
+
+async def scenario_exact_fit() -> ScenarioResult:
+    """strict, exact fit on NUMA 0: kubelet skips GetPreferredAllocation; Allocate refits the pod."""
+    result = ScenarioResult(
+        "exact-fit",
+        "kubelet skips GetPreferredAllocation (one free replica on the CPUs' NUMA node); Allocate refits "
+        "the strict pod onto it; runtime GPU == annotations == accounting on the CPUs' NUMA",
+    )
+    async with SimCluster(exact_fit_options()) as cluster:
+        result.step("node", f"{NODE}: {_describe(cluster.machine(NODE))}; {EXACT_FIT_SPLIT} replicas per GPU")
+        free = await stage_exact_fit(cluster)
+        result.step(
+            "gpu-fill",
+            f"{EXACT_FIT_FILLERS} pinned GPU pods hold 15 of NUMA 0's 16 replicas; one is left on [{free}]",
+        )
+        pod = exact_fit_pod("strict")
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+        result.step(
+            "scheduler",
+            f"filter + bind: {NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(_numas(cluster, choice))}",
+        )
+        admission = cluster.assignment(SEED_NAME)
+        container = admission.containers[0] if admission and admission.containers else None
+        picked = list(container.devices.get(RESOURCE_NAME, ())) if container else []
+        result.step(
+            "kubelet",
+            f"Topology Manager chose NUMA {container.numa_node if container else '-'}; exactly the needed "
+            f"replicas are free there, so no GetPreferredAllocation; Allocate with [{_fmt(picked)}]",
+        )
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.step("allocate", "env " + json.dumps(state["env"], sort_keys=True))
+        result.check(
+            "kubelet skipped GetPreferredAllocation",
+            container is not None and not container.preferred_calls,
+            f"{len(container.preferred_calls) if container else '-'} call(s)",
+        )
+        refitted = [c for c in calls if c.outcome == "refitted" and c.door == "Allocate"]
+        result.check(
+            "one refit committed at the Allocate door",
+            len(calls) == 1 and len(refitted) == 1 and list(refitted[0].devices) == [free],
+            f"{[(c.door, c.outcome, c.devices) for c in calls]}",
+        )
+        new = list(refitted[0].devices) if refitted else []
+        message = refit_event_message(0, choice, new)
+        result.facts["event"] = message
+        result.check(
+            "NumaRefitSucceed event with the exact message",
+            any(
+                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
+            ),
+            message,
+        )
+        _agreement_checks(cluster, result, state, new, state["cpuNuma"])
+    return result
+
+
 def data_machine_gpus() -> list[PhysicalGpu]:
     """The GPUs of the demo node's machine file."""
     return list(load_machine_file(data_file(DEMO_MACHINE)).gpus)
@@ -673,6 +783,7 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "heterogeneous-strict": scenario_heterogeneous_strict,
     "mig-node": scenario_mig_node,
     "numa-bind": scenario_numa_bind,
+    "exact-fit": scenario_exact_fit,
 }
 
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpclib import GRPCError
 from grpclib.client import Channel
@@ -21,8 +22,12 @@ from grpclib.server import Server
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import RegistrationStub
 from hamid.log import get_logger
+from hamid.plugin.grpc_codec import BoundedProtoCodec
 
-log = get_logger("plugin.kubelet")
+if TYPE_CHECKING:
+    from grpclib._typing import IServable
+
+log = get_logger("plugin.kubelet_connector")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -55,7 +60,7 @@ class KubeletConnector:
 
     def __init__(
         self,
-        handlers: Callable[[], Sequence[object]],
+        handlers: Callable[[], Sequence[IServable]],
         plugin_dir: str | os.PathLike[str],
         resource_name: str,
         *,
@@ -85,7 +90,7 @@ class KubeletConnector:
     async def _serve_once(self) -> None:
         await asyncio.to_thread(self.plugin_dir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(_unlink, self.socket_path)
-        server = Server(list(self.handlers()))
+        server = Server(list(self.handlers()), codec=BoundedProtoCodec())
         await server.start(path=str(self.socket_path))
         self.servers_started += 1
         own = await asyncio.to_thread(_inode, self.socket_path)
