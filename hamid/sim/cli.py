@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hamid.sim.apiserver_cli import apiserver_command
+from hamid.sim.apiserver.cli import apiserver_command
 from hamid.sim.demo import demo_command
 from hamid.sim.kubelet_cli import kubelet_command
 

@@ -55,8 +55,8 @@ from hamid.scheduler.refit import refit_route_factory
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE
 from hamid.scheduler.state import Reservation
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_patch import json_patch
-from hamid.sim.apiserver_store import Change
+from hamid.sim.apiserver.patch import json_patch
+from hamid.sim.apiserver.store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment

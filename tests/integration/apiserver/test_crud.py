@@ -9,7 +9,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_errors import ApiError
+from hamid.sim.apiserver.errors import ApiError
 
 from .manifests import pod
 

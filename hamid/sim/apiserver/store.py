@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hamid.sim.apiserver_errors import (
+from hamid.sim.apiserver.errors import (
     STALE,
     ApiError,
     already_exists,
@@ -35,9 +35,9 @@ from hamid.sim.apiserver_errors import (
     invalid,
     not_found,
 )
-from hamid.sim.apiserver_patch import PatchError, apply_patch
-from hamid.sim.apiserver_resources import BY_STORAGE, RESOURCES, Resource
-from hamid.sim.apiserver_select import FieldSelector
+from hamid.sim.apiserver.patch import PatchError, apply_patch
+from hamid.sim.apiserver.resources import BY_STORAGE, RESOURCES, Resource
+from hamid.sim.apiserver.select import FieldSelector
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

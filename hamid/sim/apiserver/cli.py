@@ -14,7 +14,7 @@ import yaml
 
 from hamid.options import option
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_errors import ApiError
+from hamid.sim.apiserver.errors import ApiError
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.sim.apiserver_errors import ApiError, bad_request
+from hamid.sim.apiserver.errors import ApiError, bad_request
 
 _KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
@@ -170,3 +170,25 @@ def path_getter(*path: str, default: str = "") -> FieldGetter:
         return str(node)
 
     return get
+
+
+ObjectTest = Callable[[dict[str, Any]], bool]
+
+
+def compile_selectors(
+    label_selector: str | None,
+    field_selector: str | None,
+    fields: Mapping[str, FieldGetter],
+    plural: str,
+) -> tuple[ObjectTest | None, FieldSelector | None]:
+    """One test over whole objects for both selectors (``None``: everything matches), and the field
+    selector itself (the store narrows candidates by its equality terms)."""
+    labels = parse_label_selector(label_selector)
+    parsed = parse_field_selector(field_selector, fields, plural)
+    field_test = parsed.compile(fields) if parsed is not None else None
+    if labels is None:
+        return field_test, parsed
+    label_test = labels
+    if field_test is None:
+        return lambda obj: label_test(obj["metadata"].get("labels") or {}), parsed
+    return lambda obj: label_test(obj["metadata"].get("labels") or {}) and field_test(obj), parsed

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.sim.apiserver_select import FieldGetter, path_getter
+from hamid.sim.apiserver.select import FieldGetter, path_getter
 
 Converter = Callable[[dict[str, Any]], dict[str, Any]]
 
