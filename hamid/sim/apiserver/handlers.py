@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from hamid.log import get_logger
+from hamid.sim.apiserver import openapi, protobuf, tables, validation
 from hamid.sim.apiserver.errors import ApiError, bad_request, status_body
 from hamid.sim.apiserver.patch import PATCH_TYPES
 from hamid.sim.apiserver.resources import (
@@ -36,12 +37,12 @@ def _log() -> Any:
 
 VERSION_INFO = {
     "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-hamid-sim",
+    "minor": "35",
+    "gitVersion": "v1.35.0-hamid-sim",
     "gitCommit": "",
     "gitTreeState": "clean",
-    "buildDate": "2024-08-13T00:00:00Z",
-    "goVersion": "go1.22",
+    "buildDate": "2025-12-17T00:00:00Z",
+    "goVersion": "go1.25",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
@@ -98,6 +99,21 @@ def _int_param(query: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+def _openapi(rest: list[str], accept: str) -> web.Response:
+    """``/openapi/v2`` (JSON only: a protobuf-only Accept is 406) and ``/openapi/v3[/<group version>]``."""
+    if rest == ["v2"]:
+        kinds = [part.split(";")[0].strip() for part in accept.split(",") if part.strip()]
+        if kinds and not any(k in ("application/json", "*/*", "application/*") for k in kinds):
+            raise ApiError(406, f"only application/json is served for /openapi/v2, not {accept}")
+        return web.Response(body=openapi.v2_document(), content_type="application/json")
+    if rest == ["v3"]:
+        return _json_response(openapi.v3_index())
+    document = openapi.v3_document("/".join(rest[1:])) if rest[:1] == ["v3"] else None
+    if document is None:
+        raise _not_served("/openapi/" + "/".join(rest))
+    return web.Response(body=document, content_type="application/json")
+
+
 class RequestHandler:
     """Serves one :class:`~hamid.sim.apiserver.server.ApiServer`'s state over HTTP (one catch-all route)."""
 
@@ -126,7 +142,7 @@ class RequestHandler:
         path = request.path
         segments = [s for s in path.split("/") if s]
         if request.method == "GET":
-            simple = self._discovery(segments)
+            simple = self._discovery(segments, request.headers.get("Accept", ""))
             if simple is not None:
                 await self.server.faults.before("get", "GET", path)
                 return simple
@@ -147,7 +163,7 @@ class RequestHandler:
             return await self._delete_collection(request, route)
         return await self._object_verb(request, route, verb)
 
-    def _discovery(self, segments: list[str]) -> web.StreamResponse | None:
+    def _discovery(self, segments: list[str], accept: str) -> web.StreamResponse | None:
         if segments in (["healthz"], ["livez"], ["readyz"]):
             return web.Response(text="ok")
         if segments == ["version"]:
@@ -156,6 +172,8 @@ class RequestHandler:
             return _json_response(discovery_api_versions(f"{self.server.host}:{self.server.port}"))
         if segments == ["apis"]:
             return _json_response(discovery_groups())
+        if segments[:1] == ["openapi"]:
+            return _openapi(segments[1:], accept)
         body: dict[str, Any] | None = None
         if segments == ["api", "v1"]:
             body = discovery_resources("v1")
@@ -214,14 +232,17 @@ class RequestHandler:
             return "delete" if route.name is not None else "deletecollection"
         raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
 
-    async def _body(self, request: web.Request, *, allow_empty: bool = False) -> Any:
+    async def _body(self, request: web.Request, *, allow_empty: bool = False, objects: bool = False) -> Any:
+        """The request body as JSON; protobuf is read for the kinds :mod:`.protobuf` knows (``objects``)."""
         content_type = request.content_type
+        raw = await request.read()
+        if content_type == protobuf.MEDIA_TYPE and objects:
+            return protobuf.decode_object(raw)
         if "protobuf" in content_type or "yaml" in content_type:
             raise ApiError(
                 415,
                 f"the body of the request was in an unknown format - {content_type}; use application/json",
             )
-        raw = await request.read()
         if not raw.strip():
             if allow_empty:
                 return None
@@ -238,29 +259,40 @@ class RequestHandler:
         self._check_verb_allowed(route, verb)
         resource, namespace = route.resource, route.namespace or ""
         store = self.server.store
+        mode = validation.directive(request.query.get("fieldValidation"))
+        warnings: list[str] = []
         if verb == "create":
             if route.name is not None:
                 raise ApiError(405, "POST is only allowed on a collection")
             if namespace == "" and resource.namespaced:
                 raise _not_served(request.path)
-            stored = store.create(resource, namespace, await self._body(request))
-            return self._object_response(stored, resource, 201)
+            body = await self._body(request, objects=True)
+            warnings = validation.check_fields(resource, body, mode)
+            body = await self.server.admission.admit(resource, namespace, body)
+            stored = store.create(resource, namespace, body)
+            return self._object_response(request, stored, resource, 201, warnings)
         name = route.name or ""
         if verb == "get":
-            return self._object_response(store.get(resource, namespace, name), resource)
+            return self._object_response(request, store.get(resource, namespace, name), resource)
         if verb == "update":
-            stored = store.replace(resource, namespace, name, await self._body(request), route.subresource)
-            return self._object_response(stored, resource)
+            body = await self._body(request, objects=True)
+            warnings = validation.check_fields(resource, body, mode)
+            stored = store.replace(resource, namespace, name, body, route.subresource)
+            return self._object_response(request, stored, resource, 200, warnings)
         if verb == "patch":
             content_type = request.content_type
             if content_type not in PATCH_TYPES:
                 raise unsupported_patch_type(content_type)
+
+            def check(patched: dict[str, Any]) -> None:
+                warnings.extend(validation.check_fields(resource, patched, mode))
+
             stored = store.patch(
-                resource, namespace, name, content_type, await self._body(request), route.subresource
+                resource, namespace, name, content_type, await self._body(request), route.subresource, check
             )
-            return self._object_response(stored, resource)
+            return self._object_response(request, stored, resource, 200, warnings)
         options = await self._delete_options(request)
-        return self._object_response(store.delete(resource, namespace, name, options), resource)
+        return self._object_response(request, store.delete(resource, namespace, name, options), resource)
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:
         body = await self._body(request, allow_empty=True)
@@ -288,9 +320,22 @@ class RequestHandler:
             body=self._list_bytes(resource, deleted, rv, None), status=200, content_type="application/json"
         )
 
-    def _object_response(self, stored: Stored, resource: Resource, status: int = 200) -> web.Response:
-        raw = stored.raw() if not resource.storage else dumps(resource.to_view(stored.obj))
-        return web.Response(body=raw, status=status, content_type="application/json")
+    @staticmethod
+    def _object_response(
+        request: web.Request,
+        stored: Stored,
+        resource: Resource,
+        status: int = 200,
+        warnings: Sequence[str] = (),
+    ) -> web.Response:
+        if tables.wants_table(request.headers.get("Accept", "")):
+            view = resource.to_view(stored.obj)
+            include = request.query.get("includeObject", "Metadata")
+            raw = dumps(tables.table(resource.plural, [view], {"resourceVersion": str(stored.rv)}, include))
+        else:
+            raw = stored.raw() if not resource.storage else dumps(resource.to_view(stored.obj))
+        headers = [("Warning", f'299 - "{w}"') for w in warnings]
+        return web.Response(body=raw, status=status, content_type="application/json", headers=headers or None)
 
     @staticmethod
     def _list_bytes(resource: Resource, items: list[Stored], rv: int, token: str | None) -> bytes:
@@ -316,6 +361,11 @@ class RequestHandler:
             items, rv, token = self.server.store.list(
                 resource, route.namespace, predicate, fields, limit or None, query.get("continue") or None
             )
+            if tables.wants_table(request.headers.get("Accept", "")):
+                meta = {"resourceVersion": str(rv), **({"continue": token} if token else {})}
+                views = [resource.to_view(s.obj) for s in items]
+                include = query.get("includeObject", "Metadata")
+                return _json_response(tables.table(resource.plural, views, meta, include))
             body = self._list_bytes(resource, items, rv, token)
             return web.Response(body=body, content_type="application/json")
         timeout = _int_param(query, "timeoutSeconds")
@@ -347,7 +397,16 @@ class RequestHandler:
         snapshot_rv = self.server.store.rv
         try:
             await response.prepare(request)
-            await self._stream(response, watcher, timeout, bookmarks, initial_count, snapshot_rv)
+            encode = watcher.encode
+            if tables.wants_table(request.headers.get("Accept", "")):
+                include = query.get("includeObject", "Metadata")
+
+                def encode(kind: str, stored: Stored) -> bytes:
+                    view = resource.to_view(stored.obj)
+                    row = tables.table(resource.plural, [view], {"resourceVersion": str(stored.rv)}, include)
+                    return dumps({"type": kind, "object": row}) + b"\n"
+
+            await self._stream(response, watcher, encode, timeout, bookmarks, initial_count, snapshot_rv)
         except (ConnectionResetError, ConnectionError):
             return response
         finally:
@@ -370,6 +429,7 @@ class RequestHandler:
         self,
         response: web.StreamResponse,
         watcher: Watcher,
+        encode: Callable[[str, Stored], bytes],
         timeout_seconds: int | None,
         bookmarks: bool,
         initial_count: int,
@@ -388,7 +448,7 @@ class RequestHandler:
                 batch: list[bytes] = []
                 while watcher.pending and len(batch) < 1000:
                     kind, stored = watcher.pending.popleft()
-                    batch.append(watcher.encode(kind, stored))
+                    batch.append(encode(kind, stored))
                     sent += 1
                     if sent == initial_count:
                         batch.append(self._bookmark(watcher.resource, snapshot_rv, initial_end=True))

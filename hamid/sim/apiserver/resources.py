@@ -204,6 +204,13 @@ RESOURCES: tuple[Resource, ...] = (
         from_view=events_v1_to_core_event,
     ),
     Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=("create",)),
+    Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        False,
+    ),
 )
 
 #: (api_version, plural) -> resource.

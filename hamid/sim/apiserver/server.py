@@ -27,6 +27,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from hamid.log import get_logger
+from hamid.sim.apiserver.admission import MutatingAdmission
 from hamid.sim.apiserver.faults import Faults
 from hamid.sim.apiserver.handlers import MAX_BODY_BYTES, RequestHandler, unsupported_patch_type
 from hamid.sim.apiserver.patch import PATCH_TYPES
@@ -74,6 +75,7 @@ class ApiServer:
         self.faults = Faults()
         #: Requests served, keyed ``"<verb> <resource>"`` (for example ``"list pods"``).
         self.requests: Counter[str] = Counter()
+        self.admission = MutatingAdmission(self.store)
         self.tokens = TokenRegistry()
         #: Python-API aliases of the token registry (tests and the cluster harness register tokens).
         self.register_token = self.tokens.register
@@ -124,6 +126,7 @@ class ApiServer:
         self.store.close_watches()
         runner, self._runner = self._runner, None
         await runner.cleanup()
+        await self.admission.close()
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hamid.sim.apiserver.defaults import apply_create_defaults
 from hamid.sim.apiserver.errors import (
     STALE,
     ApiError,
@@ -473,7 +474,7 @@ class Store:
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
         status = obj.get("status")
-        _create_defaults(base.plural, obj)
+        apply_create_defaults(base.plural, obj)
         if keep_status and status is not None:
             obj["status"] = status
         self._validate(resource, obj)
@@ -515,8 +516,12 @@ class Store:
         content_type: str,
         body: Any,
         subresource: str = "",
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> Stored:
-        """PATCH: apply a patch; a ``metadata.resourceVersion`` it sets is a precondition."""
+        """PATCH: apply a patch; a ``metadata.resourceVersion`` it sets is a precondition.
+
+        ``check`` sees the patched object (wire form) before anything is stored and may raise.
+        """
         old = self.get(resource, namespace, name)
         try:
             patched = apply_patch(content_type, resource.to_view(old.obj), body)
@@ -524,6 +529,8 @@ class Store:
             if err.unprocessable:
                 raise ApiError(422, str(err)) from err
             raise bad_request(str(err)) from err
+        if check is not None:
+            check(patched)
         obj = self._incoming(resource, patched)
         return self._update(resource, old, obj, subresource)
 
@@ -730,21 +737,6 @@ def resource_of(obj: Any) -> Resource:
         ):
             return resource
     raise bad_request(f"the embedded API server does not store {obj.get('apiVersion')}/{obj.get('kind')}")
-
-
-def _create_defaults(plural: str, obj: dict[str, Any]) -> None:
-    if plural == "pods":
-        spec = dict(obj.get("spec") or {})
-        spec.setdefault("schedulerName", "default-scheduler")
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("dnsPolicy", "ClusterFirst")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
-        spec.setdefault("priority", 0)
-        obj["spec"] = spec
-        obj["status"] = {"phase": "Pending"}
-    elif plural == "namespaces":
-        obj["spec"] = {"finalizers": ["kubernetes"], **(obj.get("spec") or {})}
-        obj["status"] = {"phase": "Active"}
 
 
 def _encode_continue(rv: int, start: tuple[str, str]) -> str:

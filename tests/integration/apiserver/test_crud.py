@@ -255,7 +255,7 @@ async def test_python_api_seeding_and_listener(apiserver: ApiServer, core: clien
     )
     assert apiserver.put_many(pod(f"bulk{i}", node="n1") for i in range(3)) == 3
     created = apiserver.create(pod("made"))
-    assert created["status"] == {"phase": "Pending"}
+    assert created["status"] == {"phase": "Pending", "qosClass": "BestEffort"}
     with pytest.raises(ApiError) as err:
         apiserver.create(pod("made"))
     assert (err.value.code, err.value.reason) == (409, "AlreadyExists")
