@@ -31,6 +31,48 @@ def _quantity_text(value: Any) -> Any:
     return str(value) if isinstance(value, int) or not value.is_integer() else str(int(value))
 
 
+def _numeric(section: Any) -> bool:
+    return isinstance(section, dict) and any(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in section.values()
+    )
+
+
+def quantities_as_text(obj: dict[str, Any]) -> None:
+    """Render numeric container quantities of a pod as strings, as the real server stores them.
+
+    Copy-on-write: only the containers that carry a number are rebuilt (stored versions share
+    subtrees, so nothing reachable from an older version is mutated).
+    """
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    new_spec = None
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        if not isinstance(containers, list):
+            continue
+        changed = False
+        rebuilt = []
+        for container in containers:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if isinstance(resources, dict) and any(
+                _numeric(resources.get(s)) for s in ("limits", "requests")
+            ):
+                fixed = {
+                    s: {k: _quantity_text(v) for k, v in section.items()}
+                    if isinstance(section, dict)
+                    else section
+                    for s, section in resources.items()
+                }
+                container = {**container, "resources": fixed}
+                changed = True
+            rebuilt.append(container)
+        if changed:
+            new_spec = {**(new_spec or spec), key: rebuilt}
+    if new_spec is not None:
+        obj["spec"] = new_spec
+
+
 def _container(container: dict[str, Any]) -> dict[str, Any]:
     out = dict(container)
     out.setdefault("terminationMessagePath", "/dev/termination-log")

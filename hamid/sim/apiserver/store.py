@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hamid.sim.apiserver.defaults import apply_create_defaults
+from hamid.sim.apiserver.defaults import apply_create_defaults, quantities_as_text
 from hamid.sim.apiserver.errors import (
     STALE,
     ApiError,
@@ -589,6 +589,8 @@ class Store:
             generation += 1
         meta["generation"] = generation
         meta["resourceVersion"] = old_meta["resourceVersion"]
+        if base.plural == "pods":
+            quantities_as_text(obj)
         self._validate(resource, obj)
         if obj == old.obj:
             return old
