@@ -334,7 +334,7 @@ class RequestHandler:
             raw = dumps(tables.table(resource.plural, [view], {"resourceVersion": str(stored.rv)}, include))
         else:
             raw = stored.raw() if not resource.storage else dumps(resource.to_view(stored.obj))
-        headers = [("Warning", f'299 - "{w}"') for w in warnings]
+        headers = [("Warning", '299 - "' + w.replace('"', '\\"') + '"') for w in warnings]
         return web.Response(body=raw, status=status, content_type="application/json", headers=headers or None)
 
     @staticmethod
