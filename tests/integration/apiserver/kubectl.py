@@ -47,6 +47,13 @@ class Kubectl:
         assert chosen is not None
         return cls(chosen, write_kubeconfig(directory / "kubeconfig", url), directory)
 
+    @classmethod
+    def for_kubeconfig(cls, kubeconfig: Path, directory: Path) -> Kubectl:
+        """The newest kubectl with an existing kubeconfig (cache under ``directory``)."""
+        chosen = newest_kubectl()
+        assert chosen is not None
+        return cls(chosen, kubeconfig, directory)
+
     async def run(
         self, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
     ) -> tuple[int, str]:
