@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from hamid.log import get_logger
 from hamid.sim.apiserver import openapi, protobuf, tables, validation
+from hamid.sim.apiserver.admission import MutatingAdmission
 from hamid.sim.apiserver.errors import ApiError, bad_request, status_body
+from hamid.sim.apiserver.faults import Faults
 from hamid.sim.apiserver.patch import PATCH_TYPES
 from hamid.sim.apiserver.resources import (
     BY_PATH,
@@ -24,10 +27,30 @@ from hamid.sim.apiserver.resources import (
     discovery_resources,
 )
 from hamid.sim.apiserver.select import compile_selectors
-from hamid.sim.apiserver.store import Stored, Watcher, dumps
+from hamid.sim.apiserver.store import Store, Stored, Watcher, dumps
+from hamid.sim.apiserver.tokens import TokenRegistry
 
-if TYPE_CHECKING:
-    from hamid.sim.apiserver.server import ApiServer
+
+class ServedState(Protocol):
+    """What the handler serves: the :class:`~hamid.sim.apiserver.server.ApiServer`'s parts."""
+
+    host: str
+    port: int
+    bookmark_interval: float
+    store: Store
+    faults: Faults
+    tokens: TokenRegistry
+    admission: MutatingAdmission
+    requests: Counter[str]
+    stopping: asyncio.Event
+
+    def close_watches(self, kind: str | None = None) -> int:
+        """End open watch streams; returns how many."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for the admin endpoint."""
+        ...
 
 
 def _log() -> Any:
@@ -117,7 +140,7 @@ def _openapi(rest: list[str], accept: str) -> web.Response:
 class RequestHandler:
     """Serves one :class:`~hamid.sim.apiserver.server.ApiServer`'s state over HTTP (one catch-all route)."""
 
-    def __init__(self, server: ApiServer) -> None:
+    def __init__(self, server: ServedState) -> None:
         self.server = server
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

@@ -556,25 +556,8 @@ class Store:
             )
         obj["kind"], obj["apiVersion"] = base.kind, base.api_version
         old_meta = old.obj["metadata"]
-        if subresource == "status":
-            new = dict(old.obj)
-            new["metadata"] = dict(old_meta)
-            for key in ("labels", "annotations"):
-                if key in meta:
-                    new["metadata"][key] = meta[key]
-                else:
-                    new["metadata"].pop(key, None)
-            if "status" in obj:
-                new["status"] = obj["status"]
-            else:
-                new.pop("status", None)
-            obj = new
-            meta = obj["metadata"]
-        elif base.has_status:
-            if "status" in old.obj:
-                obj["status"] = old.obj["status"]
-            else:
-                obj.pop("status", None)
+        obj = _split_status(old.obj, obj, subresource, base.has_status)
+        meta = obj["metadata"]
         for key in _IMMUTABLE_META:
             if key in old_meta:
                 meta[key] = old_meta[key]
@@ -725,6 +708,32 @@ class Store:
             with_status["status"] = obj["status"]
             result = self._update(resource, result, self._check_kind(resource, with_status), "status")
         return result
+
+
+def _split_status(
+    old: dict[str, Any], obj: dict[str, Any], subresource: str, has_status: bool
+) -> dict[str, Any]:
+    """What a write may change: on ``/status`` only status, labels and annotations; on the main path
+    of a resource with a status subresource everything but status."""
+    if subresource == "status":
+        new = dict(old)
+        new["metadata"] = dict(old["metadata"])
+        for key in ("labels", "annotations"):
+            if key in obj["metadata"]:
+                new["metadata"][key] = obj["metadata"][key]
+            else:
+                new["metadata"].pop(key, None)
+        if "status" in obj:
+            new["status"] = obj["status"]
+        else:
+            new.pop("status", None)
+        return new
+    if has_status:
+        if "status" in old:
+            obj["status"] = old["status"]
+        else:
+            obj.pop("status", None)
+    return obj
 
 
 def resource_of(obj: Any) -> Resource:
