@@ -31,6 +31,17 @@ from hamid.sim.apiserver.store import Store, Stored, Watcher, dumps
 from hamid.sim.apiserver.tokens import TokenRegistry
 
 
+def _table_event_encoder(resource: Resource, include: str) -> Callable[[str, Stored], bytes]:
+    """Watch events whose object is a one-row Table (``kubectl get -w``)."""
+
+    def encode(kind: str, stored: Stored) -> bytes:
+        view = resource.to_view(stored.obj)
+        row = tables.table(resource.plural, [view], {"resourceVersion": str(stored.rv)}, include)
+        return dumps({"type": kind, "object": row}) + b"\n"
+
+    return encode
+
+
 class ServedState(Protocol):
     """What the handler serves: the :class:`~hamid.sim.apiserver.server.ApiServer`'s parts."""
 
@@ -391,6 +402,14 @@ class RequestHandler:
                 return _json_response(tables.table(resource.plural, views, meta, include))
             body = self._list_bytes(resource, items, rv, token)
             return web.Response(body=body, content_type="application/json")
+        return await self._watch(request, route, predicate)
+
+    async def _watch(
+        self, request: web.Request, route: _Route, predicate: Callable[[dict[str, Any]], bool] | None
+    ) -> web.StreamResponse:
+        """A watch stream: events (as Tables when asked), bookmarks, a 410 as an ERROR event."""
+        query = request.query
+        resource = route.resource
         timeout = _int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))
         initial = _bool_param(query.get("sendInitialEvents"))
@@ -420,15 +439,9 @@ class RequestHandler:
         snapshot_rv = self.server.store.rv
         try:
             await response.prepare(request)
-            encode = watcher.encode
+            encode: Callable[[str, Stored], bytes] = watcher.encode
             if tables.wants_table(request.headers.get("Accept", "")):
-                include = query.get("includeObject", "Metadata")
-
-                def encode(kind: str, stored: Stored) -> bytes:
-                    view = resource.to_view(stored.obj)
-                    row = tables.table(resource.plural, [view], {"resourceVersion": str(stored.rv)}, include)
-                    return dumps({"type": kind, "object": row}) + b"\n"
-
+                encode = _table_event_encoder(resource, query.get("includeObject", "Metadata"))
             await self._stream(response, watcher, encode, timeout, bookmarks, initial_count, snapshot_rv)
         except (ConnectionResetError, ConnectionError):
             return response

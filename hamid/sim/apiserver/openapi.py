@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hamid.sim.apiserver.openapi_gen import DEFINITIONS_FILE
@@ -124,73 +124,57 @@ def _ref(name: str, version: int) -> dict[str, str]:
     return {"$ref": prefix + name}
 
 
+def _object_ops(
+    resource: Resource, named: tuple[_Param, ...], kind_def: str, sub_kind: str | None
+) -> dict[str, _Operation]:
+    """get, put and patch of one object (or of its ``/status``: ``sub_kind`` names the operation)."""
+    write = named + _WRITE_PARAMS
+    patch = f"{_META}Patch"
+    return {
+        "get": _Operation("get", "get", resource, named, kind_def, kind=sub_kind),
+        "put": _Operation("put", "put", resource, write, kind_def, kind_def, kind=sub_kind),
+        "patch": _Operation("patch", "patch", resource, write, kind_def, patch, PATCH_TYPES, sub_kind),
+    }
+
+
+def _collection_ops(resource: Resource, scope: tuple[_Param, ...], kind_def: str) -> dict[str, _Operation]:
+    """list, create and deletecollection on the collection path, as far as the resource allows them."""
+    verbs = set(resource.verbs)
+    list_def = definition_name(resource.group, resource.version, f"{resource.kind}List") or kind_def
+    ops: dict[str, _Operation] = {}
+    if "list" in verbs:
+        ops["get"] = _Operation("get", "list", resource, scope + _LIST_PARAMS, list_def)
+    if "create" in verbs:
+        ops["post"] = _Operation("post", "post", resource, scope + _WRITE_PARAMS, kind_def, kind_def)
+    if "deletecollection" in verbs:
+        ops["delete"] = _Operation(
+            "delete", "deletecollection", resource, scope + _LIST_PARAMS[:2], f"{_META}Status"
+        )
+    return ops
+
+
 def _paths_of(resource: Resource, kind_def: str) -> dict[str, dict[str, _Operation]]:
     """Path -> HTTP method -> operation, for one resource."""
     prefix = "/api/v1" if not resource.group else f"/apis/{resource.group}/{resource.version}"
     scope = (_NAMESPACE,) if resource.namespaced else ()
-    collection = (
-        f"{prefix}/namespaces/{{namespace}}/{resource.plural}"
-        if resource.namespaced
-        else (f"{prefix}/{resource.plural}")
-    )
-    item = collection + "/{name}"
-    verbs = set(resource.verbs)
-    list_def = definition_name(resource.group, resource.version, f"{resource.kind}List") or kind_def
-    status, delete = f"{_META}Status", f"{_META}DeleteOptions"
-    paths: dict[str, dict[str, _Operation]] = {}
-    coll_ops: dict[str, _Operation] = {}
-    if "list" in verbs:
-        coll_ops["get"] = _Operation("get", "list", resource, scope + _LIST_PARAMS, list_def)
-    if "create" in verbs:
-        coll_ops["post"] = _Operation("post", "post", resource, scope + _WRITE_PARAMS, kind_def, kind_def)
-    if "deletecollection" in verbs:
-        coll_ops["delete"] = _Operation(
-            "delete", "deletecollection", resource, scope + _LIST_PARAMS[:2], status
-        )
-    paths[collection] = coll_ops
-    if resource.namespaced and "list" in verbs:
+    namespaced = f"{prefix}/namespaces/{{namespace}}/{resource.plural}"
+    collection = namespaced if resource.namespaced else f"{prefix}/{resource.plural}"
+    item, named = collection + "/{name}", (_NAME, *scope)
+    paths = {collection: _collection_ops(resource, scope, kind_def)}
+    if resource.namespaced and "list" in resource.verbs:
+        list_all = _collection_ops(resource, (), kind_def)["get"]
         paths[f"{prefix}/{resource.plural}"] = {
-            "get": _Operation(
-                "get", "list", resource, _LIST_PARAMS, list_def, kind=f"{resource.kind}ForAllNamespaces"
-            )
+            "get": replace(list_all, kind=f"{resource.kind}ForAllNamespaces")
         }
-    if "get" in verbs:
-        named = (_NAME, *scope)
-        paths[item] = {
-            "get": _Operation("get", "get", resource, named, kind_def),
-            "put": _Operation("put", "put", resource, named + _WRITE_PARAMS, kind_def, kind_def),
-            "patch": _Operation(
-                "patch", "patch", resource, named + _WRITE_PARAMS, kind_def, f"{_META}Patch", PATCH_TYPES
-            ),
-            "delete": _Operation("delete", "delete", resource, named, status, delete),
-        }
-    for sub in resource.subresources:
-        named = (_NAME, *scope)
-        if sub == "status":
-            sub_kind = f"{resource.kind}Status"
-            paths[f"{item}/status"] = {
-                "get": _Operation("get", "get", resource, named, kind_def, kind=sub_kind),
-                "put": _Operation(
-                    "put", "put", resource, named + _WRITE_PARAMS, kind_def, kind_def, kind=sub_kind
-                ),
-                "patch": _Operation(
-                    "patch",
-                    "patch",
-                    resource,
-                    named + _WRITE_PARAMS,
-                    kind_def,
-                    f"{_META}Patch",
-                    PATCH_TYPES,
-                    sub_kind,
-                ),
-            }
-        elif sub == "binding":
-            binding = definition_name("", "v1", "Binding") or kind_def
-            paths[f"{item}/binding"] = {
-                "post": _Operation(
-                    "post", "post", resource, named + _WRITE_PARAMS, binding, binding, kind="Binding"
-                )
-            }
+    if "get" in resource.verbs:
+        delete = _Operation("delete", "delete", resource, named, f"{_META}Status", f"{_META}DeleteOptions")
+        paths[item] = {**_object_ops(resource, named, kind_def, None), "delete": delete}
+    if "status" in resource.subresources:
+        paths[f"{item}/status"] = _object_ops(resource, named, kind_def, f"{resource.kind}Status")
+    if "binding" in resource.subresources:
+        binding = definition_name("", "v1", "Binding") or kind_def
+        post = _Operation("post", "post", resource, named + _WRITE_PARAMS, binding, binding, kind="Binding")
+        paths[f"{item}/binding"] = {"post": post}
     return {path: ops for path, ops in paths.items() if ops}
 
 
