@@ -6,9 +6,13 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from hamid.cli import cli
 from tests.integration.apiserver.kubectl import Kubectl, needs_kubectl
 
 pytestmark = needs_kubectl
@@ -101,3 +105,22 @@ async def test_demo_keep_prints_the_scenario_then_serves(tmp_path: Path) -> None
     finally:
         code = await _interrupt(proc)
     assert code == 0
+
+
+def test_sim_up_on_a_busy_port_fails_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["sim", "up", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(tmp_path / "k")]
+        )
+    assert result.exit_code == 1
+    assert f"cannot start the cluster on 127.0.0.1:{port}" in result.output
+    assert not (tmp_path / "k").exists()
+
+
+def test_demo_keep_needs_one_scenario() -> None:
+    result = CliRunner().invoke(cli, ["demo", "--keep", "--scenario", "all"])
+    assert result.exit_code == 2
+    assert "--keep keeps one scenario's cluster" in result.output
