@@ -10,9 +10,9 @@ trusting ``clientConfig.caBundle`` (the system roots when empty), within ``timeo
 that fails is an internal error under ``failurePolicy: Fail`` (the default) and skipped under
 ``Ignore``.
 
-Not done: UPDATE/DELETE/CONNECT admission, ``clientConfig.service`` (the embedded server resolves no
-Services: such a webhook counts as a failed call), ``matchConditions``, reinvocation, validating
-webhooks.
+Only creates over HTTP are admitted (the Python API seeds state directly). Not done: UPDATE, DELETE
+and CONNECT admission, ``clientConfig.service`` (the embedded server resolves no Services: such a
+webhook counts as a failed call), ``matchConditions``, reinvocation, validating webhooks.
 """
 
 from __future__ import annotations
