@@ -54,8 +54,8 @@ from hamid.scheduler.refit import refit_route_factory
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE
 from hamid.scheduler.state import Reservation
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_patch import json_patch
-from hamid.sim.apiserver_store import Change
+from hamid.sim.apiserver.patch import json_patch
+from hamid.sim.apiserver.store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
@@ -75,6 +75,8 @@ RESOURCE_NAME = "nvidia.com/gpu"
 DEVICE_PLUGIN_NAMESPACE = "kube-system"
 DEVICE_PLUGIN_SERVICE_ACCOUNT = "hami-device-plugin"
 _POLL_S = 0.01
+#: Name of the MutatingWebhookConfiguration registering the scheduler's webhook.
+WEBHOOK_CONFIGURATION = "hamid-webhook"
 
 
 def data_file(name: str) -> Path:
@@ -106,6 +108,12 @@ class ClusterOptions:
     scheduler_name: str = "hami-scheduler"
     numa_topology: bool = True
     preferred_allocation: bool = True
+    #: Where the embedded API server listens (port 0: a free port).
+    api_host: str = "127.0.0.1"
+    api_port: int = 0
+    #: Register the scheduler's webhook in a MutatingWebhookConfiguration that the API server calls
+    #: on pod create (as on a real cluster); otherwise :meth:`SimCluster.create_pod` calls it itself.
+    admission_webhook: bool = False
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""
@@ -195,7 +203,7 @@ class SimCluster:
 
     def __init__(self, options: ClusterOptions | None = None) -> None:
         self.options = options or ClusterOptions()
-        self.server = ApiServer("127.0.0.1", 0, bookmark_interval=0.5)
+        self.server = ApiServer(self.options.api_host, self.options.api_port, bookmark_interval=0.5)
         self.nodes: dict[str, _Node] = {}
         self.refits: list[RefitCall] = []
         self.scheduler_restarts = 0
@@ -269,6 +277,8 @@ class SimCluster:
             if self.options.scheduler_unreachable:
                 self._blackhole = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
             await self._start_scheduler()
+            if self.options.admission_webhook:
+                self.server.put(self.webhook_configuration())
             for spec in self.options.nodes:
                 await self._start_node(spec)
             self._driver_kube = await connect(api_server=self.server.url, request_timeout=5.0)
@@ -611,7 +621,45 @@ class SimCluster:
         """Admit ``pod`` through the webhook and create it (as the API server would)."""
         body = {"apiVersion": "v1", "kind": "Pod", **pod}
         body.setdefault("metadata", {}).setdefault("namespace", "default")
+        if self.options.admission_webhook:  # the API server calls the webhook itself
+            return await self.kube.create_pod(body)
         return await self.kube.create_pod(await self.admit(body))
+
+    def webhook_configuration(self) -> JSON:
+        """The chart's MutatingWebhookConfiguration, pointing at this cluster's scheduler over TLS."""
+        ignore = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+        ca_pem = self.ca_file.read_bytes()
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK_CONFIGURATION},
+            "webhooks": [
+                {
+                    "name": "vgpu.hami.io",
+                    "admissionReviewVersions": ["v1", "v1beta1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Ignore",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "Never",
+                    "matchPolicy": "Equivalent",
+                    "clientConfig": {
+                        "url": self.cluster_url + "/webhook",
+                        "caBundle": base64.b64encode(ca_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                            "scope": "Namespaced",
+                        }
+                    ],
+                    "objectSelector": ignore,
+                    "namespaceSelector": ignore,
+                }
+            ],
+        }
 
     def pod(self, name: str, namespace: str = "default") -> JSON:
         """The pod as stored now (raises KeyError when absent)."""

@@ -14,10 +14,13 @@ GPU policy (spread, NUMA-blind) picks a GPU on NUMA 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
@@ -38,6 +41,7 @@ from hamid.sim.cluster import (
     data_file,
     wait_until,
 )
+from hamid.sim.keep import DEFAULT_KUBECONFIG, keep_serving
 from hamid.sim.kubelet import PodAdmission
 from hamid.sim.machine import Machine, load_machine_file
 
@@ -321,7 +325,7 @@ def _node_idle(cluster: SimCluster, node: str) -> bool:
 
 async def _aligned_run(result: ScenarioResult, options: ClusterOptions, pod: dict[str, Any]) -> None:
     """Shared body of the scenarios whose refit must succeed (refit, numa-bind)."""
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result)
         await cluster.create_pod(pod)
         result.step("pod", _pod_text(pod))
@@ -432,7 +436,7 @@ async def _refused_run(
     node: str = NODE,
 ) -> None:
     """Shared body of the scenarios where the allocation cannot be aligned."""
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result, node)
         await cluster.create_pod(pod)
         result.step("pod", _pod_text(pod))
@@ -604,7 +608,7 @@ async def scenario_mig_node() -> ScenarioResult:
         "mig-node", "no refit on a MIG-mode node; the allocation is refused, never refitted"
     )
     options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),))
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result)
         probe = seed_pod(name="probe")
         await cluster.create_pod(probe)
@@ -787,10 +791,26 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
 }
 
 
+#: ``hamid demo --keep``: called with the scenario's cluster and result before the cluster stops.
+AFTER_SCENARIO: ContextVar[Callable[[SimCluster, ScenarioResult], Awaitable[None]] | None] = ContextVar(
+    "AFTER_SCENARIO", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def _cluster(options: ClusterOptions, result: ScenarioResult) -> AsyncIterator[SimCluster]:
+    """The scenario's cluster; with ``--keep`` it is handed to :data:`AFTER_SCENARIO` before it stops."""
+    async with SimCluster(options) as cluster:
+        yield cluster
+        keep = AFTER_SCENARIO.get()
+        if keep is not None:
+            await keep(cluster, result)
+
+
 async def run_scenario(name: str) -> ScenarioResult:
     """Run one scenario; an unexpected error becomes a failed check (never a traceback on stdout)."""
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(None if AFTER_SCENARIO.get() else 60):
             return await RUNNERS[name]()
     except Exception as exc:
         result = ScenarioResult(name, "scenario ran to completion")
@@ -823,8 +843,19 @@ def render(result: ScenarioResult) -> str:
     help="Which row of the NUMA-alignment behaviour to run (all: every scenario in turn).",
 )
 @option("--json", "as_json", is_flag=True, help="Print one JSON result object instead of the timeline.")
+@option(
+    "--keep",
+    is_flag=True,
+    help="Keep the scenario's cluster running afterwards for kubectl (as `hamid sim up`); Ctrl-C stops it.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_KUBECONFIG,
+    help="With --keep: where to write the kubeconfig.",
+)
 @click.pass_context
-def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
+def demo_command(ctx: click.Context, scenario: str, as_json: bool, keep: bool, kubeconfig: Path) -> None:
     """Run the NUMA-alignment flow locally: no cluster, no GPU, a few seconds.
 
     Embedded API server, scheduler (TLS, authenticated /refit), plugin (8 GPUs on 2 NUMA nodes),
@@ -832,10 +863,16 @@ def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
     process. Exits 0 only when the scenario's expected outcome happened. Component logs go to
     stderr (warning level unless --log-level is given to hamid).
     """
-    _quiet_logs(ctx)
+    quiet_logs(ctx)
     names = list(SCENARIOS) if scenario == "all" else [scenario]
+    if keep and scenario == "all":
+        raise click.UsageError("--keep keeps one scenario's cluster; choose a --scenario")
+    if keep:
+        AFTER_SCENARIO.set(lambda cluster, result: _keep(cluster, result, kubeconfig, as_json))
     results = asyncio.run(_run_all(names))
     ok = all(r.ok for r in results)
+    if keep:  # printed before the cluster was kept
+        ctx.exit(0 if ok else 1)
     if as_json:
         if scenario == "all":
             click.echo(json.dumps({"ok": ok, "scenarios": [r.to_json() for r in results]}))
@@ -851,7 +888,15 @@ async def _run_all(names: list[str]) -> list[ScenarioResult]:
     return [await run_scenario(n) for n in names]
 
 
-def _quiet_logs(ctx: click.Context) -> None:
+async def _keep(cluster: SimCluster, result: ScenarioResult, kubeconfig: Path, as_json: bool) -> None:
+    """``--keep``: print the scenario's outcome, then serve its cluster for kubectl until a signal."""
+    click.echo(json.dumps(result.to_json()) if as_json else render(result))
+    pod = seed_pod(name=f"{SEED_NAME}-2")  # 4 CPUs: what the scenario's pods leave on one NUMA node
+    pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "4"
+    await keep_serving(cluster, kubeconfig, pod)
+
+
+def quiet_logs(ctx: click.Context) -> None:
     """Warning-level component logs unless the user chose a level (flag or HAMID_LOG_LEVEL)."""
     parent = ctx.parent
     if parent is None:
