@@ -720,7 +720,7 @@ async def scenario_exact_fit() -> ScenarioResult:
         "kubelet skips GetPreferredAllocation (one free replica on the CPUs' NUMA node); Allocate refits "
         "the strict pod onto it; runtime GPU == annotations == accounting on the CPUs' NUMA",
     )
-    async with SimCluster(exact_fit_options()) as cluster:
+    async with _cluster(exact_fit_options(), result) as cluster:
         result.step("node", f"{NODE}: {_describe(cluster.machine(NODE))}; {EXACT_FIT_SPLIT} replicas per GPU")
         free = await stage_exact_fit(cluster)
         result.step(
