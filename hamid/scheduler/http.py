@@ -112,6 +112,13 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _hami_metrics(request: web.Request) -> web.Response:
+    """HAMi's metric names (leader only: every family describes the cluster)."""
+    scheduler = request.app[SCHEDULER_KEY]
+    payload = generate_latest(scheduler.metrics.hami_registry) if scheduler.leading else b""
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def extender_app(scheduler: Scheduler) -> web.Application:
     """``POST /filter`` and ``POST /bind`` (kube-scheduler extender, loopback by default)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -139,10 +146,11 @@ def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = (
 
 
 def metrics_app(scheduler: Scheduler) -> web.Application:
-    """``GET /metrics`` (Prometheus text format)."""
+    """``GET /metrics`` (Prometheus text format) and ``GET /metrics/hami`` (HAMi's names)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SCHEDULER_KEY] = scheduler
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics/hami", _hami_metrics)
     return app
 
 
