@@ -11,6 +11,7 @@ from types import ModuleType
 
 from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
+from hamid.listen import ListenError, serve
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -30,6 +31,7 @@ from hamid.plugin.discovery import (
 )
 from hamid.plugin.inventory import Inventory
 from hamid.plugin.kubelet import KubeletConnector
+from hamid.plugin.metrics import PluginMetrics, metrics_app
 from hamid.plugin.numa_refit import make_mismatch_handler
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
@@ -58,6 +60,8 @@ class PluginOptions:
     kubeconfig: str | None = None
     sysfs_root: str = "/sys"
     refit: RefitClientConfig = field(default_factory=RefitClientConfig)
+    #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
+    metrics_listen: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +160,29 @@ class Plugin:
             preferred_allocation=preferred,
         )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
+        self.metrics = PluginMetrics(self.inventory, node_name=node_name, hook_path=hook_path)
         self.connector = KubeletConnector(
-            lambda: [self.service], device_plugin_dir, setup.resource_name, preferred_allocation=preferred
+            lambda: [self.metrics.instrument(self.service)],
+            device_plugin_dir,
+            setup.resource_name,
+            preferred_allocation=preferred,
         )
         self.registrar = NodeRegistrar(
             client, self.pods, self.inventory, interval=register_interval, error_interval=error_interval
         )
+        self.metrics.kubelet, self.metrics.node = self.connector, self.registrar
+        self.metrics.pod_names = self._pod_names
+
+    def _pod_names(self) -> dict[str, tuple[str, str]]:
+        """pod UID -> (namespace, name) of the pods on this node (HAMi-core cache dirs are by UID)."""
+        names: dict[str, tuple[str, str]] = {}
+        for pod in self.pods.pods():
+            meta = pod.get("metadata") or {}
+            names[str(meta.get("uid") or "")] = (
+                str(meta.get("namespace") or ""),
+                str(meta.get("name") or ""),
+            )
+        return names
 
     async def run(self) -> None:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
@@ -189,7 +210,9 @@ class Plugin:
 
         uuids = [g.uuid for g in self.inventory.gpus]
         try:
-            await asyncio.to_thread(watch_xid_events, uuids, report, stop, self.health_policy, nvml)
+            await asyncio.to_thread(
+                watch_xid_events, uuids, report, stop, self.health_policy, nvml, on_xid=self.metrics.xid
+            )
         except Exception as exc:
             log.error(
                 "XID health watcher failed; serving without GPU health checks",
@@ -235,6 +258,21 @@ async def run_plugin(options: PluginOptions) -> None:
             health_policy=policy,
         )
         plugin.allocator.mismatch_handler = make_mismatch_handler(refit_client, plugin.pods.fetch_pod)
-        await plugin.run()
+        if refit_client is not None:
+            refit_client.observer = plugin.metrics.observe_refit
+        runner = None
+        if options.metrics_listen:
+            try:
+                runner, port = await serve(
+                    metrics_app(plugin.metrics), options.metrics_listen, what="metrics listener"
+                )
+            except ListenError as exc:
+                raise PluginStartupError(str(exc)) from None
+            log.info("metrics and health endpoints serving", port=port)
+        try:
+            await plugin.run()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
     finally:
         await client.close()

@@ -13,35 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-)
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hamid.exposition import register_process_metrics
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
-
-# Counters and histograms carry no ``*_created`` series (promtool and most dashboards never use them).
-disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MIB = 1024 * 1024
 #: HAMi registers its scheduler collector with the constant label ``zone="vGPU"``.
 HAMI_ZONE = "vGPU"
-
-
-def register_process_metrics(registry: CollectorRegistry) -> None:
-    """``process_*``, ``python_info`` and ``python_gc_*`` series in ``registry``."""
-    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-        registry.register(collector)
 
 
 class _GpuCollector(Collector):
