@@ -42,6 +42,7 @@ class LazyGroup(click.Group):
     cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
+@click.version_option(__version__, "--version", prog_name="hamid", message="%(prog)s %(version)s")
 @option(
     "--log-format",
     type=click.Choice(["auto", "json", "console"]),

@@ -30,8 +30,13 @@ class ListenAddress(click.ParamType):
 
     name = "host:port"
 
+    def __init__(self, allow_empty: bool = False) -> None:
+        self.allow_empty = allow_empty
+
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
+        text = str(value).strip()
+        if not text and self.allow_empty:
+            return ""
         try:
             parse_listen(text)
         except InvalidInput as exc:
@@ -40,6 +45,8 @@ class ListenAddress(click.ParamType):
 
 
 LISTEN = ListenAddress()
+#: A listen address that may be empty (the listener is off).
+OPTIONAL_LISTEN = ListenAddress(allow_empty=True)
 
 _BIND_REASONS = {
     errno.EADDRINUSE: "address already in use (another process listens there)",
