@@ -160,7 +160,7 @@ class Plugin:
             preferred_allocation=preferred,
         )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
-        self.metrics = PluginMetrics(self.inventory, node_name=node_name, hook_path=hook_path)
+        self.metrics = PluginMetrics(self.inventory, hook_path=hook_path)
         self.connector = KubeletConnector(
             lambda: [self.metrics.instrument(self.service)],
             device_plugin_dir,

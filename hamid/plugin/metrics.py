@@ -57,9 +57,8 @@ PodNames = Callable[[], Mapping[str, tuple[str, str]]]
 class PluginMetrics:
     """Every metric of one plugin process; the HTTP app is :func:`metrics_app`."""
 
-    def __init__(self, inventory: Inventory, *, node_name: str, hook_path: str) -> None:
+    def __init__(self, inventory: Inventory, *, hook_path: str) -> None:
         self.inventory = inventory
-        self.node_name = node_name
         self.hook_path = hook_path
         self.kubelet: KubeletRegistration | None = None
         self.node: NodeRegistration | None = None
@@ -191,7 +190,8 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.m
-        gpu_labels = ["node", "device_uuid", "device_index", "numa"]
+        # no node label: the scrape target carries it (the chart's ServiceMonitor relabels it in)
+        gpu_labels = ["device_uuid", "device_index", "numa"]
         healthy = GaugeMetricFamily(
             "hamid_plugin_gpu_healthy", "1 while the GPU is healthy.", labels=gpu_labels
         )
@@ -203,7 +203,7 @@ class _StateCollector(Collector):
         for replica in m.inventory.replicas():
             counts[replica.uuid] = counts.get(replica.uuid, 0) + 1
         for gpu in m.inventory.gpus:
-            values = [m.node_name, gpu.uuid, str(gpu.index), str(gpu.numa if gpu.numa is not None else -1)]
+            values = [gpu.uuid, str(gpu.index), str(gpu.numa if gpu.numa is not None else -1)]
             healthy.add_metric(values, 1.0 if states.get(gpu.uuid) else 0.0)
             replicas.add_metric(values, counts.get(gpu.uuid, 0))
         yield from (healthy, replicas)
