@@ -211,12 +211,12 @@ class _StateCollector(Collector):
         yield _gauge(
             "hamid_plugin_kubelet_registered",
             "1 while registered with kubelet.",
-            kubelet and kubelet.registered,
+            kubelet is not None and kubelet.registered,
         )
         yield _counter(
             "hamid_plugin_kubelet_registrations",
             "Successful Register calls to kubelet.",
-            kubelet and kubelet.registrations,
+            kubelet.registrations if kubelet is not None else 0,
         )
         node = m.node
         yield _gauge(
@@ -225,7 +225,9 @@ class _StateCollector(Collector):
             node is not None and node.last_written is not None,
         )
         yield _counter(
-            "hamid_plugin_node_register_patches", "Register annotation patches sent.", node and node.patches
+            "hamid_plugin_node_register_patches",
+            "Register annotation patches sent.",
+            node.patches if node else 0,
         )
         yield from self._usage()
 
