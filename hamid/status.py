@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from hamid import log
 from hamid.fit.usage import container_kinds, effective_pod_usage, init_containers_succeeded
 from hamid.kube.client import EVENTS, KubeClient, connect
 from hamid.kube.errors import KubeError
@@ -227,6 +228,10 @@ def status_command(
     kubeconfig: str | None, api_server: str | None, node_name: str | None, refit_limit: int, output: str
 ) -> None:
     """Show each GPU's allocated memory, cores and pods per node and NUMA node, and recent refits."""
+    root = click.get_current_context().find_root()
+    if root.get_parameter_source("log_level") in (None, click.core.ParameterSource.DEFAULT):
+        # a report on stdout: the client's info lines would only be noise on the terminal
+        log.configure(root.params.get("log_format", "auto"), "warning")
     try:
         status = asyncio.run(_status(kubeconfig, api_server, node_name, refit_limit))
     except KubeError as exc:

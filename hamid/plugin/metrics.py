@@ -81,6 +81,9 @@ class PluginMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        for method in TIMED_METHODS.values():
+            self.calls.labels(method, "OK")
+            self.seconds.labels(method)
         self.refits = Counter(
             "hamid_plugin_refit_requests_total",
             "NUMA refit calls to the scheduler by outcome: committed, refused (by the scheduler), "
