@@ -11,7 +11,6 @@ from types import ModuleType
 
 from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
-from hamid.listen import ListenError, serve
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -31,7 +30,7 @@ from hamid.plugin.discovery import (
 )
 from hamid.plugin.inventory import Inventory
 from hamid.plugin.kubelet import KubeletConnector
-from hamid.plugin.metrics import PluginMetrics, metrics_app
+from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_refit import make_mismatch_handler
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
@@ -170,19 +169,7 @@ class Plugin:
         self.registrar = NodeRegistrar(
             client, self.pods, self.inventory, interval=register_interval, error_interval=error_interval
         )
-        self.metrics.kubelet, self.metrics.node = self.connector, self.registrar
-        self.metrics.pod_names = self._pod_names
-
-    def _pod_names(self) -> dict[str, tuple[str, str]]:
-        """pod UID -> (namespace, name) of the pods on this node (HAMi-core cache dirs are by UID)."""
-        names: dict[str, tuple[str, str]] = {}
-        for pod in self.pods.pods():
-            meta = pod.get("metadata") or {}
-            names[str(meta.get("uid") or "")] = (
-                str(meta.get("namespace") or ""),
-                str(meta.get("name") or ""),
-            )
-        return names
+        self.metrics.attach(self.connector, self.registrar, self.pods)
 
     async def run(self) -> None:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
@@ -260,19 +247,7 @@ async def run_plugin(options: PluginOptions) -> None:
         plugin.allocator.mismatch_handler = make_mismatch_handler(refit_client, plugin.pods.fetch_pod)
         if refit_client is not None:
             refit_client.observer = plugin.metrics.observe_refit
-        runner = None
-        if options.metrics_listen:
-            try:
-                runner, port = await serve(
-                    metrics_app(plugin.metrics), options.metrics_listen, what="metrics listener"
-                )
-            except ListenError as exc:
-                raise PluginStartupError(str(exc)) from None
-            log.info("metrics and health endpoints serving", port=port)
-        try:
+        async with serve_metrics(plugin.metrics, options.metrics_listen):
             await plugin.run()
-        finally:
-            if runner is not None:
-                await runner.cleanup()
     finally:
         await client.close()

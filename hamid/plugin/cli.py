@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from hamid.listen import OPTIONAL_LISTEN
+from hamid.listen import OPTIONAL_LISTEN, ListenError
 from hamid.log import get_logger
 from hamid.options import option
 from hamid.plugin.app import PluginOptions, PluginStartupError, run_plugin
@@ -199,5 +199,5 @@ def plugin_command(
     with contextlib.suppress(KeyboardInterrupt):
         try:
             asyncio.run(_run_until_signal(options))
-        except PluginStartupError as exc:
-            raise click.ClickException(str(exc)) from exc
+        except (PluginStartupError, ListenError) as exc:
+            raise click.ClickException(str(exc)) from None

@@ -16,8 +16,9 @@ the XID watcher's callback; everything else is read at scrape time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -27,8 +28,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
+from hamid.listen import serve
+from hamid.log import get_logger
 from hamid.plugin.inventory import Inventory
 from hamid.plugin.vgpu_monitor import UsageScan, scan
+
+log = get_logger("plugin.metrics")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: gRPC methods timed and counted (kubelet's calls that decide a container's GPUs).
@@ -50,8 +55,23 @@ class NodeRegistration(Protocol):
     patches: int
 
 
+class PodLister(Protocol):
+    """What the metrics read of :class:`~hamid.plugin.pods.NodePods`."""
+
+    def pods(self) -> list[dict[str, Any]]: ...
+
+
 #: pod UID -> (namespace, name) of the pods on this node (read on the event loop).
 PodNames = Callable[[], Mapping[str, tuple[str, str]]]
+
+
+def pod_names(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """pod UID -> (namespace, name): HAMi-core's cache directories are named by pod UID."""
+    names: dict[str, tuple[str, str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        names[str(meta.get("uid") or "")] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    return names
 
 
 class PluginMetrics:
@@ -108,6 +128,11 @@ class PluginMetrics:
         r.register(_StateCollector(self))
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(_HamiMonitorCollector(self))
+
+    def attach(self, kubelet: KubeletRegistration, node: NodeRegistration, pods: PodLister) -> None:
+        """The parts read at scrape time: kubelet registration, node registration, the node's pods."""
+        self.kubelet, self.node = kubelet, node
+        self.pod_names = lambda: pod_names(pods.pods())
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -343,6 +368,23 @@ async def _readyz(request: web.Request) -> web.Response:
     if reason:
         return web.Response(status=503, text=f"not ready: {reason}")
     return web.Response(text="ok")
+
+
+@contextlib.asynccontextmanager
+async def serve_metrics(metrics: PluginMetrics, listen: str) -> AsyncIterator[int | None]:
+    """Serve :func:`metrics_app` on ``listen`` ("" = not at all) while the block runs; yields the port.
+
+    A bind failure raises :class:`~hamid.listen.ListenError` (one line, no traceback).
+    """
+    if not listen:
+        yield None
+        return
+    runner, port = await serve(metrics_app(metrics), listen, what="metrics listener")
+    log.info("metrics and health endpoints serving", port=port)
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
 
 
 def metrics_app(metrics: PluginMetrics) -> web.Application:

@@ -150,3 +150,30 @@ def test_doctor_grammar() -> None:
     findings = check_node_config(NodeConfig(), "n1", has_entry=False)
     assert any("add a devicePlugin.nodeConfiguration.config entry" in f.fix for f in findings)
     assert not any("add an " in f.fix for f in findings)
+
+
+def test_plugin_busy_metrics_port_is_one_line(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    devices.write_text(
+        "devices:\n"
+        "  - {uuid: GPU-a, index: 0, name: T4, memoryMiB: 15360, numa: 0, pciBusId: '0000:01:00.0'}\n"
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = hamid(
+            "plugin",
+            "--node-name=n1",
+            f"--devices-file={devices}",
+            f"--node-config-file={tmp_path / 'none.json'}",
+            f"--device-plugin-dir={tmp_path}/",
+            "--api-server=http://127.0.0.1:1",
+            f"--metrics-listen=127.0.0.1:{port}",
+        )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        f"Error: cannot start the metrics listener on 127.0.0.1:{port}: address already in use "
+        "(another process listens there)"
+    ]
