@@ -571,6 +571,9 @@ async def connect(
             raise KubeError(f"--api-server must be an http:// or https:// URL, got {api_server!r}")
         source = "api-server URL"
     elif kubeconfig:
+        missing = await asyncio.to_thread(_missing_files, kubeconfig)
+        if missing:
+            raise KubeError(f"kubeconfig {', '.join(missing)} does not exist (--kubeconfig or KUBECONFIG)")
         try:
             await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
@@ -593,6 +596,11 @@ async def connect(
     _without_env_lookups(api_client)
     log.info("kube client configured", source=source, host=configuration.host, proxy=configuration.proxy)
     return KubeClient(api_client, request_timeout=request_timeout)
+
+
+def _missing_files(paths: str) -> list[str]:
+    """The entries of a ``KUBECONFIG``-style list that are not files (the library only warns)."""
+    return [p for p in paths.split(os.pathsep) if p and not os.path.isfile(p)]
 
 
 def _resolve_proxy(configuration: Configuration) -> None:

@@ -81,6 +81,8 @@ class KubeletConnector:
         self.retry_interval = retry_interval
         self.registrations = 0
         self.servers_started = 0
+        #: True while registered with the kubelet now running (metrics, readiness).
+        self.registered = False
 
     async def run(self) -> None:
         """Serve and register; after a kubelet restart serve afresh and register again. Never returns."""
@@ -98,6 +100,7 @@ class KubeletConnector:
         try:
             await self._watch(own)
         finally:
+            self.registered = False
             server.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
@@ -123,6 +126,7 @@ class KubeletConnector:
                 try:
                     await self.register()
                     registered_with = kubelet
+                    self.registered = True
                 except (GRPCError, OSError, TimeoutError, StreamTerminatedError) as exc:
                     log.warning("registration with kubelet failed; retrying", error=str(exc))
                     next_try = loop.time() + self.retry_interval

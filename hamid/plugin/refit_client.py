@@ -21,6 +21,8 @@ import asyncio
 import json
 import os
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -44,6 +46,14 @@ DEFAULT_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 class RefitError(Exception):
     """A refit that did not commit (refused, transport, TLS, token or decoding error)."""
+
+
+class RefitRefused(RefitError):
+    """The scheduler answered and refused the refit."""
+
+
+#: Told the outcome (``committed``, ``refused``, ``failed``) and seconds of every refit call.
+RefitObserver = Callable[[str, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +119,7 @@ class RefitClient:
         if config.client_cert_file and parts.scheme != "https":
             raise InvalidInput(f"a client certificate needs an https endpoint, not {endpoint!r}")
         self.config = config
+        self.observer: RefitObserver | None = None
         self.url = endpoint.rstrip("/") + REFIT_PATH
         self.scheme = parts.scheme
         self._tls: tuple[tuple[FileVersion, ...], ssl.SSLContext] | None = None
@@ -165,11 +176,20 @@ class RefitClient:
 
     async def refit(self, request: RefitRequest) -> ContainerDevices:
         """Send ``request`` once (2 s total); the committed devices, or :class:`RefitError`."""
+        started, outcome = time.perf_counter(), "failed"
         try:
             async with asyncio.timeout(self.config.timeout):
-                return await self._refit(request)
+                devices = await self._refit(request)
+            outcome = "committed"
+            return devices
+        except RefitRefused:
+            outcome = "refused"
+            raise
         except TimeoutError:
             raise RefitError(f"scheduler refit did not answer within {self.config.timeout:g}s") from None
+        finally:
+            if self.observer is not None:
+                self.observer(outcome, time.perf_counter() - started)
 
     async def _refit(self, request: RefitRequest) -> ContainerDevices:
         headers, ctx = await asyncio.to_thread(self._prepare)
@@ -200,7 +220,7 @@ class RefitClient:
         except (ValueError, InvalidInput) as exc:
             raise RefitError(f"cannot decode refit response: {exc}") from exc
         if not response.succeeded:
-            raise RefitError(f"scheduler refused refit: {response.failure_reason}")
+            raise RefitRefused(f"scheduler refused refit: {response.failure_reason}")
         try:
             devices = response.devices()
         except InvalidInput as exc:

@@ -9,7 +9,6 @@ Extender arguments of the wrong shape are answered in-band like HAMi does (HTTP 
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -17,6 +16,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
 from prometheus_client.registry import Collector
 
+from hamid.listen import parse_listen as parse_listen  # re-exported
+from hamid.listen import serve as serve  # re-exported
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
@@ -112,6 +113,13 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _hami_metrics(request: web.Request) -> web.Response:
+    """HAMi's metric names (leader only: every family describes the cluster)."""
+    scheduler = request.app[SCHEDULER_KEY]
+    payload = generate_latest(scheduler.metrics.hami_registry) if scheduler.leading else b""
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def extender_app(scheduler: Scheduler) -> web.Application:
     """``POST /filter`` and ``POST /bind`` (kube-scheduler extender, loopback by default)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -139,32 +147,9 @@ def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = (
 
 
 def metrics_app(scheduler: Scheduler) -> web.Application:
-    """``GET /metrics`` (Prometheus text format)."""
+    """``GET /metrics`` (Prometheus text format) and ``GET /metrics/hami`` (HAMi's names)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SCHEDULER_KEY] = scheduler
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics/hami", _hami_metrics)
     return app
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``host:port`` (``:port`` = all interfaces, ``[v6]:port`` accepted) → (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidInput(f"listen address {value!r} must be host:port")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-async def serve(
-    app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``listen``; returns the runner (call ``cleanup()``) and the bound port."""
-    host, port = parse_listen(listen)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or ()
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, int(bound)

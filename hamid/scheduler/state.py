@@ -756,6 +756,10 @@ class SchedulerState:
             if not objects:
                 del self._quota_objects[ns]
 
+    def quota_namespaces(self) -> list[str]:
+        """Namespaces with a GPU ResourceQuota (for metrics)."""
+        return sorted(self._quota_objects)
+
     def fit_quota(self, namespace: str, exclude_uid: str = "") -> Quota | None:
         """The namespace's quota headroom for a fit (tightest limits; usage without ``exclude_uid``)."""
         objects = self._quota_objects.get(namespace)
