@@ -14,15 +14,18 @@ import enum
 import itertools
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from hamid.model._wire import want_object
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
+    DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
     TM_OPTION_MAX_NUMA_NODES,
     TM_OPTION_PREFER_CLOSEST,
     ContainerPrediction,
@@ -189,6 +192,23 @@ class CpuTopology:
         self.reserved_physical = frozenset(
             cpu for r in profile.reserved_cpus for cpu in self.cpus_of_core[self.core_of[r]]
         )
+
+
+_TOPOLOGIES: OrderedDict[int, tuple[NumaProfile, CpuTopology]] = OrderedDict()
+_TOPOLOGY_MEMO_SIZE = 4096  # more than the nodes of a large cluster
+
+
+def topology_of(profile: NumaProfile) -> CpuTopology:
+    """The profile's :class:`CpuTopology`, memoised per profile object (profiles are immutable)."""
+    hit = _TOPOLOGIES.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        _TOPOLOGIES.move_to_end(id(profile))
+        return hit[1]
+    topo = CpuTopology(profile)
+    _TOPOLOGIES[id(profile)] = (profile, topo)
+    while len(_TOPOLOGIES) > _TOPOLOGY_MEMO_SIZE:
+        _TOPOLOGIES.popitem(last=False)
+    return topo
 
 
 def _group(owner: Mapping[int, int]) -> dict[int, frozenset[int]]:
@@ -498,18 +518,19 @@ def _containers(pod: Mapping[str, Any]) -> list[_Container]:
         raise InvalidInput("pod: no spec")
     out: list[_Container] = []
     for section in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(section) or ()):
+        listed = spec.get(section) or []
+        if not isinstance(listed, list):
+            raise InvalidInput(f"pod spec.{section}: want an array")
+        for i, c in enumerate(listed):
             where = f"pod {section}[{i}]"
             if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
                 raise InvalidInput(f"{where}: not a container")
-            res = c.get("resources") or {}
-            if not isinstance(res, Mapping):
-                raise InvalidInput(f"{where}: resources is not an object")
-            limits = {k: _quantity(v, f"{where} limits.{k}") for k, v in (res.get("limits") or {}).items()}
+            res = want_object(c.get("resources") or {}, f"{where} resources")
+            raw_limits = want_object(res.get("limits") or {}, f"{where} limits")
+            raw_requests = want_object(res.get("requests") or {}, f"{where} requests")
+            limits = {k: _quantity(v, f"{where} limits.{k}") for k, v in raw_limits.items()}
             requests = dict(limits)
-            requests.update(
-                {k: _quantity(v, f"{where} requests.{k}") for k, v in (res.get("requests") or {}).items()}
-            )
+            requests.update({k: _quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
             kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
             out.append(_Container(c["name"], kind, requests, limits))
     return out
@@ -599,8 +620,9 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
     """Why the profile's kubelet configuration cannot be predicted exactly, or ``None``."""
     pol = profile.policies
     tm_opts, cpu_opts = pol.topology_manager_options, pol.cpu_manager_options
-    for name in sorted(set(tm_opts) - _MODELLED_TM_OPTIONS):
-        return f"topology manager option {name!r} is not modelled"
+    extra = sorted(set(tm_opts) - _MODELLED_TM_OPTIONS)
+    if extra:
+        return f"topology manager option {extra[0]!r} is not modelled"
     try:
         closest = pol.option_enabled(tm_opts, TM_OPTION_PREFER_CLOSEST)
         limit = pol.max_allowable_numa_nodes()
@@ -608,6 +630,8 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
         pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
     except InvalidInput as exc:
         return f"kubelet would not start with this option value: {exc}"
+    if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
+        return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
     if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
         return f"kubelet's topology manager refuses {len(profile.numa_nodes)} NUMA nodes (max {limit})"
     if (
@@ -617,8 +641,9 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
     ):
         return "prefer-closest-numa-nodes needs the NUMA distances, which the profile lacks"
     if pol.cpu_manager_policy == "static":
-        for name in sorted(set(cpu_opts) - _MODELLED_CPU_OPTIONS):
-            return f"CPU manager option {name!r} is not modelled"
+        extra = sorted(set(cpu_opts) - _MODELLED_CPU_OPTIONS)
+        if extra:
+            return f"CPU manager option {extra[0]!r} is not modelled"
         if not profile.reserved_cpus:
             return "the static CPU manager policy needs reserved CPUs; kubelet would not start"
     elif pcpus:
@@ -633,7 +658,7 @@ class _Admission:
         self, profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
     ) -> None:
         self.profile = profile
-        self.topo = CpuTopology(profile)
+        self.topo = topology_of(profile)
         self.containers = containers
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
         self.full_pcpus = profile.policies.option_enabled(
@@ -761,7 +786,8 @@ class _Admission:
             sign = 1 if c.kind == "init" else -1
             for n, k in (new if c.kind == "init" else got).items():
                 reusable[n] = reusable.get(n, 0) + sign * k
-            out[res] = {n: k for n, k in mine.items() if k}
+            if any(mine.values()):
+                out[res] = {n: k for n, k in mine.items() if k}
         return out
 
     def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
