@@ -518,22 +518,27 @@ def _containers(pod: Mapping[str, Any]) -> list[_Container]:
         raise InvalidInput("pod: no spec")
     out: list[_Container] = []
     for section in ("initContainers", "containers"):
-        listed = spec.get(section) or []
+        listed = spec.get(section)
+        listed = [] if listed is None else listed
         if not isinstance(listed, list):
             raise InvalidInput(f"pod spec.{section}: want an array")
         for i, c in enumerate(listed):
             where = f"pod {section}[{i}]"
             if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
                 raise InvalidInput(f"{where}: not a container")
-            res = want_object(c.get("resources") or {}, f"{where} resources")
-            raw_limits = want_object(res.get("limits") or {}, f"{where} limits")
-            raw_requests = want_object(res.get("requests") or {}, f"{where} requests")
+            res = _object_or_empty(c.get("resources"), f"{where} resources")
+            raw_limits = _object_or_empty(res.get("limits"), f"{where} limits")
+            raw_requests = _object_or_empty(res.get("requests"), f"{where} requests")
             limits = {k: _quantity(v, f"{where} limits.{k}") for k, v in raw_limits.items()}
             requests = dict(limits)
             requests.update({k: _quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
             kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
             out.append(_Container(c["name"], kind, requests, limits))
     return out
+
+
+def _object_or_empty(value: object, where: str) -> Mapping[str, Any]:
+    return {} if value is None else want_object(value, where)
 
 
 def pod_qos(pod: Mapping[str, Any], containers: Sequence[_Container]) -> str:

@@ -594,3 +594,120 @@ def test_placed_predictions_fit_the_ledger_and_stay_on_their_node(
             assert c.cpus <= profile.cpus_of_numa(node)
             assert set(c.devices.get(GPU, {})) <= {node}
         ledger.apply(p.usage)  # a placed prediction always fits what it was predicted against
+
+
+# cpu_assignment_test.go TestCPUAccumulatorFreeCPUs: the first CPU of kubelet's order is the one
+# taken for a one-CPU request (no whole core is claimed for fewer CPUs than a core has).
+FIRST_FREE_CPU = [
+    ("single socket HT, 8 cpus free", SINGLE_SOCKET_HT, "0-7", 0),
+    ("single socket HT, 5 cpus free", SINGLE_SOCKET_HT, "3-7", 4),
+    ("dual socket HT, 12 cpus free", DUAL_SOCKET_HT, "0-11", 0),
+    ("dual socket HT, 11 cpus free", DUAL_SOCKET_HT, "1-11", 6),
+    ("dual socket HT, 10 cpus free", DUAL_SOCKET_HT, "1-5,7-11", 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "available", "first"), [c[1:] for c in FIRST_FREE_CPU], ids=[c[0] for c in FIRST_FREE_CPU]
+)
+def test_first_free_cpu_order(layout: list, available: str, first: int) -> None:
+    assert take_by_topology_packed(CpuTopology(profile_of(layout)), cpus(available), 1) == {first}
+
+
+def test_max_allowable_numa_nodes_below_the_minimum_is_unknown() -> None:
+    profile = profile_of(machine(2, 1, 4, 1), topology_manager_options={"max-allowable-numa-nodes": "4"})
+    assert predict(profile, ledger_for(profile), pod(ctr("c", "2")), now=NOW).reason == UNKNOWN_UNMODELLED
+    profile = profile_of(machine(2, 1, 4, 1), topology_manager_options={"max-allowable-numa-nodes": "16"})
+    assert predict(profile, ledger_for(profile), pod(ctr("c", "2")), now=NOW).outcome is Outcome.PLACED
+
+
+def test_strict_cpu_reservation_is_modelled() -> None:
+    profile = profile_of(machine(2, 1, 4, 1), cpu_manager_options={"strict-cpu-reservation": "true"})
+    p = predict(profile, ledger_for(profile), pod(ctr("c", "3")), now=NOW)
+    assert p.outcome is Outcome.PLACED and p.containers[0].cpus == cpus("1-3")
+
+
+def test_best_effort_pod_is_aligned_by_its_gpus() -> None:
+    profile = profile_of(machine(2, 1, 4, 1))
+    best_effort = pod({"name": "c", "resources": {"limits": {GPU: "1"}}})
+    p = predict(profile, ledger_for(profile, {0: 0, 1: 1}), best_effort, now=NOW)
+    assert p.containers[0].numa == frozenset({1}) and p.containers[0].devices == {GPU: {1: 1}}
+
+
+def test_hamis_scheduler_only_resources_are_not_device_plugin_resources() -> None:
+    profile = profile_of(machine(2, 1, 4, 1))
+    c = ctr("c", "2", gpu=1)
+    c["resources"]["limits"]["nvidia.com/gpumem"] = "4000"
+    p = predict(profile, ledger_for(profile, {0: 1, 1: 1}), pod(c), now=NOW)
+    assert p.outcome is Outcome.PLACED and set(p.containers[0].devices) == {GPU}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"containers": "x"},
+        {"containers": [{"name": 1}]},
+        {"containers": [{"name": "c", "resources": []}]},
+        {"containers": [{"name": "c", "resources": {"limits": {"cpu": True}}}]},
+        {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1e999999"}}}]},
+    ],
+)
+def test_bad_pod_shapes_raise_invalid_input(spec: dict) -> None:
+    profile = profile_of(machine(2, 1, 4, 1))
+    with pytest.raises(InvalidInput):
+        predict(profile, ledger_for(profile), {"spec": spec}, now=NOW)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[NumaProfile, NumaLedger, dict]:
+    sockets, numa_per_socket = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    layout = machine(sockets, numa_per_socket, draw(st.integers(1, 4)), draw(st.integers(1, 2)))
+    all_cpus = sorted(row[0] for row in layout)
+    reserved = draw(st.sets(st.sampled_from(all_cpus), min_size=1, max_size=2))
+    profile = profile_of(
+        layout,
+        reserved=reserved,
+        topology_manager_policy=draw(
+            st.sampled_from(["none", "best-effort", "restricted", "single-numa-node"])
+        ),
+        topology_manager_scope=draw(st.sampled_from(["container", "pod"])),
+        cpu_manager_options=draw(st.sampled_from([{}, {"full-pcpus-only": "true"}])),
+    )
+    numa = profile.numa_nodes
+    totals = {n: draw(st.integers(0, 3)) for n in numa}
+    ledger = NumaLedger.for_profile(profile, {GPU: totals})
+    free = sorted(ledger.free_cpus)
+    busy = draw(st.sets(st.sampled_from(free), max_size=len(all_cpus))) if free else set()
+    ledger.apply(NumaUsage(frozenset(busy), {GPU: {n: draw(st.integers(0, t)) for n, t in totals.items()}}))
+
+    def container(name: str, sidecar: bool = False) -> dict:
+        n = draw(st.integers(0, 4))
+        cpu = str(n) if draw(st.booleans()) else f"{n}500m"
+        return ctr(name, cpu, gpu=draw(st.integers(0, 2)), sidecar=sidecar)
+
+    inits = [container(f"i{i}", sidecar=draw(st.booleans())) for i in range(draw(st.integers(0, 2)))]
+    apps = [container(f"a{i}") for i in range(draw(st.integers(1, 2)))]
+    return profile, ledger, pod(*apps, init=inits)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_any_pod_gets_a_definite_or_explained_answer(scenario: tuple[NumaProfile, NumaLedger, dict]) -> None:
+    profile, ledger, p = scenario
+    before = (ledger.free_cpus, ledger.device_counts(GPU))
+    result = predict(profile, ledger, p, now=NOW)
+    assert (ledger.free_cpus, ledger.device_counts(GPU)) == before
+    if result.outcome is Outcome.REJECT:
+        assert result.reason in (TOPOLOGY_AFFINITY_ERROR, SMT_ALIGNMENT_ERROR, UNEXPECTED_ADMISSION_ERROR)
+    elif result.outcome is Outcome.UNKNOWN:
+        assert result.reason == UNKNOWN_UNMODELLED and result.message
+    else:
+        assert [c.name for c in result.containers] == [
+            c["name"] for c in p["spec"].get("initContainers", [])
+        ] + [c["name"] for c in p["spec"]["containers"]]
+        if profile.policies.topology_manager_policy == "single-numa-node":
+            for c in result.containers:
+                assert len(c.numa) <= 1 or len(profile.numa_nodes) == 1
+        ledger.apply(result.usage)
+        ledger.release(result.usage)
+        assert (ledger.free_cpus, ledger.device_counts(GPU)) == before
