@@ -28,6 +28,7 @@ from hamid.model.numa import (
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
     TM_OPTION_MAX_NUMA_NODES,
     TM_OPTION_PREFER_CLOSEST,
+    ContainerPlacement,
     ContainerPrediction,
     NumaProfile,
     PodPrediction,
@@ -675,7 +676,6 @@ class _Admission:
         self.dev_total = {r: {n: t for n, (t, _f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_free = {r: {n: f for n, (_t, f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_reusable: dict[str, dict[int, int]] = {r: {} for r in self.resources}
-        self.dev_new: dict[str, dict[int, int]] = {}
 
     # --- requests -------------------------------------------------------------------------
 
@@ -760,7 +760,11 @@ class _Admission:
         return result
 
     def allocate_devices(self, c: _Container, mask: int | None) -> dict[str, dict[int, int]]:
-        """The device manager's ``devicesToAllocate`` per NUMA bucket; unknown when the plugin picks."""
+        """The device manager's ``devicesToAllocate`` per NUMA bucket; unknown when the plugin picks.
+
+        Returns the replicas the container newly takes; replicas it reuses from an init container
+        stay counted on the container that took them, so a pod's usage is the sum over containers.
+        """
         out: dict[str, dict[int, int]] = {}
         for res, need in sorted(self.device_requests(c).items()):
             reusable, free = self.dev_reusable[res], self.dev_free[res]
@@ -783,16 +787,11 @@ class _Admission:
                 new[n] = new.get(n, 0) + k
             for n, k in new.items():
                 free[n] -= k
-                self.dev_new.setdefault(res, {})
-                self.dev_new[res][n] = self.dev_new[res].get(n, 0) + k
-            mine = dict(got)
-            for n, k in new.items():
-                mine[n] = mine.get(n, 0) + k
             sign = 1 if c.kind == "init" else -1
             for n, k in (new if c.kind == "init" else got).items():
                 reusable[n] = reusable.get(n, 0) + sign * k
-            if any(mine.values()):
-                out[res] = {n: k for n, k in mine.items() if k}
+            if any(new.values()):
+                out[res] = {n: k for n, k in new.items() if k}
         return out
 
     def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
@@ -821,10 +820,6 @@ class _Admission:
             self.place(c, self.affinity(self.cpu_request(c), self.device_requests(c)))
             for c in self.containers
         )
-
-    def usage(self, placed: Sequence[ContainerPrediction]) -> NumaUsage:
-        cpus = frozenset(x for p in placed for x in p.cpus)
-        return NumaUsage(cpus, {r: dict(per) for r, per in self.dev_new.items() if any(per.values())})
 
 
 def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
@@ -891,4 +886,29 @@ def predict(
         placed = admission.admit()
     except _Stop as stop:
         return stop.prediction
-    return Prediction(Outcome.PLACED, containers=placed, usage=admission.usage(placed))
+    return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+
+
+def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:
+    """A predicted pod's ledger usage (also from a decoded ``hamid.io/numa-predicted`` record)."""
+    cpus: set[int] = set()
+    devices: dict[str, dict[int, int]] = {}
+    for c in containers:
+        cpus |= c.cpus
+        for res, per_numa in c.devices.items():
+            into = devices.setdefault(res, {})
+            for n, k in per_numa.items():
+                into[n] = into.get(n, 0) + k
+    return NumaUsage(frozenset(cpus), devices)
+
+
+def usage_of_placement(containers: Iterable[ContainerPlacement]) -> NumaUsage:
+    """An observed pod's ledger usage: its exclusive CPUs and distinct device IDs per NUMA bucket."""
+    cpus: set[int] = set()
+    ids: dict[str, dict[int, set[str]]] = {}
+    for c in containers:
+        cpus |= c.cpus
+        for res, per_numa in c.devices.items():
+            for n, held in per_numa.items():
+                ids.setdefault(res, {}).setdefault(n, set()).update(held)
+    return NumaUsage(frozenset(cpus), {r: {n: len(v) for n, v in per.items()} for r, per in ids.items()})

@@ -444,7 +444,11 @@ class ContainerPlacement:
 
 @dataclass(frozen=True, slots=True)
 class ContainerPrediction:
-    """The predicted share of one container: NUMA node(s), exclusive CPUs, device counts per NUMA."""
+    """The predicted share of one container: NUMA node(s), exclusive CPUs, device counts per NUMA.
+
+    ``devices`` counts the replicas the container newly takes; replicas reused from an init
+    container stay on the container that took them, so a pod's usage is the sum over containers.
+    """
 
     name: str
     numa: frozenset[int]

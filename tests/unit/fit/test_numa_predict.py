@@ -29,9 +29,18 @@ from hamid.fit.numa_predict import (
     merge_hints,
     predict,
     take_by_topology_packed,
+    usage_of_placement,
+    usage_of_prediction,
 )
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile, parse_cpu_list
+from hamid.model.numa import (
+    ContainerPlacement,
+    CpuInfo,
+    KubeletPolicies,
+    NumaProfile,
+    PodPlacement,
+    parse_cpu_list,
+)
 
 GPU = "nvidia.com/gpu"
 NOW = 1_000_000
@@ -456,7 +465,22 @@ def test_init_container_gpus_are_reused() -> None:
         profile, ledger_for(profile, {0: 2, 1: 2}), pod(ctr("app", gpu=1), init=[ctr("init", gpu=2)]), now=NOW
     )
     assert p.outcome is Outcome.PLACED
-    assert p.containers[1].devices == {GPU: {0: 1}} and p.usage.devices == {GPU: {0: 2}}
+    init, app = p.containers
+    assert init.devices == {GPU: {0: 2}} and app.devices == {}  # the app reuses one of the init's
+    assert app.numa == frozenset({0}) and p.usage.devices == {GPU: {0: 2}}
+    assert usage_of_prediction(p.record(1).containers) == p.usage
+
+
+def test_usage_of_placement_counts_distinct_device_ids() -> None:
+    held = {GPU: {0: ("GPU-a-1", "GPU-a-2")}}
+    placement = PodPlacement(
+        1,
+        (
+            ContainerPlacement("init", frozenset({0}), frozenset({1, 2}), held),
+            ContainerPlacement("app", frozenset({0}), frozenset({1, 2}), {GPU: {0: ("GPU-a-1",)}}),
+        ),
+    )
+    assert usage_of_placement(placement.containers) == NumaUsage(frozenset({1, 2}), {GPU: {0: 2}})
 
 
 def test_not_enough_cpus_under_best_effort_is_unexpected_admission_error() -> None:
