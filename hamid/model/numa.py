@@ -274,9 +274,10 @@ def _check_profile(p: NumaProfile) -> None:
         where = groups.setdefault(c.core, (c.socket, c.numa))
         if where != (c.socket, c.numa):
             raise InvalidInput(f"numa profile: core {c.core} spans sockets or NUMA nodes")
-    if any(groups.get(c.cpu) is None and c.core == c.cpu for c in p.cpus) or any(
-        min(x.cpu for x in p.cpus if x.core == core) != core for core in groups
-    ):
+    lowest: dict[int, int] = {}
+    for c in p.cpus:  # ascending: the first CPU seen of a core is its lowest
+        lowest.setdefault(c.core, c.cpu)
+    if any(core != cpu for core, cpu in lowest.items()):
         raise InvalidInput("numa profile: a core id must be the lowest CPU id of its threads")
     if not p.reserved_cpus <= frozenset(ids):
         raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
@@ -352,7 +353,7 @@ def _load(text: object, key: str, keys: frozenset[str]) -> Mapping[str, object]:
 def _id_map(value: object, where: str) -> dict[int, frozenset[int]]:
     out: dict[int, frozenset[int]] = {}
     for k, v in want_object(value, where).items():
-        if not _NUMA_KEY.match(k) and not re.fullmatch(_INT, k):
+        if not re.fullmatch(_INT, k):
             raise InvalidInput(f"{where}: key {k!r:.20} is not a canonical id")
         out[int(k)] = parse_cpu_list(v, f"{where}.{k}")
     return out

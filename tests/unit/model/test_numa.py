@@ -329,3 +329,14 @@ def test_json_garbage_only_raises_invalid_input(value: object) -> None:
         for decode in (decode_profile, decode_placement, decode_prediction):
             with contextlib.suppress(InvalidInput):
                 decode(json.dumps(doc))
+
+
+def test_profile_constructor_checks_core_ids() -> None:
+    base = linux_node(1, 2, 2)
+    wrong = tuple(CpuInfo(c.cpu, 2 if c.core == 0 else c.core, c.socket, c.numa) for c in base.cpus)
+    with pytest.raises(InvalidInput):
+        NumaProfile(1, 1, base.numa_nodes, wrong)
+    with pytest.raises(InvalidInput):
+        NumaProfile(1, 1, (0, 0), base.cpus)
+    with pytest.raises(InvalidInput):
+        NumaProfile(1, 1, (0,), base.cpus, policies=KubeletPolicies(topology_manager_scope="node"))
