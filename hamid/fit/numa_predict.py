@@ -871,6 +871,8 @@ def predict(
         return _unknown(UNKNOWN_PROFILE_STALE, f"the NUMA profile is older than {max_age_s:.0f} s")
     if ledger is None or ledger.generation != profile.generation:
         return _unknown(UNKNOWN_PROFILE_STALE, "the NUMA ledger was built for another profile generation")
+    if not ledger.free_cpus <= profile.all_cpus - profile.reserved_cpus:
+        return _unknown(UNKNOWN_PROFILE_STALE, "the NUMA ledger holds CPUs the profile does not assign")
     why = unmodelled_reason(profile)
     if why is not None:
         return _unknown(UNKNOWN_UNMODELLED, why)

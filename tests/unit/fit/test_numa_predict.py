@@ -534,6 +534,8 @@ def test_missing_and_stale_profiles_are_unknown() -> None:
     assert predict(profile, ledger, pod(ctr("c", "2")), now=NOW + 10**6).reason == UNKNOWN_PROFILE_STALE
     other = NumaLedger(profile.generation + 1, ledger.free_cpus, {})
     assert predict(profile, other, pod(ctr("c", "2")), now=NOW).reason == UNKNOWN_PROFILE_STALE
+    foreign = NumaLedger(profile.generation, ledger.free_cpus | {0, 99}, {})
+    assert predict(profile, foreign, pod(ctr("c", "2")), now=NOW).reason == UNKNOWN_PROFILE_STALE
 
 
 def test_pod_level_resources_are_unknown() -> None:
