@@ -737,3 +737,30 @@ def test_any_pod_gets_a_definite_or_explained_answer(scenario: tuple[NumaProfile
         ledger.apply(result.usage)
         ledger.release(result.usage)
         assert (ledger.free_cpus, ledger.device_counts(GPU)) == before
+
+
+@pytest.mark.parametrize(
+    ("inits", "apps", "fits_node0"),
+    [
+        ([ctr("i", "6")], [ctr("a", "2"), ctr("b", "2")], False),  # pod request max(6, 4) = 6 > 5 free
+        ([ctr("i", "5")], [ctr("a", "2"), ctr("b", "2")], True),  # max(5, 4) = 5
+        ([ctr("s", "2", sidecar=True), ctr("i", "3")], [ctr("a", "2")], True),  # max(2 + 3, 2 + 2) = 5
+        ([ctr("s", "2", sidecar=True), ctr("i", "4")], [ctr("a", "2")], False),  # 2 + 4 = 6
+    ],
+)
+def test_pod_scope_effective_request_with_init_containers_and_sidecars(
+    inits: list, apps: list, fits_node0: bool
+) -> None:
+    # Node 0 has 5 free CPUs (1-5), node 1 has 8: the pod lands on node 0 only if it fits there.
+    profile = profile_of(machine(2, 1, 8, 1), topology_manager_scope="pod")
+    ledger = ledger_for(profile, busy=[6, 7])
+    p = predict(profile, ledger, pod(*apps, init=inits), now=NOW)
+    assert p.outcome is Outcome.PLACED
+    assert {n for c in p.containers for n in c.numa} == ({0} if fits_node0 else {1})
+
+
+def test_single_numa_machine_places_on_its_only_node() -> None:
+    profile = profile_of(SINGLE_SOCKET_HT)
+    p = predict(profile, ledger_for(profile, {0: 2}), pod(ctr("c", "2", gpu=1)), now=NOW)
+    assert p.outcome is Outcome.PLACED and p.containers[0].numa == frozenset({0})
+    assert p.containers[0].cpus == cpus("1,5")  # a whole core next to the reserved CPU 0
