@@ -103,7 +103,7 @@ class Scheduler:
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config)
+        self.state = SchedulerState(self.config, scheduler_name=self.settings.scheduler_name)
         self.metrics = SchedulerMetrics(self.state)
         self.events = events or EventRecorder(kube, "hami-scheduler")
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
@@ -206,7 +206,17 @@ class Scheduler:
         self.state.on_pod_deleted(pod)
 
     def report_undecodable(self) -> None:
-        """Record a Warning Event for each pod the state found with an undecodable allocation."""
+        """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
+        while self.state.refused:
+            pod, why = self.state.refused.pop()
+            self.metrics.untrusted_annotations.labels("booking").inc()
+            self.record(
+                pod,
+                "Warning",
+                R.EVENT_ALLOCATION_REFUSED,
+                f"{ann.DEVICES_ALLOCATED} is not booked: {why}; only allocations hamid's scheduler "
+                "made for the GPUs a pod requests are served",
+            )
         while self.state.undecodable:
             pod, error = self.state.undecodable.pop()
             self.record(
@@ -346,9 +356,10 @@ class Scheduler:
         if reason:
             return FilterResult(error=f"scheduler not ready: {reason}")
         uid = pod_uid(pod)
-        if not uid:
-            return FilterResult(error="extender args pod has no metadata.uid")
         meta = pod["metadata"]
+        refusal = _filter_refusal(pod, self.pods.get(pod_key(pod)))
+        if refusal:
+            return FilterResult(error=refusal)
         name = pod_key(pod)
         node, fitted, failed = self.plan(pod, spec, args.candidate_names)
         if node is None or fitted is None:
@@ -358,8 +369,8 @@ class Scheduler:
         undo = self.state.reserve(pod, node, fitted.devices, raw)
         try:
             await self.kube.patch_pod_metadata(
-                str(meta.get("namespace") or ""),
-                str(meta.get("name") or ""),
+                meta["namespace"],
+                meta["name"],
                 annotations={
                     ann.VGPU_NODE: node,
                     ann.VGPU_TIME: str(int(time.time())),
@@ -367,9 +378,10 @@ class Scheduler:
                     ann.DEVICES_ALLOCATED: raw,
                 },
                 labels={ann.VGPU_NODE: node},
+                uid=uid,
                 timeout=self.settings.api_timeout_s,
             )
-        except KubeError as exc:
+        except Exception as exc:  # any failure (API or not) leaves no reservation behind
             undo()
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
             return FilterResult(error=f"patching pod {name} failed: {exc}")
@@ -434,14 +446,21 @@ class Scheduler:
                     timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S),
                 )
             except NotFound:
-                self.state.release(args.pod_uid)
+                res = self.state.reservation(args.pod_uid)
+                if res is not None and res.key == key:  # only the named pod's own booking
+                    self.state.release(args.pod_uid)
                 return f"pod {key} not found"
             except KubeError as exc:
                 return f"reading pod {key} failed: {exc}"
         if pod_uid(pod) != args.pod_uid:
             return f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:  # a replayed or late bind: nothing to do, and the node lock is not taken again
+            if bound == args.node:
+                log.info("bind_replayed", pod=key, node=args.node)
+                return ""
+            return f"pod {key} is already bound to {bound}, not {args.node}"
         if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
-            self.state.release(args.pod_uid)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
             return f"node {args.node} not found"
         needs_lock = self._needs_lock(pod)
@@ -464,6 +483,7 @@ class Scheduler:
                 args.pod_namespace,
                 args.pod_name,
                 annotations={ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING, ann.BIND_TIME: str(int(time.time()))},
+                uid=args.pod_uid,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
             await self.kube.bind_pod(
@@ -513,6 +533,7 @@ class Scheduler:
                 args.pod_namespace,
                 args.pod_name,
                 annotations={ann.BIND_PHASE: None, ann.BIND_TIME: None},
+                uid=args.pod_uid,
                 timeout=self._call_timeout(deadline),
             )
         except KubeError as undo_exc:
@@ -539,6 +560,16 @@ class Scheduler:
         """The webhook verdict for a pod (quota precheck against the live state)."""
         return review_pod(pod, self.config, self.settings.scheduler_name, self.state.fit_quota, namespace)
 
+    def scheduler_owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
+        """Count and log the scheduler-owned keys the webhook removed from a pod being created."""
+        self.metrics.untrusted_annotations.labels("webhook").inc()
+        meta = pod.get("metadata") or {}
+        log.warning(
+            "scheduler_owned_annotations_removed",
+            pod=f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}",
+            keys=list(keys),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class _Candidates:
@@ -548,6 +579,29 @@ class _Candidates:
     membership: int
     position: Mapping[str, int]
     unregistered: tuple[str, ...]
+
+
+def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
+    """Why the filter must not plan ``pod`` ("" when it may): unnamed, or already bound or started.
+
+    ``cached`` is the scheduler's cached pod of the same name: when it is the same pod (UID) its
+    ``spec.nodeName`` and phase are newer than the extender arguments' copy. A bound or running
+    pod's GPUs are in use; re-planning it would rewrite its annotations under a running container.
+    """
+    meta = pod["metadata"]
+    for field in ("uid", "name", "namespace"):
+        if not isinstance(meta.get(field), str) or not meta[field]:
+            return f"extender args pod has no metadata.{field}"
+    for copy in (pod, cached):
+        if copy is None or pod_uid(copy) != meta["uid"]:
+            continue
+        spec, status = copy.get("spec"), copy.get("status")
+        bound = spec.get("nodeName") if isinstance(spec, dict) else None
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if bound or phase not in (None, "Pending"):
+            where = f"bound to {bound}" if bound else f"{phase}"
+            return f"pod {pod_key(pod)} is already {where}: it is not filtered again"
+    return ""
 
 
 def _chosen(result: FilterResult) -> bool:

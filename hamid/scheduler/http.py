@@ -71,7 +71,9 @@ async def _bind(request: web.Request) -> web.Response:
 async def _webhook(request: web.Request) -> web.Response:
     scheduler = request.app[SCHEDULER_KEY]
     try:
-        answer = admission_response(await read_json(request), scheduler.admit)
+        answer = admission_response(
+            await read_json(request), scheduler.admit, scheduler.scheduler_owned_removed
+        )
     except InvalidInput as exc:
         return bad_request(str(exc))
     return web.json_response(answer)
