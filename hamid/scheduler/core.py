@@ -28,7 +28,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, LockContention, NodeLocker
+from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, Holder, LockContention, NodeLocker, holder_state
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
@@ -455,11 +455,14 @@ class Scheduler:
         if pod_uid(pod) != args.pod_uid:
             return f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
         bound = (pod.get("spec") or {}).get("nodeName")
-        if bound:  # a replayed or late bind: nothing to do, and the node lock is not taken again
-            if bound == args.node:
-                log.info("bind_replayed", pod=key, node=args.node)
-                return ""
+        if bound and bound != args.node:
             return f"pod {key} is already bound to {bound}, not {args.node}"
+        if bound and holder_state(pod, args.node) is Holder.DONE:
+            # A replay for a pod already running (or allocated, finished): nothing to do, and the
+            # node lock is not taken again. A bound pod still waiting for Allocate goes on: the
+            # lock is its own (re-entrant) and stays for the plugin.
+            log.info("bind_replayed", pod=key, node=args.node)
+            return ""
         if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
             return f"node {args.node} not found"

@@ -39,6 +39,7 @@ from hamid.model import annotations as ann
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig, pod_requests, quantity_as_int
+from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
 
@@ -732,18 +733,18 @@ class SchedulerState:
 
         The annotations are the pod's own word (a tenant can write them), so they are booked only
         for a pod that requests the GPUs, runs (if bound) on the node they name, is this
-        scheduler's or was placed by it, and whose allocation (``layout``; None when undecodable)
+        scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
+        placed by it, and whose allocation (``layout``; None when undecodable)
         its requests and the node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
         """
         spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
         bound = spec.get("nodeName")
         if bound and bound != node:
             return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
-        scheduler = spec.get("schedulerName")
+        scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
         if (
             self.scheduler_name
-            and scheduler
-            and scheduler != self.scheduler_name
+            and scheduler not in (self.scheduler_name, DEFAULT_SCHEDULER)
             and pod_uid(pod) not in self.placed
         ):
             return f"the pod is scheduled by {scheduler!r}, which is not {self.scheduler_name!r}"

@@ -31,6 +31,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.resources import (
     ResourceConfig,
     all_containers,
+    check_pod_metadata,
     init_container_count,
     pod_requests,
     quantity_as_int,
@@ -57,17 +58,13 @@ class Verdict:
 def check_pod_shape(pod: Mapping[str, Any], config: ResourceConfig) -> None:
     """Raise :class:`InvalidInput` (with the reason) for a pod the rules below cannot read.
 
-    ``metadata``, its ``labels`` and ``annotations`` and ``spec`` must be objects; containers,
+    ``metadata`` must be an ObjectMeta (:func:`~hamid.model.resources.check_pod_metadata`) and
+    ``spec`` an object; containers,
     their resources and quantities are checked by :func:`~hamid.model.resources.pod_requests`
     (the fit's own parsing), each container's ``env`` must be a list and ``securityContext``
     an object.
     """
-    meta = pod.get("metadata")
-    if meta is not None:
-        want_object(meta, "pod metadata")
-        for key in ("labels", "annotations"):
-            if meta.get(key) is not None:
-                want_object(meta[key], f"pod metadata.{key}")
+    check_pod_metadata(pod)
     want_object(pod.get("spec"), "pod spec")
     pod_requests(pod, config)
     for container in all_containers(pod):
@@ -128,7 +125,9 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
         if pct is None or not 0 <= pct <= 100:
             raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
-    resources = container.setdefault("resources", {})
+    resources = container.get("resources")
+    if resources is None:  # absent or null: the same to the API server
+        resources = container["resources"] = {}
     limits = resources.get("limits")
     if limits is None:
         limits = resources["limits"] = {}
