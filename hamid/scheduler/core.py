@@ -28,7 +28,14 @@ from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, Holder, LockContention, NodeLocker, holder_state
+from hamid.scheduler.nodelock import (
+    DEFAULT_MAX_HOLD,
+    DEFAULT_STALL,
+    Holder,
+    LockContention,
+    NodeLocker,
+    holder_state,
+)
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
@@ -56,6 +63,11 @@ _BIND_UNDO_S = 3.0
 #: The shortest timeout a bind's API call gets when its budget is nearly spent.
 _MIN_CALL_S = 0.5
 _MAX_FAILED_EVENTS = 5
+#: After a node's binds fail (lock contention, Binding refused), the filter tries it after every
+#: other node for BASE x 2^(failures in a row - 1) s, at most CAP s: a node whose binds keep
+#: failing stops winning the pods it cannot take (under binpack it would win them again at once).
+BIND_FAILURE_BACKOFF_BASE_S = 5.0
+BIND_FAILURE_BACKOFF_CAP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ class SchedulerSettings:
     node_lock_timeout: timedelta = timedelta(minutes=5)
     #: Hard cap of a node lock held by a Pending, unallocated pod (``--node-lock-max-hold``).
     node_lock_max_hold: timedelta = DEFAULT_MAX_HOLD
+    #: A Pending holder that made no progress this long loses the node lock (None: never).
+    node_lock_stall: timedelta | None = DEFAULT_STALL
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
@@ -128,7 +142,10 @@ class Scheduler:
             timeout=self.settings.node_lock_timeout,
             call_timeout=self.settings.api_timeout_s,
             max_hold=self.settings.node_lock_max_hold,
+            stall=self.settings.node_lock_stall,
         )
+        #: node -> (binds failed in a row, until when (state clock) the filter tries it last).
+        self.bind_failures: dict[str, tuple[int, float]] = {}
         #: Whether this replica decides; with ``term_synced`` managed by hamid.scheduler.ha.Leadership.
         self.leading: bool = True
         #: False from the start of a leadership term until the caches have caught up in it.
@@ -290,12 +307,15 @@ class Scheduler:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
+        backing_off = self._backing_off(now)
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries: list[NodeEntry] = []
             for name in group:
                 entry = nodes[name]
                 if not entry.healthy(now):
                     failed[name] = R.NODE_UNREGISTERED
+                    continue
+                if name in backing_off:
                     continue
                 if own is None or name != own[1]:
                     gpus, mem, cores = entry.usage.room()
@@ -308,12 +328,35 @@ class Scheduler:
                 if isinstance(result, Fitted):
                     return entry.name, result, failed
                 failed[entry.name] = result.reason
-        for entry in passed:
+        last = [
+            nodes[n]
+            for n in sorted(backing_off, key=backing_off.__getitem__)
+            if n in position and n not in failed
+        ]
+        for entry in passed + last:
             result = self._fit(entry, spec, quota, previous)
             if isinstance(result, Fitted):
                 return entry.name, result, failed
             failed[entry.name] = result.reason
         return None, None, failed
+
+    def _backing_off(self, now: float) -> dict[str, float]:
+        """Registered nodes whose binds failed lately, with when their back-off ends."""
+        return {
+            name: until
+            for name, (_count, until) in self.bind_failures.items()
+            if until > now and name in self.state.nodes
+        }
+
+    def note_bind_outcome(self, node: str, ok: bool) -> None:
+        """Reset the node's back-off after a bind succeeded there, lengthen it after one failed."""
+        if ok:
+            self.bind_failures.pop(node, None)
+            return
+        count = self.bind_failures.get(node, (0, 0.0))[0] + 1
+        delay = min(BIND_FAILURE_BACKOFF_BASE_S * 2 ** (count - 1), BIND_FAILURE_BACKOFF_CAP_S)
+        self.bind_failures[node] = (count, self.state.clock() + delay)
+        log.info("node_bind_backoff", node=node, failures=count, seconds=delay)
 
     def _positions(self, names: tuple[str, ...]) -> tuple[Mapping[str, int], tuple[str, ...]]:
         """Each candidate's request position (first occurrence) and the unregistered candidates.
@@ -478,6 +521,7 @@ class Scheduler:
             try:
                 waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
             except (LockContention, KubeError) as exc:
+                self.note_bind_outcome(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 return str(exc)
             self.metrics.node_lock_wait_seconds.observe(waited)
@@ -502,9 +546,11 @@ class Scheduler:
                 log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
             else:
                 await self._undo_bind(args, needs_lock, exc, deadline)
+                self.note_bind_outcome(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node} failed: {exc}"
+        self.note_bind_outcome(args.node, ok=True)
         self.record(
             pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
         )
