@@ -613,7 +613,7 @@ async def connect(
         source = "in-cluster service account"
     if api_server:
         configuration.host = api_server
-    configuration.host = configuration.host.rstrip("/")
+    configuration.host = str(configuration.host or "").rstrip("/")
     _resolve_proxy(configuration)
     api_client = ApiClient(configuration)
     _without_env_lookups(api_client)
@@ -625,7 +625,7 @@ def _resolve_proxy(configuration: Configuration) -> None:
     """Resolve the proxy environment (HTTPS_PROXY, NO_PROXY, ...) once, for the API server host."""
     if configuration.proxy:
         return
-    url = urllib.parse.urlsplit(configuration.host)
+    url = urllib.parse.urlsplit(str(configuration.host))
     proxies = urllib.request.getproxies()
     proxy = proxies.get(url.scheme)
     if proxy and url.hostname and not urllib.request.proxy_bypass(url.hostname):

@@ -737,7 +737,8 @@ class SchedulerState:
         placed by it, and whose allocation (``layout``; None when undecodable)
         its requests and the node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
         """
-        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        raw_spec = pod.get("spec")
+        spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
         bound = spec.get("nodeName")
         if bound and bound != node:
             return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"

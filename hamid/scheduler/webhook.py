@@ -125,7 +125,7 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
         if pct is None or not 0 <= pct <= 100:
             raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
-    resources = container.get("resources")
+    resources: JSON | None = container.get("resources")
     if resources is None:  # absent or null: the same to the API server
         resources = container["resources"] = {}
     limits = resources.get("limits")
