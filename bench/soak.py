@@ -486,6 +486,25 @@ def workload_of(
     return draw_workload(seed, pods, concurrency, pin_uuids, hetero_nodes, gpus)
 
 
+def _refit_figures(cluster: SimCluster, ledger: Ledger) -> dict[str, Any]:
+    """Mismatches, refits, refusals (by kind), strict failures; needed refits that never came fail."""
+    calls = cluster.refit_calls()
+    refits = sum(1 for c in calls if c.outcome == "refitted")
+    if calls and not refits:
+        ledger.add("no-refit", f"{len(calls)} NUMA mismatches and not one refit")
+    reasons = Counter[str]()
+    for e in cluster.server.list("Event", "default"):
+        if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED:
+            reasons[_reason_kind(str(e.get("message") or ""))] += int(e.get("count") or 1)
+    return {
+        "mismatches": len(calls),
+        "refits": refits,
+        "refusals": sum(reasons.values()),
+        "strict_failures": sum(1 for c in calls if c.outcome == "failed"),
+        "refusal_reasons": dict(reasons.most_common()),
+    }
+
+
 async def run(
     pods: int,
     nodes: int,
@@ -513,16 +532,7 @@ async def run(
             await checker.accounting(f"after batch {batch}")
             await soak.strike(batch)
         elapsed = time.monotonic() - started
-        calls = cluster.refit_calls()
-        refits = sum(1 for c in calls if c.outcome == "refitted")
-        if calls and not refits:
-            ledger.add("no-refit", f"{len(calls)} NUMA mismatches and not one refit")
-        events = [
-            e for e in cluster.server.list("Event", "default") if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED
-        ]
-        refusal_reasons = Counter[str]()
-        for e in events:
-            refusal_reasons[_reason_kind(str(e.get("message") or ""))] += int(e.get("count") or 1)
+        refit_figures = _refit_figures(cluster, ledger)
     for line in ledger.texts[:20]:
         print("violation:", line, file=sys.stderr)
     return {
@@ -537,11 +547,7 @@ async def run(
         "hetero_nodes": len(hetero_nodes),
         "pinned_pods": soak.counts["pinned"],
         "hetero_pods": soak.counts["hetero"],
-        "mismatches": len(calls),
-        "refits": refits,
-        "refusals": sum(refusal_reasons.values()),
-        "strict_failures": sum(1 for c in calls if c.outcome == "failed"),
-        "refusal_reasons": dict(refusal_reasons.most_common()),
+        **refit_figures,
         "rejected": soak.counts["rejected"],
         "unschedulable": soak.counts["unschedulable"],
         "rejection_reasons": dict(soak.reasons.most_common(5)),

@@ -26,6 +26,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, init_container_count
+from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import (
@@ -63,11 +64,6 @@ _BIND_UNDO_S = 3.0
 #: The shortest timeout a bind's API call gets when its budget is nearly spent.
 _MIN_CALL_S = 0.5
 _MAX_FAILED_EVENTS = 5
-#: After a node's binds fail (lock contention, Binding refused), the filter tries it after every
-#: other node for BASE x 2^(failures in a row - 1) s, at most CAP s: a node whose binds keep
-#: failing stops winning the pods it cannot take (under binpack it would win them again at once).
-BIND_FAILURE_BACKOFF_BASE_S = 5.0
-BIND_FAILURE_BACKOFF_CAP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -144,8 +140,8 @@ class Scheduler:
             max_hold=self.settings.node_lock_max_hold,
             stall=self.settings.node_lock_stall,
         )
-        #: node -> (binds failed in a row, until when (state clock) the filter tries it last).
-        self.bind_failures: dict[str, tuple[int, float]] = {}
+        #: Nodes whose binds failed lately: the filter tries them last.
+        self.bind_backoff = BindBackoff(self.state.clock)
         #: Whether this replica decides; with ``term_synced`` managed by hamid.scheduler.ha.Leadership.
         self.leading: bool = True
         #: False from the start of a leadership term until the caches have caught up in it.
@@ -307,7 +303,7 @@ class Scheduler:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
-        backing_off = self._backing_off(now)
+        backing_off = self.bind_backoff.active(now, nodes)
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries: list[NodeEntry] = []
             for name in group:
@@ -328,35 +324,13 @@ class Scheduler:
                 if isinstance(result, Fitted):
                     return entry.name, result, failed
                 failed[entry.name] = result.reason
-        last = [
-            nodes[n]
-            for n in sorted(backing_off, key=backing_off.__getitem__)
-            if n in position and n not in failed
-        ]
-        for entry in passed + last:
+        last = [nodes[n] for n in sorted(backing_off, key=backing_off.__getitem__) if n not in failed]
+        for entry in passed + [e for e in last if e.name in position]:
             result = self._fit(entry, spec, quota, previous)
             if isinstance(result, Fitted):
                 return entry.name, result, failed
             failed[entry.name] = result.reason
         return None, None, failed
-
-    def _backing_off(self, now: float) -> dict[str, float]:
-        """Registered nodes whose binds failed lately, with when their back-off ends."""
-        return {
-            name: until
-            for name, (_count, until) in self.bind_failures.items()
-            if until > now and name in self.state.nodes
-        }
-
-    def note_bind_outcome(self, node: str, ok: bool) -> None:
-        """Reset the node's back-off after a bind succeeded there, lengthen it after one failed."""
-        if ok:
-            self.bind_failures.pop(node, None)
-            return
-        count = self.bind_failures.get(node, (0, 0.0))[0] + 1
-        delay = min(BIND_FAILURE_BACKOFF_BASE_S * 2 ** (count - 1), BIND_FAILURE_BACKOFF_CAP_S)
-        self.bind_failures[node] = (count, self.state.clock() + delay)
-        log.info("node_bind_backoff", node=node, failures=count, seconds=delay)
 
     def _positions(self, names: tuple[str, ...]) -> tuple[Mapping[str, int], tuple[str, ...]]:
         """Each candidate's request position (first occurrence) and the unregistered candidates.
@@ -475,11 +449,15 @@ class Scheduler:
         remaining = deadline - asyncio.get_running_loop().time() - keep
         return max(min(self.settings.api_timeout_s, remaining), _MIN_CALL_S)
 
-    async def _bind(self, args: BindArgs, deadline: float) -> str:
+    async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+        """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
+
+        Nothing is released for a pod or node that does not exist but the named pod's own booking.
+        """
         key = f"{args.pod_namespace}/{args.pod_name}"
         reason = self.not_ready_reason()
         if reason:
-            return f"scheduler not ready: {reason}"
+            return None, f"scheduler not ready: {reason}"
         pod = self.pods.get(key)
         if pod is None:
             try:
@@ -492,23 +470,30 @@ class Scheduler:
                 res = self.state.reservation(args.pod_uid)
                 if res is not None and res.key == key:  # only the named pod's own booking
                     self.state.release(args.pod_uid)
-                return f"pod {key} not found"
+                return None, f"pod {key} not found"
             except KubeError as exc:
-                return f"reading pod {key} failed: {exc}"
+                return None, f"reading pod {key} failed: {exc}"
         if pod_uid(pod) != args.pod_uid:
-            return f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+            return None, f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound and bound != args.node:
-            return f"pod {key} is already bound to {bound}, not {args.node}"
+            return None, f"pod {key} is already bound to {bound}, not {args.node}"
         if bound and holder_state(pod, args.node) is Holder.DONE:
             # A replay for a pod already running (or allocated, finished): nothing to do, and the
             # node lock is not taken again. A bound pod still waiting for Allocate goes on: the
             # lock is its own (re-entrant) and stays for the plugin.
             log.info("bind_replayed", pod=key, node=args.node)
-            return ""
+            return None, ""
         if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
-            return f"node {args.node} not found"
+            return None, f"node {args.node} not found"
+        return pod, ""
+
+    async def _bind(self, args: BindArgs, deadline: float) -> str:
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        pod, answer = await self._bind_target(args, deadline)
+        if pod is None:
+            return answer
         needs_lock = self._needs_lock(pod)
         if needs_lock:
             res = self.state.reservation(args.pod_uid)
@@ -521,7 +506,7 @@ class Scheduler:
             try:
                 waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
             except (LockContention, KubeError) as exc:
-                self.note_bind_outcome(args.node, ok=False)
+                self.bind_backoff.note(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 return str(exc)
             self.metrics.node_lock_wait_seconds.observe(waited)
@@ -546,11 +531,11 @@ class Scheduler:
                 log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
             else:
                 await self._undo_bind(args, needs_lock, exc, deadline)
-                self.note_bind_outcome(args.node, ok=False)
+                self.bind_backoff.note(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node} failed: {exc}"
-        self.note_bind_outcome(args.node, ok=True)
+        self.bind_backoff.note(args.node, ok=True)
         self.record(
             pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
         )
@@ -613,11 +598,8 @@ class Scheduler:
         """Count and log the scheduler-owned keys the webhook removed from a pod being created."""
         self.metrics.untrusted_annotations.labels("webhook").inc()
         meta = pod.get("metadata") or {}
-        log.warning(
-            "scheduler_owned_annotations_removed",
-            pod=f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}",
-            keys=list(keys),
-        )
+        name = f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+        log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
 
 
 @dataclass(frozen=True, slots=True)

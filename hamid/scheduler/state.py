@@ -244,6 +244,34 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+def booking_refusal(state: SchedulerState, pod: JSON, node: str, layout: PodDevices | None) -> str:
+    """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
+
+    The annotations are the pod's own word (a tenant can write them), so they are booked only
+    for a pod that requests the GPUs, runs (if bound) on the node they name, is this
+    scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
+    placed by it, and whose allocation (``layout``; None when undecodable) its requests and the
+    node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
+    """
+    raw_spec = pod.get("spec")
+    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    bound = spec.get("nodeName")
+    if bound and bound != node:
+        return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
+    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    ours = state.scheduler_name
+    if ours and scheduler not in (ours, DEFAULT_SCHEDULER) and pod_uid(pod) not in state.placed:
+        return f"the pod is scheduled by {scheduler!r}, which is not {ours!r}"
+    try:
+        requests = pod_requests(pod, state.config)
+    except InvalidInput as exc:
+        return f"its requests cannot be read: {exc}"
+    if layout is None:
+        return "" if any(r is not None for r in requests) else "the pod requests no GPU"
+    entry = state.nodes.get(node)
+    return allocation_refusal(layout, requests, entry.usage.by_id if entry is not None else None)
+
+
 class SchedulerState:
     """Inventory, reservations and quotas of one scheduler process (event-loop owned)."""
 
@@ -692,23 +720,10 @@ class SchedulerState:
             self.notify(node)
             return
         kinds = container_kinds(pod)
-        try:
-            layout = tuple(ann.decode_pod_devices(raw))
-            blocked = None
-        except InvalidInput as exc:
-            layout, blocked, error = (), frozenset[str](), str(exc)
-        else:
-            error = ""
-        refusal = self._booking_refusal(pod, node, None if blocked is not None else layout)
-        if refusal:
-            self._refuse(pod, current, node, raw, refusal)
+        decoded = self._allocation(pod, node, raw, current)
+        if decoded is None:
             return
-        if blocked is not None:
-            entry = self.nodes.get(node)
-            blocked = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
-            if not self.quiet and (current is None or current.raw != raw):
-                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=error)
-                self.undecodable.append((pod, error))
+        layout, blocked = decoded
         self._remove(uid)
         self._insert(
             Reservation(
@@ -728,35 +743,33 @@ class SchedulerState:
             self.notify(current.node)
         self.notify(node)
 
-    def _booking_refusal(self, pod: JSON, node: str, layout: PodDevices | None) -> str:
-        """Why pod's allocation annotations must not be booked ("" to book them).
+    def _allocation(
+        self, pod: JSON, node: str, raw: str, current: Reservation | None
+    ) -> tuple[PodDevices, frozenset[str] | None] | None:
+        """The layout to book for ``raw`` and the GPUs to block when undecodable; None: book nothing.
 
-        The annotations are the pod's own word (a tenant can write them), so they are booked only
-        for a pod that requests the GPUs, runs (if bound) on the node they name, is this
-        scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
-        placed by it, and whose allocation (``layout``; None when undecodable)
-        its requests and the node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
+        A refused allocation (:func:`booking_refusal`) releases the pod's booking; an undecodable
+        one on a pod that may book blocks the GPUs it names (all of the node's when none), with a
+        warning once per value.
         """
-        raw_spec = pod.get("spec")
-        spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
-        bound = spec.get("nodeName")
-        if bound and bound != node:
-            return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
-        scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
-        if (
-            self.scheduler_name
-            and scheduler not in (self.scheduler_name, DEFAULT_SCHEDULER)
-            and pod_uid(pod) not in self.placed
-        ):
-            return f"the pod is scheduled by {scheduler!r}, which is not {self.scheduler_name!r}"
         try:
-            requests = pod_requests(pod, self.config)
+            layout: PodDevices = tuple(ann.decode_pod_devices(raw))
         except InvalidInput as exc:
-            return f"its requests cannot be read: {exc}"
-        if layout is None:
-            return "" if any(r is not None for r in requests) else "the pod requests no GPU"
-        entry = self.nodes.get(node)
-        return allocation_refusal(layout, requests, entry.usage.by_id if entry is not None else None)
+            refusal = booking_refusal(self, pod, node, None)
+            if refusal:
+                self._refuse(pod, current, node, raw, refusal)
+                return None
+            entry = self.nodes.get(node)
+            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
+            if not self.quiet and (current is None or current.raw != raw):
+                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
+                self.undecodable.append((pod, str(exc)))
+            return (), named
+        refusal = booking_refusal(self, pod, node, layout)
+        if refusal:
+            self._refuse(pod, current, node, raw, refusal)
+            return None
+        return layout, None
 
     def _refuse(self, pod: JSON, current: Reservation | None, node: str, raw: str, why: str) -> None:
         """Book nothing for ``pod``'s allocation annotations (``why``); warn once per value."""

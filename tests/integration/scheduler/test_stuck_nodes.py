@@ -69,6 +69,5 @@ async def test_a_node_whose_binds_fail_stops_winning_under_binpack() -> None:
         p = env.server.get("Pod", "default", "a")
         assert (await env.filter(p, ["n1", "n2"]))["NodeNames"] == ["n2"]
         assert await env.bind(p, "n2") == ""
-        assert "n2" not in env.scheduler.bind_failures  # a bind that worked clears the back-off
-        count, _until = env.scheduler.bind_failures["n1"]
-        assert count == 1
+        assert env.scheduler.bind_backoff.failures("n2") == 0  # a bind that worked clears it
+        assert env.scheduler.bind_backoff.failures("n1") == 1
