@@ -131,3 +131,34 @@ async def test_body_that_is_not_utf8_is_a_400() -> None:
     async with running_scheduler() as env:
         status, text = await post_raw(env, env.extender, "/filter", b'{"Pod": "\xff"}')
         assert status == 400 and "malformed JSON" in text
+
+
+async def test_refusals_are_counted_and_recorded_as_events() -> None:
+    async with running_scheduler() as env:
+        await _registered(env, "n1")
+        forged = {
+            "hami.io/vgpu-node": "n1",
+            "hami.io/vgpu-devices-allocated": "n1-gpu0,NVIDIA,2000000000,10:;",
+        }
+        status, body = await env.post(env.cluster, "/webhook", review(pod("a", annotations=dict(forged))))
+        assert status == 200 and body["response"]["allowed"] and body["response"]["warnings"]
+        cpu_only = pod("b", annotations=dict(forged))
+        cpu_only["spec"]["containers"][0].pop("resources")
+        await env.create_pod(cpu_only)
+        registry = env.scheduler.metrics.registry
+
+        def counted(where: str) -> float:
+            return registry.get_sample_value("hamid_untrusted_annotations_total", {"where": where}) or 0.0
+
+        await wait_for(lambda: counted("booking") == 1)
+        assert counted("webhook") == 1
+        assert env.scheduler.state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+        await wait_for(
+            lambda: any(
+                e.get("reason") == "AllocationAnnotationRefused" for e in env.server.list("Event", "default")
+            )
+        )
+        [event] = [
+            e for e in env.server.list("Event", "default") if e.get("reason") == "AllocationAnnotationRefused"
+        ]
+        assert event["involvedObject"]["name"] == "b" and "requests no GPU" in event["message"]
