@@ -28,6 +28,8 @@ from hamid.scheduler.webhook import admission_response
 log = get_logger("scheduler.http")
 
 MAX_BODY_BYTES = 1024 * 1024
+#: The deepest nesting of lists and objects a request body may have (Kubernetes objects: < 20).
+MAX_JSON_DEPTH = 64
 #: Adds routes to the cluster app (``--listen``), e.g. ``POST /refit``.
 RouteRegistrar = Callable[[web.Application], None]
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
@@ -38,14 +40,49 @@ def bad_request(reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=400)
 
 
+def parse_json_body(body: bytes) -> Any:
+    """A request body decoded as JSON; :class:`InvalidInput` with the reason when it is not.
+
+    UTF-8, standard JSON only (no ``NaN``/``Infinity``), nested at most :data:`MAX_JSON_DEPTH`
+    deep: deeper bodies would exhaust the recursion of every later walk over them.
+    """
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidInput(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"malformed JSON body: {exc}") from None
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise InvalidInput(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH}")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; raises 413 (too large) or 400 (malformed) HTTP errors."""
+    """The request body as JSON (:func:`parse_json_body`); raises 413 (too large) or 400 HTTP errors."""
     body = await request.read()  # aiohttp raises 413 above client_max_size
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return parse_json_body(body)
+    except InvalidInput as exc:
         raise web.HTTPBadRequest(
-            text=json.dumps({"error": f"malformed JSON body: {exc}"}), content_type="application/json"
+            text=json.dumps({"error": str(exc)}), content_type="application/json"
         ) from None
 
 
@@ -72,7 +109,9 @@ async def _bind(request: web.Request) -> web.Response:
 async def _webhook(request: web.Request) -> web.Response:
     scheduler = request.app[SCHEDULER_KEY]
     try:
-        answer = admission_response(await read_json(request), scheduler.admit)
+        answer = admission_response(
+            await read_json(request), scheduler.admit, scheduler.scheduler_owned_removed
+        )
     except InvalidInput as exc:
         return bad_request(str(exc))
     return web.json_response(answer)

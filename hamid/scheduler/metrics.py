@@ -285,6 +285,15 @@ class SchedulerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.untrusted_annotations = Counter(
+            "hamid_untrusted_annotations_total",
+            "Scheduler-owned pod annotations not taken from a pod: removed at admission (webhook) "
+            "or not booked (booking: no GPU requested, another node, capacity, foreign scheduler).",
+            ["where"],
+            registry=self.registry,
+        )
+        for where in ("webhook", "booking"):
+            self.untrusted_annotations.labels(where)
         self.registry.register(_GpuCollector(state))
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()
