@@ -151,30 +151,55 @@ def gen_reason(reasons: Mapping[str, int], considered: int) -> str:
 
 
 def _pair_score(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:
+    """The score ``a`` publishes for ``b``; a missing entry scores 0 (HAMi reads a nil map)."""
     return (scores.get(a) or {}).get(b, 0)
 
 
-def _topology_pick(
-    collected: list[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
-) -> list[ContainerDevice]:
-    """HAMi topology-aware choice among more accepted devices than needed."""
-    if nums == 1:
-        best_i, best = 0, None
-        for i, d in enumerate(collected):
-            total = sum(_pair_score(scores, d.uuid, o.uuid) for o in collected if o is not d)
-            if best is None or total < best:
-                best_i, best = i, total
-        return [collected[best_i]]
-    best_combo: tuple[ContainerDevice, ...] = ()
-    best_total = -1
+def _worst_single(
+    collected: Sequence[ContainerDevice], scores: Mapping[str, Mapping[str, int]]
+) -> ContainerDevice:
+    """HAMi ``computeWorstSingleCard``: the device with the lowest sum of its scores to the others.
+
+    The search starts from no best, so negative sums win as any other; the first minimum in
+    try order wins (``TestFit_TopologyWorstSingleCard``, ``TestFit_TopologyNegativeScores``).
+    """
+    best: ContainerDevice | None = None
+    best_total = 0
+    for d in collected:
+        total = sum(_pair_score(scores, d.uuid, o.uuid) for o in collected if o.uuid != d.uuid)
+        if best is None or total < best_total:
+            best, best_total = d, total
+    assert best is not None  # callers pass more devices than requested, so at least two
+    return best
+
+
+def _best_combination(
+    collected: Sequence[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
+) -> tuple[ContainerDevice, ...]:
+    """HAMi ``computeBestCombination``: the ``nums``-combination with the highest pair-score sum.
+
+    Combinations come in lexicographic order of the accepted (try-order) list; each pair counts
+    once, as the score its earlier member publishes for the later one. The search starts from no
+    best (never from an empty pick), so all-negative or all-zero scores still choose ``nums``
+    devices; the first maximum wins (``TestFit_TopologyBestCombination*``, ``...NegativeScores``).
+    """
+    best: tuple[ContainerDevice, ...] | None = None
+    best_total = 0
     for combo in itertools.combinations(collected, nums):
-        total = sum(
-            _pair_score(scores, a.uuid, b.uuid) + _pair_score(scores, b.uuid, a.uuid)
-            for a, b in itertools.combinations(combo, 2)
-        )
-        if total > best_total:
-            best_combo, best_total = combo, total
-    return list(best_combo)
+        total = sum(_pair_score(scores, a.uuid, b.uuid) for a, b in itertools.combinations(combo, 2))
+        if best is None or total > best_total:
+            best, best_total = combo, total
+    assert best is not None  # len(collected) > nums >= 2, so there is at least one combination
+    return best
+
+
+def _topology_pick(
+    collected: Sequence[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
+) -> tuple[ContainerDevice, ...]:
+    """HAMi's topology-aware choice among more accepted devices than needed."""
+    if nums == 1:
+        return (_worst_single(collected, scores),)
+    return _best_combination(collected, nums, scores)
 
 
 def _fit_container(
@@ -299,7 +324,7 @@ def _fit_container(
         if len(collected) == nums:
             return tuple(collected)
         if len(collected) > nums:
-            return tuple(_topology_pick(collected, nums, pair_scores))
+            return _topology_pick(collected, nums, pair_scores)
     if collected:
         reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(collected)
     return gen_reason(reasons, n)
