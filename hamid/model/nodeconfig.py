@@ -23,6 +23,11 @@ from hamid.model.devices import MODE_HAMI_CORE, OPERATING_MODES
 from hamid.model.errors import InvalidInput
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+#: Largest memory/core scaling: beyond it the registered MiB/cores leave HAMi's int32 fields
+#: (16 TiB x 100 < 2^31), and no oversubscription is meant that far.
+MAX_SCALING = 100.0
+#: Largest preconfigured memory per GPU (16 TiB, as for a devices file's ``memoryMiB``).
+MAX_PRECONFIGURED_MIB = 2**24
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +71,12 @@ def _check(config: NodeConfig) -> None:
     ):
         if isinstance(scaling, bool) or not isinstance(scaling, int | float):
             raise InvalidInput(f"{name} must be a number")
-        if not math.isfinite(scaling) or scaling <= 0:
-            raise InvalidInput(f"{name} {scaling} must be a positive number")
-    if config.preconfigured_device_memory < 0:
+        if not math.isfinite(scaling) or not 0 < scaling <= MAX_SCALING:
+            raise InvalidInput(f"{name} {scaling} must be a positive number of at most {MAX_SCALING:g}")
+    if not 0 <= config.preconfigured_device_memory <= MAX_PRECONFIGURED_MIB:
         raise InvalidInput(
-            f"preconfigureddevicememory {config.preconfigured_device_memory} must not be negative"
+            f"preconfigureddevicememory {config.preconfigured_device_memory} must be in "
+            f"[0, {MAX_PRECONFIGURED_MIB}] MiB"
         )
     if config.mig_strategy not in MIG_STRATEGIES:
         raise InvalidInput(
@@ -120,10 +126,21 @@ def _entry_overrides(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def resolve_node_config(config_json: str | None, node_name: str, defaults: NodeConfig) -> NodeConfig:
+def _config_text(config_json: object, where: str) -> object:
+    """Bytes decoded as strict UTF-8; anything else as is (``load_json`` checks the type)."""
+    if not isinstance(config_json, bytes):
+        return config_json
+    try:
+        return config_json.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{where}: not valid UTF-8 (byte offset {exc.start}: {exc.reason})") from None
+
+
+def resolve_node_config(config_json: str | bytes | None, node_name: str, defaults: NodeConfig) -> NodeConfig:
     """Merge the ``nodeconfig`` entries whose ``name`` equals ``node_name`` over ``defaults``.
 
-    ``config_json`` is the text of ``/config/config.json`` (``None`` when there is no file: defaults).
+    ``config_json`` is the content of ``/config/config.json`` (text, or bytes that must be UTF-8;
+    ``None`` when there is no file: defaults). Nesting too deep for JSON is refused as malformed.
     Only non-null fields override; matching entries apply in file order. Every entry is type-checked
     (like Go's decoder, a type error anywhere fails the file); the merged result is then validated
     (known ``operatingmode``/``migstrategy``, split count ≥ 1, positive scalings, ...).
@@ -132,7 +149,7 @@ def resolve_node_config(config_json: str | None, node_name: str, defaults: NodeC
     if config_json is None:
         return defaults
     where = "node config"
-    root = want_object(load_json(config_json, where), where)
+    root = want_object(load_json(_config_text(config_json, where), where), where)
     raw_entries = root.get("nodeconfig")
     entries = () if raw_entries is None else want_list(raw_entries, f"{where}.nodeconfig")
     result = defaults
