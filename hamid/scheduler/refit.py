@@ -62,6 +62,9 @@ REFIT_DEADLINE_S = 2.0
 #: and of the GET refreshing a cached pod older than the reservation.
 POD_READ_TIMEOUT_S = 2.0
 MSG_NO_BODY = "Please send a request body"
+#: Upstream's answer when its caches never synced before the request's context ended; hamid's
+#: refusal starts with it (users grep for it) and goes on to say what is not ready.
+MSG_NOT_SYNCED = "context cancelled"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
@@ -211,6 +214,7 @@ class RefitService:
                     async with asyncio.timeout_at(deadline):
                         caller = await self.auth.authenticate(request, refit.node_name)
                 except AuthError as exc:
+                    log.info("refit caller refused", auth_failure=str(exc.kind))
                     raise Refusal("unauthenticated", f"caller authentication failed: {exc}") from None
                 except TimeoutError:
                     raise self._late("caller authentication") from None
@@ -243,10 +247,12 @@ class RefitService:
                     await scheduler.nodes.wait_synced()
                     await scheduler.quotas.wait_synced()
             except TimeoutError:
-                raise Refusal("not_ready", "scheduler not ready: caches not synced") from None
+                raise Refusal(
+                    "not_ready", f"{MSG_NOT_SYNCED}: scheduler not ready: caches not synced"
+                ) from None
         reason = scheduler.not_ready_reason()
         if reason:
-            raise Refusal("not_ready", f"scheduler not ready: {reason}")
+            raise Refusal("not_ready", f"{MSG_NOT_SYNCED}: scheduler not ready: {reason}")
 
     def _record_failure(self, refit: RefitRequest, message: str) -> None:
         pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
@@ -372,13 +378,6 @@ class RefitService:
             spec = PodFitSpec.from_pod(pod, self.scheduler.config, settings.gpu_policy, settings.node_policy)
         except InvalidInput as exc:
             raise refuse("bad_annotation", f"invalid pod scheduling annotations: {exc}") from None
-        pinned = spec.policy.use_uuids
-        if pinned is not None and not pinned & allowed:
-            raise refuse(
-                "pinned",
-                f"container {index} is pinned by {ann.USE_GPU_UUID} to [{' '.join(sorted(pinned))}], "
-                "none of which is in the allowed set",
-            )
         quota = state.fit_quota(res.namespace, exclude_uid=res.uid)
         result = fit_container_restricted(
             entry.usage,
@@ -392,6 +391,15 @@ class RefitService:
             booked=res.applied,
         )
         if isinstance(result, Unfit):
+            pinned = spec.policy.use_uuids
+            if pinned is not None and not pinned & allowed:
+                # upstream's wording (the fit's CardUuidMismatch), then which pin excluded them
+                raise refuse(
+                    "pinned",
+                    f"no allowed device fits: {result.reason} (container {index} is pinned by "
+                    f"{ann.USE_GPU_UUID} to [{' '.join(sorted(pinned))}], "
+                    "none of which is in the allowed set)",
+                )
             raise refuse("no_fit", f"no allowed device fits: {result.reason}")
         if quota is not None and quota.limited:
             mem, cores = pod_quota_usage(result.layout, res.kinds, res.init_released)
@@ -541,6 +549,7 @@ def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) 
         device_plugin_namespace=options.device_plugin_namespace,
         device_plugin_service_account=options.device_plugin_service_account,
         token_audience=options.refit_token_audience,
+        hami_plugin_service_account=options.refit_hami_plugin_service_account,
     )
 
 
