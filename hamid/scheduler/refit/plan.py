@@ -309,7 +309,11 @@ def _restricted_fit(
 
 
 def _check_quota(facts: RefitFacts, layout: PodDevices) -> None:
-    """Upstream step 12: the moved positional layout within the namespace quota (#2828/#2836)."""
+    """Upstream step 12: the moved positional layout within the namespace quota (#2828/#2836).
+
+    hamid's restricted fit already checks the quota phase-aware on the positional layout
+    (``ResourceQuotaNotFit``); this is upstream's guard on the result, kept in its place.
+    """
     quota, booking = facts.quota, facts.booking
     assert booking is not None
     if quota is None or not quota.limited:
