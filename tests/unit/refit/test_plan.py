@@ -19,7 +19,7 @@ from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, NVIDIA, ContainerDevice, DeviceInfo, PodDevices
 from hamid.model.refit import RefitRequest
 from hamid.model.resources import ResourceConfig
-from hamid.scheduler.refit import NoOp, RefitFacts, RefitPlan, Refused, RefusalCode, plan_refit
+from hamid.scheduler.refit import NoOp, RefitFacts, RefitPlan, RefusalCode, Refused, plan_refit
 
 A = ContainerKind.APP
 I = ContainerKind.INIT  # noqa: E741
