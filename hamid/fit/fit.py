@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
@@ -202,6 +202,212 @@ def _topology_pick(
     return _best_combination(collected, nums, scores)
 
 
+@dataclass(slots=True)
+class _Row:
+    """One candidate device as the container being fitted sees it.
+
+    ``used``/``usedmem``/``usedcores``: the device's usage by other pods (the pod's own booking,
+    when re-fitted, released); ``own``: the pod's other containers there (see :class:`OwnUsage`);
+    ``memreq``: what the request books on this card (Fit step 9); ``need_*``: what the pod then
+    books here in its heaviest phase.
+    """
+
+    device: DeviceUsage
+    used: int
+    usedmem: int
+    usedcores: int
+    own: OwnUsage
+    memreq: int
+    need_mem: int
+    need_cores: int
+
+    def extra(self) -> tuple[int, int]:
+        """(memory, cores) placing the container here adds to the pod's booking (its quota use)."""
+        own = self.own
+        return self.need_mem - max(own.con_mem, own.oth_mem), self.need_cores - max(
+            own.con_cores, own.oth_cores
+        )
+
+
+@dataclass(slots=True)
+class _ContainerFit:
+    """One container's fit in progress: what it asks and the devices it collected so far."""
+
+    request: ContainerDeviceRequest
+    policy: PodPolicy
+    cordoned: frozenset[str]
+    cores: int  #: the core request clamped to 100 (Fit step 8)
+    quota: Quota | None  #: only when it limits anything
+    base_mem: int = 0  #: the pod's booking without this container (its quota use)
+    base_cores: int = 0
+    extra_mem: int = 0  #: what the collected devices add to it
+    extra_cores: int = 0
+    numa: int | None = None  #: the NUMA group being collected under numa-bind
+    collected: list[ContainerDevice] = field(default_factory=list)
+
+    def book(self, row: _Row) -> None:
+        """Accept ``row`` (Fit step 16)."""
+        self.collected.append(ContainerDevice(row.device.id, NVIDIA, row.memreq, self.cores))
+        if self.quota is not None:
+            mem, cores = row.extra()
+            self.extra_mem += mem
+            self.extra_cores += cores
+
+
+Check = Callable[[_ContainerFit, _Row], bool]
+"""A per-device check: True when the device fails it."""
+
+
+def _unhealthy(fit: _ContainerFit, row: _Row) -> bool:
+    return not row.device.health
+
+
+def _cordoned(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.id in fit.cordoned
+
+
+def _type_mismatch(fit: _ContainerFit, row: _Row) -> bool:
+    policy, device = fit.policy, row.device
+    return (
+        not policy.type_allowed(device.type)
+        or (policy.vgpu_mode is not None and device.mode not in policy.vgpu_mode)
+        or fit.request.type != NVIDIA
+    )
+
+
+def _mig_mode(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.mode == MODE_MIG
+
+
+def _uuid_excluded(fit: _ContainerFit, row: _Row) -> bool:
+    return not fit.policy.uuid_allowed(row.device.id)
+
+
+def _no_free_slot(fit: _ContainerFit, row: _Row) -> bool:
+    return row.used + max(row.own.con_slots + 1, row.own.oth_slots) > row.device.count
+
+
+def _mutex_busy(fit: _ContainerFit, row: _Row) -> bool:
+    return fit.policy.gpu_policy.mutex and row.used + row.own.con_slots > 0
+
+
+def _over_quota(fit: _ContainerFit, row: _Row) -> bool:
+    if fit.quota is None:
+        return False
+    mem, cores = row.extra()
+    return not fit.quota.fits(fit.base_mem + fit.extra_mem + mem, fit.base_cores + fit.extra_cores + cores)
+
+
+def _short_of_memory(fit: _ContainerFit, row: _Row) -> bool:
+    return row.usedmem + row.need_mem > row.device.totalmem
+
+
+def _short_of_cores(fit: _ContainerFit, row: _Row) -> bool:
+    return row.usedcores + row.need_cores > row.device.totalcore
+
+
+def _exclusive_busy(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.totalcore == 100 and fit.cores == 100 and row.used + row.own.con_slots > 0
+
+
+def _compute_exhausted(fit: _ContainerFit, row: _Row) -> bool:
+    device = row.device
+    return device.totalcore != 0 and row.usedcores + row.own.con_cores == device.totalcore and fit.cores == 0
+
+
+#: HAMi's per-device checks before the NUMA group step (hami-wire §3.5 steps 1-3, and MIG mode).
+DEVICE_CHECKS: tuple[tuple[str, Check], ...] = (
+    (R.CARD_NOT_HEALTH, _unhealthy),
+    (R.CARD_CORDONED, _cordoned),
+    (R.CARD_TYPE_MISMATCH, _type_mismatch),
+    (R.MODE_NOT_FIT, _mig_mode),
+)
+#: HAMi's per-device checks after it (steps 5-14); the first that fails counts its reason.
+CAPACITY_CHECKS: tuple[tuple[str, Check], ...] = (
+    (R.CARD_UUID_MISMATCH, _uuid_excluded),
+    (R.CARD_TIME_SLICING_EXHAUSTED, _no_free_slot),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _mutex_busy),
+    (R.RESOURCE_QUOTA_NOT_FIT, _over_quota),
+    (R.CARD_INSUFFICIENT_MEMORY, _short_of_memory),
+    (R.CARD_INSUFFICIENT_CORE, _short_of_cores),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _exclusive_busy),
+    (R.CARD_COMPUTE_UNITS_EXHAUSTED, _compute_exhausted),
+)
+
+
+def _first_failure(checks: tuple[tuple[str, Check], ...], fit: _ContainerFit, row: _Row) -> str | None:
+    for reason, failed in checks:
+        if failed(fit, row):
+            return reason
+    return None
+
+
+def _ranked_rows(
+    node_cands: Sequence[DeviceUsage],
+    request: ContainerDeviceRequest,
+    policy: PodPolicy,
+    own: Mapping[str, OwnUsage],
+    release: PodUsage,
+) -> tuple[list[_Row], list[int]]:
+    """Every candidate's row and the order Fit tries them (``policy.device_score``/``try_order``).
+
+    A device's score counts the pod's own booking there (it will be the pod's usage after the
+    placement); its ``used`` for the sort counts only the containers running with this one.
+    """
+    rows: list[_Row] = []
+    numas: list[int] = []
+    scores: list[float] = []
+    useds: list[int] = []
+    indexes: list[int] = []
+    cores = min(request.coresreq, 100)
+    weights = policy.weights
+    for d in node_cands:
+        used, usedmem, usedcores = d.used, d.usedmem, d.usedcores
+        released = release.get(d.id) if release else None
+        if released is not None:
+            used -= max(released.slots, 1)
+            usedmem -= released.mem
+            usedcores -= released.cores
+        o = own.get(d.id, _NO_OWN) if own else _NO_OWN
+        booked_slots, booked_mem, booked_cores = o.booked() if o is not _NO_OWN else (0, 0, 0)
+        scores.append(
+            device_score(
+                d.count,
+                d.totalcore,
+                d.totalmem,
+                used + booked_slots,
+                usedcores + booked_cores,
+                usedmem + booked_mem,
+                request,
+                weights,
+            )
+        )
+        numas.append(d.numa)
+        useds.append(used + o.con_slots)
+        indexes.append(d.index)
+        memreq = request_memory(request, d.totalmem)
+        need_mem, need_cores = max(o.con_mem + memreq, o.oth_mem), max(o.con_cores + cores, o.oth_cores)
+        rows.append(_Row(d, used, usedmem, usedcores, o, memreq, need_mem, need_cores))
+    return rows, try_order(numas, scores, useds, indexes, policy.gpu_policy, policy.numa_bind)
+
+
+def _start(
+    request: ContainerDeviceRequest,
+    policy: PodPolicy,
+    cordoned: frozenset[str],
+    own: Mapping[str, OwnUsage],
+    quota: Quota | None,
+) -> _ContainerFit:
+    fit = _ContainerFit(request, policy, cordoned, min(request.coresreq, 100), None)
+    if quota is not None and quota.limited:
+        fit.quota = quota
+        for o in own.values():
+            _, mem, cores = o.booked()
+            fit.base_mem += mem
+            fit.base_cores += cores
+    return fit
+
+
 def _fit_container(
     node_cands: Sequence[DeviceUsage],
     cordoned: frozenset[str],
@@ -212,114 +418,37 @@ def _fit_container(
     release: PodUsage,
     quota: Quota | None,
 ) -> ContainerDevices | str:
-    """Fit one container's request onto candidate devices; devices or a reason string."""
+    """Fit one container's request onto candidate devices; devices or a reason string.
+
+    Devices are tried in policy order; each one runs :data:`DEVICE_CHECKS`, HAMi's numa-bind
+    group step, then :data:`CAPACITY_CHECKS`, and counts the first failing check's reason.
+    """
     nums = request.nums
     if nums > len(node_cands):
         return R.NODE_INSUFFICIENT_DEVICE
-    n = len(node_cands)
-    gpu_policy = policy.gpu_policy
-    weights = policy.weights
-    # Effective usage of every candidate: other pods (minus released) plus the pod's own; its
-    # score and the try order come from policy.device_score and policy.try_order.
-    rows: list[tuple[DeviceUsage, int, int, int, OwnUsage]] = []
-    numas: list[int] = []
-    scores: list[float] = []
-    useds: list[int] = []
-    indexes: list[int] = []
-    for d in node_cands:
-        used, umem, ucore = d.used, d.usedmem, d.usedcores
-        if release:
-            rel = release.get(d.id)
-            if rel is not None:
-                used -= max(rel.slots, 1)
-                umem -= rel.mem
-                ucore -= rel.cores
-        o = own.get(d.id, _NO_OWN) if own else _NO_OWN
-        s_used, s_mem, s_core = used, umem, ucore
-        if o is not _NO_OWN:
-            bs, bm, bc = o.booked()
-            s_used, s_mem, s_core = used + bs, umem + bm, ucore + bc
-        scores.append(device_score(d.count, d.totalcore, d.totalmem, s_used, s_core, s_mem, request, weights))
-        numas.append(d.numa)
-        useds.append(used + o.con_slots)
-        indexes.append(d.index)
-        rows.append((d, used, umem, ucore, o))
-    order = try_order(numas, scores, useds, indexes, gpu_policy, policy.numa_bind)
-    cores = min(request.coresreq, 100)
+    rows, order = _ranked_rows(node_cands, request, policy, own, release)
+    fit = _start(request, policy, cordoned, own, quota)
     reasons: Counter[str] = Counter()
-    collected: list[ContainerDevice] = []
-    topology = gpu_policy.topology_aware
-    mutex = gpu_policy.mutex
-    numa_bind = policy.numa_bind
-    cur_numa: int | None = None
-    quota_on = quota is not None and quota.limited
-    base_mem = base_cores = extra_mem = extra_cores = 0
-    if quota_on:
-        for o in own.values():
-            _, bm, bc = o.booked()
-            base_mem += bm
-            base_cores += bc
-
+    topology = policy.gpu_policy.topology_aware
     for i in order:
-        d, used, umem, ucore, o = rows[i]
-        if not d.health:
-            reasons[R.CARD_NOT_HEALTH] += 1
+        row = rows[i]
+        reason = _first_failure(DEVICE_CHECKS, fit, row)
+        if reason is None:
+            if policy.numa_bind and row.device.numa != fit.numa:
+                # HAMi step 4: a new NUMA group discards what the previous one collected
+                if fit.collected:
+                    reasons[R.NUMA_NOT_FIT] += len(fit.collected)
+                    fit.collected = []
+                    fit.extra_mem = fit.extra_cores = 0
+                fit.numa = row.device.numa
+            reason = _first_failure(CAPACITY_CHECKS, fit, row)
+        if reason is not None:
+            reasons[reason] += 1
             continue
-        if d.id in cordoned:
-            reasons[R.CARD_CORDONED] += 1
-            continue
-        if (
-            not policy.type_allowed(d.type)
-            or (policy.vgpu_mode is not None and d.mode not in policy.vgpu_mode)
-            or request.type != NVIDIA
-        ):
-            reasons[R.CARD_TYPE_MISMATCH] += 1
-            continue
-        if d.mode == MODE_MIG:
-            reasons[R.MODE_NOT_FIT] += 1
-            continue
-        if numa_bind and d.numa != cur_numa:
-            if collected:
-                reasons[R.NUMA_NOT_FIT] += len(collected)
-                collected = []
-                extra_mem = extra_cores = 0
-            cur_numa = d.numa
-        if not policy.uuid_allowed(d.id):
-            reasons[R.CARD_UUID_MISMATCH] += 1
-            continue
-        if used + max(o.con_slots + 1, o.oth_slots) > d.count:
-            reasons[R.CARD_TIME_SLICING_EXHAUSTED] += 1
-            continue
-        if mutex and used + o.con_slots > 0:
-            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-            continue
-        memreq = request_memory(request, d.totalmem)
-        need_mem = max(o.con_mem + memreq, o.oth_mem)
-        need_cores = max(o.con_cores + cores, o.oth_cores)
-        if quota_on:
-            inc_mem = need_mem - max(o.con_mem, o.oth_mem)
-            inc_cores = need_cores - max(o.con_cores, o.oth_cores)
-            if not quota.fits(base_mem + extra_mem + inc_mem, base_cores + extra_cores + inc_cores):
-                reasons[R.RESOURCE_QUOTA_NOT_FIT] += 1
-                continue
-        if umem + need_mem > d.totalmem:
-            reasons[R.CARD_INSUFFICIENT_MEMORY] += 1
-            continue
-        if ucore + need_cores > d.totalcore:
-            reasons[R.CARD_INSUFFICIENT_CORE] += 1
-            continue
-        if d.totalcore == 100 and cores == 100 and used + o.con_slots > 0:
-            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-            continue
-        if d.totalcore != 0 and ucore + o.con_cores == d.totalcore and cores == 0:
-            reasons[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
-            continue
-        collected.append(ContainerDevice(d.id, NVIDIA, memreq, cores))
-        if quota_on:
-            extra_mem += need_mem - max(o.con_mem, o.oth_mem)
-            extra_cores += need_cores - max(o.con_cores, o.oth_cores)
-        if not topology and len(collected) == nums:
-            return tuple(collected)
+        fit.book(row)
+        if not topology and len(fit.collected) == nums:
+            return tuple(fit.collected)
+    collected = fit.collected
     if topology:
         if len(collected) == nums:
             return tuple(collected)
@@ -327,7 +456,7 @@ def _fit_container(
             return _topology_pick(collected, nums, pair_scores)
     if collected:
         reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(collected)
-    return gen_reason(reasons, n)
+    return gen_reason(reasons, len(node_cands))
 
 
 def fit_pod(
