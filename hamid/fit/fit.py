@@ -9,6 +9,7 @@ mutates a :class:`NodeUsage`; the caller books a result with ``NodeUsage.add``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -204,12 +205,10 @@ def _topology_pick(
 
 @dataclass(slots=True)
 class _Row:
-    """One candidate device as the container being fitted sees it.
+    """One candidate device's effective usage as the container being fitted sees it.
 
     ``used``/``usedmem``/``usedcores``: the device's usage by other pods (the pod's own booking,
-    when re-fitted, released); ``own``: the pod's other containers there (see :class:`OwnUsage`);
-    ``memreq``: what the request books on this card (Fit step 9); ``need_*``: what the pod then
-    books here in its heaviest phase.
+    when re-fitted, released); ``own``: the pod's other containers there (see :class:`OwnUsage`).
     """
 
     device: DeviceUsage
@@ -217,21 +216,19 @@ class _Row:
     usedmem: int
     usedcores: int
     own: OwnUsage
-    memreq: int
-    need_mem: int
-    need_cores: int
 
-    def extra(self) -> tuple[int, int]:
-        """(memory, cores) placing the container here adds to the pod's booking (its quota use)."""
-        own = self.own
-        return self.need_mem - max(own.con_mem, own.oth_mem), self.need_cores - max(
-            own.con_cores, own.oth_cores
-        )
+
+_RowFields = tuple[DeviceUsage, int, int, int, OwnUsage]
 
 
 @dataclass(slots=True)
 class _ContainerFit:
-    """One container's fit in progress: what it asks and the devices it collected so far."""
+    """One container's fit in progress: what it asks, the device being checked, what it collected.
+
+    ``memreq``/``need_mem``/``need_cores`` size the device being checked (:meth:`size`): what
+    the request books on that card (Fit step 9) and what the pod then books there in its
+    heaviest phase.
+    """
 
     request: ContainerDeviceRequest
     policy: PodPolicy
@@ -244,12 +241,29 @@ class _ContainerFit:
     extra_cores: int = 0
     numa: int | None = None  #: the NUMA group being collected under numa-bind
     collected: list[ContainerDevice] = field(default_factory=list)
+    memreq: int = 0
+    need_mem: int = 0
+    need_cores: int = 0
+
+    def size(self, row: _Row) -> None:
+        """Size the request on ``row``'s device (before the capacity checks)."""
+        own = row.own
+        self.memreq = request_memory(self.request, row.device.totalmem)
+        self.need_mem = max(own.con_mem + self.memreq, own.oth_mem)
+        self.need_cores = max(own.con_cores + self.cores, own.oth_cores)
+
+    def extra(self, row: _Row) -> tuple[int, int]:
+        """(memory, cores) placing the container on the sized device adds to the pod's booking."""
+        own = row.own
+        return self.need_mem - max(own.con_mem, own.oth_mem), self.need_cores - max(
+            own.con_cores, own.oth_cores
+        )
 
     def book(self, row: _Row) -> None:
-        """Accept ``row`` (Fit step 16)."""
-        self.collected.append(ContainerDevice(row.device.id, NVIDIA, row.memreq, self.cores))
+        """Accept the sized ``row`` (Fit step 16)."""
+        self.collected.append(ContainerDevice(row.device.id, NVIDIA, self.memreq, self.cores))
         if self.quota is not None:
-            mem, cores = row.extra()
+            mem, cores = self.extra(row)
             self.extra_mem += mem
             self.extra_cores += cores
 
@@ -294,16 +308,16 @@ def _mutex_busy(fit: _ContainerFit, row: _Row) -> bool:
 def _over_quota(fit: _ContainerFit, row: _Row) -> bool:
     if fit.quota is None:
         return False
-    mem, cores = row.extra()
+    mem, cores = fit.extra(row)
     return not fit.quota.fits(fit.base_mem + fit.extra_mem + mem, fit.base_cores + fit.extra_cores + cores)
 
 
 def _short_of_memory(fit: _ContainerFit, row: _Row) -> bool:
-    return row.usedmem + row.need_mem > row.device.totalmem
+    return row.usedmem + fit.need_mem > row.device.totalmem
 
 
 def _short_of_cores(fit: _ContainerFit, row: _Row) -> bool:
-    return row.usedcores + row.need_cores > row.device.totalcore
+    return row.usedcores + fit.need_cores > row.device.totalcore
 
 
 def _exclusive_busy(fit: _ContainerFit, row: _Row) -> bool:
@@ -315,27 +329,64 @@ def _compute_exhausted(fit: _ContainerFit, row: _Row) -> bool:
     return device.totalcore != 0 and row.usedcores + row.own.con_cores == device.totalcore and fit.cores == 0
 
 
+#: Gates of checks that cannot fail for most containers (left out when their gate is off).
+CORDON, TYPE_RULES, UUID_RULES, MUTEX, QUOTA = "cordon", "type-rules", "uuid-rules", "mutex", "quota"
+CheckRow = tuple[str, Check, str | None]
+"""(HAMi reason, check, gate): the check runs only when its gate (None: always) is on."""
+
 #: HAMi's per-device checks before the NUMA group step (hami-wire §3.5 steps 1-3, and MIG mode).
-DEVICE_CHECKS: tuple[tuple[str, Check], ...] = (
-    (R.CARD_NOT_HEALTH, _unhealthy),
-    (R.CARD_CORDONED, _cordoned),
-    (R.CARD_TYPE_MISMATCH, _type_mismatch),
-    (R.MODE_NOT_FIT, _mig_mode),
+DEVICE_CHECKS: tuple[CheckRow, ...] = (
+    (R.CARD_NOT_HEALTH, _unhealthy, None),
+    (R.CARD_CORDONED, _cordoned, CORDON),
+    (R.CARD_TYPE_MISMATCH, _type_mismatch, TYPE_RULES),
+    (R.MODE_NOT_FIT, _mig_mode, None),
 )
 #: HAMi's per-device checks after it (steps 5-14); the first that fails counts its reason.
-CAPACITY_CHECKS: tuple[tuple[str, Check], ...] = (
-    (R.CARD_UUID_MISMATCH, _uuid_excluded),
-    (R.CARD_TIME_SLICING_EXHAUSTED, _no_free_slot),
-    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _mutex_busy),
-    (R.RESOURCE_QUOTA_NOT_FIT, _over_quota),
-    (R.CARD_INSUFFICIENT_MEMORY, _short_of_memory),
-    (R.CARD_INSUFFICIENT_CORE, _short_of_cores),
-    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _exclusive_busy),
-    (R.CARD_COMPUTE_UNITS_EXHAUSTED, _compute_exhausted),
+CAPACITY_CHECKS: tuple[CheckRow, ...] = (
+    (R.CARD_UUID_MISMATCH, _uuid_excluded, UUID_RULES),
+    (R.CARD_TIME_SLICING_EXHAUSTED, _no_free_slot, None),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _mutex_busy, MUTEX),
+    (R.RESOURCE_QUOTA_NOT_FIT, _over_quota, QUOTA),
+    (R.CARD_INSUFFICIENT_MEMORY, _short_of_memory, None),
+    (R.CARD_INSUFFICIENT_CORE, _short_of_cores, None),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _exclusive_busy, None),
+    (R.CARD_COMPUTE_UNITS_EXHAUSTED, _compute_exhausted, None),
 )
+ActiveChecks = tuple[tuple[str, Check], ...]
 
 
-def _first_failure(checks: tuple[tuple[str, Check], ...], fit: _ContainerFit, row: _Row) -> str | None:
+@functools.lru_cache(maxsize=64)
+def _active_checks(gates: frozenset[str]) -> tuple[ActiveChecks, ActiveChecks]:
+    """The two tables with the checks whose gate is off left out (they cannot fail)."""
+
+    def active(table: tuple[CheckRow, ...]) -> ActiveChecks:
+        return tuple((reason, check) for reason, check, gate in table if gate is None or gate in gates)
+
+    return active(DEVICE_CHECKS), active(CAPACITY_CHECKS)
+
+
+def _gates(fit: _ContainerFit) -> frozenset[str]:
+    policy = fit.policy
+    gates: list[str] = []
+    if fit.cordoned:
+        gates.append(CORDON)
+    if (
+        policy.use_types is not None
+        or policy.nouse_types
+        or policy.vgpu_mode is not None
+        or fit.request.type != NVIDIA
+    ):
+        gates.append(TYPE_RULES)
+    if policy.use_uuids is not None or policy.nouse_uuids:
+        gates.append(UUID_RULES)
+    if policy.gpu_policy.mutex:
+        gates.append(MUTEX)
+    if fit.quota is not None:
+        gates.append(QUOTA)
+    return frozenset(gates)
+
+
+def _first_failure(checks: ActiveChecks, fit: _ContainerFit, row: _Row) -> str | None:
     for reason, failed in checks:
         if failed(fit, row):
             return reason
@@ -348,18 +399,18 @@ def _ranked_rows(
     policy: PodPolicy,
     own: Mapping[str, OwnUsage],
     release: PodUsage,
-) -> tuple[list[_Row], list[int]]:
-    """Every candidate's row and the order Fit tries them (``policy.device_score``/``try_order``).
+) -> tuple[list[_RowFields], list[int]]:
+    """Every candidate's row fields and the order Fit tries them (``device_score``/``try_order``).
 
     A device's score counts the pod's own booking there (it will be the pod's usage after the
     placement); its ``used`` for the sort counts only the containers running with this one.
+    The :class:`_Row` records are made only for the devices the fit reaches.
     """
-    rows: list[_Row] = []
+    rows: list[_RowFields] = []
     numas: list[int] = []
     scores: list[float] = []
     useds: list[int] = []
     indexes: list[int] = []
-    cores = min(request.coresreq, 100)
     weights = policy.weights
     for d in node_cands:
         used, usedmem, usedcores = d.used, d.usedmem, d.usedcores
@@ -385,9 +436,7 @@ def _ranked_rows(
         numas.append(d.numa)
         useds.append(used + o.con_slots)
         indexes.append(d.index)
-        memreq = request_memory(request, d.totalmem)
-        need_mem, need_cores = max(o.con_mem + memreq, o.oth_mem), max(o.con_cores + cores, o.oth_cores)
-        rows.append(_Row(d, used, usedmem, usedcores, o, memreq, need_mem, need_cores))
+        rows.append((d, used, usedmem, usedcores, o))
     return rows, try_order(numas, scores, useds, indexes, policy.gpu_policy, policy.numa_bind)
 
 
@@ -421,7 +470,8 @@ def _fit_container(
     """Fit one container's request onto candidate devices; devices or a reason string.
 
     Devices are tried in policy order; each one runs :data:`DEVICE_CHECKS`, HAMi's numa-bind
-    group step, then :data:`CAPACITY_CHECKS`, and counts the first failing check's reason.
+    group step, then :data:`CAPACITY_CHECKS` (less the checks that cannot fail for this
+    container), and counts the first failing check's reason.
     """
     nums = request.nums
     if nums > len(node_cands):
@@ -430,9 +480,10 @@ def _fit_container(
     fit = _start(request, policy, cordoned, own, quota)
     reasons: Counter[str] = Counter()
     topology = policy.gpu_policy.topology_aware
+    device_checks, capacity_checks = _active_checks(_gates(fit))
     for i in order:
-        row = rows[i]
-        reason = _first_failure(DEVICE_CHECKS, fit, row)
+        row = _Row(*rows[i])
+        reason = _first_failure(device_checks, fit, row)
         if reason is None:
             if policy.numa_bind and row.device.numa != fit.numa:
                 # HAMi step 4: a new NUMA group discards what the previous one collected
@@ -441,7 +492,8 @@ def _fit_container(
                     fit.collected = []
                     fit.extra_mem = fit.extra_cores = 0
                 fit.numa = row.device.numa
-            reason = _first_failure(CAPACITY_CHECKS, fit, row)
+            fit.size(row)
+            reason = _first_failure(capacity_checks, fit, row)
         if reason is not None:
             reasons[reason] += 1
             continue
