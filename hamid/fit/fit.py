@@ -255,9 +255,9 @@ class _ContainerFit:
     def extra(self, row: _Row) -> tuple[int, int]:
         """(memory, cores) placing the container on the sized device adds to the pod's booking."""
         own = row.own
-        return self.need_mem - max(own.con_mem, own.oth_mem), self.need_cores - max(
-            own.con_cores, own.oth_cores
-        )
+        mem = self.need_mem - max(own.con_mem, own.oth_mem)
+        cores = self.need_cores - max(own.con_cores, own.oth_cores)
+        return mem, cores
 
     def book(self, row: _Row) -> None:
         """Accept the sized ``row`` (Fit step 16)."""
