@@ -259,6 +259,16 @@ class _ContainerFit:
         cores = self.need_cores - max(own.con_cores, own.oth_cores)
         return mem, cores
 
+    def enter_group(self, numa: int, reasons: Counter[str]) -> None:
+        """Fit step 4 under numa-bind: a new NUMA group discards what the previous one collected."""
+        if numa == self.numa:
+            return
+        if self.collected:
+            reasons[R.NUMA_NOT_FIT] += len(self.collected)
+            self.collected = []
+            self.extra_mem = self.extra_cores = 0
+        self.numa = numa
+
     def book(self, row: _Row) -> None:
         """Accept the sized ``row`` (Fit step 16)."""
         self.collected.append(ContainerDevice(row.device.id, NVIDIA, self.memreq, self.cores))
@@ -485,13 +495,8 @@ def _fit_container(
         row = _Row(*rows[i])
         reason = _first_failure(device_checks, fit, row)
         if reason is None:
-            if policy.numa_bind and row.device.numa != fit.numa:
-                # HAMi step 4: a new NUMA group discards what the previous one collected
-                if fit.collected:
-                    reasons[R.NUMA_NOT_FIT] += len(fit.collected)
-                    fit.collected = []
-                    fit.extra_mem = fit.extra_cores = 0
-                fit.numa = row.device.numa
+            if policy.numa_bind:
+                fit.enter_group(row.device.numa, reasons)
             fit.size(row)
             reason = _first_failure(capacity_checks, fit, row)
         if reason is not None:
@@ -500,7 +505,18 @@ def _fit_container(
         fit.book(row)
         if not topology and len(fit.collected) == nums:
             return tuple(fit.collected)
-    collected = fit.collected
+    return _finish(fit.collected, nums, topology, pair_scores, reasons, len(node_cands))
+
+
+def _finish(
+    collected: list[ContainerDevice],
+    nums: int,
+    topology: bool,
+    pair_scores: Mapping[str, Mapping[str, int]],
+    reasons: Counter[str],
+    considered: int,
+) -> ContainerDevices | str:
+    """After every device was tried: topology-aware's choice, or the reasons (HAMi's tail of Fit)."""
     if topology:
         if len(collected) == nums:
             return tuple(collected)
@@ -508,7 +524,7 @@ def _fit_container(
             return _topology_pick(collected, nums, pair_scores)
     if collected:
         reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(collected)
-    return gen_reason(reasons, len(node_cands))
+    return gen_reason(reasons, considered)
 
 
 def fit_pod(

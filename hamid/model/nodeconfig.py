@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,43 +86,48 @@ def _check(config: NodeConfig) -> None:
         raise InvalidInput("filterdevices.index entries must not be negative")
 
 
+def _int32(value: object, where: str) -> int:
+    return want_int(value, where, INT32_MIN, INT32_MAX)
+
+
+#: ``nodeconfig`` entry keys → (NodeConfig field, parser of the JSON value).
+_SCALAR_KEYS: tuple[tuple[str, str, Callable[[object, str], Any]], ...] = (
+    ("operatingmode", "operating_mode", want_str),
+    ("devicesplitcount", "device_split_count", _int32),
+    ("devicememoryscaling", "device_memory_scaling", want_number),
+    ("devicecorescaling", "device_core_scaling", want_number),
+    ("preconfigureddevicememory", "preconfigured_device_memory", want_int),
+    ("libcudaloglevel", "lib_cuda_log_level", want_str),
+    ("enablenumatopology", "enable_numa_topology", want_bool),
+    ("enablegetpreferredallocation", "enable_get_preferred_allocation", want_bool),
+    ("migstrategy", "mig_strategy", want_str),
+)
+
+
+def _filter_devices(value: object, where: str) -> dict[str, Any]:
+    fd = want_object(value, f"{where}.filterdevices")
+    uuids, indices = fd.get("uuid"), fd.get("index")
+    uuid_list = () if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid")
+    index_list = () if indices is None else want_list(indices, f"{where}.filterdevices.index")
+    return {
+        "filter_uuids": tuple(
+            want_str(u, f"{where}.filterdevices.uuid[{i}]") for i, u in enumerate(uuid_list)
+        ),
+        "filter_indices": tuple(
+            want_int(x, f"{where}.filterdevices.index[{i}]", 0) for i, x in enumerate(index_list)
+        ),
+    }
+
+
 def _entry_overrides(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The non-null fields of one ``nodeconfig`` entry as NodeConfig field overrides (type-checked)."""
     out: dict[str, Any] = {}
-
-    get = entry.get
-    if (v := get("operatingmode")) is not None:
-        out["operating_mode"] = want_str(v, f"{where}.operatingmode")
-    if (v := get("devicesplitcount")) is not None:
-        out["device_split_count"] = want_int(v, f"{where}.devicesplitcount", INT32_MIN, INT32_MAX)
-    if (v := get("devicememoryscaling")) is not None:
-        out["device_memory_scaling"] = want_number(v, f"{where}.devicememoryscaling")
-    if (v := get("devicecorescaling")) is not None:
-        out["device_core_scaling"] = want_number(v, f"{where}.devicecorescaling")
-    if (v := get("preconfigureddevicememory")) is not None:
-        out["preconfigured_device_memory"] = want_int(v, f"{where}.preconfigureddevicememory")
-    if (v := get("libcudaloglevel")) is not None:
-        out["lib_cuda_log_level"] = want_str(v, f"{where}.libcudaloglevel")
-    if (v := get("enablenumatopology")) is not None:
-        out["enable_numa_topology"] = want_bool(v, f"{where}.enablenumatopology")
-    if (v := get("enablegetpreferredallocation")) is not None:
-        out["enable_get_preferred_allocation"] = want_bool(v, f"{where}.enablegetpreferredallocation")
-    if (v := get("migstrategy")) is not None:
-        out["mig_strategy"] = want_str(v, f"{where}.migstrategy")
-    if (v := get("filterdevices")) is not None:
-        fd = want_object(v, f"{where}.filterdevices")
-        uuids = fd.get("uuid")
-        indices = fd.get("index")
-        out["filter_uuids"] = tuple(
-            want_str(u, f"{where}.filterdevices.uuid[{i}]")
-            for i, u in enumerate(() if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid"))
-        )
-        out["filter_indices"] = tuple(
-            want_int(x, f"{where}.filterdevices.index[{i}]", 0)
-            for i, x in enumerate(
-                () if indices is None else want_list(indices, f"{where}.filterdevices.index")
-            )
-        )
+    for key, name, parse in _SCALAR_KEYS:
+        value = entry.get(key)
+        if value is not None:
+            out[name] = parse(value, f"{where}.{key}")
+    if (value := entry.get("filterdevices")) is not None:
+        out.update(_filter_devices(value, where))
     return out
 
 
