@@ -270,6 +270,10 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
         answer = json.loads(text)
         assert answer["succeeded"] is False
         assert answer["failureReason"].startswith("cannot decode refit request: ")
+        for hostile in (b"[" * 20000 + b"]" * 20000, b'{"nodeName": NaN}', b"\xff\xfe{}"):
+            status, text = await env.post_raw(hostile)  # deep nesting, non-standard JSON, not UTF-8
+            assert status == 200
+            assert json.loads(text)["failureReason"].startswith("cannot decode refit request: ")
         body = request(pod, "n1", 0, ["GPU-b"]).to_json()
         status, text = await env.post_raw(json.dumps({**body, "containerIndex": "zero"}).encode())
         assert status == 200
@@ -287,7 +291,7 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
         refused = {"outcome": "refused", "reason": "invalid_request"}
         assert registry.get_sample_value("hamid_refit_total", refused) == 2
         decode = {"outcome": "refused", "reason": "decode_error"}
-        assert registry.get_sample_value("hamid_refit_total", decode) == 1
+        assert registry.get_sample_value("hamid_refit_total", decode) == 4
         assert env.annotations("p")[ann.DEVICES_ALLOCATED] == "GPU-b,NVIDIA,20000,0:;"
         assert registry.get_sample_value("hamid_refit_duration_seconds_count", {"outcome": "moved"}) == 1
 
