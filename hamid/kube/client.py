@@ -14,7 +14,7 @@ import json
 import os
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,7 +277,7 @@ class KubeClient:
         field_selector: str | None = None,
         label_selector: str | None = None,
         timeout_seconds: int = 300,
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent]:
         """Stream watch events from ``resource_version``; ends when the server closes the stream.
 
         A ``410 Gone`` (as an HTTP answer or an ERROR event) raises :class:`~hamid.kube.errors.Gone`.

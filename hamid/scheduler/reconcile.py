@@ -167,7 +167,7 @@ def reconcile_state(
             report.skipped += 1
             shadow.adopt(live, uid)
             continue
-        pod = listed.get(uid)
+        listed_pod = listed.get(uid)
         if live is not None:
             kind, some = (DRIFT_CHANGED if want is not None else DRIFT_LEAKED), live
         elif want is not None:
@@ -181,12 +181,12 @@ def reconcile_state(
                 pod=some.key,
                 uid=uid,
                 held=_describe(live),
-                listed=_describe(want) if pod is not None else "pod not listed",
+                listed=_describe(want) if listed_pod is not None else "pod not listed",
                 difference=_difference(live.applied if live else {}, want.applied if want else {}),
             )
         )
-        if pod is not None:
-            state.resync_pod(pod)
+        if listed_pod is not None:
+            state.resync_pod(listed_pod)
         else:
             state.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
     for name, entry in state.nodes.items():

@@ -449,7 +449,9 @@ class KubeSchedulerDriver:
             async with (
                 asyncio.timeout(self.http_timeout),
                 session.post(
-                    url, json=body, ssl=self.ssl_context if url.startswith("https") else None
+                    url,
+                    json=body,
+                    ssl=self.ssl_context if url.startswith("https") and self.ssl_context else True,
                 ) as resp,
             ):
                 if resp.status != 200:
