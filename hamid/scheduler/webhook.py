@@ -117,6 +117,19 @@ def _append_env(container: JSON, name: str, value: str) -> None:
     env.append({"name": name, "value": value})
 
 
+def _asks_whole_card(container: JSON, config: ResourceConfig, where: str) -> bool:
+    """A GPU count without cores whose memory ask is the whole card (or none): HAMi sets 100 cores."""
+    count_present, _ = resource_value(container, config.resource_count_name)
+    cores_present, _ = resource_value(container, config.resource_core_name)
+    if not count_present or cores_present:
+        return False
+    pct_found, pct_raw = resource_value(container, config.resource_memory_percentage_name)
+    if pct_found:  # a percentage decides: only 100 % is the whole card
+        return quantity_as_int(pct_raw, where) == 100
+    mem_found, _ = resource_value(container, config.resource_memory_name)
+    return not config.resource_memory_name or not mem_found
+
+
 def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
     """HAMi ``MutateAdmission`` on one container (in place); True when it uses HAMi resources."""
     where = f"container {container.get('name')!r}"
@@ -148,18 +161,9 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         if any(name in limits for name in others):
             limits[config.resource_count_name] = str(config.default_gpu_num)
             has = True
-    count_present, _ = resource_value(container, config.resource_count_name)
-    cores_present, _ = resource_value(container, config.resource_core_name)
-    if count_present and not cores_present:
-        pct_found, pct_raw = resource_value(container, config.resource_memory_percentage_name)
-        mem_found, _ = resource_value(container, config.resource_memory_name)
-        if pct_found:  # a percentage decides: only 100 % is the whole card
-            whole = quantity_as_int(pct_raw, where) == 100
-        else:
-            whole = not config.resource_memory_name or not mem_found
-        if whole:
-            limits[config.resource_core_name] = "100"
-            has = True
+    if _asks_whole_card(container, config, where):
+        limits[config.resource_core_name] = "100"
+        has = True
     if not limits:
         del resources["limits"]
     if not resources:
@@ -212,24 +216,15 @@ def review_pod(
     except InvalidInput as exc:
         return Verdict(False, message=str(exc), code=400)
     mutated = copy.deepcopy(pod)
-    mspec = mutated["spec"]
-    ops: list[JSON] = []
-    uses = False
-    for key in ("initContainers", "containers"):
-        for i, container in enumerate(mspec.get(key) or ()):
-            try:
-                has = _mutate_container(container, config)
-            except InvalidInput as exc:
-                return Verdict(False, message=str(exc), code=400)
-            uses = uses or has
-            if container != spec[key][i]:
-                ops.append({"op": "replace", "path": f"/spec/{key}/{i}", "value": container})
+    try:
+        ops, uses = _mutate_containers(mutated["spec"], spec, config)
+    except InvalidInput as exc:
+        return Verdict(False, message=str(exc), code=400)
     if not uses:
         return Verdict(True, tuple(ops))
-    for key in ("initContainers", "containers"):
-        for container in mspec.get(key) or ():
-            if (container.get("securityContext") or {}).get("privileged"):
-                return Verdict(False, message=f"container {container.get('name')} is privileged", code=403)
+    privileged = _privileged_container(mutated["spec"])
+    if privileged is not None:
+        return Verdict(False, message=f"container {privileged} is privileged", code=403)
     if scheduler_name:
         if spec.get("nodeName"):
             return Verdict(False, message="pod has node assigned", code=403)  # HAMi's wording
@@ -243,6 +238,27 @@ def review_pod(
         if not quota.fits(mem, cores):
             return Verdict(False, message="exceeding resource quota", code=403)
     return Verdict(True, tuple(ops))
+
+
+def _mutate_containers(mspec: JSON, spec: JSON, config: ResourceConfig) -> tuple[list[JSON], bool]:
+    """Apply the per-container defaults in place; the JSON patch ops and whether any uses a GPU."""
+    ops: list[JSON] = []
+    uses = False
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(mspec.get(key) or ()):
+            uses = _mutate_container(container, config) or uses
+            if container != spec[key][i]:
+                ops.append({"op": "replace", "path": f"/spec/{key}/{i}", "value": container})
+    return ops, uses
+
+
+def _privileged_container(spec: JSON) -> str | None:
+    """The name of the first privileged container (HAMi refuses GPU pods with one), else None."""
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or ():
+            if (container.get("securityContext") or {}).get("privileged"):
+                return str(container.get("name"))
+    return None
 
 
 def admission_response(
