@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -265,6 +265,16 @@ def _check_profile(p: NumaProfile) -> None:
         raise InvalidInput("numa profile: CPUs must be unique and ascending")
     if ids[0] < 0 or ids[-1] > MAX_CPU_ID:
         raise InvalidInput(f"numa profile: CPU ids must be within 0-{MAX_CPU_ID}")
+    _check_cpu_groups(p)
+    if not p.reserved_cpus <= frozenset(ids):
+        raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
+    if p.distances is not None:
+        _check_distances(p.distances, len(p.numa_nodes))
+
+
+def _check_cpu_groups(p: NumaProfile) -> None:
+    """Every CPU on a known NUMA node and socket; a core on one socket and NUMA node, named by its
+    lowest CPU id (how the encoding groups thread siblings)."""
     groups: dict[int, tuple[int, int]] = {}
     for c in p.cpus:
         if c.numa not in p.numa_nodes:
@@ -279,15 +289,15 @@ def _check_profile(p: NumaProfile) -> None:
         lowest.setdefault(c.core, c.cpu)
     if any(core != cpu for core, cpu in lowest.items()):
         raise InvalidInput("numa profile: a core id must be the lowest CPU id of its threads")
-    if not p.reserved_cpus <= frozenset(ids):
-        raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
-    if p.distances is not None:
-        n = len(p.numa_nodes)
-        if len(p.distances) != n or any(len(row) != n for row in p.distances):
-            raise InvalidInput(f"numa profile: distances must be a {n}x{n} matrix")
-        for row in p.distances:
-            for d in row:
-                want_int(d, "numa profile distance", 0, 255)
+
+
+def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
+    """An n×n matrix of SLIT distances (0–255), as sysfs ``node*/distance`` reports them."""
+    if len(distances) != n or any(len(row) != n for row in distances):
+        raise InvalidInput(f"numa profile: distances must be a {n}x{n} matrix")
+    for row in distances:
+        for d in row:
+            want_int(d, "numa profile distance", 0, 255)
 
 
 # --- profile codec -------------------------------------------------------------------------

@@ -521,16 +521,7 @@ def watch_xid_events(
     types = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
     types |= nvml.nvmlEventTypeSingleBitEccError
     try:
-        for uuid in sorted(wanted):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                supported = nvml.nvmlDeviceGetSupportedEventTypes(handle)
-                nvml.nvmlDeviceRegisterEvents(handle, types & supported, event_set)
-            except nvml.NVMLError as exc:
-                if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
-                    log.warning("gpu too old for XID health checks", uuid=uuid)
-                    continue
-                on_unhealthy(uuid, f"cannot register for NVML events: {exc}")
+        _register_xid_events(wanted, types, event_set, on_unhealthy, nvml)
         while not stop.is_set():
             try:
                 data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
@@ -540,28 +531,56 @@ def watch_xid_events(
                 for uuid in sorted(wanted):
                     on_unhealthy(uuid, f"NVML event wait failed: {exc}")
                 return
-            if data.eventType != nvml.nvmlEventTypeXidCriticalError:
-                continue
-            xid = int(data.eventData)
-            if not policy.is_critical(xid):
-                log.info("ignored XID", xid=xid)
-                if on_xid is not None:
-                    on_xid("", xid, False)
-                continue
-            try:
-                uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
-            except nvml.NVMLError as exc:
-                if on_xid is not None:
-                    on_xid("", xid, True)
-                for each in sorted(wanted):
-                    on_unhealthy(each, f"XID {xid} on an unidentifiable device: {exc}")
-                continue
-            if on_xid is not None:
-                on_xid(uuid, xid, True)
-            if uuid in wanted:
-                on_unhealthy(uuid, f"XID {xid}")
+            if data.eventType == nvml.nvmlEventTypeXidCriticalError:
+                _on_xid_event(data, wanted, on_unhealthy, policy, nvml, on_xid or _no_xid_observer)
     finally:
         nvml.nvmlEventSetFree(event_set)
+
+
+def _no_xid_observer(uuid: str, xid: int, critical: bool) -> None:
+    """The default XID observer of :func:`watch_xid_events`: nobody counts them."""
+
+
+def _register_xid_events(
+    wanted: set[str], types: int, event_set: Any, on_unhealthy: Callable[[str, str], None], nvml: ModuleType
+) -> None:
+    """Register every wanted GPU for health events; one that cannot be registered is unhealthy."""
+    for uuid in sorted(wanted):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            supported = nvml.nvmlDeviceGetSupportedEventTypes(handle)
+            nvml.nvmlDeviceRegisterEvents(handle, types & supported, event_set)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                log.warning("gpu too old for XID health checks", uuid=uuid)
+                continue
+            on_unhealthy(uuid, f"cannot register for NVML events: {exc}")
+
+
+def _on_xid_event(
+    data: Any,
+    wanted: set[str],
+    on_unhealthy: Callable[[str, str], None],
+    policy: HealthCheckPolicy,
+    nvml: ModuleType,
+    on_xid: Callable[[str, int, bool], None],
+) -> None:
+    """One XID event: ignored by policy, or its GPU (every GPU, when unidentifiable) unhealthy."""
+    xid = int(data.eventData)
+    if not policy.is_critical(xid):
+        log.info("ignored XID", xid=xid)
+        on_xid("", xid, False)
+        return
+    try:
+        uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+    except nvml.NVMLError as exc:
+        on_xid("", xid, True)
+        for each in sorted(wanted):
+            on_unhealthy(each, f"XID {xid} on an unidentifiable device: {exc}")
+        return
+    on_xid(uuid, xid, True)
+    if uuid in wanted:
+        on_unhealthy(uuid, f"XID {xid}")
 
 
 def devices_document(gpus: Iterable[PhysicalGpu], links: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
-from hamid.fit.usage import DeviceAmount
+from hamid.fit.usage import DeviceAmount, DeviceUsage
 from hamid.kube.cache import newer_than, version_number
 from hamid.kube.client import object_key
 from hamid.kube.errors import KubeError
@@ -127,6 +127,30 @@ def _left_alone(
     return any(res is not None and state.node_busy(res.node) for res in (live, want))
 
 
+def _gpu_drifts(
+    node: str, held_devices: Sequence[DeviceUsage], listed_devices: Sequence[DeviceUsage]
+) -> list[Drift]:
+    """One :data:`DRIFT_GPU` per GPU whose held usage differs from what the listed pods imply."""
+    drifts: list[Drift] = []
+    for have, want_dev in zip(held_devices, listed_devices, strict=True):
+        held = (have.used, have.usedmem, have.usedcores)
+        expected = (want_dev.used, want_dev.usedmem, want_dev.usedcores)
+        if held != expected:
+            drifts.append(
+                Drift(
+                    kind=DRIFT_GPU,
+                    node=node,
+                    gpu=have.id,
+                    held=f"slots={held[0]} MiB={held[1]} cores={held[2]}",
+                    listed=f"slots={expected[0]} MiB={expected[1]} cores={expected[2]}",
+                    difference={
+                        have.id: (held[0] - expected[0], held[1] - expected[1], held[2] - expected[2])
+                    },
+                )
+            )
+    return drifts
+
+
 def reconcile_state(
     state: SchedulerState,
     pods: Iterable[JSON],
@@ -192,26 +216,10 @@ def reconcile_state(
     for name, entry in state.nodes.items():
         if state.node_busy(name):
             continue
-        drifted = False
-        for have, want_dev in zip(entry.usage.devices, shadow.nodes[name].usage.devices, strict=True):
-            report.gpus += 1
-            held = (have.used, have.usedmem, have.usedcores)
-            expected = (want_dev.used, want_dev.usedmem, want_dev.usedcores)
-            if held != expected:
-                drifted = True
-                report.drifts.append(
-                    Drift(
-                        kind=DRIFT_GPU,
-                        node=name,
-                        gpu=have.id,
-                        held=f"slots={held[0]} MiB={held[1]} cores={held[2]}",
-                        listed=f"slots={expected[0]} MiB={expected[1]} cores={expected[2]}",
-                        difference={
-                            have.id: (held[0] - expected[0], held[1] - expected[1], held[2] - expected[2])
-                        },
-                    )
-                )
-        if drifted:
+        drifts = _gpu_drifts(name, entry.usage.devices, shadow.nodes[name].usage.devices)
+        report.gpus += len(entry.usage.devices)
+        if drifts:
+            report.drifts.extend(drifts)
             state.rebuild_usage(name)
     state.prune_marks(since, listed)
     return report
