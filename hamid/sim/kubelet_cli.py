@@ -104,7 +104,8 @@ class SimKubeletFactory:
     "--cpu-manager-policy",
     type=click.Choice(CPU_POLICIES),
     default=None,
-    help="CPU manager policy; static gives Guaranteed integer-CPU containers exclusive CPUs (overrides --config).",
+    help="CPU manager policy; static gives Guaranteed integer-CPU containers exclusive CPUs "
+    "(overrides --config).",
 )
 @option(
     "--pod-resources-socket",

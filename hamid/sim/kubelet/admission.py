@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,9 +180,7 @@ def check_allocatable(
 def _insufficient(resource: str, requested: int, used: int, capacity: int) -> AdmissionFailure:
     return AdmissionFailure(
         f"OutOf{resource}",
-        f"Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}",
+        f"Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, "
+        f"capacity: {capacity}",
     )
 
-
-#: Returns the active pods (admitted, not yet stopped) other than the one being admitted.
-ActivePods = Callable[[str], list[Mapping[str, Any]]]

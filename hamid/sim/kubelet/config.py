@@ -242,7 +242,8 @@ def parse_kubelet_config(doc: Any, source: str = "<kubelet config>") -> KubeletC
     scope = str(doc.get("topologyManagerScope") or SCOPE_CONTAINER)
     if scope not in TOPOLOGY_SCOPES:
         raise InvalidInput(
-            f'invalid configuration: topologyManagerScope (--topology-manager-scope) "{scope}" must be one of: '
+            "invalid configuration: topologyManagerScope (--topology-manager-scope) "
+            f'"{scope}" must be one of: '
             f'"{TOPOLOGY_SCOPES[0]}", or "{TOPOLOGY_SCOPES[1]}"'
         )
     reserved = doc.get("reservedSystemCPUs")

@@ -99,7 +99,8 @@ def validate_cpu_options(options: StaticPolicyOptions, topo: CpuTopology, topolo
         )
     if len(topo.sockets) > len(topo.numa_nodes):
         raise InvalidInput(
-            "Align by socket is not compatible with hardware where number of sockets are more than number of NUMA"
+            "Align by socket is not compatible with hardware where number of sockets are more than "
+            "number of NUMA"
         )
 
 
