@@ -62,10 +62,28 @@ PACKED_TABLE = [
     ("ExpectAllocOneSocket (policy_static_test)", DUAL_SOCKET_HT, "1-11", 6, "1,3,5,7,9,11"),
     ("ExpectAllocOneCore (policy_static_test)", SINGLE_SOCKET_HT, "1-7", 2, "1,5"),
     ("take a socket from multi-numa-per-socket with HT", DUAL_SOCKET_MULTI_NUMA_HT, "0-79", 40, "0-19,40-59"),
-    ("take a NUMA node from multi-numa-per-socket with HT", DUAL_SOCKET_MULTI_NUMA_HT, "0-79", 20, "0-9,40-49"),
-    ("take a NUMA node, 1 NUMA node already taken", DUAL_SOCKET_MULTI_NUMA_HT, "10-39,50-79", 20, "10-19,50-59"),
+    (
+        "take a NUMA node from multi-numa-per-socket with HT",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        20,
+        "0-9,40-49",
+    ),
+    (
+        "take a NUMA node, 1 NUMA node already taken",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "10-39,50-79",
+        20,
+        "10-19,50-59",
+    ),
     ("take a socket and a NUMA node", DUAL_SOCKET_MULTI_NUMA_HT, "0-79", 60, "0-29,40-69"),
-    ("take a socket and a NUMA node, a core taken", DUAL_SOCKET_MULTI_NUMA_HT, "1-39,41-79", 60, "10-39,50-79"),
+    (
+        "take a socket and a NUMA node, a core taken",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "1-39,41-79",
+        60,
+        "10-39,50-79",
+    ),
     ("non-SMT: fullest NUMA node first", NON_HT, "2-15", 2, "2,3"),
     ("non-SMT: a whole free NUMA node", NON_HT, "2-15", 8, "8-15"),
 ]
@@ -209,8 +227,10 @@ def model_packed(topology: CpuTopology, available: frozenset[int], count: int) -
     for groups, size, key in levels:
         if len(taken) < count:
             for gid in sorted((g for g in groups if groups[g] <= free), key=key):
-                if groups[gid] <= free and count - len(taken) >= len(groups[gid]) and (
-                    size is None or len(groups[gid] & free) == size
+                if (
+                    groups[gid] <= free
+                    and count - len(taken) >= len(groups[gid])
+                    and (size is None or len(groups[gid] & free) == size)
                 ):
                     taken.update(groups[gid])
                     free.difference_update(groups[gid])
