@@ -393,6 +393,7 @@ class SimKubelet:
             if uid not in self._deleting:
                 self._deleting.add(uid)
                 self._spawn(self._finish_deletion(pod), f"delete-{object_key(pod)}")
+                self._changed()
             return
         if phase != "Pending" or uid in self._records or uid in self._queued:
             if phase == "Running" and uid not in self._records:
@@ -483,10 +484,13 @@ class SimKubelet:
                 pods.append(pod)
         return pods
 
-    async def _next_batch(self) -> list[JSON]:
-        """Every pod waiting now, oldest first (``HandlePodAdditions`` sorts by creation time)."""
+    def _next_batch(self, first: tuple[str, str]) -> list[JSON]:
+        """Every pod waiting now, oldest first (``HandlePodAdditions`` sorts by creation time).
+
+        Called with the admission lock held: what arrived while the last pod was admitted joins.
+        """
         assert self._pods is not None
-        items = [await self._queue.get()]
+        items = [first]
         while not self._queue.empty():
             items.append(self._queue.get_nowait())
         batch = []
@@ -503,7 +507,10 @@ class SimKubelet:
 
     async def _admission_worker(self) -> None:
         while True:
-            for pod in await self._next_batch():
+            first = await self._queue.get()
+            async with self._admit_lock:
+                batch = self._next_batch(first)
+            for pod in batch:
                 key = object_key(pod)
                 async with self._admit_lock:
                     with structlog.contextvars.bound_contextvars(pod=key, node=self.node_name):
