@@ -183,4 +183,3 @@ def _insufficient(resource: str, requested: int, used: int, capacity: int) -> Ad
         f"Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, "
         f"capacity: {capacity}",
     )
-

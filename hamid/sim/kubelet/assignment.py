@@ -6,6 +6,7 @@ Topology Manager's hint, the exclusive CPUs, the devices with their NUMA nodes, 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,3 +205,37 @@ def read_assignment(pod: Mapping[str, Any]) -> PodAdmission | None:
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidInput(f"pod annotation {ASSIGNMENT_ANNOTATION}: not a valid assignment: {exc}") from exc
+
+
+class AdmissionRecords:
+    """Every decision by pod UID (the newest ``max_records``), and the latest UID per ``namespace/name``."""
+
+    def __init__(self, max_records: int) -> None:
+        self.max_records = max_records
+        self._by_uid: OrderedDict[str, PodAdmission] = OrderedDict()
+        self._uid_by_key: dict[str, str] = {}
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._by_uid
+
+    def get(self, uid: str) -> PodAdmission | None:
+        """The decision on the pod with this UID."""
+        return self._by_uid.get(uid)
+
+    def by_key(self, key: str) -> PodAdmission | None:
+        """The decision on the latest incarnation of ``namespace/name``."""
+        uid = self._uid_by_key.get(key)
+        return None if uid is None else self._by_uid.get(uid)
+
+    def remember(self, record: PodAdmission) -> None:
+        """Keep ``record``, dropping the oldest beyond ``max_records``."""
+        self._by_uid[record.uid] = record
+        self._uid_by_key[record.key] = record.uid
+        while len(self._by_uid) > self.max_records:
+            _, old = self._by_uid.popitem(last=False)
+            if self._uid_by_key.get(old.key) == old.uid:
+                del self._uid_by_key[old.key]
+
+    def active(self) -> list[PodAdmission]:
+        """Admitted pods whose containers have not stopped yet."""
+        return [r for r in self._by_uid.values() if r.admitted and not r.released]

@@ -405,6 +405,28 @@ class DeviceManager:
                 result.setdefault(resource, set()).update(devices)
         return result
 
+    def describe(self) -> list[JSON]:
+        """Per resource: device counts, registration count and plugin options (for logs and demos)."""
+        result = []
+        for name in sorted(self.resources):
+            state = self.resources[name]
+            options = state.options
+            result.append(
+                {
+                    "resource": name,
+                    "healthy": len(state.healthy),
+                    "unhealthy": len(state.unhealthy),
+                    "allocated": len(self.allocated_devices(name)),
+                    "registrations": state.registrations,
+                    "connected": state.connected,
+                    "getPreferredAllocationAvailable": bool(
+                        options and options.get_preferred_allocation_available
+                    ),
+                    "preStartRequired": bool(options and options.pre_start_required),
+                }
+            )
+        return result
+
     # -- allocation (manager.go) ------------------------------------------------------------------
 
     async def allocate_container(

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,17 @@ from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.sim.kubelet.admission import Admitter, check_allocatable
-from hamid.sim.kubelet.assignment import ASSIGNMENT_ANNOTATION, PodAdmission, read_assignment
+from hamid.sim.kubelet.assignment import (
+    ASSIGNMENT_ANNOTATION,
+    AdmissionRecords,
+    PodAdmission,
+    read_assignment,
+)
 from hamid.sim.kubelet.cadvisor import MachineInfo, format_cpu_list
 from hamid.sim.kubelet.config import SIM_DEFAULTS, KubeletConfig
 from hamid.sim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamid.sim.kubelet.errors import REASON_UNEXPECTED_ADMISSION, AdmissionFailure
-from hamid.sim.kubelet.node import build_managers, node_status
+from hamid.sim.kubelet.node import NodeStatusPublisher, build_managers
 from hamid.sim.kubelet.podresources import PodResourcesServer, PodResourcesView, default_socket
 from hamid.sim.kubelet.quantity import quantity_milli_value, quantity_value
 from hamid.sim.kubelet.registration import RegistrationServer
@@ -103,7 +107,6 @@ class SimKubelet:
         self.status_interval = status_interval
         self.container_stop_seconds = container_stop_seconds
         self.register_node = register_node
-        self.max_records = max_records
         self.restarts = 0
         self._log = log.bind(node=node_name)
         self.devices = DeviceManager(
@@ -129,12 +132,13 @@ class SimKubelet:
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[str] = set()
         self._deleting: set[str] = set()
-        self._records: OrderedDict[str, PodAdmission] = OrderedDict()
-        self._uid_by_key: dict[str, str] = {}
+        self._records = AdmissionRecords(max_records)
         self._admit_lock = asyncio.Lock()
-        self._status_dirty = asyncio.Event()
         self._pulse = Pulse()
-        self._published_resources: set[str] = set()
+        self._node = NodeStatusPublisher(
+            kube, node_name, machine, self.config, self.cpus, self.devices, self._log
+        )
+        self._node.interval = status_interval
         self._started = False
 
     # -- views kept for callers ------------------------------------------------------------------
@@ -182,7 +186,7 @@ class SimKubelet:
 
     def active_records(self) -> list[PodAdmission]:
         """Admitted pods whose containers have not stopped yet (what PodResources ``List`` reports)."""
-        return [r for r in self._records.values() if r.admitted and not r.released]
+        return self._records.active()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -203,7 +207,7 @@ class SimKubelet:
             await self._registration.start()
             await self.pod_resources.start()
             if self.register_node:
-                await self._ensure_node()
+                await self._node.ensure_node()
             self._events = EventRecorder(self.kube, EVENT_COMPONENT, self.node_name)
             self._pods = PodCache(
                 self.kube,
@@ -214,7 +218,7 @@ class SimKubelet:
             )
             self._spawn(self._pods.run(), "pod-cache")
             self._spawn(self._admission_worker(), "admission")
-            self._spawn(self._status_loop(), "node-status")
+            self._spawn(self._node.run(), "node-status")
             self._spawn(self.status.run(), "pod-status")
             await self._pods.wait_synced(timeout=max(self.rpc_timeout, 10.0))
         except BaseException:
@@ -281,7 +285,7 @@ class SimKubelet:
 
     def _changed(self) -> None:
         self._pulse.fire()
-        self._status_dirty.set()
+        self._node.mark_dirty()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
         """Wait until ``predicate()`` holds (checked on each state change); TimeoutError after ``timeout``."""
@@ -302,58 +306,17 @@ class SimKubelet:
 
     def node_status(self) -> JSON:
         """The node ``status`` the kubelet publishes (merge-patch form: removed resources map to None)."""
-        return node_status(
-            self.machine,
-            self.config,
-            self.cpus,
-            self.devices.device_capacity(),
-            self._published_resources,
-            self.node_name,
-        )
+        return self._node.status()
 
     async def sync_node_status(self) -> JSON:
         """Publish the node status now; returns the node as the API server answered."""
-        status = self.node_status()
-        node = await self.kube.patch_node_status(self.node_name, status)
-        self._published_resources = {k for k, v in status["capacity"].items() if v is not None} - {
-            "cpu",
-            "memory",
-            "pods",
-        }
-        return node
-
-    async def _ensure_node(self) -> None:
-        try:
-            await self.kube.get_node(self.node_name)
-        except NotFound:
-            labels = {
-                "kubernetes.io/hostname": self.node_name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-            }
-            with contextlib.suppress(KubeError):
-                await self.kube.create_node(
-                    {"metadata": {"name": self.node_name, "labels": labels}, "spec": {}}
-                )
-        await self.sync_node_status()
-
-    async def _status_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.status_interval):
-                    await self._status_dirty.wait()
-            self._status_dirty.clear()
-            try:
-                await self.sync_node_status()
-            except KubeError as exc:
-                self._log.warning("node status update failed", error=str(exc))
+        return await self._node.sync()
 
     # -- pod bookkeeping -------------------------------------------------------------------------
 
     def admission(self, namespace: str, name: str) -> PodAdmission | None:
         """The decision on the pod ``namespace/name`` (latest incarnation), or None if not yet decided."""
-        uid = self._uid_by_key.get(f"{namespace}/{name}")
-        return None if uid is None else self._records.get(uid)
+        return self._records.by_key(f"{namespace}/{name}")
 
     async def wait_admission(
         self, namespace: str, name: str, timeout: float = 5.0, *, published: bool = False
@@ -440,7 +403,7 @@ class SimKubelet:
         async with self._admit_lock:
             if uid in self._records:
                 return
-            self._remember(record)
+            self._records.remember(record)
             for c in record.containers:
                 self.devices.pod_devices.setdefault(uid, {})[c.name] = {
                     r: frozenset(d) for r, d in c.devices.items()
@@ -467,14 +430,6 @@ class SimKubelet:
             self._release(record.uid)
             self._log.warning("running pod rejected on re-admission", pod=record.key, reason=failure.reason)
             await self._publish(pod, record)
-
-    def _remember(self, record: PodAdmission) -> None:
-        self._records[record.uid] = record
-        self._uid_by_key[record.key] = record.uid
-        while len(self._records) > self.max_records:
-            _, old = self._records.popitem(last=False)
-            if self._uid_by_key.get(old.key) == old.uid:
-                del self._uid_by_key[old.key]
 
     def _active_pods(self, uid: str) -> list[JSON]:
         pods = []
@@ -545,7 +500,7 @@ class SimKubelet:
         if not record.admitted:
             self.devices.release(record.uid)
             self.cpus.release(record.uid)
-        self._remember(record)
+        self._records.remember(record)
         self._changed()
         if record.admitted:
             self._log.info(
@@ -609,22 +564,4 @@ class SimKubelet:
 
     def describe_resources(self) -> list[JSON]:
         """Per resource: device counts, registration count and plugin options (for logs and demos)."""
-        result = []
-        for name in sorted(self.resources):
-            state = self.resources[name]
-            options = state.options
-            result.append(
-                {
-                    "resource": name,
-                    "healthy": len(state.healthy),
-                    "unhealthy": len(state.unhealthy),
-                    "allocated": len(self.allocated_devices(name)),
-                    "registrations": state.registrations,
-                    "connected": state.connected,
-                    "getPreferredAllocationAvailable": bool(
-                        options and options.get_preferred_allocation_available
-                    ),
-                    "preStartRequired": bool(options and options.pre_start_required),
-                }
-            )
-        return result
+        return self.devices.describe()

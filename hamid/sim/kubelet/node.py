@@ -4,10 +4,13 @@ start-up refusals (``container_manager_linux.go``, ``cpumanager.NewManager``,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
-from hamid.kube.client import JSON
+from hamid.kube.client import JSON, KubeClient
+from hamid.kube.errors import KubeError, NotFound
 from hamid.model.errors import InvalidInput
 from hamid.sim.kubelet.admission import TopologySettings
 from hamid.sim.kubelet.cadvisor import MachineInfo, format_cpu_list
@@ -22,6 +25,7 @@ from hamid.sim.kubelet.cpumanager import (
     parse_cpu_options,
     validate_cpu_options,
 )
+from hamid.sim.kubelet.devicemanager import DeviceManager
 from hamid.sim.kubelet.memorymanager import check_memory_manager
 from hamid.sim.kubelet.status import now_text
 from hamid.sim.kubelet.topologymanager import check_manager, parse_policy_options
@@ -109,3 +113,82 @@ def node_status(
     }
     addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node_name}]
     return {"capacity": cap, "allocatable": alloc, "conditions": [ready], "addresses": addresses}
+
+
+class NodeStatusPublisher:
+    """Creates the Node if missing and publishes its status on every change and every ``interval``."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        node_name: str,
+        machine: MachineInfo,
+        config: KubeletConfig,
+        cpus: CpuManager,
+        devices: DeviceManager,
+        log: Any,
+    ) -> None:
+        self.kube = kube
+        self.node_name = node_name
+        self.machine = machine
+        self.config = config
+        self.cpus = cpus
+        self.devices = devices
+        self.interval = 10.0
+        self._log = log
+        self._dirty = asyncio.Event()
+        self._published: set[str] = set()
+
+    def mark_dirty(self) -> None:
+        """Publish soon (something changed)."""
+        self._dirty.set()
+
+    def status(self) -> JSON:
+        """The status to publish now."""
+        return node_status(
+            self.machine,
+            self.config,
+            self.cpus,
+            self.devices.device_capacity(),
+            self._published,
+            self.node_name,
+        )
+
+    async def sync(self) -> JSON:
+        """Publish the node status now; returns the node as the API server answered."""
+        status = self.status()
+        node = await self.kube.patch_node_status(self.node_name, status)
+        self._published = {k for k, v in status["capacity"].items() if v is not None} - {
+            "cpu",
+            "memory",
+            "pods",
+        }
+        return node
+
+    async def ensure_node(self) -> None:
+        """Create the Node object if it does not exist, then publish its status."""
+        try:
+            await self.kube.get_node(self.node_name)
+        except NotFound:
+            labels = {
+                "kubernetes.io/hostname": self.node_name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            }
+            with contextlib.suppress(KubeError):
+                await self.kube.create_node(
+                    {"metadata": {"name": self.node_name, "labels": labels}, "spec": {}}
+                )
+        await self.sync()
+
+    async def run(self) -> None:
+        """Publish on each change, and at least every ``interval`` seconds."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.sync()
+            except KubeError as exc:
+                self._log.warning("node status update failed", error=str(exc))
