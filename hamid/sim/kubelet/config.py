@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,7 @@ def _string_map(doc: Mapping[str, Any], key: str, source: str) -> dict[str, str]
 
 
 def _reserved_cpu_count(doc: Mapping[str, Any], source: str) -> int:
-    total = 0
+    total = Fraction(0)
     for key in ("kubeReserved", "systemReserved"):
         section = doc.get(key) or {}
         if not isinstance(section, Mapping):

@@ -9,6 +9,7 @@ first (``allocateCPUs``), picked by :mod:`hamid.sim.kubelet.cpu_assignment`. Pol
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -142,18 +143,19 @@ def generate_cpu_hints(
     align_by_socket: bool = False,
 ) -> list[TopologyHint]:
     """``generateCPUTopologyHints`` (with ``align-by-socket``'s preferred socket-aligned masks)."""
-    available_list = sorted(set(available))
-    reusable_list = sorted(set(reusable))
     node_of = {cpu: info.numa for cpu, info in topology.details.items()}
+    total = {n: len(cpus) for n, cpus in topology.numa_cpus.items()}
+    free = Counter(node_of[c] for c in set(available) if c in node_of)
+    reusable_set = set(reusable)
+    reusable_nodes = {node_of.get(c) for c in reusable_set}
     min_affinity_size = len(topology.numa_nodes)
     found: list[NumaMask] = []
     for mask in iterate_masks(topology.numa_nodes):
-        if len(topology.cpus_in(mask)) >= request and len(mask) < min_affinity_size:
+        if sum(total[n] for n in mask) >= request and len(mask) < min_affinity_size:
             min_affinity_size = len(mask)
-        if any(node_of.get(c) not in mask for c in reusable_list):
+        if not reusable_nodes <= mask:
             continue
-        matching = len(reusable_list) + sum(1 for c in available_list if node_of.get(c) in mask)
-        if matching >= request:
+        if len(reusable_set) + sum(free[n] for n in mask) >= request:
             found.append(mask)
     per_socket = len(topology.numa_nodes) // len(topology.sockets)
 

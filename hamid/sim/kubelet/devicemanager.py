@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from hamid.sim.kubelet.endpoint import RPC_ERRORS, Endpoint, connect, rpc_error_
 from hamid.sim.kubelet.errors import unexpected
 from hamid.sim.kubelet.podutil import container_limits, pod_aggregate
 from hamid.sim.kubelet.quantity import quantity_value
-from hamid.sim.kubelet.topologymanager import NumaMask, TopologyHint, iterate_masks
+from hamid.sim.kubelet.topologymanager import NumaMask, TopologyHint, iterate_masks, mask_value
 
 HEALTHY = "Healthy"
 #: The fake NUMA node kubelet files devices without topology under (``nodeWithoutTopology``).
@@ -53,12 +54,16 @@ def generate_device_hints(
     topology; ``available`` the free healthy ones; ``reusable`` those released by this pod's init
     containers.
     """
-    available_list = sorted(set(available))
+    # Devices grouped by topology (as bitmasks): each mask's counts cost one step per distinct topology.
+    all_groups = list(Counter(mask_value(topo) for topo in all_devices.values() if topo).items())
+    free_topologies = (t for d in set(available) if (t := all_devices.get(d)))
+    available_groups = list(Counter(mask_value(t) for t in free_topologies).items())
     reusable_list = sorted(set(reusable))
     min_affinity_size = len(numa_nodes)
     found: list[NumaMask] = []
     for mask in iterate_masks(numa_nodes):
-        devices_in_mask = sum(1 for topo in all_devices.values() if _any_set(mask, topo))
+        bits = mask_value(mask)
+        devices_in_mask = sum(n for topo, n in all_groups if topo & bits)
         if devices_in_mask >= request and len(mask) < min_affinity_size:
             min_affinity_size = len(mask)
         matching = 0
@@ -73,7 +78,7 @@ def generate_device_hints(
             matching += 1
         if disqualified:
             continue
-        matching += sum(1 for d in available_list if _any_set(mask, all_devices.get(d)))
+        matching += sum(n for topo, n in available_groups if topo & bits)
         if matching >= request:
             found.append(mask)
     return [TopologyHint(mask, len(mask) == min_affinity_size) for mask in found]

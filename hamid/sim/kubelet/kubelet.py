@@ -89,6 +89,7 @@ class SimKubelet:
         register_node: bool = True,
         max_records: int = 10000,
     ) -> None:
+        """Validate the configuration against the machine and wire the managers (long: wiring only)."""
         if not node_name:
             raise InvalidInput("a simulated kubelet needs a node name")
         for name, value in (("rpc_timeout", rpc_timeout), ("dial_timeout", dial_timeout)):
