@@ -145,6 +145,8 @@ class PodAdmission:
     released: bool = False
     #: True once the annotation and the pod status have been written (or failed to be).
     published: bool = False
+    #: True once the annotation holds this record (PodResources reports only such pods).
+    annotated: bool = False
 
     @property
     def key(self) -> str:
@@ -239,3 +241,7 @@ class AdmissionRecords:
     def active(self) -> list[PodAdmission]:
         """Admitted pods whose containers have not stopped yet."""
         return [r for r in self._by_uid.values() if r.admitted and not r.released]
+
+    def reported(self) -> list[PodAdmission]:
+        """What PodResources ``List`` shows: active pods whose annotation already says the same."""
+        return [r for r in self.active() if r.annotated]

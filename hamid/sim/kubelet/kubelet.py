@@ -122,9 +122,10 @@ class SimKubelet:
         self._admitter = Admitter(settings, self.devices, self.cpus, self._log)
         self.status = StatusManager(kube, self._log, status_retry_interval)
         self._registration = RegistrationServer(self.root, self.devices.register, self._log)
+        self._records = AdmissionRecords(max_records)
         socket = Path(pod_resources_socket) if pod_resources_socket else default_socket(self.root)
         view = PodResourcesView(
-            self.active_records, lambda: self.resources, self.cpus.allocatable, self._topology
+            self._records.reported, lambda: self.resources, self.cpus.allocatable, self._topology
         )
         self.pod_resources = PodResourcesServer(socket, view)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -133,7 +134,6 @@ class SimKubelet:
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[str] = set()
         self._deleting: set[str] = set()
-        self._records = AdmissionRecords(max_records)
         self._admit_lock = asyncio.Lock()
         self._pulse = Pulse()
         self._node = NodeStatusPublisher(
@@ -400,7 +400,7 @@ class SimKubelet:
         if record is None or not record.admitted:
             return
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        record.uid = uid
+        record.uid, record.annotated = uid, True
         async with self._admit_lock:
             if uid in self._records:
                 return
@@ -539,18 +539,32 @@ class SimKubelet:
                 record.uid, record.namespace, record.name, rejected_status(pod, record)
             )
             return
-        annotation = json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True)
-        try:
-            await self.kube.patch_pod_metadata(
-                record.namespace, record.name, annotations={ASSIGNMENT_ANNOTATION: annotation}
-            )
-        except KubeError as exc:
-            self._log.warning("could not record the assignment annotation", error=str(exc))
+        await self._annotate(record)
         pre_start_error = await self.devices.pre_start(record.containers)
         status = running_status(pod, record, pre_start_error)
         await self.status.set_status(record.uid, record.namespace, record.name, status)
         if pre_start_error and self._events is not None:
             await self._events.record(pod, "Warning", "Failed", f"Error: {pre_start_error}")
+
+    async def _annotate(self, record: PodAdmission, attempts: int = 5) -> None:
+        """Write the assignment annotation, retrying a failed write with backoff."""
+        annotation = json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True)
+        for attempt in range(attempts):
+            try:
+                await self.kube.patch_pod_metadata(
+                    record.namespace, record.name, annotations={ASSIGNMENT_ANNOTATION: annotation}
+                )
+            except NotFound:
+                return
+            except KubeError as exc:
+                self._log.warning(
+                    "could not record the assignment annotation", attempt=attempt, error=str(exc)
+                )
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            record.annotated = True
+            self._changed()
+            return
 
     async def terminate_pod(self, namespace: str, name: str, phase: str = "Succeeded") -> None:
         """End a pod's containers (``Succeeded`` or ``Failed``) and release its CPUs and devices."""

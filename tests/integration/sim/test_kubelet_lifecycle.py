@@ -95,14 +95,22 @@ async def lister(kubelet: SimKubelet) -> tuple[Channel, PodResourcesListerStub]:
     return channel, PodResourcesListerStub(channel)
 
 
-async def test_pod_resources_matches_the_annotation(kube: KubeClient, root: Path, plugin: FakePlugin) -> None:
+async def test_pod_resources_matches_the_annotation(
+    kube: KubeClient, apiserver: Any, root: Path, plugin: FakePlugin
+) -> None:
     kubelet = await started(kube, root, plugin)
     channel, stub = await lister(kubelet)
     try:
         assert kubelet.pod_resources.socket == root.parent / "pod-resources" / "kubelet.sock"
+        apiserver.faults.fail_next(1, "patch", r"/pods/train$", 500)  # the first annotation write fails
         await kube.create_pod(pod("train", container("main", "4", 2), container("side", "500m", None)))
-        record = await kubelet.wait_admission("default", "train", published=True)
+        record = await kubelet.wait_admission("default", "train")
         assert record.admitted, record.message
+        # Until the annotation holds the record, PodResources does not report the pod.
+        while not record.annotated:
+            assert (await stub.List(pr.ListPodResourcesRequest())).pod_resources == []
+            await asyncio.sleep(0.01)
+        await kubelet.wait_admission("default", "train", published=True)
         listed = await stub.List(pr.ListPodResourcesRequest())
         (resources,) = listed.pod_resources
         stored = read_assignment(await kube.get_pod("default", "train"))
