@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -29,7 +28,6 @@ from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.sim.kubelet.admission import Admitter, check_allocatable
 from hamid.sim.kubelet.assignment import (
-    ASSIGNMENT_ANNOTATION,
     AdmissionRecords,
     PodAdmission,
     read_assignment,
@@ -42,12 +40,7 @@ from hamid.sim.kubelet.node import NodeStatusPublisher, build_managers
 from hamid.sim.kubelet.podresources import PodResourcesServer, PodResourcesView, default_socket
 from hamid.sim.kubelet.quantity import quantity_milli_value, quantity_value
 from hamid.sim.kubelet.registration import RegistrationServer
-from hamid.sim.kubelet.status import (
-    StatusManager,
-    rejected_status,
-    running_status,
-    stopped_containers,
-)
+from hamid.sim.kubelet.status import PodPublisher, StatusManager, stopped_containers
 from hamid.sim.pulse import Pulse
 
 log = get_logger("sim.kubelet")
@@ -130,7 +123,7 @@ class SimKubelet:
         self.pod_resources = PodResourcesServer(socket, view)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pods: PodCache | None = None
-        self._events: EventRecorder | None = None
+        self._publisher = PodPublisher(kube, self.status, self.devices.pre_start, self._changed, self._log)
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[str] = set()
         self._deleting: set[str] = set()
@@ -209,7 +202,7 @@ class SimKubelet:
             await self.pod_resources.start()
             if self.register_node:
                 await self._node.ensure_node()
-            self._events = EventRecorder(self.kube, EVENT_COMPONENT, self.node_name)
+            self._publisher.events = EventRecorder(self.kube, EVENT_COMPONENT, self.node_name)
             self._pods = PodCache(
                 self.kube,
                 node_name=self.node_name,
@@ -430,7 +423,7 @@ class SimKubelet:
             record.admitted, record.reason, record.message = False, failure.reason, failure.message
             self._release(record.uid)
             self._log.warning("running pod rejected on re-admission", pod=record.key, reason=failure.reason)
-            await self._publish(pod, record)
+            await self._publisher.publish(pod, record)
 
     def _active_pods(self, uid: str) -> list[JSON]:
         pods = []
@@ -518,7 +511,7 @@ class SimKubelet:
             )
         else:
             self._log.warning("pod rejected", reason=record.reason, message=record.message)
-        await self._publish(pod, record)
+        await self._publisher.publish(pod, record)
         record.published = True
         self._changed()
 
@@ -529,42 +522,6 @@ class SimKubelet:
             quantity_value(status["memory"]),
             int(status["pods"]),
         )
-
-    async def _publish(self, pod: JSON, record: PodAdmission) -> None:
-        """The assignment annotation, then the pod status (Running, or Failed + Warning event)."""
-        if not record.admitted:
-            if self._events is not None:
-                await self._events.record(pod, "Warning", record.reason, record.message)
-            await self.status.set_status(
-                record.uid, record.namespace, record.name, rejected_status(pod, record)
-            )
-            return
-        await self._annotate(record)
-        pre_start_error = await self.devices.pre_start(record.containers)
-        status = running_status(pod, record, pre_start_error)
-        await self.status.set_status(record.uid, record.namespace, record.name, status)
-        if pre_start_error and self._events is not None:
-            await self._events.record(pod, "Warning", "Failed", f"Error: {pre_start_error}")
-
-    async def _annotate(self, record: PodAdmission, attempts: int = 5) -> None:
-        """Write the assignment annotation, retrying a failed write with backoff."""
-        annotation = json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True)
-        for attempt in range(attempts):
-            try:
-                await self.kube.patch_pod_metadata(
-                    record.namespace, record.name, annotations={ASSIGNMENT_ANNOTATION: annotation}
-                )
-            except NotFound:
-                return
-            except KubeError as exc:
-                self._log.warning(
-                    "could not record the assignment annotation", attempt=attempt, error=str(exc)
-                )
-                await asyncio.sleep(0.1 * 2**attempt)
-                continue
-            record.annotated = True
-            self._changed()
-            return
 
     async def terminate_pod(self, namespace: str, name: str, phase: str = "Succeeded") -> None:
         """End a pod's containers (``Succeeded`` or ``Failed``) and release its CPUs and devices."""

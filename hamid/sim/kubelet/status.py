@@ -5,13 +5,15 @@ until it lands, as kubelet's ``status_manager`` does on its periodic sync."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
-from hamid.sim.kubelet.assignment import PodAdmission
+from hamid.kube.events import EventRecorder
+from hamid.sim.kubelet.assignment import ASSIGNMENT_ANNOTATION, ContainerAssignment, PodAdmission
 from hamid.sim.kubelet.errors import REJECTED_PREFIX
 from hamid.sim.kubelet.podutil import is_restartable_init, pod_containers, pod_qos_class
 
@@ -151,3 +153,59 @@ class StatusManager:
                 await self._write(uid, namespace, name, status)
             if self._pending:
                 self._wake.set()
+
+
+class PodPublisher:
+    """Writes a decision out: the assignment annotation, then the pod status (Running, or Failed
+    with a Warning event, as kubelet's ``rejectPod``)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        status: StatusManager,
+        pre_start: Callable[[Iterable[ContainerAssignment]], Awaitable[str | None]],
+        on_change: Callable[[], None],
+        log: Any,
+    ) -> None:
+        self.kube = kube
+        self.status = status
+        self.events: EventRecorder | None = None
+        self._pre_start = pre_start
+        self._on_change = on_change
+        self._log = log
+
+    async def publish(self, pod: JSON, record: PodAdmission) -> None:
+        """Annotation and status for an admitted pod; event and Failed status for a rejected one."""
+        if not record.admitted:
+            if self.events is not None:
+                await self.events.record(pod, "Warning", record.reason, record.message)
+            await self.status.set_status(
+                record.uid, record.namespace, record.name, rejected_status(pod, record)
+            )
+            return
+        await self.annotate(record)
+        pre_start_error = await self._pre_start(record.containers)
+        status = running_status(pod, record, pre_start_error)
+        await self.status.set_status(record.uid, record.namespace, record.name, status)
+        if pre_start_error and self.events is not None:
+            await self.events.record(pod, "Warning", "Failed", f"Error: {pre_start_error}")
+
+    async def annotate(self, record: PodAdmission, attempts: int = 5) -> None:
+        """Write the assignment annotation, retrying a failed write with backoff."""
+        annotation = json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True)
+        for attempt in range(attempts):
+            try:
+                await self.kube.patch_pod_metadata(
+                    record.namespace, record.name, annotations={ASSIGNMENT_ANNOTATION: annotation}
+                )
+            except NotFound:
+                return
+            except KubeError as exc:
+                self._log.warning(
+                    "could not record the assignment annotation", attempt=attempt, error=str(exc)
+                )
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            record.annotated = True
+            self._on_change()
+            return
