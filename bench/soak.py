@@ -1,33 +1,47 @@
-"""Randomised soak of the whole stack: N pods with random requests, alignment modes and churn.
+"""Randomised soak of the whole stack that checks every invariant all the time, hostile tenants included.
 
 Runs a :class:`~hamid.sim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
 8 GPUs each; refit enabled over mTLS) and pushes pods through webhook → kube-scheduler driver →
 ``/filter`` ``/bind`` → simulated kubelet (single-numa-node, static CPUs) → plugin (with refit),
-deleting and completing pods along the way. Afterwards it checks, with the survivors still running:
+completing and deleting pods along the way. The invariants are checked from what the API server
+holds (allocation annotations, the nodes' ``hami.io/node-nvidia-register``) and what the kubelets
+handed the containers (their Allocate environment) — never from the scheduler's own view, except
+where that view is itself under test (accounting):
 
-* I1 no over-commit: per GPU, the scheduler's slots/MiB/cores ≤ capacity, and the memory limits
-  the plugin handed to all running containers ≤ the GPU's memory;
-* the scheduler's accounting equals the usage recomputed from the pods' allocation annotations;
-* I2 for every running container, fallbacks included (the plugin serves the allocation annotation,
-  never kubelet's own pick): runtime GPUs and memory limits == ``hami.io/vgpu-devices-allocated``
-  == the scheduler's entry;
-* every running pod with ``hami.io/numa-alignment`` set and no fallback (no refit applied) has its
-  GPUs on its CPUs' NUMA node; a ``strict`` pod never runs after a fallback.
+* each pod as it starts running: runtime GPUs and memory limits == ``vgpu-devices-allocated`` ==
+  the scheduler's reservation, ``vgpu-devices-to-allocate`` consumed; a ``strict`` pod never runs
+  with a GPU off its CPUs' NUMA node; a ``best-effort`` pod is aligned unless its refit fell back;
+* after every batch and every delete, over the whole cluster: per GPU, the slots, MiB and cores the
+  live pods' annotations book and the memory limits of the running containers stay within the
+  registered capacity (I1); the scheduler's accounting equals the usage the annotations imply;
+* at the end: no pod got stuck; mismatches happened and refits fixed some (a run that needed
+  refits and made none fails).
+
+A hostile tenant joins: every few batches it creates, bypassing the webhook (``hami.io/webhook:
+ignore``), a CPU-only pod and a GPU pod with ``spec.nodeName`` preset, both carrying forged
+allocation annotations (a GPU's whole memory; 2,000,000,000 MiB), and through the webhook a GPU pod
+carrying forged ones. None may be booked, served its forged allocation, or keep the forged values.
+
+The workload (every pod's request and the hostile pods) is drawn from ``--seed`` before the run
+starts: a seed reproduces its workload (``workload_sha256``); placements depend on timing.
 
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed`` exist).
 Last output line: one JSON object with ``pods``, ``refits``, ``refusals``, ``violations`` (must be 0),
-``fallbacks`` (running pods whose GPUs stayed where the scheduler put them, unaligned),
-``pods_per_s`` and ``peak_rss_mib``. Exit status 1 when there is any violation.
+``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``, ``pods_per_s`` and
+``peak_rss_mib``. Exit status 1 when there is any violation.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 import random
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchstats import peak_rss_mib, print_figures
@@ -39,9 +53,11 @@ configure("json", "error")  # before the modules below bind their loggers
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
+from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
 from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
+from hamid.sim.machine import load_machine_file  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4)
@@ -50,12 +66,19 @@ NAMES = ResourceConfig()
 #: The soak's share of pods pinned with ``nvidia.com/use-gpuuuid`` and of heterogeneous pods.
 PINNED_SHARE = 0.1
 HETERO_SHARE = 0.1
+#: A hostile tenant strikes once every this many batches.
+HOSTILE_EVERY = 5
+HOSTILE_LABELS = {"hami.io/webhook": "ignore", "soak/hostile": "true"}
+HOSTILE_MIB = 2_000_000_000
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+SETTLE_S = 20.0
+ACCOUNTING_S = 5.0
+JSON = dict[str, Any]
 
 
 def random_pod(
     rng: random.Random, name: str, pin_uuids: list[str], hetero_nodes: list[str]
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, JSON]:
     """A Guaranteed GPU pod and its kind: ``plain`` (1-2 GPUs, random memory and alignment, sometimes
     numa-bind), ``pinned`` (``use-gpuuuid`` on one GPU: a refit may only be refused) or ``hetero``
     (2 GPUs with numa-bind and a memory percentage on a mixed-GPU node: differing MiB per GPU, which
@@ -81,136 +104,365 @@ def random_pod(
         limits[NAMES.resource_memory_percentage_name] = 25
     else:
         limits[NAMES.resource_memory_name] = rng.choice(MEMORY)
-    spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "soak", "resources": {"limits": limits}}]
-    }
+    spec: JSON = {"containers": [{"name": "main", "image": "soak", "resources": {"limits": limits}}]}
     if kind == "hetero":
         spec["nodeSelector"] = {HOSTNAME_LABEL: rng.choice(hetero_nodes)}
     return kind, {"metadata": {"name": name, "namespace": "default", "annotations": notes}, "spec": spec}
 
 
+def hostile_pods(
+    rng: random.Random, strike: int, nodes: list[str], gpus: dict[str, list[tuple[str, int]]]
+) -> list[JSON]:
+    """A hostile tenant's pods: forged allocation annotations on a CPU-only pod and on a GPU pod with
+    ``spec.nodeName`` preset (both past the webhook, as its objectSelector lets ``ignore`` pods),
+    and on a GPU pod sent through the webhook (which must remove them)."""
+    node = rng.choice(nodes)
+    uuid, memory = rng.choice(gpus[node])
+    forged = {
+        ann.VGPU_NODE: node,
+        ann.DEVICES_TO_ALLOCATE: f"{uuid},NVIDIA,{memory},100:;",
+        ann.DEVICES_ALLOCATED: f"{uuid},NVIDIA,{memory},100:;",
+        ann.BIND_PHASE: ann.BIND_PHASE_SUCCESS,
+    }
+    huge = {**forged, ann.DEVICES_ALLOCATED: f"{uuid},NVIDIA,{HOSTILE_MIB},100:;"}
+    gpu_limits = {"cpu": "1", "memory": "2Gi", NAMES.resource_count_name: 1, NAMES.resource_memory_name: 1000}
+
+    def pod(name: str, notes: dict[str, str], limits: dict[str, Any], preset: bool, bypass: bool) -> JSON:
+        spec: JSON = {"containers": [{"name": "main", "image": "evil", "resources": {"limits": limits}}]}
+        if preset:
+            spec["nodeName"] = node
+            spec["schedulerName"] = "hami-scheduler"
+        meta: JSON = {"name": name, "namespace": "default", "annotations": dict(notes)}
+        meta["labels"] = dict(HOSTILE_LABELS) if bypass else {"soak/hostile": "true"}
+        return {"metadata": meta, "spec": spec}
+
+    return [
+        pod(f"hostile-{strike}-cpu", huge, {"cpu": "1", "memory": "1Gi"}, preset=True, bypass=True),
+        pod(f"hostile-{strike}-preset", forged, gpu_limits, preset=True, bypass=True),
+        pod(f"hostile-{strike}-webhook", forged, gpu_limits, preset=False, bypass=False),
+    ]
+
+
+@dataclass
+class Workload:
+    """Everything the run will create, drawn from the seed before it starts."""
+
+    pods: list[tuple[str, JSON]]
+    hostile: dict[int, list[JSON]]
+    churn_seed: int
+
+    def digest(self) -> str:
+        """sha256 of the workload: equal for equal seeds."""
+        body = json.dumps([self.pods, sorted(self.hostile.items()), self.churn_seed], sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()
+
+
+def draw_workload(
+    seed: int,
+    pods: int,
+    concurrency: int,
+    pin_uuids: list[str],
+    hetero_nodes: list[str],
+    gpus: dict[str, list[tuple[str, int]]],
+) -> Workload:
+    """The run's pods and hostile strikes, all from ``seed``."""
+    rng = random.Random(seed)
+    drawn = [random_pod(rng, f"soak-{i}", pin_uuids, hetero_nodes) for i in range(pods)]
+    batches = (pods + concurrency - 1) // max(concurrency, 1)
+    normal = sorted(n for n in gpus if n not in hetero_nodes) or sorted(gpus)
+    hostile = {b: hostile_pods(rng, b, normal, gpus) for b in range(0, batches, HOSTILE_EVERY)}
+    return Workload(drawn, hostile, rng.randrange(2**32))
+
+
+@dataclass
+class Ledger:
+    """Violations by kind (with the first few texts) and how many checks ran."""
+
+    kinds: Counter[str] = field(default_factory=Counter)
+    texts: list[str] = field(default_factory=list)
+    checks: int = 0
+
+    def add(self, kind: str, text: str) -> None:
+        self.kinds[kind] += 1
+        if len(self.texts) < 40:
+            self.texts.append(f"{kind}: {text}")
+
+
+def _live(pod: JSON) -> bool:
+    meta = pod.get("metadata") or {}
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and not meta.get(
+        "deletionTimestamp"
+    )
+
+
+def _hostile(pod: JSON) -> bool:
+    """A hostile pod created past the webhook (the one sent through it is a pod like any other)."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get("hami.io/webhook") == "ignore"
+
+
+def _runtime(container: Any) -> tuple[list[str], list[int]]:
+    env = container.env
+    runtime = [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+    limits = [int(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0m").rstrip("m")) for i in range(len(runtime))]
+    return runtime, limits
+
+
+class Checker:
+    """The invariants, read from the API server and the kubelets (see the module doc)."""
+
+    def __init__(self, cluster: SimCluster, ledger: Ledger) -> None:
+        self.cluster = cluster
+        self.ledger = ledger
+        self.aligned = 0
+
+    def register(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> GPU -> (slots, MiB, cores) as each node's plugin registered them."""
+        out: dict[str, dict[str, tuple[int, int, int]]] = {}
+        for node in self.cluster.server.list("Node", None):
+            raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ann.NODE_REGISTER)
+            if raw is None:
+                continue
+            devices = ann.decode_node_devices(raw)
+            out[node["metadata"]["name"]] = {d.id: (d.count, d.devmem, d.devcore) for d in devices}
+        return out
+
+    def annotated(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> GPU -> (slots, MiB, cores) the live non-hostile pods' allocation annotations book."""
+        usage: dict[str, dict[str, tuple[int, int, int]]] = {}
+        for pod in self.cluster.server.list("Pod", None):
+            notes = (pod.get("metadata") or {}).get("annotations") or {}
+            raw, node = notes.get(ann.DEVICES_ALLOCATED), notes.get(ann.VGPU_NODE)
+            if not _live(pod) or _hostile(pod) or raw is None or node is None:
+                continue
+            gpus = usage.setdefault(node, {})
+            for entry in ann.decode_pod_devices(raw):
+                for d in entry:
+                    slots, mem, cores = gpus.get(d.uuid, (0, 0, 0))
+                    gpus[d.uuid] = (slots + 1, mem + d.usedmem, cores + d.usedcores)
+        return usage
+
+    def capacity(self, when: str) -> None:
+        """I1 from the annotations and the register, and from the running containers' memory limits."""
+        self.ledger.checks += 1
+        register = self.register()
+        for node, gpus in self.annotated().items():
+            for uuid, (slots, mem, cores) in gpus.items():
+                cap = register.get(node, {}).get(uuid)
+                if cap is None:
+                    self.ledger.add("unknown-gpu", f"{when}: {node}/{uuid} booked but not registered")
+                    continue
+                for kind, used, total in (
+                    ("slots", slots, cap[0]),
+                    ("memory", mem, cap[1]),
+                    ("cores", cores, cap[2]),
+                ):
+                    if used > total:
+                        self.ledger.add(f"over-commit-{kind}", f"{when}: {node}/{uuid} {used} > {total}")
+        runtime: dict[tuple[str, str], int] = defaultdict(int)
+        for pod in self.cluster.server.list("Pod", None):
+            if (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            admission = self.cluster.assignment(pod["metadata"]["name"])
+            for container in admission.containers if admission else ():
+                for uuid, mem in zip(*_runtime(container), strict=True):
+                    runtime[(pod["spec"]["nodeName"], uuid)] += mem
+        for (node, uuid), mem in runtime.items():
+            total = register.get(node, {}).get(uuid, (0, 0, 0))[1]
+            if mem > total:
+                self.ledger.add(
+                    "over-commit-runtime", f"{when}: {node}/{uuid} limits {mem} MiB > {total} MiB"
+                )
+
+    async def accounting(self, when: str) -> None:
+        """The scheduler's accounting settles to the usage the annotations imply."""
+        self.ledger.checks += 1
+
+        def equal() -> bool:
+            return self.cluster.booked_usage() == self.annotated()
+
+        try:
+            await wait_until(equal, ACCOUNTING_S, "accounting settles")
+        except TimeoutError:
+            self.ledger.add(
+                "accounting",
+                f"{when}: scheduler {self.cluster.booked_usage()} != annotations {self.annotated()}",
+            )
+
+    def running_pod(self, name: str, fallback: bool) -> None:
+        """A pod that runs: runtime == both annotations == accounting; its alignment."""
+        self.ledger.checks += 1
+        cluster = self.cluster
+        pod = cluster.pod(name)
+        admission, allocated, reservation = (
+            cluster.assignment(name),
+            cluster.allocated(name),
+            cluster.reservation(name),
+        )
+        if admission is None or allocated is None or reservation is None:
+            self.ledger.add("identity", f"{name}: running without assignment/annotation/reservation")
+            return
+        pending = cluster.to_allocate(name) or ()
+        if any(entry for entry in pending):
+            self.ledger.add("identity", f"{name}: running with unconsumed to-allocate {pending}")
+        table = cluster.gpu_numa(pod["spec"]["nodeName"])
+        mode = parse_alignment((pod.get("metadata") or {}).get("annotations") or {})
+        for container in admission.containers:
+            devices = allocated[container.index] if container.index < len(allocated) else ()
+            runtime, limits = _runtime(container)
+            annotated = [d.uuid for d in devices]
+            booked = (
+                [d.uuid for d in reservation.layout[container.index]]
+                if container.index < len(reservation.layout)
+                else []
+            )
+            if not (runtime == annotated == booked) or limits != [d.usedmem for d in devices]:
+                self.ledger.add(
+                    "identity",
+                    f"{name}: runtime {runtime} {limits} annotation {annotated} accounting {booked}",
+                )
+            if mode is AlignmentMode.NONE or container.numa_node is None or not runtime:
+                continue
+            aligned = {table.get(u) for u in runtime} == {container.numa_node}
+            self.aligned += aligned
+            if mode is AlignmentMode.STRICT and not aligned:
+                self.ledger.add(
+                    "strict-unaligned", f"{name}: GPUs {runtime} not on CPU NUMA {container.numa_node}"
+                )
+            elif not aligned and not fallback:
+                self.ledger.add(
+                    "unaligned", f"{name}: GPUs {runtime} not on CPU NUMA {container.numa_node}, no fallback"
+                )
+
+    def hostile(self, pods: list[JSON]) -> Counter[str]:
+        """No forged allocation is booked, served or kept; the hostile pods' phases."""
+        self.ledger.checks += 1
+        phases: Counter[str] = Counter()
+        for sent in pods:
+            name = sent["metadata"]["name"]
+            try:
+                pod = self.cluster.pod(name)
+            except KeyError:
+                continue  # refused at admission: nothing to check
+            phases[str((pod.get("status") or {}).get("phase") or "Pending")] += 1
+            forged = sent["metadata"]["annotations"].get(ann.DEVICES_ALLOCATED)
+            held = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.DEVICES_ALLOCATED)
+            if "webhook" in name and held == forged:
+                self.ledger.add("hostile", f"{name}: the webhook kept the forged {ann.DEVICES_ALLOCATED}")
+            uid = str(pod["metadata"].get("uid") or "")
+            reservation = self.cluster.scheduler.state.reservation(uid)
+            if "webhook" not in name and reservation is not None:
+                self.ledger.add("hostile", f"{name}: a forged allocation was booked: {reservation.raw}")
+            admission = self.cluster.assignment(name)
+            if (
+                (pod.get("status") or {}).get("phase") == "Running"
+                and admission is not None
+                and "webhook" not in name
+            ):
+                served = [_runtime(c) for c in admission.containers if _runtime(c)[0]]
+                if served:
+                    self.ledger.add("hostile", f"{name}: served a forged allocation {served}")
+        return phases
+
+
 class Soak:
     """One soak run and its counters."""
 
-    def __init__(self, cluster: SimCluster, rng: random.Random, hetero_nodes: list[str]) -> None:
+    def __init__(self, cluster: SimCluster, workload: Workload, checker: Checker) -> None:
         self.cluster = cluster
-        self.rng = rng
-        self.hetero_nodes = hetero_nodes
-        self.pin_uuids = sorted(
-            {g.uuid for node in cluster.nodes if node not in hetero_nodes for g in cluster.machine(node).gpus}
-        )
+        self.workload = workload
+        self.checker = checker
+        self.churn_rng = random.Random(workload.churn_seed)
         self.live: list[str] = []
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
 
     async def one(self, index: int) -> None:
-        """Create one pod and wait until it runs, is rejected or is found unschedulable."""
-        name = f"soak-{index}"
+        """Create one pod, wait until it runs, is rejected or found unschedulable; check it."""
+        kind, pod = self.workload.pods[index]
+        name = pod["metadata"]["name"]
         cluster = self.cluster
-        kind, pod = random_pod(self.rng, name, self.pin_uuids, self.hetero_nodes)
-        await cluster.create_pod(pod)
+        await cluster.create_pod(json.loads(json.dumps(pod)))
         self.counts["pods"] += 1
         self.counts[kind] += 1
 
         def settled() -> bool:
-            pod = cluster.server.get("Pod", "default", name) or {}
-            phase = (pod.get("status") or {}).get("phase")
+            stored = cluster.server.get("Pod", "default", name) or {}
+            phase = (stored.get("status") or {}).get("phase")
             return phase in ("Running", "Failed") or bool(cluster.scheduling_failures(name))
 
         try:
-            await wait_until(settled, 20.0, f"pod {name} settled")
+            await wait_until(settled, SETTLE_S, f"pod {name} settled")
         except TimeoutError:
-            self.counts["stuck"] += 1
-            await cluster.delete_pod(name)
+            self.checker.ledger.add(
+                "stuck", f"{name} neither ran, failed nor was found unschedulable in {SETTLE_S:g}s"
+            )
+            await self.delete(name)
             return
-        phase = (cluster.pod(name).get("status") or {}).get("phase")
-        if phase == "Running":
+        status = cluster.pod(name).get("status") or {}
+        if status.get("phase") == "Running":
             self.counts["running"] += 1
+            fallback = any(c.outcome != "refitted" for c in cluster.refit_calls(name))
+            self.counts["fallbacks"] += fallback
+            self.checker.running_pod(name, fallback)
             self.live.append(name)
-        elif phase == "Failed":
+        elif status.get("phase") == "Failed":
             self.counts["rejected"] += 1
-            message = str((cluster.pod(name).get("status") or {}).get("message") or "")
-            self.reasons[message[:160]] += 1
-            await cluster.delete_pod(name)
+            self.reasons[str(status.get("message") or "")[:160]] += 1
+            await self.delete(name)
         else:
             self.counts["unschedulable"] += 1
-            await cluster.delete_pod(name)
+            await self.delete(name)
+
+    async def delete(self, name: str) -> None:
+        await self.cluster.delete_pod(name)
+        self.counts["deleted"] += 1
 
     async def churn(self, cap: int) -> None:
-        """Bring the live pods under ``cap``: complete some (then delete them), delete others."""
+        """Bring the live pods under ``cap`` (complete some first), checking after every delete."""
         while len(self.live) > cap:
-            name = self.live.pop(self.rng.randrange(len(self.live)))
-            if self.rng.random() < 0.5:
+            name = self.live.pop(self.churn_rng.randrange(len(self.live)))
+            if self.churn_rng.random() < 0.5:
                 await self.cluster.complete_pod(name)
                 self.counts["completed"] += 1
-            await self.cluster.delete_pod(name)
-            self.counts["deleted"] += 1
+            await self.delete(name)
+            self.checker.capacity(f"after deleting {name}")
 
-
-def check(cluster: SimCluster) -> tuple[list[str], dict[str, int]]:
-    """Every invariant violation (as text) and a few counters over the running pods."""
-    violations: list[str] = []
-    stats: Counter[str] = Counter()
-    state = cluster.scheduler.state
-    for node, entry in state.nodes.items():
-        for d in entry.usage.devices:
-            if d.used > d.count or d.usedmem > d.totalmem or d.usedcores > d.totalcore:
-                violations.append(
-                    f"I1 scheduler over-commit on {node}/{d.id}: {d.used}/{d.usedmem}/{d.usedcores}"
-                )
-    runtime_mem: dict[str, int] = defaultdict(int)
-    fallback_pods = {c.pod for c in cluster.refit_calls() if c.outcome != "refitted"}
-    for pod in cluster.server.list("Pod", "default"):
-        meta = pod["metadata"]
-        name = meta["name"]
-        if (pod.get("status") or {}).get("phase") != "Running" or name.startswith("cpu-batch"):
-            continue
-        stats["running"] += 1
-        node = pod["spec"]["nodeName"]
-        admission = cluster.assignment(name)
-        allocated = cluster.allocated(name)
-        reservation = cluster.reservation(name)
-        if admission is None or allocated is None or reservation is None:
-            violations.append(f"{name}: running without assignment/annotation/reservation")
-            continue
-        table = cluster.gpu_numa(node)
-        fallback = f"default/{name}" in fallback_pods
-        stats["fallbacks"] += fallback
-        mode = parse_alignment(meta.get("annotations") or {})
-        for container, devices in zip(admission.containers, allocated, strict=False):
-            env = container.env
-            runtime = [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
-            limits = [
-                int(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0m").rstrip("m")) for i in range(len(runtime))
-            ]
-            for uuid, mem in zip(runtime, limits, strict=True):
-                runtime_mem[f"{node}/{uuid}"] += mem
-            annotated = [d.uuid for d in devices]
-            booked = [d.uuid for d in reservation.layout[container.index]]
-            if not (runtime == annotated == booked) or limits != [d.usedmem for d in devices]:
-                violations.append(
-                    f"I2 {name}: runtime {runtime} {limits} annotation {annotated} accounting {booked}"
-                )
-            if fallback:
-                if mode is AlignmentMode.STRICT:
-                    violations.append(f"{name}: strict pod running after a fallback")
+    async def strike(self, batch: int) -> None:
+        """The hostile tenant's pods of this batch: create (past the webhook or through it), check, delete."""
+        pods = self.workload.hostile.get(batch)
+        if not pods:
+            return
+        for pod in pods:
+            body = {"apiVersion": "v1", "kind": "Pod", **json.loads(json.dumps(pod))}
+            try:
+                if pod["metadata"]["labels"].get("hami.io/webhook") == "ignore":
+                    await self.cluster.kube.create_pod(body)
+                else:
+                    await self.cluster.create_pod(body)
+            except InvalidInput:
+                self.counts["hostile_denied"] += 1
                 continue
-            if mode is not AlignmentMode.NONE and container.numa_node is not None:
-                stats["aligned"] += 1
-                if {table.get(u) for u in runtime} != {container.numa_node}:
-                    violations.append(f"NUMA {name}: GPUs {runtime} not on CPU NUMA {container.numa_node}")
-    capacity = {
-        f"{node}/{g.uuid}": g.memory_mib for node in cluster.nodes for g in cluster.machine(node).gpus
-    }
-    for key, mem in runtime_mem.items():
-        if mem > capacity[key]:
-            violations.append(f"I1 runtime over-commit on {key}: {mem} MiB > {capacity[key]} MiB")
-    return violations, dict(stats)
+            self.counts["hostile"] += 1
+        await asyncio.sleep(1.0)  # let kubelets and the scheduler see them
+        for phase, count in self.checker.hostile(pods).items():
+            self.counts[f"hostile_{phase.lower()}"] += count
+        self.checker.capacity(f"hostile strike {batch}")
+        for pod in pods:
+            try:
+                await self.cluster.delete_pod(pod["metadata"]["name"])
+            except Exception:  # refused at admission: never created
+                continue
 
 
-def accounting_matches(cluster: SimCluster) -> bool:
-    """The scheduler's usage equals the usage recomputed from live pods' allocation annotations."""
-    return cluster.booked_usage() == cluster.annotated_usage()
+def node_specs(nodes: int, hetero: int) -> tuple[NodeSpec, ...]:
+    """``nodes`` demo nodes, the last ``hetero`` of them with mixed GPU models (48 GB and 96 GB)."""
+    hetero = max(0, min(hetero, nodes))
+    return tuple(
+        NodeSpec(f"node-{i}", machine_file=data_file(HETERO_MACHINE))
+        if i > nodes - hetero
+        else NodeSpec(f"node-{i}")
+        for i in range(1, nodes + 1)
+    )
 
 
 def _reason_kind(message: str) -> str:
@@ -225,15 +477,32 @@ def _reason_kind(message: str) -> str:
     return "other"
 
 
-def node_specs(nodes: int, hetero: int) -> tuple[NodeSpec, ...]:
-    """``nodes`` demo nodes, the last ``hetero`` of them with mixed GPU models (48 GB and 96 GB)."""
-    hetero = max(0, min(hetero, nodes))
-    return tuple(
-        NodeSpec(f"node-{i}", machine_file=data_file(HETERO_MACHINE))
-        if i > nodes - hetero
-        else NodeSpec(f"node-{i}")
-        for i in range(1, nodes + 1)
-    )
+def workload_of(
+    specs: tuple[NodeSpec, ...], hetero_nodes: list[str], seed: int, pods: int, concurrency: int
+) -> Workload:
+    """The run's workload from the nodes' machine files (the GPUs the simulated plugins will register)."""
+    gpus = {s.name: [(g.uuid, g.memory_mib) for g in load_machine_file(s.machine_file).gpus] for s in specs}
+    pin_uuids = sorted(u for n, gs in gpus.items() if n not in hetero_nodes for u, _ in gs)
+    return draw_workload(seed, pods, concurrency, pin_uuids, hetero_nodes, gpus)
+
+
+def _refit_figures(cluster: SimCluster, ledger: Ledger) -> dict[str, Any]:
+    """Mismatches, refits, refusals (by kind), strict failures; needed refits that never came fail."""
+    calls = cluster.refit_calls()
+    refits = sum(1 for c in calls if c.outcome == "refitted")
+    if calls and not refits:
+        ledger.add("no-refit", f"{len(calls)} NUMA mismatches and not one refit")
+    reasons = Counter[str]()
+    for e in cluster.server.list("Event", "default"):
+        if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED:
+            reasons[_reason_kind(str(e.get("message") or ""))] += int(e.get("count") or 1)
+    return {
+        "mismatches": len(calls),
+        "refits": refits,
+        "refusals": sum(reasons.values()),
+        "strict_failures": sum(1 for c in calls if c.outcome == "failed"),
+        "refusal_reasons": dict(reasons.most_common()),
+    }
 
 
 async def run(
@@ -247,63 +516,53 @@ async def run(
     hetero: int = 1,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
-    rng = random.Random(seed)
     specs = node_specs(nodes, hetero)
     hetero_nodes = [spec.name for spec in specs if spec.machine_file == data_file(HETERO_MACHINE)]
+    workload = workload_of(specs, hetero_nodes, seed, pods, concurrency)
     options = ClusterOptions(nodes=specs, node_policy=node_policy)
+    ledger = Ledger()
     started = time.monotonic()
     async with SimCluster(options) as cluster:
-        soak = Soak(cluster, rng, hetero_nodes)
-        index = 0
-        while index < pods:
+        checker = Checker(cluster, ledger)
+        soak = Soak(cluster, workload, checker)
+        for batch, index in enumerate(range(0, pods, concurrency)):
             await soak.churn(live_cap)
-            batch = range(index, min(pods, index + concurrency))
-            await asyncio.gather(*(soak.one(i) for i in batch))
-            index += len(batch)
+            await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
+            checker.capacity(f"after batch {batch}")
+            await checker.accounting(f"after batch {batch}")
+            await soak.strike(batch)
         elapsed = time.monotonic() - started
-        violations: list[str] = []
-        try:
-            await wait_until(lambda: accounting_matches(cluster), 10.0, "accounting settles")
-        except TimeoutError:
-            violations.append("scheduler accounting != usage recomputed from the allocation annotations")
-        found, stats = check(cluster)
-        violations += found
-        refits = sum(1 for c in cluster.refit_calls() if c.outcome == "refitted")
-        # one NumaRefitFailed event per refused refit, also for pods deleted since
-        refusals = sum(
-            int(e.get("count") or 1)
-            for e in cluster.server.list("Event", "default")
-            if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED
-        )
-        strict_failures = sum(1 for c in cluster.refit_calls() if c.outcome == "failed")
-        refusal_reasons: Counter[str] = Counter()
-        for e in cluster.server.list("Event", "default"):
-            if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED:
-                refusal_reasons[_reason_kind(str(e.get("message") or ""))] += int(e.get("count") or 1)
-    for line in violations[:20]:
+        refit_figures = _refit_figures(cluster, ledger)
+    for line in ledger.texts[:20]:
         print("violation:", line, file=sys.stderr)
     return {
         "pods": soak.counts["pods"],
         "nodes": nodes,
         "seed": seed,
-        "running_at_end": stats.get("running", 0),
-        "aligned_checked": stats.get("aligned", 0),
-        "fallbacks": stats.get("fallbacks", 0),
+        "workload_sha256": workload.digest(),
+        "running": soak.counts["running"],
+        "aligned_checked": checker.aligned,
+        "fallbacks": soak.counts["fallbacks"],
         "node_policy": node_policy,
         "hetero_nodes": len(hetero_nodes),
         "pinned_pods": soak.counts["pinned"],
         "hetero_pods": soak.counts["hetero"],
-        "refits": refits,
-        "refusals": refusals,
-        "strict_failures": strict_failures,
-        "refusal_reasons": dict(refusal_reasons.most_common()),
+        **refit_figures,
         "rejected": soak.counts["rejected"],
         "unschedulable": soak.counts["unschedulable"],
-        "stuck": soak.counts["stuck"],
         "rejection_reasons": dict(soak.reasons.most_common(5)),
         "completed": soak.counts["completed"],
         "deleted": soak.counts["deleted"],
-        "violations": len(violations),
+        "hostile_pods": soak.counts["hostile"],
+        "hostile_denied": soak.counts["hostile_denied"],
+        "hostile_phases": {
+            k[8:]: v
+            for k, v in sorted(soak.counts.items())
+            if k.startswith("hostile_") and k != "hostile_denied"
+        },
+        "checks": ledger.checks,
+        "violations": sum(ledger.kinds.values()),
+        "violation_kinds": dict(ledger.kinds.most_common()),
         "seconds": round(elapsed, 2),
         "pods_per_s": round(soak.counts["pods"] / elapsed, 1) if elapsed else 0.0,
         "peak_rss_mib": round(peak_rss_mib(), 1),
@@ -327,7 +586,16 @@ def main() -> None:
     parser.add_argument(
         "--hetero-nodes", type=int, default=1, help="nodes with mixed GPU models, taken last (default 1)"
     )
+    parser.add_argument(
+        "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
+    )
     args = parser.parse_args()
+    if args.draw_only:
+        specs = node_specs(args.nodes, args.hetero_nodes)
+        hetero = [s.name for s in specs if s.machine_file == data_file(HETERO_MACHINE)]
+        workload = workload_of(specs, hetero, args.seed, args.pods, args.concurrency)
+        print_figures({"pods": args.pods, "seed": args.seed, "workload_sha256": workload.digest()})
+        return
     result = asyncio.run(
         run(
             args.pods,

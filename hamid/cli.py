@@ -20,6 +20,7 @@ LAZY_COMMANDS = {
     "demo": "hamid.sim.demo:demo_command",
     "sim": "hamid.sim.cli:sim_group",
     "doctor": "hamid.doctor:doctor_command",
+    "status": "hamid.status:status_command",
 }
 
 
@@ -42,6 +43,7 @@ class LazyGroup(click.Group):
     cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
+@click.version_option(__version__, "--version", prog_name="hamid", message="%(prog)s %(version)s")
 @option(
     "--log-format",
     type=click.Choice(["auto", "json", "console"]),
@@ -64,6 +66,7 @@ def cli(log_format: log.LogFormat, log_level: str) -> None:
       demo       the whole flow locally on embedded defaults (no cluster, no GPU)
       sim        embedded stand-ins: in-memory API server, simulated kubelet
       doctor     check a node's prerequisites for NUMA alignment
+      status     each GPU's allocated memory, cores and pods per node and NUMA node; recent refits
     """
     log.configure(log_format, log_level.lower())
 

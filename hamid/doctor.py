@@ -271,7 +271,7 @@ def check_node_config(config: NodeConfig, node_name: str, has_entry: bool) -> li
     findings: list[Finding] = []
     if not has_entry:
         findings.append(
-            _warn("node config", f"no entry for node {node_name!r}: defaults apply", f"add an {entry}")
+            _warn("node config", f"no entry for node {node_name!r}: defaults apply", f"add a {entry}")
         )
     if config.operating_mode == MODE_HAMI_CORE:
         findings.append(_ok("node config operatingmode", MODE_HAMI_CORE))
@@ -312,6 +312,12 @@ def _has_node_entry(config_json: str, node_name: str) -> bool:
 # --- scheduler endpoint -------------------------------------------------------------------------
 
 
+def _os_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """The OS-level reason of a connection failure (aiohttp's own text embeds the SSLContext repr)."""
+    error = exc.os_error
+    return error.strerror or str(error) if isinstance(error, OSError) else str(error)
+
+
 async def probe_endpoint(
     endpoint: str, ssl_context: ssl.SSLContext | None, timeout_s: float = ENDPOINT_TIMEOUT_S
 ) -> Finding:
@@ -332,10 +338,18 @@ async def probe_endpoint(
             "pass --scheduler-ca-file with the scheduler's CA (ConfigMap <fullname>-scheduler-ca)",
         )
     except aiohttp.ClientSSLError as exc:
-        return _fail(check, f"{url}: TLS failed ({exc})", "check the scheduler's certificate and the CA")
+        return _fail(
+            check, f"{url}: TLS failed ({_os_reason(exc)})", "check the scheduler's certificate and the CA"
+        )
     except TimeoutError:
         return _fail(
             check, f"{url}: no answer within {timeout_s:g}s", "check the scheduler pod, Service and DNS"
+        )
+    except aiohttp.ClientConnectorError as exc:
+        return _fail(
+            check,
+            f"{url}: cannot connect to {exc.host}:{exc.port} ({_os_reason(exc)})",
+            "check the scheduler pod, Service, DNS and network policy",
         )
     except aiohttp.ClientError as exc:
         return _fail(check, f"{url}: {exc}", "check the scheduler pod, Service, DNS and network policy")

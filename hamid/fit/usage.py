@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
-from hamid.model.resources import all_containers, init_container_count, is_sidecar
+from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
 
 
 class ContainerKind(enum.Enum):
@@ -315,6 +315,52 @@ def effective_pod_usage(
                 acc[1] = max(acc[1], m)
                 acc[2] = max(acc[2], c)
     return {u: DeviceAmount(max(s, 1), m, c) for u, (s, m, c) in sorted(peak.items())}
+
+
+def allocation_refusal(
+    layout: PodDevices,
+    requests: Sequence[ContainerDeviceRequest | None],
+    devices: Mapping[str, DeviceUsage] | None,
+) -> str:
+    """Why an allocation annotation must not be booked for a pod ("" when it may be).
+
+    The annotation is the pod's own word, so it is booked only as far as the pod's requests and
+    the node's register confirm it: the pod asks for a GPU; there are no more entries than the pod
+    has containers; each container holds exactly as many GPUs as it requests, each GPU once, each
+    registered on the node (``devices``; None = the node is not known yet), and never more memory
+    or cores than the GPU has. A forged annotation thus never books a GPU for a pod that requests
+    none, nor more than a GPU holds; what it books counts against the namespace's quota. (The
+    amounts are not compared with the request: a refit keeps the MiB fitted on the first card.)
+    """
+    if not any(r is not None for r in requests):
+        return "the pod requests no GPU"
+    if len(layout) > len(requests):
+        return f"{len(layout)} container entries for a pod of {len(requests)} containers"
+    for index, entry in enumerate(layout):
+        request = requests[index]
+        want = request.nums if request is not None else 0
+        if len(entry) != want:
+            return f"container {index} holds {len(entry)} GPUs but requests {want}"
+        if len({d.uuid for d in entry}) != len(entry):
+            return f"container {index} holds one GPU twice"
+        for d in entry:
+            problem = _device_refusal(d.uuid, d.usedmem, d.usedcores, devices)
+            if problem:
+                return f"container {index}: {problem}"
+    return ""
+
+
+def _device_refusal(uuid: str, mem: int, cores: int, devices: Mapping[str, DeviceUsage] | None) -> str:
+    if mem < 0 or cores < 0:
+        return f"GPU {uuid}: negative amounts"
+    if devices is None:
+        return ""
+    dev = devices.get(uuid)
+    if dev is None:
+        return f"GPU {uuid} is not registered on the node"
+    if mem > dev.totalmem or cores > dev.totalcore:
+        return f"GPU {uuid}: {mem} MiB / {cores} % booked, the GPU has {dev.totalmem} MiB / {dev.totalcore} %"
+    return ""
 
 
 def usage_totals(usage: PodUsage) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
-from hamid.kube.errors import KubeError, Timeout, error_from_code, error_from_status
+from hamid.kube.errors import InvalidRequest, KubeError, Timeout, error_from_code, error_from_status
 from hamid.log import get_logger
 
 log = get_logger("kube.client")
@@ -52,15 +52,36 @@ class Resource:
     def collection(self, namespace: str | None = None) -> str:
         """The collection path, across all namespaces when ``namespace`` is None."""
         if self.namespaced and namespace:
-            return f"{self.prefix}/namespaces/{urllib.parse.quote(namespace, safe='')}/{self.plural}"
+            return f"{self.prefix}/namespaces/{path_segment(namespace, 'namespace')}/{self.plural}"
         return f"{self.prefix}/{self.plural}"
 
     def item(self, name: str, namespace: str | None = None, subresource: str | None = None) -> str:
-        """The path of one object (optionally one of its subresources)."""
+        """The path of one object (optionally one of its subresources).
+
+        Raises :class:`~hamid.kube.errors.InvalidRequest` for a namespaced resource without a
+        namespace and for a name or namespace that is no path segment (:func:`path_segment`).
+        """
         if self.namespaced and not namespace:
-            raise ValueError(f"{self.plural} are namespaced: a namespace is required for {name!r}")
-        path = f"{self.collection(namespace)}/{urllib.parse.quote(name, safe='')}"
+            raise InvalidRequest(
+                f"{self.plural} are namespaced: a namespace is required for {name!r}", status=400
+            )
+        path = f"{self.collection(namespace)}/{path_segment(name, f'{self.kind} name')}"
         return f"{path}/{subresource}" if subresource else path
+
+
+def path_segment(value: str, what: str) -> str:
+    """``value`` percent-encoded as one URL path segment.
+
+    Kubernetes refuses names that are empty, ``.`` or ``..`` or contain ``/`` or ``%``
+    (``IsValidPathSegmentName``): a dot segment would be resolved away (``pods/..`` is the
+    namespace itself), so such a name raises :class:`~hamid.kube.errors.InvalidRequest` and
+    nothing is sent.
+    """
+    if not isinstance(value, str) or value in ("", ".", "..") or "/" in value or "%" in value:
+        raise InvalidRequest(
+            f"{what} {value!r:.80} may not be empty, '.' or '..', nor contain '/' or '%'", status=400
+        )
+    return urllib.parse.quote(value, safe="")
 
 
 PODS = Resource("/api/v1", "pods", "Pod", namespaced=True)
@@ -91,8 +112,11 @@ def _metadata_patch(
     annotations: Mapping[str, str | None] | None,
     labels: Mapping[str, str | None] | None,
     resource_version: str | None,
+    uid: str | None = None,
 ) -> JSON:
     meta: JSON = {}
+    if uid is not None:
+        meta["uid"] = uid
     if annotations is not None:
         meta["annotations"] = dict(annotations)
     if labels is not None:
@@ -421,14 +445,16 @@ class KubeClient:
         annotations: Mapping[str, str | None] | None = None,
         labels: Mapping[str, str | None] | None = None,
         resource_version: str | None = None,
+        uid: str | None = None,
         timeout: float | None = None,
     ) -> JSON:
         """Merge-patch a pod's annotations/labels (``None`` deletes a key).
 
-        With ``resource_version`` the patch only applies to that version; a stale one raises
-        :class:`~hamid.kube.errors.Conflict`.
+        With ``resource_version`` the patch only applies to that version, with ``uid`` only to the
+        pod of that UID (not a pod re-created with the same name); either mismatch raises
+        :class:`~hamid.kube.errors.Conflict` and nothing is written.
         """
-        body = _metadata_patch(annotations, labels, resource_version)
+        body = _metadata_patch(annotations, labels, resource_version, uid)
         return await self.patch(PODS, name, body, namespace, timeout=timeout)
 
     async def patch_pod_status(
@@ -571,6 +597,9 @@ async def connect(
             raise KubeError(f"--api-server must be an http:// or https:// URL, got {api_server!r}")
         source = "api-server URL"
     elif kubeconfig:
+        missing = await asyncio.to_thread(_missing_files, kubeconfig)
+        if missing:
+            raise KubeError(f"kubeconfig {', '.join(missing)} does not exist (--kubeconfig or KUBECONFIG)")
         try:
             await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
@@ -587,7 +616,7 @@ async def connect(
         source = "in-cluster service account"
     if api_server:
         configuration.host = api_server
-    configuration.host = configuration.host.rstrip("/")
+    configuration.host = str(configuration.host or "").rstrip("/")
     _resolve_proxy(configuration)
     api_client = ApiClient(configuration)
     _without_env_lookups(api_client)
@@ -595,11 +624,16 @@ async def connect(
     return KubeClient(api_client, request_timeout=request_timeout)
 
 
+def _missing_files(paths: str) -> list[str]:
+    """The entries of a ``KUBECONFIG``-style list that are not files (the library only warns)."""
+    return [p for p in paths.split(os.pathsep) if p and not os.path.isfile(p)]
+
+
 def _resolve_proxy(configuration: Configuration) -> None:
     """Resolve the proxy environment (HTTPS_PROXY, NO_PROXY, ...) once, for the API server host."""
     if configuration.proxy:
         return
-    url = urllib.parse.urlsplit(configuration.host)
+    url = urllib.parse.urlsplit(str(configuration.host))
     proxies = urllib.request.getproxies()
     proxy = proxies.get(url.scheme)
     if proxy and url.hostname and not urllib.request.proxy_bypass(url.hostname):

@@ -45,6 +45,10 @@ class Gone(KubeError):
     """410: the requested resourceVersion is too old (watch/list must restart from a fresh list)."""
 
 
+class InvalidRequest(KubeError):
+    """Refused before it was sent (status 400): e.g. a name that cannot be a URL path segment."""
+
+
 class Timeout(KubeError):
     """The call did not finish within its deadline (or the server answered 504)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from hamid.model._wire import go_quote, type_name
 from hamid.model.annotations import NUMA_ALIGNMENT
 from hamid.model.errors import InvalidInput
 
@@ -31,11 +32,11 @@ def parse_alignment(annotations: Mapping[str, str] | None) -> AlignmentMode:
         return AlignmentMode.NONE
     raw = annotations[NUMA_ALIGNMENT]
     if not isinstance(raw, str):
-        raise InvalidInput(f"annotation {NUMA_ALIGNMENT}: want a string value, got {type(raw).__name__}")
+        raise InvalidInput(f"invalid {NUMA_ALIGNMENT} annotation: want a string value, got {type_name(raw)}")
     mode = _PARSEABLE.get(raw.strip().lower())
-    if mode is None:
+    if mode is None:  # upstream's wording (HAMi #2729 ParseNumaAlignmentMode), which users grep for
         raise InvalidInput(
-            f"annotation {NUMA_ALIGNMENT}={raw!r} is invalid: want {AlignmentMode.BEST_EFFORT.value!r} "
-            f"or {AlignmentMode.STRICT.value!r}"
+            f"invalid {NUMA_ALIGNMENT} annotation {go_quote(raw)}: expected "
+            f"{go_quote(AlignmentMode.BEST_EFFORT.value)} or {go_quote(AlignmentMode.STRICT.value)}"
         )
     return mode

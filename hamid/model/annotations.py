@@ -54,6 +54,20 @@ BIND_PHASE = "hami.io/bind-phase"
 BIND_PHASE_ALLOCATING = "allocating"
 BIND_PHASE_SUCCESS = "success"
 BIND_PHASE_FAILED = "failed"
+#: Pod annotations only hamid's scheduler and plugin write: the webhook removes them from a pod
+#: being created (a tenant's copy would be a forged allocation), and the scheduler books them only
+#: as far as the pod's requests and the node's register confirm them.
+SCHEDULER_OWNED_ANNOTATIONS = (
+    VGPU_NODE,
+    VGPU_TIME,
+    DEVICES_TO_ALLOCATE,
+    DEVICES_ALLOCATED,
+    MIG_ALLOCATIONS,
+    BIND_TIME,
+    BIND_PHASE,
+)
+#: Pod labels only hamid's scheduler writes.
+SCHEDULER_OWNED_LABELS = (VGPU_NODE,)
 
 # --- pod annotations set by users ----------------------------------------------------------
 USE_GPU_UUID = "nvidia.com/use-gpuuuid"

@@ -234,6 +234,35 @@ def quantity_as_int(value: object, where: str) -> int | None:
     return number.numerator
 
 
+_META_STRINGS = ("name", "namespace", "uid", "generateName", "resourceVersion")
+
+
+def check_pod_metadata(pod: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidInput` unless ``pod.metadata`` has the shape of an ObjectMeta.
+
+    ``metadata`` an object (or absent), its name, namespace, uid, generateName and
+    resourceVersion strings, its labels and annotations objects of strings: what every reader of
+    a pod's metadata may then rely on.
+    """
+    if not isinstance(pod, Mapping):
+        raise InvalidInput(f"pod: want an object, got {type_name(pod)}")
+    meta = pod.get("metadata")
+    if meta is None:
+        return
+    want_object(meta, "pod metadata")
+    for key in _META_STRINGS:
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise InvalidInput(f"pod metadata.{key}: want a string, got {type_name(meta[key])}")
+    for key in ("labels", "annotations"):
+        values = meta.get(key)
+        if values is None:
+            continue
+        want_object(values, f"pod metadata.{key}")
+        for name, value in values.items():
+            if not isinstance(value, str):
+                raise InvalidInput(f"pod metadata.{key}[{name!r:.80}]: want a string, got {type_name(value)}")
+
+
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(pod, Mapping):
         raise InvalidInput(f"pod: want an object, got {type_name(pod)}")

@@ -15,8 +15,8 @@ from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
-from hamid.plugin.allocate import CALL_TIMEOUT_S, Allocator, MismatchHandler, log_mismatch
-from hamid.plugin.allocation import HamiCoreSettings
+from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
+from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
@@ -29,8 +29,9 @@ from hamid.plugin.discovery import (
     watch_xid_events,
 )
 from hamid.plugin.inventory import Inventory
-from hamid.plugin.kubelet import KubeletConnector
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.kubelet_connector import KubeletConnector
+from hamid.plugin.metrics import PluginMetrics, serve_metrics
+from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
@@ -58,6 +59,8 @@ class PluginOptions:
     kubeconfig: str | None = None
     sysfs_root: str = "/sys"
     refit: RefitClientConfig = field(default_factory=RefitClientConfig)
+    #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
+    metrics_listen: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +159,17 @@ class Plugin:
             preferred_allocation=preferred,
         )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
+        self.metrics = PluginMetrics(self.inventory, hook_path=hook_path)
         self.connector = KubeletConnector(
-            lambda: [self.service], device_plugin_dir, setup.resource_name, preferred_allocation=preferred
+            lambda: [self.metrics.instrument(self.service)],
+            device_plugin_dir,
+            setup.resource_name,
+            preferred_allocation=preferred,
         )
         self.registrar = NodeRegistrar(
             client, self.pods, self.inventory, interval=register_interval, error_interval=error_interval
         )
+        self.metrics.attach(self.connector, self.registrar, self.pods)
 
     async def run(self) -> None:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
@@ -189,7 +197,9 @@ class Plugin:
 
         uuids = [g.uuid for g in self.inventory.gpus]
         try:
-            await asyncio.to_thread(watch_xid_events, uuids, report, stop, self.health_policy, nvml)
+            await asyncio.to_thread(
+                watch_xid_events, uuids, report, stop, self.health_policy, nvml, on_xid=self.metrics.xid
+            )
         except Exception as exc:
             log.error(
                 "XID health watcher failed; serving without GPU health checks",
@@ -232,9 +242,12 @@ async def run_plugin(options: PluginOptions) -> None:
             setup,
             device_plugin_dir=options.device_plugin_dir,
             hook_path=options.hook_path,
+            mismatch_handler=make_mismatch_handler(refit_client),
             health_policy=policy,
         )
-        plugin.allocator.mismatch_handler = make_mismatch_handler(refit_client, plugin.pods.fetch_pod)
-        await plugin.run()
+        if refit_client is not None:
+            refit_client.observer = plugin.metrics.observe_refit
+        async with serve_metrics(plugin.metrics, options.metrics_listen):
+            await plugin.run()
     finally:
         await client.close()

@@ -4,19 +4,67 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import click
 
+from hamid.kube.lean import use_lean_client
+from hamid.listen import OPTIONAL_LISTEN, ListenError
 from hamid.log import get_logger
 from hamid.options import option
-from hamid.plugin.app import PluginOptions, PluginStartupError, run_plugin
 from hamid.plugin.refit_client import DEFAULT_TOKEN_FILE, RefitClientConfig
+from hamid.tls import TLSConfigError, client_ssl_context
+
+if TYPE_CHECKING:
+    from hamid.plugin.app import PluginOptions
 
 log = get_logger("plugin")
 
 
+def check_refit_config(config: RefitClientConfig) -> list[str]:
+    """Refit settings that would make every refit fail, checked once at start.
+
+    Raises :class:`click.UsageError` (one line, what to change) for a configuration under which
+    no refit can succeed; returns warnings for one that works but is unsafe.
+    """
+    if not config.endpoint.strip():
+        return []
+    scheme = urlsplit(config.endpoint.strip()).scheme
+    if scheme == "http":
+        if config.token_file:
+            raise click.UsageError(
+                f"--scheduler-endpoint {config.endpoint} is plain http://, but the ServiceAccount token is "
+                "only ever sent over https: use https:// (the chart's default), or "
+                "--service-account-token-file='' for unauthenticated refit (development only)"
+            )
+        return [f"NUMA refit over plain http:// ({config.endpoint}): unauthenticated and unencrypted"]
+    if scheme == "https" and not config.insecure:
+        try:
+            client_ssl_context(
+                ca_file=config.ca_file, cert_file=config.client_cert_file, key_file=config.client_key_file
+            )
+        except TLSConfigError as exc:
+            raise click.UsageError(f"NUMA refit TLS: {exc}") from None
+    if config.token_file and not os.access(config.token_file, os.R_OK):
+        hint = (
+            "with --scheduler-client-cert-file set, pass --service-account-token-file='' to authenticate "
+            "by mTLS only"
+            if config.client_cert_file
+            else "mount a projected token there (the chart does) or authenticate by mTLS"
+        )
+        raise click.UsageError(
+            f"--service-account-token-file {config.token_file} is missing or unreadable, so every "
+            f"NUMA refit would fail; {hint}"
+        )
+    return []
+
+
 async def _run_until_signal(options: PluginOptions) -> None:
+    from hamid.plugin.app import run_plugin  # loaded by plugin_command, after use_lean_client
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -97,6 +145,13 @@ async def _run_until_signal(options: PluginOptions) -> None:
     default=DEFAULT_TOKEN_FILE,
     help="Projected ServiceAccount token sent to /refit (TokenReview); empty sends none (mTLS only).",
 )
+@option(
+    "--metrics-listen",
+    type=OPTIONAL_LISTEN,
+    default=":9394",
+    help="host:port of /metrics, /metrics/hami (HAMi's vGPU monitor names), /healthz and /readyz; "
+    "empty disables.",
+)
 @option("--api-server", default=None, help="Kubernetes API server URL (overrides the kubeconfig's).")
 @option("--kubeconfig", default=None, help="Kubeconfig file (default: $KUBECONFIG, then in-cluster).")
 def plugin_command(
@@ -113,6 +168,7 @@ def plugin_command(
     scheduler_client_cert_file: str | None,
     scheduler_client_key_file: str | None,
     service_account_token_file: str,
+    metrics_listen: str,
     api_server: str | None,
     kubeconfig: str | None,
 ) -> None:
@@ -123,6 +179,21 @@ def plugin_command(
         raise click.BadParameter(
             f"{resource_name!r} is not an extended resource name", param_hint="--resource-name"
         )
+    # The plugin never uses kubernetes-asyncio's typed models: load its client without them (the
+    # plugin's peak RSS, see hamid.kube.lean), so hamid.plugin.app is imported only after this.
+    use_lean_client()
+    from hamid.plugin.app import PluginOptions, PluginStartupError
+
+    refit = RefitClientConfig(
+        endpoint=scheduler_endpoint,
+        ca_file=scheduler_ca_file,
+        insecure=scheduler_tls_insecure,
+        client_cert_file=scheduler_client_cert_file,
+        client_key_file=scheduler_client_key_file,
+        token_file=service_account_token_file or None,
+    )
+    for warning in check_refit_config(refit):
+        log.warning(warning)
     options = PluginOptions(
         node_name=node_name,
         devices_file=devices_file,
@@ -133,17 +204,11 @@ def plugin_command(
         hook_path=hook_path,
         api_server=api_server,
         kubeconfig=kubeconfig,
-        refit=RefitClientConfig(
-            endpoint=scheduler_endpoint,
-            ca_file=scheduler_ca_file,
-            insecure=scheduler_tls_insecure,
-            client_cert_file=scheduler_client_cert_file,
-            client_key_file=scheduler_client_key_file,
-            token_file=service_account_token_file or None,
-        ),
+        refit=refit,
+        metrics_listen=metrics_listen,
     )
     with contextlib.suppress(KeyboardInterrupt):
         try:
             asyncio.run(_run_until_signal(options))
-        except PluginStartupError as exc:
-            raise click.ClickException(str(exc)) from exc
+        except (PluginStartupError, ListenError) as exc:
+            raise click.ClickException(str(exc)) from None

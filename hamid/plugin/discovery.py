@@ -300,8 +300,11 @@ def watch_xid_events(
     policy: HealthCheckPolicy,
     nvml: ModuleType,
     wait_ms: int = EVENT_WAIT_MS,
+    on_xid: Callable[[str, int, bool], None] | None = None,
 ) -> None:
     """Block on NVML events until ``stop`` is set, calling ``on_unhealthy(uuid, reason)`` (blocking).
+
+    ``on_xid(uuid, xid, critical)`` is told every XID event (uuid "" when unidentifiable; metrics).
 
     A GPU that cannot be registered for events is reported unhealthy at once (except "not
     supported": too old for health checks, logged). A wait error other than a timeout, or an event
@@ -337,13 +340,19 @@ def watch_xid_events(
             xid = int(data.eventData)
             if not policy.is_critical(xid):
                 log.info("ignored XID", xid=xid)
+                if on_xid is not None:
+                    on_xid("", xid, False)
                 continue
             try:
                 uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
             except nvml.NVMLError as exc:
+                if on_xid is not None:
+                    on_xid("", xid, True)
                 for each in sorted(wanted):
                     on_unhealthy(each, f"XID {xid} on an unidentifiable device: {exc}")
                 continue
+            if on_xid is not None:
+                on_xid(uuid, xid, True)
             if uuid in wanted:
                 on_unhealthy(uuid, f"XID {xid}")
     finally:

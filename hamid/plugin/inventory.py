@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hamid.log import get_logger
 from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo
 from hamid.model.nodeconfig import NodeConfig
+from hamid.plugin.allocator_rules import GpuFacts
 from hamid.plugin.discovery import PhysicalGpu
 
 log = get_logger("plugin.inventory")
@@ -46,6 +47,7 @@ class Inventory:
         self.settings = settings
         self.gpus: tuple[PhysicalGpu, ...] = tuple(self._select(gpus, settings))
         self._healthy = {g.uuid: g.healthy for g in self.gpus}
+        self._unhealthy_reason = {g.uuid: "unhealthy at discovery" for g in self.gpus if not g.healthy}
         self._replica_uuid: dict[str, str] = {}
         self._replicas_of: dict[str, tuple[str, ...]] = {}
         for gpu in self.gpus:
@@ -90,21 +92,36 @@ class Inventory:
             out.extend(Replica(rid, gpu.uuid, healthy, numa) for rid in self._replicas_of[gpu.uuid])
         return out
 
+    def _capacity(self, gpu: PhysicalGpu) -> tuple[int, int] | None:
+        """Registered (MiB, cores) of one GPU, scaling applied; None when its memory is unknown."""
+        s = self.settings
+        memory = gpu.memory_mib or s.preconfigured_device_memory
+        if memory <= 0:
+            return None
+        if self.is_mig:
+            return memory, 100
+        return int(memory * s.device_memory_scaling), int(s.device_core_scaling * 100)
+
+    def facts(self, uuid: str) -> GpuFacts | None:
+        """Registered capacity and health of one advertised GPU (None: the node has no such GPU)."""
+        gpu = next((g for g in self.gpus if g.uuid == uuid), None)
+        capacity = self._capacity(gpu) if gpu is not None else None
+        if capacity is None:
+            return None
+        return GpuFacts(capacity[0], capacity[1], self._unhealthy_reason.get(uuid))
+
     def device_infos(self) -> list[DeviceInfo]:
         """What ``hami.io/node-nvidia-register`` carries, one record per GPU (NUMA unknown → 0)."""
         s = self.settings
         infos: list[DeviceInfo] = []
         for gpu in self.gpus:
-            memory = gpu.memory_mib or s.preconfigured_device_memory
-            if memory <= 0:
+            capacity = self._capacity(gpu)
+            if capacity is None:
                 log.warning(
                     "gpu memory unknown and no preconfigureddevicememory; not registered", uuid=gpu.uuid
                 )
                 continue
-            if self.is_mig:
-                devmem, devcore = memory, 100
-            else:
-                devmem, devcore = int(memory * s.device_memory_scaling), int(s.device_core_scaling * 100)
+            devmem, devcore = capacity
             infos.append(
                 DeviceInfo(
                     id=gpu.uuid,
@@ -125,6 +142,7 @@ class Inventory:
         if not self._healthy.get(uuid, False):
             return False
         self._healthy[uuid] = False
+        self._unhealthy_reason[uuid] = reason
         log.warning("gpu marked unhealthy", uuid=uuid, reason=reason)
         self._bump()
         return True

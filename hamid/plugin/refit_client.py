@@ -7,8 +7,10 @@
   ``--scheduler-client-key-file``) and/or its projected ServiceAccount token
   (``--service-account-token-file``, re-read on every call so rotation is followed; unreadable →
   the call fails closed). A token is only ever sent over https.
-* One attempt, 2 s in total, no redirects, a 1 MiB response limit; the TLS context is built per
-  call so a rotated CA is picked up (upstream #2817).
+* One attempt, 2 s in total, no redirects, a 1 MiB response limit. The TLS context is built once
+  and rebuilt when the CA bundle, client certificate or key file changes (checked by ``stat`` on
+  every call: device, inode, size, mtime), so a rotated CA is picked up (upstream #2817) without a
+  handshake setup on every refit.
 
 Every failure raises :class:`RefitError` with upstream's client messages.
 """
@@ -19,6 +21,8 @@ import asyncio
 import json
 import os
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -44,6 +48,14 @@ class RefitError(Exception):
     """A refit that did not commit (refused, transport, TLS, token or decoding error)."""
 
 
+class RefitRefused(RefitError):
+    """The scheduler answered and refused the refit."""
+
+
+#: Told the outcome (``committed``, ``refused``, ``failed``) and seconds of every refit call.
+RefitObserver = Callable[[str, float], None]
+
+
 @dataclass(frozen=True, slots=True)
 class RefitClientConfig:
     """The plugin's refit flags. ``endpoint`` empty disables refit; ``token_file`` empty sends no token."""
@@ -55,6 +67,20 @@ class RefitClientConfig:
     client_key_file: str | None = None
     token_file: str | None = DEFAULT_TOKEN_FILE
     timeout: float = REFIT_TIMEOUT_S
+
+
+#: What identifies one version of a file: (device, inode, size, mtime in ns); None when unreadable.
+FileVersion = tuple[int, int, int, int] | None
+
+
+def _file_version(path: str | None) -> FileVersion:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _read_token(path: str) -> str:
@@ -93,8 +119,12 @@ class RefitClient:
         if config.client_cert_file and parts.scheme != "https":
             raise InvalidInput(f"a client certificate needs an https endpoint, not {endpoint!r}")
         self.config = config
+        self.observer: RefitObserver | None = None
         self.url = endpoint.rstrip("/") + REFIT_PATH
         self.scheme = parts.scheme
+        self._tls: tuple[tuple[FileVersion, ...], ssl.SSLContext] | None = None
+        #: How many TLS contexts this client built (once, then once per change of its files).
+        self.tls_builds = 0
         if config.insecure:
             log.warning(
                 "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)",
@@ -116,6 +146,17 @@ class RefitClient:
             headers["Authorization"] = "Bearer " + _read_token(config.token_file)
         if self.scheme != "https":
             return headers, None
+        return headers, self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The cached TLS context, rebuilt when one of its files changed (blocking: in a thread)."""
+        config = self.config
+        versions = tuple(
+            _file_version(path) for path in (config.ca_file, config.client_cert_file, config.client_key_file)
+        )
+        cached = self._tls
+        if cached is not None and cached[0] == versions:
+            return cached[1]
         try:
             ctx = client_ssl_context(
                 ca_file=config.ca_file,
@@ -127,15 +168,28 @@ class RefitClient:
             if config.ca_file and not os.path.isfile(config.ca_file):
                 raise RefitError(f"cannot read scheduler CA bundle {config.ca_file!r}: {exc}") from exc
             raise RefitError(f"unusable refit TLS configuration: {exc}") from exc
-        return headers, ctx
+        self._tls = (versions, ctx)
+        self.tls_builds += 1
+        if cached is not None:
+            log.info("refit TLS files changed; TLS context rebuilt", ca_file=config.ca_file)
+        return ctx
 
     async def refit(self, request: RefitRequest) -> ContainerDevices:
         """Send ``request`` once (2 s total); the committed devices, or :class:`RefitError`."""
+        started, outcome = time.perf_counter(), "failed"
         try:
             async with asyncio.timeout(self.config.timeout):
-                return await self._refit(request)
+                devices = await self._refit(request)
+            outcome = "committed"
+            return devices
+        except RefitRefused:
+            outcome = "refused"
+            raise
         except TimeoutError:
             raise RefitError(f"scheduler refit did not answer within {self.config.timeout:g}s") from None
+        finally:
+            if self.observer is not None:
+                self.observer(outcome, time.perf_counter() - started)
 
     async def _refit(self, request: RefitRequest) -> ContainerDevices:
         headers, ctx = await asyncio.to_thread(self._prepare)
@@ -166,7 +220,7 @@ class RefitClient:
         except (ValueError, InvalidInput) as exc:
             raise RefitError(f"cannot decode refit response: {exc}") from exc
         if not response.succeeded:
-            raise RefitError(f"scheduler refused refit: {response.failure_reason}")
+            raise RefitRefused(f"scheduler refused refit: {response.failure_reason}")
         try:
             devices = response.devices()
         except InvalidInput as exc:

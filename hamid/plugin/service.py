@@ -1,4 +1,9 @@
-"""The grpclib ``v1beta1.DevicePlugin`` service kubelet calls on the plugin's unix socket."""
+"""The grpclib ``v1beta1.DevicePlugin`` service kubelet calls on the plugin's unix socket.
+
+Requests are checked before any work (:func:`check_requests`): too many containers or IDs, or an
+ID longer than any replica ID, answer ``INVALID_ARGUMENT`` at once. Every status message is cut to
+:data:`MAX_STATUS_MESSAGE_CHARS` (gRPC sends it in a trailer; a huge one stalls the connection).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ from grpclib.server import Stream
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginBase
 from hamid.log import get_logger
-from hamid.plugin.allocate import Allocator, PreferredRequest
-from hamid.plugin.allocation import AllocationError, ContainerAnswer
+from hamid.plugin.allocator import Allocator, PreferredRequest
+from hamid.plugin.allocator_rules import AllocationError, ContainerAnswer, summarize
 from hamid.plugin.inventory import Inventory
 
 log = get_logger("plugin.service")
@@ -23,6 +28,43 @@ UNHEALTHY = "Unhealthy"
 #: bound of one Allocate / GetPreferredAllocation (kubelet sets no deadline of its own). The
 #: allocator ends first; this bound only catches a bug.
 HANDLER_SLACK_S = 2.0
+#: Bounds of one request: containers per call, device IDs per container, characters per device ID
+#: (a replica ID is a GPU UUID plus ``-<i>``, about 45 characters).
+MAX_CONTAINER_REQUESTS = 128
+MAX_IDS_PER_CONTAINER = 4096
+MAX_DEVICE_ID_CHARS = 256
+#: Longest status message sent to kubelet (longer ones are cut, with a note).
+MAX_STATUS_MESSAGE_CHARS = 2048
+
+
+def grpc_error(status: Status, message: str) -> GRPCError:
+    """A :class:`GRPCError` whose message fits a trailer (:data:`MAX_STATUS_MESSAGE_CHARS`)."""
+    if len(message) > MAX_STATUS_MESSAGE_CHARS:
+        message = f"{message[: MAX_STATUS_MESSAGE_CHARS - 40]}… ({len(message)} characters, cut)"
+    return GRPCError(status, message)
+
+
+def check_requests(kind: str, id_lists: list[list[str]]) -> None:
+    """Refuse an oversized request before any work (``INVALID_ARGUMENT``, a bounded message)."""
+    if len(id_lists) > MAX_CONTAINER_REQUESTS:
+        raise grpc_error(
+            Status.INVALID_ARGUMENT,
+            f"{kind} with {len(id_lists)} container requests exceeds {MAX_CONTAINER_REQUESTS}",
+        )
+    for index, ids in enumerate(id_lists):
+        if len(ids) > MAX_IDS_PER_CONTAINER:
+            raise grpc_error(
+                Status.INVALID_ARGUMENT,
+                f"{kind} container request {index} lists {len(ids)} device IDs, "
+                f"more than {MAX_IDS_PER_CONTAINER}",
+            )
+        long = [i for i in ids if len(i) > MAX_DEVICE_ID_CHARS]
+        if long:
+            raise grpc_error(
+                Status.INVALID_ARGUMENT,
+                f"{kind} container request {index}: device IDs longer than {MAX_DEVICE_ID_CHARS} "
+                f"characters are not replica IDs of this plugin: {summarize(long)}",
+            )
 
 
 def list_response(inventory: Inventory) -> pb.ListAndWatchResponse:
@@ -87,6 +129,10 @@ class DevicePluginService(DevicePluginBase):
         """Annotation-driven preference; an empty list is "no opinion", errors only when deliberate."""
         request = await stream.recv_message()
         assert request is not None
+        check_requests(
+            "GetPreferredAllocation",
+            [[*r.available_deviceIDs, *r.must_include_deviceIDs] for r in request.container_requests],
+        )
         requests = [
             PreferredRequest(
                 tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs), int(r.allocation_size)
@@ -97,7 +143,7 @@ class DevicePluginService(DevicePluginBase):
             async with asyncio.timeout(self.handler_timeout):
                 chosen = await self.allocator.preferred(requests)
         except AllocationError as exc:
-            raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+            raise grpc_error(Status.FAILED_PRECONDITION, str(exc)) from exc
         except Exception as exc:  # never fail admission by accident: no opinion instead
             log.exception(
                 "GetPreferredAllocation failed unexpectedly; answering no preference", error=str(exc)
@@ -113,11 +159,12 @@ class DevicePluginService(DevicePluginBase):
         request = await stream.recv_message()
         assert request is not None
         ids = [list(r.devices_ids) for r in request.container_requests]
+        check_requests("Allocate", ids)
         try:
             async with asyncio.timeout(self.handler_timeout):
                 answers = await self.allocator.allocate(ids)
         except AllocationError as exc:
-            raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+            raise grpc_error(Status.FAILED_PRECONDITION, str(exc)) from exc
         except TimeoutError as exc:
             log.error("Allocate ran past its outer deadline", timeout=self.handler_timeout)
             raise GRPCError(
@@ -125,7 +172,7 @@ class DevicePluginService(DevicePluginBase):
             ) from exc
         except Exception as exc:  # last resort: a message for kubelet, the traceback in our log
             log.exception("Allocate failed unexpectedly", error=str(exc))
-            raise GRPCError(
+            raise grpc_error(
                 Status.INTERNAL, f"device plugin internal error: {type(exc).__name__}: {exc}"
             ) from exc
         await stream.send_message(allocate_response(answers))

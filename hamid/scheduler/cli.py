@@ -24,6 +24,7 @@ from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.kube.client import connect
 from hamid.kube.errors import KubeError
 from hamid.kube.leader import LeaderElector, LeaseFollower
+from hamid.listen import LISTEN
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
@@ -32,7 +33,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.refit import refit_route_factory
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, METHODS, parse_methods
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, METHODS, MTLS, TOKEN, parse_methods
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.cli")
@@ -144,7 +145,7 @@ async def run_scheduler(
             ("cluster", cluster, options.listen, tls.context if tls else None),
             ("metrics", metrics_app(scheduler), options.metrics_listen, None),
         ):
-            runner, ports[key] = await serve(app, listen, ctx)
+            runner, ports[key] = await serve(app, listen, ctx, what=f"{key} listener")
             runners.append(runner)
         log.info(
             "scheduler_started",
@@ -229,15 +230,22 @@ def _load_device_config(path: str | None) -> DeviceConfig:
 @click.command("scheduler")
 @option(
     "--extender-listen",
+    type=LISTEN,
     default="127.0.0.1:9444",
     help="host:port of the kube-scheduler extender (/filter, /bind), plain HTTP.",
 )
 @option(
     "--listen",
+    type=LISTEN,
     default="0.0.0.0:9443",
     help="host:port of /webhook, /healthz, /readyz (and /refit); TLS with the cert flags.",
 )
-@option("--metrics-listen", default=":9395", help="host:port of the Prometheus /metrics endpoint.")
+@option(
+    "--metrics-listen",
+    type=LISTEN,
+    default=":9395",
+    help="host:port of Prometheus /metrics (hamid's names) and /metrics/hami (HAMi's names).",
+)
 @option(
     "--tls-cert-file", default=None, help="PEM server certificate for --listen (reloaded when it changes)."
 )
@@ -333,8 +341,9 @@ def _load_device_config(path: str | None) -> DeviceConfig:
 )
 @option(
     "--refit-auth",
-    default="mtls,token",
-    help="Accepted /refit caller authentication: comma list of mtls, token.",
+    default=None,
+    help="Accepted /refit caller authentication: comma list of mtls, token "
+    "[default: token, plus mtls when --client-ca-file is set].",
 )
 @option(
     "--refit-token-audience",
@@ -346,7 +355,9 @@ def _load_device_config(path: str | None) -> DeviceConfig:
 def scheduler_command(**kw: str | bool | None) -> None:
     """Run the scheduler extender, the mutating webhook and the metrics endpoint."""
     try:
-        refit_auth = parse_methods(str(kw["refit_auth"] or ""))
+        refit_auth = (
+            parse_methods(str(kw["refit_auth"])) if kw["refit_auth"] is not None else default_refit_auth(kw)
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--refit-auth") from exc
     try:
@@ -407,6 +418,11 @@ def scheduler_command(**kw: str | bool | None) -> None:
         asyncio.run(run_scheduler(options, extra_routes=[refit_route_factory]))
     except* (InvalidInput, KubeError) as group:
         raise click.ClickException("; ".join(str(e) for e in group.exceptions)) from None
+
+
+def default_refit_auth(kw: dict[str, str | bool | None]) -> tuple[str, ...]:
+    """``token``, plus ``mtls`` when a client CA is configured (so a start without mTLS never warns)."""
+    return (MTLS, TOKEN) if kw["client_ca_file"] else (TOKEN,)
 
 
 def _opt(value: str | bool | None) -> str | None:

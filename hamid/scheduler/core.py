@@ -26,9 +26,17 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, init_container_count
+from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, LockContention, NodeLocker
+from hamid.scheduler.nodelock import (
+    DEFAULT_MAX_HOLD,
+    DEFAULT_STALL,
+    Holder,
+    LockContention,
+    NodeLocker,
+    holder_state,
+)
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
@@ -68,6 +76,8 @@ class SchedulerSettings:
     node_lock_timeout: timedelta = timedelta(minutes=5)
     #: Hard cap of a node lock held by a Pending, unallocated pod (``--node-lock-max-hold``).
     node_lock_max_hold: timedelta = DEFAULT_MAX_HOLD
+    #: A Pending holder that made no progress this long loses the node lock (None: never).
+    node_lock_stall: timedelta | None = DEFAULT_STALL
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
@@ -103,7 +113,7 @@ class Scheduler:
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config)
+        self.state = SchedulerState(self.config, scheduler_name=self.settings.scheduler_name)
         self.metrics = SchedulerMetrics(self.state)
         self.events = events or EventRecorder(kube, "hami-scheduler")
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
@@ -128,7 +138,10 @@ class Scheduler:
             timeout=self.settings.node_lock_timeout,
             call_timeout=self.settings.api_timeout_s,
             max_hold=self.settings.node_lock_max_hold,
+            stall=self.settings.node_lock_stall,
         )
+        #: Nodes whose binds failed lately: the filter tries them last.
+        self.bind_backoff = BindBackoff(self.state.clock)
         #: Whether this replica decides; with ``term_synced`` managed by hamid.scheduler.ha.Leadership.
         self.leading: bool = True
         #: False from the start of a leadership term until the caches have caught up in it.
@@ -206,7 +219,17 @@ class Scheduler:
         self.state.on_pod_deleted(pod)
 
     def report_undecodable(self) -> None:
-        """Record a Warning Event for each pod the state found with an undecodable allocation."""
+        """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
+        while self.state.refused:
+            pod, why = self.state.refused.pop()
+            self.metrics.untrusted_annotations.labels("booking").inc()
+            self.record(
+                pod,
+                "Warning",
+                R.EVENT_ALLOCATION_REFUSED,
+                f"{ann.DEVICES_ALLOCATED} is not booked: {why}; only allocations hamid's scheduler "
+                "made for the GPUs a pod requests are served",
+            )
         while self.state.undecodable:
             pod, error = self.state.undecodable.pop()
             self.record(
@@ -280,12 +303,15 @@ class Scheduler:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
+        backing_off = self.bind_backoff.active(now, nodes)
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries: list[NodeEntry] = []
             for name in group:
                 entry = nodes[name]
                 if not entry.healthy(now):
                     failed[name] = R.NODE_UNREGISTERED
+                    continue
+                if name in backing_off:
                     continue
                 if own is None or name != own[1]:
                     gpus, mem, cores = entry.usage.room()
@@ -298,7 +324,8 @@ class Scheduler:
                 if isinstance(result, Fitted):
                     return entry.name, result, failed
                 failed[entry.name] = result.reason
-        for entry in passed:
+        last = [nodes[n] for n in sorted(backing_off, key=backing_off.__getitem__) if n not in failed]
+        for entry in passed + [e for e in last if e.name in position]:
             result = self._fit(entry, spec, quota, previous)
             if isinstance(result, Fitted):
                 return entry.name, result, failed
@@ -346,9 +373,10 @@ class Scheduler:
         if reason:
             return FilterResult(error=f"scheduler not ready: {reason}")
         uid = pod_uid(pod)
-        if not uid:
-            return FilterResult(error="extender args pod has no metadata.uid")
         meta = pod["metadata"]
+        refusal = _filter_refusal(pod, self.pods.get(pod_key(pod)))
+        if refusal:
+            return FilterResult(error=refusal)
         name = pod_key(pod)
         node, fitted, failed = self.plan(pod, spec, args.candidate_names)
         if node is None or fitted is None:
@@ -358,8 +386,8 @@ class Scheduler:
         undo = self.state.reserve(pod, node, fitted.devices, raw)
         try:
             await self.kube.patch_pod_metadata(
-                str(meta.get("namespace") or ""),
-                str(meta.get("name") or ""),
+                meta["namespace"],
+                meta["name"],
                 annotations={
                     ann.VGPU_NODE: node,
                     ann.VGPU_TIME: str(int(time.time())),
@@ -367,9 +395,10 @@ class Scheduler:
                     ann.DEVICES_ALLOCATED: raw,
                 },
                 labels={ann.VGPU_NODE: node},
+                uid=uid,
                 timeout=self.settings.api_timeout_s,
             )
-        except KubeError as exc:
+        except Exception as exc:  # any failure (API or not) leaves no reservation behind
             undo()
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
             return FilterResult(error=f"patching pod {name} failed: {exc}")
@@ -420,11 +449,15 @@ class Scheduler:
         remaining = deadline - asyncio.get_running_loop().time() - keep
         return max(min(self.settings.api_timeout_s, remaining), _MIN_CALL_S)
 
-    async def _bind(self, args: BindArgs, deadline: float) -> str:
+    async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+        """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
+
+        Nothing is released for a pod or node that does not exist but the named pod's own booking.
+        """
         key = f"{args.pod_namespace}/{args.pod_name}"
         reason = self.not_ready_reason()
         if reason:
-            return f"scheduler not ready: {reason}"
+            return None, f"scheduler not ready: {reason}"
         pod = self.pods.get(key)
         if pod is None:
             try:
@@ -434,16 +467,33 @@ class Scheduler:
                     timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S),
                 )
             except NotFound:
-                self.state.release(args.pod_uid)
-                return f"pod {key} not found"
+                res = self.state.reservation(args.pod_uid)
+                if res is not None and res.key == key:  # only the named pod's own booking
+                    self.state.release(args.pod_uid)
+                return None, f"pod {key} not found"
             except KubeError as exc:
-                return f"reading pod {key} failed: {exc}"
+                return None, f"reading pod {key} failed: {exc}"
         if pod_uid(pod) != args.pod_uid:
-            return f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+            return None, f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound and bound != args.node:
+            return None, f"pod {key} is already bound to {bound}, not {args.node}"
+        if bound and holder_state(pod, args.node) is Holder.DONE:
+            # A replay for a pod already running (or allocated, finished): nothing to do, and the
+            # node lock is not taken again. A bound pod still waiting for Allocate goes on: the
+            # lock is its own (re-entrant) and stays for the plugin.
+            log.info("bind_replayed", pod=key, node=args.node)
+            return None, ""
         if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
-            self.state.release(args.pod_uid)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
-            return f"node {args.node} not found"
+            return None, f"node {args.node} not found"
+        return pod, ""
+
+    async def _bind(self, args: BindArgs, deadline: float) -> str:
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        pod, answer = await self._bind_target(args, deadline)
+        if pod is None:
+            return answer
         needs_lock = self._needs_lock(pod)
         if needs_lock:
             res = self.state.reservation(args.pod_uid)
@@ -456,6 +506,7 @@ class Scheduler:
             try:
                 waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
             except (LockContention, KubeError) as exc:
+                self.bind_backoff.note(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 return str(exc)
             self.metrics.node_lock_wait_seconds.observe(waited)
@@ -464,6 +515,7 @@ class Scheduler:
                 args.pod_namespace,
                 args.pod_name,
                 annotations={ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING, ann.BIND_TIME: str(int(time.time()))},
+                uid=args.pod_uid,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
             await self.kube.bind_pod(
@@ -479,9 +531,11 @@ class Scheduler:
                 log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
             else:
                 await self._undo_bind(args, needs_lock, exc, deadline)
+                self.bind_backoff.note(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node} failed: {exc}"
+        self.bind_backoff.note(args.node, ok=True)
         self.record(
             pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
         )
@@ -513,6 +567,7 @@ class Scheduler:
                 args.pod_namespace,
                 args.pod_name,
                 annotations={ann.BIND_PHASE: None, ann.BIND_TIME: None},
+                uid=args.pod_uid,
                 timeout=self._call_timeout(deadline),
             )
         except KubeError as undo_exc:
@@ -539,6 +594,13 @@ class Scheduler:
         """The webhook verdict for a pod (quota precheck against the live state)."""
         return review_pod(pod, self.config, self.settings.scheduler_name, self.state.fit_quota, namespace)
 
+    def scheduler_owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
+        """Count and log the scheduler-owned keys the webhook removed from a pod being created."""
+        self.metrics.untrusted_annotations.labels("webhook").inc()
+        meta = pod.get("metadata") or {}
+        name = f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+        log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
 
 @dataclass(frozen=True, slots=True)
 class _Candidates:
@@ -548,6 +610,29 @@ class _Candidates:
     membership: int
     position: Mapping[str, int]
     unregistered: tuple[str, ...]
+
+
+def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
+    """Why the filter must not plan ``pod`` ("" when it may): unnamed, or already bound or started.
+
+    ``cached`` is the scheduler's cached pod of the same name: when it is the same pod (UID) its
+    ``spec.nodeName`` and phase are newer than the extender arguments' copy. A bound or running
+    pod's GPUs are in use; re-planning it would rewrite its annotations under a running container.
+    """
+    meta = pod["metadata"]
+    for field in ("uid", "name", "namespace"):
+        if not isinstance(meta.get(field), str) or not meta[field]:
+            return f"extender args pod has no metadata.{field}"
+    for copy in (pod, cached):
+        if copy is None or pod_uid(copy) != meta["uid"]:
+            continue
+        spec, status = copy.get("spec"), copy.get("status")
+        bound = spec.get("nodeName") if isinstance(spec, dict) else None
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if bound or phase not in (None, "Pending"):
+            where = f"bound to {bound}" if bound else f"{phase}"
+            return f"pod {pod_key(pod)} is already {where}: it is not filtered again"
+    return ""
 
 
 def _chosen(result: FilterResult) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hamid.model.errors import InvalidInput
+from hamid.model.resources import check_pod_metadata
 
 JSON = dict[str, Any]
 
@@ -52,6 +53,7 @@ def decode_filter_args(body: Any) -> FilterArgs:
         raise InvalidInput("extender args missing pod")
     if not isinstance(pod.get("metadata"), dict):
         raise InvalidInput("extender args pod has no metadata")
+    check_pod_metadata(pod)
     raw_names = go_field(body, "NodeNames")
     node_names: tuple[str, ...] | None = None
     if raw_names is not None:

@@ -9,7 +9,6 @@ Extender arguments of the wrong shape are answered in-band like HAMi does (HTTP 
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -17,6 +16,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
 from prometheus_client.registry import Collector
 
+from hamid.listen import parse_listen as parse_listen  # re-exported
+from hamid.listen import serve as serve  # re-exported
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
@@ -27,6 +28,8 @@ from hamid.scheduler.webhook import admission_response
 log = get_logger("scheduler.http")
 
 MAX_BODY_BYTES = 1024 * 1024
+#: The deepest nesting of lists and objects a request body may have (Kubernetes objects: < 20).
+MAX_JSON_DEPTH = 64
 #: Adds routes to the cluster app (``--listen``), e.g. ``POST /refit``.
 RouteRegistrar = Callable[[web.Application], None]
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
@@ -37,14 +40,49 @@ def bad_request(reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=400)
 
 
+def parse_json_body(body: bytes) -> Any:
+    """A request body decoded as JSON; :class:`InvalidInput` with the reason when it is not.
+
+    UTF-8, standard JSON only (no ``NaN``/``Infinity``), nested at most :data:`MAX_JSON_DEPTH`
+    deep: deeper bodies would exhaust the recursion of every later walk over them.
+    """
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidInput(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"malformed JSON body: {exc}") from None
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise InvalidInput(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH}")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; raises 413 (too large) or 400 (malformed) HTTP errors."""
+    """The request body as JSON (:func:`parse_json_body`); raises 413 (too large) or 400 HTTP errors."""
     body = await request.read()  # aiohttp raises 413 above client_max_size
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return parse_json_body(body)
+    except InvalidInput as exc:
         raise web.HTTPBadRequest(
-            text=json.dumps({"error": f"malformed JSON body: {exc}"}), content_type="application/json"
+            text=json.dumps({"error": str(exc)}), content_type="application/json"
         ) from None
 
 
@@ -71,7 +109,9 @@ async def _bind(request: web.Request) -> web.Response:
 async def _webhook(request: web.Request) -> web.Response:
     scheduler = request.app[SCHEDULER_KEY]
     try:
-        answer = admission_response(await read_json(request), scheduler.admit)
+        answer = admission_response(
+            await read_json(request), scheduler.admit, scheduler.scheduler_owned_removed
+        )
     except InvalidInput as exc:
         return bad_request(str(exc))
     return web.json_response(answer)
@@ -112,6 +152,13 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def _hami_metrics(request: web.Request) -> web.Response:
+    """HAMi's metric names (leader only: every family describes the cluster)."""
+    scheduler = request.app[SCHEDULER_KEY]
+    payload = generate_latest(scheduler.metrics.hami_registry) if scheduler.leading else b""
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def extender_app(scheduler: Scheduler) -> web.Application:
     """``POST /filter`` and ``POST /bind`` (kube-scheduler extender, loopback by default)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -139,32 +186,9 @@ def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = (
 
 
 def metrics_app(scheduler: Scheduler) -> web.Application:
-    """``GET /metrics`` (Prometheus text format)."""
+    """``GET /metrics`` (Prometheus text format) and ``GET /metrics/hami`` (HAMi's names)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SCHEDULER_KEY] = scheduler
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics/hami", _hami_metrics)
     return app
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``host:port`` (``:port`` = all interfaces, ``[v6]:port`` accepted) → (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidInput(f"listen address {value!r} must be host:port")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-async def serve(
-    app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``listen``; returns the runner (call ``cleanup()``) and the bound port."""
-    host, port = parse_listen(listen)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or ()
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, int(bound)

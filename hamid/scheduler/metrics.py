@@ -1,22 +1,35 @@
-"""Prometheus metrics of the scheduler (own registry; per-GPU gauges computed at scrape time)."""
+"""Prometheus metrics of the scheduler (own registries; per-GPU gauges computed at scrape time).
+
+Two registries: :attr:`SchedulerMetrics.registry` (``/metrics``: hamid's names, promtool-clean,
+process metrics, no ``*_created`` series) and :attr:`SchedulerMetrics.hami_registry`
+(``/metrics/hami``: HAMi's scheduler families, current and legacy, for HAMi's dashboards and
+HAMi-WebUI, computed from the same state). HAMi's names are not all promtool-clean
+(``hami_gpu_shared_count`` is a gauge ending in ``_count``, ``GPUDeviceMemoryLimit`` is camelCase,
+``*_ratio`` hold percent), which is why they live on their own path.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hamid.exposition import register_process_metrics
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_MIB = 1024 * 1024
+#: HAMi registers its scheduler collector with the constant label ``zone="vGPU"``.
+HAMI_ZONE = "vGPU"
 
 
 class _GpuCollector(Collector):
-    """Per-GPU allocated memory/cores/slots from the live state (no bookkeeping on the hot path)."""
+    """Per-GPU allocated memory/cores/containers from the live state (no bookkeeping on the hot path)."""
 
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
@@ -28,9 +41,21 @@ class _GpuCollector(Collector):
         )
         mem_limit = GaugeMetricFamily("hamid_gpu_memory_limit_bytes", "GPU memory registered.", labels=labels)
         cores = GaugeMetricFamily(
-            "hamid_gpu_core_allocated_ratio", "GPU cores booked (percent).", labels=labels
+            "hamid_gpu_core_allocated_ratio",
+            "Share of the GPU's registered cores booked by pods (0-1).",
+            labels=labels,
         )
-        slots = GaugeMetricFamily("hamid_gpu_shared_count", "vGPU slots booked on the GPU.", labels=labels)
+        core_limit = GaugeMetricFamily(
+            "hamid_gpu_core_limit_percent",
+            "GPU cores registered, in percent of one GPU (devicecorescaling x 100).",
+            labels=labels,
+        )
+        shared = GaugeMetricFamily(
+            "hamid_gpu_shared_containers", "Containers (vGPU slots) booked on the GPU.", labels=labels
+        )
+        slots = GaugeMetricFamily(
+            "hamid_gpu_slots", "vGPU slots the GPU offers (devicesplitcount).", labels=labels
+        )
         healthy = GaugeMetricFamily(
             "hamid_node_schedulable", "1 when the node takes new pods.", labels=["node"]
         )
@@ -39,11 +64,172 @@ class _GpuCollector(Collector):
             healthy.add_metric([name], 1.0 if entry.healthy(now) else 0.0)
             for d in entry.usage.devices:
                 values = [name, d.id, str(d.index), d.type]
-                mem.add_metric(values, d.usedmem * 1024 * 1024)
-                mem_limit.add_metric(values, d.totalmem * 1024 * 1024)
-                cores.add_metric(values, d.usedcores)
-                slots.add_metric(values, d.used)
-        yield from (mem, mem_limit, cores, slots, healthy)
+                mem.add_metric(values, d.usedmem * _MIB)
+                mem_limit.add_metric(values, d.totalmem * _MIB)
+                cores.add_metric(values, d.usedcores / d.totalcore if d.totalcore > 0 else 0.0)
+                core_limit.add_metric(values, d.totalcore)
+                shared.add_metric(values, d.used)
+                slots.add_metric(values, d.count)
+        yield from (mem, mem_limit, cores, core_limit, shared, slots, healthy)
+
+
+#: ``add(name, help, labels, value)`` inside :meth:`HamiCompatCollector.collect`.
+_Add = Callable[[str, str, dict[str, str], float], None]
+
+
+def _percent(used: int, total: int) -> float:
+    """HAMi's normalisation of cores to percent of the registered cores (rounded up)."""
+    return math.ceil(used / total * 100) if total > 0 else 0.0
+
+
+class HamiCompatCollector(Collector):
+    """HAMi's scheduler families (``cmd/scheduler/metrics.go``): current names and the legacy ones.
+
+    Legacy (HAMi v2.x, read by HAMi's Grafana dashboards and HAMi-WebUI): ``GPUDeviceMemoryLimit``,
+    ``GPUDeviceCoreLimit``, ``GPUDeviceMemoryAllocated``, ``GPUDeviceSharedNum``,
+    ``GPUDeviceCoreAllocated``, ``nodeGPUOverview``, ``nodeGPUMemoryPercentage``,
+    ``vGPUMemoryAllocated``, ``vGPUCoreAllocated``, ``QuotaUsed``; current: the ``hami_*`` names.
+    Every family carries ``zone="vGPU"`` as HAMi's does.
+    """
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fams: dict[str, GaugeMetricFamily] = {}
+
+        def add(name: str, help_text: str, labels: dict[str, str], value: float) -> None:
+            family = fams.get(name)
+            if family is None:
+                family = fams[name] = GaugeMetricFamily(name, help_text, labels=[*labels, "zone"])
+            family.add_metric([*labels.values(), HAMI_ZONE], value)
+
+        self._devices(add)
+        self._containers(add)
+        self._quotas(add)
+        yield from fams.values()
+
+    def _devices(self, add: _Add) -> None:
+        for node, entry in self.state.nodes.items():
+            for d in entry.usage.devices:
+                idx, mem, limit = str(d.index), float(d.usedmem * _MIB), float(d.totalmem * _MIB)
+                new = {"node": node, "device_uuid": d.id, "device_index": idx}
+                old = {"nodeid": node, "deviceuuid": d.id, "deviceidx": idx}
+                typed, old_typed = {**new, "device_type": d.type}, {**old, "devicetype": d.type}
+                cores = str(d.totalcore)
+                add("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", typed, limit)
+                add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", typed, 100.0)
+                add(
+                    "hami_gpu_memory_allocated_bytes",
+                    "Device memory allocated for a certain GPU",
+                    {**new, "device_cores": cores, "device_type": d.type},
+                    mem,
+                )
+                add("hami_gpu_shared_count", "Number of containers sharing this GPU", typed, d.used)
+                add(
+                    "hami_gpu_core_allocated_ratio",
+                    "Device core allocated for a certain GPU",
+                    typed,
+                    _percent(d.usedcores, d.totalcore),
+                )
+                add(
+                    "hami_node_gpu_overview",
+                    "GPU overview on a certain node",
+                    {
+                        **new,
+                        "device_cores": cores,
+                        "device_memory_limit": str(d.totalmem),
+                        "device_type": d.type,
+                    },
+                    mem,
+                )
+                add("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU", old_typed, limit)
+                add(
+                    "GPUDeviceCoreLimit", "Device memory core limit for a certain GPU", old_typed, d.totalcore
+                )
+                add(
+                    "GPUDeviceMemoryAllocated",
+                    "Device memory allocated for a certain GPU",
+                    {**old, "devicecores": cores, "devicetype": d.type},
+                    mem,
+                )
+                add("GPUDeviceSharedNum", "Number of containers sharing this GPU", old_typed, d.used)
+                add(
+                    "GPUDeviceCoreAllocated",
+                    "Device core allocated for a certain GPU",
+                    old_typed,
+                    d.usedcores,
+                )
+                add(
+                    "nodeGPUOverview",
+                    "GPU overview on a certain node",
+                    {**old, "devicecores": cores, "devicememorylimit": str(d.totalmem), "devicetype": d.type},
+                    mem,
+                )
+                if d.totalmem > 0:
+                    share = d.usedmem / d.totalmem
+                    pct = "GPU Memory Allocated Percentage on a certain GPU"
+                    add("hami_node_gpu_memory_allocated_ratio", pct, new, share)
+                    add("nodeGPUMemoryPercentage", pct, old, share)
+
+    def _containers(self, add: _Add) -> None:
+        totalcore = {d.id: d.totalcore for entry in self.state.nodes.values() for d in entry.usage.devices}
+        for res in self.state.reservations():
+            for index, devices in enumerate(res.layout):
+                for dev in devices:
+                    new = {
+                        "namespace": res.namespace,
+                        "node": res.node,
+                        "pod": res.name,
+                        "container_index": str(index),
+                        "device_uuid": dev.uuid,
+                    }
+                    old = {
+                        "podnamespace": res.namespace,
+                        "nodename": res.node,
+                        "podname": res.name,
+                        "containeridx": str(index),
+                        "deviceuuid": dev.uuid,
+                    }
+                    mem_help, core_help = (
+                        "vGPU memory allocated from a container",
+                        "vGPU core allocated from a container",
+                    )
+                    add("hami_vgpu_memory_allocated_bytes", mem_help, new, dev.usedmem * _MIB)
+                    add(
+                        "hami_vgpu_core_allocated_ratio",
+                        core_help,
+                        new,
+                        _percent(dev.usedcores, totalcore.get(dev.uuid, 0)),
+                    )
+                    add("vGPUMemoryAllocated", mem_help, old, dev.usedmem * _MIB)
+                    add("vGPUCoreAllocated", core_help, old, dev.usedcores)
+
+    def _quotas(self, add: _Add) -> None:
+        config = self.state.config
+        for namespace in self.state.quota_namespaces():
+            quota = self.state.fit_quota(namespace)
+            if quota is None:
+                continue
+            for resource, limit, used in (
+                (config.resource_memory_name, quota.mem_limit, quota.used_mem),
+                (config.resource_core_name, quota.cores_limit, quota.used_cores),
+            ):
+                if limit is None:
+                    continue
+                help_text = "resourcequota usage for a certain device"
+                add(
+                    "hami_resource_quota_used",
+                    help_text,
+                    {"namespace": namespace, "quota_name": resource, "limit": str(limit)},
+                    used,
+                )
+                add(
+                    "QuotaUsed",
+                    help_text,
+                    {"quotanamespace": namespace, "quotaName": resource, "limit": str(limit)},
+                    used,
+                )
 
 
 #: Families describing the cluster (per GPU, per node): exported by the leader only (HAMi #1432).
@@ -55,6 +241,7 @@ class SchedulerMetrics:
 
     def __init__(self, state: SchedulerState) -> None:
         self.registry = CollectorRegistry()
+        register_process_metrics(self.registry)
         self.filter_seconds = Histogram(
             "hamid_filter_duration_seconds",
             "Time to answer /filter.",
@@ -98,4 +285,16 @@ class SchedulerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.untrusted_annotations = Counter(
+            "hamid_untrusted_annotations_total",
+            "Scheduler-owned pod annotations not taken from a pod: removed at admission (webhook) "
+            "or not booked (booking: no GPU requested, another node, capacity, foreign scheduler).",
+            ["where"],
+            registry=self.registry,
+        )
+        for where in ("webhook", "booking"):
+            self.untrusted_annotations.labels(where)
         self.registry.register(_GpuCollector(state))
+        #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
+        self.hami_registry = CollectorRegistry()
+        self.hami_registry.register(HamiCompatCollector(state))

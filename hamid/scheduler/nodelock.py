@@ -6,8 +6,12 @@ node. A holder that is still Pending and unallocated keeps the lock even past it
 (``--node-lock-timeout``): handing it over would let the next pod's Allocate be served the
 holder's devices (upstream #3096: two pods swapped memory limits). Only past the hard cap
 ``--node-lock-max-hold`` is it taken from such a holder, with a warning, so a stuck pod cannot
-block a node for good. A legacy lock without an owner is taken once expired. Contention *waits*
-(bounded) for the holder to release, woken by node/pod cache events, instead of failing.
+block a node for good — or much sooner, once the holder has made no progress for
+:data:`DEFAULT_STALL` (neither it nor the lock changed while a bind waited: a pod bound to a node
+whose kubelet never admits it). hamid's plugin serves an Allocate only to the pod the lock names,
+so a holder that wakes up later is refused, never handed another pod's devices. A legacy lock
+without an owner is taken once expired. Contention *waits* (bounded) for the holder to release,
+woken by node/pod cache events, instead of failing.
 Release is owner-checked (exact namespace and name, never a substring).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +38,9 @@ JSON = dict[str, Any]
 _RECHECK_S = 1.0
 #: ``--node-lock-max-hold``: how long a Pending, unallocated holder may keep a node lock at most.
 DEFAULT_MAX_HOLD = timedelta(minutes=30)
+#: A Pending holder whose pod and lock stayed unchanged this long while a bind waited loses the
+#: lock (shorter than a bind's wait, so the waiting bind itself takes it over).
+DEFAULT_STALL = timedelta(seconds=20)
 #: The shortest timeout an API call of an acquisition or release gets near the end of its budget.
 _MIN_CALL_S = 0.5
 
@@ -96,11 +104,14 @@ def decide(
     timeout: timedelta,
     holder_of: Callable[[str, str], Holder],
     max_hold: timedelta = DEFAULT_MAX_HOLD,
+    quiet_for: timedelta = timedelta(0),
+    stall: timedelta | None = None,
 ) -> LockView:
     """Decide on a lock value for pod ``namespace/name`` (pure; ``holder_of(ns, name)`` classifies).
 
     The holder's state comes before the lock's age: a Pending, unallocated (or unknown) holder
-    keeps it past ``timeout`` until ``max_hold``.
+    keeps it past ``timeout`` until ``max_hold`` — unless it is Pending and has shown no progress
+    for ``quiet_for`` ≥ ``stall`` (holder pod and lock value unchanged while watched).
     """
     if value is None:
         return LockView(Decision.TAKE, "unlocked")
@@ -122,6 +133,9 @@ def decide(
     if age > max_hold:
         why = f"holder still {state.value} after {age}, past --node-lock-max-hold {max_hold}"
         return LockView(Decision.TAKE, why, holder, forced=True)
+    if state is Holder.PENDING and stall is not None and quiet_for >= stall:
+        why = f"holder made no progress for {quiet_for} (its kubelet has not admitted it)"
+        return LockView(Decision.TAKE, why, holder, forced=True)
     if age > timeout:
         why = f"holder {state.value}: kept past --node-lock-timeout until --node-lock-max-hold"
         return LockView(Decision.WAIT, why, holder)
@@ -140,6 +154,7 @@ class NodeLocker:
         timeout: timedelta,
         call_timeout: float = 5.0,
         max_hold: timedelta = DEFAULT_MAX_HOLD,
+        stall: timedelta | None = DEFAULT_STALL,
     ) -> None:
         self.kube = kube
         self.state = state
@@ -147,7 +162,30 @@ class NodeLocker:
         self._pod_of = pod_of
         self.timeout = timeout
         self.max_hold = max_hold
+        self.stall = stall
         self.call_timeout = call_timeout
+        #: node -> (lock value, holder resourceVersion, monotonic time both were first seen).
+        self._watched: dict[str, tuple[str, str, float]] = {}
+
+    def _quiet_for(self, node: str, value: str | None) -> timedelta:
+        """How long the lock value and its holder pod have stayed unchanged as watched from here."""
+        lock = None
+        if value is not None:
+            try:
+                lock = ann.parse_node_lock(value)
+            except InvalidInput:
+                lock = None
+        if value is None or lock is None or lock.namespace is None or lock.name is None:
+            self._watched.pop(node, None)
+            return timedelta(0)
+        pod, _known = self._pod_of(lock.namespace, lock.name)
+        version = str(((pod or {}).get("metadata") or {}).get("resourceVersion") or "")
+        now = time.monotonic()
+        seen = self._watched.get(node)
+        if seen is None or seen[:2] != (value, version):
+            self._watched[node] = (value, version, now)
+            return timedelta(0)
+        return timedelta(seconds=now - seen[2])
 
     def _holder(self, node: str) -> Callable[[str, str], Holder]:
         def classify(namespace: str, name: str) -> Holder:
@@ -190,6 +228,8 @@ class NodeLocker:
                     self.timeout,
                     self._holder(node),
                     self.max_hold,
+                    self._quiet_for(node, value),
+                    self.stall,
                 )
                 if view.decision is Decision.OWN:
                     return loop.time() - started

@@ -28,6 +28,7 @@ from hamid.fit.usage import (
     ContainerKind,
     DeviceAmount,
     NodeUsage,
+    allocation_refusal,
     container_kinds,
     effective_pod_usage,
     init_containers_succeeded,
@@ -37,7 +38,8 @@ from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, quantity_as_int
+from hamid.model.resources import ResourceConfig, pod_requests, quantity_as_int
+from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
 
@@ -242,12 +244,49 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+def booking_refusal(state: SchedulerState, pod: JSON, node: str, layout: PodDevices | None) -> str:
+    """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
+
+    The annotations are the pod's own word (a tenant can write them), so they are booked only
+    for a pod that requests the GPUs, runs (if bound) on the node they name, is this
+    scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
+    placed by it, and whose allocation (``layout``; None when undecodable) its requests and the
+    node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
+    """
+    raw_spec = pod.get("spec")
+    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    bound = spec.get("nodeName")
+    if bound and bound != node:
+        return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
+    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    ours = state.scheduler_name
+    if ours and scheduler not in (ours, DEFAULT_SCHEDULER) and pod_uid(pod) not in state.placed:
+        return f"the pod is scheduled by {scheduler!r}, which is not {ours!r}"
+    try:
+        requests = pod_requests(pod, state.config)
+    except InvalidInput as exc:
+        return f"its requests cannot be read: {exc}"
+    if layout is None:
+        return "" if any(r is not None for r in requests) else "the pod requests no GPU"
+    entry = state.nodes.get(node)
+    return allocation_refusal(layout, requests, entry.usage.by_id if entry is not None else None)
+
+
 class SchedulerState:
     """Inventory, reservations and quotas of one scheduler process (event-loop owned)."""
 
-    def __init__(self, config: ResourceConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: ResourceConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        scheduler_name: str = "",
+    ) -> None:
         self.config = config or ResourceConfig()
         self.clock = clock
+        #: The scheduler's name: a pod of another scheduler is booked only if this one placed it.
+        self.scheduler_name = scheduler_name
+        #: UIDs of the pods this process reserved (its own record; forgotten on delete).
+        self.placed: set[str] = set()
         self.nodes: dict[str, NodeEntry] = {}
         #: Bumped whenever a node name joins or leaves :attr:`nodes` (caches keyed on the set).
         self.membership = 0
@@ -261,6 +300,9 @@ class SchedulerState:
         self._holds: dict[str, list[Hold]] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.undecodable: list[tuple[JSON, str]] = []
+        #: Pods whose allocation annotations were not booked, with why (reported as Events).
+        self.refused: list[tuple[JSON, str]] = []
+        self._refused_values: dict[str, tuple[str, str]] = {}
         self.handshake_wanted: set[str] = set()
         #: Bumped by every reservation change; :meth:`changed_since` compares against it.
         self.seq = 0
@@ -388,8 +430,9 @@ class SchedulerState:
 
     def blank_copy(self) -> SchedulerState:
         """A quiet state with this one's config, clock and registered nodes, no usage or pods."""
-        copy = SchedulerState(self.config, self.clock)
+        copy = SchedulerState(self.config, self.clock, self.scheduler_name)
         copy.quiet = True
+        copy.placed = set(self.placed)
         for name, entry in self.nodes.items():
             usage = copy._fresh_usage(name, entry.infos, entry.usage.pair_scores, entry.usage.cordoned)
             copy.nodes[name] = NodeEntry(
@@ -492,6 +535,7 @@ class SchedulerState:
             raw=raw,
             pending=True,
         )
+        self.placed.add(uid)
         self._insert(res)
 
         def undo() -> None:
@@ -676,17 +720,10 @@ class SchedulerState:
             self.notify(node)
             return
         kinds = container_kinds(pod)
-        try:
-            layout = tuple(ann.decode_pod_devices(raw))
-            blocked = None
-        except InvalidInput as exc:
-            layout = ()
-            entry = self.nodes.get(node)
-            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
-            blocked = named
-            if not self.quiet and (current is None or current.raw != raw):
-                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
-                self.undecodable.append((pod, str(exc)))
+        decoded = self._allocation(pod, node, raw, current)
+        if decoded is None:
+            return
+        layout, blocked = decoded
         self._remove(uid)
         self._insert(
             Reservation(
@@ -706,6 +743,47 @@ class SchedulerState:
             self.notify(current.node)
         self.notify(node)
 
+    def _allocation(
+        self, pod: JSON, node: str, raw: str, current: Reservation | None
+    ) -> tuple[PodDevices, frozenset[str] | None] | None:
+        """The layout to book for ``raw`` and the GPUs to block when undecodable; None: book nothing.
+
+        A refused allocation (:func:`booking_refusal`) releases the pod's booking; an undecodable
+        one on a pod that may book blocks the GPUs it names (all of the node's when none), with a
+        warning once per value.
+        """
+        try:
+            layout: PodDevices = tuple(ann.decode_pod_devices(raw))
+        except InvalidInput as exc:
+            refusal = booking_refusal(self, pod, node, None)
+            if refusal:
+                self._refuse(pod, current, node, raw, refusal)
+                return None
+            entry = self.nodes.get(node)
+            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
+            if not self.quiet and (current is None or current.raw != raw):
+                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
+                self.undecodable.append((pod, str(exc)))
+            return (), named
+        refusal = booking_refusal(self, pod, node, layout)
+        if refusal:
+            self._refuse(pod, current, node, raw, refusal)
+            return None
+        return layout, None
+
+    def _refuse(self, pod: JSON, current: Reservation | None, node: str, raw: str, why: str) -> None:
+        """Book nothing for ``pod``'s allocation annotations (``why``); warn once per value."""
+        uid = pod_uid(pod)
+        if current is not None:
+            self._remove(uid)
+            self.notify(current.node)
+        if self._refused_values.get(uid) == (node, raw):
+            return
+        self._refused_values[uid] = (node, raw)
+        if not self.quiet:
+            log.warning("allocation_refused", pod=pod_key(pod), node=node, why=why)
+            self.refused.append((pod, why))
+
     def resync_pod(self, pod: JSON) -> None:
         """Re-derive pod's reservation from scratch through :meth:`on_pod` (the reconcile's repair)."""
         uid = pod_uid(pod)
@@ -720,6 +798,8 @@ class SchedulerState:
         if not uid:
             return
         self._deleted[uid] = None
+        self.placed.discard(uid)
+        self._refused_values.pop(uid, None)
         while len(self._deleted) > _DELETED_MEMORY:
             self._deleted.popitem(last=False)
         for h in self.holds(uid):
@@ -755,6 +835,10 @@ class SchedulerState:
             objects.pop(str(meta.get("name") or ""), None)
             if not objects:
                 del self._quota_objects[ns]
+
+    def quota_namespaces(self) -> list[str]:
+        """Namespaces with a GPU ResourceQuota (for metrics)."""
+        return sorted(self._quota_objects)
 
     def fit_quota(self, namespace: str, exclude_uid: str = "") -> Quota | None:
         """The namespace's quota headroom for a fit (tightest limits; usage without ``exclude_uid``)."""

@@ -5,6 +5,13 @@ AdmissionReview ``admission.k8s.io/v1`` and ``v1beta1``: the answer echoes the r
 (a list where an object belongs, limits that are not a map, a quantity that is not one) is denied
 with code 400 and the reason, checked by the model's own request parsing
 (:func:`hamid.model.resources.pod_requests`) so the webhook and the fit agree on what a pod asks.
+
+Trust: at CREATE the webhook removes every scheduler-owned annotation and label a pod carries
+(:data:`~hamid.model.annotations.SCHEDULER_OWNED_ANNOTATIONS`), with an admission warning, so a
+tenant cannot hand itself an allocation. A pod that asks for hamid's resources with
+``spec.nodeName`` already set is denied whoever its scheduler is (with ``hami.io/webhook: ignore``
+too, when the webhook is called): it would skip the fit, the quota and the node lock. An invalid
+``hami.io/numa-alignment`` is denied with upstream's wording (HAMi #2729).
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from typing import Any
 from hamid.fit.fit import Quota
 from hamid.model import annotations as ann
 from hamid.model._wire import want_list, want_object
+from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import (
     ResourceConfig,
     all_containers,
+    check_pod_metadata,
     init_container_count,
     pod_requests,
     quantity_as_int,
@@ -32,6 +41,8 @@ from hamid.model.resources import (
 JSON = dict[str, Any]
 ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 DEFAULT_SCHEDULER = "default-scheduler"
+#: Operations whose AdmissionReview carries no object to judge.
+_OBJECTLESS_OPERATIONS = ("DELETE", "CONNECT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +58,13 @@ class Verdict:
 def check_pod_shape(pod: Mapping[str, Any], config: ResourceConfig) -> None:
     """Raise :class:`InvalidInput` (with the reason) for a pod the rules below cannot read.
 
-    ``metadata``, its ``labels`` and ``annotations`` and ``spec`` must be objects; containers,
+    ``metadata`` must be an ObjectMeta (:func:`~hamid.model.resources.check_pod_metadata`) and
+    ``spec`` an object; containers,
     their resources and quantities are checked by :func:`~hamid.model.resources.pod_requests`
     (the fit's own parsing), each container's ``env`` must be a list and ``securityContext``
     an object.
     """
-    meta = pod.get("metadata")
-    if meta is not None:
-        want_object(meta, "pod metadata")
-        for key in ("labels", "annotations"):
-            if meta.get(key) is not None:
-                want_object(meta[key], f"pod metadata.{key}")
+    check_pod_metadata(pod)
     want_object(pod.get("spec"), "pod spec")
     pod_requests(pod, config)
     for container in all_containers(pod):
@@ -66,6 +73,43 @@ def check_pod_shape(pod: Mapping[str, Any], config: ResourceConfig) -> None:
             want_list(container["env"], f"{where} env")
         if container.get("securityContext") is not None:
             want_object(container["securityContext"], f"{where} securityContext")
+
+
+_PRESET_NODE_MESSAGE = (
+    "a pod asking for hamid's GPU resources must be placed by hamid's scheduler, "
+    "not created with spec.nodeName set"
+)
+
+
+def uses_hamid_resources(pod: Mapping[str, Any], config: ResourceConfig) -> bool:
+    """Whether any (init) container names one of hamid's resources in its limits or requests."""
+    return any(
+        resource_value(container, name)[0]
+        for container in all_containers(pod)
+        for name in config.resource_names
+    )
+
+
+def _pointer(token: str) -> str:
+    """A JSON Pointer reference token (RFC 6901: ``~`` → ``~0``, ``/`` → ``~1``)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def scheduler_owned_removals(pod: Mapping[str, Any]) -> tuple[tuple[JSON, ...], tuple[str, ...]]:
+    """JSONPatch ops removing the scheduler-owned annotations and labels ``pod`` carries, and their keys."""
+    meta = pod.get("metadata") or {}
+    ops: list[JSON] = []
+    keys: list[str] = []
+    for field, owned in (
+        ("annotations", ann.SCHEDULER_OWNED_ANNOTATIONS),
+        ("labels", ann.SCHEDULER_OWNED_LABELS),
+    ):
+        present = meta.get(field) or {}
+        for key in owned:
+            if key in present:
+                ops.append({"op": "remove", "path": f"/metadata/{field}/{_pointer(key)}"})
+                keys.append(f"{field[:-1]} {key}")
+    return tuple(ops), tuple(keys)
 
 
 def _append_env(container: JSON, name: str, value: str) -> None:
@@ -81,7 +125,9 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
         if pct is None or not 0 <= pct <= 100:
             raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
-    resources = container.setdefault("resources", {})
+    resources: JSON | None = container.get("resources")
+    if resources is None:  # absent or null: the same to the API server
+        resources = container["resources"] = {}
     limits = resources.get("limits")
     if limits is None:
         limits = resources["limits"] = {}
@@ -152,14 +198,19 @@ def review_pod(
     except InvalidInput as exc:
         return Verdict(False, message=f"malformed pod: {exc}", code=400)
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE:
-        return Verdict(True)
     spec = pod.get("spec") or {}
+    current = spec.get("schedulerName") or ""
+    ignored = (meta.get("labels") or {}).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE
+    if ignored or (current and current != DEFAULT_SCHEDULER and current != scheduler_name):
+        if spec.get("nodeName") and uses_hamid_resources(pod, config):
+            return Verdict(False, message=_PRESET_NODE_MESSAGE, code=403)
+        return Verdict(True)
     if not spec.get("containers"):
         return Verdict(False, message="pod has no containers", code=400)
-    current = spec.get("schedulerName") or ""
-    if current and current != DEFAULT_SCHEDULER and current != scheduler_name:
-        return Verdict(True)
+    try:
+        parse_alignment(meta.get("annotations"))
+    except InvalidInput as exc:
+        return Verdict(False, message=str(exc), code=400)
     mutated = copy.deepcopy(pod)
     mspec = mutated["spec"]
     ops: list[JSON] = []
@@ -181,7 +232,7 @@ def review_pod(
                 return Verdict(False, message=f"container {container.get('name')} is privileged", code=403)
     if scheduler_name:
         if spec.get("nodeName"):
-            return Verdict(False, message="pod has node assigned", code=403)
+            return Verdict(False, message="pod has node assigned", code=403)  # HAMi's wording
         if current != scheduler_name:
             ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     if config.runtime_class_name and not spec.get("runtimeClassName"):
@@ -194,8 +245,18 @@ def review_pod(
     return Verdict(True, tuple(ops))
 
 
-def admission_response(review: Any, judge: Callable[[JSON, str], Verdict]) -> JSON:
-    """Answer an AdmissionReview dict; raise :class:`InvalidInput` when it is not one."""
+def admission_response(
+    review: Any,
+    judge: Callable[[JSON, str], Verdict],
+    on_removed: Callable[[JSON, tuple[str, ...]], None] | None = None,
+) -> JSON:
+    """Answer an AdmissionReview dict; raise :class:`InvalidInput` when it is not one.
+
+    A request whose ``object`` is not a Pod object is denied (400), except for the operations that
+    carry none (DELETE, CONNECT). At CREATE the scheduler-owned annotations and labels the pod
+    carries are removed (:func:`scheduler_owned_removals`), with a warning for the user, and
+    ``on_removed(pod, keys)`` is told (the scheduler counts and logs them).
+    """
     if not isinstance(review, dict):
         raise InvalidInput("AdmissionReview must be a JSON object")
     api_version = review.get("apiVersion")
@@ -206,14 +267,30 @@ def admission_response(review: Any, judge: Callable[[JSON, str], Verdict]) -> JS
         raise InvalidInput("AdmissionReview has no request.uid")
     response: JSON = {"uid": request["uid"]}
     pod = request.get("object")
-    if not isinstance(pod, dict) or (pod.get("kind") not in (None, "Pod")):
-        response.update(allowed=True)
+    operation = request.get("operation")
+    namespace = request.get("namespace")
+    if pod is None and operation in _OBJECTLESS_OPERATIONS:
+        response["allowed"] = True
+        return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}
+    if not isinstance(pod, dict) or pod.get("kind") not in (None, "Pod"):
+        verdict = Verdict(False, message="AdmissionReview request.object is not a Pod object", code=400)
+    elif namespace is not None and not isinstance(namespace, str):
+        verdict = Verdict(False, message="AdmissionReview request.namespace is not a string", code=400)
     else:
-        verdict = judge(pod, str(request.get("namespace") or ""))
-        response["allowed"] = verdict.allowed
-        if verdict.allowed and verdict.patch:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode()
-        if not verdict.allowed:
-            response["status"] = {"code": verdict.code, "message": verdict.message}
+        verdict = judge(pod, namespace or "")
+        if verdict.allowed and operation in (None, "CREATE"):
+            removals, keys = scheduler_owned_removals(pod)
+            if keys:
+                verdict = Verdict(True, removals + verdict.patch)
+                response["warnings"] = [
+                    f"hamid removed scheduler-owned {', '.join(keys)}: only hamid sets them"
+                ]
+                if on_removed is not None:
+                    on_removed(pod, keys)
+    response["allowed"] = verdict.allowed
+    if verdict.allowed and verdict.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode()
+    if not verdict.allowed:
+        response["status"] = {"code": verdict.code, "message": verdict.message}
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}

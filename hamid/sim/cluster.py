@@ -43,10 +43,9 @@ from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, VGPU
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig
-from hamid.plugin.allocate import MismatchHandler, PreferredMismatch
-from hamid.plugin.allocation import AllocationError
+from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.app import Plugin, PluginOptions, load_setup
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.cli import SchedulerOptions
 from hamid.scheduler.core import Scheduler, SchedulerSettings
@@ -55,8 +54,8 @@ from hamid.scheduler.refit import refit_route_factory
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE
 from hamid.scheduler.state import Reservation
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_patch import json_patch
-from hamid.sim.apiserver_store import Change
+from hamid.sim.apiserver.patch import json_patch
+from hamid.sim.apiserver.store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
@@ -77,6 +76,8 @@ RESOURCE_NAME = "nvidia.com/gpu"
 DEVICE_PLUGIN_NAMESPACE = "kube-system"
 DEVICE_PLUGIN_SERVICE_ACCOUNT = "hami-device-plugin"
 _POLL_S = 0.01
+#: Name of the MutatingWebhookConfiguration registering the scheduler's webhook.
+WEBHOOK_CONFIGURATION = "hamid-webhook"
 
 
 def data_file(name: str) -> Path:
@@ -110,6 +111,12 @@ class ClusterOptions:
     scheduler_name: str = "hami-scheduler"
     numa_topology: bool = True
     preferred_allocation: bool = True
+    #: Where the embedded API server listens (port 0: a free port).
+    api_host: str = "127.0.0.1"
+    api_port: int = 0
+    #: Register the scheduler's webhook in a MutatingWebhookConfiguration that the API server calls
+    #: on pod create (as on a real cluster); otherwise :meth:`SimCluster.create_pod` calls it itself.
+    admission_webhook: bool = False
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""
@@ -124,7 +131,8 @@ class ClusterOptions:
 
 @dataclass(frozen=True, slots=True)
 class RefitCall:
-    """One mismatch the plugin saw in GetPreferredAllocation and what its refit seam answered.
+    """One mismatch the plugin saw (``door``: GetPreferredAllocation or Allocate) and what its
+    NUMA mismatch policy answered.
 
     ``outcome`` is ``refitted`` (``devices`` holds the new GPUs), ``unaligned`` (no refit applied:
     the allocation annotation stands and the pod runs on its accounted GPUs without NUMA alignment)
@@ -140,6 +148,7 @@ class RefitCall:
     outcome: str
     devices: tuple[str, ...] = ()
     error: str = ""
+    door: str = "GetPreferredAllocation"
 
 
 @dataclass
@@ -197,7 +206,7 @@ class SimCluster:
 
     def __init__(self, options: ClusterOptions | None = None) -> None:
         self.options = options or ClusterOptions()
-        self.server = ApiServer("127.0.0.1", 0, bookmark_interval=0.5)
+        self.server = ApiServer(self.options.api_host, self.options.api_port, bookmark_interval=0.5)
         self.nodes: dict[str, _Node] = {}
         self.refits: list[RefitCall] = []
         self.scheduler_restarts = 0
@@ -271,6 +280,8 @@ class SimCluster:
             if self.options.scheduler_unreachable:
                 self._blackhole = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
             await self._start_scheduler()
+            if self.options.admission_webhook:
+                self.server.put(self.webhook_configuration())
             for spec in self.options.nodes:
                 await self._start_node(spec)
             self._driver_kube = await connect(api_server=self.server.url, request_timeout=5.0)
@@ -527,15 +538,10 @@ class SimCluster:
                 token_file=None if token_file is None else str(token_file),
             )
         )
-
-        async def fetch_pod(namespace: str, name: str) -> JSON | None:
-            assert node.plugin is not None
-            return await node.plugin.pods.fetch_pod(namespace, name)
-
-        return make_mismatch_handler(client, fetch_pod)
+        return make_mismatch_handler(client)
 
     def _recording(self, node: str, inner: MismatchHandler) -> MismatchHandler:
-        async def handler(mismatch: PreferredMismatch) -> ContainerDevices | None:
+        async def handler(mismatch: NumaMismatch) -> ContainerDevices | None:
             meta = mismatch.pod.get("metadata") or {}
             base = {
                 "node": node,
@@ -544,6 +550,7 @@ class SimCluster:
                 "annotated": tuple(d.uuid for d in mismatch.annotated),
                 "missing": tuple(mismatch.missing),
                 "allowed": tuple(mismatch.allowed_uuids),
+                "door": mismatch.door.value,
             }
             try:
                 result = await inner(mismatch)
@@ -618,7 +625,45 @@ class SimCluster:
         """Admit ``pod`` through the webhook and create it (as the API server would)."""
         body = {"apiVersion": "v1", "kind": "Pod", **pod}
         body.setdefault("metadata", {}).setdefault("namespace", "default")
+        if self.options.admission_webhook:  # the API server calls the webhook itself
+            return await self.kube.create_pod(body)
         return await self.kube.create_pod(await self.admit(body))
+
+    def webhook_configuration(self) -> JSON:
+        """The chart's MutatingWebhookConfiguration, pointing at this cluster's scheduler over TLS."""
+        ignore = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+        ca_pem = self.ca_file.read_bytes()
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK_CONFIGURATION},
+            "webhooks": [
+                {
+                    "name": "vgpu.hami.io",
+                    "admissionReviewVersions": ["v1", "v1beta1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Ignore",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "Never",
+                    "matchPolicy": "Equivalent",
+                    "clientConfig": {
+                        "url": self.cluster_url + "/webhook",
+                        "caBundle": base64.b64encode(ca_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                            "scope": "Namespaced",
+                        }
+                    ],
+                    "objectSelector": ignore,
+                    "namespaceSelector": ignore,
+                }
+            ],
+        }
 
     def pod(self, name: str, namespace: str = "default") -> JSON:
         """The pod as stored now (raises KeyError when absent)."""

@@ -15,10 +15,13 @@ GPU policy (spread, NUMA-blind) picks a GPU on NUMA 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -40,6 +43,7 @@ from hamid.sim.cluster import (
     data_file,
     wait_until,
 )
+from hamid.sim.keep import DEFAULT_KUBECONFIG, keep_serving
 from hamid.sim.kubelet import PodAdmission
 from hamid.sim.kubelet.config import KubeletConfig
 from hamid.sim.kubelet.node import build_managers
@@ -66,6 +70,7 @@ SCENARIOS = (
     "mig-node",
     "numa-bind",
     "many-numa",
+    "exact-fit",
 )
 DEFAULT_SCENARIO = "refit"
 _SETTLE_S = 15.0
@@ -336,7 +341,7 @@ async def _aligned_run(
     result: ScenarioResult, options: ClusterOptions, pod: dict[str, Any], filler_cpus: int = 15
 ) -> None:
     """Shared body of the scenarios whose refit must succeed (refit, numa-bind, many-numa)."""
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result, cpus=filler_cpus)
         await cluster.create_pod(pod)
         result.step("pod", _pod_text(pod))
@@ -447,7 +452,7 @@ async def _refused_run(
     node: str = NODE,
 ) -> None:
     """Shared body of the scenarios where the allocation cannot be aligned."""
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result, node)
         await cluster.create_pod(pod)
         result.step("pod", _pod_text(pod))
@@ -619,7 +624,7 @@ async def scenario_mig_node() -> ScenarioResult:
         "mig-node", "no refit on a MIG-mode node; the allocation is refused, never refitted"
     )
     options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),))
-    async with SimCluster(options) as cluster:
+    async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result)
         probe = seed_pod(name="probe")
         await cluster.create_pod(probe)
@@ -697,6 +702,115 @@ async def scenario_many_numa() -> ScenarioResult:
     return result
 
 
+# -- exact fit: kubelet skips GetPreferredAllocation -------------------------------------------
+
+#: Replicas per GPU on the exact-fit node: NUMA 0's four GPUs offer 16 replicas.
+EXACT_FIT_SPLIT = 4
+#: GPU pods that fill 15 of NUMA 0's 16 replicas, leaving one on its last GPU.
+EXACT_FIT_FILLERS = 15
+#: MiB each filler books; ``crowded`` fillers leave the last GPU too little memory for the seed pod.
+EXACT_FIT_FILLER_MIB = 1000
+EXACT_FIT_CROWDED_MIB = 30000
+
+
+def gpu_filler_pod(name: str, uuid: str, mem: int = EXACT_FIT_FILLER_MIB) -> dict[str, Any]:
+    """A one-GPU pod pinned (``nvidia.com/use-gpuuuid``) to ``uuid``, no CPU request (shared pool)."""
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}
+    return {
+        "metadata": {"name": name, "namespace": "default", "annotations": {ann.USE_GPU_UUID: uuid}},
+        "spec": {"containers": [{"name": "work", "image": "cuda", "resources": {"limits": limits}}]},
+    }
+
+
+def exact_fit_pod(alignment: str) -> dict[str, Any]:
+    """The seed pod made small (2 CPUs), so NUMA 0 has room for its CPUs but one replica only."""
+    pod = seed_pod(alignment=alignment)
+    pod["spec"]["containers"][0]["resources"]["limits"].update({"cpu": "2", "memory": "2Gi"})
+    return pod
+
+
+def exact_fit_options(*, refit: bool = True) -> ClusterOptions:
+    """The demo node with :data:`EXACT_FIT_SPLIT` replicas per GPU."""
+    return ClusterOptions(nodes=(NodeSpec(NODE, split=EXACT_FIT_SPLIT),), refit=refit)
+
+
+async def stage_exact_fit(cluster: SimCluster, *, crowded: bool = False) -> str:
+    """Fill 15 of NUMA 0's 16 replicas with pinned GPU pods; returns the GPU keeping the last one.
+
+    NUMA 0's CPUs stay free, so kubelet's Topology Manager prefers NUMA 0 (its lowest NUMA node)
+    and finds there exactly the one replica the seed pod needs: it allocates it without calling
+    GetPreferredAllocation, while the scheduler's spread policy picks an idle GPU on NUMA 1.
+    """
+    numa0 = [g.uuid for g in cluster.machine(NODE).gpus if g.numa == 0]
+    last = numa0[-1]
+    for i in range(EXACT_FIT_FILLERS):
+        uuid = numa0[i // EXACT_FIT_SPLIT]
+        mem = EXACT_FIT_CROWDED_MIB if crowded and uuid == last else EXACT_FIT_FILLER_MIB
+        await cluster.create_pod(gpu_filler_pod(f"gpu-fill-{i}", uuid, mem))
+        await cluster.wait_settled(f"gpu-fill-{i}")
+    return last
+
+
+async def scenario_exact_fit() -> ScenarioResult:
+    """strict, exact fit on NUMA 0: kubelet skips GetPreferredAllocation; Allocate refits the pod."""
+    result = ScenarioResult(
+        "exact-fit",
+        "kubelet skips GetPreferredAllocation (one free replica on the CPUs' NUMA node); Allocate refits "
+        "the strict pod onto it; runtime GPU == annotations == accounting on the CPUs' NUMA",
+    )
+    async with _cluster(exact_fit_options(), result) as cluster:
+        result.step("node", f"{NODE}: {_describe(cluster.machine(NODE))}; {EXACT_FIT_SPLIT} replicas per GPU")
+        free = await stage_exact_fit(cluster)
+        result.step(
+            "gpu-fill",
+            f"{EXACT_FIT_FILLERS} pinned GPU pods hold 15 of NUMA 0's 16 replicas; one is left on [{free}]",
+        )
+        pod = exact_fit_pod("strict")
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+        result.step(
+            "scheduler",
+            f"filter + bind: {NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(_numas(cluster, choice))}",
+        )
+        admission = cluster.assignment(SEED_NAME)
+        container = admission.containers[0] if admission and admission.containers else None
+        picked = list(container.devices.get(RESOURCE_NAME, ())) if container else []
+        result.step(
+            "kubelet",
+            f"Topology Manager chose NUMA {container.numa_node if container else '-'}; exactly the needed "
+            f"replicas are free there, so no GetPreferredAllocation; Allocate with [{_fmt(picked)}]",
+        )
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.step("allocate", "env " + json.dumps(state["env"], sort_keys=True))
+        result.check(
+            "kubelet skipped GetPreferredAllocation",
+            container is not None and not container.preferred_calls,
+            f"{len(container.preferred_calls) if container else '-'} call(s)",
+        )
+        refitted = [c for c in calls if c.outcome == "refitted" and c.door == "Allocate"]
+        result.check(
+            "one refit committed at the Allocate door",
+            len(calls) == 1 and len(refitted) == 1 and list(refitted[0].devices) == [free],
+            f"{[(c.door, c.outcome, c.devices) for c in calls]}",
+        )
+        new = list(refitted[0].devices) if refitted else []
+        message = refit_event_message(0, choice, new)
+        result.facts["event"] = message
+        result.check(
+            "NumaRefitSucceed event with the exact message",
+            any(
+                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
+            ),
+            message,
+        )
+        _agreement_checks(cluster, result, state, new, state["cpuNuma"])
+    return result
+
+
 def data_machine_gpus() -> list[PhysicalGpu]:
     """The GPUs of the demo node's machine file."""
     return list(load_machine_file(data_file(DEMO_MACHINE)).gpus)
@@ -712,13 +826,30 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "mig-node": scenario_mig_node,
     "numa-bind": scenario_numa_bind,
     "many-numa": scenario_many_numa,
+    "exact-fit": scenario_exact_fit,
 }
+
+
+#: ``hamid demo --keep``: called with the scenario's cluster and result before the cluster stops.
+AFTER_SCENARIO: ContextVar[Callable[[SimCluster, ScenarioResult], Awaitable[None]] | None] = ContextVar(
+    "AFTER_SCENARIO", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def _cluster(options: ClusterOptions, result: ScenarioResult) -> AsyncIterator[SimCluster]:
+    """The scenario's cluster; with ``--keep`` it is handed to :data:`AFTER_SCENARIO` before it stops."""
+    async with SimCluster(options) as cluster:
+        yield cluster
+        keep = AFTER_SCENARIO.get()
+        if keep is not None:
+            await keep(cluster, result)
 
 
 async def run_scenario(name: str) -> ScenarioResult:
     """Run one scenario; an unexpected error becomes a failed check (never a traceback on stdout)."""
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(None if AFTER_SCENARIO.get() else 60):
             return await RUNNERS[name]()
     except Exception as exc:
         result = ScenarioResult(name, "scenario ran to completion")
@@ -751,8 +882,19 @@ def render(result: ScenarioResult) -> str:
     help="Which row of the NUMA-alignment behaviour to run (all: every scenario in turn).",
 )
 @option("--json", "as_json", is_flag=True, help="Print one JSON result object instead of the timeline.")
+@option(
+    "--keep",
+    is_flag=True,
+    help="Keep the scenario's cluster running afterwards for kubectl (as `hamid sim up`); Ctrl-C stops it.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_KUBECONFIG,
+    help="With --keep: where to write the kubeconfig.",
+)
 @click.pass_context
-def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
+def demo_command(ctx: click.Context, scenario: str, as_json: bool, keep: bool, kubeconfig: Path) -> None:
     """Run the NUMA-alignment flow locally: no cluster, no GPU, a few seconds.
 
     Embedded API server, scheduler (TLS, authenticated /refit), plugin (8 GPUs on 2 NUMA nodes),
@@ -760,10 +902,16 @@ def demo_command(ctx: click.Context, scenario: str, as_json: bool) -> None:
     process. Exits 0 only when the scenario's expected outcome happened. Component logs go to
     stderr (warning level unless --log-level is given to hamid).
     """
-    _quiet_logs(ctx)
+    quiet_logs(ctx)
     names = list(SCENARIOS) if scenario == "all" else [scenario]
+    if keep and scenario == "all":
+        raise click.UsageError("--keep keeps one scenario's cluster; choose a --scenario")
+    if keep:
+        AFTER_SCENARIO.set(lambda cluster, result: _keep(cluster, result, kubeconfig, as_json))
     results = asyncio.run(_run_all(names))
     ok = all(r.ok for r in results)
+    if keep:  # printed before the cluster was kept
+        ctx.exit(0 if ok else 1)
     if as_json:
         if scenario == "all":
             click.echo(json.dumps({"ok": ok, "scenarios": [r.to_json() for r in results]}))
@@ -779,7 +927,15 @@ async def _run_all(names: list[str]) -> list[ScenarioResult]:
     return [await run_scenario(n) for n in names]
 
 
-def _quiet_logs(ctx: click.Context) -> None:
+async def _keep(cluster: SimCluster, result: ScenarioResult, kubeconfig: Path, as_json: bool) -> None:
+    """``--keep``: print the scenario's outcome, then serve its cluster for kubectl until a signal."""
+    click.echo(json.dumps(result.to_json()) if as_json else render(result))
+    pod = seed_pod(name=f"{SEED_NAME}-2")  # 4 CPUs: what the scenario's pods leave on one NUMA node
+    pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "4"
+    await keep_serving(cluster, kubeconfig, pod)
+
+
+def quiet_logs(ctx: click.Context) -> None:
     """Warning-level component logs unless the user chose a level (flag or HAMID_LOG_LEVEL)."""
     parent = ctx.parent
     if parent is None:

@@ -222,13 +222,25 @@ async def test_refit_disabled_runs_on_the_scheduler_gpu(alignment: str, logs: li
 
 
 async def test_preferred_allocation_off_runs_on_the_scheduler_gpu(logs: list[dict[str, Any]]) -> None:
-    """No GetPreferredAllocation: kubelet picks replicas on the CPUs' NUMA node by itself; the runtime
-    still gets the scheduler's GPU."""
+    """No GetPreferredAllocation and no opt-in: kubelet picks replicas on the CPUs' NUMA node by itself;
+    the Allocate door sees the mismatch, the policy does nothing, the runtime gets the scheduler's GPU."""
     async with SimCluster(ClusterOptions(preferred_allocation=False)) as cluster:
-        await _run_seed(cluster)
+        await _run_seed(cluster, alignment="")
         admission = cluster.assignment(SEED_NAME)
         assert admission is not None and admission.containers[0].preferred_calls == []
-        assert _assert_unaligned(cluster, logs, mismatches=0, level="info")[0] in NUMA1
+        assert _assert_unaligned(cluster, logs, level="info")[0] in NUMA1
+        assert [c.door for c in cluster.refit_calls(SEED_NAME)] == ["Allocate"]
+
+
+@pytest.mark.parametrize("alignment", ["best-effort", "strict"])
+async def test_preferred_allocation_off_refits_at_the_allocate_door(alignment: str) -> None:
+    """No GetPreferredAllocation: an opted-in pod is refitted at Allocate onto kubelet's GPU (issue 18)."""
+    async with SimCluster(ClusterOptions(preferred_allocation=False)) as cluster:
+        await _run_seed(cluster, alignment=alignment)
+        admission = cluster.assignment(SEED_NAME)
+        assert admission is not None and admission.containers[0].preferred_calls == []
+        assert _assert_aligned(cluster)[0] in NUMA0
+        assert [c.door for c in cluster.refit_calls(SEED_NAME)] == ["Allocate"]
 
 
 async def test_mig_node_never_refits() -> None:

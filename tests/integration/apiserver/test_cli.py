@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+import yaml
 from click.testing import CliRunner
 from kubernetes_asyncio import client
 
@@ -29,6 +30,8 @@ async def test_sim_apiserver_command(tmp_path: Path) -> None:
         "127.0.0.1:0",
         "--seed-file",
         str(seed),
+        "--kubeconfig",
+        str(tmp_path / "kubeconfig"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -37,6 +40,11 @@ async def test_sim_apiserver_command(tmp_path: Path) -> None:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
         assert line.startswith("listening on http://127.0.0.1:")
         url = line.removeprefix("listening on ")
+        written = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert written.startswith(f"kubeconfig written to {tmp_path / 'kubeconfig'}")
+        kubeconfig = yaml.safe_load((tmp_path / "kubeconfig").read_text())
+        assert kubeconfig["clusters"][0]["cluster"]["server"] == url
+        assert kubeconfig["current-context"] == "hamid-sim"
         async with client.ApiClient(client.Configuration(host=url)) as api:
             nodes = await client.CoreV1Api(api).list_node()
             assert [n.metadata.name for n in nodes.items] == ["gpu-node-1"]

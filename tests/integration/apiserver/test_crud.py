@@ -9,7 +9,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_errors import ApiError
+from hamid.sim.apiserver.errors import ApiError
 
 from .manifests import pod
 
@@ -255,7 +255,7 @@ async def test_python_api_seeding_and_listener(apiserver: ApiServer, core: clien
     )
     assert apiserver.put_many(pod(f"bulk{i}", node="n1") for i in range(3)) == 3
     created = apiserver.create(pod("made"))
-    assert created["status"] == {"phase": "Pending"}
+    assert created["status"] == {"phase": "Pending", "qosClass": "BestEffort"}
     with pytest.raises(ApiError) as err:
         apiserver.create(pod("made"))
     assert (err.value.code, err.value.reason) == (409, "AlreadyExists")

@@ -9,7 +9,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hamid.sim.apiserver import POD_NAME_EXTRA, POD_UID_EXTRA, ApiServer
+from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
+from hamid.sim.apiserver import ApiServer
 
 from .manifests import pod
 

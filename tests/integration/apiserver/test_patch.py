@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from hamid.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 
 from .manifests import pod
 

@@ -163,7 +163,8 @@ async def test_leases(kube: KubeClient) -> None:
 
 async def test_namespace_already_exists(kube: KubeClient) -> None:
     created = await kube.create_namespace("ns-x", labels={"team": "x"})
-    assert created["metadata"]["labels"] == {"team": "x"}
+    # The API server adds the kubernetes.io/metadata.name label, as a real one does.
+    assert created["metadata"]["labels"] == {"team": "x", "kubernetes.io/metadata.name": "ns-x"}
     with pytest.raises(AlreadyExists) as info:
         await kube.create_namespace("ns-x")
     assert isinstance(info.value, Conflict)

@@ -36,9 +36,9 @@ from hamid.model.annotations import (
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.allocate import MismatchHandler, log_mismatch
 from hamid.plugin.app import NodeSetup, Plugin
 from hamid.plugin.discovery import PhysicalGpu
+from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
 from hamid.sim.apiserver import ApiServer
 
 NODE = "gpu-node-1"

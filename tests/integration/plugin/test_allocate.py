@@ -26,8 +26,8 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin.allocate import PreferredMismatch
-from hamid.plugin.allocation import AllocationError
+from hamid.plugin.allocator_rules import AllocationError
+from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,
     Env,
@@ -177,12 +177,14 @@ async def test_no_pending_pod_refuses_and_changes_nothing() -> None:
 
 
 async def test_identity_from_lock_and_exact_match() -> None:
+    """Only the node lock proves a pod (issue 16): without it nothing is served, however well the
+    pod's own annotations match kubelet's pick."""
     p1 = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
     p2 = scheduled_pod("p2", ((dev("GPU-0", 3000, 10),),))
     async with running_plugin() as (env, _), stub_for(env) as stub:
         await seeded(env, p1, lock=False)
         await seeded(env, p2, lock=False)
-        with pytest.raises(GRPCError, match="cannot tell which pod"):  # both want GPU-0, no lock
+        with pytest.raises(GRPCError, match="no pod holds the node lock"):  # both want GPU-0, no lock
             await allocate(stub, "GPU-0-0")
         for name in ("p1", "p2"):  # the refused call marked nothing: no pod was proven
             assert annotations(env.server, "Pod", name)[BIND_PHASE] == "allocating"
@@ -191,7 +193,15 @@ async def test_identity_from_lock_and_exact_match() -> None:
         r = await allocate(stub, "GPU-0-1")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"  # p2's limit, not p1's
         assert annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
-        # p1 now is the only one waiting: its exact match proves it
+        await eventually(lambda: env.plugin.pods.lock_owner() is None)
+        # p1 is the only one waiting and its annotation matches exactly: still not proof
+        with pytest.raises(GRPCError, match="no pod holds the node lock") as err:
+            await allocate(stub, "GPU-0-2")
+        assert err.value.status is Status.FAILED_PRECONDITION
+        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
+        assert env.plugin.allocator.refusals["unproven-pod"] == 2
+        lock_node(env.server, "p1")
+        await eventually(lambda: env.plugin.pods.lock_owner() == "default/p1")
         r = await allocate(stub, "GPU-0-2")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
 
@@ -312,9 +322,9 @@ class Handler:
 
     def __init__(self, result: ContainerDevices | None = None, error: str | None = None) -> None:
         self.result, self.error = result, error
-        self.calls: list[PreferredMismatch] = []
+        self.calls: list[NumaMismatch] = []
 
-    async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
+    async def __call__(self, mismatch: NumaMismatch) -> ContainerDevices | None:
         self.calls.append(mismatch)
         if self.error:
             raise AllocationError(self.error)

@@ -12,8 +12,8 @@ from grpclib.const import Status
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
-from hamid.plugin import allocate as allocate_module
-from hamid.plugin.allocate import CALLS_AFTER_PREPARE, Allocator
+from hamid.plugin import allocator as allocate_module
+from hamid.plugin.allocator import CALLS_AFTER_PREPARE, Allocator
 from tests.integration.plugin.helpers import NODE, annotations, dev, eventually, running_plugin, scheduled_pod
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 

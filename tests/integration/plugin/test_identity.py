@@ -9,7 +9,7 @@ from grpclib.const import Status
 
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
 from hamid.model.devices import ContainerDevices
-from hamid.plugin.allocate import PreferredMismatch
+from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,
     annotations,
@@ -29,9 +29,9 @@ class Recorder:
     """Mismatch handler that records calls (a refit would be sent here)."""
 
     def __init__(self) -> None:
-        self.calls: list[PreferredMismatch] = []
+        self.calls: list[NumaMismatch] = []
 
-    async def __call__(self, mismatch: PreferredMismatch) -> ContainerDevices | None:
+    async def __call__(self, mismatch: NumaMismatch) -> ContainerDevices | None:
         self.calls.append(mismatch)
         return None
 

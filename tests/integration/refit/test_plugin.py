@@ -18,10 +18,11 @@ from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginStub
 from hamid.kube.client import connect
 from hamid.model import annotations as ann
 from hamid.model import hamicore
+from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.app import NodeSetup, Plugin
-from hamid.plugin.numa_refit import make_mismatch_handler
+from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from tests.fixtures.tls import TLSFiles
 from tests.integration.plugin.helpers import (
@@ -108,13 +109,12 @@ def pod_with(mode: str | None, layout: tuple = ((d("GPU-0", 1000, 10),),), **kw:
 async def plugin_with(
     fake: FakeScheduler | None, tls: TLSFiles, config: NodeConfig = PREFERRED
 ) -> AsyncIterator[Env]:
-    async with running_plugin(config) as (env, _):
-        client = (
-            RefitClient(RefitClientConfig(endpoint=fake.url, ca_file=str(tls.ca_file), token_file=None))
-            if fake is not None
-            else None
-        )
-        env.plugin.allocator.mismatch_handler = make_mismatch_handler(client, env.plugin.pods.fetch_pod)
+    client = (
+        RefitClient(RefitClientConfig(endpoint=fake.url, ca_file=str(tls.ca_file), token_file=None))
+        if fake is not None
+        else None
+    )
+    async with running_plugin(config, mismatch_handler=make_mismatch_handler(client)) as (env, _):
         yield env
 
 
@@ -240,9 +240,13 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
         with short_dir() as directory:
             setup = NodeSetup(PREFERRED, ResourceConfig(), "nvidia.com/gpu", GPUS, None)
             plugin = Plugin(
-                kube, NODE, setup, device_plugin_dir=str(directory), hook_path=str(directory / "hook")
+                kube,
+                NODE,
+                setup,
+                device_plugin_dir=str(directory),
+                hook_path=str(directory / "hook"),
+                mismatch_handler=make_mismatch_handler(client),
             )
-            plugin.allocator.mismatch_handler = make_mismatch_handler(client, plugin.pods.fetch_pod)
             task = asyncio.create_task(plugin.run())
             try:
                 async with asyncio.timeout(10):
@@ -286,3 +290,95 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await kube.close()
+
+
+# -- one policy, two doors (issue 18) ----------------------------------------------------------
+
+UNMAPPABLE = {"succeeded": True, "containerDevices": "GPU-1,NVIDIA,1000,10:"}
+#: kubelet's pick on NUMA 1 when it asks for no preference (or after the preference).
+KUBELET_PICK = ["GPU-2-0"]
+
+
+def committing(policy: MismatchHandler, env_box: list[Env]) -> MismatchHandler:
+    """The real policy; a committed refit is written to the pod as the scheduler's commit patch does."""
+
+    async def handler(mismatch: NumaMismatch) -> ContainerDevices | None:
+        devices = await policy(mismatch)
+        if devices is not None:
+            value = ann.encode_pod_devices((devices,))
+            notes = {ann.DEVICES_ALLOCATED: value, ann.DEVICES_TO_ALLOCATE: value}
+            env_box[0].server.patch("Pod", "default", "p", {"metadata": {"annotations": notes}})
+        return devices
+
+    return handler
+
+
+async def through_door(env: Env, door: Door) -> dict[str, str]:
+    """kubelet's calls for one container at ``door``: with or without GetPreferredAllocation first."""
+    if door is Door.PREFERRED:
+        answer = await preferred(env.socket, NUMA1)
+        return await allocate(env.socket, answer)
+    return await allocate(env.socket, KUBELET_PICK)
+
+
+@pytest.mark.parametrize("door", list(Door))
+@pytest.mark.parametrize(
+    ("mode", "scheduler", "served", "requests"),
+    [
+        ("best-effort", SUCCESS, "GPU-2", 1),
+        ("strict", SUCCESS, "GPU-2", 1),
+        ("best-effort", REFUSED, "GPU-0", 1),
+        ("strict", REFUSED, "numa-alignment strict: scheduler refused refit: no allowed device fits", 1),
+        ("best-effort", None, "GPU-0", 0),
+        ("strict", None, "GPU-0", 0),
+        (None, SUCCESS, "GPU-0", 0),
+        ("best-effort", UNMAPPABLE, "numa refit committed but kubelet cannot honor the selection", 1),
+        ("strict", UNMAPPABLE, "numa refit committed but kubelet cannot honor the selection", 1),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+async def test_one_policy_at_both_doors(
+    tls_files: TLSFiles, door: Door, mode: str | None, scheduler: dict | None, served: str, requests: int
+) -> None:
+    """The README's behaviour table, row by row, whether kubelet asks for a preference or not: a
+    refit serves the refitted GPU, a refusal keeps the accounted GPU (best-effort) or fails the
+    allocation (strict), refit disabled keeps it in both modes, and one policy run per container."""
+    async with contextlib.AsyncExitStack() as stack:
+        fake = (
+            None
+            if scheduler is None
+            else await stack.enter_async_context(fake_scheduler(tls_files, body=scheduler))
+        )
+        client = (
+            None
+            if fake is None
+            else RefitClient(
+                RefitClientConfig(endpoint=fake.url, ca_file=str(tls_files.ca_file), token_file=None)
+            )
+        )
+        box: list[Env] = []
+        handler = committing(make_mismatch_handler(client), box)
+        env, _ = await stack.enter_async_context(running_plugin(PREFERRED, mismatch_handler=handler))
+        box.append(env)
+        await seed(env, pod_with(mode))
+
+        def pod_notes() -> dict[str, str]:
+            return (env.server.get("Pod", "default", "p") or {})["metadata"]["annotations"]
+
+        if served.startswith("GPU-"):
+            envs = await through_door(env, door)
+            assert envs[hamicore.ENV_VISIBLE_DEVICES] == served
+            assert envs[hamicore.memory_limit_env(0)] == "1000m"
+            assert pod_notes()[ann.DEVICES_ALLOCATED] == f"{served},NVIDIA,1000,10:;"
+            assert pod_notes()[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+        else:
+            with pytest.raises(GRPCError) as info:
+                await through_door(env, door)
+            assert info.value.status is Status.FAILED_PRECONDITION and served in str(info.value.message)
+            assert pod_notes()[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+        await eventually(lambda: env.plugin.pods.lock_owner() is None)
+        assert len(fake.requests if fake is not None else []) == requests
+        if fake is not None and requests:
+            assert fake.requests[0]["allowedDeviceUUIDs"] == (
+                ["GPU-2", "GPU-3"] if door is Door.PREFERRED else ["GPU-2"]
+            )

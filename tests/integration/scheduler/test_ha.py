@@ -256,6 +256,11 @@ async def test_leadership_follows_the_kube_scheduler_lease(
         assert 'hamid_gpu_memory_limit_bytes{device_index="0"' in leader_metrics
         assert "hamid_gpu_memory_limit_bytes" not in follower_metrics
         assert "hamid_filter_duration_seconds" in follower_metrics
+        # HAMi's names (/metrics/hami) describe the cluster too: the leader's only
+        _, leader_hami = await call(session, "GET", a.metrics + "/hami")
+        _, follower_hami = await call(session, "GET", b.metrics + "/hami")
+        assert "GPUDeviceMemoryLimit{" in leader_hami and 'zone="vGPU"' in leader_hami
+        assert "GPUDeviceMemoryLimit" not in follower_hami
 
         # A → B: B leads in a new term; roles move; A refuses.
         hold_lease(apiserver, kube_scheduler_of("b"))

@@ -57,6 +57,44 @@ requests = st.one_of(
     ),
 )
 kinds = st.sampled_from(list(ContainerKind))
+
+
+@st.composite
+def roomy_devices(draw):
+    """Healthy devices with room left on each (a pod placed there can usually be moved)."""
+    n = draw(st.integers(2, 5))
+    out = []
+    for i in range(n):
+        count = draw(st.integers(2, 4))
+        mem = draw(st.sampled_from([4000, 8000]))
+        core = draw(st.sampled_from([100, 200]))
+        out.append(
+            dev(
+                f"g{i}",
+                i,
+                count=count,
+                mem=mem,
+                core=core,
+                numa=draw(st.integers(0, 1)),
+                used=draw(st.integers(0, count - 2)),
+                usedmem=draw(st.integers(0, mem // 2)),
+                usedcores=draw(st.integers(0, core // 2)),
+            )
+        )
+    return out
+
+
+#: A request that asks for GPUs with the same amounts on every device (a refit can move it).
+gpu_requests = st.builds(
+    lambda nums, mem, cores: req(nums, mem=mem, cores=cores, pct=101),
+    st.integers(1, 2),
+    st.sampled_from([100, 1500]),
+    st.sampled_from([0, 10, 50]),
+)
+#: Containers of which the first asks for GPUs (the refit's target), the others anything.
+gpu_containers = st.tuples(
+    st.tuples(gpu_requests, kinds), st.lists(st.tuples(requests, kinds), max_size=3)
+).map(lambda first_rest: [first_rest[0], *first_rest[1]])
 policies = st.builds(
     lambda gpu, bind: PodPolicy.from_annotations({ann.GPU_SCHEDULER_POLICY: gpu, ann.NUMA_BIND: bind}),
     st.sampled_from(["spread", "binpack", "mutex", "topology-aware", "binpack,numa", "numa", "spread,mutex"]),
@@ -95,8 +133,8 @@ def test_fit_pod_never_overcommits(devs, containers, policy):
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    devices(),
-    st.lists(st.tuples(requests, kinds), min_size=1, max_size=4),
+    st.one_of(roomy_devices(), devices()),
+    st.one_of(gpu_containers, st.lists(st.tuples(requests, kinds), min_size=1, max_size=4)),
     policies,
     st.data(),
 )
@@ -113,7 +151,7 @@ def test_refit_never_overcommits(devs, containers, policy, data):
     if not targets:
         return
     target = data.draw(st.sampled_from(targets))
-    allowed = data.draw(st.sets(st.sampled_from([d.id for d in devs])))
+    allowed = data.draw(st.sets(st.sampled_from([d.id for d in devs]), min_size=1))
     result = fit_container_restricted(n, placed.devices, s.kinds, target, allowed, policy)
     if isinstance(result, Refitted):
         assert {d.uuid for d in result.devices} <= allowed

@@ -34,4 +34,13 @@ def test_invalid_values_name_key_and_value(value: str) -> None:
     with pytest.raises(InvalidInput) as info:
         parse_alignment({NUMA_ALIGNMENT: value})
     assert NUMA_ALIGNMENT in str(info.value)
-    assert repr(value) in str(info.value)
+    assert f'"{value}"' in str(info.value)  # Go's %q, as upstream's message quotes it
+
+
+def test_invalid_value_has_upstreams_wording() -> None:
+    """HAMi #2729 ``ParseNumaAlignmentMode``: ``invalid %s annotation %q: expected %q or %q``."""
+    with pytest.raises(InvalidInput) as info:
+        parse_alignment({"hami.io/numa-alignment": "bogus"})
+    assert str(info.value) == (
+        'invalid hami.io/numa-alignment annotation "bogus": expected "best-effort" or "strict"'
+    )

@@ -15,8 +15,9 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin.allocation import (
+from hamid.plugin.allocator_rules import (
     AllocationError,
+    GpuFacts,
     HamiCoreSettings,
     MountSpec,
     PendingEntry,
@@ -28,7 +29,9 @@ from hamid.plugin.allocation import (
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
+    refuse_unservable,
     select_preferred,
+    summarize,
     to_allocate,
 )
 from hamid.plugin.discovery import PhysicalGpu
@@ -189,22 +192,35 @@ def test_candidates() -> None:
     assert not is_allocation_candidate(gone, "n1")
 
 
-def test_choose_pod_fails_closed() -> None:
-    p1, p2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
-    assert choose_pod([p1, p2], "default/p2", None) is p2
-    assert choose_pod([p1, p2], None, ["GPU-b"]) is p2  # exact match proves identity
-    with pytest.raises(AllocationError, match="node lock holder default/p1 waits for other GPUs"):
-        choose_pod([p1, p2], "default/p1", ["GPU-b"])  # holder and an exact match disagree: refuse
-    assert choose_pod([p1, p2], "default/p1", ["GPU-z"]) is p1  # holder after a fallback pick
-    assert choose_pod([p1], None, ["GPU-z"]) is p1  # only one candidate: Allocate serves its annotation
-    with pytest.raises(AllocationError, match="none holds the node lock"):
-        choose_pod([p1, p2], None, None)
-    twin = pod("p3", "GPU-a,NVIDIA,2000,10:;")
-    with pytest.raises(AllocationError, match="cannot tell which pod"):
-        choose_pod([p1, twin], None, ["GPU-a"])
-    assert choose_pod([p1, twin], "default/p3", ["GPU-a"]) is twin
-    with pytest.raises(AllocationError, match="no pod on this node"):
-        choose_pod([], None, ["GPU-a"])
+P1, P2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;")
+TWIN = pod("p3", "GPU-a,NVIDIA,2000,10:;")
+
+
+@pytest.mark.parametrize(
+    ("candidates", "lock", "requested", "expected"),
+    [
+        ([P1, P2], "default/p2", None, P2),
+        ([P1, P2], "default/p1", ["GPU-z"], P1),  # the holder after a fallback pick
+        ([P1, TWIN], "default/p3", ["GPU-a"], TWIN),  # the lock decides between twins
+        # the holder and an exact match disagree: refuse
+        ([P1, P2], "default/p1", ["GPU-b"], "node lock holder default/p1 waits for other GPUs"),
+        # issue 16: a pod's own annotations never prove it, only the lock the scheduler's /bind took
+        ([P1, P2], None, ["GPU-b"], "no pod holds the node lock"),
+        ([P1], None, ["GPU-z"], "no pod holds the node lock"),
+        ([P1, P2], None, None, "no pod holds the node lock"),
+        ([P1], "default/gone", ["GPU-a"], "names default/gone, which is not waiting"),
+        ([], None, ["GPU-a"], "no pod on this node"),
+    ],
+)
+def test_choose_pod_fails_closed(
+    candidates: list, lock: str | None, requested: list | None, expected: object
+) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(AllocationError, match=expected) as err:
+            choose_pod(candidates, lock, requested)
+        assert err.value.code in ("ambiguous-pod", "unproven-pod", "no-pod")
+    else:
+        assert choose_pod(candidates, lock, requested) is expected
 
 
 def test_entries_and_consume() -> None:
@@ -275,3 +291,41 @@ def test_cuda_disable_control_is_a_go_bool(value: str, mounted: bool) -> None:
     container = {"name": "main", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": value}]}
     answer = hami_core_answer((cd("GPU-a"),), "uid1", container, HamiCoreSettings("/h"), "t")
     assert (MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in answer.mounts) is mounted
+
+
+def test_inventory_facts_follow_scaling_and_health() -> None:
+    inv = Inventory(
+        [gpu("GPU-a", 0, mem=1000), gpu("GPU-b", 1, mem=0)],
+        NodeConfig(device_memory_scaling=2.0, device_core_scaling=1.5),
+    )
+    assert inv.facts("GPU-a") == GpuFacts(2000, 150, None)
+    assert inv.facts("GPU-b") is None  # memory unknown: never registered, so never servable
+    assert inv.facts("GPU-z") is None
+    inv.mark_unhealthy("GPU-a", "XID 79")
+    assert inv.facts("GPU-a") == GpuFacts(2000, 150, "XID 79")
+
+
+@pytest.mark.parametrize(
+    ("facts", "device", "code"),
+    [
+        (GpuFacts(1000, 100, None), cd("GPU-a", 1000, 100), None),
+        (None, cd("GPU-a", 1000), "unknown-gpu"),
+        (GpuFacts(1000, 100, "XID 48"), cd("GPU-a", 10), "unhealthy-gpu"),
+        (GpuFacts(1000, 100, None), cd("GPU-a", 1001), "over-capacity"),
+        (GpuFacts(1000, 100, None), cd("GPU-a", 10, 101), "over-capacity"),
+    ],
+)
+def test_refuse_unservable(facts: GpuFacts | None, device: ContainerDevice, code: str | None) -> None:
+    entry = PendingEntry(2, (device,))
+    if code is None:
+        refuse_unservable(entry, "n1", lambda _uuid: facts)
+        return
+    with pytest.raises(AllocationError, match="container 2") as err:
+        refuse_unservable(entry, "n1", lambda _uuid: facts)
+    assert err.value.code == code and "delete the pod" in str(err.value)
+
+
+def test_summarize_bounds_what_goes_into_a_message() -> None:
+    assert summarize(["a", "b"]) == "['a', 'b']"
+    text = summarize(["x" * 1000] * 20)
+    assert "(1000 chars)" in text and text.endswith("and 12 more") and len(text) < 1200

@@ -6,8 +6,7 @@ import pytest
 
 from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
-from hamid.plugin.allocate import PreferredMismatch
-from hamid.plugin.numa_refit import refit_request
+from hamid.plugin.numa_policy import Door, NumaMismatch, refit_request
 from hamid.scheduler.refit import PATCH_TIMEOUT_S, splice_entry
 from hamid.scheduler.refit_auth import bearer_token, node_of_common_name, parse_methods
 
@@ -39,7 +38,8 @@ def test_bearer_token_cn_and_methods() -> None:
 def test_refit_request_from_mismatch() -> None:
     pod = {"metadata": {"uid": "u", "namespace": "ns", "name": "p"}}
     devices = (ContainerDevice("GPU-0", "NVIDIA", 1000, 10),)
-    mismatch = PreferredMismatch(
+    mismatch = NumaMismatch(
+        door=Door.PREFERRED,
         pod=pod,
         node_name="n1",
         container_index=3,

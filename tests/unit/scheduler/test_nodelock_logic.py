@@ -84,3 +84,32 @@ def test_pending_holder_keeps_an_expired_lock_until_the_max_hold(holder: Holder)
     view = decide(lock(age=1801), "ns", "p", NOW, TIMEOUT, always(holder), max_hold)
     assert view.decision is Decision.TAKE and view.forced  # taken with a warning
     assert decide(lock(age=1801), "ns", "p", NOW, TIMEOUT, always(Holder.DONE), max_hold).forced is False
+
+
+@pytest.mark.parametrize(
+    ("holder", "quiet_s", "stall_s", "expected"),
+    [
+        (Holder.PENDING, 19, 20, Decision.WAIT),  # still within the stall
+        (Holder.PENDING, 20, 20, Decision.TAKE),  # no progress for the whole stall
+        (Holder.PENDING, 600, None, Decision.WAIT),  # stall detection off
+        (Holder.UNKNOWN, 600, 20, Decision.WAIT),  # a cache that cannot tell never counts as stalled
+    ],
+)
+def test_a_pending_holder_without_progress_loses_the_lock(
+    holder: Holder, quiet_s: float, stall_s: float | None, expected: Decision
+) -> None:
+    view = decide(
+        lock(age=quiet_s),
+        "ns",
+        "p",
+        NOW,
+        TIMEOUT,
+        always(holder),
+        timedelta(minutes=30),
+        timedelta(seconds=quiet_s),
+        None if stall_s is None else timedelta(seconds=stall_s),
+    )
+    assert view.decision is expected
+    assert view.forced is (expected is Decision.TAKE)
+    if expected is Decision.TAKE:
+        assert "no progress" in view.why

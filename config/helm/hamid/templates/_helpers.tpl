@@ -79,7 +79,7 @@ kube-scheduler holds it). */}}
 
 {{/* DNS name of the scheduler Service inside the cluster. */}}
 {{- define "hamid.scheduler.serviceHost" -}}
-{{- printf "%s.%s.svc" (include "hamid.scheduler.name" .) .Release.Namespace -}}
+{{- printf "%s.%s.svc" (include "hamid.scheduler.name" .) (include "hamid.namespace" .) -}}
 {{- end -}}
 
 {{/* Refit endpoint handed to the device plugins. */}}
@@ -144,4 +144,16 @@ capabilities:
   drop: ["ALL"]
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/* Namespace of every namespaced object. */}}
+{{- define "hamid.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The device plugin's node selector: HAMi's nvidiaNodeSelector under nodeSelector. */}}
+{{- define "hamid.devicePlugin.nodeSelector" -}}
+{{- $dp := .Values.devicePlugin -}}
+{{- $sel := merge (deepCopy ($dp.nodeSelector | default dict)) (deepCopy ($dp.nvidiaNodeSelector | default dict)) -}}
+{{- if $sel }}{{ toYaml $sel }}{{ end -}}
 {{- end -}}

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hamid.sim.apiserver_errors import (
+from hamid.sim.apiserver.defaults import apply_create_defaults, quantities_as_text
+from hamid.sim.apiserver.errors import (
     STALE,
     ApiError,
     already_exists,
@@ -35,9 +36,9 @@ from hamid.sim.apiserver_errors import (
     invalid,
     not_found,
 )
-from hamid.sim.apiserver_patch import PatchError, apply_patch
-from hamid.sim.apiserver_resources import BY_STORAGE, RESOURCES, Resource
-from hamid.sim.apiserver_select import FieldSelector
+from hamid.sim.apiserver.patch import PatchError, apply_patch
+from hamid.sim.apiserver.resources import BY_STORAGE, RESOURCES, Resource
+from hamid.sim.apiserver.select import FieldSelector
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -473,7 +474,7 @@ class Store:
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
         status = obj.get("status")
-        _create_defaults(base.plural, obj)
+        apply_create_defaults(base.plural, obj)
         if keep_status and status is not None:
             obj["status"] = status
         self._validate(resource, obj)
@@ -515,8 +516,12 @@ class Store:
         content_type: str,
         body: Any,
         subresource: str = "",
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> Stored:
-        """PATCH: apply a patch; a ``metadata.resourceVersion`` it sets is a precondition."""
+        """PATCH: apply a patch; a ``metadata.resourceVersion`` it sets is a precondition.
+
+        ``check`` sees the patched object (wire form) before anything is stored and may raise.
+        """
         old = self.get(resource, namespace, name)
         try:
             patched = apply_patch(content_type, resource.to_view(old.obj), body)
@@ -524,6 +529,8 @@ class Store:
             if err.unprocessable:
                 raise ApiError(422, str(err)) from err
             raise bad_request(str(err)) from err
+        if check is not None:
+            check(patched)
         obj = self._incoming(resource, patched)
         return self._update(resource, old, obj, subresource)
 
@@ -549,25 +556,8 @@ class Store:
             )
         obj["kind"], obj["apiVersion"] = base.kind, base.api_version
         old_meta = old.obj["metadata"]
-        if subresource == "status":
-            new = dict(old.obj)
-            new["metadata"] = dict(old_meta)
-            for key in ("labels", "annotations"):
-                if key in meta:
-                    new["metadata"][key] = meta[key]
-                else:
-                    new["metadata"].pop(key, None)
-            if "status" in obj:
-                new["status"] = obj["status"]
-            else:
-                new.pop("status", None)
-            obj = new
-            meta = obj["metadata"]
-        elif base.has_status:
-            if "status" in old.obj:
-                obj["status"] = old.obj["status"]
-            else:
-                obj.pop("status", None)
+        obj = _split_status(old.obj, obj, subresource, base.has_status)
+        meta = obj["metadata"]
         for key in _IMMUTABLE_META:
             if key in old_meta:
                 meta[key] = old_meta[key]
@@ -582,6 +572,8 @@ class Store:
             generation += 1
         meta["generation"] = generation
         meta["resourceVersion"] = old_meta["resourceVersion"]
+        if base.plural == "pods":
+            quantities_as_text(obj)
         self._validate(resource, obj)
         if obj == old.obj:
             return old
@@ -718,6 +710,32 @@ class Store:
         return result
 
 
+def _split_status(
+    old: dict[str, Any], obj: dict[str, Any], subresource: str, has_status: bool
+) -> dict[str, Any]:
+    """What a write may change: on ``/status`` only status, labels and annotations; on the main path
+    of a resource with a status subresource everything but status."""
+    if subresource == "status":
+        new = dict(old)
+        new["metadata"] = dict(old["metadata"])
+        for key in ("labels", "annotations"):
+            if key in obj["metadata"]:
+                new["metadata"][key] = obj["metadata"][key]
+            else:
+                new["metadata"].pop(key, None)
+        if "status" in obj:
+            new["status"] = obj["status"]
+        else:
+            new.pop("status", None)
+        return new
+    if has_status:
+        if "status" in old:
+            obj["status"] = old["status"]
+        else:
+            obj.pop("status", None)
+    return obj
+
+
 def resource_of(obj: Any) -> Resource:
     """The stored resource an object's ``apiVersion`` and ``kind`` name (400 when not served)."""
     if not isinstance(obj, dict):
@@ -730,21 +748,6 @@ def resource_of(obj: Any) -> Resource:
         ):
             return resource
     raise bad_request(f"the embedded API server does not store {obj.get('apiVersion')}/{obj.get('kind')}")
-
-
-def _create_defaults(plural: str, obj: dict[str, Any]) -> None:
-    if plural == "pods":
-        spec = dict(obj.get("spec") or {})
-        spec.setdefault("schedulerName", "default-scheduler")
-        spec.setdefault("restartPolicy", "Always")
-        spec.setdefault("dnsPolicy", "ClusterFirst")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
-        spec.setdefault("priority", 0)
-        obj["spec"] = spec
-        obj["status"] = {"phase": "Pending"}
-    elif plural == "namespaces":
-        obj["spec"] = {"finalizers": ["kubernetes"], **(obj.get("spec") or {})}
-        obj["status"] = {"phase": "Active"}
 
 
 def _encode_continue(rv: int, start: tuple[str, str]) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.sim.apiserver_errors import ApiError, bad_request
+from hamid.sim.apiserver.errors import ApiError, bad_request
 
 _KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
@@ -170,3 +170,62 @@ def path_getter(*path: str, default: str = "") -> FieldGetter:
         return str(node)
 
     return get
+
+
+ObjectTest = Callable[[dict[str, Any]], bool]
+
+
+def compile_selectors(
+    label_selector: str | None,
+    field_selector: str | None,
+    fields: Mapping[str, FieldGetter],
+    plural: str,
+) -> tuple[ObjectTest | None, FieldSelector | None]:
+    """One test over whole objects for both selectors (``None``: everything matches), and the field
+    selector itself (the store narrows candidates by its equality terms)."""
+    labels = parse_label_selector(label_selector)
+    parsed = parse_field_selector(field_selector, fields, plural)
+    field_test = parsed.compile(fields) if parsed is not None else None
+    if labels is None:
+        return field_test, parsed
+    label_test = labels
+    if field_test is None:
+        return lambda obj: label_test(obj["metadata"].get("labels") or {}), parsed
+    return lambda obj: label_test(obj["metadata"].get("labels") or {}) and field_test(obj), parsed
+
+
+def _expression(key: str, operator: Any, values: Any) -> LabelTest:
+    """One ``matchExpressions`` requirement."""
+    if not isinstance(values, list):
+        raise bad_request(f"values of the requirement on {key!r} must be a list")
+    allowed = frozenset(str(v) for v in values)
+    if operator == "In":
+        return lambda labels: labels.get(key) in allowed
+    if operator == "NotIn":
+        return lambda labels: labels.get(key) not in allowed
+    if operator == "Exists":
+        return lambda labels: key in labels
+    if operator == "DoesNotExist":
+        return lambda labels: key not in labels
+    raise bad_request(f"{operator!r} is not a valid label selector operator")
+
+
+def label_selector_test(selector: Any) -> LabelTest:
+    """A ``metav1.LabelSelector`` object (``matchLabels``, ``matchExpressions``) as a test.
+
+    An empty or missing selector matches everything; a malformed one is a 400.
+    """
+    if selector in (None, {}):
+        return lambda labels: True
+    if not isinstance(selector, dict):
+        raise bad_request("a label selector must be an object")
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(match_labels, dict) or not isinstance(expressions, list):
+        raise bad_request("matchLabels must be an object and matchExpressions a list")
+    tests = [_expression(str(k), "In", [v]) for k, v in match_labels.items()]
+    for expr in expressions:
+        if not isinstance(expr, dict):
+            raise bad_request("each matchExpressions entry must be an object")
+        tests.append(_expression(str(expr.get("key", "")), expr.get("operator"), expr.get("values") or []))
+    return lambda labels: all(test(labels) for test in tests)

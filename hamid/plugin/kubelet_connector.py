@@ -12,6 +12,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpclib import GRPCError
 from grpclib.client import Channel
@@ -21,8 +22,12 @@ from grpclib.server import Server
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import RegistrationStub
 from hamid.log import get_logger
+from hamid.plugin.grpc_codec import BoundedProtoCodec
 
-log = get_logger("plugin.kubelet")
+if TYPE_CHECKING:
+    from grpclib._typing import IServable
+
+log = get_logger("plugin.kubelet_connector")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -55,7 +60,7 @@ class KubeletConnector:
 
     def __init__(
         self,
-        handlers: Callable[[], Sequence[object]],
+        handlers: Callable[[], Sequence[IServable]],
         plugin_dir: str | os.PathLike[str],
         resource_name: str,
         *,
@@ -76,6 +81,8 @@ class KubeletConnector:
         self.retry_interval = retry_interval
         self.registrations = 0
         self.servers_started = 0
+        #: True while registered with the kubelet now running (metrics, readiness).
+        self.registered = False
 
     async def run(self) -> None:
         """Serve and register; after a kubelet restart serve afresh and register again. Never returns."""
@@ -85,7 +92,7 @@ class KubeletConnector:
     async def _serve_once(self) -> None:
         await asyncio.to_thread(self.plugin_dir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(_unlink, self.socket_path)
-        server = Server(list(self.handlers()))
+        server = Server(list(self.handlers()), codec=BoundedProtoCodec())
         await server.start(path=str(self.socket_path))
         self.servers_started += 1
         own = await asyncio.to_thread(_inode, self.socket_path)
@@ -93,6 +100,7 @@ class KubeletConnector:
         try:
             await self._watch(own)
         finally:
+            self.registered = False
             server.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
@@ -118,6 +126,7 @@ class KubeletConnector:
                 try:
                     await self.register()
                     registered_with = kubelet
+                    self.registered = True
                 except (GRPCError, OSError, TimeoutError, StreamTerminatedError) as exc:
                     log.warning("registration with kubelet failed; retrying", error=str(exc))
                     next_try = loop.time() + self.retry_interval

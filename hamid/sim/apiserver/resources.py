@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.sim.apiserver_select import FieldGetter, path_getter
+from hamid.sim.apiserver.select import FieldGetter, path_getter
 
 Converter = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -204,6 +204,13 @@ RESOURCES: tuple[Resource, ...] = (
         from_view=events_v1_to_core_event,
     ),
     Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=("create",)),
+    Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        False,
+    ),
 )
 
 #: (api_version, plural) -> resource.

@@ -1,6 +1,6 @@
 """Pure allocation logic of the device plugin: which pod, which entry, which replicas, which env.
 
-No I/O here: pods are plain wire-form dicts; the async shell (``hamid.plugin.allocate``) feeds
+No I/O here: pods are plain wire-form dicts; the async shell (``hamid.plugin.allocator``) feeds
 them from the node-scoped caches and writes the results back.
 """
 
@@ -19,6 +19,7 @@ from hamid.model.annotations import (
     BIND_PHASE_SUCCESS,
     BIND_TIME,
     DEVICES_TO_ALLOCATE,
+    NODE_LOCK,
     VGPU_NODE,
     decode_pod_devices,
 )
@@ -31,7 +32,14 @@ UuidOf = Callable[[str], "str | None"]
 
 
 class AllocationError(Exception):
-    """An Allocate/GetPreferredAllocation that must fail: the message goes to kubelet verbatim."""
+    """An Allocate/GetPreferredAllocation that must fail: the message goes to kubelet verbatim.
+
+    ``code`` names the kind of refusal for counting (one short, stable label per rule).
+    """
+
+    def __init__(self, message: str, *, code: str = "refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,20 @@ class PendingEntry:
 
     index: int
     devices: ContainerDevices
+
+
+#: At most this many items, each cut to this many characters, go into a message for kubelet: gRPC
+#: carries it in a header, and a huge one (a 2 MB device ID) would stall the whole plugin.
+SUMMARY_ITEMS = 8
+SUMMARY_ITEM_CHARS = 96
+
+
+def summarize(items: Sequence[str]) -> str:
+    """A bounded rendering of ``items`` for error messages (first few, each cut, and a count)."""
+    limit = SUMMARY_ITEM_CHARS
+    shown = [i if len(i) <= limit else f"{i[:limit]}…({len(i)} chars)" for i in items]
+    text = repr(shown[:SUMMARY_ITEMS])
+    return text if len(items) <= SUMMARY_ITEMS else f"{text} and {len(items) - SUMMARY_ITEMS} more"
 
 
 def pod_key(pod: Pod) -> str:
@@ -156,7 +178,8 @@ def unscheduled_error(strangers: Sequence[Pod], resource_name: str) -> Allocatio
         f"pod {names} requests {resource_name} but was not scheduled by hamid (no {BIND_PHASE}); "
         "refusing to guess which pod kubelet is admitting. Check the MutatingWebhookConfiguration "
         "(it must set the pod's schedulerName) and the pod's schedulerName, then delete and recreate "
-        "that pod"
+        "that pod",
+        code="pod-bypassed-hamid",
     )
 
 
@@ -188,41 +211,43 @@ def choose_pod(
 
     ``candidates`` are this node's allocation candidates with a pending entry; ``lock_owner`` the
     ``namespace/name`` in the node lock; ``requested`` the physical UUIDs kubelet asked for (None
-    for GetPreferredAllocation, which has no choice yet). Proof, in order: the lock owner whose next
-    entry names exactly the requested GPUs; the lock owner when no other candidate names them
-    (kubelet's pick may differ after a best-effort fallback; Allocate still serves the annotation,
-    see :func:`kubelet_differs`); without a lock owner, the only candidate naming them, else the only
-    candidate. Anything else is ambiguous and refused: guessing swaps pods' limits (upstream #3096).
+    for GetPreferredAllocation, which has no choice yet). The proof is the node lock: the Node
+    object is not writable by tenants and the scheduler's ``/bind`` sets it naming the pod it bound,
+    so only its holder is served; a pod's own annotations never prove it. The holder is refused too
+    when another candidate's next entry names exactly the requested GPUs and the holder's does not:
+    guessing swaps pods' limits (upstream #3096).
     """
     if not candidates:
-        raise AllocationError("no pod on this node is waiting for a GPU allocation (bind-phase allocating)")
+        raise AllocationError(
+            "no pod on this node is waiting for a GPU allocation (bind-phase allocating)", code="no-pod"
+        )
+    names = ", ".join(sorted(pod_key(p) for p in candidates))
     owner = next((p for p in candidates if pod_key(p) == lock_owner), None)
-    exact: list[Pod] = []
+    if owner is None:
+        raise AllocationError(_unproven_message(lock_owner, names), code="unproven-pod")
     if requested is not None:
         want = Counter(requested)
         exact = [p for p in candidates if Counter(d.uuid for d in _next_entry(p).devices) == want]
-        if owner is not None and owner not in exact and exact:
-            names = ", ".join(sorted(pod_key(p) for p in exact))
+        if owner not in exact and exact:
+            others = ", ".join(sorted(pod_key(p) for p in exact))
             raise AllocationError(
                 f"cannot tell which pod GPUs {sorted(want)} are for: the node lock holder {pod_key(owner)} "
-                f"waits for other GPUs and {names} wait for these"
+                f"waits for other GPUs and {others} wait for these",
+                code="ambiguous-pod",
             )
-    if owner is not None:
-        return owner
-    if len(exact) > 1:
-        names = ", ".join(sorted(pod_key(p) for p in exact))
-        raise AllocationError(
-            f"cannot tell which pod GPUs {sorted(Counter(requested or ()))} are for: pods {names} all "
-            "wait for them and none holds the node lock"
-        )
-    if len(exact) == 1:
-        return exact[0]
-    if len(candidates) == 1:
-        return candidates[0]
-    names = ", ".join(sorted(pod_key(p) for p in candidates))
-    raise AllocationError(
-        f"cannot tell which pod kubelet is admitting: {len(candidates)} pods wait for GPUs on this node "
-        f"({names}) and none holds the node lock"
+    return owner
+
+
+def _unproven_message(lock_owner: str | None, waiting: str) -> str:
+    holder = (
+        f"the node lock ({NODE_LOCK}) names {lock_owner}, which is not waiting for a GPU allocation here"
+        if lock_owner
+        else f"no pod holds the node lock ({NODE_LOCK})"
+    )
+    return (
+        f"{holder}; pods {waiting} wait for GPUs, but a pod is served only while it holds the lock the "
+        "scheduler's /bind took for it (its own annotations prove nothing). If its bind failed or the "
+        "lock expired, delete the pod so the scheduler places it again"
     )
 
 
@@ -317,9 +342,47 @@ def kubelet_differs(entry: PendingEntry, requested: Sequence[str]) -> bool:
     if len(annotated) != len(requested):
         raise AllocationError(
             f"device number not matched: the allocation for container {entry.index} has "
-            f"{len(annotated)} GPU(s) {[d.uuid for d in annotated]}, kubelet asked for {len(requested)}"
+            f"{len(annotated)} GPU(s) {[d.uuid for d in annotated]}, kubelet asked for {len(requested)}",
+            code="count-mismatch",
         )
     return Counter(d.uuid for d in annotated) != Counter(requested)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the node knows of one of its GPUs when Allocate serves it."""
+
+    memory_mib: int
+    cores: int
+    unhealthy_reason: str | None
+
+
+def refuse_unservable(
+    entry: PendingEntry, node_name: str, facts_of: Callable[[str], GpuFacts | None]
+) -> None:
+    """Refuse an entry the node cannot serve as annotated: a GPU it does not have, a GPU that turned
+    unhealthy after the filter (an XID), or amounts beyond the GPU's registered capacity."""
+    for device in entry.devices:
+        facts = facts_of(device.uuid)
+        if facts is None:
+            raise AllocationError(
+                f"the allocation of container {entry.index} names GPU {device.uuid!r}, which node "
+                f"{node_name} does not have; delete the pod so the scheduler places it again",
+                code="unknown-gpu",
+            )
+        if facts.unhealthy_reason is not None:
+            raise AllocationError(
+                f"GPU {device.uuid} of container {entry.index} turned unhealthy after scheduling "
+                f"({facts.unhealthy_reason}); delete the pod so the scheduler places it on a healthy GPU",
+                code="unhealthy-gpu",
+            )
+        if device.usedmem > facts.memory_mib or device.usedcores > facts.cores:
+            raise AllocationError(
+                f"the allocation of container {entry.index} books {device.usedmem} MiB / {device.usedcores} "
+                f"cores on GPU {device.uuid}, beyond its registered {facts.memory_mib} MiB / {facts.cores} "
+                "cores; delete the pod so the scheduler places it again",
+                code="over-capacity",
+            )
 
 
 def consume(devices: PodDevices, index: int) -> PodDevices:

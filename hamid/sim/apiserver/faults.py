@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.sim.apiserver_errors import ApiError, bad_request
+from hamid.sim.apiserver.errors import ApiError, bad_request
 
 #: Request verbs a rule may name: Kubernetes verbs, or HTTP methods (any case).
 K8S_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")

@@ -14,7 +14,8 @@ import yaml
 
 from hamid.options import option
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver_errors import ApiError
+from hamid.sim.apiserver.errors import ApiError
+from hamid.sim.apiserver.kubeconfig import write_kubeconfig
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -46,8 +47,22 @@ def load_seed(path: Path) -> list[dict[str, Any]]:
     return objects
 
 
-async def serve(server: ApiServer, seed: list[dict[str, Any]]) -> None:
-    """Start, seed, print the URL line, and serve until SIGINT or SIGTERM."""
+async def wait_for_signal() -> None:
+    """Return once SIGINT or SIGTERM arrives (Ctrl-C stops a server cleanly instead of a traceback)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def serve(server: ApiServer, seed: list[dict[str, Any]], kubeconfig: Path | None = None) -> None:
+    """Start, seed, print the URL line (and write ``kubeconfig``), and serve until SIGINT or SIGTERM."""
     await server.start()
     try:
         for obj in seed:
@@ -56,16 +71,10 @@ async def serve(server: ApiServer, seed: list[dict[str, Any]]) -> None:
             except (ApiError, KeyError) as err:
                 raise click.ClickException(f"cannot seed {json.dumps(obj)[:200]}: {err}") from err
         click.echo(f"listening on {server.url}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(ValueError, RuntimeError):
-                    loop.remove_signal_handler(sig)
+        if kubeconfig is not None:
+            written = await asyncio.to_thread(write_kubeconfig, kubeconfig, server.url)
+            click.echo(f"kubeconfig written to {written}; use: export KUBECONFIG={written}")
+        await wait_for_signal()
     finally:
         await server.stop()
 
@@ -96,6 +105,12 @@ async def serve(server: ApiServer, seed: list[dict[str, Any]]) -> None:
     help="Seconds between BOOKMARK events on watches that allow them.",
 )
 @option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a kubeconfig for kubectl pointing at this server to this path once listening.",
+)
+@option(
     "--auto-namespaces/--no-auto-namespaces",
     default=True,
     help="Create a namespace on first use instead of answering 404 like a real cluster.",
@@ -105,6 +120,7 @@ def apiserver_command(
     seed_files: tuple[Path, ...],
     history_size: int,
     bookmark_interval: float,
+    kubeconfig: Path | None,
     auto_namespaces: bool,
 ) -> None:
     """Serve an in-memory Kubernetes API server (for the demo and tests) until interrupted.
@@ -122,6 +138,6 @@ def apiserver_command(
         auto_namespaces=auto_namespaces,
     )
     try:
-        asyncio.run(serve(server, seed))
+        asyncio.run(serve(server, seed, kubeconfig))
     except OSError as err:
         raise click.ClickException(f"cannot listen on {listen}: {err}") from err

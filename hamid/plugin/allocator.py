@@ -1,21 +1,33 @@
-"""The plugin's GetPreferredAllocation and Allocate logic against the API server (async shell).
+"""The allocator service: GetPreferredAllocation and Allocate against the API server (async shell).
 
 One :class:`Allocator` per plugin process; calls are serialised (kubelet admits pods one at a time,
-and every decision reads the state the previous one wrote).
+and every decision reads the state the previous one wrote). The rules it applies are pure
+(:mod:`hamid.plugin.allocator_rules`); a NUMA mismatch goes to the one policy
+(:mod:`hamid.plugin.numa_policy`), from either door:
 
-Allocate always serves the GPUs of the pod's (possibly refitted) allocation annotation, the ones the
-scheduler accounts for, so runtime == annotations == accounting in every mode (I1, I2). kubelet's
-replica IDs are checked for count and validity only; when they are on other GPUs (a fallback after
-a refused, failed or disabled refit, or GetPreferredAllocation off) a warning names both sets.
-Unlike upstream the container never follows kubelet's GPUs: that would run it where no accounting
-records it.
+* ``GetPreferredAllocation``: no available replica is on an annotated GPU. A replacement is offered
+  to kubelet; without one, replicas on distinct GPUs are (the fallback).
+* ``Allocate``: kubelet's replicas are on other GPUs than the annotated ones and the policy has not
+  run for that container yet (kubelet skips ``GetPreferredAllocation`` when the NUMA node holds
+  exactly the replicas needed, or when the plugin does not offer it). A replacement must be exactly
+  kubelet's GPUs; it is served after one GET of the refitted pod.
 
-Identity (I6): the pod comes from the watch caches (one fresh GET node + LIST pods before refusing,
-in case the watches lag). While a Pending, not yet admitted pod on the node requests the resource
-without having gone through hamid, every call refuses (GetPreferredAllocation: no opinion, no
-refit), because kubelet may be admitting that pod; no hamid pod is marked. Deadlines: the work
-before Allocate's commit runs within ``prepare_timeout`` (past it: the failure path); the commit
-patch with its lock release and the failure path always complete (:func:`complete`).
+Without a replacement Allocate serves the GPUs of the pod's allocation annotation, the ones the
+scheduler accounts for, so runtime == annotations == accounting in every mode (I1, I2). Unlike
+upstream the container never follows kubelet's GPUs: that would run it where no accounting records
+it. A fallback is remembered per container (bounded) so that Allocate does not run the policy again
+for it; after a plugin restart in between, Allocate runs it once more.
+
+Identity (I6): only the pod named by the node lock is served (the scheduler's ``/bind`` takes it;
+tenants cannot write the Node). It comes from the watch caches (one fresh GET node + LIST pods
+before refusing, in case the watches lag). While a Pending, not yet admitted pod on the node
+requests the resource without having gone through hamid, every call refuses (GetPreferredAllocation:
+no opinion, no refit), because kubelet may be admitting that pod; no hamid pod is marked. Annotated
+GPUs the node does not have, that turned unhealthy, or booked beyond their capacity are refused.
+Every refusal is counted by code (:attr:`Allocator.refusals`). Deadlines: the work before
+Allocate's commit (the second door's refit included) runs within ``prepare_timeout`` (past it: the
+failure path); the commit patch with its lock release and the failure path always complete
+(:func:`complete`).
 """
 
 from __future__ import annotations
@@ -23,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,7 +46,6 @@ from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import hamicore
-from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.annotations import (
     BIND_PHASE,
     BIND_PHASE_FAILED,
@@ -46,10 +58,11 @@ from hamid.model.annotations import (
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.allocation import (
+from hamid.plugin.allocator_rules import (
     AllocationError,
     ContainerAnswer,
     HamiCoreSettings,
+    PendingEntry,
     allowed_uuids,
     annotations_of,
     consume,
@@ -62,98 +75,31 @@ from hamid.plugin.allocation import (
     kubelet_differs,
     pending_entries,
     pod_key,
+    refuse_unservable,
     select_preferred,
+    summarize,
     to_allocate,
 )
 from hamid.plugin.inventory import Inventory
+from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
-log = get_logger("plugin.allocate")
+log = get_logger("plugin.allocator")
 
 #: How often Allocate re-reads and retries when its resourceVersion-guarded patch conflicts.
 CONFLICT_RETRIES = 3
 #: Timeout of each API call the allocator makes (GET, LIST, PATCH).
 CALL_TIMEOUT_S = 3.0
-#: Budget of everything before an Allocate commits (identification, plan, host directories) and of
-#: GetPreferredAllocation's identification. Past it, Allocate runs the failure path instead.
+#: Budget of everything before an Allocate commits (identification, second door, plan, host
+#: directories) and of GetPreferredAllocation's identification. Past it, Allocate runs the failure path.
 PREPARE_TIMEOUT_S = 10.0
 #: API calls that may follow the prepare deadline: every commit patch (one per conflict retry), then
 #: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH).
 CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4
+#: Containers whose fallback the allocator remembers between its two doors (oldest forgotten first).
+FALLBACK_MEMORY = 512
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class PreferredMismatch:
-    """An annotated GPU has no replica among kubelet's available devices (the NUMA-refit seam).
-
-    ``container_index`` counts init containers first; ``missing`` are the annotated UUIDs without
-    an available replica; ``allowed_uuids`` the unique physical GPUs behind ``available_ids``.
-    """
-
-    pod: Mapping[str, Any]
-    node_name: str
-    container_index: int
-    container_name: str
-    annotated: ContainerDevices
-    missing: tuple[str, ...]
-    available_ids: tuple[str, ...]
-    must_include_ids: tuple[str, ...]
-    allocation_size: int
-    allowed_uuids: tuple[str, ...]
-
-
-#: Replacement devices (already committed by the scheduler), None for "no replacement" (the annotation
-#: stands and Allocate serves it, without NUMA alignment), or raise
-#: :class:`~hamid.plugin.allocation.AllocationError` to fail the allocation.
-MismatchHandler = Callable[[PreferredMismatch], Awaitable[ContainerDevices | None]]
-
-
-def alignment_mode(mismatch: PreferredMismatch) -> AlignmentMode:
-    """The pod's ``hami.io/numa-alignment`` mode; an invalid annotation is logged and treated as none."""
-    try:
-        return parse_alignment(annotations_of(mismatch.pod))
-    except InvalidInput as exc:
-        log.warning(
-            "ignoring invalid numa-alignment annotation",
-            error=str(exc),
-            container_index=mismatch.container_index,
-        )
-        return AlignmentMode.NONE
-
-
-def log_alignment(mismatch: PreferredMismatch, mode: AlignmentMode, event: str, **extra: Any) -> None:
-    """Log a mismatch outcome by alignment mode (the one place): strict → error, best-effort → info,
-    none → nothing."""
-    if mode is AlignmentMode.NONE:
-        return
-    emit = log.error if mode is AlignmentMode.STRICT else log.info
-    emit(
-        event,
-        numa_alignment=mode.value,
-        container_index=mismatch.container_index,
-        annotated=[d.uuid for d in mismatch.annotated],
-        missing=list(mismatch.missing),
-        available=list(mismatch.allowed_uuids),
-        **extra,
-    )
-
-
-async def log_mismatch(mismatch: PreferredMismatch) -> ContainerDevices | None:
-    """Default mismatch handler (no refit client): log per the pod's alignment mode; the annotation stands."""
-    mode = alignment_mode(mismatch)
-    log_alignment(
-        mismatch,
-        mode,
-        "scheduler-annotated GPU has no replica in kubelet's available devices; "
-        + (
-            "numa-alignment strict but NUMA refit is disabled"
-            if mode is AlignmentMode.STRICT
-            else "NUMA refit is disabled, the pod runs unaligned on its annotated GPUs"
-        ),
-    )
-    return None
 
 
 async def complete(coro: Coroutine[Any, Any, T]) -> T:
@@ -195,6 +141,38 @@ def _make_dirs(paths: Sequence[str]) -> None:
             log.debug("cannot chmod directory (not the owner)", path=path)
 
 
+class Fallbacks:
+    """Containers for which the policy kept the annotation, so Allocate does not run it again.
+
+    Keyed by (pod UID, container index) with the annotated GPUs (a changed entry is a new case);
+    bounded (:data:`FALLBACK_MEMORY`, oldest forgotten first); an entry goes once consumed.
+    """
+
+    def __init__(self, size: int = FALLBACK_MEMORY) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
+
+    @staticmethod
+    def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
+        return str((pod.get("metadata") or {}).get("uid") or pod_key(pod)), index
+
+    def remember(self, pod: Mapping[str, Any], entry: PendingEntry) -> None:
+        """The policy kept this container's annotation."""
+        key = self._key(pod, entry.index)
+        self._kept[key] = tuple(d.uuid for d in entry.devices)
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+    def holds(self, pod: Mapping[str, Any], entry: PendingEntry) -> bool:
+        """Whether the policy already kept exactly this entry."""
+        return self._kept.get(self._key(pod, entry.index)) == tuple(d.uuid for d in entry.devices)
+
+    def forget(self, pod: Mapping[str, Any], index: int) -> None:
+        """The entry was consumed."""
+        self._kept.pop(self._key(pod, index), None)
+
+
 class Allocator:
     """Answers GetPreferredAllocation and Allocate for one node from its pending pod's annotations."""
 
@@ -224,6 +202,9 @@ class Allocator:
         self.call_timeout = call_timeout
         self.prepare_timeout = prepare_timeout
         self._lock = asyncio.Lock()
+        self._fallbacks = Fallbacks()
+        #: Refused Allocate calls by :attr:`AllocationError.code` (for metrics and tests).
+        self.refusals: Counter[str] = Counter()
 
     @property
     def deadline_s(self) -> float:
@@ -252,14 +233,16 @@ class Allocator:
             owner = self.pods.lock_owner(node)
             return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
         except KubeError as exc:
-            raise AllocationError(f"cannot identify the pending pod: {exc}") from exc
+            raise AllocationError(f"cannot identify the pending pod: {exc}", code="api-error") from exc
 
     async def _identify_cached(self, requested: Sequence[str] | None) -> JSON:
         try:
             async with asyncio.timeout(self.call_timeout):
                 await self.pods.wait_synced()
         except TimeoutError as exc:
-            raise AllocationError(f"the pod cache of node {self.node_name} is not synced yet") from exc
+            raise AllocationError(
+                f"the pod cache of node {self.node_name} is not synced yet", code="cache-not-synced"
+            ) from exc
         pods = self.pods.pods()
         owner = self.pods.lock_owner()
         if owner is not None and not any(
@@ -271,6 +254,82 @@ class Allocator:
             if fetched is not None:
                 pods = [p for p in pods if pod_key(p) != owner] + [fetched]
         return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
+
+    # -- the NUMA mismatch seam (both doors) -------------------------------------------------
+
+    def _mismatch(
+        self,
+        door: Door,
+        pod: JSON,
+        entry: PendingEntry,
+        missing: Sequence[str],
+        candidates: Sequence[str],
+        must_include: Sequence[str] = (),
+        size: int | None = None,
+    ) -> NumaMismatch:
+        container = container_at(pod, entry.index) or {}
+        return NumaMismatch(
+            door=door,
+            pod=pod,
+            node_name=self.node_name,
+            container_index=entry.index,
+            container_name=str(container.get("name", "")),
+            annotated=entry.devices,
+            missing=tuple(missing),
+            available_ids=tuple(candidates),
+            must_include_ids=tuple(must_include),
+            allocation_size=len(candidates) if size is None else size,
+            allowed_uuids=allowed_uuids(candidates, self.inventory.uuid_of),
+        )
+
+    async def _reread(self, pod: JSON) -> JSON | None:
+        """GET the pod after a committed refit (the watch may lag); None when it cannot be read."""
+        meta = pod["metadata"]
+        try:
+            return await self.pods.fetch_pod(meta["namespace"], meta["name"])
+        except KubeError as exc:
+            log.warning(
+                "cannot re-read the pod after NUMA refit; Allocate relies on its resourceVersion guard",
+                error=str(exc),
+            )
+            return None
+
+    async def _second_door(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
+        """Allocate's door of the mismatch seam: run the policy for each container whose replicas kubelet
+        put on other GPUs (unless it already fell back); after a refit, the re-read pod.
+
+        A replacement that is not exactly kubelet's GPUs fails the allocation in every mode.
+        """
+        if self.inventory.is_mig:
+            return pod
+        refitted = False
+        for entry, ids in zip(pending_entries(to_allocate(pod)), requests, strict=False):
+            kubelet = [self.inventory.uuid_of(i) for i in ids]
+            gpus = [u for u in kubelet if u is not None]
+            if len(gpus) != len(kubelet):
+                continue  # unknown IDs: the plan refuses them
+            if not kubelet_differs(entry, gpus) or self._fallbacks.holds(pod, entry):
+                continue
+            missing = list((Counter(d.uuid for d in entry.devices) - Counter(gpus)).elements())
+            replacement = await self.mismatch_handler(self._mismatch(Door.ALLOCATE, pod, entry, missing, ids))
+            if replacement is None:
+                self._fallbacks.remember(pod, entry)
+                continue
+            if Counter(d.uuid for d in replacement) != Counter(gpus):
+                raise AllocationError(
+                    "numa refit committed but kubelet cannot honor the selection: "
+                    f"{[d.uuid for d in replacement]} are not the GPUs of kubelet's replicas {list(ids)}",
+                    code="refit-not-honoured",
+                )
+            refitted = True
+        if not refitted:
+            return pod
+        fresh = await self._reread(pod)
+        if fresh is None or not is_allocation_candidate(fresh, self.node_name):
+            raise AllocationError(
+                f"pod {pod_key(pod)} was refitted but cannot be re-read as pending", code="pod-changed"
+            )
+        return fresh
 
     # -- GetPreferredAllocation --------------------------------------------------------------
 
@@ -299,7 +358,9 @@ class Allocator:
                     )
                 return out
 
-    async def _preferred_one(self, pod: JSON, entry: Any, request: PreferredRequest) -> list[str]:
+    async def _preferred_one(
+        self, pod: JSON, entry: PendingEntry | None, request: PreferredRequest
+    ) -> list[str]:
         if entry is None:
             return []
         uuid_of = self.inventory.uuid_of
@@ -309,18 +370,8 @@ class Allocator:
         if missing:
             if self.inventory.is_mig:
                 return []
-            container = container_at(pod, entry.index) or {}
-            mismatch = PreferredMismatch(
-                pod=pod,
-                node_name=self.node_name,
-                container_index=entry.index,
-                container_name=str(container.get("name", "")),
-                annotated=entry.devices,
-                missing=tuple(missing),
-                available_ids=request.available,
-                must_include_ids=request.must_include,
-                allocation_size=request.size,
-                allowed_uuids=allowed_uuids(request.available, uuid_of),
+            mismatch = self._mismatch(
+                Door.PREFERRED, pod, entry, missing, request.available, request.must_include, request.size
             )
             try:
                 replacement = await self.mismatch_handler(mismatch)
@@ -328,7 +379,9 @@ class Allocator:
                 await complete(self._fail(pod, str(exc)))
                 raise
             if replacement is None:
+                self._fallbacks.remember(pod, entry)
                 return self._fallback(entry.index, chosen, request)
+            await self._reread(pod)
             chosen, still = select_preferred(
                 replacement, request.available, request.must_include, request.size, uuid_of
             )
@@ -338,7 +391,7 @@ class Allocator:
                     f"{[d.uuid for d in replacement]} not among the available devices"
                 )
                 await complete(self._fail(pod, message))
-                raise AllocationError(message)
+                raise AllocationError(message, code="refit-not-honoured")
         if len(chosen) != request.size:
             log.info(
                 "allocation annotation does not fill the request; no preference",
@@ -380,10 +433,24 @@ class Allocator:
         Everything before the commit runs within ``prepare_timeout``; a failure of an identified pod
         (including that deadline) marks it ``bind-phase=failed`` and releases its node lock. Once
         the consume patch is sent, it and the lock release complete even if the call is cancelled.
-        An unproven identity marks nothing. Finishes within :attr:`deadline_s`.
+        An unproven identity marks nothing. Finishes within :attr:`deadline_s`. Every refusal is
+        counted in :attr:`refusals` and logged with its code.
         """
+        try:
+            return await self._allocate(requests)
+        except AllocationError as exc:
+            self.refusals[exc.code] += 1
+            log.warning("Allocate refused", node=self.node_name, code=exc.code, reason=str(exc))
+            raise
+
+    async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         if not requests:
-            raise AllocationError("Allocate called without container requests")
+            raise AllocationError("Allocate called without container requests", code="empty-request")
+        if self.inventory.is_mig:
+            raise AllocationError(
+                f"node {self.node_name} is in mig operating mode; hamid does not create MIG instances",
+                code="mig-node",
+            )
         async with self._lock:
             deadline = asyncio.get_running_loop().time() + self.prepare_timeout
             first = [self.inventory.uuid_of(i) for i in requests[0]]
@@ -394,7 +461,8 @@ class Allocator:
             except TimeoutError as exc:
                 raise AllocationError(
                     f"cannot identify the pending pod within {self.prepare_timeout:g}s "
-                    "(API server or pod cache too slow)"
+                    "(API server or pod cache too slow)",
+                    code="deadline",
                 ) from exc
             with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
                 try:
@@ -404,11 +472,11 @@ class Allocator:
                     raise
                 except InvalidInput as exc:
                     await complete(self._fail(pod, str(exc)))
-                    raise AllocationError(str(exc)) from exc
+                    raise AllocationError(str(exc), code="invalid-annotation") from exc
                 except KubeError as exc:
                     message = f"API server call failed while allocating: {exc}"
                     await complete(self._fail(pod, message))
-                    raise AllocationError(message) from exc
+                    raise AllocationError(message, code="api-error") from exc
 
     def _plan(
         self, pod: JSON, requests: Sequence[Sequence[str]]
@@ -416,19 +484,20 @@ class Allocator:
         unknown = sorted({i for r in requests for i in r if self.inventory.uuid_of(i) is None})
         if unknown:
             raise AllocationError(
-                f"unknown device IDs {unknown}: not replicas of GPUs advertised on node {self.node_name}"
-            )
-        if self.inventory.is_mig:
-            raise AllocationError(
-                f"node {self.node_name} is in mig operating mode; hamid does not create MIG instances"
+                f"unknown device IDs {summarize(unknown)}: not replicas of GPUs advertised on node "
+                f"{self.node_name}",
+                code="unknown-device-id",
             )
         devices = to_allocate(pod)
         plans: list[tuple[int, ContainerDevices]] = []
         for ids in requests:
             entries = pending_entries(devices)
             if not entries:
-                raise AllocationError(f"pod {pod_key(pod)} has no GPU allocation left for this container")
+                raise AllocationError(
+                    f"pod {pod_key(pod)} has no GPU allocation left for this container", code="no-entry-left"
+                )
             entry = entries[0]
+            refuse_unservable(entry, self.node_name, self.inventory.facts)
             requested = [u for u in (self.inventory.uuid_of(i) for i in ids) if u is not None]
             if kubelet_differs(entry, requested):
                 self._log_differing_pick(
@@ -468,6 +537,7 @@ class Allocator:
         for _attempt in range(CONFLICT_RETRIES):
             try:
                 async with asyncio.timeout_at(deadline):
+                    pod = await self._second_door(pod, requests)
                     plans, remaining, answers = await self._prepare(pod, requests)
             except TimeoutError as exc:
                 raise AllocationError(
@@ -524,6 +594,7 @@ class Allocator:
             return False
         self.pods.remember(patched)
         for idx, devs in plans:
+            self._fallbacks.forget(pod, idx)
             log.info(
                 "allocated",
                 container_index=idx,

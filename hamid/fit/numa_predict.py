@@ -1,0 +1,916 @@
+"""Predict the NUMA node(s) kubelet's Topology Manager will pick for each container of a pod.
+
+Pure (no I/O). Written from kubelet's behaviour (``pkg/kubelet/cm/topologymanager``, ``cpumanager``
+static policy, ``devicemanager`` topology hints) — never from the simulator, which is the oracle it
+is judged against. Input: the node's :class:`NumaProfile`, its per-NUMA :class:`NumaLedger` (free
+exclusive CPUs, free device replicas) and the pod. Output: a :class:`Prediction` that is
+``placed`` (per container the NUMA node(s), exclusive CPUs and device counts kubelet will assign),
+``reject`` (kubelet's admission reason) or ``unknown`` with the reason — never a guess.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from hamid.model._wire import want_object
+from hamid.model.errors import InvalidInput
+from hamid.model.numa import (
+    CPU_OPTION_FULL_PCPUS_ONLY,
+    CPU_OPTION_STRICT_RESERVATION,
+    DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    TM_OPTION_MAX_NUMA_NODES,
+    TM_OPTION_PREFER_CLOSEST,
+    ContainerPlacement,
+    ContainerPrediction,
+    NumaProfile,
+    PodPrediction,
+)
+from hamid.model.resources import is_sidecar
+
+#: Ledger bucket for devices that report no NUMA node (kubelet's fake NUMA node -1).
+NO_TOPOLOGY = -1
+#: A profile not confirmed by the node agent for this long is stale (it re-stamps far more often).
+DEFAULT_PROFILE_MAX_AGE_S = 30 * 60
+#: Bound on merged hint permutations for the non-single-numa policies (kubelet enumerates them all).
+MAX_PERMUTATIONS = 200_000
+
+TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
+SMT_ALIGNMENT_ERROR = "SMTAlignmentError"
+UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
+UNKNOWN_PROFILE_MISSING = "profile-missing"
+UNKNOWN_PROFILE_STALE = "profile-stale"
+UNKNOWN_UNMODELLED = "unmodelled"
+
+_MODELLED_TM_OPTIONS = frozenset({TM_OPTION_PREFER_CLOSEST, TM_OPTION_MAX_NUMA_NODES})
+_MODELLED_CPU_OPTIONS = frozenset({CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION})
+
+
+class Outcome(enum.StrEnum):
+    """What kubelet will do with the pod."""
+
+    PLACED = "placed"
+    REJECT = "reject"
+    UNKNOWN = "unknown"
+
+
+# ==========================================================================================
+# Per-NUMA ledger
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class NumaUsage:
+    """What one pod takes from a node's ledger: exclusive CPUs and device replicas per NUMA bucket."""
+
+    cpus: frozenset[int] = frozenset()
+    devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+
+class NumaLedger:
+    """Free exclusive CPUs and free device replicas per NUMA node of one node.
+
+    ``devices[resource][numa] = (total, free)``: total counts every device of the resource (kubelet
+    sizes hints with it), free the healthy unallocated ones. It must list every device-plugin
+    resource of the node (PodResources ``GetAllocatableResources`` does); a resource it does not list
+    is not a device-plugin resource for the predictor. :meth:`apply` and :meth:`release` validate
+    first and change nothing when they raise.
+    """
+
+    __slots__ = ("_devices", "_free_cpus", "generation")
+
+    def __init__(
+        self,
+        generation: int,
+        free_cpus: Iterable[int],
+        devices: Mapping[str, Mapping[int, tuple[int, int]]],
+    ) -> None:
+        """A ledger for profile ``generation``."""
+        self.generation = generation
+        self._free_cpus = set(free_cpus)
+        self._devices: dict[str, dict[int, list[int]]] = {}
+        for res, per_numa in devices.items():
+            self._devices[res] = {}
+            for numa, (total, free) in per_numa.items():
+                if not 0 <= free <= total:
+                    raise InvalidInput(f"ledger {res} NUMA {numa}: free {free} not within 0..{total}")
+                self._devices[res][numa] = [total, free]
+
+    @classmethod
+    def for_profile(cls, profile: NumaProfile, device_totals: Mapping[str, Mapping[int, int]]) -> NumaLedger:
+        """An empty node: every assignable CPU (all minus reserved) and every replica free."""
+        for res, per_numa in device_totals.items():
+            unknown = [n for n in per_numa if n != NO_TOPOLOGY and n not in profile.numa_nodes]
+            if unknown:
+                raise InvalidInput(f"ledger {res}: NUMA node {unknown[0]} is not in the profile")
+        return cls(
+            profile.generation,
+            profile.all_cpus - profile.reserved_cpus,
+            {res: {n: (t, t) for n, t in per_numa.items()} for res, per_numa in device_totals.items()},
+        )
+
+    def copy(self) -> NumaLedger:
+        """An independent copy."""
+        return NumaLedger(
+            self.generation,
+            self._free_cpus,
+            {res: {n: (t, f) for n, (t, f) in per.items()} for res, per in self._devices.items()},
+        )
+
+    @property
+    def free_cpus(self) -> frozenset[int]:
+        """Free exclusive-assignable CPUs (reserved CPUs are never in it)."""
+        return frozenset(self._free_cpus)
+
+    @property
+    def resources(self) -> frozenset[str]:
+        """The device-plugin resources of the node."""
+        return frozenset(self._devices)
+
+    def device_counts(self, resource: str) -> dict[int, tuple[int, int]]:
+        """``{numa: (total, free)}`` of one resource (empty when the node has none)."""
+        return {n: (t, f) for n, (t, f) in self._devices.get(resource, {}).items()}
+
+    def apply(self, usage: NumaUsage) -> None:
+        """Book a pod's usage; InvalidInput (and no change) if a CPU is not free or replicas lack."""
+        taken = usage.cpus - self._free_cpus
+        if taken:
+            raise InvalidInput(f"ledger: CPU {min(taken)} is not free")
+        self._check_devices(usage, lambda total, free, n: n <= free, "free")
+        self._free_cpus -= usage.cpus
+        self._shift(usage, -1)
+
+    def release(self, usage: NumaUsage) -> None:
+        """Return a pod's usage; InvalidInput (and no change) if it was not booked."""
+        free = usage.cpus & self._free_cpus
+        if free:
+            raise InvalidInput(f"ledger: CPU {min(free)} is already free")
+        self._check_devices(usage, lambda total, free_, n: free_ + n <= total, "in use")
+        self._free_cpus |= usage.cpus
+        self._shift(usage, 1)
+
+    def _check_devices(self, usage: NumaUsage, ok: Any, what: str) -> None:
+        for res, per_numa in usage.devices.items():
+            for numa, n in per_numa.items():
+                total, free = self._devices.get(res, {}).get(numa, [0, 0])
+                if n < 0 or not ok(total, free, n):
+                    raise InvalidInput(f"ledger: {n} {res} on NUMA {numa} are not {what}")
+
+    def _shift(self, usage: NumaUsage, sign: int) -> None:
+        for res, per_numa in usage.devices.items():
+            for numa, n in per_numa.items():
+                self._devices[res][numa][1] += sign * n
+
+
+# ==========================================================================================
+# CPU topology as kubelet's CPU manager sees it
+# ==========================================================================================
+
+
+class CpuTopology:
+    """kubelet's ``CPUTopology`` of a profile: CPUs by core, socket and NUMA node."""
+
+    def __init__(self, profile: NumaProfile) -> None:
+        """Index the profile's CPUs."""
+        self.numa_of = {c.cpu: c.numa for c in profile.cpus}
+        self.socket_of = {c.cpu: c.socket for c in profile.cpus}
+        self.core_of = {c.cpu: c.core for c in profile.cpus}
+        self.cpus_of_numa = _group(self.numa_of)
+        self.cpus_of_socket = _group(self.socket_of)
+        self.cpus_of_core = _group(self.core_of)
+        n_cpus = len(self.numa_of)
+        self.cpus_per_core = n_cpus // len(self.cpus_of_core)
+        self.cpus_per_socket = n_cpus // len(self.cpus_of_socket)
+        self.numa_first = len(self.cpus_of_socket) >= len(self.cpus_of_numa)
+        self.reserved = profile.reserved_cpus
+        self.reserved_physical = frozenset(
+            cpu for r in profile.reserved_cpus for cpu in self.cpus_of_core[self.core_of[r]]
+        )
+
+
+_TOPOLOGIES: OrderedDict[int, tuple[NumaProfile, CpuTopology]] = OrderedDict()
+_TOPOLOGY_MEMO_SIZE = 4096  # more than the nodes of a large cluster
+
+
+def topology_of(profile: NumaProfile) -> CpuTopology:
+    """The profile's :class:`CpuTopology`, memoised per profile object (profiles are immutable)."""
+    hit = _TOPOLOGIES.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        _TOPOLOGIES.move_to_end(id(profile))
+        return hit[1]
+    topo = CpuTopology(profile)
+    _TOPOLOGIES[id(profile)] = (profile, topo)
+    while len(_TOPOLOGIES) > _TOPOLOGY_MEMO_SIZE:
+        _TOPOLOGIES.popitem(last=False)
+    return topo
+
+
+def _group(owner: Mapping[int, int]) -> dict[int, frozenset[int]]:
+    out: dict[int, set[int]] = {}
+    for cpu, key in owner.items():
+        out.setdefault(key, set()).add(cpu)
+    return {k: frozenset(v) for k, v in sorted(out.items())}
+
+
+class _Accumulator:
+    """kubelet's ``cpuAccumulator`` for ``takeByTopologyNUMAPacked``."""
+
+    def __init__(self, topo: CpuTopology, available: Iterable[int], count: int) -> None:
+        self.topo = topo
+        self.free = {c for c in available if c in topo.numa_of}
+        self.result: set[int] = set()
+        self.needed = count
+
+    def take(self, cpus: Iterable[int]) -> None:
+        cpus = set(cpus)
+        self.result |= cpus
+        self.free -= cpus
+        self.needed -= len(cpus)
+
+    def _free_in(self, groups: Mapping[int, frozenset[int]], key: int) -> int:
+        return len(groups[key] & self.free)
+
+    def _sorted(self, groups: Mapping[int, frozenset[int]], keys: Iterable[int]) -> list[int]:
+        return sorted(keys, key=lambda k: (self._free_in(groups, k), k))
+
+    def _present(self, owner: Mapping[int, int], within: frozenset[int] | None = None) -> set[int]:
+        cpus = self.free if within is None else self.free & within
+        return {owner[c] for c in cpus}
+
+    def numa_nodes(self) -> list[int]:
+        t = self.topo
+        if t.numa_first:
+            return self._sorted(t.cpus_of_numa, self._present(t.numa_of))
+        return [
+            n
+            for s in self.sockets()
+            for n in self._sorted(t.cpus_of_numa, self._present(t.numa_of, t.cpus_of_socket[s]))
+        ]
+
+    def sockets(self) -> list[int]:
+        t = self.topo
+        if not t.numa_first:
+            return self._sorted(t.cpus_of_socket, self._present(t.socket_of))
+        return [
+            s
+            for n in self.numa_nodes()
+            for s in self._sorted(t.cpus_of_socket, self._present(t.socket_of, t.cpus_of_numa[n]))
+        ]
+
+    def cores(self) -> list[int]:
+        t = self.topo
+        parents, groups = (
+            (self.sockets(), t.cpus_of_socket) if t.numa_first else (self.numa_nodes(), t.cpus_of_numa)
+        )
+        return [c for p in parents for c in self._sorted(t.cpus_of_core, self._present(t.core_of, groups[p]))]
+
+    def take_full(self, ids: list[int], groups: Mapping[int, frozenset[int]], whole: Any) -> None:
+        for key in [k for k in ids if self._free_in(groups, k) == whole(k)]:
+            if self.needed >= len(groups[key]):
+                self.take(groups[key])
+
+    def take_remaining(self) -> None:
+        for cpu in [c for core in self.cores() for c in sorted(self.topo.cpus_of_core[core] & self.free)]:
+            self.take({cpu})
+            if self.needed < 1:
+                return
+
+
+def take_by_topology_packed(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int] | None:
+    """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, whole cores, then threads.
+
+    ``None`` when kubelet would fail ("not enough cpus available" / "failed to allocate cpus").
+    """
+    acc = _Accumulator(topo, available, count)
+    if acc.needed < 1:
+        return frozenset()
+    if acc.needed > len(acc.free):
+        return None
+    t = topo
+    numa = (acc.numa_nodes, t.cpus_of_numa, lambda k: len(t.cpus_of_numa[k]))
+    socket = (acc.sockets, t.cpus_of_socket, lambda _k: t.cpus_per_socket)
+    for order, groups, whole in (numa, socket) if t.numa_first else (socket, numa):
+        acc.take_full(order(), groups, whole)
+        if acc.needed < 1:
+            return frozenset(acc.result)
+    acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
+    if acc.needed < 1:
+        return frozenset(acc.result)
+    acc.take_remaining()
+    return frozenset(acc.result) if acc.needed < 1 else None
+
+
+# ==========================================================================================
+# Topology hints and their merge (topologymanager policy.go, policy_*.go)
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """kubelet's ``TopologyHint``: a NUMA bitmask (``None`` = any node) and whether it is preferred."""
+
+    mask: int | None
+    preferred: bool
+
+
+DONT_CARE = Hint(None, True)
+CANNOT = Hint(None, False)
+
+
+def mask_of(nodes: Iterable[int]) -> int:
+    """The bitmask of NUMA ids (bit n = node n)."""
+    return sum(1 << n for n in set(nodes))
+
+
+def nodes_of(mask: int) -> frozenset[int]:
+    """The NUMA ids of a bitmask."""
+    return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
+
+
+def iterate_masks(nodes: Sequence[int], max_size: int | None = None) -> Iterator[int]:
+    """``bitmask.IterateBitMasks``: every non-empty subset, by size, in combination order."""
+    for size in range(1, (len(nodes) if max_size is None else max_size) + 1):
+        for combo in itertools.combinations(nodes, size):
+            yield mask_of(combo)
+
+
+def is_narrower(a: int, b: int) -> bool:
+    """``IsNarrowerThan``: fewer nodes; as many nodes and a numerically smaller mask."""
+    ca, cb = a.bit_count(), b.bit_count()
+    return a < b if ca == cb else ca < cb
+
+
+def generate_hints(
+    nodes: Sequence[int],
+    totals: Mapping[int, int],
+    free: Mapping[int, int],
+    reusable: Mapping[int, int],
+    request: int,
+    single_only: bool,
+) -> list[Hint]:
+    """The hint scheme the CPU and device managers share.
+
+    A mask is a hint when every reusable item lies inside it and reusable + free items inside it
+    cover the request; preferred when its size is the smallest whose *total* items cover the request.
+    With ``single_only`` (policy ``single-numa-node``, which drops every other hint) only
+    single-node masks are generated; the preference is computed exactly the same.
+    """
+    reuse_mask = mask_of(n for n, k in reusable.items() if k > 0)
+    reused = sum(reusable.values())
+    min_size = len(nodes)
+    hints: list[Hint] = []
+    for mask in iterate_masks(nodes, 1 if single_only else None):
+        members = nodes_of(mask)
+        if sum(totals.get(n, 0) for n in members) >= request:
+            min_size = min(min_size, len(members))
+        if reuse_mask & ~mask:
+            continue
+        if reused + sum(free.get(n, 0) for n in members) >= request:
+            hints.append(Hint(mask, False))
+    if single_only and min_size > 1:
+        return hints  # no single node can ever hold the request: none of them is preferred
+    return [Hint(h.mask, (h.mask or 0).bit_count() == min_size) for h in hints]
+
+
+class _Merger:
+    """kubelet's ``HintMerger``: the best merged hint over every permutation of provider hints."""
+
+    def __init__(self, profile: NumaProfile, hints: list[list[Hint]], closest: bool) -> None:
+        self.default = mask_of(profile.numa_nodes)
+        self.hints = hints
+        self.profile = profile
+        self.closest = closest
+        counts = [
+            min((h.mask for h in hs if h.mask is not None), key=_narrow_key, default=None) for hs in hints
+        ]
+        self.best_non_preferred = max((m.bit_count() for m in counts if m is not None), default=0)
+
+    def _average_distance(self, mask: int) -> Fraction:
+        members = sorted(nodes_of(mask))
+        total = sum(self.profile.distance(a, b) or 0 for a in members for b in members)
+        return Fraction(total, len(members) ** 2)
+
+    def _fitter(self, current: Hint, candidate: Hint) -> Hint:
+        cur, cand = current.mask or 0, candidate.mask or 0
+        if cur == cand:
+            return current
+        if self.closest and cur.bit_count() == cand.bit_count():
+            dc, dd = self._average_distance(cur), self._average_distance(cand)
+            if dc != dd:
+                return current if dc < dd else candidate
+            return current if cur < cand else candidate
+        return current if is_narrower(cur, cand) else candidate
+
+    def _compare(self, current: Hint | None, candidate: Hint) -> Hint | None:
+        cand = (candidate.mask or 0).bit_count()
+        if cand == 0:
+            return current
+        if current is None:
+            return candidate
+        if current.preferred != candidate.preferred:
+            return current if current.preferred else candidate
+        if current.preferred:
+            return self._fitter(current, candidate)
+        cur, best = (current.mask or 0).bit_count(), self.best_non_preferred
+        if cur > best:
+            return self._fitter(current, candidate)
+        if cur == best:
+            return self._fitter(current, candidate) if cand == best else current
+        if cand > best:
+            return current
+        if cand == best or cand > cur:
+            return candidate
+        return current if cand < cur else self._fitter(current, candidate)
+
+    def merge(self) -> Hint:
+        best: Hint | None = None
+        for permutation in itertools.product(*self.hints):
+            best = self._compare(best, _merge_permutation(self.default, permutation))
+        return best if best is not None else Hint(self.default, False)
+
+
+def _narrow_key(mask: int) -> tuple[int, int]:
+    return (mask.bit_count(), mask)
+
+
+def _merge_permutation(default: int, permutation: Sequence[Hint]) -> Hint:
+    masks = [h.mask for h in permutation if h.mask is not None]
+    preferred = all(h.preferred for h in permutation) and all(m == masks[0] for m in masks)
+    merged = default
+    for m in masks:
+        merged &= m
+    return Hint(merged, preferred)
+
+
+def merge_hints(profile: NumaProfile, providers: Sequence[list[Hint]]) -> tuple[Hint, bool] | None:
+    """The Topology Manager's ``Merge`` for the profile's policy: ``(best hint, admit)``.
+
+    ``providers`` is one (already normalised) hint list per provider resource. ``None`` when the
+    permutations are too many to enumerate (only possible off ``single-numa-node``).
+    """
+    policies = profile.policies
+    policy = policies.topology_manager_policy
+    lists = [list(hs) for hs in providers]
+    if policy == "single-numa-node":
+        lists = [
+            [h for h in hs if h.preferred and (h.mask is None or h.mask.bit_count() == 1)] for hs in lists
+        ]
+    elif math.prod(len(hs) for hs in lists) > MAX_PERMUTATIONS:
+        return None
+    closest = policy != "single-numa-node" and policies.option_enabled(
+        policies.topology_manager_options, TM_OPTION_PREFER_CLOSEST
+    )
+    best = _Merger(profile, lists, closest).merge()
+    if policy == "single-numa-node":
+        if best.mask == mask_of(profile.numa_nodes):
+            best = Hint(None, best.preferred)
+        return best, best.preferred
+    return best, policy == "best-effort" or best.preferred
+
+
+# ==========================================================================================
+# The pod as kubelet's managers read it
+# ==========================================================================================
+
+_QUANTITY = re.compile(
+    r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]{1,3})|(?P<dec>[numkMGTPE]?))\Z"
+)
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_QOS_RESOURCES = ("cpu", "memory")
+
+
+def _quantity(value: object, where: str) -> Fraction:
+    """A Kubernetes quantity as an exact number (``"500m"`` → 1/2)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidInput(f"{where}: want a quantity")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise InvalidInput(f"{where}: {value} is not a quantity")
+        return Fraction(value)
+    m = _QUANTITY.match(value.strip()) if len(value) <= 64 else None
+    if not m:
+        raise InvalidInput(f"{where}: {value!r:.40} is not a Kubernetes quantity")
+    number = Fraction(m["num"])
+    if m["bin"]:
+        return number * 2 ** _BINARY[m["bin"]]
+    return number * Fraction(10) ** (int(m["exp"]) if m["exp"] is not None else _DECIMAL[m["dec"]])
+
+
+@dataclass(frozen=True, slots=True)
+class _Container:
+    name: str
+    kind: str  # "init", "sidecar" or "app"
+    requests: Mapping[str, Fraction]  # after the API server's defaulting (requests default to limits)
+    limits: Mapping[str, Fraction]
+
+
+def _containers(pod: Mapping[str, Any]) -> list[_Container]:
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise InvalidInput("pod: no spec")
+    out: list[_Container] = []
+    for section in ("initContainers", "containers"):
+        listed = spec.get(section)
+        listed = [] if listed is None else listed
+        if not isinstance(listed, list):
+            raise InvalidInput(f"pod spec.{section}: want an array")
+        for i, c in enumerate(listed):
+            where = f"pod {section}[{i}]"
+            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+                raise InvalidInput(f"{where}: not a container")
+            res = _object_or_empty(c.get("resources"), f"{where} resources")
+            raw_limits = _object_or_empty(res.get("limits"), f"{where} limits")
+            raw_requests = _object_or_empty(res.get("requests"), f"{where} requests")
+            limits = {k: _quantity(v, f"{where} limits.{k}") for k, v in raw_limits.items()}
+            requests = dict(limits)
+            requests.update({k: _quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
+            kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
+            out.append(_Container(c["name"], kind, requests, limits))
+    return out
+
+
+def _object_or_empty(value: object, where: str) -> Mapping[str, Any]:
+    return {} if value is None else want_object(value, where)
+
+
+def pod_qos(pod: Mapping[str, Any], containers: Sequence[_Container]) -> str:
+    """kubelet's ``GetPodQOS``: ``status.qosClass`` when set, else computed like ``ComputePodQOS``."""
+    status = pod.get("status") or {}
+    if isinstance(status, Mapping) and status.get("qosClass") in ("Guaranteed", "Burstable", "BestEffort"):
+        return str(status["qosClass"])
+    requests: dict[str, Fraction] = {}
+    limits: dict[str, Fraction] = {}
+    guaranteed = True
+    for c in containers:
+        for name in _QOS_RESOURCES:
+            if c.requests.get(name, 0) > 0:
+                requests[name] = requests.get(name, Fraction(0)) + c.requests[name]
+            if c.limits.get(name, 0) > 0:
+                limits[name] = limits.get(name, Fraction(0)) + c.limits[name]
+        if not all(c.limits.get(name, 0) > 0 for name in _QOS_RESOURCES):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and all(limits.get(k) == v for k, v in requests.items()) and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def _pod_effective(containers: Sequence[_Container], value: Any) -> int:
+    """A pod-level amount with sidecars: max(app + sidecars, any init + the sidecars before it)."""
+    init_max = sidecars = 0
+    for c in containers:
+        if c.kind == "sidecar":
+            sidecars += value(c)
+            init_max = max(init_max, sidecars)
+        elif c.kind == "init":
+            init_max = max(init_max, sidecars + value(c))
+    long_running = sidecars + sum(value(c) for c in containers if c.kind == "app")
+    return max(init_max, long_running)
+
+
+# ==========================================================================================
+# The prediction
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The predictor's answer for one pod on one node.
+
+    ``placed``: ``containers`` holds each container's NUMA node(s) (empty when it gets neither
+    exclusive CPUs nor topology-aware devices), exclusive CPUs and device counts per NUMA bucket, and
+    ``usage`` what the pod takes from the ledger. ``reject``: ``reason`` is kubelet's admission
+    reason. ``unknown``: ``reason`` is ``profile-missing``, ``profile-stale`` or ``unmodelled``.
+    """
+
+    outcome: Outcome
+    reason: str = ""
+    message: str = ""
+    containers: tuple[ContainerPrediction, ...] = ()
+    usage: NumaUsage = field(default_factory=NumaUsage)
+
+    def record(self, generation: int) -> PodPrediction:
+        """The ``hamid.io/numa-predicted`` record of a ``placed`` prediction."""
+        if self.outcome is not Outcome.PLACED:
+            raise InvalidInput(f"only a placed prediction is recorded, this one is {self.outcome}")
+        return PodPrediction(generation, self.containers)
+
+
+class _Stop(Exception):
+    """Ends a prediction early with a reject or unknown answer."""
+
+    def __init__(self, prediction: Prediction) -> None:
+        super().__init__(prediction.message)
+        self.prediction = prediction
+
+
+def _unknown(reason: str, message: str) -> Prediction:
+    return Prediction(Outcome.UNKNOWN, reason, message)
+
+
+def _reject(reason: str, message: str) -> _Stop:
+    return _Stop(Prediction(Outcome.REJECT, reason, message))
+
+
+def unmodelled_reason(profile: NumaProfile) -> str | None:
+    """Why the profile's kubelet configuration cannot be predicted exactly, or ``None``."""
+    pol = profile.policies
+    tm_opts, cpu_opts = pol.topology_manager_options, pol.cpu_manager_options
+    extra = sorted(set(tm_opts) - _MODELLED_TM_OPTIONS)
+    if extra:
+        return f"topology manager option {extra[0]!r} is not modelled"
+    try:
+        closest = pol.option_enabled(tm_opts, TM_OPTION_PREFER_CLOSEST)
+        limit = pol.max_allowable_numa_nodes()
+        pcpus = pol.option_enabled(cpu_opts, CPU_OPTION_FULL_PCPUS_ONLY)
+        pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
+    except InvalidInput as exc:
+        return f"kubelet would not start with this option value: {exc}"
+    if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
+        return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
+    if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
+        return f"kubelet's topology manager refuses {len(profile.numa_nodes)} NUMA nodes (max {limit})"
+    if (
+        closest
+        and pol.topology_manager_policy not in ("none", "single-numa-node")
+        and profile.distances is None
+    ):
+        return "prefer-closest-numa-nodes needs the NUMA distances, which the profile lacks"
+    if pol.cpu_manager_policy == "static":
+        extra = sorted(set(cpu_opts) - _MODELLED_CPU_OPTIONS)
+        if extra:
+            return f"CPU manager option {extra[0]!r} is not modelled"
+        if not profile.reserved_cpus:
+            return "the static CPU manager policy needs reserved CPUs; kubelet would not start"
+    elif pcpus:
+        return "CPU manager options without the static policy are not modelled"
+    return None
+
+
+class _Admission:
+    """Replays kubelet's admission of one pod against a scratch copy of the node's free resources."""
+
+    def __init__(
+        self, profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
+    ) -> None:
+        self.profile = profile
+        self.topo = topology_of(profile)
+        self.containers = containers
+        self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
+        self.full_pcpus = profile.policies.option_enabled(
+            profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
+        )
+        self.free_cpus = set(ledger.free_cpus)
+        self.reusable_cpus: set[int] = set()
+        self.resources = ledger.resources
+        self.dev_total = {r: {n: t for n, (t, _f) in ledger.device_counts(r).items()} for r in self.resources}
+        self.dev_free = {r: {n: f for n, (_t, f) in ledger.device_counts(r).items()} for r in self.resources}
+        self.dev_reusable: dict[str, dict[int, int]] = {r: {} for r in self.resources}
+
+    # --- requests -------------------------------------------------------------------------
+
+    def cpu_request(self, c: _Container) -> int:
+        """``guaranteedCPUs``: a positive integer CPU request of a Guaranteed pod, else 0."""
+        cpu = c.requests.get("cpu", Fraction(0))
+        return int(cpu) if self.exclusive and cpu.denominator == 1 and cpu > 0 else 0
+
+    def device_requests(self, c: _Container) -> dict[str, int]:
+        return {r: math.ceil(q) for r, q in c.limits.items() if r in self.resources}
+
+    # --- hints ----------------------------------------------------------------------------
+
+    def _single_only(self) -> bool:
+        return self.profile.policies.topology_manager_policy == "single-numa-node"
+
+    def cpu_hints(self, request: int) -> list[Hint]:
+        if request == 0:
+            return [DONT_CARE]
+        nodes = sorted(self.topo.cpus_of_numa)
+        totals = {n: len(cpus) for n, cpus in self.topo.cpus_of_numa.items()}
+        free = _count_by(self.free_cpus, self.topo.numa_of)
+        reusable = _count_by(self.reusable_cpus, self.topo.numa_of)
+        return generate_hints(nodes, totals, free, reusable, request, self._single_only()) or [CANNOT]
+
+    def device_hints(self, resource: str, request: int) -> list[Hint]:
+        totals = {n: t for n, t in self.dev_total[resource].items() if n != NO_TOPOLOGY}
+        if not any(totals.values()):
+            return [DONT_CARE]
+        free, reusable = self.dev_free[resource], self.dev_reusable[resource]
+        if sum(free.values()) + sum(reusable.values()) < request:
+            return [CANNOT]
+        free_t = {n: k for n, k in free.items() if n != NO_TOPOLOGY}
+        reuse_t = {n: k for n, k in reusable.items() if n != NO_TOPOLOGY}
+        nodes = self.profile.numa_nodes
+        return generate_hints(nodes, totals, free_t, reuse_t, request, self._single_only()) or [CANNOT]
+
+    def affinity(self, cpu_request: int, device_requests: Mapping[str, int]) -> int | None:
+        """The Topology Manager's chosen mask for these requests; raises a reject or unknown."""
+        if self.profile.policies.topology_manager_policy == "none":
+            return None
+        providers = [self.cpu_hints(cpu_request)]
+        providers += [self.device_hints(r, n) for r, n in sorted(device_requests.items())] or [[DONT_CARE]]
+        merged = merge_hints(self.profile, providers)
+        if merged is None:
+            raise _Stop(_unknown(UNKNOWN_UNMODELLED, "too many hint permutations to replay"))
+        best, admit = merged
+        if not admit:
+            raise _reject(TOPOLOGY_AFFINITY_ERROR, "Resources cannot be allocated with Topology locality")
+        return best.mask
+
+    # --- allocation -----------------------------------------------------------------------
+
+    def allocate_cpus(self, c: _Container, mask: int | None) -> frozenset[int]:
+        """The static policy's ``Allocate``: aligned CPUs first (packed), the rest from anywhere."""
+        n = self.cpu_request(c)
+        if n == 0:
+            return frozenset()
+        if self.full_pcpus:
+            per_core = self.topo.cpus_per_core
+            if n % per_core:
+                raise _reject(
+                    SMT_ALIGNMENT_ERROR, f"requested {n} cpus not multiple cpus per core = {per_core}"
+                )
+            physical = len(self.free_cpus - self.topo.reserved_physical)
+            if n > physical:
+                raise _reject(
+                    SMT_ALIGNMENT_ERROR, f"not enough free physical CPUs: available {physical}, requested {n}"
+                )
+        allocatable = self.free_cpus | self.reusable_cpus
+        result: frozenset[int] = frozenset()
+        if mask is not None:
+            aligned = {cpu for cpu in allocatable if mask >> self.topo.numa_of[cpu] & 1}
+            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)))
+        if n > len(result):
+            result |= _take_or_fail(self.topo, allocatable - result, n - len(result))
+        self.free_cpus -= result
+        if c.kind == "init":
+            self.reusable_cpus |= result
+        else:
+            self.reusable_cpus -= result
+        return result
+
+    def allocate_devices(self, c: _Container, mask: int | None) -> dict[str, dict[int, int]]:
+        """The device manager's ``devicesToAllocate`` per NUMA bucket; unknown when the plugin picks.
+
+        Returns the replicas the container newly takes; replicas it reuses from an init container
+        stay counted on the container that took them, so a pod's usage is the sum over containers.
+        """
+        out: dict[str, dict[int, int]] = {}
+        for res, need in sorted(self.device_requests(c).items()):
+            reusable, free = self.dev_reusable[res], self.dev_free[res]
+            got = _take_counts(reusable, need, f"which reusable {res} devices are reused")
+            left = need - sum(got.values())
+            if sum(free.values()) < left:
+                raise _reject(
+                    UNEXPECTED_ADMISSION_ERROR,
+                    f"requested number of devices unavailable for {res}. Requested: {left}, "
+                    f"Available: {sum(free.values())}",
+                )
+            has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
+            aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
+            new = _take_counts({n: k for n, k in free.items() if n in aligned}, left, f"which {res} device")
+            rest = left - sum(new.values())
+            others = _take_counts(
+                {n: k for n, k in free.items() if n not in aligned}, rest, f"which {res} device"
+            )
+            for n, k in others.items():
+                new[n] = new.get(n, 0) + k
+            for n, k in new.items():
+                free[n] -= k
+            sign = 1 if c.kind == "init" else -1
+            for n, k in (new if c.kind == "init" else got).items():
+                reusable[n] = reusable.get(n, 0) + sign * k
+            if any(new.values()):
+                out[res] = {n: k for n, k in new.items() if k}
+        return out
+
+    def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
+        cpus = self.allocate_cpus(c, mask)
+        devices = self.allocate_devices(c, mask)
+        if mask is not None:
+            numa = nodes_of(mask)
+        else:
+            numa = frozenset(self.topo.numa_of[x] for x in cpus) | frozenset(
+                n for per in devices.values() for n in per if n != NO_TOPOLOGY
+            )
+        return ContainerPrediction(c.name, numa, cpus, devices)
+
+    def admit(self) -> tuple[ContainerPrediction, ...]:
+        """Every container in kubelet's order, with container or pod scope."""
+        if self.profile.policies.topology_manager_scope == "pod":
+            cpu = _pod_effective(self.containers, self.cpu_request)
+            names = sorted({r for c in self.containers for r in self.device_requests(c)})
+            devices = {
+                r: _pod_effective(self.containers, lambda c, r=r: self.device_requests(c).get(r, 0))
+                for r in names
+            }
+            mask = self.affinity(cpu, devices)
+            return tuple(self.place(c, mask) for c in self.containers)
+        return tuple(
+            self.place(c, self.affinity(self.cpu_request(c), self.device_requests(c)))
+            for c in self.containers
+        )
+
+
+def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for cpu in cpus:
+        out[owner[cpu]] = out.get(owner[cpu], 0) + 1
+    return out
+
+
+def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int]:
+    taken = take_by_topology_packed(topo, available, count)
+    if taken is None:
+        raise _reject(
+            UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"
+        )
+    return taken
+
+
+def _take_counts(pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
+    """Take ``need`` items from per-bucket counts when the split is determined (all, or one bucket)."""
+    nonzero = {n: k for n, k in pool.items() if k > 0}
+    if need <= 0 or not nonzero:
+        return {}
+    if need >= sum(nonzero.values()):
+        return dict(nonzero)
+    if len(nonzero) == 1:
+        (n,) = nonzero
+        return {n: need}
+    raise _Stop(_unknown(UNKNOWN_UNMODELLED, f"{what} kubelet takes is the device plugin's choice"))
+
+
+def predict(
+    profile: NumaProfile | None,
+    ledger: NumaLedger | None,
+    pod: Mapping[str, Any],
+    *,
+    now: float,
+    max_age_s: float = DEFAULT_PROFILE_MAX_AGE_S,
+) -> Prediction:
+    """What kubelet will do with ``pod`` on the node described by ``profile`` and ``ledger``.
+
+    ``now`` is unix seconds (the caller's clock; the function reads none). The ledger is not
+    changed: book ``prediction.usage`` with :meth:`NumaLedger.apply` once the pod is placed.
+    InvalidInput when the pod itself is malformed.
+    """
+    if profile is None:
+        return _unknown(UNKNOWN_PROFILE_MISSING, "the node publishes no NUMA profile")
+    if now - profile.observed_at > max_age_s:
+        return _unknown(UNKNOWN_PROFILE_STALE, f"the NUMA profile is older than {max_age_s:.0f} s")
+    if ledger is None or ledger.generation != profile.generation:
+        return _unknown(UNKNOWN_PROFILE_STALE, "the NUMA ledger was built for another profile generation")
+    if not ledger.free_cpus <= profile.all_cpus - profile.reserved_cpus:
+        return _unknown(UNKNOWN_PROFILE_STALE, "the NUMA ledger holds CPUs the profile does not assign")
+    why = unmodelled_reason(profile)
+    if why is not None:
+        return _unknown(UNKNOWN_UNMODELLED, why)
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if isinstance(spec, Mapping) and spec.get("resources"):
+        return _unknown(UNKNOWN_UNMODELLED, "pod-level resources (spec.resources) are not modelled")
+    containers = _containers(pod)
+    qos = pod_qos(pod, containers)
+    if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
+        return _unknown(UNKNOWN_UNMODELLED, "the Static memory manager's hints are not modelled")
+    admission = _Admission(profile, ledger, containers, qos)
+    try:
+        placed = admission.admit()
+    except _Stop as stop:
+        return stop.prediction
+    return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+
+
+def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:
+    """A predicted pod's ledger usage (also from a decoded ``hamid.io/numa-predicted`` record)."""
+    cpus: set[int] = set()
+    devices: dict[str, dict[int, int]] = {}
+    for c in containers:
+        cpus |= c.cpus
+        for res, per_numa in c.devices.items():
+            into = devices.setdefault(res, {})
+            for n, k in per_numa.items():
+                into[n] = into.get(n, 0) + k
+    return NumaUsage(frozenset(cpus), devices)
+
+
+def usage_of_placement(containers: Iterable[ContainerPlacement]) -> NumaUsage:
+    """An observed pod's ledger usage: its exclusive CPUs and distinct device IDs per NUMA bucket."""
+    cpus: set[int] = set()
+    ids: dict[str, dict[int, set[str]]] = {}
+    for c in containers:
+        cpus |= c.cpus
+        for res, per_numa in c.devices.items():
+            for n, held in per_numa.items():
+                ids.setdefault(res, {}).setdefault(n, set()).update(held)
+    return NumaUsage(frozenset(cpus), {r: {n: len(v) for n, v in per.items()} for r, per in ids.items()})

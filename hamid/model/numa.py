@@ -1,0 +1,598 @@
+"""NUMA records for predictive placement: the node's NUMA profile, observed and predicted placements.
+
+Pure data and strict codecs (no I/O). Three annotations, all under hamid's own ``hamid.io/`` prefix
+(none of them exists in HAMi; a ``hami.io/`` key HAMi might define later with another meaning must
+not collide with ours):
+
+* ``hamid.io/numa-profile`` (node): CPUs with their core, socket and NUMA node, reserved CPUs,
+  NUMA distances and kubelet's policies — what the predictor needs to replay kubelet's choice.
+* ``hamid.io/numa-placement`` (pod): what kubelet actually assigned (PodResources API), per container.
+* ``hamid.io/numa-predicted`` (pod): the scheduler's prediction, written in the filter's patch so
+  the per-NUMA ledger can be rebuilt exactly after a restart.
+
+CPU sets use the Linux cpulist syntax (``0-63,128-191``); SMT siblings are encoded as run-length
+thread groups (``0,128x128`` = 128 cores {0,128}, {1,129}, ...), so a 2-socket, 64-core, 2-thread node's
+profile is a few hundred bytes. Every decoder raises :class:`InvalidInput` on anything malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from hamid.model._wire import (
+    INT64_MAX,
+    load_json,
+    parse_go_bool,
+    parse_go_int,
+    want_int,
+    want_list,
+    want_object,
+    want_str,
+)
+from hamid.model.errors import InvalidInput
+
+NUMA_PROFILE = "hamid.io/numa-profile"
+NUMA_PLACEMENT = "hamid.io/numa-placement"
+NUMA_PREDICTED = "hamid.io/numa-predicted"
+
+FORMAT_VERSION = 1
+#: Bound on one encoded annotation (Kubernetes allows 256 KiB for all annotations of an object).
+MAX_ANNOTATION_BYTES = 16 * 1024
+MAX_CPU_ID = 65535
+MAX_NUMA_ID = 63  # kubelet's NUMA bitmask is 64 bits wide
+MAX_DEVICE_ID_LENGTH = 256
+
+TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TM_SCOPES = ("container", "pod")
+CPU_POLICIES = ("none", "static")
+MEMORY_POLICIES = ("None", "Static")
+TM_OPTION_PREFER_CLOSEST = "prefer-closest-numa-nodes"
+TM_OPTION_MAX_NUMA_NODES = "max-allowable-numa-nodes"
+TM_OPTION_PREFER_MOST_ALLOCATED = "prefer-most-allocated-numa-node"
+CPU_OPTION_FULL_PCPUS_ONLY = "full-pcpus-only"
+CPU_OPTION_STRICT_RESERVATION = "strict-cpu-reservation"
+DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
+
+_INT = r"(?:0|[1-9][0-9]{0,4})"
+_CPU_TOKEN = re.compile(rf"({_INT})(?:-({_INT}))?\Z")
+_GROUP = re.compile(rf"({_INT}(?:,{_INT})*)(?:x([1-9][0-9]{{0,4}}))?\Z")
+_OPTION_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}\Z")
+_NUMA_KEY = re.compile(r"(?:0|[1-9][0-9]?)\Z")
+
+
+# ==========================================================================================
+# CPU lists and thread groups
+# ==========================================================================================
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The canonical Linux cpulist of a CPU set (ascending ranges, ``""`` when empty)."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_cpu_list(text: object, where: str) -> frozenset[int]:
+    """A canonical cpulist: ascending, non-overlapping, non-adjacent tokens; ``""`` is the empty set."""
+    value = want_str(text, where)
+    if value == "":
+        return frozenset()
+    if len(value) > MAX_ANNOTATION_BYTES:
+        raise InvalidInput(f"{where}: cpu list is too long")
+    cpus: list[int] = []
+    last = -2
+    for token in value.split(","):
+        m = _CPU_TOKEN.match(token)
+        if not m:
+            raise InvalidInput(f"{where}: {token!r:.40} is not a CPU id or range")
+        lo = int(m[1])
+        hi = lo if m[2] is None else int(m[2])
+        if hi <= lo and m[2] is not None:
+            raise InvalidInput(f"{where}: range {token!r} is empty or not ascending")
+        if hi > MAX_CPU_ID:
+            raise InvalidInput(f"{where}: CPU {hi} is above {MAX_CPU_ID}")
+        if lo <= last + 1:
+            raise InvalidInput(f"{where}: {token!r} is not after the previous token (not canonical)")
+        cpus.extend(range(lo, hi + 1))
+        last = hi
+    return frozenset(cpus)
+
+
+def format_thread_groups(groups: Iterable[Iterable[int]]) -> str:
+    """Run-length encode thread groups (sorted by first CPU): ``a,b xN`` = N groups shifted by 0..N-1."""
+    ordered = sorted(tuple(sorted(g)) for g in groups)
+    tokens: list[str] = []
+    i = 0
+    while i < len(ordered):
+        run = 1
+        while i + run < len(ordered) and ordered[i + run] == tuple(c + run for c in ordered[i]):
+            run += 1
+        head = ",".join(map(str, ordered[i]))
+        tokens.append(head if run == 1 else f"{head}x{run}")
+        i += run
+    return ";".join(tokens)
+
+
+def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
+    """Decode :func:`format_thread_groups` output; every CPU must appear in exactly one group."""
+    value = want_str(text, where)
+    if value == "":
+        return ()
+    seen: set[int] = set()
+    groups: list[frozenset[int]] = []
+    for token in value.split(";"):
+        m = _GROUP.match(token)
+        if not m:
+            raise InvalidInput(f"{where}: {token!r:.40} is not a thread group")
+        head = [int(c) for c in m[1].split(",")]
+        if head != sorted(set(head)):
+            raise InvalidInput(f"{where}: thread group {m[1]!r} is not strictly ascending")
+        for shift in range(int(m[2] or 1)):
+            group = frozenset(c + shift for c in head)
+            if max(group) > MAX_CPU_ID:
+                raise InvalidInput(f"{where}: CPU {max(group)} is above {MAX_CPU_ID}")
+            if seen & group:
+                raise InvalidInput(f"{where}: CPU {min(seen & group)} is in two thread groups")
+            seen |= group
+            groups.append(group)
+    return tuple(groups)
+
+
+# ==========================================================================================
+# Node NUMA profile
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class CpuInfo:
+    """One logical CPU. ``core`` is kubelet's unique core id: the lowest CPU id of its thread group."""
+
+    cpu: int
+    core: int
+    socket: int
+    numa: int
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletPolicies:
+    """The kubelet settings that decide NUMA placement (KubeletConfiguration names, values verbatim)."""
+
+    cpu_manager_policy: str = "none"
+    cpu_manager_options: Mapping[str, str] = field(default_factory=dict)
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+    topology_manager_options: Mapping[str, str] = field(default_factory=dict)
+    memory_manager_policy: str = "None"
+
+    def __post_init__(self) -> None:
+        """Reject values kubelet itself would not start with (policy names are enumerations)."""
+        _check_choice(self.cpu_manager_policy, CPU_POLICIES, "cpuManagerPolicy")
+        _check_choice(self.topology_manager_policy, TM_POLICIES, "topologyManagerPolicy")
+        _check_choice(self.topology_manager_scope, TM_SCOPES, "topologyManagerScope")
+        _check_choice(self.memory_manager_policy, MEMORY_POLICIES, "memoryManagerPolicy")
+        for where, options in (
+            ("cpuManagerPolicyOptions", self.cpu_manager_options),
+            ("topologyManagerPolicyOptions", self.topology_manager_options),
+        ):
+            for name, value in options.items():
+                if not isinstance(name, str) or not _OPTION_NAME.match(name):
+                    raise InvalidInput(f"{where}: {name!r:.70} is not an option name")
+                if not isinstance(value, str) or len(value) > 64:
+                    raise InvalidInput(f"{where}.{name}: want a string of at most 64 characters")
+        object.__setattr__(self, "cpu_manager_options", MappingProxyType(dict(self.cpu_manager_options)))
+        object.__setattr__(
+            self, "topology_manager_options", MappingProxyType(dict(self.topology_manager_options))
+        )
+
+    def max_allowable_numa_nodes(self) -> int:
+        """``max-allowable-numa-nodes`` (default 8); InvalidInput when kubelet could not parse it."""
+        raw = self.topology_manager_options.get(TM_OPTION_MAX_NUMA_NODES)
+        if raw is None:
+            return DEFAULT_MAX_ALLOWABLE_NUMA_NODES
+        return parse_go_int(raw, -(2**63), INT64_MAX, TM_OPTION_MAX_NUMA_NODES)
+
+    def option_enabled(self, options: Mapping[str, str], name: str) -> bool:
+        """A boolean policy option as kubelet parses it (``strconv.ParseBool``); absent is off."""
+        raw = options.get(name)
+        return False if raw is None else parse_go_bool(raw, name)
+
+
+def _check_choice(value: object, choices: tuple[str, ...], where: str) -> None:
+    if value not in choices:
+        raise InvalidInput(f"{where}: {value!r:.40} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True, slots=True)
+class NumaProfile:
+    """What kubelet sees of a node's CPU topology, and how it is configured to place containers.
+
+    ``generation`` grows on every change of the profile (ledgers built for another generation are
+    stale); ``observed_at`` (unix seconds) is when the node agent last confirmed it.
+    ``distances[i][j]`` is the distance between the i-th and j-th entries of ``numa_nodes``.
+    """
+
+    generation: int
+    observed_at: int
+    numa_nodes: tuple[int, ...]
+    cpus: tuple[CpuInfo, ...]
+    reserved_cpus: frozenset[int] = frozenset()
+    distances: tuple[tuple[int, ...], ...] | None = None
+    policies: KubeletPolicies = field(default_factory=KubeletPolicies)
+
+    def __post_init__(self) -> None:
+        """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
+        _check_profile(self)
+
+    @property
+    def all_cpus(self) -> frozenset[int]:
+        """Every online CPU kubelet knows."""
+        return frozenset(c.cpu for c in self.cpus)
+
+    def cpus_of_numa(self, numa: int) -> frozenset[int]:
+        """The CPUs of one NUMA node."""
+        return frozenset(c.cpu for c in self.cpus if c.numa == numa)
+
+    def distance(self, a: int, b: int) -> int | None:
+        """The distance between two NUMA nodes, ``None`` when the profile has none."""
+        if self.distances is None:
+            return None
+        index = {n: i for i, n in enumerate(self.numa_nodes)}
+        return self.distances[index[a]][index[b]]
+
+
+def _check_profile(p: NumaProfile) -> None:
+    want_int(p.generation, "numa profile generation", 0)
+    want_int(p.observed_at, "numa profile observedAt", 0)
+    if not p.numa_nodes or list(p.numa_nodes) != sorted(set(p.numa_nodes)):
+        raise InvalidInput("numa profile: NUMA nodes must be non-empty, unique and ascending")
+    if p.numa_nodes[0] < 0 or p.numa_nodes[-1] > MAX_NUMA_ID:
+        raise InvalidInput(f"numa profile: NUMA ids must be within 0-{MAX_NUMA_ID}")
+    if not p.cpus:
+        raise InvalidInput("numa profile: no CPUs")
+    ids = [c.cpu for c in p.cpus]
+    if ids != sorted(set(ids)):
+        raise InvalidInput("numa profile: CPUs must be unique and ascending")
+    if ids[0] < 0 or ids[-1] > MAX_CPU_ID:
+        raise InvalidInput(f"numa profile: CPU ids must be within 0-{MAX_CPU_ID}")
+    groups: dict[int, tuple[int, int]] = {}
+    for c in p.cpus:
+        if c.numa not in p.numa_nodes:
+            raise InvalidInput(f"numa profile: CPU {c.cpu} is on unknown NUMA node {c.numa}")
+        if not 0 <= c.socket <= MAX_CPU_ID:
+            raise InvalidInput(f"numa profile: CPU {c.cpu} has an invalid socket {c.socket}")
+        where = groups.setdefault(c.core, (c.socket, c.numa))
+        if where != (c.socket, c.numa):
+            raise InvalidInput(f"numa profile: core {c.core} spans sockets or NUMA nodes")
+    lowest: dict[int, int] = {}
+    for c in p.cpus:  # ascending: the first CPU seen of a core is its lowest
+        lowest.setdefault(c.core, c.cpu)
+    if any(core != cpu for core, cpu in lowest.items()):
+        raise InvalidInput("numa profile: a core id must be the lowest CPU id of its threads")
+    if not p.reserved_cpus <= frozenset(ids):
+        raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
+    if p.distances is not None:
+        n = len(p.numa_nodes)
+        if len(p.distances) != n or any(len(row) != n for row in p.distances):
+            raise InvalidInput(f"numa profile: distances must be a {n}x{n} matrix")
+        for row in p.distances:
+            for d in row:
+                want_int(d, "numa profile distance", 0, 255)
+
+
+# --- profile codec -------------------------------------------------------------------------
+
+_PROFILE_KEYS = frozenset({"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet"})
+_KUBELET_KEYS = {
+    "cpuManagerPolicy": "cpu_manager_policy",
+    "cpuManagerPolicyOptions": "cpu_manager_options",
+    "topologyManagerPolicy": "topology_manager_policy",
+    "topologyManagerScope": "topology_manager_scope",
+    "topologyManagerPolicyOptions": "topology_manager_options",
+    "memoryManagerPolicy": "memory_manager_policy",
+}
+
+
+def encode_profile(profile: NumaProfile) -> str:
+    """The ``hamid.io/numa-profile`` value (compact JSON, bounded)."""
+    by_numa: dict[int, list[int]] = {n: [] for n in profile.numa_nodes}
+    by_socket: dict[int, list[int]] = {}
+    by_core: dict[int, list[int]] = {}
+    for c in profile.cpus:
+        by_numa[c.numa].append(c.cpu)
+        by_socket.setdefault(c.socket, []).append(c.cpu)
+        by_core.setdefault(c.core, []).append(c.cpu)
+    pol = profile.policies
+    doc: dict[str, object] = {
+        "v": FORMAT_VERSION,
+        "gen": profile.generation,
+        "at": profile.observed_at,
+        "numa": {str(n): format_cpu_list(cpus) for n, cpus in by_numa.items()},
+        "sockets": {str(s): format_cpu_list(cpus) for s, cpus in sorted(by_socket.items())},
+        "cores": format_thread_groups(by_core.values()),
+        "reserved": format_cpu_list(profile.reserved_cpus),
+        "kubelet": {key: _plain(getattr(pol, attr)) for key, attr in _KUBELET_KEYS.items()},
+    }
+    if profile.distances is not None:
+        doc["distances"] = [list(row) for row in profile.distances]
+    return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
+
+
+def _plain(value: object) -> object:
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _bounded(text: str, key: str) -> str:
+    if len(text.encode()) > MAX_ANNOTATION_BYTES:
+        raise InvalidInput(f"{key}: encoded value is over {MAX_ANNOTATION_BYTES} bytes")
+    return text
+
+
+def _load(text: object, key: str, keys: frozenset[str]) -> Mapping[str, object]:
+    if isinstance(text, str) and len(text) > MAX_ANNOTATION_BYTES:
+        raise InvalidInput(f"{key}: value is over {MAX_ANNOTATION_BYTES} bytes")
+    doc = want_object(load_json(text, key), key)
+    unknown = sorted(set(doc) - keys)
+    if unknown:
+        raise InvalidInput(f"{key}: unknown field {unknown[0]!r:.40}")
+    if doc.get("v") != FORMAT_VERSION or isinstance(doc.get("v"), bool):
+        raise InvalidInput(f"{key}: want format version {FORMAT_VERSION}, got {doc.get('v')!r:.20}")
+    return doc
+
+
+def _id_map(value: object, where: str) -> dict[int, frozenset[int]]:
+    out: dict[int, frozenset[int]] = {}
+    for k, v in want_object(value, where).items():
+        if not re.fullmatch(_INT, k):
+            raise InvalidInput(f"{where}: key {k!r:.20} is not a canonical id")
+        out[int(k)] = parse_cpu_list(v, f"{where}.{k}")
+    return out
+
+
+def _cpu_owner(groups: Mapping[int, frozenset[int]], where: str) -> dict[int, int]:
+    owner: dict[int, int] = {}
+    for gid, cpus in groups.items():
+        for cpu in cpus:
+            if cpu in owner:
+                raise InvalidInput(f"{where}: CPU {cpu} is listed twice")
+            owner[cpu] = gid
+    return owner
+
+
+def _options(value: object, where: str) -> dict[str, str]:
+    return {k: want_str(v, f"{where}.{k}") for k, v in want_object(value, where).items()}
+
+
+def _policies(value: object) -> KubeletPolicies:
+    where = f"{NUMA_PROFILE}.kubelet"
+    doc = want_object(value, where)
+    unknown = sorted(set(doc) - set(_KUBELET_KEYS))
+    if unknown:
+        raise InvalidInput(f"{where}: unknown field {unknown[0]!r:.40}")
+    kwargs: dict[str, object] = {}
+    for key, attr in _KUBELET_KEYS.items():
+        if key in doc:
+            raw = doc[key]
+            kwargs[attr] = (
+                _options(raw, f"{where}.{key}")
+                if key.endswith("Options")
+                else want_str(raw, f"{where}.{key}")
+            )
+    return KubeletPolicies(**kwargs)  # type: ignore[arg-type]
+
+
+def decode_profile(text: object) -> NumaProfile:
+    """Parse ``hamid.io/numa-profile``; InvalidInput on anything malformed or incoherent."""
+    key = NUMA_PROFILE
+    doc = _load(text, key, _PROFILE_KEYS)
+    for required in ("gen", "at", "numa", "sockets", "cores"):
+        if required not in doc:
+            raise InvalidInput(f"{key}: missing field {required!r}")
+    numa = _id_map(doc["numa"], f"{key}.numa")
+    numa_of = _cpu_owner(numa, f"{key}.numa")
+    socket_of = _cpu_owner(_id_map(doc["sockets"], f"{key}.sockets"), f"{key}.sockets")
+    core_of: dict[int, int] = {}
+    for group in parse_thread_groups(doc["cores"], f"{key}.cores"):
+        for cpu in group:
+            core_of[cpu] = min(group)
+    if not set(numa_of) == set(socket_of) == set(core_of):
+        raise InvalidInput(f"{key}: numa, sockets and cores must list the same CPUs")
+    cpus = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(numa_of))
+    distances = None
+    if "distances" in doc:
+        rows = want_list(doc["distances"], f"{key}.distances")
+        distances = tuple(
+            tuple(
+                want_int(d, f"{key}.distances[{i}]", 0, 255) for d in want_list(row, f"{key}.distances[{i}]")
+            )
+            for i, row in enumerate(rows)
+        )
+    return NumaProfile(
+        generation=want_int(doc["gen"], f"{key}.gen", 0),
+        observed_at=want_int(doc["at"], f"{key}.at", 0),
+        numa_nodes=tuple(sorted(numa)),
+        cpus=cpus,
+        reserved_cpus=parse_cpu_list(doc.get("reserved", ""), f"{key}.reserved"),
+        distances=distances,
+        policies=_policies(doc.get("kubelet", {})),
+    )
+
+
+# ==========================================================================================
+# Observed placement and prediction (per pod, per container)
+# ==========================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlacement:
+    """What one container holds: its NUMA node(s), exclusive CPUs, device IDs per resource per NUMA."""
+
+    name: str
+    numa: frozenset[int]
+    cpus: frozenset[int]
+    devices: Mapping[str, Mapping[int, tuple[str, ...]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPrediction:
+    """The predicted share of one container: NUMA node(s), exclusive CPUs, device counts per NUMA.
+
+    ``devices`` counts the replicas the container newly takes; replicas reused from an init
+    container stay on the container that took them, so a pod's usage is the sum over containers.
+    """
+
+    name: str
+    numa: frozenset[int]
+    cpus: frozenset[int]
+    devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """``hamid.io/numa-placement``: observed from kubelet's PodResources API for profile ``generation``."""
+
+    generation: int
+    containers: tuple[ContainerPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodPrediction:
+    """``hamid.io/numa-predicted``: the scheduler's prediction against profile ``generation``."""
+
+    generation: int
+    containers: tuple[ContainerPrediction, ...]
+
+
+_POD_KEYS = frozenset({"v", "gen", "containers"})
+_CONTAINER_KEYS = frozenset({"name", "numa", "cpus", "devices"})
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_RESOURCE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,252}/[A-Za-z0-9][-A-Za-z0-9_.]{0,62}\Z")
+_DEVICE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_DEVICE_ID_LENGTH}}}\Z")
+
+
+def _encode_pod(gen: int, containers: Iterable[ContainerPlacement | ContainerPrediction], key: str) -> str:
+    rows = []
+    for c in containers:
+        devices = {
+            res: {str(n): (list(v) if isinstance(v, tuple) else v) for n, v in sorted(per_numa.items())}
+            for res, per_numa in sorted(c.devices.items())
+        }
+        row: dict[str, object] = {
+            "name": c.name,
+            "numa": format_cpu_list(c.numa),
+            "cpus": format_cpu_list(c.cpus),
+        }
+        if devices:
+            row["devices"] = devices
+        rows.append(row)
+    doc = {"v": FORMAT_VERSION, "gen": gen, "containers": rows}
+    return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), key)
+
+
+def encode_placement(placement: PodPlacement) -> str:
+    """The ``hamid.io/numa-placement`` value."""
+    _check_pod(placement.generation, placement.containers, NUMA_PLACEMENT, ids=True)
+    return _encode_pod(placement.generation, placement.containers, NUMA_PLACEMENT)
+
+
+def encode_prediction(prediction: PodPrediction) -> str:
+    """The ``hamid.io/numa-predicted`` value."""
+    _check_pod(prediction.generation, prediction.containers, NUMA_PREDICTED, ids=False)
+    return _encode_pod(prediction.generation, prediction.containers, NUMA_PREDICTED)
+
+
+def _check_pod(
+    gen: int, containers: Iterable[ContainerPlacement | ContainerPrediction], key: str, ids: bool
+) -> None:
+    want_int(gen, f"{key}.gen", 0)
+    names: set[str] = set()
+    for c in containers:
+        where = f"{key} container {c.name!r:.70}"
+        if not isinstance(c.name, str) or not _NAME.match(c.name) or c.name in names:
+            raise InvalidInput(f"{where}: not a unique container name")
+        names.add(c.name)
+        if any(not 0 <= n <= MAX_NUMA_ID for n in c.numa) or any(not 0 <= x <= MAX_CPU_ID for x in c.cpus):
+            raise InvalidInput(f"{where}: NUMA or CPU id out of range")
+        for res, per_numa in c.devices.items():
+            if not isinstance(res, str) or not _RESOURCE.match(res):
+                raise InvalidInput(f"{where}: {res!r:.70} is not an extended resource name")
+            for n, v in per_numa.items():
+                if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_NUMA_ID:
+                    raise InvalidInput(f"{where}: {res}: NUMA {n!r:.20} out of range")
+                _check_devices(v, f"{where}: {res} on NUMA {n}", ids)
+
+
+def _check_devices(value: object, where: str, ids: bool) -> None:
+    if ids:
+        if not isinstance(value, tuple) or not value:
+            raise InvalidInput(f"{where}: want a non-empty tuple of device IDs")
+        if len(set(value)) != len(value) or not all(
+            isinstance(d, str) and _DEVICE_ID.match(d) for d in value
+        ):
+            raise InvalidInput(f"{where}: device IDs must be unique printable strings")
+    else:
+        want_int(value, where, 1, 1 << 20)
+
+
+def _decode_pod(
+    text: object, key: str, ids: bool
+) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict]]]:
+    doc = _load(text, key, _POD_KEYS)
+    if "gen" not in doc or "containers" not in doc:
+        raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
+    gen = want_int(doc["gen"], f"{key}.gen", 0)
+    out = []
+    for i, raw in enumerate(want_list(doc["containers"], f"{key}.containers")):
+        where = f"{key}.containers[{i}]"
+        row = want_object(raw, where)
+        unknown = sorted(set(row) - _CONTAINER_KEYS)
+        if unknown or "name" not in row:
+            raise InvalidInput(
+                f"{where}: unknown field {unknown[0]!r:.40}" if unknown else f"{where}: no name"
+            )
+        devices: dict[str, dict[int, object]] = {}
+        for res, per_numa in want_object(row.get("devices", {}), f"{where}.devices").items():
+            devices[res] = {}
+            for n, v in want_object(per_numa, f"{where}.devices.{res}").items():
+                if not _NUMA_KEY.match(n):
+                    raise InvalidInput(f"{where}.devices.{res}: key {n!r:.20} is not a NUMA id")
+                if ids:
+                    items = want_list(v, f"{where}.devices.{res}.{n}")
+                    devices[res][int(n)] = tuple(want_str(d, f"{where}.devices.{res}.{n}") for d in items)
+                else:
+                    devices[res][int(n)] = v
+        out.append(
+            (
+                want_str(row["name"], f"{where}.name"),
+                parse_cpu_list(row.get("numa", ""), f"{where}.numa"),
+                parse_cpu_list(row.get("cpus", ""), f"{where}.cpus"),
+                devices,
+            )
+        )
+    return gen, out
+
+
+def decode_placement(text: object) -> PodPlacement:
+    """Parse ``hamid.io/numa-placement``; InvalidInput on anything malformed."""
+    gen, rows = _decode_pod(text, NUMA_PLACEMENT, ids=True)
+    containers = tuple(ContainerPlacement(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    _check_pod(gen, containers, NUMA_PLACEMENT, ids=True)
+    return PodPlacement(gen, containers)
+
+
+def decode_prediction(text: object) -> PodPrediction:
+    """Parse ``hamid.io/numa-predicted``; InvalidInput on anything malformed."""
+    gen, rows = _decode_pod(text, NUMA_PREDICTED, ids=False)
+    containers = tuple(ContainerPrediction(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    _check_pod(gen, containers, NUMA_PREDICTED, ids=False)
+    return PodPrediction(gen, containers)

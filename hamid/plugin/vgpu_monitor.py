@@ -1,0 +1,212 @@
+"""Per-container GPU usage read from HAMi-core's shared-region cache files (HAMi's vGPU monitor).
+
+HAMi-core (``libvgpu.so``) keeps, per container, a memory-mapped ``shared_region_t``
+(``src/multiprocess/multiprocess_memory_limit.h``, version 1.x) in the file named by
+``CUDA_DEVICE_MEMORY_SHARED_CACHE``; on the host it lies in the container's cache directory,
+``<HOOK_PATH>/vgpu/containers/<podUID>_<container>/<token>.cache``. The structures below mirror
+that header field by field with C layout (``ctypes``), so offsets follow the platform's ABI
+(x86_64 and arm64 glibc: ``sem_t`` is 32 bytes). Only the parts needed are read (``pread``): the
+header, the live process slots and the counters after them, never the whole 2 MB file.
+
+A file is used only when its ``initialized_flag`` is HAMi-core's magic and its major version is 1;
+anything else (a partly written file, another layout) is skipped and counted, never misread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+from hamid.log import get_logger
+from hamid.model import hamicore
+from hamid.plugin.cachedirs import pod_uid_of
+
+log = get_logger("plugin.vgpu_monitor")
+
+MAGIC = 19920718
+MAJOR_VERSION = 1
+MAX_DEVICES = 16
+MAX_PROCESSES = 1024
+UUID_BYTES = 96
+SEM_T_BYTES = 32
+
+
+class DeviceMemory(ctypes.Structure):
+    """``device_memory_t``: bytes a process holds on one device, by kind."""
+
+    _fields_ = [
+        ("context_size", ctypes.c_uint64),
+        ("module_size", ctypes.c_uint64),
+        ("data_size", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("total", ctypes.c_uint64),
+        ("unused", ctypes.c_uint64 * 3),
+    ]
+
+
+class DeviceUtil(ctypes.Structure):
+    """``device_util_t``: a process's decoder, encoder and SM utilisation (percent) on one device."""
+
+    _fields_ = [
+        ("dec_util", ctypes.c_uint64),
+        ("enc_util", ctypes.c_uint64),
+        ("sm_util", ctypes.c_uint64),
+        ("unused", ctypes.c_uint64 * 3),
+    ]
+
+
+class ProcSlot(ctypes.Structure):
+    """``shrreg_proc_slot_t``: one process of the container (``pid`` 0 = free slot)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_int32),
+        ("hostpid", ctypes.c_int32),
+        ("used", DeviceMemory * MAX_DEVICES),
+        ("monitorused", ctypes.c_uint64 * MAX_DEVICES),
+        ("device_util", DeviceUtil * MAX_DEVICES),
+        ("status", ctypes.c_int32),
+        ("seqlock", ctypes.c_uint64),
+        ("unused", ctypes.c_uint64 * 2),
+    ]
+
+
+class RegionHead(ctypes.Structure):
+    """``shared_region_t`` up to (excluding) ``procs``: versions, devices, limits."""
+
+    _fields_ = [
+        ("initialized_flag", ctypes.c_int32),
+        ("major_version", ctypes.c_uint32),
+        ("minor_version", ctypes.c_uint32),
+        ("sm_init_flag", ctypes.c_int32),
+        ("owner_pid", ctypes.c_size_t),
+        ("sem", ctypes.c_uint8 * SEM_T_BYTES),
+        ("device_num", ctypes.c_uint64),
+        ("uuids", (ctypes.c_char * UUID_BYTES) * MAX_DEVICES),
+        ("limit", ctypes.c_uint64 * MAX_DEVICES),
+        ("sm_limit", ctypes.c_uint64 * MAX_DEVICES),
+    ]
+
+
+class SharedRegion(ctypes.Structure):
+    """The whole ``shared_region_t`` (used for its field offsets and size)."""
+
+    _fields_ = [
+        *RegionHead._fields_,
+        ("procs", ProcSlot * MAX_PROCESSES),
+        ("proc_num", ctypes.c_int),
+        ("utilization_switch", ctypes.c_int),
+        ("recent_kernel", ctypes.c_int),
+        ("priority", ctypes.c_int),
+        ("last_kernel_time", ctypes.c_uint64),
+        ("sem_postinit", ctypes.c_uint8 * SEM_T_BYTES),
+    ]
+
+
+REGION_SIZE = ctypes.sizeof(SharedRegion)
+_PROCS_AT = SharedRegion.procs.offset
+_TAIL_AT = SharedRegion.proc_num.offset
+_TAIL_BYTES = SharedRegion.last_kernel_time.offset + 8 - _TAIL_AT
+
+
+class RegionError(Exception):
+    """A cache file that is not (yet) a HAMi-core 1.x shared region."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """One device of one container: HAMi-core's limits and what its processes use now."""
+
+    index: int
+    uuid: str
+    memory_used_bytes: int
+    memory_limit_bytes: int
+    sm_utilization_percent: int
+    sm_limit_percent: int
+    context_bytes: int
+    module_bytes: int
+    data_bytes: int
+    offset_bytes: int
+
+
+def read_region(path: str) -> tuple[DeviceUsage, ...]:
+    """Per-device usage of one cache file (blocking); :class:`RegionError` when it is not one."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        if os.fstat(fd).st_size < REGION_SIZE:
+            raise RegionError(f"{path}: {os.fstat(fd).st_size} bytes, a shared region has {REGION_SIZE}")
+        head = RegionHead.from_buffer_copy(os.pread(fd, ctypes.sizeof(RegionHead), 0))
+        if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
+            raise RegionError(
+                f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region "
+                f"(flag {head.initialized_flag}, version {head.major_version}.{head.minor_version})"
+            )
+        proc_num = ctypes.c_int.from_buffer_copy(os.pread(fd, _TAIL_BYTES, _TAIL_AT)[:4]).value
+        count = max(0, min(proc_num, MAX_PROCESSES))
+        raw = os.pread(fd, count * ctypes.sizeof(ProcSlot), _PROCS_AT)
+    slots = (ProcSlot * count).from_buffer_copy(raw) if count else ()
+    live = [s for s in slots if s.pid != 0]
+    devices = min(int(head.device_num), MAX_DEVICES)
+    return tuple(_device(head, live, i) for i in range(devices))
+
+
+def _device(head: RegionHead, live: list[ProcSlot], i: int) -> DeviceUsage:
+    """Device ``i``'s usage summed over the live slots (HAMi takes the larger of the library's
+    count and the monitor's NVML count per process)."""
+    return DeviceUsage(
+        index=i,
+        uuid=head.uuids[i].value.decode(errors="replace"),
+        memory_used_bytes=sum(max(s.used[i].total, s.monitorused[i]) for s in live),
+        memory_limit_bytes=int(head.limit[i]),
+        sm_utilization_percent=sum(int(s.device_util[i].sm_util) for s in live),
+        sm_limit_percent=int(head.sm_limit[i]),
+        context_bytes=sum(s.used[i].context_size for s in live),
+        module_bytes=sum(s.used[i].module_size for s in live),
+        data_bytes=sum(s.used[i].data_size for s in live),
+        offset_bytes=sum(s.used[i].offset for s in live),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """The devices of one container's cache file, named by pod UID and container."""
+
+    pod_uid: str
+    container: str
+    devices: tuple[DeviceUsage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageScan:
+    """One pass over the containers directory: what was read and how many files were skipped."""
+
+    containers: tuple[ContainerUsage, ...]
+    skipped: int
+
+
+def scan(hook_path: str) -> UsageScan:
+    """Read every ``<uid>_<container>/*.cache`` under ``<hook_path>/vgpu/containers`` (blocking)."""
+    root = hamicore.containers_dir(hook_path)
+    found: list[ContainerUsage] = []
+    skipped = 0
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return UsageScan((), 0)
+    for name in entries:
+        uid = pod_uid_of(name)
+        directory = os.path.join(root, name)
+        if uid is None or not os.path.isdir(directory):
+            continue
+        container = name[len(uid) + 1 :]
+        for file in sorted(os.listdir(directory)):
+            if not file.endswith(hamicore.CACHE_SUFFIX):
+                continue
+            try:
+                devices = read_region(os.path.join(directory, file))
+            except (OSError, RegionError) as exc:
+                log.debug("cache file skipped", file=file, container_dir=name, error=str(exc))
+                skipped += 1
+                continue
+            found.append(ContainerUsage(uid, container, devices))
+    return UsageScan(tuple(found), skipped)

@@ -1,0 +1,141 @@
+"""``hamid status`` against the embedded API server: GPUs per node and NUMA node, pods, refits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hamid.kube.client import connect
+from hamid.kube.events import EventRecorder
+from hamid.model.annotations import DEVICES_ALLOCATED, NODE_REGISTER, encode_node_devices, encode_pod_devices
+from hamid.model.devices import MODE_HAMI_CORE, ContainerDevice, DeviceInfo
+from hamid.model.reasons import EVENT_NUMA_REFIT_SUCCEED
+from hamid.sim.apiserver import ApiServer
+from hamid.status import collect, render_text
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def gpu(i: int, numa: int) -> DeviceInfo:
+    return DeviceInfo(f"GPU-{i}", i, 10, 16000, 100, "NVIDIA-A100", numa, MODE_HAMI_CORE, True)
+
+
+def pod(
+    name: str, devices: list[list[ContainerDevice]], phase: str = "Running", **spec: Any
+) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "image": "cuda"} for i in range(len(devices))]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "annotations": {DEVICES_ALLOCATED: encode_pod_devices(devices)},
+        },
+        "spec": {"nodeName": "n1", "containers": containers, **spec},
+        "status": {"phase": phase},
+    }
+
+
+async def seed(server: ApiServer) -> None:
+    register = encode_node_devices([gpu(0, 0), gpu(1, 0), gpu(2, 1)])
+    server.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "n1", "annotations": {NODE_REGISTER: register}},
+        }
+    )
+    server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}})
+    server.put(pod("a", [[ContainerDevice("GPU-2", "NVIDIA", 4000, 30)]]))
+    server.put(
+        pod(
+            "b",
+            [[ContainerDevice("GPU-2", "NVIDIA", 2000, 20)], [ContainerDevice("GPU-0", "NVIDIA", 1000, 0)]],
+        )
+    )
+    server.put(pod("done", [[ContainerDevice("GPU-1", "NVIDIA", 8000, 50)]], phase="Succeeded"))
+    kube = await connect(api_server=server.url)
+    try:
+        recorder = EventRecorder(kube, "hami-scheduler")
+        target = server.get("Pod", "default", "a")
+        assert target is not None
+        await recorder.record(
+            target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "NUMA refit moved container 0 from [GPU-0] to [GPU-2]"
+        )
+    finally:
+        await kube.close()
+
+
+async def test_status_per_node_numa_gpu(apiserver: ApiServer) -> None:
+    await seed(apiserver)
+    kube = await connect(api_server=apiserver.url)
+    try:
+        status = await collect(kube, None, 10)
+    finally:
+        await kube.close()
+    (node,) = status.nodes
+    assert node.name == "n1" and node.problems == []
+    gpus = {g.uuid: g for g in node.gpus}
+    assert (gpus["GPU-2"].numa, gpus["GPU-2"].used_memory_mib, gpus["GPU-2"].used_cores) == (1, 6000, 50)
+    assert sorted(gpus["GPU-2"].pods) == ["default/a", "default/b"]
+    assert (gpus["GPU-0"].used_memory_mib, gpus["GPU-0"].pods) == (1000, ["default/b"])
+    assert (gpus["GPU-1"].used_memory_mib, gpus["GPU-1"].pods) == (0, [])  # Succeeded pods free their GPUs
+    (refit,) = status.refits
+    assert (refit.reason, refit.pod) == (EVENT_NUMA_REFIT_SUCCEED, "default/a")
+    text = render_text(status)
+    assert "  NUMA 1\n    GPU 2 GPU-2 NVIDIA-A100: memory 6000/16000 MiB, cores 50/100%, slots 2/10" in text
+    assert "from [GPU-0] to [GPU-2]" in text
+
+
+async def hamid(*args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("KUBECONFIG", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from hamid.cli import main; main()",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_status_cli_with_a_kubeconfig(apiserver: ApiServer, tmp_path: Path) -> None:
+    await seed(apiserver)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "sim", "cluster": {"server": apiserver.url}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "u"}}],
+                "current-context": "sim",
+            }
+        )
+    )
+    code, out, err = await hamid("status", f"--kubeconfig={kubeconfig}", "--output=json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert [n["name"] for n in data["nodes"]] == ["n1"]
+    assert data["refits"][0]["pod"] == "default/a"
+    code, out, err = await hamid("status", f"--api-server={apiserver.url}", "--node=n1")
+    assert code == 0, err
+    assert out.startswith("node n1\n  NUMA 0\n")
+
+
+async def test_status_with_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    code, _out, err = await hamid("status", f"--kubeconfig={tmp_path / 'none'}")
+    assert code == 1
+    assert err.strip() == f"Error: kubeconfig {tmp_path / 'none'} does not exist (--kubeconfig or KUBECONFIG)"

@@ -1,0 +1,86 @@
+"""Scheduler metrics: promtool-clean ``/metrics``; HAMi's names on ``/metrics/hami`` from the same state."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.state import SchedulerState
+from tests.unit.metrics.promtool import needs_promtool, promtool_problems
+from tests.unit.scheduler.helpers import node, placed, pod
+
+
+def _state() -> SchedulerState:
+    state = SchedulerState()
+    state.on_node(node("n1"))
+    state.on_quota(
+        {
+            "metadata": {"name": "q", "namespace": "default"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "3000", "limits.nvidia.com/gpucores": "50"}},
+        }
+    )
+    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,30:;"))
+    return state
+
+
+def _samples(payload: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(payload.decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def _one(samples: list[tuple[dict[str, str], float]], **labels: str) -> float:
+    found = [v for got, v in samples if all(got.get(k) == want for k, want in labels.items())]
+    assert len(found) == 1, (labels, samples)
+    return found[0]
+
+
+@needs_promtool
+def test_scheduler_metrics_pass_promtool() -> None:
+    metrics = SchedulerMetrics(_state())
+    metrics.filter_results.labels("ok").inc()
+    metrics.bind_seconds.labels("ok").observe(0.01)
+    payload = generate_latest(metrics.registry)
+    assert promtool_problems(payload) == ""
+    text = payload.decode()
+    assert "_created" not in text
+    assert "process_resident_memory_bytes" in text and "python_info" in text
+
+
+def test_core_ratio_is_a_ratio_and_shared_is_containers() -> None:
+    s = _samples(generate_latest(SchedulerMetrics(_state()).registry))
+    assert _one(s["hamid_gpu_core_allocated_ratio"], device_uuid="n1-gpu0") == 0.3
+    assert _one(s["hamid_gpu_core_limit_percent"], device_uuid="n1-gpu0") == 100
+    assert _one(s["hamid_gpu_shared_containers"], device_uuid="n1-gpu0") == 1
+    assert _one(s["hamid_gpu_memory_allocated_bytes"], device_uuid="n1-gpu0") == 1000 * 1024 * 1024
+    assert "hamid_gpu_shared_count" not in s
+
+
+def test_hami_names_carry_the_same_numbers() -> None:
+    s = _samples(generate_latest(SchedulerMetrics(_state()).hami_registry))
+    mib = 1024 * 1024
+    gpu0 = {"nodeid": "n1", "deviceuuid": "n1-gpu0", "deviceidx": "0", "zone": "vGPU"}
+    assert _one(s["GPUDeviceMemoryAllocated"], **gpu0, devicecores="100") == 1000 * mib
+    assert _one(s["GPUDeviceCoreAllocated"], **gpu0) == 30
+    assert _one(s["GPUDeviceCoreLimit"], **gpu0) == 100
+    assert _one(s["GPUDeviceSharedNum"], **gpu0) == 1
+    assert _one(s["nodeGPUMemoryPercentage"], **gpu0) > 0
+    new = {"node": "n1", "device_uuid": "n1-gpu0", "device_index": "0", "zone": "vGPU"}
+    assert _one(s["hami_gpu_core_allocated_ratio"], **new) == 30
+    assert _one(s["hami_gpu_shared_count"], **new) == 1
+    ctr = {"podnamespace": "default", "podname": "a", "nodename": "n1", "containeridx": "0"}
+    assert _one(s["vGPUMemoryAllocated"], **ctr, deviceuuid="n1-gpu0") == 1000 * mib
+    assert _one(s["vGPUCoreAllocated"], **ctr, deviceuuid="n1-gpu0") == 30
+    assert _one(s["hami_vgpu_memory_allocated_bytes"], pod="a", device_uuid="n1-gpu0") == 1000 * mib
+    assert _one(s["QuotaUsed"], quotanamespace="default", quotaName="nvidia.com/gpumem", limit="3000") == 1000
+    assert _one(s["hami_resource_quota_used"], namespace="default", quota_name="nvidia.com/gpucores") == 30
+
+
+@needs_promtool
+def test_promtool_catches_the_old_names() -> None:
+    """The check bites: a gauge ending in ``_count`` (the scheduler's old name) is refused."""
+    bad = b"# HELP hamid_gpu_shared_count x\n# TYPE hamid_gpu_shared_count gauge\nhamid_gpu_shared_count 1\n"
+    assert "_count" in promtool_problems(bad)

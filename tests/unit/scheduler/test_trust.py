@@ -1,0 +1,175 @@
+"""Trust nothing a pod says about itself (issue 16): the webhook removes scheduler-owned keys and
+refuses pods that would skip the scheduler; the state books only what requests and register confirm.
+
+Wire names are spelled out literally here, so a typo in the code's constants fails these tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from hamid.model.resources import ResourceConfig
+from hamid.scheduler.state import SchedulerState
+from hamid.scheduler.webhook import admission_response, review_pod
+from tests.unit.scheduler.helpers import container, node, pod
+
+CFG = ResourceConfig()
+OWNED = {
+    "hami.io/vgpu-node": "n1",
+    "hami.io/vgpu-time": "1700000000",
+    "hami.io/vgpu-devices-to-allocate": "n1-gpu0,NVIDIA,97887,100:;",
+    "hami.io/vgpu-devices-allocated": "n1-gpu0,NVIDIA,97887,100:;",
+    "hami.io/vgpu-mig-allocations": "x",
+    "hami.io/bind-phase": "success",
+    "hami.io/bind-time": "1700000000",
+}
+
+
+def review(p: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u", "operation": operation, "namespace": "default", "object": p},
+    }
+    seen: list[tuple[str, ...]] = []
+    answer = admission_response(
+        body,
+        lambda q, ns: review_pod(q, CFG, "hami-scheduler", lambda _ns: None, ns),
+        lambda _p, k: seen.append(k),
+    )
+    response = answer["response"]
+    response["_seen"] = seen
+    return response
+
+
+def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+@pytest.mark.parametrize("labels", [{}, {"hami.io/webhook": "ignore"}])
+@pytest.mark.parametrize("scheduler", ["", "hami-scheduler", "other-scheduler"])
+def test_scheduler_owned_annotations_are_removed_at_create(labels: dict[str, str], scheduler: str) -> None:
+    p = pod("a", annotations={**OWNED, "team.io/keep": "yes"})
+    p["metadata"]["labels"] = {**labels, "hami.io/vgpu-node": "n1"}
+    if scheduler:
+        p["spec"]["schedulerName"] = scheduler
+    response = review(p)
+    assert response["allowed"] is True
+    removed = {op["path"] for op in patch_of(response) if op["op"] == "remove"}
+    assert removed == {
+        "/metadata/annotations/hami.io~1vgpu-node",
+        "/metadata/annotations/hami.io~1vgpu-time",
+        "/metadata/annotations/hami.io~1vgpu-devices-to-allocate",
+        "/metadata/annotations/hami.io~1vgpu-devices-allocated",
+        "/metadata/annotations/hami.io~1vgpu-mig-allocations",
+        "/metadata/annotations/hami.io~1bind-phase",
+        "/metadata/annotations/hami.io~1bind-time",
+        "/metadata/labels/hami.io~1vgpu-node",
+    }
+    assert "scheduler-owned" in response["warnings"][0]
+    assert len(response["_seen"]) == 1 and len(response["_seen"][0]) == 8
+
+
+def test_updates_are_not_stripped_and_clean_pods_get_no_warning() -> None:
+    response = review(pod("a", annotations=dict(OWNED)), operation="UPDATE")
+    assert not [op for op in patch_of(response) if op["op"] == "remove"] and "warnings" not in response
+    response = review(pod("b"))
+    assert "warnings" not in response and response["_seen"] == []
+
+
+@pytest.mark.parametrize("bypass", ["label", "scheduler"])
+def test_a_gpu_pod_with_a_preset_node_is_denied_whoever_schedules_it(bypass: str) -> None:
+    p = pod("a")
+    p["spec"]["nodeName"] = "n1"
+    if bypass == "label":
+        p["metadata"]["labels"] = {"hami.io/webhook": "ignore"}
+    else:
+        p["spec"]["schedulerName"] = "other-scheduler"
+    response = review(p)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert "spec.nodeName" in response["status"]["message"]
+    cpu_only = pod("b", containers=[container("main")])
+    cpu_only["spec"]["nodeName"] = "n1"
+    cpu_only["spec"]["schedulerName"] = "other-scheduler"
+    assert review(cpu_only)["allowed"] is True
+
+
+def test_invalid_numa_alignment_is_denied_with_upstreams_wording() -> None:
+    response = review(pod("a", annotations={"hami.io/numa-alignment": "bogus"}))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        'invalid hami.io/numa-alignment annotation "bogus": expected "best-effort" or "strict"'
+    )
+    for value in ("best-effort", "strict", " Strict "):
+        assert review(pod("a", annotations={"hami.io/numa-alignment": value}))["allowed"] is True
+    foreign = pod("a", annotations={"hami.io/numa-alignment": "bogus"})
+    foreign["spec"]["schedulerName"] = "other-scheduler"
+    assert review(foreign)["allowed"] is True  # upstream: pods of another scheduler are not judged
+
+
+def _state() -> SchedulerState:
+    state = SchedulerState(CFG, scheduler_name="hami-scheduler")
+    state.on_node(node("n1"))
+    return state
+
+
+def _forged(p: dict[str, Any], raw: str, node_name: str = "n1") -> dict[str, Any]:
+    p["metadata"]["annotations"].update(
+        {"hami.io/vgpu-node": node_name, "hami.io/vgpu-devices-allocated": raw}
+    )
+    return p
+
+
+@pytest.mark.parametrize(
+    ("p", "raw", "why"),
+    [
+        (pod("cpu", containers=[container("main")]), "???", "requests no GPU"),
+        (pod("cpu", containers=[container("main")]), "n1-gpu0,NVIDIA,1000,10:;", "requests no GPU"),
+        (pod("huge"), "n1-gpu0,NVIDIA,2000000000,10:;", "the GPU has 8000 MiB"),
+        (pod("ghost"), "GPU-not-here,NVIDIA,1000,10:;", "not registered"),
+        (pod("two"), "n1-gpu0,NVIDIA,1000,10:n1-gpu1,NVIDIA,1000,10:;", "holds 2 GPUs but requests 1"),
+        (pod("extra"), "n1-gpu0,NVIDIA,1000,10:;n1-gpu1,NVIDIA,1000,10:;", "2 container entries"),
+    ],
+)
+def test_allocations_the_pod_cannot_have_are_not_booked(p: dict[str, Any], raw: str, why: str) -> None:
+    state = _state()
+    state.on_pod(_forged(p, raw))
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert state.quota_used("default") == (0, 0)
+    [(refused, message)] = state.refused
+    assert refused is p and why in message
+    state.on_pod(p)  # the same value again: no second report
+    assert len(state.refused) == 1
+
+
+def test_foreign_scheduler_and_other_node_are_not_booked() -> None:
+    state = _state()
+    foreign = _forged(pod("f"), "n1-gpu0,NVIDIA,1000,10:;")
+    foreign["spec"]["schedulerName"] = "other-scheduler"
+    elsewhere = _forged(pod("e"), "n1-gpu0,NVIDIA,1000,10:;")
+    elsewhere["spec"]["nodeName"] = "n2"
+    for p in (foreign, elsewhere):
+        state.on_pod(p)
+    assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+    assert [m for _p, m in state.refused] == [
+        "the pod is scheduled by 'other-scheduler', which is not 'hami-scheduler'",
+        "the pod runs on node n2, its hami.io/vgpu-node names n1",
+    ]
+
+
+def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_too() -> None:
+    state = _state()
+    ok = _forged(pod("ok"), "n1-gpu0,NVIDIA,1000,10:;")
+    ok["spec"]["schedulerName"] = "default-scheduler"
+    state.on_pod(ok)
+    assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
+    mine = pod("mine")
+    mine["spec"]["schedulerName"] = "other-scheduler"
+    state.reserve(mine, "n1", (), "")  # this scheduler's own record of the pod
+    state.confirm("uid-mine")
+    state.on_pod(_forged(mine, "n1-gpu1,NVIDIA,1000,10:;"))
+    assert state.snapshot()["n1"]["n1-gpu1"] == (1, 1000, 10) and state.refused == []
