@@ -74,10 +74,7 @@ class Machine(MachineInfo):
 
     def devices_document(self) -> dict[str, Any]:
         """The GPUs as a ``hamid plugin --devices-file`` document (``links`` passed through unchanged)."""
-        document = devices_document(self.gpus)
-        if self.links is not None:
-            document["links"] = self.links
-        return document
+        return devices_document(self.gpus, self.links)
 
     def describe(self) -> str:
         """One line per NUMA node: its CPUs and GPUs."""

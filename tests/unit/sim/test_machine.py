@@ -89,14 +89,16 @@ lscpu: |
   3,1,1,1
 distances: [[10, 21], [21, 10]]
 reservedCpus: "0,2"
-links: {matrix: [[X, NV12], [NV12, X]]}
+links: {G0: {G1: {level: SYSTEM, nvlinks: 0}}}
 devices:
   - {uuid: G0, index: 0, name: T4, memoryMiB: 15360, numa: 0, pciBusId: "0000:3b:00.0"}
+  - {uuid: G1, index: 1, name: T4, memoryMiB: 15360, numa: 1, pciBusId: "0000:af:00.0"}
 """
     machine = parse_machine_text(text)
     assert machine.cpu_topology.cpus_per_core() == 2
     assert machine.numa_ids == [0, 1] and machine.distance(0, 1) == 21
-    assert machine.devices_document()["links"] == {"matrix": [["X", "NV12"], ["NV12", "X"]]}
+    # Passed through unchanged (the plugin's devices-file parser checks the matrix itself).
+    assert machine.devices_document()["links"] == {"G0": {"G1": {"level": "SYSTEM", "nvlinks": 0}}}
     assert "links" not in parse_machine_text(GOOD).devices_document()
 
 
