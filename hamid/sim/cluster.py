@@ -59,6 +59,7 @@ from hamid.sim.apiserver.store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
+from hamid.sim.kubelet.config import KubeletConfig
 from hamid.sim.machine import Machine, load_machine_file
 from hamid.tls import ReloadingServerContext, client_ssl_context, server_ssl_context
 
@@ -93,6 +94,8 @@ class NodeSpec:
     topology_policy: str = "single-numa-node"
     mig: bool = False
     split: int = 10
+    #: The node's KubeletConfiguration (None: the simulator's defaults); ``topology_policy`` overrides it.
+    kubelet_config: KubeletConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +436,7 @@ class SimCluster:
             machine=machine,
             root=root,
             topology_policy=spec.topology_policy,
+            config=spec.kubelet_config,
             rpc_timeout=10.0,
             status_interval=1.0,
         )

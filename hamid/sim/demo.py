@@ -5,8 +5,9 @@ TLS and ``/refit``, plugin, simulated kubelet with ``single-numa-node`` and the 
 kube-scheduler driver), prepares the node so that kubelet *must* place the pod's CPUs on the NUMA
 node the scheduler did not pick, creates the seed's pod and checks the expected outcome.
 
-The stage is the same in every scenario: the demo node reserves CPUs 0-1 (NUMA 0) and 16 (NUMA 1),
-so NUMA 0 has 14 free CPUs and NUMA 1 has 15; a Guaranteed ``cpu-batch`` pod asking for 15 CPUs can
+The stage is the same in every scenario: the demo node (an SMT machine, 2 x 8 cores x 2 threads)
+reserves one whole core of NUMA 0 (CPUs 0 and 16) and one thread of NUMA 1 (CPU 8), so NUMA 0 has
+14 free CPUs and NUMA 1 has 15; a Guaranteed ``cpu-batch`` pod asking for 15 CPUs can
 only go to NUMA 1, which leaves the seed pod's 8 CPUs no choice but NUMA 0, while the scheduler's
 GPU policy (spread, NUMA-blind) picks a GPU on NUMA 1.
 """
@@ -19,7 +20,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from hamid import log as hamid_log
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
+from hamid.model.errors import InvalidInput
 from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.sim.cluster import (
@@ -43,12 +45,21 @@ from hamid.sim.cluster import (
 )
 from hamid.sim.keep import DEFAULT_KUBECONFIG, keep_serving
 from hamid.sim.kubelet import PodAdmission
+from hamid.sim.kubelet.config import KubeletConfig
+from hamid.sim.kubelet.node import build_managers
 from hamid.sim.machine import Machine, load_machine_file
 
 NODE = "node-1"
 SEED_NAME = "numa-aligned"
 FILLER_NAME = "cpu-batch"
 HETERO_MACHINE = "demo-hetero-node.yaml"
+MANY_NUMA_MACHINE = "demo-16numa-8gpu.yaml"
+#: The seed's prerequisites for servers with more than 8 NUMA nodes.
+MANY_NUMA_CONFIG = KubeletConfig(
+    cpu_manager_policy="static",
+    topology_manager_policy="single-numa-node",
+    topology_manager_policy_options={"max-allowable-numa-nodes": "16"},
+)
 SCENARIOS = (
     "refit",
     "strict-failure",
@@ -58,6 +69,7 @@ SCENARIOS = (
     "heterogeneous-strict",
     "mig-node",
     "numa-bind",
+    "many-numa",
     "exact-fit",
 )
 DEFAULT_SCENARIO = "refit"
@@ -179,16 +191,18 @@ def _numas(cluster: SimCluster, uuids: list[str] | tuple[str, ...], node: str = 
     return sorted({table.get(u) for u in uuids}, key=lambda n: -1 if n is None else n)
 
 
-async def _stage(cluster: SimCluster, result: ScenarioResult, node: str = NODE) -> int:
+async def _stage(cluster: SimCluster, result: ScenarioResult, node: str = NODE, cpus: int = 15) -> int:
     """Fill one NUMA node's CPUs with ``cpu-batch``; returns that NUMA node."""
     result.step("node", f"{node}: {_describe(cluster.machine(node))}")
-    await cluster.create_pod(filler_pod(node))
+    await cluster.create_pod(filler_pod(node, cpus))
     await cluster.wait_settled(FILLER_NAME)
     admission = cluster.assignment(FILLER_NAME)
     filler = admission.containers[0] if admission and admission.containers else None
     numa = filler.numa_node if filler is not None else None
-    cpus = _cpu_text(filler.cpus) if filler else "-"
-    result.step("cpu-batch", f"Guaranteed pod with 15 CPUs (no GPU): kubelet pins CPUs {cpus} on NUMA {numa}")
+    pinned = _cpu_text(filler.cpus) if filler else "-"
+    result.step(
+        "cpu-batch", f"Guaranteed pod with {cpus} CPUs (no GPU): kubelet pins CPUs {pinned} on NUMA {numa}"
+    )
     return -1 if numa is None else numa
 
 
@@ -323,10 +337,12 @@ def _node_idle(cluster: SimCluster, node: str) -> bool:
 # -- scenarios -----------------------------------------------------------------------------------
 
 
-async def _aligned_run(result: ScenarioResult, options: ClusterOptions, pod: dict[str, Any]) -> None:
-    """Shared body of the scenarios whose refit must succeed (refit, numa-bind)."""
+async def _aligned_run(
+    result: ScenarioResult, options: ClusterOptions, pod: dict[str, Any], filler_cpus: int = 15
+) -> None:
+    """Shared body of the scenarios whose refit must succeed (refit, numa-bind, many-numa)."""
     async with _cluster(options, result) as cluster:
-        blocked = await _stage(cluster, result)
+        blocked = await _stage(cluster, result, cpus=filler_cpus)
         await cluster.create_pod(pod)
         result.step("pod", _pod_text(pod))
         await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
@@ -664,6 +680,28 @@ def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dic
     }
 
 
+async def scenario_many_numa() -> ScenarioResult:
+    """16 NUMA nodes: kubelet starts only with max-allowable-numa-nodes "16", then the refit aligns."""
+    result = ScenarioResult(
+        "many-numa", 'on 16 NUMA nodes (max-allowable-numa-nodes "16") the refit aligns GPU and CPUs'
+    )
+    machine = load_machine_file(data_file(MANY_NUMA_MACHINE))
+    try:
+        build_managers(machine, replace(MANY_NUMA_CONFIG, topology_manager_policy_options={}))
+        refusal = ""
+    except InvalidInput as exc:
+        refusal = str(exc)
+    result.step("kubelet", f"without max-allowable-numa-nodes: {refusal or 'started'}")
+    result.check(
+        "kubelet refuses 16 NUMA nodes without the option",
+        refusal == "unsupported on machines with more than 8 NUMA Nodes",
+        refusal,
+    )
+    node = NodeSpec(NODE, machine_file=data_file(MANY_NUMA_MACHINE), kubelet_config=MANY_NUMA_CONFIG)
+    await _aligned_run(result, ClusterOptions(nodes=(node,)), seed_pod(), filler_cpus=16)
+    return result
+
+
 # -- exact fit: kubelet skips GetPreferredAllocation -------------------------------------------
 
 #: Replicas per GPU on the exact-fit node: NUMA 0's four GPUs offer 16 replicas.
@@ -787,6 +825,7 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "heterogeneous-strict": scenario_heterogeneous_strict,
     "mig-node": scenario_mig_node,
     "numa-bind": scenario_numa_bind,
+    "many-numa": scenario_many_numa,
     "exact-fit": scenario_exact_fit,
 }
 

@@ -45,8 +45,8 @@ from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import is_sidecar
+from hamid.sim.kubelet.quantity import quantity_milli_value, quantity_value
 from hamid.sim.pulse import Pulse
-from hamid.sim.topology import quantity_milli_value, quantity_value
 
 log = get_logger("sim.kube_scheduler")
 

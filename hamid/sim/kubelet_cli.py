@@ -14,8 +14,10 @@ from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.options import option
 from hamid.sim.kubelet import SimKubelet
+from hamid.sim.kubelet.config import SIM_DEFAULTS, KubeletConfig, load_kubelet_config
+from hamid.sim.kubelet.cpumanager import CPU_POLICIES
+from hamid.sim.kubelet.topologymanager import TOPOLOGY_POLICIES, TOPOLOGY_SCOPES
 from hamid.sim.machine import SAMPLES, Machine, load_machine_file, sample_machine_path
-from hamid.sim.topology import CPU_POLICIES, TOPOLOGY_POLICIES
 
 log = get_logger("sim.kubelet")
 SAMPLE_PREFIX = "sample:"
@@ -29,29 +31,10 @@ def load_machine(value: str) -> Machine:
     return load_machine_file(path)
 
 
-async def _serve(
-    api_server: str | None,
-    kubeconfig: str | None,
-    machine: Machine,
-    node_name: str,
-    root: str,
-    topology_policy: str,
-    cpu_manager_policy: str,
-    rpc_timeout: float,
-    status_interval: float,
-) -> None:
+async def _serve(api_server: str | None, kubeconfig: str | None, make: SimKubeletFactory) -> None:
     kube = await connect(api_server, kubeconfig)
     try:
-        kubelet = SimKubelet(
-            kube,
-            node_name=node_name,
-            machine=machine,
-            root=root,
-            topology_policy=topology_policy,
-            cpu_manager_policy=cpu_manager_policy,
-            rpc_timeout=rpc_timeout,
-            status_interval=status_interval,
-        )
+        kubelet = make(kube)
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -60,13 +43,23 @@ async def _serve(
         try:
             await kubelet.run()
         except asyncio.CancelledError:
-            log.info("simulated kubelet stopped", node=node_name)
+            log.info("simulated kubelet stopped", node=kubelet.node_name)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(sig)
     finally:
         await kube.close()
+
+
+class SimKubeletFactory:
+    """Everything but the API client, validated before anything connects."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+
+    def __call__(self, kube: object) -> SimKubelet:
+        return SimKubelet(kube, **self.kwargs)  # type: ignore[arg-type]
 
 
 @click.command("kubelet")
@@ -80,7 +73,7 @@ async def _serve(
 @option(
     "--machine-file",
     required=True,
-    help="Machine file (NUMA nodes, CPUs, reserved CPUs, GPUs; YAML/JSON) or "
+    help="Machine file (NUMA nodes or lscpu output, reserved CPUs, GPUs; YAML/JSON) or "
     f"`sample:<name>` for a shipped one ({', '.join(sorted(SAMPLES))}).",
 )
 @option(
@@ -89,16 +82,35 @@ async def _serve(
     help="Device-plugin directory: kubelet.sock is served here, plugin sockets are dialled here.",
 )
 @option(
+    "--config",
+    "config_file",
+    default=None,
+    help="A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1): CPU, Topology and Memory Manager "
+    "settings; the flags below override it. Without it: static CPU manager, single-numa-node.",
+)
+@option(
     "--topology-policy",
     type=click.Choice(TOPOLOGY_POLICIES),
-    default="single-numa-node",
-    help="Topology Manager policy (scope: container), as kubelet's --topology-manager-policy.",
+    default=None,
+    help="Topology Manager policy, as kubelet's --topology-manager-policy (overrides --config).",
+)
+@option(
+    "--topology-scope",
+    type=click.Choice(TOPOLOGY_SCOPES),
+    default=None,
+    help="Topology Manager scope, as kubelet's --topology-manager-scope (overrides --config).",
 )
 @option(
     "--cpu-manager-policy",
     type=click.Choice(CPU_POLICIES),
-    default="static",
-    help="CPU manager policy; static gives Guaranteed integer-CPU containers exclusive CPUs.",
+    default=None,
+    help="CPU manager policy; static gives Guaranteed integer-CPU containers exclusive CPUs "
+    "(overrides --config).",
+)
+@option(
+    "--pod-resources-socket",
+    default=None,
+    help="PodResources API v1 socket (default: ROOT/../pod-resources/kubelet.sock, as kubelet lays it out).",
 )
 @option(
     "--rpc-timeout",
@@ -118,32 +130,38 @@ def kubelet_command(
     node_name: str,
     machine_file: str,
     root: str,
-    topology_policy: str,
-    cpu_manager_policy: str,
+    config_file: str | None,
+    topology_policy: str | None,
+    topology_scope: str | None,
+    cpu_manager_policy: str | None,
+    pod_resources_socket: str | None,
     rpc_timeout: float,
     status_interval: float,
 ) -> None:
-    """Run a simulated kubelet: device manager, Topology Manager and static CPU manager.
+    """Run a simulated kubelet: device manager, Topology Manager, static CPU manager, PodResources.
 
     It serves v1beta1.Registration on ROOT/kubelet.sock, drives registered device plugins like kubelet
     (GetPreferredAllocation with the NUMA-restricted set, Allocate), admits the pods bound to
-    NODE_NAME one at a time, and records each decision in the pod annotation sim.hamid.io/assignment.
+    NODE_NAME, records each decision in the pod annotation sim.hamid.io/assignment and serves the
+    PodResources API v1 with the same data.
     """
     try:
         machine = load_machine(machine_file)
-        asyncio.run(
-            _serve(
-                api_server,
-                kubeconfig,
-                machine,
-                node_name,
-                root,
-                topology_policy,
-                cpu_manager_policy,
-                rpc_timeout,
-                status_interval,
-            )
+        config: KubeletConfig = load_kubelet_config(config_file) if config_file else SIM_DEFAULTS
+        make = SimKubeletFactory(
+            node_name=node_name,
+            machine=machine,
+            root=root,
+            config=config,
+            topology_policy=topology_policy,
+            topology_scope=topology_scope,
+            cpu_manager_policy=cpu_manager_policy,
+            pod_resources_socket=pod_resources_socket,
+            rpc_timeout=rpc_timeout,
+            status_interval=status_interval,
         )
+        make(None)  # validate the configuration against the machine before connecting
+        asyncio.run(_serve(api_server, kubeconfig, make))
     except (InvalidInput, KubeError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:

@@ -50,7 +50,8 @@ async def test_demo_all_scenarios_json() -> None:
     refit = result["scenarios"][0]
     assert refit["event"].startswith("NUMA refit moved container 0 from [")
     running = [s["final"] for s in result["scenarios"] if s.get("final", {}).get("phase") == "Running"]
-    assert len(running) == 6  # refit, numa-bind, exact-fit and the three best-effort/disabled fallbacks
+    # refit, numa-bind, exact-fit, many-numa and the three best-effort/disabled fallbacks
+    assert len(running) == 7
     for final in running:  # every running container is on its accounted GPUs, fallback or not
         assert (
             sorted(final["runtimeGpus"])

@@ -18,7 +18,7 @@ from typing import Any
 
 from hamid.model.errors import InvalidInput
 from hamid.sim.apiserver.errors import invalid
-from hamid.sim.topology import pod_qos_class
+from hamid.sim.kubelet.podutil import pod_qos_class
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 DEFAULT_TOLERATION_SECONDS = 300

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hamid.model.errors import InvalidInput
@@ -75,3 +77,59 @@ def test_missing_file_and_unknown_sample(tmp_path) -> None:
         load_machine_file(tmp_path / "nope.yaml")
     with pytest.raises(InvalidInput, match="unknown sample machine"):
         sample_machine_path("nope")
+
+
+def test_lscpu_machine_distances_and_links_pass_through() -> None:
+    text = """
+lscpu: |
+  # CPU,Core,Socket,Node
+  0,0,0,0
+  1,1,1,1
+  2,0,0,0
+  3,1,1,1
+distances: [[10, 21], [21, 10]]
+reservedCpus: "0,2"
+links: {G0: {G1: {level: SYSTEM, nvlinks: 0}}}
+devices:
+  - {uuid: G0, index: 0, name: T4, memoryMiB: 15360, numa: 0, pciBusId: "0000:3b:00.0"}
+  - {uuid: G1, index: 1, name: T4, memoryMiB: 15360, numa: 1, pciBusId: "0000:af:00.0"}
+"""
+    machine = parse_machine_text(text)
+    assert machine.cpu_topology.cpus_per_core() == 2
+    assert machine.numa_ids == [0, 1] and machine.distance(0, 1) == 21
+    # Passed through unchanged (the plugin's devices-file parser checks the matrix itself).
+    assert machine.devices_document()["links"] == {"G0": {"G1": {"level": "SYSTEM", "nvlinks": 0}}}
+    assert "links" not in parse_machine_text(GOOD).devices_document()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lscpu: '0,0,0,0'\nnumaNodes: [{id: 0, cpus: '0'}]", "either 'numaNodes' or 'lscpu'"),
+        ("lscpu: [1]", "as a block"),
+        ("lscpu: |\n  0,0,0,0\n  1,0,0,1\n", "threads .* of one core are on NUMA nodes"),
+        ("numaNodes: [{id: 0, cpus: '0-3'}]\ndistances: [[10, 20]]", "1x1 matrix"),
+        ("numaNodes: [{id: 0, cpus: '0'}, {id: 1, cpus: '1'}]\ndistances: [[10, 21], [20, 10]]", "symmetric"),
+        ("numaNodes: [{id: 0, cpus: '0'}, {id: 1, cpus: '1'}]\ndistances: [[11, 21], [21, 10]]", "to itself"),
+    ],
+)
+def test_bad_topology(text: str, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse_machine_text(text, "m.yaml")
+
+
+def test_readme_example_is_a_valid_machine_file() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```yaml\nlscpu: |") + len("```yaml\n")
+    machine = parse_machine_text(readme[start : readme.index("```", start)], "README")
+    assert machine.cpu_topology.describe() == "2 sockets, 2 NUMA nodes, 4 cores, 8 CPUs"
+
+
+def test_smt_samples() -> None:
+    smt = load_machine_file(sample_machine_path("smt-2socket-8gpu"))
+    assert len(smt.all_cpus) == 128 and smt.cpu_topology.cpus_per_core() == 2
+    assert smt.cpu_topology.core_cpus[0] == frozenset({0, 64})
+    rtx = load_machine_file(sample_machine_path("rtx-pro-6000-8gpu"))
+    assert {g.name for g in rtx.gpus} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+    many = load_machine_file(sample_machine_path("16numa-8gpu"))
+    assert len(many.numa_ids) == 16 and len(many.cpu_topology.sockets) == 4

@@ -5,24 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hamid.model.errors import InvalidInput
-from hamid.sim.topology import (
-    CpuAllocationError,
-    CpuTopology,
-    TopologyHint,
-    allocate_cpus,
-    check_numa_nodes,
+from hamid.sim.kubelet.cadvisor import CpuTopology, format_cpu_list, parse_cpu_list
+from hamid.sim.kubelet.cpu_assignment import CpuAllocationError, take_by_topology
+from hamid.sim.kubelet.cpumanager import allocate_cpus, generate_cpu_hints, guaranteed_cpus
+from hamid.sim.kubelet.devicemanager import (
     device_hints_for_resource,
     filter_by_affinity,
-    format_cpu_list,
-    generate_cpu_hints,
     generate_device_hints,
-    guaranteed_cpus,
-    iterate_masks,
-    merge_hints,
-    parse_cpu_list,
-    pod_qos_class,
-    take_by_topology,
 )
+from hamid.sim.kubelet.podutil import pod_qos_class
+from hamid.sim.kubelet.topologymanager import TopologyHint, check_manager, iterate_masks, merge_hints
 
 N0 = frozenset({0})
 N1 = frozenset({1})
@@ -30,7 +22,7 @@ BOTH = frozenset({0, 1})
 NUMA = [0, 1]
 # 2 NUMA nodes x 4 devices (§2.5 example).
 DEVICES = {f"d{i}": (0,) if i < 4 else (1,) for i in range(8)}
-TOPO = CpuTopology({0: frozenset(range(0, 8)), 1: frozenset(range(8, 16))})
+TOPO = CpuTopology.from_numa({0: frozenset(range(0, 8)), 1: frozenset(range(8, 16))})
 
 
 def hint(mask: frozenset[int] | None, preferred: bool) -> TopologyHint:
@@ -145,8 +137,8 @@ def test_policy_none_and_bad_policy() -> None:
     with pytest.raises(InvalidInput):
         merge_hints("strict", NUMA, [])
     with pytest.raises(InvalidInput, match="more than 8 NUMA"):
-        check_numa_nodes(list(range(9)), "restricted")
-    check_numa_nodes(list(range(9)), "none")
+        check_manager(list(range(9)), "restricted")
+    check_manager(list(range(9)), "none")
 
 
 def test_filter_by_affinity_split() -> None:

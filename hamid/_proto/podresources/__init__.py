@@ -1,0 +1,1 @@
+"""kubelet PodResources API v1 (generated)."""
