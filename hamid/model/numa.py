@@ -292,7 +292,7 @@ def _check_cpu_groups(p: NumaProfile) -> None:
 
 
 def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
-    """An n×n matrix of SLIT distances (0–255), as sysfs ``node*/distance`` reports them."""
+    """An n x n matrix of SLIT distances (0 to 255), as sysfs ``node*/distance`` reports them."""
     if len(distances) != n or any(len(row) != n for row in distances):
         raise InvalidInput(f"numa profile: distances must be a {n}x{n} matrix")
     for row in distances:

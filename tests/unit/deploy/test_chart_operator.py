@@ -211,7 +211,8 @@ def test_service_monitor_scrapes_both_paths_of_both_parts() -> None:
 #: Metric families the dashboard may query: every name hamid exports (scheduler and plugin).
 def _exported_names() -> set[str]:
     names: set[str] = set()
-    for source in ("hamid/scheduler/metrics.py", "hamid/plugin/metrics.py", "hamid/scheduler/refit/handler.py"):
+    sources = ("hamid/scheduler/metrics.py", "hamid/plugin/metrics.py", "hamid/scheduler/refit/handler.py")
+    for source in sources:
         names |= set(re.findall(r'"(hamid_[a-z_]+)"', (REPO / source).read_text()))
     return names
 
