@@ -83,7 +83,9 @@ async def test_profile_and_placements_match_the_simulated_kubelet() -> None:
 
 
 async def test_smt_machine_profile_from_its_sysfs_tree() -> None:
-    spec = NodeSpec("smt-1", machine_file=sample_machine_path("smt-2socket-8gpu"), topology_policy="restricted")
+    spec = NodeSpec(
+        "smt-1", machine_file=sample_machine_path("smt-2socket-8gpu"), topology_policy="restricted"
+    )
     async with SimCluster(ClusterOptions(nodes=(spec,))) as cluster:
         await wait_until(lambda: _profile(cluster, "smt-1") is not None, 10, "NUMA profile on the Node")
         sim = cluster.nodes["smt-1"].kubelet
