@@ -201,6 +201,8 @@ class NumaPublisher:
         self._judged: set[str] = set()
         #: pod UID -> (what PodResources reported, generation, its placement, encoded or None: too big)
         self._encodings: dict[str, tuple[HeldPod, int, PodPlacement, str | None]] = {}
+        #: pod UID -> the API error its last placement write got (logged once per error)
+        self._failed: dict[str, str] = {}
         self.profile_patches = 0
         self.placement_patches = 0
 
@@ -336,6 +338,7 @@ class NumaPublisher:
                 await self._write_placement(pod, uid, annotations, placement, value)
         self._judged &= seen
         self._encodings = {uid: e for uid, e in self._encodings.items() if uid in seen}
+        self._failed = {uid: e for uid, e in self._failed.items() if uid in seen}
 
     def _encoded(
         self, uid: str, held: HeldPod, numa_of: Mapping[int, int], generation: int
@@ -389,6 +392,12 @@ class NumaPublisher:
             )
         except (NotFound, Conflict):
             return  # deleted or re-created meanwhile
+        except KubeError as exc:  # this pod only: the others are still written
+            if self._failed.get(uid) != str(exc):
+                log.warning("NUMA placement not written; retrying", pod=key, error=str(exc))
+            self._failed[uid] = str(exc)
+            return
+        self._failed.pop(uid, None)
         self.pods.remember(patched)
         self.placement_patches += 1
         log.info(
