@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from hamid.kube.client import KubeClient
-from hamid.kube.errors import InvalidRequest
+from hamid.kube.errors import KubeError
 from hamid.model.numa import (
     ContainerPrediction,
     PodPrediction,
@@ -271,7 +271,7 @@ class _FailingFor:
 
     async def patch_pod_metadata(self, namespace: str, name: str, **kw: Any) -> Any:
         if name == self.pod:
-            raise InvalidRequest("metadata.annotations: Too long: must have at most 262144 bytes")
+            raise KubeError("metadata.annotations: Too long", status=422, reason="Invalid")
         return await self.inner.patch_pod_metadata(namespace, name, **kw)
 
 
