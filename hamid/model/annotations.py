@@ -35,6 +35,7 @@ from hamid.model.devices import (
     PodDevices,
 )
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import NUMA_PLACEMENT
 
 # --- node annotations ---------------------------------------------------------------------
 NODE_REGISTER = "hami.io/node-nvidia-register"
@@ -65,6 +66,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     MIG_ALLOCATIONS,
     BIND_TIME,
     BIND_PHASE,
+    NUMA_PLACEMENT,  # the plugin's observation of kubelet's choice (a forged one misleads the ledger)
 )
 #: Pod labels only hamid's scheduler writes.
 SCHEDULER_OWNED_LABELS = (VGPU_NODE,)
