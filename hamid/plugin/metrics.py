@@ -54,7 +54,7 @@ class KubeletRegistration(Protocol):
 class NodeRegistration(Protocol):
     """What the metrics read of :class:`~hamid.plugin.register.NodeRegistrar`."""
 
-    last_written: str | None
+    node_registered: bool
     patches: int
 
 
@@ -266,7 +266,7 @@ class _StateCollector(Collector):
         yield _gauge(
             "hamid_plugin_node_registered",
             "1 once hami.io/node-nvidia-register was written for this node.",
-            node is not None and node.last_written is not None,
+            node is not None and node.node_registered,
         )
         yield _counter(
             "hamid_plugin_node_register_patches",

@@ -54,6 +54,8 @@ class NodeRegistrar:
         self.call_timeout = call_timeout
         self.last_written: dict[str, str | None] = {}
         self.patches = 0
+        #: Whether the node's annotations were found or written as this plugin wants them.
+        self.node_registered = False
 
     def _current(self) -> dict[str, str | None]:
         node = self.pods.node()
@@ -77,10 +79,12 @@ class NodeRegistrar:
         current = self._current()
         changed = {key: value for key, value in wanted.items() if current.get(key) != value}
         if not changed:
+            self.node_registered = True
             return False
         await self.client.patch_node_metadata(self.node_name, annotations=changed, timeout=self.call_timeout)
         self.last_written.update(changed)
         self.patches += 1
+        self.node_registered = True
         log.info("node devices registered", node=self.node_name, devices=len(infos), keys=sorted(changed))
         if NODE_SCORE in changed and asymmetric:
             log.warning("asymmetric GPU P2P links scored 0", node=self.node_name, pairs=list(asymmetric))

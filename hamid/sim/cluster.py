@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import shutil
 import tempfile
@@ -322,10 +323,11 @@ class SimCluster:
             await self.server.start()
             self._unlisten = self.server.add_listener(self._record_change)
             self._client = await connect(api_server=self.server.url, request_timeout=5.0)
-            self._ca, self._server_cert = await asyncio.to_thread(self._make_certs, self._dir / "tls")
+            ca, self._server_cert = await asyncio.to_thread(self._make_certs, self._dir / "tls")
+            self._ca = ca
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=10),
-                connector=aiohttp.TCPConnector(ssl=client_ssl_context(self._ca.cert_file)),
+                connector=aiohttp.TCPConnector(ssl=client_ssl_context(ca.cert_file)),
             )
             if self.options.scheduler_unreachable:
                 self._blackhole = await asyncio.start_server(self._swallow, "127.0.0.1", 0)
@@ -393,7 +395,7 @@ class SimCluster:
             await node.kubelet.wait_registered(RESOURCE_NAME, timeout=timeout)
             count = len(node.plugin.inventory.device_infos()) if node.plugin is not None else 0
             await wait_until(
-                lambda n=node.spec.name, c=count: self._registered(n, c),
+                functools.partial(self._registered, node.spec.name, count),
                 timeout,
                 f"scheduler sees the GPUs of {node.spec.name}",
             )
@@ -468,7 +470,7 @@ class SimCluster:
         for node in self.nodes.values():
             count = len(node.plugin.inventory.device_infos()) if node.plugin is not None else 0
             await wait_until(
-                lambda n=node.spec.name, c=count: self._registered(n, c),
+                functools.partial(self._registered, node.spec.name, count),
                 15.0,
                 f"restarted scheduler sees the GPUs of {node.spec.name}",
             )
@@ -610,26 +612,25 @@ class SimCluster:
     def _recording(self, node: str, inner: MismatchHandler) -> MismatchHandler:
         async def handler(mismatch: NumaMismatch) -> ContainerDevices | None:
             meta = mismatch.pod.get("metadata") or {}
-            base = {
-                "node": node,
-                "pod": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-                "container_index": mismatch.container_index,
-                "annotated": tuple(d.uuid for d in mismatch.annotated),
-                "missing": tuple(mismatch.missing),
-                "allowed": tuple(mismatch.allowed_uuids),
-                "door": mismatch.door.value,
-            }
+            call = functools.partial(
+                RefitCall,
+                node=node,
+                pod=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+                container_index=mismatch.container_index,
+                annotated=tuple(d.uuid for d in mismatch.annotated),
+                missing=tuple(mismatch.missing),
+                allowed=tuple(mismatch.allowed_uuids),
+                door=mismatch.door.value,
+            )
             try:
                 result = await inner(mismatch)
             except AllocationError as exc:
-                self.refits.append(RefitCall(**base, outcome="failed", error=str(exc)))
+                self.refits.append(call(outcome="failed", error=str(exc)))
                 raise
             if result is None:
-                self.refits.append(RefitCall(**base, outcome="unaligned"))
+                self.refits.append(call(outcome="unaligned"))
             else:
-                self.refits.append(
-                    RefitCall(**base, outcome="refitted", devices=tuple(d.uuid for d in result))
-                )
+                self.refits.append(call(outcome="refitted", devices=tuple(d.uuid for d in result)))
             return result
 
         return handler

@@ -129,6 +129,8 @@ async def test_health_readiness_and_allocate_metrics() -> None:
             assert one(found, "hamid_plugin_gpu_replicas", device_uuid="GPU-3", numa="1") == 4
             assert one(found, "hamid_plugin_kubelet_registered") == 1
             assert one(found, "hamid_plugin_kubelet_registrations_total") >= 1
+            assert env.plugin.registrar.node_registered
+            assert one(found, "hamid_plugin_node_registered") == 1
             ctr = {"namespace": "default", "pod": "p1", "container": "main", "device_index": "0"}
             assert (
                 one(found, "hamid_container_gpu_memory_used_bytes", **ctr, device_uuid="GPU-0") == 500 * mib
