@@ -4,7 +4,7 @@ A citation is ``docs/<file>.md §N.M`` (also ``§A-§B`` ranges and lists such a
 which take the document named before them on the line or earlier in the paragraph), or a bare
 invariant name ``I1``…``I7`` (defined in ``docs/reliability.md §0``). Inside ``docs/`` a bare
 ``§N`` means the containing file. The docs' own references to tests (``tests/x.py::test_y``) and to
-modules (``plugin/allocate.py``) must exist too, so the docs move with the code.
+modules (``plugin/allocator.py``, ``scheduler/refit/plan.py``) must exist too, so the docs move with the code.
 
 Until every citation in the code is rewritten to the ``docs/<file>.md`` form, :data:`STRICT` is
 False and the research notes' names the code was written from are mapped (:data:`LEGACY`); a bare
@@ -42,7 +42,7 @@ HEADING_RE = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 INVARIANT_RE = re.compile(r"\bI([1-7])\b")
 INVARIANT_DEF_RE = re.compile(r"^\*\*I([1-9])\b", re.MULTILINE)
 TEST_REF_RE = re.compile(r"\b(tests/[\w/]+\.py)(?:::(\w+))?")
-MODULE_REF_RE = re.compile(r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin|sim)/\w+\.py)")
+MODULE_REF_RE = re.compile(r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin|sim)/(?:\w+/)*\w+\.py)")
 
 
 @dataclass(frozen=True, slots=True)
