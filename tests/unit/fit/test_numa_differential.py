@@ -67,7 +67,7 @@ class Machine:
     cores_per_numa: int
     threads: int
     reserved: frozenset[int]
-    gpus: tuple[tuple[int, int], ...]  # (numa or NO_TOPOLOGY, count)
+    gpus: tuple[tuple[int, int, int], ...]  # (numa or NO_TOPOLOGY, healthy, unhealthy)
     distances: tuple[tuple[int, ...], ...]
     tm_policy: str
     scope: str
@@ -97,13 +97,13 @@ class Machine:
     def cpu_options(self) -> dict[str, str]:
         return {"full-pcpus-only": "true"} if self.full_pcpus else {}
 
-    def gpu_ids(self) -> dict[str, int]:
-        """Device ID → NUMA bucket; IDs sort in NUMA order so kubelet's pick is easy to follow."""
-        ids: dict[str, int] = {}
-        for numa, count in self.gpus:
-            for i in range(count):
-                tag = "none" if numa == NO_TOPOLOGY else f"{numa:02d}"
-                ids[f"gpu-{tag}-{i}"] = numa
+    def gpu_ids(self) -> dict[str, tuple[int, bool]]:
+        """Device ID → (NUMA bucket, healthy); IDs sort in NUMA order so kubelet's pick is easy to follow."""
+        ids: dict[str, tuple[int, bool]] = {}
+        for numa, healthy, unhealthy in self.gpus:
+            tag = "none" if numa == NO_TOPOLOGY else f"{numa:02d}"
+            for i in range(healthy + unhealthy):
+                ids[f"gpu-{tag}-{i}"] = (numa, i < healthy)
         return ids
 
 
@@ -121,7 +121,7 @@ def machines(draw: st.DrawFn) -> Machine:
     n_cpus = numa * cores * threads
     reserved = draw(st.frozensets(st.integers(0, n_cpus - 1), min_size=1, max_size=min(3, n_cpus - 1)))
     gpu_numas = draw(st.lists(st.sampled_from([NO_TOPOLOGY, *range(numa)]), max_size=6, unique=True))
-    gpus = tuple((n, draw(st.integers(1, 2))) for n in sorted(gpu_numas))
+    gpus = tuple((n, draw(st.integers(1, 2)), draw(st.sampled_from([0, 0, 0, 1]))) for n in sorted(gpu_numas))
     distances = tuple(tuple(10 if i == j else 20 for j in range(numa)) for i in range(numa))
     if numa <= 5:  # only the merge off single-numa-node reads them (prefer-closest-numa-nodes)
         remote = draw(st.lists(st.integers(11, 40), min_size=numa * numa, max_size=numa * numa))
@@ -245,14 +245,16 @@ class SimNode:
         if gpu_ids:
             self.devices.resources[GPU] = ResourceState(
                 GPU,
-                all_devices={d: (None if n == NO_TOPOLOGY else (n,)) for d, n in gpu_ids.items()},
-                healthy=set(gpu_ids),
+                all_devices={d: (None if n == NO_TOPOLOGY else (n,)) for d, (n, _h) in gpu_ids.items()},
+                healthy={d for d, (_n, h) in gpu_ids.items() if h},
+                unhealthy={d for d, (_n, h) in gpu_ids.items() if not h},
                 endpoint=plugin.endpoint,
             )
         self.cpus, settings = build_managers(machine, config)
         self.admitter = Admitter(settings, self.devices, self.cpus, log)
         self.loop = plugin.loop
-        self.gpu_numa = gpu_ids
+        self.gpu_numa = {d: n for d, (n, _h) in gpu_ids.items()}
+        self.gpu_healthy = {d for d, (_n, h) in gpu_ids.items() if h}
 
     def admit(self, pod: Mapping[str, Any]) -> PodAdmission:
         """Admit one pod; on failure release what it took (as the kubelet does) and record why."""
@@ -268,7 +270,8 @@ class SimNode:
         return record
 
     def ledger(self, generation: int) -> NumaLedger:
-        """The predictor's ledger from the simulator's state: free CPUs and devices per NUMA bucket."""
+        """The predictor's ledger from the simulator's state: free CPUs and, per NUMA bucket, every
+        device (kubelet sizes hints with all of them) and the healthy ones no pod holds."""
         held = self.devices.allocated_devices(GPU)
         devices: dict[str, dict[int, tuple[int, int]]] = {}
         if self.gpu_numa:
@@ -276,7 +279,7 @@ class SimNode:
             for device, numa in self.gpu_numa.items():
                 counts = per.setdefault(numa, [0, 0])
                 counts[0] += 1
-                counts[1] += device not in held
+                counts[1] += device in self.gpu_healthy and device not in held
             devices[GPU] = {n: (t, f) for n, (t, f) in per.items()}
         return NumaLedger(generation, self.cpus.available(), devices)
 
@@ -383,7 +386,7 @@ def _case(**changes: Any) -> Machine:
         "cores_per_numa": 2,
         "threads": 2,
         "reserved": frozenset({0}),
-        "gpus": ((0, 1),),
+        "gpus": ((0, 1, 0),),
         "distances": ((10, 20), (20, 10)),
         "tm_policy": "none",
         "scope": "container",
@@ -418,7 +421,7 @@ def test_device_manager_allocates_before_the_cpu_manager(plugin: Plugin) -> None
 def test_container_reusing_an_init_containers_device_is_on_that_devices_node(plugin: Plugin) -> None:
     """Policy none: the app container reuses the GPU its init container took (devicemanager's
     reusable devices), so it holds a device on NUMA node 0 besides its exclusive CPU."""
-    m = _case(numa=3, threads=1, cores_per_numa=1, gpus=((0, 1),), distances=((10, 20, 20),) * 3)
+    m = _case(numa=3, threads=1, cores_per_numa=1, gpus=((0, 1, 0),), distances=((10, 20, 20),) * 3)
     pod = _guaranteed(("app", "1", 1), init=(("init", "1", 1),))
     got = predict(profile_of(m), SimNode(m, plugin).ledger(1), pod, now=NOW)
     assert got.outcome is Outcome.PLACED
