@@ -759,13 +759,15 @@ class _Admission:
             self.reusable_cpus -= result
         return result
 
-    def allocate_devices(self, c: _Container, mask: int | None) -> dict[str, dict[int, int]]:
+    def allocate_devices(self, c: _Container, mask: int | None) -> tuple[dict[str, dict[int, int]], set[int]]:
         """The device manager's ``devicesToAllocate`` per NUMA bucket; unknown when the plugin picks.
 
-        Returns the replicas the container newly takes; replicas it reuses from an init container
-        stay counted on the container that took them, so a pod's usage is the sum over containers.
+        Returns the replicas the container newly takes (replicas it reuses from an init container
+        stay counted on the container that took them, so a pod's usage is the sum over containers)
+        and the NUMA buckets of every replica it holds, reused ones included.
         """
         out: dict[str, dict[int, int]] = {}
+        held: set[int] = set()
         for res, need in sorted(self.device_requests(c).items()):
             reusable, free = self.dev_reusable[res], self.dev_free[res]
             got = _take_counts(reusable, need, f"which reusable {res} devices are reused")
@@ -792,17 +794,18 @@ class _Admission:
                 reusable[n] = reusable.get(n, 0) + sign * k
             if any(new.values()):
                 out[res] = {n: k for n, k in new.items() if k}
-        return out
+            held |= {n for part in (got, new) for n, k in part.items() if k}
+        return out, held
 
     def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
+        """Allocate in kubelet's hint-provider order: the device manager first, then the CPU manager
+        (``container_manager_linux.go`` adds them so), which decides whose error a pod gets."""
+        devices, held = self.allocate_devices(c, mask)
         cpus = self.allocate_cpus(c, mask)
-        devices = self.allocate_devices(c, mask)
         if mask is not None:
             numa = nodes_of(mask)
         else:
-            numa = frozenset(self.topo.numa_of[x] for x in cpus) | frozenset(
-                n for per in devices.values() for n in per if n != NO_TOPOLOGY
-            )
+            numa = frozenset(self.topo.numa_of[x] for x in cpus) | frozenset(held - {NO_TOPOLOGY})
         return ContainerPrediction(c.name, numa, cpus, devices)
 
     def admit(self) -> tuple[ContainerPrediction, ...]:
