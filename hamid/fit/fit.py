@@ -9,10 +9,11 @@ mutates a :class:`NodeUsage`; the caller books a result with ``NodeUsage.add``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
@@ -151,30 +152,319 @@ def gen_reason(reasons: Mapping[str, int], considered: int) -> str:
 
 
 def _pair_score(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:
+    """The score ``a`` publishes for ``b``; a missing entry scores 0 (HAMi reads a nil map)."""
     return (scores.get(a) or {}).get(b, 0)
 
 
-def _topology_pick(
-    collected: list[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
-) -> list[ContainerDevice]:
-    """HAMi topology-aware choice among more accepted devices than needed."""
-    if nums == 1:
-        best_i, best = 0, None
-        for i, d in enumerate(collected):
-            total = sum(_pair_score(scores, d.uuid, o.uuid) for o in collected if o is not d)
-            if best is None or total < best:
-                best_i, best = i, total
-        return [collected[best_i]]
-    best_combo: tuple[ContainerDevice, ...] = ()
-    best_total = -1
+def _worst_single(
+    collected: Sequence[ContainerDevice], scores: Mapping[str, Mapping[str, int]]
+) -> ContainerDevice:
+    """HAMi ``computeWorstSingleCard``: the device with the lowest sum of its scores to the others.
+
+    The search starts from no best, so negative sums win as any other; the first minimum in
+    try order wins (``TestFit_TopologyWorstSingleCard``, ``TestFit_TopologyNegativeScores``).
+    """
+    best: ContainerDevice | None = None
+    best_total = 0
+    for d in collected:
+        total = sum(_pair_score(scores, d.uuid, o.uuid) for o in collected if o.uuid != d.uuid)
+        if best is None or total < best_total:
+            best, best_total = d, total
+    assert best is not None  # callers pass more devices than requested, so at least two
+    return best
+
+
+def _best_combination(
+    collected: Sequence[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
+) -> tuple[ContainerDevice, ...]:
+    """HAMi ``computeBestCombination``: the ``nums``-combination with the highest pair-score sum.
+
+    Combinations come in lexicographic order of the accepted (try-order) list; each pair counts
+    once, as the score its earlier member publishes for the later one. The search starts from no
+    best (never from an empty pick), so all-negative or all-zero scores still choose ``nums``
+    devices; the first maximum wins (``TestFit_TopologyBestCombination*``, ``...NegativeScores``).
+    """
+    best: tuple[ContainerDevice, ...] | None = None
+    best_total = 0
     for combo in itertools.combinations(collected, nums):
-        total = sum(
-            _pair_score(scores, a.uuid, b.uuid) + _pair_score(scores, b.uuid, a.uuid)
-            for a, b in itertools.combinations(combo, 2)
+        total = sum(_pair_score(scores, a.uuid, b.uuid) for a, b in itertools.combinations(combo, 2))
+        if best is None or total > best_total:
+            best, best_total = combo, total
+    assert best is not None  # len(collected) > nums >= 2, so there is at least one combination
+    return best
+
+
+def _topology_pick(
+    collected: Sequence[ContainerDevice], nums: int, scores: Mapping[str, Mapping[str, int]]
+) -> tuple[ContainerDevice, ...]:
+    """HAMi's topology-aware choice among more accepted devices than needed."""
+    if nums == 1:
+        return (_worst_single(collected, scores),)
+    return _best_combination(collected, nums, scores)
+
+
+@dataclass(slots=True)
+class _Row:
+    """One candidate device's effective usage as the container being fitted sees it.
+
+    ``used``/``usedmem``/``usedcores``: the device's usage by other pods (the pod's own booking,
+    when re-fitted, released); ``own``: the pod's other containers there (see :class:`OwnUsage`).
+    """
+
+    device: DeviceUsage
+    used: int
+    usedmem: int
+    usedcores: int
+    own: OwnUsage
+
+
+_RowFields = tuple[DeviceUsage, int, int, int, OwnUsage]
+
+
+@dataclass(slots=True)
+class _ContainerFit:
+    """One container's fit in progress: what it asks, the device being checked, what it collected.
+
+    ``memreq``/``need_mem``/``need_cores`` size the device being checked (:meth:`size`): what
+    the request books on that card (Fit step 9) and what the pod then books there in its
+    heaviest phase.
+    """
+
+    request: ContainerDeviceRequest
+    policy: PodPolicy
+    cordoned: frozenset[str]
+    cores: int  #: the core request clamped to 100 (Fit step 8)
+    quota: Quota | None  #: only when it limits anything
+    base_mem: int = 0  #: the pod's booking without this container (its quota use)
+    base_cores: int = 0
+    extra_mem: int = 0  #: what the collected devices add to it
+    extra_cores: int = 0
+    numa: int | None = None  #: the NUMA group being collected under numa-bind
+    collected: list[ContainerDevice] = field(default_factory=list)
+    memreq: int = 0
+    need_mem: int = 0
+    need_cores: int = 0
+
+    def size(self, row: _Row) -> None:
+        """Size the request on ``row``'s device (before the capacity checks)."""
+        own = row.own
+        self.memreq = request_memory(self.request, row.device.totalmem)
+        self.need_mem = max(own.con_mem + self.memreq, own.oth_mem)
+        self.need_cores = max(own.con_cores + self.cores, own.oth_cores)
+
+    def extra(self, row: _Row) -> tuple[int, int]:
+        """(memory, cores) placing the container on the sized device adds to the pod's booking."""
+        own = row.own
+        mem = self.need_mem - max(own.con_mem, own.oth_mem)
+        cores = self.need_cores - max(own.con_cores, own.oth_cores)
+        return mem, cores
+
+    def enter_group(self, numa: int, reasons: Counter[str]) -> None:
+        """Fit step 4 under numa-bind: a new NUMA group discards what the previous one collected."""
+        if numa == self.numa:
+            return
+        if self.collected:
+            reasons[R.NUMA_NOT_FIT] += len(self.collected)
+            self.collected = []
+            self.extra_mem = self.extra_cores = 0
+        self.numa = numa
+
+    def book(self, row: _Row) -> None:
+        """Accept the sized ``row`` (Fit step 16)."""
+        self.collected.append(ContainerDevice(row.device.id, NVIDIA, self.memreq, self.cores))
+        if self.quota is not None:
+            mem, cores = self.extra(row)
+            self.extra_mem += mem
+            self.extra_cores += cores
+
+
+Check = Callable[[_ContainerFit, _Row], bool]
+"""A per-device check: True when the device fails it."""
+
+
+def _unhealthy(fit: _ContainerFit, row: _Row) -> bool:
+    return not row.device.health
+
+
+def _cordoned(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.id in fit.cordoned
+
+
+def _type_mismatch(fit: _ContainerFit, row: _Row) -> bool:
+    policy, device = fit.policy, row.device
+    return (
+        not policy.type_allowed(device.type)
+        or (policy.vgpu_mode is not None and device.mode not in policy.vgpu_mode)
+        or fit.request.type != NVIDIA
+    )
+
+
+def _mig_mode(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.mode == MODE_MIG
+
+
+def _uuid_excluded(fit: _ContainerFit, row: _Row) -> bool:
+    return not fit.policy.uuid_allowed(row.device.id)
+
+
+def _no_free_slot(fit: _ContainerFit, row: _Row) -> bool:
+    return row.used + max(row.own.con_slots + 1, row.own.oth_slots) > row.device.count
+
+
+def _mutex_busy(fit: _ContainerFit, row: _Row) -> bool:
+    return fit.policy.gpu_policy.mutex and row.used + row.own.con_slots > 0
+
+
+def _over_quota(fit: _ContainerFit, row: _Row) -> bool:
+    if fit.quota is None:
+        return False
+    mem, cores = fit.extra(row)
+    return not fit.quota.fits(fit.base_mem + fit.extra_mem + mem, fit.base_cores + fit.extra_cores + cores)
+
+
+def _short_of_memory(fit: _ContainerFit, row: _Row) -> bool:
+    return row.usedmem + fit.need_mem > row.device.totalmem
+
+
+def _short_of_cores(fit: _ContainerFit, row: _Row) -> bool:
+    return row.usedcores + fit.need_cores > row.device.totalcore
+
+
+def _exclusive_busy(fit: _ContainerFit, row: _Row) -> bool:
+    return row.device.totalcore == 100 and fit.cores == 100 and row.used + row.own.con_slots > 0
+
+
+def _compute_exhausted(fit: _ContainerFit, row: _Row) -> bool:
+    device = row.device
+    return device.totalcore != 0 and row.usedcores + row.own.con_cores == device.totalcore and fit.cores == 0
+
+
+#: Gates of checks that cannot fail for most containers (left out when their gate is off).
+CORDON, TYPE_RULES, UUID_RULES, MUTEX, QUOTA = "cordon", "type-rules", "uuid-rules", "mutex", "quota"
+CheckRow = tuple[str, Check, str | None]
+"""(HAMi reason, check, gate): the check runs only when its gate (None: always) is on."""
+
+#: HAMi's per-device checks before the NUMA group step (hami-wire §3.5 steps 1-3, and MIG mode).
+DEVICE_CHECKS: tuple[CheckRow, ...] = (
+    (R.CARD_NOT_HEALTH, _unhealthy, None),
+    (R.CARD_CORDONED, _cordoned, CORDON),
+    (R.CARD_TYPE_MISMATCH, _type_mismatch, TYPE_RULES),
+    (R.MODE_NOT_FIT, _mig_mode, None),
+)
+#: HAMi's per-device checks after it (steps 5-14); the first that fails counts its reason.
+CAPACITY_CHECKS: tuple[CheckRow, ...] = (
+    (R.CARD_UUID_MISMATCH, _uuid_excluded, UUID_RULES),
+    (R.CARD_TIME_SLICING_EXHAUSTED, _no_free_slot, None),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _mutex_busy, MUTEX),
+    (R.RESOURCE_QUOTA_NOT_FIT, _over_quota, QUOTA),
+    (R.CARD_INSUFFICIENT_MEMORY, _short_of_memory, None),
+    (R.CARD_INSUFFICIENT_CORE, _short_of_cores, None),
+    (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _exclusive_busy, None),
+    (R.CARD_COMPUTE_UNITS_EXHAUSTED, _compute_exhausted, None),
+)
+ActiveChecks = tuple[tuple[str, Check], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _active_checks(gates: frozenset[str]) -> tuple[ActiveChecks, ActiveChecks]:
+    """The two tables with the checks whose gate is off left out (they cannot fail)."""
+
+    def active(table: tuple[CheckRow, ...]) -> ActiveChecks:
+        return tuple((reason, check) for reason, check, gate in table if gate is None or gate in gates)
+
+    return active(DEVICE_CHECKS), active(CAPACITY_CHECKS)
+
+
+def _gates(fit: _ContainerFit) -> frozenset[str]:
+    policy = fit.policy
+    gates: list[str] = []
+    if fit.cordoned:
+        gates.append(CORDON)
+    if (
+        policy.use_types is not None
+        or policy.nouse_types
+        or policy.vgpu_mode is not None
+        or fit.request.type != NVIDIA
+    ):
+        gates.append(TYPE_RULES)
+    if policy.use_uuids is not None or policy.nouse_uuids:
+        gates.append(UUID_RULES)
+    if policy.gpu_policy.mutex:
+        gates.append(MUTEX)
+    if fit.quota is not None:
+        gates.append(QUOTA)
+    return frozenset(gates)
+
+
+def _first_failure(checks: ActiveChecks, fit: _ContainerFit, row: _Row) -> str | None:
+    for reason, failed in checks:
+        if failed(fit, row):
+            return reason
+    return None
+
+
+def _ranked_rows(
+    node_cands: Sequence[DeviceUsage],
+    request: ContainerDeviceRequest,
+    policy: PodPolicy,
+    own: Mapping[str, OwnUsage],
+    release: PodUsage,
+) -> tuple[list[_RowFields], list[int]]:
+    """Every candidate's row fields and the order Fit tries them (``device_score``/``try_order``).
+
+    A device's score counts the pod's own booking there (it will be the pod's usage after the
+    placement); its ``used`` for the sort counts only the containers running with this one.
+    The :class:`_Row` records are made only for the devices the fit reaches.
+    """
+    rows: list[_RowFields] = []
+    numas: list[int] = []
+    scores: list[float] = []
+    useds: list[int] = []
+    indexes: list[int] = []
+    weights = policy.weights
+    for d in node_cands:
+        used, usedmem, usedcores = d.used, d.usedmem, d.usedcores
+        released = release.get(d.id) if release else None
+        if released is not None:
+            used -= max(released.slots, 1)
+            usedmem -= released.mem
+            usedcores -= released.cores
+        o = own.get(d.id, _NO_OWN) if own else _NO_OWN
+        booked_slots, booked_mem, booked_cores = o.booked() if o is not _NO_OWN else (0, 0, 0)
+        scores.append(
+            device_score(
+                d.count,
+                d.totalcore,
+                d.totalmem,
+                used + booked_slots,
+                usedcores + booked_cores,
+                usedmem + booked_mem,
+                request,
+                weights,
+            )
         )
-        if total > best_total:
-            best_combo, best_total = combo, total
-    return list(best_combo)
+        numas.append(d.numa)
+        useds.append(used + o.con_slots)
+        indexes.append(d.index)
+        rows.append((d, used, usedmem, usedcores, o))
+    return rows, try_order(numas, scores, useds, indexes, policy.gpu_policy, policy.numa_bind)
+
+
+def _start(
+    request: ContainerDeviceRequest,
+    policy: PodPolicy,
+    cordoned: frozenset[str],
+    own: Mapping[str, OwnUsage],
+    quota: Quota | None,
+) -> _ContainerFit:
+    fit = _ContainerFit(request, policy, cordoned, min(request.coresreq, 100), None)
+    if quota is not None and quota.limited:
+        fit.quota = quota
+        for o in own.values():
+            _, mem, cores = o.booked()
+            fit.base_mem += mem
+            fit.base_cores += cores
+    return fit
 
 
 def _fit_container(
@@ -187,122 +477,54 @@ def _fit_container(
     release: PodUsage,
     quota: Quota | None,
 ) -> ContainerDevices | str:
-    """Fit one container's request onto candidate devices; devices or a reason string."""
+    """Fit one container's request onto candidate devices; devices or a reason string.
+
+    Devices are tried in policy order; each one runs :data:`DEVICE_CHECKS`, HAMi's numa-bind
+    group step, then :data:`CAPACITY_CHECKS` (less the checks that cannot fail for this
+    container), and counts the first failing check's reason.
+    """
     nums = request.nums
     if nums > len(node_cands):
         return R.NODE_INSUFFICIENT_DEVICE
-    n = len(node_cands)
-    gpu_policy = policy.gpu_policy
-    weights = policy.weights
-    # Effective usage of every candidate: other pods (minus released) plus the pod's own; its
-    # score and the try order come from policy.device_score and policy.try_order.
-    rows: list[tuple[DeviceUsage, int, int, int, OwnUsage]] = []
-    numas: list[int] = []
-    scores: list[float] = []
-    useds: list[int] = []
-    indexes: list[int] = []
-    for d in node_cands:
-        used, umem, ucore = d.used, d.usedmem, d.usedcores
-        if release:
-            rel = release.get(d.id)
-            if rel is not None:
-                used -= max(rel.slots, 1)
-                umem -= rel.mem
-                ucore -= rel.cores
-        o = own.get(d.id, _NO_OWN) if own else _NO_OWN
-        s_used, s_mem, s_core = used, umem, ucore
-        if o is not _NO_OWN:
-            bs, bm, bc = o.booked()
-            s_used, s_mem, s_core = used + bs, umem + bm, ucore + bc
-        scores.append(device_score(d.count, d.totalcore, d.totalmem, s_used, s_core, s_mem, request, weights))
-        numas.append(d.numa)
-        useds.append(used + o.con_slots)
-        indexes.append(d.index)
-        rows.append((d, used, umem, ucore, o))
-    order = try_order(numas, scores, useds, indexes, gpu_policy, policy.numa_bind)
-    cores = min(request.coresreq, 100)
+    rows, order = _ranked_rows(node_cands, request, policy, own, release)
+    fit = _start(request, policy, cordoned, own, quota)
     reasons: Counter[str] = Counter()
-    collected: list[ContainerDevice] = []
-    topology = gpu_policy.topology_aware
-    mutex = gpu_policy.mutex
-    numa_bind = policy.numa_bind
-    cur_numa: int | None = None
-    quota_on = quota is not None and quota.limited
-    base_mem = base_cores = extra_mem = extra_cores = 0
-    if quota_on:
-        for o in own.values():
-            _, bm, bc = o.booked()
-            base_mem += bm
-            base_cores += bc
-
+    topology = policy.gpu_policy.topology_aware
+    device_checks, capacity_checks = _active_checks(_gates(fit))
     for i in order:
-        d, used, umem, ucore, o = rows[i]
-        if not d.health:
-            reasons[R.CARD_NOT_HEALTH] += 1
+        row = _Row(*rows[i])
+        reason = _first_failure(device_checks, fit, row)
+        if reason is None:
+            if policy.numa_bind:
+                fit.enter_group(row.device.numa, reasons)
+            fit.size(row)
+            reason = _first_failure(capacity_checks, fit, row)
+        if reason is not None:
+            reasons[reason] += 1
             continue
-        if d.id in cordoned:
-            reasons[R.CARD_CORDONED] += 1
-            continue
-        if (
-            not policy.type_allowed(d.type)
-            or (policy.vgpu_mode is not None and d.mode not in policy.vgpu_mode)
-            or request.type != NVIDIA
-        ):
-            reasons[R.CARD_TYPE_MISMATCH] += 1
-            continue
-        if d.mode == MODE_MIG:
-            reasons[R.MODE_NOT_FIT] += 1
-            continue
-        if numa_bind and d.numa != cur_numa:
-            if collected:
-                reasons[R.NUMA_NOT_FIT] += len(collected)
-                collected = []
-                extra_mem = extra_cores = 0
-            cur_numa = d.numa
-        if not policy.uuid_allowed(d.id):
-            reasons[R.CARD_UUID_MISMATCH] += 1
-            continue
-        if used + max(o.con_slots + 1, o.oth_slots) > d.count:
-            reasons[R.CARD_TIME_SLICING_EXHAUSTED] += 1
-            continue
-        if mutex and used + o.con_slots > 0:
-            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-            continue
-        memreq = request_memory(request, d.totalmem)
-        need_mem = max(o.con_mem + memreq, o.oth_mem)
-        need_cores = max(o.con_cores + cores, o.oth_cores)
-        if quota_on:
-            inc_mem = need_mem - max(o.con_mem, o.oth_mem)
-            inc_cores = need_cores - max(o.con_cores, o.oth_cores)
-            if not quota.fits(base_mem + extra_mem + inc_mem, base_cores + extra_cores + inc_cores):
-                reasons[R.RESOURCE_QUOTA_NOT_FIT] += 1
-                continue
-        if umem + need_mem > d.totalmem:
-            reasons[R.CARD_INSUFFICIENT_MEMORY] += 1
-            continue
-        if ucore + need_cores > d.totalcore:
-            reasons[R.CARD_INSUFFICIENT_CORE] += 1
-            continue
-        if d.totalcore == 100 and cores == 100 and used + o.con_slots > 0:
-            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-            continue
-        if d.totalcore != 0 and ucore + o.con_cores == d.totalcore and cores == 0:
-            reasons[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
-            continue
-        collected.append(ContainerDevice(d.id, NVIDIA, memreq, cores))
-        if quota_on:
-            extra_mem += need_mem - max(o.con_mem, o.oth_mem)
-            extra_cores += need_cores - max(o.con_cores, o.oth_cores)
-        if not topology and len(collected) == nums:
-            return tuple(collected)
+        fit.book(row)
+        if not topology and len(fit.collected) == nums:
+            return tuple(fit.collected)
+    return _finish(fit.collected, nums, topology, pair_scores, reasons, len(node_cands))
+
+
+def _finish(
+    collected: list[ContainerDevice],
+    nums: int,
+    topology: bool,
+    pair_scores: Mapping[str, Mapping[str, int]],
+    reasons: Counter[str],
+    considered: int,
+) -> ContainerDevices | str:
+    """After every device was tried: topology-aware's choice, or the reasons (HAMi's tail of Fit)."""
     if topology:
         if len(collected) == nums:
             return tuple(collected)
         if len(collected) > nums:
-            return tuple(_topology_pick(collected, nums, pair_scores))
+            return _topology_pick(collected, nums, pair_scores)
     if collected:
         reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(collected)
-    return gen_reason(reasons, n)
+    return gen_reason(reasons, considered)
 
 
 def fit_pod(

@@ -119,23 +119,23 @@ SortKey = Callable[[int, float, int, int], tuple]
 
 
 def _key_mutex(numa: int, score: float, used: int, index: int) -> tuple:
-    return (-used, numa, index)
+    return (-used, numa)
 
 
 def _key_binpack_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
-    return (-numa, score, index)
+    return (-numa, score)
 
 
 def _key_spread_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
-    return (numa, -score, index)
+    return (numa, -score)
 
 
 def _key_binpack(numa: int, score: float, used: int, index: int) -> tuple:
-    return (score, numa, index)
+    return (score, numa)
 
 
 def _key_spread(numa: int, score: float, used: int, index: int) -> tuple:
-    return (-score, numa, index)
+    return (-score, numa)
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,8 +152,9 @@ def sort_key(policy: GpuPolicy, numa_bind: bool) -> SortKey:
     """The ascending sort key of a policy (HAMi consumes the sorted list from its end).
 
     Chains compare key by key (binpack: score ascending, spread: score descending, numa: NUMA
-    ascending); single values follow hami-wire §3.6. Ties (HAMi's sort is unstable) break on
-    the device index so results are deterministic.
+    ascending) and end on the device index, as upstream's ``lessByChain`` does; single values
+    compare exactly what upstream's ``Less`` compares (no index), so devices equal under it keep
+    the node's order (see :func:`try_order`).
     """
     chain = policy.sort_chain(numa_bind)
     if chain is not None:
@@ -176,12 +177,17 @@ def try_order(
     """Positions of the candidate devices in the order Fit tries them (first = tried first).
 
     HAMi sorts ascending with ``DeviceUsageList.Less`` and consumes from the end; this returns
-    that list reversed (see :func:`sort_key`).
+    that list reversed (see :func:`sort_key`). Devices that compare equal: Go's ``sort.Sort``
+    is not stable in general, but for up to 12 elements (every real node) it runs an insertion
+    sort, which is; so equal devices keep the node's order and the **last** of them is tried
+    first. Upstream's vectors pin this (``TestFit_*`` tables whose devices all have index 0 and
+    equal scores take the last device first), so this sorts ascending, stably, then reverses —
+    never ``sorted(..., reverse=True)``, which would try the first equal device first.
     """
     key = sort_key(policy, numa_bind)
-    return sorted(
-        range(len(numas)), key=lambda i: key(numas[i], scores[i], useds[i], indexes[i]), reverse=True
-    )
+    ascending = sorted(range(len(numas)), key=lambda i: key(numas[i], scores[i], useds[i], indexes[i]))
+    ascending.reverse()
+    return ascending
 
 
 def best_first(

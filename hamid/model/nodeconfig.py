@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,11 @@ from hamid.model.devices import MODE_HAMI_CORE, OPERATING_MODES
 from hamid.model.errors import InvalidInput
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+#: Largest memory/core scaling: beyond it the registered MiB/cores leave HAMi's int32 fields
+#: (16 TiB x 100 < 2^31), and no oversubscription is meant that far.
+MAX_SCALING = 100.0
+#: Largest preconfigured memory per GPU (16 TiB, as for a devices file's ``memoryMiB``).
+MAX_PRECONFIGURED_MIB = 2**24
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +71,12 @@ def _check(config: NodeConfig) -> None:
     ):
         if isinstance(scaling, bool) or not isinstance(scaling, int | float):
             raise InvalidInput(f"{name} must be a number")
-        if not math.isfinite(scaling) or scaling <= 0:
-            raise InvalidInput(f"{name} {scaling} must be a positive number")
-    if config.preconfigured_device_memory < 0:
+        if not math.isfinite(scaling) or not 0 < scaling <= MAX_SCALING:
+            raise InvalidInput(f"{name} {scaling} must be a positive number of at most {MAX_SCALING:g}")
+    if not 0 <= config.preconfigured_device_memory <= MAX_PRECONFIGURED_MIB:
         raise InvalidInput(
-            f"preconfigureddevicememory {config.preconfigured_device_memory} must not be negative"
+            f"preconfigureddevicememory {config.preconfigured_device_memory} must be in "
+            f"[0, {MAX_PRECONFIGURED_MIB}] MiB"
         )
     if config.mig_strategy not in MIG_STRATEGIES:
         raise InvalidInput(
@@ -80,50 +86,66 @@ def _check(config: NodeConfig) -> None:
         raise InvalidInput("filterdevices.index entries must not be negative")
 
 
+def _int32(value: object, where: str) -> int:
+    return want_int(value, where, INT32_MIN, INT32_MAX)
+
+
+#: ``nodeconfig`` entry keys → (NodeConfig field, parser of the JSON value).
+_SCALAR_KEYS: tuple[tuple[str, str, Callable[[object, str], Any]], ...] = (
+    ("operatingmode", "operating_mode", want_str),
+    ("devicesplitcount", "device_split_count", _int32),
+    ("devicememoryscaling", "device_memory_scaling", want_number),
+    ("devicecorescaling", "device_core_scaling", want_number),
+    ("preconfigureddevicememory", "preconfigured_device_memory", want_int),
+    ("libcudaloglevel", "lib_cuda_log_level", want_str),
+    ("enablenumatopology", "enable_numa_topology", want_bool),
+    ("enablegetpreferredallocation", "enable_get_preferred_allocation", want_bool),
+    ("migstrategy", "mig_strategy", want_str),
+)
+
+
+def _filter_devices(value: object, where: str) -> dict[str, Any]:
+    fd = want_object(value, f"{where}.filterdevices")
+    uuids, indices = fd.get("uuid"), fd.get("index")
+    uuid_list = () if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid")
+    index_list = () if indices is None else want_list(indices, f"{where}.filterdevices.index")
+    return {
+        "filter_uuids": tuple(
+            want_str(u, f"{where}.filterdevices.uuid[{i}]") for i, u in enumerate(uuid_list)
+        ),
+        "filter_indices": tuple(
+            want_int(x, f"{where}.filterdevices.index[{i}]", 0) for i, x in enumerate(index_list)
+        ),
+    }
+
+
 def _entry_overrides(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The non-null fields of one ``nodeconfig`` entry as NodeConfig field overrides (type-checked)."""
     out: dict[str, Any] = {}
-
-    get = entry.get
-    if (v := get("operatingmode")) is not None:
-        out["operating_mode"] = want_str(v, f"{where}.operatingmode")
-    if (v := get("devicesplitcount")) is not None:
-        out["device_split_count"] = want_int(v, f"{where}.devicesplitcount", INT32_MIN, INT32_MAX)
-    if (v := get("devicememoryscaling")) is not None:
-        out["device_memory_scaling"] = want_number(v, f"{where}.devicememoryscaling")
-    if (v := get("devicecorescaling")) is not None:
-        out["device_core_scaling"] = want_number(v, f"{where}.devicecorescaling")
-    if (v := get("preconfigureddevicememory")) is not None:
-        out["preconfigured_device_memory"] = want_int(v, f"{where}.preconfigureddevicememory")
-    if (v := get("libcudaloglevel")) is not None:
-        out["lib_cuda_log_level"] = want_str(v, f"{where}.libcudaloglevel")
-    if (v := get("enablenumatopology")) is not None:
-        out["enable_numa_topology"] = want_bool(v, f"{where}.enablenumatopology")
-    if (v := get("enablegetpreferredallocation")) is not None:
-        out["enable_get_preferred_allocation"] = want_bool(v, f"{where}.enablegetpreferredallocation")
-    if (v := get("migstrategy")) is not None:
-        out["mig_strategy"] = want_str(v, f"{where}.migstrategy")
-    if (v := get("filterdevices")) is not None:
-        fd = want_object(v, f"{where}.filterdevices")
-        uuids = fd.get("uuid")
-        indices = fd.get("index")
-        out["filter_uuids"] = tuple(
-            want_str(u, f"{where}.filterdevices.uuid[{i}]")
-            for i, u in enumerate(() if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid"))
-        )
-        out["filter_indices"] = tuple(
-            want_int(x, f"{where}.filterdevices.index[{i}]", 0)
-            for i, x in enumerate(
-                () if indices is None else want_list(indices, f"{where}.filterdevices.index")
-            )
-        )
+    for key, name, parse in _SCALAR_KEYS:
+        value = entry.get(key)
+        if value is not None:
+            out[name] = parse(value, f"{where}.{key}")
+    if (value := entry.get("filterdevices")) is not None:
+        out.update(_filter_devices(value, where))
     return out
 
 
-def resolve_node_config(config_json: str | None, node_name: str, defaults: NodeConfig) -> NodeConfig:
+def _config_text(config_json: object, where: str) -> object:
+    """Bytes decoded as strict UTF-8; anything else as is (``load_json`` checks the type)."""
+    if not isinstance(config_json, bytes):
+        return config_json
+    try:
+        return config_json.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{where}: not valid UTF-8 (byte offset {exc.start}: {exc.reason})") from None
+
+
+def resolve_node_config(config_json: str | bytes | None, node_name: str, defaults: NodeConfig) -> NodeConfig:
     """Merge the ``nodeconfig`` entries whose ``name`` equals ``node_name`` over ``defaults``.
 
-    ``config_json`` is the text of ``/config/config.json`` (``None`` when there is no file: defaults).
+    ``config_json`` is the content of ``/config/config.json`` (text, or bytes that must be UTF-8;
+    ``None`` when there is no file: defaults). Nesting too deep for JSON is refused as malformed.
     Only non-null fields override; matching entries apply in file order. Every entry is type-checked
     (like Go's decoder, a type error anywhere fails the file); the merged result is then validated
     (known ``operatingmode``/``migstrategy``, split count ≥ 1, positive scalings, ...).
@@ -132,7 +154,7 @@ def resolve_node_config(config_json: str | None, node_name: str, defaults: NodeC
     if config_json is None:
         return defaults
     where = "node config"
-    root = want_object(load_json(config_json, where), where)
+    root = want_object(load_json(_config_text(config_json, where), where), where)
     raw_entries = root.get("nodeconfig")
     entries = () if raw_entries is None else want_list(raw_entries, f"{where}.nodeconfig")
     result = defaults

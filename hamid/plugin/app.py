@@ -13,6 +13,7 @@ from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
+from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
@@ -20,12 +21,14 @@ from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
+    NvmlTopologyError,
     NvmlUnavailable,
     PhysicalGpu,
     discover_nvml,
+    discover_nvml_links,
     health_policy_from_env,
     import_nvml,
-    load_devices_file,
+    load_devices_inventory,
     watch_xid_events,
 )
 from hamid.plugin.inventory import Inventory
@@ -72,11 +75,13 @@ class NodeSetup:
     resource_name: str
     gpus: tuple[PhysicalGpu, ...]
     nvml: ModuleType | None
+    #: links between the GPUs (NVML, or the devices file's ``links``); None: no pair scores
+    links: GpuLinks | None = None
 
 
-def _read_optional(path: str) -> str | None:
+def _read_optional(path: str) -> bytes | None:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes()
     except FileNotFoundError:
         return None
 
@@ -88,7 +93,7 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
         try:
             text = await asyncio.to_thread(Path(options.device_config_file).read_text, encoding="utf-8")
             device_config = load_device_config(text)
-        except (OSError, InvalidInput) as exc:
+        except (OSError, UnicodeDecodeError, InvalidInput) as exc:
             raise PluginStartupError(f"--device-config-file {options.device_config_file}: {exc}") from exc
     try:
         node_json = await asyncio.to_thread(_read_optional, options.node_config_file)
@@ -98,11 +103,13 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
     if node_json is None:
         log.info("no node config file; using defaults", path=options.node_config_file)
     nvml: ModuleType | None = None
+    links: GpuLinks | None = None
     if options.devices_file:
         try:
-            gpus = await asyncio.to_thread(load_devices_file, options.devices_file)
+            inventory = await asyncio.to_thread(load_devices_inventory, options.devices_file)
         except (OSError, InvalidInput) as exc:
             raise PluginStartupError(f"--devices-file {options.devices_file}: {exc}") from exc
+        gpus, links = list(inventory.gpus), inventory.links
     else:
         try:
             nvml = await asyncio.to_thread(import_nvml)
@@ -112,8 +119,12 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
                 f"NVML is not available ({exc}); run on a node with the NVIDIA driver, "
                 "or pass --devices-file with a static inventory"
             ) from exc
+        try:
+            links = await asyncio.to_thread(discover_nvml_links, gpus, nvml)
+        except NvmlTopologyError as exc:
+            log.error("GPU links unreadable; hami.io/node-nvidia-score is not written", error=str(exc))
     resource_name = options.resource_name or device_config.resources.resource_count_name
-    return NodeSetup(config, device_config.resources, resource_name, tuple(gpus), nvml)
+    return NodeSetup(config, device_config.resources, resource_name, tuple(gpus), nvml, links)
 
 
 class Plugin:
@@ -167,7 +178,12 @@ class Plugin:
             preferred_allocation=preferred,
         )
         self.registrar = NodeRegistrar(
-            client, self.pods, self.inventory, interval=register_interval, error_interval=error_interval
+            client,
+            self.pods,
+            self.inventory,
+            links=setup.links,
+            interval=register_interval,
+            error_interval=error_interval,
         )
         self.metrics.attach(self.connector, self.registrar, self.pods)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import yaml
 
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
+from hamid.model.gpulinks import MAX_SCORED_NVLINKS, NVML_TOPOLOGY_LEVELS, P2P_LEVEL_SCORES, GpuLink, GpuLinks
 
 log = get_logger("plugin.discovery")
 
@@ -29,10 +31,24 @@ EVENT_WAIT_MS = 1000
 
 _FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId", "migEnabled", "healthy")
 _REQUIRED_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId")
+_LINK_KEYS = ("level", "nvlinks")
+#: Bounds that keep every registered value inside HAMi's int32 fields even at the largest
+#: scaling the node config allows (16 TiB x 100 < 2^31), and indices/NUMA ids real machines have.
+MAX_MEMORY_MIB = 2**24
+MAX_GPU_INDEX = 65535
+MAX_NUMA_NODE = 1023  # Linux's MAX_NUMNODES is at most 1024
+MAX_TEXT = 256
+#: A UUID or bus id: printable ASCII without spaces, and without the register codec's separators.
+_TOKEN = re.compile(r"[\x21-\x7e]+\Z")
+_UUID_FORBIDDEN = frozenset(",:;")
 
 
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be loaded or initialised on this machine."""
+
+
+class NvmlTopologyError(RuntimeError):
+    """NVML could not report the links between two GPUs (HAMi's score then fails too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,52 +65,91 @@ class PhysicalGpu:
     healthy: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class DevicesInventory:
+    """A node's GPUs and, when known, the links between them (None: no topology, no pair scores)."""
+
+    gpus: tuple[PhysicalGpu, ...]
+    links: GpuLinks | None = None
+
+
 # --- static inventory ---------------------------------------------------------------------------
 
 
-def load_devices_file(path: str | os.PathLike[str]) -> list[PhysicalGpu]:
-    """Read a static inventory (YAML or JSON): a top-level ``devices:`` list (see the module docs).
+def _read_text(path: str | os.PathLike[str]) -> str:
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not valid UTF-8 (byte offset {exc.start}: {exc.reason})") from None
 
-    Raises :class:`InvalidInput` naming the file and the offending item on any malformed entry.
-    """
-    text = Path(path).read_text(encoding="utf-8")
-    return parse_devices_text(text, source=str(path))
+
+def load_devices_file(path: str | os.PathLike[str]) -> list[PhysicalGpu]:
+    """Read a static inventory's GPUs (YAML or JSON; see :func:`parse_devices_document`)."""
+    return list(load_devices_inventory(path).gpus)
+
+
+def load_devices_inventory(path: str | os.PathLike[str]) -> DevicesInventory:
+    """Read a static inventory (GPUs and optional ``links``). Raises :class:`InvalidInput`."""
+    return parse_devices_document(_read_text(path), source=str(path))
 
 
 def parse_devices_text(text: str, source: str = "<devices file>") -> list[PhysicalGpu]:
-    """Parse the text of a static inventory (JSON is valid YAML, so one parser reads both)."""
+    """The GPUs of a static inventory's text."""
+    return list(parse_devices_document(text, source).gpus)
+
+
+def parse_devices_document(text: str, source: str = "<devices file>") -> DevicesInventory:
+    """Parse a static inventory (JSON is valid YAML, so one parser reads both).
+
+    Top-level keys: ``devices`` (a list of GPUs) and optional ``links``, the GPU link matrix
+    ``{<uuid>: {<other uuid>: {"level": <NVML topology level>, "nvlinks": <count>}}}`` — what
+    NVML reports between two GPUs (common ancestor ``INTERNAL``/``SINGLE``/``MULTIPLE``/
+    ``HOSTBRIDGE``/``NODE``/``SYSTEM``, i.e. nvidia-smi's board/PIX/PXB/PHB/NODE/SYS, and 0-18
+    NVLinks). A pair given in one direction holds for both; give both directions to describe an
+    asymmetric pair. Other top-level keys are left to the caller (the simulator's machine files
+    carry theirs). Every error is an :class:`InvalidInput` naming the file and the item.
+    """
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InvalidInput(f"{source}: not valid YAML/JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidInput(f"{source}: nested too deeply to be a devices file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         raise InvalidInput(f"{source}: expected a top-level 'devices:' list")
     gpus: list[PhysicalGpu] = []
     for position, item in enumerate(doc["devices"]):
         gpus.append(_parse_device_item(item, f"{source}: devices[{position}]"))
     _check_unique(gpus, source)
-    return gpus
+    links = None
+    if doc.get("links") is not None:
+        links = _parse_links(doc["links"], {g.uuid for g in gpus}, f"{source}: links")
+    return DevicesInventory(tuple(gpus), links)
 
 
 def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
     if not isinstance(item, dict):
         raise InvalidInput(f"{where}: expected a mapping")
-    unknown = sorted(set(item) - set(_FILE_KEYS))
+    unknown = sorted(str(k) for k in set(item) - set(_FILE_KEYS))
     if unknown:
         raise InvalidInput(f"{where}: unknown keys {unknown}; allowed: {list(_FILE_KEYS)}")
     missing = [k for k in _REQUIRED_FILE_KEYS if k not in item]
     if missing:
         raise InvalidInput(f"{where}: missing keys {missing}")
     uuid, name, bus = item["uuid"], item["name"], item["pciBusId"]
-    if not isinstance(uuid, str) or not uuid.strip() or any(c in uuid for c in ",:; "):
-        raise InvalidInput(f"{where}: uuid must be a non-empty string without ',', ':', ';' or spaces")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"{where}: name must be a non-empty string")
-    if not isinstance(bus, str):
-        raise InvalidInput(f"{where}: pciBusId must be a string")
-    index = _int_field(item, "index", where, minimum=0)
-    memory = _int_field(item, "memoryMiB", where, minimum=0)
-    numa = _int_field(item, "numa", where, minimum=-1)
+    if not _is_uuid(uuid):
+        raise InvalidInput(
+            f"{where}: uuid must be 1-{MAX_TEXT} printable ASCII characters without spaces, "
+            f"',', ':' or ';', got {_shown(uuid)}"
+        )
+    if not isinstance(name, str) or not name or len(name) > MAX_TEXT or not name.isprintable():
+        raise InvalidInput(f"{where}: name must be 1-{MAX_TEXT} printable characters, got {_shown(name)}")
+    if not isinstance(bus, str) or len(bus) > MAX_TEXT or (bus and not _TOKEN.match(bus)):
+        raise InvalidInput(f"{where}: pciBusId must be a string without spaces, got {_shown(bus)}")
+    index = _int_field(item, "index", where, 0, MAX_GPU_INDEX)
+    memory = _int_field(item, "memoryMiB", where, 0, MAX_MEMORY_MIB)
+    numa = _int_field(item, "numa", where, -1, MAX_NUMA_NODE)
     mig = _bool_field(item, "migEnabled", where, default=False)
     healthy = _bool_field(item, "healthy", where, default=True)
     return PhysicalGpu(
@@ -109,17 +164,34 @@ def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
     )
 
 
-def _int_field(item: Mapping[str, Any], key: str, where: str, *, minimum: int) -> int:
+def _is_uuid(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_TEXT
+        and _TOKEN.match(value) is not None
+        and not _UUID_FORBIDDEN.intersection(value)
+    )
+
+
+def _shown(value: object) -> str:
+    """A value for an error message: repr'd (control characters visible), and cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _int_field(item: Mapping[str, Any], key: str, where: str, minimum: int, maximum: int) -> int:
     value = item[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInput(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidInput(
+            f"{where}: {key} must be an integer in [{minimum}, {maximum}], got {_shown(value)}"
+        )
     return value
 
 
 def _bool_field(item: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
     value = item.get(key, default)
     if not isinstance(value, bool):
-        raise InvalidInput(f"{where}: {key} must be true or false, got {value!r}")
+        raise InvalidInput(f"{where}: {key} must be true or false, got {_shown(value)}")
     return value
 
 
@@ -133,6 +205,45 @@ def _check_unique(gpus: Iterable[PhysicalGpu], source: str) -> None:
             raise InvalidInput(f"{source}: duplicate index {gpu.index}")
         seen_uuid.add(gpu.uuid)
         seen_index.add(gpu.index)
+
+
+def _parse_links(raw: Any, uuids: set[str], where: str) -> dict[str, dict[str, GpuLink]]:
+    """The ``links`` matrix, mirrored: a direction not given takes the other one's link."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where}: expected a mapping of GPU UUID to a mapping of GPU UUID to a link")
+    given: dict[tuple[str, str], GpuLink] = {}
+    for a, row in raw.items():
+        if a not in uuids:
+            raise InvalidInput(f"{where}: {_shown(a)} is not a uuid under 'devices'")
+        if not isinstance(row, dict):
+            raise InvalidInput(f"{where}.{a}: expected a mapping of GPU UUID to a link")
+        for b, link in row.items():
+            if b not in uuids or b == a:
+                raise InvalidInput(f"{where}.{a}: {_shown(b)} is not another uuid under 'devices'")
+            given[(a, b)] = _parse_link(link, f"{where}.{a}.{b}")
+    links: dict[str, dict[str, GpuLink]] = {}
+    for (a, b), link in given.items():
+        links.setdefault(a, {})[b] = link
+        if (b, a) not in given:
+            links.setdefault(b, {})[a] = link
+    return links
+
+
+def _parse_link(raw: Any, where: str) -> GpuLink:
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where}: expected a mapping with 'level' and optional 'nvlinks'")
+    unknown = sorted(str(k) for k in set(raw) - set(_LINK_KEYS))
+    if unknown:
+        raise InvalidInput(f"{where}: unknown keys {unknown}; allowed: {list(_LINK_KEYS)}")
+    level = raw.get("level")
+    if level not in P2P_LEVEL_SCORES:
+        raise InvalidInput(f"{where}: level must be one of {list(P2P_LEVEL_SCORES)}, got {_shown(level)}")
+    nvlinks = raw.get("nvlinks", 0)
+    if isinstance(nvlinks, bool) or not isinstance(nvlinks, int) or not 0 <= nvlinks <= MAX_SCORED_NVLINKS:
+        raise InvalidInput(
+            f"{where}: nvlinks must be an integer in [0, {MAX_SCORED_NVLINKS}], got {_shown(nvlinks)}"
+        )
+    return GpuLink(level=level, nvlinks=nvlinks)
 
 
 # --- NVML -----------------------------------------------------------------------------------------
@@ -243,6 +354,100 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         mig_enabled=mig,
         healthy=healthy,
     )
+
+
+def normalized_bus_id(bus_id: str) -> str:
+    """HAMi's ``PciInfo.BusID``: up to the first NUL, lower case, one leading ``0000`` dropped."""
+    bus = bus_id.split("\x00", 1)[0].lower()
+    return bus if bus == "0000" else bus.removeprefix("0000")
+
+
+def _nvml_skippable(lib: ModuleType, exc: Exception) -> bool:
+    """NVML answers "not supported"/"invalid argument" for links a GPU does not have."""
+    code = getattr(exc, "value", None)
+    return code in (lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def _enabled_links(lib: ModuleType, handle: Any) -> list[int]:
+    """The NVLink numbers whose state is enabled (HAMi loops over ``NVLINK_MAX_LINKS``)."""
+    enabled: list[int] = []
+    for link in range(int(lib.NVML_NVLINK_MAX_LINKS)):
+        try:
+            state = lib.nvmlDeviceGetNvLinkState(handle, link)
+        except lib.NVMLError as exc:
+            if _nvml_skippable(lib, exc):
+                continue
+            raise NvmlTopologyError(f"failed to get nvlink state: {exc}") from exc
+        if state == lib.NVML_FEATURE_ENABLED:
+            enabled.append(link)
+    return enabled
+
+
+@dataclass(frozen=True, slots=True)
+class _NvLinkEnds:
+    """One GPU's enabled NVLinks: the remote PCI bus of each, and how many end on an NVSwitch."""
+
+    remote_buses: tuple[str, ...]
+    switch_links: int
+
+
+def _nvlink_ends(lib: ModuleType, handle: Any) -> _NvLinkEnds:
+    buses: list[str] = []
+    switches = 0
+    for link in _enabled_links(lib, handle):
+        try:
+            buses.append(normalized_bus_id(_text(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)))
+        except lib.NVMLError as exc:
+            if not _nvml_skippable(lib, exc):
+                raise NvmlTopologyError(f"failed to get remote pci info: {exc}") from exc
+        try:
+            kind = lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except lib.NVMLError as exc:
+            if _nvml_skippable(lib, exc):
+                continue
+            raise NvmlTopologyError(f"failed to get nvlink remote device type: {exc}") from exc
+        switches += kind == lib.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    return _NvLinkEnds(tuple(buses), switches)
+
+
+def _nvlink_count(first: _NvLinkEnds, second: _NvLinkEnds, second_bus: str) -> int:
+    """HAMi ``GetNVLink``: direct links to the peer's bus, else the smaller NVSwitch link count."""
+    direct = first.remote_buses.count(second_bus)
+    if 1 <= direct <= MAX_SCORED_NVLINKS:
+        return direct
+    if not first.remote_buses:
+        return 0
+    if first.switch_links and second.switch_links:
+        return min(first.switch_links, second.switch_links)
+    return 0
+
+
+def discover_nvml_links(gpus: Iterable[PhysicalGpu], nvml: ModuleType) -> GpuLinks:
+    """The links between every ordered pair of ``gpus`` from NVML (blocking; call in a thread).
+
+    For each pair: the common-ancestor level (``nvmlDeviceGetTopologyCommonAncestor``) and the
+    NVLink count, direct (remote PCI bus equals the peer's) or through NVSwitches, as HAMi's
+    ``links.go`` reads them. Raises :class:`NvmlTopologyError` when NVML fails for a pair,
+    where HAMi fails the whole score.
+    """
+    chosen = list(gpus)
+    try:
+        handles = {g.uuid: nvml.nvmlDeviceGetHandleByUUID(g.uuid) for g in chosen}
+        ends = {uuid: _nvlink_ends(nvml, handle) for uuid, handle in handles.items()}
+        links: dict[str, dict[str, GpuLink]] = {}
+        for a in chosen:
+            row = links.setdefault(a.uuid, {})
+            for b in chosen:
+                if a.uuid == b.uuid:
+                    continue
+                level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a.uuid], handles[b.uuid])
+                if level not in NVML_TOPOLOGY_LEVELS:
+                    raise NvmlTopologyError(f"unknown topology level {level} between {a.uuid} and {b.uuid}")
+                nvlinks = _nvlink_count(ends[a.uuid], ends[b.uuid], normalized_bus_id(b.pci_bus_id))
+                row[b.uuid] = GpuLink(NVML_TOPOLOGY_LEVELS[level], nvlinks)
+    except nvml.NVMLError as exc:
+        raise NvmlTopologyError(f"NVML could not report GPU links: {exc}") from exc
+    return links
 
 
 # --- XID health --------------------------------------------------------------------------------
@@ -359,9 +564,12 @@ def watch_xid_events(
         nvml.nvmlEventSetFree(event_set)
 
 
-def devices_document(gpus: Iterable[PhysicalGpu]) -> dict[str, Any]:
-    """GPUs as a ``--devices-file`` document (``{"devices": [...]}``; used by the simulator and tests)."""
-    return {
+def devices_document(gpus: Iterable[PhysicalGpu], links: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """GPUs as a ``--devices-file`` document (``{"devices": [...]}``; used by the simulator and tests).
+
+    ``links`` is a ``links`` matrix in the file's own format, put in unchanged when given.
+    """
+    document: dict[str, Any] = {
         "devices": [
             {
                 "uuid": g.uuid,
@@ -376,8 +584,11 @@ def devices_document(gpus: Iterable[PhysicalGpu]) -> dict[str, Any]:
             for g in gpus
         ]
     }
+    if links is not None:
+        document["links"] = links
+    return document
 
 
-def devices_file_json(gpus: Iterable[PhysicalGpu]) -> str:
-    """Serialise GPUs in the ``--devices-file`` format."""
-    return json.dumps(devices_document(gpus), indent=2)
+def devices_file_json(gpus: Iterable[PhysicalGpu], links: Mapping[str, Any] | None = None) -> str:
+    """Serialise GPUs (and an optional ``links`` matrix) in the ``--devices-file`` format."""
+    return json.dumps(devices_document(gpus, links), indent=2)

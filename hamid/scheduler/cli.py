@@ -33,7 +33,14 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.refit import refit_route_factory
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, METHODS, MTLS, TOKEN, parse_methods
+from hamid.scheduler.refit_auth import (
+    DEFAULT_TOKEN_AUDIENCE,
+    METHODS,
+    MTLS,
+    TOKEN,
+    ServiceAccount,
+    parse_methods,
+)
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.cli")
@@ -95,6 +102,8 @@ class SchedulerOptions:
     refit_auth: tuple[str, ...] = METHODS
     #: Audience TokenReview checks refit tokens against ("" = the API server's default audience).
     refit_token_audience: str = DEFAULT_TOKEN_AUDIENCE
+    #: Mixed fleets: upstream HAMi plugins' ServiceAccount, whose default tokens /refit accepts.
+    refit_hami_plugin_service_account: ServiceAccount | None = None
 
 
 #: Builds a route registrar for the cluster app from the running scheduler (e.g. ``POST /refit``).
@@ -352,6 +361,13 @@ def _load_device_config(path: str | None) -> DeviceConfig:
     "plugin sends a projected token with this audience, so its API-server token is never sent. "
     "Empty: the API server's default audience.",
 )
+@option(
+    "--refit-hami-plugin-service-account",
+    default="",
+    help="Mixed fleets with upstream HAMi device plugins: their ServiceAccount <namespace>/<name>. "
+    "/refit then also accepts that ServiceAccount's default (API-server audience) bound token, "
+    "with the same pod and node checks. Empty (default): only --refit-token-audience tokens.",
+)
 def scheduler_command(**kw: str | bool | None) -> None:
     """Run the scheduler extender, the mutating webhook and the metrics endpoint."""
     try:
@@ -360,6 +376,10 @@ def scheduler_command(**kw: str | bool | None) -> None:
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--refit-auth") from exc
+    try:
+        hami_plugins = ServiceAccount.parse(str(kw["refit_hami_plugin_service_account"] or ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--refit-hami-plugin-service-account") from exc
     try:
         lock_timeout = parse_duration(str(kw["node_lock_timeout"]))
         lock_max_hold = parse_duration(str(kw["node_lock_max_hold"]))
@@ -413,6 +433,7 @@ def scheduler_command(**kw: str | bool | None) -> None:
         device_plugin_service_account=str(kw["device_plugin_service_account"]),
         refit_auth=refit_auth,
         refit_token_audience=str(kw["refit_token_audience"] or ""),
+        refit_hami_plugin_service_account=hami_plugins,
     )
     try:
         asyncio.run(run_scheduler(options, extra_routes=[refit_route_factory]))

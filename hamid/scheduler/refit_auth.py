@@ -3,21 +3,28 @@
 A caller is accepted only when it proves a node identity equal to the request's ``nodeName``:
 
 * ``mtls``: a client certificate verified against ``--client-ca-file`` during the TLS handshake
-  whose subject CN is ``system:node:<node>`` (Kubernetes' node identity convention) or ``<node>``;
+  with Kubernetes' node identity: subject CN ``system:node:<node>`` **and** ``O=system:nodes``, as
+  kubelet's client certificates carry and the Node authorizer requires. A bare CN ``<node>`` is
+  refused: with the cluster CA as client CA, any user whose name equals a node name has one;
 * ``token``: ``Authorization: Bearer <token>`` (TLS only), checked with a TokenReview for the
   audience ``--refit-token-audience`` (default ``hamid-refit``; the review must list it): the user is
   ``system:serviceaccount:<device-plugin-namespace>:<device-plugin-service-account>``, the token is
   bound to a pod (``authentication.kubernetes.io/pod-name``/``pod-uid``), that pod still exists in
   the device-plugin namespace with that UID and runs on ``<node>`` (upstream #2882's checks and
-  messages).
+  messages). Mixed fleets: an upstream HAMi plugin sends its pod's default token (the API server's
+  audience); ``--refit-hami-plugin-service-account <namespace>/<name>`` accepts such a token, when
+  the ``hamid-refit`` review refuses it, from that ServiceAccount only, with the same pod checks.
 
 A presented certificate decides on its own (a wrong-node certificate is refused even with a token).
 With no method usable the authenticator refuses every request with a reason that says how to fix it.
+Every refusal names what failed (:class:`AuthFailure`: audience, user, node, ...) in its message
+and in :attr:`AuthError.kind`, which the handler logs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +45,8 @@ TOKEN = "token"
 METHODS = (MTLS, TOKEN)
 #: Kubernetes' node identity prefix in certificate subjects (``system:node:<nodeName>``).
 NODE_CN_PREFIX = "system:node:"
+#: Kubernetes' group of nodes: the ``O`` of every kubelet client certificate.
+NODE_ORGANIZATION = "system:nodes"
 #: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
 AUTH_TIMEOUT_S = 2.0
 #: ``--refit-token-audience``: the audience of the token the plugin sends to ``/refit``. A token
@@ -46,8 +55,50 @@ DEFAULT_TOKEN_AUDIENCE = "hamid-refit"
 _BEARER = "Bearer "
 
 
+class AuthFailure(enum.StrEnum):
+    """What a refused caller got wrong (logged with the refusal)."""
+
+    NOT_CONFIGURED = "not_configured"
+    CREDENTIALS = "credentials"  #: none presented, or a token over plain HTTP
+    CERTIFICATE = "certificate"  #: the certificate is no node identity
+    AUDIENCE = "audience"  #: the token is not issued for the refit audience
+    TOKEN = "token"  #: the token is not authenticated, or not bound to a pod
+    USER = "user"  #: the token's user is not the device-plugin ServiceAccount
+    POD = "pod"  #: the token's bound pod is gone or replaced
+    NODE = "node"  #: the caller speaks for another node
+    UNAVAILABLE = "unavailable"  #: TokenReview or the pod lookup failed or timed out
+
+
 class AuthError(Exception):
     """The caller could not be authenticated; the message says why (it never contains the token)."""
+
+    def __init__(self, message: str, kind: AuthFailure = AuthFailure.CREDENTIALS) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccount:
+    """A ServiceAccount whose bound tokens may call ``/refit``."""
+
+    namespace: str
+    name: str
+
+    @property
+    def username(self) -> str:
+        """The user its tokens authenticate as."""
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+    @classmethod
+    def parse(cls, value: str) -> ServiceAccount | None:
+        """``<namespace>/<name>`` (``""``: None); ValueError for any other form."""
+        value = value.strip()
+        if not value:
+            return None
+        namespace, sep, name = value.partition("/")
+        if not sep or not namespace or not name or "/" in name or ":" in value:
+            raise ValueError(f"{value!r} is not <namespace>/<serviceaccount>")
+        return cls(namespace, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +120,14 @@ def bearer_token(header: str | None) -> str:
 def node_of_common_name(cn: str) -> str:
     """The node a certificate CN names: ``system:node:<n>`` → ``<n>``, any other CN as is."""
     return cn[len(NODE_CN_PREFIX) :] if cn.startswith(NODE_CN_PREFIX) else cn
+
+
+def peer_organizations(peercert: Mapping[str, Any]) -> tuple[str, ...]:
+    """The subject ``O`` values of a verified peer certificate (``getpeercert()`` form)."""
+    subject = peercert.get("subject")
+    if not isinstance(subject, tuple):
+        return ()
+    return tuple(str(value) for rdn in subject for key, value in rdn if key == "organizationName")
 
 
 def peer_certificate(request: web.Request) -> dict[str, Any] | None:
@@ -120,6 +179,7 @@ class RefitAuthenticator:
         device_plugin_namespace: str = "",
         device_plugin_service_account: str = "",
         token_audience: str = DEFAULT_TOKEN_AUDIENCE,
+        hami_plugin_service_account: ServiceAccount | None = None,
         timeout: float = AUTH_TIMEOUT_S,
     ) -> None:
         wanted = parse_methods(methods)
@@ -141,9 +201,8 @@ class RefitAuthenticator:
         self.kube = kube
         self.timeout = timeout
         self.audience = token_audience
-        self.namespace = device_plugin_namespace
-        self.service_account = device_plugin_service_account
-        self.username = f"system:serviceaccount:{device_plugin_namespace}:{device_plugin_service_account}"
+        self.account = ServiceAccount(device_plugin_namespace, device_plugin_service_account)
+        self.hami_account = hami_plugin_service_account
         for problem in self.problems:
             log.warning("refit_auth_method_unusable", problem=problem)
         if not self.methods:
@@ -160,7 +219,7 @@ class RefitAuthenticator:
         """The caller of ``request`` if it proves node ``node_name``; AuthError otherwise."""
         reason = self.not_configured_reason()
         if reason:
-            raise AuthError(reason)
+            raise AuthError(reason, AuthFailure.NOT_CONFIGURED)
         cert = peer_certificate(request) if MTLS in self.methods else None
         if cert is not None:
             return self._from_certificate(cert, node_name)
@@ -174,10 +233,24 @@ class RefitAuthenticator:
     def _from_certificate(self, cert: dict[str, Any], node_name: str) -> Caller:
         cn = peer_common_name(cert)
         if not cn:
-            raise AuthError("client certificate has no subject common name")
+            raise AuthError("client certificate has no subject common name", AuthFailure.CERTIFICATE)
+        if not cn.startswith(NODE_CN_PREFIX):
+            raise AuthError(
+                f"client certificate {cn!r} is not a node identity (want CN {NODE_CN_PREFIX}<node>)",
+                AuthFailure.CERTIFICATE,
+            )
+        organizations = peer_organizations(cert)
+        if NODE_ORGANIZATION not in organizations:
+            raise AuthError(
+                f"client certificate {cn!r} is not in O={NODE_ORGANIZATION} "
+                f"(its O: {', '.join(organizations) or 'none'})",
+                AuthFailure.CERTIFICATE,
+            )
         node = node_of_common_name(cn)
         if node != node_name:
-            raise AuthError(f"client certificate {cn!r} is for node {node!r}, not {node_name!r}")
+            raise AuthError(
+                f"client certificate {cn!r} is for node {node!r}, not {node_name!r}", AuthFailure.NODE
+            )
         return Caller(node=node, method=MTLS, identity=cn)
 
     async def check_token(self, token: str, node_name: str) -> Caller:
@@ -187,36 +260,76 @@ class RefitAuthenticator:
             async with asyncio.timeout(self.timeout):
                 return await self._check_token(self.kube, token, node_name)
         except TimeoutError:
-            raise AuthError(f"caller authentication did not finish within {self.timeout:g}s") from None
+            raise AuthError(
+                f"caller authentication did not finish within {self.timeout:g}s", AuthFailure.UNAVAILABLE
+            ) from None
 
-    async def _check_token(self, kube: KubeClient, token: str, node_name: str) -> Caller:
-        audiences = [self.audience] if self.audience else None
+    async def _review(self, kube: KubeClient, token: str, audience: str) -> Mapping[str, Any]:
+        """The ``status.user`` of a TokenReview for ``audience`` ("" = the API server's own)."""
         try:
-            review = await kube.create_token_review(token, audiences, timeout=self.timeout)
+            review = await kube.create_token_review(
+                token, [audience] if audience else None, timeout=self.timeout
+            )
         except KubeError as exc:
-            raise AuthError(f"token is not authenticated: TokenReview failed: {exc}") from exc
+            raise AuthError(
+                f"token is not authenticated: TokenReview failed: {exc}", AuthFailure.UNAVAILABLE
+            ) from exc
         status = review.get("status") or {}
         if not status.get("authenticated"):
-            raise AuthError(f"token is not authenticated: {status.get('error') or 'rejected'}")
-        if self.audience and self.audience not in (status.get("audiences") or ()):
-            raise AuthError(f"token is not authenticated: not issued for audience {self.audience!r}")
-        user = status.get("user") or {}
+            error = str(status.get("error") or "rejected")
+            kind = AuthFailure.AUDIENCE if audience and "audience" in error else AuthFailure.TOKEN
+            raise AuthError(f"token is not authenticated: {error}", kind)
+        if audience and audience not in (status.get("audiences") or ()):
+            raise AuthError(
+                f"token is not authenticated: not issued for audience {audience!r}", AuthFailure.AUDIENCE
+            )
+        return status.get("user") or {}
+
+    async def _token_user(self, kube: KubeClient, token: str) -> tuple[Mapping[str, Any], ServiceAccount]:
+        """The token's user and the ServiceAccount it must be: hamid's plugins' for a token of the
+        refit audience, else (when configured) HAMi plugins' for a token of the API server's."""
+        try:
+            return await self._review(kube, token, self.audience), self.account
+        except AuthError as exc:
+            refused = exc
+        if refused.kind is AuthFailure.UNAVAILABLE or not self.audience:
+            raise refused
+        if self.hami_account is None:
+            if refused.kind is AuthFailure.AUDIENCE:
+                raise AuthError(
+                    f"{refused} (an upstream HAMi plugin sends its pod's default token; accept those "
+                    "with --refit-hami-plugin-service-account <namespace>/<serviceaccount>)",
+                    refused.kind,
+                )
+            raise refused
+        try:
+            return await self._review(kube, token, ""), self.hami_account
+        except AuthError as fallback:
+            raise AuthError(
+                f"{refused}; as a HAMi plugin's default token: {fallback}", refused.kind
+            ) from None
+
+    async def _check_token(self, kube: KubeClient, token: str, node_name: str) -> Caller:
+        user, account = await self._token_user(kube, token)
         username = str(user.get("username") or "")
-        if username != self.username:
-            raise AuthError(f"caller {username!r} is not the device-plugin service account")
+        if username != account.username:
+            raise AuthError(
+                f"caller {username!r} is not the device-plugin service account {account.username!r}",
+                AuthFailure.USER,
+            )
         pod_name, pod_uid = _extra(user, POD_NAME_EXTRA), _extra(user, POD_UID_EXTRA)
         if not pod_name or not pod_uid:
-            raise AuthError("token is not a bound pod service account token")
-        key = f"{self.namespace}/{pod_name}"
+            raise AuthError("token is not a bound pod service account token", AuthFailure.TOKEN)
+        key = f"{account.namespace}/{pod_name}"
         try:
-            pod = await kube.get_pod(self.namespace, pod_name, timeout=self.timeout)
+            pod = await kube.get_pod(account.namespace, pod_name, timeout=self.timeout)
         except NotFound:
-            raise AuthError(f"cannot look up caller pod {key}: not found") from None
+            raise AuthError(f"cannot look up caller pod {key}: not found", AuthFailure.POD) from None
         except KubeError as exc:
-            raise AuthError(f"cannot look up caller pod {key}: {exc}") from exc
+            raise AuthError(f"cannot look up caller pod {key}: {exc}", AuthFailure.UNAVAILABLE) from exc
         if str((pod.get("metadata") or {}).get("uid") or "") != pod_uid:
-            raise AuthError(f"caller pod {key} no longer matches the token's bound UID")
+            raise AuthError(f"caller pod {key} no longer matches the token's bound UID", AuthFailure.POD)
         runs_on = str((pod.get("spec") or {}).get("nodeName") or "")
         if runs_on != node_name:
-            raise AuthError(f"caller pod {key} runs on node {runs_on!r}, not {node_name!r}")
+            raise AuthError(f"caller pod {key} runs on node {runs_on!r}, not {node_name!r}", AuthFailure.NODE)
         return Caller(node=runs_on, method=TOKEN, identity=f"{username} ({key})")

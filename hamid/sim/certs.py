@@ -89,11 +89,24 @@ class CertificateAuthority:
         return self._issue(directory, name, common_name, sans, ExtendedKeyUsageOID.SERVER_AUTH, days)
 
     def issue_client(
-        self, directory: Path, common_name: str, name: str | None = None, days: int = _DEFAULT_DAYS
+        self,
+        directory: Path,
+        common_name: str,
+        name: str | None = None,
+        days: int = _DEFAULT_DAYS,
+        organizations: tuple[str, ...] | None = None,
     ) -> CertPair:
-        """Issue a client certificate whose subject CN is ``common_name`` (e.g. ``system:node:n1``)."""
+        """Issue a client certificate whose subject CN is ``common_name`` (e.g. ``system:node:n1``).
+
+        ``organizations`` are the subject's ``O`` values; by default ``system:nodes`` for a
+        ``system:node:<name>`` CN, as in kubelet's client certificates, and none otherwise.
+        """
+        if organizations is None:
+            organizations = ("system:nodes",) if common_name.startswith("system:node:") else ()
         file_stem = name or common_name.replace(":", "_").replace("/", "_")
-        return self._issue(directory, file_stem, common_name, [], ExtendedKeyUsageOID.CLIENT_AUTH, days)
+        return self._issue(
+            directory, file_stem, common_name, [], ExtendedKeyUsageOID.CLIENT_AUTH, days, organizations
+        )
 
     def _issue(
         self,
@@ -103,13 +116,19 @@ class CertificateAuthority:
         sans: list[x509.GeneralName],
         usage: x509.ObjectIdentifier,
         days: int,
+        organizations: tuple[str, ...] = (),
     ) -> CertPair:
         directory.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .subject_name(
+                x509.Name(
+                    [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+                    + [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+                )
+            )
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -34,6 +34,7 @@ from hamid.model.annotations import (
     format_node_lock,
 )
 from hamid.model.devices import ContainerDevice, PodDevices
+from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.app import NodeSetup, Plugin
@@ -214,6 +215,7 @@ async def running_plugin(
     nvml: ModuleType | None = None,
     cleanup_interval: float = 300.0,
     cleanup_min_age: float | None = None,
+    links: GpuLinks | None = None,
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
     """Start an API server, a node, optionally a fake kubelet, and the plugin; tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
@@ -224,7 +226,7 @@ async def running_plugin(
             kubelet = FakeKubelet(directory) if with_kubelet else None
             if kubelet is not None:
                 await kubelet.start()
-            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml)
+            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml, links)
             hook = directory / "hook"
             plugin = Plugin(
                 client,

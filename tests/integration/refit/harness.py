@@ -20,7 +20,7 @@ from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.refit import refit_routes
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
 from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context, server_ssl_context
 from tests.fixtures.tls import TLSFiles
@@ -206,9 +206,12 @@ class Env:
 
     # -- callers -----------------------------------------------------------------------------
 
-    def mtls_client(self, cn: str, **kw: Any) -> RefitClient:
-        """A refit client presenting a client certificate with subject CN ``cn`` (no token)."""
-        pair = self.tls.client(cn)
+    def mtls_client(self, cn: str, organizations: tuple[str, ...] | None = None, **kw: Any) -> RefitClient:
+        """A refit client presenting a client certificate with subject CN ``cn`` (no token).
+
+        ``organizations``: the certificate's ``O`` (default: ``system:nodes`` for a node CN).
+        """
+        pair = self.tls.client(cn, organizations)
         config = RefitClientConfig(
             endpoint=self.cluster,
             ca_file=str(self.tls.ca_file),
@@ -279,6 +282,7 @@ async def refit_env(
     start: bool = True,
     settings: SchedulerSettings | None = None,
     token_audience: str = DEFAULT_TOKEN_AUDIENCE,
+    hami_plugins: ServiceAccount | None = None,
 ) -> AsyncIterator[Env]:
     """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit."""
     async with ApiServer() as server:
@@ -294,6 +298,7 @@ async def refit_env(
             device_plugin_namespace=PLUGIN_NS,
             device_plugin_service_account=PLUGIN_SA,
             token_audience=token_audience,
+            hami_plugin_service_account=hami_plugins,
         )
         routes = refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
         async with (

@@ -11,7 +11,7 @@ from hamid.model import annotations as ann
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamid.scheduler.http import cluster_app, serve
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
 from hamid.sim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
@@ -86,6 +86,73 @@ async def test_token_must_be_issued_for_the_refit_audience(tls_files: TLSFiles, 
         assert (await env.token_client(refit_token).refit(req))[0].uuid == "GPU-b"
 
 
+API_AUDIENCE = ["https://kubernetes.default.svc"]
+UPSTREAM_SA = "hami-upstream-device-plugin"
+
+
+async def test_audience_refusal_says_so_and_how_to_accept_hami_plugins(
+    tls_files: TLSFiles, tmp_path: Path, logs: list[dict]
+) -> None:
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        api_token = env.token_for("n1", service_account=UPSTREAM_SA, audiences=API_AUDIENCE)
+        reason = await reason_of(env.token_client(api_token), request(pod, "n1", 0, ["GPU-b"]))
+        assert "caller authentication failed: token is not authenticated: token audiences" in reason
+        assert "['hamid-refit']" in reason  # the audience it was checked for
+        assert reason.endswith(
+            "(an upstream HAMi plugin sends its pod's default token; accept those with "
+            "--refit-hami-plugin-service-account <namespace>/<serviceaccount>)"
+        )
+        assert any(e.get("auth_failure") == "audience" for e in logs)
+
+
+async def test_mixed_fleet_accepts_hami_plugins_default_tokens(
+    tls_files: TLSFiles, tmp_path: Path, logs: list[dict]
+) -> None:
+    """One value (``--refit-hami-plugin-service-account``) admits upstream plugins, only them."""
+    hami = ServiceAccount.parse(f"{PLUGIN_NS}/{UPSTREAM_SA}")
+    async with refit_env(tls_files, tmp_path, hami_plugins=hami) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        # hamid's own plugins must keep their refit-audience token: an API token of theirs is refused
+        own_api_token = env.token_for("n1", audiences=API_AUDIENCE)
+        reason = await reason_of(env.token_client(own_api_token), req)
+        assert reason.endswith(
+            f"caller 'system:serviceaccount:{PLUGIN_NS}:{PLUGIN_SA}' is not the device-plugin service "
+            f"account 'system:serviceaccount:{PLUGIN_NS}:{UPSTREAM_SA}'"
+        )
+        assert any(e.get("auth_failure") == "user" for e in logs)
+        # an upstream plugin on another node is refused for the node
+        on_n2 = env.token_for("n2", service_account=UPSTREAM_SA, audiences=API_AUDIENCE)
+        assert (await reason_of(env.token_client(on_n2), req)).endswith(
+            f"caller pod {PLUGIN_NS}/hami-device-plugin-n2 runs on node 'n2', not 'n1'"
+        )
+        assert any(e.get("auth_failure") == "node" for e in logs)
+        garbage = tmp_path / "garbage"
+        garbage.write_text("not-a-token")
+        assert (await reason_of(env.token_client(garbage), req)).endswith(
+            "token is not authenticated: invalid bearer token; as a HAMi plugin's default token: "
+            "token is not authenticated: invalid bearer token"
+        )
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
+        upstream = env.token_for("n1", service_account=UPSTREAM_SA, audiences=API_AUDIENCE)
+        assert (await env.token_client(upstream).refit(req))[0].uuid == "GPU-b"
+        # hamid's plugins with their refit-audience token still work alongside
+        pod2 = await env.place("q", "n1", ((d("GPU-a", 1000),),))
+        own = env.token_for("n1", audiences=[DEFAULT_TOKEN_AUDIENCE])
+        assert (await env.token_client(own).refit(request(pod2, "n1", 0, ["GPU-b"])))[0].uuid == "GPU-b"
+
+
+def test_service_account_values() -> None:
+    assert ServiceAccount.parse("") is None
+    assert ServiceAccount.parse(" kube-system/hami-device-plugin ") == ServiceAccount(
+        "kube-system", "hami-device-plugin"
+    )
+    for bad in ("kube-system", "/x", "x/", "a/b/c", "system:serviceaccount:a:b"):
+        with pytest.raises(ValueError, match="is not <namespace>/<serviceaccount>"):
+            ServiceAccount.parse(bad)
+
+
 async def test_empty_token_audience_uses_the_api_default(tls_files: TLSFiles, tmp_path: Path) -> None:
     async with refit_env(tls_files, tmp_path, token_audience="") as env:
         pod = await setup(env)
@@ -129,7 +196,18 @@ async def test_mtls_node_identity(tls_files: TLSFiles, tmp_path: Path) -> None:
         )
         assert (await reason_of(rogue_client, req)).startswith("scheduler refit request failed")
         assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
-        assert (await env.mtls_client("n1").refit(req))[0].uuid == "GPU-b"  # plain node-name CN
+        # a bare CN <node> (any user named like a node has one from the cluster CA) is refused
+        bare = await reason_of(env.mtls_client("n1"), req)
+        assert bare.endswith("client certificate 'n1' is not a node identity (want CN system:node:<node>)")
+        # the node CN outside O=system:nodes is refused too
+        no_group = await reason_of(env.mtls_client("system:node:n1", organizations=()), req)
+        assert no_group.endswith("client certificate 'system:node:n1' is not in O=system:nodes (its O: none)")
+        other_group = await reason_of(env.mtls_client("system:node:n1", organizations=("developers",)), req)
+        assert other_group.endswith("is not in O=system:nodes (its O: developers)")
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
+        # kubelet's identity: CN system:node:n1, O system:nodes (with another O alongside)
+        kubelet = env.mtls_client("system:node:n1", organizations=("system:nodes", "extra"))
+        assert (await kubelet.refit(req))[0].uuid == "GPU-b"
 
 
 async def test_only_configured_methods_are_accepted(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -192,6 +270,10 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
         answer = json.loads(text)
         assert answer["succeeded"] is False
         assert answer["failureReason"].startswith("cannot decode refit request: ")
+        for hostile in (b"[" * 20000 + b"]" * 20000, b'{"nodeName": NaN}', b"\xff\xfe{}"):
+            status, text = await env.post_raw(hostile)  # deep nesting, non-standard JSON, not UTF-8
+            assert status == 200
+            assert json.loads(text)["failureReason"].startswith("cannot decode refit request: ")
         body = request(pod, "n1", 0, ["GPU-b"]).to_json()
         status, text = await env.post_raw(json.dumps({**body, "containerIndex": "zero"}).encode())
         assert status == 200
@@ -209,7 +291,7 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
         refused = {"outcome": "refused", "reason": "invalid_request"}
         assert registry.get_sample_value("hamid_refit_total", refused) == 2
         decode = {"outcome": "refused", "reason": "decode_error"}
-        assert registry.get_sample_value("hamid_refit_total", decode) == 1
+        assert registry.get_sample_value("hamid_refit_total", decode) == 4
         assert env.annotations("p")[ann.DEVICES_ALLOCATED] == "GPU-b,NVIDIA,20000,0:;"
         assert registry.get_sample_value("hamid_refit_duration_seconds_count", {"outcome": "moved"}) == 1
 
@@ -219,4 +301,5 @@ async def test_not_synced_scheduler_refuses(tls_files: TLSFiles, tmp_path: Path)
         env.add_node("n1", [gpu("GPU-a")])
         req = request({"metadata": {"uid": "u", "namespace": "default", "name": "p"}}, "n1", 0, ["GPU-a"])
         reason = await reason_of(env.mtls_client("system:node:n1"), req)
-        assert reason == "scheduler refused refit: scheduler not ready: caches not synced"
+        # upstream answers "context cancelled" (TestNumaRefitRoute_CacheNotSynced); hamid says why
+        assert reason == "scheduler refused refit: context cancelled: scheduler not ready: caches not synced"

@@ -237,8 +237,11 @@ async def test_refusals_for_mig_heterogeneous_pinned_and_foreign(tls_files: TLSF
         )
         pinned = await env.place("pin", "n1", ((d("GPU-a", 1000),),), annotations={ann.USE_GPU_UUID: "GPU-a"})
         reason = await refused(env, request(pinned, "n1", 0, ["GPU-c"]))
+        # upstream's wording: the restricted fit's own reason (issue 14 point 6), then the pin
+        assert reason.startswith("no allowed device fits: 1/1 CardUuidMismatch")
         assert reason == (
-            f"container 0 is pinned by {ann.USE_GPU_UUID} to [GPU-a], none of which is in the allowed set"
+            "no allowed device fits: 1/1 CardUuidMismatch (container 0 is pinned by "
+            "nvidia.com/use-gpuuuid to [GPU-a], none of which is in the allowed set)"
         )
         foreign = await env.place("f", "n1", ((ContainerDevice("GPU-a", "Ascend910", 1000, 0),),))
         reason = await refused(env, request(foreign, "n1", 0, ["GPU-c"]))

@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_DEVICE_TYPE_GPU = 0
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+NVML_TOPOLOGY_NODE = 40
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_DEVICE_MIG_ENABLE = 1
@@ -29,6 +34,8 @@ class FakeGpu:
     memory_bytes: int = 16 * 1024**3
     bus_id: str = "00000000:3B:00.0"
     mig: int = 0
+    #: NVLinks: (remote PCI bus id, remote device type, enabled), one per link number
+    nvlinks: list[tuple[str, int, bool]] = field(default_factory=list)
     fail: set[str] = field(default_factory=set)  # names of calls that fail
     fail_code: int = NVML_ERROR_GPU_IS_LOST
 
@@ -38,6 +45,10 @@ class FakeNvml:
 
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
+    NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = NVML_NVLINK_DEVICE_TYPE_SWITCH
+    NVML_NVLINK_MAX_LINKS = 18
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     nvmlEventTypeSingleBitEccError = nvmlEventTypeSingleBitEccError
@@ -49,6 +60,8 @@ class FakeNvml:
         self.events: queue.Queue[Any] = queue.Queue()
         self.registered: list[str] = []
         self.freed = False
+        #: Common-ancestor level per GPU pair (either order); NODE when not given.
+        self.topology: dict[tuple[str, str], int] = {}
         #: Raised by ``nvmlEventSetCreate`` when set (an injected fault).
         self.event_set_error: Exception | None = None
 
@@ -90,6 +103,28 @@ class FakeNvml:
     def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
         self._check(gpu, "mig")
         return [gpu.mig, gpu.mig]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeGpu, second: FakeGpu) -> int:
+        self._check(first, "topology")
+        pair = (first.uuid, second.uuid)
+        return self.topology.get(pair, self.topology.get(pair[::-1], NVML_TOPOLOGY_NODE))
+
+    def _link(self, gpu: FakeGpu, link: int) -> tuple[str, int, bool]:
+        self._check(gpu, "nvlink")
+        if not gpu.nvlinks:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(gpu.nvlinks):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        return NVML_FEATURE_ENABLED if self._link(gpu, link)[2] else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu: FakeGpu, link: int) -> Any:
+        return SimpleNamespace(busId=self._link(gpu, link)[0].encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, gpu: FakeGpu, link: int) -> int:
+        return self._link(gpu, link)[1]
 
     def nvmlEventSetCreate(self) -> str:
         if self.event_set_error is not None:

@@ -107,3 +107,34 @@ def test_cli_refuses_insecure_tls_with_a_token_at_startup(tmp_path: Path) -> Non
     (line,) = [x for x in result.output.splitlines() if x.startswith("Error:")]
     assert "--scheduler-tls-insecure cannot be used with a ServiceAccount token" in line
     assert "--scheduler-ca-file" in line
+
+
+async def test_bad_config_files_stop_the_start_cleanly(tmp_path: Path) -> None:
+    """Issue 16: each bad file is a PluginStartupError naming it, never a traceback later."""
+    devices = await asyncio.to_thread(write, tmp_path / "d.yaml", DEVICES)
+    cases: list[tuple[str, bytes, str]] = [
+        ("node_config_file", b'{"nodeconfig": [{"name": "n1\xff"}]}', "not valid UTF-8"),
+        ("node_config_file", b'{"nodeconfig": ' + b"[" * 20000 + b"]" * 20000 + b"}", "malformed JSON"),
+        (
+            "node_config_file",
+            b'{"nodeconfig": [{"name": "n1", "devicememoryscaling": 1e308}]}',
+            "at most 100",
+        ),
+        ("device_config_file", b"nvidia:\n  resourceCountName: \xff\n", "--device-config-file"),
+        ("devices_file", b"devices:\n  - {uuid: GPU-\xfe}\n", "not valid UTF-8"),
+        ("devices_file", b'{"devices": ' + b"[" * 20000 + b"]" * 20000 + b"}", "nested too deeply"),
+        ("devices_file", DEVICES.replace("15360", str(10**30)).encode(), "memoryMiB must be an integer"),
+        ("devices_file", DEVICES.replace("index: 0", f"index: {2**40}").encode(), "index must be an integer"),
+        ("devices_file", DEVICES.replace("numa: 1", f"numa: {2**40}").encode(), "numa must be an integer"),
+        ("devices_file", DEVICES.replace("GPU-0", '"GPU-0\\nGPU-1"').encode(), "uuid must be"),
+    ]
+    for i, (option, content, message) in enumerate(cases):
+        path = tmp_path / f"bad-{i}"
+        await asyncio.to_thread(path.write_bytes, content)
+        options = dataclasses.replace(
+            PluginOptions(node_name="n1", devices_file=devices), **{option: str(path)}
+        )
+        with pytest.raises(PluginStartupError) as err:
+            await load_setup(options)
+        assert message in str(err.value), (option, str(err.value))
+        assert str(path) in str(err.value)

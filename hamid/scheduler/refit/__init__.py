@@ -1,0 +1,64 @@
+"""``POST /refit``: move one container's pending GPU reservation onto GPUs kubelet allows (NUMA refit).
+
+Wire-compatible with HAMi's ``RefitNumaAllocation`` (numa-refit-upstream §2-§4): refusals are
+in-band (HTTP 200, ``succeeded: false``; malformed JSON too), a missing body answers 400. The
+decision (:mod:`.plan`, pure) re-runs the normal fit restricted to the allowed GPUs with the
+reservation's amounts (every policy kept, phase-aware capacity, quota on the positional layout);
+the commit (:mod:`.commit`) is ONE merge patch of both allocation annotations (only the target
+container's entry changes, every other byte is kept) guarded by the pod's resourceVersion; the
+handler (:mod:`.handler`) holds one 2 s deadline from the request's arrival over authentication
+(:mod:`hamid.scheduler.refit_auth`), the cache wait, the node's lock and the patch.
+
+Better than upstream: the lock is the scheduler's *per-node* lock, and the reservation is moved
+tentatively before the patch is awaited (rolled back on failure), so a slow API server delays only
+refits of that node and filters never see a stale plan; a pod deleted meanwhile is neither
+released twice nor resurrected (#3027).
+"""
+
+from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
+from hamid.scheduler.refit.handler import (
+    MSG_NO_BODY,
+    MSG_NOT_SYNCED,
+    REFIT_DEADLINE_S,
+    SYNC_WAIT_S,
+    RefitMetrics,
+    RefitService,
+    authenticator_from_options,
+    refit_route_factory,
+    refit_routes,
+)
+from hamid.scheduler.refit.plan import (
+    NoOp,
+    RefitFacts,
+    RefitPlan,
+    RefusalCode,
+    RefusalError,
+    Refused,
+    identify,
+    plan_refit,
+    splice_entry,
+)
+
+__all__ = [
+    "MSG_NOT_SYNCED",
+    "MSG_NO_BODY",
+    "PATCH_TIMEOUT_S",
+    "POD_READ_TIMEOUT_S",
+    "REFIT_DEADLINE_S",
+    "SYNC_WAIT_S",
+    "NoOp",
+    "RefitCommitter",
+    "RefitFacts",
+    "RefitMetrics",
+    "RefitPlan",
+    "RefitService",
+    "RefusalCode",
+    "RefusalError",
+    "Refused",
+    "authenticator_from_options",
+    "identify",
+    "plan_refit",
+    "refit_route_factory",
+    "refit_routes",
+    "splice_entry",
+]

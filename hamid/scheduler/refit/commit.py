@@ -1,0 +1,119 @@
+"""Applying a refit plan: hold both GPU sets, move the reservation, ONE guarded patch, decide.
+
+Until the patch is decided the pod books BOTH its old and its new GPUs (a state hold): a filter
+running meanwhile can take neither, so a rollback never over-commits the old GPUs; likewise its
+namespace quota counts the larger of its old and new usage. A definite refusal (409, 404, other
+4xx) rolls back at once. An ambiguous failure (timeout, no answer, 5xx) may have been applied:
+one bounded GET decides, and when it cannot, the pod's next event does (see
+``SchedulerState.settle_on_event``) — the accounting follows what the API server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from hamid.fit.fit import pod_quota_usage
+from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.scheduler.refit.plan import JSON, RefitPlan, RefusalCode, RefusalError
+
+if TYPE_CHECKING:
+    from hamid.scheduler.core import Scheduler
+
+log = get_logger("scheduler.refit")
+
+#: Upstream's ``refitPatchTimeout``: no longer than the device plugin's own refit budget.
+PATCH_TIMEOUT_S = 2.0
+#: Bound of the GET that learns whether a patch with an ambiguous outcome (timeout, 5xx) landed,
+#: and of the GET refreshing a cached pod older than the reservation.
+POD_READ_TIMEOUT_S = 2.0
+
+
+def _definite_code(exc: BaseException) -> RefusalCode:
+    if isinstance(exc, Conflict):
+        return RefusalCode.PATCH_CONFLICT
+    if isinstance(exc, NotFound):
+        return RefusalCode.POD_GONE
+    return RefusalCode.PATCH_FAILED
+
+
+class RefitCommitter:
+    """Commits plans against one scheduler's state and API client (see the module docs)."""
+
+    def __init__(self, scheduler: Scheduler, patch_timeout: float = PATCH_TIMEOUT_S) -> None:
+        self.scheduler = scheduler
+        self.patch_timeout = patch_timeout
+
+    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float) -> JSON:
+        """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
+
+        Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with
+        the accounting following what the API server holds when the outcome was ambiguous.
+        """
+        meta = pod.get("metadata") or {}
+        precondition = str(meta.get("resourceVersion") or "")
+        state = self.scheduler.state
+        res = state.reservation(uid)
+        if res is None:
+            raise RefusalError(RefusalCode.UNKNOWN_POD, f"pod {uid} is not tracked by the scheduler")
+        if res.blocked is None:
+            old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+            new_mem, new_cores = pod_quota_usage(plan.layout, res.kinds, res.init_released)
+            mem, cores = max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
+        else:
+            mem = cores = 0
+        hold = state.hold(uid, res.node, res.applied, res.namespace, mem, cores)
+        undo = state.move(uid, plan.layout, plan.new_allocated)
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        timeout = min(self.patch_timeout, remaining)
+        annotations = {ann.DEVICES_TO_ALLOCATE: plan.new_pending, ann.DEVICES_ALLOCATED: plan.new_allocated}
+        try:
+            async with asyncio.timeout(timeout):
+                patched = await self.scheduler.kube.patch_pod_metadata(
+                    namespace, name, annotations=annotations, resource_version=precondition, timeout=timeout
+                )
+        except (KubeError, TimeoutError) as exc:
+            detail = str(exc) or f"no answer within {timeout:g}s"
+            if not outcome_unknown(exc):
+                undo()
+                state.release_hold(hold)
+                raise RefusalError(_definite_code(exc), f"cannot patch pod annotations: {detail}") from None
+            outcome = await self.decide(namespace, name, uid, precondition, plan.new_allocated)
+            if outcome is None:
+                state.settle_on_event(hold, precondition)
+                log.warning("refit_patch_outcome_unknown", held=sorted(hold.amounts))
+                what = "its outcome is unknown; both GPU sets stay booked until the pod's next update"
+            else:
+                if not outcome:
+                    undo()
+                state.release_hold(hold)
+                what = "it was applied" if outcome else "it was not applied"
+            raise RefusalError(
+                RefusalCode.PATCH_TIMEOUT, f"cannot patch pod annotations: {detail} ({what})"
+            ) from None
+        except BaseException:
+            undo()
+            state.release_hold(hold)
+            raise
+        state.release_hold(hold)
+        return patched
+
+    async def decide(
+        self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str
+    ) -> bool | None:
+        """Whether an ambiguous patch landed, from one bounded GET (None: the GET failed too)."""
+        try:
+            current = await self.scheduler.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
+        except NotFound:
+            return False
+        except KubeError as exc:
+            log.warning("refit_patch_outcome_unreadable", error=str(exc))
+            return None
+        meta = current.get("metadata") or {}
+        if str(meta.get("uid") or "") != uid:
+            return False
+        if str(meta.get("resourceVersion") or "") == precondition:
+            return False
+        return (meta.get("annotations") or {}).get(ann.DEVICES_ALLOCATED) == new_allocated

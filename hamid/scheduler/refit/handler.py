@@ -1,0 +1,329 @@
+"""The ``POST /refit`` handler: body limits, one deadline, caller authentication, metrics.
+
+It gathers the facts under the node's lock, asks :func:`~hamid.scheduler.refit.plan.plan_refit`
+for the decision and hands a plan to :class:`~hamid.scheduler.refit.commit.RefitCommitter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from hamid.kube.cache import version_number
+from hamid.kube.errors import KubeError
+from hamid.log import get_logger
+from hamid.model import reasons as R
+from hamid.model.errors import InvalidInput
+from hamid.model.refit import RefitRequest, RefitResponse
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.http import RouteRegistrar, parse_json_body
+from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
+from hamid.scheduler.refit.plan import (
+    JSON,
+    Booking,
+    NoOp,
+    RefitFacts,
+    RefitPlan,
+    RefusalCode,
+    RefusalError,
+    Refused,
+    identify,
+    plan_refit,
+    uuid_list,
+)
+from hamid.scheduler.refit_auth import AuthError, RefitAuthenticator
+
+if TYPE_CHECKING:
+    from hamid.scheduler.cli import SchedulerOptions
+
+log = get_logger("scheduler.refit")
+
+#: How long a refit waits for the scheduler's caches to finish their first list.
+SYNC_WAIT_S = 2.0
+#: One deadline over a whole refit, from the request's arrival: authentication, cache wait, the
+#: node's lock and the patch all fit in it (the plugin gives up after its own 2 s); past it the
+#: refit is refused with nothing changed.
+REFIT_DEADLINE_S = 2.0
+MSG_NO_BODY = "Please send a request body"
+#: Upstream's answer when its caches never synced before the request's context ended; hamid's
+#: refusal starts with it (users grep for it) and goes on to say what is not ready.
+MSG_NOT_SYNCED = "context cancelled"
+_REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+
+
+class RefitMetrics:
+    """``hamid_refit_total{outcome,reason}`` and ``hamid_refit_duration_seconds{outcome}``.
+
+    ``reason`` is a :class:`RefusalCode` value ("" for moved/noop).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.total = Counter(
+            "hamid_refit_total",
+            "NUMA refit requests by outcome (moved, noop, refused) and refusal reason.",
+            ["outcome", "reason"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "hamid_refit_duration_seconds",
+            "Time to answer /refit, by outcome.",
+            ["outcome"],
+            buckets=_REFIT_BUCKETS,
+            registry=registry,
+        )
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> RefitMetrics:
+        """The refit metrics registered in ``registry`` (created once per registry)."""
+        metrics = _METRICS.get(registry)
+        if metrics is None:
+            metrics = _METRICS[registry] = cls(registry)
+        return metrics
+
+    def observe(self, outcome: str, reason: RefusalCode | None, seconds: float) -> None:
+        """Count one answered refit."""
+        self.total.labels(outcome, "" if reason is None else reason.value).inc()
+        self.seconds.labels(outcome).observe(seconds)
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, RefitMetrics] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    response: RefitResponse
+    outcome: str
+    reason: RefusalCode | None = None
+
+
+class RefitService:
+    """The ``/refit`` handler over one :class:`~hamid.scheduler.core.Scheduler`."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        authenticator: RefitAuthenticator,
+        *,
+        patch_timeout: float = PATCH_TIMEOUT_S,
+        sync_wait: float = SYNC_WAIT_S,
+        deadline: float = REFIT_DEADLINE_S,
+        metrics: RefitMetrics | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.auth = authenticator
+        self.committer = RefitCommitter(scheduler, patch_timeout)
+        self.sync_wait = sync_wait
+        self.deadline = deadline
+        self.metrics = metrics or RefitMetrics.of(scheduler.metrics.registry)
+
+    def register(self, app: web.Application) -> None:
+        """Add ``POST /refit`` to ``app`` (a :data:`~hamid.scheduler.http.RouteRegistrar`)."""
+        app.router.add_post("/refit", self.handle)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """HTTP as upstream: 400 without a body, 413 above 1 MiB, otherwise 200 with the response.
+
+        A body that is not JSON, or carries fields of the wrong type, is a refusal with the
+        decode error as ``failureReason`` (upstream ``TestNumaRefitRoute_DecodeError``).
+        """
+        deadline = asyncio.get_running_loop().time() + self.deadline
+        started = time.perf_counter()
+        body = await request.read()  # the app's client_max_size (1 MiB) answers 413 above it
+        if not body:
+            return web.Response(status=400, text=MSG_NO_BODY)
+        try:  # not JSON at all, not UTF-8, or nested too deep
+            document = parse_json_body(body)
+        except InvalidInput as exc:
+            message = f"cannot decode refit request: {exc}"
+            return self._refuse_request(RefusalCode.DECODE_ERROR, message, started)
+        try:
+            refit = RefitRequest.from_json(document)
+        except InvalidInput as exc:  # a field of the wrong type, or upstream's stateless checks
+            return self._refuse_request(RefusalCode.INVALID_REQUEST, str(exc), started)
+        result = await self.refit(refit, request, deadline)
+        self.metrics.observe(result.outcome, result.reason, time.perf_counter() - started)
+        return web.json_response(result.response.to_json())
+
+    def _late(self, stage: str) -> RefusalError:
+        """The refusal of a refit whose deadline passed before ``stage``; nothing was changed."""
+        message = f"refit deadline of {self.deadline:g}s passed before {stage}; nothing changed"
+        return RefusalError(RefusalCode.DEADLINE, message, identified=False)
+
+    def _refuse_request(self, code: RefusalCode, reason: str, started: float) -> web.Response:
+        """The in-band refusal of a request that could not be read as a valid refit request."""
+        log.info("NUMA refit refused", reason=reason, code=code.value)
+        self.metrics.observe("refused", code, time.perf_counter() - started)
+        return web.json_response(RefitResponse.failure(reason).to_json())
+
+    async def refit(self, refit: RefitRequest, request: web.Request, deadline: float) -> _Outcome:
+        """Authenticate, then refit under the node's lock, all before ``deadline`` (loop time).
+
+        Every refusal is logged; past the deadline nothing is changed.
+        """
+        pod_ref = f"{refit.pod_namespace}/{refit.pod_name}"
+        with structlog.contextvars.bound_contextvars(
+            pod=pod_ref, node=refit.node_name, container=refit.container_index
+        ):
+            try:
+                await self._authenticate(refit, request, deadline)
+                await self._ready(deadline)
+                lock = self.scheduler.state.node_lock(refit.node_name)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await lock.acquire()
+                except TimeoutError:
+                    raise self._late(f"node {refit.node_name} was free for a refit") from None
+                try:
+                    return await self._refit_locked(refit, deadline)
+                finally:
+                    lock.release()
+            except RefusalError as err:
+                refused = err.refused
+                log.info("NUMA refit refused", reason=refused.message, code=refused.code.value)
+                if refused.identified:
+                    self._record_failure(refit, refused.message)
+                return _Outcome(RefitResponse.failure(refused.message), "refused", refused.code)
+
+    async def _authenticate(self, refit: RefitRequest, request: web.Request, deadline: float) -> None:
+        """The caller must prove the request's node (see :mod:`hamid.scheduler.refit_auth`)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                caller = await self.auth.authenticate(request, refit.node_name)
+        except AuthError as exc:
+            log.info("refit caller refused", auth_failure=str(exc.kind))
+            message = f"caller authentication failed: {exc}"
+            raise RefusalError(RefusalCode.UNAUTHENTICATED, message, identified=False) from None
+        except TimeoutError:
+            raise self._late("caller authentication") from None
+        log.debug("refit caller", caller=caller.identity, method=caller.method)
+
+    async def _ready(self, deadline: float) -> None:
+        scheduler = self.scheduler
+        if not scheduler.synced:
+            wait_until = min(deadline, asyncio.get_running_loop().time() + self.sync_wait)
+            try:
+                async with asyncio.timeout_at(wait_until):
+                    await scheduler.pods.wait_synced()
+                    await scheduler.nodes.wait_synced()
+                    await scheduler.quotas.wait_synced()
+            except TimeoutError:
+                message = f"{MSG_NOT_SYNCED}: scheduler not ready: caches not synced"
+                raise RefusalError(RefusalCode.NOT_READY, message, identified=False) from None
+        reason = scheduler.not_ready_reason()
+        if reason:
+            message = f"{MSG_NOT_SYNCED}: scheduler not ready: {reason}"
+            raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
+
+    def _record_failure(self, refit: RefitRequest, message: str) -> None:
+        pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
+        if pod is not None:
+            self.scheduler.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
+
+    async def _fresh_pod(self, pod: JSON, booking: Booking, version: str, deadline: float) -> JSON:
+        """``pod`` (cached), or the API server's copy when the cache lags behind the reservation.
+
+        After a refit of another container the reservation is derived from the patch's answer
+        while the cache may not have the event yet: splicing its stale annotations would be
+        refused with a 409 (or, without a precondition, undo the first refit).
+        """
+        cached = version_number(str((pod.get("metadata") or {}).get("resourceVersion") or ""))
+        wanted = version_number(version)
+        if cached is None or wanted is None or cached >= wanted:
+            return pod
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._late("reading the pod")
+        try:
+            return await self.scheduler.kube.get_pod(
+                booking.namespace, booking.name, timeout=min(POD_READ_TIMEOUT_S, remaining)
+            )
+        except KubeError as exc:
+            message = f"cannot read pod {booking.key}: {exc}"
+            raise RefusalError(RefusalCode.POD_UNREADABLE, message) from None
+
+    async def _refit_locked(self, refit: RefitRequest, deadline: float) -> _Outcome:
+        """Gather the facts, decide, commit; the caller holds the node's lock."""
+        scheduler, state = self.scheduler, self.scheduler.state
+        booking = state.reservation(refit.pod_uid)
+        cached = scheduler.pods.get(booking.key) if booking is not None else None
+        refused = identify(refit, booking, cached)
+        if refused is not None:
+            raise RefusalError.of(refused)
+        assert booking is not None and cached is not None
+        pod = await self._fresh_pod(cached, booking, booking.version, deadline)
+        entry = state.nodes.get(booking.node)
+        facts = RefitFacts(
+            request=refit,
+            booking=booking,
+            pod=pod,
+            node=entry.usage if entry is not None else None,
+            config=scheduler.config,
+            gpu_policy=scheduler.settings.gpu_policy,
+            node_policy=scheduler.settings.node_policy,
+            quota=state.fit_quota(booking.namespace, exclude_uid=booking.uid),
+        )
+        decision = plan_refit(facts)
+        if isinstance(decision, Refused):
+            raise RefusalError.of(decision)
+        if isinstance(decision, NoOp):
+            log.info(
+                "NUMA refit not needed: already on allowed GPUs", devices=[d.uuid for d in decision.devices]
+            )
+            return _Outcome(RefitResponse.success(decision.devices), "noop")
+        return await self._commit(pod, booking.uid, decision, deadline)
+
+    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float) -> _Outcome:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._late("patching the pod")
+        patched = await self.committer.commit(pod, uid, plan, remaining)
+        state = self.scheduler.state
+        if state.reservation(uid) is None:
+            log.info("pod left the scheduler cache during NUMA refit; annotations remain authoritative")
+        else:
+            state.on_pod(patched)
+        moved_from, moved_to = uuid_list(plan.current), uuid_list(plan.devices)
+        message = f"NUMA refit moved container {plan.index} from {moved_from} to {moved_to}"
+        log.info("NUMA refit succeeded", moved_from=moved_from, moved_to=moved_to)
+        self.scheduler.record(pod, "Normal", R.EVENT_NUMA_REFIT_SUCCEED, message)
+        return _Outcome(RefitResponse.success(plan.devices), "moved")
+
+
+def refit_routes(
+    scheduler: Scheduler,
+    authenticator: RefitAuthenticator,
+    *,
+    patch_timeout: float = PATCH_TIMEOUT_S,
+    sync_wait: float = SYNC_WAIT_S,
+    deadline: float = REFIT_DEADLINE_S,
+) -> RouteRegistrar:
+    """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
+    service = RefitService(
+        scheduler, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait, deadline=deadline
+    )
+    return service.register
+
+
+def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) -> RefitAuthenticator:
+    """The caller authenticator the ``hamid scheduler`` flags describe (``--refit-auth`` & co)."""
+    return RefitAuthenticator(
+        options.refit_auth,
+        kube=scheduler.kube,
+        verifies_client_certs=bool(options.client_ca_file and options.tls_cert_file and options.tls_key_file),
+        device_plugin_namespace=options.device_plugin_namespace,
+        device_plugin_service_account=options.device_plugin_service_account,
+        token_audience=options.refit_token_audience,
+        hami_plugin_service_account=options.refit_hami_plugin_service_account,
+    )
+
+
+def refit_route_factory(scheduler: Scheduler, options: SchedulerOptions) -> RouteRegistrar:
+    """``run_scheduler(options, extra_routes=[refit_route_factory])``: ``POST /refit`` per the flags."""
+    return refit_routes(scheduler, authenticator_from_options(scheduler, options))
