@@ -44,6 +44,10 @@ ANNOTATIONS = {
     "HANDSHAKE_REPORTED": "Reported",
     "HANDSHAKE_DELETED": "Deleted",
     "MODE_HAMI_CORE": "hami-core",  # the register's operating mode (imported from model.devices)
+    # hamid's own NUMA prediction keys (imported from model.numa; no HAMi equivalent)
+    "NUMA_PROFILE": "hamid.io/numa-profile",
+    "NUMA_PLACEMENT": "hamid.io/numa-placement",
+    "NUMA_PREDICTED": "hamid.io/numa-predicted",
 }
 HAMI_CORE_ENV = {
     "ENV_VISIBLE_DEVICES": "NVIDIA_VISIBLE_DEVICES",
@@ -96,6 +100,7 @@ def test_scheduler_owned_keys_are_the_literal_ones() -> None:
         "hami.io/vgpu-mig-allocations",
         "hami.io/bind-time",
         "hami.io/bind-phase",
+        "hamid.io/numa-predicted",
     }
     assert ann.SCHEDULER_OWNED_LABELS == ("hami.io/vgpu-node",)
 
