@@ -46,7 +46,7 @@ def pod_shape(pod: Mapping[str, Any]) -> Hashable:
         return None
     parts: list[Hashable] = [repr(spec.get("resources")) if spec.get("resources") else None]
     for key in ("initContainers", "containers"):
-        containers = spec.get(key) or ()
+        containers = spec.get(key) or []
         if not isinstance(containers, list):
             return (key, repr(containers))
         for c in containers:

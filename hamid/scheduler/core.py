@@ -126,7 +126,10 @@ class Scheduler:
         self.metrics = SchedulerMetrics(self.state)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
-            self.settings.scheduler_name, self.config.resource_count_name, self.state.clock, self._numa_scored
+            self.settings.scheduler_name,
+            self.config.resource_count_name,
+            lambda: self.state.clock(),
+            self._numa_scored,
         )
         self.events = events or EventRecorder(kube, "hami-scheduler")
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
