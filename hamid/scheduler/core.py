@@ -72,7 +72,7 @@ _MIN_CALL_S = 0.5
 _MAX_FAILED_EVENTS = 5
 #: After a best-effort fit off the predicted NUMA node, how many more nodes the filter tries for
 #: an aligned fit before taking it (a fallback scores below any aligned fit, within this window).
-_FALLBACK_LOOKAHEAD = 16
+_FALLBACK_LOOKAHEAD = 4
 
 
 @dataclass(frozen=True)

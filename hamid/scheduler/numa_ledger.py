@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hamid.fit.numa_predict import (
@@ -54,14 +54,15 @@ from hamid.model.numa import (
     decode_placement,
     decode_prediction,
     decode_profile,
+    encode_profile,
 )
 
 log = get_logger("scheduler.numa")
 
 JSON = dict[str, Any]
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-#: Predictions kept per node for one ledger version (distinct pod shapes).
-_MEMO_SIZE = 64
+#: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
+_MEMO_SIZE = 50_000
 HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
 #: Why a prediction missed (hamid_numa_prediction_misses_total's ``cause``).
 MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
@@ -110,8 +111,23 @@ class NodeNuma:
     unbooked: int = 0
     #: Sequence number of the last foreign pod booked (a miss after it is caused by it).
     foreign_seq: int = -1
-    memo: dict[Hashable, Prediction] = field(default_factory=dict)
-    memo_version: int = -1
+    #: The profile without its confirmation time (equal on nodes of one kind): part of the memo key.
+    profile_key: str = ""
+    state_key: Hashable = None
+    state_version: int = -1
+
+    def memo_key(self) -> Hashable:
+        """What a prediction depends on besides the pod: profile and ledger content (cached per version)."""
+        if self.state_version != self.version:
+            ledger = self.ledger
+            devices = (
+                tuple((r, tuple(sorted(ledger.device_counts(r).items()))) for r in sorted(ledger.resources))
+                if ledger is not None
+                else ()
+            )
+            self.state_key = (self.profile_key, ledger.free_cpus if ledger is not None else None, devices)
+            self.state_version = self.version
+        return self.state_key
 
 
 def device_totals(infos: Iterable[DeviceInfo]) -> dict[int, tuple[int, int]]:
@@ -166,6 +182,8 @@ class NumaLedgers:
         self.nodes: dict[str, NodeNuma] = {}
         self._where: dict[str, str] = {}
         self._seq = itertools.count()
+        #: (node state key, pod shape) -> prediction: nodes in the same state share it.
+        self._memo: dict[Hashable, Prediction] = {}
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -184,6 +202,8 @@ class NumaLedgers:
             except InvalidInput as exc:
                 log.warning("numa_profile_invalid", node=name, error=str(exc))
                 entry.profile = None
+            profile = entry.profile
+            entry.profile_key = encode_profile(replace(profile, observed_at=0)) if profile is not None else ""
         entry.totals = totals
         self._rebuild(entry)
 
@@ -385,9 +405,10 @@ class NumaLedgers:
     def predict(self, node: str, pod: JSON, shape: Hashable, uid: str) -> Prediction | None:
         """The prediction for ``pod`` on ``node`` (None: the node has no NUMA ledger at all).
 
-        Memoized per (ledger version, pod shape); a pod with its own booking on the node is
-        predicted on a copy without it. A node with records the ledger could not book answers
-        ``unknown`` (``profile-stale``).
+        Memoized per (profile and ledger content, pod shape), so nodes in the same state and
+        filters of equal pods share one computation; a node's key is recomputed only when its
+        ledger version changed. A pod with its own booking on the node is predicted on a copy
+        without it. A node with records the ledger could not book answers ``unknown``.
         """
         entry = self.nodes.get(node)
         if entry is None or entry.profile is None:
@@ -400,15 +421,13 @@ class NumaLedgers:
             ledger = entry.ledger.copy()
             ledger.release(own.usage)
             return _named(predict(entry.profile, ledger, pod, now=now), pod)
-        if entry.memo_version != entry.version:
-            entry.memo.clear()
-            entry.memo_version = entry.version
-        cached = entry.memo.get(shape)
+        key = (entry.memo_key(), shape)
+        cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
             cached = predict(entry.profile, entry.ledger, pod, now=now)
-            if len(entry.memo) >= _MEMO_SIZE:
-                entry.memo.clear()
-            entry.memo[shape] = cached
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = cached
         return _named(cached, pod)
 
     def book(self, uid: str, node: str, prediction: Prediction, pod: JSON) -> Callable[[], None]:
