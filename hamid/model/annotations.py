@@ -71,6 +71,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     BIND_TIME,
     BIND_PHASE,
     NUMA_PREDICTED,
+    NUMA_PLACEMENT,  # the plugin's observation of kubelet's choice (a forged one misleads the ledger)
 )
 #: Pod labels only hamid's scheduler writes.
 SCHEDULER_OWNED_LABELS = (VGPU_NODE,)

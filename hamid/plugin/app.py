@@ -35,6 +35,8 @@ from hamid.plugin.inventory import Inventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
+from hamid.plugin.numa_publisher import DEFAULT_KUBELET_CONFIG, NumaPublisher, NumaSources
+from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
@@ -64,6 +66,17 @@ class PluginOptions:
     refit: RefitClientConfig = field(default_factory=RefitClientConfig)
     #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
     metrics_listen: str = ""
+    #: kubelet's KubeletConfiguration file (None: no NUMA profile is published).
+    kubelet_config: str | None = DEFAULT_KUBELET_CONFIG
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+
+    def numa_sources(self) -> NumaSources:
+        """Where the NUMA publisher reads the topology, kubelet's policies and PodResources."""
+        return NumaSources(
+            sysfs_root=self.sysfs_root,
+            kubelet_config=self.kubelet_config,
+            pod_resources_socket=self.pod_resources_socket,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +157,7 @@ class Plugin:
         health_policy: HealthCheckPolicy | None = None,
         cleanup_interval: float = CLEANUP_INTERVAL_S,
         cleanup_min_age: float | None = None,
+        numa_sources: NumaSources | None = None,
     ) -> None:
         self.setup = setup
         config = setup.config
@@ -186,6 +200,15 @@ class Plugin:
             error_interval=error_interval,
         )
         self.metrics.attach(self.connector, self.registrar, self.pods)
+        self.numa: NumaPublisher | None = None
+        if numa_sources is not None:
+            self.numa = NumaPublisher(
+                client,
+                self.pods,
+                numa_sources,
+                resource_name=setup.resource_name,
+                on_prediction=self.metrics.numa_prediction,
+            )
 
     async def run(self) -> None:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
@@ -200,6 +223,8 @@ class Plugin:
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
             tg.create_task(self.cleaner.run())
+            if self.numa is not None:
+                tg.create_task(self.numa.run())
             if self.setup.nvml is not None and self.health_policy.active:
                 tg.create_task(self._watch_health(self.setup.nvml))
 
@@ -260,6 +285,7 @@ async def run_plugin(options: PluginOptions) -> None:
             hook_path=options.hook_path,
             mismatch_handler=make_mismatch_handler(refit_client),
             health_policy=policy,
+            numa_sources=options.numa_sources(),
         )
         if refit_client is not None:
             refit_client.observer = plugin.metrics.observe_refit

@@ -152,6 +152,23 @@ async def _run_until_signal(options: PluginOptions) -> None:
     help="host:port of /metrics, /metrics/hami (HAMi's vGPU monitor names), /healthz and /readyz; "
     "empty disables.",
 )
+@option(
+    "--kubelet-config",
+    default="/var/lib/kubelet/config.yaml",
+    help="kubelet's KubeletConfiguration file (its CPU, Topology and Memory Manager policies), for the "
+    "hamid.io/numa-profile annotation; empty publishes no profile.",
+)
+@option(
+    "--pod-resources-socket",
+    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    help="kubelet's PodResources API socket: allocatable CPUs and what each pod holds "
+    "(hamid.io/numa-profile, hamid.io/numa-placement).",
+)
+@option(
+    "--sysfs-root",
+    default="/sys",
+    help="Where sysfs is mounted: CPU topology and NUMA nodes (devices/system/cpu, devices/system/node).",
+)
 @option("--api-server", default=None, help="Kubernetes API server URL (overrides the kubeconfig's).")
 @option("--kubeconfig", default=None, help="Kubeconfig file (default: $KUBECONFIG, then in-cluster).")
 def plugin_command(
@@ -169,6 +186,9 @@ def plugin_command(
     scheduler_client_key_file: str | None,
     service_account_token_file: str,
     metrics_listen: str,
+    kubelet_config: str,
+    pod_resources_socket: str,
+    sysfs_root: str,
     api_server: str | None,
     kubeconfig: str | None,
 ) -> None:
@@ -206,6 +226,9 @@ def plugin_command(
         kubeconfig=kubeconfig,
         refit=refit,
         metrics_listen=metrics_listen,
+        kubelet_config=kubelet_config or None,
+        pod_resources_socket=pod_resources_socket,
+        sysfs_root=sysfs_root,
     )
     with contextlib.suppress(KeyboardInterrupt):
         try:

@@ -2,7 +2,8 @@
 
 ``/metrics`` (hamid's names, promtool-clean): per-GPU health and replicas, Allocate and
 GetPreferredAllocation calls and latency by gRPC status, refit client outcomes, XID events,
-registration with kubelet and on the Node, per-container device memory and SM use read from
+registration with kubelet and on the Node, NUMA predictions judged against kubelet's choice
+(``hamid_numa_prediction_total``), per-container device memory and SM use read from
 HAMi-core's cache files (:mod:`hamid.plugin.vgpu_monitor`), process metrics.
 ``/metrics/hami``: the same container usage under HAMi's vGPU monitor names (current and legacy,
 read by HAMi's dashboards and HAMi-WebUI). ``/healthz``: the event loop answers. ``/readyz``:
@@ -39,6 +40,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 #: gRPC methods timed and counted (kubelet's calls that decide a container's GPUs).
 TIMED_METHODS = {"Allocate": "allocate", "GetPreferredAllocation": "preferred_allocation"}
 REFIT_OUTCOMES = ("committed", "refused", "failed")
+#: Results of comparing a pod's hamid.io/numa-predicted with kubelet's choice (PodResources).
+NUMA_PREDICTION_RESULTS = ("hit", "miss", "unknown")
 
 
 class KubeletRegistration(Protocol):
@@ -125,6 +128,15 @@ class PluginMetrics:
             ["device_uuid", "xid", "critical"],
             registry=r,
         )
+        self.numa_predictions = Counter(
+            "hamid_numa_prediction_total",
+            "GPU pods whose NUMA node(s) kubelet chose, by comparison with the scheduler's "
+            "hamid.io/numa-predicted: hit, miss, unknown (no prediction).",
+            ["result"],
+            registry=r,
+        )
+        for result in NUMA_PREDICTION_RESULTS:
+            self.numa_predictions.labels(result)
         r.register(_StateCollector(self))
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(_HamiMonitorCollector(self))
@@ -144,6 +156,10 @@ class PluginMetrics:
         """The refit client's observer: one call's outcome and duration."""
         self.refits.labels(outcome).inc()
         self.refit_seconds.observe(seconds)
+
+    def numa_prediction(self, result: str) -> None:
+        """The NUMA publisher's observer: one pod's prediction judged against kubelet's choice."""
+        self.numa_predictions.labels(result).inc()
 
     def xid(self, uuid: str, xid: int, critical: bool) -> None:
         """One XID event (thread-safe: called from the NVML event thread)."""

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from aiohttp import web
 
 from hamid.kube.client import JSON, KubeClient, connect
@@ -46,6 +47,7 @@ from hamid.model.resources import DeviceConfig
 from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.app import Plugin, PluginOptions, load_setup
 from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
+from hamid.plugin.numa_publisher import NumaSources
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.cli import SchedulerOptions
 from hamid.scheduler.core import Scheduler, SchedulerSettings
@@ -59,8 +61,10 @@ from hamid.sim.apiserver.store import Change
 from hamid.sim.certs import CertificateAuthority, CertPair
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
 from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
-from hamid.sim.kubelet.config import KubeletConfig
+from hamid.sim.kubelet.cadvisor import format_cpu_list
+from hamid.sim.kubelet.config import SIM_DEFAULTS, KubeletConfig, load_kubelet_config
 from hamid.sim.machine import Machine, load_machine_file
+from hamid.sim.sysfs import write_sysfs_tree
 from hamid.tls import ReloadingServerContext, client_ssl_context, server_ssl_context
 
 #: Per node, per GPU UUID: (slots, MiB, cores).
@@ -117,6 +121,10 @@ class ClusterOptions:
     #: Register the scheduler's webhook in a MutatingWebhookConfiguration that the API server calls
     #: on pod create (as on a real cluster); otherwise :meth:`SimCluster.create_pod` calls it itself.
     admission_webhook: bool = False
+    #: Run the plugin's NUMA publisher (profile and placements) against the simulated kubelet.
+    numa_publish: bool = True
+    #: Its PodResources poll period (the product's default is 1 s).
+    numa_interval: float = 0.2
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""
@@ -171,6 +179,48 @@ class _Node:
     plugin: Plugin | None = None
     plugin_task: asyncio.Task[None] | None = None
     client_cert: CertPair | None = None
+    #: The kubelet config file both the simulated kubelet and the plugin read.
+    kubelet_config_file: Path | None = None
+    sysfs_root: Path | None = None
+
+
+def kubelet_config_document(config: KubeletConfig) -> JSON:
+    """The ``KubeletConfiguration`` file of a simulated node (the modelled fields that are set)."""
+    doc: JSON = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cpuManagerPolicy": config.cpu_manager_policy,
+        "cpuManagerPolicyOptions": dict(config.cpu_manager_policy_options),
+        "topologyManagerPolicy": config.topology_manager_policy,
+        "topologyManagerScope": config.topology_manager_scope,
+        "topologyManagerPolicyOptions": dict(config.topology_manager_policy_options),
+        "memoryManagerPolicy": config.memory_manager_policy,
+    }
+    if config.reserved_system_cpus is not None:
+        doc["reservedSystemCPUs"] = format_cpu_list(config.reserved_system_cpus)
+    if config.reserved_cpu_count:
+        doc["kubeReserved"] = {"cpu": str(config.reserved_cpu_count)}
+    if config.reserved_memory:
+        doc["reservedMemory"] = [
+            {"numaNode": r.numa_node, "limits": {kind: str(value) for kind, value in r.limits}}
+            for r in config.reserved_memory
+        ]
+    if config.feature_gates:
+        doc["featureGates"] = dict(config.feature_gates)
+    if config.max_pods is not None:
+        doc["maxPods"] = config.max_pods
+    return doc
+
+
+def _write_node_files(spec: NodeSpec, machine: Machine, directory: Path) -> tuple[Path, Path]:
+    """The node's kubelet config file (the spec's config, topology policy applied) and sysfs tree."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = (spec.kubelet_config or SIM_DEFAULTS).with_overrides(
+        topology_manager_policy=spec.topology_policy
+    )
+    config_file = directory / "kubelet-config.yaml"
+    config_file.write_text(yaml.safe_dump(kubelet_config_document(config), sort_keys=False), "utf-8")
+    return config_file, write_sysfs_tree(machine, directory / "sys")
 
 
 def _node_config(spec: NodeSpec, options: ClusterOptions) -> str:
@@ -429,18 +479,23 @@ class SimCluster:
         assert self._dir is not None
         machine = await asyncio.to_thread(load_machine_file, spec.machine_file)
         root = self._dir / spec.name / "device-plugins"
+        config_file, sysfs_root = await asyncio.to_thread(
+            _write_node_files, spec, machine, self._dir / spec.name
+        )
+        config = await asyncio.to_thread(load_kubelet_config, config_file)
         kubelet_kube = await connect(api_server=self.server.url, request_timeout=5.0)
         kubelet = SimKubelet(
             kubelet_kube,
             node_name=spec.name,
             machine=machine,
             root=root,
-            topology_policy=spec.topology_policy,
-            config=spec.kubelet_config,
+            config=config,
             rpc_timeout=10.0,
             status_interval=1.0,
         )
-        node = _Node(spec, machine, root, kubelet_kube, kubelet)
+        node = _Node(
+            spec, machine, root, kubelet_kube, kubelet, kubelet_config_file=config_file, sysfs_root=sysfs_root
+        )
         self.nodes[spec.name] = node
         await kubelet.start()
         await self._start_plugin(node)
@@ -478,8 +533,20 @@ class SimCluster:
             mismatch_handler=self._recording(spec.name, handler),
             register_interval=1.0,
             error_interval=0.2,
+            numa_sources=self._numa_sources(node),
         )
         node.plugin_task = asyncio.create_task(node.plugin.run(), name=f"plugin-{spec.name}")
+
+    def _numa_sources(self, node: _Node) -> NumaSources | None:
+        """The plugin's NUMA publisher inputs: the node's sysfs tree, kubelet config and PodResources."""
+        if not self.options.numa_publish:
+            return None
+        return NumaSources(
+            sysfs_root=str(node.sysfs_root),
+            kubelet_config=str(node.kubelet_config_file),
+            pod_resources_socket=str(node.kubelet.pod_resources.socket),
+            interval=self.options.numa_interval,
+        )
 
     async def _stop_plugin(self, node: _Node) -> None:
         if node.plugin_task is not None:

@@ -101,6 +101,7 @@ def test_scheduler_owned_keys_are_the_literal_ones() -> None:
         "hami.io/bind-time",
         "hami.io/bind-phase",
         "hamid.io/numa-predicted",
+        "hamid.io/numa-placement",
     }
     assert ann.SCHEDULER_OWNED_LABELS == ("hami.io/vgpu-node",)
 

@@ -1,0 +1,135 @@
+"""The node's CPU topology as kubelet sees it, read from sysfs (blocking: call it in a thread).
+
+kubelet learns its topology from cAdvisor, which reads ``cpu*/topology/{core_id,physical_package_id}``
+and ``node*/cpulist``; a core's id is the lowest CPU id of its threads (``topology.Discover``).
+NUMA distances come from ``node*/distance``. ``root`` is the sysfs mount (``/sys`` on a node, a
+generated tree under the simulator and in tests).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hamid.model.errors import InvalidInput
+from hamid.model.numa import MAX_CPU_ID, MAX_NUMA_ID, CpuInfo
+
+_NODE_DIR = re.compile(r"node(0|[1-9][0-9]*)\Z")
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
+#: Upper bound on one sysfs file read (a cpulist of 64 Ki CPUs is far smaller).
+_MAX_FILE_BYTES = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTopology:
+    """Every online CPU with its core, socket and NUMA node, and the NUMA distances (None: unknown)."""
+
+    numa_nodes: tuple[int, ...]
+    cpus: tuple[CpuInfo, ...]
+    distances: tuple[tuple[int, ...], ...] | None
+
+
+def parse_sysfs_cpu_list(text: str, where: str) -> frozenset[int]:
+    """The kernel's cpulist format (``0-3,8``, possibly with a trailing newline; empty allowed)."""
+    value = text.strip()
+    if not value:
+        return frozenset()
+    cpus: set[int] = set()
+    for token in value.split(","):
+        m = _RANGE.match(token.strip())
+        if not m:
+            raise InvalidInput(f"{where}: {token!r:.40} is not a CPU id or range")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if hi < lo or hi > MAX_CPU_ID:
+            raise InvalidInput(f"{where}: range {token!r:.40} is reversed or above CPU {MAX_CPU_ID}")
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            data = f.read(_MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(data) > _MAX_FILE_BYTES:
+        raise InvalidInput(f"{path}: larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not ASCII text") from exc
+
+
+def _read_int(path: Path) -> int:
+    text = _read(path).strip()
+    if not re.fullmatch(r"-?\d{1,9}", text):
+        raise InvalidInput(f"{path}: {text!r:.40} is not an integer")
+    return int(text)
+
+
+def _numa_cpus(root: Path) -> dict[int, frozenset[int]]:
+    node_dir = root / "devices" / "system" / "node"
+    try:
+        entries = sorted(node_dir.iterdir())
+    except OSError as exc:
+        raise InvalidInput(f"cannot list {node_dir}: {exc.strerror or exc}") from exc
+    nodes: dict[int, frozenset[int]] = {}
+    for entry in entries:
+        m = _NODE_DIR.match(entry.name)
+        if not m:
+            continue
+        node = int(m[1])
+        if node > MAX_NUMA_ID:
+            raise InvalidInput(f"{entry}: NUMA node id above {MAX_NUMA_ID}")
+        nodes[node] = parse_sysfs_cpu_list(_read(entry / "cpulist"), str(entry / "cpulist"))
+    if not nodes:
+        raise InvalidInput(f"{node_dir}: no NUMA nodes")
+    return dict(sorted(nodes.items()))
+
+
+def _online(root: Path, listed: frozenset[int]) -> frozenset[int]:
+    path = root / "devices" / "system" / "cpu" / "online"
+    if not path.exists():
+        return listed
+    return listed & parse_sysfs_cpu_list(_read(path), str(path))
+
+
+def _distances(root: Path, nodes: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+    """``node*/distance`` rows (one entry per node, in id order); None when any file is missing."""
+    rows: list[tuple[int, ...]] = []
+    for node in nodes:
+        path = root / "devices" / "system" / "node" / f"node{node}" / "distance"
+        if not path.exists():
+            return None
+        fields = _read(path).split()
+        if len(fields) != len(nodes) or not all(f.isdigit() and int(f) <= 255 for f in fields):
+            raise InvalidInput(f"{path}: want {len(nodes)} distances of 0-255, got {' '.join(fields):.60}")
+        rows.append(tuple(int(f) for f in fields))
+    return tuple(rows)
+
+
+def read_cpu_topology(root: str | Path) -> CpuTopology:
+    """Read the topology under sysfs ``root``; InvalidInput saying which file is missing or malformed."""
+    base = Path(root)
+    numa_cpus = _numa_cpus(base)
+    numa_of: dict[int, int] = {}
+    for node, cpus in numa_cpus.items():
+        for cpu in cpus:
+            if cpu in numa_of:
+                raise InvalidInput(f"CPU {cpu} is listed on NUMA nodes {numa_of[cpu]} and {node}")
+            numa_of[cpu] = node
+    online = _online(base, frozenset(numa_of))
+    if not online:
+        raise InvalidInput(f"{base}: no online CPU is on a NUMA node")
+    threads: dict[tuple[int, int, int], list[int]] = {}
+    socket_of: dict[int, int] = {}
+    for cpu in sorted(online):
+        topo = base / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        core_id, socket = _read_int(topo / "core_id"), _read_int(topo / "physical_package_id")
+        socket_of[cpu] = socket
+        threads.setdefault((numa_of[cpu], socket, core_id), []).append(cpu)
+    core_of = {cpu: min(group) for group in threads.values() for cpu in group}
+    cpus = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(online))
+    nodes = tuple(numa_cpus)
+    return CpuTopology(nodes, cpus, _distances(base, nodes))

@@ -1,0 +1,384 @@
+"""Publish what NUMA prediction needs: the node's profile and each pod's observed placement.
+
+Sources: the CPU topology from sysfs (:mod:`.cpu_topology`), kubelet's policies from its config file
+(:mod:`.kubelet_config`) and kubelet's PodResources API (:mod:`.podresources_client`): the
+allocatable CPUs (reserved = all - allocatable) and what every active pod holds. Outputs:
+
+* ``hamid.io/numa-profile`` on the Node: written when its content changes (``gen`` + 1) and
+  re-stamped (``at``) every :attr:`NumaSources.restamp_s`, well within the predictor's staleness
+  bound, so a node agent that stopped confirming it is noticed.
+* ``hamid.io/numa-placement`` on every pod that holds exclusive CPUs or devices (hamid's and
+  foreign ones) or carries a prediction: written when it differs from the pod's, at most
+  :attr:`NumaSources.pod_patch_qps` per second (burst :attr:`NumaSources.pod_patch_burst`), each
+  value bounded by the codec's 16 KiB.
+
+Fail soft: while a source is missing the plugin serves GPUs as before, publishes nothing new and
+logs the reason once (and once more when it recovers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hamid.kube.client import KubeClient
+from hamid.kube.errors import Conflict, KubeError, NotFound
+from hamid.log import get_logger
+from hamid.model.errors import InvalidInput
+from hamid.model.numa import (
+    CPU_POLICIES,
+    NUMA_PLACEMENT,
+    NUMA_PREDICTED,
+    NUMA_PROFILE,
+    ContainerPlacement,
+    KubeletPolicies,
+    NumaProfile,
+    PodPlacement,
+    decode_prediction,
+    decode_profile,
+    encode_placement,
+    encode_profile,
+)
+from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
+from hamid.plugin.kubelet_config import load_kubelet_policies
+from hamid.plugin.podresources_client import (
+    DEFAULT_SOCKET,
+    NO_TOPOLOGY,
+    HeldPod,
+    PodResourcesClient,
+    PodResourcesUnavailable,
+)
+from hamid.plugin.pods import NodePods
+
+log = get_logger("plugin.numa")
+
+DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class NumaSources:
+    """Where the publisher reads from, and how often it writes."""
+
+    sysfs_root: str = "/sys"
+    #: kubelet's config file; None: not read (no profile is published).
+    kubelet_config: str | None = DEFAULT_KUBELET_CONFIG
+    pod_resources_socket: str = DEFAULT_SOCKET
+    #: PodResources poll period (kubelet rate-limits the API: about once a second at most).
+    interval: float = 1.0
+    #: Re-read sysfs and the kubelet config this often (they change with a reboot or kubelet restart).
+    refresh_s: float = 60.0
+    #: Re-stamp an unchanged profile's ``at`` this often (the predictor's bound is 30 minutes).
+    restamp_s: float = 600.0
+    pod_patch_qps: float = 10.0
+    pod_patch_burst: int = 50
+    call_timeout: float = 5.0
+
+
+def build_profile(
+    topology: CpuTopology, policies: KubeletPolicies, allocatable: frozenset[int]
+) -> NumaProfile:
+    """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
+
+    With CPU manager policy ``none`` kubelet allocates no CPUs exclusively and reports none; then
+    nothing is reserved for the predictor either.
+    """
+    all_cpus = frozenset(c.cpu for c in topology.cpus)
+    static = policies.cpu_manager_policy == CPU_POLICIES[1]
+    reserved = all_cpus - allocatable if static else frozenset()
+    return NumaProfile(
+        generation=0,
+        observed_at=0,
+        numa_nodes=topology.numa_nodes,
+        cpus=topology.cpus,
+        reserved_cpus=reserved,
+        distances=topology.distances,
+        policies=policies,
+    )
+
+
+def placement_of(held: HeldPod, numa_of: Mapping[int, int], generation: int) -> PodPlacement:
+    """A pod's ``hamid.io/numa-placement`` from PodResources (devices without topology are left out:
+    they have no NUMA node to book)."""
+    containers = []
+    for c in held.containers:
+        devices = {
+            res: {n: ids for n, ids in per.items() if n != NO_TOPOLOGY}
+            for res, per in c.devices.items()
+            if any(n != NO_TOPOLOGY for n in per)
+        }
+        numa = {numa_of[x] for x in c.cpus if x in numa_of} | {n for per in devices.values() for n in per}
+        containers.append(ContainerPlacement(c.name, frozenset(numa), c.cpus, devices))
+    return PodPlacement(generation, tuple(containers))
+
+
+def holds_anything(held: HeldPod) -> bool:
+    """Whether any container holds exclusive CPUs or devices (what a ledger books)."""
+    return any(c.cpus or c.devices for c in held.containers)
+
+
+def judge_prediction(annotations: Mapping[str, str], placement: PodPlacement) -> str:
+    """``hit`` when every container both records name got the predicted NUMA node(s), else ``miss``;
+    ``unknown`` without a (decodable) prediction or without a container in common."""
+    raw = annotations.get(NUMA_PREDICTED)
+    if raw is None:
+        return "unknown"
+    try:
+        predicted = {c.name: c.numa for c in decode_prediction(raw).containers}
+    except InvalidInput as exc:
+        log.warning("undecodable NUMA prediction; counted unknown", error=str(exc))
+        return "unknown"
+    observed = {c.name: c.numa for c in placement.containers}
+    common = predicted.keys() & observed.keys()
+    if not common:
+        return "unknown"
+    return "hit" if all(predicted[n] == observed[n] for n in common) else "miss"
+
+
+class _TokenBucket:
+    """At most ``rate`` per second on average, ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.at = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class _Problems:
+    """Log each source's problem once, and once more when it clears."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, str] = {}
+
+    def report(self, source: str, problem: str, consequence: str) -> None:
+        if self.current.get(source) != problem:
+            log.warning(f"{source} unavailable; {consequence}", error=problem)
+            self.current[source] = problem
+
+    def clear(self, source: str) -> None:
+        if self.current.pop(source, None) is not None:
+            log.info(f"{source} available again")
+
+
+class NumaPublisher:
+    """The loop that keeps the profile and the placements of this node up to date."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        pods: NodePods,
+        sources: NumaSources,
+        *,
+        resource_name: str,
+        on_prediction: Callable[[str], None] = lambda _result: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.pods = pods
+        self.node_name = pods.node_name
+        self.sources = sources
+        self.resource_name = resource_name
+        self.on_prediction = on_prediction
+        self.clock = clock
+        self.podresources = PodResourcesClient(sources.pod_resources_socket, timeout=sources.call_timeout)
+        self.bucket = _TokenBucket(sources.pod_patch_qps, sources.pod_patch_burst, time.monotonic)
+        self.problems = _Problems()
+        self.profile: NumaProfile | None = None
+        self.topology: CpuTopology | None = None
+        self.policies: KubeletPolicies | None = None
+        self._read_at = -float("inf")
+        self._judged: set[str] = set()
+        self._too_big: set[str] = set()
+        self.profile_patches = 0
+        self.placement_patches = 0
+
+    async def run(self) -> None:
+        """Poll and publish until cancelled; never raises for a missing source."""
+        log.info(
+            "publishing NUMA profile and placements",
+            node=self.node_name,
+            sysfs=self.sources.sysfs_root,
+            kubelet_config=self.sources.kubelet_config,
+            pod_resources=self.sources.pod_resources_socket,
+        )
+        while True:
+            try:
+                await self.publish_once()
+            except KubeError as exc:
+                self.problems.report("API server", str(exc), "NUMA annotations not written; retrying")
+            else:
+                self.problems.clear("API server")
+            await asyncio.sleep(self.sources.interval)
+
+    async def publish_once(self) -> None:
+        """One round: refresh the static sources when due, read PodResources, write what changed."""
+        await self._refresh_static()
+        if self.topology is None or self.policies is None:
+            return
+        try:
+            allocatable = await self.podresources.allocatable()
+            held = await self.podresources.list_pods()
+        except PodResourcesUnavailable as exc:
+            self.problems.report(
+                "kubelet PodResources API", str(exc), "NUMA profile and placements not published"
+            )
+            return
+        self.problems.clear("kubelet PodResources API")
+        try:
+            content = build_profile(self.topology, self.policies, allocatable.cpus)
+        except InvalidInput as exc:
+            self.problems.report("NUMA profile", str(exc), "not published")
+            return
+        self.problems.clear("NUMA profile")
+        profile = await self._publish_profile(content)
+        if profile is not None:
+            await self._publish_placements(profile, held)
+
+    async def _refresh_static(self) -> None:
+        now = time.monotonic()
+        if now - self._read_at < self.sources.refresh_s:
+            return
+        self._read_at = now
+        try:
+            self.topology = await asyncio.to_thread(read_cpu_topology, self.sources.sysfs_root)
+            self.problems.clear("CPU topology (sysfs)")
+        except InvalidInput as exc:
+            self.topology = None
+            self.problems.report("CPU topology (sysfs)", str(exc), "NUMA profile not published")
+        path = self.sources.kubelet_config
+        if path is None:
+            self.policies = None
+            self.problems.report("kubelet config", "no --kubelet-config given", "NUMA profile not published")
+            return
+        try:
+            self.policies = await asyncio.to_thread(load_kubelet_policies, path)
+            self.problems.clear("kubelet config")
+        except InvalidInput as exc:
+            self.policies = None
+            self.problems.report("kubelet config", str(exc), "NUMA profile not published")
+
+    def _cached_profile(self) -> NumaProfile | None:
+        """The newest of the Node's profile and ours (the node cache may lag our own write)."""
+        node = self.pods.node()
+        raw = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NUMA_PROFILE)
+        cached: NumaProfile | None = None
+        if raw is not None:
+            try:
+                cached = decode_profile(raw)
+            except InvalidInput as exc:
+                log.warning("the Node's NUMA profile is undecodable; replacing it", error=str(exc))
+        candidates = [p for p in (cached, self.profile) if p is not None]
+        return max(candidates, key=lambda p: (p.generation, p.observed_at), default=None)
+
+    async def _publish_profile(self, content: NumaProfile) -> NumaProfile | None:
+        if self.pods.node() is None and self.profile is None:
+            return None  # the node cache has not synced: its generation is not known yet
+        now = int(self.clock())
+        current = self._cached_profile()
+        if current is not None and dataclasses.replace(current, generation=0, observed_at=0) == content:
+            if now - current.observed_at < self.sources.restamp_s:
+                self.profile = current
+                return current
+            reason, new = "re-stamped", dataclasses.replace(current, observed_at=now)
+        else:
+            reason = "new" if current is None else "changed"
+            generation = 1 if current is None else current.generation + 1
+            new = dataclasses.replace(content, generation=generation, observed_at=now)
+        value = encode_profile(new)
+        await self.client.patch_node_metadata(
+            self.node_name, annotations={NUMA_PROFILE: value}, timeout=self.sources.call_timeout
+        )
+        self.profile = new
+        self.profile_patches += 1
+        pol = new.policies
+        log.info(
+            "NUMA profile published",
+            node=self.node_name,
+            reason=reason,
+            generation=new.generation,
+            numa_nodes=len(new.numa_nodes),
+            cpus=len(new.cpus),
+            reserved=len(new.reserved_cpus),
+            cpu_manager=pol.cpu_manager_policy,
+            topology_manager=f"{pol.topology_manager_policy}/{pol.topology_manager_scope}",
+            bytes=len(value),
+        )
+        return new
+
+    async def _publish_placements(self, profile: NumaProfile, held: Iterable[HeldPod]) -> None:
+        numa_of = {c.cpu: c.numa for c in profile.cpus}
+        seen: set[str] = set()
+        for entry in held:
+            pod = self.pods.pod(entry.key)
+            if pod is None:
+                continue  # not in the cache yet: next round
+            meta = pod.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            seen.add(uid)
+            annotations = meta.get("annotations") or {}
+            if not (holds_anything(entry) or NUMA_PREDICTED in annotations):
+                continue
+            placement = placement_of(entry, numa_of, profile.generation)
+            self._judge(uid, entry, annotations, placement)
+            await self._write_placement(pod, uid, annotations, placement)
+        self._judged &= seen
+        self._too_big &= seen
+
+    def _judge(
+        self, uid: str, held: HeldPod, annotations: Mapping[str, str], placement: PodPlacement
+    ) -> None:
+        """Count the prediction of a GPU pod (or any predicted pod) once, when first observed."""
+        if uid in self._judged:
+            return
+        ours = any(self.resource_name in c.devices for c in held.containers)
+        if not ours and NUMA_PREDICTED not in annotations:
+            return
+        self._judged.add(uid)
+        result = judge_prediction(annotations, placement)
+        self.on_prediction(result)
+        log.info("NUMA prediction checked", pod=held.key, result=result)
+
+    async def _write_placement(
+        self, pod: Mapping[str, Any], uid: str, annotations: Mapping[str, str], placement: PodPlacement
+    ) -> None:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        try:
+            value = encode_placement(placement)
+        except InvalidInput as exc:
+            if uid not in self._too_big:
+                self._too_big.add(uid)
+                log.warning("NUMA placement not published", pod=key, error=str(exc))
+            return
+        if annotations.get(NUMA_PLACEMENT) == value or not self.bucket.take():
+            return  # unchanged, or over the rate bound: the next round writes it
+        try:
+            patched = await self.client.patch_pod_metadata(
+                str(meta.get("namespace")),
+                str(meta.get("name")),
+                annotations={NUMA_PLACEMENT: value},
+                uid=uid,
+                timeout=self.sources.call_timeout,
+            )
+        except (NotFound, Conflict):
+            return  # deleted or re-created meanwhile
+        self.pods.remember(patched)
+        self.placement_patches += 1
+        log.info(
+            "NUMA placement published",
+            pod=key,
+            reason="changed" if NUMA_PLACEMENT in annotations else "observed",
+            generation=placement.generation,
+            numa={c.name: sorted(c.numa) for c in placement.containers},
+        )

@@ -1,0 +1,114 @@
+"""A client of kubelet's PodResources API v1 (``v1.PodResourcesLister``) on its unix socket.
+
+``GetAllocatableResources`` gives the CPUs the static CPU manager may hand out (all online CPUs
+minus the reserved ones) and ``List`` what every admitted pod's containers hold: exclusive CPUs
+and device IDs with the NUMA nodes their device plugin advertised. Answers are turned into plain
+records here so nothing else sees protobuf. kubelet rate-limits the API (QPS 100, burst 10), so
+callers poll it at most about once a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.exceptions import StreamTerminatedError
+
+from hamid._proto.podresources.v1 import api_pb2 as pr
+from hamid._proto.podresources.v1.api_grpc import PodResourcesListerStub
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: NUMA bucket of a device whose plugin advertised no topology (kubelet's fake node -1).
+NO_TOPOLOGY = -1
+
+#: resource name -> NUMA node (or NO_TOPOLOGY) -> device IDs.
+DevicesByNuma = Mapping[str, Mapping[int, tuple[str, ...]]]
+
+
+class PodResourcesUnavailable(Exception):
+    """The PodResources API did not answer (no socket, refused, gRPC error, timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldContainer:
+    """What one container holds: its exclusive CPUs and its devices per resource and NUMA node."""
+
+    name: str
+    cpus: frozenset[int]
+    devices: DevicesByNuma = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPod:
+    """One pod kubelet reports as active."""
+
+    namespace: str
+    name: str
+    containers: tuple[HeldContainer, ...]
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Allocatable:
+    """``GetAllocatableResources``: exclusive-allocatable CPUs and every healthy device."""
+
+    cpus: frozenset[int]
+    devices: DevicesByNuma
+
+
+def _devices(entries: Iterable[pr.ContainerDevices]) -> dict[str, dict[int, tuple[str, ...]]]:
+    grouped: dict[str, dict[int, list[str]]] = {}
+    for entry in entries:
+        nodes = [n.ID for n in entry.topology.nodes] if entry.HasField("topology") else []
+        for node in nodes or [NO_TOPOLOGY]:
+            into = grouped.setdefault(entry.resource_name, {}).setdefault(int(node), [])
+            into.extend(d for d in entry.device_ids if d not in into)
+    return {res: {n: tuple(ids) for n, ids in sorted(per.items())} for res, per in sorted(grouped.items())}
+
+
+def _pod(message: pr.PodResources) -> HeldPod:
+    containers = tuple(
+        HeldContainer(c.name, frozenset(int(x) for x in c.cpu_ids), _devices(c.devices))
+        for c in message.containers
+    )
+    return HeldPod(message.namespace, message.name, containers)
+
+
+class PodResourcesClient:
+    """``List`` and ``GetAllocatableResources`` with a deadline; a fresh channel per call, so a
+    restarted kubelet (a new socket) is picked up without reconnect logic."""
+
+    def __init__(self, socket: str = DEFAULT_SOCKET, *, timeout: float = 5.0) -> None:
+        self.socket = socket
+        self.timeout = timeout
+
+    async def _call(self, method: str, request: object) -> object:
+        channel = Channel(path=self.socket)
+        try:
+            stub = PodResourcesListerStub(channel)
+            return await getattr(stub, method)(request, timeout=self.timeout)
+        except GRPCError as exc:
+            raise PodResourcesUnavailable(f"{method}: {exc.status.name}: {exc.message}") from exc
+        except (OSError, TimeoutError, StreamTerminatedError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise PodResourcesUnavailable(f"{method} on {self.socket}: {why}") from exc
+        finally:
+            channel.close()
+
+    async def allocatable(self) -> Allocatable:
+        """The node's allocatable CPUs and devices."""
+        reply = await self._call("GetAllocatableResources", pr.AllocatableResourcesRequest())
+        assert isinstance(reply, pr.AllocatableResourcesResponse)
+        return Allocatable(frozenset(int(c) for c in reply.cpu_ids), _devices(reply.devices))
+
+    async def list_pods(self) -> list[HeldPod]:
+        """Every pod kubelet considers active, with what its containers hold."""
+        reply = await self._call("List", pr.ListPodResourcesRequest())
+        assert isinstance(reply, pr.ListPodResourcesResponse)
+        return [_pod(p) for p in reply.pod_resources]

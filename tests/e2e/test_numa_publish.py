@@ -1,0 +1,104 @@
+"""The node agent publishes what NUMA prediction needs, end to end on the simulated cluster.
+
+The plugin reads the sysfs tree the simulator writes from the machine file, the kubelet config the
+simulated kubelet runs with and the simulated kubelet's PodResources socket; after admission the
+Node carries a profile equal to the machine file and each pod's placement equals the simulated
+kubelet's own record (``sim.hamid.io/assignment``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hamid.model.numa import NUMA_PLACEMENT, NUMA_PROFILE, decode_placement, decode_profile
+from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
+from hamid.sim.demo import SEED_NAME, filler_pod, seed_pod
+from hamid.sim.kubelet import PodAdmission
+from hamid.sim.machine import Machine, sample_machine_path
+from tests.e2e.helpers import NODE
+
+
+def _profile(cluster: SimCluster, node: str = NODE) -> str | None:
+    obj = cluster.server.get("Node", None, node) or {}
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE)
+
+
+def _assert_profile_matches(raw: str, machine: Machine, kubelet_reserved: frozenset[int], tm: str) -> None:
+    profile = decode_profile(raw)
+    assert profile.generation >= 1
+    assert list(profile.numa_nodes) == machine.numa_ids
+    assert {c.cpu: (c.core, c.socket, c.numa) for c in profile.cpus} == {
+        cpu: (i.core, i.socket, i.numa) for cpu, i in machine.cpu_topology.details.items()
+    }
+    assert profile.reserved_cpus == kubelet_reserved
+    ids = machine.numa_ids
+    assert profile.distances == tuple(tuple(machine.distance(a, b) for b in ids) for a in ids)
+    assert profile.policies.cpu_manager_policy == "static"
+    assert profile.policies.topology_manager_policy == tm
+
+
+def _assert_placement_is_kubelets(cluster: SimCluster, name: str, admission: PodAdmission) -> None:
+    placement = decode_placement(cluster.annotations(name)[NUMA_PLACEMENT])
+    profile = decode_profile(_profile(cluster))
+    assert placement.generation == profile.generation
+    observed = {c.name: c for c in placement.containers}
+    for c in admission.containers:
+        if c.init:
+            continue
+        got = observed[c.name]
+        assert got.cpus == c.cpus
+        held = {d for per in got.devices.values() for ids in per.values() for d in ids}
+        assert held == {d for ids in c.devices.values() for d in ids}
+        numa = set(c.cpu_numa_nodes) | {n for ns in c.device_numa_nodes.values() for n in ns}
+        assert got.numa == numa
+        if c.numa_node is not None:
+            assert got.numa == {c.numa_node}
+
+
+async def _placed(cluster: SimCluster, name: str) -> dict[str, Any]:
+    return await cluster.wait_pod(name, lambda p: NUMA_PLACEMENT in p["metadata"].get("annotations", {}))
+
+
+async def test_profile_and_placements_match_the_simulated_kubelet() -> None:
+    async with SimCluster() as cluster:
+        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+        sim = cluster.nodes[NODE].kubelet
+        machine = cluster.machine(NODE)
+        reserved = machine.all_cpus - sim.cpus.allocatable()
+        _assert_profile_matches(_profile(cluster) or "", machine, reserved, "single-numa-node")
+        first = decode_profile(_profile(cluster))
+
+        await cluster.create_pod(filler_pod(NODE))  # foreign: exclusive CPUs, no GPU
+        await cluster.wait_settled("cpu-batch")
+        await cluster.create_pod(seed_pod())
+        await cluster.wait_settled(SEED_NAME, timeout=15)
+        for name in ("cpu-batch", SEED_NAME):
+            await _placed(cluster, name)
+            admission = cluster.assignment(name)
+            assert admission is not None and admission.admitted
+            _assert_placement_is_kubelets(cluster, name, admission)
+        # nothing changed on the node: the profile was not rewritten
+        assert decode_profile(_profile(cluster)).generation == first.generation
+        assert cluster.nodes[NODE].plugin.numa.profile_patches == 1  # type: ignore[union-attr]
+
+
+async def test_smt_machine_profile_from_its_sysfs_tree() -> None:
+    spec = NodeSpec(
+        "smt-1", machine_file=sample_machine_path("smt-2socket-8gpu"), topology_policy="restricted"
+    )
+    async with SimCluster(ClusterOptions(nodes=(spec,))) as cluster:
+        await wait_until(lambda: _profile(cluster, "smt-1") is not None, 10, "NUMA profile on the Node")
+        sim = cluster.nodes["smt-1"].kubelet
+        machine = cluster.machine("smt-1")
+        assert any(len(t) > 1 for t in machine.cpu_topology.core_cpus.values())
+        reserved = machine.all_cpus - sim.cpus.allocatable()
+        _assert_profile_matches(_profile(cluster, "smt-1") or "", machine, reserved, "restricted")
+
+
+async def test_without_the_publisher_nothing_is_written() -> None:
+    spec = NodeSpec(NODE, machine_file=data_file("demo-2numa-8gpu.yaml"))
+    async with SimCluster(ClusterOptions(nodes=(spec,), numa_publish=False)) as cluster:
+        await cluster.create_pod(seed_pod())
+        await cluster.wait_settled(SEED_NAME, timeout=15)
+        assert _profile(cluster) is None
+        assert NUMA_PLACEMENT not in cluster.annotations(SEED_NAME)

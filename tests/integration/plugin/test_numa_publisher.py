@@ -1,0 +1,259 @@
+"""The NUMA publisher over real parts: the simulated kubelet's PodResources server on a unix socket,
+a sysfs tree and a kubelet config file on disk, the embedded API server through kubernetes-asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hamid.kube.client import KubeClient
+from hamid.model.numa import (
+    ContainerPrediction,
+    PodPrediction,
+    decode_placement,
+    decode_profile,
+    encode_prediction,
+)
+from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
+from hamid.plugin.podresources_client import NO_TOPOLOGY, PodResourcesClient, PodResourcesUnavailable
+from hamid.plugin.pods import NodePods
+from hamid.sim.apiserver import ApiServer
+from hamid.sim.kubelet.assignment import ContainerAssignment, PodAdmission
+from hamid.sim.kubelet.devicemanager import ResourceState
+from hamid.sim.kubelet.podresources import PodResourcesServer, PodResourcesView
+from hamid.sim.machine import parse_machine_text
+from hamid.sim.sysfs import write_sysfs_tree
+
+NODE = "n1"
+GPU = "nvidia.com/gpu"
+PROFILE = "hamid.io/numa-profile"  # wire names spelled out
+PLACEMENT = "hamid.io/numa-placement"
+PREDICTED = "hamid.io/numa-predicted"
+MACHINE = "numaNodes: [{id: 0, cpus: '0-3'}, {id: 1, cpus: '4-7'}]\ndistances: [[10, 21], [21, 10]]\n"
+CONFIG = (
+    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+    "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\n"
+)
+TOPOLOGY = {"GPU-0-0": (0,), "GPU-0-1": (0,), "GPU-1-0": (1,), "NOTOPO-0": None}
+
+
+@dataclass
+class Kubelet:
+    """What the fake PodResources view reports (mutable by the test)."""
+
+    records: list[PodAdmission] = field(default_factory=list)
+    allocatable: frozenset[int] = frozenset(range(1, 8))
+
+
+def record(name: str, cpus: set[int] = frozenset(), devices: tuple[str, ...] = ()) -> PodAdmission:  # type: ignore[assignment]
+    container = ContainerAssignment(name="main", index=0, init=False, hint=None, cpus=frozenset(cpus))
+    if devices:
+        container.devices = {GPU: devices}
+    return PodAdmission("default", name, f"uid-{name}", NODE, True, containers=[container])
+
+
+def prediction(numa: int) -> str:
+    c = ContainerPrediction("main", frozenset({numa}), frozenset(), {GPU: {numa: 1}})
+    return encode_prediction(PodPrediction(1, (c,)))
+
+
+def pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
+    }
+
+
+@dataclass
+class Env:
+    server: ApiServer
+    kubelet: Kubelet
+    publisher: NumaPublisher
+    results: list[str]
+    directory: Path
+    socket: Path
+
+    def annotations(self, kind: str, name: str) -> dict[str, str]:
+        obj = self.server.get(kind, None if kind == "Node" else "default", name) or {}
+        return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+    async def synced(self) -> None:
+        """Let the publisher's node cache see what is stored now."""
+        await asyncio.sleep(0.3)
+
+
+@pytest.fixture
+async def env(apiserver: ApiServer, kube: KubeClient) -> AsyncIterator[Env]:
+    directory = Path(tempfile.mkdtemp(prefix="numa-pub-"))
+    write_sysfs_tree(parse_machine_text(MACHINE), directory / "sys")
+    (directory / "config.yaml").write_text(CONFIG)
+    kubelet = Kubelet()
+    resources = {GPU: ResourceState(GPU, all_devices=dict(TOPOLOGY), healthy=set(TOPOLOGY))}
+    view = PodResourcesView(
+        lambda: kubelet.records, lambda: resources, lambda: kubelet.allocatable, lambda _r: TOPOLOGY
+    )
+    socket = directory / "pod-resources" / "kubelet.sock"
+    server = PodResourcesServer(socket, view)
+    await server.start()
+    apiserver.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    pods = NodePods(kube, NODE)
+    task = asyncio.create_task(pods.run())
+    await asyncio.wait_for(pods.wait_synced(), 5)
+    sources = NumaSources(
+        sysfs_root=str(directory / "sys"),
+        kubelet_config=str(directory / "config.yaml"),
+        pod_resources_socket=str(socket),
+        refresh_s=0.0,
+    )
+    results: list[str] = []
+    publisher = NumaPublisher(kube, pods, sources, resource_name=GPU, on_prediction=results.append)
+    try:
+        yield Env(apiserver, kubelet, publisher, results, directory, socket)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(1.0)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_client_decodes_list_and_allocatable(env: Env) -> None:
+    env.kubelet.records = [record("gpu", {1, 2}, ("GPU-0-0", "NOTOPO-0"))]
+    client = PodResourcesClient(str(env.socket))
+    allocatable = await client.allocatable()
+    assert allocatable.cpus == frozenset(range(1, 8))
+    assert allocatable.devices[GPU] == {
+        NO_TOPOLOGY: ("NOTOPO-0",),
+        0: ("GPU-0-0", "GPU-0-1"),
+        1: ("GPU-1-0",),
+    }
+    (held,) = await client.list_pods()
+    assert held.key == "default/gpu"
+    assert held.containers[0].cpus == {1, 2}
+    assert held.containers[0].devices == {GPU: {NO_TOPOLOGY: ("NOTOPO-0",), 0: ("GPU-0-0",)}}
+    with pytest.raises(PodResourcesUnavailable, match=r"missing\.sock"):
+        await PodResourcesClient(str(env.directory / "missing.sock"), timeout=1).list_pods()
+
+
+async def test_profile_and_placements_are_published_and_judged(env: Env) -> None:
+    for p in (
+        pod("gpu", {PREDICTED: prediction(0)}),
+        pod("miss", {PREDICTED: prediction(0)}),
+        pod("nopred"),
+        pod("cpu"),
+        pod("shared"),
+    ):
+        env.server.put(p)
+    env.kubelet.records = [
+        record("gpu", {1, 2}, ("GPU-0-0", "NOTOPO-0")),
+        record("miss", {4, 5}, ("GPU-1-0",)),
+        record("nopred", set(), ("GPU-0-1",)),
+        record("cpu", {6, 7}),
+        record("shared"),
+    ]
+    await env.synced()
+    await env.publisher.publish_once()
+
+    profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
+    assert (profile.generation, profile.reserved_cpus, profile.distances) == (1, {0}, ((10, 21), (21, 10)))
+    assert profile.policies.topology_manager_policy == "single-numa-node"
+    gpu = decode_placement(env.annotations("Pod", "gpu")[PLACEMENT])
+    assert gpu.generation == 1
+    assert gpu.containers[0].numa == {0} and gpu.containers[0].cpus == {1, 2}
+    assert gpu.containers[0].devices == {GPU: {0: ("GPU-0-0",)}}  # no NUMA node to book for NOTOPO-0
+    assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).containers[0].numa == {1}
+    assert PLACEMENT not in env.annotations("Pod", "shared")
+    assert sorted(env.results) == ["hit", "miss", "unknown"]  # the foreign CPU pod is not judged
+
+    patches = (env.publisher.profile_patches, env.publisher.placement_patches)
+    await env.synced()
+    await env.publisher.publish_once()  # nothing changed: nothing written, nothing judged twice
+    assert (env.publisher.profile_patches, env.publisher.placement_patches) == patches
+    assert len(env.results) == 3
+
+
+async def test_a_changed_profile_bumps_the_generation_and_rewrites_placements(env: Env) -> None:
+    env.server.put(pod("cpu"))
+    env.kubelet.records = [record("cpu", {6, 7})]
+    await env.synced()
+    await env.publisher.publish_once()
+    env.kubelet.allocatable = frozenset(range(2, 8))  # kubelet restarted with more reserved CPUs
+    await env.synced()
+    await env.publisher.publish_once()
+    profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
+    assert (profile.generation, profile.reserved_cpus) == (2, {0, 1})
+    assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).generation == 2
+
+
+async def test_an_unchanged_profile_is_restamped_with_the_same_generation(env: Env) -> None:
+    now = [1_000_000.0]
+    env.publisher.clock = lambda: now[0]
+    await env.publisher.publish_once()
+    first = decode_profile(env.annotations("Node", NODE)[PROFILE])
+    now[0] += env.publisher.sources.restamp_s - 1
+    await env.synced()
+    await env.publisher.publish_once()
+    assert env.publisher.profile_patches == 1
+    now[0] += 2
+    await env.synced()
+    await env.publisher.publish_once()
+    second = decode_profile(env.annotations("Node", NODE)[PROFILE])
+    assert (second.generation, second.observed_at) == (
+        first.generation,
+        first.observed_at + env.publisher.sources.restamp_s + 1,
+    )
+
+
+async def test_pod_patches_are_rate_bounded(env: Env) -> None:
+    names = [f"p{i}" for i in range(4)]
+    for name in names:
+        env.server.put(pod(name))
+    env.kubelet.records = [record(name, {i + 1}) for i, name in enumerate(names)]
+    env.publisher.bucket.rate, env.publisher.bucket.tokens = 0.0, 2.0
+    await env.synced()
+    await env.publisher.publish_once()
+    assert sum(PLACEMENT in env.annotations("Pod", n) for n in names) == 2
+    env.publisher.bucket.tokens = 10.0
+    await env.publisher.publish_once()  # the rest on a later round
+    assert all(PLACEMENT in env.annotations("Pod", n) for n in names)
+
+
+async def test_missing_sources_publish_nothing_and_log_once(env: Env, logs: list[dict[str, Any]]) -> None:
+    (env.directory / "config.yaml").unlink()
+    for _ in range(3):
+        await env.publisher.publish_once()
+    assert PROFILE not in env.annotations("Node", NODE)
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1 and "kubelet config unavailable" in warnings[0]["event"]
+    assert "config.yaml" in warnings[0]["error"]
+
+    (env.directory / "config.yaml").write_text(CONFIG)
+    env.socket.rename(env.directory / "moved.sock")
+    for _ in range(2):
+        await env.publisher.publish_once()
+    assert PROFILE not in env.annotations("Node", NODE)
+    events = [e["event"] for e in logs]
+    assert events.count("kubelet config available again") == 1
+    assert (
+        events.count("kubelet PodResources API unavailable; NUMA profile and placements not published") == 1
+    )
+
+
+async def test_bad_kubelet_config_is_reported_not_raised(env: Env, logs: list[dict[str, Any]]) -> None:
+    (env.directory / "config.yaml").write_bytes(b"\x00\xff not yaml")
+    await env.publisher.publish_once()
+    assert PROFILE not in env.annotations("Node", NODE)
+    assert any("not UTF-8" in str(e.get("error")) for e in logs)
