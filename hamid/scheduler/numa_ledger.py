@@ -467,10 +467,9 @@ class NumaLedgers:
             return
         moved = _moved(entry, rec, container, numa, self.resource)
         self._drop(uid)
-        rec.usage = usage_of_prediction(moved.containers)
-        rec.predicted, rec.pod = moved, None
+        # the recorded prediction stays (the annotation still holds it); only the booking follows
+        rec.usage, rec.pod = usage_of_prediction(moved.containers), None
         self._put(rec)
-        rec.scored = True
 
     # -- reading -------------------------------------------------------------------------------
 
