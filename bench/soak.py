@@ -89,7 +89,9 @@ FOREIGN_CPUS = (4, 8, 16, 24)
 #: Every this many batches, the whole batch goes to one node (a burst).
 BURST_EVERY = 5
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
-SETTLE_S = 20.0
+#: How long a pod may take to settle: a burst of 40 pods to one node passes its node lock one pod
+#: at a time (HAMi's protocol), so the last one waits for the 39 before it.
+SETTLE_S = 60.0
 ACCOUNTING_S = 5.0
 JSON = dict[str, Any]
 
