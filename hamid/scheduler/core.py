@@ -472,7 +472,9 @@ class Scheduler:
         if predicted is not None or NUMA_PREDICTED in (meta.get("annotations") or {}):
             annotations[NUMA_PREDICTED] = predicted
         undo = self.state.reserve(pod, node, fitted.devices, raw)
-        undo_numa = self.numa.book(uid, node, prediction, pod) if predicted is not None else None
+        undo_numa = None
+        if predicted is not None and prediction is not None:
+            undo_numa = self.numa.book(uid, node, prediction, pod)
         try:
             await self.kube.patch_pod_metadata(
                 meta["namespace"],
