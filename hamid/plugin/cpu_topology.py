@@ -130,6 +130,6 @@ def read_cpu_topology(root: str | Path) -> CpuTopology:
         socket_of[cpu] = socket
         threads.setdefault((numa_of[cpu], socket, core_id), []).append(cpu)
     core_of = {cpu: min(group) for group in threads.values() for cpu in group}
-    cpus = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(online))
+    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(online))
     nodes = tuple(numa_cpus)
-    return CpuTopology(nodes, cpus, _distances(base, nodes))
+    return CpuTopology(nodes, infos, _distances(base, nodes))

@@ -199,7 +199,10 @@ class NumaPublisher:
         self.policies: KubeletPolicies | None = None
         self._read_at = -float("inf")
         self._judged: set[str] = set()
-        self._too_big: set[str] = set()
+        #: pod UID -> (what PodResources reported, generation, its placement, encoded or None: too big)
+        self._encodings: dict[str, tuple[HeldPod, int, PodPlacement, str | None]] = {}
+        #: pod UID -> the API error its last placement write got (logged once per error)
+        self._failed: dict[str, str] = {}
         self.profile_patches = 0
         self.placement_patches = 0
 
@@ -329,11 +332,29 @@ class NumaPublisher:
             annotations = meta.get("annotations") or {}
             if not (holds_anything(entry) or NUMA_PREDICTED in annotations):
                 continue
-            placement = placement_of(entry, numa_of, profile.generation)
+            placement, value = self._encoded(uid, entry, numa_of, profile.generation)
             self._judge(uid, entry, annotations, placement)
-            await self._write_placement(pod, uid, annotations, placement)
+            if value is not None:
+                await self._write_placement(pod, uid, annotations, placement, value)
         self._judged &= seen
-        self._too_big &= seen
+        self._encodings = {uid: e for uid, e in self._encodings.items() if uid in seen}
+        self._failed = {uid: e for uid, e in self._failed.items() if uid in seen}
+
+    def _encoded(
+        self, uid: str, held: HeldPod, numa_of: Mapping[int, int], generation: int
+    ) -> tuple[PodPlacement, str | None]:
+        """The pod's placement and its annotation value, computed again only when either input changed."""
+        cached = self._encodings.get(uid)
+        if cached is not None and cached[0] == held and cached[1] == generation:
+            return cached[2], cached[3]
+        placement = placement_of(held, numa_of, generation)
+        value: str | None = None
+        try:
+            value = encode_placement(placement)
+        except InvalidInput as exc:
+            log.warning("NUMA placement not published", pod=held.key, error=str(exc))
+        self._encodings[uid] = (held, generation, placement, value)
+        return placement, value
 
     def _judge(
         self, uid: str, held: HeldPod, annotations: Mapping[str, str], placement: PodPlacement
@@ -350,17 +371,15 @@ class NumaPublisher:
         log.info("NUMA prediction checked", pod=held.key, result=result)
 
     async def _write_placement(
-        self, pod: Mapping[str, Any], uid: str, annotations: Mapping[str, str], placement: PodPlacement
+        self,
+        pod: Mapping[str, Any],
+        uid: str,
+        annotations: Mapping[str, str],
+        placement: PodPlacement,
+        value: str,
     ) -> None:
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        try:
-            value = encode_placement(placement)
-        except InvalidInput as exc:
-            if uid not in self._too_big:
-                self._too_big.add(uid)
-                log.warning("NUMA placement not published", pod=key, error=str(exc))
-            return
         if annotations.get(NUMA_PLACEMENT) == value or not self.bucket.take():
             return  # unchanged, or over the rate bound: the next round writes it
         try:
@@ -373,6 +392,12 @@ class NumaPublisher:
             )
         except (NotFound, Conflict):
             return  # deleted or re-created meanwhile
+        except KubeError as exc:  # this pod only: the others are still written
+            if self._failed.get(uid) != str(exc):
+                log.warning("NUMA placement not written; retrying", pod=key, error=str(exc))
+            self._failed[uid] = str(exc)
+            return
+        self._failed.pop(uid, None)
         self.pods.remember(patched)
         self.placement_patches += 1
         log.info(

@@ -124,7 +124,7 @@ class ClusterOptions:
     #: Run the plugin's NUMA publisher (profile and placements) against the simulated kubelet.
     numa_publish: bool = True
     #: Its PodResources poll period (the product's default is 1 s).
-    numa_interval: float = 0.2
+    numa_interval: float = 0.5
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hamid.model.numa import NUMA_PLACEMENT, NUMA_PROFILE, decode_placement, decode_profile
+from hamid.model.numa import NUMA_PLACEMENT, NUMA_PREDICTED, NUMA_PROFILE, decode_placement, decode_profile
 from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
 from hamid.sim.demo import SEED_NAME, filler_pod, seed_pod
 from hamid.sim.kubelet import PodAdmission
@@ -77,6 +77,15 @@ async def test_profile_and_placements_match_the_simulated_kubelet() -> None:
             admission = cluster.assignment(name)
             assert admission is not None and admission.admitted
             _assert_placement_is_kubelets(cluster, name, admission)
+        # one GPU pod judged (the CPU-only foreign pod is not): unknown without a prediction
+        registry = cluster.nodes[NODE].plugin.metrics.registry  # type: ignore[union-attr]
+        counts = {
+            r: registry.get_sample_value("hamid_numa_prediction_total", {"result": r})
+            for r in ("hit", "miss", "unknown")
+        }
+        assert sum(counts.values()) == 1
+        if NUMA_PREDICTED not in cluster.annotations(SEED_NAME):
+            assert counts["unknown"] == 1
         # nothing changed on the node: the profile was not rewritten
         assert decode_profile(_profile(cluster)).generation == first.generation
         assert cluster.nodes[NODE].plugin.numa.profile_patches == 1  # type: ignore[union-attr]

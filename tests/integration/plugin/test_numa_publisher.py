@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from hamid.kube.client import KubeClient
+from hamid.kube.errors import KubeError
 from hamid.model.numa import (
     ContainerPrediction,
     PodPrediction,
@@ -257,3 +258,33 @@ async def test_bad_kubelet_config_is_reported_not_raised(env: Env, logs: list[di
     await env.publisher.publish_once()
     assert PROFILE not in env.annotations("Node", NODE)
     assert any("not UTF-8" in str(e.get("error")) for e in logs)
+
+
+class _FailingFor:
+    """An injected fault: the API server refuses placement writes of one pod."""
+
+    def __init__(self, inner: KubeClient, pod: str) -> None:
+        self.inner, self.pod = inner, pod
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def patch_pod_metadata(self, namespace: str, name: str, **kw: Any) -> Any:
+        if name == self.pod:
+            raise KubeError("metadata.annotations: Too long", status=422, reason="Invalid")
+        return await self.inner.patch_pod_metadata(namespace, name, **kw)
+
+
+async def test_a_refused_pod_does_not_block_the_others(env: Env, logs: list[dict[str, Any]]) -> None:
+    for name in ("p0", "p1"):
+        env.server.put(pod(name))
+    env.kubelet.records = [record("p0", {1}), record("p1", {2})]
+    env.publisher.client = _FailingFor(env.publisher.client, "p0")  # type: ignore[assignment]
+    await env.synced()
+    for _ in range(2):
+        await env.publisher.publish_once()
+    assert PLACEMENT not in env.annotations("Pod", "p0")
+    assert PLACEMENT in env.annotations("Pod", "p1")
+    assert PROFILE in env.annotations("Node", NODE)
+    refused = [e for e in logs if e["event"] == "NUMA placement not written; retrying"]
+    assert len(refused) == 1 and refused[0]["pod"] == "default/p0"
