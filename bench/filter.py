@@ -9,6 +9,10 @@ does after its first sync, then the filter's compute (fit, reserve, encode) is t
 RSS is the scheduler's (``--pod-trim generic`` / ``--no-gc-freeze`` give the figures without
 those). Over HTTP: the real extender ``/filter`` against the embedded API server (seeded with the
 same kind of nodes and pods, caches synced through the API), including the annotation patch.
+With ``--prediction on`` (the default) every node publishes a NUMA profile (2 NUMA nodes x 32
+cores x 2 threads, static CPU manager, single-numa-node), every running pod its observed placement,
+and the new pods are Guaranteed (4 exclusive CPUs + 1 GPU): each filter predicts kubelet's NUMA node
+on the nodes it tries and books the prediction, as ``/filter`` does; ``off`` is the plain fit.
 The last output line is one JSON object.
 """
 
@@ -29,12 +33,25 @@ import aiohttp
 from benchstats import peak_rss_mib, percentile, print_figures
 
 from hamid.fit.fit import PodFitSpec
+from hamid.fit.numa_predict import Outcome
 from hamid.kube.cache import trim_pod
 from hamid.kube.client import connect
 from hamid.log import configure
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
-from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap
+from hamid.model.numa import (
+    NUMA_PLACEMENT,
+    NUMA_PROFILE,
+    ContainerPlacement,
+    CpuInfo,
+    KubeletPolicies,
+    NumaProfile,
+    PodPlacement,
+    encode_placement,
+    encode_prediction,
+    encode_profile,
+)
+from hamid.scheduler.core import NumaFit, Scheduler, SchedulerSettings, freeze_heap
 from hamid.scheduler.http import extender_app, serve
 from hamid.scheduler.state import trim_scheduler_pod
 from hamid.sim.apiserver import ApiServer
@@ -51,7 +68,27 @@ def _shrink(nodes: int, gpus: int, pods: int) -> float:
     return max(1.0, pods / (nodes * gpus) / BASE_DENSITY)
 
 
-def _node(i: int, gpus: int, shrink: float = 1.0) -> dict[str, Any]:
+#: The bench nodes' CPUs: 2 sockets = 2 NUMA nodes x 32 cores x 2 threads (siblings i, i + 64).
+CORES_PER_NUMA = 32
+NUMA_NODES = 2
+
+
+def numa_profile(now: float) -> NumaProfile:
+    """The NUMA profile every bench node publishes (CPU 0 and its sibling reserved)."""
+    threads = NUMA_NODES * CORES_PER_NUMA
+    infos = tuple(
+        CpuInfo(cpu, cpu % threads, (cpu % threads) // CORES_PER_NUMA, (cpu % threads) // CORES_PER_NUMA)
+        for cpu in range(2 * threads)
+    )
+    policies = KubeletPolicies(
+        cpu_manager_policy="static",
+        topology_manager_policy="single-numa-node",
+        cpu_manager_options={"full-pcpus-only": "true"},
+    )
+    return NumaProfile(1, int(now), tuple(range(NUMA_NODES)), infos, frozenset({0, threads}), None, policies)
+
+
+def _node(i: int, gpus: int, shrink: float = 1.0, profile: str = "") -> dict[str, Any]:
     devices = [
         DeviceInfo(
             id=f"GPU-{i:05d}-{g}",
@@ -71,14 +108,17 @@ def _node(i: int, gpus: int, shrink: float = 1.0) -> dict[str, Any]:
         "kind": "Node",
         "metadata": {
             "name": f"node-{i:05d}",
-            "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)},
+            "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)}
+            | ({NUMA_PROFILE: profile} if profile else {}),
         },
         "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10)}},
     }
 
 
-def _pod(name: str, uid: str, mem: int, cores: int) -> dict[str, Any]:
+def _pod(name: str, uid: str, mem: int, cores: int, cpus: int = 0) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": str(cores)}
+    if cpus:  # Guaranteed: exclusive CPUs
+        limits |= {"cpu": str(cpus), "memory": "8Gi"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -88,8 +128,13 @@ def _pod(name: str, uid: str, mem: int, cores: int) -> dict[str, Any]:
     }
 
 
-def _running(i: int, nodes: int, gpus: int, rng: random.Random, shrink: float = 1.0) -> dict[str, Any]:
-    """A running pod as the API server serves it (what a real cluster's pods carry)."""
+def _running(
+    i: int, nodes: int, gpus: int, rng: random.Random, shrink: float = 1.0, placement: bool = False
+) -> dict[str, Any]:
+    """A running pod as the API server serves it (what a real cluster's pods carry).
+
+    With ``placement`` it carries the node agent's observed placement (its GPU replica's NUMA node).
+    """
     n, g = rng.randrange(nodes), rng.randrange(gpus)
     mem = int(rng.choice((1000, 2000, 4000)) / shrink)
     cores = max(1, int(rng.choice((5, 10, 20)) / shrink))
@@ -155,6 +200,11 @@ def _running(i: int, nodes: int, gpus: int, rng: random.Random, shrink: float = 
         "kubectl.kubernetes.io/last-applied-configuration": json.dumps(p["spec"]),
         "prometheus.io/scrape": "true",
     }
+    if placement:
+        numa = g * NUMA_NODES // gpus
+        held = {"nvidia.com/gpu": {numa: (f"GPU-{n:05d}-{g}::{i}",)}}
+        record = PodPlacement(1, (ContainerPlacement("main", frozenset({numa}), frozenset(), held),))
+        meta["annotations"][NUMA_PLACEMENT] = encode_placement(record)
     p["spec"].update(
         nodeName=f"node-{n:05d}",
         schedulerName="hami-scheduler",
@@ -208,28 +258,33 @@ def _rss_now_mib() -> float:
 
 
 def bench_in_process(
-    nodes: int, gpus: int, pods: int, filters: int, *, pod_trim: str, gc_freeze: bool
+    nodes: int, gpus: int, pods: int, filters: int, *, pod_trim: str, gc_freeze: bool, prediction: bool
 ) -> dict[str, float]:
-    """Build the pod cache and state as the scheduler does; time fit + reserve + encode per pod."""
+    """Build the pod cache and state as the scheduler does; time fit + reserve + encode per pod.
+
+    With ``prediction`` each filter also predicts (on the nodes it tries), books the prediction in
+    the NUMA ledger and encodes its annotation, as ``/filter`` does.
+    """
     rng = random.Random(1)
     scheduler = Scheduler(None, settings=SchedulerSettings())  # type: ignore[arg-type]  # no API calls here
     state = scheduler.state
     trim = trim_scheduler_pod if pod_trim == "scheduler" else trim_pod
     shrink = _shrink(nodes, gpus, pods)
+    profile = encode_profile(numa_profile(time.time())) if prediction else ""
     names = []
     for i in range(nodes):
-        node = _node(i, gpus, shrink)
-        state.on_node(node)
+        node = _node(i, gpus, shrink, profile)
+        scheduler._node_seen(node)
         names.append(node["metadata"]["name"])
     cache: dict[str, dict[str, Any]] = {}  # what the scheduler's PodCache keeps
     rss_before = _rss_now_mib()
     for i in range(pods):
-        running = _running(i, nodes, gpus, rng, shrink)
+        running = _running(i, nodes, gpus, rng, shrink, placement=prediction)
         running["metadata"]["resourceVersion"] = str(1000 + i)  # as served (the API server sets it)
         wire = json.dumps(running).encode()
         pod = trim(json.loads(wire))
         cache[f"default/run-{i}"] = pod
-        state.on_pod(pod)
+        scheduler._pod_seen(pod)
     cache_mib = _rss_now_mib() - rss_before
     if gc_freeze:
         freeze_heap()
@@ -240,17 +295,29 @@ def bench_in_process(
     full_gc_s = time.perf_counter() - t0
     candidates = tuple(names)
     latencies = []
+    predicted = predictions = 0
     started = time.perf_counter()
     for i in range(filters):
-        pod = _pod(f"new-{i}", f"uid-new-{i}", 2000, 20)
+        uid = f"uid-new-{i}"
+        pod = _pod(f"new-{i}", uid, 2000, 20, cpus=4 if prediction else 0)
         t0 = time.perf_counter()
         spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
-        node, fitted, _failed = scheduler.plan(pod, spec, candidates)
+        numa = NumaFit.of(pod, uid) if prediction else None
+        node, fitted, _failed = scheduler.plan(pod, spec, candidates, numa)
         if node is not None and fitted is not None:
             state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            chosen = numa.predictions.get(node) if numa is not None else None
+            if numa is not None and chosen is not None and chosen.outcome is Outcome.PLACED:
+                encode_prediction(chosen.record(1))
+                scheduler.numa.book(uid, node, chosen, pod)
+                predicted += 1
         latencies.append(time.perf_counter() - t0)
+        predictions += len(numa.predictions) if numa is not None else 0
     elapsed = time.perf_counter() - started
     return {
+        "prediction": prediction,
+        "filters_predicted_placed": predicted,
+        "nodes_predicted_per_filter": predictions / max(filters, 1),
         "filter_p50_ms": percentile(latencies, 0.5) * 1000,
         "filter_p99_ms": percentile(latencies, 0.99) * 1000,
         "filter_max_ms": max(latencies) * 1000,
@@ -314,7 +381,15 @@ def main() -> None:
         "--pods", type=int, default=10_000, help="running pods already placed (default 10000)"
     )
     parser.add_argument("--filters", type=int, default=2000, help="in-process filter calls (default 2000)")
-    parser.add_argument("--http-filters", type=int, default=300, help="HTTP filter calls (default 300)")
+    parser.add_argument(
+        "--http-filters", type=int, default=300, help="HTTP filter calls (default 300; 0 skips the phase)"
+    )
+    parser.add_argument(
+        "--prediction",
+        choices=("on", "off"),
+        default="on",
+        help="NUMA profiles, placements and Guaranteed pods: the filter predicts (default on)",
+    )
     parser.add_argument(
         "--pod-trim",
         choices=("scheduler", "generic"),
@@ -337,6 +412,7 @@ def main() -> None:
             args.filters,
             pod_trim=args.pod_trim,
             gc_freeze=not args.no_gc_freeze,
+            prediction=args.prediction == "on",
         )
     )
     print(
@@ -346,18 +422,27 @@ def main() -> None:
         f"(pod cache + state {result['pod_cache_and_state_mib']:.0f} MiB, trim {args.pod_trim}); "
         f"a full GC takes {result['full_gc_ms']:.1f} ms (gc freeze {'off' if args.no_gc_freeze else 'on'})"
     )
-    result.update(
-        asyncio.run(
-            bench_http(
-                args.nodes, args.gpus_per_node, args.pods, args.http_filters, gc_freeze=not args.no_gc_freeze
+    print(
+        f"prediction {args.prediction}: {result['filters_predicted_placed']} filters booked a prediction, "
+        f"{result['nodes_predicted_per_filter']:.2f} nodes predicted per filter"
+    )
+    if args.http_filters > 0:
+        result.update(
+            asyncio.run(
+                bench_http(
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.pods,
+                    args.http_filters,
+                    gc_freeze=not args.no_gc_freeze,
+                )
             )
         )
-    )
+        print(
+            f"http: p50 {result['http_filter_p50_ms']:.2f} ms, p99 {result['http_filter_p99_ms']:.2f} ms, "
+            f"{result['pods_per_s']:.0f} pods/s (API server in the same process)"
+        )
     result["process_peak_rss_mib"] = peak_rss_mib()
-    print(
-        f"http: p50 {result['http_filter_p50_ms']:.2f} ms, p99 {result['http_filter_p99_ms']:.2f} ms, "
-        f"{result['pods_per_s']:.0f} pods/s (API server in the same process)"
-    )
     print_figures(result)
 
 

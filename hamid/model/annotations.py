@@ -35,7 +35,11 @@ from hamid.model.devices import (
     PodDevices,
 )
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import NUMA_PLACEMENT
+from hamid.model.numa import NUMA_PLACEMENT, NUMA_PREDICTED, NUMA_PROFILE
+
+#: hamid's NUMA prediction keys (defined with their codecs in :mod:`hamid.model.numa`), imported here
+#: so that this module names every annotation key hamid reads.
+NUMA_PREDICTION_KEYS = (NUMA_PROFILE, NUMA_PLACEMENT, NUMA_PREDICTED)
 
 # --- node annotations ---------------------------------------------------------------------
 NODE_REGISTER = "hami.io/node-nvidia-register"
@@ -66,6 +70,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     MIG_ALLOCATIONS,
     BIND_TIME,
     BIND_PHASE,
+    NUMA_PREDICTED,
     NUMA_PLACEMENT,  # the plugin's observation of kubelet's choice (a forged one misleads the ledger)
 )
 #: Pod labels only hamid's scheduler writes.

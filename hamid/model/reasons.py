@@ -19,6 +19,9 @@ RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
 MODE_NOT_FIT = "ModeNotFit"
 ALLOWED_DEVICE_SET_UNMATCHED = "AllowedDeviceSetUnmatched"
 NODE_UNREGISTERED = "node unregistered"
+#: hamid: the NUMA predictor says kubelet would reject the pod on the node, or (``strict`` pods) its
+#: GPUs cannot be on the NUMA node kubelet will choose.
+NUMA_PREDICTED_NOT_FIT = "NumaPredictedNotFit"
 
 # --- Event reasons --------------------------------------------------------------------------
 EVENT_FILTERING_SUCCEED = "FilteringSucceed"

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Hashable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
 from typing import Any
 
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
+from hamid.fit.numa_fit import fit_pod_within, numa_targets, pod_shape
+from hamid.fit.numa_predict import Outcome, Prediction
 from hamid.fit.policy import best_first
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
@@ -24,7 +27,9 @@ from hamid.kube.events import EventRecorder, EventType
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
+from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.model.resources import DeviceConfig, init_container_count
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
@@ -37,6 +42,7 @@ from hamid.scheduler.nodelock import (
     NodeLocker,
     holder_state,
 )
+from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import (
     JSON,
@@ -64,6 +70,9 @@ _BIND_UNDO_S = 3.0
 #: The shortest timeout a bind's API call gets when its budget is nearly spent.
 _MIN_CALL_S = 0.5
 _MAX_FAILED_EVENTS = 5
+#: After a best-effort fit off the predicted NUMA node, how many more nodes the filter tries for
+#: an aligned fit before taking it (a fallback scores below any aligned fit, within this window).
+_FALLBACK_LOOKAHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -115,15 +124,22 @@ class Scheduler:
         self.settings = settings or SchedulerSettings()
         self.state = SchedulerState(self.config, scheduler_name=self.settings.scheduler_name)
         self.metrics = SchedulerMetrics(self.state)
+        #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
+        self.numa = NumaLedgers(
+            self.settings.scheduler_name,
+            self.config.resource_count_name,
+            lambda: self.state.clock(),
+            self._numa_scored,
+        )
         self.events = events or EventRecorder(kube, "hami-scheduler")
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
         self.pods.add_handlers(on_add=self._pod_seen, on_update=self._pod_updated, on_delete=self._pod_gone)
         self.nodes.add_handlers(
-            on_add=self.state.on_node,
-            on_update=lambda _old, new: self.state.on_node(new),
-            on_delete=self.state.on_node_deleted,
+            on_add=self._node_seen,
+            on_update=lambda _old, new: self._node_seen(new),
+            on_delete=self._node_gone,
         )
         self.quotas.add_handlers(
             on_add=self.state.on_quota,
@@ -210,6 +226,7 @@ class Scheduler:
 
     def _pod_seen(self, pod: JSON) -> None:
         self.state.on_pod(pod)
+        self.numa.on_pod(pod)
         self.report_undecodable()
 
     def _pod_updated(self, _old: JSON, new: JSON) -> None:
@@ -217,6 +234,21 @@ class Scheduler:
 
     def _pod_gone(self, pod: JSON) -> None:
         self.state.on_pod_deleted(pod)
+        self.numa.on_pod_deleted(pod)
+
+    def _node_seen(self, node: JSON) -> None:
+        self.state.on_node(node)
+        entry = self.state.nodes.get(str((node.get("metadata") or {}).get("name") or ""))
+        self.numa.on_node(node, entry.infos if entry is not None else None)
+
+    def _node_gone(self, node: JSON) -> None:
+        self.state.on_node_deleted(node)
+        self.numa.on_node_deleted(str((node.get("metadata") or {}).get("name") or ""))
+
+    def _numa_scored(self, result: str, cause: str) -> None:
+        self.metrics.numa_predictions.labels(result).inc()
+        if cause:
+            self.metrics.numa_prediction_misses.labels(cause).inc()
 
     def report_undecodable(self) -> None:
         """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
@@ -274,7 +306,7 @@ class Scheduler:
         return result
 
     def plan(
-        self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...]
+        self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...], numa: NumaFit | None = None
     ) -> tuple[str | None, Fitted | None, dict[str, str]]:
         """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
 
@@ -285,7 +317,9 @@ class Scheduler:
         over without a fit, and the first node that fits wins. Failed-node reasons are HAMi's:
         when nothing fits every candidate gets its reason; when a node fits, the unregistered
         candidates and the nodes fitted before the winner get theirs (kube-scheduler reads
-        them only when no node passes). Returns (node, fit, failed-node reasons).
+        them only when no node passes). With ``numa`` every node fitted is first predicted
+        (:meth:`_fit`): a fit off the predicted NUMA node wins only if no aligned fit follows
+        within :data:`_FALLBACK_LOOKAHEAD` nodes. Returns (node, fit, failed-node reasons).
         """
         uid = pod_uid(pod)
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
@@ -304,6 +338,24 @@ class Scheduler:
         need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
         backing_off = self.bind_backoff.active(now, nodes)
+        fallback: tuple[str, Fitted] | None = None
+        after_fallback = 0
+
+        def attempt(entry: NodeEntry) -> tuple[str, Fitted] | None:
+            nonlocal fallback, after_fallback
+            result, aligned = self._fit(entry, spec, quota, previous, numa)
+            if not isinstance(result, Fitted):
+                failed[entry.name] = result.reason
+            elif aligned:
+                return entry.name, result
+            elif fallback is None:
+                fallback = (entry.name, result)
+            if fallback is not None:
+                after_fallback += 1
+                if after_fallback > _FALLBACK_LOOKAHEAD:
+                    return fallback
+            return None
+
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries: list[NodeEntry] = []
             for name in group:
@@ -320,16 +372,16 @@ class Scheduler:
                         continue
                 tries.append(entry)
             for entry in tries:
-                result = self._fit(entry, spec, quota, previous)
-                if isinstance(result, Fitted):
-                    return entry.name, result, failed
-                failed[entry.name] = result.reason
+                won = attempt(entry)
+                if won is not None:
+                    return won[0], won[1], failed
         last = [nodes[n] for n in sorted(backing_off, key=backing_off.__getitem__) if n not in failed]
         for entry in passed + [e for e in last if e.name in position]:
-            result = self._fit(entry, spec, quota, previous)
-            if isinstance(result, Fitted):
-                return entry.name, result, failed
-            failed[entry.name] = result.reason
+            won = attempt(entry)
+            if won is not None:
+                return won[0], won[1], failed
+        if fallback is not None:
+            return fallback[0], fallback[1], failed
         return None, None, failed
 
     def _positions(self, names: tuple[str, ...]) -> tuple[Mapping[str, int], tuple[str, ...]]:
@@ -351,12 +403,37 @@ class Scheduler:
         self._candidates = _Candidates(names, membership, position, unregistered)
         return position, unregistered
 
-    @staticmethod
     def _fit(
-        entry: NodeEntry, spec: PodFitSpec, quota: Quota | None, previous: Reservation | None
-    ) -> Fitted | Unfit:
+        self,
+        entry: NodeEntry,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        previous: Reservation | None,
+        numa: NumaFit | None = None,
+    ) -> tuple[Fitted | Unfit, bool]:
+        """Fit the pod on one node, within the NUMA node kubelet is predicted to choose.
+
+        Returns the fit and whether it is aligned with the prediction (True also when there is no
+        definite prediction). ``reject`` and a ``strict`` pod that cannot be aligned are
+        ``NumaPredictedNotFit``; a best-effort (or not opted-in) pod falls back to any GPU.
+        """
         release = previous.applied if previous is not None and previous.node == entry.name else None
-        return fit_pod(entry.usage, spec, quota, release)
+        if numa is None:
+            return fit_pod(entry.usage, spec, quota, release), True
+        prediction = numa.predict(self.numa, entry.name)
+        if prediction is None or prediction.outcome is Outcome.UNKNOWN:
+            return fit_pod(entry.usage, spec, quota, release), True
+        if prediction.outcome is Outcome.REJECT:
+            return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
+        targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
+        if all(t is None for t in targets):
+            return fit_pod(entry.usage, spec, quota, release), True
+        within = fit_pod_within(entry.usage, spec, targets, quota, release)
+        if isinstance(within, Fitted):
+            return within, True
+        if numa.mode is AlignmentMode.STRICT:
+            return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
+        return fit_pod(entry.usage, spec, quota, release), False
 
     async def _filter(self, args: FilterArgs) -> FilterResult:
         pod = args.pod
@@ -378,28 +455,39 @@ class Scheduler:
         if refusal:
             return FilterResult(error=refusal)
         name = pod_key(pod)
-        node, fitted, failed = self.plan(pod, spec, args.candidate_names)
+        numa = NumaFit.of(pod, uid)
+        node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa)
         if node is None or fitted is None:
             self._record_unfit(pod, failed)
             return FilterResult(failed_nodes=failed)
         raw = ann.encode_pod_devices(fitted.devices)
+        annotations: dict[str, str | None] = {
+            ann.VGPU_NODE: node,
+            ann.VGPU_TIME: str(int(time.time())),
+            ann.DEVICES_TO_ALLOCATE: raw,
+            ann.DEVICES_ALLOCATED: raw,
+        }
+        prediction = numa.predictions.get(node)
+        predicted = self._prediction_annotation(node, prediction)
+        if predicted is not None or NUMA_PREDICTED in (meta.get("annotations") or {}):
+            annotations[NUMA_PREDICTED] = predicted
         undo = self.state.reserve(pod, node, fitted.devices, raw)
+        undo_numa = None
+        if predicted is not None and prediction is not None:
+            undo_numa = self.numa.book(uid, node, prediction, pod)
         try:
             await self.kube.patch_pod_metadata(
                 meta["namespace"],
                 meta["name"],
-                annotations={
-                    ann.VGPU_NODE: node,
-                    ann.VGPU_TIME: str(int(time.time())),
-                    ann.DEVICES_TO_ALLOCATE: raw,
-                    ann.DEVICES_ALLOCATED: raw,
-                },
+                annotations=annotations,
                 labels={ann.VGPU_NODE: node},
                 uid=uid,
                 timeout=self.settings.api_timeout_s,
             )
         except Exception as exc:  # any failure (API or not) leaves no reservation behind
             undo()
+            if undo_numa is not None:
+                undo_numa()
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
             return FilterResult(error=f"patching pod {name} failed: {exc}")
         self.state.confirm(uid)
@@ -409,11 +497,20 @@ class Scheduler:
             R.EVENT_FILTERING_SUCCEED,
             f"find fit node({node}), {len(failed)} nodes not fit, 1 nodes fit({node}:{fitted.score:.2f})",
         )
-        log.info("filter_fit", pod=name, node=node, devices=raw)
+        if prediction is not None and prediction.outcome is Outcome.UNKNOWN:
+            self.metrics.numa_predictions.labels(UNKNOWN).inc()
+        log.info("filter_fit", pod=name, node=node, devices=raw, numa=_describe(prediction))
         if args.nodes is not None:
             chosen = [n for n in args.nodes if (n.get("metadata") or {}).get("name") == node]
             return FilterResult(nodes=chosen, failed_nodes=failed)
         return FilterResult(node_names=[node], failed_nodes=failed)
+
+    def _prediction_annotation(self, node: str, prediction: Prediction | None) -> str | None:
+        """The ``hamid.io/numa-predicted`` value of a placed prediction on ``node`` (None otherwise)."""
+        if prediction is None or prediction.outcome is not Outcome.PLACED:
+            return None
+        profile = self.numa.nodes[node].profile
+        return encode_prediction(prediction.record(profile.generation)) if profile is not None else None
 
     def _record_unfit(self, pod: JSON, failed: dict[str, str]) -> None:
         by_reason: dict[str, list[str]] = {}
@@ -600,6 +697,46 @@ class Scheduler:
         meta = pod.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
+
+@dataclass(slots=True)
+class NumaFit:
+    """One filter's NUMA context: the pod, its memo shape and mode, and each node's prediction."""
+
+    pod: JSON
+    uid: str
+    shape: Hashable
+    mode: AlignmentMode
+    predictions: dict[str, Prediction | None] = dataclass_field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pod: JSON, uid: str) -> NumaFit:
+        """The context of ``pod`` (its alignment mode was validated at admission; invalid: none)."""
+        try:
+            mode = parse_alignment((pod.get("metadata") or {}).get("annotations"))
+        except InvalidInput:
+            mode = AlignmentMode.NONE
+        return cls(pod, uid, pod_shape(pod), mode)
+
+    def predict(self, ledgers: NumaLedgers, node: str) -> Prediction | None:
+        """The prediction on ``node`` (None: no ledger), kept for the patch and the log."""
+        try:
+            prediction = ledgers.predict(node, self.pod, self.shape, self.uid)
+        except InvalidInput as exc:  # a pod the predictor cannot read keeps today's behaviour
+            log.info("numa_predict_refused", node=node, error=str(exc))
+            prediction = None
+        self.predictions[node] = prediction
+        return prediction
+
+
+def _describe(prediction: Prediction | None) -> str:
+    """The prediction for the filter's log line: ``placed numa=0,1``, ``unknown: reason``, ``none``."""
+    if prediction is None:
+        return "none"
+    if prediction.outcome is Outcome.PLACED:
+        numas = sorted({n for c in prediction.containers for n in c.numa})
+        return f"placed numa={','.join(map(str, numas)) or '-'}"
+    return f"{prediction.outcome}: {prediction.reason}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
+from hamid.scheduler.numa_ledger import HIT, MISS, MISS_CAUSES, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
 
@@ -294,6 +295,25 @@ class SchedulerMetrics:
         )
         for where in ("webhook", "booking"):
             self.untrusted_annotations.labels(where)
+        self.numa_predictions = Counter(
+            "hamid_numa_prediction",
+            "NUMA predictions scored: hit or miss (kubelet's observed NUMA node, or a refit), unknown "
+            "(no definite prediction for the chosen node).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in (HIT, MISS, UNKNOWN):
+            self.numa_predictions.labels(result)
+        self.numa_prediction_misses = Counter(
+            "hamid_numa_prediction_misses",
+            "NUMA prediction misses by cause: order (pods admitted in another order than predicted), "
+            "foreign (a pod of another scheduler admitted in between), stale (profile changed), "
+            "unmodelled (nothing else explains it).",
+            ["cause"],
+            registry=self.registry,
+        )
+        for cause in MISS_CAUSES:
+            self.numa_prediction_misses.labels(cause)
         self.registry.register(_GpuCollector(state))
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()

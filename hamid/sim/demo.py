@@ -31,6 +31,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import NUMA_PREDICTED, decode_prediction
 from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.sim.cluster import (
@@ -71,8 +72,11 @@ SCENARIOS = (
     "numa-bind",
     "many-numa",
     "exact-fit",
+    "prediction",
+    "prediction-miss",
 )
-DEFAULT_SCENARIO = "refit"
+#: The seed's pod with the node agent publishing its NUMA profile: the scheduler predicts kubelet.
+DEFAULT_SCENARIO = "prediction"
 _SETTLE_S = 15.0
 
 
@@ -429,7 +433,7 @@ async def scenario_refit() -> ScenarioResult:
     result = ScenarioResult(
         "refit", "refit succeeds; runtime GPU == annotations == accounting on the CPUs' NUMA"
     )
-    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), seed_pod())
+    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),), numa_publish=False), seed_pod())
     return result
 
 
@@ -437,7 +441,7 @@ async def scenario_numa_bind() -> ScenarioResult:
     """numa-bind + best-effort: two GPUs refitted together onto the CPUs' NUMA node."""
     result = ScenarioResult("numa-bind", "2 GPUs with numa-bind refitted together onto the CPUs' NUMA node")
     pod = seed_pod(gpus=2, annotations={ann.NUMA_BIND: "true"})
-    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod)
+    await _aligned_run(result, ClusterOptions(nodes=(NodeSpec(NODE),), numa_publish=False), pod)
     return result
 
 
@@ -560,7 +564,7 @@ async def scenario_strict_failure() -> ScenarioResult:
     result = ScenarioResult("strict-failure", "refit refused; strict fails the allocation (pod Failed)")
     banned = ",".join(g.uuid for g in data_machine_gpus() if g.numa == 0)  # all GPUs kubelet may use
     pod = seed_pod(alignment="strict", annotations={ann.NOUSE_GPU_UUID: banned})
-    await _refused_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod, strict=True)
+    await _refused_run(result, ClusterOptions(nodes=(NodeSpec(NODE),), numa_publish=False), pod, strict=True)
     return result
 
 
@@ -570,7 +574,7 @@ async def scenario_refit_disabled() -> ScenarioResult:
         "refit-disabled",
         "no refit request; strict only logs at error; pod runs on the scheduler's GPU, NUMA not aligned",
     )
-    options = ClusterOptions(nodes=(NodeSpec(NODE),), refit=False)
+    options = ClusterOptions(nodes=(NodeSpec(NODE),), refit=False, numa_publish=False)
     await _refused_run(result, options, seed_pod(alignment="strict"), strict=False, refit_enabled=False)
     return result
 
@@ -583,7 +587,13 @@ async def scenario_pinned_uuid() -> ScenarioResult:
     )
     pinned = next(g.uuid for g in data_machine_gpus() if g.numa == 1)
     pod = seed_pod(annotations={ann.USE_GPU_UUID: pinned})
-    await _refused_run(result, ClusterOptions(nodes=(NodeSpec(NODE),)), pod, strict=False, reason_text="pin")
+    await _refused_run(
+        result,
+        ClusterOptions(nodes=(NodeSpec(NODE),), numa_publish=False),
+        pod,
+        strict=False,
+        reason_text="pin",
+    )
     return result
 
 
@@ -602,7 +612,9 @@ async def scenario_heterogeneous() -> ScenarioResult:
         "NUMA not aligned",
     )
     # numa-bind makes the scheduler take both GPUs of one NUMA node: one 48 GB and one 96 GB card.
-    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
+    options = ClusterOptions(
+        nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),), numa_publish=False
+    )
     pod = heterogeneous_pod("best-effort")
     await _refused_run(result, options, pod, strict=False, reason_text="heterogeneous")
     return result
@@ -613,7 +625,9 @@ async def scenario_heterogeneous_strict() -> ScenarioResult:
     result = ScenarioResult(
         "heterogeneous-strict", "refit refused (differing per-device amounts); strict fails the allocation"
     )
-    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),))
+    options = ClusterOptions(
+        nodes=(NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE)),), numa_publish=False
+    )
     await _refused_run(result, options, heterogeneous_pod("strict"), strict=True, reason_text="heterogeneous")
     return result
 
@@ -623,7 +637,9 @@ async def scenario_mig_node() -> ScenarioResult:
     result = ScenarioResult(
         "mig-node", "no refit on a MIG-mode node; the allocation is refused, never refitted"
     )
-    options = ClusterOptions(nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),))
+    options = ClusterOptions(
+        nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),), numa_publish=False
+    )
     async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result)
         probe = seed_pod(name="probe")
@@ -698,7 +714,7 @@ async def scenario_many_numa() -> ScenarioResult:
         refusal,
     )
     node = NodeSpec(NODE, machine_file=data_file(MANY_NUMA_MACHINE), kubelet_config=MANY_NUMA_CONFIG)
-    await _aligned_run(result, ClusterOptions(nodes=(node,)), seed_pod(), filler_cpus=16)
+    await _aligned_run(result, ClusterOptions(nodes=(node,), numa_publish=False), seed_pod(), filler_cpus=16)
     return result
 
 
@@ -731,7 +747,7 @@ def exact_fit_pod(alignment: str) -> dict[str, Any]:
 
 def exact_fit_options(*, refit: bool = True) -> ClusterOptions:
     """The demo node with :data:`EXACT_FIT_SPLIT` replicas per GPU."""
-    return ClusterOptions(nodes=(NodeSpec(NODE, split=EXACT_FIT_SPLIT),), refit=refit)
+    return ClusterOptions(nodes=(NodeSpec(NODE, split=EXACT_FIT_SPLIT),), refit=refit, numa_publish=False)
 
 
 async def stage_exact_fit(cluster: SimCluster, *, crowded: bool = False) -> str:
@@ -811,6 +827,152 @@ async def scenario_exact_fit() -> ScenarioResult:
     return result
 
 
+# -- predictive placement ------------------------------------------------------------------------
+
+#: The foreign pod of ``prediction-miss``: Guaranteed, 10 CPUs, bound by the default scheduler.
+FOREIGN_NAME = "foreign-batch"
+#: How long ``prediction-miss`` holds the seed pod's Binding (injected API latency).
+_BINDING_DELAY_S = 2.0
+
+
+def _predicted_numa(cluster: SimCluster, name: str = SEED_NAME) -> list[int]:
+    """The NUMA node(s) the scheduler recorded in ``hamid.io/numa-predicted`` for container 0."""
+    raw = cluster.annotations(name).get(NUMA_PREDICTED)
+    if raw is None:
+        return []
+    try:
+        containers = decode_prediction(raw).containers
+    except InvalidInput:
+        return []
+    return sorted(containers[0].numa) if containers else []
+
+
+async def _scored(cluster: SimCluster, result: str, cause: str = "") -> bool:
+    """Wait (bounded) until the scheduler scored a prediction ``result`` (a miss: of ``cause``)."""
+    registry = cluster.scheduler.metrics.registry
+
+    def counted() -> bool:
+        if cause:
+            value = registry.get_sample_value("hamid_numa_prediction_misses_total", {"cause": cause})
+        else:
+            value = registry.get_sample_value("hamid_numa_prediction_total", {"result": result})
+        return bool(value)
+
+    try:
+        await wait_until(counted, 5.0, f"prediction scored {result}")
+    except TimeoutError:
+        return False
+    return True
+
+
+async def scenario_prediction() -> ScenarioResult:
+    """The seed's pod with NUMA profiles published: the scheduler predicts kubelet, no refit."""
+    result = ScenarioResult(
+        "prediction",
+        "the scheduler predicts kubelet's NUMA node: GPU on the CPUs' NUMA, no refit",
+    )
+    async with _cluster(ClusterOptions(nodes=(NodeSpec(NODE),)), result) as cluster:
+        blocked = await _stage(cluster, result)
+        pod = seed_pod()
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        predicted = _predicted_numa(cluster)
+        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+        choice_numa = _numas(cluster, choice)
+        result.step(
+            "scheduler",
+            f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} ({NUMA_PREDICTED}); filter + bind: "
+            f"{NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+        )
+        _kubelet_step(result, cluster.assignment(SEED_NAME))
+        calls = _refit_step(cluster, result)
+        _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.step("allocate", "env " + json.dumps(state["env"], sort_keys=True))
+        hit = await _scored(cluster, "hit")
+        result.step(
+            "ledger", f"node agent published the placement; prediction scored: {'hit' if hit else '-'}"
+        )
+        cpu_numa = state["cpuNuma"]
+        result.check(
+            "scheduler predicted kubelet's NUMA node",
+            cpu_numa is not None and predicted == [cpu_numa] == choice_numa and cpu_numa != blocked,
+            f"predicted {predicted}, GPU NUMA {choice_numa}, CPUs NUMA {cpu_numa}, CPU-full NUMA {blocked}",
+        )
+        result.check("no refit needed", not calls, f"{len(calls)} refit call(s)")
+        result.check("hamid_numa_prediction_total{result=hit}", hit)
+        _agreement_checks(cluster, result, state, choice, cpu_numa)
+    return result
+
+
+async def scenario_prediction_miss() -> ScenarioResult:
+    """A foreign pod admitted between the filter and kubelet's admission: a miss, corrected by refit."""
+    result = ScenarioResult(
+        "prediction-miss",
+        "a foreign pod admitted in between makes the prediction miss; the refit corrects it",
+    )
+    async with _cluster(ClusterOptions(nodes=(NodeSpec(NODE),)), result) as cluster:
+        result.step("node", f"{NODE}: {_describe(cluster.machine(NODE))}")
+        delay = cluster.server.faults.add_latency(
+            _BINDING_DELAY_S, verb="create", path_pattern=rf"/pods/{SEED_NAME}/binding$"
+        )
+        pod = seed_pod()
+        await cluster.create_pod(pod)
+        result.step("pod", _pod_text(pod))
+        await wait_until(lambda: bool(_predicted_numa(cluster)), _SETTLE_S, "prediction recorded")
+        predicted = _predicted_numa(cluster)
+        choice = _uuids(ann.decode_pod_devices(cluster.annotations(SEED_NAME)[ann.DEVICES_ALLOCATED]))
+        result.step(
+            "scheduler",
+            f"predicted NUMA {_fmt_numa(list(predicted))}; GPU [{_fmt(choice)}] on NUMA "
+            f"{_fmt_numa(_numas(cluster, choice))}; its Binding takes {_BINDING_DELAY_S:g} s (injected)",
+        )
+        await cluster.create_pod(filler_pod(NODE, cpus=10, name=FOREIGN_NAME))
+        await cluster.wait_settled(FOREIGN_NAME)
+        foreign = cluster.assignment(FOREIGN_NAME)
+        taken = foreign.containers[0] if foreign and foreign.containers else None
+        result.step(
+            "foreign",
+            f"meanwhile a Guaranteed pod with 10 CPUs bound by the default scheduler: kubelet pins CPUs "
+            f"{_cpu_text(taken.cpus) if taken else '-'} on NUMA {taken.numa_node if taken else '-'}",
+        )
+        cluster.server.faults.remove(delay.id)
+        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        _kubelet_step(result, cluster.assignment(SEED_NAME))
+        calls = _refit_step(cluster, result)
+        events = _events_step(cluster, result)
+        state = _final_state(cluster, result)
+        result.step("allocate", "env " + json.dumps(state["env"], sort_keys=True))
+        missed = await _scored(cluster, "miss", "foreign")
+        result.step(
+            "ledger", f"prediction scored: miss, cause {'foreign' if missed else '-'}; refit fed the ledger"
+        )
+        cpu_numa = state["cpuNuma"]
+        result.check(
+            "the foreign pod moved kubelet off the predicted NUMA node",
+            cpu_numa is not None and bool(predicted) and predicted != [cpu_numa],
+            f"predicted {predicted}, CPUs NUMA {cpu_numa}",
+        )
+        refitted = [c for c in calls if c.outcome == "refitted"]
+        result.check(
+            "one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)"
+        )
+        new = list(refitted[0].devices) if refitted else []
+        message = refit_event_message(0, choice, new)
+        result.facts["event"] = message
+        result.check(
+            "NumaRefitSucceed event with the exact message",
+            any(
+                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
+            ),
+            message,
+        )
+        result.check("hamid_numa_prediction_misses_total{cause=foreign}", missed)
+        _agreement_checks(cluster, result, state, new, cpu_numa)
+    return result
+
+
 def data_machine_gpus() -> list[PhysicalGpu]:
     """The GPUs of the demo node's machine file."""
     return list(load_machine_file(data_file(DEMO_MACHINE)).gpus)
@@ -827,6 +989,8 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "numa-bind": scenario_numa_bind,
     "many-numa": scenario_many_numa,
     "exact-fit": scenario_exact_fit,
+    "prediction": scenario_prediction,
+    "prediction-miss": scenario_prediction_miss,
 }
 
 

@@ -59,7 +59,10 @@ def up_command(ctx: click.Context, listen: str, kubeconfig: Path, stage: bool) -
     quiet_logs(ctx.parent or ctx)
     host, port = parse_listen(listen)
     options = replace(
-        ClusterOptions(nodes=(NodeSpec(NODE),)), api_host=host, api_port=port, admission_webhook=True
+        ClusterOptions(nodes=(NodeSpec(NODE),), numa_publish=False),
+        api_host=host,
+        api_port=port,
+        admission_webhook=True,
     )
     try:
         asyncio.run(run_up(options, kubeconfig, stage))

@@ -120,7 +120,7 @@ def _assert_aligned(cluster: SimCluster, name: str = SEED_NAME, gpus: int = 1) -
 
 
 async def test_best_effort_refit_succeeds_mtls() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster)
         new = _assert_aligned(cluster)
         assert new[0] in NUMA0
@@ -128,19 +128,19 @@ async def test_best_effort_refit_succeeds_mtls() -> None:
 
 
 async def test_best_effort_refit_succeeds_with_service_account_token() -> None:
-    async with SimCluster(ClusterOptions(refit_auth="token")) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, refit_auth="token")) as cluster:
         await _run_seed(cluster)
         _assert_aligned(cluster)
 
 
 async def test_strict_refit_succeeds() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster, alignment="strict")
         _assert_aligned(cluster)
 
 
 async def test_best_effort_refused_runs_on_the_pinned_gpu_and_logs(logs: list[dict[str, Any]]) -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         pinned = NUMA1[0]
         await _run_seed(cluster, annotations={ann.USE_GPU_UUID: pinned})
         failed = _events(cluster, R.EVENT_NUMA_REFIT_FAILED)
@@ -169,13 +169,13 @@ async def _assert_allocation_failed(cluster: SimCluster, reason_text: str) -> No
 
 
 async def test_strict_refused_fails_the_allocation() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster, alignment="strict", annotations={ann.NOUSE_GPU_UUID: ",".join(NUMA0)})
         await _assert_allocation_failed(cluster, "CardUuidMismatch")
 
 
 async def test_strict_pinned_outside_allowed_set_is_refused() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster, alignment="strict", annotations={ann.USE_GPU_UUID: NUMA1[1]})
         await _assert_allocation_failed(cluster, "use-gpuuuid")
 
@@ -183,7 +183,7 @@ async def test_strict_pinned_outside_allowed_set_is_refused() -> None:
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
 async def test_heterogeneous_amounts_are_refused(alignment: str, logs: list[dict[str, Any]]) -> None:
     node = NodeSpec(NODE, machine_file=data_file(HETERO_MACHINE))
-    async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, nodes=(node,))) as cluster:
         await stage(cluster)
         await cluster.create_pod(heterogeneous_pod(alignment))
         await cluster.wait_settled(SEED_NAME, timeout=15)
@@ -206,7 +206,7 @@ async def test_heterogeneous_amounts_are_refused(alignment: str, logs: list[dict
 
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
 async def test_refit_disabled_runs_on_the_scheduler_gpu(alignment: str, logs: list[dict[str, Any]]) -> None:
-    async with SimCluster(ClusterOptions(refit=False)) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, refit=False)) as cluster:
         await _run_seed(cluster, alignment=alignment)
         choice = _assert_unaligned(cluster, logs)
         assert choice[0] in NUMA1
@@ -224,7 +224,7 @@ async def test_refit_disabled_runs_on_the_scheduler_gpu(alignment: str, logs: li
 async def test_preferred_allocation_off_runs_on_the_scheduler_gpu(logs: list[dict[str, Any]]) -> None:
     """No GetPreferredAllocation and no opt-in: kubelet picks replicas on the CPUs' NUMA node by itself;
     the Allocate door sees the mismatch, the policy does nothing, the runtime gets the scheduler's GPU."""
-    async with SimCluster(ClusterOptions(preferred_allocation=False)) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, preferred_allocation=False)) as cluster:
         await _run_seed(cluster, alignment="")
         admission = cluster.assignment(SEED_NAME)
         assert admission is not None and admission.containers[0].preferred_calls == []
@@ -235,7 +235,7 @@ async def test_preferred_allocation_off_runs_on_the_scheduler_gpu(logs: list[dic
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
 async def test_preferred_allocation_off_refits_at_the_allocate_door(alignment: str) -> None:
     """No GetPreferredAllocation: an opted-in pod is refitted at Allocate onto kubelet's GPU (issue 18)."""
-    async with SimCluster(ClusterOptions(preferred_allocation=False)) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, preferred_allocation=False)) as cluster:
         await _run_seed(cluster, alignment=alignment)
         admission = cluster.assignment(SEED_NAME)
         assert admission is not None and admission.containers[0].preferred_calls == []
@@ -245,7 +245,7 @@ async def test_preferred_allocation_off_refits_at_the_allocate_door(alignment: s
 
 async def test_mig_node_never_refits() -> None:
     node = NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True)
-    async with SimCluster(ClusterOptions(nodes=(node,))) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, nodes=(node,))) as cluster:
         await stage(cluster)
         gpu = next(g for g in cluster.machine(NODE).gpus if g.numa == 1)
         encoded = f"{gpu.uuid},NVIDIA,20000,0:;"
@@ -272,7 +272,7 @@ async def test_mig_node_never_refits() -> None:
 
 
 async def test_numa_bind_and_alignment_combined() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster, gpus=2, annotations={ann.NUMA_BIND: "true"})
         choice = uuids(cluster.scheduler_choice(SEED_NAME))
         assert len(choice) == 2 and set(choice) <= set(NUMA1)
@@ -282,7 +282,7 @@ async def test_numa_bind_and_alignment_combined() -> None:
 
 @pytest.mark.parametrize("alignment", ["best-effort", "strict"])
 async def test_scheduler_unreachable(alignment: str, logs: list[dict[str, Any]]) -> None:
-    async with SimCluster(ClusterOptions(scheduler_unreachable=True)) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, scheduler_unreachable=True)) as cluster:
         await _run_seed(cluster, alignment=alignment)
         timeouts = [e for e in logs if "did not answer within 2s" in str(e.get("error", ""))]
         assert len(timeouts) == 1
@@ -305,7 +305,7 @@ def _small_pod(name: str) -> dict[str, Any]:
 
 
 async def test_kubelet_restart_plugin_reregisters_and_pods_still_align() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster)
         _assert_aligned(cluster)
         kubelet = cluster.nodes[NODE].kubelet
@@ -320,7 +320,7 @@ async def test_kubelet_restart_plugin_reregisters_and_pods_still_align() -> None
 
 
 async def test_scheduler_restart_mid_stream_rebuilds_accounting() -> None:
-    async with SimCluster() as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await _run_seed(cluster)
         await cluster.create_pod(_small_pod("second"))
         await cluster.wait_settled("second", timeout=15)

@@ -28,8 +28,25 @@ async def _hamid(*args: str, limit: float = 120.0) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_demo_default_scenario_prints_the_timeline() -> None:
+async def test_demo_default_scenario_predicts_kubelet_without_a_refit() -> None:
     code, out, err = await _hamid("demo")
+    assert code == 0, out + err
+    assert "predicted kubelet's NUMA 0 (hamid.io/numa-predicted)" in out
+    assert "plugin sent no refit request" in out and "prediction scored: hit" in out
+    assert "== prediction: PASS" in out and "FAIL" not in out
+    assert err == ""
+
+
+async def test_demo_prediction_miss_is_corrected_by_the_refit() -> None:
+    code, out, err = await _hamid("demo", "--scenario", "prediction-miss")
+    assert code == 0, out + err
+    assert "Normal  NumaRefitSucceed  NUMA refit moved container 0 from [GPU-f4c61521" in out
+    assert "prediction scored: miss, cause foreign" in out
+    assert "== prediction-miss: PASS" in out and "FAIL" not in out
+
+
+async def test_demo_refit_scenario_prints_the_timeline() -> None:
+    code, out, err = await _hamid("demo", "--scenario", "refit")
     assert code == 0, out + err
     for step in ("scheduler", "kubelet", "refit", "event", "allocate", "check"):
         assert f" {step} " in out
@@ -50,8 +67,9 @@ async def test_demo_all_scenarios_json() -> None:
     refit = result["scenarios"][0]
     assert refit["event"].startswith("NUMA refit moved container 0 from [")
     running = [s["final"] for s in result["scenarios"] if s.get("final", {}).get("phase") == "Running"]
-    # refit, numa-bind, exact-fit, many-numa and the three best-effort/disabled fallbacks
-    assert len(running) == 7
+    # refit, numa-bind, exact-fit, many-numa, the three best-effort/disabled fallbacks, prediction
+    # and prediction-miss
+    assert len(running) == 9
     for final in running:  # every running container is on its accounted GPUs, fallback or not
         assert (
             sorted(final["runtimeGpus"])

@@ -24,7 +24,7 @@ NUMA1 = [g.uuid for g in data_machine_gpus() if g.numa == 1]
 
 @pytest.mark.parametrize("mode", ["best-effort", "strict"])
 async def test_written_objects_validate(mode: str) -> None:
-    async with SimCluster(ClusterOptions()) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False)) as cluster:
         await stage(cluster)
         # strict: pinned to a GPU on the NUMA node kubelet cannot use, so the refit is refused
         pin = {} if mode == "best-effort" else {ann.USE_GPU_UUID: NUMA1[0]}

@@ -91,7 +91,9 @@ async def test_sim_up_mutates_schedules_binds_admits_and_refits(tmp_path: Path) 
 
 async def test_demo_keep_prints_the_scenario_then_serves(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "demo.kubeconfig"
-    proc, lines = await _start(tmp_path, "demo", "--keep", "--kubeconfig", str(kubeconfig))
+    proc, lines = await _start(
+        tmp_path, "demo", "--keep", "--scenario", "refit", "--kubeconfig", str(kubeconfig)
+    )
     try:
         assert "== refit: PASS" in lines
         kubectl = Kubectl.for_kubeconfig(kubeconfig, tmp_path)

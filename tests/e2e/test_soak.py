@@ -43,7 +43,21 @@ async def _soak(*args: str, limit: float = 240.0) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.slow
 async def test_small_soak_keeps_every_invariant_and_its_seed_reproduces_the_workload() -> None:
-    args = ("--pods", "40", "--nodes", "2", "--seed", "7", "--live", "16")
+    # the refit path under churn: prediction off, batches of 8 (the soak's defaults before prediction)
+    args = (
+        "--pods",
+        "40",
+        "--nodes",
+        "2",
+        "--seed",
+        "7",
+        "--live",
+        "16",
+        "--prediction",
+        "off",
+        "--concurrency",
+        "8",
+    )
     code, result = await _soak(*args)
     assert result["violations"] == 0 and result["violation_kinds"] == {}, result
     assert code == 0
@@ -53,3 +67,13 @@ async def test_small_soak_keeps_every_invariant_and_its_seed_reproduces_the_work
     assert again["workload_sha256"] == result["workload_sha256"]
     _code, other = await _soak("--pods", "40", "--nodes", "2", "--seed", "8", "--draw-only")
     assert other["workload_sha256"] != result["workload_sha256"]
+
+
+@pytest.mark.slow
+async def test_small_soak_with_prediction_scores_every_prediction() -> None:
+    args = ("--pods", "40", "--nodes", "2", "--seed", "7", "--live", "16", "--concurrency", "20")
+    code, result = await _soak(*args)
+    assert result["violations"] == 0 and code == 0, result
+    assert result["prediction"] == "on" and result["prediction_hits"] > 0, result
+    assert result["prediction_misses"] == sum(result["miss_causes"].values()), result
+    assert result["opted_in_refitted"] <= result["opted_in"] and 0 <= result["refit_rate"] <= 1

@@ -17,7 +17,7 @@ from tests.unit.deploy.helm_render import KUBE_VERSION
 
 
 async def test_api_server_calls_the_registered_webhook() -> None:
-    async with SimCluster(ClusterOptions(admission_webhook=True)) as cluster:
+    async with SimCluster(ClusterOptions(numa_publish=False, admission_webhook=True)) as cluster:
         await stage(cluster)
         await cluster.create_pod(seed_pod())
         pod = await cluster.wait_settled(SEED_NAME, timeout=15)

@@ -98,7 +98,18 @@ class RefitCommitter:
             state.release_hold(hold)
             raise
         state.release_hold(hold)
+        self._feed_ledger(uid, res.node, plan)
         return patched
+
+    def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
+        """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""
+        entry = self.scheduler.state.nodes.get(node)
+        if entry is None or not plan.devices:
+            return
+        numa_of = {d.id: d.numa for d in entry.infos}
+        numas = {numa_of.get(d.uuid) for d in plan.devices}
+        if len(numas) == 1 and None not in numas:
+            self.scheduler.numa.on_refit(uid, node, plan.index, numas.pop())  # type: ignore[arg-type]
 
     async def decide(
         self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str

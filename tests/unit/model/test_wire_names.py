@@ -25,7 +25,6 @@ ANNOTATIONS = {
     "BIND_PHASE_ALLOCATING": "allocating",
     "BIND_PHASE_SUCCESS": "success",
     "BIND_PHASE_FAILED": "failed",
-    "NUMA_PLACEMENT": "hamid.io/numa-placement",
     "USE_GPU_UUID": "nvidia.com/use-gpuuuid",
     "NOUSE_GPU_UUID": "nvidia.com/nouse-gpuuuid",
     "USE_GPU_TYPE": "nvidia.com/use-gputype",
@@ -45,6 +44,10 @@ ANNOTATIONS = {
     "HANDSHAKE_REPORTED": "Reported",
     "HANDSHAKE_DELETED": "Deleted",
     "MODE_HAMI_CORE": "hami-core",  # the register's operating mode (imported from model.devices)
+    # hamid's own NUMA prediction keys (imported from model.numa; no HAMi equivalent)
+    "NUMA_PROFILE": "hamid.io/numa-profile",
+    "NUMA_PLACEMENT": "hamid.io/numa-placement",
+    "NUMA_PREDICTED": "hamid.io/numa-predicted",
 }
 HAMI_CORE_ENV = {
     "ENV_VISIBLE_DEVICES": "NVIDIA_VISIBLE_DEVICES",
@@ -97,6 +100,7 @@ def test_scheduler_owned_keys_are_the_literal_ones() -> None:
         "hami.io/vgpu-mig-allocations",
         "hami.io/bind-time",
         "hami.io/bind-phase",
+        "hamid.io/numa-predicted",
         "hamid.io/numa-placement",
     }
     assert ann.SCHEDULER_OWNED_LABELS == ("hami.io/vgpu-node",)

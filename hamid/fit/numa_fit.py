@@ -1,0 +1,103 @@
+"""Fitting a pod's GPUs within the NUMA node(s) the predictor says kubelet will choose.
+
+The predictor (:mod:`hamid.fit.numa_predict`) answers where kubelet's Topology Manager puts each
+container; this module turns that into the GPU candidates each container may use and fits the
+pod with the normal fit (every policy of :func:`hamid.fit.fit.fit_pod` applies inside the
+restriction: binpack/spread, topology-aware, numa-bind, use/nouse lists). It also gives the
+predictor's memo key for a pod (its shape), so equal pods share one prediction per ledger state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, _fit_container
+from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
+from hamid.fit.usage import NodeUsage, PodUsage, own_usage_for
+from hamid.model.devices import ContainerDevices
+
+#: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
+NumaTargets = tuple[frozenset[int] | None, ...]
+
+_SHAPE_RESOURCE_KEYS = ("requests", "limits")
+
+
+def _resources_key(resources: object) -> Hashable:
+    if not isinstance(resources, Mapping):
+        return None
+    out = []
+    for kind in _SHAPE_RESOURCE_KEYS:
+        values = resources.get(kind)
+        if isinstance(values, Mapping):
+            out.append((kind, tuple(sorted((str(k), str(v)) for k, v in values.items()))))
+    return tuple(out)
+
+
+def pod_shape(pod: Mapping[str, Any]) -> Hashable:
+    """What the predictor reads of a pod: each (init) container's resources and restart policy.
+
+    Two pods with the same shape get the same prediction on the same ledger state, up to the
+    container names (see :func:`renamed`). Pod-level ``spec.resources`` is part of it (the
+    predictor answers ``unknown`` for it).
+    """
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return None
+    parts: list[Hashable] = [repr(spec.get("resources")) if spec.get("resources") else None]
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key) or []
+        if not isinstance(containers, list):
+            return (key, repr(containers))
+        for c in containers:
+            if not isinstance(c, Mapping):
+                return (key, repr(c))
+            parts.append((key, str(c.get("restartPolicy") or ""), _resources_key(c.get("resources"))))
+    return tuple(parts)
+
+
+def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTargets:
+    """Per container the NUMA node(s) its ``resource`` replicas are predicted on (None: anywhere).
+
+    A container with no replicas predicted on a NUMA node (no request, or devices without
+    topology) is not restricted.
+    """
+    targets: list[frozenset[int] | None] = []
+    for i in range(count):
+        c = prediction.containers[i] if i < len(prediction.containers) else None
+        per_numa = c.devices.get(resource, {}) if c is not None else {}
+        nodes = frozenset(n for n, k in per_numa.items() if k > 0 and n != NO_TOPOLOGY)
+        targets.append(nodes or None)
+    return tuple(targets)
+
+
+def fit_pod_within(
+    node: NodeUsage,
+    spec: PodFitSpec,
+    targets: NumaTargets,
+    quota: Quota | None = None,
+    release: PodUsage | None = None,
+) -> Fitted | Unfit:
+    """:func:`~hamid.fit.fit.fit_pod` with each container's GPUs taken from its target NUMA nodes.
+
+    The same container loop as ``fit_pod`` (phase-aware own usage, quota, release), with the
+    candidates of container ``t`` restricted to devices whose NUMA node is in ``targets[t]``.
+    """
+    score = node.score(release)
+    n = len(spec.requests)
+    layout: list[ContainerDevices] = [()] * n
+    any_placed = False
+    for t, request in enumerate(spec.requests):
+        if request is None or request.nums <= 0:
+            continue
+        allowed = targets[t] if t < len(targets) else None
+        cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
+        own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
+        result = _fit_container(
+            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota
+        )
+        if isinstance(result, str):
+            return Unfit(result)
+        layout[t] = result
+        any_placed = True
+    return Fitted(tuple(layout), score)

@@ -1,0 +1,537 @@
+"""The scheduler's per-node, per-NUMA ledger: free exclusive CPUs and free replicas, kept from events.
+
+Each node that publishes ``hamid.io/numa-profile`` gets a :class:`~hamid.fit.numa_predict.NumaLedger`
+fed incrementally by watch events, one record per pod on the node, best source first:
+
+- ``placement``: the pod's observed ``hamid.io/numa-placement`` (written by the node agent from
+  kubelet's PodResources API) — the truth;
+- ``predicted``: the scheduler's own prediction for a pod filtered or bound but not yet observed,
+  booked by the filter at once (so a burst to one node sees its predecessors) and recorded in the
+  filter's patch as ``hamid.io/numa-predicted`` (so a restarted scheduler rebuilds it exactly);
+- ``replay``: for a pod bound by another scheduler (or without a prediction) and not yet observed,
+  the predictor's replay of its admission on the ledger as it stands.
+
+Nothing here runs inside a filter but :meth:`NumaLedgers.predict`, which reads the ledger and a
+memo keyed by the node's ledger version and the pod's shape. When an observed placement arrives
+for a predicted pod, the prediction is scored (hit, or miss by cause); a refit scores it at once
+and moves the pod's booking to the NUMA node kubelet chose.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hamid.fit.numa_predict import (
+    DEFAULT_PROFILE_MAX_AGE_S,
+    NO_TOPOLOGY,
+    UNKNOWN_PROFILE_STALE,
+    NumaLedger,
+    NumaUsage,
+    Outcome,
+    Prediction,
+    predict,
+    take_by_topology_packed,
+    topology_of,
+    usage_of_placement,
+    usage_of_prediction,
+)
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model.devices import DeviceInfo
+from hamid.model.errors import InvalidInput
+from hamid.model.numa import (
+    NUMA_PLACEMENT,
+    NUMA_PREDICTED,
+    NUMA_PROFILE,
+    ContainerPrediction,
+    NumaProfile,
+    PodPlacement,
+    PodPrediction,
+    decode_placement,
+    decode_prediction,
+    decode_profile,
+    encode_profile,
+)
+
+log = get_logger("scheduler.numa")
+
+JSON = dict[str, Any]
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
+_MEMO_SIZE = 50_000
+HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
+#: Why a prediction missed (hamid_numa_prediction_misses_total's ``cause``).
+MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
+
+
+class Source(enum.StrEnum):
+    """Where a pod's ledger usage comes from (best first)."""
+
+    PLACEMENT = "placement"
+    PREDICTED = "predicted"
+    REPLAY = "replay"
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """One pod's booking in its node's ledger."""
+
+    uid: str
+    node: str
+    source: Source
+    usage: NumaUsage
+    own: bool
+    seq: int
+    pod: JSON | None = None
+    #: The scheduler's prediction (kept after the placement arrives, to score it once).
+    predicted: PodPrediction | None = None
+    #: Other own pods predicted on the node and not yet observed when this one was booked.
+    inflight_before: int = 0
+    scored: bool = False
+    booked: bool = False
+
+
+@dataclass(slots=True)
+class NodeNuma:
+    """One node's profile, ledger and pod records."""
+
+    name: str
+    profile: NumaProfile | None = None
+    profile_raw: str = ""
+    totals: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    ledger: NumaLedger | None = None
+    records: dict[str, PodRecord] = field(default_factory=dict)
+    #: Grows on every change of the ledger: the memo key of predictions.
+    version: int = 0
+    #: Records that could not be booked (the ledger disagrees with them): predictions are unknown.
+    unbooked: int = 0
+    #: Sequence number of the last foreign pod booked (a miss after it is caused by it).
+    foreign_seq: int = -1
+    #: The profile without its confirmation time (equal on nodes of one kind): part of the memo key.
+    profile_key: str = ""
+    state_key: Hashable = None
+    state_version: int = -1
+
+    def memo_key(self) -> Hashable:
+        """What a prediction depends on besides the pod: profile and ledger content (cached per version)."""
+        if self.state_version != self.version:
+            ledger = self.ledger
+            devices = (
+                tuple((r, tuple(sorted(ledger.device_counts(r).items()))) for r in sorted(ledger.resources))
+                if ledger is not None
+                else ()
+            )
+            self.state_key = (self.profile_key, ledger.free_cpus if ledger is not None else None, devices)
+            self.state_version = self.version
+        return self.state_key
+
+
+def device_totals(infos: Iterable[DeviceInfo]) -> dict[int, tuple[int, int]]:
+    """``{numa: (total, healthy)}`` replicas of the registered GPUs (``count`` replicas each)."""
+    out: dict[int, list[int]] = {}
+    for d in infos:
+        per = out.setdefault(d.numa if d.numa >= 0 else NO_TOPOLOGY, [0, 0])
+        per[0] += d.count
+        if d.health:
+            per[1] += d.count
+    return {n: (t, h) for n, (t, h) in out.items()}
+
+
+def _bound_node(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES
+
+
+def _may_hold(pod: Mapping[str, Any], resources: frozenset[str]) -> bool:
+    """Whether a pod can hold exclusive CPUs or device replicas (only those are replayed)."""
+    spec = pod.get("spec") or {}
+    guaranteed = True
+    for c in itertools.chain(spec.get("initContainers") or (), spec.get("containers") or ()):
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        limits = (res or {}).get("limits") or {} if isinstance(res, Mapping) else {}
+        if any(r in limits for r in resources):
+            return True
+        if "cpu" not in limits or "memory" not in limits:
+            guaranteed = False
+    return guaranteed
+
+
+class NumaLedgers:
+    """Every profiled node's ledger, kept from node and pod events (event-loop owned)."""
+
+    def __init__(
+        self,
+        scheduler_name: str,
+        resource: str,
+        clock: Callable[[], float],
+        report: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.resource = resource
+        self.clock = clock
+        #: ``report(result, cause)`` for every scored prediction (cause "" unless a miss).
+        self.report = report or (lambda _result, _cause: None)
+        self.nodes: dict[str, NodeNuma] = {}
+        self._where: dict[str, str] = {}
+        self._seq = itertools.count()
+        #: (node state key, pod shape) -> prediction: nodes in the same state share it.
+        self._memo: dict[Hashable, Prediction] = {}
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def on_node(self, node: Mapping[str, Any], infos: Iterable[DeviceInfo] | None) -> None:
+        """A node add/update: (re)build its ledger when its profile or GPU inventory changed."""
+        name = str((node.get("metadata") or {}).get("name") or "")
+        raw = str(((node.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE) or "")
+        entry = self.nodes.setdefault(name, NodeNuma(name))
+        totals = {self.resource: device_totals(infos)} if infos is not None else {}
+        if raw == entry.profile_raw and totals == entry.totals:
+            return
+        if raw != entry.profile_raw:
+            entry.profile_raw = raw
+            try:
+                entry.profile = decode_profile(raw) if raw else None
+            except InvalidInput as exc:
+                log.warning("numa_profile_invalid", node=name, error=str(exc))
+                entry.profile = None
+            profile = entry.profile
+            entry.profile_key = encode_profile(replace(profile, observed_at=0)) if profile is not None else ""
+        entry.totals = totals
+        self._rebuild(entry)
+
+    def on_node_deleted(self, name: str) -> None:
+        """Forget a node's profile (its pods' records stay until they go)."""
+        entry = self.nodes.get(name)
+        if entry is not None:
+            entry.profile, entry.profile_raw, entry.totals = None, "", {}
+            self._rebuild(entry)
+
+    def _rebuild(self, entry: NodeNuma) -> None:
+        """The node's ledger from its profile and records: placements, then predictions, then replays."""
+        entry.version += 1
+        entry.unbooked = 0
+        profile = entry.profile
+        for rec in entry.records.values():
+            rec.booked = False
+        if profile is None:
+            entry.ledger = None
+            return
+        try:
+            ledger = NumaLedger(
+                profile.generation,
+                profile.all_cpus - profile.reserved_cpus,
+                {r: dict(per) for r, per in entry.totals.items()},
+            )
+        except InvalidInput as exc:
+            log.warning("numa_ledger_invalid", node=entry.name, error=str(exc))
+            entry.ledger = None
+            return
+        entry.ledger = ledger
+        order = {Source.PLACEMENT: 0, Source.PREDICTED: 1, Source.REPLAY: 2}
+        for rec in sorted(entry.records.values(), key=lambda r: (order[r.source], r.seq)):
+            if rec.source is Source.REPLAY and rec.pod is not None:
+                rec.usage = self._replay_usage(entry, rec.pod)
+            self._book(entry, rec, rebuild=False)
+
+    def _book(self, entry: NodeNuma, rec: PodRecord, rebuild: bool = True) -> None:
+        """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked."""
+        ledger = entry.ledger
+        entry.version += 1
+        if ledger is None:
+            return
+        try:
+            ledger.apply(rec.usage)
+            rec.booked = True
+            return
+        except InvalidInput:
+            pass
+        if rec.source is not Source.PLACEMENT and rec.pod is not None:
+            replayed = self._replay_usage(entry, rec.pod)
+            try:
+                ledger.apply(replayed)
+                rec.usage, rec.booked = replayed, True
+                return
+            except InvalidInput:
+                pass
+        if rebuild and rec.source is Source.PLACEMENT:  # the truth displaces stale predictions
+            self._rebuild(entry)
+            if rec.booked:
+                return
+        if not rec.booked:
+            entry.unbooked += 1
+            log.info("numa_record_unbooked", node=entry.name, pod=rec.uid, source=str(rec.source))
+
+    def _unbook(self, entry: NodeNuma, rec: PodRecord) -> None:
+        entry.version += 1
+        if rec.booked and entry.ledger is not None:
+            try:
+                entry.ledger.release(rec.usage)
+            except InvalidInput:  # cannot happen for a booked record; rebuild to be exact
+                self._rebuild(entry)
+            rec.booked = False
+        elif not rec.booked and entry.unbooked > 0:
+            entry.unbooked -= 1
+
+    def _replay_usage(self, entry: NodeNuma, pod: JSON) -> NumaUsage:
+        try:
+            p = predict(entry.profile, entry.ledger, pod, now=self.clock())
+        except InvalidInput:
+            return NumaUsage()
+        return p.usage if p.outcome is Outcome.PLACED else NumaUsage()
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def on_pod(self, pod: JSON) -> None:
+        """A pod add/update: book its placement, prediction or replay on its node (or drop it)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return
+        if _finished(pod):
+            self.on_pod_deleted(pod)
+            return
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        own = (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name
+        bound = _bound_node(pod)
+        current = self._record(uid)
+        placement = _decoded(annotations.get(NUMA_PLACEMENT), decode_placement) if bound else None
+        if placement is not None:
+            self._observe(uid, bound, own, placement, current)
+            return
+        predicted = _decoded(annotations.get(NUMA_PREDICTED), decode_prediction) if own else None
+        node = bound or (str(annotations.get(ann.VGPU_NODE) or "") if predicted is not None else "")
+        if predicted is not None and node:
+            if current is not None and current.source is Source.PREDICTED and current.predicted == predicted:
+                return
+            usage = usage_of_prediction(predicted.containers)
+            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, pod, predicted))
+            return
+        if current is not None and current.source is Source.PREDICTED and not bound:
+            return  # the filter's own booking, its patch not seen yet
+        if bound and bound in self.nodes and _may_hold(pod, frozenset(self.nodes[bound].totals)):
+            if current is not None and current.source is Source.REPLAY and current.node == bound:
+                return
+            entry = self.nodes[bound]
+            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, pod), own, 0, pod)
+            self._put(rec)
+            if not own:
+                entry.foreign_seq = rec.seq
+            return
+        self._drop(uid)
+
+    def on_pod_deleted(self, pod: Mapping[str, Any]) -> None:
+        """A pod went: its usage returns to its node's ledger."""
+        self._drop(str((pod.get("metadata") or {}).get("uid") or ""))
+
+    def _record(self, uid: str) -> PodRecord | None:
+        node = self._where.get(uid)
+        return self.nodes[node].records.get(uid) if node is not None and node in self.nodes else None
+
+    def _drop(self, uid: str) -> PodRecord | None:
+        node = self._where.pop(uid, None)
+        if node is None or node not in self.nodes:
+            return None
+        entry = self.nodes[node]
+        rec = entry.records.pop(uid, None)
+        if rec is not None:
+            self._unbook(entry, rec)
+        return rec
+
+    def _put(self, rec: PodRecord) -> None:
+        self._drop(rec.uid)
+        entry = self.nodes.setdefault(rec.node, NodeNuma(rec.node))
+        rec.seq = next(self._seq)
+        entry.records[rec.uid] = rec
+        self._where[rec.uid] = rec.node
+        self._book(entry, rec)
+
+    def _observe(
+        self, uid: str, node: str, own: bool, placement: PodPlacement, current: PodRecord | None
+    ) -> None:
+        """An observed placement replaces whatever the pod had booked; a pending prediction is scored."""
+        if (
+            current is not None
+            and current.source is Source.PLACEMENT
+            and current.node == node
+            and usage_of_placement(placement.containers) == current.usage
+        ):
+            return
+        predicted = current.predicted if current is not None and current.node == node else None
+        rec = PodRecord(uid, node, Source.PLACEMENT, usage_of_placement(placement.containers), own, 0, None)
+        rec.predicted = predicted
+        rec.scored = current.scored if current is not None else False
+        rec.inflight_before = current.inflight_before if current is not None else 0
+        before = current.seq if current is not None else -1
+        if predicted is not None and not rec.scored:
+            self._score(node, predicted, placement, before, rec.inflight_before)
+            rec.scored = True
+        self._put(rec)
+        if not own and (current is None or current.source is not Source.PLACEMENT):
+            self.nodes[node].foreign_seq = rec.seq
+
+    def _score(
+        self, node: str, predicted: PodPrediction, placement: PodPlacement, seq: int, inflight: int
+    ) -> None:
+        placed = {c.name: c.numa for c in placement.containers}
+        if all(placed.get(c.name, c.numa) == c.numa for c in predicted.containers):
+            self.report(HIT, "")
+            return
+        self.report(MISS, self._cause(node, predicted.generation, placement.generation, seq, inflight))
+
+    def _cause(self, node: str, predicted_gen: int, observed_gen: int, seq: int, inflight: int) -> str:
+        entry = self.nodes.get(node)
+        if entry is None or entry.profile is None or predicted_gen != observed_gen:
+            return "stale"
+        if predicted_gen != entry.profile.generation:
+            return "stale"
+        if entry.foreign_seq > seq:
+            return "foreign"
+        later_own = any(
+            r.own and r.seq > seq and r.source is not Source.REPLAY for r in entry.records.values()
+        )
+        if inflight > 0 or later_own:
+            return "order"
+        return "unmodelled"
+
+    # -- the filter's side ---------------------------------------------------------------------
+
+    def predict(self, node: str, pod: JSON, shape: Hashable, uid: str) -> Prediction | None:
+        """The prediction for ``pod`` on ``node`` (None: the node has no NUMA ledger at all).
+
+        Memoized per (profile and ledger content, pod shape), so nodes in the same state and
+        filters of equal pods share one computation; a node's key is recomputed only when its
+        ledger version changed. A pod with its own booking on the node is predicted on a copy
+        without it. A node with records the ledger could not book answers ``unknown``.
+        """
+        entry = self.nodes.get(node)
+        if entry is None or entry.profile is None:
+            return None
+        if entry.unbooked:
+            return Prediction(Outcome.UNKNOWN, UNKNOWN_PROFILE_STALE, "the NUMA ledger disagrees with a pod")
+        now = self.clock()
+        own = entry.records.get(uid)
+        if own is not None and own.booked and entry.ledger is not None:
+            ledger = entry.ledger.copy()
+            ledger.release(own.usage)
+            return _named(predict(entry.profile, ledger, pod, now=now), pod)
+        key = (entry.memo_key(), shape)
+        cached = self._memo.get(key)
+        if cached is None or _aged(entry.profile, now):
+            cached = predict(entry.profile, entry.ledger, pod, now=now)
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = cached
+        return _named(cached, pod)
+
+    def book(self, uid: str, node: str, prediction: Prediction, pod: JSON) -> Callable[[], None]:
+        """Book a placed prediction for a pod the filter just placed; returns its undo."""
+        entry = self.nodes.get(node)
+        if entry is None or entry.profile is None or prediction.outcome is not Outcome.PLACED:
+            return lambda: None
+        previous = self._record(uid)
+        inflight = sum(1 for r in entry.records.values() if r.source is Source.PREDICTED and r.uid != uid)
+        record = prediction.record(entry.profile.generation)
+        rec = PodRecord(uid, node, Source.PREDICTED, prediction.usage, True, 0, pod, record, inflight)
+        self._put(rec)
+
+        def undo() -> None:
+            if self._record(uid) is rec:
+                self._drop(uid)
+                if previous is not None:
+                    self._put(previous)
+
+        return undo
+
+    def on_refit(self, uid: str, node: str, container: int, numa: int) -> None:
+        """A refit moved container ``container`` to GPUs of NUMA node ``numa``: kubelet chose it.
+
+        The pending prediction is scored (a miss) and the pod's booking follows kubelet's choice:
+        its replicas counted on ``numa``, its exclusive CPUs retaken there if they were elsewhere.
+        """
+        rec = self._record(uid)
+        entry = self.nodes.get(node)
+        if rec is None or entry is None or rec.node != node or rec.source is Source.PLACEMENT:
+            return
+        if rec.predicted is not None and not rec.scored:
+            gen = entry.profile.generation if entry.profile is not None else -1
+            self.report(MISS, self._cause(node, rec.predicted.generation, gen, rec.seq, rec.inflight_before))
+            rec.scored = True
+        if rec.predicted is None or entry.profile is None or container >= len(rec.predicted.containers):
+            return
+        moved = _moved(entry, rec, container, numa, self.resource)
+        self._drop(uid)
+        # the recorded prediction stays (the annotation still holds it); only the booking follows
+        rec.usage, rec.pod = usage_of_prediction(moved.containers), None
+        self._put(rec)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def free_cpus(self, node: str) -> frozenset[int] | None:
+        """A node's free exclusive CPUs in the ledger (None without a ledger)."""
+        entry = self.nodes.get(node)
+        return entry.ledger.free_cpus if entry is not None and entry.ledger is not None else None
+
+    def source_of(self, uid: str) -> str:
+        """Where a pod's booking comes from ("" when it has none)."""
+        rec = self._record(uid)
+        return str(rec.source) if rec is not None else ""
+
+
+def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource: str) -> PodPrediction:
+    """The pod's prediction with one container's replicas (and CPUs) on NUMA node ``numa``."""
+    assert rec.predicted is not None and entry.profile is not None
+    c = rec.predicted.containers[container]
+    count = sum(c.devices.get(resource, {}).values())
+    devices = {r: dict(per) for r, per in c.devices.items()}
+    if count:
+        devices[resource] = {numa: count}
+    cpus = c.cpus
+    numa_cpus = entry.profile.cpus_of_numa(numa)
+    if cpus and not cpus <= numa_cpus and entry.ledger is not None:
+        free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
+        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus))
+        cpus = taken if taken is not None else cpus
+    changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
+    containers = list(rec.predicted.containers)
+    containers[container] = changed
+    return PodPrediction(rec.predicted.generation, tuple(containers))
+
+
+def _decoded(raw: object, decode: Callable[[object], Any]) -> Any:
+    if raw is None:
+        return None
+    try:
+        return decode(raw)
+    except InvalidInput as exc:
+        log.info("numa_record_invalid", error=str(exc))
+        return None
+
+
+def _aged(profile: NumaProfile, now: float) -> bool:
+    """Whether the memo must not be trusted: the profile's age decides the answer again."""
+    return now - profile.observed_at > DEFAULT_PROFILE_MAX_AGE_S
+
+
+def _named(prediction: Prediction, pod: Mapping[str, Any]) -> Prediction:
+    """A (memoized) prediction with the pod's own container names."""
+    if prediction.outcome is not Outcome.PLACED:
+        return prediction
+    spec = pod.get("spec") or {}
+    containers = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    names = [str(c.get("name") or "") for c in containers]
+    if len(names) != len(prediction.containers) or all(
+        n == c.name for n, c in zip(names, prediction.containers, strict=True)
+    ):
+        return prediction
+    renamed = tuple(
+        ContainerPrediction(n, c.numa, c.cpus, c.devices)
+        for n, c in zip(names, prediction.containers, strict=True)
+    )
+    return Prediction(prediction.outcome, prediction.reason, prediction.message, renamed, prediction.usage)

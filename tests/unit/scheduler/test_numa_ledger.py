@@ -1,0 +1,279 @@
+"""The scheduler's NUMA ledger (fed by events, rebuilt exactly) and the filter's use of the predictor."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
+from hamid.fit.numa_fit import pod_shape
+from hamid.fit.numa_predict import Outcome
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
+from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.model.numa import (
+    NUMA_PLACEMENT,
+    NUMA_PREDICTED,
+    NUMA_PROFILE,
+    ContainerPlacement,
+    PodPlacement,
+    decode_prediction,
+    encode_placement,
+    encode_profile,
+)
+from hamid.scheduler.core import NumaFit, Scheduler
+from hamid.scheduler.numa_ledger import NumaLedgers, Source
+from tests.unit.fit.test_numa_predict import NOW, profile_of
+
+GPU = "nvidia.com/gpu"
+#: Two NUMA nodes of 4 CPUs each (no SMT), CPU 0 reserved: NUMA 0 has 3 assignable CPUs, NUMA 1 four.
+PROFILE = profile_of([(c, c, c // 4, c // 4) for c in range(8)], reserved=(0,))
+
+
+def _gpu(uuid: str, index: int, numa: int, mem: int = 8000) -> DeviceInfo:
+    return DeviceInfo(uuid, index, 10, mem, 100, "NVIDIA-A100", numa, MODE_HAMI_CORE, True)
+
+
+def _node(name: str = "n1", profile: bool = True, mems: tuple[int, int] = (8000, 8000)) -> dict[str, Any]:
+    gpus = [_gpu(f"{name}-g0", 0, 0, mems[0]), _gpu(f"{name}-g1", 1, 1, mems[1])]
+    annotations = {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}
+    if profile:
+        annotations[NUMA_PROFILE] = encode_profile(PROFILE)
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "status": {"allocatable": {GPU: "20"}},
+    }
+
+
+def _pod(
+    name: str,
+    cpus: int = 2,
+    gpus: int = 1,
+    mem: int = 1000,
+    annotations: dict[str, str] | None = None,
+    scheduler: str = "hami-scheduler",
+    node: str = "",
+) -> dict[str, Any]:
+    limits = {"cpu": str(cpus), "memory": "1Gi"}
+    if gpus:
+        limits |= {GPU: str(gpus), "nvidia.com/gpumem": str(mem)}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}],
+    }
+    if node:
+        spec["nodeName"] = node
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def _placement(cpus: frozenset[int], numa: int, devices: tuple[str, ...] = ()) -> str:
+    held = {GPU: {numa: devices}} if devices else {}
+    return encode_placement(PodPlacement(1, (ContainerPlacement("main", frozenset({numa}), cpus, held),)))
+
+
+def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]]:
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler.state.clock = lambda: float(NOW)
+    scored: list[tuple[str, str]] = []
+    scheduler.numa.report = lambda result, cause: scored.append((result, cause))
+    for n in nodes:
+        scheduler._node_seen(n)
+    return scheduler, scored
+
+
+def _plan(scheduler: Scheduler, p: dict[str, Any], names: tuple[str, ...] = ("n1",)) -> tuple[Any, ...]:
+    spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
+    numa = NumaFit.of(p, p["metadata"]["uid"])
+    node, fitted, failed = scheduler.plan(p, spec, names, numa)
+    return node, fitted, failed, numa
+
+
+def _gpus_of(fitted: Fitted) -> list[str]:
+    return [d.uuid for entry in fitted.devices for d in entry]
+
+
+def test_gpu_is_fitted_on_the_numa_node_kubelet_will_choose() -> None:
+    scheduler, _ = _scheduler(_node())
+    # kubelet would pick NUMA 0 (lowest id) for 2 CPUs: the GPU is NUMA 0's
+    node, fitted, _, numa = _plan(scheduler, _pod("a"))
+    assert node == "n1" and _gpus_of(fitted) == ["n1-g0"]
+    # a foreign Guaranteed pod holding NUMA 0's CPUs (observed) moves kubelet's choice to NUMA 1
+    foreign = _pod("f", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    scheduler._pod_seen(foreign)
+    assert scheduler.numa.free_cpus("n1") == frozenset({4, 5, 6, 7})
+    node, fitted, _, numa = _plan(scheduler, _pod("b"))
+    assert node == "n1" and _gpus_of(fitted) == ["n1-g1"]
+    prediction = numa.predictions["n1"]
+    assert prediction is not None and prediction.containers[0].numa == frozenset({1})
+
+
+def test_a_node_kubelet_would_reject_is_not_offered() -> None:
+    scheduler, _ = _scheduler(_node("n1"), _node("n2", profile=False))
+    # 5 exclusive CPUs fit no single NUMA node: single-numa-node rejects it on n1
+    node, _, failed, numa = _plan(scheduler, _pod("big", cpus=5), ("n1",))
+    assert node is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
+    assert numa.predictions["n1"] is not None and numa.predictions["n1"].outcome is Outcome.REJECT
+    # a node without a profile keeps today's behaviour (no prediction)
+    node, _, _, numa = _plan(scheduler, _pod("big2", cpus=5), ("n1", "n2"))
+    assert node == "n2" and numa.predictions.get("n2") is None
+
+
+@pytest.mark.parametrize("mode", ["strict", "best-effort", ""])
+def test_strict_is_not_placed_off_the_predicted_numa_node_best_effort_falls_back(mode: str) -> None:
+    scheduler, _ = _scheduler(_node(mems=(1000, 8000)))  # NUMA 0's GPU is too small
+    annotations = {ann.NUMA_ALIGNMENT: mode} if mode else {}
+    node, fitted, failed, _ = _plan(scheduler, _pod("p", mem=4000, annotations=annotations))
+    if mode == "strict":
+        assert node is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
+    else:
+        assert node == "n1" and _gpus_of(fitted) == ["n1-g1"]
+
+
+def test_an_aligned_fit_on_a_later_node_beats_a_fallback() -> None:
+    scheduler, _ = _scheduler(_node("n1", mems=(1000, 8000)), _node("n2"))
+    node, fitted, _, _ = _plan(scheduler, _pod("p", mem=4000), ("n1", "n2"))
+    assert node == "n2" and _gpus_of(fitted) == ["n2-g0"]
+
+
+def test_without_profiles_the_plan_is_todays() -> None:
+    rng = random.Random(3)
+    scheduler, _ = _scheduler(*(_node(f"n{i}", profile=False) for i in range(4)))
+    for i in range(20):
+        p = _pod(f"p{i}", mem=rng.choice((500, 3000, 7000)))
+        spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
+        with_numa = scheduler.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
+        assert with_numa == scheduler.plan(p, spec, ("n0", "n1", "n2", "n3"))
+        node, fitted, _ = with_numa
+        if node is not None and fitted is not None:
+            scheduler.state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+        assert fit_pod(scheduler.state.nodes["n0"].usage, spec) is not None
+
+
+def test_a_burst_sees_the_predictions_of_its_predecessors() -> None:
+    scheduler, _ = _scheduler(_node())
+    chosen = []
+    for i in range(3):
+        p = _pod(f"b{i}", cpus=2)
+        node, fitted, _, numa = _plan(scheduler, p)
+        assert node == "n1"
+        prediction = numa.predictions[node]
+        assert prediction is not None
+        scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
+        chosen.append((_gpus_of(fitted), sorted(prediction.containers[0].numa)))
+    # NUMA 0 has 3 free CPUs: the first pod takes 2 there, the next two go to NUMA 1 (4 CPUs)
+    assert chosen == [(["n1-g0"], [0]), (["n1-g1"], [1]), (["n1-g1"], [1])]
+    assert scheduler.numa.free_cpus("n1") == frozenset({3})
+
+
+def _filtered(scheduler: Scheduler, name: str, cpus: int = 2) -> dict[str, Any]:
+    """A pod planned and booked as the filter does, with the annotations its patch writes."""
+    p = _pod(name, cpus=cpus)
+    node, fitted, _, numa = _plan(scheduler, p)
+    prediction = numa.predictions[node]
+    raw = ann.encode_pod_devices(fitted.devices)
+    scheduler.state.reserve(p, node, fitted.devices, raw)
+    scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
+    predicted = scheduler._prediction_annotation(node, prediction)
+    assert predicted is not None
+    p["metadata"]["annotations"] |= {
+        ann.VGPU_NODE: node,
+        ann.DEVICES_ALLOCATED: raw,
+        NUMA_PREDICTED: predicted,
+    }
+    return p
+
+
+def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
+    scheduler, _ = _scheduler(_node())
+    pods = [_filtered(scheduler, f"p{i}") for i in range(3)]
+    foreign = _pod("f", cpus=1, gpus=0, scheduler="default-scheduler", node="n1")
+    scheduler._pod_seen(foreign)  # replayed: kubelet would give it one CPU
+    for p in pods:
+        scheduler._pod_seen(p)
+    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)  # type: ignore[union-attr]
+    assert want[0] == frozenset()  # 3 x 2 CPUs + 1 of the 7 assignable
+    for order in (pods, list(reversed(pods))):
+        restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW))
+        for p in order:
+            restarted.on_pod(p)  # pods before their node (a restart's list order)
+        restarted.on_node(_node(), scheduler.state.nodes["n1"].infos)
+        restarted.on_pod(foreign)
+        assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want  # type: ignore[union-attr]
+        assert restarted.source_of("uid-p0") == Source.PREDICTED
+
+
+def test_observed_placement_scores_the_prediction() -> None:
+    scheduler, scored = _scheduler(_node())
+    p = _filtered(scheduler, "hit")
+    predicted = decode_prediction(p["metadata"]["annotations"][NUMA_PREDICTED]).containers[0]
+    p["spec"]["nodeName"] = "n1"
+    p["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(predicted.cpus, 0, ("n1-g0::0",))
+    scheduler._pod_seen(p)
+    assert scored == [("hit", "")] and scheduler.numa.source_of("uid-hit") == Source.PLACEMENT
+    # a foreign pod admitted after the prediction makes the next one miss, classified "foreign"
+    q = _filtered(scheduler, "miss", cpus=1)
+    foreign = _pod("f", cpus=1, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({3}), 0)
+    scheduler._pod_seen(foreign)
+    q["spec"]["nodeName"] = "n1"
+    q["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({4}), 1, ("n1-g1::0",))
+    scheduler._pod_seen(q)
+    assert scored[-1] == ("miss", "foreign")
+    metrics = scheduler.metrics
+    scheduler._numa_scored("miss", "order")
+    assert metrics.numa_predictions.labels("miss")._value.get() == 1
+    assert metrics.numa_prediction_misses.labels("order")._value.get() == 1
+
+
+def test_refit_scores_a_miss_and_moves_the_booking_to_kubelets_numa_node() -> None:
+    scheduler, scored = _scheduler(_node())
+    p = _filtered(scheduler, "r")
+    assert scheduler.numa.free_cpus("n1") == frozenset({3, 4, 5, 6, 7})
+    scheduler.numa.on_refit("uid-r", "n1", 0, 1)
+    assert scored == [("miss", "unmodelled")]
+    assert scheduler.numa.free_cpus("n1") == frozenset({1, 2, 3, 6, 7})
+    assert scheduler.numa.nodes["n1"].ledger.device_counts(GPU) == {0: (10, 10), 1: (10, 9)}  # type: ignore[union-attr]
+    scheduler._pod_gone(p)
+    assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+
+
+def test_memo_is_keyed_by_ledger_version_and_shape() -> None:
+    scheduler, _ = _scheduler(_node())
+    ledgers = scheduler.numa
+    a, b = _pod("a"), _pod("b")
+    first = ledgers.predict("n1", a, pod_shape(a), "uid-a")
+    assert ledgers.predict("n1", b, pod_shape(b), "uid-b") is first
+    assert pod_shape(a) != pod_shape(_pod("c", cpus=3))
+    ledgers.book("uid-a", "n1", first, a)  # type: ignore[arg-type]
+    again = ledgers.predict("n1", b, pod_shape(b), "uid-b")
+    assert again is not first and again is not None and again.outcome is Outcome.PLACED
+
+
+def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
+    class FailingKube:
+        async def patch_pod_metadata(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("injected")
+
+    scheduler, _ = _scheduler(_node())
+    scheduler.kube = FailingKube()  # type: ignore[assignment]
+    for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
+        cache._synced.set()
+    from hamid.scheduler.extender_json import FilterArgs
+
+    args = FilterArgs(pod=_pod("x"), node_names=("n1",), nodes=None)
+    result = asyncio.run(scheduler.filter(args))
+    assert result.error and "injected" in result.error
+    assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
