@@ -1,6 +1,6 @@
 """Fit a pod onto one node (HAMi's NVIDIA ``Fit`` and ``fitInDevices``) and the restricted refit.
 
-Per-device checks run in HAMi's order (hami-wire §3.5) with HAMi's reasons, aggregated as
+Per-device checks run in HAMi's order (docs/hami-wire.md §3.5) with HAMi's reasons, aggregated as
 ``"<n>/<m> Reason"`` sorted and ``", "``-joined. Capacity is checked phase-aware: a container
 is checked against the other pods' usage plus the pod's own usage in the phases it runs in, and
 the pod's usage in its other phases must still fit (see :mod:`hamid.fit.usage`). Nothing here
@@ -47,7 +47,7 @@ class Quota:
 
     ``mem_limit`` is ``limits.<gpumem>`` x memoryFactor, ``cores_limit`` ``limits.<gpucores>``
     (``None`` = no limit); ``used_*`` the namespace's tracked usage **excluding** the pod
-    being fitted (HAMi ``FitQuota``; hami-wire §3.10). An explicit limit of 0 blocks.
+    being fitted (HAMi ``FitQuota``; docs/hami-wire.md §3.10). An explicit limit of 0 blocks.
     """
 
     mem_limit: int | None = None
@@ -344,7 +344,7 @@ CORDON, TYPE_RULES, UUID_RULES, MUTEX, QUOTA = "cordon", "type-rules", "uuid-rul
 CheckRow = tuple[str, Check, str | None]
 """(HAMi reason, check, gate): the check runs only when its gate (None: always) is on."""
 
-#: HAMi's per-device checks before the NUMA group step (hami-wire §3.5 steps 1-3, and MIG mode).
+#: HAMi's per-device checks before the NUMA group step (docs/hami-wire.md §3.5 steps 1-3, and MIG mode).
 DEVICE_CHECKS: tuple[CheckRow, ...] = (
     (R.CARD_NOT_HEALTH, _unhealthy, None),
     (R.CARD_CORDONED, _cordoned, CORDON),
@@ -541,7 +541,7 @@ def fit_pod(
     within capacity. ``release`` is usage already booked on the node for this same pod (a
     re-filter), treated as free. ``quota`` is the namespace headroom without this pod.
     Returns one entry per container (GPU-less ones empty — the intended format of
-    hami-wire §8.1) and the node score, or the first failing container's reason.
+    docs/hami-wire.md §8.1) and the node score, or the first failing container's reason.
     """
     score = node.score(release)
     n = len(spec.requests)

@@ -94,7 +94,7 @@ def device_score(
     """HAMi's ``ComputeScore`` of one device for one container's request.
 
     ``10*(Ws*(r+Used)/Count + Wc*(c+Usedcores)/Totalcore + Wm*(m+Usedmem)/Totalmem)``; 0 when a
-    total is 0. Intended behaviour, unlike upstream (hami-wire §8.2): the container's NVIDIA
+    total is 0. Intended behaviour, unlike upstream (docs/hami-wire.md §8.2): the container's NVIDIA
     request always counts (``r=1``, ``c=Coresreq``, ``m`` from the percentage when set, else
     ``Memreq``) — upstream only counted requests whose type equals the device's model name
     exactly, i.e. never on real nodes.

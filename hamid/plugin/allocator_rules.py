@@ -93,7 +93,7 @@ def container_at(pod: Pod, index: int) -> Mapping[str, Any] | None:
 
 
 def is_allocation_candidate(pod: Pod, node_name: str) -> bool:
-    """HAMi's bind-phase rule (§4.7): Pending, bind-time set, phase allocating/success, on this node."""
+    """HAMi's candidate rule (docs/hami-wire.md §4.7): Pending, bind-time, allocating/success, here."""
     meta = pod.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return False
@@ -263,7 +263,7 @@ def select_preferred(
     size: int,
     uuid_of: UuidOf,
 ) -> tuple[list[str], list[str]]:
-    """Map annotated GPUs to kubelet's replica IDs (hami-wire §4.8).
+    """Map annotated GPUs to kubelet's replica IDs (docs/hami-wire.md §4.8).
 
     Must-include replicas come first and count for the annotated GPUs they are replicas of; each
     remaining annotated GPU takes its first available replica. Returns ``(chosen, missing)`` where
@@ -438,7 +438,7 @@ def hami_core_answer(
     *,
     licensed: bool = False,
 ) -> ContainerAnswer:
-    """The env vars and mounts HAMi-core needs for one container (hami-wire §4.9).
+    """The env vars and mounts HAMi-core needs for one container (docs/hami-wire.md §4.9).
 
     ``licensed``: ``<HOOK_PATH>/vgpu/license`` exists on the host (checked by the caller, in a
     thread); the license and ``vgpuvalidator`` are then mounted read-only as HAMi does.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Coroutine, Hashable, Mapping
+from collections.abc import Coroutine, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
@@ -335,7 +335,6 @@ class Scheduler:
         own: tuple[float, str] | None = None
         if previous is not None and previous.node in position and previous.node in nodes:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
-        need_gpus, need_mem, need_cores = room_needed(spec)
         passed: list[NodeEntry] = []  # best-first; fitted only when no other node fits
         backing_off = self.bind_backoff.active(now, nodes)
         fallback: tuple[str, Fitted] | None = None
@@ -356,21 +355,10 @@ class Scheduler:
                     return fallback
             return None
 
+        own_node = own[1] if own is not None else None
+        need = room_needed(spec)
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
-            tries: list[NodeEntry] = []
-            for name in group:
-                entry = nodes[name]
-                if not entry.healthy(now):
-                    failed[name] = R.NODE_UNREGISTERED
-                    continue
-                if name in backing_off:
-                    continue
-                if own is None or name != own[1]:
-                    gpus, mem, cores = entry.usage.room()
-                    if gpus < need_gpus or mem < need_mem or cores < need_cores:
-                        passed.append(entry)
-                        continue
-                tries.append(entry)
+            tries = _triage(group, nodes, now, backing_off, own_node, need, failed, passed)
             for entry in tries:
                 won = attempt(entry)
                 if won is not None:
@@ -774,3 +762,37 @@ def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
 
 def _chosen(result: FilterResult) -> bool:
     return bool(result.node_names) or bool(result.nodes)
+
+
+def _triage(
+    group: Iterable[str],
+    nodes: Mapping[str, NodeEntry],
+    now: float,
+    backing_off: Mapping[str, float],
+    own_node: str | None,
+    need: tuple[int, int, int],
+    failed: dict[str, str],
+    passed: list[NodeEntry],
+) -> list[NodeEntry]:
+    """The nodes of one score group worth a fit now, in order.
+
+    An unhealthy node gets its reason in ``failed``; a node backing off is left for last (by the
+    caller); a node whose room is below ``need`` (GPUs, MiB, cores) goes to ``passed``, fitted only
+    when no other node fits. The pod's own node is always tried: its booking is free to it.
+    """
+    need_gpus, need_mem, need_cores = need
+    tries: list[NodeEntry] = []
+    for name in group:
+        entry = nodes[name]
+        if not entry.healthy(now):
+            failed[name] = R.NODE_UNREGISTERED
+            continue
+        if name in backing_off:
+            continue
+        if name != own_node:
+            gpus, mem, cores = entry.usage.room()
+            if gpus < need_gpus or mem < need_mem or cores < need_cores:
+                passed.append(entry)
+                continue
+        tries.append(entry)
+    return tries

@@ -186,7 +186,7 @@ class NodeEntry:
     allocatable_gpu: int
 
     def healthy(self, now: float) -> bool:
-        """HAMi's handshake rule (§2.5) without its dead ends.
+        """HAMi's handshake rule (docs/hami-wire.md §2.5) without its dead ends.
 
         Healthy while ``Requesting_<t>`` is younger than 60 s (or absent / not yet written, or in
         the future: clock skew), afterwards iff the node advertises ``nvidia.com/gpu``. A plugin

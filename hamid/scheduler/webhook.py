@@ -1,4 +1,4 @@
-"""Mutating admission webhook (HAMi ``pkg/scheduler/webhook.go`` rules, hami-wire §1.3 and §3.9).
+"""Mutating admission webhook (HAMi ``pkg/scheduler/webhook.go`` rules, docs/hami-wire.md §1.3 and §3.9).
 
 AdmissionReview ``admission.k8s.io/v1`` and ``v1beta1``: the answer echoes the request's
 ``apiVersion``, ``kind`` and ``uid``; a mutation is a base64 JSONPatch. A pod of the wrong shape

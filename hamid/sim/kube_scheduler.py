@@ -3,7 +3,7 @@
 It watches Pending pods with ``spec.schedulerName`` equal to its name and no ``spec.nodeName``, and
 schedules them one at a time: ``POST <url>/filter`` with Go-cased ``ExtenderArgs`` in node-names
 mode (``{"Pod": ..., "NodeNames": [every node in the node cache]}``), then ``POST <url>/bind`` with
-``ExtenderBindingArgs`` for the first feasible node (``reference/kubelet-and-extender.md`` §5).
+``ExtenderBindingArgs`` for the first feasible node (docs/kubelet-and-extender.md §5).
 A failed attempt records a ``FailedScheduling`` Warning event with kube-scheduler's message, sets the
 ``PodScheduled=False`` condition and retries after kube-scheduler's per-pod backoff (1 s doubling
 up to 10 s by default; both configurable). A success records ``Scheduled``.

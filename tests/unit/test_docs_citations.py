@@ -6,9 +6,8 @@ invariant name ``I1``…``I7`` (defined in ``docs/reliability.md §0``). Inside 
 ``§N`` means the containing file. The docs' own references to tests (``tests/x.py::test_y``) and to
 modules (``plugin/allocator.py``, ``scheduler/refit/plan.py``) must exist too, so the docs move with the code.
 
-Until every citation in the code is rewritten to the ``docs/<file>.md`` form, :data:`STRICT` is
-False and the research notes' names the code was written from are mapped (:data:`LEGACY`); a bare
-``§`` in code then resolves to the nearest document named in the same file (else ``hami-wire``).
+A citation by one of the research notes' names the code was first written from (:data:`LEGACY`),
+or a bare ``§`` in code that names no document on its line or paragraph, is an error.
 """
 
 from __future__ import annotations
@@ -22,17 +21,13 @@ DOCS = ROOT / "docs"
 SCANNED = ("hamid", "tests", "bench")
 SELF = Path(__file__).resolve()
 
-#: True once the code cites only ``docs/<file>.md §N``: legacy names and bare ``§`` become errors.
-STRICT = False
-#: The research notes' names the code cites today, and the docs file that replaced each.
+#: The research notes' names the code once cited, and the docs file that replaced each.
 LEGACY = {
     "hami-wire": "hami-wire.md",
     "kubelet-and-extender": "kubelet-and-extender.md",
     "numa-refit-upstream": "refit.md",
     "upstream-pain": "reliability.md",
 }
-#: What a bare ``§`` in code meant when no document is named in its file (lenient mode only).
-LEGACY_DEFAULT = "hami-wire.md"
 INVARIANTS_DOC = "reliability.md"
 
 _LEGACY_NAMES = "|".join(sorted(map(re.escape, LEGACY), key=len, reverse=True))
@@ -98,12 +93,7 @@ def _resolve(
         return before[-1], ""
     if home is not None:
         return Mention(number, column, home, legacy=False), ""
-    if STRICT:
-        return None, "names no document on its line or in its paragraph"
-    earlier = [m for m in mentions if (m.line, m.column) < (number, column)]
-    later = [m for m in mentions if (m.line, m.column) > (number, column)]
-    nearest = earlier[-1] if earlier else later[0] if later else None
-    return nearest or Mention(number, column, LEGACY_DEFAULT, legacy=True), ""
+    return None, "names no document on its line or in its paragraph"
 
 
 def _shown(path: Path) -> str:
@@ -120,7 +110,7 @@ def citations(path: Path, home: str | None = None) -> list[Citation]:
             where = f"{_shown(path)}:{number + 1}: {line.strip()}"
             sections = tuple(s for s in (match["first"], match["last"]) if s)
             mention, problem = _resolve(lines, mentions, number, match.start(), home)
-            if mention is not None and mention.legacy and STRICT:
+            if mention is not None and mention.legacy:
                 problem = "uses a research note's name; cite docs/<file>.md"
             out.append(Citation(where, mention.doc if mention else None, sections, problem))
     return out

@@ -1,6 +1,6 @@
 """``POST /refit``: move one container's pending GPU reservation onto GPUs kubelet allows (NUMA refit).
 
-Wire-compatible with HAMi's ``RefitNumaAllocation`` (numa-refit-upstream §2-§4): refusals are
+Wire-compatible with HAMi's ``RefitNumaAllocation`` (docs/refit.md §2-§4): refusals are
 in-band (HTTP 200, ``succeeded: false``; malformed JSON too), a missing body answers 400. The
 decision (:mod:`.plan`, pure) re-runs the normal fit restricted to the allowed GPUs with the
 reservation's amounts (every policy kept, phase-aware capacity, quota on the positional layout);

@@ -1,6 +1,6 @@
 """The refit decision, pure: given what the scheduler knows, a plan, a no-op or a refusal.
 
-Rules run in upstream ``RefitNumaAllocation``'s order (numa-refit-upstream §3 steps 3-13), with
+Rules run in upstream ``RefitNumaAllocation``'s order (docs/refit.md §3 steps 3-13), with
 hamid's extra refusals where their facts are first known: pod identity, container, annotations,
 no-op, homogeneity, node snapshot and MIG, scheduling annotations, the restricted fit (pins
 included), quota, and the annotation splice. Nothing here does I/O or touches scheduler state;

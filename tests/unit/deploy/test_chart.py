@@ -614,7 +614,7 @@ def test_bad_values_fail_with_a_reason(values: dict[str, Any], message: str) -> 
 
 @pytest.mark.parametrize("kube_version", ["v1.31.2+k3s1", "v1.35.6-eks-8f3a2c1"])
 def test_renders_for_distribution_version_strings(kube_version: str) -> None:
-    """Vendor suffixes broke upstream's image tags and semver checks (upstream-pain §13)."""
+    """Vendor suffixes broke upstream's image tags and semver checks (docs/reliability.md §13)."""
     report = helm_python.lint(CHART_DIR, SEED, strict=True, namespace=NAMESPACE, kube_version=kube_version)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []

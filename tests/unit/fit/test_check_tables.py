@@ -1,4 +1,4 @@
-"""The per-device check tables hold HAMi's order (hami-wire §3.5), each gate leaves out only checks
+"""The per-device check tables hold HAMi's order (docs/hami-wire.md §3.5), each gate leaves out only checks
 that cannot fail without it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fit_container_restricted: the NUMA refit's fit (numa-refit-upstream §3 step 11, §4, §6)."""
+"""fit_container_restricted: the NUMA refit's fit (docs/refit.md §3 step 11, §4, §6)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def move(n: NodeUsage, layout, kinds, result: Refitted, init_released=False):
     n.add(effective_pod_usage(result.layout, kinds, init_released))
 
 
-# --- §4 TestRefitNumaAllocationUsesPhaseAwareCapacity ---------------------------------------
+# --- docs/refit.md §4 TestRefitNumaAllocationUsesPhaseAwareCapacity ---------------------------------------
 
 
 def test_regular_init_and_app_use_the_phase_peak():
@@ -105,7 +105,7 @@ def test_init_released_pod_refits_app_without_init_usage():
     assert isinstance(r, Refitted)  # 15 + 20 <= 40 once the init container's 30 is released
 
 
-# --- §6 #2729 restricted-fit tests ------------------------------------------------------------
+# --- docs/refit.md §6 #2729 restricted-fit tests ------------------------------------------------------------
 
 
 def four_gpus():

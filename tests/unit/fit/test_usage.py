@@ -17,7 +17,7 @@ from hamid.model.devices import DeviceInfo
 
 from .helpers import A, I, S, cd, dev, node
 
-# HAMi pkg/device/initContainer_test.go collapse vectors (hami-wire §3.3).
+# HAMi pkg/device/initContainer_test.go collapse vectors (docs/hami-wire.md §3.3).
 COLLAPSE = [
     ("apps share a GPU", [A, A], [(cd("g", 100, 10),), (cd("g", 200, 20),)], DeviceAmount(2, 300, 30)),
     ("inits take the peak", [I, I], [(cd("g", 100, 10),), (cd("g", 200, 30),)], DeviceAmount(1, 200, 30)),

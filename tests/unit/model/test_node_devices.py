@@ -1,4 +1,4 @@
-"""``hami.io/node-nvidia-register`` codec: hami-wire §2.2 vectors, both forms, round-trips."""
+"""``hami.io/node-nvidia-register`` codec: docs/hami-wire.md §2.2 vectors, both forms, round-trips."""
 
 from __future__ import annotations
 

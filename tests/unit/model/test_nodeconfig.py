@@ -1,4 +1,4 @@
-"""Per-node config JSON (hami-wire §4.1) merged over defaults."""
+"""Per-node config JSON (docs/hami-wire.md §4.1) merged over defaults."""
 
 from __future__ import annotations
 

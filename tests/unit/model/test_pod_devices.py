@@ -1,4 +1,4 @@
-"""Pod device annotation codec: hami-wire §2.3 vectors and round-trips."""
+"""Pod device annotation codec: docs/hami-wire.md §2.3 vectors and round-trips."""
 
 from __future__ import annotations
 

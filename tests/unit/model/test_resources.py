@@ -1,4 +1,4 @@
-"""Per-container requests (hami-wire §1.2 vectors), quantities, pods and the device-config YAML."""
+"""Per-container requests (docs/hami-wire.md §1.2 vectors), quantities, pods and the device-config YAML."""
 
 from __future__ import annotations
 

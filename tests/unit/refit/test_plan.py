@@ -2,7 +2,7 @@
 
 Each row names the fact it changes from one valid refit (pod ``default/p``, container ``main``
 holding GPU-a 1000 MiB on node n1, kubelet allowing GPU-b) and the outcome upstream's
-``RefitNumaAllocation`` gives for it (numa-refit-upstream §3), or hamid's own extra refusal.
+``RefitNumaAllocation`` gives for it (docs/refit.md §3), or hamid's own extra refusal.
 """
 
 from __future__ import annotations

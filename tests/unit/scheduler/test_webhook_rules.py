@@ -1,4 +1,4 @@
-"""Webhook rules (hami-wire §1.3, §3.9) and AdmissionReview v1/v1beta1 answers."""
+"""Webhook rules (docs/hami-wire.md §1.3, §3.9) and AdmissionReview v1/v1beta1 answers."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ N0 = frozenset({0})
 N1 = frozenset({1})
 BOTH = frozenset({0, 1})
 NUMA = [0, 1]
-# 2 NUMA nodes x 4 devices (§2.5 example).
+# 2 NUMA nodes x 4 devices (docs/kubelet-and-extender.md §2.5 example).
 DEVICES = {f"d{i}": (0,) if i < 4 else (1,) for i in range(8)}
 TOPO = CpuTopology.from_numa({0: frozenset(range(0, 8)), 1: frozenset(range(8, 16))})
 
