@@ -532,6 +532,7 @@ def fit_pod(
     spec: PodFitSpec,
     quota: Quota | None = None,
     release: PodUsage | None = None,
+    targets: Sequence[frozenset[int] | None] = (),
 ) -> Fitted | Unfit:
     """Fit every container of a pod onto one :class:`~hamid.fit.usage.NodeUsage`.
 
@@ -540,6 +541,8 @@ def fit_pod(
     sidecars, sidecars and app containers cumulatively) and must keep the pod's other phases
     within capacity. ``release`` is usage already booked on the node for this same pod (a
     re-filter), treated as free. ``quota`` is the namespace headroom without this pod.
+    ``targets[t]``, when given and not None, restricts container ``t`` to GPUs on those NUMA
+    nodes (the predicted placement, :mod:`hamid.fit.numa_fit`).
     Returns one entry per container (GPU-less ones empty — the intended format of
     docs/hami-wire.md §8.1) and the node score, or the first failing container's reason.
     """
@@ -550,9 +553,11 @@ def fit_pod(
     for t, request in enumerate(spec.requests):
         if request is None or request.nums <= 0:
             continue
+        allowed = targets[t] if t < len(targets) else None
+        cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
         own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
         result = _fit_container(
-            node.candidates, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota
+            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota
         )
         if isinstance(result, str):
             return Unfit(result)

@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, _fit_container
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
-from hamid.fit.usage import NodeUsage, PodUsage, own_usage_for
-from hamid.model.devices import ContainerDevices
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]
@@ -69,35 +66,3 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
         nodes = frozenset(n for n, k in per_numa.items() if k > 0 and n != NO_TOPOLOGY)
         targets.append(nodes or None)
     return tuple(targets)
-
-
-def fit_pod_within(
-    node: NodeUsage,
-    spec: PodFitSpec,
-    targets: NumaTargets,
-    quota: Quota | None = None,
-    release: PodUsage | None = None,
-) -> Fitted | Unfit:
-    """:func:`~hamid.fit.fit.fit_pod` with each container's GPUs taken from its target NUMA nodes.
-
-    The same container loop as ``fit_pod`` (phase-aware own usage, quota, release), with the
-    candidates of container ``t`` restricted to devices whose NUMA node is in ``targets[t]``.
-    """
-    score = node.score(release)
-    n = len(spec.requests)
-    layout: list[ContainerDevices] = [()] * n
-    any_placed = False
-    for t, request in enumerate(spec.requests):
-        if request is None or request.nums <= 0:
-            continue
-        allowed = targets[t] if t < len(targets) else None
-        cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
-        own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
-        result = _fit_container(
-            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota
-        )
-        if isinstance(result, str):
-            return Unfit(result)
-        layout[t] = result
-        any_placed = True
-    return Fitted(tuple(layout), score)

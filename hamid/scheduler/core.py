@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.numa_fit import fit_pod_within, numa_targets, pod_shape
+from hamid.fit.numa_fit import numa_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
 from hamid.fit.policy import best_first
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
@@ -416,7 +416,7 @@ class Scheduler:
         targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
         if all(t is None for t in targets):
             return fit_pod(entry.usage, spec, quota, release), True
-        within = fit_pod_within(entry.usage, spec, targets, quota, release)
+        within = fit_pod(entry.usage, spec, quota, release, targets)
         if isinstance(within, Fitted):
             return within, True
         if numa.mode is AlignmentMode.STRICT:
