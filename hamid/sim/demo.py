@@ -40,6 +40,7 @@ from hamid.sim.cluster import (
     RESOURCE_NAME,
     ClusterOptions,
     NodeSpec,
+    RefitCall,
     SimCluster,
     data_file,
     wait_until,
@@ -271,7 +272,7 @@ def _events_step(cluster: SimCluster, result: ScenarioResult, name: str = SEED_N
 
 def _refit_step(
     cluster: SimCluster, result: ScenarioResult, name: str = SEED_NAME, *, enabled: bool = True
-) -> list[Any]:
+) -> list[RefitCall]:
     calls = cluster.refit_calls(name)
     for call in calls:
         request = (
@@ -369,20 +370,7 @@ async def _aligned_run(
             and cpu_numa != blocked,
             f"scheduler NUMA {choice_numa}, CPUs NUMA {cpu_numa}, CPU-full NUMA {blocked}",
         )
-        refitted = [c for c in calls if c.outcome == "refitted"]
-        result.check(
-            "one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)"
-        )
-        new = list(refitted[0].devices) if refitted else []
-        message = refit_event_message(0, choice, new)
-        result.facts["event"] = message
-        result.check(
-            "NumaRefitSucceed event with the exact message",
-            any(
-                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
-            ),
-            message,
-        )
+        new = _one_refit_checks(result, calls, choice, events)
         _agreement_checks(cluster, result, state, new, cpu_numa)
 
 
@@ -426,6 +414,23 @@ def _pod_text(pod: dict[str, Any]) -> str:
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     notes = ", ".join(f"{k}: {v}" for k, v in meta.get("annotations", {}).items())
     return f"created {meta['name']} ({notes}; limits {json.dumps(limits, sort_keys=True)})"
+
+
+def _one_refit_checks(
+    result: ScenarioResult, calls: list[RefitCall], choice: list[str], events: list[dict[str, Any]]
+) -> list[str]:
+    """Exactly one refit committed, announced by HAMi's event text; the GPUs it moved the pod to."""
+    refitted = [c for c in calls if c.outcome == "refitted"]
+    result.check("one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)")
+    new = list(refitted[0].devices) if refitted else []
+    message = refit_event_message(0, choice, new)
+    result.facts["event"] = message
+    result.check(
+        "NumaRefitSucceed event with the exact message",
+        any(e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events),
+        message,
+    )
+    return new
 
 
 async def scenario_refit() -> ScenarioResult:
@@ -954,20 +959,7 @@ async def scenario_prediction_miss() -> ScenarioResult:
             cpu_numa is not None and bool(predicted) and predicted != [cpu_numa],
             f"predicted {predicted}, CPUs NUMA {cpu_numa}",
         )
-        refitted = [c for c in calls if c.outcome == "refitted"]
-        result.check(
-            "one refit committed", len(calls) == 1 and len(refitted) == 1, f"{len(calls)} refit call(s)"
-        )
-        new = list(refitted[0].devices) if refitted else []
-        message = refit_event_message(0, choice, new)
-        result.facts["event"] = message
-        result.check(
-            "NumaRefitSucceed event with the exact message",
-            any(
-                e.get("reason") == R.EVENT_NUMA_REFIT_SUCCEED and e.get("message") == message for e in events
-            ),
-            message,
-        )
+        new = _one_refit_checks(result, calls, choice, events)
         result.check("hamid_numa_prediction_misses_total{cause=foreign}", missed)
         _agreement_checks(cluster, result, state, new, cpu_numa)
     return result
