@@ -1,0 +1,73 @@
+"""Reading Kubernetes objects in their wire-JSON dict form: one place for ``metadata`` access.
+
+Objects reach hamid as decoded JSON, where any field may be missing or ``null``. These accessors
+give the value Go's typed client would (empty string, empty mapping) so callers never spell out
+``(obj.get("metadata") or {}).get(...)`` chains. Pure: no I/O, usable by every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``obj.metadata`` (empty when missing, null or not an object)."""
+    meta = obj.get("metadata") if obj else None
+    return meta if isinstance(meta, Mapping) else _EMPTY
+
+
+def _text(obj: Mapping[str, Any] | None, field: str) -> str:
+    value = metadata(obj).get(field)
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def name(obj: Mapping[str, Any] | None) -> str:
+    """``metadata.name`` ("" when missing)."""
+    return _text(obj, "name")
+
+
+def namespace(obj: Mapping[str, Any] | None) -> str:
+    """``metadata.namespace`` ("" when missing or cluster-scoped)."""
+    return _text(obj, "namespace")
+
+
+def uid(obj: Mapping[str, Any] | None) -> str:
+    """``metadata.uid`` ("" when missing)."""
+    return _text(obj, "uid")
+
+
+def resource_version(obj: Mapping[str, Any] | None) -> str:
+    """``metadata.resourceVersion`` ("" when missing)."""
+    return _text(obj, "resourceVersion")
+
+
+def annotations(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """``metadata.annotations`` (empty when missing or null)."""
+    value = metadata(obj).get("annotations")
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+def labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """``metadata.labels`` (empty when missing or null)."""
+    value = metadata(obj).get("labels")
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+def object_key(obj: Mapping[str, Any] | None) -> str:
+    """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones (client-go's key)."""
+    ns = namespace(obj)
+    return f"{ns}/{name(obj)}" if ns else name(obj)
+
+
+def namespaced_key(obj: Mapping[str, Any] | None) -> str:
+    """``namespace/name`` even when the namespace is empty (how pods are named in logs and locks)."""
+    return f"{namespace(obj)}/{name(obj)}"
+
+
+def section(obj: Mapping[str, Any] | None, field: str) -> Mapping[str, Any]:
+    """A top-level object section such as ``spec`` or ``status`` (empty when missing or null)."""
+    value = obj.get(field) if obj else None
+    return value if isinstance(value, Mapping) else _EMPTY

@@ -1,0 +1,55 @@
+"""The metadata accessors give Go's zero values for missing, null and wrongly-typed fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from hamid.model import objects
+
+POD = {
+    "metadata": {
+        "name": "p",
+        "namespace": "ns",
+        "uid": "u-1",
+        "resourceVersion": "42",
+        "annotations": {"a": "1"},
+        "labels": {"l": "2"},
+    },
+    "spec": {"nodeName": "n"},
+}
+
+
+def test_fields_of_a_full_object() -> None:
+    assert objects.name(POD) == "p"
+    assert objects.namespace(POD) == "ns"
+    assert objects.uid(POD) == "u-1"
+    assert objects.resource_version(POD) == "42"
+    assert objects.annotations(POD) == {"a": "1"}
+    assert objects.labels(POD) == {"l": "2"}
+    assert objects.object_key(POD) == "ns/p"
+    assert objects.namespaced_key(POD) == "ns/p"
+    assert objects.section(POD, "spec") == {"nodeName": "n"}
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        None,
+        {},
+        {"metadata": None},
+        {"metadata": []},
+        {"metadata": {"annotations": None, "labels": "x", "name": None}},
+    ],
+)
+def test_missing_or_malformed_metadata_reads_as_empty(obj: object) -> None:
+    assert objects.name(obj) == ""  # type: ignore[arg-type]
+    assert objects.uid(obj) == ""  # type: ignore[arg-type]
+    assert objects.annotations(obj) == {}  # type: ignore[arg-type]
+    assert objects.labels(obj) == {}  # type: ignore[arg-type]
+    assert objects.section(obj, "spec") == {}  # type: ignore[arg-type]
+
+
+def test_cluster_scoped_key_has_no_slash_but_namespaced_key_does() -> None:
+    node = {"metadata": {"name": "gpu-1"}}
+    assert objects.object_key(node) == "gpu-1"
+    assert objects.namespaced_key(node) == "/gpu-1"
