@@ -5,8 +5,6 @@ give the value Go's typed client would (empty string, empty mapping) so callers 
 ``(obj.get("metadata") or {}).get(...)`` chains. Pure: no I/O, usable by every layer.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 
