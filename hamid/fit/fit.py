@@ -30,12 +30,12 @@ from hamid.fit.usage import (
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevice, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.quantity import integer_quantity
 from hamid.model.resources import (
     MEM_PERCENTAGE_UNSET,
     ContainerDeviceRequest,
     ResourceConfig,
     pod_requests,
-    quantity_as_int,
 )
 
 _NO_OWN = OwnUsage()
@@ -67,13 +67,6 @@ class Quota:
         return self.mem_limit is not None or self.cores_limit is not None
 
 
-def _quantity(value: object, where: str) -> int:
-    n = quantity_as_int(value, where)
-    if n is None:
-        raise InvalidInput(f"{where}: {value!r} is not an integer quantity")
-    return n
-
-
 def quota_limits(hard: Mapping[str, object], config: ResourceConfig) -> tuple[int | None, int | None]:
     """(memory limit x memoryFactor, cores limit) from a ResourceQuota's ``spec.hard``.
 
@@ -85,8 +78,8 @@ def quota_limits(hard: Mapping[str, object], config: ResourceConfig) -> tuple[in
     mem = hard.get(mem_key)
     cores = hard.get(core_key)
     return (
-        None if mem is None else _quantity(mem, mem_key) * max(config.memory_factor, 1),
-        None if cores is None else _quantity(cores, core_key),
+        None if mem is None else integer_quantity(mem, mem_key) * max(config.memory_factor, 1),
+        None if cores is None else integer_quantity(cores, core_key),
     )
 
 

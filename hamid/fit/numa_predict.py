@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from hamid.model.numa import (
     NumaProfile,
     PodPrediction,
 )
+from hamid.model.quantity import parse_quantity
 from hamid.model.resources import is_sidecar
 
 #: Ledger bucket for devices that report no NUMA node (kubelet's fake NUMA node -1).
@@ -479,30 +479,7 @@ def merge_hints(profile: NumaProfile, providers: Sequence[list[Hint]]) -> tuple[
 # The pod as kubelet's managers read it
 # ==========================================================================================
 
-_QUANTITY = re.compile(
-    r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]{1,3})|(?P<dec>[numkMGTPE]?))\Z"
-)
-_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _QOS_RESOURCES = ("cpu", "memory")
-
-
-def _quantity(value: object, where: str) -> Fraction:
-    """A Kubernetes quantity as an exact number (``"500m"`` → 1/2)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise InvalidInput(f"{where}: want a quantity")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise InvalidInput(f"{where}: {value} is not a quantity")
-        return Fraction(value)
-    m = _QUANTITY.match(value.strip()) if len(value) <= 64 else None
-    if not m:
-        raise InvalidInput(f"{where}: {value!r:.40} is not a Kubernetes quantity")
-    number = Fraction(m["num"])
-    if m["bin"]:
-        return number * 2 ** _BINARY[m["bin"]]
-    return number * Fraction(10) ** (int(m["exp"]) if m["exp"] is not None else _DECIMAL[m["dec"]])
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,9 +507,9 @@ def _containers(pod: Mapping[str, Any]) -> list[_Container]:
             res = _object_or_empty(c.get("resources"), f"{where} resources")
             raw_limits = _object_or_empty(res.get("limits"), f"{where} limits")
             raw_requests = _object_or_empty(res.get("requests"), f"{where} requests")
-            limits = {k: _quantity(v, f"{where} limits.{k}") for k, v in raw_limits.items()}
+            limits = {k: parse_quantity(v, f"{where} limits.{k}") for k, v in raw_limits.items()}
             requests = dict(limits)
-            requests.update({k: _quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
+            requests.update({k: parse_quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
             kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
             out.append(_Container(c["name"], kind, requests, limits))
     return out

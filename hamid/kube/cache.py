@@ -25,10 +25,11 @@ from hamid.kube.client import (
     KubeClient,
     Resource,
     WatchEvent,
-    object_key,
 )
 from hamid.kube.errors import Gone, Timeout
 from hamid.log import get_logger
+from hamid.model import objects
+from hamid.model.objects import newer_than, object_key
 
 log = get_logger("kube.cache")
 
@@ -68,33 +69,6 @@ def trim_pod(obj: JSON) -> JSON:
 def trim_node(obj: JSON) -> JSON:
     """A lightweight node record: no managedFields; status keeps allocatable/capacity/conditions."""
     return _keep_status(obj, NODE_STATUS_KEYS)
-
-
-def _resource_version(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def version_number(resource_version: str | None) -> int | None:
-    """A resourceVersion as an integer (the API server's compare as integers in practice), else None."""
-    try:
-        return int(resource_version or "")
-    except ValueError:
-        return None
-
-
-def newer_than(version: str, list_version: str) -> bool:
-    """Whether an object at ``version`` may be newer than a list taken at ``list_version``.
-
-    Versions that cannot be ordered count as possibly newer (leave the object alone); "" never does.
-    """
-    if not version:
-        return False
-    have, listed = version_number(version), version_number(list_version)
-    return have is None or listed is None or have > listed
-
-
-def _uid(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def join_selectors(*selectors: str | None) -> str | None:
@@ -219,7 +193,7 @@ class WatchCache:
         self._notify(self._add, obj)
 
     def _updated(self, old: JSON, new: JSON) -> None:
-        if _uid(old) != _uid(new):
+        if objects.uid(old) != objects.uid(new):
             # Same name, new object: consumers keyed by UID see the old one go and the new one come.
             self._notify(self._delete, old)
             self._notify(self._add, new)
@@ -238,7 +212,7 @@ class WatchCache:
         stale = [
             key
             for key, obj in self._items.items()
-            if key not in listed and not newer_than(_resource_version(obj), list_version)
+            if key not in listed and not newer_than(objects.resource_version(obj), list_version)
         ]
         for key in stale:
             self._deleted(self._items.pop(key))
@@ -276,14 +250,14 @@ class WatchCache:
             previous = old.get(key)
             if previous is None:
                 self._added(obj)
-            elif _resource_version(previous) != _resource_version(obj):
+            elif objects.resource_version(previous) != objects.resource_version(obj):
                 self._updated(previous, obj)
         self._synced.set()
         self._log.debug("listed", count=len(fresh), resource_version=resource_version)
 
     def _apply(self, event: WatchEvent) -> None:
         obj = event.object
-        resource_version = _resource_version(obj)
+        resource_version = objects.resource_version(obj)
         if event.type == "BOOKMARK":
             if resource_version:
                 self._resource_version = resource_version

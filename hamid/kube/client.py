@@ -101,13 +101,6 @@ class WatchEvent:
     object: JSON
 
 
-def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
-
-
 def _metadata_patch(
     annotations: Mapping[str, str | None] | None,
     labels: Mapping[str, str | None] | None,

@@ -69,3 +69,33 @@ def section(obj: Mapping[str, Any] | None, field: str) -> Mapping[str, Any]:
     """A top-level object section such as ``spec`` or ``status`` (empty when missing or null)."""
     value = obj.get(field) if obj else None
     return value if isinstance(value, Mapping) else _EMPTY
+
+
+# resourceVersion order. Clients must treat resourceVersions as opaque, but the API server's are
+# etcd revisions and compare as integers; equal strings are the same version whatever they hold.
+
+
+def version_number(resource_version: str | None) -> int | None:
+    """A resourceVersion as an integer, or None when it is empty or not one."""
+    try:
+        return int(resource_version or "")
+    except ValueError:
+        return None
+
+
+def version_at_least(version: str | None, target: str | None) -> bool | None:
+    """Whether ``version`` is ``target`` or later; None when the two cannot be ordered."""
+    if version and version == target:
+        return True
+    have, want = version_number(version), version_number(target)
+    if have is None or want is None:
+        return None
+    return have >= want
+
+
+def newer_than(version: str, list_version: str) -> bool:
+    """Whether an object at ``version`` may be newer than a list taken at ``list_version``.
+
+    Versions that cannot be ordered count as possibly newer (leave the object alone); "" never does.
+    """
+    return bool(version) and version_at_least(list_version, version) is not True

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import yaml
@@ -14,8 +11,6 @@ import yaml
 from hamid.model._wire import (
     INT32_MAX,
     INT32_MIN,
-    INT64_MAX,
-    INT64_MIN,
     type_name,
     want_bool,
     want_int,
@@ -27,6 +22,7 @@ from hamid.model._wire import (
 from hamid.model.devices import NVIDIA
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig
+from hamid.model.quantity import quantity_as_int
 
 #: ``MemPercentagereq`` sentinel meaning "no percentage given".
 MEM_PERCENTAGE_UNSET = 101
@@ -182,57 +178,6 @@ def load_device_config(text: str) -> DeviceConfig:
 # ==========================================================================================
 # Pods, containers and requests (pods are plain dicts in Kubernetes wire JSON form)
 # ==========================================================================================
-
-_QUANTITY = re.compile(
-    r"(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]+)|(?P<dec>[numkMGTPE]?))\Z"
-)
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-
-
-def quantity_as_int(value: object, where: str) -> int | None:
-    """A Kubernetes quantity as an exact int64, like Go's ``Quantity.AsInt64``; ``None`` if it is not one.
-
-    Accepts what the API server serves (``"1"``, ``"4096"``, ``"2k"`` — the canonical form of 2000 —,
-    ``"16Gi"``) and JSON numbers. Fractions (``"1.5"``, ``"500m"``) and values outside int64 give
-    ``None``; text that is not a quantity at all, or a non-scalar, raises InvalidInput.
-    """
-    if isinstance(value, bool):
-        raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
-    if isinstance(value, int):
-        return value if INT64_MIN <= value <= INT64_MAX else None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidInput(f"{where}: {value} is not a quantity")
-        return int(value) if value.is_integer() and INT64_MIN <= value <= INT64_MAX else None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
-    if value.isascii() and value.isdigit() and len(value) <= 18:  # the common case: a plain integer
-        return int(value)
-    m = _QUANTITY.match(value.strip())
-    if not m:
-        raise InvalidInput(f"{where}: {value!r} is not a Kubernetes quantity")
-    whole, _, frac = m["num"].partition(".")
-    whole, frac = whole.lstrip("0"), frac.rstrip("0")
-    if len(whole) > 60 or len(frac) > 60:
-        return None  # outside int64 or never an integer (even x 2**60); avoids huge int conversions
-    number = Fraction(int(whole + frac or "0"), 10 ** len(frac))
-    if m["bin"]:
-        number *= _BINARY[m["bin"]]
-    else:
-        exponent = int(m["exp"]) if m["exp"] is not None else _DECIMAL[m["dec"]]
-        if exponent > 30:  # bounded: anything non-zero this large is outside int64
-            return 0 if number == 0 else None
-        if exponent < -30:
-            return 0 if number == 0 else None
-        number *= Fraction(10) ** exponent
-    if m["sign"] == "-":
-        number = -number
-    if number.denominator != 1 or not INT64_MIN <= number.numerator <= INT64_MAX:
-        return None
-    return number.numerator
-
 
 _META_STRINGS = ("name", "namespace", "uid", "generateName", "resourceVersion")
 

@@ -25,7 +25,8 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import all_containers, quantity_as_int
+from hamid.model.quantity import quantity_as_int
+from hamid.model.resources import all_containers
 
 Pod = Mapping[str, Any]
 UuidOf = Callable[[str], "str | None"]

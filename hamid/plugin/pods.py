@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 
 from hamid.kube.cache import NodeCache, PodCache
-from hamid.kube.client import JSON, KubeClient, object_key
+from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import NotFound
 from hamid.log import get_logger
 from hamid.model.annotations import NODE_LOCK, parse_node_lock
 from hamid.model.errors import InvalidInput
+from hamid.model.objects import object_key
 
 log = get_logger("plugin.pods")
 

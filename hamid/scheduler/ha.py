@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 
-from hamid.kube.cache import WatchCache, version_number
-from hamid.kube.client import JSON, object_key
+from hamid.kube.cache import WatchCache
+from hamid.kube.client import JSON
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model.objects import object_key, version_number
 from hamid.scheduler.core import Scheduler
 
 log = get_logger("scheduler.ha")

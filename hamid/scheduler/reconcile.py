@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from hamid.fit.usage import DeviceAmount, DeviceUsage
-from hamid.kube.cache import newer_than, version_number
-from hamid.kube.client import object_key
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model.objects import newer_than, object_key, version_number
 from hamid.scheduler.state import JSON, Reservation, SchedulerState, pod_uid
 
 if TYPE_CHECKING:

@@ -33,12 +33,13 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
 )
-from hamid.kube.cache import newer_than
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, pod_requests, quantity_as_int
+from hamid.model.objects import newer_than
+from hamid.model.quantity import quantity_as_int
+from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")

@@ -28,13 +28,13 @@ from hamid.model import annotations as ann
 from hamid.model._wire import want_list, want_object
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.quantity import quantity_as_int
 from hamid.model.resources import (
     ResourceConfig,
     all_containers,
     check_pod_metadata,
     init_container_count,
     pod_requests,
-    quantity_as_int,
     resource_value,
 )
 

@@ -39,11 +39,12 @@ from typing import Any
 import aiohttp
 
 from hamid.kube.cache import NodeCache, PodCache
-from hamid.kube.client import JSON, KubeClient, object_key
+from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
+from hamid.model.objects import object_key
 from hamid.model.resources import is_sidecar
 from hamid.sim.kubelet.quantity import quantity_milli_value, quantity_value
 from hamid.sim.pulse import Pulse

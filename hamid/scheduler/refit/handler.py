@@ -16,11 +16,11 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from hamid.kube.cache import version_number
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
+from hamid.model.objects import version_number
 from hamid.model.refit import RefitRequest, RefitResponse
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar, parse_json_body

@@ -21,11 +21,12 @@ from typing import Any
 import structlog
 
 from hamid.kube.cache import PodCache
-from hamid.kube.client import JSON, KubeClient, object_key
+from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
+from hamid.model.objects import object_key
 from hamid.sim.kubelet.admission import Admitter, check_allocatable
 from hamid.sim.kubelet.assignment import (
     AdmissionRecords,

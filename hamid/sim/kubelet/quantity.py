@@ -1,4 +1,8 @@
-"""Kubernetes resource quantities as apimachinery's ``resource.Quantity`` reads them (exact fractions)."""
+"""Kubernetes resource quantities as apimachinery's ``resource.Quantity`` reads them (exact fractions).
+
+The simulator's own parser, on purpose: the product has ``hamid/model/quantity.py``, but the
+stand-ins are the oracle and share no logic with what they judge (docs/architecture.md §6).
+"""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from hamid.model import annotations as an
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
+from hamid.model.quantity import quantity_as_int
 from hamid.model.refit import RefitRequest, RefitResponse
-from hamid.model.resources import ResourceConfig, load_device_config, pod_requests, quantity_as_int
+from hamid.model.resources import ResourceConfig, load_device_config, pod_requests
 
 KEYS = [
     "id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health", "migProfiles",

@@ -53,3 +53,27 @@ def test_cluster_scoped_key_has_no_slash_but_namespaced_key_does() -> None:
     node = {"metadata": {"name": "gpu-1"}}
     assert objects.object_key(node) == "gpu-1"
     assert objects.namespaced_key(node) == "/gpu-1"
+
+
+def test_version_number_reads_integers_only() -> None:
+    assert objects.version_number("42") == 42
+    assert objects.version_number("") is None
+    assert objects.version_number(None) is None
+    assert objects.version_number("abc") is None
+
+
+def test_version_at_least_orders_integers_and_equal_strings() -> None:
+    assert objects.version_at_least("11", "10") is True
+    assert objects.version_at_least("10", "10") is True
+    assert objects.version_at_least("9", "10") is False
+    assert objects.version_at_least("abc", "abc") is True  # the same version, whatever it holds
+    assert objects.version_at_least("abc", "10") is None
+    assert objects.version_at_least("", "10") is None
+
+
+def test_newer_than_counts_unordered_versions_as_newer() -> None:
+    assert objects.newer_than("11", "10")
+    assert not objects.newer_than("10", "10")
+    assert not objects.newer_than("", "10")
+    assert objects.newer_than("abc", "10")
+    assert objects.newer_than("10", "")

@@ -19,7 +19,6 @@ from hamid.model.resources import (
     is_sidecar,
     load_device_config,
     pod_requests,
-    quantity_as_int,
 )
 
 GPU, MEM, PCT, CORES = (
@@ -134,43 +133,6 @@ def test_custom_resource_names() -> None:
         1, 100, 101, 0
     )
     assert container_request(ctr({GPU: "1"}), config) is None
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("1", 1),
-        ("+7", 7),
-        ("-3", -3),
-        ("2k", 2000),
-        ("1.5k", 1500),
-        ("1000m", 1),
-        ("1500m", None),
-        ("1Gi", 2**30),
-        ("1e3", 1000),
-        ("1E-1", None),
-        ("0.5", None),
-        (".5", None),
-        ("5.", 5),
-        ("1e40", None),
-        ("0e99", 0),
-        ("9223372036854775808", None),
-        (7, 7),
-        (7.0, 7),
-        (7.5, None),
-        (2**64, None),
-    ],
-)
-def test_quantity_as_int(value: object, expected: int | None) -> None:
-    assert quantity_as_int(value, "q") == expected
-
-
-@pytest.mark.parametrize(
-    "value", ["", "abc", "1x", "Gi", "1 Gi", "--1", True, None, [1], {"a": 1}, float("nan")]
-)
-def test_quantity_garbage_raises(value: object) -> None:
-    with pytest.raises(InvalidInput, match="q"):
-        quantity_as_int(value, "q")
 
 
 def test_invalid_quantity_names_container_and_resource() -> None:

@@ -103,3 +103,20 @@ def test_the_rule_can_fail() -> None:
     assert any(name.startswith("hamid.plugin") for name in _closure("hamid.sim.machine"))
     assert set(STAND_INS) <= set(_stand_in_modules())
     assert len(_closure("hamid.sim.apiserver")) > 3  # a package: all its submodules are walked
+
+
+#: The product's quantity parser; the stand-ins parse quantities themselves (sim/kubelet/quantity.py).
+PRODUCT_QUANTITY = "hamid.model.quantity"
+
+
+@pytest.mark.parametrize("module", _stand_in_modules())
+def test_stand_ins_keep_their_own_quantity_parser(module: str) -> None:
+    # A stand-in may load hamid.model.resources (and so the module) for a wire helper, but none of
+    # its own modules imports the product's parser: a parsing bug must not hide by being shared.
+    own = [module, *_package_modules(module)]
+    users = sorted(m for m in own if PRODUCT_QUANTITY in _imports(m))
+    assert not users, f"{', '.join(users)} import {PRODUCT_QUANTITY}"
+
+
+def test_the_quantity_rule_can_fail() -> None:
+    assert PRODUCT_QUANTITY in _imports("hamid.model.resources")
