@@ -22,6 +22,7 @@ from hamid import log
 from hamid.fit.usage import container_kinds, effective_pod_usage, init_containers_succeeded
 from hamid.kube.client import EVENTS, KubeClient, connect
 from hamid.kube.errors import KubeError
+from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, NODE_REGISTER, decode_node_devices, decode_pod_devices
 from hamid.model.errors import InvalidInput
 from hamid.model.reasons import EVENT_NUMA_REFIT_FAILED, EVENT_NUMA_REFIT_SUCCEED
@@ -81,11 +82,10 @@ def build_status(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     out: dict[str, NodeStatus] = {}
     by_uuid: dict[str, tuple[NodeStatus, GpuStatus]] = {}
     for node in nodes:
-        meta = node.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(NODE_REGISTER)
+        raw = objects.annotations(node).get(NODE_REGISTER)
         if not raw:
             continue
-        status = out[str(meta.get("name"))] = NodeStatus(str(meta.get("name")), [])
+        status = out[objects.name(node)] = NodeStatus(objects.name(node), [])
         try:
             infos = decode_node_devices(raw)
         except InvalidInput as exc:
@@ -105,11 +105,11 @@ def _book(
     nodes: Mapping[str, NodeStatus],
     by_uuid: Mapping[str, tuple[NodeStatus, GpuStatus]],
 ) -> None:
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    raw = (meta.get("annotations") or {}).get(DEVICES_ALLOCATED)
-    if not raw or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+    spec = objects.section(pod, "spec")
+    raw = objects.annotations(pod).get(DEVICES_ALLOCATED)
+    if not raw or objects.section(pod, "status").get("phase") in TERMINAL_PHASES:
         return
-    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    key = objects.namespaced_key(pod)
     node = nodes.get(str(spec.get("nodeName") or ""))
     try:
         usage = effective_pod_usage(
@@ -162,7 +162,7 @@ async def collect(kube: KubeClient, node: str | None, limit: int) -> ClusterStat
         events += items
     statuses = build_status(nodes, pods)
     if node:
-        names = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in pods}
+        names = {objects.namespaced_key(p) for p in pods}
         events = [e for e in events if _event_pod(e) in names]
     return ClusterStatus(statuses, refit_records(events, limit))
 

@@ -27,6 +27,7 @@ from hamid.fit.usage import (
     own_usage_for,
     usage_totals,
 )
+from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevice, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
@@ -108,11 +109,12 @@ class PodFitSpec:
 
         Raises :class:`InvalidInput` for invalid policy annotations (e.g. scoring weights).
         """
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
         return cls(
             requests=tuple(pod_requests(pod, config)),
             kinds=container_kinds(pod),
-            policy=PodPolicy.from_annotations(annotations, default_gpu_policy, default_node_policy),
+            policy=PodPolicy.from_annotations(
+                objects.annotations(pod), default_gpu_policy, default_node_policy
+            ),
         )
 
 

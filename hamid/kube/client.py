@@ -26,6 +26,7 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 
 from hamid.kube.errors import InvalidRequest, KubeError, Timeout, error_from_code, error_from_status
 from hamid.log import get_logger
+from hamid.model import objects
 
 log = get_logger("kube.client")
 
@@ -250,14 +251,13 @@ class KubeClient:
                 "continue": continue_token,
             }
             answer = await self.request("GET", path, query=query, timeout=timeout)
-            meta = answer.get("metadata") or {}
             if not resource_version:
-                resource_version = str(meta.get("resourceVersion") or "")
+                resource_version = objects.resource_version(answer)
             for item in answer.get("items") or ():
                 item.setdefault("kind", resource.kind)
                 item.setdefault("apiVersion", resource.api_version)
                 items.append(item)
-            continue_token = meta.get("continue") or None
+            continue_token = objects.metadata(answer).get("continue") or None
             if not continue_token:
                 return items, resource_version
 
@@ -337,7 +337,7 @@ class KubeClient:
         timeout: float | None = None,
     ) -> JSON:
         """POST a new object (namespace taken from ``obj`` when not given)."""
-        ns = namespace or (obj.get("metadata") or {}).get("namespace") or None
+        ns = namespace or objects.namespace(obj) or None
         if resource.namespaced and not ns:
             ns = "default"
         body = dict(obj)

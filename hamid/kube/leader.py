@@ -23,6 +23,7 @@ from typing import Any
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
+from hamid.model import objects
 
 log = get_logger("kube.leader")
 
@@ -133,7 +134,7 @@ class LeaderElector:
         if holder != self.identity:
             new_spec["acquireTime"] = now_time
             new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        body = {"metadata": lease.get("metadata") or {}, "spec": new_spec}
+        body = {"metadata": dict(objects.metadata(lease)), "spec": new_spec}
         replaced = await self.client.replace_lease(self.namespace, self.name, body)
         self._observe(replaced, loop.time())
         return True
@@ -174,7 +175,7 @@ class LeaderElector:
         now_time = _now_micro()
         spec = dict(lease.get("spec") or {})
         spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
-        body = {"metadata": lease.get("metadata") or {}, "spec": spec}
+        body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
         try:
             async with asyncio.timeout(self.renew_deadline):
                 await self.client.replace_lease(self.namespace, self.name, body)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Collection
 
 from hamid.log import get_logger
-from hamid.model import hamicore
+from hamid.model import hamicore, objects
 from hamid.plugin.pods import NodePods
 
 log = get_logger("plugin.cachedirs")
@@ -88,7 +88,7 @@ class CacheDirCleaner:
     async def sweep_once(self) -> list[str]:
         """One sweep against the synced pod cache (waits for the sync)."""
         await self.pods.wait_synced()
-        keep = {str((p.get("metadata") or {}).get("uid") or "") for p in self.pods.pods()}
+        keep = {objects.uid(p) for p in self.pods.pods()}
         removed = await asyncio.to_thread(sweep, self.directory, keep, self.min_age)
         if removed:
             log.info("removed cache directories of pods gone from this node", directories=removed)

@@ -10,6 +10,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.annotations import NODE_REGISTER, NODE_SCORE, encode_node_devices, encode_pair_scores
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import ASYMMETRIC_MESSAGE, ASYMMETRIC_REASON, GpuLinks, pair_scores
@@ -61,7 +62,7 @@ class NodeRegistrar:
         node = self.pods.node()
         if node is None:
             return dict(self.last_written)
-        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        annotations = objects.annotations(node)
         return {key: annotations.get(key) for key in (NODE_REGISTER, NODE_SCORE)}
 
     async def register_once(self) -> bool:

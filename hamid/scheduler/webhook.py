@@ -25,6 +25,7 @@ from typing import Any
 
 from hamid.fit.fit import Quota
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model._wire import want_list, want_object
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
@@ -97,7 +98,7 @@ def _pointer(token: str) -> str:
 
 def scheduler_owned_removals(pod: Mapping[str, Any]) -> tuple[tuple[JSON, ...], tuple[str, ...]]:
     """JSONPatch ops removing the scheduler-owned annotations and labels ``pod`` carries, and their keys."""
-    meta = pod.get("metadata") or {}
+    meta = objects.metadata(pod)
     ops: list[JSON] = []
     keys: list[str] = []
     for field, owned in (
@@ -201,10 +202,9 @@ def review_pod(
         check_pod_shape(pod, config)
     except InvalidInput as exc:
         return Verdict(False, message=f"malformed pod: {exc}", code=400)
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    spec = objects.section(pod, "spec")
     current = spec.get("schedulerName") or ""
-    ignored = (meta.get("labels") or {}).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE
+    ignored = objects.labels(pod).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE
     if ignored or (current and current != DEFAULT_SCHEDULER and current != scheduler_name):
         if spec.get("nodeName") and uses_hamid_resources(pod, config):
             return Verdict(False, message=_PRESET_NODE_MESSAGE, code=403)
@@ -212,7 +212,7 @@ def review_pod(
     if not spec.get("containers"):
         return Verdict(False, message="pod has no containers", code=400)
     try:
-        parse_alignment(meta.get("annotations"))
+        parse_alignment(objects.annotations(pod))
     except InvalidInput as exc:
         return Verdict(False, message=str(exc), code=400)
     mutated = copy.deepcopy(pod)
@@ -232,7 +232,7 @@ def review_pod(
             ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     if config.runtime_class_name and not spec.get("runtimeClassName"):
         ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": config.runtime_class_name})
-    quota = quota_of(meta.get("namespace") or namespace)
+    quota = quota_of(objects.namespace(pod) or namespace)
     if quota is not None and quota.limited:
         mem, cores = _pod_quota_request(mutated, config)
         if not quota.fits(mem, cores):
@@ -240,7 +240,9 @@ def review_pod(
     return Verdict(True, tuple(ops))
 
 
-def _mutate_containers(mspec: JSON, spec: JSON, config: ResourceConfig) -> tuple[list[JSON], bool]:
+def _mutate_containers(
+    mspec: JSON, spec: Mapping[str, Any], config: ResourceConfig
+) -> tuple[list[JSON], bool]:
     """Apply the per-container defaults in place; the JSON patch ops and whether any uses a GPU."""
     ops: list[JSON] = []
     uses = False

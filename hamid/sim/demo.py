@@ -28,6 +28,7 @@ import click
 
 from hamid import log as hamid_log
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
 from hamid.model.errors import InvalidInput
@@ -331,7 +332,7 @@ async def _released(cluster: SimCluster, name: str = SEED_NAME) -> bool:
 
 def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
     node_obj = cluster.server.get("Node", None, node) or {}
-    return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
+    return ann.NODE_LOCK not in objects.annotations(node_obj)
 
 
 def _node_idle(cluster: SimCluster, node: str) -> bool:
@@ -410,10 +411,9 @@ def _fmt_numa(numas: list[int | None]) -> str:
 
 
 def _pod_text(pod: dict[str, Any]) -> str:
-    meta = pod["metadata"]
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
-    notes = ", ".join(f"{k}: {v}" for k, v in meta.get("annotations", {}).items())
-    return f"created {meta['name']} ({notes}; limits {json.dumps(limits, sort_keys=True)})"
+    notes = ", ".join(f"{k}: {v}" for k, v in objects.annotations(pod).items())
+    return f"created {objects.name(pod)} ({notes}; limits {json.dumps(limits, sort_keys=True)})"
 
 
 def _one_refit_checks(
@@ -685,7 +685,7 @@ async def scenario_mig_node() -> ScenarioResult:
 def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dict[str, Any]:
     """``pod`` bound to ``node`` with allocation annotations for one GPU (node lock not taken)."""
     encoded = ann.encode_pod_devices(((ContainerDevice(uuid, NVIDIA, mem, 0),),))
-    notes = dict(pod["metadata"]["annotations"])
+    notes = dict(objects.annotations(pod))
     notes.update(
         {
             ann.VGPU_NODE: node,

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import yaml
 
+from hamid.model import objects
 from hamid.sim.apiserver.cli import wait_for_signal
 from hamid.sim.apiserver.kubeconfig import write_kubeconfig
 from hamid.sim.cluster import WEBHOOK_CONFIGURATION, SimCluster
@@ -49,6 +50,6 @@ async def keep_serving(cluster: SimCluster, kubeconfig: Path, example_pod: dict[
     example = written.with_name(EXAMPLE_POD_FILE)
     pod = {"apiVersion": "v1", "kind": "Pod", **example_pod}
     await asyncio.to_thread(example.write_text, yaml.safe_dump(pod, sort_keys=False), "utf-8")
-    click.echo(usage(cluster, written, example, str(pod["metadata"]["name"])))
+    click.echo(usage(cluster, written, example, objects.name(pod)))
     await wait_for_signal()
     click.echo("hamid sim: stopping")

@@ -43,6 +43,7 @@ from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.objects import object_key
 from hamid.model.resources import is_sidecar
@@ -282,12 +283,12 @@ class KubeSchedulerDriver:
     # -- caches -------------------------------------------------------------------------------------
 
     def _pod_event(self, pod: JSON) -> None:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        uid = str(meta.get("uid") or "")
+        spec = objects.section(pod, "spec")
+        uid = objects.uid(pod)
         if spec.get("schedulerName") != self.scheduler_name or spec.get("nodeName"):
             return
-        if (pod.get("status") or {}).get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp"):
+        phase = objects.section(pod, "status").get("phase", "Pending")
+        if phase != "Pending" or objects.metadata(pod).get("deletionTimestamp"):
             return
         if uid in self._queued or uid in self._waiting:
             return
@@ -295,7 +296,7 @@ class KubeSchedulerDriver:
         self._queue.put_nowait((object_key(pod), uid))
 
     def _pod_gone(self, pod: JSON) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         handle = self._waiting.pop(uid, None)
         if handle is not None:
             handle.cancel()
@@ -303,7 +304,7 @@ class KubeSchedulerDriver:
 
     def _confirmed(self, pod: JSON) -> None:
         """The watch of assigned pods shows the pod: it no longer needs to be assumed."""
-        self._assumed.pop(str((pod.get("metadata") or {}).get("uid") or ""), None)
+        self._assumed.pop(objects.uid(pod), None)
 
     # -- in-tree filter (NodeResourcesFit) ------------------------------------------------------------
 
@@ -317,7 +318,7 @@ class KubeSchedulerDriver:
             usage[node] = (requested + _requests_or_zero(pod), count + 1)
 
         for pod in [] if self._assigned is None else self._assigned.values():
-            seen.add(str((pod.get("metadata") or {}).get("uid") or ""))
+            seen.add(objects.uid(pod))
             if (pod.get("status") or {}).get("phase") not in _TERMINATED:
                 add(str((pod.get("spec") or {}).get("nodeName") or ""), pod)
         now = asyncio.get_running_loop().time()
@@ -340,7 +341,7 @@ class KubeSchedulerDriver:
         failed: dict[str, list[str]] = {}
         for name in nodes:
             node = (None if self._nodes is None else self._nodes.get(name)) or {}
-            labels = (node.get("metadata") or {}).get("labels") or {}
+            labels = objects.labels(node)
             if any(labels.get(k) != v for k, v in selector.items()):
                 failed[name] = [REASON_NODE_SELECTOR]
                 continue
@@ -387,7 +388,7 @@ class KubeSchedulerDriver:
                     key, uid = await self._queue.get()
                     self._queued.discard(uid)
                     pod = self._pods.get(key)
-                    if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != uid:
+                    if pod is None or objects.uid(pod) != uid:
                         continue
                     await self._schedule_one(session, events, pod, key, uid)
         finally:
@@ -399,7 +400,7 @@ class KubeSchedulerDriver:
         self._waiting.pop(uid, None)
         pods = self._pods
         pod = None if pods is None else pods.get(key)
-        if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != uid or uid in self._queued:
+        if pod is None or objects.uid(pod) != uid or uid in self._queued:
             return
         self._queued.add(uid)
         self._queue.put_nowait((key, uid))
@@ -432,7 +433,6 @@ class KubeSchedulerDriver:
         await events.record(pod, "Normal", REASON_SCHEDULED, f"Successfully assigned {key} to {node}")
 
     async def _set_unscheduled(self, pod: JSON, error: SchedulingError) -> None:
-        meta = pod.get("metadata") or {}
         condition = {
             "type": "PodScheduled",
             "status": "False",
@@ -441,7 +441,7 @@ class KubeSchedulerDriver:
         }
         with contextlib.suppress(KubeError):
             await self.kube.patch_pod_status(
-                str(meta.get("namespace") or ""), str(meta.get("name") or ""), {"conditions": [condition]}
+                objects.namespace(pod), objects.name(pod), {"conditions": [condition]}
             )
 
     async def _post(self, session: aiohttp.ClientSession, verb: str, body: JSON) -> dict[str, Any]:
@@ -505,11 +505,10 @@ class KubeSchedulerDriver:
         raise SchedulingError(fit_error_message(len(all_nodes), statuses), unschedulable=True)
 
     async def _bind(self, session: aiohttp.ClientSession, pod: JSON, node: str) -> None:
-        meta = pod.get("metadata") or {}
         body = {
-            "PodName": str(meta.get("name") or ""),
-            "PodNamespace": str(meta.get("namespace") or ""),
-            "PodUID": str(meta.get("uid") or ""),
+            "PodName": objects.name(pod),
+            "PodNamespace": objects.namespace(pod),
+            "PodUID": objects.uid(pod),
             "Node": node,
         }
         result = await self._post(session, self.bind_verb, body)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.sim.apiserver.defaults import apply_create_defaults
 from hamid.sim.apiserver.errors import ApiError, bad_request
 from hamid.sim.apiserver.patch import PatchError, json_patch
@@ -98,13 +99,13 @@ class MutatingAdmission:
         return [w for c in configs for w in c.obj.get("webhooks") or [] if isinstance(w, dict)]
 
     def _selected(self, webhook: dict[str, Any], namespace: str, obj: dict[str, Any]) -> bool:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(obj)
         if not label_selector_test(webhook.get("objectSelector"))(labels):
             return False
         if not namespace:
             return True
         ns = self.store.find(BY_STORAGE["namespaces"], "", namespace)
-        ns_labels = (ns.obj["metadata"].get("labels") or {}) if ns is not None else {}
+        ns_labels = objects.labels(ns.obj if ns is not None else None)
         return label_selector_test(webhook.get("namespaceSelector"))(ns_labels)
 
     async def admit(self, resource: Resource, namespace: str, obj: Any) -> Any:
@@ -168,7 +169,6 @@ class MutatingAdmission:
             raise bad_request(f"webhook {webhook.get('name')!r} accepts none of AdmissionReview v1, v1beta1")
         gvk = {"group": resource.group, "version": resource.version, "kind": resource.kind}
         gvr = {"group": resource.group, "version": resource.version, "resource": resource.plural}
-        meta = obj.get("metadata") or {}
         return {
             "apiVersion": f"admission.k8s.io/{version}",
             "kind": "AdmissionReview",
@@ -178,7 +178,7 @@ class MutatingAdmission:
                 "resource": gvr,
                 "requestKind": gvk,
                 "requestResource": gvr,
-                "name": meta.get("name") or "",
+                "name": objects.name(obj),
                 "namespace": namespace,
                 "operation": "CREATE",
                 "userInfo": {

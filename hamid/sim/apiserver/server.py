@@ -27,6 +27,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.sim.apiserver.admission import MutatingAdmission
 from hamid.sim.apiserver.faults import Faults
 from hamid.sim.apiserver.handlers import MAX_BODY_BYTES, RequestHandler, unsupported_patch_type
@@ -178,7 +179,7 @@ class ApiServer:
         Raises :class:`~hamid.sim.apiserver.errors.ApiError` (409 AlreadyExists, 400, 422).
         """
         resource = self._kind(str(obj.get("kind", "")), str(obj.get("apiVersion", "")))
-        namespace = self._namespace(resource, (obj.get("metadata") or {}).get("namespace"))
+        namespace = self._namespace(resource, objects.namespace(obj))
         stored = self.store.create(resource, namespace, json.loads(dumps(obj)))
         return self._copy(stored, resource)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hamid.model import objects
 from hamid.sim.apiserver.defaults import apply_create_defaults, quantities_as_text
 from hamid.sim.apiserver.errors import (
     STALE,
@@ -694,9 +695,9 @@ class Store:
     def put(self, obj: dict[str, Any]) -> Stored:
         """Create or overwrite an object as given, status included (for seeding; no preconditions)."""
         resource = resource_of(obj)
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace") or ("default" if resource.namespaced else ""))
-        name = str(meta.get("name") or "")
+        meta = objects.metadata(obj)
+        namespace = objects.namespace(obj) or ("default" if resource.namespaced else "")
+        name = objects.name(obj)
         old = self.find(resource, namespace, name)
         if old is None:
             return self.create(resource, namespace, obj, keep_status=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from hamid.model import objects
+
 TABLE_GROUP = "meta.k8s.io"
 _ROLE_PREFIX = "node-role.kubernetes.io/"
 
@@ -93,7 +95,7 @@ def since(timestamp: Any, now: datetime) -> str:
 
 
 def _age(obj: dict[str, Any], now: datetime) -> str:
-    return since(obj.get("metadata", {}).get("creationTimestamp"), now)
+    return since(objects.metadata(obj).get("creationTimestamp"), now)
 
 
 # --- pods ----------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ def pod_status(pod: dict[str, Any]) -> str:
                 running = True
         if reason == "Completed" and running:
             reason = "Running"
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if objects.metadata(pod).get("deletionTimestamp"):
         reason = "Unknown" if status.get("reason") == "NodeLost" else "Terminating"
     return reason
 
