@@ -186,7 +186,7 @@ class WatchCache:
                 handler(*args)
             except Exception:
                 self._log.exception(
-                    "cache callback failed", handler=getattr(handler, "__qualname__", handler)
+                    "cache_callback_failed", handler=getattr(handler, "__qualname__", handler)
                 )
 
     def _added(self, obj: JSON) -> None:
@@ -217,7 +217,7 @@ class WatchCache:
         for key in stale:
             self._deleted(self._items.pop(key))
         if stale:
-            self._log.warning("dropped objects a fresh list no longer holds", keys=stale)
+            self._log.warning("cache_dropped_unlisted", keys=stale)
         return len(stale)
 
     # -- list and watch ---------------------------------------------------------------------
@@ -276,7 +276,7 @@ class WatchCache:
             else:
                 self._updated(previous, obj)
         else:
-            self._log.warning("unknown watch event type", type=event.type, key=key)
+            self._log.warning("watch_event_unknown", type=event.type, key=key)
         if resource_version:
             self._resource_version = resource_version
 
@@ -314,12 +314,12 @@ class WatchCache:
                 # An empty stream that ended at once: do not spin against the server.
                 await asyncio.sleep(self._backoff.next())
             except Gone:
-                self._log.info("resourceVersion too old, re-listing", resource_version=self._resource_version)
+                self._log.info("watch_expired_relisting", resource_version=self._resource_version)
                 self._resource_version = None
             except Exception as exc:
                 delay = self._backoff.next()
                 self._log.warning(
-                    "list/watch failed, backing off",
+                    "list_watch_failed_backing_off",
                     error=str(exc),
                     error_type=type(exc).__name__,
                     retry_in_s=round(delay, 3),

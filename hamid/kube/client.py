@@ -613,7 +613,7 @@ async def connect(
     _resolve_proxy(configuration)
     api_client = ApiClient(configuration)
     _without_env_lookups(api_client)
-    log.info("kube client configured", source=source, host=configuration.host, proxy=configuration.proxy)
+    log.info("kube_client_configured", source=source, host=configuration.host, proxy=configuration.proxy)
     return KubeClient(api_client, request_timeout=request_timeout)
 
 

@@ -88,13 +88,13 @@ class LeaderElector:
         if leading == self._is_leader:
             return
         self._is_leader = leading
-        self._log.info("started leading" if leading else "stopped leading")
+        self._log.info("leading_started" if leading else "leading_stopped")
         callback = self._on_started if leading else self._on_stopped
         if callback is not None:
             try:
                 callback()
             except Exception:
-                self._log.exception("leader election callback failed")
+                self._log.exception("leader_callback_failed")
 
     def _observe(self, lease: JSON, now: float) -> dict[str, Any]:
         spec = dict(lease.get("spec") or {})
@@ -147,7 +147,7 @@ class LeaderElector:
             async with asyncio.timeout(budget):
                 return await self._try_acquire_or_renew()
         except (KubeError, TimeoutError) as exc:
-            self._log.debug("lease attempt failed", error=str(exc), error_type=type(exc).__name__)
+            self._log.debug("lease_attempt_failed", error=str(exc), error_type=type(exc).__name__)
             return False
 
     async def _acquire(self) -> None:
@@ -164,7 +164,7 @@ class LeaderElector:
             while not await self._attempt(deadline):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    self._log.warning("failed to renew the lease within the renew deadline")
+                    self._log.warning("lease_renew_deadline_missed")
                     return
                 await asyncio.sleep(min(self.retry_period, remaining))
 
@@ -179,9 +179,9 @@ class LeaderElector:
         try:
             async with asyncio.timeout(self.renew_deadline):
                 await self.client.replace_lease(self.namespace, self.name, body)
-            self._log.info("released the lease")
+            self._log.info("lease_released")
         except (KubeError, TimeoutError) as exc:
-            self._log.warning("could not release the lease", error=str(exc))
+            self._log.warning("lease_release_failed", error=str(exc))
 
     async def run(self) -> None:
         """Campaign, lead, and campaign again after losing the lease; release it when cancelled."""
@@ -282,13 +282,13 @@ class LeaseFollower:
         return holder, str(self._spec.get("acquireTime") or ""), int(self._spec.get("leaseTransitions") or 0)
 
     def _callback(self, leading: bool) -> None:
-        self._log.info("started leading" if leading else "stopped leading", holder=self.holder)
+        self._log.info("leading_started" if leading else "leading_stopped", holder=self.holder)
         callback = self._on_started if leading else self._on_stopped
         if callback is not None:
             try:
                 callback()
             except Exception:
-                self._log.exception("leader election callback failed")
+                self._log.exception("leader_callback_failed")
 
     def _update(self) -> None:
         term = self._observed_term()
@@ -307,7 +307,7 @@ class LeaseFollower:
         except NotFound:
             self._spec = {}
         except (KubeError, TimeoutError) as exc:
-            self._log.debug("lease read failed", error=str(exc), error_type=type(exc).__name__)
+            self._log.debug("lease_read_failed", error=str(exc), error_type=type(exc).__name__)
         else:
             self._spec = dict(lease.get("spec") or {})
 

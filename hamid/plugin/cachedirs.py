@@ -60,7 +60,7 @@ def sweep(directory: str, keep_uids: Collection[str], min_age_s: float) -> list[
                 continue
             shutil.rmtree(entry.path)
         except OSError as exc:
-            log.warning("cannot remove container cache directory", path=entry.path, error=str(exc))
+            log.warning("cache_dir_remove_failed", path=entry.path, error=str(exc))
             continue
         removed.append(entry.name)
     return removed
@@ -91,7 +91,7 @@ class CacheDirCleaner:
         keep = {objects.uid(p) for p in self.pods.pods()}
         removed = await asyncio.to_thread(sweep, self.directory, keep, self.min_age)
         if removed:
-            log.info("removed cache directories of pods gone from this node", directories=removed)
+            log.info("cache_dirs_removed", directories=removed)
         return removed
 
     async def run(self) -> None:
@@ -101,6 +101,4 @@ class CacheDirCleaner:
             try:
                 await self.sweep_once()
             except Exception as exc:  # never take the plugin down: the next sweep retries
-                log.exception(
-                    "container cache directory cleanup failed", directory=self.directory, error=str(exc)
-                )
+                log.exception("cache_dir_cleanup_failed", directory=self.directory, error=str(exc))

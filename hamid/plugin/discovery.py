@@ -319,7 +319,7 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         handle = lib.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(lib.nvmlDeviceGetUUID(handle))
     except lib.NVMLError as exc:
-        log.error("gpu skipped: NVML cannot identify it", index=index, error=str(exc))
+        log.error("gpu_skipped_unidentified", index=index, error=str(exc))
         return None
     healthy = True
     name, memory, bus, mig = "", 0, "", False
@@ -327,23 +327,23 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         name = _text(lib.nvmlDeviceGetName(handle))
     except lib.NVMLError as exc:
         healthy = False
-        log.error("gpu marked unhealthy: name unreadable", uuid=uuid, error=str(exc))
+        log.error("gpu_unhealthy_name_unreadable", uuid=uuid, error=str(exc))
     try:
         memory = int(lib.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
     except lib.NVMLError as exc:
         if getattr(exc, "value", None) != lib.NVML_ERROR_NOT_SUPPORTED:
             healthy = False
-        log.warning("gpu memory unreadable", uuid=uuid, error=str(exc))
+        log.warning("gpu_memory_unreadable", uuid=uuid, error=str(exc))
     try:
         bus = _text(lib.nvmlDeviceGetPciInfo(handle).busId)
     except lib.NVMLError as exc:
-        log.warning("gpu PCI bus id unreadable; NUMA unknown", uuid=uuid, error=str(exc))
+        log.warning("gpu_pci_bus_id_unreadable", numa="unknown", uuid=uuid, error=str(exc))
     try:
         current, _pending = lib.nvmlDeviceGetMigMode(handle)
         mig = current == lib.NVML_DEVICE_MIG_ENABLE
     except lib.NVMLError as exc:
         if getattr(exc, "value", None) != lib.NVML_ERROR_NOT_SUPPORTED:
-            log.warning("gpu MIG mode unreadable", uuid=uuid, error=str(exc))
+            log.warning("gpu_mig_mode_unreadable", uuid=uuid, error=str(exc))
     return PhysicalGpu(
         uuid=uuid,
         index=index,
@@ -552,7 +552,7 @@ def _register_xid_events(
             nvml.nvmlDeviceRegisterEvents(handle, types & supported, event_set)
         except nvml.NVMLError as exc:
             if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
-                log.warning("gpu too old for XID health checks", uuid=uuid)
+                log.warning("gpu_xid_checks_unsupported", uuid=uuid)
                 continue
             on_unhealthy(uuid, f"cannot register for NVML events: {exc}")
 
@@ -568,7 +568,7 @@ def _on_xid_event(
     """One XID event: ignored by policy, or its GPU (every GPU, when unidentifiable) unhealthy."""
     xid = int(data.eventData)
     if not policy.is_critical(xid):
-        log.info("ignored XID", xid=xid)
+        log.info("xid_ignored", xid=xid)
         on_xid("", xid, False)
         return
     try:

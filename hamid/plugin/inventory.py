@@ -62,11 +62,11 @@ class Inventory:
         chosen: list[PhysicalGpu] = []
         for gpu in sorted(gpus, key=lambda g: g.index):
             if gpu.uuid in settings.filter_uuids or gpu.index in settings.filter_indices:
-                log.info("gpu filtered out by filterdevices", uuid=gpu.uuid, index=gpu.index)
+                log.info("gpu_filtered_out", by="filterdevices", uuid=gpu.uuid, index=gpu.index)
                 continue
             if gpu.mig_enabled and settings.operating_mode != MODE_MIG:
                 log.warning(
-                    "gpu has MIG enabled but the node is not in mig operating mode; not advertised",
+                    "gpu_mig_enabled_not_advertised",
                     uuid=gpu.uuid,
                     mode=settings.operating_mode,
                 )
@@ -118,7 +118,7 @@ class Inventory:
             capacity = self._capacity(gpu)
             if capacity is None:
                 log.warning(
-                    "gpu memory unknown and no preconfigureddevicememory; not registered", uuid=gpu.uuid
+                    "gpu_memory_unknown_not_registered", hint="set preconfigureddevicememory", uuid=gpu.uuid
                 )
                 continue
             devmem, devcore = capacity
@@ -143,7 +143,7 @@ class Inventory:
             return False
         self._healthy[uuid] = False
         self._unhealthy_reason[uuid] = reason
-        log.warning("gpu marked unhealthy", uuid=uuid, reason=reason)
+        log.warning("gpu_marked_unhealthy", uuid=uuid, reason=reason)
         self._bump()
         return True
 

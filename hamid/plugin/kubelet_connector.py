@@ -96,7 +96,7 @@ class KubeletConnector:
         await server.start(path=str(self.socket_path))
         self.servers_started += 1
         own = await asyncio.to_thread(_inode, self.socket_path)
-        log.info("device plugin serving", socket=str(self.socket_path))
+        log.info("device_plugin_serving", socket=str(self.socket_path))
         try:
             await self._watch(own)
         finally:
@@ -117,10 +117,10 @@ class KubeletConnector:
             kubelet = await asyncio.to_thread(_inode, self.kubelet_socket)
             mine = await asyncio.to_thread(_inode, self.socket_path)
             if mine != own:
-                log.warning("plugin socket removed (kubelet restart?); restarting the server")
+                log.warning("plugin_socket_removed_restarting")
                 return
             if registered_with is not None and kubelet != registered_with:
-                log.warning("kubelet.sock removed or recreated; restarting the server to register again")
+                log.warning("kubelet_socket_replaced_restarting")
                 return
             if registered_with is None and kubelet is not None and loop.time() >= next_try:
                 try:
@@ -128,7 +128,7 @@ class KubeletConnector:
                     registered_with = kubelet
                     self.registered = True
                 except (GRPCError, OSError, TimeoutError, StreamTerminatedError) as exc:
-                    log.warning("registration with kubelet failed; retrying", error=str(exc))
+                    log.warning("kubelet_registration_failed_retrying", error=str(exc))
                     next_try = loop.time() + self.retry_interval
             await asyncio.sleep(self.poll_interval)
 
@@ -146,4 +146,4 @@ class KubeletConnector:
         finally:
             channel.close()
         self.registrations += 1
-        log.info("registered with kubelet", resource=self.resource_name, endpoint=self.endpoint)
+        log.info("kubelet_registered", resource=self.resource_name, endpoint=self.endpoint)

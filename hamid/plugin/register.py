@@ -69,7 +69,7 @@ class NodeRegistrar:
         """Write the annotations that differ from the node's; returns whether a patch was sent."""
         infos = self.inventory.device_infos()
         if not infos:
-            log.warning("no GPUs to register on this node; the register annotation is not written")
+            log.warning("node_registration_skipped_no_gpus")
             return False
         wanted = {NODE_REGISTER: encode_node_devices(infos)}
         asymmetric: tuple[tuple[str, str], ...] = ()
@@ -86,9 +86,9 @@ class NodeRegistrar:
         self.last_written.update(changed)
         self.patches += 1
         self.node_registered = True
-        log.info("node devices registered", node=self.node_name, devices=len(infos), keys=sorted(changed))
+        log.info("node_devices_registered", node=self.node_name, devices=len(infos), keys=sorted(changed))
         if NODE_SCORE in changed and asymmetric:
-            log.warning("asymmetric GPU P2P links scored 0", node=self.node_name, pairs=list(asymmetric))
+            log.warning("gpu_links_asymmetric_scored_zero", node=self.node_name, pairs=list(asymmetric))
             node = self.pods.node() or {"kind": "Node", "metadata": {"name": self.node_name}}
             await self.events.record(node, "Warning", ASYMMETRIC_REASON, ASYMMETRIC_MESSAGE)
         return True
@@ -102,7 +102,7 @@ class NodeRegistrar:
                 delay = self.interval
             except (KubeError, InvalidInput) as exc:
                 log.warning(
-                    "node registration failed; retrying", error=str(exc), retry_in_s=self.error_interval
+                    "node_registration_failed_retrying", error=str(exc), retry_in_s=self.error_interval
                 )
                 delay = self.error_interval
             with contextlib.suppress(TimeoutError):

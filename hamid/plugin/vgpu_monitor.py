@@ -205,7 +205,7 @@ def scan(hook_path: str) -> UsageScan:
             try:
                 devices = read_region(os.path.join(directory, file))
             except (OSError, RegionError) as exc:
-                log.debug("cache file skipped", file=file, container_dir=name, error=str(exc))
+                log.debug("cache_file_skipped", file=file, container_dir=name, error=str(exc))
                 skipped += 1
                 continue
             found.append(ContainerUsage(uid, container, devices))

@@ -383,7 +383,7 @@ class KubeSchedulerDriver:
                 await self._nodes.wait_synced(timeout=30.0)
                 await self._assigned.wait_synced(timeout=30.0)
                 await self._pods.wait_synced(timeout=30.0)
-                self._log.info("kube-scheduler driver started", extender=self.extender_url)
+                self._log.info("kube_scheduler_started", extender=self.extender_url)
                 while True:
                     key, uid = await self._queue.get()
                     self._queued.discard(uid)
@@ -416,7 +416,7 @@ class KubeSchedulerDriver:
         except SchedulingError as exc:
             self._attempts[uid] = attempt
             delay = self.backoff_delay(attempt)
-            bound.warning("scheduling attempt failed", error=exc.message, retry_in_s=delay)
+            bound.warning("scheduling_attempt_failed", error=exc.message, retry_in_s=delay)
             self.history.append(SchedulingAttempt(key, uid, attempt, error=exc.message, retry_in=delay))
             self._changed()
             await events.record(pod, "Warning", REASON_FAILED_SCHEDULING, exc.message)
@@ -428,7 +428,7 @@ class KubeSchedulerDriver:
         self._assumed[uid] = (node, pod, asyncio.get_running_loop().time())
         self.bound[key] = node
         self.history.append(SchedulingAttempt(key, uid, attempt, node=node))
-        bound.info("pod bound through the extender", node=node)
+        bound.info("pod_bound_through_extender", node=node)
         self._changed()
         await events.record(pod, "Normal", REASON_SCHEDULED, f"Successfully assigned {key} to {node}")
 

@@ -135,7 +135,7 @@ class MutatingAdmission:
             response = await self._post(webhook, self._review(webhook, resource, namespace, obj))
         except WebhookCallError as err:
             if webhook.get("failurePolicy") == "Ignore":
-                log.warning("admission webhook failed, ignored", webhook=name, error=str(err))
+                log.warning("admission_webhook_failed_ignored", webhook=name, error=str(err))
                 self.calls.append((name, "ignored"))
                 return obj
             self.calls.append((name, "failed"))

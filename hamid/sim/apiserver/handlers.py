@@ -169,7 +169,7 @@ class RequestHandler:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as err:
-            _log().exception("apiserver request failed", method=request.method, path=path)
+            _log().exception("apiserver_request_failed", method=request.method, path=path)
             return _error_response(ApiError(500, f"internal error: {type(err).__name__}: {err}"))
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:

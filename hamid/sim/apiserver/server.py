@@ -117,7 +117,7 @@ class ApiServer:
         self.port = int(sockets[0][1])
         self._runner = runner
         self.stopping.clear()
-        _log().info("apiserver started", url=self.url)
+        _log().info("apiserver_started", url=self.url)
 
     async def stop(self) -> None:
         """End every watch and stop listening."""
