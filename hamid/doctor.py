@@ -103,70 +103,71 @@ def _has_cpu_reservation(config: Mapping[str, Any]) -> bool:
 
 def check_kubelet(config: Mapping[str, Any]) -> list[Finding]:
     """The four kubelet settings NUMA alignment needs (seed: "Node prerequisites")."""
-    findings: list[Finding] = []
     kind = config.get("kind")
-    if kind != "KubeletConfiguration":
-        findings.append(
+    findings = (
+        []
+        if kind == "KubeletConfiguration"
+        else [
             _warn(
                 "kubelet config",
                 f"kind is {kind!r}, not 'KubeletConfiguration'",
                 "point --kubelet-config at the file kubelet reads (its --config flag)",
             )
-        )
+        ]
+    )
+    checks = (_check_cpu_manager, _check_cpu_reservation, _check_topology_policy, _check_topology_scope)
+    return [*findings, *(check(config) for check in checks)]
+
+
+def _check_cpu_manager(config: Mapping[str, Any]) -> Finding:
     policy = config.get("cpuManagerPolicy", "none")
     if policy == "static":
-        findings.append(_ok("kubelet cpuManagerPolicy", "static"))
-    else:
-        findings.append(
-            _fail(
-                "kubelet cpuManagerPolicy",
-                f"is {policy!r}: CPUs give the Topology Manager no NUMA hints",
-                "set cpuManagerPolicy: static (drain, stop kubelet, remove "
-                "/var/lib/kubelet/cpu_manager_state, start kubelet)",
-            )
-        )
+        return _ok("kubelet cpuManagerPolicy", "static")
+    return _fail(
+        "kubelet cpuManagerPolicy",
+        f"is {policy!r}: CPUs give the Topology Manager no NUMA hints",
+        "set cpuManagerPolicy: static (drain, stop kubelet, remove "
+        "/var/lib/kubelet/cpu_manager_state, start kubelet)",
+    )
+
+
+def _check_cpu_reservation(config: Mapping[str, Any]) -> Finding:
     if _has_cpu_reservation(config):
-        findings.append(_ok("kubelet reservedSystemCPUs", "a CPU reservation is set"))
-    else:
-        findings.append(
-            _fail(
-                "kubelet reservedSystemCPUs",
-                "no CPU reservation (reservedSystemCPUs, kubeReserved.cpu or systemReserved.cpu); "
-                "the static CPU manager refuses to start without one",
-                'set reservedSystemCPUs, e.g. "0,1"',
-            )
+        return _ok("kubelet reservedSystemCPUs", "a CPU reservation is set")
+    return _fail(
+        "kubelet reservedSystemCPUs",
+        "no CPU reservation (reservedSystemCPUs, kubeReserved.cpu or systemReserved.cpu); "
+        "the static CPU manager refuses to start without one",
+        'set reservedSystemCPUs, e.g. "0,1"',
+    )
+
+
+def _check_topology_policy(config: Mapping[str, Any]) -> Finding:
+    policy = config.get("topologyManagerPolicy", "none")
+    if policy == "single-numa-node":
+        return _ok("kubelet topologyManagerPolicy", "single-numa-node")
+    if policy in ("best-effort", "restricted"):
+        return _warn(
+            "kubelet topologyManagerPolicy",
+            f"is {policy!r}: CPUs and GPUs are not guaranteed to share one NUMA node",
+            "set topologyManagerPolicy: single-numa-node",
         )
-    tm_policy = config.get("topologyManagerPolicy", "none")
-    if tm_policy == "single-numa-node":
-        findings.append(_ok("kubelet topologyManagerPolicy", "single-numa-node"))
-    elif tm_policy in ("best-effort", "restricted"):
-        findings.append(
-            _warn(
-                "kubelet topologyManagerPolicy",
-                f"is {tm_policy!r}: CPUs and GPUs are not guaranteed to share one NUMA node",
-                "set topologyManagerPolicy: single-numa-node",
-            )
-        )
-    else:
-        findings.append(
-            _fail(
-                "kubelet topologyManagerPolicy",
-                f"is {tm_policy!r}: kubelet never restricts GPU replicas to the CPUs' NUMA node",
-                "set topologyManagerPolicy: single-numa-node",
-            )
-        )
+    return _fail(
+        "kubelet topologyManagerPolicy",
+        f"is {policy!r}: kubelet never restricts GPU replicas to the CPUs' NUMA node",
+        "set topologyManagerPolicy: single-numa-node",
+    )
+
+
+def _check_topology_scope(config: Mapping[str, Any]) -> Finding:
     scope = config.get("topologyManagerScope", "container")
     if scope == "container":
-        findings.append(_ok("kubelet topologyManagerScope", "container"))
-    else:
-        findings.append(
-            _warn(
-                "kubelet topologyManagerScope",
-                f"is {scope!r}: hamid aligns and refits each container on its own",
-                "set topologyManagerScope: container",
-            )
-        )
-    return findings
+        return _ok("kubelet topologyManagerScope", "container")
+    return _warn(
+        "kubelet topologyManagerScope",
+        f"is {scope!r}: hamid aligns and refits each container on its own",
+        "set topologyManagerScope: container",
+    )
 
 
 def max_allowable_numa_nodes(config: Mapping[str, Any]) -> int:

@@ -102,6 +102,19 @@ class WatchEvent:
     object: JSON
 
 
+def _watch_event(line: bytes, what: str) -> WatchEvent:
+    """A watch line decoded (ValueError if not JSON); an ERROR event raises its error (410: ``Gone``)."""
+    event = json.loads(line)
+    kind = event.get("type", "")
+    obj = event.get("object") or {}
+    if kind == "ERROR":
+        code = int(obj.get("code") or 500)
+        raise error_from_code(
+            code, f"{what}: {obj.get('message', '')}", reason=str(obj.get("reason") or ""), body=obj
+        )
+    return WatchEvent(kind, obj)
+
+
 def _metadata_patch(
     annotations: Mapping[str, str | None] | None,
     labels: Mapping[str, str | None] | None,
@@ -286,39 +299,13 @@ class KubeClient:
             "labelSelector": label_selector or None,
         }
         what = f"watch {path}"
-        stream_timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=self.request_timeout,
-            sock_connect=self.request_timeout,
-            sock_read=timeout_seconds + self.request_timeout,
-        )
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                response = await self._send(
-                    "GET", path, query=query, body=None, content_type=None, request_timeout=stream_timeout
-                )
-        except TimeoutError as exc:
-            raise Timeout(f"{what}: no answer within {self.request_timeout:g}s") from exc
-        except aiohttp.ClientError as exc:
-            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        response = await self._open_stream(path, query, timeout_seconds, what)
         try:
             if not 200 <= response.status <= 299:
                 raise error_from_status(response.status, await response.read(), what)
             async for line in response.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind = event.get("type", "")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    code = int(obj.get("code") or 500)
-                    raise error_from_code(
-                        code,
-                        f"{what}: {obj.get('message', '')}",
-                        reason=str(obj.get("reason") or ""),
-                        body=obj,
-                    )
-                yield WatchEvent(kind, obj)
+                if line.strip():
+                    yield _watch_event(line, what)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise Timeout(f"{what}: stream stalled") from exc
         except aiohttp.ClientError as exc:
@@ -327,6 +314,26 @@ class KubeClient:
             raise KubeError(f"{what}: undecodable watch line: {exc}") from exc
         finally:
             response.close()
+
+    async def _open_stream(
+        self, path: str, query: Mapping[str, str | None], timeout_seconds: int, what: str
+    ) -> aiohttp.ClientResponse:
+        """Send a watch GET: headers within ``request_timeout``, then no byte-gap over the window."""
+        stream_timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self.request_timeout,
+            sock_connect=self.request_timeout,
+            sock_read=timeout_seconds + self.request_timeout,
+        )
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await self._send(
+                    "GET", path, query=query, body=None, content_type=None, request_timeout=stream_timeout
+                )
+        except TimeoutError as exc:
+            raise Timeout(f"{what}: no answer within {self.request_timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
     async def create(
         self,

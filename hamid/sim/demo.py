@@ -481,42 +481,64 @@ async def _refused_run(
             choice_numa == [blocked] and (cpu_numa is None or cpu_numa != blocked),
             f"scheduler NUMA {choice_numa}, CPUs NUMA {cpu_numa}, CPU-full NUMA {blocked}",
         )
-        if refit_enabled:
-            failed = [e for e in events if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED]
-            result.check(
-                "refit refused (NumaRefitFailed)",
-                len(calls) == 1 and bool(failed) and reason_text in str(failed[0].get("message")),
-                str(failed[0].get("message")) if failed else "no NumaRefitFailed event",
-            )
-        else:
-            result.check(
-                "no refit request sent (refit disabled)",
-                len(calls) == 1 and calls[0].outcome == "unaligned" and not events,
-                f"{len(calls)} mismatch(es), events {len(events)}",
-            )
+        _refusal_checks(result, calls, events, refit_enabled=refit_enabled, reason_text=reason_text)
         result.check(
             "annotations unchanged", state["allocatedAnnotation"] == choice, str(state["allocatedAnnotation"])
         )
         if strict:
-            released = await _released(cluster)
-            result.check(
-                "allocation failed: pod Failed, bind-phase failed, node lock released",
-                state["phase"] == "Failed"
-                and state["bindPhase"] == ann.BIND_PHASE_FAILED
-                and _lock_free(cluster, node)
-                and admission is not None
-                and not admission.admitted,
-                f"phase {state['phase']}, bind-phase {state['bindPhase']}, "
-                f"lock free {_lock_free(cluster, node)}",
-            )
-            result.check(
-                "no GPU held after the failure",
-                released and _node_idle(cluster, node),
-                f"reservation released: {released}",
-            )
-            result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
+            await _strict_failure_checks(cluster, result, state, admission, node)
         else:
             _unaligned_checks(cluster, result, state, admission, choice, node)
+
+
+def _refusal_checks(
+    result: ScenarioResult,
+    calls: list[Any],
+    events: list[dict[str, Any]],
+    *,
+    refit_enabled: bool,
+    reason_text: str,
+) -> None:
+    """The refit was asked for and refused (NumaRefitFailed), or never asked for when disabled."""
+    if refit_enabled:
+        failed = [e for e in events if e.get("reason") == R.EVENT_NUMA_REFIT_FAILED]
+        result.check(
+            "refit refused (NumaRefitFailed)",
+            len(calls) == 1 and bool(failed) and reason_text in str(failed[0].get("message")),
+            str(failed[0].get("message")) if failed else "no NumaRefitFailed event",
+        )
+    else:
+        result.check(
+            "no refit request sent (refit disabled)",
+            len(calls) == 1 and calls[0].outcome == "unaligned" and not events,
+            f"{len(calls)} mismatch(es), events {len(events)}",
+        )
+
+
+async def _strict_failure_checks(
+    cluster: SimCluster,
+    result: ScenarioResult,
+    state: dict[str, Any],
+    admission: PodAdmission | None,
+    node: str,
+) -> None:
+    """strict: the pod failed, its bind-phase says so, and neither the node lock nor a GPU is held."""
+    released = await _released(cluster)
+    result.check(
+        "allocation failed: pod Failed, bind-phase failed, node lock released",
+        state["phase"] == "Failed"
+        and state["bindPhase"] == ann.BIND_PHASE_FAILED
+        and _lock_free(cluster, node)
+        and admission is not None
+        and not admission.admitted,
+        f"phase {state['phase']}, bind-phase {state['bindPhase']}, lock free {_lock_free(cluster, node)}",
+    )
+    result.check(
+        "no GPU held after the failure",
+        released and _node_idle(cluster, node),
+        f"reservation released: {released}",
+    )
+    result.step("check", f"pod {state['phase']}, bind-phase {state['bindPhase']}, node lock released")
 
 
 def _unaligned_checks(

@@ -14,9 +14,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
 from hamid.tls import server_ssl_context
+from tests.builders import pod
 from tests.fixtures.tls import TLSFiles
-
-from .manifests import pod
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -150,7 +149,7 @@ async def test_object_and_namespace_selectors_and_rules(
             "metadata": {"name": "skip", "labels": {"hami.io/webhook": "ignore"}},
         }
     )
-    await core.create_namespaced_pod("default", pod("labelled", **{"hami.io/webhook": "ignore"}))
+    await core.create_namespaced_pod("default", pod("labelled", labels={"hami.io/webhook": "ignore"}))
     await core.create_namespaced_pod("skip", pod("in-skipped-namespace", namespace="skip"))
     await core.create_namespace({"metadata": {"name": "other"}})  # a namespace is no pod: rules do not match
     assert hook.reviews == []

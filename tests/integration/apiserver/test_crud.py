@@ -10,8 +10,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.errors import ApiError
-
-from .manifests import pod
+from tests.builders import pod
 
 
 def status_of(err: ApiException) -> dict:
@@ -22,7 +21,7 @@ def status_of(err: ApiException) -> dict:
 
 
 async def test_create_get_list_replace_delete(core: client.CoreV1Api, apiserver: ApiServer) -> None:
-    created = await core.create_namespaced_pod("default", pod("a", app="x"))
+    created = await core.create_namespaced_pod("default", pod("a", labels={"app": "x"}))
     assert created.metadata.uid
     assert created.metadata.creation_timestamp is not None
     assert created.metadata.generation == 1
@@ -203,7 +202,7 @@ async def test_graceful_pod_deletion() -> None:
 
 async def test_delete_collection(core: client.CoreV1Api, apiserver: ApiServer) -> None:
     for name, tier in (("a", "web"), ("b", "web"), ("c", "db")):
-        await core.create_namespaced_pod("default", pod(name, tier=tier))
+        await core.create_namespaced_pod("default", pod(name, labels={"tier": tier}))
     await core.delete_collection_namespaced_pod("default", label_selector="tier=web")
     assert [p["metadata"]["name"] for p in apiserver.list("pods", "default")] == ["c"]
 

@@ -8,8 +8,7 @@ import pytest
 
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.errors import ApiError
-
-from .manifests import pod
+from tests.builders import pod
 
 
 def _with_resources(name: str, **resources: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-
-from .manifests import pod
+from tests.builders import pod
 
 
 async def test_fail_next_from_python(core: client.CoreV1Api, apiserver: ApiServer) -> None:

@@ -11,8 +11,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.sim.apiserver import ApiServer
-
-from .manifests import pod
+from tests.builders import pod, quota
 
 
 def binding(name: str, node: str, **annotations: str) -> dict:
@@ -160,13 +159,9 @@ async def test_leases(api: client.ApiClient) -> None:
 
 
 async def test_resource_quotas(core: client.CoreV1Api) -> None:
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "gpu", "namespace": "team"},
-        "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}},
-    }
-    await core.create_namespaced_resource_quota("team", quota)
+    await core.create_namespaced_resource_quota(
+        "team", quota("gpu", "team", {"limits.nvidia.com/gpumem": "8000"})
+    )
     listed = await core.list_resource_quota_for_all_namespaces()
     assert [q.spec.hard for q in listed.items] == [{"limits.nvidia.com/gpumem": "8000"}]
     updated = await core.patch_namespaced_resource_quota_status(

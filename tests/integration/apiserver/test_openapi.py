@@ -13,8 +13,7 @@ from hamid.sim.apiserver.openapi_gen import DEFINITIONS_FILE, _json_schema_defin
 from hamid.sim.apiserver.protobuf import MAGIC, MEDIA_TYPE
 from hamid.sim.apiserver.resources import RESOURCES
 from hamid.sim.apiserver.tables import human_duration, pod_status
-
-from .manifests import pod
+from tests.builders import pod
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 

@@ -11,15 +11,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-
-from .manifests import pod
+from tests.builders import pod
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 
 
 async def test_merge_patch_sets_and_removes(core: client.CoreV1Api) -> None:
-    await core.create_namespaced_pod("default", pod("m", a="1", b="2"))
+    await core.create_namespaced_pod("default", pod("m", labels={"a": "1", "b": "2"}))
     patched = await core.patch_namespaced_pod(
         "m", "default", {"metadata": {"labels": {"a": None, "c": "3"}}}, _content_type=MERGE
     )
@@ -69,7 +68,7 @@ async def test_strategic_merge_patch_merges_keyed_lists(core: client.CoreV1Api) 
 
 
 async def test_json_patch_operations(core: client.CoreV1Api) -> None:
-    await core.create_namespaced_pod("default", pod("jp", a="1"))
+    await core.create_namespaced_pod("default", pod("jp", labels={"a": "1"}))
     ops = [
         {"op": "test", "path": "/metadata/labels/a", "value": "1"},
         {"op": "add", "path": "/metadata/annotations", "value": {"x": "1"}},

@@ -7,15 +7,21 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-
-from .manifests import pod
+from tests.builders import pod
 
 
 @pytest.fixture
 async def seeded(apiserver: ApiServer) -> ApiServer:
-    apiserver.put({**pod("a1", "ns-a", node="n1", tier="web", env="prod"), "status": {"phase": "Running"}})
-    apiserver.put({**pod("a2", "ns-a", node="n2", tier="db", env="dev"), "status": {"phase": "Pending"}})
-    apiserver.put({**pod("b1", "ns-b", node="n1", tier="web"), "status": {"phase": "Succeeded"}})
+    apiserver.put(
+        {
+            **pod("a1", "ns-a", node="n1", labels={"tier": "web", "env": "prod"}),
+            "status": {"phase": "Running"},
+        }
+    )
+    apiserver.put(
+        {**pod("a2", "ns-a", node="n2", labels={"tier": "db", "env": "dev"}), "status": {"phase": "Pending"}}
+    )
+    apiserver.put({**pod("b1", "ns-b", node="n1", labels={"tier": "web"}), "status": {"phase": "Succeeded"}})
     apiserver.put(pod("b2", "ns-b"))
     return apiserver
 

@@ -12,8 +12,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.sim.apiserver import ApiServer
-
-from .manifests import pod
+from tests.builders import pod
 
 
 async def collect(stream: Any, count: int, limit_s: float = 5.0) -> list[tuple[str, str]]:
@@ -153,10 +152,10 @@ async def test_send_initial_events_ends_with_bookmark(core: client.CoreV1Api, ap
 
 async def test_selectors_apply_to_watch_events(core: client.CoreV1Api, apiserver: ApiServer) -> None:
     start = str(apiserver.resource_version)
-    apiserver.put(pod("p", node=None, app="a"))
+    apiserver.put(pod("p", node=None, labels={"app": "a"}))
     apiserver.patch("Pod", "default", "p", {"spec": {"nodeName": "n1"}})
     apiserver.patch("Pod", "default", "p", {"metadata": {"labels": {"app": "b"}}})
-    apiserver.put(pod("q", node="n2", app="a"))
+    apiserver.put(pod("q", node="n2", labels={"app": "a"}))
     w = watch.Watch()
     async with w:
         node_events = await collect(
@@ -221,7 +220,7 @@ async def test_watch_mirror_equals_list_after_churn(core: client.CoreV1Api, apis
         name = f"p{rng.randrange(60)}"
         action = rng.choice(("put", "patch", "delete"))
         if action == "put":
-            apiserver.put(pod(name, node=f"n{rng.randrange(3)}", step=str(step)))
+            apiserver.put(pod(name, node=f"n{rng.randrange(3)}", labels={"step": str(step)}))
         elif apiserver.get("Pod", "default", name) is None:
             continue
         elif action == "patch":

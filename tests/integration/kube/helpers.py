@@ -14,27 +14,6 @@ def fast_backoff() -> Backoff:
     return Backoff(initial=0.02, maximum=0.2)
 
 
-def pod(name: str, namespace: str = "default", node: str | None = None, **labels: str) -> dict[str, Any]:
-    """A minimal pod manifest."""
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-    if node:
-        spec["nodeName"] = node
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels:
-        meta["labels"] = dict(labels)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-def node(name: str, **labels: str) -> dict[str, Any]:
-    """A minimal node manifest."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": dict(labels)},
-        "status": {"allocatable": {"cpu": "8"}, "capacity": {"cpu": "8"}},
-    }
-
-
 async def eventually(check: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
     """Poll ``check`` until true; fail the test after ``within`` seconds."""
     try:

@@ -11,7 +11,8 @@ from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache
 from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
 from hamid.sim.apiserver import ApiServer
-from tests.integration.kube.helpers import Recorder, eventually, fast_backoff, node, pod
+from tests.builders import node, pod, quota
+from tests.integration.kube.helpers import Recorder, eventually, fast_backoff
 
 
 def recorded_cache(cls: type[WatchCache], kube: KubeClient, **kwargs: Any) -> tuple[Any, Recorder]:
@@ -115,8 +116,8 @@ async def test_node_scoped_pod_cache(kube: KubeClient) -> None:
 
 
 async def test_label_scoped_pod_cache(kube: KubeClient) -> None:
-    await kube.create_pod(pod("gpu", app="gpu"))
-    await kube.create_pod(pod("cpu", app="cpu"))
+    await kube.create_pod(pod("gpu", labels={"app": "gpu"}))
+    await kube.create_pod(pod("cpu", labels={"app": "cpu"}))
     cache, rec = recorded_cache(PodCache, kube, label_selector="app=gpu")
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(cache.run())
@@ -182,9 +183,9 @@ async def test_gone_relists_and_emits_differences(kube: KubeClient, apiserver: A
 
 
 async def test_node_cache_and_quota_cache(kube: KubeClient) -> None:
-    await kube.create_node(node("n-a"))
+    await kube.create_node(node("n-a", allocatable={"cpu": "8"}, capacity={"cpu": "8"}))
     await kube.create_namespace("q")
-    await kube.create(RESOURCE_QUOTAS, {"metadata": {"name": "rq", "namespace": "q"}, "spec": {"hard": {}}})
+    await kube.create(RESOURCE_QUOTAS, quota("rq", "q", {}))
     nodes, node_rec = recorded_cache(NodeCache, kube)
     quotas = ResourceQuotaCache(kube, backoff=fast_backoff())
     async with asyncio.TaskGroup() as tg:

@@ -8,7 +8,8 @@ from typing import Any
 
 from hamid.kube.cache import NodeCache, PodCache, WatchCache, trim_node, trim_pod
 from hamid.kube.client import KubeClient
-from tests.integration.kube.helpers import eventually, fast_backoff, node, pod
+from tests.builders import node, pod
+from tests.integration.kube.helpers import eventually, fast_backoff
 
 UPDATES = 5_000
 PODS = 150

@@ -10,11 +10,11 @@ import yaml
 
 from hamid.kube.client import LEASES, NODES, PODS, RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import AlreadyExists, Conflict, KubeError, NotFound, Timeout
-from tests.integration.kube.helpers import node, pod
+from tests.builders import node, pod
 
 
 async def test_pod_crud_and_metadata_patch(kube: KubeClient) -> None:
-    created = await kube.create_pod(pod("p1", app="web"))
+    created = await kube.create_pod(pod("p1", labels={"app": "web"}))
     assert created["metadata"]["uid"]
     got = await kube.get_pod("default", "p1")
     assert got["metadata"]["uid"] == created["metadata"]["uid"]
@@ -58,9 +58,9 @@ async def test_metadata_patch_needs_something(kube: KubeClient) -> None:
 
 async def test_list_pods_with_selectors(kube: KubeClient) -> None:
     await kube.create_namespace("team-a")
-    await kube.create_pod(pod("a1", "team-a", node="n1", app="x"))
-    await kube.create_pod(pod("a2", "team-a", node="n2", app="y"))
-    await kube.create_pod(pod("d1", "default", node="n1", app="x"))
+    await kube.create_pod(pod("a1", "team-a", node="n1", labels={"app": "x"}))
+    await kube.create_pod(pod("a2", "team-a", node="n2", labels={"app": "y"}))
+    await kube.create_pod(pod("d1", "default", node="n1", labels={"app": "x"}))
 
     items, rv = await kube.list_pods()
     assert {p["metadata"]["name"] for p in items} >= {"a1", "a2", "d1"}
@@ -100,8 +100,8 @@ async def test_pod_status_and_binding(kube: KubeClient) -> None:
 
 
 async def test_nodes(kube: KubeClient) -> None:
-    await kube.create_node(node("gpu-1", pool="a"))
-    await kube.create_node(node("gpu-2", pool="b"))
+    await kube.create_node(node("gpu-1", labels={"pool": "a"}))
+    await kube.create_node(node("gpu-2", labels={"pool": "b"}))
     got = await kube.get_node("gpu-1")
     assert got["metadata"]["labels"] == {"pool": "a"}
     items, _ = await kube.list_nodes(label_selector="pool=b")

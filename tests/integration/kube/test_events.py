@@ -7,7 +7,7 @@ from typing import Any
 from hamid.kube.client import EVENTS, KubeClient
 from hamid.kube.events import EventRecorder
 from hamid.model.reasons import EVENT_FILTERING_FAILED, EVENT_NUMA_REFIT_SUCCEED
-from tests.integration.kube.helpers import node, pod
+from tests.builders import node, pod
 
 
 async def events_for(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:

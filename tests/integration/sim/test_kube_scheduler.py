@@ -20,6 +20,7 @@ from hamid.sim.kube_scheduler import (
     pod_requests,
     resource_fit_reasons,
 )
+from tests import builders
 
 SCHEDULER = "hami-scheduler"
 #: What each test node publishes (like the simulated kubelet does for its machine).
@@ -100,13 +101,7 @@ def pod(
     name: str, scheduler: str = SCHEDULER, *, cpu: str | None = None, memory: str | None = None
 ) -> dict[str, Any]:
     limits = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
-    container: dict[str, Any] = {"name": "main", "image": "busybox"}
-    if limits:
-        container["resources"] = {"limits": limits}
-    return {
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedulerName": scheduler, "containers": [container]},
-    }
+    return builders.pod(name, scheduler=scheduler, containers=[builders.container(limits=limits or None)])
 
 
 async def events_for(kube: KubeClient, name: str, reason: str) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from hamid.sim.kubelet import (
     sockets_in,
 )
 from hamid.sim.machine import parse_machine_text
+from tests import builders
 from tests.integration.sim.fakeplugin import FakePlugin, device
 
 R = "example.com/gpu"
@@ -76,13 +77,8 @@ def pod(name: str, cpu: str | None, gpus: int | None, *, init: list[dict] | None
         limits |= {"cpu": cpu, "memory": "1Gi"}
     if gpus is not None:
         limits[R] = str(gpus)
-    spec: dict[str, Any] = {
-        "nodeName": NODE,
-        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
-    }
-    if init:
-        spec["initContainers"] = init
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    containers = [builders.container(limits=limits)]
+    return builders.pod(name, node=NODE, containers=containers, init_containers=init or ())
 
 
 async def node_resource(kube: KubeClient, section: str) -> str | None:

@@ -23,6 +23,7 @@ from hamid.sim.apiserver import ApiServer
 from hamid.sim.kubelet import ASSIGNMENT_ANNOTATION, SimKubelet, read_assignment
 from hamid.sim.kubelet.config import KubeletConfig
 from hamid.sim.machine import load_machine_file, parse_machine_text, sample_machine_path
+from tests import builders
 from tests.integration.sim.fakeplugin import FakePlugin, device
 
 R = "example.com/gpu"
@@ -80,14 +81,12 @@ def container(
         limits |= {"cpu": cpu, "memory": memory}
     if gpus is not None:
         limits[R] = str(gpus)
-    return {"name": name, "image": "busybox", "resources": {"limits": limits}, **extra}
+    return builders.container(name, limits=limits, **extra)
 
 
 def pod(name: str, *containers: dict[str, Any], grace: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"nodeName": NODE, "containers": list(containers)}
-    if grace is not None:
-        spec["terminationGracePeriodSeconds"] = grace
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    spec = {} if grace is None else {"terminationGracePeriodSeconds": grace}
+    return builders.pod(name, node=NODE, containers=containers, spec=spec)
 
 
 async def lister(kubelet: SimKubelet) -> tuple[Channel, PodResourcesListerStub]:

@@ -18,6 +18,7 @@ from hamid.model.devices import MODE_HAMI_CORE, ContainerDevice, DeviceInfo
 from hamid.model.reasons import EVENT_NUMA_REFIT_SUCCEED
 from hamid.sim.apiserver import ApiServer
 from hamid.status import collect, render_text
+from tests import builders
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,30 +30,20 @@ def gpu(i: int, numa: int) -> DeviceInfo:
 def pod(
     name: str, devices: list[list[ContainerDevice]], phase: str = "Running", **spec: Any
 ) -> dict[str, Any]:
-    containers = [{"name": f"c{i}", "image": "cuda"} for i in range(len(devices))]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "annotations": {DEVICES_ALLOCATED: encode_pod_devices(devices)},
-        },
-        "spec": {"nodeName": "n1", "containers": containers, **spec},
-        "status": {"phase": phase},
-    }
+    return builders.pod(
+        name,
+        node="n1",
+        annotations={DEVICES_ALLOCATED: encode_pod_devices(devices)},
+        containers=[builders.container(f"c{i}", image="cuda") for i in range(len(devices))],
+        status={"phase": phase},
+        spec=spec,
+    )
 
 
 async def seed(server: ApiServer) -> None:
     register = encode_node_devices([gpu(0, 0), gpu(1, 0), gpu(2, 1)])
-    server.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": "n1", "annotations": {NODE_REGISTER: register}},
-        }
-    )
-    server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}})
+    server.put(builders.node("n1", annotations={NODE_REGISTER: register}))
+    server.put(builders.node("cpu-only"))
     server.put(pod("a", [[ContainerDevice("GPU-2", "NVIDIA", 4000, 30)]]))
     server.put(
         pod(
