@@ -171,7 +171,7 @@ def _pod_row(pod: dict[str, Any], now: datetime) -> list[Any]:
         else "<none>"
     )
     return [
-        pod["metadata"]["name"],
+        objects.name(pod),
         f"{ready}/{len(spec.get('containers') or [])}",
         pod_status(pod),
         _restarts(pod, now),
@@ -192,7 +192,7 @@ def _node_row(node: dict[str, Any], now: datetime) -> list[Any]:
     state = "Unknown" if ready is None else ("Ready" if ready.get("status") == "True" else "NotReady")
     if (node.get("spec") or {}).get("unschedulable"):
         state += ",SchedulingDisabled"
-    labels = node["metadata"].get("labels") or {}
+    labels = objects.labels(node)
     roles = sorted(
         {k[len(_ROLE_PREFIX) :] for k in labels if k.startswith(_ROLE_PREFIX) and k != _ROLE_PREFIX}
         | ({labels["kubernetes.io/role"]} if labels.get("kubernetes.io/role") else set())
@@ -200,7 +200,7 @@ def _node_row(node: dict[str, Any], now: datetime) -> list[Any]:
     info = status.get("nodeInfo") or {}
     addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
     return [
-        node["metadata"]["name"],
+        objects.name(node),
         state,
         ",".join(roles) or "<none>",
         _age(node, now),
@@ -239,7 +239,7 @@ def _event_row(event: dict[str, Any], now: datetime) -> list[Any]:
         event.get("message") or event.get("note") or "",
         since(first, now),
         count,
-        event["metadata"]["name"],
+        objects.name(event),
     ]
 
 
@@ -251,13 +251,13 @@ def _quota_row(quota: dict[str, Any], now: datetime) -> list[Any]:
     for name in sorted(hard):
         text = f"{name}: {used.get(name, '0')}/{hard[name]}"
         (limits if name.startswith("limits.") else requests).append(text)
-    return [quota["metadata"]["name"], _age(quota, now), ", ".join(requests), ", ".join(limits)]
+    return [objects.name(quota), _age(quota, now), ", ".join(requests), ", ".join(limits)]
 
 
 Printer = Callable[[dict[str, Any], datetime], list[Any]]
 _NAME_AGE: tuple[tuple[Column, ...], Printer] = (
     (Column("Name"), Column("Age")),
-    lambda obj, now: [obj["metadata"]["name"], _age(obj, now)],
+    lambda obj, now: [objects.name(obj), _age(obj, now)],
 )
 _EVENT_COLUMNS = (
     Column("Last Seen"),
@@ -304,20 +304,20 @@ PRINTERS: dict[str, tuple[tuple[Column, ...], Printer]] = {
     "events": (_EVENT_COLUMNS, _event_row),
     "namespaces": (
         (Column("Name"), Column("Status"), Column("Age")),
-        lambda ns, now: [ns["metadata"]["name"], (ns.get("status") or {}).get("phase", ""), _age(ns, now)],
+        lambda ns, now: [objects.name(ns), (ns.get("status") or {}).get("phase", ""), _age(ns, now)],
     ),
     "resourcequotas": ((Column("Name"), Column("Age"), Column("Request"), Column("Limit")), _quota_row),
     "leases": (
         (Column("Name"), Column("Holder"), Column("Age")),
         lambda lease, now: [
-            lease["metadata"]["name"],
+            objects.name(lease),
             (lease.get("spec") or {}).get("holderIdentity") or "",
             _age(lease, now),
         ],
     ),
     "mutatingwebhookconfigurations": (
         (Column("Name"), Column("Webhooks", "integer"), Column("Age")),
-        lambda mwc, now: [mwc["metadata"]["name"], len(mwc.get("webhooks") or []), _age(mwc, now)],
+        lambda mwc, now: [objects.name(mwc), len(mwc.get("webhooks") or []), _age(mwc, now)],
     ),
 }
 
