@@ -2,7 +2,8 @@
 
 Objects reach hamid as decoded JSON, where any field may be missing or ``null``. These accessors
 give the value Go's typed client would (empty string, empty mapping) so callers never spell out
-``(obj.get("metadata") or {}).get(...)`` chains. Pure: no I/O, usable by every layer.
+``(obj.get("metadata") or {}).get(...)`` chains; the order of resourceVersions (which caches,
+the reconcile, HA sync and refit compare) is defined here too. Pure: no I/O, usable by every layer.
 """
 
 from collections.abc import Mapping
