@@ -12,7 +12,7 @@ from typing import Any
 import click
 import yaml
 
-from hamid.sim.apiserver.cli import wait_for_signal
+from hamid.signals import wait_for_signal
 from hamid.sim.apiserver.kubeconfig import write_kubeconfig
 from hamid.sim.cluster import WEBHOOK_CONFIGURATION, SimCluster
 
