@@ -45,7 +45,7 @@ from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.app import Plugin, PluginApp, PluginOptions, PluginTimings
-from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch
+from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.refit_client import RefitClientConfig
 from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.core import Scheduler, SchedulerSettings
@@ -496,6 +496,8 @@ class SimCluster(ClusterView):
         )
         node.plugin_app = PluginApp(
             options,
+            # refit disabled: the log-only policy as such (no refit client is built, none logged)
+            mismatch_handler=None if self.options.refit else make_mismatch_handler(None),
             wrap_mismatch=functools.partial(self._recording, spec.name),
             timings=dataclasses.replace(_PLUGIN_TIMINGS, numa_interval=self.options.numa_interval),
             numa=self.options.numa_publish,
