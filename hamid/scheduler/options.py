@@ -100,6 +100,10 @@ def _gpu_policy(text: str) -> str:
     return text
 
 
+#: ``refit_auth`` not given (identity-compared: no method list can be this object).
+_REFIT_AUTH_UNSET: tuple[str, ...] = ("<token, plus mtls with a client CA>",)
+
+
 def _no_default(_value: object) -> None:
     return None
 
@@ -237,11 +241,12 @@ class SchedulerOptions:
         "ServiceAccount of the device plugin (/refit token auth).",
         default=DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT,
     )
-    #: Accepted /refit caller authentication; () = token, plus mtls when a client CA is configured.
+    #: Accepted /refit caller authentication (empty: none, every refit is refused); unset: token,
+    #: plus mtls when a client CA is configured (so a start without mTLS never warns).
     refit_auth: tuple[str, ...] = option_field(
         "Accepted /refit caller authentication: comma list of mtls, token "
         "[default: token, plus mtls when --client-ca-file is set].",
-        default=(),
+        default=_REFIT_AUTH_UNSET,
         parse=parse_methods,
         show=_no_default,
     )
@@ -283,7 +288,7 @@ class SchedulerOptions:
                 f"unknown leader election mode {self.leader_elect_mode!r} "
                 f"(use {', '.join(LEADER_ELECT_MODES)})",
             )
-        if not self.refit_auth:
+        if self.refit_auth is _REFIT_AUTH_UNSET:
             object.__setattr__(self, "refit_auth", (MTLS, TOKEN) if self.client_ca_file else (TOKEN,))
 
     @property

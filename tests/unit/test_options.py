@@ -89,6 +89,8 @@ def test_refit_auth_default_depends_on_the_client_ca() -> None:
     assert SchedulerOptions().refit_auth == ("token",)
     assert SchedulerOptions(client_ca_file="/ca.pem").refit_auth == ("mtls", "token")
     assert SchedulerOptions(refit_auth=("mtls",)).refit_auth == ("mtls",)
+    assert SchedulerOptions(client_ca_file="/ca.pem", refit_auth=()).refit_auth == ()  # none: all refused
+    assert _parse(SchedulerOptions, ["--refit-auth="]).refit_auth == ()
     kept = dataclasses.replace(SchedulerOptions(client_ca_file="/ca.pem"), client_ca_file=None)
     assert kept.refit_auth == ("mtls", "token")  # resolved once: a replace keeps the value
 
