@@ -146,8 +146,9 @@ class SchedulerApp:
         finally:
             waiter.cancel()
         for task in done:
-            if task is not waiter and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = None if task is waiter or task.cancelled() else task.exception()
+            if error is not None:
+                raise error
         log.info("scheduler_stopping")
 
     async def stop(self) -> None:
