@@ -41,9 +41,9 @@ async def test_start_serves_the_plugin_and_its_metrics_then_stops() -> None:
                 await app.wait_synced()
                 assert len(app.plugin.inventory.gpus) == len(GPUS)
                 await eventually(lambda: app.plugin.connector.socket_path.exists())
-                async with aiohttp.ClientSession() as session:
-                    async with session.get(f"http://127.0.0.1:{ports['metrics']}/healthz") as resp:
-                        assert resp.status == 200
+                url = f"http://127.0.0.1:{ports['metrics']}/healthz"
+                async with aiohttp.ClientSession() as session, session.get(url) as resp:
+                    assert resp.status == 200
             finally:
                 await app.stop()
             with pytest.raises(RuntimeError, match="not started"):
