@@ -8,7 +8,7 @@ runs with and what the simulator and tests construct; the decision settings insi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,7 +34,7 @@ _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m":
 LEADER_ELECT_MODES = ("follow", "campaign")
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component=scheduler"
 #: HAMi's scheduler name: the schedulerName the webhook sets, and the name of kube-scheduler's Lease.
-DEFAULT_SCHEDULER_NAME = next(f.default for f in fields(SchedulerSettings) if f.name == "scheduler_name")
+DEFAULT_SCHEDULER_NAME = SchedulerSettings().scheduler_name
 #: Where HAMi's chart installs the device plugin (and kube-scheduler's Lease lives).
 DEFAULT_NAMESPACE = "kube-system"
 #: The device plugin's ServiceAccount in HAMi's chart (``/refit`` token callers).
