@@ -1,4 +1,4 @@
-"""Assembly of ``hamid plugin``: configuration, discovery, and the tasks of one node agent."""
+"""Assembly of ``hamid plugin``: setup, the wired :class:`Plugin`, and :class:`PluginApp` that starts it."""
 
 from __future__ import annotations
 
