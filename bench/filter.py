@@ -51,8 +51,9 @@ from hamid.model.numa import (
     encode_prediction,
     encode_profile,
 )
+from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.core import NumaFit, Scheduler, SchedulerSettings, freeze_heap
-from hamid.scheduler.http import extender_app, serve
+from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME, SchedulerOptions
 from hamid.scheduler.state import trim_scheduler_pod
 from hamid.sim.apiserver import ApiServer
 
@@ -207,7 +208,7 @@ def _running(
         meta["annotations"][NUMA_PLACEMENT] = encode_placement(record)
     p["spec"].update(
         nodeName=f"node-{n:05d}",
-        schedulerName="hami-scheduler",
+        schedulerName=DEFAULT_SCHEDULER_NAME,
         serviceAccountName=app,
         volumes=[
             {"name": "models", "persistentVolumeClaim": {"claimName": f"{app}-models"}},
@@ -339,12 +340,16 @@ async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freez
             server.put(_running(i, nodes, gpus, rng, shrink))
         new_pods = [server.put(_pod(f"new-{i}", f"uid-http-{i}", 2000, 20)) for i in range(filters)]
         kube = await connect(api_server=server.url, request_timeout=30.0)
-        scheduler = Scheduler(kube, settings=SchedulerSettings(gc_freeze=gc_freeze))
-        task = asyncio.create_task(scheduler.run())
-        runner, port = await serve(extender_app(scheduler), "127.0.0.1:0")
+        options = SchedulerOptions(
+            extender_listen="127.0.0.1:0",
+            listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            settings=SchedulerSettings(gc_freeze=gc_freeze),
+        )
+        app = SchedulerApp(options, kube=kube)
+        port = (await app.start())["extender"]
         try:
-            for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
-                await cache.wait_synced(120)
+            await app.wait_synced(120)
             names = [f"node-{i:05d}" for i in range(nodes)]
             latencies = []
             async with aiohttp.ClientSession() as session:
@@ -360,9 +365,7 @@ async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freez
                         raise RuntimeError(f"filter failed: {body}")
                 elapsed = time.perf_counter() - started
         finally:
-            await runner.cleanup()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await app.stop()
             await kube.close()
     return {
         "http_filter_p50_ms": percentile(latencies, 0.5) * 1000,

@@ -92,6 +92,7 @@ async def main() -> dict:
             f"--device-plugin-dir={work}",
             f"--hook-path={work / 'hook'}",
             f"--api-server={server.url}",
+            "--metrics-listen=127.0.0.1:0",  # served as in production, on a port no other run holds
         )
         socket = work / "nvidia-gpu.sock"
         alloc_ms: list[float] = []

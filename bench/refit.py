@@ -11,7 +11,6 @@ line is one JSON object.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import tempfile
 import time
@@ -29,13 +28,10 @@ from hamid.model import annotations as ann  # noqa: E402
 from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice, DeviceInfo  # noqa: E402
 from hamid.model.refit import RefitRequest  # noqa: E402
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig  # noqa: E402
-from hamid.scheduler.core import Scheduler, SchedulerSettings  # noqa: E402
-from hamid.scheduler.http import cluster_app, serve  # noqa: E402
-from hamid.scheduler.refit import refit_routes  # noqa: E402
-from hamid.scheduler.refit_auth import RefitAuthenticator  # noqa: E402
+from hamid.scheduler.app import SchedulerApp  # noqa: E402
+from hamid.scheduler.options import SchedulerOptions  # noqa: E402
 from hamid.sim.apiserver import ApiServer  # noqa: E402
 from hamid.sim.certs import CertificateAuthority  # noqa: E402
-from hamid.tls import server_ssl_context  # noqa: E402
 
 NODES = 1000
 GPUS = 8
@@ -103,19 +99,20 @@ async def main() -> dict[str, Any]:
             )
             targets = [server.put(pod_obj(f"t-{i}", i % NODES, 0, 8000)) for i in range(REFITS + WARMUP)]
             kube = await connect(api_server=server.url, request_timeout=10.0)
-            scheduler = Scheduler(kube, settings=SchedulerSettings())
-            tls = server_ssl_context(server_pair.cert_file, server_pair.key_file, ca.cert_file)
-            auth = RefitAuthenticator(["mtls"], kube=kube, verifies_client_certs=tls.verifies_clients)
-            runner, port = await serve(
-                cluster_app(scheduler, [refit_routes(scheduler, auth)]), "127.0.0.1:0", tls.context
+            options = SchedulerOptions(
+                extender_listen="127.0.0.1:0",
+                listen="127.0.0.1:0",
+                metrics_listen="127.0.0.1:0",
+                tls_cert_file=str(server_pair.cert_file),
+                tls_key_file=str(server_pair.key_file),
+                client_ca_file=str(ca.cert_file),
+                refit_auth=("mtls",),
             )
-            task = asyncio.create_task(scheduler.run())
+            app = SchedulerApp(options, kube=kube)
+            port = (await app.start())["cluster"]
             try:
                 started = time.perf_counter()
-                async with asyncio.timeout(120):
-                    await scheduler.pods.wait_synced()
-                    await scheduler.nodes.wait_synced()
-                    await scheduler.quotas.wait_synced()
+                await app.wait_synced(120)
                 sync_s = time.perf_counter() - started
                 clients: dict[str, RefitClient] = {}
                 latencies: list[float] = []
@@ -153,11 +150,7 @@ async def main() -> dict[str, Any]:
                     if n >= WARMUP:
                         latencies.append(elapsed * 1000)
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await runner.cleanup()
-                await scheduler.close()
+                await app.stop()
                 await kube.close()
     return {
         "bench": "refit",

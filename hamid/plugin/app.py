@@ -1,11 +1,14 @@
-"""Assembly of ``hamid plugin``: configuration, discovery, and the tasks of one node agent."""
+"""Assembly of ``hamid plugin``: setup, the wired :class:`Plugin`, and :class:`PluginApp` that starts it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -35,10 +38,10 @@ from hamid.plugin.inventory import Inventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
-from hamid.plugin.numa_publisher import DEFAULT_KUBELET_CONFIG, NumaPublisher, NumaSources
-from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
+from hamid.plugin.options import PluginOptions
 from hamid.plugin.pods import NodePods
-from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
+from hamid.plugin.refit_client import RefitClient, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
 from hamid.plugin.service import DevicePluginService
 
@@ -50,33 +53,16 @@ class PluginStartupError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class PluginOptions:
-    """Everything ``hamid plugin`` is started with (the CLI flags)."""
+class PluginTimings:
+    """How often the node agent's loops run: the product's defaults; the simulator and tests go faster."""
 
-    node_name: str
-    devices_file: str | None = None
-    node_config_file: str = "/config/config.json"
-    device_config_file: str | None = None
-    device_plugin_dir: str = "/var/lib/kubelet/device-plugins/"
-    resource_name: str | None = None
-    hook_path: str = "/usr/local"
-    api_server: str | None = None
-    kubeconfig: str | None = None
-    sysfs_root: str = "/sys"
-    refit: RefitClientConfig = field(default_factory=RefitClientConfig)
-    #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
-    metrics_listen: str = ""
-    #: kubelet's KubeletConfiguration file (None: no NUMA profile is published).
-    kubelet_config: str | None = DEFAULT_KUBELET_CONFIG
-    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
-
-    def numa_sources(self) -> NumaSources:
-        """Where the NUMA publisher reads the topology, kubelet's policies and PodResources."""
-        return NumaSources(
-            sysfs_root=self.sysfs_root,
-            kubelet_config=self.kubelet_config,
-            pod_resources_socket=self.pod_resources_socket,
-        )
+    register_interval: float = REGISTER_INTERVAL_S
+    error_interval: float = ERROR_INTERVAL_S
+    cleanup_interval: float = CLEANUP_INTERVAL_S
+    #: Age below which a cache directory is never removed (None: the cleaner's default).
+    cleanup_min_age: float | None = None
+    #: The NUMA publisher's PodResources poll period (None: the publisher's default).
+    numa_interval: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,29 +146,14 @@ class Plugin:
         numa_sources: NumaSources | None = None,
     ) -> None:
         self.setup = setup
-        config = setup.config
-        self.inventory = Inventory(setup.gpus, config)
+        self.inventory = Inventory(setup.gpus, setup.config)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )
         self.health_policy = health_policy or HealthCheckPolicy()
-        hami = HamiCoreSettings(
-            hook_path=hook_path,
-            oversubscribe=config.device_memory_scaling > 1,
-            log_level=config.lib_cuda_log_level or "",
-            disable_core_limit=setup.resources.disable_core_limit,
-        )
-        preferred = config.enable_get_preferred_allocation
-        self.allocator = Allocator(
-            client,
-            self.pods,
-            self.inventory,
-            hami,
-            resource_name=setup.resource_name,
-            mismatch_handler=mismatch_handler,
-            preferred_allocation=preferred,
-        )
+        preferred = setup.config.enable_get_preferred_allocation
+        self.allocator = self._allocator(client, hook_path, mismatch_handler)
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
         self.metrics = PluginMetrics(self.inventory, hook_path=hook_path)
         self.connector = KubeletConnector(
@@ -209,6 +180,25 @@ class Plugin:
                 resource_name=setup.resource_name,
                 on_prediction=self.metrics.numa_prediction,
             )
+
+    def _allocator(self, client: KubeClient, hook_path: str, mismatch_handler: MismatchHandler) -> Allocator:
+        """Allocate's rules with this node's HAMi-core settings (from its node config)."""
+        config = self.setup.config
+        hami = HamiCoreSettings(
+            hook_path=hook_path,
+            oversubscribe=config.device_memory_scaling > 1,
+            log_level=config.lib_cuda_log_level or "",
+            disable_core_limit=self.setup.resources.disable_core_limit,
+        )
+        return Allocator(
+            client,
+            self.pods,
+            self.inventory,
+            hami,
+            resource_name=self.setup.resource_name,
+            mismatch_handler=mismatch_handler,
+            preferred_allocation=config.enable_get_preferred_allocation,
+        )
 
     async def run(self) -> None:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
@@ -250,17 +240,153 @@ class Plugin:
             stop.set()
 
 
-async def run_plugin(options: PluginOptions) -> None:
-    """Start ``hamid plugin`` and run until cancelled."""
+class PluginApp:
+    """The one composition root of ``hamid plugin``: :meth:`start` → bound ports, :meth:`stop`.
+
+    The CLI, the simulator and the test harnesses all start the node agent here: the refit client
+    the options describe, setup (device and node config, GPU discovery), the API client, the wired
+    :class:`Plugin` and its metrics and health listener. Collaborators a caller owns are passed at
+    construction: the API client (``kube``, left open), an already discovered ``setup``, the
+    ``mismatch_handler`` (instead of the refit client) or ``wrap_mismatch`` (decorates the handler,
+    e.g. to record every mismatch), the XID ``health_policy`` (default: from the environment, as
+    NVIDIA's plugin reads it), ``timings``, and ``numa`` (False: no NUMA publisher).
+    """
+
+    def __init__(
+        self,
+        options: PluginOptions,
+        *,
+        kube: KubeClient | None = None,
+        setup: NodeSetup | None = None,
+        mismatch_handler: MismatchHandler | None = None,
+        wrap_mismatch: Callable[[MismatchHandler], MismatchHandler] | None = None,
+        health_policy: HealthCheckPolicy | None = None,
+        timings: PluginTimings | None = None,
+        numa: bool = True,
+    ) -> None:
+        self.options = options
+        #: Bound ports by listener: ``metrics`` (absent when ``metrics_listen`` is empty).
+        self.ports: dict[str, int] = {}
+        self._kube = kube
+        self._owns_kube = kube is None
+        self._setup = setup
+        self._mismatch_handler = mismatch_handler
+        self._wrap_mismatch = wrap_mismatch
+        self._health_policy = health_policy
+        self._timings = timings or PluginTimings()
+        self._numa = numa
+        self._refit_client: RefitClient | None = None
+        self._plugin: Plugin | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._listeners = contextlib.AsyncExitStack()
+
+    @property
+    def plugin(self) -> Plugin:
+        """The running node agent (after :meth:`start`)."""
+        if self._plugin is None:
+            raise RuntimeError("the plugin app is not started")
+        return self._plugin
+
+    async def start(self) -> dict[str, int]:
+        """Configure, discover, connect, wire, serve metrics and start the tasks; the bound ports.
+
+        Raises :class:`PluginStartupError` (or :class:`~hamid.listen.ListenError`) with one line
+        saying what to change; whatever was started is stopped first.
+        """
+        try:
+            handler = self._mismatch_handler or self._refit_handler()
+            if self._wrap_mismatch is not None:
+                handler = self._wrap_mismatch(handler)
+            setup = self._setup or await load_setup(self.options)
+            policy = self._health_policy or _policy_from_env()
+            _log_configured(self.options, setup)
+            if self._kube is None:
+                self._kube = await _connect(self.options)
+            self._plugin = plugin = self._wire(self._kube, setup, handler, policy)
+            port = await self._listeners.enter_async_context(
+                serve_metrics(plugin.metrics, self.options.metrics_listen)
+            )
+            if port is not None:
+                self.ports["metrics"] = port
+            self._task = asyncio.create_task(plugin.run(), name=f"plugin-{self.options.node_name}")
+        except BaseException:
+            await self.stop()
+            raise
+        return dict(self.ports)
+
+    def _refit_handler(self) -> MismatchHandler:
+        """The refit seam the options describe (the log-only policy when refit is disabled)."""
+        try:
+            self._refit_client = build_refit_client(self.options.refit)
+        except InvalidInput as exc:
+            raise PluginStartupError(str(exc)) from exc
+        return make_mismatch_handler(self._refit_client)
+
+    def _wire(
+        self, kube: KubeClient, setup: NodeSetup, handler: MismatchHandler, policy: HealthCheckPolicy
+    ) -> Plugin:
+        options, timings = self.options, self._timings
+        sources = options.numa_sources() if self._numa else None
+        if sources is not None and timings.numa_interval is not None:
+            sources = dataclasses.replace(sources, interval=timings.numa_interval)
+        plugin = Plugin(
+            kube,
+            options.node_name,
+            setup,
+            device_plugin_dir=options.device_plugin_dir,
+            hook_path=options.hook_path,
+            mismatch_handler=handler,
+            register_interval=timings.register_interval,
+            error_interval=timings.error_interval,
+            health_policy=policy,
+            cleanup_interval=timings.cleanup_interval,
+            cleanup_min_age=timings.cleanup_min_age,
+            numa_sources=sources,
+        )
+        if self._refit_client is not None:
+            self._refit_client.observer = plugin.metrics.observe_refit
+        return plugin
+
+    async def wait_synced(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a deadline inside
+        """Wait until the node's pod cache applied its first list."""
+        async with asyncio.timeout(timeout):
+            await self.plugin.pods.wait_synced()
+
+    async def wait(self) -> None:
+        """Serve until cancelled (a task that fails raises here)."""
+        if self._task is None:
+            raise RuntimeError("the plugin app is not started")
+        await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop the tasks and the metrics listener; close the API client if this app opened it."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._listeners.aclose()
+        if self._kube is not None and self._owns_kube:
+            await self._kube.close()
+            self._kube = None
+        self._plugin = None
+
+
+def _policy_from_env() -> HealthCheckPolicy:
     try:
-        refit_client = build_refit_client(options.refit)
+        return health_policy_from_env(os.environ)
     except InvalidInput as exc:
         raise PluginStartupError(str(exc)) from exc
-    setup = await load_setup(options)
+
+
+async def _connect(options: PluginOptions) -> KubeClient:
     try:
-        policy = health_policy_from_env(os.environ)
-    except InvalidInput as exc:
+        return await connect(options.api_server, options.kubeconfig)
+    except KubeError as exc:
         raise PluginStartupError(str(exc)) from exc
+
+
+def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
     log.info(
         "plugin configured",
         node=options.node_name,
@@ -272,24 +398,13 @@ async def run_plugin(options: PluginOptions) -> None:
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
     )
+
+
+async def run_plugin(options: PluginOptions) -> None:
+    """Start ``hamid plugin`` and run until cancelled."""
+    app = PluginApp(options)
     try:
-        client = await connect(options.api_server, options.kubeconfig)
-    except KubeError as exc:
-        raise PluginStartupError(str(exc)) from exc
-    try:
-        plugin = Plugin(
-            client,
-            options.node_name,
-            setup,
-            device_plugin_dir=options.device_plugin_dir,
-            hook_path=options.hook_path,
-            mismatch_handler=make_mismatch_handler(refit_client),
-            health_policy=policy,
-            numa_sources=options.numa_sources(),
-        )
-        if refit_client is not None:
-            refit_client.observer = plugin.metrics.observe_refit
-        async with serve_metrics(plugin.metrics, options.metrics_listen):
-            await plugin.run()
+        await app.start()
+        await app.wait()
     finally:
-        await client.close()
+        await app.stop()

@@ -21,6 +21,8 @@ from hamid.model.numa import KubeletPolicies
 
 API_VERSION = "kubelet.config.k8s.io/v1beta1"
 KIND = "KubeletConfiguration"
+#: Where kubelet reads its config file on a kubeadm-installed node.
+DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 #: A kubelet config file is a few KiB; anything far larger is not one.
 MAX_CONFIG_BYTES = 1 << 20
 #: KubeletConfiguration field -> KubeletPolicies attribute (kubelet's defaults apply when absent).

@@ -44,7 +44,7 @@ from hamid.model.numa import (
     encode_profile,
 )
 from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
-from hamid.plugin.kubelet_config import load_kubelet_policies
+from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG, load_kubelet_policies
 from hamid.plugin.podresources_client import (
     DEFAULT_SOCKET,
     NO_TOPOLOGY,
@@ -55,8 +55,6 @@ from hamid.plugin.podresources_client import (
 from hamid.plugin.pods import NodePods
 
 log = get_logger("plugin.numa")
-
-DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 
 
 @dataclass(frozen=True, slots=True)

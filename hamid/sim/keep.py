@@ -13,7 +13,7 @@ import click
 import yaml
 
 from hamid.model import objects
-from hamid.sim.apiserver.cli import wait_for_signal
+from hamid.signals import wait_for_signal
 from hamid.sim.apiserver.kubeconfig import write_kubeconfig
 from hamid.sim.cluster import WEBHOOK_CONFIGURATION, SimCluster
 

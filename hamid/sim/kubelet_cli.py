@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 
 import click
 
@@ -13,6 +11,7 @@ from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
 from hamid.options import option
+from hamid.signals import run_until_signal
 from hamid.sim.kubelet import SimKubelet
 from hamid.sim.kubelet.config import SIM_DEFAULTS, KubeletConfig, load_kubelet_config
 from hamid.sim.kubelet.cpumanager import CPU_POLICIES
@@ -35,19 +34,8 @@ async def _serve(api_server: str | None, kubeconfig: str | None, make: SimKubele
     kube = await connect(api_server, kubeconfig)
     try:
         kubelet = make(kube)
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await kubelet.run()
-        except asyncio.CancelledError:
+        if await run_until_signal(kubelet.run()):
             log.info("simulated kubelet stopped", node=kubelet.node_name)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(ValueError, RuntimeError):
-                    loop.remove_signal_handler(sig)
     finally:
         await kube.close()
 

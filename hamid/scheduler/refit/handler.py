@@ -41,7 +41,7 @@ from hamid.scheduler.refit.plan import (
 from hamid.scheduler.refit_auth import AuthError, RefitAuthenticator
 
 if TYPE_CHECKING:
-    from hamid.scheduler.cli import SchedulerOptions
+    from hamid.scheduler.options import SchedulerOptions
 
 log = get_logger("scheduler.refit")
 

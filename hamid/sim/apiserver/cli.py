@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import click
 import yaml
 
 from hamid.options import option
+from hamid.signals import wait_for_signal
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.errors import ApiError
 from hamid.sim.apiserver.kubeconfig import write_kubeconfig
@@ -45,20 +44,6 @@ def load_seed(path: Path) -> list[dict[str, Any]]:
                 raise click.BadParameter(f"{path}: every object must be a mapping", param_hint="--seed-file")
             objects.append(item)
     return objects
-
-
-async def wait_for_signal() -> None:
-    """Return once SIGINT or SIGTERM arrives (Ctrl-C stops a server cleanly instead of a traceback)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
 
 
 async def serve(server: ApiServer, seed: list[dict[str, Any]], kubeconfig: Path | None = None) -> None:

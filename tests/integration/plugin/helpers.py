@@ -37,7 +37,7 @@ from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.app import NodeSetup, Plugin
+from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginOptions, PluginTimings
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
 from hamid.sim.apiserver import ApiServer
@@ -228,30 +228,36 @@ async def running_plugin(
                 await kubelet.start()
             setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml, links)
             hook = directory / "hook"
-            plugin = Plugin(
-                client,
-                NODE,
-                setup,
+            options = PluginOptions(
+                node_name=NODE,
                 device_plugin_dir=str(directory),
                 hook_path=str(hook),
-                mismatch_handler=mismatch_handler,
+                metrics_listen="127.0.0.1:0",
+                api_server=server.url,
+            )
+            timings = PluginTimings(
                 register_interval=register_interval,
                 error_interval=0.05,
                 cleanup_interval=cleanup_interval,
                 cleanup_min_age=cleanup_min_age,
             )
-            env = Env(server, client, plugin, directory, hook)
-            task = asyncio.create_task(plugin.run())
+            app = PluginApp(
+                options,
+                kube=client,
+                setup=setup,
+                mismatch_handler=mismatch_handler,
+                timings=timings,
+                numa=False,
+            )
             try:
-                async with asyncio.timeout(10):
-                    await plugin.pods.wait_synced()
+                await app.start()
+                env = Env(server, client, app.plugin, directory, hook)
+                await app.wait_synced()
                 if gpus:
                     await eventually(lambda: os.path.exists(env.socket))
                 yield env, kubelet
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await app.stop()
                 if kubelet is not None:
                     await kubelet.stop()
                 await client.close()

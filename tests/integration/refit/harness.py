@@ -13,21 +13,24 @@ from typing import Any
 
 import aiohttp
 
-from hamid.kube.client import KubeClient, connect
+from hamid.kube.client import KubeClient
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice, DeviceInfo, PodDevices
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from hamid.scheduler.core import Scheduler, SchedulerSettings
-from hamid.scheduler.refit import refit_routes
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
+from hamid.scheduler.http import RouteRegistrar
+from hamid.scheduler.options import DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT, DEFAULT_NAMESPACE, SchedulerOptions
+from hamid.scheduler.refit import authenticator_from_options, refit_routes
+from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, ServiceAccount
 from hamid.sim.apiserver import ApiServer
-from hamid.tls import client_ssl_context, server_ssl_context
+from hamid.tls import client_ssl_context
 from tests.fixtures.tls import TLSFiles
-from tests.integration.scheduler.harness import serving
+from tests.integration.scheduler.harness import loopback_options, running_app
 
-PLUGIN_NS = "kube-system"
-PLUGIN_SA = "hami-device-plugin"
+#: Where the scheduler expects the device plugin's ServiceAccount (its defaults, as HAMi's chart).
+PLUGIN_NS = DEFAULT_NAMESPACE
+PLUGIN_SA = DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT
 
 
 async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
@@ -286,32 +289,32 @@ async def refit_env(
 ) -> AsyncIterator[Env]:
     """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit."""
     async with ApiServer() as server:
-        kube = await connect(api_server=server.url, request_timeout=5.0)
-        scheduler = Scheduler(kube, settings=settings or SchedulerSettings(gpu_policy="binpack"))
-        server_tls = server_ssl_context(
-            tls.server.cert_file, tls.server.key_file, tls.ca_file if client_ca else None
+        options = loopback_options(
+            server,
+            tls_cert_file=str(tls.server.cert_file),
+            tls_key_file=str(tls.server.key_file),
+            client_ca_file=str(tls.ca_file) if client_ca else None,
+            settings=settings or SchedulerSettings(gpu_policy="binpack"),
+            refit_auth=tuple(methods),
+            refit_token_audience=token_audience,
+            refit_hami_plugin_service_account=hami_plugins,
         )
-        auth = RefitAuthenticator(
-            methods,
-            kube=kube,
-            verifies_client_certs=server_tls.verifies_clients,
-            device_plugin_namespace=PLUGIN_NS,
-            device_plugin_service_account=PLUGIN_SA,
-            token_audience=token_audience,
-            hami_plugin_service_account=hami_plugins,
-        )
-        routes = refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
+
+        def routes(scheduler: Scheduler, opts: SchedulerOptions) -> RouteRegistrar:
+            auth = authenticator_from_options(scheduler, opts)
+            return refit_routes(scheduler, auth, patch_timeout=patch_timeout, sync_wait=sync_wait)
+
         async with (
-            serving(scheduler, [routes], server_tls.context, start=start) as (ext_port, cl_port),
+            running_app(options, [routes], start=start) as app,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         ):
             yield Env(
                 server,
-                kube,
-                scheduler,
+                app.scheduler.kube,
+                app.scheduler,
                 tls,
-                f"https://localhost:{cl_port}",
-                f"http://127.0.0.1:{ext_port}",
+                f"https://localhost:{app.ports['cluster']}",
+                f"http://127.0.0.1:{app.ports['extender']}",
                 session,
                 tmp,
             )

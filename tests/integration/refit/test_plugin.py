@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,13 +14,12 @@ from grpclib.const import Status
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginStub
-from hamid.kube.client import connect
 from hamid.model import annotations as ann
 from hamid.model import hamicore
 from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.app import NodeSetup, Plugin
+from hamid.plugin.app import NodeSetup, PluginApp, PluginOptions
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from tests.fixtures.tls import TLSFiles
@@ -226,31 +224,29 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
     """Plugin → real /refit (mTLS) → one patch; Allocate then serves the refitted GPU."""
     async with refit_env(tls_files, tmp_path) as senv:
         senv.server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        kube = await connect(api_server=senv.server.url, request_timeout=5.0)
         pair = tls_files.client(f"system:node:{NODE}")
-        client = RefitClient(
-            RefitClientConfig(
-                endpoint=senv.cluster,
-                ca_file=str(tls_files.ca_file),
-                client_cert_file=str(pair.cert_file),
-                client_key_file=str(pair.key_file),
-                token_file=None,
-            )
+        refit = RefitClientConfig(
+            endpoint=senv.cluster,
+            ca_file=str(tls_files.ca_file),
+            client_cert_file=str(pair.cert_file),
+            client_key_file=str(pair.key_file),
+            token_file=None,
         )
         with short_dir() as directory:
             setup = NodeSetup(PREFERRED, ResourceConfig(), "nvidia.com/gpu", GPUS, None)
-            plugin = Plugin(
-                kube,
-                NODE,
-                setup,
+            options = PluginOptions(
+                node_name=NODE,
                 device_plugin_dir=str(directory),
                 hook_path=str(directory / "hook"),
-                mismatch_handler=make_mismatch_handler(client),
+                refit=refit,
+                metrics_listen="",
+                api_server=senv.server.url,
             )
-            task = asyncio.create_task(plugin.run())
+            app = PluginApp(options, setup=setup, numa=False)
+            await app.start()
+            plugin = app.plugin
             try:
-                async with asyncio.timeout(10):
-                    await plugin.pods.wait_synced()
+                await app.wait_synced()
                 await eventually(lambda: NODE in senv.scheduler.state.nodes)
                 await eventually(lambda: plugin.connector.socket_path.exists())
                 pod = await senv.place(
@@ -286,10 +282,7 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
                 )
                 assert pod["metadata"]["uid"] == senv.server.get("Pod", "default", "p")["metadata"]["uid"]  # type: ignore[index]
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await kube.close()
+                await app.stop()
 
 
 # -- one policy, two doors (issue 18) ----------------------------------------------------------

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from hamid.kube.client import KubeClient, connect
+from hamid.kube.client import KubeClient
+from hamid.scheduler.app import RouteFactory, SchedulerApp
 from hamid.scheduler.core import Scheduler, SchedulerSettings
-from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, serve
+from hamid.scheduler.options import SchedulerOptions
 from hamid.sim.apiserver import ApiServer
 from tests.unit.scheduler.helpers import node as node_dict
 
@@ -79,39 +78,25 @@ async def wait_for(predicate: Any, limit: float = 10.0) -> None:
     raise AssertionError(f"condition not reached within {limit:g}s")
 
 
+def loopback_options(server: ApiServer, **kw: Any) -> SchedulerOptions:
+    """``hamid scheduler`` options for a test: every listener on a free loopback port."""
+    listeners = {"extender_listen": "127.0.0.1:0", "listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"}
+    return SchedulerOptions(**{**listeners, "api_server": server.url, **kw})
+
+
 @contextlib.asynccontextmanager
-async def serving(
-    scheduler: Scheduler,
-    cluster_routes: Sequence[RouteRegistrar] = (),
-    cluster_ssl: ssl.SSLContext | None = None,
-    *,
-    start: bool = True,
-) -> AsyncIterator[tuple[int, int]]:
-    """Serve the scheduler's extender and cluster apps on loopback and run it (caches synced unless
-    ``start`` is False); yields ``(extender_port, cluster_port)``. Closes the scheduler and its client."""
-    runners: list[web.AppRunner] = []
-    task: asyncio.Task[None] | None = None
+async def running_app(
+    options: SchedulerOptions, routes: Sequence[RouteFactory] = (), *, start: bool = True
+) -> AsyncIterator[SchedulerApp]:
+    """The product's :class:`SchedulerApp` started (caches synced unless ``start`` is False), then stopped."""
+    app = SchedulerApp(options, routes=routes)
     try:
-        ext_runner, ext_port = await serve(extender_app(scheduler), "127.0.0.1:0")
-        runners.append(ext_runner)
-        cl_runner, cl_port = await serve(cluster_app(scheduler, cluster_routes), "127.0.0.1:0", cluster_ssl)
-        runners.append(cl_runner)
+        await app.start(run=start)
         if start:
-            task = asyncio.create_task(scheduler.run())
-            async with asyncio.timeout(10):
-                await scheduler.pods.wait_synced()
-                await scheduler.nodes.wait_synced()
-                await scheduler.quotas.wait_synced()
-        yield ext_port, cl_port
+            await app.wait_synced(10)
+        yield app
     finally:
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for runner in runners:
-            await runner.cleanup()
-        await scheduler.close()
-        await scheduler.kube.close()
+        await app.stop()
 
 
 @contextlib.asynccontextmanager
@@ -120,17 +105,16 @@ async def running_scheduler(
 ) -> AsyncIterator[Env]:
     """Start API server, scheduler (caches synced unless ``start`` is False) and its listeners."""
     async with ApiServer() as server:
-        kube = await connect(api_server=server.url, request_timeout=5.0)
-        scheduler = Scheduler(kube, settings=settings or SchedulerSettings(bind_wait_s=20.0))
+        options = loopback_options(server, settings=settings or SchedulerSettings(bind_wait_s=20.0))
         async with (
-            serving(scheduler, start=start) as (ext_port, cl_port),
+            running_app(options, start=start) as app,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         ):
             yield Env(
                 server,
-                kube,
-                scheduler,
+                app.scheduler.kube,
+                app.scheduler,
                 session,
-                f"http://127.0.0.1:{ext_port}",
-                f"http://127.0.0.1:{cl_port}",
+                f"http://127.0.0.1:{app.ports['extender']}",
+                f"http://127.0.0.1:{app.ports['cluster']}",
             )

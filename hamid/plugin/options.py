@@ -1,0 +1,151 @@
+"""Every ``hamid plugin`` option, defined once (flag, env vars, default, parser, help, checks).
+
+Light on imports on purpose: ``hamid plugin`` parses its flags before it loads kubernetes-asyncio
+(lean, see :mod:`hamid.kube.lean`), so nothing here may import the API client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import click
+
+from hamid.listen import OPTIONAL_LISTEN
+from hamid.options import Opt, OptionError, nested_field, option_field, or_none
+from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
+from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from hamid.plugin.refit_client import RefitClientConfig
+
+if TYPE_CHECKING:
+    from hamid.plugin.numa_publisher import NumaSources
+
+_FILE = click.Path(dir_okay=False)
+
+#: The ``hamid plugin`` flags of :class:`RefitClientConfig` fields (defaults: that class's).
+REFIT_FLAGS = {
+    "endpoint": Opt(
+        "Base URL (https://...) of the scheduler's POST /refit; empty disables NUMA refit.",
+        flag="--scheduler-endpoint",
+        aliases=("HAMI_SCHEDULER_ENDPOINT",),
+    ),
+    "ca_file": Opt(
+        "PEM CA bundle that verifies the scheduler [default: system roots]; unreadable is an error.",
+        flag="--scheduler-ca-file",
+        aliases=("HAMI_SCHEDULER_CA_FILE",),
+        parse=or_none,
+    ),
+    "insecure": Opt(
+        "Skip verifying the scheduler's certificate (logged; refused when a token would be sent).",
+        flag="--scheduler-tls-insecure/--no-scheduler-tls-insecure",
+        aliases=("HAMI_SCHEDULER_TLS_INSECURE",),
+    ),
+    "client_cert_file": Opt(
+        "PEM client certificate (CN system:node:<node>) presented to /refit for mTLS.",
+        flag="--scheduler-client-cert-file",
+        parse=or_none,
+    ),
+    "client_key_file": Opt(
+        "Private key of --scheduler-client-cert-file.", flag="--scheduler-client-key-file", parse=or_none
+    ),
+    "token_file": Opt(
+        "Projected ServiceAccount token sent to /refit (TokenReview); empty sends none (mTLS only).",
+        flag="--service-account-token-file",
+        parse=or_none,
+    ),
+}
+
+
+def _resource_name(text: str) -> str | None:
+    if not text.strip():
+        return None
+    if "/" not in text:
+        raise ValueError(f"{text!r} is not an extended resource name")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    """Everything ``hamid plugin`` is started with (the CLI flags)."""
+
+    node_name: str = option_field(
+        "This node's name (as in the Node object); selects its entry in the node config file.",
+        aliases=["NODE_NAME"],
+    )
+    devices_file: str | None = option_field(
+        "Static GPU inventory (YAML/JSON, top-level 'devices:' list) used instead of NVML.",
+        default=None,
+        type=_FILE,
+        parse=or_none,
+    )
+    node_config_file: str = option_field(
+        'HAMi per-node config JSON ({"nodeconfig":[...]}); a missing file means defaults.',
+        default="/config/config.json",
+    )
+    device_config_file: str | None = option_field(
+        "HAMi device-config YAML; its 'nvidia:' section gives resource names and node defaults.",
+        default=None,
+        type=_FILE,
+        parse=or_none,
+    )
+    device_plugin_dir: str = option_field(
+        "Kubelet's device-plugin directory (holds kubelet.sock and the plugin's nvidia-<name>.sock).",
+        default="/var/lib/kubelet/device-plugins/",
+    )
+    resource_name: str | None = option_field(
+        "Extended resource to advertise [default: the device config's resourceCountName, nvidia.com/gpu].",
+        default=None,
+        parse=_resource_name,
+    )
+    hook_path: str = option_field(
+        "Host directory holding HAMi-core (vgpu/libvgpu.so, vgpu/ld.so.preload, per-container caches).",
+        default="/usr/local",
+        aliases=["HOOK_PATH"],
+    )
+    refit: RefitClientConfig = nested_field(RefitClientConfig, REFIT_FLAGS)
+    #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
+    metrics_listen: str = option_field(
+        "host:port of /metrics, /metrics/hami (HAMi's vGPU monitor names), /healthz and /readyz; "
+        "empty disables.",
+        default=":9394",
+        type=OPTIONAL_LISTEN,
+    )
+    #: kubelet's KubeletConfiguration file (None: no NUMA profile is published).
+    kubelet_config: str | None = option_field(
+        "kubelet's KubeletConfiguration file (its CPU, Topology and Memory Manager policies), for the "
+        "hamid.io/numa-profile annotation; empty publishes no profile.",
+        default=DEFAULT_KUBELET_CONFIG,
+        parse=or_none,
+    )
+    pod_resources_socket: str = option_field(
+        "kubelet's PodResources API socket: allocatable CPUs and what each pod holds "
+        "(hamid.io/numa-profile, hamid.io/numa-placement).",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+    )
+    sysfs_root: str = option_field(
+        "Where sysfs is mounted: CPU topology and NUMA nodes (devices/system/cpu, devices/system/node).",
+        default="/sys",
+    )
+    api_server: str | None = option_field(
+        "Kubernetes API server URL (overrides the kubeconfig's).", default=None, parse=or_none
+    )
+    kubeconfig: str | None = option_field(
+        "Kubeconfig file (default: $KUBECONFIG, then in-cluster).", default=None, parse=or_none
+    )
+
+    def __post_init__(self) -> None:
+        """The checks the CLI reports against the flag (the simulator and tests get them too)."""
+        if not self.node_name.strip():
+            raise OptionError("--node-name", "must not be empty")
+        if self.resource_name is not None and "/" not in self.resource_name:
+            raise OptionError("--resource-name", f"{self.resource_name!r} is not an extended resource name")
+
+    def numa_sources(self) -> NumaSources:
+        """Where the NUMA publisher reads the topology, kubelet's policies and PodResources."""
+        from hamid.plugin.numa_publisher import NumaSources  # the API client: after use_lean_client
+
+        return NumaSources(
+            sysfs_root=self.sysfs_root,
+            kubelet_config=self.kubelet_config,
+            pod_resources_socket=self.pod_resources_socket,
+        )

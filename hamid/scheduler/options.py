@@ -1,0 +1,297 @@
+"""Every ``hamid scheduler`` option, defined once (flag, env var, default, parser, help, checks).
+
+:class:`SchedulerOptions` is what the CLI parses, what :class:`~hamid.scheduler.app.SchedulerApp`
+runs with and what the simulator and tests construct; the decision settings inside it are
+:class:`~hamid.scheduler.core.SchedulerSettings`, whose defaults stay there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import click
+
+from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
+from hamid.listen import LISTEN
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import DeviceConfig, load_device_config
+from hamid.options import Opt, OptionError, nested_field, option_field, or_none
+from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.refit_auth import (
+    DEFAULT_TOKEN_AUDIENCE,
+    MTLS,
+    TOKEN,
+    ServiceAccount,
+    parse_methods,
+)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_ZERO = re.compile(r"0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+LEADER_ELECT_MODES = ("follow", "campaign")
+DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component=scheduler"
+#: HAMi's scheduler name: the schedulerName the webhook sets, and the name of kube-scheduler's Lease.
+DEFAULT_SCHEDULER_NAME = SchedulerSettings().scheduler_name
+#: Where HAMi's chart installs the device plugin (and kube-scheduler's Lease lives).
+DEFAULT_NAMESPACE = "kube-system"
+#: The device plugin's ServiceAccount in HAMi's chart (``/refit`` token callers).
+DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT = "hami-device-plugin"
+
+
+def parse_duration(text: str) -> timedelta:
+    """A Go duration (``5m``, ``1h30m``, ``300ms``) as a timedelta; must be positive."""
+    value = text.strip()
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(value):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if not value or pos != len(value) or total <= 0:
+        raise InvalidInput(f"{text!r} is not a positive duration like 5m, 30s or 1h30m")
+    return timedelta(seconds=total)
+
+
+def parse_interval(text: str) -> float:
+    """Seconds of a Go duration that may be zero (``0`` or ``0s``: disabled); see :func:`parse_duration`."""
+    value = text.strip()
+    if _ZERO.fullmatch(value):
+        return 0.0
+    return parse_duration(value).total_seconds()
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds of a positive Go duration."""
+    return parse_duration(text).total_seconds()
+
+
+def format_duration(value: timedelta | float) -> str:
+    """A Go duration text for seconds or a timedelta (``300`` → ``5m``), as ``--help`` shows defaults."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds == 0:
+        return "0"
+    for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def load_device_config_file(path: str) -> DeviceConfig:
+    """The HAMi device-config YAML at ``path`` (empty: the defaults)."""
+    if not path.strip():
+        return DeviceConfig()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from exc
+    return load_device_config(text)
+
+
+def _gpu_policy(text: str) -> str:
+    unknown = sorted({t.strip() for t in text.split(",")} - set(GPU_POLICIES))
+    if unknown:
+        raise InvalidInput(
+            f"unknown policy {', '.join(map(repr, unknown))} in {text!r}; "
+            f"use {', '.join(GPU_POLICIES)} or a comma chain of them"
+        )
+    return text
+
+
+#: ``refit_auth`` not given (identity-compared: no method list can be this object).
+_REFIT_AUTH_UNSET: tuple[str, ...] = ("<token, plus mtls with a client CA>",)
+
+
+def _no_default(_value: object) -> None:
+    return None
+
+
+#: The ``hamid scheduler`` flags of :class:`SchedulerSettings` fields (defaults: that class's).
+SETTINGS_FLAGS = {
+    "scheduler_name": Opt("schedulerName the webhook sets on GPU pods."),
+    "node_policy": Opt(
+        "Default node policy (pod annotation hami.io/node-scheduler-policy overrides).",
+        flag="--node-scheduler-policy",
+        type=click.Choice(NODE_POLICIES),
+    ),
+    "gpu_policy": Opt(
+        "Default GPU policy: binpack, spread, mutex, numa, topology-aware or a comma chain "
+        "(pod annotation hami.io/gpu-scheduler-policy overrides).",
+        flag="--gpu-scheduler-policy",
+        parse=_gpu_policy,
+    ),
+    "node_lock_timeout": Opt(
+        "Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "
+        "unallocated keeps it longer (see --node-lock-max-hold).",
+        parse=parse_duration,
+        show=format_duration,
+    ),
+    "node_lock_max_hold": Opt(
+        "Hard cap on how long a pod still Pending and unallocated keeps a node lock past "
+        "--node-lock-timeout; after it the lock is taken over with a warning. At least --node-lock-timeout.",
+        parse=parse_duration,
+        show=format_duration,
+    ),
+    "bind_wait_s": Opt(
+        "How long a bind waits for a contended node lock before failing.",
+        flag="--bind-wait",
+        parse=parse_seconds,
+        show=format_duration,
+    ),
+    "reconcile_interval_s": Opt(
+        "How often the leader checks its GPU accounting against a fresh LIST of pods and repairs "
+        "drift (missed watch events): logged, counted in hamid_reconcile_drift_total; 0 disables.",
+        flag="--reconcile-interval",
+        parse=parse_interval,
+        show=format_duration,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """Every ``hamid scheduler`` option (the refit routes read the ``refit_*``/``device_plugin_*`` ones)."""
+
+    extender_listen: str = option_field(
+        "host:port of the kube-scheduler extender (/filter, /bind), plain HTTP.",
+        default="127.0.0.1:9444",
+        type=LISTEN,
+    )
+    listen: str = option_field(
+        "host:port of /webhook, /healthz, /readyz (and /refit); TLS with the cert flags.",
+        default="0.0.0.0:9443",
+        type=LISTEN,
+    )
+    metrics_listen: str = option_field(
+        "host:port of Prometheus /metrics (hamid's names) and /metrics/hami (HAMi's names).",
+        default=":9395",
+        type=LISTEN,
+    )
+    tls_cert_file: str | None = option_field(
+        "PEM server certificate for --listen (reloaded when it changes).", default=None, parse=or_none
+    )
+    tls_key_file: str | None = option_field(
+        "PEM private key of --tls-cert-file.", default=None, parse=or_none
+    )
+    client_ca_file: str | None = option_field(
+        "PEM CA verifying client certificates (mTLS callers of /refit).", default=None, parse=or_none
+    )
+    settings: SchedulerSettings = nested_field(SchedulerSettings, SETTINGS_FLAGS)
+    device_config: DeviceConfig = option_field(
+        "HAMi device-config YAML (its nvidia: section).",
+        default_factory=DeviceConfig,
+        flag="--device-config-file",
+        parse=load_device_config_file,
+        show=_no_default,
+    )
+    leader_elect: bool = option_field(
+        "Only one replica decides (/filter /bind /refit); see --leader-elect-mode.", default=False
+    )
+    leader_elect_mode: str = option_field(
+        "follow: lead while the kube-scheduler in this pod holds the Lease named below (its "
+        "holderIdentity starts with '<--leader-identity>_'); campaign: campaign for that Lease "
+        "(no kube-scheduler beside hamid; never name kube-scheduler's Lease then).",
+        default="follow",
+        type=click.Choice(LEADER_ELECT_MODES),
+    )
+    leader_elect_namespace: str = option_field(
+        "Namespace of the leader-election Lease.", default=DEFAULT_NAMESPACE
+    )
+    leader_elect_name: str = option_field(
+        "Name of the leader-election Lease (in follow mode: kube-scheduler's resourceName).",
+        default=DEFAULT_SCHEDULER_NAME,
+    )
+    leader_elect_retry_period_s: float = option_field(
+        "How often the Lease is read (follow) or acquisition is retried (campaign).",
+        default=2.0,
+        flag="--leader-elect-retry-period",
+        parse=parse_seconds,
+        show=format_duration,
+    )
+    leader_identity: str | None = option_field(
+        "This replica's hostname in Lease holder identities (default: the pod's hostname).",
+        default=None,
+        parse=or_none,
+    )
+    pod_name: str | None = option_field(
+        "This scheduler's pod (role labels).", default=None, aliases=["POD_NAME"], parse=or_none
+    )
+    pod_namespace: str | None = option_field(
+        "Namespace of --pod-name.", default=None, aliases=["POD_NAMESPACE"], parse=or_none
+    )
+    scheduler_pod_selector: str = option_field(
+        "Label selector of all scheduler pods in --pod-namespace; the leader labels them "
+        "hami.io/scheduler-role=follower and its own pod leader.",
+        default=DEFAULT_POD_SELECTOR,
+    )
+    api_server: str | None = option_field(
+        "API server URL (no auth, e.g. the embedded one); default kubeconfig/in-cluster.",
+        default=None,
+        parse=or_none,
+    )
+    kubeconfig: str | None = option_field(
+        "kubeconfig file (default $KUBECONFIG, then in-cluster).", default=None, parse=or_none
+    )
+    device_plugin_namespace: str = option_field(
+        "Namespace of the device plugin ServiceAccount (/refit token auth).", default=DEFAULT_NAMESPACE
+    )
+    device_plugin_service_account: str = option_field(
+        "ServiceAccount of the device plugin (/refit token auth).",
+        default=DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT,
+    )
+    #: Accepted /refit caller authentication (empty: none, every refit is refused); unset: token,
+    #: plus mtls when a client CA is configured (so a start without mTLS never warns).
+    refit_auth: tuple[str, ...] = option_field(
+        "Accepted /refit caller authentication: comma list of mtls, token "
+        "[default: token, plus mtls when --client-ca-file is set].",
+        default=_REFIT_AUTH_UNSET,
+        parse=parse_methods,
+        show=_no_default,
+    )
+    #: Audience TokenReview checks refit tokens against ("" = the API server's default audience).
+    refit_token_audience: str = option_field(
+        "Audience a /refit bearer token must be issued for (TokenReview spec.audiences); the "
+        "plugin sends a projected token with this audience, so its API-server token is never sent. "
+        "Empty: the API server's default audience.",
+        default=DEFAULT_TOKEN_AUDIENCE,
+    )
+    #: Mixed fleets: upstream HAMi plugins' ServiceAccount, whose default tokens /refit accepts.
+    refit_hami_plugin_service_account: ServiceAccount | None = option_field(
+        "Mixed fleets with upstream HAMi device plugins: their ServiceAccount <namespace>/<name>. "
+        "/refit then also accepts that ServiceAccount's default (API-server audience) bound token, "
+        "with the same pod and node checks. Empty (default): only --refit-token-audience tokens.",
+        default=None,
+        parse=ServiceAccount.parse,
+        show=lambda _value: "",
+    )
+
+    def __post_init__(self) -> None:
+        """The checks spanning several options (the CLI reports them against the named flag)."""
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise OptionError("--tls-cert-file", "--tls-cert-file and --tls-key-file must be given together")
+        settings = self.settings
+        if settings.node_lock_max_hold < settings.node_lock_timeout:
+            raise OptionError(
+                "--node-lock-max-hold",
+                f"{format_duration(settings.node_lock_max_hold)} is shorter than --node-lock-timeout "
+                f"{format_duration(settings.node_lock_timeout)}",
+            )
+        try:
+            _gpu_policy(settings.gpu_policy)
+        except InvalidInput as exc:
+            raise OptionError("--gpu-scheduler-policy", str(exc)) from None
+        if self.leader_elect_mode not in LEADER_ELECT_MODES:
+            raise OptionError(
+                "--leader-elect-mode",
+                f"unknown leader election mode {self.leader_elect_mode!r} "
+                f"(use {', '.join(LEADER_ELECT_MODES)})",
+            )
+        if self.refit_auth is _REFIT_AUTH_UNSET:
+            object.__setattr__(self, "refit_auth", (MTLS, TOKEN) if self.client_ca_file else (TOKEN,))
+
+    @property
+    def tls(self) -> bool:
+        """Whether ``--listen`` serves TLS."""
+        return bool(self.tls_cert_file and self.tls_key_file)

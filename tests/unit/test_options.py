@@ -1,0 +1,114 @@
+"""Options defined once: dataclass fields become click options; defaults, env vars and checks follow."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from hamid.options import OptionError, click_options, from_cli
+from hamid.plugin.options import PluginOptions
+from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.options import (
+    DEFAULT_SCHEDULER_NAME,
+    SchedulerOptions,
+    format_duration,
+)
+
+
+def _parse(cls: type, args: list[str], env: dict[str, str] | None = None) -> Any:
+    """Run a throwaway command generated from ``cls``; the dataclass it built (or the click result)."""
+    seen: list[Any] = []
+
+    @click.command()
+    @click_options(cls)
+    def command(**values: object) -> None:
+        seen.append(from_cli(cls, values))
+
+    result = CliRunner().invoke(command, args, env=env)
+    return seen[0] if seen else result
+
+
+def test_no_flags_give_the_dataclass_defaults() -> None:
+    assert _parse(SchedulerOptions, []) == SchedulerOptions()
+    assert _parse(PluginOptions, ["--node-name=n1"]) == PluginOptions(node_name="n1")
+
+
+def test_settings_defaults_stay_with_the_settings() -> None:
+    options = SchedulerOptions()
+    assert options.settings == SchedulerSettings()
+    assert options.leader_elect_name == DEFAULT_SCHEDULER_NAME == SchedulerSettings().scheduler_name
+
+
+def test_go_durations_and_env_vars_reach_the_fields() -> None:
+    options = _parse(
+        SchedulerOptions,
+        ["--node-lock-timeout=90s", "--bind-wait=1m", "--leader-elect-retry-period=500ms"],
+        env={"HAMID_RECONCILE_INTERVAL": "0", "POD_NAME": "sched-0", "HAMID_POD_NAMESPACE": "hami"},
+    )
+    assert options.settings.node_lock_timeout == timedelta(seconds=90)
+    assert options.settings.bind_wait_s == 60.0
+    assert options.settings.reconcile_interval_s == 0.0
+    assert options.leader_elect_retry_period_s == 0.5
+    assert (options.pod_name, options.pod_namespace) == ("sched-0", "hami")
+
+
+def test_nested_flags_fill_the_refit_client_config() -> None:
+    options = _parse(
+        PluginOptions,
+        ["--node-name=n1", "--scheduler-endpoint=https://s:443", "--service-account-token-file="],
+        env={"HAMI_SCHEDULER_TLS_INSECURE": "true"},
+    )
+    assert options.refit.endpoint == "https://s:443"
+    assert options.refit.insecure is True
+    assert options.refit.token_file is None
+
+
+def test_cross_field_checks_name_the_flag() -> None:
+    result = _parse(SchedulerOptions, ["--node-lock-timeout=1h", "--node-lock-max-hold=10m"])
+    assert result.exit_code == 2
+    assert "--node-lock-max-hold" in result.output and "10m is shorter than" in result.output
+    result = _parse(SchedulerOptions, ["--tls-cert-file=/c.pem"])
+    assert result.exit_code == 2 and "must be given together" in result.output
+
+
+def test_the_same_checks_guard_direct_construction() -> None:
+    with pytest.raises(OptionError, match="--gpu-scheduler-policy"):
+        SchedulerOptions(settings=SchedulerSettings(gpu_policy="binpak"))
+    with pytest.raises(OptionError, match="--node-name"):
+        PluginOptions(node_name=" ")
+    with pytest.raises(OptionError, match="--leader-elect-mode"):
+        SchedulerOptions(leader_elect_mode="vote")
+
+
+def test_refit_auth_default_depends_on_the_client_ca() -> None:
+    assert SchedulerOptions().refit_auth == ("token",)
+    assert SchedulerOptions(client_ca_file="/ca.pem").refit_auth == ("mtls", "token")
+    assert SchedulerOptions(refit_auth=("mtls",)).refit_auth == ("mtls",)
+    assert SchedulerOptions(client_ca_file="/ca.pem", refit_auth=()).refit_auth == ()  # none: all refused
+    assert _parse(SchedulerOptions, ["--refit-auth="]).refit_auth == ()
+    kept = dataclasses.replace(SchedulerOptions(client_ca_file="/ca.pem"), client_ca_file=None)
+    assert kept.refit_auth == ("mtls", "token")  # resolved once: a replace keeps the value
+
+
+def test_help_shows_defaults_as_go_durations() -> None:
+    @click.command()
+    @click_options(SchedulerOptions)
+    def command(**_: object) -> None:
+        raise AssertionError("--help runs nothing")
+
+    out = CliRunner().invoke(command, ["--help"], terminal_width=200).output
+    for text in ("default: 5m", "default: 30m", "default: 25s", "default: 2s", "HAMID_BIND_WAIT"):
+        assert text in out
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(300.0, "5m"), (timedelta(minutes=30), "30m"), (25.0, "25s"), (0.5, "500ms"), (0.0, "0"), (5400, "90m")],
+)
+def test_format_duration(value: float | timedelta, text: str) -> None:
+    assert format_duration(value) == text
