@@ -126,6 +126,8 @@ class ClusterOptions:
     numa_publish: bool = True
     #: Its PodResources poll period (the product's default is 1 s).
     numa_interval: float = 0.5
+    #: Run the kube-scheduler driver; off, the caller drives ``/filter`` and ``/bind`` itself.
+    kube_scheduler: bool = True
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""
@@ -336,19 +338,23 @@ class SimCluster:
                 self.server.put(self.webhook_configuration())
             for spec in self.options.nodes:
                 await self._start_node(spec)
-            self._driver_kube = await connect(api_server=self.server.url, request_timeout=5.0)
-            self._driver = KubeSchedulerDriver(
-                self._driver_kube,
-                scheduler_name=self.options.scheduler_name,
-                extender_url=self.extender_url,
-                initial_backoff=0.2,
-                max_backoff=1.0,
-            )
-            self._driver_task = asyncio.create_task(self._driver.run(), name="kube-scheduler")
+            if self.options.kube_scheduler:
+                await self._start_driver()
             await self.wait_ready()
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_driver(self) -> None:
+        self._driver_kube = await connect(api_server=self.server.url, request_timeout=5.0)
+        self._driver = KubeSchedulerDriver(
+            self._driver_kube,
+            scheduler_name=self.options.scheduler_name,
+            extender_url=self.extender_url,
+            initial_backoff=0.2,
+            max_backoff=1.0,
+        )
+        self._driver_task = asyncio.create_task(self._driver.run(), name="kube-scheduler")
 
     @staticmethod
     def _make_certs(directory: Path) -> tuple[CertificateAuthority, CertPair]:
