@@ -3,12 +3,15 @@
 Runs the real `hamid plugin` as a child process (static devices file, 8 GPUs x 16 replicas,
 GetPreferredAllocation on) against the embedded API server, with 110 pods on the node, and calls it
 over its unix socket as kubelet would: per cycle a freshly bound pod (annotations + node lock as the
-scheduler writes them), then GetPreferredAllocation and Allocate. No arguments; prints a summary and,
-as the last line, one JSON object.
+scheduler writes them), then GetPreferredAllocation and Allocate. No arguments needed; prints a
+summary and, as the last line, one JSON object. ``--patch-latency-ms N`` delays every PATCH the API
+server receives by N ms (a remote API server): Allocate's latency then shows how many of its
+writes wait one after the other.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -68,7 +71,7 @@ def pod(name: str, gpu: int, phase: str, to_allocate: bool) -> dict:
     }
 
 
-async def main() -> dict:
+async def main(patch_latency_ms: float = 0.0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hb", dir="/tmp"))
     gpus = [
         PhysicalGpu(f"GPU-{i:04d}", i, "Tesla T4", 15360, i // 4, f"0000:{i:02x}:00.0") for i in range(GPUS)
@@ -78,6 +81,8 @@ async def main() -> dict:
     (work / "config.json").write_text(json.dumps(config))
     async with ApiServer() as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        if patch_latency_ms:
+            server.faults.add_latency(patch_latency_ms / 1000, verb="patch")
         for i in range(BACKGROUND_PODS):
             server.put(pod(f"bg-{i}", i % GPUS, "success", to_allocate=False))
         proc = await asyncio.create_subprocess_exec(
@@ -161,6 +166,7 @@ async def main() -> dict:
         "preferred_p50_ms": round(statistics.median(pref_ms), 2),
         "preferred_p99_ms": round(percentile(pref_ms, 0.99), 2),
         "rss_mib": round(rss, 1),
+        "patch_latency_ms": patch_latency_ms,
         "targets": {"allocate_p99_ms": 20, "rss_mib": 80},
     }
     print(
@@ -172,4 +178,11 @@ async def main() -> dict:
 
 
 if __name__ == "__main__":
-    print_figures(asyncio.run(main()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--patch-latency-ms", type=float, default=0.0, help="added to every PATCH (default 0)"
+    )
+    args = parser.parse_args()
+    if not 0 <= args.patch_latency_ms <= 1000:
+        parser.error("--patch-latency-ms must be between 0 and 1000")
+    print_figures(asyncio.run(main(args.patch_latency_ms)))

@@ -43,15 +43,14 @@ from typing import Any, TypeVar
 import structlog
 
 from hamid.kube.client import JSON, KubeClient
-from hamid.kube.errors import Conflict, KubeError, NotFound
+from hamid.kube.errors import Conflict, KubeError
 from hamid.log import get_logger
-from hamid.model import hamicore
+from hamid.model import hamicore, nodelock, objects
 from hamid.model.annotations import (
     BIND_PHASE,
     BIND_PHASE_FAILED,
     BIND_PHASE_SUCCESS,
     DEVICES_TO_ALLOCATE,
-    NODE_LOCK,
     NUMA_ALIGNMENT,
     encode_pod_devices,
 )
@@ -132,13 +131,17 @@ class PreferredRequest:
     size: int
 
 
-def _make_dirs(paths: Sequence[str]) -> None:
-    for path in paths:
+def _prepare_host(cache_dirs: Sequence[str], license_path: str) -> bool:
+    """Create the containers' cache directories and HAMi-core's lock directory (world-writable, as
+    HAMi does); whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts it). Run in a thread.
+    """
+    for path in [*cache_dirs, hamicore.VGPU_LOCK_DIR]:
         os.makedirs(path, exist_ok=True)
         try:
             os.chmod(path, 0o777)
         except PermissionError:
             log.debug("cannot chmod directory (not the owner)", path=path)
+    return os.path.exists(license_path)
 
 
 class Fallbacks:
@@ -517,17 +520,20 @@ class Allocator:
     async def _prepare(
         self, pod: JSON, requests: Sequence[Sequence[str]]
     ) -> tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]:
-        """Plan, answers and host directories (all before the commit)."""
+        """Plan, host directories and answers (all before the commit; one thread hop for the host)."""
         plans, remaining = self._plan(pod, requests)
-        licensed = await self._licensed()
-        uid = pod["metadata"].get("uid", "")
+        uid = objects.uid(pod)
+        containers = [container_at(pod, idx) for idx, _ in plans]
+        hook = self.hami.hook_path
+        dirs = [hamicore.container_cache_dir(hook, uid, str((c or {}).get("name", ""))) for c in containers]
+        try:
+            licensed = await asyncio.to_thread(_prepare_host, dirs, hamicore.license_host_path(hook))
+        except OSError as exc:
+            raise AllocationError(f"cannot create HAMi-core directories {dirs}: {exc}") from exc
         answers = [
-            hami_core_answer(
-                devs, uid, container_at(pod, idx), self.hami, uuidlib.uuid4().hex, licensed=licensed
-            )
-            for idx, devs in plans
+            hami_core_answer(devs, uid, container, self.hami, uuidlib.uuid4().hex, licensed=licensed)
+            for (_idx, devs), container in zip(plans, containers, strict=True)
         ]
-        await self._host_dirs(answers)
         return plans, remaining, answers
 
     async def _allocate_for(
@@ -578,10 +584,13 @@ class Allocator:
     ) -> bool:
         """The consume patch (resourceVersion-guarded) and, when the pod is done, the lock release.
 
-        False when the patch conflicted (nothing written). Run through :func:`complete`.
+        Both are sent at once (one round trip instead of two, docs/reliability.md §3): the pod was
+        proven by the lock before, the calls are serialised, and a conflict's retry re-reads the
+        same pod. False when the patch conflicted (nothing written). Run through :func:`complete`.
         """
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        releasing = asyncio.ensure_future(self._release_lock(f"{namespace}/{name}")) if release else None
         try:
             patched = await self.client.patch_pod_metadata(
                 namespace,
@@ -592,6 +601,9 @@ class Allocator:
             )
         except Conflict:
             return False
+        finally:
+            if releasing is not None:
+                await releasing
         self.pods.remember(patched)
         for idx, devs in plans:
             self._fallbacks.forget(pod, idx)
@@ -602,41 +614,33 @@ class Allocator:
                 memory=[d.usedmem for d in devs],
                 cores=devs[0].usedcores,
             )
-        if release:
-            await self._release_lock(f"{namespace}/{name}")
         return True
-
-    async def _licensed(self) -> bool:
-        """Whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts the license and validator)."""
-        return await asyncio.to_thread(os.path.exists, hamicore.license_host_path(self.hami.hook_path))
-
-    async def _host_dirs(self, answers: Sequence[ContainerAnswer]) -> None:
-        paths = [a.cache_dir for a in answers] + [hamicore.VGPU_LOCK_DIR]
-        try:
-            await asyncio.to_thread(_make_dirs, paths)
-        except OSError as exc:
-            raise AllocationError(f"cannot create HAMi-core directories {paths}: {exc}") from exc
 
     # -- failure and the node lock -----------------------------------------------------------------
 
     async def _fail(self, pod: JSON, reason: str) -> None:
-        """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort)."""
-        meta = pod.get("metadata") or {}
+        """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort,
+        both at once)."""
         log.error("allocation failed", reason=reason)
+        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod_key(pod)))
+
+    async def _mark_failed(self, pod: JSON) -> None:
         try:
             patched = await self.client.patch_pod_metadata(
-                meta.get("namespace", ""),
-                meta.get("name", ""),
+                objects.namespace(pod),
+                objects.name(pod),
                 annotations={BIND_PHASE: BIND_PHASE_FAILED},
                 timeout=self.call_timeout,
             )
             self.pods.remember(patched)
         except KubeError as exc:
             log.error("cannot mark pod bind-phase failed", error=str(exc))
-        await self._release_lock(pod_key(pod))
 
     async def _release_lock(self, owner: str) -> None:
-        """Remove the node lock only if ``owner`` holds it (resourceVersion-guarded, one retry)."""
+        """Remove the node lock only if ``owner`` holds it (resourceVersion-guarded, one retry).
+
+        The cached node first (no GET when the cache is current); a conflict re-reads it.
+        """
         for attempt in range(2):
             node = self.pods.node() if attempt == 0 else None
             try:
@@ -646,15 +650,15 @@ class Allocator:
                     return
                 await self.client.patch_node_metadata(
                     self.node_name,
-                    annotations={NODE_LOCK: None},
-                    resource_version=node["metadata"].get("resourceVersion"),
+                    annotations=nodelock.release_annotations(),
+                    resource_version=objects.resource_version(node),
                     timeout=self.call_timeout,
                 )
                 log.info("node lock released", owner=owner)
                 return
             except Conflict:
                 continue
-            except (NotFound, KubeError) as exc:
+            except KubeError as exc:
                 log.error("cannot release node lock", owner=owner, error=str(exc))
                 return
         log.error("cannot release node lock: node kept changing", owner=owner)

@@ -14,7 +14,7 @@ from hamid.kube.cache import NodeCache, PodCache
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import NotFound
 from hamid.log import get_logger
-from hamid.model.annotations import NODE_LOCK, parse_node_lock
+from hamid.model import nodelock
 from hamid.model.errors import InvalidInput
 from hamid.model.objects import object_key
 
@@ -92,18 +92,12 @@ class NodePods:
 
     def lock_owner(self, node: JSON | None = None) -> str | None:
         """``namespace/name`` of the pod holding ``hami.io/mutex.lock`` (None: no lock or legacy form)."""
-        node = node if node is not None else self.node()
-        value = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NODE_LOCK)
-        if not value:
-            return None
         try:
-            lock = parse_node_lock(value)
+            lock = nodelock.read_lock(node if node is not None else self.node())
         except InvalidInput as exc:
             log.warning("ignoring unparsable node lock", node=self.node_name, error=str(exc))
             return None
-        if lock.namespace is None or lock.name is None:
-            return None
-        return f"{lock.namespace}/{lock.name}"
+        return None if lock is None else nodelock.holder_key(lock)
 
     async def fetch_pod(self, namespace: str, name: str) -> JSON | None:
         """One GET of a pod (when the cache lags); remembered in the overlay. None when it is gone."""

@@ -144,6 +144,8 @@ class ClusterOptions:
     numa_publish: bool = True
     #: Its PodResources poll period (the product's default is 1 s).
     numa_interval: float = 0.5
+    #: Run the kube-scheduler driver; off, the caller drives ``/filter`` and ``/bind`` itself.
+    kube_scheduler: bool = True
 
     def __post_init__(self) -> None:
         """Reject inconsistent knobs before anything starts."""
@@ -326,7 +328,8 @@ class SimCluster(ClusterView):
                 self.server.put(self.webhook_configuration())
             for spec in self.options.nodes:
                 await self._start_node(spec)
-            await self._start_driver()
+            if self.options.kube_scheduler:
+                await self._start_driver()
             await self.wait_ready()
         except BaseException:
             await self.stop()

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import pytest
 
 from hamid.kube.client import EVENTS, KubeClient
 from hamid.kube.events import EventRecorder
-from hamid.model.reasons import EVENT_FILTERING_FAILED, EVENT_NUMA_REFIT_SUCCEED
+from hamid.model.reasons import (
+    EVENT_BINDING_FAILED,
+    EVENT_BINDING_SUCCEED,
+    EVENT_FILTERING_FAILED,
+    EVENT_FILTERING_SUCCEED,
+    EVENT_NUMA_REFIT_SUCCEED,
+)
 from tests.builders import node, pod
 
 
@@ -96,3 +105,48 @@ async def test_failures_are_logged_not_raised(kube: KubeClient, apiserver: Any) 
     await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "works again")
     events = await events_for(kube, "default", "fails")
     assert [e["message"] for e in events] == ["works again"]
+
+
+async def test_routine_successes_beyond_the_budget_are_shed_and_nothing_else_is(kube: KubeClient) -> None:
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1", routine_burst=2, routine_per_s=0.0)
+    targets = [await kube.create_pod(pod(f"burst-{i}")) for i in range(4)]
+    for target in targets:
+        await recorder.record(target, "Normal", EVENT_FILTERING_SUCCEED, "find fit node(n1)")
+        await recorder.record(target, "Normal", EVENT_BINDING_SUCCEED, "Successfully binding node [n1]")
+        await recorder.record(target, "Warning", EVENT_BINDING_FAILED, "node lock contention")
+        await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "moved")
+    reasons = {
+        t["metadata"]["name"]: sorted(
+            e["reason"] for e in await events_for(kube, "default", t["metadata"]["name"])
+        )
+        for t in targets
+    }
+    # The first two routine Events are recorded, the rest shed; failures and refits never are.
+    assert reasons["burst-0"] == sorted(
+        [EVENT_FILTERING_SUCCEED, EVENT_BINDING_SUCCEED, EVENT_BINDING_FAILED, EVENT_NUMA_REFIT_SUCCEED]
+    )
+    for name in ("burst-1", "burst-2", "burst-3"):
+        assert reasons[name] == sorted([EVENT_BINDING_FAILED, EVENT_NUMA_REFIT_SUCCEED])
+    assert recorder.shed == {EVENT_FILTERING_SUCCEED: 3, EVENT_BINDING_SUCCEED: 3}
+
+
+async def test_the_routine_budget_refills_and_can_be_lifted(kube: KubeClient) -> None:
+    target = await kube.create_pod(pod("refill"))
+    now = [100.0]
+    recorder = EventRecorder(
+        kube, "hami-scheduler", "sched-1", routine_burst=1, routine_per_s=2.0, clock=lambda: now[0]
+    )
+    await recorder.record(target, "Normal", EVENT_FILTERING_SUCCEED, "first")
+    now[0] += 0.4  # 0.8 of a token back at 2/s
+    await recorder.record(target, "Normal", EVENT_FILTERING_SUCCEED, "shed")
+    now[0] += 0.2  # one token again
+    await recorder.record(target, "Normal", EVENT_FILTERING_SUCCEED, "refilled")
+    messages = sorted(e["message"] for e in await events_for(kube, "default", "refill"))
+    assert messages == ["first", "refilled"]
+    unlimited = EventRecorder(kube, "hami-scheduler", "sched-1", routine_burst=0, routine_per_s=math.inf)
+    for i in range(5):
+        await unlimited.record(target, "Normal", EVENT_FILTERING_SUCCEED, f"all {i}")
+    assert len(await events_for(kube, "default", "refill")) == 7
+    assert not unlimited.shed
+    with pytest.raises(ValueError, match="burst >= 0"):
+        EventRecorder(kube, "hami-scheduler", routine_burst=-1)

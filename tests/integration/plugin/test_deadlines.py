@@ -23,10 +23,11 @@ async def test_a_timeout_before_the_commit_runs_the_failure_path(monkeypatch: py
     released (instead of leaving bind-phase=allocating and a held lock behind)."""
     release = threading.Event()
 
-    def stalled_make_dirs(paths: Sequence[str]) -> None:
+    def stalled_prepare_host(paths: Sequence[str], license_path: str) -> bool:
         release.wait(5)
+        return False
 
-    monkeypatch.setattr(allocate_module, "_make_dirs", stalled_make_dirs)
+    monkeypatch.setattr(allocate_module, "_prepare_host", stalled_prepare_host)
     pod = scheduled_pod("slow", ((dev("GPU-0", 1000, 10),),))
     try:
         async with running_plugin() as (env, _), stub_for(env) as stub:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hamid.model import annotations as ann
-from hamid.scheduler.nodelock import Decision, Holder, decide, holder_state
+from hamid.model.nodelock import Decision, Holder, decide, holder_state
 from tests.unit.scheduler.helpers import pod
 
 NOW = datetime(2026, 7, 3, 7, 35, 10, tzinfo=UTC)

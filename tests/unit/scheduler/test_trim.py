@@ -9,8 +9,8 @@ from typing import Any
 from hamid.fit.fit import PodFitSpec
 from hamid.fit.usage import container_kinds, init_containers_succeeded
 from hamid.model import annotations as ann
+from hamid.model.nodelock import holder_state
 from hamid.model.resources import ResourceConfig, all_containers
-from hamid.scheduler.nodelock import holder_state
 from hamid.scheduler.state import SchedulerState, trim_scheduler_pod
 from tests.unit.scheduler.helpers import container, node, placed, pod
 
