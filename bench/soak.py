@@ -36,7 +36,8 @@ Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, `
 ``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
-``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes``, ``pods_per_s`` and
+``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
+``plugin_prediction`` (the node agents' hits, misses and causes), ``pods_per_s`` and
 ``peak_rss_mib``. Exit status 1 when there is any violation.
 """
 
@@ -59,12 +60,12 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
+from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
-from hamid.scheduler.numa_ledger import MISS_CAUSES  # noqa: E402
 from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
 from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
 from hamid.sim.machine import load_machine_file  # noqa: E402
@@ -569,19 +570,32 @@ def _refit_figures(
     }
 
 
-def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
-    """The scheduler's prediction counters (hit, miss, unknown; misses by cause)."""
-    registry = cluster.scheduler.metrics.registry
+def _prediction_counts(registries: list[Any]) -> dict[str, Any]:
+    """hit / miss / unknown and misses by cause, summed over ``registries``."""
 
     def value(name: str, labels: dict[str, str]) -> int:
-        return int(registry.get_sample_value(name, labels) or 0)
+        return sum(int(r.get_sample_value(name, labels) or 0) for r in registries)
 
     causes = {c: value("hamid_numa_prediction_misses_total", {"cause": c}) for c in MISS_CAUSES}
     return {
-        "prediction_hits": value("hamid_numa_prediction_total", {"result": "hit"}),
-        "prediction_misses": value("hamid_numa_prediction_total", {"result": "miss"}),
-        "prediction_unknown": value("hamid_numa_prediction_total", {"result": "unknown"}),
+        "hits": value("hamid_numa_prediction_total", {"result": "hit"}),
+        "misses": value("hamid_numa_prediction_total", {"result": "miss"}),
+        "unknown": value("hamid_numa_prediction_total", {"result": "unknown"}),
         "miss_causes": {c: n for c, n in causes.items() if n},
+    }
+
+
+def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
+    """The scheduler's prediction counters (hit, miss, unknown; misses by cause), and the node
+    agents' own judgement of the same predictions (``plugin_prediction``, summed over the nodes)."""
+    counts = _prediction_counts([cluster.scheduler.metrics.registry])
+    plugins = [n.plugin.metrics.registry for n in cluster.nodes.values() if n.plugin is not None]
+    return {
+        "prediction_hits": counts["hits"],
+        "prediction_misses": counts["misses"],
+        "prediction_unknown": counts["unknown"],
+        "miss_causes": counts["miss_causes"],
+        "plugin_prediction": _prediction_counts(plugins),
     }
 
 
