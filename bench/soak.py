@@ -29,8 +29,10 @@ Predictive placement (``--prediction on``, the default): the nodes' agents publi
 profiles and placements and the scheduler predicts kubelet's NUMA node; ``off`` runs the same
 workload with nothing published (the scheduler as before prediction). The default run has 10 nodes
 of the 2-socket SMT machine (2 NUMA nodes x 32 cores x 2 threads, 8 GPUs) and one mixed-GPU node,
-1,000 pods in batches of 40, every fifth batch a burst of 40 pods to one node, and ~5 % foreign
-Guaranteed CPU pods bound by the default scheduler (``spec.nodeName`` preset).
+1,000 pods in batches of 40, every fifth batch a burst to one node (all its pods but the
+heterogeneous ones, which need the mixed-GPU node: plain and pinned pods by node selector, foreign
+pods bound to it), and ~5 % foreign Guaranteed CPU pods bound by the default
+scheduler (``spec.nodeName`` preset).
 
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed``,
 ``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
@@ -91,7 +93,8 @@ FOREIGN_CPUS = (4, 8, 16, 24)
 BURST_EVERY = 5
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 #: How long a pod may take to settle: a burst of 40 pods to one node passes its node lock one pod
-#: at a time (HAMi's protocol), so the last one waits for the 39 before it.
+#: at a time (HAMi's protocol), so the last one waits for the 39 before it. On a machine whose CPUs
+#: are shared with other work every step of that chain is slower: ``--settle-s`` raises it there.
 SETTLE_S = 60.0
 ACCOUNTING_S = 5.0
 JSON = dict[str, Any]
@@ -211,8 +214,10 @@ def draw_workload(
     for b in range(BURST_EVERY - 1, batches, BURST_EVERY):  # the whole batch to one node
         target = rng.choice(normal)
         for kind, pod in drawn[b * concurrency : (b + 1) * concurrency]:
-            if kind == "plain":
+            if kind in ("plain", "pinned"):  # every node of the machine file has the pinned UUID
                 pod["spec"]["nodeSelector"] = {HOSTNAME_LABEL: target}
+            elif kind == "foreign":
+                pod["spec"]["nodeName"] = target
     hostile = {b: hostile_pods(rng, b, normal, gpus) for b in range(0, batches, HOSTILE_EVERY)}
     return Workload(drawn, hostile, rng.randrange(2**32))
 
@@ -410,8 +415,11 @@ class Checker:
 class Soak:
     """One soak run and its counters."""
 
-    def __init__(self, cluster: SimCluster, workload: Workload, checker: Checker) -> None:
+    def __init__(
+        self, cluster: SimCluster, workload: Workload, checker: Checker, settle_s: float = SETTLE_S
+    ) -> None:
         self.cluster = cluster
+        self.settle_s = settle_s
         self.workload = workload
         self.checker = checker
         self.churn_rng = random.Random(workload.churn_seed)
@@ -434,10 +442,10 @@ class Soak:
             return phase in ("Running", "Failed") or bool(cluster.scheduling_failures(name))
 
         try:
-            await wait_until(settled, SETTLE_S, f"pod {name} settled")
+            await wait_until(settled, self.settle_s, f"pod {name} settled")
         except TimeoutError:
             self.checker.ledger.add(
-                "stuck", f"{name} neither ran, failed nor was found unschedulable in {SETTLE_S:g}s"
+                "stuck", f"{name} neither ran, failed nor was found unschedulable in {self.settle_s:g}s"
             )
             await self.delete(name)
             return
@@ -609,6 +617,7 @@ async def run(
     node_policy: str = "binpack",
     hetero: int = 1,
     prediction: bool = True,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
     specs = node_specs(nodes, hetero)
@@ -619,7 +628,7 @@ async def run(
     started = time.monotonic()
     async with SimCluster(options) as cluster:
         checker = Checker(cluster, ledger)
-        soak = Soak(cluster, workload, checker)
+        soak = Soak(cluster, workload, checker, settle_s)
         for batch, index in enumerate(range(0, pods, concurrency)):
             await soak.churn(live_cap)
             await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
@@ -638,6 +647,7 @@ async def run(
         "pods": soak.counts["pods"],
         "nodes": nodes,
         "seed": seed,
+        "settle_s": settle_s,
         "workload_sha256": workload.digest(),
         "running": soak.counts["running"],
         "aligned_checked": checker.aligned,
@@ -704,6 +714,12 @@ def main() -> None:
         "--hetero-nodes", type=int, default=1, help="nodes with mixed GPU models, taken last (default 1)"
     )
     parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds a pod may take to run or fail before it counts as stuck (default {SETTLE_S:g})",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -723,6 +739,7 @@ def main() -> None:
             node_policy=args.node_policy,
             hetero=args.hetero_nodes,
             prediction=args.prediction == "on",
+            settle_s=args.settle_s,
         )
     )
     print_figures(result)
