@@ -50,6 +50,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -97,6 +98,10 @@ TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 #: are shared with other work every step of that chain is slower: ``--settle-s`` raises it there.
 SETTLE_S = 60.0
 ACCOUNTING_S = 5.0
+#: kube-scheduler's FitError (``0/N nodes are available: ...``): the pod is unschedulable now. Any
+#: other failed attempt (a bind that timed out, an extender error) is retried by kube-scheduler and
+#: may still bind the pod, so the pod has not settled: deleting it then would race its admission.
+FIT_ERROR = re.compile(r"^0/\d+ nodes are available:")
 JSON = dict[str, Any]
 
 
@@ -428,7 +433,7 @@ class Soak:
         self.reasons: Counter[str] = Counter()
 
     async def one(self, index: int) -> None:
-        """Create one pod, wait until it runs, is rejected or found unschedulable; check it."""
+        """Create one pod, wait until it runs, is rejected or found unschedulable (a fit error); check it."""
         kind, pod = self.workload.pods[index]
         name = pod["metadata"]["name"]
         cluster = self.cluster
@@ -439,7 +444,8 @@ class Soak:
         def settled() -> bool:
             stored = cluster.server.get("Pod", "default", name) or {}
             phase = (stored.get("status") or {}).get("phase")
-            return phase in ("Running", "Failed") or bool(cluster.scheduling_failures(name))
+            failures = cluster.scheduling_failures(name)
+            return phase in ("Running", "Failed") or any(FIT_ERROR.match(e) for e in failures)
 
         try:
             await wait_until(settled, self.settle_s, f"pod {name} settled")
