@@ -12,6 +12,9 @@ allocatable CPUs (reserved = all - allocatable) and what every active pod holds.
   :attr:`NumaSources.pod_patch_qps` per second (burst :attr:`NumaSources.pod_patch_burst`), each
   value bounded by the codec's 16 KiB.
 
+Each GPU pod's prediction is judged once, when PodResources first lists it (hit, miss or unknown;
+a miss by cause, from what was listed on the node since the prediction).
+
 Fail soft: while a source is missing the plugin serves GPUs as before, publishes nothing new and
 logs the reason once (and once more when it recovers).
 """
@@ -167,15 +170,16 @@ def classify_miss(
     except (KeyError, InvalidInput):
         generation = placement.generation
     since = _predicted_at(annotations)
-    later = (
+    #: for each other pod first listed since the prediction: whether it carries a prediction itself
+    later_predicted = (
         [predicted for u, (at, predicted) in first_seen.items() if u != uid and at >= since]
         if since is not None
         else []
     )
     return miss_cause(
         stale=generation != placement.generation,
-        foreign_since=False in later,
-        own_since=True in later,
+        foreign_since=any(not predicted for predicted in later_predicted),
+        own_since=any(later_predicted),
     )
 
 
