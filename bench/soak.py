@@ -29,14 +29,17 @@ Predictive placement (``--prediction on``, the default): the nodes' agents publi
 profiles and placements and the scheduler predicts kubelet's NUMA node; ``off`` runs the same
 workload with nothing published (the scheduler as before prediction). The default run has 10 nodes
 of the 2-socket SMT machine (2 NUMA nodes x 32 cores x 2 threads, 8 GPUs) and one mixed-GPU node,
-1,000 pods in batches of 40, every fifth batch a burst of 40 pods to one node, and ~5 % foreign
-Guaranteed CPU pods bound by the default scheduler (``spec.nodeName`` preset).
+1,000 pods in batches of 40, every fifth batch a burst to one node (all its pods but the
+heterogeneous ones, which need the mixed-GPU node: plain and pinned pods by node selector, foreign
+pods bound to it), and ~5 % foreign Guaranteed CPU pods bound by the default
+scheduler (``spec.nodeName`` preset).
 
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed``,
 ``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
-``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes``, ``pods_per_s`` and
+``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
+``plugin_prediction`` (the node agents' hits, misses and causes), ``pods_per_s`` and
 ``peak_rss_mib``. Exit status 1 when there is any violation.
 """
 
@@ -47,6 +50,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -59,12 +63,12 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
+from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
-from hamid.scheduler.numa_ledger import MISS_CAUSES  # noqa: E402
 from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
 from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
 from hamid.sim.machine import load_machine_file  # noqa: E402
@@ -90,9 +94,14 @@ FOREIGN_CPUS = (4, 8, 16, 24)
 BURST_EVERY = 5
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 #: How long a pod may take to settle: a burst of 40 pods to one node passes its node lock one pod
-#: at a time (HAMi's protocol), so the last one waits for the 39 before it.
+#: at a time (HAMi's protocol), so the last one waits for the 39 before it. On a machine whose CPUs
+#: are shared with other work every step of that chain is slower: ``--settle-s`` raises it there.
 SETTLE_S = 60.0
 ACCOUNTING_S = 5.0
+#: kube-scheduler's FitError (``0/N nodes are available: ...``): the pod is unschedulable now. Any
+#: other failed attempt (a bind that timed out, an extender error) is retried by kube-scheduler and
+#: may still bind the pod, so the pod has not settled: deleting it then would race its admission.
+FIT_ERROR = re.compile(r"^0/\d+ nodes are available:")
 JSON = dict[str, Any]
 
 
@@ -210,8 +219,10 @@ def draw_workload(
     for b in range(BURST_EVERY - 1, batches, BURST_EVERY):  # the whole batch to one node
         target = rng.choice(normal)
         for kind, pod in drawn[b * concurrency : (b + 1) * concurrency]:
-            if kind == "plain":
+            if kind in ("plain", "pinned"):  # every node of the machine file has the pinned UUID
                 pod["spec"]["nodeSelector"] = {HOSTNAME_LABEL: target}
+            elif kind == "foreign":
+                pod["spec"]["nodeName"] = target
     hostile = {b: hostile_pods(rng, b, normal, gpus) for b in range(0, batches, HOSTILE_EVERY)}
     return Workload(drawn, hostile, rng.randrange(2**32))
 
@@ -409,8 +420,11 @@ class Checker:
 class Soak:
     """One soak run and its counters."""
 
-    def __init__(self, cluster: SimCluster, workload: Workload, checker: Checker) -> None:
+    def __init__(
+        self, cluster: SimCluster, workload: Workload, checker: Checker, settle_s: float = SETTLE_S
+    ) -> None:
         self.cluster = cluster
+        self.settle_s = settle_s
         self.workload = workload
         self.checker = checker
         self.churn_rng = random.Random(workload.churn_seed)
@@ -419,7 +433,7 @@ class Soak:
         self.reasons: Counter[str] = Counter()
 
     async def one(self, index: int) -> None:
-        """Create one pod, wait until it runs, is rejected or found unschedulable; check it."""
+        """Create one pod, wait until it runs, is rejected or found unschedulable (a fit error); check it."""
         kind, pod = self.workload.pods[index]
         name = pod["metadata"]["name"]
         cluster = self.cluster
@@ -430,13 +444,14 @@ class Soak:
         def settled() -> bool:
             stored = cluster.server.get("Pod", "default", name) or {}
             phase = (stored.get("status") or {}).get("phase")
-            return phase in ("Running", "Failed") or bool(cluster.scheduling_failures(name))
+            failures = cluster.scheduling_failures(name)
+            return phase in ("Running", "Failed") or any(FIT_ERROR.match(e) for e in failures)
 
         try:
-            await wait_until(settled, SETTLE_S, f"pod {name} settled")
+            await wait_until(settled, self.settle_s, f"pod {name} settled")
         except TimeoutError:
             self.checker.ledger.add(
-                "stuck", f"{name} neither ran, failed nor was found unschedulable in {SETTLE_S:g}s"
+                "stuck", f"{name} neither ran, failed nor was found unschedulable in {self.settle_s:g}s"
             )
             await self.delete(name)
             return
@@ -569,19 +584,32 @@ def _refit_figures(
     }
 
 
-def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
-    """The scheduler's prediction counters (hit, miss, unknown; misses by cause)."""
-    registry = cluster.scheduler.metrics.registry
+def _prediction_counts(registries: list[Any]) -> dict[str, Any]:
+    """hit / miss / unknown and misses by cause, summed over ``registries``."""
 
     def value(name: str, labels: dict[str, str]) -> int:
-        return int(registry.get_sample_value(name, labels) or 0)
+        return sum(int(r.get_sample_value(name, labels) or 0) for r in registries)
 
     causes = {c: value("hamid_numa_prediction_misses_total", {"cause": c}) for c in MISS_CAUSES}
     return {
-        "prediction_hits": value("hamid_numa_prediction_total", {"result": "hit"}),
-        "prediction_misses": value("hamid_numa_prediction_total", {"result": "miss"}),
-        "prediction_unknown": value("hamid_numa_prediction_total", {"result": "unknown"}),
+        "hits": value("hamid_numa_prediction_total", {"result": "hit"}),
+        "misses": value("hamid_numa_prediction_total", {"result": "miss"}),
+        "unknown": value("hamid_numa_prediction_total", {"result": "unknown"}),
         "miss_causes": {c: n for c, n in causes.items() if n},
+    }
+
+
+def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
+    """The scheduler's prediction counters (hit, miss, unknown; misses by cause), and the node
+    agents' own judgement of the same predictions (``plugin_prediction``, summed over the nodes)."""
+    counts = _prediction_counts([cluster.scheduler.metrics.registry])
+    plugins = [n.plugin.metrics.registry for n in cluster.nodes.values() if n.plugin is not None]
+    return {
+        "prediction_hits": counts["hits"],
+        "prediction_misses": counts["misses"],
+        "prediction_unknown": counts["unknown"],
+        "miss_causes": counts["miss_causes"],
+        "plugin_prediction": _prediction_counts(plugins),
     }
 
 
@@ -595,6 +623,7 @@ async def run(
     node_policy: str = "binpack",
     hetero: int = 1,
     prediction: bool = True,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
     specs = node_specs(nodes, hetero)
@@ -605,7 +634,7 @@ async def run(
     started = time.monotonic()
     async with SimCluster(options) as cluster:
         checker = Checker(cluster, ledger)
-        soak = Soak(cluster, workload, checker)
+        soak = Soak(cluster, workload, checker, settle_s)
         for batch, index in enumerate(range(0, pods, concurrency)):
             await soak.churn(live_cap)
             await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
@@ -624,6 +653,7 @@ async def run(
         "pods": soak.counts["pods"],
         "nodes": nodes,
         "seed": seed,
+        "settle_s": settle_s,
         "workload_sha256": workload.digest(),
         "running": soak.counts["running"],
         "aligned_checked": checker.aligned,
@@ -690,6 +720,12 @@ def main() -> None:
         "--hetero-nodes", type=int, default=1, help="nodes with mixed GPU models, taken last (default 1)"
     )
     parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds a pod may take to run or fail before it counts as stuck (default {SETTLE_S:g})",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -709,6 +745,7 @@ def main() -> None:
             node_policy=args.node_policy,
             hetero=args.hetero_nodes,
             prediction=args.prediction == "on",
+            settle_s=args.settle_s,
         )
     )
     print_figures(result)

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
+from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.listen import serve
 from hamid.log import get_logger
 from hamid.plugin.inventory import Inventory
@@ -137,6 +138,16 @@ class PluginMetrics:
         )
         for result in NUMA_PREDICTION_RESULTS:
             self.numa_predictions.labels(result)
+        self.numa_prediction_misses = Counter(
+            "hamid_numa_prediction_misses_total",
+            "Missed NUMA predictions by cause, as the node agent sees them: order (other predicted "
+            "pods admitted since the prediction), foreign (a pod without a prediction admitted since), "
+            "stale (the profile changed), unmodelled (nothing else explains it).",
+            ["cause"],
+            registry=r,
+        )
+        for cause in MISS_CAUSES:
+            self.numa_prediction_misses.labels(cause)
         r.register(_StateCollector(self))
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(_HamiMonitorCollector(self))
@@ -157,9 +168,12 @@ class PluginMetrics:
         self.refits.labels(outcome).inc()
         self.refit_seconds.observe(seconds)
 
-    def numa_prediction(self, result: str) -> None:
-        """The NUMA publisher's observer: one pod's prediction judged against kubelet's choice."""
+    def numa_prediction(self, result: str, cause: str = "") -> None:
+        """The NUMA publisher's observer: one pod's prediction judged against kubelet's choice
+        (``cause``: why it missed, "" unless a miss)."""
         self.numa_predictions.labels(result).inc()
+        if cause:
+            self.numa_prediction_misses.labels(cause).inc()
 
     def xid(self, uuid: str, xid: int, critical: bool) -> None:
         """One XID event (thread-safe: called from the NVML event thread)."""

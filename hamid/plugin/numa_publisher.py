@@ -12,6 +12,9 @@ allocatable CPUs (reserved = all - allocatable) and what every active pod holds.
   :attr:`NumaSources.pod_patch_qps` per second (burst :attr:`NumaSources.pod_patch_burst`), each
   value bounded by the codec's 16 KiB.
 
+Each GPU pod's prediction is judged once, when PodResources first lists it (hit, miss or unknown;
+a miss by cause, from what was listed on the node since the prediction).
+
 Fail soft: while a source is missing the plugin serves GPUs as before, publishes nothing new and
 logs the reason once (and once more when it recovers).
 """
@@ -25,9 +28,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hamid.fit.numa_fit import miss_cause
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
+from hamid.model import annotations as ann
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_POLICIES,
@@ -136,6 +141,46 @@ def judge_prediction(annotations: Mapping[str, str], placement: PodPlacement) ->
     return "hit" if all(predicted[n] == observed[n] for n in common) else "miss"
 
 
+def _predicted_at(annotations: Mapping[str, str]) -> float | None:
+    """When the scheduler predicted: its filter's ``hami.io/vgpu-time`` (unix seconds; None: unknown)."""
+    try:
+        return float(annotations.get(ann.VGPU_TIME) or "")
+    except ValueError:
+        return None
+
+
+def classify_miss(
+    uid: str,
+    annotations: Mapping[str, str],
+    placement: PodPlacement,
+    first_seen: Mapping[str, tuple[float, bool]],
+) -> str:
+    """The cause of a missed prediction as the node agent sees it (the scheduler's causes).
+
+    ``first_seen`` maps each pod holding CPUs or devices on the node to when PodResources first
+    listed it and whether it carries a prediction. ``stale``: the prediction names another profile
+    generation than the placement; ``foreign``: a pod without a prediction was first listed at or
+    after the prediction's time (the filter's ``hami.io/vgpu-time``, whole seconds); ``order``:
+    another predicted pod was; else ``unmodelled``.
+    """
+    try:
+        generation = decode_prediction(annotations[NUMA_PREDICTED]).generation
+    except (KeyError, InvalidInput):
+        generation = placement.generation
+    since = _predicted_at(annotations)
+    #: for each other pod first listed since the prediction: whether it carries a prediction itself
+    later_predicted = (
+        [predicted for u, (at, predicted) in first_seen.items() if u != uid and at >= since]
+        if since is not None
+        else []
+    )
+    return miss_cause(
+        stale=generation != placement.generation,
+        foreign_since=any(not predicted for predicted in later_predicted),
+        own_since=any(later_predicted),
+    )
+
+
 class _TokenBucket:
     """At most ``rate`` per second on average, ``burst`` at once."""
 
@@ -179,7 +224,7 @@ class NumaPublisher:
         sources: NumaSources,
         *,
         resource_name: str,
-        on_prediction: Callable[[str], None] = lambda _result: None,
+        on_prediction: Callable[[str, str], None] = lambda _result, _cause: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -197,6 +242,8 @@ class NumaPublisher:
         self.policies: KubeletPolicies | None = None
         self._read_at = -float("inf")
         self._judged: set[str] = set()
+        #: pod UID -> (when PodResources first listed it holding something, whether it is predicted)
+        self._first_seen: dict[str, tuple[float, bool]] = {}
         #: pod UID -> (what PodResources reported, generation, its placement, encoded or None: too big)
         self._encodings: dict[str, tuple[HeldPod, int, PodPlacement, str | None]] = {}
         #: pod UID -> the API error its last placement write got (logged once per error)
@@ -319,22 +366,28 @@ class NumaPublisher:
 
     async def _publish_placements(self, profile: NumaProfile, held: Iterable[HeldPod]) -> None:
         numa_of = {c.cpu: c.numa for c in profile.cpus}
-        seen: set[str] = set()
+        now = self.clock()
+        listed: list[tuple[Mapping[str, Any], str, HeldPod, Mapping[str, str]]] = []
         for entry in held:
             pod = self.pods.pod(entry.key)
             if pod is None:
                 continue  # not in the cache yet: next round
             meta = pod.get("metadata") or {}
             uid = str(meta.get("uid") or "")
-            seen.add(uid)
             annotations = meta.get("annotations") or {}
+            listed.append((pod, uid, entry, annotations))
+            if holds_anything(entry) and uid not in self._first_seen:
+                self._first_seen[uid] = (now, NUMA_PREDICTED in annotations)
+        for obj, uid, entry, annotations in listed:
             if not (holds_anything(entry) or NUMA_PREDICTED in annotations):
                 continue
             placement, value = self._encoded(uid, entry, numa_of, profile.generation)
             self._judge(uid, entry, annotations, placement)
             if value is not None:
-                await self._write_placement(pod, uid, annotations, placement, value)
+                await self._write_placement(obj, uid, annotations, placement, value)
+        seen = {uid for _pod, uid, _entry, _notes in listed}
         self._judged &= seen
+        self._first_seen = {uid: e for uid, e in self._first_seen.items() if uid in seen}
         self._encodings = {uid: e for uid, e in self._encodings.items() if uid in seen}
         self._failed = {uid: e for uid, e in self._failed.items() if uid in seen}
 
@@ -365,8 +418,9 @@ class NumaPublisher:
             return
         self._judged.add(uid)
         result = judge_prediction(annotations, placement)
-        self.on_prediction(result)
-        log.info("NUMA prediction checked", pod=held.key, result=result)
+        cause = classify_miss(uid, annotations, placement, self._first_seen) if result == "miss" else ""
+        self.on_prediction(result, cause)
+        log.info("NUMA prediction checked", pod=held.key, result=result, cause=cause or None)
 
     async def _write_placement(
         self,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hamid.fit.numa_fit import miss_cause
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
     NO_TOPOLOGY,
@@ -64,8 +65,6 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
 _MEMO_SIZE = 50_000
 HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
-#: Why a prediction missed (hamid_numa_prediction_misses_total's ``cause``).
-MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
 
 
 class Source(enum.StrEnum):
@@ -146,8 +145,10 @@ def _bound_node(pod: Mapping[str, Any]) -> str:
 
 
 def _finished(pod: Mapping[str, Any]) -> bool:
-    meta = pod.get("metadata") or {}
-    return bool(meta.get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES
+    """Whether kubelet no longer holds the pod's CPUs and devices: a terminal phase. A terminating
+    pod (``deletionTimestamp``) still holds them until its containers stopped; kubelet then confirms
+    the deletion, and the delete event frees its booking."""
+    return (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES
 
 
 def _may_hold(pod: Mapping[str, Any], resources: frozenset[str]) -> bool:
@@ -387,18 +388,16 @@ class NumaLedgers:
 
     def _cause(self, node: str, predicted_gen: int, observed_gen: int, seq: int, inflight: int) -> str:
         entry = self.nodes.get(node)
-        if entry is None or entry.profile is None or predicted_gen != observed_gen:
-            return "stale"
-        if predicted_gen != entry.profile.generation:
-            return "stale"
-        if entry.foreign_seq > seq:
-            return "foreign"
+        if entry is None or entry.profile is None:
+            return miss_cause(stale=True, foreign_since=False, own_since=False)
         later_own = any(
             r.own and r.seq > seq and r.source is not Source.REPLAY for r in entry.records.values()
         )
-        if inflight > 0 or later_own:
-            return "order"
-        return "unmodelled"
+        return miss_cause(
+            stale=predicted_gen != observed_gen or predicted_gen != entry.profile.generation,
+            foreign_since=entry.foreign_seq > seq,
+            own_since=inflight > 0 or later_own,
+        )
 
     # -- the filter's side ---------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 status and PodResources API over real sockets (see the package docs for the layout).
 
 It watches the pods bound to its node and admits each batch in creation order; a pod being deleted
-keeps its CPUs and devices until its containers have stopped; a restart (in-process or a new process
-finding Running pods) re-admits the running pods from what they hold.
+keeps its CPUs and devices until its containers have stopped; before each admission the CPUs and
+devices of pods no longer active are taken back (kubelet's ``removeStaleState``); a restart
+(in-process or a new process finding Running pods) re-admits the running pods from what they hold.
 """
 
 # Every ``timeout`` parameter here is a deadline enforced inside with ``asyncio.timeout``.
@@ -336,6 +337,21 @@ class SimKubelet:
             self._log.info("released pod resources", uid=uid)
             self._changed()
 
+    def _remove_stale_state(self) -> None:
+        """kubelet's CPU manager ``removeStaleState`` and device manager ``UpdateAllocatedDevices``,
+        run before every admission: the CPUs and devices of pods that are no longer active (gone
+        from the API server or terminated) go back, including those of a pod deleted while it was
+        being admitted, whose allocation finished after its deletion released nothing yet."""
+        assert self._pods is not None
+        active = {
+            str((p.get("metadata") or {}).get("uid") or "")
+            for p in self._pods.values()
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        }
+        for uid in (self.cpus.assignments.keys() | self.devices.pod_devices.keys()) - active:
+            self._log.info("removing stale state of a pod no longer active", uid=uid)
+            self._release(uid)
+
     def _pod_deleted(self, pod: JSON) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         self.status.forget(uid)
@@ -483,6 +499,7 @@ class SimKubelet:
             topology_scope=self.config.topology_manager_scope,
             cpu_manager_policy=self.cpu_manager_policy,
         )
+        self._remove_stale_state()
         try:
             await self._admitter.admit(pod, record)
             check_allocatable(pod, self._active_pods(record.uid), *self._allocatable())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ GPU = "nvidia.com/gpu"
 PROFILE = "hamid.io/numa-profile"  # wire names spelled out
 PLACEMENT = "hamid.io/numa-placement"
 PREDICTED = "hamid.io/numa-predicted"
+FILTERED_AT = "hami.io/vgpu-time"
 MACHINE = "numaNodes: [{id: 0, cpus: '0-3'}, {id: 1, cpus: '4-7'}]\ndistances: [[10, 21], [21, 10]]\n"
 CONFIG = (
     "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
@@ -60,9 +62,9 @@ def record(name: str, cpus: set[int] = frozenset(), devices: tuple[str, ...] = (
     return PodAdmission("default", name, f"uid-{name}", NODE, True, containers=[container])
 
 
-def prediction(numa: int) -> str:
+def prediction(numa: int, generation: int = 1) -> str:
     c = ContainerPrediction("main", frozenset({numa}), frozenset(), {GPU: {numa: 1}})
-    return encode_prediction(PodPrediction(1, (c,)))
+    return encode_prediction(PodPrediction(generation, (c,)))
 
 
 def pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -85,6 +87,7 @@ class Env:
     kubelet: Kubelet
     publisher: NumaPublisher
     results: list[str]
+    causes: list[str]
     directory: Path
     socket: Path
 
@@ -121,9 +124,16 @@ async def env(apiserver: ApiServer, kube: KubeClient) -> AsyncIterator[Env]:
         refresh_s=0.0,
     )
     results: list[str] = []
-    publisher = NumaPublisher(kube, pods, sources, resource_name=GPU, on_prediction=results.append)
+    causes: list[str] = []
+
+    def judged(result: str, cause: str) -> None:
+        results.append(result)
+        if cause:
+            causes.append(cause)
+
+    publisher = NumaPublisher(kube, pods, sources, resource_name=GPU, on_prediction=judged)
     try:
-        yield Env(apiserver, kubelet, publisher, results, directory, socket)
+        yield Env(apiserver, kubelet, publisher, results, causes, directory, socket)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -178,12 +188,43 @@ async def test_profile_and_placements_are_published_and_judged(env: Env) -> None
     assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).containers[0].numa == {1}
     assert PLACEMENT not in env.annotations("Pod", "shared")
     assert sorted(env.results) == ["hit", "miss", "unknown"]  # the foreign CPU pod is not judged
+    assert env.causes == ["unmodelled"]  # without the filter's time nothing is known to be later
 
     patches = (env.publisher.profile_patches, env.publisher.placement_patches)
     await env.synced()
     await env.publisher.publish_once()  # nothing changed: nothing written, nothing judged twice
     assert (env.publisher.profile_patches, env.publisher.placement_patches) == patches
     assert len(env.results) == 3
+
+
+async def test_misses_are_classified_by_what_was_admitted_since_the_prediction(env: Env) -> None:
+    """stale: another profile generation; foreign / order: a pod without / with a prediction first
+    listed at or after the filter's time; unmodelled: nothing listed since."""
+    t0 = time.time()
+    rounds = [
+        [record("cpu-early", {6, 7})],  # foreign, listed long before every prediction below
+        [record("stale", {4}, ("GPU-1-0",)), record("lonely", {5}, ("GPU-1-0",))],
+        [record("cpu-late", {3}), record("after-foreign", {2}, ("GPU-1-0",))],
+        [record("hit", {1}, ("GPU-0-0",)), record("after-own", {4}, ("GPU-1-0",))],
+    ]
+    annotations = {
+        "cpu-early": {},
+        "stale": {PREDICTED: prediction(0, generation=2), FILTERED_AT: str(int(t0))},
+        "lonely": {PREDICTED: prediction(0), FILTERED_AT: str(int(t0) + 15)},
+        "cpu-late": {},
+        "after-foreign": {PREDICTED: prediction(0), FILTERED_AT: str(int(t0) + 15)},
+        "hit": {PREDICTED: prediction(0), FILTERED_AT: str(int(t0) + 25)},
+        "after-own": {PREDICTED: prediction(0), FILTERED_AT: str(int(t0) + 25)},
+    }
+    for name, notes in annotations.items():
+        env.server.put(pod(name, notes))
+    await env.synced()
+    for i, listed in enumerate(rounds):
+        env.kubelet.records = [*env.kubelet.records, *listed]
+        env.publisher.clock = lambda i=i: t0 + 10 * i  # round i lists its pods at t0 + 10 i
+        await env.publisher.publish_once()
+    assert sorted(env.results) == ["hit", "miss", "miss", "miss", "miss"]
+    assert sorted(env.causes) == ["foreign", "order", "stale", "unmodelled"]
 
 
 async def test_a_changed_profile_bumps_the_generation_and_rewrites_placements(env: Env) -> None:

@@ -46,6 +46,9 @@ class FakePlugin(DevicePluginBase):
         self.devices = list(devices)
         self.answer: Answer | None = None
         self.allocate_error: str | None = None
+        #: When set, Allocate waits for it (an injected slow plugin); ``allocating`` is set meanwhile.
+        self.allocate_gate: asyncio.Event | None = None
+        self.allocating = asyncio.Event()
         self.preferred_requests: list[pb.ContainerPreferredAllocationRequest] = []
         self.allocate_requests: list[list[str]] = []
         self.pre_start_requests: list[list[str]] = []
@@ -135,6 +138,9 @@ class FakePlugin(DevicePluginBase):
     async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
         request = await stream.recv_message()
         assert request is not None
+        if self.allocate_gate is not None:
+            self.allocating.set()
+            await self.allocate_gate.wait()
         if self.allocate_error is not None:
             raise GRPCError(Status.UNKNOWN, self.allocate_error)
         responses = []

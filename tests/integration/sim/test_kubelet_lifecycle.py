@@ -250,6 +250,33 @@ async def test_terminating_pod_keeps_resources_until_containers_stop(
         await kubelet.stop()
 
 
+async def test_a_pod_deleted_during_its_admission_gives_its_cpus_back(
+    kube: KubeClient, root: Path, plugin: FakePlugin
+) -> None:
+    """kubelet's removeStaleState: CPUs allocated after the pod was already gone are not leaked."""
+    kubelet = await started(kube, root, plugin)
+    try:
+        plugin.allocate_gate = asyncio.Event()
+        await kube.create_pod(pod("gone", container("main", "7", 1)))
+        await asyncio.wait_for(plugin.allocating.wait(), 5)
+        await kube.delete_pod("default", "gone")  # immediate: its Allocate is still in flight
+        for _ in range(500):  # until the kubelet saw the deletion
+            if "default/gone" not in kubelet._pods:
+                break
+            await asyncio.sleep(0.01)
+        plugin.allocate_gate.set()
+        plugin.allocate_gate = None
+        gone = await kubelet.wait_admission("default", "gone")
+        assert gone.container("main").cpus == frozenset(range(1, 8))  # allocated after the deletion
+        await kube.create_pod(pod("next", container("main", "7", 1)))
+        new = await kubelet.wait_admission("default", "next")
+        assert new.admitted and new.container("main").cpus == frozenset(range(1, 8))
+        assert kubelet.free_cpus() == frozenset(range(9, 16))
+        assert kubelet.allocated_devices(R) == set(new.container("main").devices[R])
+    finally:
+        await kubelet.stop()
+
+
 async def test_allocatable_admission(kube: KubeClient, root: Path, plugin: FakePlugin) -> None:
     kubelet = await started(kube, root, plugin)
     try:

@@ -277,3 +277,32 @@ def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
     result = asyncio.run(scheduler.filter(args))
     assert result.error and "injected" in result.error
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+
+
+def test_a_terminating_pod_keeps_its_booking_until_it_is_gone() -> None:
+    """kubelet holds a deleted pod's CPUs until its containers stopped, then confirms the deletion:
+    the ledger frees them at the delete event (or a terminal phase), not at ``deletionTimestamp``."""
+    scheduler, _ = _scheduler(_node())
+    foreign = _pod("f", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    foreign["status"]["phase"] = "Running"
+    scheduler._pod_seen(foreign)
+    assert scheduler.numa.free_cpus("n1") == frozenset({4, 5, 6, 7})
+    deleting = {**foreign["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}
+    terminating = {**foreign, "metadata": deleting}
+    scheduler._pod_updated(foreign, terminating)
+    assert scheduler.numa.free_cpus("n1") == frozenset({4, 5, 6, 7})
+    node, fitted, _, _ = _plan(scheduler, _pod("b", cpus=3))
+    assert node == "n1" and _gpus_of(fitted) == ["n1-g1"]  # NUMA 0's CPUs are still held
+    scheduler._pod_gone(terminating)
+    assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+
+
+def test_a_terminal_pod_frees_its_booking_at_once() -> None:
+    scheduler, _ = _scheduler(_node())
+    foreign = _pod("f", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    scheduler._pod_seen(foreign)
+    done = {**foreign, "status": {"phase": "Succeeded"}}
+    scheduler._pod_updated(foreign, done)
+    assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
