@@ -92,8 +92,7 @@ class Leadership:
                 on_update=lambda _old, _new: self._cache_event.set(),
                 on_delete=self._cache_changed,
             )
-        scheduler.leading = False
-        scheduler.term_synced = False
+        scheduler.readiness.follow()
 
     def _cache_changed(self, _obj: JSON) -> None:
         self._cache_event.set()
@@ -103,8 +102,7 @@ class Leadership:
     def started(self) -> None:
         """A new term: refuse decisions until its caches have caught up, then label roles."""
         self.term += 1
-        self.scheduler.term_synced = False
-        self.scheduler.leading = True
+        self.scheduler.readiness.lead()
         self._cancel_sync()
         self._sync_task = asyncio.get_running_loop().create_task(self._sync(self.term))
         self._changed.set()
@@ -112,8 +110,7 @@ class Leadership:
 
     def stopped(self) -> None:
         """The term ended: refuse decisions, label this pod a follower."""
-        self.scheduler.leading = False
-        self.scheduler.term_synced = False
+        self.scheduler.readiness.follow()
         self._cancel_sync()
         self._changed.set()
         log.info("leadership_term_ended", term=self.term)
@@ -157,8 +154,8 @@ class Leadership:
             except (KubeError, TimeoutError) as exc:
                 log.warning("term_sync_retry", term=term, error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(self.retry_delay)
-        if term == self.term and s.leading:
-            s.term_synced = True
+        if term == self.term and s.readiness.leading:
+            s.readiness.caught_up()
             log.info("term_synced", term=term)
 
     # -- role labels ------------------------------------------------------------------------------
