@@ -45,6 +45,10 @@ _MAX_FAILED_EVENTS = 5
 _FALLBACK_LOOKAHEAD = 4
 #: Request shapes given an id for the failure-reason memo before the ids start afresh.
 _SHAPE_IDS = 1024
+#: No-fit answers kept (one per request shape) before they are dropped.
+_NO_FITS = 64
+#: Nodes changed since a no-fit answer that are re-judged on their own; more: a full walk.
+_NO_FIT_PATCH = 256
 
 #: ``record(obj, type, reason, message)``: an Event in the background.
 Record = Callable[[JSON, EventType, str, str], None]
@@ -97,20 +101,46 @@ class _Walk:
     failed: dict[str, str]
     fallback: tuple[str, Fitted] | None = None
     after_fallback: int = 0
+    #: Nodes fitted for real (not merely passed over for their room).
+    fits: int = 0
 
     def tried(self, name: str, result: Fitted | Unfit, aligned: bool) -> tuple[str, Fitted] | None:
         """Note one node's fit; the winner once known (an aligned fit, or the fallback's window ended)."""
+        self.fits += 1
         if not isinstance(result, Fitted):
             self.failed[name] = result.reason
         elif aligned:
             return name, result
         elif self.fallback is None:
             self.fallback = (name, result)
+        return self._counted()
+
+    def passed(self, name: str, reason: str) -> tuple[str, Fitted] | None:
+        """Note a node passed over for its room (``reason``); the fallback once its window ended."""
+        self.failed[name] = reason
+        return self._counted()
+
+    def _counted(self) -> tuple[str, Fitted] | None:
         if self.fallback is not None:
             self.after_fallback += 1
             if self.after_fallback > _FALLBACK_LOOKAHEAD:
                 return self.fallback
         return None
+
+
+@dataclass(slots=True)
+class _NoFit:
+    """The answer for a request shape that fits no candidate by room alone, kept while valid.
+
+    Valid for the same candidates (and node membership) until a node's health may flip by the
+    clock (``flips_at``); nodes changed since ``seq`` (inventory changes) are re-judged on their
+    own, and any of them with room for the pod makes a full walk.
+    """
+
+    candidates: _Candidates
+    seq: int
+    flips_at: float
+    failed: dict[str, str]
 
 
 #: What :meth:`Filter.plan` returns: the node, its fit, and the failed-node reasons.
@@ -151,6 +181,8 @@ class Filter:
         self._candidates: _Candidates | None = None
         self._shape_ids: dict[tuple[PodFitSpec, Quota | None], int] = {}
         self._next_shape = itertools.count()
+        self._no_fit: dict[int, _NoFit] = {}
+        self._unfit_events: tuple[dict[str, str], list[str]] | None = None
 
     async def filter(self, args: FilterArgs) -> FilterResult:
         """The extender filter verb: fit, reserve, patch (undo on failure), answer one node."""
@@ -186,6 +218,12 @@ class Filter:
         nodes = state.nodes
         now = state.clock()
         position, unregistered = self._positions(names)
+        need = room_needed(spec)
+        shape = self._shape_id(spec, quota)
+        if previous is None:
+            known = self._no_fit_answer(shape, spec, quota, need, position, now)
+            if known is not None:
+                return None, None, known
         walk = _Walk(dict.fromkeys(unregistered, R.NODE_UNREGISTERED))
         # A re-filtered pod sees its own booking on its node as free: that node's score differs
         # from the index's, so it is ranked on its own.
@@ -194,14 +232,13 @@ class Filter:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         passed: list[NodeEntry] = []  # best-first; only their reasons are needed when nothing fits
         backing_off = self.backoff.active(now, nodes)
-        need = room_needed(spec)
         for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
             tries = _triage(group, nodes, now, backing_off, own, need, walk.failed, passed)
             for entry in tries:
                 won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
                 if won is not None:
                     return won[0], won[1], walk.failed
-        won = self._passed(passed, walk, spec, quota, previous, numa)
+        won = self._passed(passed, walk, shape, spec, quota, previous, numa)
         if won is not None:
             return won[0], won[1], walk.failed
         last = [nodes[n] for n in sorted(backing_off, key=backing_off.__getitem__) if n not in walk.failed]
@@ -212,12 +249,89 @@ class Filter:
                     return won[0], won[1], walk.failed
         if walk.fallback is not None:
             return walk.fallback[0], walk.fallback[1], walk.failed
+        if walk.fits == 0 and previous is None and self._candidates is not None:
+            self._remember_no_fit(shape, walk.failed, now)
         return None, None, walk.failed
+
+    def _remember_no_fit(self, shape: int, failed: dict[str, str], now: float) -> None:
+        """Keep a no-fit answer reached by room alone (no node fitted) for the next retry."""
+        if len(self._no_fit) >= _NO_FITS:
+            self._no_fit.clear()
+        inventory = self.state.inventory
+        assert self._candidates is not None
+        self._no_fit[shape] = _NoFit(self._candidates, inventory.seq, inventory.health_flips_at(now), failed)
+
+    def _no_fit_answer(
+        self,
+        shape: int,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        need: tuple[int, int, int],
+        position: Mapping[str, int],
+        now: float,
+    ) -> dict[str, str] | None:
+        """The kept no-fit answer of ``shape``, brought up to date; None when a walk is needed.
+
+        Only the nodes changed since the answer are judged again; one that may now have room
+        (or more than :data:`_NO_FIT_PATCH` changes, or a health flip due by the clock) drops it.
+        """
+        known = self._no_fit.get(shape)
+        if known is None or known.candidates is not self._candidates or now >= known.flips_at:
+            return None
+        inventory = self.state.inventory
+        changed = inventory.changed_since(known.seq, _NO_FIT_PATCH)
+        if changed is None:
+            return None
+        if changed:
+            failed = dict(known.failed)
+            for name in changed:
+                entry = inventory.nodes.get(name)
+                if name not in position or entry is None:
+                    continue  # not a candidate, or gone (the membership changed: not kept then)
+                reason = self._room_reason(entry, shape, spec, quota, need, now)
+                if reason is None:
+                    del self._no_fit[shape]
+                    return None
+                failed[name] = reason
+                known.flips_at = min(known.flips_at, entry.health_flips_at(now))
+            known.failed, known.seq = failed, inventory.seq
+        return known.failed
+
+    def _room_reason(
+        self,
+        entry: NodeEntry,
+        shape: int,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        need: tuple[int, int, int],
+        now: float,
+    ) -> str | None:
+        """Why a node takes no pod of this shape without a fit (unhealthy, no room); None: fit it."""
+        if not entry.healthy(now):
+            return R.NODE_UNREGISTERED
+        gpus, mem, cores = entry.usage.room()
+        if gpus >= need[0] and mem >= need[1] and cores >= need[2]:
+            return None
+        return self._capacity_reason(entry, shape, spec, quota)
+
+    def _capacity_reason(
+        self, entry: NodeEntry, shape: int, spec: PodFitSpec, quota: Quota | None
+    ) -> str | None:
+        """The plain fit's reason on a node without room (memoised on it); None if it fits after all."""
+        reason = entry.unfit.get(shape)
+        if reason is None:
+            result = fit_pod(entry.usage, spec, quota)
+            if isinstance(result, Fitted):
+                return None
+            reason = result.reason
+            entry.remember_unfit(shape, reason)
+        return reason
 
     def _passed(
         self,
         passed: Iterable[NodeEntry],
         walk: _Walk,
+        shape: int,
         spec: PodFitSpec,
         quota: Quota | None,
         previous: Reservation | None,
@@ -229,19 +343,12 @@ class Filter:
         the reason is the plain fit's, kept on the node until its usage changes. Should a fit
         succeed after all, the node is tried as any other.
         """
-        shape = self._shape_id(spec, quota)
         for entry in passed:
-            reason = entry.unfit.get(shape)
+            reason = self._capacity_reason(entry, shape, spec, quota)
             if reason is None:
-                result = fit_pod(entry.usage, spec, quota)
-                if isinstance(result, Fitted):
-                    won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
-                    if won is not None:
-                        return won
-                    continue
-                reason = result.reason
-                entry.remember_unfit(shape, reason)
-            won = walk.tried(entry.name, Unfit(reason), True)
+                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
+            else:
+                won = walk.passed(entry.name, reason)
             if won is not None:
                 return won
         return None
@@ -397,14 +504,27 @@ class Filter:
         return encode_prediction(prediction.record(profile.generation)) if profile is not None else None
 
     def _record_unfit(self, pod: JSON, failed: dict[str, str]) -> None:
-        by_reason: dict[str, list[str]] = {}
-        for node, reason in failed.items():
-            by_reason.setdefault(reason, []).append(node)
-        for reason, nodes in sorted(by_reason.items())[:_MAX_FAILED_EVENTS]:
-            message = f"{len(nodes)} nodes {reason}({', '.join(sorted(nodes))})"
+        """HAMi's FilteringFailed Events: one per reason (the first few), naming its nodes."""
+        kept = self._unfit_events
+        if kept is not None and kept[0] is failed:  # a kept no-fit answer: the same messages
+            messages = kept[1]
+        else:
+            messages = _unfit_messages(failed)
+            self._unfit_events = (failed, messages)
+        for message in messages:
             self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, message)
-        if not failed:
-            self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, "no candidate nodes")
+
+
+def _unfit_messages(failed: Mapping[str, str]) -> list[str]:
+    """The FilteringFailed messages of a no-fit answer (``no candidate nodes`` when empty)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        by_reason.setdefault(reason, []).append(node)
+    messages = [
+        f"{len(nodes)} nodes {reason}({', '.join(sorted(nodes))})"
+        for reason, nodes in sorted(by_reason.items())[:_MAX_FAILED_EVENTS]
+    ]
+    return messages or ["no candidate nodes"]
 
 
 def _describe(prediction: Prediction | None) -> str:
@@ -452,9 +572,10 @@ def _triage(
 ) -> list[NodeEntry]:
     """The nodes of one score group worth a fit now, in order.
 
-    An unhealthy node gets its reason in ``failed``; a node backing off is left for last (by the
-    caller); a node whose room is below ``need`` (GPUs, MiB, cores) goes to ``passed``, fitted only
-    when no other node fits. The pod's own node is always tried: its booking is free to it.
+    An unhealthy node gets its reason in ``failed``; a node whose room is below ``need`` (GPUs,
+    MiB, cores) goes to ``passed`` (it cannot fit: only its reason is needed, when no other node
+    fits); a node backing off is left for last (by the caller). The pod's own node is always
+    tried: its booking is free to it.
     """
     own_node = own[1] if own is not None else None
     need_gpus, need_mem, need_cores = need
@@ -464,12 +585,12 @@ def _triage(
         if not entry.healthy(now):
             failed[name] = R.NODE_UNREGISTERED
             continue
-        if name in backing_off:
-            continue
         if name != own_node:
             gpus, mem, cores = entry.usage.room()
             if gpus < need_gpus or mem < need_mem or cores < need_cores:
                 passed.append(entry)
                 continue
+        if name in backing_off:
+            continue
         tries.append(entry)
     return tries

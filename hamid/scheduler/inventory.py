@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +62,16 @@ class NodeEntry:
         if self.handshake_at is None or now - self.handshake_at < HANDSHAKE_GRACE_S:
             return True
         return self.allocatable_gpu > 0
+
+    def health_flips_at(self, now: float) -> float:
+        """When the clock alone makes this node unhealthy (inf: not by the clock).
+
+        A node that advertises no GPU stays healthy only while its handshake is young.
+        """
+        at = self.handshake_at
+        if self.allocatable_gpu > 0 or at is None or now - at >= HANDSHAKE_GRACE_S:
+            return math.inf
+        return at + HANDSHAKE_GRACE_S
 
     def remember_unfit(self, shape: int, reason: str) -> None:
         """Memoise ``reason`` for request shape ``shape`` (a few shapes at most)."""
@@ -142,10 +153,15 @@ class Inventory:
         #: Nodes whose handshake annotation is missing or stale-format (the leader writes one).
         self.handshake_wanted: set[str] = set()
         self._index = ScoreIndex()
+        #: Bumped by every change of a node (usage, registration, health signals).
+        self.seq = 0
+        #: node -> the seq of its last change, oldest first (see :meth:`changed_since`).
+        self._changed: dict[str, int] = {}
 
     def on_node(self, node: JSON) -> Registration:
         """Apply a node add/update: inventory, cordon, pair scores, handshake and allocatable."""
         name = objects.name(node)
+        self._mark(name)
         annotations = objects.annotations(node)
         register_raw = annotations.get(ann.NODE_REGISTER)
         entry = self.nodes.get(name)
@@ -198,10 +214,32 @@ class Inventory:
         usage = NodeUsage.from_infos(name, infos, pair_scores, cordoned)
         usage.on_change = self._usage_changed
         self._index.touch(name)
+        self._mark(name)
         return usage
+
+    def _mark(self, name: str) -> None:
+        self.seq += 1
+        self._changed.pop(name, None)
+        self._changed[name] = self.seq
+
+    def changed_since(self, seq: int, at_most: int) -> list[str] | None:
+        """The nodes changed after :attr:`seq` was ``seq``; None when more than ``at_most`` did."""
+        changed: list[str] = []
+        for name, when in reversed(self._changed.items()):
+            if when <= seq:
+                break
+            if len(changed) >= at_most:
+                return None
+            changed.append(name)
+        return changed
+
+    def health_flips_at(self, now: float) -> float:
+        """The earliest time a registered node's health changes by the clock alone (inf: never)."""
+        return min((entry.health_flips_at(now) for entry in self.nodes.values()), default=math.inf)
 
     def _usage_changed(self, name: str) -> None:
         self._index.touch(name)
+        self._mark(name)
         entry = self.nodes.get(name)
         if entry is not None and entry.unfit:
             entry.unfit.clear()
@@ -245,6 +283,7 @@ class Inventory:
     def drop(self, name: str) -> bool:
         """Forget a node's registration; whether it was registered."""
         self._index.touch(name)
+        self._mark(name)
         if self.nodes.pop(name, None) is None:
             return False
         self.membership += 1
