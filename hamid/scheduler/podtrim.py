@@ -1,14 +1,18 @@
 """The scheduler's pod records: a pod trimmed to the fields the scheduler reads, strings shared.
 
 The pod cache keeps one record per pod of the cluster, so its size is most of the scheduler's
-memory (docs/architecture.md §5). A record keeps only what accounting, bind, the node lock,
-refit and Events read, and shares every repeated string (namespaces, node and container names,
-resource names and quantities, label and annotation keys) instead of holding a copy per pod.
+memory. A record keeps only what accounting, bind, the node lock, refit and Events read, and
+shares what pods repeat: short strings (namespaces, node and container names, resource names
+and quantities, label and annotation keys) are interned, and equal parts (a container's name and
+resources, the container list) are one object for every pod that has them — the replicas of a
+workload hold one copy. Records are therefore read-only: nothing may change a
+cached pod in place.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Hashable
 from typing import Any
 
 from hamid.model import annotations as ann
@@ -27,6 +31,9 @@ _SHARED_METADATA = frozenset({"namespace", "labels"})
 _CONTAINER_KEYS = ("name", "resources", "restartPolicy")
 #: Strings no longer than this are interned (names, quantities, phases); longer ones are unique.
 _SHARED_LEN = 64
+#: Distinct shared parts kept for reuse; past this the table starts afresh (records keep theirs).
+_PARTS_MAX = 1 << 14
+_parts: dict[Hashable, Any] = {}
 
 
 def _shared(value: Any) -> Any:
@@ -40,16 +47,36 @@ def _shared(value: Any) -> Any:
     return value
 
 
+def _frozen(value: Any) -> Hashable:
+    """A hashable stand-in equal for equal JSON values of the same types (``1`` is not ``True``)."""
+    if isinstance(value, dict):
+        return (dict, tuple((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return (list, tuple(_frozen(v) for v in value))
+    return (type(value), value)
+
+
+def _one_copy(value: Any) -> Any:
+    """The shared object equal to JSON part ``value`` (``value`` itself when first seen)."""
+    key = _frozen(value)
+    found = _parts.get(key)
+    if found is None:
+        if len(_parts) >= _PARTS_MAX:
+            _parts.clear()
+        found = _parts[key] = value
+    return found
+
+
 def _trim_container(container: Any) -> Any:
     if not isinstance(container, dict):
         return container
-    return {k: _shared(container[k]) for k in _CONTAINER_KEYS if k in container}
+    return _one_copy({k: _shared(container[k]) for k in _CONTAINER_KEYS if k in container})
 
 
 def _trim_containers(containers: Any) -> Any:
     if not isinstance(containers, list):
         return containers  # malformed: kept as is, so the reader reports it
-    return [_trim_container(c) for c in containers]
+    return _one_copy([_trim_container(c) for c in containers])
 
 
 def _trim_init_statuses(statuses: Any) -> Any:
@@ -92,7 +119,9 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     """
     meta = pod.get("metadata") or {}
     out_meta: JSON = {
-        k: (_shared(meta[k]) if k in _SHARED_METADATA else meta[k]) for k in _POD_METADATA_KEYS if k in meta
+        k: (_shared(meta[k]) if k in _SHARED_METADATA else meta[k])
+        for k in _POD_METADATA_KEYS
+        if k in meta
     }
     annotations = meta.get("annotations")
     if isinstance(annotations, dict):
