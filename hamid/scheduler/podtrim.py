@@ -119,9 +119,7 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     """
     meta = pod.get("metadata") or {}
     out_meta: JSON = {
-        k: (_shared(meta[k]) if k in _SHARED_METADATA else meta[k])
-        for k in _POD_METADATA_KEYS
-        if k in meta
+        k: (_shared(meta[k]) if k in _SHARED_METADATA else meta[k]) for k in _POD_METADATA_KEYS if k in meta
     }
     annotations = meta.get("annotations")
     if isinstance(annotations, dict):
