@@ -23,6 +23,7 @@ from hamid.kube.client import JSON, object_key
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects as obj
 from hamid.scheduler.core import Scheduler
 
 log = get_logger("scheduler.ha")
@@ -30,7 +31,7 @@ log = get_logger("scheduler.ha")
 
 def versions(objects: list[JSON]) -> dict[str, str]:
     """``key -> metadata.resourceVersion`` of objects."""
-    return {object_key(o): str((o.get("metadata") or {}).get("resourceVersion") or "") for o in objects}
+    return {object_key(o): obj.resource_version(o) for o in objects}
 
 
 def caught_up(
@@ -161,10 +162,9 @@ class Leadership:
     # -- role labels ------------------------------------------------------------------------------
 
     async def _patch_role(self, pod: JSON, role: str) -> None:
-        meta = pod.get("metadata") or {}
-        if (meta.get("labels") or {}).get(ann.SCHEDULER_ROLE) == role:
+        if obj.labels(pod).get(ann.SCHEDULER_ROLE) == role:
             return
-        name = str(meta.get("name") or "")
+        name = obj.name(pod)
         await self.scheduler.kube.patch_pod_metadata(
             self.pod_namespace,
             name,
@@ -182,12 +182,12 @@ class Leadership:
             pods, _ = await kube.list_pods(
                 self.pod_namespace, label_selector=self.pod_selector or None, timeout=timeout
             )
-            if not any((p.get("metadata") or {}).get("name") == self.pod_name for p in pods):
+            if not any(obj.name(p) == self.pod_name for p in pods):
                 pods.append(await kube.get_pod(self.pod_namespace, self.pod_name, timeout=timeout))
             # followers first: two pods never both carry "leader" because of this pass
-            pods.sort(key=lambda p: (p.get("metadata") or {}).get("name") == self.pod_name)
+            pods.sort(key=lambda p: obj.name(p) == self.pod_name)
             for pod in pods:
-                own = (pod.get("metadata") or {}).get("name") == self.pod_name
+                own = obj.name(pod) == self.pod_name
                 if not self.scheduler.leading:
                     return
                 await self._patch_role(pod, ann.ROLE_LEADER if own else ann.ROLE_FOLLOWER)
