@@ -282,19 +282,21 @@ class Filter:
         changed = inventory.changed_since(known.seq, _NO_FIT_PATCH)
         if changed is None:
             return None
-        if changed:
-            failed = dict(known.failed)
-            for name in changed:
-                entry = inventory.nodes.get(name)
-                if name not in position or entry is None:
-                    continue  # not a candidate, or gone (the membership changed: not kept then)
-                reason = self._room_reason(entry, shape, spec, quota, need, now)
-                if reason is None:
-                    del self._no_fit[shape]
-                    return None
-                failed[name] = reason
-                known.flips_at = min(known.flips_at, entry.health_flips_at(now))
-            known.failed, known.seq = failed, inventory.seq
+        updates: dict[str, str] = {}
+        for name in changed:
+            entry = inventory.nodes.get(name)
+            if name not in position or entry is None:
+                continue  # not a candidate, or gone (the membership changed: not kept then)
+            reason = self._room_reason(entry, shape, spec, quota, need, now)
+            if reason is None:
+                del self._no_fit[shape]
+                return None
+            if known.failed.get(name) != reason:
+                updates[name] = reason
+            known.flips_at = min(known.flips_at, entry.health_flips_at(now))
+        if updates:  # a new answer; an unchanged one stays the same object (its Events too)
+            known.failed = {**known.failed, **updates}
+        known.seq = inventory.seq
         return known.failed
 
     def _room_reason(
