@@ -9,6 +9,7 @@ usage changes, so a pod that fits nowhere costs a lookup per node instead of a f
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -49,6 +50,10 @@ _SHAPE_IDS = 1024
 _NO_FITS = 64
 #: Nodes changed since a no-fit answer that are re-judged on their own; more: a full walk.
 _NO_FIT_PATCH = 256
+#: Capacity reasons a /filter computes inside one plan; more are computed first, in slices.
+_COLD_FITS = 100
+#: The longest slice of that work between two yields to the event loop.
+_SLICE_S = 0.002
 
 #: ``record(obj, type, reason, message)``: an Event in the background.
 Record = Callable[[JSON, EventType, str, str], None]
@@ -143,6 +148,16 @@ class _NoFit:
     failed: dict[str, str]
 
 
+class _ColdReasons(Exception):
+    """A plan met more nodes without a memoised capacity reason than it may fit in one step."""
+
+    def __init__(self, entries: list[NodeEntry], shape: int, quota: Quota | None) -> None:
+        super().__init__(f"{len(entries)} capacity reasons to compute")
+        self.entries = entries
+        self.shape = shape
+        self.quota = quota
+
+
 #: What :meth:`Filter.plan` returns: the node, its fit, and the failed-node reasons.
 Plan = tuple[str | None, Fitted | None, dict[str, str]]
 
@@ -197,7 +212,14 @@ class Filter:
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def plan(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...], numa: NumaFit | None = None) -> Plan:
+    def plan(
+        self,
+        pod: JSON,
+        spec: PodFitSpec,
+        names: tuple[str, ...],
+        numa: NumaFit | None = None,
+        cold_fits: int | None = None,
+    ) -> Plan:
         """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
 
         The node chosen is the one fitting every candidate and picking the best would choose
@@ -210,6 +232,7 @@ class Filter:
         before the winner get theirs (kube-scheduler reads them only when no node passes). With
         ``numa`` every node fitted is first predicted (:meth:`_fit`): a fit off the predicted
         NUMA node wins only if no aligned fit follows within :data:`_FALLBACK_LOOKAHEAD` nodes.
+        With ``cold_fits``, more capacity reasons than that to compute raise :class:`_ColdReasons`.
         """
         uid = pod_uid(pod)
         state = self.state
@@ -238,6 +261,10 @@ class Filter:
                 won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
                 if won is not None:
                     return won[0], won[1], walk.failed
+        if cold_fits is not None:
+            cold = [entry for entry in passed if shape not in entry.unfit]
+            if len(cold) > cold_fits:
+                raise _ColdReasons(cold, shape, quota)
         won = self._passed(passed, walk, shape, spec, quota, previous, numa)
         if won is not None:
             return won[0], won[1], walk.failed
@@ -441,7 +468,11 @@ class Filter:
         if refused is not None:
             return refused
         numa = NumaFit.of(pod, pod_uid(pod))
-        node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa)
+        try:
+            node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
+        except _ColdReasons as cold:  # a pod that fits nowhere, first seen: reasons in slices
+            await self._warm(cold, spec)
+            node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa)
         if node is None or fitted is None:
             self._record_unfit(pod, failed)
             return FilterResult(failed_nodes=failed)
@@ -458,6 +489,16 @@ class Filter:
             chosen = [n for n in args.nodes if objects.name(n) == node]
             return FilterResult(nodes=chosen, failed_nodes=failed)
         return FilterResult(node_names=[node], failed_nodes=failed)
+
+    async def _warm(self, cold: _ColdReasons, spec: PodFitSpec) -> None:
+        """Compute the capacity reasons a plan lacked, yielding to the loop every :data:`_SLICE_S`."""
+        deadline = time.perf_counter() + _SLICE_S
+        for entry in cold.entries:
+            if cold.shape not in entry.unfit:
+                self._capacity_reason(entry, cold.shape, spec, cold.quota)
+            if time.perf_counter() >= deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + _SLICE_S
 
     async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit) -> str:
         """Book the fit, then patch the allocation annotations; "" when done, else the error."""

@@ -261,3 +261,49 @@ def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
             now[0] += HANDSHAKE_GRACE_S / 4  # "young" turns unhealthy by the clock alone
     assert kept > 30 and fits == 0, (kept, fits)
     assert not state.nodes["young"].healthy(now[0])
+
+
+def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) -> None:
+    """Past the cold-fit budget the reasons are computed between yields; the answer is unchanged."""
+    import asyncio
+
+    from hamid.scheduler import filter as filter_module
+    from hamid.scheduler.extender_json import FilterArgs
+
+    monkeypatch.setattr(filter_module, "_COLD_FITS", 2)
+    monkeypatch.setattr(filter_module, "_SLICE_S", 0.0)  # yield after every reason
+    rng = random.Random(3)
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # a no-fit answer calls no API
+    scheduler.state.clock = lambda: NOW
+    names = tuple(f"n{i}" for i in range(10))
+    for name in names:
+        scheduler.state.on_node(_node(rng, name))
+    for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
+        cache._synced.set()
+    events: list[str] = []
+    scheduler.filtering.record = lambda _pod, _type, reason, _message: events.append(reason)
+    huge = pod("huge", containers=[container("c", 1, 9000, 10)])
+    spec = PodFitSpec.from_pod(huge, scheduler.config, "spread", "binpack")
+    want = _reference(scheduler, huge, spec, names)
+
+    async def run() -> tuple[dict[str, str], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        started = ticks
+        result = await scheduler.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
+        task.cancel()
+        assert not result.error and not result.node_names
+        return result.failed_nodes, ticks - started
+
+    failed, ticks = asyncio.run(run())
+    assert (None, None, failed) == want
+    assert ticks > 2  # the loop ran between the slices
+    assert events and set(events) == {R.EVENT_FILTERING_FAILED}
