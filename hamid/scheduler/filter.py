@@ -222,17 +222,13 @@ class Filter:
     ) -> Plan:
         """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
 
-        The node chosen is the one fitting every candidate and picking the best would choose
-        (best node score for the policy, ties to the earliest candidate), with work proportional
-        to the nodes ahead of it: nodes are walked best-first from the state's score index, a
-        node whose :meth:`~hamid.fit.usage.NodeUsage.room` is below the pod's need is passed
-        over without a fit, and the first node that fits wins. Failed-node reasons are HAMi's:
-        when nothing fits every candidate gets its reason (a passed-over node its capacity
-        reason, memoised); when a node fits, the unregistered candidates and the nodes fitted
-        before the winner get theirs (kube-scheduler reads them only when no node passes). With
-        ``numa`` every node fitted is first predicted (:meth:`_fit`): a fit off the predicted
-        NUMA node wins only if no aligned fit follows within :data:`_FALLBACK_LOOKAHEAD` nodes.
-        With ``cold_fits``, more capacity reasons than that to compute raise :class:`_ColdReasons`.
+        The node fitting every candidate and picking the best would choose (best node score for
+        the policy, ties to the earliest candidate), found best-first from the score index; a
+        node whose room is below the pod's need only gives its (memoised) capacity reason. When
+        nothing fits every candidate gets HAMi's reason; else the unregistered ones and those
+        fitted before the winner. With ``numa`` each node fitted is first predicted (:meth:`_fit`):
+        a fit off the predicted NUMA node wins only if no aligned fit follows within
+        :data:`_FALLBACK_LOOKAHEAD` nodes. Past ``cold_fits`` reasons to compute: :class:`_ColdReasons`.
         """
         uid = pod_uid(pod)
         state = self.state
@@ -268,12 +264,9 @@ class Filter:
         won = self._passed(passed, walk, shape, spec, quota, previous, numa)
         if won is not None:
             return won[0], won[1], walk.failed
-        last = [nodes[n] for n in sorted(backing_off, key=backing_off.__getitem__) if n not in walk.failed]
-        for entry in last:
-            if entry.name in position:
-                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
-                if won is not None:
-                    return won[0], won[1], walk.failed
+        won = self._backing_off(backing_off, position, walk, spec, quota, previous, numa)
+        if won is not None:
+            return won[0], won[1], walk.failed
         if walk.fallback is not None:
             return walk.fallback[0], walk.fallback[1], walk.failed
         if walk.fits == 0 and previous is None and self._candidates is not None:
@@ -355,6 +348,26 @@ class Filter:
             reason = result.reason
             entry.remember_unfit(shape, reason)
         return reason
+
+    def _backing_off(
+        self,
+        backing_off: Mapping[str, float],
+        position: Mapping[str, int],
+        walk: _Walk,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        previous: Reservation | None,
+        numa: NumaFit | None,
+    ) -> tuple[str, Fitted] | None:
+        """The candidates in bind back-off, tried last (soonest-expiring first)."""
+        nodes = self.state.nodes
+        for name in sorted(backing_off, key=backing_off.__getitem__):
+            if name in walk.failed or name not in position:
+                continue
+            won = walk.tried(name, *self._fit(nodes[name], spec, quota, previous, numa))
+            if won is not None:
+                return won
+        return None
 
     def _passed(
         self,
