@@ -13,6 +13,9 @@ With ``--prediction on`` (the default) every node publishes a NUMA profile (2 NU
 cores x 2 threads, static CPU manager, single-numa-node), every running pod its observed placement,
 and the new pods are Guaranteed (4 exclusive CPUs + 1 GPU): each filter predicts kubelet's NUMA node
 on the nodes it tries and books the prediction, as ``/filter`` does; ``off`` is the plain fit.
+The no-fit case (``--nofit-filters``) times the filter of a pod that fits nowhere, retried while
+other pods are placed between its filters. ``--nodes 5000 --pods 50000`` is the large size (the
+memory target of 300 MiB); the default size runs in well under 5 minutes.
 The last output line is one JSON object.
 """
 
@@ -52,7 +55,8 @@ from hamid.model.numa import (
     encode_profile,
 )
 from hamid.scheduler.app import SchedulerApp
-from hamid.scheduler.core import NumaFit, Scheduler, SchedulerSettings, freeze_heap
+from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap
+from hamid.scheduler.filter import NumaFit
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME, SchedulerOptions
 from hamid.scheduler.state import trim_scheduler_pod
 from hamid.sim.apiserver import ApiServer
@@ -258,8 +262,51 @@ def _rss_now_mib() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def _bench_no_fit(
+    scheduler: Scheduler, candidates: tuple[str, ...], filters: int, prediction: bool
+) -> dict[str, float]:
+    """Time the filter of a pod that fits nowhere (more MiB than any GPU has), under churn.
+
+    kube-scheduler retries such a pod again and again; between two of its filters one other pod
+    is placed (untimed), so one node's usage changes each time, as in a busy cluster.
+    """
+    latencies = []
+    failed_nodes = 0
+    for i in range(filters):
+        pod = _pod(f"huge-{i % 4}", f"uid-huge-{i % 4}", GPU_MEM + 1, 10, cpus=4 if prediction else 0)
+        t0 = time.perf_counter()
+        spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
+        numa = NumaFit.of(pod, f"uid-huge-{i % 4}") if prediction else None
+        node, _fitted, failed = scheduler.plan(pod, spec, candidates, numa)
+        latencies.append(time.perf_counter() - t0)
+        if node is not None:
+            raise RuntimeError(f"the no-fit pod fitted on {node}")
+        failed_nodes = len(failed)
+        churn = _pod(f"churn-{i}", f"uid-churn-{i}", 1000, 5)
+        spec = PodFitSpec.from_pod(churn, scheduler.config, "spread", "binpack")
+        node, fitted, _failed = scheduler.plan(churn, spec, candidates)
+        if node is not None and fitted is not None:
+            scheduler.state.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+    if not latencies:
+        return {}
+    return {
+        "nofit_filter_p50_ms": percentile(latencies, 0.5) * 1000,
+        "nofit_filter_p99_ms": percentile(latencies, 0.99) * 1000,
+        "nofit_filter_max_ms": max(latencies) * 1000,
+        "nofit_failed_nodes": failed_nodes,
+    }
+
+
 def bench_in_process(
-    nodes: int, gpus: int, pods: int, filters: int, *, pod_trim: str, gc_freeze: bool, prediction: bool
+    nodes: int,
+    gpus: int,
+    pods: int,
+    filters: int,
+    *,
+    pod_trim: str,
+    gc_freeze: bool,
+    prediction: bool,
+    nofit_filters: int = 0,
 ) -> dict[str, float]:
     """Build the pod cache and state as the scheduler does; time fit + reserve + encode per pod.
 
@@ -315,7 +362,9 @@ def bench_in_process(
         latencies.append(time.perf_counter() - t0)
         predictions += len(numa.predictions) if numa is not None else 0
     elapsed = time.perf_counter() - started
+    nofit = _bench_no_fit(scheduler, candidates, nofit_filters, prediction)
     return {
+        **nofit,
         "prediction": prediction,
         "filters_predicted_placed": predicted,
         "nodes_predicted_per_filter": predictions / max(filters, 1),
@@ -385,6 +434,12 @@ def main() -> None:
     )
     parser.add_argument("--filters", type=int, default=2000, help="in-process filter calls (default 2000)")
     parser.add_argument(
+        "--nofit-filters",
+        type=int,
+        default=200,
+        help="in-process filter calls of a pod that fits nowhere (default 200; 0 skips them)",
+    )
+    parser.add_argument(
         "--http-filters", type=int, default=300, help="HTTP filter calls (default 300; 0 skips the phase)"
     )
     parser.add_argument(
@@ -416,6 +471,7 @@ def main() -> None:
             pod_trim=args.pod_trim,
             gc_freeze=not args.no_gc_freeze,
             prediction=args.prediction == "on",
+            nofit_filters=args.nofit_filters,
         )
     )
     print(
@@ -425,6 +481,12 @@ def main() -> None:
         f"(pod cache + state {result['pod_cache_and_state_mib']:.0f} MiB, trim {args.pod_trim}); "
         f"a full GC takes {result['full_gc_ms']:.1f} ms (gc freeze {'off' if args.no_gc_freeze else 'on'})"
     )
+    if "nofit_filter_p50_ms" in result:
+        print(
+            f"no-fit: p50 {result['nofit_filter_p50_ms']:.3f} ms, "
+            f"p99 {result['nofit_filter_p99_ms']:.3f} ms, "
+            f"max {result['nofit_filter_max_ms']:.1f} ms ({result['nofit_failed_nodes']} failed-node reasons)"
+        )
     print(
         f"prediction {args.prediction}: {result['filters_predicted_placed']} filters booked a prediction, "
         f"{result['nodes_predicted_per_filter']:.2f} nodes predicted per filter"

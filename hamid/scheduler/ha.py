@@ -23,6 +23,7 @@ from hamid.kube.client import JSON
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects as obj
 from hamid.model.objects import object_key, version_number
 from hamid.scheduler.core import Scheduler
 
@@ -31,7 +32,7 @@ log = get_logger("scheduler.ha")
 
 def versions(objects: list[JSON]) -> dict[str, str]:
     """``key -> metadata.resourceVersion`` of objects."""
-    return {object_key(o): str((o.get("metadata") or {}).get("resourceVersion") or "") for o in objects}
+    return {object_key(o): obj.resource_version(o) for o in objects}
 
 
 def caught_up(
@@ -93,8 +94,7 @@ class Leadership:
                 on_update=lambda _old, _new: self._cache_event.set(),
                 on_delete=self._cache_changed,
             )
-        scheduler.leading = False
-        scheduler.term_synced = False
+        scheduler.readiness.follow()
 
     def _cache_changed(self, _obj: JSON) -> None:
         self._cache_event.set()
@@ -104,8 +104,7 @@ class Leadership:
     def started(self) -> None:
         """A new term: refuse decisions until its caches have caught up, then label roles."""
         self.term += 1
-        self.scheduler.term_synced = False
-        self.scheduler.leading = True
+        self.scheduler.readiness.lead()
         self._cancel_sync()
         self._sync_task = asyncio.get_running_loop().create_task(self._sync(self.term))
         self._changed.set()
@@ -113,8 +112,7 @@ class Leadership:
 
     def stopped(self) -> None:
         """The term ended: refuse decisions, label this pod a follower."""
-        self.scheduler.leading = False
-        self.scheduler.term_synced = False
+        self.scheduler.readiness.follow()
         self._cancel_sync()
         self._changed.set()
         log.info("leadership_term_ended", term=self.term)
@@ -158,17 +156,16 @@ class Leadership:
             except (KubeError, TimeoutError) as exc:
                 log.warning("term_sync_retry", term=term, error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(self.retry_delay)
-        if term == self.term and s.leading:
-            s.term_synced = True
+        if term == self.term and s.readiness.leading:
+            s.readiness.caught_up()
             log.info("term_synced", term=term)
 
     # -- role labels ------------------------------------------------------------------------------
 
     async def _patch_role(self, pod: JSON, role: str) -> None:
-        meta = pod.get("metadata") or {}
-        if (meta.get("labels") or {}).get(ann.SCHEDULER_ROLE) == role:
+        if obj.labels(pod).get(ann.SCHEDULER_ROLE) == role:
             return
-        name = str(meta.get("name") or "")
+        name = obj.name(pod)
         await self.scheduler.kube.patch_pod_metadata(
             self.pod_namespace,
             name,
@@ -186,12 +183,12 @@ class Leadership:
             pods, _ = await kube.list_pods(
                 self.pod_namespace, label_selector=self.pod_selector or None, timeout=timeout
             )
-            if not any((p.get("metadata") or {}).get("name") == self.pod_name for p in pods):
+            if not any(obj.name(p) == self.pod_name for p in pods):
                 pods.append(await kube.get_pod(self.pod_namespace, self.pod_name, timeout=timeout))
             # followers first: two pods never both carry "leader" because of this pass
-            pods.sort(key=lambda p: (p.get("metadata") or {}).get("name") == self.pod_name)
+            pods.sort(key=lambda p: obj.name(p) == self.pod_name)
             for pod in pods:
-                own = (pod.get("metadata") or {}).get("name") == self.pod_name
+                own = obj.name(pod) == self.pod_name
                 if not self.scheduler.leading:
                     return
                 await self._patch_role(pod, ann.ROLE_LEADER if own else ann.ROLE_FOLLOWER)

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
 from hamid.fit.numa_fit import MISS_CAUSES
+from hamid.fit.usage import DeviceUsage
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
@@ -84,6 +85,67 @@ def _percent(used: int, total: int) -> float:
     return math.ceil(used / total * 100) if total > 0 else 0.0
 
 
+def _device_families(add: _Add, node: str, d: DeviceUsage) -> None:
+    """HAMi's per-GPU families (current and legacy names) of one device."""
+    idx, mem, limit = str(d.index), float(d.usedmem * _MIB), float(d.totalmem * _MIB)
+    new = {"node": node, "device_uuid": d.id, "device_index": idx}
+    old = {"nodeid": node, "deviceuuid": d.id, "deviceidx": idx}
+    typed, old_typed = {**new, "device_type": d.type}, {**old, "devicetype": d.type}
+    cores = str(d.totalcore)
+    add("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", typed, limit)
+    add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", typed, 100.0)
+    add(
+        "hami_gpu_memory_allocated_bytes",
+        "Device memory allocated for a certain GPU",
+        {**new, "device_cores": cores, "device_type": d.type},
+        mem,
+    )
+    add("hami_gpu_shared_count", "Number of containers sharing this GPU", typed, d.used)
+    add(
+        "hami_gpu_core_allocated_ratio",
+        "Device core allocated for a certain GPU",
+        typed,
+        _percent(d.usedcores, d.totalcore),
+    )
+    add(
+        "hami_node_gpu_overview",
+        "GPU overview on a certain node",
+        {
+            **new,
+            "device_cores": cores,
+            "device_memory_limit": str(d.totalmem),
+            "device_type": d.type,
+        },
+        mem,
+    )
+    add("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU", old_typed, limit)
+    add("GPUDeviceCoreLimit", "Device memory core limit for a certain GPU", old_typed, d.totalcore)
+    add(
+        "GPUDeviceMemoryAllocated",
+        "Device memory allocated for a certain GPU",
+        {**old, "devicecores": cores, "devicetype": d.type},
+        mem,
+    )
+    add("GPUDeviceSharedNum", "Number of containers sharing this GPU", old_typed, d.used)
+    add(
+        "GPUDeviceCoreAllocated",
+        "Device core allocated for a certain GPU",
+        old_typed,
+        d.usedcores,
+    )
+    add(
+        "nodeGPUOverview",
+        "GPU overview on a certain node",
+        {**old, "devicecores": cores, "devicememorylimit": str(d.totalmem), "devicetype": d.type},
+        mem,
+    )
+    if d.totalmem > 0:
+        share = d.usedmem / d.totalmem
+        pct = "GPU Memory Allocated Percentage on a certain GPU"
+        add("hami_node_gpu_memory_allocated_ratio", pct, new, share)
+        add("nodeGPUMemoryPercentage", pct, old, share)
+
+
 class HamiCompatCollector(Collector):
     """HAMi's scheduler families (``cmd/scheduler/metrics.go``): current names and the legacy ones.
 
@@ -114,65 +176,7 @@ class HamiCompatCollector(Collector):
     def _devices(self, add: _Add) -> None:
         for node, entry in self.state.nodes.items():
             for d in entry.usage.devices:
-                idx, mem, limit = str(d.index), float(d.usedmem * _MIB), float(d.totalmem * _MIB)
-                new = {"node": node, "device_uuid": d.id, "device_index": idx}
-                old = {"nodeid": node, "deviceuuid": d.id, "deviceidx": idx}
-                typed, old_typed = {**new, "device_type": d.type}, {**old, "devicetype": d.type}
-                cores = str(d.totalcore)
-                add("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", typed, limit)
-                add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", typed, 100.0)
-                add(
-                    "hami_gpu_memory_allocated_bytes",
-                    "Device memory allocated for a certain GPU",
-                    {**new, "device_cores": cores, "device_type": d.type},
-                    mem,
-                )
-                add("hami_gpu_shared_count", "Number of containers sharing this GPU", typed, d.used)
-                add(
-                    "hami_gpu_core_allocated_ratio",
-                    "Device core allocated for a certain GPU",
-                    typed,
-                    _percent(d.usedcores, d.totalcore),
-                )
-                add(
-                    "hami_node_gpu_overview",
-                    "GPU overview on a certain node",
-                    {
-                        **new,
-                        "device_cores": cores,
-                        "device_memory_limit": str(d.totalmem),
-                        "device_type": d.type,
-                    },
-                    mem,
-                )
-                add("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU", old_typed, limit)
-                add(
-                    "GPUDeviceCoreLimit", "Device memory core limit for a certain GPU", old_typed, d.totalcore
-                )
-                add(
-                    "GPUDeviceMemoryAllocated",
-                    "Device memory allocated for a certain GPU",
-                    {**old, "devicecores": cores, "devicetype": d.type},
-                    mem,
-                )
-                add("GPUDeviceSharedNum", "Number of containers sharing this GPU", old_typed, d.used)
-                add(
-                    "GPUDeviceCoreAllocated",
-                    "Device core allocated for a certain GPU",
-                    old_typed,
-                    d.usedcores,
-                )
-                add(
-                    "nodeGPUOverview",
-                    "GPU overview on a certain node",
-                    {**old, "devicecores": cores, "devicememorylimit": str(d.totalmem), "devicetype": d.type},
-                    mem,
-                )
-                if d.totalmem > 0:
-                    share = d.usedmem / d.totalmem
-                    pct = "GPU Memory Allocated Percentage on a certain GPU"
-                    add("hami_node_gpu_memory_allocated_ratio", pct, new, share)
-                    add("nodeGPUMemoryPercentage", pct, old, share)
+                _device_families(add, node, d)
 
     def _containers(self, add: _Add) -> None:
         totalcore = {d.id: d.totalcore for entry in self.state.nodes.values() for d in entry.usage.devices}
@@ -266,6 +270,14 @@ class SchedulerMetrics:
         self.filter_results = Counter(
             "hamid_filter_total", "Filter calls by result.", ["result"], registry=self.registry
         )
+        self._reconcile_metrics()
+        self._trust_and_numa_metrics()
+        self.registry.register(_GpuCollector(state))
+        #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
+        self.hami_registry = CollectorRegistry()
+        self.hami_registry.register(HamiCompatCollector(state))
+
+    def _reconcile_metrics(self) -> None:
         self.reconcile_seconds = Histogram(
             "hamid_reconcile_duration_seconds",
             "Time of one accounting reconcile (fresh pod list, compare, repair).",
@@ -287,6 +299,8 @@ class SchedulerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+
+    def _trust_and_numa_metrics(self) -> None:
         self.untrusted_annotations = Counter(
             "hamid_untrusted_annotations_total",
             "Scheduler-owned pod annotations not taken from a pod: removed at admission (webhook) "
@@ -315,7 +329,3 @@ class SchedulerMetrics:
         )
         for cause in MISS_CAUSES:
             self.numa_prediction_misses.labels(cause)
-        self.registry.register(_GpuCollector(state))
-        #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
-        self.hami_registry = CollectorRegistry()
-        self.hami_registry.register(HamiCompatCollector(state))

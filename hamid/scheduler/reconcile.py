@@ -22,18 +22,19 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
+from prometheus_client import Counter, Histogram
 
 from hamid.fit.usage import DeviceAmount, DeviceUsage
+from hamid.kube.cache import PodCache
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model.objects import newer_than, object_key, version_number
-from hamid.scheduler.state import JSON, Reservation, SchedulerState, pod_uid
-
-if TYPE_CHECKING:
-    from hamid.scheduler.core import Scheduler
+from hamid.scheduler.ledger import Ledger, Reservation
+from hamid.scheduler.state import JSON, SchedulerState, pod_uid
 
 log = get_logger("scheduler.reconcile")
 
@@ -150,35 +151,15 @@ def _gpu_drifts(
     return drifts
 
 
-def reconcile_state(
+def _judge(
     state: SchedulerState,
-    pods: Iterable[JSON],
-    list_version: str,
+    shadow: Ledger,
+    listed: Mapping[str, JSON],
+    report: ReconcileReport,
     since: int,
-    busy: frozenset[str] = frozenset(),
-) -> ReconcileReport:
-    """Compare ``state`` with the reservations ``pods`` imply and repair it (synchronous).
-
-    ``pods`` is a fresh list at ``list_version``, requested when ``state.seq`` was ``since``;
-    ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow state with
-    the same nodes through :meth:`SchedulerState.on_pod`; a differing reservation is repaired
-    with :meth:`SchedulerState.resync_pod` (or :meth:`SchedulerState.on_pod_deleted` when the
-    pod is not listed), then each GPU's usage is compared with the shadow's (which mirrors the
-    reservations left alone) and a differing node is recomputed from its reservations.
-    """
-    shadow = state.blank_copy()
-    listed: dict[str, JSON] = {}
-    for pod in pods:
-        uid = pod_uid(pod)
-        if uid:
-            listed[uid] = pod
-            shadow.on_pod(pod)
-    # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
-    # newer than the patch's precondition decides it as well as an event would.
-    for uid in state.settle_holds(list_version):
-        if uid in listed:
-            state.resync_pod(listed[uid])
-    report = ReconcileReport(list_version, pods=len(listed))
+    busy: frozenset[str],
+) -> None:
+    """Compare each pod's live reservation with the shadow's and repair the differing ones."""
     live_uids = {res.uid for res in state.reservations()}
     want_uids = {res.uid for res in shadow.reservations()}
     report.reservations = len(want_uids)
@@ -186,7 +167,7 @@ def reconcile_state(
         live, want = state.reservation(uid), shadow.reservation(uid)
         if live is not None and want is not None and _signature(live) == _signature(want):
             continue
-        if _left_alone(state, uid, live, want, list_version, since, busy):
+        if _left_alone(state, uid, live, want, report.list_version, since, busy):
             report.skipped += 1
             shadow.adopt(live, uid)
             continue
@@ -212,16 +193,95 @@ def reconcile_state(
             state.resync_pod(listed_pod)
         else:
             state.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
-    for name, entry in state.nodes.items():
+
+
+def _judge_gpus(state: SchedulerState, shadow: Ledger, report: ReconcileReport) -> None:
+    """Compare each GPU's live usage with the shadow's; recompute a differing node's usage."""
+    listed_nodes = shadow.inventory.nodes
+    for name, entry in state.inventory.nodes.items():
         if state.node_busy(name):
             continue
-        drifts = _gpu_drifts(name, entry.usage.devices, shadow.nodes[name].usage.devices)
+        drifts = _gpu_drifts(name, entry.usage.devices, listed_nodes[name].usage.devices)
         report.gpus += len(entry.usage.devices)
         if drifts:
             report.drifts.extend(drifts)
             state.rebuild_usage(name)
+
+
+def reconcile_state(
+    state: SchedulerState,
+    pods: Iterable[JSON],
+    list_version: str,
+    since: int,
+    busy: frozenset[str] = frozenset(),
+) -> ReconcileReport:
+    """Compare ``state`` with the reservations ``pods`` imply and repair it (synchronous).
+
+    ``pods`` is a fresh list at ``list_version``, requested when ``state.seq`` was ``since``;
+    ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow ledger with
+    the same nodes (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
+    :meth:`~hamid.scheduler.ledger.Ledger.on_pod`; a differing reservation is repaired with
+    :meth:`~hamid.scheduler.ledger.Ledger.resync_pod` (or
+    :meth:`~hamid.scheduler.ledger.Ledger.on_pod_deleted` when the pod is not listed), then each
+    GPU's usage is compared with the shadow's (which mirrors the reservations left alone) and a
+    differing node is recomputed from its reservations.
+    """
+    shadow = state.blank_copy()
+    listed: dict[str, JSON] = {}
+    for pod in pods:
+        uid = pod_uid(pod)
+        if uid:
+            listed[uid] = pod
+            shadow.on_pod(pod)
+    # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
+    # newer than the patch's precondition decides it as well as an event would.
+    for uid in state.settle_holds(list_version):
+        if uid in listed:
+            state.resync_pod(listed[uid])
+    report = ReconcileReport(list_version, pods=len(listed))
+    _judge(state, shadow, listed, report, since, busy)
+    _judge_gpus(state, shadow, report)
     state.prune_marks(since, listed)
     return report
+
+
+class ReconcileMetrics(Protocol):
+    """The scheduler metrics a reconcile writes."""
+
+    @property
+    def reconcile_runs(self) -> Counter: ...
+
+    @property
+    def reconcile_seconds(self) -> Histogram: ...
+
+    @property
+    def reconcile_drift(self) -> Counter: ...
+
+
+class ReconcileHost(Protocol):
+    """What a reconcile needs of its scheduler (:class:`~hamid.scheduler.core.Scheduler` is one)."""
+
+    @property
+    def state(self) -> SchedulerState: ...
+
+    @property
+    def kube(self) -> KubeClient: ...
+
+    @property
+    def pods(self) -> PodCache: ...
+
+    @property
+    def binding(self) -> set[str]: ...
+
+    @property
+    def metrics(self) -> ReconcileMetrics: ...
+
+    @property
+    def reconcile_interval_s(self) -> float: ...
+
+    def not_ready_reason(self) -> str: ...
+
+    def report_undecodable(self) -> None: ...
 
 
 class Reconciler:
@@ -229,7 +289,7 @@ class Reconciler:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: ReconcileHost,
         *,
         list_timeout_s: float = LIST_TIMEOUT_S,
         catch_up_s: float = CATCH_UP_S,
@@ -240,7 +300,7 @@ class Reconciler:
 
     async def run(self) -> None:
         """Reconcile every ``settings.reconcile_interval_s`` seconds until cancelled (0: never)."""
-        interval = self.scheduler.settings.reconcile_interval_s
+        interval = self.scheduler.reconcile_interval_s
         if interval <= 0:
             return
         while True:

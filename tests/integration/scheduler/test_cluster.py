@@ -116,7 +116,7 @@ async def test_readyz_follows_sync_and_leadership() -> None:
             await asyncio.wait_for(env.scheduler.quotas.wait_synced(), 10)
             async with env.session.get(env.cluster + "/readyz") as resp:
                 assert resp.status == 200
-            env.scheduler.leading = False
+            env.scheduler.readiness.follow()
             async with env.session.get(env.cluster + "/readyz") as resp:
                 assert resp.status == 503 and "not the leader" in await resp.text()
             async with env.session.get(env.cluster + "/healthz") as resp:

@@ -190,14 +190,14 @@ async def test_followers_do_not_reconcile(apiserver: ApiServer) -> None:
         apiserver.delete("Pod", "default", "a")
         lists = apiserver.requests["list pods"]
 
-        s.leading = False
+        s.readiness.follow()
         assert await env.reconciler.reconcile_once() is None
-        s.leading, s.term_synced = True, False  # a new term whose caches have not caught up
+        s.readiness.lead()  # a new term whose caches have not caught up
         assert await env.reconciler.reconcile_once() is None
 
         assert apiserver.requests["list pods"] == lists  # not even listed
         assert s.state.reservation(uid) is not None
-        s.term_synced = True
+        s.readiness.caught_up()
         report = await env.reconciler.reconcile_once()
         assert report is not None and s.state.reservation(uid) is None
 

@@ -24,7 +24,8 @@ from hamid.model.numa import (
     encode_placement,
     encode_profile,
 )
-from hamid.scheduler.core import NumaFit, Scheduler
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.filter import NumaFit
 from hamid.scheduler.numa_ledger import NumaLedgers, Source
 from tests.unit.fit.test_numa_predict import NOW, profile_of
 
@@ -186,7 +187,7 @@ def _filtered(scheduler: Scheduler, name: str, cpus: int = 2) -> dict[str, Any]:
     raw = ann.encode_pod_devices(fitted.devices)
     scheduler.state.reserve(p, node, fitted.devices, raw)
     scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
-    predicted = scheduler._prediction_annotation(node, prediction)
+    predicted = scheduler.filtering._prediction_annotation(node, prediction)
     assert predicted is not None
     p["metadata"]["annotations"] |= {
         ann.VGPU_NODE: node,
@@ -268,7 +269,7 @@ def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
             raise RuntimeError("injected")
 
     scheduler, _ = _scheduler(_node())
-    scheduler.kube = FailingKube()  # type: ignore[assignment]
+    scheduler.filtering.kube = FailingKube()  # type: ignore[assignment]
     for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
         cache._synced.set()
     from hamid.scheduler.extender_json import FilterArgs

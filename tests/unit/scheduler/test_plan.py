@@ -220,3 +220,90 @@ def test_repeated_candidate_list_follows_node_registration() -> None:
     node, _, failed = scheduler.plan(p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names)
     assert failed.get("a") == R.NODE_UNREGISTERED and node != "a"
     _check(scheduler, p, names)
+
+
+def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
+    """A pod that fits nowhere is retried between changes: every answer is a full walk's."""
+    rng = random.Random(7)
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    state = scheduler.state
+    now = [NOW]
+    state.clock = lambda: now[0]
+    names = tuple(f"n{i}" for i in range(12))
+    for name in names:
+        state.on_node(_node(rng, name))
+    # a node without GPUs advertised and a young handshake: healthy until the clock says otherwise
+    young = _node(rng, "young")
+    young["metadata"]["annotations"][ann.NODE_HANDSHAKE] = ann.format_handshake(datetime.fromtimestamp(NOW))
+    young["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    state.on_node(young)
+    running = [_running(rng, i, state) for i in range(20)]
+    for r in running:
+        state.on_pod(r)
+    huge = pod("huge", containers=[container("c", 1, 9000, 10)], namespace="a")
+    kept = fits = 0
+    for step in range(60):
+        node, _ = _check(scheduler, huge, (*names, "young", "ghost"))
+        if node is not None:
+            fits += 1
+            continue
+        kept += bool(scheduler.filtering._no_fit)
+        change = rng.random()
+        if change < 0.3 and running:
+            state.on_pod_deleted(running.pop(rng.randrange(len(running))))
+        elif change < 0.6:
+            r = _running(rng, 100 + step, state)
+            running.append(r)
+            state.on_pod(r)
+        elif change < 0.8:
+            state.on_node(_node(rng, rng.choice(names)))
+        else:
+            now[0] += HANDSHAKE_GRACE_S / 4  # "young" turns unhealthy by the clock alone
+    assert kept > 30 and fits == 0, (kept, fits)
+    assert not state.nodes["young"].healthy(now[0])
+
+
+def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) -> None:
+    """Past the cold-fit budget the reasons are computed between yields; the answer is unchanged."""
+    import asyncio
+
+    from hamid.scheduler import filter as filter_module
+    from hamid.scheduler.extender_json import FilterArgs
+
+    monkeypatch.setattr(filter_module, "_COLD_FITS", 2)
+    monkeypatch.setattr(filter_module, "_SLICE_S", 0.0)  # yield after every reason
+    rng = random.Random(3)
+    scheduler = Scheduler(None)  # type: ignore[arg-type]  # a no-fit answer calls no API
+    scheduler.state.clock = lambda: NOW
+    names = tuple(f"n{i}" for i in range(10))
+    for name in names:
+        scheduler.state.on_node(_node(rng, name))
+    for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
+        cache._synced.set()
+    events: list[str] = []
+    scheduler.filtering.record = lambda _pod, _type, reason, _message: events.append(reason)
+    huge = pod("huge", containers=[container("c", 1, 9000, 10)])
+    spec = PodFitSpec.from_pod(huge, scheduler.config, "spread", "binpack")
+    want = _reference(scheduler, huge, spec, names)
+
+    async def run() -> tuple[dict[str, str], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        started = ticks
+        result = await scheduler.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
+        task.cancel()
+        assert not result.error and not result.node_names
+        return result.failed_nodes, ticks - started
+
+    failed, ticks = asyncio.run(run())
+    assert (None, None, failed) == want
+    assert ticks > 2  # the loop ran between the slices
+    assert events and set(events) == {R.EVENT_FILTERING_FAILED}

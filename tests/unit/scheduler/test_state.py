@@ -238,7 +238,7 @@ def test_hold_books_gpus_and_quota_until_released_once() -> None:
     other = state.hold("uid-b", "n1", {}, "other", 300, 0)
     assert state.quota_used("other") == (300, 0)
     state.release_hold(other)
-    assert "other" not in state._quota_used  # nothing left behind for an idle namespace
+    assert "other" not in state.quotas._used  # nothing left behind for an idle namespace
 
 
 def test_event_settled_hold_waits_for_a_newer_pod_event_or_delete() -> None:
@@ -311,5 +311,5 @@ async def test_deleted_node_drops_its_lock_unless_held() -> None:
     async with held:
         state.on_node_deleted(node("n1"))
         state.on_node_deleted(node("n2"))
-        assert "n1" not in state._locks
+        assert "n1" not in state.coordination._locks
         assert state.node_lock("n2") is held  # a holder keeps using the same lock

@@ -123,3 +123,27 @@ def test_trim_passes_malformed_parts_through_for_the_reader_to_reject() -> None:
     trimmed = trim_scheduler_pod(bad)
     assert trimmed["spec"]["containers"] == "nope"
     assert "annotations" not in trimmed["metadata"]
+
+
+def test_replicas_share_their_container_parts_and_strings() -> None:
+    """Pods of one workload hold one copy of what they repeat; differing values stay apart."""
+    a, b = (
+        trim_scheduler_pod(
+            json.loads(json.dumps(realistic(pod(name, containers=[container("c", 1, 1000, 10)]))))
+        )
+        for name in ("a", "b")
+    )
+    assert a["spec"]["containers"] is b["spec"]["containers"]
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    assert a["metadata"]["labels"] == b["metadata"]["labels"]
+    keys_a, keys_b = list(a["metadata"]["annotations"]), list(b["metadata"]["annotations"])
+    assert all(x is y for x, y in zip(keys_a, keys_b, strict=True))
+    other = trim_scheduler_pod(realistic(pod("c", containers=[container("c", 1, 2000, 10)])))
+    assert other["spec"]["containers"] != a["spec"]["containers"]
+    # equal JSON of different types is never one part: 1 is not true
+    one, true = (
+        {"metadata": {"uid": u}, "spec": {"containers": [{"name": "x", "restartPolicy": v}]}}
+        for u, v in (("1", 1), ("2", True))
+    )
+    assert trim_scheduler_pod(one)["spec"]["containers"][0]["restartPolicy"] is not True
+    assert trim_scheduler_pod(true)["spec"]["containers"][0]["restartPolicy"] is True

@@ -1,0 +1,254 @@
+"""The extender bind verb: node lock (when HAMi takes one), bind-phase patch, Binding, undo.
+
+Everything fits in :data:`BIND_BUDGET_S`, inside kube-scheduler's 30 s extender httpTimeout; a
+failed bind leaves nothing behind (lock released, ``bind-phase``/``bind-time`` removed) and
+answers in-band, never with a 500, so kube-scheduler retries the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hamid.fit.fit import PodFitSpec
+from hamid.kube.cache import NodeCache, PodCache
+from hamid.kube.client import KubeClient
+from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model import objects
+from hamid.model import reasons as R
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig, init_container_count
+from hamid.scheduler.bind_backoff import BindBackoff
+from hamid.scheduler.extender_json import BindArgs
+from hamid.scheduler.filter import Record
+from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
+from hamid.scheduler.readiness import Readiness
+from hamid.scheduler.state import JSON, SchedulerState, pod_uid
+
+log = get_logger("scheduler")
+
+#: How long a bind waits for a contended node lock (well inside kube-scheduler's 30 s httpTimeout).
+DEFAULT_BIND_WAIT_S = 25.0
+#: The whole budget of one /bind (lock wait and every API call): kube-scheduler's extender
+#: httpTimeout is 30 s; the rest is margin for the HTTP exchange itself.
+BIND_BUDGET_S = 27.0
+#: Part of the budget the lock wait leaves for the annotation patch, the Binding and an undo.
+_BIND_AFTER_LOCK_S = 8.0
+#: Part of the budget the forward calls leave for undoing a failed bind (pod read, lock release,
+#: bind-phase removal).
+_BIND_UNDO_S = 3.0
+#: The shortest timeout a bind's API call gets when its budget is nearly spent.
+_MIN_CALL_S = 0.5
+
+
+class Binder:
+    """The bind verb over one scheduler's state, caches, node locker and API client."""
+
+    def __init__(
+        self,
+        *,
+        state: SchedulerState,
+        kube: KubeClient,
+        config: ResourceConfig,
+        gpu_policy: str,
+        node_policy: str,
+        api_timeout_s: float,
+        bind_wait_s: float,
+        pods: PodCache,
+        nodes: NodeCache,
+        locker: NodeLocker,
+        backoff: BindBackoff,
+        metrics: SchedulerMetrics,
+        readiness: Readiness,
+        record: Record,
+    ) -> None:
+        self.state = state
+        self.kube = kube
+        self.config = config
+        self.gpu_policy = gpu_policy
+        self.node_policy = node_policy
+        self.api_timeout_s = api_timeout_s
+        self.bind_wait_s = bind_wait_s
+        self.pods = pods
+        self.nodes = nodes
+        self.locker = locker
+        self.backoff = backoff
+        self.metrics = metrics
+        self.readiness = readiness
+        self.record = record
+        #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
+        self.in_flight: set[str] = set()
+
+    async def bind(self, args: BindArgs) -> str:
+        """The extender bind verb; returns the error message ("" on success), never raises."""
+        started = time.perf_counter()
+        self.in_flight.add(args.pod_uid)
+        try:
+            error = await self._bind(args, asyncio.get_running_loop().time() + BIND_BUDGET_S)
+        except Exception as exc:  # an answer in-band, never a 500: kube-scheduler retries the pod
+            log.exception("bind_error", pod=f"{args.pod_namespace}/{args.pod_name}", node=args.node)
+            error = f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} failed: {exc!r}"
+        finally:
+            self.in_flight.discard(args.pod_uid)
+        self.metrics.bind_seconds.labels("error" if error else "ok").observe(time.perf_counter() - started)
+        return error
+
+    def _call_timeout(self, deadline: float, keep: float = 0.0) -> float:
+        """An API call's timeout: the API timeout, shortened so ``keep`` s of the budget remain."""
+        remaining = deadline - asyncio.get_running_loop().time() - keep
+        return max(min(self.api_timeout_s, remaining), _MIN_CALL_S)
+
+    async def _read_pod(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+        """The named pod from the cache or the API; None and why when it cannot be read."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        pod = self.pods.get(key)
+        if pod is not None:
+            return pod, ""
+        try:
+            pod = await self.kube.get_pod(
+                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S)
+            )
+        except NotFound:
+            res = self.state.reservation(args.pod_uid)
+            if res is not None and res.key == key:  # only the named pod's own booking
+                self.state.release(args.pod_uid)
+            return None, f"pod {key} not found"
+        except KubeError as exc:
+            return None, f"reading pod {key} failed: {exc}"
+        return pod, ""
+
+    async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+        """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
+
+        Nothing is released for a pod or node that does not exist but the named pod's own booking.
+        """
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        reason = self.readiness.reason()
+        if reason:
+            return None, f"scheduler not ready: {reason}"
+        pod, answer = await self._read_pod(args, deadline)
+        if pod is None:
+            return None, answer
+        if pod_uid(pod) != args.pod_uid:
+            return None, f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+        bound = objects.section(pod, "spec").get("nodeName")
+        if bound and bound != args.node:
+            return None, f"pod {key} is already bound to {bound}, not {args.node}"
+        if bound and holder_state(pod, args.node) is Holder.DONE:
+            # A replay for a pod already running (or allocated, finished): nothing to do, and the
+            # node lock is not taken again. A bound pod still waiting for Allocate goes on: the
+            # lock is its own (re-entrant) and stays for the plugin.
+            log.info("bind_replayed", pod=key, node=args.node)
+            return None, ""
+        if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
+            return None, f"node {args.node} not found"
+        return pod, ""
+
+    async def _lock(self, args: BindArgs, pod: JSON, deadline: float) -> str:
+        """Take the node lock for a bind that books GPUs ("" when held, else the answer)."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        res = self.state.reservation(args.pod_uid)
+        if res is None or res.node != args.node:
+            message = f"pod {key} has no GPU reservation on node {args.node}; filter it again"
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
+            return message
+        loop = asyncio.get_running_loop()
+        wait_s = max(min(self.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
+        try:
+            waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+        except (LockContention, KubeError) as exc:
+            self.backoff.note(args.node, ok=False)
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+            return str(exc)
+        self.metrics.node_lock_wait_seconds.observe(waited)
+        return ""
+
+    async def _bind(self, args: BindArgs, deadline: float) -> str:
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        pod, answer = await self._bind_target(args, deadline)
+        if pod is None:
+            return answer
+        needs_lock = self._needs_lock(pod)
+        if needs_lock:
+            refused = await self._lock(args, pod, deadline)
+            if refused:
+                return refused
+        try:
+            await self.kube.patch_pod_metadata(
+                args.pod_namespace,
+                args.pod_name,
+                annotations={ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING, ann.BIND_TIME: str(int(time.time()))},
+                uid=args.pod_uid,
+                timeout=self._call_timeout(deadline, _BIND_UNDO_S),
+            )
+            await self.kube.bind_pod(
+                args.pod_namespace,
+                args.pod_name,
+                args.pod_uid,
+                args.node,
+                timeout=self._call_timeout(deadline, _BIND_UNDO_S),
+            )
+        except KubeError as exc:
+            # A Binding that timed out may have landed; a 409 may be a retry of one that did.
+            if (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(args, deadline):
+                log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
+            else:
+                await self._undo_bind(args, needs_lock, exc, deadline)
+                self.backoff.note(args.node, ok=False)
+                self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+                log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
+                return f"binding pod {key} to {args.node} failed: {exc}"
+        self.backoff.note(args.node, ok=True)
+        self.record(
+            pod, "Normal", R.EVENT_BINDING_SUCCEED, f"Successfully binding node [{args.node}] to {key}"
+        )
+        log.info("bind_ok", pod=key, node=args.node)
+        return ""
+
+    async def _bound_to(self, args: BindArgs, deadline: float) -> bool:
+        """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown)."""
+        try:
+            pod = await self.kube.get_pod(
+                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline)
+            )
+        except KubeError as exc:
+            log.warning(
+                "bind_outcome_unreadable", pod=f"{args.pod_namespace}/{args.pod_name}", error=str(exc)
+            )
+            return False
+        return pod_uid(pod) == args.pod_uid and objects.section(pod, "spec").get("nodeName") == args.node
+
+    async def _undo_bind(self, args: BindArgs, needs_lock: bool, exc: KubeError, deadline: float) -> None:
+        """A failed bind leaves nothing behind: lock released, ``bind-phase``/``bind-time`` removed."""
+        if needs_lock:
+            await self.locker.release(args.node, args.pod_namespace, args.pod_name, deadline=deadline)
+        if isinstance(exc, NotFound):
+            self.state.release(args.pod_uid)
+            return
+        try:
+            await self.kube.patch_pod_metadata(
+                args.pod_namespace,
+                args.pod_name,
+                annotations={ann.BIND_PHASE: None, ann.BIND_TIME: None},
+                uid=args.pod_uid,
+                timeout=self._call_timeout(deadline),
+            )
+        except KubeError as undo_exc:
+            log.warning(
+                "bind_phase_cleanup_failed",
+                pod=f"{args.pod_namespace}/{args.pod_name}",
+                error=str(undo_exc),
+            )
+
+    def _needs_lock(self, pod: JSON) -> bool:
+        """HAMi takes the node lock only when a regular container requests the GPU count."""
+        try:
+            requests = PodFitSpec.from_pod(pod, self.config, self.gpu_policy, self.node_policy)
+        except InvalidInput:
+            return True
+        n_init = init_container_count(pod)
+        return any(r is not None and r.nums > 0 for r in requests.requests[n_init:])

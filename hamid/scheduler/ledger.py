@@ -1,0 +1,604 @@
+"""The scheduler's accounting ledger: what each pod books (by pod UID), per-GPU usage, quota usage.
+
+Owned by the event loop: every mutation is synchronous (between awaits). Operations that must
+await the API (filter patch, bind, refit) make a tentative change first and keep the returned
+:data:`Undo` to roll it back on failure.
+
+Accounting is incremental: pod add/update/delete events adjust the per-device usage of one node
+of the :class:`~hamid.scheduler.inventory.Inventory`; a rebuild from a fresh list in any order
+gives the same usage (see :meth:`Ledger.snapshot`). The periodic reconcile
+(:mod:`hamid.scheduler.reconcile`) feeds such a list into a *shadow* — a quiet :class:`Ledger`
+over a blank copy of the inventory (:meth:`Ledger.blank_copy`), with this same surface — and
+repairs the live ledger where the two differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Container, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hamid.fit.fit import Quota, pod_quota_usage
+from hamid.fit.usage import (
+    ContainerKind,
+    DeviceAmount,
+    allocation_refusal,
+    container_kinds,
+    effective_pod_usage,
+    init_containers_succeeded,
+)
+from hamid.kube.cache import newer_than
+from hamid.log import get_logger
+from hamid.model import annotations as ann
+from hamid.model import objects
+from hamid.model.devices import PodDevices
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig, pod_requests
+from hamid.scheduler.coordination import Coordination
+from hamid.scheduler.inventory import Inventory, NodeEntry
+from hamid.scheduler.quotas import QuotaBook
+from hamid.scheduler.webhook import DEFAULT_SCHEDULER
+
+log = get_logger("scheduler.state")
+
+JSON = dict[str, Any]
+#: Rolls back one tentative change; calling it twice, or after the pod is gone, is a no-op.
+Undo = Callable[[], None]
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_DELETED_MEMORY = 10_000
+
+
+def _noop() -> None:
+    """An undo with nothing to roll back."""
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one pod books: its node, positional allocation and the usage applied to that node.
+
+    ``pending`` is True while the filter's annotation patch is in flight. ``blocked`` marks an
+    allocation that could not be decoded on a live pod: its devices are booked as full.
+    ``version`` is the pod resourceVersion it was last derived from ("" for the filter's own).
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    layout: PodDevices
+    kinds: tuple[ContainerKind, ...]
+    init_released: bool
+    raw: str
+    pending: bool = False
+    blocked: frozenset[str] | None = None
+    applied: dict[str, DeviceAmount] = field(default_factory=dict)
+    version: str = ""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(slots=True, eq=False)
+class Hold:
+    """Usage booked for pod ``uid`` beyond its reservation while a write about it is undecided.
+
+    A refit books the pod's old GPUs (``amounts`` on ``node``) and the larger of its old and new
+    quota usage (``mem``/``cores`` more on ``namespace``) until its patch is decided. ``after``
+    is None while the refit decides itself; once set, the first pod event newer than that
+    resourceVersion (or the pod's delete, or a reconcile list newer than it) decides instead.
+    """
+
+    uid: str
+    node: str
+    amounts: dict[str, DeviceAmount]
+    namespace: str
+    mem: int
+    cores: int
+    after: str | None = None
+    applied: dict[str, DeviceAmount] = field(default_factory=dict)
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    """``metadata.uid`` of a pod dict."""
+    return objects.uid(pod)
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod dict."""
+    return f"{objects.namespace(pod)}/{objects.name(pod)}"
+
+
+def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices | None) -> str:
+    """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
+
+    The annotations are the pod's own word (a tenant can write them), so they are booked only
+    for a pod that requests the GPUs, runs (if bound) on the node they name, is this
+    scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
+    placed by it, and whose allocation (``layout``; None when undecodable) its requests and the
+    node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
+    """
+    spec = objects.section(pod, "spec")
+    bound = spec.get("nodeName")
+    if bound and bound != node:
+        return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
+    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    ours = ledger.scheduler_name
+    if ours and scheduler not in (ours, DEFAULT_SCHEDULER) and pod_uid(pod) not in ledger.placed:
+        return f"the pod is scheduled by {scheduler!r}, which is not {ours!r}"
+    try:
+        requests = pod_requests(pod, ledger.config)
+    except InvalidInput as exc:
+        return f"its requests cannot be read: {exc}"
+    if layout is None:
+        return "" if any(r is not None for r in requests) else "the pod requests no GPU"
+    entry = ledger.inventory.nodes.get(node)
+    return allocation_refusal(layout, requests, entry.usage.by_id if entry is not None else None)
+
+
+class Ledger:
+    """Reservations, holds and quota usage of one scheduler process over its inventory."""
+
+    def __init__(
+        self,
+        config: ResourceConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        scheduler_name: str = "",
+        *,
+        inventory: Inventory | None = None,
+        coordination: Coordination | None = None,
+        quiet: bool = False,
+    ) -> None:
+        self.config = config or ResourceConfig()
+        self.clock = clock
+        #: The scheduler's name: a pod of another scheduler is booked only if this one placed it.
+        self.scheduler_name = scheduler_name
+        self.inventory = inventory or Inventory(self.config, clock)
+        self.coordination = coordination or Coordination()
+        self.quotas = QuotaBook(self.config)
+        #: A throwaway copy (the reconcile's shadow): no warnings about what it is fed.
+        self.quiet = quiet
+        #: UIDs of the pods this process reserved (its own record; forgotten on delete).
+        self.placed: set[str] = set()
+        self._reservations: dict[str, Reservation] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._deleted: OrderedDict[str, None] = OrderedDict()
+        self._holds: dict[str, list[Hold]] = {}
+        self._refused_values: dict[str, tuple[str, str]] = {}
+        #: Bumped by every reservation change; :meth:`changed_since` compares against it.
+        self.seq = 0
+        self._touched: dict[str, int] = {}
+
+    def blank_copy(self) -> Ledger:
+        """A quiet ledger with this one's config, clock and registered nodes, no usage or pods."""
+        copy = Ledger(
+            self.config, self.clock, self.scheduler_name, inventory=self.inventory.blank_copy(), quiet=True
+        )
+        copy.placed = set(self.placed)
+        return copy
+
+    # -- reservations ---------------------------------------------------------------------------
+
+    def reservation(self, uid: str) -> Reservation | None:
+        """The reservation of pod ``uid``, if any."""
+        return self._reservations.get(uid)
+
+    def reservations(self) -> Iterator[Reservation]:
+        """Every reservation (snapshot iterator)."""
+        return iter(list(self._reservations.values()))
+
+    def reserve(self, pod: JSON, node: str, layout: PodDevices, raw: str) -> Undo:
+        """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
+
+        Replaces any earlier reservation of the same pod; the undo restores it.
+        """
+        uid = pod_uid(pod)
+        previous = self._remove(uid)
+        res = Reservation(
+            uid=uid,
+            namespace=objects.namespace(pod),
+            name=objects.name(pod),
+            node=node,
+            layout=layout,
+            kinds=container_kinds(pod),
+            init_released=False,
+            raw=raw,
+            pending=True,
+        )
+        self.placed.add(uid)
+        self._insert(res)
+
+        def undo() -> None:
+            if self._reservations.get(uid) is not res:
+                return
+            self._remove(uid)
+            if previous is not None and uid not in self._deleted:
+                self._insert(previous)
+
+        return undo
+
+    def confirm(self, uid: str) -> None:
+        """Mark a pending reservation as persisted (its annotation patch succeeded)."""
+        res = self._reservations.get(uid)
+        if res is not None:
+            res.pending = False
+            self._touch(uid)
+
+    def release(self, uid: str) -> Undo:
+        """Release pod ``uid``'s reservation; the undo re-books it unless the pod is gone."""
+        previous = self._remove(uid)
+        if previous is None:
+            return _noop
+
+        def undo() -> None:
+            if uid in self._reservations or uid in self._deleted:
+                return
+            self._insert(previous)
+
+        return undo
+
+    def move(self, uid: str, layout: PodDevices, raw: str) -> Undo:
+        """Replace pod ``uid``'s layout on the same node (refit); the undo restores the old one.
+
+        The undo is a no-op if the reservation was released or replaced meanwhile, so a pod
+        deleted during a refit is never released twice nor resurrected.
+        """
+        old = self._reservations.get(uid)
+        if old is None:
+            raise KeyError(f"no reservation for pod {uid}")
+        self._remove(uid)
+        new = replace(old, layout=layout, raw=raw, blocked=None, applied={}, version="")
+        self._insert(new)
+
+        def undo() -> None:
+            if self._reservations.get(uid) is not new:
+                return
+            self._remove(uid)
+            self._insert(old)
+
+        return undo
+
+    def changed_since(self, uid: str, seq: int) -> bool:
+        """Whether pod ``uid``'s reservation changed (booked, moved, confirmed, released) after ``seq``."""
+        return self._touched.get(uid, -1) > seq
+
+    def prune_marks(self, since: int, listed: Container[str]) -> None:
+        """Forget the change marks of pods a list requested at ``since`` shows gone.
+
+        Gone: not in ``listed``, no reservation, and unchanged since ``since``.
+        """
+        gone = [
+            uid
+            for uid, seq in self._touched.items()
+            if seq <= since and uid not in self._reservations and uid not in listed
+        ]
+        for uid in gone:
+            del self._touched[uid]
+
+    def was_deleted(self, uid: str) -> bool:
+        """Whether a delete of pod ``uid`` was applied (among the last deletions remembered)."""
+        return uid in self._deleted
+
+    def adopt(self, res: Reservation | None, uid: str) -> None:
+        """Make pod ``uid`` book a copy of ``res`` (another ledger's), or nothing when None.
+
+        The reconcile's shadow mirrors the reservations it must not judge with this.
+        """
+        self._remove(uid)
+        if res is not None:
+            self._insert(replace(res, applied={}))
+
+    def _touch(self, uid: str) -> None:
+        self.seq += 1
+        self._touched[uid] = self.seq
+
+    def _insert(self, res: Reservation) -> None:
+        self._touch(res.uid)
+        self._reservations[res.uid] = res
+        self._by_node.setdefault(res.node, set()).add(res.uid)
+        entry = self.inventory.nodes.get(res.node)
+        if entry is not None:
+            self._apply(res, entry)
+        else:
+            res.applied = {}
+        self._quota_add(res, 1)
+
+    def _remove(self, uid: str) -> Reservation | None:
+        res = self._reservations.pop(uid, None)
+        if res is None:
+            return None
+        self._touch(uid)
+        uids = self._by_node.get(res.node)
+        if uids is not None:
+            uids.discard(uid)
+            if not uids:
+                del self._by_node[res.node]
+        entry = self.inventory.nodes.get(res.node)
+        if entry is not None and res.applied:
+            entry.usage.remove(res.applied)
+        self._quota_add(res, -1)
+        return res
+
+    def _apply(self, res: Reservation, entry: NodeEntry) -> None:
+        """Book ``res`` on ``entry`` (a fresh NodeUsage, or one without ``res``)."""
+        if res.blocked is not None:
+            named = res.blocked or frozenset(d.id for d in entry.usage.devices)
+            res.applied = {
+                d.id: DeviceAmount(max(d.count, 1), d.totalmem, d.totalcore)
+                for d in entry.usage.devices
+                if d.id in named
+            }
+        else:
+            res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
+        unknown = entry.usage.add(res.applied)
+        if unknown and not self.quiet:
+            log.warning("allocation_on_unknown_gpu", pod=res.key, node=res.node, uuids=list(unknown))
+
+    # -- nodes -------------------------------------------------------------------------------------
+
+    def book_node(self, name: str) -> None:
+        """Book every reservation and hold placed on node ``name`` onto its (zero-usage) GPUs."""
+        entry = self.inventory.nodes.get(name)
+        if entry is None:
+            return
+        for uid in self._by_node.get(name, ()):
+            self._apply(self._reservations[uid], entry)
+        for holds in self._holds.values():
+            for h in holds:
+                if h.node == name:
+                    self._apply_hold(h, entry)
+
+    def unbook_node(self, name: str) -> None:
+        """Node ``name`` left the inventory: nothing stays applied on its GPUs."""
+        for uid in self._by_node.get(name, ()):
+            self._reservations[uid].applied = {}
+        for holds in self._holds.values():
+            for h in holds:
+                if h.node == name:
+                    h.applied = {}
+
+    def rebuild_usage(self, name: str) -> None:
+        """Recompute a node's usage from its devices and the reservations placed on it."""
+        if self.inventory.reset_usage(name) is None:
+            return
+        self.book_node(name)
+        self.coordination.notify(name)
+
+    def snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> GPU UUID -> (used slots, used MiB, used cores): for equality checks and metrics."""
+        return {
+            name: {d.id: (d.used, d.usedmem, d.usedcores) for d in entry.usage.devices}
+            for name, entry in sorted(self.inventory.nodes.items())
+        }
+
+    # -- pod events ------------------------------------------------------------------------------
+
+    def on_pod(self, pod: JSON) -> None:
+        """Apply a pod add/update (incremental, phase-aware)."""
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        annotations = objects.annotations(pod)
+        node = annotations.get(ann.VGPU_NODE)
+        raw = annotations.get(ann.DEVICES_ALLOCATED)
+        current = self._reservations.get(uid)
+        version = objects.resource_version(pod)
+        if self._holds:
+            self._settle_hold(uid, version)
+        if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
+            self._forget(uid, current)
+            return
+        if current is not None and current.pending and (node != current.node or raw != current.raw):
+            # The filter's patch is in flight: an event without its allocation (the pod's earlier
+            # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
+            # is about to claim and confirm() would then confirm the old one (over-commit).
+            return
+        if node is None or raw is None:
+            self._forget(uid, current)
+            return
+        released = init_containers_succeeded(pod)
+        if (
+            current is not None
+            and (current.node, current.raw, current.init_released) == (node, raw, released)
+            and current.blocked is None
+        ):
+            current.version = version
+            if current.pending:
+                current.pending = False
+                self._touch(uid)
+            self.coordination.notify(node)
+            return
+        self._book(pod, uid, node, raw, released, current)
+
+    def _forget(self, uid: str, current: Reservation | None) -> None:
+        """The pod books nothing any more (finished, or its allocation annotations are gone)."""
+        if current is not None:
+            self._remove(uid)
+            self.coordination.notify(current.node)
+
+    def _book(
+        self, pod: JSON, uid: str, node: str, raw: str, released: bool, current: Reservation | None
+    ) -> None:
+        """Book the allocation ``raw`` the pod's annotations name on ``node`` (if it may book)."""
+        decoded = self._allocation(pod, node, raw, current)
+        if decoded is None:
+            return
+        layout, blocked = decoded
+        self._remove(uid)
+        self._insert(
+            Reservation(
+                uid=uid,
+                namespace=objects.namespace(pod),
+                name=objects.name(pod),
+                node=node,
+                layout=layout,
+                kinds=container_kinds(pod),
+                init_released=released,
+                raw=raw,
+                blocked=blocked,
+                version=objects.resource_version(pod),
+            )
+        )
+        if current is not None and current.node != node:
+            self.coordination.notify(current.node)
+        self.coordination.notify(node)
+
+    def _allocation(
+        self, pod: JSON, node: str, raw: str, current: Reservation | None
+    ) -> tuple[PodDevices, frozenset[str] | None] | None:
+        """The layout to book for ``raw`` and the GPUs to block when undecodable; None: book nothing.
+
+        A refused allocation (:func:`booking_refusal`) releases the pod's booking; an undecodable
+        one on a pod that may book blocks the GPUs it names (all of the node's when none), with a
+        warning once per value.
+        """
+        try:
+            layout: PodDevices = tuple(ann.decode_pod_devices(raw))
+        except InvalidInput as exc:
+            refusal = booking_refusal(self, pod, node, None)
+            if refusal:
+                self._refuse(pod, current, node, raw, refusal)
+                return None
+            entry = self.inventory.nodes.get(node)
+            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
+            if not self.quiet and (current is None or current.raw != raw):
+                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
+                self.coordination.undecodable.append((pod, str(exc)))
+            return (), named
+        refusal = booking_refusal(self, pod, node, layout)
+        if refusal:
+            self._refuse(pod, current, node, raw, refusal)
+            return None
+        return layout, None
+
+    def _refuse(self, pod: JSON, current: Reservation | None, node: str, raw: str, why: str) -> None:
+        """Book nothing for ``pod``'s allocation annotations (``why``); warn once per value."""
+        uid = pod_uid(pod)
+        self._forget(uid, current)
+        if self._refused_values.get(uid) == (node, raw):
+            return
+        self._refused_values[uid] = (node, raw)
+        if not self.quiet:
+            log.warning("allocation_refused", pod=pod_key(pod), node=node, why=why)
+            self.coordination.refused.append((pod, why))
+
+    def resync_pod(self, pod: JSON) -> None:
+        """Re-derive pod's reservation from scratch through :meth:`on_pod` (the reconcile's repair)."""
+        uid = pod_uid(pod)
+        previous = self._remove(uid)
+        self.on_pod(pod)
+        if previous is not None:
+            self.coordination.notify(previous.node)
+
+    def on_pod_deleted(self, pod: JSON) -> None:
+        """A pod is gone: release its reservation and remember the UID (undos skip it)."""
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        self._deleted[uid] = None
+        self.placed.discard(uid)
+        self._refused_values.pop(uid, None)
+        while len(self._deleted) > _DELETED_MEMORY:
+            self._deleted.popitem(last=False)
+        for h in self.holds(uid):
+            self.release_hold(h)
+        res = self._remove(uid)
+        self._touched.pop(uid, None)
+        node = (res.node if res else None) or objects.annotations(pod).get(ann.VGPU_NODE)
+        if node:
+            self.coordination.notify(node)
+
+    # -- quotas ------------------------------------------------------------------------------------
+
+    def fit_quota(self, namespace: str, exclude_uid: str = "") -> Quota | None:
+        """The namespace's quota headroom for a fit (tightest limits; usage without ``exclude_uid``)."""
+        limits = self.quotas.limits(namespace)
+        if limits is None:
+            return None
+        used_mem, used_cores = self.quotas.used(namespace)
+        res = self._reservations.get(exclude_uid) if exclude_uid else None
+        if res is not None and res.namespace == namespace and res.blocked is None:
+            mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released)
+            used_mem, used_cores = used_mem - mem, used_cores - core
+        return Quota(limits[0], limits[1], used_mem, used_cores)
+
+    def quota_used(self, namespace: str) -> tuple[int, int]:
+        """(memory MiB, cores %) booked by the namespace's pods."""
+        return self.quotas.used(namespace)
+
+    def _quota_add(self, res: Reservation, sign: int) -> None:
+        if res.blocked is not None:
+            return
+        mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+        self.quotas.shift(res.namespace, sign * mem, sign * cores)
+
+    # -- holds -------------------------------------------------------------------------------------
+
+    def hold(
+        self, uid: str, node: str, amounts: Mapping[str, DeviceAmount], namespace: str, mem: int, cores: int
+    ) -> Hold:
+        """Book ``amounts`` on ``node`` and ``mem`` MiB / ``cores`` % on ``namespace`` for pod ``uid``.
+
+        Released by :meth:`release_hold` (once), by :meth:`on_pod_deleted`, or — after
+        :meth:`settle_on_event` — by the first pod event newer than the given resourceVersion.
+        A refit holds the pod's old GPUs and the larger of its old and new quota usage while its
+        patch is undecided, so a filter meanwhile takes nothing a rollback would need.
+        """
+        h = Hold(uid, node, dict(amounts), namespace, mem, cores)
+        self._holds.setdefault(uid, []).append(h)
+        entry = self.inventory.nodes.get(node)
+        if entry is not None:
+            self._apply_hold(h, entry)
+        self.quotas.shift(namespace, mem, cores)
+        return h
+
+    def release_hold(self, h: Hold) -> None:
+        """Give back what ``h`` books (a no-op when already released)."""
+        holds = self._holds.get(h.uid)
+        if holds is None or h not in holds:
+            return
+        holds.remove(h)
+        if not holds:
+            del self._holds[h.uid]
+        entry = self.inventory.nodes.get(h.node)
+        if entry is not None and h.applied:
+            entry.usage.remove(h.applied)
+        h.applied = {}
+        self.quotas.shift(h.namespace, -h.mem, -h.cores)
+        self.coordination.notify(h.node)
+
+    def settle_on_event(self, h: Hold, after: str) -> None:
+        """Let the pod's first event newer than resourceVersion ``after`` release ``h``."""
+        h.after = after
+
+    def holds(self, uid: str) -> tuple[Hold, ...]:
+        """The holds booked for pod ``uid``."""
+        return tuple(self._holds.get(uid, ()))
+
+    def held_on(self, node: str) -> bool:
+        """Whether a hold is booked on ``node``."""
+        return any(h.node == node for holds in self._holds.values() for h in holds)
+
+    def _settle_hold(self, uid: str, version: str) -> None:
+        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`)."""
+        for h in list(self._holds.get(uid, ())):
+            if h.after is not None and newer_than(version, h.after):
+                self.release_hold(h)
+
+    def settle_holds(self, list_version: str) -> list[str]:
+        """Release the event-settled holds a list at ``list_version`` decides; their pod UIDs."""
+        decided: list[str] = []
+        for uid, holds in list(self._holds.items()):
+            for h in list(holds):
+                if h.after is not None and newer_than(list_version, h.after):
+                    self.release_hold(h)
+                    decided.append(uid)
+        return decided
+
+    def _apply_hold(self, h: Hold, entry: NodeEntry) -> None:
+        h.applied = dict(h.amounts)
+        entry.usage.add(h.applied)
