@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from hamid.model.errors import InvalidInput
@@ -57,7 +58,7 @@ def decode_filter_args(body: Any) -> FilterArgs:
     raw_names = go_field(body, "NodeNames")
     node_names: tuple[str, ...] | None = None
     if raw_names is not None:
-        if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+        if not isinstance(raw_names, list) or not all(map(isinstance, raw_names, repeat(str))):  # C speed
             raise InvalidInput("NodeNames must be a list of strings")
         node_names = tuple(raw_names)
     raw_nodes = go_field(body, "Nodes")
