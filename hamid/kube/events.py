@@ -132,7 +132,7 @@ class EventRecorder:
         kind = str(obj.get("kind") or ("Pod" if object_namespace else "Node"))
         bound = log.bind(kind=kind, object=f"{object_namespace}/{name}".lstrip("/"), reason=reason)
         if event_type not in EVENT_TYPES or not name or not reason:
-            bound.error("event not recorded: bad arguments", event_type=event_type, name=name)
+            bound.error("event_not_recorded", cause="bad arguments", event_type=event_type, name=name)
             return
         if event_type == "Normal" and reason in ROUTINE_REASONS and not self._routine.take():
             self._note_shed(reason)
@@ -152,9 +152,9 @@ class EventRecorder:
             async with asyncio.timeout(self.timeout):
                 await self._record(key, involved, object_namespace or "default", event_type, reason, message)
         except (KubeError, TimeoutError) as exc:
-            bound.warning("event not recorded", error=str(exc), error_type=type(exc).__name__)
+            bound.warning("event_not_recorded", error=str(exc), error_type=type(exc).__name__)
         except Exception:
-            bound.exception("event not recorded")
+            bound.exception("event_not_recorded")
 
     def _note_shed(self, reason: str) -> None:
         self.shed[reason] += 1
@@ -163,7 +163,8 @@ class EventRecorder:
             return
         total = sum(self.shed.values())
         log.info(
-            "routine events shed (budget spent)",
+            "routine_events_shed",
+            cause="budget spent",
             shed=total - self._shed_logged,
             shed_total=total,
             burst=self._routine.burst,

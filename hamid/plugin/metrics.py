@@ -410,7 +410,7 @@ async def serve_metrics(metrics: PluginMetrics, listen: str) -> AsyncIterator[in
         yield None
         return
     runner, port = await serve(metrics_app(metrics), listen, what="metrics listener")
-    log.info("metrics and health endpoints serving", port=port)
+    log.info("metrics_endpoints_serving", port=port)
     try:
         yield port
     finally:

@@ -91,21 +91,22 @@ def alignment_mode(mismatch: NumaMismatch) -> AlignmentMode:
         return parse_alignment(annotations_of(mismatch.pod))
     except InvalidInput as exc:
         log.warning(
-            "ignoring invalid numa-alignment annotation",
+            "numa_alignment_annotation_invalid_ignored",
             error=str(exc),
             container_index=mismatch.container_index,
         )
         return AlignmentMode.NONE
 
 
-def log_alignment(mismatch: NumaMismatch, mode: AlignmentMode, event: str, **extra: Any) -> None:
+def log_alignment(mismatch: NumaMismatch, mode: AlignmentMode, event: str, reason: str, **extra: Any) -> None:
     """Log a mismatch outcome by alignment mode (the one place): strict → error, best-effort → info,
-    none → nothing."""
+    none → nothing. ``reason`` says in words what kubelet did and what follows."""
     if mode is AlignmentMode.NONE:
         return
     emit = log.error if mode is AlignmentMode.STRICT else log.info
     emit(
         event,
+        reason=reason,
         numa_alignment=mode.value,
         door=mismatch.door.value,
         container_index=mismatch.container_index,
@@ -122,6 +123,7 @@ async def log_mismatch(mismatch: NumaMismatch) -> ContainerDevices | None:
     log_alignment(
         mismatch,
         mode,
+        "numa_mismatch_refit_disabled",
         f"{mismatch.situation}; "
         + (
             "numa-alignment strict but NUMA refit is disabled"
@@ -169,12 +171,14 @@ class NumaMismatchPolicy:
                 if strict
                 else "best-effort runs on the scheduler's allocation without NUMA alignment"
             )
-            log_alignment(mismatch, mode, f"NUMA refit failed; {outcome}", error=str(exc))
+            log_alignment(
+                mismatch, mode, "numa_refit_failed", f"NUMA refit failed; {outcome}", error=str(exc)
+            )
             if strict:
                 raise AllocationError(f"numa-alignment strict: {exc}") from exc
             return None
         log.info(
-            "NUMA refit succeeded",
+            "numa_refit_succeeded",
             devices=[d.uuid for d in devices],
             numa_alignment=mode.value,
             door=mismatch.door.value,

@@ -95,7 +95,7 @@ class NodePods:
         try:
             lock = nodelock.read_lock(node if node is not None else self.node())
         except InvalidInput as exc:
-            log.warning("ignoring unparsable node lock", node=self.node_name, error=str(exc))
+            log.warning("node_lock_unparsable_ignored", node=self.node_name, error=str(exc))
             return None
         return None if lock is None else nodelock.holder_key(lock)
 

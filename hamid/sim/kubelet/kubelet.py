@@ -221,7 +221,7 @@ class SimKubelet:
             await self.stop()
             raise
         self._log.info(
-            "simulated kubelet started",
+            "kubelet_started",
             socket=str(self.socket_path),
             pod_resources=str(self.pod_resources.socket),
             topology_policy=self.topology_policy,
@@ -264,7 +264,7 @@ class SimKubelet:
                 if pod is not None:
                     await self._readmit(pod, record)
             self._changed()
-        self._log.info("simulated kubelet restarted", restarts=self.restarts)
+        self._log.info("kubelet_restarted", restarts=self.restarts)
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -334,7 +334,7 @@ class SimKubelet:
         if record is not None:
             record.released = True
         if released or record is not None:
-            self._log.info("released pod resources", uid=uid)
+            self._log.info("pod_resources_released", uid=uid)
             self._changed()
 
     def _remove_stale_state(self) -> None:
@@ -349,7 +349,7 @@ class SimKubelet:
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         }
         for uid in (self.cpus.assignments.keys() | self.devices.pod_devices.keys()) - active:
-            self._log.info("removing stale state of a pod no longer active", uid=uid)
+            self._log.info("stale_pod_state_removed", uid=uid)
             self._release(uid)
 
     def _pod_deleted(self, pod: JSON) -> None:
@@ -395,7 +395,7 @@ class SimKubelet:
         except NotFound:
             pass
         except KubeError as exc:
-            self._log.warning("could not confirm a pod deletion", pod=object_key(pod), error=str(exc))
+            self._log.warning("pod_deletion_unconfirmed", pod=object_key(pod), error=str(exc))
         finally:
             self._deleting.discard(uid)
 
@@ -405,7 +405,7 @@ class SimKubelet:
         try:
             record = read_assignment(pod)
         except InvalidInput as exc:
-            self._log.warning("running pod has an unreadable assignment", pod=object_key(pod), error=str(exc))
+            self._log.warning("running_pod_assignment_unreadable", pod=object_key(pod), error=str(exc))
             return
         if record is None or not record.admitted:
             return
@@ -421,7 +421,7 @@ class SimKubelet:
                 }
                 if c.cpus:
                     self.cpus.assignments.setdefault(uid, {})[c.name] = c.cpus
-            self._log.info("restored running pod from its assignment", pod=record.key)
+            self._log.info("running_pod_restored", pod=record.key)
             await self._readmit(pod, record)
             self._changed()
 
@@ -439,7 +439,7 @@ class SimKubelet:
             )
             record.admitted, record.reason, record.message = False, failure.reason, failure.message
             self._release(record.uid)
-            self._log.warning("running pod rejected on re-admission", pod=record.key, reason=failure.reason)
+            self._log.warning("running_pod_rejected_on_readmission", pod=record.key, reason=failure.reason)
             await self._publisher.publish(pod, record)
 
     def _active_pods(self, uid: str) -> list[JSON]:
@@ -483,7 +483,7 @@ class SimKubelet:
                         try:
                             await self._admit_and_publish(pod)
                         except Exception:
-                            self._log.exception("admission crashed", pod=key)
+                            self._log.exception("admission_crashed", pod=key)
 
     # -- admission --------------------------------------------------------------------------------
 
@@ -516,7 +516,7 @@ class SimKubelet:
         self._changed()
         if record.admitted:
             self._log.info(
-                "pod admitted",
+                "pod_admitted",
                 containers=[
                     {
                         "name": c.name,
@@ -528,7 +528,7 @@ class SimKubelet:
                 ],
             )
         else:
-            self._log.warning("pod rejected", reason=record.reason, message=record.message)
+            self._log.warning("pod_rejected", reason=record.reason, message=record.message)
         await self._publisher.publish(pod, record)
         record.published = True
         self._changed()
