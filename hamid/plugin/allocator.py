@@ -63,7 +63,6 @@ from hamid.plugin.allocator_rules import (
     HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
-    annotations_of,
     consume,
     container_at,
     distinct_gpu_preference,
@@ -73,7 +72,6 @@ from hamid.plugin.allocator_rules import (
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
-    pod_key,
     refuse_unservable,
     select_preferred,
     summarize,
@@ -157,7 +155,7 @@ class Fallbacks:
 
     @staticmethod
     def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
-        return str((pod.get("metadata") or {}).get("uid") or pod_key(pod)), index
+        return objects.uid(pod) or objects.namespaced_key(pod), index
 
     def remember(self, pod: Mapping[str, Any], entry: PendingEntry) -> None:
         """The policy kept this container's annotation."""
@@ -249,13 +247,15 @@ class Allocator:
         pods = self.pods.pods()
         owner = self.pods.lock_owner()
         if owner is not None and not any(
-            pod_key(p) == owner and is_allocation_candidate(p, self.node_name) and has_pending_entry(p)
+            objects.namespaced_key(p) == owner
+            and is_allocation_candidate(p, self.node_name)
+            and has_pending_entry(p)
             for p in pods
         ):
             namespace, _, name = owner.partition("/")
             fetched = await self.pods.fetch_pod(namespace, name)
             if fetched is not None:
-                pods = [p for p in pods if pod_key(p) != owner] + [fetched]
+                pods = [p for p in pods if objects.namespaced_key(p) != owner] + [fetched]
         return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
 
     # -- the NUMA mismatch seam (both doors) -------------------------------------------------
@@ -331,7 +331,8 @@ class Allocator:
         fresh = await self._reread(pod)
         if fresh is None or not is_allocation_candidate(fresh, self.node_name):
             raise AllocationError(
-                f"pod {pod_key(pod)} was refitted but cannot be re-read as pending", code="pod-changed"
+                f"pod {objects.namespaced_key(pod)} was refitted but cannot be re-read as pending",
+                code="pod-changed",
             )
         return fresh
 
@@ -354,7 +355,9 @@ class Allocator:
             except (AllocationError, InvalidInput) as exc:
                 log.info("no_preferred_allocation", node=self.node_name, reason=str(exc))
                 return [[] for _ in requests]
-            with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
+            with structlog.contextvars.bound_contextvars(
+                pod=objects.namespaced_key(pod), node=self.node_name
+            ):
                 out: list[list[str]] = []
                 for i, request in enumerate(requests):
                     out.append(
@@ -467,7 +470,9 @@ class Allocator:
                     "(API server or pod cache too slow)",
                     code="deadline",
                 ) from exc
-            with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
+            with structlog.contextvars.bound_contextvars(
+                pod=objects.namespaced_key(pod), node=self.node_name
+            ):
                 try:
                     return await self._allocate_for(pod, requests, deadline)
                 except AllocationError as exc:
@@ -497,7 +502,8 @@ class Allocator:
             entries = pending_entries(devices)
             if not entries:
                 raise AllocationError(
-                    f"pod {pod_key(pod)} has no GPU allocation left for this container", code="no-entry-left"
+                    f"pod {objects.namespaced_key(pod)} has no GPU allocation left for this container",
+                    code="no-entry-left",
                 )
             entry = entries[0]
             refuse_unservable(entry, self.node_name, self.inventory.facts)
@@ -512,7 +518,7 @@ class Allocator:
                     annotated=[d.uuid for d in entry.devices],
                     kubelet=requested,
                     kubelet_ids=list(ids),
-                    numa_alignment=annotations_of(pod).get(NUMA_ALIGNMENT, ""),
+                    numa_alignment=objects.annotations(pod).get(NUMA_ALIGNMENT, ""),
                 )
             plans.append((entry.index, entry.devices))
             devices = consume(devices, entry.index)
@@ -623,7 +629,7 @@ class Allocator:
         """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort,
         both at once)."""
         log.error("allocation_failed", reason=reason)
-        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod_key(pod)))
+        await asyncio.gather(self._mark_failed(pod), self._release_lock(objects.namespaced_key(pod)))
 
     async def _mark_failed(self, pod: JSON) -> None:
         try:

@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.devices import NVIDIA, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
-from hamid.plugin.allocator_rules import AllocationError, annotations_of
+from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.refit_client import RefitClient, RefitError
 
 log = get_logger("plugin.numa_policy")
@@ -88,7 +89,7 @@ MismatchHandler = Callable[[NumaMismatch], Awaitable[ContainerDevices | None]]
 def alignment_mode(mismatch: NumaMismatch) -> AlignmentMode:
     """The pod's ``hami.io/numa-alignment`` mode; an invalid annotation is logged and treated as none."""
     try:
-        return parse_alignment(annotations_of(mismatch.pod))
+        return parse_alignment(objects.annotations(mismatch.pod))
     except InvalidInput as exc:
         log.warning(
             "numa_alignment_annotation_invalid_ignored",
@@ -136,11 +137,11 @@ async def log_mismatch(mismatch: NumaMismatch) -> ContainerDevices | None:
 
 def refit_request(mismatch: NumaMismatch) -> RefitRequest:
     """The one request sent for a mismatched container (all of kubelet's GPUs allowed, upstream #2817)."""
-    meta = mismatch.pod.get("metadata") or {}
+    pod = mismatch.pod
     return RefitRequest(
-        pod_uid=str(meta.get("uid") or ""),
-        pod_namespace=str(meta.get("namespace") or ""),
-        pod_name=str(meta.get("name") or ""),
+        pod_uid=objects.uid(pod),
+        pod_namespace=objects.namespace(pod),
+        pod_name=objects.name(pod),
         node_name=mismatch.node_name,
         container_index=mismatch.container_index,
         container_name=mismatch.container_name,

@@ -33,6 +33,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_POLICIES,
@@ -319,7 +320,7 @@ class NumaPublisher:
     def _cached_profile(self) -> NumaProfile | None:
         """The newest of the Node's profile and ours (the node cache may lag our own write)."""
         node = self.pods.node()
-        raw = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NUMA_PROFILE)
+        raw = objects.annotations(node).get(NUMA_PROFILE)
         cached: NumaProfile | None = None
         if raw is not None:
             try:
@@ -372,9 +373,8 @@ class NumaPublisher:
             pod = self.pods.pod(entry.key)
             if pod is None:
                 continue  # not in the cache yet: next round
-            meta = pod.get("metadata") or {}
-            uid = str(meta.get("uid") or "")
-            annotations = meta.get("annotations") or {}
+            uid = objects.uid(pod)
+            annotations = objects.annotations(pod)
             listed.append((pod, uid, entry, annotations))
             if holds_anything(entry) and uid not in self._first_seen:
                 self._first_seen[uid] = (now, NUMA_PREDICTED in annotations)
@@ -430,14 +430,13 @@ class NumaPublisher:
         placement: PodPlacement,
         value: str,
     ) -> None:
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = objects.namespaced_key(pod)
         if annotations.get(NUMA_PLACEMENT) == value or not self.bucket.take():
             return  # unchanged, or over the rate bound: the next round writes it
         try:
             patched = await self.client.patch_pod_metadata(
-                str(meta.get("namespace")),
-                str(meta.get("name")),
+                objects.namespace(pod),
+                objects.name(pod),
                 annotations={NUMA_PLACEMENT: value},
                 uid=uid,
                 timeout=self.sources.call_timeout,

@@ -26,8 +26,8 @@ from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
-from hamid.model.objects import object_key
 from hamid.sim.kubelet.admission import Admitter, check_allocatable
 from hamid.sim.kubelet.assignment import (
     AdmissionRecords,
@@ -50,7 +50,7 @@ EVENT_COMPONENT = "kubelet"
 
 
 def _creation_key(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    return str(objects.metadata(pod).get("creationTimestamp") or "")
 
 
 class SimKubelet:
@@ -344,7 +344,7 @@ class SimKubelet:
         being admitted, whose allocation finished after its deletion released nothing yet."""
         assert self._pods is not None
         active = {
-            str((p.get("metadata") or {}).get("uid") or "")
+            objects.uid(p)
             for p in self._pods.values()
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         }
@@ -353,35 +353,32 @@ class SimKubelet:
             self._release(uid)
 
     def _pod_deleted(self, pod: JSON) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         self.status.forget(uid)
         self._release(uid)
 
     def _consider(self, pod: JSON) -> None:
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+        uid = objects.uid(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in ("Succeeded", "Failed"):
             self._release(uid)
-        if meta.get("deletionTimestamp"):
+        if objects.metadata(pod).get("deletionTimestamp"):
             if uid not in self._deleting:
                 self._deleting.add(uid)
-                self._spawn(self._finish_deletion(pod), f"delete-{object_key(pod)}")
+                self._spawn(self._finish_deletion(pod), f"delete-{objects.object_key(pod)}")
                 self._changed()
             return
         if phase != "Pending" or uid in self._records or uid in self._queued:
             if phase == "Running" and uid not in self._records:
-                self._spawn(self._restore(pod), f"restore-{object_key(pod)}")
+                self._spawn(self._restore(pod), f"restore-{objects.object_key(pod)}")
             return
         self._queued.add(uid)
-        self._queue.put_nowait((object_key(pod), uid))
+        self._queue.put_nowait((objects.object_key(pod), uid))
 
     async def _finish_deletion(self, pod: JSON) -> None:
         """Graceful deletion: the containers stop (holding their CPUs and devices), then the kubelet
         releases them and confirms the deletion."""
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
         try:
             grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
             await asyncio.sleep(max(0.0, min(self.container_stop_seconds, grace)))
@@ -395,7 +392,7 @@ class SimKubelet:
         except NotFound:
             pass
         except KubeError as exc:
-            self._log.warning("pod_deletion_unconfirmed", pod=object_key(pod), error=str(exc))
+            self._log.warning("pod_deletion_unconfirmed", pod=objects.object_key(pod), error=str(exc))
         finally:
             self._deleting.discard(uid)
 
@@ -405,11 +402,13 @@ class SimKubelet:
         try:
             record = read_assignment(pod)
         except InvalidInput as exc:
-            self._log.warning("running_pod_assignment_unreadable", pod=object_key(pod), error=str(exc))
+            self._log.warning(
+                "running_pod_assignment_unreadable", pod=objects.object_key(pod), error=str(exc)
+            )
             return
         if record is None or not record.admitted:
             return
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         record.uid, record.annotated = uid, True
         async with self._admit_lock:
             if uid in self._records:
@@ -463,11 +462,11 @@ class SimKubelet:
         for key, uid in items:
             self._queued.discard(uid)
             pod = self._pods.get(key)
-            if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != uid:
+            if pod is None or objects.uid(pod) != uid:
                 continue
             if uid in self._records or (pod.get("status") or {}).get("phase", "Pending") != "Pending":
                 continue
-            if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if not objects.metadata(pod).get("deletionTimestamp"):
                 batch.append(pod)
         return sorted(batch, key=_creation_key)
 
@@ -477,7 +476,7 @@ class SimKubelet:
             async with self._admit_lock:
                 batch = self._next_batch(first)
             for pod in batch:
-                key = object_key(pod)
+                key = objects.object_key(pod)
                 async with self._admit_lock:
                     with structlog.contextvars.bound_contextvars(pod=key, node=self.node_name):
                         try:
