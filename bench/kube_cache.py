@@ -53,6 +53,9 @@ def rss_now_mib() -> float:
 
 def make_pod(i: int) -> dict[str, Any]:
     """A realistically sized GPU pod with HAMi annotations and a populated status."""
+    # Imported here, in the server subprocess only: the worker's RSS is a measured figure.
+    from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME
+
     name = f"worker-{i:05d}"
     namespace = f"team-{i % NAMESPACES:02d}"
     node = f"gpu-node-{i % NODES:03d}"
@@ -91,7 +94,7 @@ def make_pod(i: int) -> dict[str, Any]:
             ],
         },
         "spec": {
-            "schedulerName": "hami-scheduler",
+            "schedulerName": DEFAULT_SCHEDULER_NAME,
             "nodeName": node,
             "restartPolicy": "Never",
             "containers": containers,

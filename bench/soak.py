@@ -69,6 +69,7 @@ from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
+from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
 from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
 from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
 from hamid.sim.machine import load_machine_file  # noqa: E402
@@ -177,7 +178,7 @@ def hostile_pods(
         spec: JSON = {"containers": [{"name": "main", "image": "evil", "resources": {"limits": limits}}]}
         if preset:
             spec["nodeName"] = node
-            spec["schedulerName"] = "hami-scheduler"
+            spec["schedulerName"] = DEFAULT_SCHEDULER_NAME
         meta: JSON = {"name": name, "namespace": "default", "annotations": dict(notes)}
         meta["labels"] = dict(HOSTILE_LABELS) if bypass else {"soak/hostile": "true"}
         return {"metadata": meta, "spec": spec}

@@ -23,12 +23,13 @@ import yaml
 from hamid.model.devices import MODE_HAMI_CORE
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
+from hamid.model.numa import SINGLE_NUMA_NODE
 from hamid.model.resources import load_device_config
 from hamid.options import option
 from hamid.plugin.discovery import NvmlUnavailable, PhysicalGpu, discover_nvml, load_devices_file
+from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
 from hamid.tls import client_ssl_context
 
-DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 #: kubelet's default ``max-allowable-numa-nodes`` (``defaultMaxAllowableNUMANodes``).
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 MAX_ALLOWABLE_NUMA_NODES_OPTION = "max-allowable-numa-nodes"
@@ -144,18 +145,18 @@ def _check_cpu_reservation(config: Mapping[str, Any]) -> Finding:
 
 def _check_topology_policy(config: Mapping[str, Any]) -> Finding:
     policy = config.get("topologyManagerPolicy", "none")
-    if policy == "single-numa-node":
-        return _ok("kubelet topologyManagerPolicy", "single-numa-node")
+    if policy == SINGLE_NUMA_NODE:
+        return _ok("kubelet topologyManagerPolicy", SINGLE_NUMA_NODE)
     if policy in ("best-effort", "restricted"):
         return _warn(
             "kubelet topologyManagerPolicy",
             f"is {policy!r}: CPUs and GPUs are not guaranteed to share one NUMA node",
-            "set topologyManagerPolicy: single-numa-node",
+            f"set topologyManagerPolicy: {SINGLE_NUMA_NODE}",
         )
     return _fail(
         "kubelet topologyManagerPolicy",
         f"is {policy!r}: kubelet never restricts GPU replicas to the CPUs' NUMA node",
-        "set topologyManagerPolicy: single-numa-node",
+        f"set topologyManagerPolicy: {SINGLE_NUMA_NODE}",
     )
 
 

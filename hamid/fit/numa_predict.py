@@ -25,6 +25,7 @@ from hamid.model.numa import (
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    SINGLE_NUMA_NODE,
     TM_OPTION_MAX_NUMA_NODES,
     TM_OPTION_PREFER_CLOSEST,
     ContainerPlacement,
@@ -458,17 +459,17 @@ def merge_hints(profile: NumaProfile, providers: Sequence[list[Hint]]) -> tuple[
     policies = profile.policies
     policy = policies.topology_manager_policy
     lists = [list(hs) for hs in providers]
-    if policy == "single-numa-node":
+    if policy == SINGLE_NUMA_NODE:
         lists = [
             [h for h in hs if h.preferred and (h.mask is None or h.mask.bit_count() == 1)] for hs in lists
         ]
     elif math.prod(len(hs) for hs in lists) > MAX_PERMUTATIONS:
         return None
-    closest = policy != "single-numa-node" and policies.option_enabled(
+    closest = policy != SINGLE_NUMA_NODE and policies.option_enabled(
         policies.topology_manager_options, TM_OPTION_PREFER_CLOSEST
     )
     best = _Merger(profile, lists, closest).merge()
-    if policy == "single-numa-node":
+    if policy == SINGLE_NUMA_NODE:
         if best.mask == mask_of(profile.numa_nodes):
             best = Hint(None, best.preferred)
         return best, best.preferred
@@ -619,7 +620,7 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
         return f"kubelet's topology manager refuses {len(profile.numa_nodes)} NUMA nodes (max {limit})"
     if (
         closest
-        and pol.topology_manager_policy not in ("none", "single-numa-node")
+        and pol.topology_manager_policy not in ("none", SINGLE_NUMA_NODE)
         and profile.distances is None
     ):
         return "prefer-closest-numa-nodes needs the NUMA distances, which the profile lacks"
@@ -667,7 +668,7 @@ class _Admission:
     # --- hints ----------------------------------------------------------------------------
 
     def _single_only(self) -> bool:
-        return self.profile.policies.topology_manager_policy == "single-numa-node"
+        return self.profile.policies.topology_manager_policy == SINGLE_NUMA_NODE
 
     def cpu_hints(self, request: int) -> list[Hint]:
         if request == 0:

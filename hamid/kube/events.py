@@ -23,6 +23,7 @@ from typing import Any, Literal
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.reasons import EVENT_BINDING_SUCCEED, EVENT_FILTERING_SUCCEED
 
 log = get_logger("kube.events")
@@ -126,13 +127,12 @@ class EventRecorder:
         ``kind``/``apiVersion`` come from the object, defaulting to a v1 ``Pod`` when it has a
         namespace and a v1 ``Node`` when it has none.
         """
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        object_namespace = str(meta.get("namespace") or "")
+        name = objects.name(obj)
+        object_namespace = objects.namespace(obj)
         kind = str(obj.get("kind") or ("Pod" if object_namespace else "Node"))
         bound = log.bind(kind=kind, object=f"{object_namespace}/{name}".lstrip("/"), reason=reason)
         if event_type not in EVENT_TYPES or not name or not reason:
-            bound.error("event not recorded: bad arguments", event_type=event_type, name=name)
+            bound.error("event_not_recorded", cause="bad arguments", event_type=event_type, name=name)
             return
         if event_type == "Normal" and reason in ROUTINE_REASONS and not self._routine.take():
             self._note_shed(reason)
@@ -142,8 +142,8 @@ class EventRecorder:
             "apiVersion": str(obj.get("apiVersion") or "v1"),
             "kind": kind,
             "name": name,
-            "uid": str(meta.get("uid") or ""),
-            "resourceVersion": str(meta.get("resourceVersion") or ""),
+            "uid": objects.uid(obj),
+            "resourceVersion": objects.resource_version(obj),
         }
         if object_namespace:
             involved["namespace"] = object_namespace
@@ -152,9 +152,9 @@ class EventRecorder:
             async with asyncio.timeout(self.timeout):
                 await self._record(key, involved, object_namespace or "default", event_type, reason, message)
         except (KubeError, TimeoutError) as exc:
-            bound.warning("event not recorded", error=str(exc), error_type=type(exc).__name__)
+            bound.warning("event_not_recorded", error=str(exc), error_type=type(exc).__name__)
         except Exception:
-            bound.exception("event not recorded")
+            bound.exception("event_not_recorded")
 
     def _note_shed(self, reason: str) -> None:
         self.shed[reason] += 1
@@ -163,7 +163,8 @@ class EventRecorder:
             return
         total = sum(self.shed.values())
         log.info(
-            "routine events shed (budget spent)",
+            "routine_events_shed",
+            cause="budget spent",
             shed=total - self._shed_logged,
             shed_total=total,
             burst=self._routine.burst,
@@ -221,6 +222,6 @@ class EventRecorder:
                 "count": 1,
             }
             created = await self.client.create_event(namespace, event)
-            series.name = str((created.get("metadata") or {}).get("name") or event["metadata"]["name"])
+            series.name = objects.name(created) or event["metadata"]["name"]
             series.count = 1
             series.last_seen = now

@@ -46,7 +46,9 @@ MAX_CPU_ID = 65535
 MAX_NUMA_ID = 63  # kubelet's NUMA bitmask is 64 bits wide
 MAX_DEVICE_ID_LENGTH = 256
 
-TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+#: The Topology Manager policy NUMA alignment needs (the only one that rejects a pod it cannot align).
+SINGLE_NUMA_NODE = "single-numa-node"
+TM_POLICIES = ("none", "best-effort", "restricted", SINGLE_NUMA_NODE)
 TM_SCOPES = ("container", "pod")
 CPU_POLICIES = ("none", "static")
 MEMORY_POLICIES = ("None", "Static")

@@ -63,7 +63,6 @@ from hamid.plugin.allocator_rules import (
     HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
-    annotations_of,
     consume,
     container_at,
     distinct_gpu_preference,
@@ -73,7 +72,6 @@ from hamid.plugin.allocator_rules import (
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
-    pod_key,
     refuse_unservable,
     select_preferred,
     summarize,
@@ -117,7 +115,7 @@ async def complete(coro: Coroutine[Any, Any, T]) -> T:
             cancelled = True
     if cancelled:
         if not task.cancelled() and task.exception() is not None:
-            log.error("write failed after the call was cancelled", error=str(task.exception()))
+            log.error("write_failed_after_cancel", error=str(task.exception()))
         raise asyncio.CancelledError
     return task.result()
 
@@ -140,7 +138,7 @@ def _prepare_host(cache_dirs: Sequence[str], license_path: str) -> bool:
         try:
             os.chmod(path, 0o777)
         except PermissionError:
-            log.debug("cannot chmod directory (not the owner)", path=path)
+            log.debug("chmod_skipped_not_owner", path=path)
     return os.path.exists(license_path)
 
 
@@ -157,7 +155,7 @@ class Fallbacks:
 
     @staticmethod
     def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
-        return str((pod.get("metadata") or {}).get("uid") or pod_key(pod)), index
+        return objects.uid(pod) or objects.namespaced_key(pod), index
 
     def remember(self, pod: Mapping[str, Any], entry: PendingEntry) -> None:
         """The policy kept this container's annotation."""
@@ -228,7 +226,7 @@ class Allocator:
                 return await self._identify_cached(requested)
             except AllocationError as exc:
                 log.info(
-                    "cannot identify the pending pod from the cache; reading node and pods once",
+                    "pending_pod_not_cached_reading_once",
                     node=self.node_name,
                     reason=str(exc),
                 )
@@ -249,13 +247,15 @@ class Allocator:
         pods = self.pods.pods()
         owner = self.pods.lock_owner()
         if owner is not None and not any(
-            pod_key(p) == owner and is_allocation_candidate(p, self.node_name) and has_pending_entry(p)
+            objects.namespaced_key(p) == owner
+            and is_allocation_candidate(p, self.node_name)
+            and has_pending_entry(p)
             for p in pods
         ):
             namespace, _, name = owner.partition("/")
             fetched = await self.pods.fetch_pod(namespace, name)
             if fetched is not None:
-                pods = [p for p in pods if pod_key(p) != owner] + [fetched]
+                pods = [p for p in pods if objects.namespaced_key(p) != owner] + [fetched]
         return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
 
     # -- the NUMA mismatch seam (both doors) -------------------------------------------------
@@ -292,7 +292,8 @@ class Allocator:
             return await self.pods.fetch_pod(meta["namespace"], meta["name"])
         except KubeError as exc:
             log.warning(
-                "cannot re-read the pod after NUMA refit; Allocate relies on its resourceVersion guard",
+                "pod_reread_after_refit_failed",
+                fallback="resourceVersion guard",
                 error=str(exc),
             )
             return None
@@ -330,7 +331,8 @@ class Allocator:
         fresh = await self._reread(pod)
         if fresh is None or not is_allocation_candidate(fresh, self.node_name):
             raise AllocationError(
-                f"pod {pod_key(pod)} was refitted but cannot be re-read as pending", code="pod-changed"
+                f"pod {objects.namespaced_key(pod)} was refitted but cannot be re-read as pending",
+                code="pod-changed",
             )
         return fresh
 
@@ -345,15 +347,17 @@ class Allocator:
                 entries = pending_entries(to_allocate(pod))
             except TimeoutError:
                 log.info(
-                    "no preferred allocation",
+                    "no_preferred_allocation",
                     node=self.node_name,
                     reason=f"cannot identify the pending pod within {self.prepare_timeout:g}s",
                 )
                 return [[] for _ in requests]
             except (AllocationError, InvalidInput) as exc:
-                log.info("no preferred allocation", node=self.node_name, reason=str(exc))
+                log.info("no_preferred_allocation", node=self.node_name, reason=str(exc))
                 return [[] for _ in requests]
-            with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
+            with structlog.contextvars.bound_contextvars(
+                pod=objects.namespaced_key(pod), node=self.node_name
+            ):
                 out: list[list[str]] = []
                 for i, request in enumerate(requests):
                     out.append(
@@ -397,7 +401,7 @@ class Allocator:
                 raise AllocationError(message, code="refit-not-honoured")
         if len(chosen) != request.size:
             log.info(
-                "allocation annotation does not fill the request; no preference",
+                "annotation_short_of_request_no_preference",
                 container_index=entry.index,
                 annotated=len(entry.devices),
                 size=request.size,
@@ -418,9 +422,8 @@ class Allocator:
         if not chosen and list(partial) != list(request.must_include):
             chosen = distinct_gpu_preference(request.available, request.must_include, request.size, uuid_of)
         log.info(
-            "annotated GPUs not offered; preferring replicas on distinct GPUs"
-            if chosen
-            else "annotated GPUs not offered; no distinct-GPU preference possible",
+            "annotated_gpus_not_offered",
+            distinct_gpu_preference=bool(chosen),
             container_index=index,
             preferred=chosen,
             size=request.size,
@@ -443,7 +446,7 @@ class Allocator:
             return await self._allocate(requests)
         except AllocationError as exc:
             self.refusals[exc.code] += 1
-            log.warning("Allocate refused", node=self.node_name, code=exc.code, reason=str(exc))
+            log.warning("allocate_refused", node=self.node_name, code=exc.code, reason=str(exc))
             raise
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
@@ -467,7 +470,9 @@ class Allocator:
                     "(API server or pod cache too slow)",
                     code="deadline",
                 ) from exc
-            with structlog.contextvars.bound_contextvars(pod=pod_key(pod), node=self.node_name):
+            with structlog.contextvars.bound_contextvars(
+                pod=objects.namespaced_key(pod), node=self.node_name
+            ):
                 try:
                     return await self._allocate_for(pod, requests, deadline)
                 except AllocationError as exc:
@@ -497,21 +502,23 @@ class Allocator:
             entries = pending_entries(devices)
             if not entries:
                 raise AllocationError(
-                    f"pod {pod_key(pod)} has no GPU allocation left for this container", code="no-entry-left"
+                    f"pod {objects.namespaced_key(pod)} has no GPU allocation left for this container",
+                    code="no-entry-left",
                 )
             entry = entries[0]
             refuse_unservable(entry, self.node_name, self.inventory.facts)
             requested = [u for u in (self.inventory.uuid_of(i) for i in ids) if u is not None]
             if kubelet_differs(entry, requested):
                 self._log_differing_pick(
-                    "kubelet's replicas are on other GPUs than the allocation annotation; the runtime "
+                    "kubelet_pick_differs_from_annotation",
+                    reason="kubelet's replicas are on other GPUs than the allocation annotation; the runtime "
                     "follows the scheduler's accounting (the annotated GPUs), NUMA alignment was not "
                     "achieved for best-effort pods",
                     container_index=entry.index,
                     annotated=[d.uuid for d in entry.devices],
                     kubelet=requested,
                     kubelet_ids=list(ids),
-                    numa_alignment=annotations_of(pod).get(NUMA_ALIGNMENT, ""),
+                    numa_alignment=objects.annotations(pod).get(NUMA_ALIGNMENT, ""),
                 )
             plans.append((entry.index, entry.devices))
             devices = consume(devices, entry.index)
@@ -621,8 +628,8 @@ class Allocator:
     async def _fail(self, pod: JSON, reason: str) -> None:
         """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort,
         both at once)."""
-        log.error("allocation failed", reason=reason)
-        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod_key(pod)))
+        log.error("allocation_failed", reason=reason)
+        await asyncio.gather(self._mark_failed(pod), self._release_lock(objects.namespaced_key(pod)))
 
     async def _mark_failed(self, pod: JSON) -> None:
         try:
@@ -634,7 +641,7 @@ class Allocator:
             )
             self.pods.remember(patched)
         except KubeError as exc:
-            log.error("cannot mark pod bind-phase failed", error=str(exc))
+            log.error("bind_phase_failed_not_marked", error=str(exc))
 
     async def _release_lock(self, owner: str) -> None:
         """Remove the node lock only if ``owner`` holds it (resourceVersion-guarded, one retry).
@@ -654,11 +661,11 @@ class Allocator:
                     resource_version=objects.resource_version(node),
                     timeout=self.call_timeout,
                 )
-                log.info("node lock released", owner=owner)
+                log.info("node_lock_released", owner=owner)
                 return
             except Conflict:
                 continue
             except KubeError as exc:
-                log.error("cannot release node lock", owner=owner, error=str(exc))
+                log.error("node_lock_release_failed", owner=owner, error=str(exc))
                 return
-        log.error("cannot release node lock: node kept changing", owner=owner)
+        log.error("node_lock_release_failed", cause="node kept changing", owner=owner)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.model import hamicore
+from hamid.model import hamicore, objects
 from hamid.model._wire import parse_go_bool
 from hamid.model.annotations import (
     BIND_PHASE,
@@ -65,20 +65,9 @@ def summarize(items: Sequence[str]) -> str:
     return text if len(items) <= SUMMARY_ITEMS else f"{text} and {len(items) - SUMMARY_ITEMS} more"
 
 
-def pod_key(pod: Pod) -> str:
-    """``namespace/name``."""
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def annotations_of(obj: Pod) -> Mapping[str, str]:
-    """The object's annotations (empty mapping when none)."""
-    return (obj.get("metadata") or {}).get("annotations") or {}
-
-
 def to_allocate(pod: Pod) -> PodDevices:
     """Decode the pod's ``hami.io/vgpu-devices-to-allocate`` (absent → no entries)."""
-    value = annotations_of(pod).get(DEVICES_TO_ALLOCATE)
+    value = objects.annotations(pod).get(DEVICES_TO_ALLOCATE)
     return decode_pod_devices(value, DEVICES_TO_ALLOCATE) if value else ()
 
 
@@ -95,10 +84,9 @@ def container_at(pod: Pod, index: int) -> Mapping[str, Any] | None:
 
 def is_allocation_candidate(pod: Pod, node_name: str) -> bool:
     """HAMi's candidate rule (docs/hami-wire.md §4.7): Pending, bind-time, allocating/success, here."""
-    meta = pod.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
+    if objects.metadata(pod).get("deletionTimestamp"):
         return False
-    ann = annotations_of(pod)
+    ann = objects.annotations(pod)
     return (
         (pod.get("status") or {}).get("phase") == "Pending"
         and BIND_TIME in ann
@@ -117,7 +105,7 @@ def has_pending_entry(pod: Pod) -> bool:
 
 def went_through_hamid(pod: Pod) -> bool:
     """Whether hamid's scheduler handled the pod (it wrote ``hami.io/bind-phase`` or ``vgpu-node``)."""
-    ann = annotations_of(pod)
+    ann = objects.annotations(pod)
     return BIND_PHASE in ann or VGPU_NODE in ann
 
 
@@ -149,7 +137,7 @@ def is_unadmitted(pod: Pod) -> bool:
     """Pending, not being deleted, and not yet admitted by kubelet (which writes container statuses
     right after admission), so kubelet may be calling Allocate for it now. Running, finished and
     admitted-but-starting pods never count."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if objects.metadata(pod).get("deletionTimestamp"):
         return False
     status = pod.get("status") or {}
     return (
@@ -174,7 +162,7 @@ def unscheduled_requesters(pods: Sequence[Pod], resource_name: str) -> list[Pod]
 
 def unscheduled_error(strangers: Sequence[Pod], resource_name: str) -> AllocationError:
     """The actionable refusal while pods that bypassed hamid wait on this node."""
-    names = ", ".join(sorted(pod_key(p) for p in strangers))
+    names = ", ".join(sorted(objects.namespaced_key(p) for p in strangers))
     return AllocationError(
         f"pod {names} requests {resource_name} but was not scheduled by hamid (no {BIND_PHASE}); "
         "refusing to guess which pod kubelet is admitting. Check the MutatingWebhookConfiguration "
@@ -222,18 +210,18 @@ def choose_pod(
         raise AllocationError(
             "no pod on this node is waiting for a GPU allocation (bind-phase allocating)", code="no-pod"
         )
-    names = ", ".join(sorted(pod_key(p) for p in candidates))
-    owner = next((p for p in candidates if pod_key(p) == lock_owner), None)
+    names = ", ".join(sorted(objects.namespaced_key(p) for p in candidates))
+    owner = next((p for p in candidates if objects.namespaced_key(p) == lock_owner), None)
     if owner is None:
         raise AllocationError(_unproven_message(lock_owner, names), code="unproven-pod")
     if requested is not None:
         want = Counter(requested)
         exact = [p for p in candidates if Counter(d.uuid for d in _next_entry(p).devices) == want]
         if owner not in exact and exact:
-            others = ", ".join(sorted(pod_key(p) for p in exact))
+            others = ", ".join(sorted(objects.namespaced_key(p) for p in exact))
             raise AllocationError(
-                f"cannot tell which pod GPUs {sorted(want)} are for: the node lock holder {pod_key(owner)} "
-                f"waits for other GPUs and {others} wait for these",
+                f"cannot tell which pod GPUs {sorted(want)} are for: the node lock holder "
+                f"{objects.namespaced_key(owner)} waits for other GPUs and {others} wait for these",
                 code="ambiguous-pod",
             )
     return owner

@@ -100,7 +100,7 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
     except (OSError, InvalidInput) as exc:
         raise PluginStartupError(f"--node-config-file {options.node_config_file}: {exc}") from exc
     if node_json is None:
-        log.info("no node config file; using defaults", path=options.node_config_file)
+        log.info("node_config_absent_using_defaults", path=options.node_config_file)
     nvml: ModuleType | None = None
     links: GpuLinks | None = None
     if options.devices_file:
@@ -121,7 +121,7 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
         try:
             links = await asyncio.to_thread(discover_nvml_links, gpus, nvml)
         except NvmlTopologyError as exc:
-            log.error("GPU links unreadable; hami.io/node-nvidia-score is not written", error=str(exc))
+            log.error("gpu_links_unreadable_score_not_written", error=str(exc))
     resource_name = options.resource_name or device_config.resources.resource_count_name
     return NodeSetup(config, device_config.resources, resource_name, tuple(gpus), nvml, links)
 
@@ -205,10 +205,7 @@ class Plugin:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.pods.run())
             if not self.inventory.gpus:
-                log.warning(
-                    "no GPUs to advertise on this node (none discovered, or all filtered/MIG-enabled); "
-                    "not registering with kubelet or the scheduler"
-                )
+                log.warning("no_gpus_to_advertise", cause="none discovered, or all filtered/MIG-enabled")
                 return
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
@@ -233,7 +230,7 @@ class Plugin:
             )
         except Exception as exc:
             log.error(
-                "XID health watcher failed; serving without GPU health checks",
+                "xid_watcher_failed_no_health_checks",
                 error=f"{type(exc).__name__}: {exc}",
             )
         finally:
@@ -388,7 +385,7 @@ async def _connect(options: PluginOptions) -> KubeClient:
 
 def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
     log.info(
-        "plugin configured",
+        "plugin_configured",
         node=options.node_name,
         gpus=len(setup.gpus),
         mode=setup.config.operating_mode,

@@ -64,7 +64,7 @@ def plugin_command(**values: object) -> None:
     """Run the node agent: GPU discovery, node registration, and the kubelet device plugin."""
     options = from_cli(PluginOptions, values)
     for warning in check_refit_config(options.refit):
-        log.warning(warning)
+        log.warning("refit_config_warning", problem=warning)
     # The plugin never uses kubernetes-asyncio's typed models: load its client without them (the
     # plugin's peak RSS, see hamid.kube.lean), so hamid.plugin.app is imported only after this.
     use_lean_client()
@@ -72,6 +72,6 @@ def plugin_command(**values: object) -> None:
 
     try:
         if asyncio.run(run_until_signal(run_plugin(options))):
-            log.info("plugin stopped")
+            log.info("plugin_stopped")
     except (PluginStartupError, ListenError) as exc:
         raise click.ClickException(str(exc)) from None

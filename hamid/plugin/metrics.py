@@ -32,6 +32,7 @@ from hamid.exposition import register_process_metrics
 from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.listen import serve
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.plugin.inventory import Inventory
 from hamid.plugin.vgpu_monitor import UsageScan, scan
 
@@ -73,8 +74,7 @@ def pod_names(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     """pod UID -> (namespace, name): HAMi-core's cache directories are named by pod UID."""
     names: dict[str, tuple[str, str]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        names[str(meta.get("uid") or "")] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        names[objects.uid(pod)] = (objects.namespace(pod), objects.name(pod))
     return names
 
 
@@ -410,7 +410,7 @@ async def serve_metrics(metrics: PluginMetrics, listen: str) -> AsyncIterator[in
         yield None
         return
     runner, port = await serve(metrics_app(metrics), listen, what="metrics listener")
-    log.info("metrics and health endpoints serving", port=port)
+    log.info("metrics_endpoints_serving", port=port)
     try:
         yield port
     finally:

@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.devices import NVIDIA, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
-from hamid.plugin.allocator_rules import AllocationError, annotations_of
+from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.refit_client import RefitClient, RefitError
 
 log = get_logger("plugin.numa_policy")
@@ -88,24 +89,25 @@ MismatchHandler = Callable[[NumaMismatch], Awaitable[ContainerDevices | None]]
 def alignment_mode(mismatch: NumaMismatch) -> AlignmentMode:
     """The pod's ``hami.io/numa-alignment`` mode; an invalid annotation is logged and treated as none."""
     try:
-        return parse_alignment(annotations_of(mismatch.pod))
+        return parse_alignment(objects.annotations(mismatch.pod))
     except InvalidInput as exc:
         log.warning(
-            "ignoring invalid numa-alignment annotation",
+            "numa_alignment_annotation_invalid_ignored",
             error=str(exc),
             container_index=mismatch.container_index,
         )
         return AlignmentMode.NONE
 
 
-def log_alignment(mismatch: NumaMismatch, mode: AlignmentMode, event: str, **extra: Any) -> None:
+def log_alignment(mismatch: NumaMismatch, mode: AlignmentMode, event: str, reason: str, **extra: Any) -> None:
     """Log a mismatch outcome by alignment mode (the one place): strict → error, best-effort → info,
-    none → nothing."""
+    none → nothing. ``reason`` says in words what kubelet did and what follows."""
     if mode is AlignmentMode.NONE:
         return
     emit = log.error if mode is AlignmentMode.STRICT else log.info
     emit(
         event,
+        reason=reason,
         numa_alignment=mode.value,
         door=mismatch.door.value,
         container_index=mismatch.container_index,
@@ -122,6 +124,7 @@ async def log_mismatch(mismatch: NumaMismatch) -> ContainerDevices | None:
     log_alignment(
         mismatch,
         mode,
+        "numa_mismatch_refit_disabled",
         f"{mismatch.situation}; "
         + (
             "numa-alignment strict but NUMA refit is disabled"
@@ -134,11 +137,11 @@ async def log_mismatch(mismatch: NumaMismatch) -> ContainerDevices | None:
 
 def refit_request(mismatch: NumaMismatch) -> RefitRequest:
     """The one request sent for a mismatched container (all of kubelet's GPUs allowed, upstream #2817)."""
-    meta = mismatch.pod.get("metadata") or {}
+    pod = mismatch.pod
     return RefitRequest(
-        pod_uid=str(meta.get("uid") or ""),
-        pod_namespace=str(meta.get("namespace") or ""),
-        pod_name=str(meta.get("name") or ""),
+        pod_uid=objects.uid(pod),
+        pod_namespace=objects.namespace(pod),
+        pod_name=objects.name(pod),
         node_name=mismatch.node_name,
         container_index=mismatch.container_index,
         container_name=mismatch.container_name,
@@ -169,12 +172,14 @@ class NumaMismatchPolicy:
                 if strict
                 else "best-effort runs on the scheduler's allocation without NUMA alignment"
             )
-            log_alignment(mismatch, mode, f"NUMA refit failed; {outcome}", error=str(exc))
+            log_alignment(
+                mismatch, mode, "numa_refit_failed", f"NUMA refit failed; {outcome}", error=str(exc)
+            )
             if strict:
                 raise AllocationError(f"numa-alignment strict: {exc}") from exc
             return None
         log.info(
-            "NUMA refit succeeded",
+            "numa_refit_succeeded",
             devices=[d.uuid for d in devices],
             numa_alignment=mode.value,
             door=mismatch.door.value,

@@ -33,6 +33,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_POLICIES,
@@ -132,7 +133,7 @@ def judge_prediction(annotations: Mapping[str, str], placement: PodPlacement) ->
     try:
         predicted = {c.name: c.numa for c in decode_prediction(raw).containers}
     except InvalidInput as exc:
-        log.warning("undecodable NUMA prediction; counted unknown", error=str(exc))
+        log.warning("numa_prediction_undecodable_counted_unknown", error=str(exc))
         return "unknown"
     observed = {c.name: c.numa for c in placement.containers}
     common = predicted.keys() & observed.keys()
@@ -206,12 +207,12 @@ class _Problems:
 
     def report(self, source: str, problem: str, consequence: str) -> None:
         if self.current.get(source) != problem:
-            log.warning(f"{source} unavailable; {consequence}", error=problem)
+            log.warning("numa_source_unavailable", source=source, consequence=consequence, error=problem)
             self.current[source] = problem
 
     def clear(self, source: str) -> None:
         if self.current.pop(source, None) is not None:
-            log.info(f"{source} available again")
+            log.info("numa_source_available_again", source=source)
 
 
 class NumaPublisher:
@@ -254,7 +255,7 @@ class NumaPublisher:
     async def run(self) -> None:
         """Poll and publish until cancelled; never raises for a missing source."""
         log.info(
-            "publishing NUMA profile and placements",
+            "numa_publishing_started",
             node=self.node_name,
             sysfs=self.sources.sysfs_root,
             kubelet_config=self.sources.kubelet_config,
@@ -319,13 +320,13 @@ class NumaPublisher:
     def _cached_profile(self) -> NumaProfile | None:
         """The newest of the Node's profile and ours (the node cache may lag our own write)."""
         node = self.pods.node()
-        raw = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NUMA_PROFILE)
+        raw = objects.annotations(node).get(NUMA_PROFILE)
         cached: NumaProfile | None = None
         if raw is not None:
             try:
                 cached = decode_profile(raw)
             except InvalidInput as exc:
-                log.warning("the Node's NUMA profile is undecodable; replacing it", error=str(exc))
+                log.warning("numa_profile_undecodable_replacing", error=str(exc))
         candidates = [p for p in (cached, self.profile) if p is not None]
         return max(candidates, key=lambda p: (p.generation, p.observed_at), default=None)
 
@@ -351,7 +352,7 @@ class NumaPublisher:
         self.profile_patches += 1
         pol = new.policies
         log.info(
-            "NUMA profile published",
+            "numa_profile_published",
             node=self.node_name,
             reason=reason,
             generation=new.generation,
@@ -372,9 +373,8 @@ class NumaPublisher:
             pod = self.pods.pod(entry.key)
             if pod is None:
                 continue  # not in the cache yet: next round
-            meta = pod.get("metadata") or {}
-            uid = str(meta.get("uid") or "")
-            annotations = meta.get("annotations") or {}
+            uid = objects.uid(pod)
+            annotations = objects.annotations(pod)
             listed.append((pod, uid, entry, annotations))
             if holds_anything(entry) and uid not in self._first_seen:
                 self._first_seen[uid] = (now, NUMA_PREDICTED in annotations)
@@ -403,7 +403,7 @@ class NumaPublisher:
         try:
             value = encode_placement(placement)
         except InvalidInput as exc:
-            log.warning("NUMA placement not published", pod=held.key, error=str(exc))
+            log.warning("numa_placement_not_published", pod=held.key, error=str(exc))
         self._encodings[uid] = (held, generation, placement, value)
         return placement, value
 
@@ -420,7 +420,7 @@ class NumaPublisher:
         result = judge_prediction(annotations, placement)
         cause = classify_miss(uid, annotations, placement, self._first_seen) if result == "miss" else ""
         self.on_prediction(result, cause)
-        log.info("NUMA prediction checked", pod=held.key, result=result, cause=cause or None)
+        log.info("numa_prediction_checked", pod=held.key, result=result, cause=cause or None)
 
     async def _write_placement(
         self,
@@ -430,14 +430,13 @@ class NumaPublisher:
         placement: PodPlacement,
         value: str,
     ) -> None:
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = objects.namespaced_key(pod)
         if annotations.get(NUMA_PLACEMENT) == value or not self.bucket.take():
             return  # unchanged, or over the rate bound: the next round writes it
         try:
             patched = await self.client.patch_pod_metadata(
-                str(meta.get("namespace")),
-                str(meta.get("name")),
+                objects.namespace(pod),
+                objects.name(pod),
                 annotations={NUMA_PLACEMENT: value},
                 uid=uid,
                 timeout=self.sources.call_timeout,
@@ -446,14 +445,14 @@ class NumaPublisher:
             return  # deleted or re-created meanwhile
         except KubeError as exc:  # this pod only: the others are still written
             if self._failed.get(uid) != str(exc):
-                log.warning("NUMA placement not written; retrying", pod=key, error=str(exc))
+                log.warning("numa_placement_write_failed_retrying", pod=key, error=str(exc))
             self._failed[uid] = str(exc)
             return
         self._failed.pop(uid, None)
         self.pods.remember(patched)
         self.placement_patches += 1
         log.info(
-            "NUMA placement published",
+            "numa_placement_published",
             pod=key,
             reason="changed" if NUMA_PLACEMENT in annotations else "observed",
             generation=placement.generation,

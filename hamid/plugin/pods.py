@@ -16,23 +16,9 @@ from hamid.kube.errors import NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock
 from hamid.model.errors import InvalidInput
-from hamid.model.objects import object_key
+from hamid.model.objects import object_key, resource_version, version_at_least
 
 log = get_logger("plugin.pods")
-
-
-def _rv(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def _at_least(cached: str, ours: str) -> bool:
-    """Whether the cached resourceVersion has caught up with ours (numeric compare when possible)."""
-    if cached == ours:
-        return True
-    try:
-        return int(cached) >= int(ours)
-    except ValueError:
-        return False
 
 
 class NodePods:
@@ -68,7 +54,7 @@ class NodePods:
         ours = self._overlay.get(key)
         if ours is None:
             return cached
-        if cached is not None and _at_least(_rv(cached), _rv(ours)):
+        if cached is not None and version_at_least(resource_version(cached), resource_version(ours)) is True:
             del self._overlay[key]
             return cached
         return ours
@@ -95,7 +81,7 @@ class NodePods:
         try:
             lock = nodelock.read_lock(node if node is not None else self.node())
         except InvalidInput as exc:
-            log.warning("ignoring unparsable node lock", node=self.node_name, error=str(exc))
+            log.warning("node_lock_unparsable_ignored", node=self.node_name, error=str(exc))
             return None
         return None if lock is None else nodelock.holder_key(lock)
 

@@ -145,9 +145,7 @@ class DevicePluginService(DevicePluginBase):
         except AllocationError as exc:
             raise grpc_error(Status.FAILED_PRECONDITION, str(exc)) from exc
         except Exception as exc:  # never fail admission by accident: no opinion instead
-            log.exception(
-                "GetPreferredAllocation failed unexpectedly; answering no preference", error=str(exc)
-            )
+            log.exception("preferred_allocation_crashed_no_preference", error=str(exc))
             chosen = [[] for _ in requests]
         response = pb.PreferredAllocationResponse()
         for ids in chosen:
@@ -166,12 +164,12 @@ class DevicePluginService(DevicePluginBase):
         except AllocationError as exc:
             raise grpc_error(Status.FAILED_PRECONDITION, str(exc)) from exc
         except TimeoutError as exc:
-            log.error("Allocate ran past its outer deadline", timeout=self.handler_timeout)
+            log.error("allocate_deadline_passed", timeout=self.handler_timeout)
             raise GRPCError(
                 Status.DEADLINE_EXCEEDED, f"Allocate did not finish in {self.handler_timeout:g}s"
             ) from exc
         except Exception as exc:  # last resort: a message for kubelet, the traceback in our log
-            log.exception("Allocate failed unexpectedly", error=str(exc))
+            log.exception("allocate_crashed", error=str(exc))
             raise grpc_error(
                 Status.INTERNAL, f"device plugin internal error: {type(exc).__name__}: {exc}"
             ) from exc

@@ -42,6 +42,7 @@ from hamid.fit.numa_predict import (
 )
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
@@ -190,8 +191,8 @@ class NumaLedgers:
 
     def on_node(self, node: Mapping[str, Any], infos: Iterable[DeviceInfo] | None) -> None:
         """A node add/update: (re)build its ledger when its profile or GPU inventory changed."""
-        name = str((node.get("metadata") or {}).get("name") or "")
-        raw = str(((node.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE) or "")
+        name = objects.name(node)
+        raw = str(objects.annotations(node).get(NUMA_PROFILE) or "")
         entry = self.nodes.setdefault(name, NodeNuma(name))
         totals = {self.resource: device_totals(infos)} if infos is not None else {}
         if raw == entry.profile_raw and totals == entry.totals:
@@ -292,13 +293,13 @@ class NumaLedgers:
 
     def on_pod(self, pod: JSON) -> None:
         """A pod add/update: book its placement, prediction or replay on its node (or drop it)."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         if not uid:
             return
         if _finished(pod):
             self.on_pod_deleted(pod)
             return
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = objects.annotations(pod)
         own = (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name
         bound = _bound_node(pod)
         current = self._record(uid)
@@ -329,7 +330,7 @@ class NumaLedgers:
 
     def on_pod_deleted(self, pod: Mapping[str, Any]) -> None:
         """A pod went: its usage returns to its node's ledger."""
-        self._drop(str((pod.get("metadata") or {}).get("uid") or ""))
+        self._drop(objects.uid(pod))
 
     def _record(self, uid: str) -> PodRecord | None:
         node = self._where.get(uid)

@@ -44,8 +44,9 @@ from hamid.model import objects
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.plugin.allocator_rules import AllocationError
-from hamid.plugin.app import Plugin, PluginApp, PluginOptions, PluginTimings
+from hamid.plugin.app import Plugin, PluginApp, PluginTimings
 from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
+from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClientConfig
 from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.core import Scheduler, SchedulerSettings

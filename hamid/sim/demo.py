@@ -32,9 +32,10 @@ from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import NUMA_PREDICTED, decode_prediction
+from hamid.model.numa import NUMA_PREDICTED, SINGLE_NUMA_NODE, decode_prediction
 from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
+from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME
 from hamid.sim.cluster import (
     DEMO_MACHINE,
     DEMO_MIG_MACHINE,
@@ -60,7 +61,7 @@ MANY_NUMA_MACHINE = "demo-16numa-8gpu.yaml"
 #: The seed's prerequisites for servers with more than 8 NUMA nodes.
 MANY_NUMA_CONFIG = KubeletConfig(
     cpu_manager_policy="static",
-    topology_manager_policy="single-numa-node",
+    topology_manager_policy=SINGLE_NUMA_NODE,
     topology_manager_policy_options={"max-allowable-numa-nodes": "16"},
 )
 SCENARIOS = (
@@ -719,7 +720,7 @@ def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dic
     )
     return {
         "metadata": {**pod["metadata"], "annotations": notes},
-        "spec": {**pod["spec"], "nodeName": node, "schedulerName": "hami-scheduler"},
+        "spec": {**pod["spec"], "nodeName": node, "schedulerName": DEFAULT_SCHEDULER_NAME},
     }
 
 

@@ -35,7 +35,7 @@ async def _serve(api_server: str | None, kubeconfig: str | None, make: SimKubele
     try:
         kubelet = make(kube)
         if await run_until_signal(kubelet.run()):
-            log.info("simulated kubelet stopped", node=kubelet.node_name)
+            log.info("kubelet_stopped", node=kubelet.node_name)
     finally:
         await kube.close()
 

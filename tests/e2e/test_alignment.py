@@ -32,8 +32,9 @@ def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
     return ann.NODE_LOCK not in ((node_obj.get("metadata") or {}).get("annotations") or {})
 
 
-def _messages(logs: list[dict[str, Any]], level: str) -> list[str]:
-    return [str(e.get("event")) for e in logs if e.get("log_level") == level]
+def _reasons(logs: list[dict[str, Any]], level: str, event: str) -> list[str]:
+    """The ``reason`` fields of the NUMA policy's ``event`` lines at ``level``."""
+    return [str(e.get("reason")) for e in logs if e.get("log_level") == level and e.get("event") == event]
 
 
 async def _run_seed(cluster: SimCluster, **kw: Any) -> dict[str, Any]:
@@ -78,9 +79,12 @@ def _assert_unaligned(
     assert {table[u] for u in picked if u is not None} == {container.numa_node}  # kubelet's NUMA node
     assert container.numa_node not in {table[u] for u in choice}  # NUMA alignment not achieved
     warnings = [
-        e for e in logs if e.get("log_level") == level and "other GPUs than the allocation" in e["event"]
+        e
+        for e in logs
+        if e.get("log_level") == level and e["event"] == "kubelet_pick_differs_from_annotation"
     ]
-    assert len(warnings) == 1 and "the runtime follows the scheduler's accounting" in warnings[0]["event"]
+    assert len(warnings) == 1 and "other GPUs than the allocation" in warnings[0]["reason"]
+    assert "the runtime follows the scheduler's accounting" in warnings[0]["reason"]
     assert warnings[0]["annotated"] == choice and warnings[0]["kubelet"] == picked
     assert _lock_free(cluster)
     assert cluster.booked_usage() == cluster.annotated_usage()
@@ -149,7 +153,7 @@ async def test_best_effort_refused_runs_on_the_pinned_gpu_and_logs(logs: list[di
         assert _assert_unaligned(cluster, logs) == [pinned]  # the user's pin holds
         assert (
             "NUMA refit failed; best-effort runs on the scheduler's allocation without NUMA alignment"
-            in _messages(logs, "info")
+            in _reasons(logs, "info", "numa_refit_failed")
         )
 
 
@@ -213,8 +217,16 @@ async def test_refit_disabled_runs_on_the_scheduler_gpu(alignment: str, logs: li
         assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED) and not _events(
             cluster, R.EVENT_NUMA_REFIT_FAILED
         )
-        errors = [m for m in _messages(logs, "error") if "NUMA refit is disabled" in m]
-        infos = [m for m in _messages(logs, "info") if "no replica in kubelet's available devices" in m]
+        errors = [
+            m
+            for m in _reasons(logs, "error", "numa_mismatch_refit_disabled")
+            if "NUMA refit is disabled" in m
+        ]
+        infos = [
+            m
+            for m in _reasons(logs, "info", "numa_mismatch_refit_disabled")
+            if "no replica in kubelet's available devices" in m
+        ]
         if alignment == "strict":
             assert len(errors) == 1 and not infos
         else:

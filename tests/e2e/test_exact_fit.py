@@ -79,7 +79,7 @@ async def test_refused_refit_best_effort_runs_on_the_accounted_gpu(logs: list[di
         assert [(c.door, c.outcome) for c in cluster.refit_calls(SEED_NAME)] == [("Allocate", "unaligned")]
         assert cluster.events(SEED_NAME, reason=R.EVENT_NUMA_REFIT_FAILED)
         _assert_agreement(cluster, choice)
-        failed = [e for e in logs if e.get("log_level") == "info" and "NUMA refit failed" in e["event"]]
+        failed = [e for e in logs if e.get("log_level") == "info" and e["event"] == "numa_refit_failed"]
         assert len(failed) == 1 and failed[0]["door"] == "Allocate"
 
 
@@ -108,9 +108,11 @@ async def test_refit_disabled_logs_and_runs_on_the_accounted_gpu(
         assert not cluster.events(SEED_NAME, reason=R.EVENT_NUMA_REFIT_SUCCEED)
         _assert_agreement(cluster, choice)
         level = "error" if alignment == "strict" else "info"
-        lines = [e for e in logs if e.get("log_level") == level and "NUMA refit" in e["event"]]
+        lines = [
+            e for e in logs if e.get("log_level") == level and e["event"] == "numa_mismatch_refit_disabled"
+        ]
         assert len(lines) == 1 and lines[0]["door"] == "Allocate"
-        assert "not among kubelet's allocated replicas" in lines[0]["event"]
+        assert "not among kubelet's allocated replicas" in lines[0]["reason"]
 
 
 async def test_no_opt_in_runs_on_the_accounted_gpu_without_a_refit() -> None:

@@ -21,71 +21,8 @@ LEVELS = frozenset({"debug", "info", "warning", "error", "exception", "critical"
 
 #: current event (literal text, or the source of a computed one) -> replacement (module today)
 PENDING: dict[str, str] = {
-    # kube/events.py
-    "event not recorded: bad arguments": '"event_not_recorded", cause="bad arguments"',
-    "event not recorded": '"event_not_recorded"',
-    # plugin/allocator*.py
-    "write failed after the call was cancelled": '"write_failed_after_cancel"',
-    "cannot chmod directory (not the owner)": '"chmod_skipped_not_owner"',
-    # tests/integration/plugin/test_identity.py matches the text
-    "cannot identify the pending pod from the cache; reading node and pods once": (
-        '"pending_pod_not_cached_reading_once"'
-    ),
-    "cannot re-read the pod after NUMA refit; Allocate relies on its resourceVersion guard": (
-        '"pod_reread_after_refit_failed", fallback="resourceVersion guard"'
-    ),
-    "no preferred allocation": '"no_preferred_allocation"',
-    "allocation annotation does not fill the request; no preference": (
-        '"annotation_short_of_request_no_preference"'
-    ),
-    # the two branches of one call: replace the whole conditional
-    "annotated GPUs not offered; preferring replicas on distinct GPUs": (
-        '"annotated_gpus_not_offered", distinct_gpu_preference=bool(chosen)'
-    ),
-    "annotated GPUs not offered; no distinct-GPU preference possible": (
-        '"annotated_gpus_not_offered", distinct_gpu_preference=bool(chosen)'
-    ),
-    "Allocate refused": '"allocate_refused"',  # tests/integration/plugin/test_bad_input.py matches the text
-    "allocation failed": '"allocation_failed"',
-    "cannot mark pod bind-phase failed": '"bind_phase_failed_not_marked"',
-    # also quoted in README.md, docs/architecture.md, docs/refit.md
-    "node lock released": '"node_lock_released"',
-    "cannot release node lock": '"node_lock_release_failed"',
-    "cannot release node lock: node kept changing": '"node_lock_release_failed", cause="node kept changing"',
-    # plugin/app.py, plugin/cli.py
-    "no node config file; using defaults": '"node_config_absent_using_defaults"',
-    "GPU links unreadable; hami.io/node-nvidia-score is not written": (
-        '"gpu_links_unreadable_score_not_written"'
-    ),
-    "no GPUs to advertise on this node (none discovered, or all filtered/MIG-enabled); not registering "
-    "with kubelet or the scheduler": (
-        '"no_gpus_to_advertise", cause="none discovered, or all filtered/MIG-enabled"'
-    ),
-    # tests/integration/plugin/test_housekeeping.py matches the text
-    "XID health watcher failed; serving without GPU health checks": '"xid_watcher_failed_no_health_checks"',
-    "plugin configured": '"plugin_configured"',
-    "plugin stopped": '"plugin_stopped"',
-    "warning": '"refit_config_warning", problem=warning',
-    # plugin/metrics.py
-    "metrics and health endpoints serving": '"metrics_endpoints_serving"',
-    # plugin/numa_policy.py
-    "NUMA refit succeeded": '"numa_refit_succeeded"',  # also scheduler/refit/handler.py
-    "ignoring invalid numa-alignment annotation": '"numa_alignment_annotation_invalid_ignored"',
-    # plugin/numa_publisher.py (tests/integration/plugin/test_numa_publisher.py matches some texts)
-    "undecodable NUMA prediction; counted unknown": '"numa_prediction_undecodable_counted_unknown"',
-    "f'{source} unavailable; {consequence}'": (
-        '"numa_source_unavailable", source=source, consequence=consequence'
-    ),
-    "f'{source} available again'": '"numa_source_available_again", source=source',
-    "publishing NUMA profile and placements": '"numa_publishing_started"',
-    "the Node's NUMA profile is undecodable; replacing it": '"numa_profile_undecodable_replacing"',
-    "NUMA profile published": '"numa_profile_published"',
-    "NUMA placement not published": '"numa_placement_not_published"',
-    "NUMA prediction checked": '"numa_prediction_checked"',
-    "NUMA placement not written; retrying": '"numa_placement_write_failed_retrying"',
-    "NUMA placement published": '"numa_placement_published"',
-    # plugin/pods.py
-    "ignoring unparsable node lock": '"node_lock_unparsable_ignored"',
+    # scheduler/refit/handler.py (plugin/numa_policy.py already uses the replacement)
+    "NUMA refit succeeded": '"numa_refit_succeeded"',
     # plugin/refit_client.py
     "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)": (
         '"refit_tls_verification_disabled", flag="--scheduler-tls-insecure"'
@@ -94,13 +31,7 @@ PENDING: dict[str, str] = {
     "NUMA refit disabled: no scheduler endpoint (--scheduler-endpoint)": (
         '"numa_refit_disabled_no_endpoint", flag="--scheduler-endpoint"'
     ),
-    # plugin/service.py (tests/integration/plugin/test_deadlines.py matches a text)
-    "GetPreferredAllocation failed unexpectedly; answering no preference": (
-        '"preferred_allocation_crashed_no_preference"'
-    ),
-    "Allocate ran past its outer deadline": '"allocate_deadline_passed"',
-    "Allocate failed unexpectedly": '"allocate_crashed"',
-    # scheduler/cli.py
+    # scheduler/app.py
     "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and --tls-key-file "
     "(development only)": (
         '"plain_http_listener", paths="/webhook,/refit", hint="set --tls-cert-file and --tls-key-file '
@@ -117,36 +48,6 @@ PENDING: dict[str, str] = {
     "refit_auth_disabled: /refit refuses every request": (
         '"refit_auth_disabled", effect="/refit refuses every request"'
     ),
-    # sim/kubelet/* (tests/integration/sim/test_kubelet.py matches some texts), sim/kubelet_cli.py
-    "best topology hint": '"best_topology_hint"',
-    "registration replaces an earlier endpoint": '"registration_replaces_endpoint"',
-    "device plugin connected": '"device_plugin_connected"',
-    "ListAndWatch stream closed by the kubelet's own shutdown": '"list_and_watch_closed_on_shutdown"',
-    "ListAndWatch ended unexpectedly for device plugin": '"list_and_watch_ended_unexpectedly"',
-    "ignoring ListAndWatch update of a replaced endpoint": '"replaced_endpoint_update_ignored"',
-    "processed device updates for resource": '"device_updates_processed"',
-    "endpoint became unhealthy; all devices marked unhealthy": '"endpoint_unhealthy_all_devices_unhealthy"',
-    "GetPreferredAllocation answered no preference": '"preferred_allocation_no_preference"',
-    "GetPreferredAllocation answer breaks the contract": '"preferred_allocation_breaks_contract"',
-    "GetPreferredAllocation": '"preferred_allocation_called"',
-    "Allocate": '"allocate_called"',
-    "simulated kubelet started": '"kubelet_started"',
-    "simulated kubelet restarted": '"kubelet_restarted"',
-    "released pod resources": '"pod_resources_released"',
-    "could not confirm a pod deletion": '"pod_deletion_unconfirmed"',
-    "running pod has an unreadable assignment": '"running_pod_assignment_unreadable"',
-    "restored running pod from its assignment": '"running_pod_restored"',
-    "running pod rejected on re-admission": '"running_pod_rejected_on_readmission"',
-    "admission crashed": '"admission_crashed"',
-    "pod admitted": '"pod_admitted"',
-    "pod rejected": '"pod_rejected"',
-    "node status update failed": '"node_status_update_failed"',
-    "got registration request from device plugin": '"registration_request_received"',
-    "bad registration request": '"registration_request_invalid"',
-    "error connecting to device plugin client": '"device_plugin_connect_failed"',
-    "could not update the pod status; will retry": '"pod_status_update_failed_retrying"',
-    "could not record the assignment annotation": '"assignment_annotation_not_recorded"',
-    "simulated kubelet stopped": '"kubelet_stopped"',
 }
 
 

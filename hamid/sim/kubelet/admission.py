@@ -51,7 +51,7 @@ class Admitter:
     def _merge(self, providers: list[ProviderHints]) -> TopologyHint:
         s = self.settings
         hint, admit = merge_hints(s.policy, s.numa_ids, [*providers, None], s.distance)
-        self._log.info("best topology hint", hint=hint.describe(), admit=admit)
+        self._log.info("best_topology_hint", hint=hint.describe(), admit=admit)
         if not admit:
             raise topology_affinity_error()
         return hint

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hamid.kube.client import JSON
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.sim.kubelet.cadvisor import format_cpu_list, parse_cpu_list
 from hamid.sim.kubelet.topologymanager import TopologyHint
@@ -197,14 +198,11 @@ def read_assignment(pod: Mapping[str, Any]) -> PodAdmission | None:
 
     Raises :class:`InvalidInput` when the annotation is present but not a valid document.
     """
-    meta = pod.get("metadata") or {}
-    raw = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
+    raw = objects.annotations(pod).get(ASSIGNMENT_ANNOTATION)
     if raw is None:
         return None
     try:
-        return PodAdmission.from_json(
-            str(meta.get("namespace") or ""), str(meta.get("name") or ""), json.loads(raw)
-        )
+        return PodAdmission.from_json(objects.namespace(pod), objects.name(pod), json.loads(raw))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidInput(f"pod annotation {ASSIGNMENT_ANNOTATION}: not a valid assignment: {exc}") from exc
 

@@ -244,14 +244,14 @@ class DeviceManager:
         state.stopped_at = None
         state.registrations += 1
         if previous is not None:
-            bound.info("registration replaces an earlier endpoint", previous=previous.socket)
+            bound.info("registration_replaces_endpoint", previous=previous.socket)
         task: asyncio.Task[None] = asyncio.ensure_future(self._watch(endpoint))
         task.set_name(f"sim-kubelet-law-{resource}")
         endpoint.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         bound.info(
-            "device plugin connected",
+            "device_plugin_connected",
             pre_start_required=endpoint.options.pre_start_required,
             get_preferred_allocation_available=endpoint.options.get_preferred_allocation_available,
         )
@@ -262,16 +262,16 @@ class DeviceManager:
             error = await endpoint.list_and_watch(self._devices_updated)
             bound = self._log.bind(resource=endpoint.resource, error=error)
             if endpoint.stopped:
-                bound.debug("ListAndWatch stream closed by the kubelet's own shutdown")
+                bound.debug("list_and_watch_closed_on_shutdown")
             else:
-                bound.warning("ListAndWatch ended unexpectedly for device plugin")
+                bound.warning("list_and_watch_ended_unexpectedly")
         finally:
             self._disconnected(endpoint)
 
     def _devices_updated(self, endpoint: Endpoint, response: pb.ListAndWatchResponse) -> None:
         state = self.resources.get(endpoint.resource)
         if state is None or state.endpoint is not endpoint:
-            self._log.info("ignoring ListAndWatch update of a replaced endpoint", resource=endpoint.resource)
+            self._log.info("replaced_endpoint_update_ignored", resource=endpoint.resource)
             return
         state.all_devices = {}
         state.healthy = set()
@@ -283,7 +283,7 @@ class DeviceManager:
         state.updates += 1
         endpoint.updates += 1
         self._log.info(
-            "processed device updates for resource",
+            "device_updates_processed",
             resource=endpoint.resource,
             total=len(response.devices),
             healthy=len(state.healthy),
@@ -298,7 +298,7 @@ class DeviceManager:
         state.unhealthy |= state.healthy
         state.healthy = set()
         state.stopped_at = time.monotonic()
-        self._log.info("endpoint became unhealthy; all devices marked unhealthy", resource=endpoint.resource)
+        self._log.info("endpoint_unhealthy_all_devices_unhealthy", resource=endpoint.resource)
         self._on_change()
 
     async def stop_endpoints(self) -> None:
@@ -573,10 +573,10 @@ class DeviceManager:
         outside = sorted(set(answer) - available)
         missing = sorted(must_include - set(answer))
         if not answer:
-            self._log.debug("GetPreferredAllocation answered no preference", resource=resource, size=size)
+            self._log.debug("preferred_allocation_no_preference", resource=resource, size=size)
         elif outside or missing or len(answer) != size:
             self._log.warning(
-                "GetPreferredAllocation answer breaks the contract",
+                "preferred_allocation_breaks_contract",
                 resource=resource,
                 outside_offered=outside,
                 missing_must_include=missing,
@@ -584,7 +584,7 @@ class DeviceManager:
                 expected_size=size,
             )
         self._log.info(
-            "GetPreferredAllocation",
+            "preferred_allocation_called",
             resource=resource,
             available=sorted(available),
             must_include=sorted(must_include),
@@ -605,7 +605,7 @@ class DeviceManager:
             raise unexpected(rpc_error_text(exc)) from exc
         if not response.container_responses:
             raise unexpected(f"no containers return in allocation response {response}")
-        self._log.info("Allocate", resource=resource, devices=sorted(devices))
+        self._log.info("allocate_called", resource=resource, devices=sorted(devices))
         return response.container_responses[0]
 
     async def pre_start(self, containers: Iterable[ContainerAssignment]) -> str | None:

@@ -26,8 +26,8 @@ from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
-from hamid.model.objects import object_key
 from hamid.sim.kubelet.admission import Admitter, check_allocatable
 from hamid.sim.kubelet.assignment import (
     AdmissionRecords,
@@ -50,7 +50,7 @@ EVENT_COMPONENT = "kubelet"
 
 
 def _creation_key(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    return str(objects.metadata(pod).get("creationTimestamp") or "")
 
 
 class SimKubelet:
@@ -221,7 +221,7 @@ class SimKubelet:
             await self.stop()
             raise
         self._log.info(
-            "simulated kubelet started",
+            "kubelet_started",
             socket=str(self.socket_path),
             pod_resources=str(self.pod_resources.socket),
             topology_policy=self.topology_policy,
@@ -264,7 +264,7 @@ class SimKubelet:
                 if pod is not None:
                     await self._readmit(pod, record)
             self._changed()
-        self._log.info("simulated kubelet restarted", restarts=self.restarts)
+        self._log.info("kubelet_restarted", restarts=self.restarts)
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -334,7 +334,7 @@ class SimKubelet:
         if record is not None:
             record.released = True
         if released or record is not None:
-            self._log.info("released pod resources", uid=uid)
+            self._log.info("pod_resources_released", uid=uid)
             self._changed()
 
     def _remove_stale_state(self) -> None:
@@ -344,44 +344,41 @@ class SimKubelet:
         being admitted, whose allocation finished after its deletion released nothing yet."""
         assert self._pods is not None
         active = {
-            str((p.get("metadata") or {}).get("uid") or "")
+            objects.uid(p)
             for p in self._pods.values()
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         }
         for uid in (self.cpus.assignments.keys() | self.devices.pod_devices.keys()) - active:
-            self._log.info("removing stale state of a pod no longer active", uid=uid)
+            self._log.info("stale_pod_state_removed", uid=uid)
             self._release(uid)
 
     def _pod_deleted(self, pod: JSON) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         self.status.forget(uid)
         self._release(uid)
 
     def _consider(self, pod: JSON) -> None:
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+        uid = objects.uid(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in ("Succeeded", "Failed"):
             self._release(uid)
-        if meta.get("deletionTimestamp"):
+        if objects.metadata(pod).get("deletionTimestamp"):
             if uid not in self._deleting:
                 self._deleting.add(uid)
-                self._spawn(self._finish_deletion(pod), f"delete-{object_key(pod)}")
+                self._spawn(self._finish_deletion(pod), f"delete-{objects.object_key(pod)}")
                 self._changed()
             return
         if phase != "Pending" or uid in self._records or uid in self._queued:
             if phase == "Running" and uid not in self._records:
-                self._spawn(self._restore(pod), f"restore-{object_key(pod)}")
+                self._spawn(self._restore(pod), f"restore-{objects.object_key(pod)}")
             return
         self._queued.add(uid)
-        self._queue.put_nowait((object_key(pod), uid))
+        self._queue.put_nowait((objects.object_key(pod), uid))
 
     async def _finish_deletion(self, pod: JSON) -> None:
         """Graceful deletion: the containers stop (holding their CPUs and devices), then the kubelet
         releases them and confirms the deletion."""
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
         try:
             grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
             await asyncio.sleep(max(0.0, min(self.container_stop_seconds, grace)))
@@ -395,7 +392,7 @@ class SimKubelet:
         except NotFound:
             pass
         except KubeError as exc:
-            self._log.warning("could not confirm a pod deletion", pod=object_key(pod), error=str(exc))
+            self._log.warning("pod_deletion_unconfirmed", pod=objects.object_key(pod), error=str(exc))
         finally:
             self._deleting.discard(uid)
 
@@ -405,11 +402,13 @@ class SimKubelet:
         try:
             record = read_assignment(pod)
         except InvalidInput as exc:
-            self._log.warning("running pod has an unreadable assignment", pod=object_key(pod), error=str(exc))
+            self._log.warning(
+                "running_pod_assignment_unreadable", pod=objects.object_key(pod), error=str(exc)
+            )
             return
         if record is None or not record.admitted:
             return
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         record.uid, record.annotated = uid, True
         async with self._admit_lock:
             if uid in self._records:
@@ -421,7 +420,7 @@ class SimKubelet:
                 }
                 if c.cpus:
                     self.cpus.assignments.setdefault(uid, {})[c.name] = c.cpus
-            self._log.info("restored running pod from its assignment", pod=record.key)
+            self._log.info("running_pod_restored", pod=record.key)
             await self._readmit(pod, record)
             self._changed()
 
@@ -439,7 +438,7 @@ class SimKubelet:
             )
             record.admitted, record.reason, record.message = False, failure.reason, failure.message
             self._release(record.uid)
-            self._log.warning("running pod rejected on re-admission", pod=record.key, reason=failure.reason)
+            self._log.warning("running_pod_rejected_on_readmission", pod=record.key, reason=failure.reason)
             await self._publisher.publish(pod, record)
 
     def _active_pods(self, uid: str) -> list[JSON]:
@@ -463,11 +462,11 @@ class SimKubelet:
         for key, uid in items:
             self._queued.discard(uid)
             pod = self._pods.get(key)
-            if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != uid:
+            if pod is None or objects.uid(pod) != uid:
                 continue
             if uid in self._records or (pod.get("status") or {}).get("phase", "Pending") != "Pending":
                 continue
-            if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if not objects.metadata(pod).get("deletionTimestamp"):
                 batch.append(pod)
         return sorted(batch, key=_creation_key)
 
@@ -477,13 +476,13 @@ class SimKubelet:
             async with self._admit_lock:
                 batch = self._next_batch(first)
             for pod in batch:
-                key = object_key(pod)
+                key = objects.object_key(pod)
                 async with self._admit_lock:
                     with structlog.contextvars.bound_contextvars(pod=key, node=self.node_name):
                         try:
                             await self._admit_and_publish(pod)
                         except Exception:
-                            self._log.exception("admission crashed", pod=key)
+                            self._log.exception("admission_crashed", pod=key)
 
     # -- admission --------------------------------------------------------------------------------
 
@@ -516,7 +515,7 @@ class SimKubelet:
         self._changed()
         if record.admitted:
             self._log.info(
-                "pod admitted",
+                "pod_admitted",
                 containers=[
                     {
                         "name": c.name,
@@ -528,7 +527,7 @@ class SimKubelet:
                 ],
             )
         else:
-            self._log.warning("pod rejected", reason=record.reason, message=record.message)
+            self._log.warning("pod_rejected", reason=record.reason, message=record.message)
         await self._publisher.publish(pod, record)
         record.published = True
         self._changed()

@@ -191,4 +191,4 @@ class NodeStatusPublisher:
             try:
                 await self.sync()
             except KubeError as exc:
-                self._log.warning("node status update failed", error=str(exc))
+                self._log.warning("node_status_update_failed", error=str(exc))

@@ -68,15 +68,15 @@ class _RegistrationService(RegistrationBase):
         if request is None:
             raise GRPCError(Status.INVALID_ARGUMENT, "empty RegisterRequest")
         bound = self.log.bind(resource=request.resource_name, endpoint=request.endpoint)
-        bound.info("got registration request from device plugin")
+        bound.info("registration_request_received")
         error = validate_registration(request)
         if error is not None:
-            bound.warning("bad registration request", error=error)
+            bound.warning("registration_request_invalid", error=error)
             raise GRPCError(Status.UNKNOWN, error)
         try:
             await self.on_register(request.resource_name, request.endpoint)
         except GRPCError as exc:
-            bound.warning("error connecting to device plugin client", error=exc.message)
+            bound.warning("device_plugin_connect_failed", error=exc.message)
             raise
         await stream.send_message(pb.Empty())
 

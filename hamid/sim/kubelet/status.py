@@ -127,9 +127,7 @@ class StatusManager:
         except NotFound:
             return False
         except KubeError as exc:
-            self._log.warning(
-                "could not update the pod status; will retry", pod=f"{namespace}/{name}", error=str(exc)
-            )
+            self._log.warning("pod_status_update_failed_retrying", pod=f"{namespace}/{name}", error=str(exc))
             self._pending[uid] = (namespace, name, status)
             self._wake.set()
             return False
@@ -201,9 +199,7 @@ class PodPublisher:
             except NotFound:
                 return
             except KubeError as exc:
-                self._log.warning(
-                    "could not record the assignment annotation", attempt=attempt, error=str(exc)
-                )
+                self._log.warning("assignment_annotation_not_recorded", attempt=attempt, error=str(exc))
                 await asyncio.sleep(0.1 * 2**attempt)
                 continue
             record.annotated = True

@@ -37,9 +37,10 @@ from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginOptions, PluginTimings
+from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginTimings
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
+from hamid.plugin.options import PluginOptions
 from hamid.sim.apiserver import ApiServer
 
 NODE = "gpu-node-1"

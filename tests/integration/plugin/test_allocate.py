@@ -232,9 +232,14 @@ async def test_runtime_follows_the_annotation_not_kubelets_gpus(
         assert notes[DEVICES_TO_ALLOCATE] == ";" and notes[BIND_PHASE] == "success"
         assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
         level = "info" if config is None else "warning"
-        (warning,) = [e for e in logs if e["log_level"] == level and "other GPUs" in e["event"]]
-        assert "the runtime follows the scheduler's accounting" in warning["event"]
-        assert "NUMA alignment was not achieved" in warning["event"]
+        (warning,) = [
+            e
+            for e in logs
+            if e["log_level"] == level and e["event"] == "kubelet_pick_differs_from_annotation"
+        ]
+        assert "other GPUs" in warning["reason"]
+        assert "the runtime follows the scheduler's accounting" in warning["reason"]
+        assert "NUMA alignment was not achieved" in warning["reason"]
         assert warning["annotated"] == ["GPU-3", "GPU-2"] and warning["kubelet"] == ["GPU-0", "GPU-1"]
         assert warning["numa_alignment"] == alignment
 

@@ -137,7 +137,7 @@ async def test_allocations_the_node_cannot_serve_are_refused_counted_and_logged(
         assert err.value.status is Status.FAILED_PRECONDITION and message in str(err.value.message)
         assert "delete the pod so the scheduler places it" in str(err.value.message)
         assert env.plugin.allocator.refusals == {code: 1}
-        assert [e["code"] for e in logs if e["event"] == "Allocate refused"] == [code]
+        assert [e["code"] for e in logs if e["event"] == "allocate_refused"] == [code]
         notes = annotations(env.server, "Pod", "p")
         assert notes[BIND_PHASE] == "failed"
         assert notes[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]

@@ -89,5 +89,5 @@ async def test_an_unexpected_error_is_internal_with_a_message_not_a_traceback(
             await allocate(stub, "GPU-0-0")
         assert err.value.status is Status.INTERNAL
         assert str(err.value.message) == "device plugin internal error: RuntimeError: injected fault"
-        (entry,) = [e for e in logs if e["event"] == "Allocate failed unexpectedly"]
+        (entry,) = [e for e in logs if e["event"] == "allocate_crashed"]
         assert entry["log_level"] == "error" and entry.get("exc_info")

@@ -35,10 +35,10 @@ async def test_a_failing_xid_watcher_keeps_the_plugin_serving(fault: str) -> Non
         nvml.events.put(RuntimeError("driver went away"))
     with structlog.testing.capture_logs() as logs:
         async with running_plugin(nvml=nvml, with_kubelet=True) as (env, kubelet):  # type: ignore[arg-type]
-            await eventually(lambda: any("XID health watcher failed" in e["event"] for e in logs))
+            await eventually(lambda: any(e["event"] == "xid_watcher_failed_no_health_checks" for e in logs))
             assert isinstance(kubelet, FakeKubelet)
             await eventually(lambda: bool(kubelet.requests) and bool(kubelet.lists))
-            (entry,) = [e for e in logs if "XID health watcher failed" in e["event"]]
+            (entry,) = [e for e in logs if e["event"] == "xid_watcher_failed_no_health_checks"]
             assert entry["log_level"] == "error"
             # still serving: a pod is allocated after the watcher died
             async with stub_for(env) as stub:

@@ -144,7 +144,7 @@ async def test_a_lagging_watch_is_caught_up_by_one_fresh_read() -> None:
             assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1500m"
             assert annotations(env.server, "Pod", "a")[BIND_PHASE] == "success"
             assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
-            assert any("reading node and pods once" in e["event"] for e in logs)
+            assert any(e["event"] == "pending_pod_not_cached_reading_once" for e in logs)
             assert env.server.requests["list pods"] >= 2  # the cache's initial list and the fresh read
         finally:
             env.server.faults.remove(rule.id)

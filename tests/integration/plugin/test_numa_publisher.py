@@ -279,7 +279,8 @@ async def test_missing_sources_publish_nothing_and_log_once(env: Env, logs: list
         await env.publisher.publish_once()
     assert PROFILE not in env.annotations("Node", NODE)
     warnings = [e for e in logs if e["log_level"] == "warning"]
-    assert len(warnings) == 1 and "kubelet config unavailable" in warnings[0]["event"]
+    assert len(warnings) == 1 and warnings[0]["event"] == "numa_source_unavailable"
+    assert warnings[0]["source"] == "kubelet config"
     assert "config.yaml" in warnings[0]["error"]
 
     (env.directory / "config.yaml").write_text(CONFIG)
@@ -287,10 +288,17 @@ async def test_missing_sources_publish_nothing_and_log_once(env: Env, logs: list
     for _ in range(2):
         await env.publisher.publish_once()
     assert PROFILE not in env.annotations("Node", NODE)
-    events = [e["event"] for e in logs]
-    assert events.count("kubelet config available again") == 1
+    events = [(e["event"], e.get("source"), e.get("consequence")) for e in logs]
+    assert events.count(("numa_source_available_again", "kubelet config", None)) == 1
     assert (
-        events.count("kubelet PodResources API unavailable; NUMA profile and placements not published") == 1
+        events.count(
+            (
+                "numa_source_unavailable",
+                "kubelet PodResources API",
+                "NUMA profile and placements not published",
+            )
+        )
+        == 1
     )
 
 
@@ -327,5 +335,5 @@ async def test_a_refused_pod_does_not_block_the_others(env: Env, logs: list[dict
     assert PLACEMENT not in env.annotations("Pod", "p0")
     assert PLACEMENT in env.annotations("Pod", "p1")
     assert PROFILE in env.annotations("Node", NODE)
-    refused = [e for e in logs if e["event"] == "NUMA placement not written; retrying"]
+    refused = [e for e in logs if e["event"] == "numa_placement_write_failed_retrying"]
     assert len(refused) == 1 and refused[0]["pod"] == "default/p0"

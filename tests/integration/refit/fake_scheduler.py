@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hamid.scheduler.http import serve
+from hamid.listen import serve
 from hamid.tls import server_ssl_context
 from tests.fixtures.tls import TLSFiles
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hamid.listen import serve
 from hamid.model import annotations as ann
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
-from hamid.scheduler.http import cluster_app, serve
+from hamid.scheduler.http import cluster_app
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
 from hamid.sim.certs import CertificateAuthority

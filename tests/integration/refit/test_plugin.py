@@ -19,8 +19,9 @@ from hamid.model import hamicore
 from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
-from hamid.plugin.app import NodeSetup, PluginApp, PluginOptions
+from hamid.plugin.app import NodeSetup, PluginApp
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, make_mismatch_handler
+from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
 from tests.fixtures.tls import TLSFiles
 from tests.integration.plugin.helpers import (

@@ -234,8 +234,8 @@ async def test_empty_preferred_answer_and_own_shutdown_are_not_warnings(
         await kubelet.stop()
     assert _events_at(logs, "warning") == []
     debug = _events_at(logs, "debug")
-    assert "GetPreferredAllocation answered no preference" in debug
-    assert "ListAndWatch stream closed by the kubelet's own shutdown" in debug
+    assert "preferred_allocation_no_preference" in debug
+    assert "list_and_watch_closed_on_shutdown" in debug
 
 
 async def test_contract_breaking_answer_and_plugin_going_away_are_warnings(
@@ -252,8 +252,8 @@ async def test_contract_breaking_answer_and_plugin_going_away_are_warnings(
     finally:
         await kubelet.stop()
     warnings = _events_at(logs, "warning")
-    assert "GetPreferredAllocation answer breaks the contract" in warnings
-    assert "ListAndWatch ended unexpectedly for device plugin" in warnings
+    assert "preferred_allocation_breaks_contract" in warnings
+    assert "list_and_watch_ended_unexpectedly" in warnings
 
 
 async def test_needed_equal_to_aligned_skips_plugin(kube: KubeClient, root: Path, plugin: FakePlugin) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from hamid.cli import cli
-from hamid.plugin.app import PluginOptions
+from hamid.plugin.options import PluginOptions
 
 
 def test_help_lists_the_numa_options_with_their_defaults() -> None:

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from hamid.cli import cli
-from hamid.plugin.app import PluginOptions, PluginStartupError, load_setup
+from hamid.plugin.app import PluginStartupError, load_setup
 from hamid.plugin.discovery import PhysicalGpu
+from hamid.plugin.options import PluginOptions
 
 DEVICE_CONFIG = """
 nvidia:
