@@ -127,7 +127,8 @@ class RefitClient:
         self.tls_builds = 0
         if config.insecure:
             log.warning(
-                "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)",
+                "refit_tls_verification_disabled",
+                flag="--scheduler-tls-insecure",
                 endpoint=endpoint,
             )
 
@@ -171,7 +172,7 @@ class RefitClient:
         self._tls = (versions, ctx)
         self.tls_builds += 1
         if cached is not None:
-            log.info("refit TLS files changed; TLS context rebuilt", ca_file=config.ca_file)
+            log.info("refit_tls_context_rebuilt", ca_file=config.ca_file)
         return ctx
 
     async def refit(self, request: RefitRequest) -> ContainerDevices:
@@ -236,6 +237,6 @@ def build_refit_client(config: RefitClientConfig) -> RefitClient | None:
     Raises :class:`~hamid.model.errors.InvalidInput` for contradictory flags (checked at startup).
     """
     if not config.endpoint.strip():
-        log.info("NUMA refit disabled: no scheduler endpoint (--scheduler-endpoint)")
+        log.info("numa_refit_disabled_no_endpoint", flag="--scheduler-endpoint")
         return None
     return RefitClient(config)

@@ -23,14 +23,6 @@ LEVELS = frozenset({"debug", "info", "warning", "error", "exception", "critical"
 PENDING: dict[str, str] = {
     # scheduler/refit/handler.py (plugin/numa_policy.py already uses the replacement)
     "NUMA refit succeeded": '"numa_refit_succeeded"',
-    # plugin/refit_client.py
-    "scheduler TLS verification is DISABLED for NUMA refit (--scheduler-tls-insecure)": (
-        '"refit_tls_verification_disabled", flag="--scheduler-tls-insecure"'
-    ),
-    "refit TLS files changed; TLS context rebuilt": '"refit_tls_context_rebuilt"',
-    "NUMA refit disabled: no scheduler endpoint (--scheduler-endpoint)": (
-        '"numa_refit_disabled_no_endpoint", flag="--scheduler-endpoint"'
-    ),
     # scheduler/app.py
     "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and --tls-key-file "
     "(development only)": (
