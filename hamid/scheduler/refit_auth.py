@@ -206,7 +206,7 @@ class RefitAuthenticator:
         for problem in self.problems:
             log.warning("refit_auth_method_unusable", problem=problem)
         if not self.methods:
-            log.error("refit_auth_disabled: /refit refuses every request", problems=self.problems)
+            log.error("refit_auth_disabled", effect="/refit refuses every request", problems=self.problems)
 
     def not_configured_reason(self) -> str:
         """Why no caller can be accepted ("" when some method is usable)."""

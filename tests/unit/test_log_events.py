@@ -100,23 +100,6 @@ PENDING: dict[str, str] = {
     ),
     "Allocate ran past its outer deadline": '"allocate_deadline_passed"',
     "Allocate failed unexpectedly": '"allocate_crashed"',
-    # scheduler/cli.py
-    "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and --tls-key-file "
-    "(development only)": (
-        '"plain_http_listener", paths="/webhook,/refit", hint="set --tls-cert-file and --tls-key-file '
-        '(development only)"'
-    ),
-    # scheduler/refit/handler.py, scheduler/refit_auth.py
-    "NUMA refit refused": '"numa_refit_refused"',
-    "refit caller refused": '"refit_caller_refused"',
-    "refit caller": '"refit_caller"',
-    "NUMA refit not needed: already on allowed GPUs": '"numa_refit_not_needed"',
-    "pod left the scheduler cache during NUMA refit; annotations remain authoritative": (
-        '"pod_left_cache_during_refit"'
-    ),
-    "refit_auth_disabled: /refit refuses every request": (
-        '"refit_auth_disabled", effect="/refit refuses every request"'
-    ),
     # sim/kubelet/* (tests/integration/sim/test_kubelet.py matches some texts), sim/kubelet_cli.py
     "best topology hint": '"best_topology_hint"',
     "registration replaces an earlier endpoint": '"registration_replaces_endpoint"',
