@@ -335,6 +335,6 @@ class Scheduler:
     def scheduler_owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
         """Count and log the scheduler-owned keys the webhook removed from a pod being created."""
         self.metrics.untrusted_annotations.labels("webhook").inc()
-        meta = pod.get("metadata") or {}
-        name = f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+        generate_name = objects.metadata(pod).get("generateName", "")
+        name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))

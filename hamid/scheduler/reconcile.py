@@ -32,7 +32,7 @@ from hamid.kube.cache import PodCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
-from hamid.model.objects import newer_than, object_key, version_number
+from hamid.model.objects import newer_than, object_key, version_at_least, version_number
 from hamid.scheduler.ledger import Ledger, Reservation
 from hamid.scheduler.state import JSON, SchedulerState, pod_uid
 
@@ -313,14 +313,12 @@ class Reconciler:
     async def _catch_up(self, list_version: str) -> bool:
         """Wait (bounded) until the pod cache applied events up to ``list_version``."""
         cache = self.scheduler.pods
-        want = version_number(list_version)
-        if want is None:
-            return False
+        if version_number(list_version) is None:
+            return False  # an unorderable list version: nothing to wait for
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_s
         while True:
-            have = version_number(cache.resource_version)
-            if have is not None and have >= want:
+            if version_at_least(cache.resource_version, list_version):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:

@@ -36,6 +36,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.tls import peer_common_name
 
 log = get_logger("scheduler.refit_auth")
@@ -327,9 +328,9 @@ class RefitAuthenticator:
             raise AuthError(f"cannot look up caller pod {key}: not found", AuthFailure.POD) from None
         except KubeError as exc:
             raise AuthError(f"cannot look up caller pod {key}: {exc}", AuthFailure.UNAVAILABLE) from exc
-        if str((pod.get("metadata") or {}).get("uid") or "") != pod_uid:
+        if objects.uid(pod) != pod_uid:
             raise AuthError(f"caller pod {key} no longer matches the token's bound UID", AuthFailure.POD)
-        runs_on = str((pod.get("spec") or {}).get("nodeName") or "")
+        runs_on = str(objects.section(pod, "spec").get("nodeName") or "")
         if runs_on != node_name:
             raise AuthError(f"caller pod {key} runs on node {runs_on!r}, not {node_name!r}", AuthFailure.NODE)
         return Caller(node=runs_on, method=TOKEN, identity=f"{username} ({key})")

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
-from hamid.model.objects import version_number
 from hamid.model.refit import RefitRequest, RefitResponse
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
@@ -233,9 +233,7 @@ class RefitService:
         while the cache may not have the event yet: splicing its stale annotations would be
         refused with a 409 (or, without a precondition, undo the first refit).
         """
-        cached = version_number(str((pod.get("metadata") or {}).get("resourceVersion") or ""))
-        wanted = version_number(version)
-        if cached is None or wanted is None or cached >= wanted:
+        if objects.version_at_least(objects.resource_version(pod), version) is not False:
             return pod
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
