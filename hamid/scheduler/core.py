@@ -34,12 +34,13 @@ from hamid.scheduler.filter import Filter, NumaFit, Plan
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker
 from hamid.scheduler.numa_ledger import NumaLedgers
+from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
-from hamid.scheduler.state import JSON, SchedulerState, trim_scheduler_pod
+from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.webhook import Verdict, review_pod
 
-__all__ = ["NumaFit", "Scheduler", "SchedulerSettings", "freeze_heap"]
+__all__ = ["Scheduler", "SchedulerSettings", "freeze_heap"]
 
 log = get_logger("scheduler")
 
