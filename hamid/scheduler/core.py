@@ -40,16 +40,20 @@ from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.webhook import Verdict, review_pod
 
-__all__ = ["Scheduler", "SchedulerSettings", "freeze_heap"]
+__all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
 
 log = get_logger("scheduler")
+
+#: HAMi's scheduler name: the schedulerName the webhook sets, the name of kube-scheduler's Lease,
+#: and the component hamid's Events report (as HAMi's scheduler does).
+DEFAULT_SCHEDULER_NAME = "hami-scheduler"
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
     """Options of ``hamid scheduler`` that shape decisions."""
 
-    scheduler_name: str = "hami-scheduler"
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
     node_lock_timeout: timedelta = timedelta(minutes=5)
@@ -101,7 +105,7 @@ class Scheduler:
             lambda: self.state.clock(),
             self._numa_scored,
         )
-        self.events = events or EventRecorder(kube, "hami-scheduler")
+        self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
