@@ -56,10 +56,10 @@ from hamid.model.numa import (
     encode_profile,
 )
 from hamid.scheduler.app import SchedulerApp
-from hamid.scheduler.core import Scheduler, SchedulerSettings, freeze_heap
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerSettings, freeze_heap
 from hamid.scheduler.filter import NumaFit
-from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME, SchedulerOptions
-from hamid.scheduler.state import trim_scheduler_pod
+from hamid.scheduler.options import SchedulerOptions
+from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.sim.apiserver import ApiServer
 
 GPU_MEM = 40960

@@ -114,8 +114,9 @@ class SchedulerApp:
         if options.tls_cert_file and options.tls_key_file:
             return server_ssl_context(options.tls_cert_file, options.tls_key_file, options.client_ca_file)
         log.warning(
-            "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and "
-            "--tls-key-file (development only)",
+            "plain_http_listener",
+            paths="/webhook,/refit",
+            hint="set --tls-cert-file and --tls-key-file (development only)",
             listen=options.listen,
         )
         return None

@@ -26,7 +26,7 @@ from hamid.scheduler.filter import Record
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, SchedulerState, pod_uid
+from hamid.scheduler.state import JSON, SchedulerState
 
 log = get_logger("scheduler")
 
@@ -132,8 +132,8 @@ class Binder:
         pod, answer = await self._read_pod(args, deadline)
         if pod is None:
             return None, answer
-        if pod_uid(pod) != args.pod_uid:
-            return None, f"pod {key} has uid {pod_uid(pod)}, not {args.pod_uid}"
+        if objects.uid(pod) != args.pod_uid:
+            return None, f"pod {key} has uid {objects.uid(pod)}, not {args.pod_uid}"
         bound = objects.section(pod, "spec").get("nodeName")
         if bound and bound != args.node:
             return None, f"pod {key} is already bound to {bound}, not {args.node}"
@@ -220,7 +220,7 @@ class Binder:
                 "bind_outcome_unreadable", pod=f"{args.pod_namespace}/{args.pod_name}", error=str(exc)
             )
             return False
-        return pod_uid(pod) == args.pod_uid and objects.section(pod, "spec").get("nodeName") == args.node
+        return objects.uid(pod) == args.pod_uid and objects.section(pod, "spec").get("nodeName") == args.node
 
     async def _undo_bind(self, args: BindArgs, needs_lock: bool, exc: KubeError, deadline: float) -> None:
         """A failed bind leaves nothing behind: lock released, ``bind-phase``/``bind-time`` removed."""

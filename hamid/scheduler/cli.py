@@ -10,19 +10,11 @@ import click
 from hamid.kube.errors import KubeError
 from hamid.model.errors import InvalidInput
 from hamid.options import click_options, from_cli
-from hamid.scheduler.app import RouteFactory, SchedulerApp, run_scheduler
-from hamid.scheduler.options import SchedulerOptions, parse_duration, parse_interval
+from hamid.scheduler.app import run_scheduler
+from hamid.scheduler.options import SchedulerOptions
 from hamid.signals import stop_on_signals
 
-__all__ = [
-    "RouteFactory",
-    "SchedulerApp",
-    "SchedulerOptions",
-    "parse_duration",
-    "parse_interval",
-    "run_scheduler",
-    "scheduler_command",
-]
+__all__ = ["scheduler_command"]
 
 
 async def _run_until_signal(options: SchedulerOptions) -> None:

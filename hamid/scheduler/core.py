@@ -34,21 +34,26 @@ from hamid.scheduler.filter import Filter, NumaFit, Plan
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker
 from hamid.scheduler.numa_ledger import NumaLedgers
+from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
-from hamid.scheduler.state import JSON, SchedulerState, trim_scheduler_pod
+from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.webhook import Verdict, review_pod
 
-__all__ = ["NumaFit", "Scheduler", "SchedulerSettings", "freeze_heap"]
+__all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
 
 log = get_logger("scheduler")
+
+#: HAMi's scheduler name: the schedulerName the webhook sets, the name of kube-scheduler's Lease,
+#: and the component hamid's Events report (as HAMi's scheduler does).
+DEFAULT_SCHEDULER_NAME = "hami-scheduler"
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
     """Options of ``hamid scheduler`` that shape decisions."""
 
-    scheduler_name: str = "hami-scheduler"
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
     node_lock_timeout: timedelta = timedelta(minutes=5)
@@ -100,7 +105,7 @@ class Scheduler:
             lambda: self.state.clock(),
             self._numa_scored,
         )
-        self.events = events or EventRecorder(kube, "hami-scheduler")
+        self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
@@ -335,6 +340,6 @@ class Scheduler:
     def scheduler_owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
         """Count and log the scheduler-owned keys the webhook removed from a pod being created."""
         self.metrics.untrusted_annotations.labels("webhook").inc()
-        meta = pod.get("metadata") or {}
-        name = f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+        generate_name = objects.metadata(pod).get("generateName", "")
+        name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))

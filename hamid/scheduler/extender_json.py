@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import check_pod_metadata
 
@@ -42,7 +43,7 @@ class FilterArgs:
         """Names of every candidate node, in request order (from NodeNames or Nodes.items)."""
         if self.node_names is not None:
             return self.node_names
-        return tuple(str((n.get("metadata") or {}).get("name", "")) for n in self.nodes or ())
+        return tuple(objects.name(n) for n in self.nodes or ())
 
 
 def decode_filter_args(body: Any) -> FilterArgs:

@@ -33,10 +33,12 @@ from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import FilterArgs, FilterResult
+from hamid.scheduler.inventory import NodeEntry
+from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, NodeEntry, Reservation, SchedulerState, pod_key, pod_uid
+from hamid.scheduler.state import JSON, SchedulerState
 
 log = get_logger("scheduler")
 
@@ -230,7 +232,7 @@ class Filter:
         a fit off the predicted NUMA node wins only if no aligned fit follows within
         :data:`_FALLBACK_LOOKAHEAD` nodes. Past ``cold_fits`` reasons to compute: :class:`_ColdReasons`.
         """
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         state = self.state
         previous = state.reservation(uid)
         quota = state.fit_quota(objects.namespace(pod), exclude_uid=uid)
@@ -463,7 +465,7 @@ class Filter:
         reason = self.readiness.reason()
         if reason:
             return FilterResult(error=f"scheduler not ready: {reason}")
-        refusal = _filter_refusal(pod, self.pods.get(pod_key(pod)))
+        refusal = _filter_refusal(pod, self.pods.get(objects.namespaced_key(pod)))
         return FilterResult(error=refusal) if refusal else None
 
     async def _filter(self, args: FilterArgs) -> FilterResult:
@@ -480,7 +482,7 @@ class Filter:
         refused = self._refusal(pod)
         if refused is not None:
             return refused
-        numa = NumaFit.of(pod, pod_uid(pod))
+        numa = NumaFit.of(pod, objects.uid(pod))
         try:
             node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
         except _ColdReasons as cold:  # a pod that fits nowhere, first seen: reasons in slices
@@ -515,7 +517,7 @@ class Filter:
 
     async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit) -> str:
         """Book the fit, then patch the allocation annotations; "" when done, else the error."""
-        uid, name = pod_uid(pod), pod_key(pod)
+        uid, name = objects.uid(pod), objects.namespaced_key(pod)
         raw = ann.encode_pod_devices(fitted.devices)
         annotations: dict[str, str | None] = {
             ann.VGPU_NODE: node,
@@ -605,14 +607,14 @@ def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
         if not isinstance(meta.get(field), str) or not meta[field]:
             return f"extender args pod has no metadata.{field}"
     for copy in (pod, cached):
-        if copy is None or pod_uid(copy) != meta["uid"]:
+        if copy is None or objects.uid(copy) != meta["uid"]:
             continue
         spec, status = copy.get("spec"), copy.get("status")
         bound = spec.get("nodeName") if isinstance(spec, dict) else None
         phase = status.get("phase") if isinstance(status, dict) else None
         if bound or phase not in (None, "Pending"):
             where = f"bound to {bound}" if bound else f"{phase}"
-            return f"pod {pod_key(pod)} is already {where}: it is not filtered again"
+            return f"pod {objects.namespaced_key(pod)} is already {where}: it is not filtered again"
     return ""
 
 

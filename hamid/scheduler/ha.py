@@ -24,7 +24,7 @@ from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects as obj
-from hamid.model.objects import object_key, version_number
+from hamid.model.objects import object_key
 from hamid.scheduler.core import Scheduler
 
 log = get_logger("scheduler.ha")
@@ -40,12 +40,11 @@ def caught_up(
 ) -> bool:
     """Whether a cache (at ``cache_version``, holding ``cached``) reflects a list taken later.
 
-    True when the cache has applied events up to the list's resourceVersion (API server
-    resourceVersions are comparable integers; others fall back to the second test), or when it
+    True when the cache has applied events up to the list's resourceVersion (in the one
+    resourceVersion order; versions it cannot order fall back to the second test), or when it
     holds exactly the listed objects at the listed versions.
     """
-    have, want = version_number(cache_version), version_number(list_version)
-    if have is not None and want is not None and have >= want:
+    if obj.version_at_least(cache_version, list_version):
         return True
     return dict(cached) == dict(listed)
 

@@ -103,16 +103,6 @@ class Hold:
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
 
 
-def pod_uid(pod: Mapping[str, Any]) -> str:
-    """``metadata.uid`` of a pod dict."""
-    return objects.uid(pod)
-
-
-def pod_key(pod: Mapping[str, Any]) -> str:
-    """``namespace/name`` of a pod dict."""
-    return f"{objects.namespace(pod)}/{objects.name(pod)}"
-
-
 def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices | None) -> str:
     """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
 
@@ -128,7 +118,7 @@ def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices | N
         return f"the pod runs on node {bound}, its {ann.VGPU_NODE} names {node}"
     scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
     ours = ledger.scheduler_name
-    if ours and scheduler not in (ours, DEFAULT_SCHEDULER) and pod_uid(pod) not in ledger.placed:
+    if ours and scheduler not in (ours, DEFAULT_SCHEDULER) and objects.uid(pod) not in ledger.placed:
         return f"the pod is scheduled by {scheduler!r}, which is not {ours!r}"
     try:
         requests = pod_requests(pod, ledger.config)
@@ -196,7 +186,7 @@ class Ledger:
 
         Replaces any earlier reservation of the same pod; the undo restores it.
         """
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         previous = self._remove(uid)
         res = Reservation(
             uid=uid,
@@ -379,7 +369,7 @@ class Ledger:
 
     def on_pod(self, pod: JSON) -> None:
         """Apply a pod add/update (incremental, phase-aware)."""
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         if not uid:
             return
         annotations = objects.annotations(pod)
@@ -466,7 +456,9 @@ class Ledger:
             entry = self.inventory.nodes.get(node)
             named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
             if not self.quiet and (current is None or current.raw != raw):
-                log.warning("undecodable_allocation", pod=pod_key(pod), node=node, error=str(exc))
+                log.warning(
+                    "undecodable_allocation", pod=objects.namespaced_key(pod), node=node, error=str(exc)
+                )
                 self.coordination.undecodable.append((pod, str(exc)))
             return (), named
         refusal = booking_refusal(self, pod, node, layout)
@@ -477,18 +469,18 @@ class Ledger:
 
     def _refuse(self, pod: JSON, current: Reservation | None, node: str, raw: str, why: str) -> None:
         """Book nothing for ``pod``'s allocation annotations (``why``); warn once per value."""
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         self._forget(uid, current)
         if self._refused_values.get(uid) == (node, raw):
             return
         self._refused_values[uid] = (node, raw)
         if not self.quiet:
-            log.warning("allocation_refused", pod=pod_key(pod), node=node, why=why)
+            log.warning("allocation_refused", pod=objects.namespaced_key(pod), node=node, why=why)
             self.coordination.refused.append((pod, why))
 
     def resync_pod(self, pod: JSON) -> None:
         """Re-derive pod's reservation from scratch through :meth:`on_pod` (the reconcile's repair)."""
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         previous = self._remove(uid)
         self.on_pod(pod)
         if previous is not None:
@@ -496,7 +488,7 @@ class Ledger:
 
     def on_pod_deleted(self, pod: JSON) -> None:
         """A pod is gone: release its reservation and remember the UID (undos skip it)."""
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         if not uid:
             return
         self._deleted[uid] = None

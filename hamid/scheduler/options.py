@@ -19,7 +19,7 @@ from hamid.listen import LISTEN
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
-from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.refit_auth import (
     DEFAULT_TOKEN_AUDIENCE,
     MTLS,
@@ -33,8 +33,6 @@ _ZERO = re.compile(r"0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 LEADER_ELECT_MODES = ("follow", "campaign")
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component=scheduler"
-#: HAMi's scheduler name: the schedulerName the webhook sets, and the name of kube-scheduler's Lease.
-DEFAULT_SCHEDULER_NAME = SchedulerSettings().scheduler_name
 #: Where HAMi's chart installs the device plugin (and kube-scheduler's Lease lives).
 DEFAULT_NAMESPACE = "kube-system"
 #: The device plugin's ServiceAccount in HAMi's chart (``/refit`` token callers).

@@ -32,9 +32,9 @@ from hamid.kube.cache import PodCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
-from hamid.model.objects import newer_than, object_key, version_number
+from hamid.model import objects
 from hamid.scheduler.ledger import Ledger, Reservation
-from hamid.scheduler.state import JSON, SchedulerState, pod_uid
+from hamid.scheduler.state import JSON, SchedulerState
 
 log = get_logger("scheduler.reconcile")
 
@@ -122,7 +122,7 @@ def _left_alone(
     """Whether the list may be older than what the state knows of pod ``uid`` (see module doc)."""
     if uid in busy or state.changed_since(uid, since) or state.was_deleted(uid):
         return True
-    if live is not None and (live.pending or newer_than(live.version, list_version)):
+    if live is not None and (live.pending or objects.newer_than(live.version, list_version)):
         return True
     return any(res is not None and state.node_busy(res.node) for res in (live, want))
 
@@ -229,7 +229,7 @@ def reconcile_state(
     shadow = state.blank_copy()
     listed: dict[str, JSON] = {}
     for pod in pods:
-        uid = pod_uid(pod)
+        uid = objects.uid(pod)
         if uid:
             listed[uid] = pod
             shadow.on_pod(pod)
@@ -313,14 +313,12 @@ class Reconciler:
     async def _catch_up(self, list_version: str) -> bool:
         """Wait (bounded) until the pod cache applied events up to ``list_version``."""
         cache = self.scheduler.pods
-        want = version_number(list_version)
-        if want is None:
-            return False
+        if objects.version_number(list_version) is None:
+            return False  # an unorderable list version: nothing to wait for
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_s
         while True:
-            have = version_number(cache.resource_version)
-            if have is not None and have >= want:
+            if objects.version_at_least(cache.resource_version, list_version):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -354,7 +352,7 @@ class Reconciler:
                 return None
             # from here to the return: no await (the comparison and the repair see one state)
             report = reconcile_state(s.state, items, list_version, since, frozenset(s.binding))
-            cache.forget_missing({object_key(item) for item in items}, list_version)
+            cache.forget_missing({objects.object_key(item) for item in items}, list_version)
         except Exception:
             s.metrics.reconcile_runs.labels("failed").inc()
             raise

@@ -36,6 +36,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.tls import peer_common_name
 
 log = get_logger("scheduler.refit_auth")
@@ -206,7 +207,7 @@ class RefitAuthenticator:
         for problem in self.problems:
             log.warning("refit_auth_method_unusable", problem=problem)
         if not self.methods:
-            log.error("refit_auth_disabled: /refit refuses every request", problems=self.problems)
+            log.error("refit_auth_disabled", effect="/refit refuses every request", problems=self.problems)
 
     def not_configured_reason(self) -> str:
         """Why no caller can be accepted ("" when some method is usable)."""
@@ -327,9 +328,9 @@ class RefitAuthenticator:
             raise AuthError(f"cannot look up caller pod {key}: not found", AuthFailure.POD) from None
         except KubeError as exc:
             raise AuthError(f"cannot look up caller pod {key}: {exc}", AuthFailure.UNAVAILABLE) from exc
-        if str((pod.get("metadata") or {}).get("uid") or "") != pod_uid:
+        if objects.uid(pod) != pod_uid:
             raise AuthError(f"caller pod {key} no longer matches the token's bound UID", AuthFailure.POD)
-        runs_on = str((pod.get("spec") or {}).get("nodeName") or "")
+        runs_on = str(objects.section(pod, "spec").get("nodeName") or "")
         if runs_on != node_name:
             raise AuthError(f"caller pod {key} runs on node {runs_on!r}, not {node_name!r}", AuthFailure.NODE)
         return Caller(node=runs_on, method=TOKEN, identity=f"{username} ({key})")

@@ -18,22 +18,8 @@ from typing import Any
 from hamid.model import objects
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.coordination import Coordination
-from hamid.scheduler.inventory import HANDSHAKE_GRACE_S, Inventory, NodeEntry, Registration
-from hamid.scheduler.ledger import Hold, Ledger, Reservation, Undo, pod_key, pod_uid
-from hamid.scheduler.podtrim import trim_scheduler_pod
-
-__all__ = [
-    "HANDSHAKE_GRACE_S",
-    "JSON",
-    "Hold",
-    "NodeEntry",
-    "Reservation",
-    "SchedulerState",
-    "Undo",
-    "pod_key",
-    "pod_uid",
-    "trim_scheduler_pod",
-]
+from hamid.scheduler.inventory import Inventory, NodeEntry, Registration
+from hamid.scheduler.ledger import Ledger
 
 JSON = dict[str, Any]
 

@@ -28,7 +28,7 @@ from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, VGPU
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.state import Reservation
+from hamid.scheduler.ledger import Reservation
 from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.patch import json_patch
 from hamid.sim.apiserver.store import Change

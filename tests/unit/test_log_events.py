@@ -3,9 +3,7 @@
 Structured logs are filtered and counted by event name (``jq 'select(.event == "kubelet_registered")'``),
 so a name must be a stable identifier, never a sentence with values or advice spliced in. The AST
 walk covers every ``log.<level>(...)`` call in ``hamid/`` whose event is a literal (or a choice
-between literals). ``PENDING`` holds the events of modules being reworked elsewhere at the time
-this check was added, each with its replacement (text to put in place of the literal, fields
-included); apply one, delete its row.
+between literals).
 """
 
 from __future__ import annotations
@@ -18,29 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EVENT = re.compile(r"[a-z][a-z0-9_]*\Z")
 LEVELS = frozenset({"debug", "info", "warning", "error", "exception", "critical"})
-
-#: current event (literal text, or the source of a computed one) -> replacement (module today)
-PENDING: dict[str, str] = {
-    # scheduler/refit/handler.py (plugin/numa_policy.py already uses the replacement)
-    "NUMA refit succeeded": '"numa_refit_succeeded"',
-    # scheduler/app.py
-    "NO TLS: --listen serves /webhook and /refit over PLAIN HTTP; set --tls-cert-file and --tls-key-file "
-    "(development only)": (
-        '"plain_http_listener", paths="/webhook,/refit", hint="set --tls-cert-file and --tls-key-file '
-        '(development only)"'
-    ),
-    # scheduler/refit/handler.py, scheduler/refit_auth.py
-    "NUMA refit refused": '"numa_refit_refused"',
-    "refit caller refused": '"refit_caller_refused"',
-    "refit caller": '"refit_caller"',
-    "NUMA refit not needed: already on allowed GPUs": '"numa_refit_not_needed"',
-    "pod left the scheduler cache during NUMA refit; annotations remain authoritative": (
-        '"pod_left_cache_during_refit"'
-    ),
-    "refit_auth_disabled: /refit refuses every request": (
-        '"refit_auth_disabled", effect="/refit refuses every request"'
-    ),
-}
 
 
 def _events(node: ast.expr) -> Iterator[str | None]:
@@ -81,19 +56,8 @@ def _all_offences() -> list[tuple[str, int, str]]:
 
 
 def test_log_events_are_identifiers() -> None:
-    bad = [f"{path}:{line}: {event!r}" for path, line, event in _all_offences() if event not in PENDING]
+    bad = [f"{path}:{line}: {event!r}" for path, line, event in _all_offences()]
     assert not bad, "log event names must match [a-z][a-z0-9_]* (values go in fields):\n" + "\n".join(bad)
-
-
-def test_pending_rows_are_still_needed() -> None:
-    seen = {event for _path, _line, event in _all_offences()}
-    stale = sorted(set(PENDING) - seen)
-    assert not stale, f"applied: delete these PENDING rows: {stale}"
-
-
-def test_pending_replacements_follow_the_style() -> None:
-    names = {event: replacement.split('"')[1] for event, replacement in PENDING.items()}
-    assert all(EVENT.match(name) for name in names.values()), names
 
 
 def test_the_check_sees_prose_computed_and_conditional_events() -> None:

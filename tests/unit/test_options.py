@@ -12,12 +12,8 @@ from click.testing import CliRunner
 
 from hamid.options import OptionError, click_options, from_cli
 from hamid.plugin.options import PluginOptions
-from hamid.scheduler.core import SchedulerSettings
-from hamid.scheduler.options import (
-    DEFAULT_SCHEDULER_NAME,
-    SchedulerOptions,
-    format_duration,
-)
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, SchedulerSettings
+from hamid.scheduler.options import SchedulerOptions, format_duration
 
 
 def _parse(cls: type, args: list[str], env: dict[str, str] | None = None) -> Any:

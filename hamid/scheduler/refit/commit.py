@@ -17,6 +17,7 @@ from hamid.fit.fit import pod_quota_usage
 from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.scheduler.refit.plan import JSON, RefitPlan, RefusalCode, RefusalError
 
 if TYPE_CHECKING:
@@ -52,8 +53,7 @@ class RefitCommitter:
         Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with
         the accounting following what the API server holds when the outcome was ambiguous.
         """
-        meta = pod.get("metadata") or {}
-        precondition = str(meta.get("resourceVersion") or "")
+        precondition = objects.resource_version(pod)
         state = self.scheduler.state
         res = state.reservation(uid)
         if res is None:
@@ -66,7 +66,7 @@ class RefitCommitter:
             mem = cores = 0
         hold = state.hold(uid, res.node, res.applied, res.namespace, mem, cores)
         undo = state.move(uid, plan.layout, plan.new_allocated)
-        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        namespace, name = objects.namespace(pod), objects.name(pod)
         timeout = min(self.patch_timeout, remaining)
         annotations = {ann.DEVICES_TO_ALLOCATE: plan.new_pending, ann.DEVICES_ALLOCATED: plan.new_allocated}
         try:
@@ -122,9 +122,8 @@ class RefitCommitter:
         except KubeError as exc:
             log.warning("refit_patch_outcome_unreadable", error=str(exc))
             return None
-        meta = current.get("metadata") or {}
-        if str(meta.get("uid") or "") != uid:
+        if objects.uid(current) != uid:
             return False
-        if str(meta.get("resourceVersion") or "") == precondition:
+        if objects.resource_version(current) == precondition:
             return False
-        return (meta.get("annotations") or {}).get(ann.DEVICES_ALLOCATED) == new_allocated
+        return objects.annotations(current).get(ann.DEVICES_ALLOCATED) == new_allocated

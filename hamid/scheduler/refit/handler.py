@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
-from hamid.model.objects import version_number
 from hamid.model.refit import RefitRequest, RefitResponse
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
@@ -158,7 +158,7 @@ class RefitService:
 
     def _refuse_request(self, code: RefusalCode, reason: str, started: float) -> web.Response:
         """The in-band refusal of a request that could not be read as a valid refit request."""
-        log.info("NUMA refit refused", reason=reason, code=code.value)
+        log.info("numa_refit_refused", reason=reason, code=code.value)
         self.metrics.observe("refused", code, time.perf_counter() - started)
         return web.json_response(RefitResponse.failure(reason).to_json())
 
@@ -186,7 +186,7 @@ class RefitService:
                     lock.release()
             except RefusalError as err:
                 refused = err.refused
-                log.info("NUMA refit refused", reason=refused.message, code=refused.code.value)
+                log.info("numa_refit_refused", reason=refused.message, code=refused.code.value)
                 if refused.identified:
                     self._record_failure(refit, refused.message)
                 return _Outcome(RefitResponse.failure(refused.message), "refused", refused.code)
@@ -197,12 +197,12 @@ class RefitService:
             async with asyncio.timeout_at(deadline):
                 caller = await self.auth.authenticate(request, refit.node_name)
         except AuthError as exc:
-            log.info("refit caller refused", auth_failure=str(exc.kind))
+            log.info("refit_caller_refused", auth_failure=str(exc.kind))
             message = f"caller authentication failed: {exc}"
             raise RefusalError(RefusalCode.UNAUTHENTICATED, message, identified=False) from None
         except TimeoutError:
             raise self._late("caller authentication") from None
-        log.debug("refit caller", caller=caller.identity, method=caller.method)
+        log.debug("refit_caller", caller=caller.identity, method=caller.method)
 
     async def _ready(self, deadline: float) -> None:
         scheduler = self.scheduler
@@ -233,9 +233,7 @@ class RefitService:
         while the cache may not have the event yet: splicing its stale annotations would be
         refused with a 409 (or, without a precondition, undo the first refit).
         """
-        cached = version_number(str((pod.get("metadata") or {}).get("resourceVersion") or ""))
-        wanted = version_number(version)
-        if cached is None or wanted is None or cached >= wanted:
+        if objects.version_at_least(objects.resource_version(pod), version) is not False:
             return pod
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
@@ -273,9 +271,7 @@ class RefitService:
         if isinstance(decision, Refused):
             raise RefusalError.of(decision)
         if isinstance(decision, NoOp):
-            log.info(
-                "NUMA refit not needed: already on allowed GPUs", devices=[d.uuid for d in decision.devices]
-            )
+            log.info("numa_refit_not_needed", devices=[d.uuid for d in decision.devices])
             return _Outcome(RefitResponse.success(decision.devices), "noop")
         return await self._commit(pod, booking.uid, decision, deadline)
 
@@ -286,12 +282,12 @@ class RefitService:
         patched = await self.committer.commit(pod, uid, plan, remaining)
         state = self.scheduler.state
         if state.reservation(uid) is None:
-            log.info("pod left the scheduler cache during NUMA refit; annotations remain authoritative")
+            log.info("pod_left_cache_during_refit")
         else:
             state.on_pod(patched)
         moved_from, moved_to = uuid_list(plan.current), uuid_list(plan.devices)
         message = f"NUMA refit moved container {plan.index} from {moved_from} to {moved_to}"
-        log.info("NUMA refit succeeded", moved_from=moved_from, moved_to=moved_to)
+        log.info("numa_refit_succeeded", moved_from=moved_from, moved_to=moved_to)
         self.scheduler.record(pod, "Normal", R.EVENT_NUMA_REFIT_SUCCEED, message)
         return _Outcome(RefitResponse.success(plan.devices), "moved")
 

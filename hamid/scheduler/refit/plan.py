@@ -25,6 +25,7 @@ from hamid.fit.fit import (
 )
 from hamid.fit.usage import ContainerKind, DeviceAmount, NodeUsage
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
@@ -158,7 +159,7 @@ def identify(request: RefitRequest, booking: Booking | None, pod: JSON | None) -
             RefusalCode.IDENTITY_MISMATCH,
             f"pod {request.pod_uid} does not match {request.pod_namespace}/{request.pod_name}",
         )
-    if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != request.pod_uid:
+    if pod is None or objects.uid(pod) != request.pod_uid:
         return Refused(RefusalCode.UNKNOWN_POD, f"pod {request.pod_uid} is not tracked by the scheduler")
     if booking.node != request.node_name:
         return Refused(
@@ -232,7 +233,7 @@ def _decode(raw: str, key: str, what: str) -> PodDevices:
 
 def _allocation(pod: JSON, index: int) -> _Allocation:
     """Upstream step 5 (with hamid's MIG and vendor refusals): the entries to refit."""
-    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = objects.annotations(pod)
     if annotations.get(ann.MIG_ALLOCATIONS):
         raise RefusalError(
             RefusalCode.MIG, "the pod holds MIG allocations; the NUMA refit does not support MIG"

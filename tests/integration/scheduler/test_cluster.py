@@ -9,8 +9,9 @@ import json
 import aiohttp
 import pytest
 
-from hamid.scheduler.cli import SchedulerOptions, parse_duration, run_scheduler
+from hamid.scheduler.app import run_scheduler
 from hamid.scheduler.http import MAX_BODY_BYTES
+from hamid.scheduler.options import SchedulerOptions, parse_duration
 from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context
 from tests.fixtures.tls import TLSFiles

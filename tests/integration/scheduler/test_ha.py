@@ -19,12 +19,14 @@ import aiohttp
 import pytest
 
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model.annotations import ROLE_FOLLOWER, ROLE_LEADER
 from hamid.model.devices import NVIDIA
 from hamid.model.refit import RefitRequest
-from hamid.scheduler.cli import SchedulerOptions, run_scheduler
+from hamid.scheduler.app import run_scheduler
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import caught_up
+from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.refit import refit_route_factory
 from hamid.sim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
@@ -93,7 +95,7 @@ def kube_scheduler_of(name: str) -> str:
 
 def role(server: ApiServer, name: str) -> str | None:
     stored = server.get("Pod", NS, f"sched-{name}") or {}
-    return ((stored.get("metadata") or {}).get("labels") or {}).get(ann.SCHEDULER_ROLE)
+    return objects.labels(stored).get(ann.SCHEDULER_ROLE)
 
 
 def roles(server: ApiServer) -> dict[str, str | None]:
@@ -346,6 +348,7 @@ async def test_campaign_mode_without_a_kube_scheduler(apiserver: ApiServer, tls_
         ("8", {"a": "3", "b": "5"}, "10", {"a": "3"}, False),  # a deletion not seen yet
         ("x", {"a": "3"}, "y", {"a": "3"}, True),  # opaque versions: compare contents only
         ("x", {"a": "3"}, "y", {}, False),
+        ("x", {"a": "3"}, "x", {}, True),  # equal versions are the same version, whatever they hold
     ],
 )
 def test_caught_up(

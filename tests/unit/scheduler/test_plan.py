@@ -9,11 +9,13 @@ from typing import Any
 from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
 from hamid.fit.policy import SPREAD
 from hamid.model import annotations as ann
+from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.state import HANDSHAKE_GRACE_S, SchedulerState, pod_uid
+from hamid.scheduler.inventory import HANDSHAKE_GRACE_S
+from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, placed, pod
 
 NOW = 1_000_000.0
@@ -87,7 +89,7 @@ def _reference(
 ) -> tuple[str | None, Fitted | None, dict[str, str]]:
     """Fit every candidate, then pick the best score for the policy (ties: request order)."""
     state = scheduler.state
-    uid = pod_uid(p)
+    uid = objects.uid(p)
     previous = state.reservation(uid)
     quota = state.fit_quota(p["metadata"]["namespace"], exclude_uid=uid)
     sign = 1.0 if spec.policy.node_policy == SPREAD else -1.0

@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from hamid.fit.usage import DeviceAmount
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevice
-from hamid.scheduler.cli import parse_interval
+from hamid.model.objects import newer_than
+from hamid.scheduler.options import parse_interval
 from hamid.scheduler.reconcile import (
     DRIFT_CHANGED,
     DRIFT_GPU,
     DRIFT_LEAKED,
     DRIFT_MISSING,
-    newer_than,
     reconcile_state,
 )
 from hamid.scheduler.state import SchedulerState

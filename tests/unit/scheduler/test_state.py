@@ -7,7 +7,8 @@ import random
 
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevice
-from hamid.scheduler.state import HANDSHAKE_GRACE_S, SchedulerState
+from hamid.scheduler.inventory import HANDSHAKE_GRACE_S
+from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, node, placed, pod
 
 

@@ -11,7 +11,8 @@ from hamid.fit.usage import container_kinds, init_containers_succeeded
 from hamid.model import annotations as ann
 from hamid.model.nodelock import holder_state
 from hamid.model.resources import ResourceConfig, all_containers
-from hamid.scheduler.state import SchedulerState, trim_scheduler_pod
+from hamid.scheduler.podtrim import trim_scheduler_pod
+from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, node, placed, pod
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
