@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -54,8 +55,10 @@ class SchedulerApp:
         kube: KubeClient | None = None,
         events: EventRecorder | None = None,
         routes: Sequence[RouteFactory] = DEFAULT_ROUTES,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
+        self._clock = clock
         #: Bound ports by listener: ``extender``, ``cluster``, ``metrics``.
         self.ports: dict[str, int] = {}
         self._kube = kube
@@ -87,7 +90,9 @@ class SchedulerApp:
                 self._kube = await connect(
                     options.api_server, options.kubeconfig, request_timeout=options.settings.api_timeout_s
                 )
-            scheduler = Scheduler(self._kube, options.device_config, options.settings, self._events)
+            scheduler = Scheduler(
+                self._kube, options.device_config, options.settings, self._events, clock=self._clock
+            )
             self._scheduler = scheduler
             # before any listener: with leader election a replica starts as a follower
             ha = leadership(scheduler, options) if options.leader_elect else None

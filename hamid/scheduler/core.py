@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -91,12 +92,13 @@ class Scheduler:
         device_config: DeviceConfig | None = None,
         settings: SchedulerSettings | None = None,
         events: EventRecorder | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config, scheduler_name=self.settings.scheduler_name)
+        self.state = SchedulerState(self.config, clock, scheduler_name=self.settings.scheduler_name)
         self.metrics = SchedulerMetrics(self.state)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(

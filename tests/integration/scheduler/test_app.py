@@ -67,3 +67,20 @@ async def test_wait_returns_when_stopped() -> None:
             await asyncio.wait_for(waiter, 5)
         finally:
             await app.stop()
+
+
+async def test_the_clock_passed_at_construction_times_the_scheduler() -> None:
+    """Back-off ends, handshake ages and hold expiries all read the one injected clock."""
+    now = [1_000_000.0]
+    async with ApiServer() as server:
+        app = SchedulerApp(loopback_options(server), clock=lambda: now[0])
+        await app.start(run=False)
+        try:
+            scheduler = app.scheduler
+            assert scheduler.state.clock() == 1_000_000.0
+            scheduler.bind_backoff.note("gpu-1", ok=False)
+            assert scheduler.bind_backoff.active(now[0], {"gpu-1"}) == {"gpu-1": 1_000_005.0}
+            now[0] += 6
+            assert scheduler.bind_backoff.active(scheduler.state.clock(), {"gpu-1"}) == {}
+        finally:
+            await app.stop()
