@@ -29,6 +29,7 @@ from hamid.model.numa import (
     TM_OPTION_PREFER_CLOSEST,
     ContainerPlacement,
     ContainerPrediction,
+    CpuInfo,
     NumaProfile,
     PodPrediction,
 )
@@ -195,18 +196,19 @@ class CpuTopology:
         )
 
 
-_TOPOLOGIES: OrderedDict[int, tuple[NumaProfile, CpuTopology]] = OrderedDict()
+_TOPOLOGIES: OrderedDict[int, tuple[tuple[CpuInfo, ...], frozenset[int], CpuTopology]] = OrderedDict()
 _TOPOLOGY_MEMO_SIZE = 4096  # more than the nodes of a large cluster
 
 
 def topology_of(profile: NumaProfile) -> CpuTopology:
-    """The profile's :class:`CpuTopology`, memoised per profile object (profiles are immutable)."""
-    hit = _TOPOLOGIES.get(id(profile))
-    if hit is not None and hit[0] is profile:
-        _TOPOLOGIES.move_to_end(id(profile))
-        return hit[1]
+    """The profile's :class:`CpuTopology`, memoised per CPU list object (immutable; decoded profiles of
+    one kind of node share theirs, so all their nodes share one topology)."""
+    hit = _TOPOLOGIES.get(id(profile.cpus))
+    if hit is not None and hit[0] is profile.cpus and hit[1] is profile.reserved_cpus:
+        _TOPOLOGIES.move_to_end(id(profile.cpus))
+        return hit[2]
     topo = CpuTopology(profile)
-    _TOPOLOGIES[id(profile)] = (profile, topo)
+    _TOPOLOGIES[id(profile.cpus)] = (profile.cpus, profile.reserved_cpus, topo)
     while len(_TOPOLOGIES) > _TOPOLOGY_MEMO_SIZE:
         _TOPOLOGIES.popitem(last=False)
     return topo
