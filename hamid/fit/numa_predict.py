@@ -95,7 +95,8 @@ class NumaLedger:
     ) -> None:
         """A ledger for profile ``generation``."""
         self.generation = generation
-        self._free_cpus = set(free_cpus)
+        # immutable, so ledgers (and their copies) in the same state share one set
+        self._free_cpus = free_cpus if isinstance(free_cpus, frozenset) else frozenset(free_cpus)
         self._devices: dict[str, dict[int, list[int]]] = {}
         for res, per_numa in devices.items():
             self._devices[res] = {}
@@ -128,7 +129,7 @@ class NumaLedger:
     @property
     def free_cpus(self) -> frozenset[int]:
         """Free exclusive-assignable CPUs (reserved CPUs are never in it)."""
-        return frozenset(self._free_cpus)
+        return self._free_cpus
 
     @property
     def resources(self) -> frozenset[str]:
@@ -145,7 +146,8 @@ class NumaLedger:
         if taken:
             raise InvalidInput(f"ledger: CPU {min(taken)} is not free")
         self._check_devices(usage, lambda total, free, n: n <= free, "free")
-        self._free_cpus -= usage.cpus
+        if usage.cpus:
+            self._free_cpus -= usage.cpus
         self._shift(usage, -1)
 
     def release(self, usage: NumaUsage) -> None:
@@ -154,7 +156,8 @@ class NumaLedger:
         if free:
             raise InvalidInput(f"ledger: CPU {min(free)} is already free")
         self._check_devices(usage, lambda total, free_, n: free_ + n <= total, "in use")
-        self._free_cpus |= usage.cpus
+        if usage.cpus:
+            self._free_cpus |= usage.cpus
         self._shift(usage, 1)
 
     def _check_devices(self, usage: NumaUsage, ok: Any, what: str) -> None:

@@ -24,7 +24,7 @@ import itertools
 import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hamid.fit.numa_fit import miss_cause
 from hamid.fit.numa_predict import (
@@ -66,8 +66,9 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
 _MEMO_SIZE = 50_000
 HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
-#: Distinct pod usages shared (per distinct CPU set and replica counts); dropped when full.
-_USAGES_SIZE = 100_000
+#: Distinct usages and CPU sets shared (:class:`_Shared`); dropped when full.
+_SHARED_SIZE = 100_000
+_T = TypeVar("_T")
 _NO_USAGE = NumaUsage()
 
 
@@ -134,22 +135,27 @@ class NodeNuma:
         return self.state_key
 
 
-class _Usages:
-    """Equal usages shared by their records: most pods of a cluster take one of a few."""
+class _Shared:
+    """Equal immutable values shared by whoever holds them: most pods of a cluster take one of a few
+    usages, and the empty nodes of one kind have one free CPU set."""
 
     def __init__(self) -> None:
-        self._known: dict[Hashable, NumaUsage] = {}
+        self._known: dict[Hashable, Any] = {}
 
-    def intern(self, usage: NumaUsage) -> NumaUsage:
-        """The shared usage equal to ``usage`` (usages are never changed once made)."""
-        key = (usage.cpus, tuple((r, tuple(sorted(per.items()))) for r, per in sorted(usage.devices.items())))
+    def intern(self, key: Hashable, value: _T) -> _T:
+        """The shared value for ``key`` (``value`` the first time); values are never changed once made."""
         known = self._known.get(key)
         if known is not None:
-            return known
-        if len(self._known) >= _USAGES_SIZE:
+            return cast(_T, known)
+        if len(self._known) >= _SHARED_SIZE:
             self._known.clear()  # only the sharing is lost
-        self._known[key] = usage
-        return usage
+        self._known[key] = value
+        return value
+
+    def usage(self, usage: NumaUsage) -> NumaUsage:
+        """The shared usage equal to ``usage``."""
+        devices = tuple((r, tuple(sorted(per.items()))) for r, per in sorted(usage.devices.items()))
+        return self.intern((usage.cpus, devices), usage)
 
 
 def replay_view(pod: Mapping[str, Any]) -> JSON:
@@ -231,7 +237,7 @@ class NumaLedgers:
         self._seq = itertools.count()
         #: (node state key, pod shape) -> prediction: nodes in the same state share it.
         self._memo: dict[Hashable, Prediction] = {}
-        self._usages = _Usages()
+        self._shared = _Shared()
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -274,10 +280,11 @@ class NumaLedgers:
         if profile is None:
             entry.ledger = None
             return
+        assignable = profile.all_cpus - profile.reserved_cpus
         try:
             ledger = NumaLedger(
                 profile.generation,
-                profile.all_cpus - profile.reserved_cpus,
+                self._shared.intern(assignable, assignable),
                 {r: dict(per) for r, per in entry.totals.items()},
             )
         except InvalidInput as exc:
@@ -335,7 +342,7 @@ class NumaLedgers:
             p = predict(entry.profile, entry.ledger, pod, now=self.clock())
         except InvalidInput:
             return _NO_USAGE
-        return self._usages.intern(p.usage) if p.outcome is Outcome.PLACED else _NO_USAGE
+        return self._shared.usage(p.usage) if p.outcome is Outcome.PLACED else _NO_USAGE
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -399,7 +406,7 @@ class NumaLedgers:
         self._drop(rec.uid)
         entry = self.nodes.setdefault(rec.node, NodeNuma(rec.node))
         rec.seq = next(self._seq)
-        rec.usage = self._usages.intern(rec.usage)
+        rec.usage = self._shared.usage(rec.usage)
         entry.records[rec.uid] = rec
         self._where[rec.uid] = rec.node
         self._book(entry, rec)
