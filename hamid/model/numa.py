@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -425,8 +424,9 @@ class _Topology:
         )
 
 
-#: Decoded topologies by their canonical JSON: a cluster's thousands of nodes share a few kinds.
-_TOPOLOGIES: OrderedDict[str, _Topology] = OrderedDict()
+#: Decoded topologies by their canonical JSON: a cluster's thousands of nodes share a few kinds
+#: (dropped when full: only the sharing is lost; plain dict operations, safe from any thread).
+_TOPOLOGIES: dict[str, _Topology] = {}
 _TOPOLOGY_CACHE_SIZE = 256
 
 
@@ -446,12 +446,10 @@ def decode_profile(text: object) -> NumaProfile:
     if topology is None:
         topology = _decode_topology(doc)
     profile = topology.profile(want_int(doc["gen"], f"{key}.gen", 0), want_int(doc["at"], f"{key}.at", 0))
-    if shared:
-        _TOPOLOGIES.move_to_end(content)
-    else:  # coherent (the profile checked it): share it from now on
+    if not shared:  # coherent (the profile checked it): share it from now on
+        if len(_TOPOLOGIES) >= _TOPOLOGY_CACHE_SIZE:
+            _TOPOLOGIES.clear()
         _TOPOLOGIES[content] = topology
-        while len(_TOPOLOGIES) > _TOPOLOGY_CACHE_SIZE:
-            _TOPOLOGIES.popitem(last=False)
     return profile
 
 
