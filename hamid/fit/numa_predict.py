@@ -30,6 +30,7 @@ from hamid.model.numa import (
     TM_OPTION_PREFER_CLOSEST,
     ContainerPlacement,
     ContainerPrediction,
+    CpuInfo,
     NumaProfile,
     PodPrediction,
 )
@@ -95,7 +96,8 @@ class NumaLedger:
     ) -> None:
         """A ledger for profile ``generation``."""
         self.generation = generation
-        self._free_cpus = set(free_cpus)
+        # immutable, so ledgers (and their copies) in the same state share one set
+        self._free_cpus = free_cpus if isinstance(free_cpus, frozenset) else frozenset(free_cpus)
         self._devices: dict[str, dict[int, list[int]]] = {}
         for res, per_numa in devices.items():
             self._devices[res] = {}
@@ -128,7 +130,7 @@ class NumaLedger:
     @property
     def free_cpus(self) -> frozenset[int]:
         """Free exclusive-assignable CPUs (reserved CPUs are never in it)."""
-        return frozenset(self._free_cpus)
+        return self._free_cpus
 
     @property
     def resources(self) -> frozenset[str]:
@@ -145,7 +147,8 @@ class NumaLedger:
         if taken:
             raise InvalidInput(f"ledger: CPU {min(taken)} is not free")
         self._check_devices(usage, lambda total, free, n: n <= free, "free")
-        self._free_cpus -= usage.cpus
+        if usage.cpus:
+            self._free_cpus -= usage.cpus
         self._shift(usage, -1)
 
     def release(self, usage: NumaUsage) -> None:
@@ -154,7 +157,8 @@ class NumaLedger:
         if free:
             raise InvalidInput(f"ledger: CPU {min(free)} is already free")
         self._check_devices(usage, lambda total, free_, n: free_ + n <= total, "in use")
-        self._free_cpus |= usage.cpus
+        if usage.cpus:
+            self._free_cpus |= usage.cpus
         self._shift(usage, 1)
 
     def _check_devices(self, usage: NumaUsage, ok: Any, what: str) -> None:
@@ -196,18 +200,19 @@ class CpuTopology:
         )
 
 
-_TOPOLOGIES: OrderedDict[int, tuple[NumaProfile, CpuTopology]] = OrderedDict()
+_TOPOLOGIES: OrderedDict[int, tuple[tuple[CpuInfo, ...], frozenset[int], CpuTopology]] = OrderedDict()
 _TOPOLOGY_MEMO_SIZE = 4096  # more than the nodes of a large cluster
 
 
 def topology_of(profile: NumaProfile) -> CpuTopology:
-    """The profile's :class:`CpuTopology`, memoised per profile object (profiles are immutable)."""
-    hit = _TOPOLOGIES.get(id(profile))
-    if hit is not None and hit[0] is profile:
-        _TOPOLOGIES.move_to_end(id(profile))
-        return hit[1]
+    """The profile's :class:`CpuTopology`, memoised per CPU list object (immutable; decoded profiles of
+    one kind of node share theirs, so all their nodes share one topology)."""
+    hit = _TOPOLOGIES.get(id(profile.cpus))
+    if hit is not None and hit[0] is profile.cpus and hit[1] is profile.reserved_cpus:
+        _TOPOLOGIES.move_to_end(id(profile.cpus))
+        return hit[2]
     topo = CpuTopology(profile)
-    _TOPOLOGIES[id(profile)] = (profile, topo)
+    _TOPOLOGIES[id(profile.cpus)] = (profile.cpus, profile.reserved_cpus, topo)
     while len(_TOPOLOGIES) > _TOPOLOGY_MEMO_SIZE:
         _TOPOLOGIES.popitem(last=False)
     return topo

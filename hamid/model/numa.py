@@ -403,13 +403,60 @@ def _policies(value: object) -> KubeletPolicies:
     return KubeletPolicies(**kwargs)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class _Topology:
+    """A profile's parts other than ``gen`` and ``at``: equal on nodes of one kind, so shared."""
+
+    numa_nodes: tuple[int, ...]
+    cpus: tuple[CpuInfo, ...]
+    reserved_cpus: frozenset[int]
+    distances: tuple[tuple[int, ...], ...] | None
+    policies: KubeletPolicies
+
+    def profile(self, generation: int, observed_at: int) -> NumaProfile:
+        """The profile of this topology for one generation and confirmation time."""
+        return NumaProfile(
+            generation,
+            observed_at,
+            self.numa_nodes,
+            self.cpus,
+            self.reserved_cpus,
+            self.distances,
+            self.policies,
+        )
+
+
+#: Decoded topologies by their canonical JSON: a cluster's thousands of nodes share a few kinds
+#: (dropped when full: only the sharing is lost; plain dict operations, safe from any thread).
+_TOPOLOGIES: dict[str, _Topology] = {}
+_TOPOLOGY_CACHE_SIZE = 256
+
+
 def decode_profile(text: object) -> NumaProfile:
-    """Parse ``hamid.io/numa-profile``; InvalidInput on anything malformed or incoherent."""
+    """Parse ``hamid.io/numa-profile``; InvalidInput on anything malformed or incoherent.
+
+    Profiles of equal content (but for ``gen`` and ``at``) share one decoded topology (immutable).
+    """
     key = NUMA_PROFILE
     doc = _load(text, key, _PROFILE_KEYS)
     for required in ("gen", "at", "numa", "sockets", "cores"):
         if required not in doc:
             raise InvalidInput(f"{key}: missing field {required!r}")
+    content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
+    topology = _TOPOLOGIES.get(content)
+    shared = topology is not None
+    if topology is None:
+        topology = _decode_topology(doc)
+    profile = topology.profile(want_int(doc["gen"], f"{key}.gen", 0), want_int(doc["at"], f"{key}.at", 0))
+    if not shared:  # coherent (the profile checked it): share it from now on
+        if len(_TOPOLOGIES) >= _TOPOLOGY_CACHE_SIZE:
+            _TOPOLOGIES.clear()
+        _TOPOLOGIES[content] = topology
+    return profile
+
+
+def _decode_topology(doc: Mapping[str, object]) -> _Topology:
+    key = NUMA_PROFILE
     numa = _id_map(doc["numa"], f"{key}.numa")
     numa_of = _cpu_owner(numa, f"{key}.numa")
     socket_of = _cpu_owner(_id_map(doc["sockets"], f"{key}.sockets"), f"{key}.sockets")
@@ -429,9 +476,7 @@ def decode_profile(text: object) -> NumaProfile:
             )
             for i, row in enumerate(rows)
         )
-    return NumaProfile(
-        generation=want_int(doc["gen"], f"{key}.gen", 0),
-        observed_at=want_int(doc["at"], f"{key}.at", 0),
+    return _Topology(
         numa_nodes=tuple(sorted(numa)),
         cpus=cpus,
         reserved_cpus=parse_cpu_list(doc.get("reserved", ""), f"{key}.reserved"),

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hamid.fit.numa_fit import miss_cause
 from hamid.fit.numa_predict import (
@@ -66,6 +67,10 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
 _MEMO_SIZE = 50_000
 HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
+#: Distinct usages and CPU sets shared (:class:`_Shared`); dropped when full.
+_SHARED_SIZE = 100_000
+_T = TypeVar("_T")
+_NO_USAGE = NumaUsage()
 
 
 class Source(enum.StrEnum):
@@ -86,8 +91,9 @@ class PodRecord:
     usage: NumaUsage
     own: bool
     seq: int
+    #: What the replay reads of the pod (:func:`replay_view`), for records that may be replayed.
     pod: JSON | None = None
-    #: The scheduler's prediction (kept after the placement arrives, to score it once).
+    #: The scheduler's prediction, until it is scored (once, when the placement or a refit arrives).
     predicted: PodPrediction | None = None
     #: Other own pods predicted on the node and not yet observed when this one was booked.
     inflight_before: int = 0
@@ -128,6 +134,52 @@ class NodeNuma:
             self.state_key = (self.profile_key, ledger.free_cpus if ledger is not None else None, devices)
             self.state_version = self.version
         return self.state_key
+
+
+class _Shared:
+    """Equal immutable values shared by whoever holds them: most pods of a cluster take one of a few
+    usages, and the empty nodes of one kind have one free CPU set."""
+
+    def __init__(self) -> None:
+        self._known: dict[Hashable, Any] = {}
+
+    def intern(self, key: Hashable, value: _T) -> _T:
+        """The shared value for ``key`` (``value`` the first time); values are never changed once made."""
+        known = self._known.get(key)
+        if known is not None:
+            return cast(_T, known)
+        if len(self._known) >= _SHARED_SIZE:
+            self._known.clear()  # only the sharing is lost
+        self._known[key] = value
+        return value
+
+    def usage(self, usage: NumaUsage) -> NumaUsage:
+        """The shared usage equal to ``usage``."""
+        devices = tuple((r, tuple(sorted(per.items()))) for r, per in sorted(usage.devices.items()))
+        return self.intern((usage.cpus, devices), usage)
+
+
+def replay_view(pod: Mapping[str, Any]) -> JSON:
+    """What the predictor reads of a pod (spec resources, containers' names, resources and restart
+    policies, the QoS class), so a record that may be replayed keeps no whole pod."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return {"spec": spec}
+    view: JSON = {k: spec[k] for k in ("resources",) if k in spec}
+    for section in ("initContainers", "containers"):
+        if section in spec:
+            listed = spec[section]
+            view[section] = [_container_view(c) for c in listed] if isinstance(listed, list) else listed
+    status = pod.get("status")
+    if isinstance(status, Mapping) and "qosClass" in status:
+        return {"spec": view, "status": {"qosClass": status["qosClass"]}}
+    return {"spec": view}
+
+
+def _container_view(container: object) -> object:
+    if not isinstance(container, Mapping):
+        return container
+    return {k: container[k] for k in ("name", "resources", "restartPolicy") if k in container}
 
 
 def device_totals(infos: Iterable[DeviceInfo]) -> dict[int, tuple[int, int]]:
@@ -186,6 +238,7 @@ class NumaLedgers:
         self._seq = itertools.count()
         #: (node state key, pod shape) -> prediction: nodes in the same state share it.
         self._memo: dict[Hashable, Prediction] = {}
+        self._shared = _Shared()
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -205,7 +258,9 @@ class NumaLedgers:
                 log.warning("numa_profile_invalid", node=name, error=str(exc))
                 entry.profile = None
             profile = entry.profile
-            entry.profile_key = encode_profile(replace(profile, observed_at=0)) if profile is not None else ""
+            entry.profile_key = (
+                sys.intern(encode_profile(replace(profile, observed_at=0))) if profile is not None else ""
+            )
         entry.totals = totals
         self._rebuild(entry)
 
@@ -226,10 +281,11 @@ class NumaLedgers:
         if profile is None:
             entry.ledger = None
             return
+        assignable = profile.all_cpus - profile.reserved_cpus
         try:
             ledger = NumaLedger(
                 profile.generation,
-                profile.all_cpus - profile.reserved_cpus,
+                self._shared.intern(assignable, assignable),
                 {r: dict(per) for r, per in entry.totals.items()},
             )
         except InvalidInput as exc:
@@ -286,8 +342,8 @@ class NumaLedgers:
         try:
             p = predict(entry.profile, entry.ledger, pod, now=self.clock())
         except InvalidInput:
-            return NumaUsage()
-        return p.usage if p.outcome is Outcome.PLACED else NumaUsage()
+            return _NO_USAGE
+        return self._shared.usage(p.usage) if p.outcome is Outcome.PLACED else _NO_USAGE
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -313,7 +369,7 @@ class NumaLedgers:
             if current is not None and current.source is Source.PREDICTED and current.predicted == predicted:
                 return
             usage = usage_of_prediction(predicted.containers)
-            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, pod, predicted))
+            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, replay_view(pod), predicted))
             return
         if current is not None and current.source is Source.PREDICTED and not bound:
             return  # the filter's own booking, its patch not seen yet
@@ -321,7 +377,8 @@ class NumaLedgers:
             if current is not None and current.source is Source.REPLAY and current.node == bound:
                 return
             entry = self.nodes[bound]
-            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, pod), own, 0, pod)
+            view = replay_view(pod)
+            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, view), own, 0, view)
             self._put(rec)
             if not own:
                 entry.foreign_seq = rec.seq
@@ -350,6 +407,7 @@ class NumaLedgers:
         self._drop(rec.uid)
         entry = self.nodes.setdefault(rec.node, NodeNuma(rec.node))
         rec.seq = next(self._seq)
+        rec.usage = self._shared.usage(rec.usage)
         entry.records[rec.uid] = rec
         self._where[rec.uid] = rec.node
         self._book(entry, rec)
@@ -374,6 +432,8 @@ class NumaLedgers:
         if predicted is not None and not rec.scored:
             self._score(node, predicted, placement, before, rec.inflight_before)
             rec.scored = True
+        if rec.scored:
+            rec.predicted = None  # read only to score it
         self._put(rec)
         if not own and (current is None or current.source is not Source.PLACEMENT):
             self.nodes[node].foreign_seq = rec.seq
@@ -438,7 +498,9 @@ class NumaLedgers:
         previous = self._record(uid)
         inflight = sum(1 for r in entry.records.values() if r.source is Source.PREDICTED and r.uid != uid)
         record = prediction.record(entry.profile.generation)
-        rec = PodRecord(uid, node, Source.PREDICTED, prediction.usage, True, 0, pod, record, inflight)
+        rec = PodRecord(
+            uid, node, Source.PREDICTED, prediction.usage, True, 0, replay_view(pod), record, inflight
+        )
         self._put(rec)
 
         def undo() -> None:

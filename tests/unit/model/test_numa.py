@@ -340,3 +340,19 @@ def test_profile_constructor_checks_core_ids() -> None:
         NumaProfile(1, 1, (0, 0), base.cpus)
     with pytest.raises(InvalidInput):
         NumaProfile(1, 1, (0,), base.cpus, policies=KubeletPolicies(topology_manager_scope="node"))
+
+
+def test_profiles_of_one_kind_share_their_decoded_topology() -> None:
+    first = linux_node(2, 8, 2)
+    later = NumaProfile(
+        first.generation + 1, first.observed_at + 60, first.numa_nodes, first.cpus, first.reserved_cpus,
+        first.distances, first.policies,
+    )  # fmt: skip
+    a, b = decode_profile(encode_profile(first)), decode_profile(encode_profile(later))
+    assert (a, b) == (first, later)
+    assert a.cpus is b.cpus and a.reserved_cpus is b.reserved_cpus and a.policies is b.policies
+    other = decode_profile(encode_profile(linux_node(2, 8, 2, numa_per_socket=2)))
+    assert other.cpus is not a.cpus and other.numa_nodes == (0, 1, 2, 3)
+    doc = json.loads(encode_profile(first))
+    with pytest.raises(InvalidInput, match="gen"):  # a shared topology still checks its own fields
+        decode_profile(json.dumps(doc | {"gen": -1}))

@@ -10,7 +10,7 @@ import pytest
 
 from hamid.fit.fit import Fitted, PodFitSpec, fit_pod
 from hamid.fit.numa_fit import pod_shape
-from hamid.fit.numa_predict import Outcome
+from hamid.fit.numa_predict import Outcome, predict
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
@@ -26,7 +26,7 @@ from hamid.model.numa import (
 )
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.filter import NumaFit
-from hamid.scheduler.numa_ledger import NumaLedgers, Source
+from hamid.scheduler.numa_ledger import NumaLedgers, Source, replay_view
 from tests.unit.fit.test_numa_predict import NOW, profile_of
 
 GPU = "nvidia.com/gpu"
@@ -307,3 +307,41 @@ def test_a_terminal_pod_frees_its_booking_at_once() -> None:
     done = {**foreign, "status": {"phase": "Succeeded"}}
     scheduler._pod_updated(foreign, done)
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+
+
+def test_a_replayed_pod_is_kept_as_what_the_predictor_reads() -> None:
+    scheduler, _ = _scheduler(_node())
+    foreign = _pod("f", cpus=2, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["spec"]["initContainers"] = [
+        {"name": "init", "image": "x", "resources": {"limits": {"cpu": "3", "memory": "1Gi"}}},
+        {
+            "name": "side",
+            "restartPolicy": "Always",
+            "env": [{"name": "A", "value": "b"}],
+            "resources": {"limits": {"cpu": "1", "memory": "64Mi"}},
+        },
+    ]
+    foreign["status"]["qosClass"] = "Guaranteed"
+    foreign["metadata"]["annotations"]["big"] = "x" * 4096
+    view = replay_view(foreign)
+    assert "metadata" not in view and "env" not in str(view)
+    ledger = scheduler.numa.nodes["n1"].ledger
+    assert predict(PROFILE, ledger, view, now=NOW) == predict(PROFILE, ledger, foreign, now=NOW)
+    scheduler._pod_seen(foreign)
+    assert scheduler.numa.source_of("uid-f") == Source.REPLAY
+    free = scheduler.numa.free_cpus("n1")
+    assert free is not None and len(free) < 7  # the replay booked its exclusive CPUs
+    scheduler.numa.on_node_deleted("n1")
+    scheduler.numa.on_node(_node(), scheduler.state.nodes["n1"].infos)  # the rebuild replays it again
+    assert scheduler.numa.free_cpus("n1") == free
+
+
+def test_pods_of_one_shape_share_their_booked_usage() -> None:
+    scheduler, _ = _scheduler(_node())
+    for name in ("a", "b"):
+        p = _pod(name, cpus=1, gpus=1, node="n1")
+        p["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset(), 1, (f"{name}-gpu",))
+        scheduler._pod_seen(p)
+    records = scheduler.numa.nodes["n1"].records
+    assert records["uid-a"].usage is records["uid-b"].usage
+    assert records["uid-a"].usage.devices == {GPU: {1: 1}}
