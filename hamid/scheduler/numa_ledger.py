@@ -91,7 +91,8 @@ class PodRecord:
     usage: NumaUsage
     own: bool
     seq: int
-    #: What the replay reads of the pod (:func:`replay_view`), for records that may be replayed.
+    #: The pod a replay reads: the pod cache's own (trimmed) object, shared rather than copied, or
+    #: :func:`replay_view` of a pod the filter received whole.
     pod: JSON | None = None
     #: The scheduler's prediction, until it is scored (once, when the placement or a refit arrives).
     predicted: PodPrediction | None = None
@@ -369,7 +370,7 @@ class NumaLedgers:
             if current is not None and current.source is Source.PREDICTED and current.predicted == predicted:
                 return
             usage = usage_of_prediction(predicted.containers)
-            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, replay_view(pod), predicted))
+            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, pod, predicted))
             return
         if current is not None and current.source is Source.PREDICTED and not bound:
             return  # the filter's own booking, its patch not seen yet
@@ -377,8 +378,7 @@ class NumaLedgers:
             if current is not None and current.source is Source.REPLAY and current.node == bound:
                 return
             entry = self.nodes[bound]
-            view = replay_view(pod)
-            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, view), own, 0, view)
+            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, pod), own, 0, pod)
             self._put(rec)
             if not own:
                 entry.foreign_seq = rec.seq
