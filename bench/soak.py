@@ -390,7 +390,7 @@ class Checker:
     def hostile(self, pods: list[JSON]) -> tuple[Counter[str], list[str]]:
         """No forged allocation is served or kept, and none is booked except the documented residual.
 
-        The residual (README, "Booking"): a plausible forged allocation on a GPU pod that skipped the
+        The residual (docs/security.md, Booking): a plausible forged allocation on a GPU pod that skipped the
         webhook may be booked — against the tenant's own quota — until the pod goes; the plugin never
         serves it. Returns the hostile pods' phases and the UIDs of such bookings, which
         :meth:`forged_bookings_released` checks are gone once the pods are deleted.
