@@ -244,7 +244,7 @@ class SimCluster(ClusterView):
     """The whole stack in-process; ``async with SimCluster(options) as cluster:``."""
 
     def __init__(self, options: ClusterOptions | None = None) -> None:
-        self.options = options or ClusterOptions()
+        self.options: ClusterOptions = options or ClusterOptions()
         self.server = ApiServer(self.options.api_host, self.options.api_port, bookmark_interval=0.5)
         self.nodes: dict[str, SimNode] = {}
         self.refits: list[RefitCall] = []

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -33,11 +33,8 @@ from hamid.sim.apiserver import ApiServer
 from hamid.sim.apiserver.patch import json_patch
 from hamid.sim.apiserver.store import Change
 from hamid.sim.kube_scheduler import KubeSchedulerDriver
-from hamid.sim.kubelet import PodAdmission, read_assignment
+from hamid.sim.kubelet import PodAdmission, SimKubelet, read_assignment
 from hamid.sim.machine import Machine
-
-if TYPE_CHECKING:
-    from hamid.sim.cluster import ClusterOptions, SimNode
 
 #: Per node, per GPU UUID: (slots, MiB, cores).
 GpuUsage = dict[str, dict[str, tuple[int, int, int]]]
@@ -80,12 +77,29 @@ class RefitCall:
     door: str = "GetPreferredAllocation"
 
 
+class ViewOptions(Protocol):
+    """What the view reads of the cluster's options (:class:`~hamid.sim.cluster.ClusterOptions`)."""
+
+    @property
+    def admission_webhook(self) -> bool: ...
+
+
+class ViewNode(Protocol):
+    """What the view reads of a simulated node (:class:`~hamid.sim.cluster.SimNode`)."""
+
+    @property
+    def machine(self) -> Machine: ...
+
+    @property
+    def kubelet(self) -> SimKubelet: ...
+
+
 class ClusterView(ABC):
     """Pods in, facts out, over the parts :class:`~hamid.sim.cluster.SimCluster` started."""
 
-    options: ClusterOptions
+    options: ViewOptions
     server: ApiServer
-    nodes: dict[str, SimNode]
+    nodes: Mapping[str, ViewNode]
     refits: list[RefitCall]
     _session: aiohttp.ClientSession | None
     _driver: KubeSchedulerDriver | None
