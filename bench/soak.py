@@ -1,6 +1,6 @@
 """Randomised soak of the whole stack that checks every invariant all the time, hostile tenants included.
 
-Runs a :class:`~hamid.sim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
+Runs a :class:`~hamidsim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
 8 GPUs each; refit enabled over mTLS) and pushes pods through webhook → kube-scheduler driver →
 ``/filter`` ``/bind`` → simulated kubelet (single-numa-node, static CPUs) → plugin (with refit),
 completing and deleting pods along the way. The invariants are checked from what the API server
@@ -70,9 +70,9 @@ from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
-from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
-from hamid.sim.machine import load_machine_file  # noqa: E402
+from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
+from hamidsim.demo import HETERO_MACHINE  # noqa: E402
+from hamidsim.machine import load_machine_file  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4, 8, 16)

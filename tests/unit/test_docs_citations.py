@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SCANNED = ("hamid", "tests", "bench")
+SCANNED = ("hamid", "sim", "tests", "bench")
 SELF = Path(__file__).resolve()
 
 #: The research notes' names the code once cited, and the docs file that replaced each.
@@ -39,7 +39,9 @@ INVARIANT_RE = re.compile(r"\bI([1-7])\b")
 INVARIANT_DEF_RE = re.compile(r"^\*\*I([1-9])\b", re.MULTILINE)
 TEST_REF_RE = re.compile(r"\b(tests/[\w/]+\.py)(?:::(\w+))?")
 LINK_RE = re.compile(r"\]\((?!https?:|mailto:)(?P<path>[^)#\s]*)(?:#(?P<anchor>[^)\s]+))?\)")
-MODULE_REF_RE = re.compile(r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin|sim)/(?:\w+/)*\w+\.py)")
+MODULE_REF_RE = re.compile(
+    r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin)/(?:\w+/)*\w+\.py)|`(?:sim/)?(hamidsim/(?:\w+/)*\w+\.py)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +171,9 @@ def test_docs_reference_existing_tests_and_modules() -> None:
             elif match[2] and not re.search(rf"^\s*(?:async\s+)?def {match[2]}\(", path.read_text(), re.M):
                 problems.append(f"{doc.name}: {match[0]} -- no such test")
         for match in MODULE_REF_RE.finditer(text):
-            if not (ROOT / "hamid" / match[1]).is_file():
-                problems.append(f"{doc.name}: {match[1]} -- no such module under hamid/")
+            path = ROOT / "hamid" / match[1] if match[1] else ROOT / "sim" / match[2]
+            if not path.is_file():
+                problems.append(f"{doc.name}: {match[1] or match[2]} -- no such module")
     assert problems == []
 
 

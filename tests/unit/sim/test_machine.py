@@ -8,7 +8,7 @@ import pytest
 
 from hamid.model.errors import InvalidInput
 from hamid.plugin.discovery import parse_devices_text
-from hamid.sim.machine import SAMPLES, load_machine_file, parse_machine_text, sample_machine_path
+from hamidsim.machine import SAMPLES, load_machine_file, parse_machine_text, sample_machine_path
 
 GOOD = """
 numaNodes:
