@@ -170,7 +170,7 @@ class ClusterView(ABC):
                     },
                     "rules": [
                         {
-                            "operations": ["CREATE"],
+                            "operations": ["CREATE", "UPDATE"],
                             "apiGroups": [""],
                             "apiVersions": ["v1"],
                             "resources": ["pods"],
