@@ -463,7 +463,7 @@ class Ledger:
         else:
             why = f"its {ann.ALLOCATION_SIGNATURE} does not verify: this scheduler did not write it"
         if current is None:
-            self._report(self.coordination.foreign, "allocation_foreign", pod, node, raw, why)
+            self._report(self.coordination.foreign, "foreign", pod, node, raw, why)
         else:
             self._disagree(pod, current, node, raw, why)
         return None
@@ -471,7 +471,7 @@ class Ledger:
     def _disagree(self, pod: JSON, current: Reservation, node: str | None, raw: str | None, why: str) -> None:
         """Report annotations that disagree with ``current``, which stays booked as it is."""
         detail = f"{why}; {current.node}: {current.raw} stays booked"
-        self._report(self.coordination.disagreed, "allocation_disagrees_with_booking", pod, node, raw, detail)
+        self._report(self.coordination.disagreed, "disagreement", pod, node, raw, detail)
 
     def _forget(self, uid: str, current: Reservation | None) -> None:
         """The pod books nothing any more (it finished)."""
@@ -484,11 +484,11 @@ class Ledger:
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
         except InvalidInput as exc:
-            self._report(self.coordination.undecodable, "undecodable_allocation", pod, node, raw, str(exc))
+            self._report(self.coordination.undecodable, "undecodable", pod, node, raw, str(exc))
             return
         refusal = booking_refusal(self, pod, node, layout)
         if refusal:
-            self._report(self.coordination.refused, "allocation_refused", pod, node, raw, refusal)
+            self._report(self.coordination.refused, "booking", pod, node, raw, refusal)
             return
         uid = objects.uid(pod)
         self._remove(uid)
@@ -513,19 +513,29 @@ class Ledger:
     def _report(
         self,
         outbox: list[tuple[JSON, str]],
-        event: str,
+        outcome: str,
         pod: JSON,
         node: str | None,
         raw: str | None,
         why: str,
     ) -> None:
-        """Log ``event`` and queue a Warning Event about ``pod``'s annotations, once per value."""
+        """Log and queue a Warning Event about ``pod``'s annotations not taken, once per value.
+
+        ``outcome`` (``booking``, ``foreign``, ``undecodable``, ``disagreement``) is also the
+        ``where`` of ``hamid_untrusted_annotations_total`` the Event counts.
+        """
         uid = objects.uid(pod)
         if self._reported.get(uid) == (node, raw):
             return
         self._reported[uid] = (node, raw)
         if not self.quiet:
-            log.warning(event, pod=objects.namespaced_key(pod), node=node, why=why)
+            log.warning(
+                "allocation_annotations_not_taken",
+                outcome=outcome,
+                pod=objects.namespaced_key(pod),
+                node=node,
+                why=why,
+            )
             outbox.append((pod, why))
 
     def resync_pod(self, pod: JSON) -> None:

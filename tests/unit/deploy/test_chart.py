@@ -524,7 +524,7 @@ def test_custom_scheduler_endpoint() -> None:
 
 def test_existing_certificate_without_ca_uses_system_roots() -> None:
     r = rendered("existing-cert-no-ca")
-    assert not r.all("Secret")
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hamid-allocation-keys"]  # no TLS one
     assert not r.has("ConfigMap", "hamid-scheduler-ca")
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert "caBundle" not in hook["clientConfig"]
