@@ -176,6 +176,7 @@ class RequestHandler:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        self._user(request)  # an unknown bearer token is a 401 for every request
         segments = [s for s in path.split("/") if s]
         if request.method == "GET":
             simple = self._discovery(segments, request.headers.get("Accept", ""))
