@@ -164,7 +164,11 @@ class MutatingAdmission:
             obj.setdefault("metadata", {})
             apply_create_defaults(BY_STORAGE[resource.store_key].plural, obj)
         for webhook in webhooks:
-            if self._selected(webhook, namespace, obj):
+            # at UPDATE the objectSelector matches when the old or the new object matches (as in
+            # Kubernetes): adding an excluded label in the same update does not skip the webhook
+            if self._selected(webhook, namespace, obj) or (
+                old is not None and self._selected(webhook, namespace, old)
+            ):
                 obj = await self._call(webhook, request, obj)
         return obj
 

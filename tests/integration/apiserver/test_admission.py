@@ -217,3 +217,18 @@ async def test_a_denied_update_changes_nothing_and_create_only_rules_skip_update
         await core.replace_namespaced_pod("gpu", "default", body)
     # the status subresource is another resource: a rule for pods does not cover pods/status
     await core.patch_namespaced_pod_status("gpu", "default", {"status": {"message": "hi"}})
+
+
+async def test_an_update_adding_the_excluded_label_is_still_judged(
+    apiserver: ApiServer, core: client.CoreV1Api, hook: Hook, tls_files: TLSFiles
+) -> None:
+    ignore = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+    config = update_configuration(hook.url, tls_files.ca_file.read_bytes(), ["UPDATE"])
+    config["webhooks"][0]["objectSelector"] = ignore
+    apiserver.put(config)
+    await core.create_namespaced_pod("default", pod("gpu"))
+    patch = {"metadata": {"labels": {"hami.io/webhook": "ignore"}, "annotations": {"x": "1"}}}
+    await core.patch_namespaced_pod("gpu", "default", patch)
+    assert len(hook.reviews) == 1  # the old object matched the selector
+    await core.patch_namespaced_pod("gpu", "default", {"metadata": {"annotations": {"x": "2"}}})
+    assert len(hook.reviews) == 1  # neither version matches any more
