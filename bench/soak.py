@@ -22,6 +22,15 @@ ignore``), a CPU-only pod and a GPU pod with ``spec.nodeName`` preset, both carr
 allocation annotations (a GPU's whole memory; 2,000,000,000 MiB), and through the webhook a GPU pod
 carrying forged ones. None may be booked, served its forged allocation, or keep the forged values.
 
+A tampering tenant (issue 22, docs/trust.md) strikes as often: it patches the allocation of two
+RUNNING pods (a 1 MiB entry on another GPU of the node; ``:::``) and gives a parked pod of this
+scheduler (pinned to a GPU no node has) ``hami.io/vgpu-node`` and ``:::``. Each patch is first
+sent to the scheduler's webhook as an UPDATE by the tenant (it must be denied), then made past it
+(the soak's API server has no UPDATE webhook: the webhook bypassed). The scheduler must keep every
+booking as it was and report the change (an ``AllocationAnnotationIgnored`` Event), book nothing
+for the parked pod, and the capacity checks count the tampered pods at the allocation they run
+with. Counted in ``tamper`` (patches, webhook denials, reports); a failure is a violation.
+
 The workload (every pod's request and the hostile pods) is drawn from ``--seed`` before the run
 starts: a seed reproduces its workload (``workload_sha256``); placements depend on timing.
 
@@ -39,7 +48,7 @@ Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, `
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
 ``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
-``plugin_prediction`` (the node agents' hits, misses and causes), ``pods_per_s`` and
+``plugin_prediction`` (the node agents' hits, misses and causes), ``tamper``, ``pods_per_s`` and
 ``peak_rss_mib``. Exit status 1 when there is any violation.
 """
 
@@ -85,6 +94,10 @@ HETERO_SHARE = 0.1
 HOSTILE_EVERY = 5
 HOSTILE_LABELS = {"hami.io/webhook": "ignore", "soak/hostile": "true"}
 HOSTILE_MIB = 2_000_000_000
+#: The tampering tenant's identity (the soak's own client is anonymous, as a tenant's kubectl).
+TENANT = "system:anonymous"
+#: How long the scheduler may take to report a tampered allocation.
+TAMPER_REPORT_S = 10.0
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: The soak's nodes: the 2-socket SMT machine (128 CPUs, 8 GPUs, 2 NUMA nodes).
 SOAK_MACHINE = "machine-smt-2socket-8gpu.yaml"
@@ -268,6 +281,8 @@ class Checker:
         self.cluster = cluster
         self.ledger = ledger
         self.aligned = 0
+        #: Pod UID -> (node, allocation) it ran with before a tenant rewrote its annotations.
+        self.tampered: dict[str, tuple[str, str]] = {}
 
     def register(self) -> dict[str, dict[str, tuple[int, int, int]]]:
         """node -> GPU -> (slots, MiB, cores) as each node's plugin registered them."""
@@ -281,11 +296,13 @@ class Checker:
         return out
 
     def annotated(self) -> dict[str, dict[str, tuple[int, int, int]]]:
-        """node -> GPU -> (slots, MiB, cores) the live non-hostile pods' allocation annotations book."""
+        """node -> GPU -> (slots, MiB, cores) the live non-hostile pods' allocation annotations book
+        (a tampered pod's: the allocation it runs with, from before the tenant's patch)."""
         usage: dict[str, dict[str, tuple[int, int, int]]] = {}
         for pod in self.cluster.server.list("Pod", None):
             notes = (pod.get("metadata") or {}).get("annotations") or {}
             raw, node = notes.get(ann.DEVICES_ALLOCATED), notes.get(ann.VGPU_NODE)
+            node, raw = self.tampered.get(str(pod["metadata"].get("uid")), (node, raw))
             if not _live(pod) or _hostile(pod) or raw is None or node is None:
                 continue
             gpus = usage.setdefault(node, {})
@@ -387,17 +404,11 @@ class Checker:
                     "unaligned", f"{name}: GPUs {runtime} not on CPU NUMA {container.numa_node}, no fallback"
                 )
 
-    def hostile(self, pods: list[JSON]) -> tuple[Counter[str], list[str]]:
-        """No forged allocation is served or kept, and none is booked except the documented residual.
-
-        The residual (docs/security.md, Booking): a plausible forged allocation on a GPU pod that skipped the
-        webhook may be booked — against the tenant's own quota — until the pod goes; the plugin never
-        serves it. Returns the hostile pods' phases and the UIDs of such bookings, which
-        :meth:`forged_bookings_released` checks are gone once the pods are deleted.
-        """
+    def hostile(self, pods: list[JSON]) -> Counter[str]:
+        """No forged allocation is served, kept or booked (an unsigned allocation is foreign: it
+        books nothing, docs/trust.md). Returns the hostile pods' phases."""
         self.ledger.checks += 1
         phases: Counter[str] = Counter()
-        tolerated: list[str] = []
         for sent in pods:
             name = sent["metadata"]["name"]
             try:
@@ -411,9 +422,7 @@ class Checker:
                 self.ledger.add("hostile", f"{name}: the webhook kept the forged {ann.DEVICES_ALLOCATED}")
             uid = str(pod["metadata"].get("uid") or "")
             reservation = self.cluster.scheduler.state.reservation(uid)
-            if "preset" in name and reservation is not None:
-                tolerated.append(uid)
-            elif "webhook" not in name and reservation is not None:
+            if "webhook" not in name and reservation is not None:
                 self.ledger.add("hostile", f"{name}: a forged allocation was booked: {reservation.raw}")
             admission = self.cluster.assignment(name)
             if (
@@ -424,15 +433,7 @@ class Checker:
                 served = [_runtime(c) for c in admission.containers if _runtime(c)[0]]
                 if served:
                     self.ledger.add("hostile", f"{name}: served a forged allocation {served}")
-        return phases, tolerated
-
-    def forged_bookings_released(self, uids: list[str]) -> None:
-        """The tolerated forged bookings did not outlive their (deleted) pods."""
-        self.ledger.checks += 1
-        for uid in uids:
-            reservation = self.cluster.scheduler.state.reservation(uid)
-            if reservation is not None:
-                self.ledger.add("hostile", f"pod {uid}: a forged booking outlived its pod: {reservation.raw}")
+        return phases
 
 
 class Soak:
@@ -533,19 +534,112 @@ class Soak:
                 continue
             self.counts["hostile"] += 1
         await asyncio.sleep(1.0)  # let kubelets and the scheduler see them
-        phases, tolerated = self.checker.hostile(pods)
+        phases = self.checker.hostile(pods)
         for phase, count in phases.items():
             self.counts[f"hostile_{phase.lower()}"] += count
-        self.counts["hostile_booked_residual"] += len(tolerated)
         self.checker.capacity(f"hostile strike {batch}")
         for pod in pods:
             try:
                 await self.cluster.delete_pod(pod["metadata"]["name"])
             except Exception:  # refused at admission: never created
                 continue
-        if tolerated:
-            await asyncio.sleep(1.0)  # let the scheduler see the deletes
-            self.checker.forged_bookings_released(tolerated)
+
+
+class Tamperer:
+    """The tampering tenant (issue 22): rewrites running pods' allocations and a parked pod's.
+
+    Kept apart from :class:`Soak` (its own counters and random stream) so the soak's other
+    strikes stay as they are. Every patch is judged by the webhook first (it must be denied),
+    then made past it; the scheduler must keep its bookings and report (see the module doc).
+    """
+
+    def __init__(self, cluster: SimCluster, checker: Checker, seed: int) -> None:
+        self.cluster = cluster
+        self.checker = checker
+        self.rng = random.Random(seed)
+        self.counts: Counter[str] = Counter()
+        #: Pods tampered with (each at most once).
+        self.done: set[str] = set()
+
+    async def strike(self, batch: int, live: list[str], kinds: dict[str, str]) -> None:
+        """Tamper with two running pods (both shapes of attack 1) and one parked pod (attack 2)."""
+        running = sorted(n for n in live if kinds.get(n) != "foreign" and n not in self.done)
+        victims = self.rng.sample(running, min(2, len(running)))
+        for name, shape in zip(victims, ("another-gpu", ":::"), strict=False):
+            self.done.add(name)
+            await self.running_pod(name, shape)
+        await self.parked_pod(f"parked-{batch}")
+        self.checker.capacity(f"tamper strike {batch}")
+
+    async def running_pod(self, name: str, shape: str) -> None:
+        """Attack 1 on ``name``: its booking stays, the change is reported."""
+        cluster, ledger = self.cluster, self.checker.ledger
+        ledger.checks += 1
+        pod = cluster.pod(name)
+        notes = pod["metadata"]["annotations"]
+        node, raw, uid = notes[ann.VGPU_NODE], notes[ann.DEVICES_ALLOCATED], pod["metadata"]["uid"]
+        before = cluster.reservation(name)
+        used = {d.uuid for entry in ann.decode_pod_devices(raw) for d in entry}
+        other = next((g for g in cluster.gpu_numa(node) if g not in used), None)
+        forged = f"{other},NVIDIA,1,0:;" if shape == "another-gpu" and other else ":::"
+        if not await self.denied(pod, {ann.DEVICES_ALLOCATED: forged}):
+            ledger.add("tamper-admitted", f"{name}: the webhook let {TENANT} rewrite its allocation")
+        self.checker.tampered[uid] = (node, raw)
+        await cluster.kube.patch_pod_metadata("default", name, annotations={ann.DEVICES_ALLOCATED: forged})
+        self.counts["patches"] += 1
+        try:
+            await wait_until(
+                lambda: bool(cluster.events(name, reason=R.EVENT_ALLOCATION_IGNORED)),
+                TAMPER_REPORT_S,
+                f"{name}'s tampered allocation reported",
+            )
+            self.counts["reported"] += 1
+        except TimeoutError:
+            ledger.add("tamper-unreported", f"{name}: {forged} not reported")
+        after = cluster.reservation(name)
+        if before is None or after is None or (after.node, after.raw) != (before.node, before.raw):
+            ledger.add(
+                "tamper-rebooked", f"{name}: booking {before and before.raw} became {after and after.raw}"
+            )
+
+    async def parked_pod(self, name: str) -> None:
+        """Attack 2: a parked pod given a node and ``:::`` books nothing."""
+        cluster, ledger = self.cluster, self.checker.ledger
+        ledger.checks += 1
+        body = {
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "annotations": {ann.USE_GPU_UUID: "GPU-parked"},
+            },
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "evil", "resources": {"limits": {NAMES.resource_count_name: 1}}}
+                ]
+            },
+        }
+        pod = await cluster.create_pod(body)
+        node = sorted(cluster.nodes)[self.rng.randrange(len(cluster.nodes))]
+        forged = {ann.VGPU_NODE: node, ann.DEVICES_ALLOCATED: ":::"}
+        if not await self.denied(pod, forged):
+            ledger.add("tamper-admitted", f"{name}: the webhook let {TENANT} give a parked pod an allocation")
+        booked = cluster.booked_usage().get(node)
+        await cluster.kube.patch_pod_metadata("default", name, annotations=forged)
+        self.counts["patches"] += 1
+        self.counts["parked"] += 1
+        await asyncio.sleep(0.5)  # let the scheduler see it
+        if cluster.reservation(name) is not None or cluster.booked_usage().get(node) != booked:
+            ledger.add("parked-booked", f"{name}: an unreadable allocation booked {node}'s GPUs")
+        await cluster.delete_pod(name)
+
+    async def denied(self, pod: JSON, notes: dict[str, str]) -> bool:
+        """Whether the scheduler's webhook denies the tenant this annotation change."""
+        new = json.loads(json.dumps(pod))
+        new["metadata"].setdefault("annotations", {}).update(notes)
+        response = await self.cluster.review_update(pod, new, TENANT)
+        denied = not response.get("allowed")
+        self.counts["webhook_denied"] += denied
+        return denied
 
 
 def node_specs(nodes: int, hetero: int, machine: str = SOAK_MACHINE) -> tuple[NodeSpec, ...]:
@@ -658,14 +752,18 @@ async def run(
     async with SimCluster(options) as cluster:
         checker = Checker(cluster, ledger)
         soak = Soak(cluster, workload, checker, settle_s)
+        tamperer = Tamperer(cluster, checker, workload.churn_seed + 1)
+        kinds = {pod["metadata"]["name"]: kind for kind, pod in workload.pods}
         for batch, index in enumerate(range(0, pods, concurrency)):
             await soak.churn(live_cap)
             await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
             checker.capacity(f"after batch {batch}")
             await checker.accounting(f"after batch {batch}")
             await soak.strike(batch)
+            if batch % HOSTILE_EVERY == 0:
+                await tamperer.strike(batch, soak.live, kinds)
+                await checker.accounting(f"after tamper strike {batch}")
         elapsed = time.monotonic() - started
-        kinds = {pod["metadata"]["name"]: kind for kind, pod in workload.pods}
         refit_figures = _refit_figures(cluster, ledger, kinds, prediction)
         prediction_figures = _prediction_figures(cluster)
     if prediction_figures["prediction_misses"] != sum(prediction_figures["miss_causes"].values()):
@@ -703,11 +801,11 @@ async def run(
         "deleted": soak.counts["deleted"],
         "hostile_pods": soak.counts["hostile"],
         "hostile_denied": soak.counts["hostile_denied"],
-        "hostile_booked_residual": soak.counts["hostile_booked_residual"],
+        "tamper": dict(sorted(tamperer.counts.items())),
         "hostile_phases": {
             k[8:]: v
             for k, v in sorted(soak.counts.items())
-            if k.startswith("hostile_") and k not in ("hostile_denied", "hostile_booked_residual")
+            if k.startswith("hostile_") and k != "hostile_denied"
         },
         "checks": ledger.checks,
         "violations": sum(ledger.kinds.values()),

@@ -35,6 +35,7 @@ from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.refit import refit_route_factory
+from hamid.scheduler.signing import describe
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.app")
@@ -91,8 +92,16 @@ class SchedulerApp:
                     options.api_server, options.kubeconfig, request_timeout=options.settings.api_timeout_s
                 )
             scheduler = Scheduler(
-                self._kube, options.device_config, options.settings, self._events, clock=self._clock
+                self._kube,
+                options.device_config,
+                options.settings,
+                self._events,
+                clock=self._clock,
+                keys=options.allocation_keys,
+                accept_unsigned=options.allow_unsigned_allocations,
+                annotation_writers=options.annotation_writers,
             )
+            _log_signing(options)
             self._scheduler = scheduler
             # before any listener: with leader election a replica starts as a follower
             ha = leadership(scheduler, options) if options.leader_elect else None
@@ -174,6 +183,23 @@ class SchedulerApp:
         if self._kube is not None and self._owns_kube:
             await self._kube.close()
             self._kube = None
+
+
+def _log_signing(options: SchedulerOptions) -> None:
+    """Say at start-up which allocations this replica will trust (docs/trust.md)."""
+    keys = options.allocation_keys
+    if keys is None:
+        log.warning(
+            "allocation_signing_disabled",
+            hint="set --allocation-key-file: after a restart any allocation a pod carries is booked",
+        )
+        return
+    log.info(
+        "allocation_signing",
+        key_ids=describe(keys.keys),
+        signing_key=describe(keys.keys[-1:])[0],
+        accept_unsigned=options.allow_unsigned_allocations,
+    )
 
 
 async def run_scheduler(

@@ -38,6 +38,7 @@ from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.webhook import Verdict, review_pod
 
@@ -93,12 +94,24 @@ class Scheduler:
         settings: SchedulerSettings | None = None,
         events: EventRecorder | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        keys: AllocationKeys | None = None,
+        accept_unsigned: bool = False,
+        annotation_writers: frozenset[str] = frozenset(),
     ) -> None:
         self.kube = kube
+        #: Usernames the webhook lets change scheduler-owned pod annotations (scheduler, plugin).
+        self.annotation_writers = annotation_writers
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config, clock, scheduler_name=self.settings.scheduler_name)
+        self.state = SchedulerState(
+            self.config,
+            clock,
+            scheduler_name=self.settings.scheduler_name,
+            keys=keys,
+            accept_unsigned=accept_unsigned,
+        )
         self.metrics = SchedulerMetrics(self.state)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
@@ -293,25 +306,29 @@ class Scheduler:
             self.metrics.numa_prediction_misses.labels(cause).inc()
 
     def report_undecodable(self) -> None:
-        """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
-        while self.state.refused:
-            pod, why = self.state.refused.pop()
-            self.metrics.untrusted_annotations.labels("booking").inc()
-            self.record(
-                pod,
-                "Warning",
-                R.EVENT_ALLOCATION_REFUSED,
-                f"{ann.DEVICES_ALLOCATED} is not booked: {why}; only allocations hamid's scheduler "
-                "made for the GPUs a pod requests are served",
-            )
-        while self.state.undecodable:
-            pod, error = self.state.undecodable.pop()
-            self.record(
-                pod,
-                "Warning",
+        """Record a Warning Event (and count it) for each pod whose allocation annotations the
+        state did not take: refused, foreign, undecodable, or disagreeing with its booking."""
+        alloc = ann.DEVICES_ALLOCATED
+        for outbox, where, reason, text in (
+            (self.state.refused, "booking", R.EVENT_ALLOCATION_REFUSED, f"{alloc} is not booked: {{}}"),
+            (self.state.foreign, "foreign", R.EVENT_ALLOCATION_FOREIGN, f"{alloc} is not booked: {{}}"),
+            (
+                self.state.undecodable,
+                "undecodable",
                 R.EVENT_UNDECODABLE_ALLOCATION,
-                f"{ann.DEVICES_ALLOCATED} cannot be decoded ({error}); its GPUs are blocked until fixed",
-            )
+                f"{alloc} cannot be decoded ({{}}); it books nothing",
+            ),
+            (
+                self.state.disagreed,
+                "disagreement",
+                R.EVENT_ALLOCATION_IGNORED,
+                f"{alloc} changed after the scheduler booked the pod and is ignored: {{}}",
+            ),
+        ):
+            while outbox:
+                pod, why = outbox.pop()
+                self.metrics.untrusted_annotations.labels(where).inc()
+                self.record(pod, "Warning", reason, text.format(why))
 
     async def _handshake_loop(self) -> None:
         while True:
@@ -345,3 +362,8 @@ class Scheduler:
         generate_name = objects.metadata(pod).get("generateName", "")
         name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
+    def scheduler_owned_change_denied(self, pod: JSON, message: str) -> None:
+        """Count and log an update the webhook denied: it changed scheduler-owned annotations."""
+        self.metrics.untrusted_annotations.labels("webhook_denied").inc()
+        log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=message)

@@ -519,17 +519,19 @@ class Filter:
         """Book the fit, then patch the allocation annotations; "" when done, else the error."""
         uid, name = objects.uid(pod), objects.namespaced_key(pod)
         raw = ann.encode_pod_devices(fitted.devices)
+        signature = self.state.signature(uid, node, raw)
         annotations: dict[str, str | None] = {
             ann.VGPU_NODE: node,
             ann.VGPU_TIME: str(int(time.time())),
             ann.DEVICES_TO_ALLOCATE: raw,
             ann.DEVICES_ALLOCATED: raw,
+            **signature,
         }
         prediction = numa.predictions.get(node)
         predicted = self._prediction_annotation(node, prediction)
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
-        undo = self.state.reserve(pod, node, fitted.devices, raw)
+        undo = self.state.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
         undo_numa = None
         if predicted is not None and prediction is not None:
             undo_numa = self.numa.book(uid, node, prediction, pod)

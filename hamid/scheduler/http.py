@@ -121,7 +121,11 @@ async def _webhook(request: web.Request) -> web.Response:
     scheduler = request.app[SCHEDULER_KEY]
     try:
         answer = admission_response(
-            await read_json(request), scheduler.admit, scheduler.scheduler_owned_removed
+            await read_json(request),
+            scheduler.admit,
+            scheduler.scheduler_owned_removed,
+            scheduler.annotation_writers,
+            scheduler.scheduler_owned_change_denied,
         )
     except InvalidInput as exc:
         return bad_request(str(exc))

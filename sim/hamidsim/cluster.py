@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -53,11 +54,14 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.options import (
     DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT,
     DEFAULT_NAMESPACE,
+    DEFAULT_SCHEDULER_SERVICE_ACCOUNT,
     SchedulerOptions,
 )
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, MTLS, TOKEN
+from hamid.scheduler.signing import AllocationKeys
 from hamid.tls import client_ssl_context
 from hamidsim.apiserver import ApiServer
+from hamidsim.apiserver.kubeconfig import write_kubeconfig
 from hamidsim.certs import CertificateAuthority, CertPair
 from hamidsim.cluster_view import (
     WEBHOOK_CONFIGURATION,
@@ -263,6 +267,8 @@ class SimCluster(ClusterView):
         self._session: aiohttp.ClientSession | None = None
         self._history: dict[str, dict[str, list[str]]] = {}
         self._unlisten: Callable[[], None] | None = None
+        #: The scheduler's allocation key ring: one per cluster, kept across scheduler restarts.
+        self.allocation_keys = AllocationKeys.generate()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -341,9 +347,30 @@ class SimCluster(ClusterView):
         ca = CertificateAuthority.create(directory, common_name="hamid sim CA")
         return ca, ca.issue_server(directory)
 
+    def identity_kubeconfig(self, name: str, username: str, groups: tuple[str, ...] = ()) -> str:
+        """A kubeconfig whose bearer token the API server authenticates as ``username``.
+
+        Each component talks to the API server as its own identity (as on a real cluster), so
+        admission sees who changes what: the scheduler's and the plugin's ServiceAccounts, the
+        kubelets' nodes, kube-scheduler; :attr:`kube` (tests, tenants) stays anonymous.
+        """
+        assert self._dir is not None
+        token = f"sim-{name}-{secrets.token_hex(8)}"
+        self.server.register_token(token, username, groups=(*groups, "system:authenticated"))
+        return str(write_kubeconfig(self._dir / "kubeconfigs" / f"{name}.yaml", self.server.url, token))
+
+    def _service_account_kubeconfig(self, name: str) -> str:
+        username = f"system:serviceaccount:{DEFAULT_NAMESPACE}:{name}"
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{DEFAULT_NAMESPACE}")
+        return self.identity_kubeconfig(name, username, groups)
+
     async def _start_driver(self) -> None:
         """kube-scheduler: sends our pods through the extender's ``/filter`` and ``/bind``."""
-        self._driver_kube = await connect(api_server=self.server.url, request_timeout=_CALL_TIMEOUT_S)
+        self._driver_kube = await connect(
+            api_server=self.server.url,
+            kubeconfig=self.identity_kubeconfig("kube-scheduler", "system:kube-scheduler"),
+            request_timeout=_CALL_TIMEOUT_S,
+        )
         self._driver = KubeSchedulerDriver(
             self._driver_kube,
             scheduler_name=self.options.scheduler_name,
@@ -428,7 +455,9 @@ class SimCluster(ClusterView):
             leader_elect_retry_period_s=0.5,
             leader_identity="hamid-sim",
             api_server=self.server.url,
+            kubeconfig=self._service_account_kubeconfig(DEFAULT_SCHEDULER_SERVICE_ACCOUNT),
             refit_auth=(self.options.refit_auth,),
+            allocation_keys=self.allocation_keys,
         )
 
     async def _start_scheduler(self) -> None:
@@ -459,7 +488,13 @@ class SimCluster(ClusterView):
         machine = await asyncio.to_thread(load_machine_file, spec.machine_file)
         config_file, sysfs_root = await asyncio.to_thread(_write_node_files, spec, machine, directory)
         config = await asyncio.to_thread(load_kubelet_config, config_file)
-        kubelet_kube = await connect(api_server=self.server.url, request_timeout=_CALL_TIMEOUT_S)
+        kubelet_kube = await connect(
+            api_server=self.server.url,
+            kubeconfig=self.identity_kubeconfig(
+                f"kubelet-{spec.name}", f"system:node:{spec.name}", ("system:nodes",)
+            ),
+            request_timeout=_CALL_TIMEOUT_S,
+        )
         kubelet = SimKubelet(
             kubelet_kube,
             node_name=spec.name,
@@ -497,6 +532,7 @@ class SimCluster(ClusterView):
             pod_resources_socket=str(node.kubelet.pod_resources.socket),
             sysfs_root=str(node.sysfs_root),
             api_server=self.server.url,
+            kubeconfig=self._service_account_kubeconfig(DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT),
         )
         node.plugin_app = PluginApp(
             options,

@@ -127,24 +127,40 @@ class ClusterView(ABC):
 
     # -- pods -----------------------------------------------------------------------------------
 
-    async def admit(self, pod: Mapping[str, Any]) -> JSON:
-        """Run ``pod`` through the scheduler's mutating webhook over TLS; the mutated pod."""
+    async def _review(self, request: JSON) -> JSON:
+        """POST one AdmissionReview request to the scheduler's webhook over TLS; its response."""
         assert self._session is not None
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": f"review-{objects.name(pod)}",
-                "namespace": objects.namespace(pod) or "default",
-                "operation": "CREATE",
-                "object": dict(pod),
-            },
-        }
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
         async with self._session.post(self.cluster_url + "/webhook", json=review) as resp:
             body = await resp.json(content_type=None)
             if resp.status != 200:
                 raise InvalidInput(f"webhook answered {resp.status}: {body}")
-        response = body.get("response") or {}
+        response: JSON = body.get("response") or {}
+        return response
+
+    async def review_update(self, old: Mapping[str, Any], new: Mapping[str, Any], username: str) -> JSON:
+        """The scheduler's webhook verdict on ``username`` updating pod ``old`` to ``new``."""
+        return await self._review(
+            {
+                "uid": f"review-update-{objects.name(old)}",
+                "namespace": objects.namespace(old) or "default",
+                "operation": "UPDATE",
+                "userInfo": {"username": username, "groups": ["system:authenticated"]},
+                "object": dict(new),
+                "oldObject": dict(old),
+            }
+        )
+
+    async def admit(self, pod: Mapping[str, Any]) -> JSON:
+        """Run ``pod`` through the scheduler's mutating webhook over TLS; the mutated pod."""
+        response = await self._review(
+            {
+                "uid": f"review-{objects.name(pod)}",
+                "namespace": objects.namespace(pod) or "default",
+                "operation": "CREATE",
+                "object": dict(pod),
+            }
+        )
         if not response.get("allowed"):
             raise InvalidInput(f"webhook denied the pod: {(response.get('status') or {}).get('message')}")
         if not response.get("patch"):
@@ -184,7 +200,7 @@ class ClusterView(ABC):
                     },
                     "rules": [
                         {
-                            "operations": ["CREATE"],
+                            "operations": ["CREATE", "UPDATE"],
                             "apiGroups": [""],
                             "apiVersions": ["v1"],
                             "resources": ["pods"],

@@ -58,17 +58,19 @@ class RefitCommitter:
         res = state.reservation(uid)
         if res is None:
             raise RefusalError(RefusalCode.UNKNOWN_POD, f"pod {uid} is not tracked by the scheduler")
-        if res.blocked is None:
-            old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
-            new_mem, new_cores = pod_quota_usage(plan.layout, res.kinds, res.init_released)
-            mem, cores = max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
-        else:
-            mem = cores = 0
+        old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+        new_mem, new_cores = pod_quota_usage(plan.layout, res.kinds, res.init_released)
+        mem, cores = max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
         hold = state.hold(uid, res.node, res.applied, res.namespace, mem, cores)
-        undo = state.move(uid, plan.layout, plan.new_allocated)
+        signature = state.signature(uid, res.node, plan.new_allocated)  # a refit re-signs
+        undo = state.move(uid, plan.layout, plan.new_allocated, signature[ann.ALLOCATION_SIGNATURE])
         namespace, name = objects.namespace(pod), objects.name(pod)
         timeout = min(self.patch_timeout, remaining)
-        annotations = {ann.DEVICES_TO_ALLOCATE: plan.new_pending, ann.DEVICES_ALLOCATED: plan.new_allocated}
+        annotations = {
+            ann.DEVICES_TO_ALLOCATE: plan.new_pending,
+            ann.DEVICES_ALLOCATED: plan.new_allocated,
+            **signature,
+        }
         try:
             async with asyncio.timeout(timeout):
                 patched = await self.scheduler.kube.patch_pod_metadata(

@@ -1,18 +1,23 @@
-"""Mutating admission webhooks, called on create as a real API server calls them.
+"""Mutating admission webhooks, called on create and update as a real API server calls them.
 
 For each ``MutatingWebhookConfiguration`` (by name) and each webhook in it (in order) whose rules
-match the request (operation ``CREATE``, API group, version, resource, scope) and whose
+match the request (operation ``CREATE`` or ``UPDATE``, API group, version, resource or
+``resource/subresource``, scope) and whose
 ``namespaceSelector`` and ``objectSelector`` match, the server POSTs an ``AdmissionReview`` (v1, or
-v1beta1 when only that is listed in ``admissionReviewVersions``) to ``clientConfig.url`` over TLS,
+v1beta1 when only that is listed in ``admissionReviewVersions``), with the caller's ``userInfo``
+(:meth:`~hamidsim.apiserver.tokens.TokenRegistry.authenticate`) and, at UPDATE, the stored
+``oldObject``, to ``clientConfig.url`` over TLS,
 trusting ``clientConfig.caBundle`` (the system roots when empty), within ``timeoutSeconds`` (default
 10). An allowed response's ``JSONPatch`` is applied to the object; a denial is the request's error
 (``admission webhook "<name>" denied the request: <message>``, the response's code or 400). A call
 that fails is an internal error under ``failurePolicy: Fail`` (the default) and skipped under
 ``Ignore``.
 
-Only creates over HTTP are admitted (the Python API seeds state directly). Not done: UPDATE, DELETE
-and CONNECT admission, ``clientConfig.service`` (the embedded server resolves no Services: such a
-webhook counts as a failed call), ``matchConditions``, reinvocation, validating webhooks.
+Only creates and updates (PUT, PATCH) over HTTP are admitted (the Python API seeds state
+directly); an update the store changed while a webhook was asked is judged again (a real server's
+retry). Not done: DELETE and CONNECT admission, ``clientConfig.service`` (the embedded server
+resolves no Services: such a webhook counts as a failed call), ``matchConditions``, reinvocation,
+validating webhooks and ValidatingAdmissionPolicies (the chart's policy is checked by its tests).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import base64
 import json
 import ssl
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -41,6 +47,18 @@ _CONFIGS = "mutatingwebhookconfigurations"
 log = get_logger("sim.apiserver.admission")
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What an AdmissionReview says about the request besides the object."""
+
+    resource: Resource
+    namespace: str
+    operation: str
+    user: dict[str, Any]
+    old: dict[str, Any] | None
+    subresource: str
+
+
 class WebhookCallError(Exception):
     """Calling one webhook failed (transport, status, or an answer that is not an AdmissionReview)."""
 
@@ -49,19 +67,24 @@ def _listed(values: Any, wanted: str) -> bool:
     return isinstance(values, list) and ("*" in values or wanted in values)
 
 
-def rule_matches(rule: Any, resource: Resource, operation: str) -> bool:
-    """Whether one ``RuleWithOperations`` covers this request."""
+def rule_matches(rule: Any, resource: Resource, operation: str, subresource: str = "") -> bool:
+    """Whether one ``RuleWithOperations`` covers this request (``pods``, ``pods/status``, ``*``...)."""
     if not isinstance(rule, dict):
         return False
     scope = rule.get("scope") or "*"
     in_scope = scope == "*" or (scope == "Namespaced") == resource.namespaced
     resources = rule.get("resources") or []
+    names: tuple[str, ...]
+    if subresource:
+        names = ("*/*", f"{resource.plural}/{subresource}", f"{resource.plural}/*", f"*/{subresource}")
+    else:
+        names = ("*", "*/*", resource.plural)
     return (
         _listed(rule.get("operations"), operation)
         and _listed(rule.get("apiGroups"), resource.group)
         and _listed(rule.get("apiVersions"), resource.version)
         and isinstance(resources, list)
-        and any(r in ("*", "*/*", resource.plural) for r in resources)
+        and any(r in names for r in resources)
         and in_scope
     )
 
@@ -108,31 +131,51 @@ class MutatingAdmission:
         ns_labels = objects.labels(ns.obj if ns is not None else None)
         return label_selector_test(webhook.get("namespaceSelector"))(ns_labels)
 
-    async def admit(self, resource: Resource, namespace: str, obj: Any) -> Any:
-        """``obj`` after every matching webhook, or the error a webhook's answer or failure calls for."""
+    def _matching(self, resource: Resource, operation: str, subresource: str) -> list[dict[str, Any]]:
+        return [
+            w
+            for w in self._webhooks()
+            if any(rule_matches(r, resource, operation, subresource) for r in w.get("rules") or [])
+        ]
+
+    def wants_update(self, resource: Resource, subresource: str = "") -> bool:
+        """Whether any webhook's rules register UPDATE of this resource (or subresource)."""
+        return bool(self._matching(resource, "UPDATE", subresource))
+
+    async def admit(
+        self,
+        resource: Resource,
+        namespace: str,
+        obj: Any,
+        user: dict[str, Any],
+        old: dict[str, Any] | None = None,
+        subresource: str = "",
+    ) -> Any:
+        """``obj`` after every matching webhook, or the error a webhook's answer or failure calls for.
+
+        ``old`` (the stored object) makes it an UPDATE; ``user`` is the caller's ``userInfo``.
+        """
         if not isinstance(obj, dict):
             return obj
-        defaulted = False
-        for webhook in self._webhooks():
-            rules = webhook.get("rules") or []
-            if not any(rule_matches(r, resource, "CREATE") for r in rules):
-                continue
-            if not defaulted:  # webhooks see the object as the server will store it
-                obj = json.loads(json.dumps(obj))
-                obj.setdefault("metadata", {})
-                apply_create_defaults(BY_STORAGE[resource.store_key].plural, obj)
-                defaulted = True
-            if not self._selected(webhook, namespace, obj):
-                continue
-            obj = await self._call(webhook, resource, namespace, obj)
+        request = _Request(resource, namespace, "CREATE" if old is None else "UPDATE", user, old, subresource)
+        webhooks = self._matching(resource, request.operation, subresource)
+        if webhooks and old is None:  # webhooks see the object as the server will store it
+            obj = json.loads(json.dumps(obj))
+            obj.setdefault("metadata", {})
+            apply_create_defaults(BY_STORAGE[resource.store_key].plural, obj)
+        for webhook in webhooks:
+            # at UPDATE the objectSelector matches when the old or the new object matches (as in
+            # Kubernetes): adding an excluded label in the same update does not skip the webhook
+            if self._selected(webhook, namespace, obj) or (
+                old is not None and self._selected(webhook, namespace, old)
+            ):
+                obj = await self._call(webhook, request, obj)
         return obj
 
-    async def _call(
-        self, webhook: dict[str, Any], resource: Resource, namespace: str, obj: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _call(self, webhook: dict[str, Any], request: _Request, obj: dict[str, Any]) -> dict[str, Any]:
         name = str(webhook.get("name") or "")
         try:
-            response = await self._post(webhook, self._review(webhook, resource, namespace, obj))
+            response = await self._post(webhook, self._review(webhook, request, obj))
         except WebhookCallError as err:
             if webhook.get("failurePolicy") == "Ignore":
                 log.warning("admission_webhook_failed_ignored", webhook=name, error=str(err))
@@ -160,37 +203,32 @@ class MutatingAdmission:
         return dict(patched)
 
     @staticmethod
-    def _review(
-        webhook: dict[str, Any], resource: Resource, namespace: str, obj: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _review(webhook: dict[str, Any], request: _Request, obj: dict[str, Any]) -> dict[str, Any]:
         versions = webhook.get("admissionReviewVersions") or ["v1"]
         version = "v1" if "v1" in versions else ("v1beta1" if "v1beta1" in versions else "")
         if not version:
             raise bad_request(f"webhook {webhook.get('name')!r} accepts none of AdmissionReview v1, v1beta1")
+        resource = request.resource
         gvk = {"group": resource.group, "version": resource.version, "kind": resource.kind}
         gvr = {"group": resource.group, "version": resource.version, "resource": resource.plural}
-        return {
-            "apiVersion": f"admission.k8s.io/{version}",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": gvk,
-                "resource": gvr,
-                "requestKind": gvk,
-                "requestResource": gvr,
-                "name": objects.name(obj),
-                "namespace": namespace,
-                "operation": "CREATE",
-                "userInfo": {
-                    "username": "system:admin",
-                    "groups": ["system:masters", "system:authenticated"],
-                },
-                "object": obj,
-                "oldObject": None,
-                "dryRun": False,
-                "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
-            },
+        review: dict[str, Any] = {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": objects.name(obj),
+            "namespace": request.namespace,
+            "operation": request.operation,
+            "userInfo": request.user,
+            "object": obj,
+            "oldObject": request.old,
+            "dryRun": False,
+            "options": {"kind": f"{request.operation.title()}Options", "apiVersion": "meta.k8s.io/v1"},
         }
+        if request.subresource:
+            review["subResource"] = review["requestSubResource"] = request.subresource
+        return {"apiVersion": f"admission.k8s.io/{version}", "kind": "AdmissionReview", "request": review}
 
     async def _post(self, webhook: dict[str, Any], review: dict[str, Any]) -> dict[str, Any]:
         config = webhook.get("clientConfig") or {}

@@ -15,7 +15,7 @@ from aiohttp import web
 from hamid.log import get_logger
 from hamidsim.apiserver import openapi, protobuf, tables, validation
 from hamidsim.apiserver.admission import MutatingAdmission
-from hamidsim.apiserver.errors import ApiError, bad_request, status_body
+from hamidsim.apiserver.errors import STALE, ApiError, bad_request, conflict, status_body
 from hamidsim.apiserver.faults import Faults
 from hamidsim.apiserver.patch import PATCH_TYPES
 from hamidsim.apiserver.resources import (
@@ -81,6 +81,8 @@ VERSION_INFO = {
     "platform": "linux/amd64",
 }
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: How often an admitted update is retried when the object changed while the webhooks answered.
+_UPDATE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,7 @@ class RequestHandler:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        self._user(request)  # an unknown bearer token is a 401 for every request
         segments = [s for s in path.split("/") if s]
         if request.method == "GET":
             simple = self._discovery(segments, request.headers.get("Accept", ""))
@@ -302,7 +305,7 @@ class RequestHandler:
                 raise _not_served(request.path)
             body = await self._body(request, objects=True)
             warnings = validation.check_fields(resource, body, mode)
-            body = await self.server.admission.admit(resource, namespace, body)
+            body = await self.server.admission.admit(resource, namespace, body, self._user(request))
             stored = store.create(resource, namespace, body)
             return self._object_response(request, stored, resource, 201, warnings)
         name = route.name or ""
@@ -311,7 +314,7 @@ class RequestHandler:
         if verb == "update":
             body = await self._body(request, objects=True)
             warnings = validation.check_fields(resource, body, mode)
-            stored = store.replace(resource, namespace, name, body, route.subresource)
+            stored = await self._admitted_update(request, route, lambda _old: store.incoming(resource, body))
             return self._object_response(request, stored, resource, 200, warnings)
         if verb == "patch":
             content_type = request.content_type
@@ -321,12 +324,45 @@ class RequestHandler:
             def check(patched: dict[str, Any]) -> None:
                 warnings.extend(validation.check_fields(resource, patched, mode))
 
-            stored = store.patch(
-                resource, namespace, name, content_type, await self._body(request), route.subresource, check
+            patch = await self._body(request)
+            stored = await self._admitted_update(
+                request, route, lambda old: store.patched(resource, old, content_type, patch, check)
             )
             return self._object_response(request, stored, resource, 200, warnings)
         options = await self._delete_options(request)
         return self._object_response(request, store.delete(resource, namespace, name, options), resource)
+
+    def _user(self, request: web.Request) -> dict[str, Any]:
+        """The caller's ``userInfo`` (401 for an unknown token)."""
+        return self.server.tokens.authenticate(request.headers.get("Authorization"))
+
+    async def _admitted_update(
+        self, request: web.Request, route: _Route, change: Callable[[Stored], dict[str, Any]]
+    ) -> Stored:
+        """PUT or PATCH ``route``'s object to ``change(stored)``, through the UPDATE webhooks.
+
+        Without an UPDATE webhook this is one synchronous store update. With one, the webhooks
+        judge the new object beside the stored one; if the store changed during their answer,
+        the update is made and judged again from the new version (a real server's retry).
+        """
+        store, admission = self.server.store, self.server.admission
+        resource, namespace, name = route.resource, route.namespace or "", route.name or ""
+        user = self._user(request)
+        for _ in range(_UPDATE_ATTEMPTS):
+            old = store.get(resource, namespace, name)
+            new = store.prepare_update(resource, old, change(old), route.subresource)
+            if new is None:
+                return old
+            if admission.wants_update(resource, route.subresource):
+                admitted = await admission.admit(resource, namespace, new, user, old.obj, route.subresource)
+                if store.find(resource, namespace, name) is not old:
+                    continue
+                if admitted is not new:  # a webhook patched it: checked as the store checks any update
+                    new = store.prepare_update(resource, old, admitted, route.subresource)
+                    if new is None:
+                        return old
+            return store.commit_update(resource, old, new)
+        raise conflict(resource.plural, name, STALE, resource.group)
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:
         body = await self._body(request, allow_empty=True)

@@ -6,11 +6,13 @@ preconditions, merge / strategic-merge / JSON patch, list and watch with field a
 410 for a resourceVersion older than the kept history, ``pods/binding``, core and events.k8s.io
 events (one storage, two views), leases, TokenReview for registered tokens, and fault injection.
 
-Differences from a real server, on purpose: no authentication or authorization (every request is
-allowed; TokenReview answers only for tokens registered here), no admission beyond pod/namespace
-defaults, namespaces are created on first use unless ``auto_namespaces=False``, pods are deleted at
-once unless ``graceful_pod_deletion=True``, paginated lists (``limit``/``continue``) read the current
-state under the first page's resourceVersion, server-side apply is answered 415.
+Differences from a real server, on purpose: authentication only by the bearer tokens registered
+here (none: ``system:anonymous``; an unknown one: 401) and no authorization (every user may do
+everything; TokenReview answers only for tokens registered here), no admission beyond pod/namespace
+defaults and the registered mutating webhooks (:mod:`.admission`), namespaces are created on
+first use unless ``auto_namespaces=False``, pods are deleted at once unless
+``graceful_pod_deletion=True``, paginated lists (``limit``/``continue``) read the current state
+under the first page's resourceVersion, server-side apply is answered 415.
 
 Admin endpoints (not subject to faults): ``GET|POST|DELETE /_sim/faults``, ``DELETE /_sim/faults/<id>``,
 ``POST /_sim/watches/close``, ``POST /_sim/tokens``, ``GET /_sim/stats``.

@@ -509,6 +509,51 @@ class Store:
         old = self.get(resource, namespace, name)
         return self._update(resource, old, obj, subresource)
 
+    def incoming(self, resource: Resource, body: Any) -> dict[str, Any]:
+        """A PUT body as an object to update with (400 when it is not one)."""
+        return self._incoming(resource, body)
+
+    def patched(
+        self,
+        resource: Resource,
+        old: Stored,
+        content_type: str,
+        body: Any,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """``old`` with a patch applied (not stored); ``check`` sees the patched wire form and may raise."""
+        try:
+            patched = apply_patch(content_type, resource.to_view(old.obj), body)
+        except PatchError as err:
+            if err.unprocessable:
+                raise ApiError(422, str(err)) from err
+            raise bad_request(str(err)) from err
+        if check is not None:
+            check(patched)
+        return self._incoming(resource, patched)
+
+    def prepare_update(
+        self, resource: Resource, old: Stored, obj: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any] | None:
+        """The object an update of ``old`` to ``obj`` would store (checked), None when unchanged.
+
+        With :meth:`commit_update` it is :meth:`replace` in two steps, so admission can judge the
+        object (and its old version) between them.
+        """
+        return self._updated(resource, old, obj, subresource)
+
+    def commit_update(self, resource: Resource, old: Stored, obj: dict[str, Any]) -> Stored:
+        """Store what :meth:`prepare_update` gave for ``old`` (which must still be current)."""
+        base = BY_STORAGE[resource.store_key]
+        if self.find(resource, old.namespace, old.name) is not old:
+            raise conflict(resource.plural, old.name, STALE, resource.group)
+        meta, old_meta = obj["metadata"], old.obj["metadata"]
+        if meta.get("deletionTimestamp") and old_meta.get("finalizers") and not meta.get("finalizers"):
+            deleted = dict(obj)
+            deleted["metadata"] = dict(meta)
+            return self.commit(base, "DELETED", old, deleted)
+        return self.commit(base, "MODIFIED", old, obj)
+
     def patch(
         self,
         resource: Resource,
@@ -524,18 +569,17 @@ class Store:
         ``check`` sees the patched object (wire form) before anything is stored and may raise.
         """
         old = self.get(resource, namespace, name)
-        try:
-            patched = apply_patch(content_type, resource.to_view(old.obj), body)
-        except PatchError as err:
-            if err.unprocessable:
-                raise ApiError(422, str(err)) from err
-            raise bad_request(str(err)) from err
-        if check is not None:
-            check(patched)
-        obj = self._incoming(resource, patched)
-        return self._update(resource, old, obj, subresource)
+        return self._update(
+            resource, old, self.patched(resource, old, content_type, body, check), subresource
+        )
 
     def _update(self, resource: Resource, old: Stored, obj: dict[str, Any], subresource: str) -> Stored:
+        updated = self._updated(resource, old, obj, subresource)
+        return old if updated is None else self.commit_update(resource, old, updated)
+
+    def _updated(
+        self, resource: Resource, old: Stored, obj: dict[str, Any], subresource: str
+    ) -> dict[str, Any] | None:
         base = BY_STORAGE[resource.store_key]
         meta = obj["metadata"]
         name = old.name
@@ -576,13 +620,7 @@ class Store:
         if base.plural == "pods":
             quantities_as_text(obj)
         self._validate(resource, obj)
-        if obj == old.obj:
-            return old
-        if meta.get("deletionTimestamp") and old_meta.get("finalizers") and not meta.get("finalizers"):
-            deleted = dict(obj)
-            deleted["metadata"] = dict(meta)
-            return self.commit(base, "DELETED", old, deleted)
-        return self.commit(base, "MODIFIED", old, obj)
+        return None if obj == old.obj else obj
 
     def delete(
         self,

@@ -10,6 +10,8 @@ from hamid.kube.tokens import NODE_NAME_EXTRA, NODE_UID_EXTRA, POD_NAME_EXTRA, P
 from hamidsim.apiserver.errors import ApiError, bad_request
 
 TOKEN_REVIEW = "authentication.k8s.io/v1"
+#: Who a request without credentials is (a real server with anonymous requests enabled).
+ANONYMOUS: dict[str, Any] = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,18 @@ class TokenRegistry:
             extra=extra,
             audiences=audiences,
         )
+
+    def authenticate(self, authorization: str | None) -> dict[str, Any]:
+        """The ``userInfo`` of a request's ``Authorization`` header, as a real server's authenticator
+        gives it to admission: none is ``system:anonymous``; a bearer token this registry does not
+        know (or another scheme) is a 401. (The embedded server authorizes every user.)"""
+        if not authorization:
+            return dict(ANONYMOUS)
+        scheme, _, token = authorization.partition(" ")
+        identity = self._by_token.get(token.strip()) if scheme.lower() == "bearer" else None
+        if identity is None:
+            raise ApiError(401, "Unauthorized")
+        return identity.user_json()
 
     def revoke(self, token: str) -> None:
         """Forget a token (TokenReview then answers ``authenticated: false``)."""

@@ -257,7 +257,12 @@ def test_scheduler_container_args_and_mounts() -> None:
     assert args["--refit-auth"] == "token"
     assert args["--device-plugin-namespace"] == NAMESPACE
     assert args["--device-plugin-service-account"] == PLUGIN
-    assert set(mounts(c)) == {"/tls", "/device-config"}
+    assert set(mounts(c)) == {"/tls", "/device-config", "/allocation-keys"}
+    # signed allocations and the identities that may change scheduler-owned annotations
+    assert args["--allocation-key-file"] == "/allocation-keys/keys"
+    assert volumes(deployment)["allocation-keys"]["secret"]["secretName"] == "hamid-allocation-keys"
+    assert "--allow-unsigned-allocations" not in args
+    assert args["--service-account"] == f"{NAMESPACE}/{SCHED}"
     assert volumes(deployment)["tls"]["secret"]["secretName"] == "hamid-scheduler-tls"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["runAsNonRoot"] is True
@@ -332,7 +337,9 @@ def test_webhook() -> None:
         "port": 443,
     }
     assert hook["rules"][0]["resources"] == ["pods"]
-    assert hook["rules"][0]["operations"] == ["CREATE"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    [condition] = hook["matchConditions"]  # hamid's own updates never wait for the webhook
+    assert f"system:serviceaccount:{NAMESPACE}:{SCHED}" in condition["expression"]
     ignore = {"key": annotations.WEBHOOK, "operator": "NotIn", "values": [annotations.WEBHOOK_IGNORE]}
     assert hook["objectSelector"]["matchExpressions"] == [ignore]
     assert hook["namespaceSelector"]["matchExpressions"] == [ignore]
@@ -517,7 +524,7 @@ def test_custom_scheduler_endpoint() -> None:
 
 def test_existing_certificate_without_ca_uses_system_roots() -> None:
     r = rendered("existing-cert-no-ca")
-    assert not r.all("Secret")
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hamid-allocation-keys"]  # no TLS one
     assert not r.has("ConfigMap", "hamid-scheduler-ca")
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert "caBundle" not in hook["clientConfig"]
