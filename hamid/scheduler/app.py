@@ -207,25 +207,31 @@ def leadership(
             pod_selector=options.scheduler_pod_selector,
             retry_delay=retry,
         )
+        elector: LeaderElector | LeaseFollower
         if options.leader_elect_mode == "campaign":
-            return terms, LeaderElector(
+            elector = LeaderElector(
                 scheduler.kube,
                 options.leader_elect_namespace,
                 options.leader_elect_name,
                 f"{identity}_{uuid.uuid4().hex[:8]}",
+                lease_duration=options.leader_elect_lease_duration_s,
+                renew_deadline=options.leader_elect_renew_deadline_s,
                 retry_period=retry,
                 on_started_leading=terms.started,
                 on_stopped_leading=terms.stopped,
             )
-        return terms, LeaseFollower(
-            scheduler.kube,
-            options.leader_elect_namespace,
-            options.leader_elect_name,
-            identity,
-            poll_interval=retry,
-            request_timeout=options.settings.api_timeout_s,
-            on_started_leading=terms.started,
-            on_stopped_leading=terms.stopped,
-        )
+        else:
+            elector = LeaseFollower(
+                scheduler.kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                identity,
+                poll_interval=retry,
+                request_timeout=options.settings.api_timeout_s,
+                on_started_leading=terms.started,
+                on_stopped_leading=terms.stopped,
+            )
     except ValueError as exc:
         raise InvalidInput(f"leader election: {exc}") from None
+    scheduler.readiness.fence(elector)
+    return terms, elector

@@ -44,6 +44,15 @@ _BIND_UNDO_S = 3.0
 _MIN_CALL_S = 0.5
 
 
+class Fenced(Exception):
+    """The leadership a bind started under ended before its next write: it writes nothing more.
+
+    No undo either: the new leader may be binding the same pod, and a stale replica removing
+    ``bind-phase`` or the node lock would undo the new leader's work (the lock expires, or the
+    pod's next bind takes it as its own).
+    """
+
+
 class Binder:
     """The bind verb over one scheduler's state, caches, node locker and API client."""
 
@@ -120,6 +129,11 @@ class Binder:
             return None, f"reading pod {key} failed: {exc}"
         return pod, ""
 
+    def _fenced(self, epoch: str) -> str:
+        """The answer when the leadership the bind started under no longer holds ("" while it does)."""
+        reason = self.readiness.check(epoch)
+        return f"scheduler not ready: {reason}" if reason else ""
+
     async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
         """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
 
@@ -169,15 +183,19 @@ class Binder:
 
     async def _bind(self, args: BindArgs, deadline: float) -> str:
         key = f"{args.pod_namespace}/{args.pod_name}"
+        epoch = self.readiness.epoch()
         pod, answer = await self._bind_target(args, deadline)
         if pod is None:
             return answer
         needs_lock = self._needs_lock(pod)
         if needs_lock:
-            refused = await self._lock(args, pod, deadline)
+            refused = self._fenced(epoch) or await self._lock(args, pod, deadline)
             if refused:
                 return refused
         try:
+            fenced = self._fenced(epoch)
+            if fenced:
+                raise Fenced(fenced)
             await self.kube.patch_pod_metadata(
                 args.pod_namespace,
                 args.pod_name,
@@ -185,6 +203,9 @@ class Binder:
                 uid=args.pod_uid,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+            fenced = self._fenced(epoch)
+            if fenced:
+                raise Fenced(fenced)
             await self.kube.bind_pod(
                 args.pod_namespace,
                 args.pod_name,
@@ -192,6 +213,9 @@ class Binder:
                 args.node,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+        except Fenced as exc:
+            log.warning("bind_fenced", pod=key, node=args.node, reason=str(exc))
+            return str(exc)
         except KubeError as exc:
             # A Binding that timed out may have landed; a 409 may be a retry of one that did.
             if (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(args, deadline):

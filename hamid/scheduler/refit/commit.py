@@ -18,7 +18,7 @@ from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
-from hamid.scheduler.refit.plan import JSON, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
 
 if TYPE_CHECKING:
     from hamid.scheduler.core import Scheduler
@@ -47,12 +47,17 @@ class RefitCommitter:
         self.scheduler = scheduler
         self.patch_timeout = patch_timeout
 
-    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float) -> JSON:
+    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
         """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
 
         Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with
-        the accounting following what the API server holds when the outcome was ambiguous.
+        the accounting following what the API server holds when the outcome was ambiguous. A
+        refit whose leadership ``epoch`` no longer holds is refused before anything changes.
         """
+        fenced = self.scheduler.readiness.check(epoch)
+        if fenced:
+            message = f"{MSG_NOT_SYNCED}: scheduler not ready: {fenced}"
+            raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
         precondition = objects.resource_version(pod)
         state = self.scheduler.state
         res = state.reservation(uid)
