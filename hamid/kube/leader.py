@@ -40,6 +40,8 @@ JITTER = 1.2
 #: Part of the lease duration a replica gives up before the others may take over (clock-rate
 #: skew, the time between a check and the write it guards reaching the API server).
 SKEW_MARGIN_FRACTION = 0.1
+#: The release on the way out is bounded: a stopping process does not wait on a slow API server.
+RELEASE_TIMEOUT_S = 2.0
 
 
 def fence_clock() -> float:
@@ -241,7 +243,7 @@ class LeaderElector:
         spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
         body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
         try:
-            async with asyncio.timeout(self.renew_deadline):
+            async with asyncio.timeout(min(self.renew_deadline, RELEASE_TIMEOUT_S)):
                 await self.client.replace_lease(self.namespace, self.name, body)
             self._log.info("lease_released")
         except (KubeError, TimeoutError) as exc:

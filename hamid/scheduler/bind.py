@@ -42,6 +42,11 @@ _BIND_AFTER_LOCK_S = 8.0
 _BIND_UNDO_S = 3.0
 #: The shortest timeout a bind's API call gets when its budget is nearly spent.
 _MIN_CALL_S = 0.5
+#: The answer of a bind still waiting for a node lock when the scheduler stops.
+_SHUTTING_DOWN = (
+    "scheduler shutting down: gave up waiting for the lock of node {node}; "
+    "kube-scheduler retries the pod with the next leader"
+)
 
 
 class Fenced(Exception):
@@ -90,6 +95,30 @@ class Binder:
         self.record = record
         #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
         self.in_flight: set[str] = set()
+        #: Set on shutdown: binds waiting for a node lock are answered at once.
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """The process is stopping: answer every bind waiting for a node lock now (with an error)."""
+        self._closing.set()
+
+    async def _acquire_or_close(self, args: BindArgs, wait_s: float) -> float:
+        """:meth:`NodeLocker.acquire`, ended by :meth:`close` with :class:`LockContention`."""
+        if self._closing.is_set():
+            raise LockContention(_SHUTTING_DOWN.format(node=args.node))
+        acquire = asyncio.ensure_future(
+            self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+        )
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((acquire, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not acquire.done():
+                acquire.cancel()
+                await asyncio.gather(acquire, return_exceptions=True)
+                raise LockContention(_SHUTTING_DOWN.format(node=args.node))
+        return acquire.result()
 
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb; returns the error message ("" on success), never raises."""
@@ -173,7 +202,7 @@ class Binder:
         loop = asyncio.get_running_loop()
         wait_s = max(min(self.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
         try:
-            waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+            waited = await self._acquire_or_close(args, wait_s)
         except (LockContention, KubeError) as exc:
             self.backoff.note(args.node, ok=False)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))

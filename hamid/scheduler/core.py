@@ -234,6 +234,11 @@ class Scheduler:
         freeze_heap()
         log.info("heap_frozen_after_sync", frozen_objects=gc.get_freeze_count())
 
+    def shutdown(self) -> None:
+        """Stop deciding: new decisions are refused, binds waiting for a node lock answered now."""
+        self.readiness.stop()
+        self.binder.close()
+
     async def close(self) -> None:
         """Cancel background event tasks."""
         for task in list(self._tasks):

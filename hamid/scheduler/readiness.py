@@ -34,7 +34,7 @@ class Fence(Protocol):
 class Readiness:
     """The decision gate of one replica (see the module docs for who writes it)."""
 
-    __slots__ = ("_fence", "_leading", "_synced", "_term", "_term_synced")
+    __slots__ = ("_fence", "_leading", "_stopping", "_synced", "_term", "_term_synced")
 
     def __init__(self, synced: Callable[[], bool]) -> None:
         self._synced = synced
@@ -42,6 +42,7 @@ class Readiness:
         self._term_synced = True
         self._term = 0
         self._fence: Fence | None = None
+        self._stopping = False
 
     @property
     def leading(self) -> bool:
@@ -72,8 +73,17 @@ class Readiness:
         self._leading, self._term_synced = False, False
         self._term += 1
 
+    def stop(self) -> None:
+        """The process is shutting down: refuse new decisions (those in flight may finish)."""
+        self._stopping = True
+
     def reason(self) -> str:
-        """Why the replica must not decide now ("" when it may)."""
+        """Why the replica must not start a decision now ("" when it may)."""
+        if self._stopping:
+            return "shutting down"
+        return self._decides()
+
+    def _decides(self) -> str:
         if not self._synced():
             return "caches not synced"
         if not self._leading:
@@ -91,7 +101,7 @@ class Readiness:
 
     def check(self, epoch: str) -> str:
         """Why a decision that started under ``epoch`` must not write now ("" when it may)."""
-        reason = self.reason()
+        reason = self._decides()
         if reason:
             return reason
         now = self.epoch()
