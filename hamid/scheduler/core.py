@@ -246,14 +246,15 @@ class Scheduler:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, owned here (cancelled by :meth:`close`)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
-        self._spawn(self.events.record(obj, event_type, reason, message))
+        self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------
 
