@@ -47,16 +47,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
 import re
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from benchstats import peak_rss_mib, print_figures
 
 from hamid.log import configure
@@ -64,15 +68,26 @@ from hamid.log import configure
 configure("json", "error")  # before the modules below bind their loggers
 
 from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
+from hamid.kube.client import connect  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
+from hamid.sim.cluster import (  # noqa: E402
+    SIM_LEASE_NAME,
+    ClusterOptions,
+    NodeSpec,
+    SimCluster,
+    data_file,
+    wait_until,
+)
 from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
+from hamid.sim.kube_scheduler import KubeSchedulerDriver  # noqa: E402
 from hamid.sim.machine import load_machine_file  # noqa: E402
+from hamid.sim.replicas import SchedulerProcess  # noqa: E402
+from hamid.sim.replicas import wait_for as replica_wait  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4, 8, 16)
@@ -548,6 +563,104 @@ class Soak:
             self.checker.forged_bookings_released(tolerated)
 
 
+class LeaderPause:
+    """``--leader-pause``: a second scheduler replica (a real ``hamid scheduler`` process) with its
+    own kube-scheduler, the leader paused past its Lease mid-run.
+
+    The cluster's scheduler hands its Lease over (a restart: it releases it) to the process, which
+    leads for a while; the process is then stopped (SIGSTOP, a VM freeze) for the Lease duration
+    plus :data:`PAUSE_PAST_LEASE_S`, the cluster's scheduler takes over, and the process is woken
+    with its kube-scheduler's requests queued: its fence must refuse them. It stays up, a
+    follower, until the end; the invariants are checked as in every run.
+    """
+
+    LEASE = (15.0, 10.0, 0.5)  # the cluster scheduler's: its defaults with the sim's retry period
+
+    def __init__(self, cluster: SimCluster) -> None:
+        s = cluster.scheduler_options().settings
+        args = (
+            f"--scheduler-name={s.scheduler_name}",
+            f"--node-scheduler-policy={s.node_policy}",
+            f"--gpu-scheduler-policy={s.gpu_policy}",
+            f"--bind-wait={s.bind_wait_s:g}s",
+        )
+        self.cluster = cluster
+        self.replica = SchedulerProcess(
+            "soak-b", cluster.server.url, self.LEASE, args, lease_name=SIM_LEASE_NAME
+        )
+        self.figures: dict[str, Any] = {}
+        self._driver_task: asyncio.Task[None] | None = None
+        self._kube: Any = None
+
+    async def run(self) -> None:
+        """Hand over, pause the new leader past its lease, wake it; the figures in :attr:`figures`."""
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+            await self.replica.start()
+            await replica_wait(lambda: self.replica.synced(session), 60, "second replica synced")
+            self._kube = await connect(api_server=self.cluster.server.url)
+            driver = KubeSchedulerDriver(
+                self._kube,
+                scheduler_name=self.cluster.options.scheduler_name,
+                extender_url=self.replica.url("extender", ""),
+                initial_backoff=0.2,
+                max_backoff=1.0,
+            )
+            self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
+            started = loop.time()
+            await self.cluster.hand_over_scheduler()
+            await replica_wait(lambda: self.replica.ready(session), 60, "second replica leads")
+            self.figures["handover_s"] = round(loop.time() - started, 2)
+            await asyncio.sleep(5.0)  # it decides for a while
+            paused = self.LEASE[0] + PAUSE_PAST_LEASE_S
+            self.replica.signal(signal.SIGSTOP)
+            try:
+                takeover = await replica_wait(self.cluster_leads, paused + 30, "the cluster scheduler leads")
+                await asyncio.sleep(max(0.0, paused - takeover))
+            finally:
+                self.replica.signal(signal.SIGCONT)
+            self.figures.update(paused_s=round(max(paused, takeover), 2), takeover_s=round(takeover, 2))
+            await replica_wait(self._old_leader_stepped_down(session), 30, "the woken replica steps down")
+
+    def cluster_running(self) -> bool:
+        """Whether the cluster's own scheduler runs (not inside the hand-over's restart)."""
+        try:
+            return self.cluster.scheduler is not None
+        except RuntimeError:
+            return False
+
+    async def cluster_leads(self) -> bool:
+        """Whether the cluster's own scheduler decides now."""
+        try:
+            return not self.cluster.scheduler.not_ready_reason()
+        except RuntimeError:  # between the hand-over's stop and start
+            return False
+
+    def _old_leader_stepped_down(self, session: aiohttp.ClientSession) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return not await self.replica.ready(session)
+
+        return check
+
+    async def close(self) -> None:
+        """Stop the second kube-scheduler and the process (SIGTERM, then kill if it lingers)."""
+        if self._driver_task is not None:
+            self._driver_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._driver_task
+        if self._kube is not None:
+            await self._kube.close()
+        with contextlib.suppress(ProcessLookupError, RuntimeError):
+            self.replica.signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await self.replica.wait_exit(10)
+        await self.replica.close()
+
+
+#: How far past its Lease the soak's leader pause lasts (seconds).
+PAUSE_PAST_LEASE_S = 2.0
+
+
 def node_specs(nodes: int, hetero: int, machine: str = SOAK_MACHINE) -> tuple[NodeSpec, ...]:
     """``nodes`` nodes of ``machine``, the last ``hetero`` of them with mixed GPU models (48/96 GB)."""
     hetero = max(0, min(hetero, nodes))
@@ -636,6 +749,17 @@ def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
     }
 
 
+async def _checked(checker: Checker, soak: Soak, batch: int, pause: LeaderPause | None) -> None:
+    """The checks after a batch (with a leader pause: on the cluster scheduler's accounting only
+    while it leads; the other replica's view is not the cluster's), then the hostile tenant."""
+    checker.capacity(f"after batch {batch}")
+    if pause is not None:
+        await wait_until(pause.cluster_running, 30.0, "the cluster scheduler runs")
+    if pause is None or await pause.cluster_leads():
+        await checker.accounting(f"after batch {batch}")
+    await soak.strike(batch)
+
+
 async def run(
     pods: int,
     nodes: int,
@@ -647,6 +771,7 @@ async def run(
     hetero: int = 1,
     prediction: bool = True,
     settle_s: float = SETTLE_S,
+    leader_pause: bool = False,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
     specs = node_specs(nodes, hetero)
@@ -658,12 +783,22 @@ async def run(
     async with SimCluster(options) as cluster:
         checker = Checker(cluster, ledger)
         soak = Soak(cluster, workload, checker, settle_s)
-        for batch, index in enumerate(range(0, pods, concurrency)):
-            await soak.churn(live_cap)
-            await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
-            checker.capacity(f"after batch {batch}")
-            await checker.accounting(f"after batch {batch}")
-            await soak.strike(batch)
+        pause = LeaderPause(cluster) if leader_pause else None
+        pausing: asyncio.Task[None] | None = None
+        try:
+            for batch, index in enumerate(range(0, pods, concurrency)):
+                await soak.churn(live_cap)
+                if pause is not None and pausing is None:
+                    pausing = asyncio.create_task(pause.run(), name="leader-pause")
+                await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
+                await _checked(checker, soak, batch, pause)
+            if pausing is not None:
+                await pausing
+        finally:
+            if pausing is not None and not pausing.done():
+                pausing.cancel()
+            if pause is not None:
+                await pause.close()
         elapsed = time.monotonic() - started
         kinds = {pod["metadata"]["name"]: kind for kind, pod in workload.pods}
         refit_figures = _refit_figures(cluster, ledger, kinds, prediction)
@@ -715,6 +850,7 @@ async def run(
         "seconds": round(elapsed, 2),
         "pods_per_s": round(soak.counts["pods"] / elapsed, 1) if elapsed else 0.0,
         "peak_rss_mib": round(peak_rss_mib(), 1),
+        **({"leader_pause": pause.figures} if pause is not None else {}),
     }
 
 
@@ -750,6 +886,11 @@ def main() -> None:
         help=f"seconds a pod may take to run or fail before it counts as stuck (default {SETTLE_S:g})",
     )
     parser.add_argument(
+        "--leader-pause",
+        action="store_true",
+        help="run a second scheduler replica and pause the leader past its Lease mid-run",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -770,6 +911,7 @@ def main() -> None:
             hetero=args.hetero_nodes,
             prediction=args.prediction == "on",
             settle_s=args.settle_s,
+            leader_pause=args.leader_pause,
         )
     )
     print_figures(result)

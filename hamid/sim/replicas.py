@@ -16,10 +16,14 @@ import os
 import signal
 import socket
 import sys
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from hamid.model import annotations as ann
+from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
 
 JSON = dict[str, Any]
 
@@ -29,6 +33,41 @@ PROBE_LEASE = (3.0, 2.0, 0.5)
 PROBE_LEASE_NAMESPACE = "kube-system"
 PROBE_LEASE_NAME = "hamid-ha-probe"
 _HTTP_TIMEOUT_S = 30.0
+
+
+def gpu_node(name: str, mem: int) -> JSON:
+    """A Node registering one healthy hami-core GPU of ``mem`` MiB (``<name>-gpu0``)."""
+    gpu = DeviceInfo(f"{name}-gpu0", 0, 10, mem, 100, "NVIDIA-A100", 0, MODE_HAMI_CORE, True)
+    annotations = {ann.NODE_REGISTER: ann.encode_node_devices([gpu])}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations},
+        "status": {"allocatable": {"nvidia.com/gpu": "10"}},
+    }
+
+
+def gpu_pod(name: str, mem: int, namespace: str = "default") -> JSON:
+    """A Pending pod of one container asking one GPU with ``mem`` MiB."""
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mem)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}-{uuid.uuid4().hex[:8]}"},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def booked_mem(pods: list[JSON], node: str) -> int:
+    """MiB of GPU memory the pods' allocation annotations hold on ``node``."""
+    total = 0
+    for pod in pods:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        allocated = annotations.get(ann.DEVICES_ALLOCATED)
+        if allocated and annotations.get(ann.VGPU_NODE) == node:
+            total += sum(d.usedmem for c in ann.decode_pod_devices(allocated) for d in c)
+    return total
 
 
 def free_port() -> int:
@@ -50,6 +89,7 @@ class SchedulerProcess:
     api_server: str
     lease: tuple[float, float, float] = PROBE_LEASE
     extra_args: tuple[str, ...] = ()
+    lease_name: str = PROBE_LEASE_NAME
     ports: dict[str, int] = field(default_factory=dict)
     proc: asyncio.subprocess.Process | None = None
 
@@ -71,7 +111,7 @@ class SchedulerProcess:
             "--leader-elect",
             "--leader-elect-mode=campaign",
             f"--leader-elect-namespace={PROBE_LEASE_NAMESPACE}",
-            f"--leader-elect-name={PROBE_LEASE_NAME}",
+            f"--leader-elect-name={self.lease_name}",
             f"--leader-elect-lease-duration={_seconds(duration)}",
             f"--leader-elect-renew-deadline={_seconds(renew)}",
             f"--leader-elect-retry-period={_seconds(retry)}",

@@ -15,11 +15,17 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.sim.apiserver import ApiServer
-from hamid.sim.replicas import PROBE_LEASE, SchedulerProcess, leader_of, wait_for
-from tests.unit.scheduler.helpers import container, gpu, node, pod
+from hamid.sim.replicas import (
+    PROBE_LEASE,
+    SchedulerProcess,
+    booked_mem,
+    gpu_node,
+    gpu_pod,
+    leader_of,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +38,7 @@ POD_MEM = 6_000
 @pytest.fixture
 async def pair(apiserver: ApiServer) -> AsyncIterator[list[SchedulerProcess]]:
     """Replicas ``a`` and ``b`` against the API server, one GPU node ``n1``; killed afterwards."""
-    seeded = node("n1", gpus=1)
-    seeded["metadata"]["annotations"][ann.NODE_REGISTER] = ann.encode_node_devices(
-        [gpu("n1-gpu0", mem=GPU_MEM)]
-    )
-    apiserver.put({"apiVersion": "v1", "kind": "Node", **seeded})
+    apiserver.put(gpu_node("n1", GPU_MEM))
     replicas = [SchedulerProcess(name, apiserver.url) for name in ("a", "b")]
     try:
         for replica in replicas:
@@ -45,10 +47,6 @@ async def pair(apiserver: ApiServer) -> AsyncIterator[list[SchedulerProcess]]:
     finally:
         for replica in replicas:
             await replica.close()
-
-
-def gpu_pod(name: str) -> dict[str, object]:
-    return {"apiVersion": "v1", "kind": "Pod", **pod(name, containers=[container("main", 1, POD_MEM, 10)])}
 
 
 async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSession) -> SchedulerProcess:
@@ -61,16 +59,6 @@ async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSessi
     return leader
 
 
-def booked_mem(server: ApiServer) -> int:
-    """MiB of GPU memory the API server's pods hold on ``n1`` (annotated or bound)."""
-    total = 0
-    for stored in server.list("Pod", "default"):
-        allocated = objects.annotations(stored).get(ann.DEVICES_ALLOCATED)
-        if allocated and objects.annotations(stored).get(ann.VGPU_NODE) == "n1":
-            total += sum(d.usedmem for c in ann.decode_pod_devices(allocated) for d in c)
-    return total
-
-
 async def test_a_paused_leader_wakes_fenced_and_two_pods_never_over_commit(
     apiserver: ApiServer, pair: list[SchedulerProcess]
 ) -> None:
@@ -81,8 +69,8 @@ async def test_a_paused_leader_wakes_fenced_and_two_pods_never_over_commit(
         try:
             took = await wait_for(lambda: new.ready(session), LEASE_S + 10, "the other replica takes over")
             await asyncio.sleep(max(0.0, LEASE_S + 1 - took))  # paused well past the lease
-            p_old = apiserver.put(gpu_pod("p-old"))
-            p_new = apiserver.put(gpu_pod("p-new"))
+            p_old = apiserver.put(gpu_pod("p-old", POD_MEM))
+            p_new = apiserver.put(gpu_pod("p-new", POD_MEM))
         finally:
             old.signal(signal.SIGCONT)
         # at the same moment, as two kube-schedulers would: the woken replica and the new leader
@@ -92,7 +80,7 @@ async def test_a_paused_leader_wakes_fenced_and_two_pods_never_over_commit(
     assert on_new == "n1", on_new
     assert on_old.startswith("error: scheduler not ready:"), on_old
     assert "lease not renewed" in on_old or "not the leader" in on_old, on_old
-    assert booked_mem(apiserver) == POD_MEM
+    assert booked_mem(apiserver.list("Pod", "default"), "n1") == POD_MEM
     bound = [p for p in apiserver.list("Pod", "default") if objects.section(p, "spec").get("nodeName")]
     assert [objects.name(p) for p in bound] == ["p-new"]
 
