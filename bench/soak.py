@@ -34,8 +34,15 @@ heterogeneous ones, which need the mixed-GPU node: plain and pinned pods by node
 pods bound to it), and ~5 % foreign Guaranteed CPU pods bound by the default
 scheduler (``spec.nodeName`` preset).
 
+Leader pause (``--leader-pause``, see :class:`LeaderPause`): after the first batch a second
+scheduler replica (a real ``hamid scheduler`` process, with its own kube-scheduler driver) takes
+the Lease over, leads a while, and is paused (SIGSTOP) past its Lease while pods flow; the
+cluster's scheduler takes over and the woken replica must not decide beside it. The invariants
+are checked as always; the result gains ``leader_pause`` (hand-over, pause and takeover seconds).
+
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed``,
-``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
+``--prediction``, ``--leader-pause`` exist). Last output line: one JSON object with ``pods``,
+``refits``, ``refusals``,
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
 ``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
@@ -56,7 +63,6 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -591,43 +597,46 @@ class LeaderPause:
         self.figures: dict[str, Any] = {}
         self._driver_task: asyncio.Task[None] | None = None
         self._kube: Any = None
+        self._session = aiohttp.ClientSession()
 
-    async def run(self) -> None:
-        """Hand over, pause the new leader past its lease, wake it; the figures in :attr:`figures`."""
+    async def hand_over(self) -> None:
+        """Start the process and its kube-scheduler; the cluster's scheduler hands it the Lease.
+
+        Between batches: the cluster's scheduler restarts, and the checks read its state.
+        """
         loop = asyncio.get_running_loop()
-        async with aiohttp.ClientSession() as session:
-            await self.replica.start()
-            await replica_wait(lambda: self.replica.synced(session), 60, "second replica synced")
-            self._kube = await connect(api_server=self.cluster.server.url)
-            driver = KubeSchedulerDriver(
-                self._kube,
-                scheduler_name=self.cluster.options.scheduler_name,
-                extender_url=self.replica.url("extender", ""),
-                initial_backoff=0.2,
-                max_backoff=1.0,
-            )
-            self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
-            started = loop.time()
-            await self.cluster.hand_over_scheduler()
-            await replica_wait(lambda: self.replica.ready(session), 60, "second replica leads")
-            self.figures["handover_s"] = round(loop.time() - started, 2)
-            await asyncio.sleep(5.0)  # it decides for a while
-            paused = self.LEASE[0] + PAUSE_PAST_LEASE_S
-            self.replica.signal(signal.SIGSTOP)
-            try:
-                takeover = await replica_wait(self.cluster_leads, paused + 30, "the cluster scheduler leads")
-                await asyncio.sleep(max(0.0, paused - takeover))
-            finally:
-                self.replica.signal(signal.SIGCONT)
-            self.figures.update(paused_s=round(max(paused, takeover), 2), takeover_s=round(takeover, 2))
-            await replica_wait(self._old_leader_stepped_down(session), 30, "the woken replica steps down")
+        await self.replica.start()
+        await replica_wait(lambda: self.replica.synced(self._session), 60, "second replica synced")
+        self._kube = await connect(api_server=self.cluster.server.url)
+        driver = KubeSchedulerDriver(
+            self._kube,
+            scheduler_name=self.cluster.options.scheduler_name,
+            extender_url=self.replica.url("extender", ""),
+            initial_backoff=0.2,
+            max_backoff=1.0,
+        )
+        self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
+        started = loop.time()
+        await self.cluster.hand_over_scheduler()
+        await replica_wait(lambda: self.replica.ready(self._session), 60, "second replica leads")
+        self.figures["handover_s"] = round(loop.time() - started, 2)
 
-    def cluster_running(self) -> bool:
-        """Whether the cluster's own scheduler runs (not inside the hand-over's restart)."""
+    async def pause(self) -> None:
+        """While pods flow: the process decides a while, is paused past its Lease, and woken."""
+        await asyncio.sleep(5.0)
+        paused = self.LEASE[0] + PAUSE_PAST_LEASE_S
+        self.replica.signal(signal.SIGSTOP)
         try:
-            return self.cluster.scheduler is not None
-        except RuntimeError:
-            return False
+            takeover = await replica_wait(self.cluster_leads, paused + 30, "the cluster scheduler leads")
+            await asyncio.sleep(max(0.0, paused - takeover))
+        finally:
+            self.replica.signal(signal.SIGCONT)
+        self.figures.update(paused_s=round(max(paused, takeover), 2), takeover_s=round(takeover, 2))
+
+        async def stepped_down() -> bool:
+            return not await self.replica.ready(self._session)
+
+        await replica_wait(stepped_down, 30, "the woken replica steps down")
 
     async def cluster_leads(self) -> bool:
         """Whether the cluster's own scheduler decides now."""
@@ -635,12 +644,6 @@ class LeaderPause:
             return not self.cluster.scheduler.not_ready_reason()
         except RuntimeError:  # between the hand-over's stop and start
             return False
-
-    def _old_leader_stepped_down(self, session: aiohttp.ClientSession) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            return not await self.replica.ready(session)
-
-        return check
 
     async def close(self) -> None:
         """Stop the second kube-scheduler and the process (SIGTERM, then kill if it lingers)."""
@@ -650,6 +653,7 @@ class LeaderPause:
                 await self._driver_task
         if self._kube is not None:
             await self._kube.close()
+        await self._session.close()
         with contextlib.suppress(ProcessLookupError, RuntimeError):
             self.replica.signal(signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
@@ -753,8 +757,6 @@ async def _checked(checker: Checker, soak: Soak, batch: int, pause: LeaderPause 
     """The checks after a batch (with a leader pause: on the cluster scheduler's accounting only
     while it leads; the other replica's view is not the cluster's), then the hostile tenant."""
     checker.capacity(f"after batch {batch}")
-    if pause is not None:
-        await wait_until(pause.cluster_running, 30.0, "the cluster scheduler runs")
     if pause is None or await pause.cluster_leads():
         await checker.accounting(f"after batch {batch}")
     await soak.strike(batch)
@@ -788,8 +790,9 @@ async def run(
         try:
             for batch, index in enumerate(range(0, pods, concurrency)):
                 await soak.churn(live_cap)
-                if pause is not None and pausing is None:
-                    pausing = asyncio.create_task(pause.run(), name="leader-pause")
+                if pause is not None and pausing is None and batch >= 1:
+                    await pause.hand_over()
+                    pausing = asyncio.create_task(pause.pause(), name="leader-pause")
                 await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
                 await _checked(checker, soak, batch, pause)
             if pausing is not None:
