@@ -102,6 +102,8 @@ DEMO_MIG_MACHINE = "demo-mig-node.yaml"
 RESOURCE_NAME = "nvidia.com/gpu"
 #: The scheduler's decision settings the simulator starts from: the product's, except binds wait less.
 SCHEDULER_SETTINGS = SchedulerSettings(bind_wait_s=10.0)
+#: The Lease the simulated cluster's scheduler campaigns for (kube-system).
+SIM_LEASE_NAME = "hamid-sim-scheduler"
 #: How long the simulated components wait for the API server and each other.
 _CALL_TIMEOUT_S = 5.0
 #: The simulator's loops run faster than the product's (registration retried within a second).
@@ -451,7 +453,7 @@ class SimCluster(ClusterView):
             # one replica campaigning for its own Lease: the leader-election path of a real start
             leader_elect=True,
             leader_elect_mode="campaign",
-            leader_elect_name="hamid-sim-scheduler",
+            leader_elect_name=SIM_LEASE_NAME,
             leader_elect_retry_period_s=0.5,
             leader_identity="hamid-sim",
             api_server=self.server.url,
@@ -460,13 +462,21 @@ class SimCluster(ClusterView):
             allocation_keys=self.allocation_keys,
         )
 
-    async def _start_scheduler(self) -> None:
-        """Start the scheduler app; wait until its caches synced and it leads its first term."""
+    async def _start_scheduler(self, lead: bool = True) -> None:
+        """Start the scheduler app; wait until its caches synced (and, with ``lead``, it decides)."""
         app = SchedulerApp(self.scheduler_options())
         self._app = app
         self._ports.update(await app.start())
         await app.wait_synced()
-        await wait_until(lambda: not app.scheduler.not_ready_reason(), 15.0, "the scheduler is ready")
+        if lead:
+            await wait_until(lambda: not app.scheduler.not_ready_reason(), 15.0, "the scheduler is ready")
+
+    async def hand_over_scheduler(self) -> None:
+        """Stop the scheduler (it releases its Lease to another replica) and start it again as a
+        replica that need not lead: HA runs with a second scheduler on :data:`SIM_LEASE_NAME`."""
+        await self._stop_scheduler()
+        await self._start_scheduler(lead=False)
+        self.scheduler_restarts += 1
 
     async def _stop_scheduler(self) -> None:
         app, self._app = self._app, None
