@@ -34,7 +34,7 @@ from hamid.plugin.discovery import (
     load_devices_inventory,
     watch_xid_events,
 )
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
@@ -146,7 +146,7 @@ class Plugin:
         numa_sources: NumaSources | None = None,
     ) -> None:
         self.setup = setup
-        self.inventory = Inventory(setup.gpus, setup.config)
+        self.inventory = GpuInventory(setup.gpus, setup.config)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age

@@ -57,9 +57,9 @@ class NumaMismatch:
     """An annotated GPU is not among kubelet's devices for one container.
 
     ``container_index`` counts init containers first; ``missing`` are the annotated UUIDs kubelet's
-    devices do not cover; ``available_ids`` are kubelet's candidate replicas (the available ones at
-    ``GetPreferredAllocation``, the allocated ones at ``Allocate``) and ``allowed_uuids`` the unique
-    physical GPUs behind them, the set a refit is restricted to.
+    devices do not cover; ``allowed_uuids`` are the unique physical GPUs behind kubelet's candidate
+    replicas (the available ones at ``GetPreferredAllocation``, the allocated ones at ``Allocate``),
+    the set a refit is restricted to.
     """
 
     door: Door
@@ -69,9 +69,6 @@ class NumaMismatch:
     container_name: str
     annotated: ContainerDevices
     missing: tuple[str, ...]
-    available_ids: tuple[str, ...]
-    must_include_ids: tuple[str, ...]
-    allocation_size: int
     allowed_uuids: tuple[str, ...]
 
     @property
