@@ -58,15 +58,11 @@ from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
-    AllocationError,
-    ContainerAnswer,
-    HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
     consume,
     container_at,
     distinct_gpu_preference,
-    hami_core_answer,
     has_pending_entry,
     identify_pod,
     is_allocation_candidate,
@@ -74,9 +70,10 @@ from hamid.plugin.allocator_rules import (
     pending_entries,
     refuse_unservable,
     select_preferred,
-    summarize,
     to_allocate,
 )
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods

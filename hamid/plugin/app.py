@@ -20,7 +20,6 @@ from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
-from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
@@ -34,6 +33,7 @@ from hamid.plugin.discovery import (
     load_devices_inventory,
     watch_xid_events,
 )
+from hamid.plugin.hamicore_answer import HamiCoreSettings
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics

@@ -22,7 +22,7 @@ strict         one refit; on failure the allocation fails   error log only; runs
 
 The policy answers the replacement devices (committed by the scheduler), None (the annotation
 stands and Allocate serves it: the GPUs the scheduler accounts for, whatever replicas kubelet
-picked), or raises :class:`~hamid.plugin.allocator_rules.AllocationError`. What a replacement means
+picked), or raises :class:`~hamid.plugin.errors.AllocationError`. What a replacement means
 at each door (an offer to kubelet, or the devices served) is the allocator's business.
 """
 
@@ -39,7 +39,7 @@ from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.devices import NVIDIA, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
-from hamid.plugin.allocator_rules import AllocationError
+from hamid.plugin.errors import AllocationError
 from hamid.plugin.refit_client import RefitClient, RefitError
 
 log = get_logger("plugin.numa_policy")

@@ -17,7 +17,8 @@ from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginBase
 from hamid.log import get_logger
 from hamid.plugin.allocator import Allocator, PreferredRequest
-from hamid.plugin.allocator_rules import AllocationError, ContainerAnswer, summarize
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer
 from hamid.plugin.inventory import GpuInventory
 
 log = get_logger("plugin.service")

@@ -26,7 +26,7 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin.allocator_rules import AllocationError
+from hamid.plugin.errors import AllocationError
 from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,

@@ -16,25 +16,22 @@ from hamid.model.annotations import (
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.allocator_rules import (
-    AllocationError,
     GpuFacts,
-    HamiCoreSettings,
-    MountSpec,
     PendingEntry,
     allowed_uuids,
     choose_pod,
     consume,
     distinct_gpu_preference,
-    hami_core_answer,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
     select_preferred,
-    summarize,
     to_allocate,
 )
 from hamid.plugin.discovery import PhysicalGpu
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import HamiCoreSettings, MountSpec, hami_core_answer
 from hamid.plugin.inventory import GpuInventory, device_type
 
 V100_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
