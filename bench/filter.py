@@ -278,14 +278,14 @@ def _bench_no_fit(
         t0 = time.perf_counter()
         spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
         numa = NumaFit.of(pod, f"uid-huge-{i % 4}") if prediction else None
-        node, _fitted, failed = scheduler.plan(pod, spec, candidates, numa)
+        node, _fitted, failed = scheduler.filtering.plan(pod, spec, candidates, numa)
         latencies.append(time.perf_counter() - t0)
         if node is not None:
             raise RuntimeError(f"the no-fit pod fitted on {node}")
         failed_nodes = len(failed)
         churn = _pod(f"churn-{i}", f"uid-churn-{i}", 1000, 5)
         spec = PodFitSpec.from_pod(churn, scheduler.config, "spread", "binpack")
-        node, fitted, _failed = scheduler.plan(churn, spec, candidates)
+        node, fitted, _failed = scheduler.filtering.plan(churn, spec, candidates)
         if node is not None and fitted is not None:
             scheduler.state.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
     if not latencies:
@@ -352,7 +352,7 @@ def bench_in_process(
         t0 = time.perf_counter()
         spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
         numa = NumaFit.of(pod, uid) if prediction else None
-        node, fitted, _failed = scheduler.plan(pod, spec, candidates, numa)
+        node, fitted, _failed = scheduler.filtering.plan(pod, spec, candidates, numa)
         if node is not None and fitted is not None:
             state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
             chosen = numa.predictions.get(node) if numa is not None else None

@@ -14,10 +14,6 @@ from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
 
-#: Why a prediction missed: the ``cause`` of ``hamid_numa_prediction_misses_total``, in the
-#: scheduler's metrics and the plugin's (docs/numa-prediction.md, "Scoring").
-MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
-
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]
 
@@ -70,20 +66,3 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
         nodes = frozenset(n for n, k in per_numa.items() if k > 0 and n != NO_TOPOLOGY)
         targets.append(nodes or None)
     return tuple(targets)
-
-
-def miss_cause(*, stale: bool, foreign_since: bool, own_since: bool) -> str:
-    """The cause of a missed prediction, the first that applies (scheduler and plugin alike).
-
-    ``stale``: the profile generation changed between prediction and admission; ``foreign_since``:
-    a pod without a prediction (another scheduler's) came to hold CPUs or devices on the node since
-    the prediction; ``own_since``: other predicted pods were admitted on the node since (kubelet took
-    them in another order than the scheduler predicted them); otherwise ``unmodelled``.
-    """
-    if stale:
-        return MISS_CAUSES[2]
-    if foreign_since:
-        return MISS_CAUSES[1]
-    if own_since:
-        return MISS_CAUSES[0]
-    return MISS_CAUSES[3]

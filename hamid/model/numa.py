@@ -653,3 +653,25 @@ def decode_prediction(text: object) -> PodPrediction:
     containers = tuple(ContainerPrediction(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
     _check_pod(gen, containers, NUMA_PREDICTED, ids=False)
     return PodPrediction(gen, containers)
+
+
+#: Why a prediction missed: the ``cause`` of ``hamid_numa_prediction_misses_total``, in the
+#: scheduler's metrics and the plugin's (docs/numa-prediction.md, "Scoring").
+MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
+
+
+def miss_cause(*, stale: bool, foreign_since: bool, own_since: bool) -> str:
+    """The cause of a missed prediction, the first that applies (scheduler and plugin alike).
+
+    ``stale``: the profile generation changed between prediction and admission; ``foreign_since``:
+    a pod without a prediction (another scheduler's) came to hold CPUs or devices on the node since
+    the prediction; ``own_since``: other predicted pods were admitted on the node since (kubelet took
+    them in another order than the scheduler predicted them); otherwise ``unmodelled``.
+    """
+    if stale:
+        return MISS_CAUSES[2]
+    if foreign_since:
+        return MISS_CAUSES[1]
+    if own_since:
+        return MISS_CAUSES[0]
+    return MISS_CAUSES[3]

@@ -59,15 +59,11 @@ from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
-    AllocationError,
-    ContainerAnswer,
-    HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
     consume,
     container_at,
     distinct_gpu_preference,
-    hami_core_answer,
     has_pending_entry,
     identify_pod,
     is_allocation_candidate,
@@ -75,10 +71,11 @@ from hamid.plugin.allocator_rules import (
     pending_entries,
     refuse_unservable,
     select_preferred,
-    summarize,
     to_allocate,
 )
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -185,7 +182,7 @@ class Allocator:
         self,
         client: KubeClient,
         pods: NodePods,
-        inventory: Inventory,
+        inventory: GpuInventory,
         hami: HamiCoreSettings,
         *,
         resource_name: str = ResourceConfig().resource_count_name,
@@ -272,8 +269,6 @@ class Allocator:
         entry: PendingEntry,
         missing: Sequence[str],
         candidates: Sequence[str],
-        must_include: Sequence[str] = (),
-        size: int | None = None,
     ) -> NumaMismatch:
         container = container_at(pod, entry.index) or {}
         return NumaMismatch(
@@ -284,9 +279,6 @@ class Allocator:
             container_name=str(container.get("name", "")),
             annotated=entry.devices,
             missing=tuple(missing),
-            available_ids=tuple(candidates),
-            must_include_ids=tuple(must_include),
-            allocation_size=len(candidates) if size is None else size,
             allowed_uuids=allowed_uuids(candidates, self.inventory.uuid_of),
         )
 
@@ -303,7 +295,7 @@ class Allocator:
             )
             return None
 
-    async def _second_door(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
+    async def _mismatch_policy_at_allocate(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
         """Allocate's door of the mismatch seam: run the policy for each container whose replicas kubelet
         put on other GPUs (unless it already fell back); after a refit, the re-read pod.
 
@@ -382,9 +374,7 @@ class Allocator:
         if missing:
             if self.inventory.is_mig:
                 return []
-            mismatch = self._mismatch(
-                Door.PREFERRED, pod, entry, missing, request.available, request.must_include, request.size
-            )
+            mismatch = self._mismatch(Door.PREFERRED, pod, entry, missing, request.available)
             try:
                 replacement = await self.mismatch_handler(mismatch)
             except AllocationError as exc:
@@ -556,7 +546,7 @@ class Allocator:
         for _attempt in range(CONFLICT_RETRIES):
             try:
                 async with asyncio.timeout_at(deadline):
-                    pod = await self._second_door(pod, requests)
+                    pod = await self._mismatch_policy_at_allocate(pod, requests)
                     plans, remaining, answers = await self._prepare(pod, requests)
             except TimeoutError as exc:
                 raise AllocationError(

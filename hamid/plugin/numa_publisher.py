@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.fit.numa_fit import miss_cause
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
@@ -48,6 +47,7 @@ from hamid.model.numa import (
     decode_profile,
     encode_placement,
     encode_profile,
+    miss_cause,
 )
 from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG, load_kubelet_policies

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from hamid.fit.fit import PodFitSpec
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
@@ -31,7 +30,7 @@ from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import DEFAULT_BIND_WAIT_S, Binder
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
-from hamid.scheduler.filter import Filter, NumaFit, Plan
+from hamid.scheduler.filter import Filter
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker
 from hamid.scheduler.numa_ledger import NumaLedgers
@@ -274,10 +273,6 @@ class Scheduler:
     async def filter(self, args: FilterArgs) -> FilterResult:
         """The extender filter verb (:meth:`hamid.scheduler.filter.Filter.filter`)."""
         return await self.filtering.filter(args)
-
-    def plan(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...], numa: NumaFit | None = None) -> Plan:
-        """Choose a node for ``pod`` (:meth:`hamid.scheduler.filter.Filter.plan`; nothing changes)."""
-        return self.filtering.plan(pod, spec, names, numa)
 
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb (:meth:`hamid.scheduler.bind.Binder.bind`); never raises."""

@@ -26,7 +26,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from hamid.fit.numa_fit import miss_cause
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
     NO_TOPOLOGY,
@@ -58,6 +57,7 @@ from hamid.model.numa import (
     decode_prediction,
     decode_profile,
     encode_profile,
+    miss_cause,
 )
 
 log = get_logger("scheduler.numa")
@@ -539,11 +539,6 @@ class NumaLedgers:
         """A node's free exclusive CPUs in the ledger (None without a ledger)."""
         entry = self.nodes.get(node)
         return entry.ledger.free_cpus if entry is not None and entry.ledger is not None else None
-
-    def source_of(self, uid: str) -> str:
-        """Where a pod's booking comes from ("" when it has none)."""
-        rec = self._record(uid)
-        return str(rec.source) if rec is not None else ""
 
 
 def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource: str) -> PodPrediction:

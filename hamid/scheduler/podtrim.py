@@ -19,12 +19,10 @@ from hamid.model import annotations as ann
 
 JSON = dict[str, Any]
 
-#: Every annotation key hamid defines (``hami.io/…``, ``nvidia.com/…``): the pod annotations the
-#: scheduler can read. Others (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the
-#: whole spec —, tooling notes) stay out of its pod cache.
-HAMID_ANNOTATION_KEYS = frozenset(
-    value for name, value in vars(ann).items() if name.isupper() and isinstance(value, str) and "/" in value
-)
+#: The pod annotations the scheduler can read (every key hamid defines). Others
+#: (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the whole spec —, tooling
+#: notes) stay out of its pod cache.
+_KEPT_ANNOTATIONS = frozenset(ann.HAMID_ANNOTATION_KEYS)
 _POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
 #: Metadata values shared across pods (the others are unique to a pod).
 _SHARED_METADATA = frozenset({"namespace", "labels"})
@@ -101,7 +99,7 @@ def _trim_annotations(annotations: dict[str, Any]) -> JSON:
     out: JSON = {}
     seen: dict[Any, Any] = {}
     for key, value in annotations.items():
-        if key in HAMID_ANNOTATION_KEYS:
+        if key in _KEPT_ANNOTATIONS:
             value = _shared(value)
             out[sys.intern(key)] = seen.setdefault(value, value) if isinstance(value, str) else value
     return out
