@@ -16,6 +16,8 @@ equal states share their work) and recomputes a node only when it changes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,29 +59,63 @@ class Gpu(NamedTuple):
 
 
 class NodeState(NamedTuple):
-    """What a node's fragmentation depends on (hashable: equal nodes share their work)."""
+    """What a node's fragmentation depends on (hashable: equal nodes share their work).
+
+    The GPUs are kept as parallel tuples (free milli-GPU, NUMA node, model), the form the loops
+    below read fastest.
+    """
 
     cpu: int  #: free milli-CPUs
     memory: int  #: free MiB
-    gpus: tuple[Gpu, ...]
+    frees: tuple[int, ...]
+    numas: tuple[int, ...]
+    models: tuple[str, ...]
     #: ``(free, assignable)`` exclusive CPUs per NUMA node, by NUMA id; None: no NUMA knowledge.
     numa: tuple[tuple[int, int], ...] | None = None
 
+    @classmethod
+    def of(
+        cls, cpu: int, memory: int, gpus: Iterable[Gpu], numa: tuple[tuple[int, int], ...] | None = None
+    ) -> NodeState:
+        """A state from its GPUs."""
+        listed = tuple(gpus)
+        return cls(
+            cpu,
+            memory,
+            tuple(g.free for g in listed),
+            tuple(g.numa for g in listed),
+            tuple(g.model for g in listed),
+            numa,
+        )
+
 
 class Placement(NamedTuple):
-    """The best placement of a pod on a node: its gain and the GPUs (positions in ``gpus``)."""
+    """The best placement of a pod on a node: its gain and the GPUs (positions in the node's GPUs)."""
 
     gain: float
     gpus: tuple[int, ...]
 
 
+class Group(NamedTuple):
+    """Typical shapes sharing a GPU part: one GPU judgement for all of them."""
+
+    part: Shape  #: the GPU part (cpu and memory 0)
+    entries: tuple[tuple[int, int, float], ...]  #: ``(cpu, memory, p)`` of each shape
+    p: float  #: their probabilities' sum
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Typical shapes with their probabilities (summing to 1), grouped by their GPU part."""
+    """Typical shapes with their probabilities (summing to 1), grouped by their GPU part.
+
+    ``by_cpu`` and ``by_memory`` list every shape as ``(cpu, memory, group, p)``, largest first,
+    so a node's shortage is found by reading only the shapes it is short for.
+    """
 
     shapes: tuple[tuple[Shape, float], ...]
-    #: ``(shape with cpu and memory 0, ((cpu, memory, p), ...))``: one GPU judgement per group.
-    groups: tuple[tuple[Shape, tuple[tuple[int, int, float], ...]], ...]
+    groups: tuple[Group, ...]
+    by_cpu: tuple[tuple[int, int, int, float], ...] = ()
+    by_memory: tuple[tuple[int, int, int, float], ...] = ()
 
     @classmethod
     def of(cls, weighted: Iterable[tuple[Shape, float]]) -> Workload:
@@ -92,82 +128,152 @@ class Workload:
         grouped: dict[Shape, list[tuple[int, int, float]]] = {}
         for s, p in shapes:
             grouped.setdefault(s._replace(cpu=0, memory=0), []).append((s.cpu, s.memory, p))
-        return cls(shapes, tuple((g, tuple(v)) for g, v in grouped.items()))
+        groups = tuple(Group(g, tuple(v), sum(p for _, _, p in v)) for g, v in grouped.items())
+        flat = [(c, m, k, p) for k, group in enumerate(groups) for c, m, p in group.entries]
+        by_cpu = tuple(sorted(flat, key=lambda e: -e[0]))
+        by_memory = tuple(sorted(flat, key=lambda e: -e[1]))
+        return cls(shapes, groups, by_cpu, by_memory)
 
 
 EMPTY = Workload((), ())
 
+_MASKS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[bool, ...]] = {}
+_ALIGNABLE: dict[tuple[Shape, tuple[int, ...], tuple[str, ...], tuple[int, ...]], bool] = {}
+_STATIC_MEMO = 10_000
 
-def _allowed(models: tuple[str, ...] | None, model: str) -> bool:
-    return models is None or any(m in model for m in models)
+
+def _mask(models: tuple[str, ...] | None, node_models: tuple[str, ...]) -> tuple[bool, ...] | None:
+    """Which GPUs a model rule allows (None: all of them), memoised per rule and node kind."""
+    if models is None:
+        return None
+    key = (models, node_models)
+    mask = _MASKS.get(key)
+    if mask is None:
+        if len(_MASKS) >= _STATIC_MEMO:
+            _MASKS.clear()
+        mask = _MASKS[key] = tuple(any(m in model for m in models) for model in node_models)
+    return mask
 
 
 def _alignable(node: NodeState, shape: Shape) -> bool:
     """Whether some NUMA node could ever hold the aligned shape (else it is judged unaligned)."""
-    if node.numa is None or not shape.exclusive:
+    numa = node.numa
+    if numa is None or not shape.exclusive:
         return False
-    for numa, (_, assignable) in enumerate(node.numa):
-        if assignable >= shape.exclusive:
-            gpus = sum(1 for g in node.gpus if g.numa == numa and _allowed(shape.models, g.model))
-            if gpus >= shape.gpus:
-                return True
-    return False
+    assignable = tuple(a for _, a in numa)
+    key = (shape._replace(cpu=0, memory=0), node.numas, node.models, assignable)
+    known = _ALIGNABLE.get(key)
+    if known is None:
+        mask = _mask(shape.models, node.models)
+        known = any(
+            cpus >= shape.exclusive
+            and sum(1 for i, n in enumerate(node.numas) if n == home and (mask is None or mask[i]))
+            >= shape.gpus
+            for home, cpus in enumerate(assignable)
+        )
+        if len(_ALIGNABLE) >= _STATIC_MEMO:
+            _ALIGNABLE.clear()
+        _ALIGNABLE[key] = known
+    return known
+
+
+def _fitting(node: NodeState, shape: Shape) -> list[int]:
+    """Positions of the GPUs of an allowed model with room for one of the shape's GPUs."""
+    share = shape.share
+    mask = _mask(shape.models, node.models)
+    if mask is None:
+        return [i for i, free in enumerate(node.frees) if free >= share]
+    return [i for i, free in enumerate(node.frees) if free >= share and mask[i]]
 
 
 def usable(node: NodeState, shape: Shape) -> int:
     """The node's free milli-GPU that ``shape`` can use (its GPU part only: no CPU/memory test)."""
-    share, count = shape.share, shape.gpus
-    fitting = [g for g in node.gpus if g.free >= share and _allowed(shape.models, g.model)]
+    share, count, frees = shape.share, shape.gpus, node.frees
+    if shape.models is None and not (shape.exclusive and node.numa is not None):
+        n = total = 0
+        for free in frees:
+            if free >= share:
+                n += 1
+                total += free
+        return total if n >= count else 0
+    fitting = _fitting(node, shape)
     if len(fitting) < count:
         return 0
     if not _alignable(node, shape):
-        return sum(g.free for g in fitting)
+        return sum(frees[i] for i in fitting)
     numa = node.numa
     assert numa is not None
     by_numa: dict[int, list[int]] = {}
-    for g in fitting:
-        if 0 <= g.numa < len(numa) and numa[g.numa][0] >= shape.exclusive:
-            by_numa.setdefault(g.numa, []).append(g.free)
-    return sum(sum(frees) for frees in by_numa.values() if len(frees) >= count)
+    for i in fitting:
+        home = node.numas[i]
+        if 0 <= home < len(numa) and numa[home][0] >= shape.exclusive:
+            by_numa.setdefault(home, []).append(frees[i])
+    return sum(sum(on) for on in by_numa.values() if len(on) >= count)
 
 
 def fragmentation(node: NodeState, workload: Workload) -> float:
-    """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``."""
-    idle = sum(g.free for g in node.gpus)
-    if idle == 0:
+    """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``.
+
+    Every shape counts the whole idle GPU but for what it can use there: ``F = idle * sum p -
+    sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing.
+    """
+    idle = sum(node.frees)
+    if idle == 0 or not workload.groups:
         return 0.0
-    total = 0.0
     cpu, memory = node.cpu, node.memory
-    for gpu_part, entries in workload.groups:
-        fragment = idle if gpu_part.gpus == 0 else idle - usable(node, gpu_part)
-        if fragment == idle:
-            total += idle * sum(p for _, _, p in entries)
+    short = [0.0] * len(workload.groups)
+    for shape_cpu, _, group, p in workload.by_cpu:
+        if shape_cpu <= cpu:
+            break
+        short[group] += p
+    for shape_cpu, shape_memory, group, p in workload.by_memory:
+        if shape_memory <= memory:
+            break
+        if shape_cpu <= cpu:  # not counted above
+            short[group] += p
+    # a GPU part not aligned here reads the frees of its models largest first (one list per rule)
+    numa = node.numa is not None
+    sorted_frees: dict[tuple[bool, ...] | None, tuple[list[int], list[int]]] = {}
+    used = 0.0
+    for k, (part, _, group_p) in enumerate(workload.groups):
+        runnable = group_p - short[k]
+        if not part.gpus or runnable <= 0:
             continue
-        for shape_cpu, shape_memory, p in entries:
-            total += p * (idle if shape_cpu > cpu or shape_memory > memory else fragment)
-    return total
+        if part.exclusive and numa:
+            used += runnable * usable(node, part)
+            continue
+        mask = _mask(part.models, node.models)
+        lists = sorted_frees.get(mask)
+        if lists is None:
+            frees = node.frees if mask is None else [f for f, ok in zip(node.frees, mask, strict=True) if ok]
+            ordered = sorted(frees, reverse=True)
+            lists = sorted_frees[mask] = ([-f for f in ordered], list(itertools.accumulate(ordered)))
+        n = bisect.bisect_right(lists[0], -part.share)
+        if n >= part.gpus and n:
+            used += runnable * lists[1][n - 1]
+    return max(idle * sum(g.p for g in workload.groups) - used, 0.0)
 
 
 def _options(node: NodeState, pod: Shape) -> list[tuple[int, ...]]:
     """The GPU sets worth judging for ``pod`` (aligned ones only, when any exists)."""
-    fitting = [i for i, g in enumerate(node.gpus) if g.free >= pod.share and _allowed(pod.models, g.model)]
+    fitting = _fitting(node, pod)
     if len(fitting) < pod.gpus:
         return []
     if pod.gpus == 1:
-        distinct: dict[Gpu, int] = {}
+        distinct: dict[tuple[int, int, str], int] = {}
         for i in fitting:  # equal GPUs leave equal nodes: judge the first of them
-            distinct.setdefault(node.gpus[i], i)
+            distinct.setdefault((node.frees[i], node.numas[i], node.models[i]), i)
         options: list[tuple[int, ...]] = [(i,) for i in distinct.values()]
     else:
         by_numa: dict[int, list[int]] = {}
         for i in fitting:
-            by_numa.setdefault(node.gpus[i].numa, []).append(i)
+            by_numa.setdefault(node.numas[i], []).append(i)
         options = [_tightest(node, ids, pod.gpus) for ids in by_numa.values() if len(ids) >= pod.gpus]
         options = options or [_tightest(node, fitting, pod.gpus)]
     if _alignable(node, pod):
         numa = node.numa
         assert numa is not None
-        aligned = [o for o in options if _numa_free(numa, node.gpus[o[0]].numa) >= pod.exclusive]
+        aligned = [o for o in options if _numa_free(numa, node.numas[o[0]]) >= pod.exclusive]
         return aligned or options
     return options
 
@@ -177,22 +283,23 @@ def _numa_free(numa: tuple[tuple[int, int], ...], node_id: int) -> int:
 
 
 def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...]:
-    return tuple(sorted(sorted(ids, key=lambda i: (node.gpus[i].free, i))[:count]))
+    return tuple(sorted(sorted(ids, key=lambda i: (node.frees[i], i))[:count]))
 
 
 def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     """The node once ``pod`` runs there on ``gpus`` (exclusive CPUs from the first GPU's NUMA node)."""
-    new_gpus = list(node.gpus)
+    frees = list(node.frees)
     for i in gpus:
-        g = new_gpus[i]
-        new_gpus[i] = g._replace(free=g.free - pod.share)
+        frees[i] -= pod.share
     numa = node.numa
     if numa is not None and pod.exclusive and gpus:
-        home = node.gpus[gpus[0]].numa
+        home = node.numas[gpus[0]]
         if 0 <= home < len(numa):
             free, assignable = numa[home]
             numa = (*numa[:home], (max(free - pod.exclusive, 0), assignable), *numa[home + 1 :])
-    return NodeState(node.cpu - pod.cpu, node.memory - pod.memory, tuple(new_gpus), numa)
+    return node._replace(
+        cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
+    )
 
 
 def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:
@@ -202,13 +309,17 @@ def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], floa
     """
     if pod.cpu > node.cpu or pod.memory > node.memory:
         return None
+    options = _options(node, pod)
+    if not options:
+        return None
     before = frag(node)
     best: tuple[float, int, tuple[int, ...]] | None = None
-    for option in _options(node, pod):
-        key = (frag(after(node, pod, option)) - before, sum(node.gpus[i].free for i in option), option)
+    for option in options:
+        key = (frag(after(node, pod, option)) - before, sum(node.frees[i] for i in option), option)
         if best is None or key < best:
             best = key
-    return None if best is None else Placement(-best[0], best[2])
+    assert best is not None
+    return Placement(-best[0], best[2])
 
 
 # -- the typical workload -------------------------------------------------------------------------

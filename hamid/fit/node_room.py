@@ -8,6 +8,7 @@ minus the requests of every pod bound to it. Pure: the scheduler feeds it from i
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,14 +49,26 @@ class CpuMem:
         return -(-self.memory // _MIB)
 
 
+@functools.lru_cache(maxsize=4096)
+def _scaled_text(value: str, where: str, scale: int) -> int:
+    return math.ceil(parse_quantity(value, where) * scale)
+
+
+def _scaled(value: object, where: str, scale: int) -> int:
+    """A quantity times ``scale``, rounded up (texts memoised: pods repeat a few amounts)."""
+    if isinstance(value, str):
+        return _scaled_text(value, where, scale)
+    return math.ceil(parse_quantity(value, where) * scale)
+
+
 def _amounts(values: object, where: str) -> CpuMem:
     if not isinstance(values, Mapping):
         return CpuMem()
     cpu = values.get("cpu")
     memory = values.get("memory")
     return CpuMem(
-        0 if cpu is None else math.ceil(parse_quantity(cpu, f"{where}.cpu") * 1000),
-        0 if memory is None else math.ceil(parse_quantity(memory, f"{where}.memory")),
+        0 if cpu is None else _scaled(cpu, f"{where}.cpu", 1000),
+        0 if memory is None else _scaled(memory, f"{where}.memory", 1),
     )
 
 

@@ -117,7 +117,12 @@ class Scheduler:
         #: CPU and memory per node, and the ``fgd`` policy's workload and fragmentation memo.
         self.cpu_mem = NodeCpuMem()
         self.fgd = FgdRanker(
-            self.config, self.numa, self.cpu_mem, self.settings.fgd_workload, self.settings.fgd_half_life
+            self.config,
+            self.state.inventory,
+            self.numa,
+            self.cpu_mem,
+            self.settings.fgd_workload,
+            self.settings.fgd_half_life,
         )
         self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
         self.pods = PodCache(kube, trim=trim_scheduler_pod)

@@ -12,7 +12,7 @@ computation, and a filter recomputes only the nodes changed since the last pod o
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hamid.fit.fgd import (
@@ -39,7 +39,7 @@ from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig, pod_requests
-from hamid.scheduler.inventory import NodeEntry
+from hamid.scheduler.inventory import Inventory, NodeEntry
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 
@@ -51,6 +51,8 @@ _MEMO_SIZE = 200_000
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
 _REFRESH_MIN = 1
+#: Pod shapes whose placement a node keeps before it starts afresh.
+_SHAPES_PER_NODE = 64
 #: Probability drift below which a refreshed workload with the same shapes is kept unchanged.
 _DRIFT = 0.01
 
@@ -83,17 +85,24 @@ def numa_cpus(entry: NodeNuma | None) -> tuple[tuple[int, int], ...] | None:
 
 
 class FgdRanker:
-    """The typical workload and memoised fragmentation of every node (event-loop owned)."""
+    """The typical workload and memoised fragmentation of every node (event-loop owned).
+
+    A node's state and its placements are kept until the node changes: its GPU usage or
+    registration (the inventory's change log), its CPU/memory room or its NUMA ledger (their
+    ``on_change`` hooks mark it).
+    """
 
     def __init__(
         self,
         config: ResourceConfig,
+        inventory: Inventory,
         numa: NumaLedgers,
         cpu_mem: NodeCpuMem,
         pinned: Workload | None = None,
         half_life: float = DEFAULT_HALF_LIFE,
     ) -> None:
         self.config = config
+        self.inventory = inventory
         self.numa = numa
         self.cpu_mem = cpu_mem
         self.pinned = pinned
@@ -104,9 +113,13 @@ class FgdRanker:
         self._learned_at = 0
         #: Grows whenever the workload (and so every memo) changes.
         self.epoch = 0
-        self._states: dict[str, tuple[Hashable, NodeState]] = {}
+        self._inventory_seq = inventory.seq
+        self._dirty: set[str] = set()
+        self._states: dict[str, NodeState] = {}
+        self._placed: dict[str, dict[Shape, Placement | None]] = {}
         self._frag: dict[NodeState, float] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
+        numa.on_change = cpu_mem.on_change = self._dirty.add
 
     # -- the workload ----------------------------------------------------------------------------
 
@@ -148,38 +161,45 @@ class FgdRanker:
             fresh = self.histogram.typical()
             if not _close(fresh, self._workload):
                 self._workload = fresh
-                self._invalidate()
+                self.epoch += 1
+                self._placed.clear()
+                self._frag.clear()
+                self._placements.clear()
         return self._workload
-
-    def _invalidate(self) -> None:
-        self.epoch += 1
-        self._frag.clear()
-        self._placements.clear()
 
     # -- nodes -----------------------------------------------------------------------------------
 
-    def node_state(self, name: str, entry: NodeEntry, changed_at: int) -> NodeState:
-        """The node's state, rebuilt only when its GPUs, CPU/memory or NUMA ledger changed."""
-        numa_entry = self.numa.nodes.get(name)
-        stamp = (
-            changed_at,
-            id(entry.usage),
-            self.cpu_mem.version(name),
-            numa_entry.version if numa_entry else -1,
-        )
-        kept = self._states.get(name)
-        if kept is not None and kept[0] == stamp:
-            return kept[1]
-        usage = entry.usage
-        gpus = tuple(Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
-        room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
-        state = NodeState(room.cpu, room.memory_mib, gpus, numa_cpus(numa_entry))
-        self._states[name] = (stamp, state)
+    def sync(self) -> None:
+        """Forget the kept state of every node changed since the last call."""
+        inventory = self.inventory
+        if inventory.seq != self._inventory_seq:
+            changed = inventory.changed_since(self._inventory_seq, len(self._states) + 1)
+            if changed is None:
+                self._states.clear()
+                self._placed.clear()
+            else:
+                self._dirty.update(changed)
+            self._inventory_seq = inventory.seq
+        for name in self._dirty:
+            self._states.pop(name, None)
+            self._placed.pop(name, None)
+        self._dirty.clear()
+
+    def node_state(self, name: str, entry: NodeEntry) -> NodeState:
+        """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
+        state = self._states.get(name)
+        if state is None:
+            usage = entry.usage
+            gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
+            room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
+            state = self._states[name] = NodeState.of(
+                room.cpu, room.memory_mib, gpus, numa_cpus(self.numa.nodes.get(name))
+            )
         return state
 
     def forget_node(self, name: str) -> None:
         """Drop a deleted node's kept state."""
-        self._states.pop(name, None)
+        self._dirty.add(name)
 
     def fragmentation(self, state: NodeState) -> float:
         """The state's fragmentation under the current workload (memoised)."""
@@ -190,16 +210,31 @@ class FgdRanker:
             value = self._frag[state] = fragmentation(state, self._workload)
         return value
 
-    def placement(self, state: NodeState, shape: Shape) -> Placement | None:
-        """Where ``shape`` removes the most fragmentation on a node in ``state`` (memoised)."""
+    def placement(self, name: str, state: NodeState, shape: Shape) -> Placement | None:
+        """Where ``shape`` removes the most fragmentation on node ``name`` in ``state`` (memoised per
+        node until it changes, and per state: equal nodes share it)."""
+        per_node = self._placed.get(name)
+        if per_node is None:
+            per_node = self._placed[name] = {}
+        elif shape in per_node:
+            return per_node[shape]
         key = (state, shape)
         if key in self._placements:
-            return self._placements[key]
-        self.workload  # noqa: B018 - refresh the workload (and the memos) before using them
-        if len(self._placements) >= _MEMO_SIZE:
-            self._placements.clear()
-        placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
+            placed = self._placements[key]
+        else:
+            if len(self._placements) >= _MEMO_SIZE:
+                self._placements.clear()
+            placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
+        if len(per_node) >= _SHAPES_PER_NODE:
+            per_node.clear()
+        per_node[shape] = placed
         return placed
+
+    def best_on(self, entry: NodeEntry, shape: Shape) -> Placement | None:
+        """The pod's best placement on one node (the ``fgd`` GPU choice under another node policy)."""
+        self.workload  # noqa: B018 - refresh the workload (and the memos) before using them
+        self.sync()
+        return self.placement(entry.name, self.node_state(entry.name, entry), shape)
 
     def preferred(self, entry: NodeEntry, placement: Placement | None) -> tuple[str, ...]:
         """The device ids of a placement, in the order the fit should try them."""
@@ -222,7 +257,6 @@ def fgd_ranked(
     shape: Shape,
     names: Iterable[str],
     nodes: Mapping[str, NodeEntry],
-    changed_at: Mapping[str, int],
     own: str | None,
     failed: dict[str, str],
 ) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
@@ -233,17 +267,19 @@ def fgd_ranked(
     (``-inf``), so the fit still gives its reason.
     """
     ranker.workload  # noqa: B018 - refresh before reading memos
+    ranker.sync()
     out: list[tuple[float, str]] = []
     placements: dict[str, Placement] = {}
+    cpu, memory = shape.cpu, shape.memory
     for name in names:
         entry = nodes.get(name)
         if entry is None:
             continue
-        state = ranker.node_state(name, entry, changed_at.get(name, 0))
-        if name != own and (shape.cpu > state.cpu or shape.memory > state.memory):
-            failed[name] = R.INSUFFICIENT_CPU if shape.cpu > state.cpu else R.INSUFFICIENT_MEMORY
+        state = ranker.node_state(name, entry)
+        if (cpu > state.cpu or memory > state.memory) and name != own:
+            failed[name] = R.INSUFFICIENT_CPU if cpu > state.cpu else R.INSUFFICIENT_MEMORY
             continue
-        placed = ranker.placement(state, shape)
+        placed = ranker.placement(name, state, shape)
         if placed is None:
             out.append((-math.inf, name))
         else:

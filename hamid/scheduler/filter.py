@@ -314,15 +314,7 @@ class Filter:
         placements: dict[str, Placement] = {}
         if fgd_node:
             own_name = own[1] if own is not None else None
-            ranked, placements = fgd_ranked(
-                self.fgd,
-                shape,
-                position,
-                self.state.nodes,
-                self.state.inventory.change_seqs,
-                own_name,
-                failed,
-            )
+            ranked, placements = fgd_ranked(self.fgd, shape, position, self.state.nodes, own_name, failed)
             node_policy = BINPACK  # highest gain first
             if own is not None:
                 own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
@@ -334,10 +326,7 @@ class Filter:
 
         def prefer(entry: NodeEntry) -> tuple[str, ...]:
             placed = placements.get(entry.name)
-            if placed is None:
-                state = fgd.node_state(entry.name, entry, self.state.inventory.change_seqs.get(entry.name, 0))
-                placed = fgd.placement(state, shape)
-            return fgd.preferred(entry, placed)
+            return fgd.preferred(entry, placed if placed is not None else fgd.best_on(entry, shape))
 
         return prefer
 

@@ -233,11 +233,6 @@ class Inventory:
             changed.append(name)
         return changed
 
-    @property
-    def change_seqs(self) -> Mapping[str, int]:
-        """Each node's :attr:`seq` at its last change (read-only for callers)."""
-        return self._changed
-
     def health_flips_at(self, now: float) -> float:
         """The earliest time a registered node's health changes by the clock alone (inf: never)."""
         return min((entry.health_flips_at(now) for entry in self.nodes.values()), default=math.inf)

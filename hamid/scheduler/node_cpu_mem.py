@@ -32,6 +32,8 @@ class NodeCpuMem:
         #: uid -> (node, request, bound): every pod counted on a node.
         self._pods: dict[str, tuple[str, CpuMem, bool]] = {}
         self._version: dict[str, int] = {}
+        #: Called with a node's name whenever its room changes (the ``fgd`` ranker's hook).
+        self.on_change: Callable[[str], None] | None = None
 
     def version(self, node: str) -> int:
         """Grows on every change of the node's allocatable or requests."""
@@ -50,6 +52,8 @@ class NodeCpuMem:
 
     def _bump(self, node: str) -> None:
         self._version[node] = self._version.get(node, 0) + 1
+        if self.on_change is not None:
+            self.on_change(node)
 
     def on_node(self, node: Mapping[str, Any]) -> None:
         """A node add/update: its allocatable."""

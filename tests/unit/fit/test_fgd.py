@@ -31,7 +31,7 @@ def node(
 ) -> NodeState:
     """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1."""
     half = max(len(frees) // 2, 1)
-    return NodeState(cpu, memory, tuple(Gpu(f, i // half, "A100") for i, f in enumerate(frees)), numa)
+    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), numa)
 
 
 def frag(state: NodeState, *weighted: tuple[Shape, float]) -> float:
