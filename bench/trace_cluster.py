@@ -59,7 +59,6 @@ from hamid.plugin.refit_client import RefitRefused
 from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
-from hamid.scheduler.filter import NumaFit
 from hamid.scheduler.refit import REFIT_DEADLINE_S, RefitService
 from hamid.scheduler.refit_auth import Caller
 from hamid.sim.kube_scheduler import NodeRequests, Resources
@@ -363,12 +362,11 @@ class Cluster:
         await self.scheduler.close()
 
     def gpu_room_anywhere(self, pod: JSON) -> bool:
-        """Whether hamid's filter would place the pod on some node if CPU and memory were no object
-        (:meth:`Scheduler.plan` over every node, which changes nothing)."""
+        """Whether some node has GPU room for the pod, CPUs, memory and NUMA aside (hamid's plain
+        fit: :meth:`Scheduler.plan` over every node without prediction, which changes nothing)."""
         s = self.scheduler.settings
         spec = PodFitSpec.from_pod(pod, self.scheduler.config, s.gpu_policy, s.node_policy)
-        numa = NumaFit.of(pod, pod["metadata"]["uid"]) if self.numa != "off" else None
-        node, _fitted, _failed = self.scheduler.plan(pod, spec, self.names, numa)
+        node, _fitted, _failed = self.scheduler.plan(pod, spec, self.names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:

@@ -243,11 +243,18 @@ class NodeRequests:
         """A pod gone from the node (terminated or rejected)."""
         self.add(request, -1)
 
-    def fits(self, request: Resources) -> bool:
-        """``NodeResourcesFit``'s filter (:func:`resource_fit_reasons` is empty)."""
-        return not resource_fit_reasons(
-            request, self.allocatable, self.requested, self.allowed_pods, self.pods
-        )
+
+def feasible_nodes(request: Resources, nodes: Iterable[tuple[str, NodeRequests]]) -> list[str]:
+    """The nodes ``NodeResourcesFit``'s filter passes: :func:`resource_fit_reasons` would be empty
+    (inlined: it runs for every node and pod)."""
+    cpu, memory = request.milli_cpu, request.memory
+    return [
+        name
+        for name, node in nodes
+        if node.pods < node.allowed_pods
+        and (cpu <= 0 or cpu <= node.allocatable.milli_cpu - node.requested.milli_cpu)
+        and (memory <= 0 or memory <= node.allocatable.memory - node.requested.memory)
+    ]
 
 
 def least_allocated_score(request: Resources, node: NodeRequests) -> int:
