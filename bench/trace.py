@@ -68,6 +68,8 @@ READ_AT = (90, 100, 110, 130)
 NO_GPU_ROOM = "no_gpu_room"
 CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
 CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
+#: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
+NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
 #: The plugin's HAMi-core host directories go to memory when it can (one per container).
 _SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 PUBLISHED_POLICIES = {"06-FGD": "published FGD", "05-BestFit": "published Best-fit"}
@@ -183,7 +185,9 @@ async def _hamid_path(
             await cluster.api.settle()
             error = await cluster.bind(pod, node)
             return f"bind_error: {error}" if error else node
-    return CPU_MEMORY_SHORT if cluster.gpu_room_anywhere(pod) else NO_GPU_ROOM
+    if feasible and cluster.gpu_room(pod, feasible):
+        return NUMA_REFUSED
+    return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
 
 
 async def _default_path(
@@ -315,6 +319,7 @@ def _figures(
         pods=pods,
         failed_no_gpu_room=failures[NO_GPU_ROOM],
         failed_cpu_memory_short=failures[CPU_MEMORY_SHORT],
+        failed_numa_refused=failures[NUMA_REFUSED],
         failed_cpu_only=failures[CPU_ONLY_NO_ROOM],
         failed_kubelet=sum(v for k, v in failures.items() if k.startswith("kubelet:")),
         topology_affinity_errors=failures["kubelet:TopologyAffinityError"],
@@ -370,7 +375,8 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     print(f"{policy}: unallocated GPU at arrived {unallocated}")
     print(
         f"  failed: no GPU room {figures['failed_no_gpu_room']}, GPU room only where CPU/memory short "
-        f"{figures['failed_cpu_memory_short']}, kubelet {figures['failed_kubelet']} "
+        f"{figures['failed_cpu_memory_short']}, refused by NUMA prediction {figures['failed_numa_refused']}, "
+        f"kubelet {figures['failed_kubelet']} "
         f"(TopologyAffinityError {figures['topology_affinity_errors']}), "
         f"CPU-only {figures['failed_cpu_only']}, "
         f"other {figures['failed_other']}"
@@ -491,6 +497,7 @@ def _replay_job(job: tuple[Any, ...]) -> dict[str, Any]:
 
 def _run_all(jobs: list[tuple[Any, ...]], workers: int) -> Iterator[dict[str, Any]]:
     """Each replay's figures, in order; ``workers`` > 1: that many processes at a time."""
+    workers = workers or min(len(jobs), 2 * (os.cpu_count() or 1))
     if workers <= 1 or len(jobs) == 1:
         yield from map(_replay_job, jobs)
         return

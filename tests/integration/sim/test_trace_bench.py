@@ -79,7 +79,8 @@ def _check(figures: dict[str, Any], numa: str) -> None:
         assert figures[f"unallocated_pct_at_{arrived}"] == pytest.approx(100 / 3)
     # two whole-GPU pods and the A10 share fail where only node b (short of CPU) has GPU room
     assert figures["failed_cpu_memory_short"] == 3
-    assert figures["failed_no_gpu_room"] == figures["failed_kubelet"] == figures["failed_other"] == 0
+    assert figures["failed_no_gpu_room"] == figures["failed_numa_refused"] == 0
+    assert figures["failed_kubelet"] == figures["failed_other"] == 0
     assert figures["failed_cpu_only"] == 0
     assert figures["idle_gpus"] == 1  # b's A10; b keeps its 2 CPUs (the CPU-only pod prefers a)
     assert figures["idle_gpus_stranded_without_cpu"] == 0
