@@ -19,13 +19,16 @@ import asyncio
 import gc
 import logging
 import math
+import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +60,7 @@ from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings  # noqa: E402
 from hamid.sim.apiserver.patch import json_patch  # noqa: E402
-from hamid.sim.kube_scheduler import default_score, pod_requests, select_host  # noqa: E402
+from hamid.sim.kube_scheduler import default_score, feasible_nodes, pod_requests, select_host  # noqa: E402
 
 #: Arrived GPU % at which the unallocated GPU % is reported (the paper reads 100 and 130).
 READ_AT = (90, 100, 110, 130)
@@ -65,6 +68,10 @@ READ_AT = (90, 100, 110, 130)
 NO_GPU_ROOM = "no_gpu_room"
 CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
 CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
+#: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
+NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
+#: The plugin's HAMi-core host directories go to memory when it can (one per container).
+_SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 PUBLISHED_POLICIES = {"06-FGD": "published FGD", "05-BestFit": "published Best-fit"}
 
 
@@ -178,7 +185,9 @@ async def _hamid_path(
             await cluster.api.settle()
             error = await cluster.bind(pod, node)
             return f"bind_error: {error}" if error else node
-    return CPU_MEMORY_SHORT if cluster.gpu_room_anywhere(pod) else NO_GPU_ROOM
+    if feasible and cluster.gpu_room(pod, feasible):
+        return NUMA_REFUSED
+    return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
 
 
 async def _default_path(
@@ -205,7 +214,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     stored = api.create_pod(json_patch(pod, list(verdict.patch)) if verdict.patch else pod)
     await api.settle()
     request = pod_requests(stored)
-    feasible = tuple(n for n in cluster.names if cluster.kube[n].fits(request))
+    feasible = tuple(feasible_nodes(request, cluster.kube.items()))
     if stored["spec"].get("schedulerName") == cluster.scheduler.settings.scheduler_name:
         outcome = await _hamid_path(cluster, stored, feasible, replay)
     else:
@@ -272,12 +281,17 @@ def stranded_gpus(cluster: Cluster, replay: Replay) -> tuple[int, int]:
 
 
 async def replay_one(
-    nodes: list[TraceNode], pods: list[TracePod], numa: str, policy: tuple[str, str], seed: int
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    numa: str,
+    policy: tuple[str, str],
+    seed: int,
+    limit: int | None = None,
 ) -> dict[str, Any]:
-    """Replay the trace once (one policy, one seed); its figures."""
+    """Replay the trace once (one policy, one seed; the first ``limit`` arrivals only); its figures."""
     capacity = sum(n.gpus for n in nodes) * MILLI
-    sequence = arrivals(pods, capacity, seed)
-    with tempfile.TemporaryDirectory(prefix="hamid-trace-") as hook:
+    sequence = arrivals(pods, capacity, seed)[:limit]
+    with tempfile.TemporaryDirectory(prefix="hamid-trace-", dir=_SCRATCH) as hook:
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook)
         await cluster.start()
         shapes = ShapeCheck(list(cluster.nodes.values()))
@@ -305,6 +319,7 @@ def _figures(
         pods=pods,
         failed_no_gpu_room=failures[NO_GPU_ROOM],
         failed_cpu_memory_short=failures[CPU_MEMORY_SHORT],
+        failed_numa_refused=failures[NUMA_REFUSED],
         failed_cpu_only=failures[CPU_ONLY_NO_ROOM],
         failed_kubelet=sum(v for k, v in failures.items() if k.startswith("kubelet:")),
         topology_affinity_errors=failures["kubelet:TopologyAffinityError"],
@@ -360,7 +375,8 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     print(f"{policy}: unallocated GPU at arrived {unallocated}")
     print(
         f"  failed: no GPU room {figures['failed_no_gpu_room']}, GPU room only where CPU/memory short "
-        f"{figures['failed_cpu_memory_short']}, kubelet {figures['failed_kubelet']} "
+        f"{figures['failed_cpu_memory_short']}, refused by NUMA prediction {figures['failed_numa_refused']}, "
+        f"kubelet {figures['failed_kubelet']} "
         f"(TopologyAffinityError {figures['topology_affinity_errors']}), "
         f"CPU-only {figures['failed_cpu_only']}, "
         f"other {figures['failed_other']}"
@@ -420,6 +436,13 @@ def _arguments() -> argparse.Namespace:
         "--numa", choices=("off", "on", "strict"), default="on", help="NUMA model (default on)"
     )
     parser.add_argument("--seeds", default="42", help="seed, list or range, e.g. 42-51 (medians reported)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="replays run at once, one process each (default: CPUs)",
+    )
+    parser.add_argument("--limit", type=int, help="replay only the first N arrivals (a quick look)")
     parser.add_argument("--plot", type=Path, help="draw the curves (and the published ones) into this PNG")
     parser.add_argument(
         "--published-csv",
@@ -447,21 +470,39 @@ def main() -> None:
         f"{INFLATION:.0%} of the GPUs; NUMA {args.numa}; seeds {args.seeds}",
         flush=True,
     )
+    jobs = [(nodes, pods, args.numa, policy, seed, args.limit) for policy in policies for seed in seeds]
     results: dict[str, dict[str, Any]] = {}
-    for node_policy, gpu_policy in policies:
-        runs = []
-        for seed in seeds:
-            runs.append(asyncio.run(replay_one(nodes, pods, args.numa, (node_policy, gpu_policy), seed)))
-            gc.collect()
-        name = f"{node_policy}/{gpu_policy}"
-        results[name] = median_figures(runs)
-        report(name, results[name])
+    runs: list[dict[str, Any]] = []
+    for job, figures in zip(jobs, _run_all(jobs, args.jobs), strict=True):
+        runs.append(figures)
+        if len(runs) == len(seeds):
+            name = "/".join(job[3])
+            results[name] = median_figures(runs)
+            report(name, results[name])
+            runs = []
     if args.plot is not None:
         plot(args.plot, results, args.published_csv, f"openb, NUMA {args.numa}, seeds {args.seeds}")
         print(f"plot written to {args.plot}")
-    summary = {"numa": args.numa, "seeds": seeds, "peak_rss_mib": peak_rss_mib()}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    summary = {"numa": args.numa, "seeds": seeds, "peak_rss_mib": max(peak_rss_mib(), children)}
     summary["policies"] = {p: {k: v for k, v in f.items() if k != "curve"} for p, f in results.items()}
     print_figures(summary)
+
+
+def _replay_job(job: tuple[Any, ...]) -> dict[str, Any]:
+    figures = asyncio.run(replay_one(*job))
+    gc.collect()
+    return figures
+
+
+def _run_all(jobs: list[tuple[Any, ...]], workers: int) -> Iterator[dict[str, Any]]:
+    """Each replay's figures, in order; ``workers`` > 1: that many processes at a time."""
+    workers = workers or min(len(jobs), 2 * (os.cpu_count() or 1))
+    if workers <= 1 or len(jobs) == 1:
+        yield from map(_replay_job, jobs)
+        return
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        yield from pool.map(_replay_job, jobs)
 
 
 def _check_plotting(published: Path) -> None:

@@ -64,9 +64,10 @@ class MemoryApi:
         self.nodes: dict[str, JSON] = {}
         self.version = 0
         self.writes = 0
-        self._watchers: dict[str, list[tuple[tuple[str, str] | None, asyncio.Queue[WatchEvent]]]] = {
-            PODS.plural: [],
-            NODES.plural: [],
+        #: resource → field selector (None: every object) → the queues of the watches with it.
+        self._watchers: dict[str, dict[tuple[str, str] | None, list[asyncio.Queue[WatchEvent]]]] = {
+            PODS.plural: {},
+            NODES.plural: {},
         }
         self._pending = 0
         self._applied = asyncio.Event()
@@ -84,12 +85,19 @@ class MemoryApi:
         self.writes += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
         self._table(resource)[key] = obj
-        for selector, queue in self._watchers[resource.plural]:
-            if _selected(obj, selector):
-                queue.put_nowait(WatchEvent(kind, _copy(obj)))
+        watchers = self._watchers[resource.plural]
+        raw = json.dumps(obj)  # one encoding; each watch and the caller decode their own copy
+        spec = obj.get("spec") or {}
+        for selector in (
+            None,
+            ("metadata.name", obj["metadata"]["name"]),
+            ("spec.nodeName", spec.get("nodeName", "")),
+        ):
+            for queue in watchers.get(selector, ()):
+                queue.put_nowait(WatchEvent(kind, json.loads(raw)))
                 self._pending += 1
                 self._applied.clear()
-        return _copy(obj)
+        return json.loads(raw)
 
     async def settle(self) -> None:
         """Wait until every watch event written so far has been applied by its cache."""
@@ -109,21 +117,22 @@ class MemoryApi:
         self, resource: Resource, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
     ) -> AsyncIterator[WatchEvent]:
         """Events after the list, until the watching cache is cancelled (objects are never deleted)."""
-        entry = (_selector(field_selector), asyncio.Queue[WatchEvent]())
+        queue = asyncio.Queue[WatchEvent]()
         watchers = self._watchers.get(resource.plural)
         if watchers is None:  # resourcequotas: there are none, and none come
             await asyncio.Event().wait()
             return
-        watchers.append(entry)
+        selector = _selector(field_selector)
+        watchers.setdefault(selector, []).append(queue)
         try:
             while True:
-                event = await entry[1].get()
+                event = await queue.get()
                 self._pending -= 1
                 if not self._pending:  # the cache applies it before it next awaits
                     self._applied.set()
                 yield event
         finally:
-            watchers.remove(entry)
+            watchers[selector].remove(queue)
 
     # -- writes the bench makes (pod creation, nodes, status) ----------------------------------------
 

@@ -59,7 +59,6 @@ from hamid.plugin.refit_client import RefitRefused
 from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
-from hamid.scheduler.filter import NumaFit
 from hamid.scheduler.refit import REFIT_DEADLINE_S, RefitService
 from hamid.scheduler.refit_auth import Caller
 from hamid.sim.kube_scheduler import NodeRequests, Resources
@@ -262,11 +261,15 @@ class SimNode:
         """(milli-CPU, memory bytes, pods) as kubelet's node status reports them."""
         return self.layout.cpus * MILLI, self.trace.memory_mib * MIB, MAX_PODS
 
-    def node_object(self) -> JSON:
-        """The Node as the API holds it once kubelet and the plugin registered it."""
+    def node_object(self, profiles: dict[tuple[int, int], str]) -> JSON:
+        """The Node as the API holds it once kubelet and the plugin registered it (``profiles``:
+        the NUMA profiles encoded so far, by CPUs and NUMA nodes: nodes alike share one)."""
         annotations = {ann.NODE_REGISTER: ann.encode_node_devices(self.inventory.device_infos())}
         if self.topology_policy != "none":
-            annotations[NUMA_PROFILE] = self.layout.profile(self.topology_policy)
+            shape = (self.layout.cpus, len(self.layout.numa_cpus))
+            if shape not in profiles:
+                profiles[shape] = self.layout.profile(self.topology_policy)
+            annotations[NUMA_PROFILE] = profiles[shape]
         amounts = {
             "cpu": str(self.layout.cpus),
             "memory": f"{self.trace.memory_mib}Mi",
@@ -343,8 +346,9 @@ class Cluster:
 
     async def start(self) -> None:
         """Register every node, then run and sync the scheduler's and the plugins' watch caches."""
+        profiles: dict[tuple[int, int], str] = {}
         for node in self.nodes.values():
-            self.api.put_node(node.node_object())
+            self.api.put_node(node.node_object(profiles))
         caches = [self.scheduler.pods, self.scheduler.nodes, self.scheduler.quotas]
         for cache in caches:
             self._tasks.append(asyncio.create_task(cache.run()))
@@ -362,13 +366,12 @@ class Cluster:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.scheduler.close()
 
-    def gpu_room_anywhere(self, pod: JSON) -> bool:
-        """Whether hamid's filter would place the pod on some node if CPU and memory were no object
-        (:meth:`Scheduler.plan` over every node, which changes nothing)."""
+    def gpu_room(self, pod: JSON, names: tuple[str, ...]) -> bool:
+        """Whether one of ``names`` has GPU room for the pod, CPUs, memory and NUMA aside (hamid's
+        plain fit: :meth:`Scheduler.plan` without prediction, which changes nothing)."""
         s = self.scheduler.settings
         spec = PodFitSpec.from_pod(pod, self.scheduler.config, s.gpu_policy, s.node_policy)
-        numa = NumaFit.of(pod, pod["metadata"]["uid"]) if self.numa != "off" else None
-        node, _fitted, _failed = self.scheduler.plan(pod, spec, self.names, numa)
+        node, _fitted, _failed = self.scheduler.plan(pod, spec, names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:

@@ -243,29 +243,36 @@ class NodeRequests:
         """A pod gone from the node (terminated or rejected)."""
         self.add(request, -1)
 
-    def fits(self, request: Resources) -> bool:
-        """``NodeResourcesFit``'s filter (:func:`resource_fit_reasons` is empty)."""
-        return not resource_fit_reasons(
-            request, self.allocatable, self.requested, self.allowed_pods, self.pods
-        )
+
+def feasible_nodes(request: Resources, nodes: Iterable[tuple[str, NodeRequests]]) -> list[str]:
+    """The nodes ``NodeResourcesFit``'s filter passes: :func:`resource_fit_reasons` would be empty
+    (inlined: it runs for every node and pod)."""
+    cpu, memory = request.milli_cpu, request.memory
+    return [
+        name
+        for name, node in nodes
+        if node.pods < node.allowed_pods
+        and (cpu <= 0 or cpu <= node.allocatable.milli_cpu - node.requested.milli_cpu)
+        and (memory <= 0 or memory <= node.allocatable.memory - node.requested.memory)
+    ]
 
 
-def least_allocated_score(request: Resources, node: NodeRequests) -> int:
-    """``NodeResourcesFit`` scoring, strategy ``LeastAllocated`` (default: cpu and memory, weight 1)."""
+def default_score(request: Resources, node: NodeRequests) -> int:
+    """The default profile's score of a node for a pod without affinities, taints or spreading.
+
+    ``NodeResourcesFit`` with strategy ``LeastAllocated`` (cpu and memory, weight 1 each, over the
+    non-zero requests) plus ``NodeResourcesBalancedAllocation`` (100 x (1 - the standard deviation
+    of the cpu and memory fractions requested)), plugin weight 1 each; the other score plugins give
+    every node the same score then.
+    """
     nz = non_zero(request)
-    total = 0
+    least = 0
     for want, used, capacity in (
         (nz.milli_cpu, node.non_zero_requested.milli_cpu, node.allocatable.milli_cpu),
         (nz.memory, node.non_zero_requested.memory, node.allocatable.memory),
     ):
-        requested = want + used
-        if capacity and requested <= capacity:
-            total += (capacity - requested) * MAX_NODE_SCORE // capacity
-    return total // 2
-
-
-def balanced_allocation_score(request: Resources, node: NodeRequests) -> int:
-    """``NodeResourcesBalancedAllocation``: 100 x (1 - std of the cpu and memory fractions)."""
+        if capacity and want + used <= capacity:
+            least += (capacity - want - used) * MAX_NODE_SCORE // capacity
     fractions = [
         min((want + used) / capacity, 1.0)
         for want, used, capacity in (
@@ -275,14 +282,7 @@ def balanced_allocation_score(request: Resources, node: NodeRequests) -> int:
         if capacity
     ]
     std = abs(fractions[0] - fractions[1]) / 2 if len(fractions) == 2 else 0.0
-    return int((1 - std) * MAX_NODE_SCORE)
-
-
-def default_score(request: Resources, node: NodeRequests) -> int:
-    """The default profile's score of a node for a pod without affinities, taints or spreading:
-    ``NodeResourcesFit`` (LeastAllocated) + ``NodeResourcesBalancedAllocation``, weight 1 each (the
-    other score plugins give every node the same score then)."""
-    return least_allocated_score(request, node) + balanced_allocation_score(request, node)
+    return least // 2 + int((1 - std) * MAX_NODE_SCORE)
 
 
 def select_host(scored: Iterable[tuple[str, int]], rng: random.Random) -> str | None:
