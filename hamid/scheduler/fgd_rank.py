@@ -260,7 +260,8 @@ def fgd_ranked(
     own: str | None,
     failed: dict[str, str],
 ) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
-    """``(gain, name)`` ascending for the registered candidates, and the placements found.
+    """``(gain, name)`` ascending for the registered candidates, and the placements found (equal
+    gains: the earliest candidate first, as every hamid policy breaks ties).
 
     A node short of CPU or memory for the pod gets kube-scheduler's reason in ``failed`` (not
     ``own``, whose own request counts there); one where FGD finds no GPU room ranks last
