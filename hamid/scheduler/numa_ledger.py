@@ -240,6 +240,13 @@ class NumaLedgers:
         #: (node state key, pod shape) -> prediction: nodes in the same state share it.
         self._memo: dict[Hashable, Prediction] = {}
         self._shared = _Shared()
+        #: Called with a node's name whenever its ledger changes (the ``fgd`` ranker's hook).
+        self.on_change: Callable[[str], None] | None = None
+
+    def _changed(self, entry: NodeNuma) -> None:
+        entry.version += 1
+        if self.on_change is not None:
+            self.on_change(entry.name)
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -274,7 +281,7 @@ class NumaLedgers:
 
     def _rebuild(self, entry: NodeNuma) -> None:
         """The node's ledger from its profile and records: placements, then predictions, then replays."""
-        entry.version += 1
+        self._changed(entry)
         entry.unbooked = 0
         profile = entry.profile
         for rec in entry.records.values():
@@ -303,7 +310,7 @@ class NumaLedgers:
     def _book(self, entry: NodeNuma, rec: PodRecord, rebuild: bool = True) -> None:
         """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked."""
         ledger = entry.ledger
-        entry.version += 1
+        self._changed(entry)
         if ledger is None:
             return
         try:
@@ -329,7 +336,7 @@ class NumaLedgers:
             log.info("numa_record_unbooked", node=entry.name, pod=rec.uid, source=str(rec.source))
 
     def _unbook(self, entry: NodeNuma, rec: PodRecord) -> None:
-        entry.version += 1
+        self._changed(entry)
         if rec.booked and entry.ledger is not None:
             try:
                 entry.ledger.release(rec.usage)

@@ -109,7 +109,7 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
     metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
-    annotations; spec: nodeName, schedulerName and each (init) container's name, resources and
+    annotations; spec: nodeName, schedulerName, overhead and each (init) container's name, resources and
     restartPolicy; status: phase and each init container's name and exit code. Accounting,
     bind, the node lock, refit and Events read nothing else, and a rebuild from trimmed pods
     equals one from full pods. Env, volumes, probes, images, managedFields, conditions and the
@@ -126,7 +126,7 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     out["metadata"] = out_meta
     spec = pod.get("spec")
     if isinstance(spec, dict):
-        out_spec: JSON = {k: _shared(spec[k]) for k in ("nodeName", "schedulerName") if k in spec}
+        out_spec: JSON = {k: _shared(spec[k]) for k in ("nodeName", "schedulerName", "overhead") if k in spec}
         for key in ("initContainers", "containers"):
             if key in spec:
                 out_spec[key] = _trim_containers(spec[key])
