@@ -43,6 +43,8 @@ NO_TOPOLOGY = -1
 DEFAULT_PROFILE_MAX_AGE_S = 30 * 60
 #: Bound on merged hint permutations for the non-single-numa policies (kubelet enumerates them all).
 MAX_PERMUTATIONS = 200_000
+#: Bound on the admissions replayed, one per device split the plugin may choose.
+MAX_SPLIT_REPLAYS = 64
 
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 SMT_ALIGNMENT_ERROR = "SMTAlignmentError"
@@ -644,9 +646,17 @@ class _Admission:
     """Replays kubelet's admission of one pod against a scratch copy of the node's free resources."""
 
     def __init__(
-        self, profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
+        self,
+        profile: NumaProfile,
+        ledger: NumaLedger,
+        containers: list[_Container],
+        qos: str,
+        splits: Sequence[dict[int, int]] = (),
     ) -> None:
         self.profile = profile
+        #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
+        self.splits = list(splits)
+        self.split_count = 0
         self.topo = topology_of(profile)
         self.containers = containers
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
@@ -753,7 +763,7 @@ class _Admission:
         held: set[int] = set()
         for res, need in sorted(self.device_requests(c).items()):
             reusable, free = self.dev_reusable[res], self.dev_free[res]
-            got = _take_counts(reusable, need, f"which reusable {res} devices are reused")
+            got = self.take_counts(reusable, need, f"which reusable {res} devices are reused")
             left = need - sum(got.values())
             if sum(free.values()) < left:
                 raise _reject(
@@ -763,9 +773,11 @@ class _Admission:
                 )
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
-            new = _take_counts({n: k for n, k in free.items() if n in aligned}, left, f"which {res} device")
+            new = self.take_counts(
+                {n: k for n, k in free.items() if n in aligned}, left, f"which {res} device"
+            )
             rest = left - sum(new.values())
-            others = _take_counts(
+            others = self.take_counts(
                 {n: k for n, k in free.items() if n not in aligned}, rest, f"which {res} device"
             )
             for n, k in others.items():
@@ -779,6 +791,22 @@ class _Admission:
                 out[res] = {n: k for n, k in new.items() if k}
             held |= {n for part in (got, new) for n, k in part.items() if k}
         return out, held
+
+    def take_counts(self, pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
+        """Take ``need`` items from per-bucket counts: determined when it is all of them or one
+        bucket; otherwise the next assumed split, or :class:`_Split` listing every possible one."""
+        nonzero = {n: k for n, k in pool.items() if k > 0}
+        if need <= 0 or not nonzero:
+            return {}
+        if need >= sum(nonzero.values()):
+            return dict(nonzero)
+        if len(nonzero) == 1:
+            (n,) = nonzero
+            return {n: need}
+        self.split_count += 1
+        if self.split_count <= len(self.splits):
+            return dict(self.splits[self.split_count - 1])
+        raise _Split(what, _splits(nonzero, need))
 
     def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
         """Allocate in kubelet's hint-provider order: the device manager first, then the CPU manager
@@ -824,17 +852,72 @@ def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int) -> fr
     return taken
 
 
-def _take_counts(pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
-    """Take ``need`` items from per-bucket counts when the split is determined (all, or one bucket)."""
-    nonzero = {n: k for n, k in pool.items() if k > 0}
-    if need <= 0 or not nonzero:
-        return {}
-    if need >= sum(nonzero.values()):
-        return dict(nonzero)
-    if len(nonzero) == 1:
-        (n,) = nonzero
-        return {n: need}
-    raise _Stop(_unknown(UNKNOWN_UNMODELLED, f"{what} kubelet takes is the device plugin's choice"))
+class _Split(Exception):
+    """kubelet's device pick is the device plugin's choice: ``options`` are the possible splits."""
+
+    def __init__(self, what: str, options: list[dict[int, int]]) -> None:
+        super().__init__(what)
+        self.what = what
+        self.options = options
+
+
+def _splits(pool: Mapping[int, int], need: int) -> list[dict[int, int]]:
+    """Every way to take ``need`` items from per-bucket counts (buckets in ascending order)."""
+    buckets = sorted(pool)
+    out: list[dict[int, int]] = []
+
+    def walk(i: int, left: int, taken: dict[int, int]) -> None:
+        if i == len(buckets):
+            if left == 0:
+                out.append({n: k for n, k in taken.items() if k})
+            return
+        rest = sum(pool[n] for n in buckets[i + 1 :])
+        for k in range(max(0, left - rest), min(pool[buckets[i]], left) + 1):
+            walk(i + 1, left - k, {**taken, buckets[i]: k})
+
+    walk(0, need, {})
+    return out
+
+
+def _disagree(outcomes: Sequence[Prediction]) -> bool:
+    """The replays so far do not all end in one rejection."""
+    return any(o.outcome is not Outcome.REJECT or o.reason != outcomes[0].reason for o in outcomes)
+
+
+def _admit_every_split(
+    profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
+) -> Prediction:
+    """Replay the admission once per possible device split the plugin may choose.
+
+    Where every split ends in the same rejection, kubelet rejects whichever replicas it picks:
+    that is the answer. Otherwise the outcome depends on the plugin's choice (``unknown``).
+    At most :data:`MAX_SPLIT_REPLAYS` replays.
+    """
+    pending: list[list[dict[int, int]]] = [[]]
+    outcomes: list[Prediction] = []
+    first_split: _Split | None = None
+    while pending:
+        script = pending.pop()
+        admission = _Admission(profile, ledger, containers, qos, script)
+        try:
+            placed = admission.admit()
+        except _Stop as stop:
+            outcomes.append(stop.prediction)
+        except _Split as split:
+            first_split = first_split or split
+            pending += [[*script, option] for option in reversed(split.options)]
+        else:
+            if not script:
+                return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+            outcomes.append(Prediction(Outcome.PLACED, containers=placed))
+        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or _disagree(outcomes):
+            break
+    if first_split is None:
+        return outcomes[0]
+    reasons = {(o.outcome, o.reason) for o in outcomes}
+    if not pending and len(reasons) == 1 and outcomes[0].outcome is Outcome.REJECT:
+        return outcomes[0]
+    return _unknown(UNKNOWN_UNMODELLED, f"{first_split.what} kubelet takes is the device plugin's choice")
 
 
 def predict(
@@ -869,12 +952,7 @@ def predict(
     qos = pod_qos(pod, containers)
     if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
         return _unknown(UNKNOWN_UNMODELLED, "the Static memory manager's hints are not modelled")
-    admission = _Admission(profile, ledger, containers, qos)
-    try:
-        placed = admission.admit()
-    except _Stop as stop:
-        return stop.prediction
-    return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+    return _admit_every_split(profile, ledger, containers, qos)
 
 
 def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:

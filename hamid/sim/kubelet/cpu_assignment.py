@@ -141,12 +141,12 @@ def take_by_topology(topo: CpuTopology, available: Iterable[int], count: int) ->
 
 
 def _numa_range(acc: _Accumulator, group: int) -> tuple[int, int]:
-    """``rangeNUMANodesNeededToSatisfy``."""
-    nodes = len(acc._free_numa())
-    groups_available = (len(acc.free) - 1) // group + 1
+    """``rangeNUMANodesNeededToSatisfy``: the minimum from the CPU groups per NUMA node of the whole
+    machine (not of the free CPUs), the maximum bounded by the NUMA nodes with free CPUs."""
+    groups_in_machine = (len(acc.topo.cpus) - 1) // group + 1
+    per_node = (groups_in_machine - 1) // len(acc.topo.numa_nodes) + 1
     groups_needed = (acc.needed - 1) // group + 1
-    per_node = (groups_available - 1) // nodes + 1
-    return (groups_needed - 1) // per_node + 1, min(groups_needed, nodes)
+    return (groups_needed - 1) // per_node + 1, min(groups_needed, len(acc._free_numa()))
 
 
 def _variance(values: Iterable[int]) -> Fraction:

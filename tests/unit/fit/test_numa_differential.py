@@ -3,7 +3,8 @@
 Random node states (2-16 NUMA nodes, SMT or not, sockets above or below NUMA nodes, reserved CPUs,
 GPUs per NUMA node and without topology, pods already placed) x random pods (QoS classes, integer
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
-Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``prefer-closest-numa-nodes``).
+Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``strict-cpu-reservation``,
+``prefer-closest-numa-nodes``).
 
 The oracle is the simulator's real admission path — :func:`hamid.sim.kubelet.node.build_managers`
 for the managers, :class:`hamid.sim.kubelet.admission.Admitter` for the admission, and a real
@@ -77,6 +78,7 @@ class Machine:
     cpu_policy: str
     full_pcpus: bool
     prefer_closest: bool
+    strict_reservation: bool = False
 
     @property
     def total_cores(self) -> int:
@@ -102,7 +104,10 @@ class Machine:
         return options
 
     def cpu_options(self) -> dict[str, str]:
-        return {"full-pcpus-only": "true"} if self.full_pcpus else {}
+        options = {"full-pcpus-only": "true"} if self.full_pcpus else {}
+        if self.strict_reservation:
+            options["strict-cpu-reservation"] = "true"
+        return options
 
     def device_ids(self, resource: str) -> dict[str, tuple[int, bool]]:
         """Device ID → (NUMA bucket, healthy); IDs sort in NUMA order so kubelet's pick is easy to follow."""
@@ -158,6 +163,7 @@ def machines(draw: st.DrawFn) -> Machine:
         cpu_policy=cpu_policy,
         full_pcpus=cpu_policy == "static" and draw(st.booleans()),
         prefer_closest=draw(st.booleans()),
+        strict_reservation=cpu_policy == "static" and draw(st.booleans()),
     )
 
 
