@@ -15,6 +15,7 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
+from hamid.model.preferred import distinct_gpu_preference, select_preferred
 from hamid.plugin.allocator_rules import (
     AllocationError,
     GpuFacts,
@@ -24,13 +25,11 @@ from hamid.plugin.allocator_rules import (
     allowed_uuids,
     choose_pod,
     consume,
-    distinct_gpu_preference,
     hami_core_answer,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
     summarize,
     to_allocate,
 )
