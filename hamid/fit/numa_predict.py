@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from hamid.model._wire import want_object
+from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_OPTION_FULL_PCPUS_ONLY,
@@ -34,6 +35,7 @@ from hamid.model.numa import (
     NumaProfile,
     PodPrediction,
 )
+from hamid.model.preferred import preferred_answer
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import is_sidecar
 
@@ -174,6 +176,28 @@ class NumaLedger:
         for res, per_numa in usage.devices.items():
             for numa, n in per_numa.items():
                 self._devices[res][numa][1] += sign * n
+
+
+@dataclass(frozen=True, slots=True)
+class PluginView:
+    """hamid's device plugin on the node, so the predictor can replay its ``GetPreferredAllocation``.
+
+    ``resource`` is the resource it serves (with ``GetPreferredAllocation`` offered to kubelet),
+    ``gpus`` each GPU's NUMA bucket and free replicas, ``annotated`` per container (init first) the
+    GPUs the scheduler annotated — the plugin prefers a replica of each (:mod:`hamid.model.preferred`).
+    """
+
+    resource: str
+    gpus: Mapping[str, tuple[int, int]]
+    annotated: PodDevices
+
+
+#: Separates a GPU UUID from a replica number in the replica IDs the predictor replays with.
+_REPLICA_SEP = "\x00"
+
+
+def _gpu_of_replica(replica: str) -> str:
+    return replica.split(_REPLICA_SEP, 1)[0]
 
 
 # ==========================================================================================
@@ -496,6 +520,7 @@ class _Container:
     kind: str  # "init", "sidecar" or "app"
     requests: Mapping[str, Fraction]  # after the API server's defaulting (requests default to limits)
     limits: Mapping[str, Fraction]
+    index: int  # init containers first, as the annotations count them
 
 
 def _containers(pod: Mapping[str, Any]) -> list[_Container]:
@@ -519,7 +544,7 @@ def _containers(pod: Mapping[str, Any]) -> list[_Container]:
             requests = dict(limits)
             requests.update({k: parse_quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
             kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
-            out.append(_Container(c["name"], kind, requests, limits))
+            out.append(_Container(c["name"], kind, requests, limits, len(out)))
     return out
 
 
@@ -652,8 +677,13 @@ class _Admission:
         containers: list[_Container],
         qos: str,
         splits: Sequence[dict[int, int]] = (),
+        plugin: PluginView | None = None,
     ) -> None:
         self.profile = profile
+        self.plugin = plugin
+        #: Free replicas per GPU of the plugin's resource, and the NUMA buckets where they are not known.
+        self.gpu_free = {u: f for u, (_n, f) in plugin.gpus.items()} if plugin is not None else {}
+        self.gpu_unknown: set[int] = set()
         #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
         self.splits = list(splits)
         self.split_count = 0
@@ -669,6 +699,8 @@ class _Admission:
         self.dev_total = {r: {n: t for n, (t, _f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_free = {r: {n: f for n, (_t, f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_reusable: dict[str, dict[int, int]] = {r: {} for r in self.resources}
+        if plugin is not None:
+            self._check_gpus(plugin)
 
     # --- requests -------------------------------------------------------------------------
 
@@ -773,15 +805,7 @@ class _Admission:
                 )
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
-            new = self.take_counts(
-                {n: k for n, k in free.items() if n in aligned}, left, f"which {res} device"
-            )
-            rest = left - sum(new.values())
-            others = self.take_counts(
-                {n: k for n, k in free.items() if n not in aligned}, rest, f"which {res} device"
-            )
-            for n, k in others.items():
-                new[n] = new.get(n, 0) + k
+            new = self.take_new(res, c.index, free, aligned, left, bool(got))
             for n, k in new.items():
                 free[n] -= k
             sign = 1 if c.kind == "init" else -1
@@ -791,6 +815,85 @@ class _Admission:
                 out[res] = {n: k for n, k in new.items() if k}
             held |= {n for part in (got, new) for n, k in part.items() if k}
         return out, held
+
+    def take_new(
+        self, res: str, index: int, free: Mapping[int, int], aligned: frozenset[int], need: int, reused: bool
+    ) -> dict[int, int]:
+        """``devicesToAllocate`` after the reused devices: from the aligned buckets (the plugin
+        choosing when they hold more than needed), else all of them and the rest elsewhere (the
+        plugin choosing among the rest)."""
+        inside = {n: k for n, k in free.items() if n in aligned and k > 0}
+        outside = {n: k for n, k in free.items() if n not in aligned and k > 0}
+        what = f"which {res} device"
+        if need < sum(inside.values()):
+            picked = None if reused else self.plugin_pick(res, index, inside, {}, need)
+            if picked is None:
+                picked = self.taken(res, inside, self.take_counts(inside, need, what))
+            return picked
+        rest = need - sum(inside.values())
+        picked = None if reused or rest <= 0 else self.plugin_pick(res, index, outside, inside, rest)
+        self.taken(res, inside, inside)
+        if picked is None:
+            picked = self.taken(res, outside, self.take_counts(outside, rest, what))
+        return {n: inside.get(n, 0) + picked.get(n, 0) for n in inside.keys() | picked.keys()}
+
+    def _check_gpus(self, plugin: PluginView) -> None:
+        """Buckets whose GPUs' free replicas do not add up to the ledger's are not known per GPU."""
+        free = self.dev_free.get(plugin.resource, {})
+        for n in free.keys() | {b for b, _f in plugin.gpus.values()}:
+            if sum(f for b, f in plugin.gpus.values() if b == n) != free.get(n, 0):
+                self.gpu_unknown.add(n)
+
+    def taken(self, res: str, pool: Mapping[int, int], counts: dict[int, int]) -> dict[int, int]:
+        """Note which GPUs of the plugin's resource a pick without its preference took: all of a
+        bucket (then none is free), or some (then which is not known)."""
+        if self.plugin is not None and res == self.plugin.resource:
+            for n, k in counts.items():
+                if k < pool.get(n, 0):
+                    self.gpu_unknown.add(n)
+            for u, (b, _f) in self.plugin.gpus.items():
+                if counts.get(b, 0) and counts[b] >= pool.get(b, 0):
+                    self.gpu_free[u] = 0
+        return counts
+
+    def plugin_pick(
+        self, res: str, index: int, pool: Mapping[int, int], must: Mapping[int, int], need: int
+    ) -> dict[int, int] | None:
+        """hamid's ``GetPreferredAllocation`` replayed: the buckets of the ``need`` replicas kubelet
+        takes from ``pool`` (after all of ``must``), or None when the plugin gives no definite
+        answer (another plugin, a NUMA mismatch, no preference, GPUs not known)."""
+        plugin = self.plugin
+        if plugin is None or res != plugin.resource or index >= len(plugin.annotated):
+            return None
+        if (pool.keys() | must.keys()) & self.gpu_unknown:
+            return None
+
+        def replicas(buckets: Mapping[int, int]) -> list[str]:
+            return [
+                f"{u}{_REPLICA_SEP}{k}"
+                for u, (b, _f) in sorted(plugin.gpus.items())
+                if b in buckets
+                for k in range(self.gpu_free.get(u, 0))
+            ]
+
+        must_ids = replicas(must)
+        answer, missing = preferred_answer(
+            plugin.annotated[index],
+            sorted(must_ids + replicas(pool)),
+            must_ids,
+            len(must_ids) + need,
+            _gpu_of_replica,
+        )
+        picks = [_gpu_of_replica(r) for r in answer if r not in set(must_ids)]
+        if missing or len(picks) != need:
+            return None
+        for u in must_ids:
+            self.gpu_free[_gpu_of_replica(u)] = 0
+        counts: dict[int, int] = {}
+        for u in picks:
+            self.gpu_free[u] -= 1
+            counts[plugin.gpus[u][0]] = counts.get(plugin.gpus[u][0], 0) + 1
+        return counts
 
     def take_counts(self, pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
         """Take ``need`` items from per-bucket counts: determined when it is all of them or one
@@ -885,7 +988,11 @@ def _disagree(outcomes: Sequence[Prediction]) -> bool:
 
 
 def _admit_every_split(
-    profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
+    profile: NumaProfile,
+    ledger: NumaLedger,
+    containers: list[_Container],
+    qos: str,
+    plugin: PluginView | None,
 ) -> Prediction:
     """Replay the admission once per possible device split the plugin may choose.
 
@@ -898,7 +1005,7 @@ def _admit_every_split(
     first_split: _Split | None = None
     while pending:
         script = pending.pop()
-        admission = _Admission(profile, ledger, containers, qos, script)
+        admission = _Admission(profile, ledger, containers, qos, script, plugin)
         try:
             placed = admission.admit()
         except _Stop as stop:
@@ -927,11 +1034,14 @@ def predict(
     *,
     now: float,
     max_age_s: float = DEFAULT_PROFILE_MAX_AGE_S,
+    plugin: PluginView | None = None,
 ) -> Prediction:
     """What kubelet will do with ``pod`` on the node described by ``profile`` and ``ledger``.
 
-    ``now`` is unix seconds (the caller's clock; the function reads none). The ledger is not
-    changed: book ``prediction.usage`` with :meth:`NumaLedger.apply` once the pod is placed.
+    ``now`` is unix seconds (the caller's clock; the function reads none). ``plugin``: hamid's
+    device plugin serves a resource of the node and the pod's GPUs are annotated; where kubelet
+    lets the plugin choose among replicas, its answer is replayed (else that is ``unknown``).
+    The ledger is not changed: book ``prediction.usage`` with :meth:`NumaLedger.apply` once the pod is placed.
     InvalidInput when the pod itself is malformed.
     """
     if profile is None:
@@ -952,7 +1062,7 @@ def predict(
     qos = pod_qos(pod, containers)
     if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
         return _unknown(UNKNOWN_UNMODELLED, "the Static memory manager's hints are not modelled")
-    return _admit_every_split(profile, ledger, containers, qos)
+    return _admit_every_split(profile, ledger, containers, qos, plugin)
 
 
 def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:

@@ -33,8 +33,10 @@ import structlog
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, Prediction, predict
+from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, PluginView, Prediction, predict
+from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile
+from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.sim.kubelet.admission import Admitter
 from hamid.sim.kubelet.assignment import ContainerAssignment, PodAdmission
 from hamid.sim.kubelet.cadvisor import CpuInfo as SimCpuInfo
@@ -79,6 +81,8 @@ class Machine:
     full_pcpus: bool
     prefer_closest: bool
     strict_reservation: bool = False
+    #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
+    hamid_gpus: bool = False
 
     @property
     def total_cores(self) -> int:
@@ -164,6 +168,7 @@ def machines(draw: st.DrawFn) -> Machine:
         full_pcpus=cpu_policy == "static" and draw(st.booleans()),
         prefer_closest=draw(st.booleans()),
         strict_reservation=cpu_policy == "static" and draw(st.booleans()),
+        hamid_gpus=draw(st.booleans()),
     )
 
 
@@ -216,12 +221,50 @@ def pods(draw: st.DrawFn, name: str) -> dict[str, Any]:
 # ==========================================================================================
 
 
+class HamidPreference:
+    """hamid's ``GetPreferredAllocation`` (one GPU per device ID here): the pending container's
+    annotated GPUs via :func:`preferred_answer`; on a NUMA mismatch the plugin's refit-less
+    fallback (one replica per distinct GPU). The pending container is the first non-empty
+    annotation entry not yet consumed by an ``Allocate``, as the plugin finds it."""
+
+    def __init__(self, server: FakePlugin) -> None:
+        self.server = server
+        self.annotated: PodDevices = ()
+        self.start = 0
+
+    def pending(self, annotated: PodDevices) -> None:
+        """The next pod's annotation (from now on, its containers' Allocates consume entries)."""
+        self.annotated, self.start = annotated, len(self.server.allocate_requests)
+
+    def __call__(self, request: Any) -> list[str]:
+        entries = [e for e in self.annotated if e]
+        consumed = len(self.server.allocate_requests) - self.start
+        if consumed >= len(entries):
+            return []
+        available, must = list(request.available_deviceIDs), list(request.must_include_deviceIDs)
+        size = request.allocation_size
+        answer, missing = preferred_answer(entries[consumed], available, must, size, _same)
+        if not missing:
+            return answer
+        offered = select_preferred(entries[consumed], available, must, size, _same)[0]
+        return distinct_gpu_preference(available, offered, size, _same) or distinct_gpu_preference(
+            available, must, size, _same
+        )
+
+
+def _same(device_id: str) -> str:
+    return device_id
+
+
 @dataclass
 class Plugin:
-    """One event loop and one real gRPC device plugin endpoint shared by every example."""
+    """One event loop and real gRPC device plugin endpoints shared by every example: one without
+    a preference, one answering like hamid's plugin."""
 
     loop: asyncio.AbstractEventLoop
     endpoint: Endpoint
+    hamid: Endpoint
+    hamid_preference: HamidPreference
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +272,20 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     loop = asyncio.new_event_loop()
     root = Path(tmp_path_factory.mktemp("dp"))
     server = FakePlugin(root, [], resource=GPU, preferred=False)
-    loop.run_until_complete(server.start())
+    hamid = FakePlugin(root, [], resource=GPU, name="hamid.sock", preferred=True)
+    preference = HamidPreference(hamid)
+    hamid.answer = preference
+    for s in (server, hamid):
+        loop.run_until_complete(s.start())
     endpoint = loop.run_until_complete(connect(GPU, str(server.socket), 5.0, 5.0))
+    hamid_endpoint = loop.run_until_complete(connect(GPU, str(hamid.socket), 5.0, 5.0))
     try:
-        yield Plugin(loop, endpoint)
+        yield Plugin(loop, endpoint, hamid_endpoint, preference)
     finally:
         endpoint.close()
-        loop.run_until_complete(server.stop())
+        hamid_endpoint.close()
+        for s in (server, hamid):
+            loop.run_until_complete(s.stop())
         loop.close()
 
 
@@ -274,18 +324,23 @@ class SimNode:
                 all_devices={d: (None if n == NO_TOPOLOGY else (n,)) for d, (n, _h) in ids.items()},
                 healthy={d for d, (_n, h) in ids.items() if h},
                 unhealthy={d for d, (_n, h) in ids.items() if not h},
-                endpoint=plugin.endpoint,  # the fake plugin answers Allocate for any resource
+                # the fake plugin answers Allocate for any resource
+                endpoint=plugin.hamid if m.hamid_gpus and resource == GPU else plugin.endpoint,
             )
             self.device_numa[resource] = {d: n for d, (n, _h) in ids.items()}
             self.healthy |= {d for d, (_n, h) in ids.items() if h}
         self.cpus, settings = build_managers(machine, config)
         self.admitter = Admitter(settings, self.devices, self.cpus, log)
         self.loop = plugin.loop
+        self.preference = plugin.hamid_preference
+        self.hamid_gpus = m.hamid_gpus
 
-    def admit(self, pod: Mapping[str, Any]) -> PodAdmission:
-        """Admit one pod; on failure release what it took (as the kubelet does) and record why."""
+    def admit(self, pod: Mapping[str, Any], annotated: PodDevices = ()) -> PodAdmission:
+        """Admit one pod (its GPUs ``annotated`` for hamid's plugin); on failure release what it
+        took (as the kubelet does) and record why."""
         meta = pod["metadata"]
         record = PodAdmission(meta["namespace"], meta["name"], meta["uid"], "node", admitted=False)
+        self.preference.pending(annotated)
         try:
             self.loop.run_until_complete(self.admitter.admit(pod, record))
             record.admitted = True
@@ -294,6 +349,19 @@ class SimNode:
             self.devices.release(record.uid)
             self.cpus.release(record.uid)
         return record
+
+    def free_gpus(self) -> list[str]:
+        """GPU device IDs healthy and held by no pod."""
+        held = self.devices.allocated_devices(GPU)
+        return sorted(d for d in self.device_numa.get(GPU, {}) if d in self.healthy and d not in held)
+
+    def plugin_view(self, annotated: PodDevices) -> PluginView | None:
+        """What the scheduler knows of hamid's plugin on this node (None: the GPUs are another's)."""
+        if not self.hamid_gpus or GPU not in self.device_numa:
+            return None
+        free = set(self.free_gpus())
+        gpus = {d: (n, int(d in free)) for d, n in self.device_numa[GPU].items()}
+        return PluginView(GPU, gpus, annotated)
 
     def ledger(self, generation: int) -> NumaLedger:
         """The predictor's ledger from the simulator's state: free CPUs and, per NUMA bucket, every
@@ -346,9 +414,15 @@ def sim_device_usage(node: SimNode, uid: str) -> dict[str, dict[int, int]]:
     return {r: dict(Counter(node.device_numa[r][d] for d in ids)) for r, ids in held.items() if ids}
 
 
-def check_agreement(node: SimNode, pod: Mapping[str, Any], got: Prediction) -> None:
-    record = node.admit(pod)
+def check_agreement(
+    node: SimNode, pod: Mapping[str, Any], got: Prediction, annotated: PodDevices = ()
+) -> None:
+    record = node.admit(pod, annotated)
     TALLY[got.outcome.value] += 1
+    if node.hamid_gpus:
+        TALLY[f"hamid {got.outcome.value}"] += 1
+        if got.outcome is Outcome.UNKNOWN:
+            TALLY[f"hamid unknown: {got.message}"] += 1
     if got.outcome is Outcome.UNKNOWN:
         TALLY[f"unknown: {got.message}"] += 1
         return
@@ -369,6 +443,20 @@ def check_agreement(node: SimNode, pod: Mapping[str, Any], got: Prediction) -> N
     assert predicted_devices == sim_device_usage(node, record.uid)
 
 
+def annotate(pod: Mapping[str, Any], free: list[str]) -> PodDevices:
+    """The GPUs a scheduler without a NUMA prediction annotates: per container (init first) its
+    count of distinct GPUs, taken in turn from ``free`` (a random order of the free ones)."""
+    entries: list[tuple[ContainerDevice, ...]] = []
+    at = 0
+    for section in ("initContainers", "containers"):
+        for c in pod["spec"].get(section) or []:
+            count = int(c["resources"]["limits"].get(GPU, 0))
+            picked = [free[(at + i) % len(free)] for i in range(min(count, len(free)))]
+            at += len(picked)
+            entries.append(tuple(ContainerDevice(d, "NVIDIA", 0, 0) for d in picked))
+    return tuple(entries)
+
+
 @seed(SEED)
 @settings(
     max_examples=EXAMPLES,
@@ -380,17 +468,22 @@ def check_agreement(node: SimNode, pod: Mapping[str, Any], got: Prediction) -> N
     machine=machines(),
     earlier=st.lists(pods("earlier"), max_size=3),
     pod=pods("arrival"),
+    order=st.randoms(use_true_random=False),
 )
 def test_predictor_equals_kubelet_admission(
-    plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any]
+    plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any
 ) -> None:
     node = SimNode(machine, plugin)
     for i, placed in enumerate(earlier):
         placed = {**placed, "metadata": {**placed["metadata"], "uid": f"uid-earlier-{i}"}}
         node.admit(placed)
     profile = profile_of(machine)
-    got = predict(profile, node.ledger(profile.generation), pod, now=NOW)
-    check_agreement(node, pod, got)
+    free = node.free_gpus()
+    order.shuffle(free)
+    annotated = annotate(pod, free)
+    ledger = node.ledger(profile.generation)
+    got = predict(profile, ledger, pod, now=NOW, plugin=node.plugin_view(annotated))
+    check_agreement(node, pod, got, annotated)
 
 
 def test_unknown_rate_is_low() -> None:
@@ -400,6 +493,8 @@ def test_unknown_rate_is_low() -> None:
         pytest.skip("the differential test did not run in this session")
     print("differential tally:", TALLY.most_common())
     assert TALLY["unknown"] / answered < 0.2, TALLY.most_common()
+    hamid = TALLY["hamid placed"] + TALLY["hamid reject"] + TALLY["hamid unknown"]
+    print(f"unknown on hamid nodes: {TALLY['hamid unknown']} of {hamid}")
 
 
 # ==========================================================================================
