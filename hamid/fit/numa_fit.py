@@ -13,6 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
+from hamid.fit.usage import NodeUsage
 
 #: Why a prediction missed: the ``cause`` of ``hamid_numa_prediction_misses_total``, in the
 #: scheduler's metrics and the plugin's (docs/numa-prediction.md, "Scoring").
@@ -87,3 +88,12 @@ def miss_cause(*, stale: bool, foreign_since: bool, own_since: bool) -> str:
     if own_since:
         return MISS_CAUSES[0]
     return MISS_CAUSES[3]
+
+
+def gpu_replicas(usage: NodeUsage) -> dict[str, tuple[int, int]]:
+    """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
+    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none."""
+    return {
+        d.id: (d.numa if d.numa >= 0 else NO_TOPOLOGY, max(d.count - d.used, 0) if d.health else 0)
+        for d in usage.devices
+    }
