@@ -552,3 +552,53 @@ def test_container_reusing_an_init_containers_device_is_on_that_devices_node(plu
     assert init.numa == frozenset({0, 1}) and init.devices == {GPU: {0: 1}}
     assert app.numa == frozenset({0, 1}) and app.devices == {}  # CPU 1 reused, GPU 0 reused
     check_agreement(SimNode(m, plugin), pod, got)
+
+
+def test_hamids_plugin_decides_where_kubelet_lets_it_choose(plugin: Plugin) -> None:
+    """Policy none: kubelet takes the GPU from both NUMA nodes' replicas as the plugin prefers
+    (``devicesToAllocate``, ``GetPreferredAllocation`` over every available device). Without the
+    plugin's answer that is unknown; with hamid's plugin preferring the annotated GPU on NUMA 1
+    (``preferred_answer``), kubelet's GPU is on NUMA 1 — whichever NUMA node the CPUs are on."""
+    m = _case(devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0)), hamid_gpus=True)
+    pod = _guaranteed(("c", "2", 1))
+    node = SimNode(m, plugin)
+    annotated = ((ContainerDevice("gpu-01-0", "NVIDIA", 0, 0),),)
+    assert predict(profile_of(m), node.ledger(1), pod, now=NOW).outcome is Outcome.UNKNOWN
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW, plugin=node.plugin_view(annotated))
+    assert got.outcome is Outcome.PLACED and got.usage.devices == {GPU: {1: 1}}
+    check_agreement(node, pod, got, annotated)
+
+
+def test_an_annotated_gpu_kubelet_does_not_offer_stays_unknown(plugin: Plugin) -> None:
+    """Policy none, a GPU on each of 3 NUMA nodes, NUMA 0's held by an earlier pod (no annotation:
+    no preference, kubelet's ID order took it). The annotation names that GPU: kubelet offers only
+    NUMA 1's and 2's, the plugin sees a NUMA mismatch and refits or falls back — not the
+    predictor's to know, so unknown (the agreement check still runs against kubelet)."""
+    m = _case(
+        numa=3,
+        threads=1,
+        devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0), (GPU, 2, 1, 0)),
+        distances=((10, 20, 20), (20, 10, 20), (20, 20, 10)),
+        hamid_gpus=True,
+    )
+    node = SimNode(m, plugin)
+    assert node.admit(
+        _guaranteed(("c", "1", 1)) | {"metadata": {"name": "x", "namespace": "default", "uid": "x"}}
+    ).admitted
+    pod = _guaranteed(("c", "1", 1))
+    annotated = ((ContainerDevice("gpu-00-0", "NVIDIA", 0, 0),),)
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW, plugin=node.plugin_view(annotated))
+    assert got.outcome is Outcome.UNKNOWN
+    check_agreement(node, pod, got, annotated)
+
+
+def test_a_rejection_whichever_device_kubelet_takes_is_a_reject(plugin: Plugin) -> None:
+    """Policy none, a GPU on each NUMA node and more exclusive CPUs than are free: which GPU
+    kubelet takes is the plugin's choice, but the CPU manager fails after either
+    (``UnexpectedAdmissionError``): every split replayed ends there, so the answer is reject."""
+    m = _case(devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0)))
+    pod = _guaranteed(("c", "8", 1))
+    node = SimNode(m, plugin)
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW)
+    assert (got.outcome, got.reason) == (Outcome.REJECT, "UnexpectedAdmissionError")
+    check_agreement(node, pod, got)
