@@ -23,6 +23,7 @@ from hamid.model._wire import want_object
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
@@ -56,7 +57,9 @@ UNKNOWN_PROFILE_STALE = "profile-stale"
 UNKNOWN_UNMODELLED = "unmodelled"
 
 _MODELLED_TM_OPTIONS = frozenset({TM_OPTION_PREFER_CLOSEST, TM_OPTION_MAX_NUMA_NODES})
-_MODELLED_CPU_OPTIONS = frozenset({CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION})
+_MODELLED_CPU_OPTIONS = frozenset(
+    {CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION, CPU_OPTION_DISTRIBUTE_ACROSS_CORES}
+)
 
 
 class Outcome(enum.StrEnum):
@@ -308,16 +311,25 @@ class _Accumulator:
             if self.needed >= len(groups[key]):
                 self.take(groups[key])
 
-    def take_remaining(self) -> None:
-        for cpu in [c for core in self.cores() for c in sorted(self.topo.cpus_of_core[core] & self.free)]:
+    def take_remaining(self, spread: bool) -> None:
+        """Single threads: core by core (packed), or socket by socket in CPU id order (spread)."""
+        t = self.topo
+        if spread:
+            order = [c for s in self.sockets() for c in sorted(t.cpus_of_socket[s] & self.free)]
+        else:
+            order = [c for core in self.cores() for c in sorted(t.cpus_of_core[core] & self.free)]
+        for cpu in order:
             self.take({cpu})
             if self.needed < 1:
                 return
 
 
-def take_by_topology_packed(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int] | None:
+def take_by_topology_packed(
+    topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False
+) -> frozenset[int] | None:
     """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, whole cores, then threads.
 
+    ``spread`` (``distribute-cpus-across-cores``): no whole cores, threads spread over the cores.
     ``None`` when kubelet would fail ("not enough cpus available" / "failed to allocate cpus").
     """
     acc = _Accumulator(topo, available, count)
@@ -332,10 +344,11 @@ def take_by_topology_packed(topo: CpuTopology, available: Iterable[int], count: 
         acc.take_full(order(), groups, whole)
         if acc.needed < 1:
             return frozenset(acc.result)
-    acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
-    if acc.needed < 1:
-        return frozenset(acc.result)
-    acc.take_remaining()
+    if not spread:
+        acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
+        if acc.needed < 1:
+            return frozenset(acc.result)
+    acc.take_remaining(spread)
     return frozenset(acc.result) if acc.needed < 1 else None
 
 
@@ -644,8 +657,11 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
         limit = pol.max_allowable_numa_nodes()
         pcpus = pol.option_enabled(cpu_opts, CPU_OPTION_FULL_PCPUS_ONLY)
         pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
+        cores = pol.option_enabled(cpu_opts, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
     except InvalidInput as exc:
         return f"kubelet would not start with this option value: {exc}"
+    if pcpus and cores:
+        return "kubelet would not start: full-pcpus-only and distribute-cpus-across-cores exclude each other"
     if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
         return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
     if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
@@ -692,6 +708,9 @@ class _Admission:
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
         self.full_pcpus = profile.policies.option_enabled(
             profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
+        )
+        self.spread = profile.policies.option_enabled(
+            profile.policies.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES
         )
         self.free_cpus = set(ledger.free_cpus)
         self.reusable_cpus: set[int] = set()
@@ -774,9 +793,9 @@ class _Admission:
         result: frozenset[int] = frozenset()
         if mask is not None:
             aligned = {cpu for cpu in allocatable if mask >> self.topo.numa_of[cpu] & 1}
-            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)))
+            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.spread)
         if n > len(result):
-            result |= _take_or_fail(self.topo, allocatable - result, n - len(result))
+            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.spread)
         self.free_cpus -= result
         if c.kind == "init":
             self.reusable_cpus |= result
@@ -946,8 +965,8 @@ def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int]:
-    taken = take_by_topology_packed(topo, available, count)
+def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int, spread: bool) -> frozenset[int]:
+    taken = take_by_topology_packed(topo, available, count, spread)
     if taken is None:
         raise _reject(
             UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"

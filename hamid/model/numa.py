@@ -57,6 +57,7 @@ TM_OPTION_MAX_NUMA_NODES = "max-allowable-numa-nodes"
 TM_OPTION_PREFER_MOST_ALLOCATED = "prefer-most-allocated-numa-node"
 CPU_OPTION_FULL_PCPUS_ONLY = "full-pcpus-only"
 CPU_OPTION_STRICT_RESERVATION = "strict-cpu-reservation"
+CPU_OPTION_DISTRIBUTE_ACROSS_CORES = "distribute-cpus-across-cores"
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 
 _INT = r"(?:0|[1-9][0-9]{0,4})"

@@ -48,6 +48,7 @@ from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -586,7 +587,9 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus))
+        pol = entry.profile.policies
+        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
+        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

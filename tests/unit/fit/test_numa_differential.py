@@ -4,7 +4,8 @@ Random node states (2-16 NUMA nodes, SMT or not, sockets above or below NUMA nod
 GPUs per NUMA node and without topology, pods already placed) x random pods (QoS classes, integer
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
 Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``strict-cpu-reservation``,
-``prefer-closest-numa-nodes``).
+``distribute-cpus-across-cores``, ``prefer-closest-numa-nodes``; GPUs served by a plugin without a
+preference or by one answering like hamid's, ``GetPreferredAllocation`` included).
 
 The oracle is the simulator's real admission path — :func:`hamid.sim.kubelet.node.build_managers`
 for the managers, :class:`hamid.sim.kubelet.admission.Admitter` for the admission, and a real
@@ -81,6 +82,7 @@ class Machine:
     full_pcpus: bool
     prefer_closest: bool
     strict_reservation: bool = False
+    spread_cores: bool = False
     #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
     hamid_gpus: bool = False
 
@@ -111,6 +113,8 @@ class Machine:
         options = {"full-pcpus-only": "true"} if self.full_pcpus else {}
         if self.strict_reservation:
             options["strict-cpu-reservation"] = "true"
+        if self.spread_cores:
+            options["distribute-cpus-across-cores"] = "true"
         return options
 
     def device_ids(self, resource: str) -> dict[str, tuple[int, bool]]:
@@ -154,6 +158,7 @@ def machines(draw: st.DrawFn) -> Machine:
             for i in range(numa)
         )
     cpu_policy = draw(st.sampled_from(["static", "static", "static", "none"]))
+    full_pcpus = cpu_policy == "static" and draw(st.booleans())
     return Machine(
         numa=numa,
         numa_per_socket=numa_per_socket,
@@ -165,9 +170,12 @@ def machines(draw: st.DrawFn) -> Machine:
         tm_policy=tm_policy,
         scope=draw(st.sampled_from(["container", "pod"])),
         cpu_policy=cpu_policy,
-        full_pcpus=cpu_policy == "static" and draw(st.booleans()),
+        full_pcpus=full_pcpus,
         prefer_closest=draw(st.booleans()),
         strict_reservation=cpu_policy == "static" and draw(st.booleans()),
+        spread_cores=cpu_policy == "static"
+        and not full_pcpus
+        and draw(st.sampled_from([False, False, True])),
         hamid_gpus=draw(st.booleans()),
     )
 
