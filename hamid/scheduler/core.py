@@ -39,6 +39,7 @@ from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
@@ -108,6 +109,8 @@ class Scheduler:
             self._numa_scored,
         )
         self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
+        #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
+        self.history = EventHistory(lambda: self.state.clock())
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
@@ -248,6 +251,7 @@ class Scheduler:
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
+        self.history.note(obj, event_type, reason, message)
         self._spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------

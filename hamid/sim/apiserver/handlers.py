@@ -14,6 +14,7 @@ from aiohttp import web
 
 from hamid.log import get_logger
 from hamid.sim.apiserver import openapi, protobuf, tables, validation
+from hamid.sim.apiserver.access import AccessRules
 from hamid.sim.apiserver.admission import MutatingAdmission
 from hamid.sim.apiserver.errors import ApiError, bad_request, status_body
 from hamid.sim.apiserver.faults import Faults
@@ -51,6 +52,7 @@ class ServedState(Protocol):
     store: Store
     faults: Faults
     tokens: TokenRegistry
+    access: AccessRules
     admission: MutatingAdmission
     requests: Counter[str]
     stopping: asyncio.Event
@@ -189,6 +191,9 @@ class RequestHandler:
         if route.resource.plural == "tokenreviews":
             self._check_verb_allowed(route, verb)
             return _json_response(self.server.tokens.review(await self._body(request)), 201)
+        if route.resource.plural == "subjectaccessreviews":
+            self._check_verb_allowed(route, verb)
+            return _json_response(self.server.access.review(await self._body(request)), 201)
         if route.resource.plural == "bindings" or route.subresource == "binding":
             return await self._bind(request, route)
         if verb in ("list", "watch"):

@@ -7,7 +7,8 @@ preconditions, merge / strategic-merge / JSON patch, list and watch with field a
 events (one storage, two views), leases, TokenReview for registered tokens, and fault injection.
 
 Differences from a real server, on purpose: no authentication or authorization (every request is
-allowed; TokenReview answers only for tokens registered here), no admission beyond pod/namespace
+allowed; TokenReview answers only for tokens registered here, SubjectAccessReview only from rules
+registered here), no admission beyond pod/namespace
 defaults, namespaces are created on first use unless ``auto_namespaces=False``, pods are deleted at
 once unless ``graceful_pod_deletion=True``, paginated lists (``limit``/``continue``) read the current
 state under the first page's resourceVersion, server-side apply is answered 415.
@@ -28,6 +29,7 @@ from aiohttp import web
 
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.sim.apiserver.access import AccessRules
 from hamid.sim.apiserver.admission import MutatingAdmission
 from hamid.sim.apiserver.faults import Faults
 from hamid.sim.apiserver.handlers import MAX_BODY_BYTES, RequestHandler, unsupported_patch_type
@@ -82,6 +84,8 @@ class ApiServer:
         self.register_token = self.tokens.register
         self.register_pod_token = self.tokens.register_pod
         self.revoke_token = self.tokens.revoke
+        #: SubjectAccessReview rules (non-resource URLs), registered by tests and the harness.
+        self.access = AccessRules()
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
 
