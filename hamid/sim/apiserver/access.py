@@ -53,8 +53,8 @@ class AccessRules:
         """Allow ``verbs`` on non-resource ``paths`` for ``users`` and ``groups``."""
         if not users and not groups:
             raise ValueError("a rule needs at least one user or group")
-        if not paths or not all(isinstance(p, str) and p.startswith("/") for p in paths):
-            raise ValueError("non-resource paths start with '/'")
+        if not paths or not all(isinstance(p, str) and (p.startswith("/") or p == "*") for p in paths):
+            raise ValueError("non-resource paths start with '/' (or are '*')")
         rule = AccessRule(tuple(users), tuple(groups), tuple(verbs), tuple(paths))
         self._rules.append(rule)
         return rule
