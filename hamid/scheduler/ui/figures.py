@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,6 @@ from hamid.model.errors import InvalidInput
 from hamid.model.numa import NUMA_PLACEMENT, NumaProfile, PodPlacement, decode_placement
 from hamid.model.resources import all_containers
 from hamid.scheduler.inventory import NodeEntry
-from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN, NodeNuma
 from hamid.scheduler.ui.source import JSON, Counted, UiSource
 
@@ -66,9 +65,8 @@ class Alignment:
 
     state: str
     why: str = ""
-
-
-_ALIGNED = Alignment(ALIGNED)
+    #: An aligned pod's exclusive CPUs per GPU (rounded up): a sample of the typical aligned pod.
+    cpus_per_gpu: int | None = None
 
 
 def profile_state(numa: NodeNuma | None, now: float) -> tuple[str, str]:
@@ -139,21 +137,13 @@ def alignment(
                 f"container {name}: GPUs on NUMA {_list(sorted(gpus))}, kubelet placed it on NUMA "
                 f"{_list(sorted(numa))}",
             )
-    return _ALIGNED
+    held = sum(len(devices) for devices in layout)
+    cpus = sum(len(c.cpus) for c in placement.containers)
+    return Alignment(ALIGNED, "", math.ceil(cpus / held) if held else None)
 
 
 def _list(values: Iterable[int]) -> str:
     return ",".join(map(str, values))
-
-
-def cpus_per_gpu(pod: JSON, layout: PodDevices) -> int | None:
-    """Exclusive CPUs per GPU of a placed pod (rounded up); None when it holds no GPU."""
-    placement = placement_of(pod)
-    gpus = sum(len(devices) for devices in layout)
-    if isinstance(placement, str) or not gpus:
-        return None
-    cpus = sum(len(c.cpus) for c in placement.containers)
-    return math.ceil(cpus / gpus)
 
 
 def typical_cpus(samples: list[int]) -> int:
@@ -215,48 +205,23 @@ def gpu_counts(entry: NodeEntry) -> tuple[int, int, dict[int, int]]:
     return allocated, idle, by_numa
 
 
-class AlignmentMemo:
-    """Alignments of pods by UID, reused while the pod and its allocation are unchanged.
-
-    A memo starts from the ``previous`` build's entries and keeps only the pods it is asked
-    about, so pods gone since are forgotten with the previous memo.
-    """
-
-    def __init__(self, previous: AlignmentMemo | None = None) -> None:
-        self.known: dict[str, tuple[str, str, Alignment, int | None]] = {}
-        self._previous = previous.known if previous is not None else {}
-
-    def of(
-        self, pod: JSON, res: Reservation, infos: Mapping[str, DeviceInfo], profile: NumaProfile | None
-    ) -> tuple[Alignment, int | None]:
-        """The pod's alignment and exclusive CPUs per GPU (computed when the pod changed)."""
-        uid = objects.uid(pod)
-        version = str(objects.metadata(pod).get("resourceVersion") or "")
-        seen = self.known.get(uid) or self._previous.get(uid)
-        if seen is None or seen[0] != version or seen[1] != res.raw:
-            found = alignment(pod, res.layout, infos, profile)
-            per_gpu = cpus_per_gpu(pod, res.layout) if found.state == ALIGNED else None
-            seen = (version, res.raw, found, per_gpu)
-        self.known[uid] = seen
-        return seen[2], seen[3]
-
-
 @dataclass
-class Gathered:
-    """What a pass over the nodes collects beside the rows."""
+class NodeFigures:
+    """A node's row and what the cluster page gathers beside it."""
 
-    memo: AlignmentMemo
-    #: Exclusive CPUs per GPU of each aligned pod.
+    row: NodeRow
+    #: Exclusive CPUs per GPU of each aligned pod on the node.
     samples: list[int] = field(default_factory=list)
-    #: ``(pod key, node, why)`` of each unaligned pod.
+    #: ``(pod key, node, why)`` of each unaligned pod on the node.
     unaligned: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def node_row(source: UiSource, name: str, entry: NodeEntry, gathered: Gathered) -> NodeRow:
-    """A node's row (stranded GPUs counted later by :meth:`NodeRow.strand`)."""
+def node_figures(source: UiSource, name: str, entry: NodeEntry) -> NodeFigures:
+    """A node's figures (stranded GPUs counted later by :meth:`NodeRow.strand`)."""
     numa = source.numa.nodes.get(name)
     allocated, idle, idle_numa = gpu_counts(entry)
-    row = NodeRow(name, len(entry.usage.devices), allocated, idle)
+    out = NodeFigures(NodeRow(name, len(entry.usage.devices), allocated, idle))
+    row = out.row
     row.profile = profile_state(numa, source.now())[0]
     free = free_cpus_by_numa(numa)
     row.idle_by_numa = tuple(
@@ -269,17 +234,36 @@ def node_row(source: UiSource, name: str, entry: NodeEntry, gathered: Gathered) 
         res = source.bookings.reservation(objects.uid(pod))
         if res is None or not has_gpus(res.layout):
             continue
-        found, per_gpu = gathered.memo.of(pod, res, infos, profile)
+        found = alignment(pod, res.layout, infos, profile)
         if found.state == ALIGNED:
             row.aligned += 1
+            if found.cpus_per_gpu is not None:
+                out.samples.append(found.cpus_per_gpu)
         elif found.state == UNALIGNED:
             row.unaligned += 1
-            gathered.unaligned.append((objects.namespaced_key(pod), name, found.why))
+            out.unaligned.append((objects.namespaced_key(pod), name, found.why))
         else:
             row.unknown += 1
-        if per_gpu is not None:
-            gathered.samples.append(per_gpu)
-    return row
+    return out
+
+
+def figures_key(source: UiSource, name: str, entry: NodeEntry) -> Hashable:
+    """What a node's figures depend on: equal keys, equal figures (cheap to compute).
+
+    Its NUMA ledger's version (profile, ledger and records), whether its profile has aged, its
+    pods (the index's per-node version), its GPUs' usage and health, and its registration.
+    """
+    numa = source.numa.nodes.get(name)
+    profile = numa.profile if numa is not None else None
+    aged = profile is not None and source.now() - profile.observed_at > DEFAULT_PROFILE_MAX_AGE_S
+    usage = tuple((d.used, d.health) for d in entry.usage.devices)
+    return (
+        numa.version if numa is not None else -1,
+        aged,
+        source.index.version_of(name),
+        usage,
+        entry.register_raw,
+    )
 
 
 def counter_values(counter: Counted) -> dict[str, float]:

@@ -9,9 +9,9 @@ page skeleton do.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
-from collections.abc import Iterable
 from urllib.parse import quote
 
 #: Attribute names the builder accepts (``class_`` → ``class``, ``data_pod`` → ``data-pod``).
@@ -30,42 +30,70 @@ class Safe(str):
 
 def esc(value: object) -> Safe:
     """``value`` as text (Safe markup passes unchanged)."""
-    if isinstance(value, Safe):
-        return value
+    kind = type(value)
+    if kind is Safe:
+        return value  # type: ignore[return-value]
+    if kind is int:
+        return Safe(value)
     return Safe(html.escape(str(value), quote=True))
 
 
-def _children(children: Iterable[object]) -> Iterable[Safe]:
-    for child in children:
-        if child is None or child is False:
-            continue
-        if isinstance(child, str | int | float):
-            yield esc(child)
-        else:
-            yield from _children(child)  # type: ignore[arg-type]
+def _render(child: object, out: list[str]) -> None:
+    """Append ``child`` escaped (Safe as is; ``None``/``False`` dropped; iterables flattened)."""
+    kind = type(child)
+    if kind is Safe:
+        out.append(child)  # type: ignore[arg-type]
+    elif kind is str:
+        out.append(html.escape(child, quote=True))  # type: ignore[arg-type]
+    elif child is None or child is False:
+        return
+    elif kind is int or kind is float or isinstance(child, str | int | float):
+        out.append(esc(child))
+    else:
+        for item in child:  # type: ignore[attr-defined]
+            _render(item, out)
 
 
 def join(*children: object) -> Safe:
     """Children concatenated (each escaped unless Safe; ``None`` and nested iterables allowed)."""
-    return Safe("".join(_children(children)))
+    out: list[str] = []
+    for child in children:
+        _render(child, out)
+    return Safe("".join(out))
+
+
+@functools.cache
+def _tag(tag: str) -> str:
+    if not _TAG.match(tag):
+        raise ValueError(f"not an element name: {tag!r}")
+    return tag
+
+
+@functools.cache
+def _attribute(key: str) -> str:
+    name = key.rstrip("_").replace("_", "-")
+    if not _ATTRIBUTE.match(name):
+        raise ValueError(f"not an attribute name: {key!r}")
+    return name
 
 
 def el(tag: str, *children: object, **attributes: object) -> Safe:
     """``<tag attr="value">children</tag>``; attributes ``None``/``False`` are left out, ``True`` bare."""
-    if not _TAG.match(tag):
-        raise ValueError(f"not an element name: {tag!r}")
-    parts = [tag]
+    out = ["<", _tag(tag)]
     for key, value in attributes.items():
-        name = key.rstrip("_").replace("_", "-")
-        if not _ATTRIBUTE.match(name):
-            raise ValueError(f"not an attribute name: {key!r}")
         if value is None or value is False:
             continue
-        parts.append(name if value is True else f'{name}="{esc(value)}"')
-    opening = f"<{' '.join(parts)}>"
+        out.append(" ")
+        out.append(_attribute(key))
+        if value is not True:
+            out += ('="', esc(value), '"')
+    out.append(">")
     if tag in _VOID:
-        return Safe(opening)
-    return Safe(f"{opening}{join(*children)}</{tag}>")
+        return Safe("".join(out))
+    for child in children:
+        _render(child, out)
+    out += ("</", tag, ">")
+    return Safe("".join(out))
 
 
 def path_part(value: str) -> str:

@@ -151,12 +151,13 @@ def _gpu(
     colour: Mapping[str, str],
     link: Callable[[str], str],
 ) -> Safe:
-    health = "" if gpu.health else ", UNHEALTHY"
+    health = "" if gpu.health else " UNHEALTHY"
     label = (
-        f"GPU {gpu.index} {gpu.type}: memory {gpu.usedmem}/{gpu.totalmem} MiB, "
-        f"cores {gpu.usedcores}/{gpu.totalcore}%, slots {gpu.used}/{gpu.count}{health}"
+        f"GPU {gpu.index}: {gpu.usedmem}/{gpu.totalmem} MiB, {gpu.usedcores}/{gpu.totalcore}% cores, "
+        f"{gpu.used}/{gpu.count} slots{health}"
     )
-    parts = [el("text", label, x=x, y=y + 12, class_="gpu-label")]
+    detail = f"GPU {gpu.index} {gpu.type} {gpu.id}"
+    parts = [el("text", el("title", detail), label, x=x, y=y + 12, class_="gpu-label")]
     for row, (what, total, amount) in enumerate(
         (("memory", gpu.totalmem, lambda s: s.memory_mib), ("cores", gpu.totalcore, lambda s: s.cores))
     ):

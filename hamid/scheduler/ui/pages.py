@@ -84,7 +84,7 @@ def _stamp(*parts: object) -> str:
 def _table(head: Sequence[object], rows: Sequence[Sequence[object]], **attributes: object) -> Safe:
     return el(
         "table",
-        el("thead", el("tr", [el("th", h) for h in head])),
+        el("thead", el("tr", [el("th", h) for h in head])) if head else None,
         el("tbody", [el("tr", [el("td", c) for c in row]) for row in rows]),
         **attributes,
     )
@@ -141,16 +141,32 @@ def cluster_page(source: UiSource, snapshot: Snapshot, query: ClusterQuery, root
     shown = rows[(query.page - 1) * PAGE_SIZE : query.page * PAGE_SIZE]
     scores = prediction_scores(source)
     refits = source.history.refits_since(HOUR_S)
+    building = (
+        el(
+            "p",
+            "Gathering the figures of every node; this page reloads itself when they are ready.",
+            class_="note",
+            id="building",
+        )
+        if snapshot.building
+        else None
+    )
     body = join(
         _leader_note(source),
+        building,
         _cluster_figures(snapshot, scores, refits),
         el("h2", "Nodes"),
         _node_table(shown, query, root),
         _pager(query, pages, root),
         _unaligned(snapshot, root),
     )
-    stamp = _stamp(snapshot.stamp, scores, refits, source.leading())
-    return Page("hamid: NUMA alignment", body, stamp)
+    return Page("hamid: NUMA alignment", body, cluster_stamp(source, snapshot))
+
+
+def cluster_stamp(source: UiSource, snapshot: Snapshot) -> str:
+    """Changes when the cluster page's figures change."""
+    scores = prediction_scores(source)
+    return _stamp(snapshot.stamp, scores, source.history.refits_since(HOUR_S), source.leading())
 
 
 def _leader_note(source: UiSource) -> Safe | None:
@@ -287,10 +303,18 @@ def node_page(source: UiSource, name: str, root: str) -> Page:
         el("h2", "Pods"),
         _node_pods(rows, root),
     )
-    usage = tuple((d.used, d.usedmem, d.usedcores) for d in data.gpus)
-    versions = tuple(str(objects.metadata(p).get("resourceVersion") or "") for p in pods)
-    stamp = _stamp(numa.version if numa is not None else -1, usage, versions, code)
-    return Page(f"hamid: node {name}", body, stamp, (("node", name),))
+    return Page(f"hamid: node {name}", body, node_stamp(source, name), (("node", name),))
+
+
+def node_stamp(source: UiSource, name: str) -> str:
+    """Changes when the node page changes: its ledgers, its pods, its GPUs' usage, its profile's state."""
+    entry = source.bookings.nodes.get(name)
+    numa = source.numa.nodes.get(name)
+    if entry is None and (numa is None or numa.profile is None):
+        raise NotFound(f"node {name!r} registers no GPU with this scheduler")
+    usage = tuple((d.used, d.usedmem, d.usedcores, d.health) for d in entry.usage.devices) if entry else ()
+    code = profile_state(numa, source.now())[0]
+    return _stamp(numa.version if numa is not None else -1, source.index.version_of(name), usage, code)
 
 
 def _profile_section(numa: NodeNuma | None, code: str, why: str, now: float) -> Safe:
@@ -313,7 +337,7 @@ def _profile_section(numa: NodeNuma | None, code: str, why: str, now: float) -> 
             ["profile generation", profile.generation],
             ["confirmed", f"{max(0, round(now - profile.observed_at))} s ago"],
         ]
-    return el("section", el("h2", "Profile"), _table(["", ""], rows, class_="kv"), id="profile")
+    return el("section", el("h2", "Profile"), _table([], rows, class_="kv"), id="profile")
 
 
 _PodRow = tuple[str, list[str], PodRecord | None, str]
@@ -378,9 +402,28 @@ def pod_page(source: UiSource, namespace: str, name: str, root: str) -> Page:
             id="annotations",
         ),
     )
-    stamp = _stamp(objects.metadata(pod).get("resourceVersion"), res.raw if res else "", len(refits), unfit)
     crumbs = ((("node", node),) if node else ()) + (("pod", key),)
-    return Page(f"hamid: pod {key}", body, stamp, crumbs)
+    return Page(f"hamid: pod {key}", body, pod_stamp(source, namespace, name), crumbs)
+
+
+def pod_stamp(source: UiSource, namespace: str, name: str) -> str:
+    """Changes when the pod page changes: the pod, its reservation, its Events, its node's ledger."""
+    key = f"{namespace}/{name}"
+    pod = source.pods.get(key)
+    if pod is None:
+        raise NotFound(f"pod {key!r} is not in the scheduler's cache")
+    uid = objects.uid(pod)
+    res = source.bookings.reservation(uid)
+    node = str(objects.section(pod, "spec").get("nodeName") or "")
+    numa = source.numa.nodes.get(node) if node else None
+    rec = numa.records.get(uid) if numa is not None else None
+    return _stamp(
+        objects.metadata(pod).get("resourceVersion"),
+        res.raw if res is not None else "",
+        (str(rec.source), rec.usage) if rec is not None else None,
+        source.history.refits(key, uid),
+        source.history.unfit(key, uid),
+    )
 
 
 def _pod_summary(
@@ -405,7 +448,7 @@ def _pod_summary(
             f"{rec.source}, CPUs {format_cpu_list(rec.usage.cpus) or '-'}" if rec else "-",
         ],
     ]
-    return el("section", _table(["", ""], rows, class_="kv"), id="summary")
+    return el("section", _table([], rows, class_="kv"), id="summary")
 
 
 def _containers(pod: JSON, res: Reservation | None, infos: Mapping[str, DeviceInfo]) -> Safe:

@@ -26,10 +26,13 @@ from hamid.scheduler.ui.pages import (
     NotFound,
     Page,
     cluster_page,
+    cluster_stamp,
     node_href,
     node_page,
+    node_stamp,
     pod_href,
     pod_page,
+    pod_stamp,
     root_of,
 )
 from hamid.scheduler.ui.snapshot import Snapshots
@@ -51,7 +54,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-_STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
+_STATIC = {"ui.js": "text/javascript", "ui.css": "text/css", "favicon.svg": "image/svg+xml"}
 SNAPSHOTS_KEY = web.AppKey("ui_snapshots", Snapshots)
 SOURCE_KEY = web.AppKey("ui_source", UiSource)
 
@@ -124,11 +127,11 @@ async def _stamp(
 ) -> web.Response:
     match page:
         case ["cluster"]:
-            stamp = cluster_page(source, await snapshots.get(), ClusterQuery(), "").stamp
+            stamp = cluster_stamp(source, await snapshots.get())
         case ["node", node] if node:
-            stamp = node_page(source, node, "").stamp
+            stamp = node_stamp(source, node)
         case ["pod", namespace, name] if namespace and name:
-            stamp = pod_page(source, namespace, name, "").stamp
+            stamp = pod_stamp(source, namespace, name)
         case _:
             raise NotFound(f"no page stamp at {request.path}")
     etag = f'"{stamp}"'
@@ -163,6 +166,7 @@ def document(page: Page, root: str, stamp_url: str = "", status: str = "") -> st
         el("meta", charset="utf-8"),
         el("meta", name="viewport", content="width=device-width, initial-scale=1"),
         el("title", page.title),
+        el("link", rel="icon", href=f"{root}ui/static/favicon.svg", type="image/svg+xml"),
         el("link", rel="stylesheet", href=f"{root}ui/static/ui.css"),
         el("script", src=f"{root}ui/static/ui.js", defer=True),
     )

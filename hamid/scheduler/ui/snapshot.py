@@ -2,28 +2,40 @@
 
 Building the rows walks every node and pod (5,000 nodes x 50,000 pods: about a tenth of a
 second), so no request does it: a request reads the last :class:`Snapshot` and, when it is older
-than :data:`MAX_AGE_S`, starts a rebuild that yields to the event loop every
-:data:`CHUNK_NODES` nodes (filters and binds are never held up). Nobody looking costs nothing.
-Only the very first request of a process waits for a build.
+than :data:`MAX_AGE_S`, starts a rebuild that yields to the event loop every :data:`SLICE_S`
+(filters and binds are never held up long) and recomputes only the nodes whose ledgers, pods or
+GPU usage changed. Nobody looking costs nothing. The first request waits :data:`FIRST_WAIT_S` at
+most for the first build; past it the page says the figures are being gathered (an empty snapshot
+marked ``building``) and reloads itself when they are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
 
 from hamid.log import get_logger
-from hamid.scheduler.ui.figures import ALIGNMENTS, AlignmentMemo, Gathered, NodeRow, node_row, typical_cpus
+from hamid.scheduler.ui.figures import (
+    ALIGNMENTS,
+    NodeFigures,
+    NodeRow,
+    figures_key,
+    node_figures,
+    typical_cpus,
+)
 from hamid.scheduler.ui.source import UiSource
 
 log = get_logger("scheduler.ui")
 
 #: A snapshot older than this (seconds) is rebuilt when a page asks for it.
 MAX_AGE_S = 5.0
-#: Nodes per slice of a rebuild (then the event loop runs other work).
-CHUNK_NODES = 250
+#: How long the first request waits for the first build before it is answered "building".
+FIRST_WAIT_S = 0.25
+#: Longest slice of a rebuild (seconds) before the event loop runs other work.
+SLICE_S = 0.005
 #: Unaligned pods listed on the cluster page at most.
 MAX_UNALIGNED = 100
 
@@ -40,6 +52,8 @@ class Snapshot:
     totals: dict[str, int] = field(default_factory=dict)
     #: Changes when (and only when) the figures change: the page's refresh stamp.
     stamp: str = ""
+    #: The empty stand-in served until the first build is done.
+    building: bool = False
     _orders: dict[tuple[str, bool], list[NodeRow]] = field(default_factory=dict)
 
     def ordered(self, key: str, descending: bool) -> list[NodeRow]:
@@ -66,18 +80,25 @@ class Snapshots:
         self._clock = clock or source.now
         self._current: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
-        self._memo = AlignmentMemo()
+        #: Per node: the key its figures were computed for, and the figures (reused while equal).
+        self._figures: dict[str, tuple[Hashable, NodeFigures]] = {}
 
     async def get(self) -> Snapshot:
-        """The latest snapshot (built now only the first time); a stale one starts a rebuild."""
+        """The latest snapshot; a stale one (or none yet: an empty one, marked building) starts a rebuild."""
         current = self._current
-        if current is None:
-            await self.refresh()
-            assert self._current is not None
-            return self._current
-        if self._clock() - current.built_at > self.max_age_s and self._task is None:
+        if (current is None or self._clock() - current.built_at > self.max_age_s) and self._task is None:
             self._task = asyncio.create_task(self._rebuild(), name="ui-snapshot")
-        return current
+        if current is None and self._task is not None:
+            await asyncio.wait([self._task], timeout=FIRST_WAIT_S)  # a small cluster's first build
+        return self._current if self._current is not None else _BUILDING
+
+    async def built(self) -> Snapshot:
+        """The snapshot once the build in flight (or a first one) is done."""
+        if self._current is None and self._task is None:
+            self._task = asyncio.create_task(self._rebuild(), name="ui-snapshot")
+        if self._task is not None:
+            await asyncio.wait([self._task])
+        return self._current if self._current is not None else _BUILDING
 
     async def _rebuild(self) -> None:
         try:
@@ -88,19 +109,25 @@ class Snapshots:
             self._task = None
 
     async def refresh(self) -> None:
-        """Build a snapshot now (in slices) and make it current."""
+        """Build a snapshot now (in slices) and make it current; unchanged nodes are reused."""
         source = self.source
-        gathered = Gathered(AlignmentMemo(self._memo))
-        rows: list[NodeRow] = []
+        known, figures = self._figures, {}
         names = sorted(source.bookings.nodes)
-        for start in range(0, len(names), CHUNK_NODES):
-            for name in names[start : start + CHUNK_NODES]:
-                entry = source.bookings.nodes.get(name)
-                if entry is not None:
-                    rows.append(node_row(source, name, entry, gathered))
-            await asyncio.sleep(0)
-        self._memo = gathered.memo
-        self._current = _finish(self._clock(), rows, gathered)
+        sliced = time.perf_counter()
+        for name in names:
+            entry = source.bookings.nodes.get(name)
+            if entry is None:
+                continue
+            key = figures_key(source, name, entry)
+            seen = known.get(name)
+            figures[name] = (
+                seen if seen is not None and seen[0] == key else (key, node_figures(source, name, entry))
+            )
+            if time.perf_counter() - sliced > SLICE_S:
+                await asyncio.sleep(0)
+                sliced = time.perf_counter()
+        self._figures = figures
+        self._current = _finish(self._clock(), [f for _, f in figures.values()])
 
     async def close(self) -> None:
         """Stop a rebuild in flight."""
@@ -110,6 +137,8 @@ class Snapshots:
             await asyncio.gather(task, return_exceptions=True)
 
 
+#: The totals of the cluster page.
+_COUNTED = ("gpus", "allocated", "idle", "stranded", "pods", *ALIGNMENTS)
 #: The columns whose values make a snapshot's stamp.
 _STAMPED = (
     "name",
@@ -125,16 +154,22 @@ _STAMPED = (
 )
 
 
-def _finish(now: float, rows: list[NodeRow], gathered: Gathered) -> Snapshot:
-    typical = typical_cpus(gathered.samples)
-    counted = ("gpus", "allocated", "idle", "stranded", "pods", *ALIGNMENTS)
+def _finish(now: float, nodes: list[NodeFigures]) -> Snapshot:
+    typical = typical_cpus([s for f in nodes for s in f.samples])
+    counted = _COUNTED
     totals = dict.fromkeys(counted, 0)
-    totals["nodes"] = len(rows)
-    for row in rows:
+    totals["nodes"] = len(nodes)
+    rows = []
+    for f in nodes:
+        row = replace(f.row)
         row.strand(typical)
+        rows.append(row)
         for key in counted:
             totals[key] += row.value(key)
-    unaligned = sorted(gathered.unaligned)[:MAX_UNALIGNED]
+    unaligned = sorted(u for f in nodes for u in f.unaligned)[:MAX_UNALIGNED]
     figures = (typical, unaligned, [tuple(r.value(k) for k in _STAMPED) for r in rows])
     stamp = hashlib.sha256(repr(figures).encode()).hexdigest()[:16]
     return Snapshot(now, rows, typical, unaligned, totals, stamp)
+
+
+_BUILDING = Snapshot(0.0, [], 0, [], dict.fromkeys(("nodes", *_COUNTED), 0), "building", building=True)

@@ -79,6 +79,8 @@ class PodIndex:
         self._by_node: dict[str, dict[str, JSON]] = {}
         self._node_of: dict[str, str] = {}
         self._pending: dict[str, JSON] = {}
+        #: Per node: grows whenever a pod bound to it is added, changed or removed.
+        self._versions: dict[str, int] = {}
 
     def follow(self, feed: PodFeed) -> None:
         """Keep this index from ``feed``'s callbacks (before the feed runs, to see its first list)."""
@@ -96,6 +98,7 @@ class PodIndex:
         if node:
             self._by_node.setdefault(node, {})[uid] = pod
             self._node_of[uid] = node
+            self._bump(node)
         else:
             self._pending[uid] = pod
 
@@ -106,11 +109,19 @@ class PodIndex:
         node = self._node_of.pop(uid, None)
         if node is None:
             return
+        self._bump(node)
         pods = self._by_node.get(node)
         if pods is not None:
             pods.pop(uid, None)
             if not pods:
                 del self._by_node[node]
+
+    def _bump(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+
+    def version_of(self, node: str) -> int:
+        """Grows whenever the pods bound to ``node`` change."""
+        return self._versions.get(node, 0)
 
     def on(self, node: str) -> list[JSON]:
         """The pods bound to ``node``, by namespace/name."""
