@@ -114,24 +114,13 @@ def _cpu(
 ) -> Safe:
     if owner is not None:
         pod, source = owner
-        rect = el(
-            "rect",
-            el("title", f"CPU {cpu}: exclusive to {pod} ({source})"),
-            x=x,
-            y=y,
-            width=_CELL,
-            height=_CELL,
-            rx=2,
-            fill=colour.get(pod, SHARED),
-            class_="cpu exclusive",
-            data_cpu=cpu,
-            data_pod=pod,
-        )
-        return el("a", rect, href=link(pod))
-    kind, fill = ("reserved", RESERVED) if reserved else ("shared", SHARED)
-    return el(
+        title, fill, kind = f"CPU {cpu}: exclusive to {pod} ({source})", colour.get(pod, SHARED), "exclusive"
+    else:
+        pod, kind, fill = None, *(("reserved", RESERVED) if reserved else ("shared", SHARED))
+        title = f"CPU {cpu}: {kind}"
+    rect = el(
         "rect",
-        el("title", f"CPU {cpu}: {kind}"),
+        el("title", title),
         x=x,
         y=y,
         width=_CELL,
@@ -140,7 +129,9 @@ def _cpu(
         fill=fill,
         class_=f"cpu {kind}",
         data_cpu=cpu,
+        data_pod=pod,
     )
+    return el("a", rect, href=link(pod)) if pod is not None else rect
 
 
 def _gpu(

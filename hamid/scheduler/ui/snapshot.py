@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from hamid.log import get_logger
 from hamid.scheduler.ui.figures import (
     ALIGNMENTS,
+    SORT_KEYS,
     NodeFigures,
     NodeRow,
     figures_key,
@@ -139,19 +140,6 @@ class Snapshots:
 
 #: The totals of the cluster page.
 _COUNTED = ("gpus", "allocated", "idle", "stranded", "pods", *ALIGNMENTS)
-#: The columns whose values make a snapshot's stamp.
-_STAMPED = (
-    "name",
-    "gpus",
-    "allocated",
-    "idle",
-    "stranded",
-    "aligned",
-    "unaligned",
-    "unknown",
-    "pods",
-    "profile",
-)
 
 
 def _finish(now: float, nodes: list[NodeFigures]) -> Snapshot:
@@ -167,7 +155,7 @@ def _finish(now: float, nodes: list[NodeFigures]) -> Snapshot:
         for key in counted:
             totals[key] += row.value(key)
     unaligned = sorted(u for f in nodes for u in f.unaligned)[:MAX_UNALIGNED]
-    figures = (typical, unaligned, [tuple(r.value(k) for k in _STAMPED) for r in rows])
+    figures = (typical, unaligned, [tuple(r.value(k) for k in SORT_KEYS) for r in rows])
     stamp = hashlib.sha256(repr(figures).encode()).hexdigest()[:16]
     return Snapshot(now, rows, typical, unaligned, totals, stamp)
 
