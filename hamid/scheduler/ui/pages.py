@@ -39,6 +39,8 @@ from hamid.scheduler.ui.source import JSON, UiSource
 
 #: Nodes per page of the cluster page.
 PAGE_SIZE = 50
+#: The namespace shown for a booking whose pod the cache does not hold (its UID as the name).
+_UNKNOWN_POD = "(pod not cached)"
 #: Pods listed on a node page at most.
 MAX_POD_ROWS = 500
 
@@ -269,8 +271,8 @@ def node_page(source: UiSource, name: str, root: str) -> Page:
     profile = numa.profile if numa is not None else None
     exclusive: dict[int, tuple[str, str]] = {}
     for uid, record in numa.records.items() if numa is not None else ():
-        holder = source.index.uid_on(name, uid)
-        key = objects.namespaced_key(holder) if holder is not None else f"uid {uid}"
+        holder = source.index.by_uid(uid)
+        key = objects.namespaced_key(holder) if holder is not None else f"{_UNKNOWN_POD}/{uid}"
         for cpu in record.usage.cpus:
             exclusive[cpu] = (key, str(record.source))
     shares: dict[str, list[Share]] = {}

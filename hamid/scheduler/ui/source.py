@@ -79,8 +79,9 @@ class PodIndex:
         self._by_node: dict[str, dict[str, JSON]] = {}
         self._node_of: dict[str, str] = {}
         self._pending: dict[str, JSON] = {}
-        #: Per node: grows whenever a pod bound to it is added, changed or removed.
+        #: Per node with pods: the sequence number of its last change (never reused; absent: no pods).
         self._versions: dict[str, int] = {}
+        self._seq = 0
 
     def follow(self, feed: PodFeed) -> None:
         """Keep this index from ``feed``'s callbacks (before the feed runs, to see its first list)."""
@@ -115,12 +116,14 @@ class PodIndex:
             pods.pop(uid, None)
             if not pods:
                 del self._by_node[node]
+                del self._versions[node]
 
     def _bump(self, node: str) -> None:
-        self._versions[node] = self._versions.get(node, 0) + 1
+        self._seq += 1
+        self._versions[node] = self._seq
 
     def version_of(self, node: str) -> int:
-        """Grows whenever the pods bound to ``node`` change."""
+        """Changes whenever the pods bound to ``node`` change (0: it has none)."""
         return self._versions.get(node, 0)
 
     def on(self, node: str) -> list[JSON]:
@@ -131,17 +134,10 @@ class PodIndex:
         """The pods bound to ``node``, in no particular order."""
         return list(self._by_node.get(node, {}).values())
 
-    def uid_on(self, node: str, uid: str) -> JSON | None:
-        """Pod ``uid`` if it is bound to ``node``."""
-        return self._by_node.get(node, {}).get(uid)
-
-    def count_on(self, node: str) -> int:
-        """How many pods are bound to ``node``."""
-        return len(self._by_node.get(node, ()))
-
-    def pending(self) -> list[JSON]:
-        """Pods bound to no node yet."""
-        return list(self._pending.values())
+    def by_uid(self, uid: str) -> JSON | None:
+        """Pod ``uid``, bound or pending (a pod the filter placed is booked before it is bound)."""
+        node = self._node_of.get(uid)
+        return self._by_node.get(node, {}).get(uid) if node is not None else self._pending.get(uid)
 
 
 @dataclass(frozen=True)
