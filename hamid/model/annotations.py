@@ -59,9 +59,14 @@ BIND_PHASE = "hami.io/bind-phase"
 BIND_PHASE_ALLOCATING = "allocating"
 BIND_PHASE_SUCCESS = "success"
 BIND_PHASE_FAILED = "failed"
-#: Pod annotations only hamid's scheduler and plugin write: the webhook removes them from a pod
-#: being created (a tenant's copy would be a forged allocation), and the scheduler books them only
-#: as far as the pod's requests and the node's register confirm them.
+#: hamid's proof that its scheduler wrote the allocation (HMAC over pod UID, node and
+#: ``hami.io/vgpu-devices-allocated``; :mod:`hamid.scheduler.signing`). HAMi has no such key.
+ALLOCATION_SIGNATURE = "hamid.io/allocation-signature"
+#: Pod annotations only hamid's scheduler and plugin write, for the pod's whole life: the webhook
+#: removes them from a pod being created (a tenant's copy would be a forged allocation) and denies
+#: any other identity's change to them on update (the chart's ValidatingAdmissionPolicy too); the
+#: scheduler books them only as far as their signature, the pod's requests and the node's register
+#: confirm them (docs/trust.md).
 SCHEDULER_OWNED_ANNOTATIONS = (
     VGPU_NODE,
     VGPU_TIME,
@@ -70,6 +75,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     MIG_ALLOCATIONS,
     BIND_TIME,
     BIND_PHASE,
+    ALLOCATION_SIGNATURE,
     NUMA_PREDICTED,
     NUMA_PLACEMENT,  # the plugin's observation of kubelet's choice (a forged one misleads the ledger)
 )

@@ -32,3 +32,7 @@ EVENT_NUMA_REFIT_SUCCEED = "NumaRefitSucceed"
 EVENT_NUMA_REFIT_FAILED = "NumaRefitFailed"
 EVENT_UNDECODABLE_ALLOCATION = "UndecodableAllocation"
 EVENT_ALLOCATION_REFUSED = "AllocationAnnotationRefused"
+#: hamid: an allocation its scheduler cannot prove it wrote (unsigned or mis-signed): not booked.
+EVENT_ALLOCATION_FOREIGN = "AllocationAnnotationForeign"
+#: hamid: a booked pod's allocation annotations were changed after the booking: ignored.
+EVENT_ALLOCATION_IGNORED = "AllocationAnnotationIgnored"

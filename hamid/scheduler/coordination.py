@@ -26,6 +26,10 @@ class Coordination:
         self.undecodable: list[tuple[JSON, str]] = []
         #: Pods whose allocation annotations were not booked, with why (Warning Events).
         self.refused: list[tuple[JSON, str]] = []
+        #: Pods whose allocation this scheduler cannot prove it wrote (unsigned, mis-signed).
+        self.foreign: list[tuple[JSON, str]] = []
+        #: Booked pods whose annotations now disagree with the booking (which stays as it is).
+        self.disagreed: list[tuple[JSON, str]] = []
 
     def node_lock(self, node: str) -> asyncio.Lock:
         """The in-process lock of ``node`` (hold it across an await that must keep the plan)."""

@@ -38,6 +38,7 @@ from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod
@@ -94,12 +95,24 @@ class Scheduler:
         settings: SchedulerSettings | None = None,
         events: EventRecorder | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        keys: AllocationKeys | None = None,
+        accept_unsigned: bool = False,
+        annotation_writers: frozenset[str] = frozenset(),
     ) -> None:
         self.kube = kube
+        #: Usernames the webhook lets change scheduler-owned pod annotations (scheduler, plugin).
+        self.annotation_writers = annotation_writers
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config, clock, scheduler_name=self.settings.scheduler_name)
+        self.state = SchedulerState(
+            self.config,
+            clock,
+            scheduler_name=self.settings.scheduler_name,
+            keys=keys,
+            accept_unsigned=accept_unsigned,
+        )
         self.metrics = SchedulerMetrics(self.state)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
@@ -237,6 +250,11 @@ class Scheduler:
         freeze_heap()
         log.info("heap_frozen_after_sync", frozen_objects=gc.get_freeze_count())
 
+    def shutdown(self) -> None:
+        """Stop deciding: new decisions are refused, binds waiting for a node lock answered now."""
+        self.readiness.stop()
+        self.binder.close()
+
     async def close(self) -> None:
         """Cancel background event tasks."""
         for task in list(self._tasks):
@@ -244,7 +262,8 @@ class Scheduler:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, owned here (cancelled by :meth:`close`)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -252,7 +271,7 @@ class Scheduler:
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
         self.history.note(obj, event_type, reason, message)
-        self._spawn(self.events.record(obj, event_type, reason, message))
+        self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------
 
@@ -297,25 +316,29 @@ class Scheduler:
             self.metrics.numa_prediction_misses.labels(cause).inc()
 
     def report_undecodable(self) -> None:
-        """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
-        while self.state.refused:
-            pod, why = self.state.refused.pop()
-            self.metrics.untrusted_annotations.labels("booking").inc()
-            self.record(
-                pod,
-                "Warning",
-                R.EVENT_ALLOCATION_REFUSED,
-                f"{ann.DEVICES_ALLOCATED} is not booked: {why}; only allocations hamid's scheduler "
-                "made for the GPUs a pod requests are served",
-            )
-        while self.state.undecodable:
-            pod, error = self.state.undecodable.pop()
-            self.record(
-                pod,
-                "Warning",
+        """Record a Warning Event (and count it) for each pod whose allocation annotations the
+        state did not take: refused, foreign, undecodable, or disagreeing with its booking."""
+        alloc = ann.DEVICES_ALLOCATED
+        for outbox, where, reason, text in (
+            (self.state.refused, "booking", R.EVENT_ALLOCATION_REFUSED, f"{alloc} is not booked: {{}}"),
+            (self.state.foreign, "foreign", R.EVENT_ALLOCATION_FOREIGN, f"{alloc} is not booked: {{}}"),
+            (
+                self.state.undecodable,
+                "undecodable",
                 R.EVENT_UNDECODABLE_ALLOCATION,
-                f"{ann.DEVICES_ALLOCATED} cannot be decoded ({error}); its GPUs are blocked until fixed",
-            )
+                f"{alloc} cannot be decoded ({{}}); it books nothing",
+            ),
+            (
+                self.state.disagreed,
+                "disagreement",
+                R.EVENT_ALLOCATION_IGNORED,
+                f"{alloc} changed after the scheduler booked the pod and is ignored: {{}}",
+            ),
+        ):
+            while outbox:
+                pod, why = outbox.pop()
+                self.metrics.untrusted_annotations.labels(where).inc()
+                self.record(pod, "Warning", reason, text.format(why))
 
     async def _handshake_loop(self) -> None:
         while True:
@@ -349,3 +372,8 @@ class Scheduler:
         generate_name = objects.metadata(pod).get("generateName", "")
         name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
+    def scheduler_owned_change_denied(self, pod: JSON, message: str) -> None:
+        """Count and log an update the webhook denied: it changed scheduler-owned annotations."""
+        self.metrics.untrusted_annotations.labels("webhook_denied").inc()
+        log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=message)

@@ -482,6 +482,7 @@ class Filter:
         refused = self._refusal(pod)
         if refused is not None:
             return refused
+        epoch = self.readiness.epoch()
         numa = NumaFit.of(pod, objects.uid(pod))
         try:
             node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
@@ -491,7 +492,7 @@ class Filter:
         if node is None or fitted is None:
             self._record_unfit(pod, failed)
             return FilterResult(failed_nodes=failed)
-        error = await self._reserve(pod, node, fitted, numa)
+        error = await self._reserve(pod, node, fitted, numa, epoch)
         if error:
             return FilterResult(error=error)
         self.record(
@@ -515,21 +516,29 @@ class Filter:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + _SLICE_S
 
-    async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit) -> str:
-        """Book the fit, then patch the allocation annotations; "" when done, else the error."""
+    async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit, epoch: str) -> str:
+        """Book the fit, then patch the allocation annotations; "" when done, else the error.
+
+        Nothing is booked or written unless the leadership the filter started under still holds.
+        """
+        fenced = self.readiness.check(epoch)
+        if fenced:
+            return f"scheduler not ready: {fenced}"
         uid, name = objects.uid(pod), objects.namespaced_key(pod)
         raw = ann.encode_pod_devices(fitted.devices)
+        signature = self.state.signature(uid, node, raw)
         annotations: dict[str, str | None] = {
             ann.VGPU_NODE: node,
             ann.VGPU_TIME: str(int(time.time())),
             ann.DEVICES_TO_ALLOCATE: raw,
             ann.DEVICES_ALLOCATED: raw,
+            **signature,
         }
         prediction = numa.predictions.get(node)
         predicted = self._prediction_annotation(node, prediction)
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
-        undo = self.state.reserve(pod, node, fitted.devices, raw)
+        undo = self.state.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
         undo_numa = None
         if predicted is not None and prediction is not None:
             undo_numa = self.numa.book(uid, node, prediction, pod)

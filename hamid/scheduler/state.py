@@ -20,6 +20,7 @@ from hamid.model.resources import ResourceConfig
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import Inventory, NodeEntry, Registration
 from hamid.scheduler.ledger import Ledger
+from hamid.scheduler.signing import AllocationKeys
 
 JSON = dict[str, Any]
 
@@ -32,10 +33,18 @@ class SchedulerState(Ledger):
         config: ResourceConfig | None = None,
         clock: Callable[[], float] = time.time,
         scheduler_name: str = "",
+        keys: AllocationKeys | None = None,
+        accept_unsigned: bool = False,
     ) -> None:
         config = config or ResourceConfig()
         super().__init__(
-            config, clock, scheduler_name, inventory=Inventory(config, clock), coordination=Coordination()
+            config,
+            clock,
+            scheduler_name,
+            inventory=Inventory(config, clock),
+            coordination=Coordination(),
+            keys=keys,
+            accept_unsigned=accept_unsigned,
         )
 
     # -- node events ----------------------------------------------------------------------------
@@ -96,6 +105,16 @@ class SchedulerState(Ledger):
     def refused(self) -> list[tuple[JSON, str]]:
         """Outbox: pods whose allocation annotations were not booked, with why (Warning Events)."""
         return self.coordination.refused
+
+    @property
+    def foreign(self) -> list[tuple[JSON, str]]:
+        """Outbox: pods whose allocation is unsigned or mis-signed (not booked), with why."""
+        return self.coordination.foreign
+
+    @property
+    def disagreed(self) -> list[tuple[JSON, str]]:
+        """Outbox: booked pods whose annotations now disagree with the booking, with why."""
+        return self.coordination.disagreed
 
     def ranked(self) -> list[tuple[float, str]]:
         """``(node score, name)`` of every registered node, ascending (do not mutate)."""

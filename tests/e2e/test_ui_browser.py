@@ -19,8 +19,8 @@ import pytest
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.numa import NUMA_PLACEMENT, decode_placement
-from hamid.sim.cluster import ClusterOptions, SimCluster, wait_until
-from hamid.sim.demo import SEED_NAME, seed_pod
+from hamidsim.cluster import ClusterOptions, SimCluster, wait_until
+from hamidsim.demo import SEED_NAME, seed_pod
 from tests.e2e.helpers import NODE, stage
 
 MARKUP = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'

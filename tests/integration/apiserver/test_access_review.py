@@ -10,7 +10,7 @@ import pytest
 from hamid.kube.client import connect
 from hamid.kube.errors import KubeError
 from hamid.scheduler.ui.access import SUBJECT_ACCESS_REVIEWS, subject_access_review
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.unit.deploy.helm_render import KUBE_VERSION
 
 

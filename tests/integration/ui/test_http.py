@@ -14,7 +14,7 @@ import pytest
 from hamid.model import annotations as ann
 from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.ui.routes import CSP
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import loopback_options, running_app, wait_for
 from tests.unit.scheduler.helpers import container, node
 

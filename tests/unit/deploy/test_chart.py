@@ -20,7 +20,9 @@ from hamid.cli import cli
 from hamid.model import annotations
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
+from hamid.options import from_cli
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
+from hamid.scheduler.options import SchedulerOptions
 from tests.unit.deploy.helm_render import (
     CHART_DIR,
     KUBE_VERSION,
@@ -257,7 +259,12 @@ def test_scheduler_container_args_and_mounts() -> None:
     assert args["--refit-auth"] == "token"
     assert args["--device-plugin-namespace"] == NAMESPACE
     assert args["--device-plugin-service-account"] == PLUGIN
-    assert set(mounts(c)) == {"/tls", "/device-config"}
+    assert set(mounts(c)) == {"/tls", "/device-config", "/allocation-keys"}
+    # signed allocations and the identities that may change scheduler-owned annotations
+    assert args["--allocation-key-file"] == "/allocation-keys/keys"
+    assert volumes(deployment)["allocation-keys"]["secret"]["secretName"] == "hamid-allocation-keys"
+    assert "--allow-unsigned-allocations" not in args
+    assert args["--service-account"] == f"{NAMESPACE}/{SCHED}"
     assert volumes(deployment)["tls"]["secret"]["secretName"] == "hamid-scheduler-tls"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["runAsNonRoot"] is True
@@ -332,7 +339,9 @@ def test_webhook() -> None:
         "port": 443,
     }
     assert hook["rules"][0]["resources"] == ["pods"]
-    assert hook["rules"][0]["operations"] == ["CREATE"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    [condition] = hook["matchConditions"]  # hamid's own updates never wait for the webhook
+    assert f"system:serviceaccount:{NAMESPACE}:{SCHED}" in condition["expression"]
     ignore = {"key": annotations.WEBHOOK, "operator": "NotIn", "values": [annotations.WEBHOOK_IGNORE]}
     assert hook["objectSelector"]["matchExpressions"] == [ignore]
     assert hook["namespaceSelector"]["matchExpressions"] == [ignore]
@@ -517,7 +526,7 @@ def test_custom_scheduler_endpoint() -> None:
 
 def test_existing_certificate_without_ca_uses_system_roots() -> None:
     r = rendered("existing-cert-no-ca")
-    assert not r.all("Secret")
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hamid-allocation-keys"]  # no TLS one
     assert not r.has("ConfigMap", "hamid-scheduler-ca")
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert "caBundle" not in hook["clientConfig"]
@@ -548,6 +557,13 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceName"] == lease
     assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    # one set of Lease timings for both (kube-scheduler's defaults), valid for hamid's options
+    timings = {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
+    assert {k: config["leaderElection"][k] for k in timings} == timings
+    flags = ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period")
+    assert [args[f] for f in flags] == list(timings.values())
+    parsed = from_cli(SchedulerOptions, {f[2:].replace("-", "_") + "_s": args[f] for f in flags})
+    assert parsed.leader_elect_lease_duration_s == 15.0 and parsed.leader_elect_retry_period_s == 2.0
     role = r.get("Role", f"{SCHED}-leader-election")
     assert set(iter_rules(role)) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")

@@ -104,17 +104,17 @@ def test_restart_rebuild_equals_incremental() -> None:
     assert any(u != (0, 0, 0) for n in live.snapshot().values() for u in n.values())
 
 
-def test_undecodable_allocation_blocks_named_device() -> None:
+def test_undecodable_allocation_books_nothing() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = placed(pod("bad"), "n1", "n1-gpu1,NVIDIA,oops:;")
     state.on_pod(p)
-    assert usage(state, "n1", "n1-gpu1") == (10, 8000, 100)
-    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
     assert state.undecodable and state.undecodable[0][0] is p
     garbage = placed(pod("worse"), "n1", "???")
     state.on_pod(garbage)
-    assert usage(state, "n1", "n1-gpu0") == (10, 8000, 100)
+    assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
+    assert len(state.undecodable) == 2
     state.on_pod_deleted(garbage)
     state.on_pod_deleted(p)
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
