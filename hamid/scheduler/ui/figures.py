@@ -21,7 +21,6 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
     UNKNOWN_PROFILE_MISSING,
@@ -32,7 +31,7 @@ from hamid.fit.numa_predict import (
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import NUMA_PLACEMENT, NumaProfile, PodPlacement, decode_placement
+from hamid.model.numa import MISS_CAUSES, NUMA_PLACEMENT, NumaProfile, PodPlacement, decode_placement
 from hamid.model.resources import all_containers
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN, NodeNuma
