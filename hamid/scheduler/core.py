@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hamid.fit.fgd import DEFAULT_HALF_LIFE, Workload
-from hamid.fit.fit import PodFitSpec
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
@@ -33,7 +32,7 @@ from hamid.scheduler.bind import DEFAULT_BIND_WAIT_S, Binder
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.fgd_rank import FgdRanker
-from hamid.scheduler.filter import Filter, NumaFit, Plan
+from hamid.scheduler.filter import Filter
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker

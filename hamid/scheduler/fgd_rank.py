@@ -39,7 +39,7 @@ from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig, pod_requests
-from hamid.scheduler.inventory import Inventory, NodeEntry
+from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 
@@ -95,7 +95,7 @@ class FgdRanker:
     def __init__(
         self,
         config: ResourceConfig,
-        inventory: Inventory,
+        inventory: NodeInventory,
         numa: NumaLedgers,
         cpu_mem: NodeCpuMem,
         pinned: Workload | None = None,
