@@ -13,6 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
+from hamid.fit.usage import NodeUsage
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]
@@ -66,3 +67,12 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
         nodes = frozenset(n for n, k in per_numa.items() if k > 0 and n != NO_TOPOLOGY)
         targets.append(nodes or None)
     return tuple(targets)
+
+
+def gpu_replicas(usage: NodeUsage) -> dict[str, tuple[int, int]]:
+    """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
+    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none."""
+    return {
+        d.id: (d.numa if d.numa >= 0 else NO_TOPOLOGY, max(d.count - d.used, 0) if d.health else 0)
+        for d in usage.devices
+    }

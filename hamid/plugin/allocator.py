@@ -57,20 +57,19 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
     PendingEntry,
     allowed_uuids,
     consume,
     container_at,
-    distinct_gpu_preference,
     has_pending_entry,
     identify_pod,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
     to_allocate,
 )
 from hamid.plugin.errors import AllocationError, summarize
@@ -368,7 +367,7 @@ class Allocator:
         if entry is None:
             return []
         uuid_of = self.inventory.uuid_of
-        chosen, missing = select_preferred(
+        answer, missing = preferred_answer(
             entry.devices, request.available, request.must_include, request.size, uuid_of
         )
         if missing:
@@ -382,27 +381,32 @@ class Allocator:
                 raise
             if replacement is None:
                 self._fallbacks.remember(pod, entry)
-                return self._fallback(entry.index, chosen, request)
+                return self._fallback(entry.index, self._offered(entry, request), request)
             await self._reread(pod)
-            chosen, still = select_preferred(
+            answer, still = preferred_answer(
                 replacement, request.available, request.must_include, request.size, uuid_of
             )
-            if still or len(chosen) != request.size:
+            if still or not answer:
                 message = (
                     "numa refit committed but kubelet cannot honor the selection: "
                     f"{[d.uuid for d in replacement]} not among the available devices"
                 )
                 await complete(self._fail(pod, message))
                 raise AllocationError(message, code="refit-not-honoured")
-        if len(chosen) != request.size:
+        if not answer:
             log.info(
                 "annotation_short_of_request_no_preference",
                 container_index=entry.index,
                 annotated=len(entry.devices),
                 size=request.size,
             )
-            return []
-        return chosen
+        return answer
+
+    def _offered(self, entry: PendingEntry, request: PreferredRequest) -> list[str]:
+        """Must-include replicas plus a replica of each annotated GPU that is still offered."""
+        return select_preferred(
+            entry.devices, request.available, request.must_include, request.size, self.inventory.uuid_of
+        )[0]
 
     def _fallback(self, index: int, partial: Sequence[str], request: PreferredRequest) -> list[str]:
         """No replacement: prefer one replica per distinct GPU, for kubelet's replica bookkeeping.

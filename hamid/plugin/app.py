@@ -178,6 +178,7 @@ class Plugin:
                 self.pods,
                 numa_sources,
                 resource_name=setup.resource_name,
+                preferred_allocation=preferred,
                 on_prediction=self.metrics.numa_prediction,
             )
 

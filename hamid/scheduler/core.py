@@ -42,6 +42,7 @@ from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
@@ -137,6 +138,8 @@ class Scheduler:
             self.settings.fgd_half_life,
         )
         self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
+        #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
+        self.history = EventHistory(lambda: self.state.clock())
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
@@ -284,6 +287,7 @@ class Scheduler:
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
+        self.history.note(obj, event_type, reason, message)
         self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------

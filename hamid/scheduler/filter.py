@@ -20,7 +20,7 @@ from dataclasses import field as dataclass_field
 from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
 from hamid.fit.node_room import CpuMem, pod_cpu_mem
-from hamid.fit.numa_fit import numa_targets, pod_shape
+from hamid.fit.numa_fit import gpu_replicas, numa_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
 from hamid.fit.policy import BINPACK, FGD, best_first
 from hamid.kube.cache import PodCache
@@ -96,6 +96,16 @@ class NumaFit:
             prediction = None
         self.predictions[node] = prediction
         return prediction
+
+    def resolve(self, ledgers: NumaLedgers, entry: NodeEntry, fitted: Fitted) -> None:
+        """An unknown prediction once the GPUs are fitted: on a node where hamid's plugin offers
+        kubelet ``GetPreferredAllocation``, the fitted GPUs are its choice, so kubelet's replicas
+        follow them; a definite placement then replaces the unknown (recorded and booked)."""
+        resolved = ledgers.predict_chosen(
+            entry.name, self.pod, self.uid, fitted.devices, gpu_replicas(entry.usage)
+        )
+        if resolved is not None and resolved.outcome is Outcome.PLACED:
+            self.predictions[entry.name] = resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +514,10 @@ class Filter:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
         prediction = numa.predict(self.numa, entry.name)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
-            return fit_pod(entry.usage, spec, quota, release, prefer=order), True
+            fitted = fit_pod(entry.usage, spec, quota, release, prefer=order)
+            if prediction is not None and isinstance(fitted, Fitted):
+                numa.resolve(self.numa, entry, fitted)
+            return fitted, True
         if prediction.outcome is Outcome.REJECT:
             return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
         targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))

@@ -33,6 +33,7 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    PluginView,
     Prediction,
     predict,
     take_by_topology_packed,
@@ -43,9 +44,10 @@ from hamid.fit.numa_predict import (
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
-from hamid.model.devices import DeviceInfo
+from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -485,9 +487,7 @@ class NumaLedgers:
         now = self.clock()
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
-            ledger = entry.ledger.copy()
-            ledger.release(own.usage)
-            return _named(predict(entry.profile, ledger, pod, now=now), pod)
+            return _named(predict(entry.profile, self._ledger_without(entry, uid), pod, now=now), pod)
         key = (entry.memo_key(), shape)
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
@@ -496,6 +496,35 @@ class NumaLedgers:
                 self._memo.clear()
             self._memo[key] = cached
         return _named(cached, pod)
+
+    def predict_chosen(
+        self, node: str, pod: JSON, uid: str, devices: PodDevices, gpus: Mapping[str, tuple[int, int]]
+    ) -> Prediction | None:
+        """The prediction once the pod's GPUs are chosen (``devices``, init first; ``gpus``: each
+        GPU's NUMA bucket and free replicas), where the node's profile says hamid's plugin offers
+        kubelet ``GetPreferredAllocation`` for them; None elsewhere (nothing more is known)."""
+        entry = self.nodes.get(node)
+        if (
+            entry is None
+            or entry.profile is None
+            or entry.ledger is None
+            or entry.unbooked
+            or entry.profile.preferred_allocation != self.resource
+        ):
+            return None
+        view = PluginView(self.resource, gpus, devices)
+        ledger = self._ledger_without(entry, uid)
+        return _named(predict(entry.profile, ledger, pod, now=self.clock(), plugin=view), pod)
+
+    @staticmethod
+    def _ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
+        """The node's ledger without the pod's own booking (a copy when it has one)."""
+        own = entry.records.get(uid)
+        if own is None or not own.booked or entry.ledger is None:
+            return entry.ledger
+        ledger = entry.ledger.copy()
+        ledger.release(own.usage)
+        return ledger
 
     def book(self, uid: str, node: str, prediction: Prediction, pod: JSON) -> Callable[[], None]:
         """Book a placed prediction for a pod the filter just placed; returns its undo."""
@@ -560,7 +589,9 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus))
+        pol = entry.profile.policies
+        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
+        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

@@ -217,6 +217,17 @@ class SchedulerOptions:
         default=":9395",
         type=LISTEN,
     )
+    ui: bool = option_field(
+        "Serve /ui on --metrics-listen: a read-only web view of the cluster's NUMA alignment "
+        "(docs/ui.md), from the scheduler's own caches.",
+        default=True,
+    )
+    metrics_auth: bool = option_field(
+        "Require Kubernetes authentication on --metrics-listen (/metrics, /metrics/hami, /ui): a "
+        "bearer token TokenReview authenticates and a SubjectAccessReview allows (get on the "
+        "request path), as kube-rbac-proxy checks. Off: anyone reaching the port may read them.",
+        default=False,
+    )
     tls_cert_file: str | None = option_field(
         "PEM server certificate for --listen (reloaded when it changes).", default=None, parse=or_none
     )

@@ -110,13 +110,8 @@ class Admitter:
         device_hints = self.devices.hints(
             self.settings.numa_ids, self.devices.pod_requests(pod), {}, self.devices.pod_allocated(uid)
         )
-        ncpus = self.cpus.pod_requested(pod)
-        cpu_hints = None
-        if ncpus:
-            assigned = frozenset().union(*self.cpus.assignments.get(uid, {}).values())
-            allocated = assigned if len(assigned) == ncpus else None
-            cpu_hints = {"cpu": self.cpus.hints(ncpus, assigned, allocated)}
-        return [device_hints or None, cpu_hints]
+        cpu_hints = self.cpus.pod_hints(pod, uid)
+        return [device_hints or None, None if cpu_hints is None else {"cpu": cpu_hints}]
 
     async def _allocate(
         self,

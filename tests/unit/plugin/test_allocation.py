@@ -15,18 +15,17 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
+from hamid.model.preferred import distinct_gpu_preference, select_preferred
 from hamid.plugin.allocator_rules import (
     GpuFacts,
     PendingEntry,
     allowed_uuids,
     choose_pod,
     consume,
-    distinct_gpu_preference,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
     to_allocate,
 )
 from hamid.plugin.discovery import PhysicalGpu
