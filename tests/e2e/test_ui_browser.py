@@ -111,7 +111,9 @@ def _observed(cluster: SimCluster, *names: str) -> bool:
     for name in names:
         if NUMA_PLACEMENT not in cluster.annotations(name):
             return False
-        if cluster.scheduler.numa.source_of(cluster.pod(name)["metadata"]["uid"]) != "placement":
+        uid = cluster.pod(name)["metadata"]["uid"]
+        records = [e.records[uid] for e in cluster.scheduler.numa.nodes.values() if uid in e.records]
+        if [str(record.source) for record in records] != ["placement"]:
             return False
     return True
 
