@@ -77,4 +77,3 @@ async def test_small_soak_with_prediction_scores_every_prediction() -> None:
     assert result["prediction"] == "on" and result["prediction_hits"] > 0, result
     assert result["prediction_misses"] == sum(result["miss_causes"].values()), result
     assert result["opted_in_refitted"] <= result["opted_in"] and 0 <= result["refit_rate"] <= 1
-
