@@ -297,17 +297,19 @@ async def replay_one(
         shapes = ShapeCheck(list(cluster.nodes.values()))
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for i, trace in enumerate(sequence):
             replay.never_single_numa += int(
                 aligned_shape(trace, numa != "off") and not shapes.fits_one_numa(trace)
             )
             replay.note(trace, await place(cluster, trace, f"uid-{i}", replay, rng))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         idle, stranded = stranded_gpus(cluster, replay)
         refits = dict(cluster.refit.outcomes) if cluster.refit is not None else {}
         await cluster.stop()
-    return _figures(replay, len(sequence), elapsed, idle, stranded, refits)
+    figures = _figures(replay, len(sequence), elapsed, idle, stranded, refits)
+    figures["cpu_ms_per_pod"] = 1000 * cpu / max(len(sequence), 1)
+    return figures
 
 
 def _figures(
@@ -389,7 +391,7 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     )
     print(
         f"  filter p50 {_fmt(figures['filter_p50_ms'], ' ms')}, p99 {_fmt(figures['filter_p99_ms'], ' ms')}, "
-        f"{_fmt(figures['pods_per_s'])} pods/s",
+        f"{_fmt(figures['pods_per_s'])} pods/s, {_fmt(figures['cpu_ms_per_pod'])} ms of CPU per pod",
         flush=True,
     )
 
