@@ -185,7 +185,7 @@ async def _hamid_path(
             await cluster.api.settle()
             error = await cluster.bind(pod, node)
             return f"bind_error: {error}" if error else node
-    if feasible and cluster.gpu_room(pod, feasible):
+    if feasible and cluster.numa != "off" and cluster.gpu_room(pod, feasible):
         return NUMA_REFUSED
     return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
 
@@ -410,8 +410,8 @@ def plot(path: Path, results: dict[str, dict[str, Any]], published: Path, title:
     for name, label in PUBLISHED_POLICIES.items():
         points = _published(published, name)
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", label=label)
-    axes.set(xlabel="arrived GPU (% of capacity)", ylabel="unallocated GPU (%)", title=title, xlim=(0, 130))
-    axes.set_ylim(0, 30)
+    axes.set(xlabel="arrived GPU (% of capacity)", ylabel="unallocated GPU (%)", title=title, xlim=(50, 130))
+    axes.set_ylim(0, 50)
     axes.legend()
     axes.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")
