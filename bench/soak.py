@@ -1,6 +1,6 @@
 """Randomised soak of the whole stack that checks every invariant all the time, hostile tenants included.
 
-Runs a :class:`~hamid.sim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
+Runs a :class:`~hamidsim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
 8 GPUs each; refit enabled over mTLS) and pushes pods through webhook → kube-scheduler driver →
 ``/filter`` ``/bind`` → simulated kubelet (single-numa-node, static CPUs) → plugin (with refit),
 completing and deleting pods along the way. The invariants are checked from what the API server
@@ -22,6 +22,15 @@ ignore``), a CPU-only pod and a GPU pod with ``spec.nodeName`` preset, both carr
 allocation annotations (a GPU's whole memory; 2,000,000,000 MiB), and through the webhook a GPU pod
 carrying forged ones. None may be booked, served its forged allocation, or keep the forged values.
 
+A tampering tenant (issue 22, docs/trust.md) strikes as often: it patches the allocation of two
+RUNNING pods (a 1 MiB entry on another GPU of the node; ``:::``) and gives a parked pod of this
+scheduler (pinned to a GPU no node has) ``hami.io/vgpu-node`` and ``:::``. Each patch is first
+sent to the scheduler's webhook as an UPDATE by the tenant (it must be denied), then made past it
+(the soak's API server has no UPDATE webhook: the webhook bypassed). The scheduler must keep every
+booking as it was and report the change (an ``AllocationAnnotationIgnored`` Event), book nothing
+for the parked pod, and the capacity checks count the tampered pods at the allocation they run
+with. Counted in ``tamper`` (patches, webhook denials, reports); a failure is a violation.
+
 The workload (every pod's request and the hostile pods) is drawn from ``--seed`` before the run
 starts: a seed reproduces its workload (``workload_sha256``); placements depend on timing.
 
@@ -34,12 +43,19 @@ heterogeneous ones, which need the mixed-GPU node: plain and pinned pods by node
 pods bound to it), and ~5 % foreign Guaranteed CPU pods bound by the default
 scheduler (``spec.nodeName`` preset).
 
+Leader pause (``--leader-pause``, see :class:`LeaderPause`): after the first batch a second
+scheduler replica (a real ``hamid scheduler`` process, with its own kube-scheduler driver) takes
+the Lease over, leads a while, and is paused (SIGSTOP) past its Lease while pods flow; the
+cluster's scheduler takes over and the woken replica must not decide beside it. The invariants
+are checked as always; the result gains ``leader_pause`` (hand-over, pause and takeover seconds).
+
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed``,
-``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
+``--prediction``, ``--leader-pause`` exist). Last output line: one JSON object with ``pods``,
+``refits``, ``refusals``,
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
 ``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
-``plugin_prediction`` (the node agents' hits, misses and causes), ``pods_per_s`` and
+``plugin_prediction`` (the node agents' hits, misses and causes), ``tamper``, ``pods_per_s`` and
 ``peak_rss_mib``. Exit status 1 when there is any violation.
 """
 
@@ -47,32 +63,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
 import re
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from benchstats import peak_rss_mib, print_figures
 
 from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
-from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
+from hamid.kube.client import connect  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
+from hamid.model.numa import MISS_CAUSES  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
-from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
-from hamid.sim.machine import load_machine_file  # noqa: E402
+from hamidsim.cluster import (  # noqa: E402
+    SIM_LEASE_NAME,
+    ClusterOptions,
+    NodeSpec,
+    SimCluster,
+    data_file,
+    wait_until,
+)
+from hamidsim.demo import HETERO_MACHINE  # noqa: E402
+from hamidsim.kube_scheduler import KubeSchedulerDriver  # noqa: E402
+from hamidsim.machine import load_machine_file  # noqa: E402
+from hamidsim.replicas import SchedulerProcess  # noqa: E402
+from hamidsim.replicas import wait_for as replica_wait  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4, 8, 16)
@@ -85,6 +115,10 @@ HETERO_SHARE = 0.1
 HOSTILE_EVERY = 5
 HOSTILE_LABELS = {"hami.io/webhook": "ignore", "soak/hostile": "true"}
 HOSTILE_MIB = 2_000_000_000
+#: The tampering tenant's identity (the soak's own client is anonymous, as a tenant's kubectl).
+TENANT = "system:anonymous"
+#: How long the scheduler may take to report a tampered allocation.
+TAMPER_REPORT_S = 10.0
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: The soak's nodes: the 2-socket SMT machine (128 CPUs, 8 GPUs, 2 NUMA nodes).
 SOAK_MACHINE = "machine-smt-2socket-8gpu.yaml"
@@ -268,6 +302,8 @@ class Checker:
         self.cluster = cluster
         self.ledger = ledger
         self.aligned = 0
+        #: Pod UID -> (node, allocation) it ran with before a tenant rewrote its annotations.
+        self.tampered: dict[str, tuple[str, str]] = {}
 
     def register(self) -> dict[str, dict[str, tuple[int, int, int]]]:
         """node -> GPU -> (slots, MiB, cores) as each node's plugin registered them."""
@@ -281,11 +317,13 @@ class Checker:
         return out
 
     def annotated(self) -> dict[str, dict[str, tuple[int, int, int]]]:
-        """node -> GPU -> (slots, MiB, cores) the live non-hostile pods' allocation annotations book."""
+        """node -> GPU -> (slots, MiB, cores) the live non-hostile pods' allocation annotations book
+        (a tampered pod's: the allocation it runs with, from before the tenant's patch)."""
         usage: dict[str, dict[str, tuple[int, int, int]]] = {}
         for pod in self.cluster.server.list("Pod", None):
             notes = (pod.get("metadata") or {}).get("annotations") or {}
             raw, node = notes.get(ann.DEVICES_ALLOCATED), notes.get(ann.VGPU_NODE)
+            node, raw = self.tampered.get(str(pod["metadata"].get("uid")), (node, raw))
             if not _live(pod) or _hostile(pod) or raw is None or node is None:
                 continue
             gpus = usage.setdefault(node, {})
@@ -387,17 +425,11 @@ class Checker:
                     "unaligned", f"{name}: GPUs {runtime} not on CPU NUMA {container.numa_node}, no fallback"
                 )
 
-    def hostile(self, pods: list[JSON]) -> tuple[Counter[str], list[str]]:
-        """No forged allocation is served or kept, and none is booked except the documented residual.
-
-        The residual (README, "Booking"): a plausible forged allocation on a GPU pod that skipped the
-        webhook may be booked — against the tenant's own quota — until the pod goes; the plugin never
-        serves it. Returns the hostile pods' phases and the UIDs of such bookings, which
-        :meth:`forged_bookings_released` checks are gone once the pods are deleted.
-        """
+    def hostile(self, pods: list[JSON]) -> Counter[str]:
+        """No forged allocation is served, kept or booked (an unsigned allocation is foreign: it
+        books nothing, docs/trust.md). Returns the hostile pods' phases."""
         self.ledger.checks += 1
         phases: Counter[str] = Counter()
-        tolerated: list[str] = []
         for sent in pods:
             name = sent["metadata"]["name"]
             try:
@@ -411,9 +443,7 @@ class Checker:
                 self.ledger.add("hostile", f"{name}: the webhook kept the forged {ann.DEVICES_ALLOCATED}")
             uid = str(pod["metadata"].get("uid") or "")
             reservation = self.cluster.scheduler.state.reservation(uid)
-            if "preset" in name and reservation is not None:
-                tolerated.append(uid)
-            elif "webhook" not in name and reservation is not None:
+            if "webhook" not in name and reservation is not None:
                 self.ledger.add("hostile", f"{name}: a forged allocation was booked: {reservation.raw}")
             admission = self.cluster.assignment(name)
             if (
@@ -424,15 +454,7 @@ class Checker:
                 served = [_runtime(c) for c in admission.containers if _runtime(c)[0]]
                 if served:
                     self.ledger.add("hostile", f"{name}: served a forged allocation {served}")
-        return phases, tolerated
-
-    def forged_bookings_released(self, uids: list[str]) -> None:
-        """The tolerated forged bookings did not outlive their (deleted) pods."""
-        self.ledger.checks += 1
-        for uid in uids:
-            reservation = self.cluster.scheduler.state.reservation(uid)
-            if reservation is not None:
-                self.ledger.add("hostile", f"pod {uid}: a forged booking outlived its pod: {reservation.raw}")
+        return phases
 
 
 class Soak:
@@ -533,19 +555,208 @@ class Soak:
                 continue
             self.counts["hostile"] += 1
         await asyncio.sleep(1.0)  # let kubelets and the scheduler see them
-        phases, tolerated = self.checker.hostile(pods)
+        phases = self.checker.hostile(pods)
         for phase, count in phases.items():
             self.counts[f"hostile_{phase.lower()}"] += count
-        self.counts["hostile_booked_residual"] += len(tolerated)
         self.checker.capacity(f"hostile strike {batch}")
         for pod in pods:
             try:
                 await self.cluster.delete_pod(pod["metadata"]["name"])
             except Exception:  # refused at admission: never created
                 continue
-        if tolerated:
-            await asyncio.sleep(1.0)  # let the scheduler see the deletes
-            self.checker.forged_bookings_released(tolerated)
+
+
+class Tamperer:
+    """The tampering tenant (issue 22): rewrites running pods' allocations and a parked pod's.
+
+    Kept apart from :class:`Soak` (its own counters and random stream) so the soak's other
+    strikes stay as they are. Every patch is judged by the webhook first (it must be denied),
+    then made past it; the scheduler must keep its bookings and report (see the module doc).
+    """
+
+    def __init__(self, cluster: SimCluster, checker: Checker, seed: int) -> None:
+        self.cluster = cluster
+        self.checker = checker
+        self.rng = random.Random(seed)
+        self.counts: Counter[str] = Counter()
+        #: Pods tampered with (each at most once).
+        self.done: set[str] = set()
+
+    async def strike(self, batch: int, live: list[str], kinds: dict[str, str]) -> None:
+        """Tamper with two running pods (both shapes of attack 1) and one parked pod (attack 2)."""
+        running = sorted(n for n in live if kinds.get(n) != "foreign" and n not in self.done)
+        victims = self.rng.sample(running, min(2, len(running)))
+        for name, shape in zip(victims, ("another-gpu", ":::"), strict=False):
+            self.done.add(name)
+            await self.running_pod(name, shape)
+        await self.parked_pod(f"parked-{batch}")
+        self.checker.capacity(f"tamper strike {batch}")
+
+    async def running_pod(self, name: str, shape: str) -> None:
+        """Attack 1 on ``name``: its booking stays, the change is reported."""
+        cluster, ledger = self.cluster, self.checker.ledger
+        ledger.checks += 1
+        pod = cluster.pod(name)
+        notes = pod["metadata"]["annotations"]
+        node, raw, uid = notes[ann.VGPU_NODE], notes[ann.DEVICES_ALLOCATED], pod["metadata"]["uid"]
+        before = cluster.reservation(name)
+        used = {d.uuid for entry in ann.decode_pod_devices(raw) for d in entry}
+        other = next((g for g in cluster.gpu_numa(node) if g not in used), None)
+        forged = f"{other},NVIDIA,1,0:;" if shape == "another-gpu" and other else ":::"
+        if not await self.denied(pod, {ann.DEVICES_ALLOCATED: forged}):
+            ledger.add("tamper-admitted", f"{name}: the webhook let {TENANT} rewrite its allocation")
+        self.checker.tampered[uid] = (node, raw)
+        await cluster.kube.patch_pod_metadata("default", name, annotations={ann.DEVICES_ALLOCATED: forged})
+        self.counts["patches"] += 1
+        try:
+            await wait_until(
+                lambda: bool(cluster.events(name, reason=R.EVENT_ALLOCATION_IGNORED)),
+                TAMPER_REPORT_S,
+                f"{name}'s tampered allocation reported",
+            )
+            self.counts["reported"] += 1
+        except TimeoutError:
+            ledger.add("tamper-unreported", f"{name}: {forged} not reported")
+        after = cluster.reservation(name)
+        if before is None or after is None or (after.node, after.raw) != (before.node, before.raw):
+            ledger.add(
+                "tamper-rebooked", f"{name}: booking {before and before.raw} became {after and after.raw}"
+            )
+
+    async def parked_pod(self, name: str) -> None:
+        """Attack 2: a parked pod given a node and ``:::`` books nothing."""
+        cluster, ledger = self.cluster, self.checker.ledger
+        ledger.checks += 1
+        body = {
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "annotations": {ann.USE_GPU_UUID: "GPU-parked"},
+            },
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "evil", "resources": {"limits": {NAMES.resource_count_name: 1}}}
+                ]
+            },
+        }
+        pod = await cluster.create_pod(body)
+        node = sorted(cluster.nodes)[self.rng.randrange(len(cluster.nodes))]
+        forged = {ann.VGPU_NODE: node, ann.DEVICES_ALLOCATED: ":::"}
+        if not await self.denied(pod, forged):
+            ledger.add("tamper-admitted", f"{name}: the webhook let {TENANT} give a parked pod an allocation")
+        booked = cluster.booked_usage().get(node)
+        await cluster.kube.patch_pod_metadata("default", name, annotations=forged)
+        self.counts["patches"] += 1
+        self.counts["parked"] += 1
+        await asyncio.sleep(0.5)  # let the scheduler see it
+        if cluster.reservation(name) is not None or cluster.booked_usage().get(node) != booked:
+            ledger.add("parked-booked", f"{name}: an unreadable allocation booked {node}'s GPUs")
+        await cluster.delete_pod(name)
+
+    async def denied(self, pod: JSON, notes: dict[str, str]) -> bool:
+        """Whether the scheduler's webhook denies the tenant this annotation change."""
+        new = json.loads(json.dumps(pod))
+        new["metadata"].setdefault("annotations", {}).update(notes)
+        response = await self.cluster.review_update(pod, new, TENANT)
+        denied = not response.get("allowed")
+        self.counts["webhook_denied"] += denied
+        return denied
+
+
+class LeaderPause:
+    """``--leader-pause``: a second scheduler replica (a real ``hamid scheduler`` process) with its
+    own kube-scheduler, the leader paused past its Lease mid-run.
+
+    The cluster's scheduler hands its Lease over (a restart: it releases it) to the process, which
+    leads for a while; the process is then stopped (SIGSTOP, a VM freeze) for the Lease duration
+    plus :data:`PAUSE_PAST_LEASE_S`, the cluster's scheduler takes over, and the process is woken
+    with its kube-scheduler's requests queued: its fence must refuse them. It stays up, a
+    follower, until the end; the invariants are checked as in every run.
+    """
+
+    LEASE = (15.0, 10.0, 0.5)  # the cluster scheduler's: its defaults with the sim's retry period
+
+    def __init__(self, cluster: SimCluster) -> None:
+        s = cluster.scheduler_options().settings
+        args = (
+            f"--scheduler-name={s.scheduler_name}",
+            f"--node-scheduler-policy={s.node_policy}",
+            f"--gpu-scheduler-policy={s.gpu_policy}",
+            f"--bind-wait={s.bind_wait_s:g}s",
+        )
+        self.cluster = cluster
+        self.replica = SchedulerProcess(
+            "soak-b", cluster.server.url, self.LEASE, args, lease_name=SIM_LEASE_NAME
+        )
+        self.figures: dict[str, Any] = {}
+        self._driver_task: asyncio.Task[None] | None = None
+        self._kube: Any = None
+        self._session = aiohttp.ClientSession()
+
+    async def hand_over(self) -> None:
+        """Start the process and its kube-scheduler; the cluster's scheduler hands it the Lease.
+
+        Between batches: the cluster's scheduler restarts, and the checks read its state.
+        """
+        loop = asyncio.get_running_loop()
+        await self.replica.start()
+        await replica_wait(lambda: self.replica.synced(self._session), 60, "second replica synced")
+        self._kube = await connect(api_server=self.cluster.server.url)
+        driver = KubeSchedulerDriver(
+            self._kube,
+            scheduler_name=self.cluster.options.scheduler_name,
+            extender_url=self.replica.url("extender", ""),
+            initial_backoff=0.2,
+            max_backoff=1.0,
+        )
+        self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
+        started = loop.time()
+        await self.cluster.hand_over_scheduler()
+        await replica_wait(lambda: self.replica.ready(self._session), 60, "second replica leads")
+        self.figures["handover_s"] = round(loop.time() - started, 2)
+
+    async def pause(self) -> None:
+        """While pods flow: the process decides a while, is paused past its Lease, and woken."""
+        await asyncio.sleep(5.0)
+        paused = self.LEASE[0] + PAUSE_PAST_LEASE_S
+        self.replica.signal(signal.SIGSTOP)
+        try:
+            takeover = await replica_wait(self.cluster_leads, paused + 30, "the cluster scheduler leads")
+            await asyncio.sleep(max(0.0, paused - takeover))
+        finally:
+            self.replica.signal(signal.SIGCONT)
+        self.figures.update(paused_s=round(max(paused, takeover), 2), takeover_s=round(takeover, 2))
+
+        async def stepped_down() -> bool:
+            return not await self.replica.ready(self._session)
+
+        await replica_wait(stepped_down, 30, "the woken replica steps down")
+
+    async def cluster_leads(self) -> bool:
+        """Whether the cluster's own scheduler decides now."""
+        try:
+            return not self.cluster.scheduler.not_ready_reason()
+        except RuntimeError:  # between the hand-over's stop and start
+            return False
+
+    async def close(self) -> None:
+        """Stop the second kube-scheduler and the process (SIGTERM, then kill if it lingers)."""
+        if self._driver_task is not None:
+            self._driver_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._driver_task
+        if self._kube is not None:
+            await self._kube.close()
+        await self._session.close()
+        with contextlib.suppress(ProcessLookupError, RuntimeError):
+            self.replica.signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await self.replica.wait_exit(10)
+        await self.replica.close()
+
+
+#: How far past its Lease the soak's leader pause lasts (seconds).
+PAUSE_PAST_LEASE_S = 2.0
 
 
 def node_specs(nodes: int, hetero: int, machine: str = SOAK_MACHINE) -> tuple[NodeSpec, ...]:
@@ -636,6 +847,15 @@ def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
     }
 
 
+async def _checked(checker: Checker, soak: Soak, batch: int, pause: LeaderPause | None) -> None:
+    """The checks after a batch (with a leader pause: on the cluster scheduler's accounting only
+    while it leads; the other replica's view is not the cluster's), then the hostile tenant."""
+    checker.capacity(f"after batch {batch}")
+    if pause is None or await pause.cluster_leads():
+        await checker.accounting(f"after batch {batch}")
+    await soak.strike(batch)
+
+
 async def run(
     pods: int,
     nodes: int,
@@ -647,6 +867,7 @@ async def run(
     hetero: int = 1,
     prediction: bool = True,
     settle_s: float = SETTLE_S,
+    leader_pause: bool = False,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
     specs = node_specs(nodes, hetero)
@@ -658,14 +879,30 @@ async def run(
     async with SimCluster(options) as cluster:
         checker = Checker(cluster, ledger)
         soak = Soak(cluster, workload, checker, settle_s)
-        for batch, index in enumerate(range(0, pods, concurrency)):
-            await soak.churn(live_cap)
-            await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
-            checker.capacity(f"after batch {batch}")
-            await checker.accounting(f"after batch {batch}")
-            await soak.strike(batch)
-        elapsed = time.monotonic() - started
+        tamperer = Tamperer(cluster, checker, workload.churn_seed + 1)
         kinds = {pod["metadata"]["name"]: kind for kind, pod in workload.pods}
+        pause = LeaderPause(cluster) if leader_pause else None
+        pausing: asyncio.Task[None] | None = None
+        try:
+            for batch, index in enumerate(range(0, pods, concurrency)):
+                await soak.churn(live_cap)
+                if pause is not None and pausing is None and batch >= 1:
+                    await pause.hand_over()
+                    pausing = asyncio.create_task(pause.pause(), name="leader-pause")
+                await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
+                await _checked(checker, soak, batch, pause)
+                if batch % HOSTILE_EVERY == 0:
+                    await tamperer.strike(batch, soak.live, kinds)
+                    if pause is None or await pause.cluster_leads():
+                        await checker.accounting(f"after tamper strike {batch}")
+            if pausing is not None:
+                await pausing
+        finally:
+            if pausing is not None and not pausing.done():
+                pausing.cancel()
+            if pause is not None:
+                await pause.close()
+        elapsed = time.monotonic() - started
         refit_figures = _refit_figures(cluster, ledger, kinds, prediction)
         prediction_figures = _prediction_figures(cluster)
     if prediction_figures["prediction_misses"] != sum(prediction_figures["miss_causes"].values()):
@@ -703,11 +940,11 @@ async def run(
         "deleted": soak.counts["deleted"],
         "hostile_pods": soak.counts["hostile"],
         "hostile_denied": soak.counts["hostile_denied"],
-        "hostile_booked_residual": soak.counts["hostile_booked_residual"],
+        "tamper": dict(sorted(tamperer.counts.items())),
         "hostile_phases": {
             k[8:]: v
             for k, v in sorted(soak.counts.items())
-            if k.startswith("hostile_") and k not in ("hostile_denied", "hostile_booked_residual")
+            if k.startswith("hostile_") and k != "hostile_denied"
         },
         "checks": ledger.checks,
         "violations": sum(ledger.kinds.values()),
@@ -715,6 +952,7 @@ async def run(
         "seconds": round(elapsed, 2),
         "pods_per_s": round(soak.counts["pods"] / elapsed, 1) if elapsed else 0.0,
         "peak_rss_mib": round(peak_rss_mib(), 1),
+        **({"leader_pause": pause.figures} if pause is not None else {}),
     }
 
 
@@ -750,6 +988,11 @@ def main() -> None:
         help=f"seconds a pod may take to run or fail before it counts as stuck (default {SETTLE_S:g})",
     )
     parser.add_argument(
+        "--leader-pause",
+        action="store_true",
+        help="run a second scheduler replica and pause the leader past its Lease mid-run",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -770,6 +1013,7 @@ def main() -> None:
             hetero=args.hetero_nodes,
             prediction=args.prediction == "on",
             settle_s=args.settle_s,
+            leader_pause=args.leader_pause,
         )
     )
     print_figures(result)

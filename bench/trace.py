@@ -59,8 +59,8 @@ from trace_pods import (  # noqa: E402
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings  # noqa: E402
-from hamid.sim.apiserver.patch import json_patch  # noqa: E402
-from hamid.sim.kube_scheduler import default_score, feasible_nodes, pod_requests, select_host  # noqa: E402
+from hamidsim.apiserver.patch import json_patch  # noqa: E402
+from hamidsim.kube_scheduler import default_score, feasible_nodes, pod_requests, select_host  # noqa: E402
 
 #: Arrived GPU % at which the unallocated GPU % is reported (the paper reads 100 and 130).
 READ_AT = (90, 100, 110, 130)

@@ -4,7 +4,7 @@ Every decision is made by product code or by the simulator, called in-process:
 
 * the webhook: :meth:`hamid.scheduler.core.Scheduler.admit` (``review_pod``), its JSON patch applied;
 * kube-scheduler's part: ``NodeResourcesFit`` (cpu, memory, pods) and, for pods hamid does not
-  schedule, the default profile's scores and ``selectHost`` (:mod:`hamid.sim.kube_scheduler`);
+  schedule, the default profile's scores and ``selectHost`` (:mod:`hamidsim.kube_scheduler`);
 * hamid's filter and bind: :meth:`Scheduler.filter` and :meth:`Scheduler.bind`, the extender verbs
   behind ``/filter`` and ``/bind`` (node lock and Binding included), over the scheduler's own
   watch caches;
@@ -13,7 +13,7 @@ Every decision is made by product code or by the simulator, called in-process:
   :class:`~hamid.plugin.allocator.Allocator` and NUMA mismatch policy), whose refits go to the
   scheduler's ``/refit`` handler (:class:`~hamid.scheduler.refit.RefitService`);
 * kubelet: the simulator's device manager, CPU manager and Topology Manager
-  (:func:`hamid.sim.kubelet.admission.admit_pod`) on a NUMA model of the node; the plugin's
+  (:func:`hamidsim.kubelet.admission.admit_pod`) on a NUMA model of the node; the plugin's
   ``hamid.io/numa-placement`` is written from what kubelet assigned (PodResources' view).
 
 What is left out: HTTP and TLS, the API server's validation (:mod:`trace_api` stands in for it),
@@ -61,13 +61,13 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import REFIT_DEADLINE_S, RefitService
 from hamid.scheduler.refit_auth import Caller
-from hamid.sim.kube_scheduler import NodeRequests, Resources
-from hamid.sim.kubelet.admission import Admitter, admit_pod
-from hamid.sim.kubelet.assignment import PodAdmission
-from hamid.sim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
-from hamid.sim.kubelet.config import KubeletConfig
-from hamid.sim.kubelet.devicemanager import DeviceManager, ResourceState
-from hamid.sim.kubelet.node import build_managers
+from hamidsim.kube_scheduler import NodeRequests, Resources
+from hamidsim.kubelet.admission import Admitter, admit_pod
+from hamidsim.kubelet.assignment import PodAdmission
+from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
+from hamidsim.kubelet.config import KubeletConfig
+from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
+from hamidsim.kubelet.node import build_managers
 
 RESOURCE = RESOURCES.resource_count_name
 #: vGPU replicas per card (twenty 5 % shares fit one GPU; the trace's smallest share is 5 %).

@@ -37,10 +37,6 @@ from hamid.model.devices import (
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import NUMA_PLACEMENT, NUMA_PREDICTED, NUMA_PROFILE
 
-#: hamid's NUMA prediction keys (defined with their codecs in :mod:`hamid.model.numa`), imported here
-#: so that this module names every annotation key hamid reads.
-NUMA_PREDICTION_KEYS = (NUMA_PROFILE, NUMA_PLACEMENT, NUMA_PREDICTED)
-
 # --- node annotations ---------------------------------------------------------------------
 NODE_REGISTER = "hami.io/node-nvidia-register"
 NODE_SCORE = "hami.io/node-nvidia-score"
@@ -59,9 +55,14 @@ BIND_PHASE = "hami.io/bind-phase"
 BIND_PHASE_ALLOCATING = "allocating"
 BIND_PHASE_SUCCESS = "success"
 BIND_PHASE_FAILED = "failed"
-#: Pod annotations only hamid's scheduler and plugin write: the webhook removes them from a pod
-#: being created (a tenant's copy would be a forged allocation), and the scheduler books them only
-#: as far as the pod's requests and the node's register confirm them.
+#: hamid's proof that its scheduler wrote the allocation (HMAC over pod UID, node and
+#: ``hami.io/vgpu-devices-allocated``; :mod:`hamid.scheduler.signing`). HAMi has no such key.
+ALLOCATION_SIGNATURE = "hamid.io/allocation-signature"
+#: Pod annotations only hamid's scheduler and plugin write, for the pod's whole life: the webhook
+#: removes them from a pod being created (a tenant's copy would be a forged allocation) and denies
+#: any other identity's change to them on update (the chart's ValidatingAdmissionPolicy too); the
+#: scheduler books them only as far as their signature, the pod's requests and the node's register
+#: confirm them (docs/trust.md).
 SCHEDULER_OWNED_ANNOTATIONS = (
     VGPU_NODE,
     VGPU_TIME,
@@ -70,6 +71,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     MIG_ALLOCATIONS,
     BIND_TIME,
     BIND_PHASE,
+    ALLOCATION_SIGNATURE,
     NUMA_PREDICTED,
     NUMA_PLACEMENT,  # the plugin's observation of kubelet's choice (a forged one misleads the ledger)
 )
@@ -87,6 +89,28 @@ GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
 NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 NUMA_ALIGNMENT = "hami.io/numa-alignment"
+
+#: Every annotation key hamid defines (HAMi's, the user-set ones above, and hamid's NUMA keys, which
+#: :mod:`hamid.model.numa` defines with their codecs): the annotations a scheduler pod record keeps.
+HAMID_ANNOTATION_KEYS = (
+    NODE_REGISTER,
+    NODE_SCORE,
+    NODE_HANDSHAKE,
+    NODE_LOCK,
+    DEVICE_CORDON,
+    *SCHEDULER_OWNED_ANNOTATIONS,
+    USE_GPU_UUID,
+    NOUSE_GPU_UUID,
+    USE_GPU_TYPE,
+    NOUSE_GPU_TYPE,
+    NUMA_BIND,
+    VGPU_MODE,
+    GPU_SCHEDULER_POLICY,
+    NODE_SCHEDULER_POLICY,
+    DEVICE_SCORING_WEIGHTS,
+    NUMA_ALIGNMENT,
+    NUMA_PROFILE,
+)
 
 # --- labels -------------------------------------------------------------------------------
 SCHEDULER_ROLE = "hami.io/scheduler-role"
@@ -160,26 +184,6 @@ def encode_node_devices(devices: Sequence[DeviceInfo]) -> str:
     """
     encoded = (_encode_device_json(d, f"{NODE_REGISTER}[{i}]") for i, d in enumerate(devices))
     return "[" + ",".join(encoded) + "]"
-
-
-def encode_node_devices_legacy(devices: Sequence[DeviceInfo]) -> str:
-    """Encode the pre-v2.8 colon form (9 fields per device, each device terminated by ``:``).
-
-    ``<id>,<count>,<devmem>,<devcore>,<type>,<numa>,<health>,<index>,<mode>:``. A device whose id, type
-    or mode contains ``,`` or ``:``, or that carries MIG profiles, cannot be represented: InvalidInput.
-    """
-    out: list[str] = []
-    for i, d in enumerate(devices):
-        where = f"{NODE_REGISTER}[{i}]"
-        _check_device_ranges(d, where)
-        for name in ("id", "type", "mode"):
-            if any(sep in getattr(d, name) for sep in ",:"):
-                raise InvalidInput(f"{where}.{name}: {getattr(d, name)!r} contains ',' or ':' (legacy form)")
-        if d.mig_profiles:
-            raise InvalidInput(f"{where}: MIG profiles cannot be written in the legacy register form")
-        health = "true" if d.health else "false"
-        out.append(f"{d.id},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{health},{d.index},{d.mode}:")
-    return "".join(out)
 
 
 def _decode_mig_profile(obj: object, where: str) -> MigProfile:

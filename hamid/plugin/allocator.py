@@ -36,7 +36,7 @@ import asyncio
 import os
 import uuid as uuidlib
 from collections import Counter, OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,7 @@ import structlog
 
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import Conflict, KubeError
+from hamid.kube.retry import RetryBudget, write_retrying
 from hamid.log import get_logger
 from hamid.model import hamicore, nodelock, objects
 from hamid.model.annotations import (
@@ -56,28 +57,24 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
-    AllocationError,
-    ContainerAnswer,
-    HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
     consume,
     container_at,
-    distinct_gpu_preference,
-    hami_core_answer,
     has_pending_entry,
     identify_pod,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
-    summarize,
     to_allocate,
 )
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -90,9 +87,12 @@ CALL_TIMEOUT_S = 3.0
 #: Budget of everything before an Allocate commits (identification, second door, plan, host
 #: directories) and of GetPreferredAllocation's identification. Past it, Allocate runs the failure path.
 PREPARE_TIMEOUT_S = 10.0
+#: Transient API failures (429, 5xx, timeouts) one Allocate's commit patches may retry, in all.
+TRANSIENT_RETRIES = 3
 #: API calls that may follow the prepare deadline: every commit patch (one per conflict retry), then
-#: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH).
-CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4
+#: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH); each
+#: transient retry adds a read-back and a patch.
+CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4 + 2 * TRANSIENT_RETRIES
 #: Containers whose fallback the allocator remembers between its two doors (oldest forgotten first).
 FALLBACK_MEMORY = 512
 
@@ -181,7 +181,7 @@ class Allocator:
         self,
         client: KubeClient,
         pods: NodePods,
-        inventory: Inventory,
+        inventory: GpuInventory,
         hami: HamiCoreSettings,
         *,
         resource_name: str = ResourceConfig().resource_count_name,
@@ -210,7 +210,8 @@ class Allocator:
     @property
     def deadline_s(self) -> float:
         """Upper bound of one call: the prepare budget plus every API call that may follow it."""
-        return self.prepare_timeout + CALLS_AFTER_PREPARE * max(self.call_timeout, self.pods.call_timeout)
+        calls = CALLS_AFTER_PREPARE * max(self.call_timeout, self.pods.call_timeout)
+        return self.prepare_timeout + calls + RetryBudget(TRANSIENT_RETRIES).worst_wait_s
 
     # -- identify the pod ----------------------------------------------------------------------
 
@@ -267,8 +268,6 @@ class Allocator:
         entry: PendingEntry,
         missing: Sequence[str],
         candidates: Sequence[str],
-        must_include: Sequence[str] = (),
-        size: int | None = None,
     ) -> NumaMismatch:
         container = container_at(pod, entry.index) or {}
         return NumaMismatch(
@@ -279,9 +278,6 @@ class Allocator:
             container_name=str(container.get("name", "")),
             annotated=entry.devices,
             missing=tuple(missing),
-            available_ids=tuple(candidates),
-            must_include_ids=tuple(must_include),
-            allocation_size=len(candidates) if size is None else size,
             allowed_uuids=allowed_uuids(candidates, self.inventory.uuid_of),
         )
 
@@ -298,7 +294,7 @@ class Allocator:
             )
             return None
 
-    async def _second_door(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
+    async def _mismatch_policy_at_allocate(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
         """Allocate's door of the mismatch seam: run the policy for each container whose replicas kubelet
         put on other GPUs (unless it already fell back); after a refit, the re-read pod.
 
@@ -371,15 +367,13 @@ class Allocator:
         if entry is None:
             return []
         uuid_of = self.inventory.uuid_of
-        chosen, missing = select_preferred(
+        answer, missing = preferred_answer(
             entry.devices, request.available, request.must_include, request.size, uuid_of
         )
         if missing:
             if self.inventory.is_mig:
                 return []
-            mismatch = self._mismatch(
-                Door.PREFERRED, pod, entry, missing, request.available, request.must_include, request.size
-            )
+            mismatch = self._mismatch(Door.PREFERRED, pod, entry, missing, request.available)
             try:
                 replacement = await self.mismatch_handler(mismatch)
             except AllocationError as exc:
@@ -387,27 +381,32 @@ class Allocator:
                 raise
             if replacement is None:
                 self._fallbacks.remember(pod, entry)
-                return self._fallback(entry.index, chosen, request)
+                return self._fallback(entry.index, self._offered(entry, request), request)
             await self._reread(pod)
-            chosen, still = select_preferred(
+            answer, still = preferred_answer(
                 replacement, request.available, request.must_include, request.size, uuid_of
             )
-            if still or len(chosen) != request.size:
+            if still or not answer:
                 message = (
                     "numa refit committed but kubelet cannot honor the selection: "
                     f"{[d.uuid for d in replacement]} not among the available devices"
                 )
                 await complete(self._fail(pod, message))
                 raise AllocationError(message, code="refit-not-honoured")
-        if len(chosen) != request.size:
+        if not answer:
             log.info(
                 "annotation_short_of_request_no_preference",
                 container_index=entry.index,
                 annotated=len(entry.devices),
                 size=request.size,
             )
-            return []
-        return chosen
+        return answer
+
+    def _offered(self, entry: PendingEntry, request: PreferredRequest) -> list[str]:
+        """Must-include replicas plus a replica of each annotated GPU that is still offered."""
+        return select_preferred(
+            entry.devices, request.available, request.must_include, request.size, self.inventory.uuid_of
+        )[0]
 
     def _fallback(self, index: int, partial: Sequence[str], request: PreferredRequest) -> list[str]:
         """No replacement: prefer one replica per distinct GPU, for kubelet's replica bookkeeping.
@@ -547,10 +546,11 @@ class Allocator:
         self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
     ) -> list[ContainerAnswer]:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        budget = RetryBudget(TRANSIENT_RETRIES)
         for _attempt in range(CONFLICT_RETRIES):
             try:
                 async with asyncio.timeout_at(deadline):
-                    pod = await self._second_door(pod, requests)
+                    pod = await self._mismatch_policy_at_allocate(pod, requests)
                     plans, remaining, answers = await self._prepare(pod, requests)
             except TimeoutError as exc:
                 raise AllocationError(
@@ -561,7 +561,7 @@ class Allocator:
             done = not pending_entries(remaining)
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
-            committed = await complete(self._commit(pod, patch, plans, release=done))
+            committed = await complete(self._commit(pod, patch, plans, budget, release=done))
             if committed:
                 return answers
             try:
@@ -586,6 +586,7 @@ class Allocator:
         pod: JSON,
         patch: Mapping[str, str | None],
         plans: Sequence[tuple[int, ContainerDevices]],
+        budget: RetryBudget,
         *,
         release: bool,
     ) -> bool:
@@ -593,19 +594,29 @@ class Allocator:
 
         Both are sent at once (one round trip instead of two, docs/reliability.md §3): the pod was
         proven by the lock before, the calls are serialised, and a conflict's retry re-reads the
-        same pod. False when the patch conflicted (nothing written). Run through :func:`complete`.
+        same pod. A transient failure (429, 5xx, timeout) is retried with backoff while ``budget``
+        lasts, a patch that landed despite its error counting as done. False when the patch
+        conflicted (nothing written). Run through :func:`complete`.
         """
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        version = meta.get("resourceVersion")
         releasing = asyncio.ensure_future(self._release_lock(f"{namespace}/{name}")) if release else None
-        try:
-            patched = await self.client.patch_pod_metadata(
-                namespace,
-                name,
-                annotations=dict(patch),
-                resource_version=meta.get("resourceVersion"),
-                timeout=self.call_timeout,
+
+        def write() -> Awaitable[JSON]:
+            return self.client.patch_pod_metadata(
+                namespace, name, annotations=dict(patch), resource_version=version, timeout=self.call_timeout
             )
+
+        async def landed() -> JSON | None:
+            current = await self.pods.fetch_pod(namespace, name)
+            if current is None or objects.resource_version(current) == version:
+                return None
+            annotations = objects.annotations(current)
+            return current if all(annotations.get(k) == v for k, v in patch.items()) else None
+
+        try:
+            patched = await write_retrying(write, landed, budget, f"pod {namespace}/{name} allocation")
         except Conflict:
             return False
         finally:

@@ -35,6 +35,10 @@ from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.refit import refit_route_factory
+from hamid.scheduler.signing import describe
+from hamid.scheduler.ui.access import KubeAccess, protect
+from hamid.scheduler.ui.routes import add_ui
+from hamid.scheduler.ui.source import PodIndex, UiSource
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.app")
@@ -91,8 +95,16 @@ class SchedulerApp:
                     options.api_server, options.kubeconfig, request_timeout=options.settings.api_timeout_s
                 )
             scheduler = Scheduler(
-                self._kube, options.device_config, options.settings, self._events, clock=self._clock
+                self._kube,
+                options.device_config,
+                options.settings,
+                self._events,
+                clock=self._clock,
+                keys=options.allocation_keys,
+                accept_unsigned=options.allow_unsigned_allocations,
+                annotation_writers=options.annotation_writers,
             )
+            _log_signing(options)
             self._scheduler = scheduler
             # before any listener: with leader election a replica starts as a follower
             ha = leadership(scheduler, options) if options.leader_elect else None
@@ -132,10 +144,19 @@ class SchedulerApp:
         for key, app, listen, ctx in (
             ("extender", extender_app(scheduler), options.extender_listen, None),
             ("cluster", cluster, options.listen, self._tls.context if self._tls else None),
-            ("metrics", metrics_app(scheduler), options.metrics_listen, None),
+            ("metrics", self._metrics_app(scheduler), options.metrics_listen, None),
         ):
             runner, self.ports[key] = await serve(app, listen, ctx, what=f"{key} listener")
             self._runners.append(runner)
+
+    def _metrics_app(self, scheduler: Scheduler) -> web.Application:
+        """``/metrics``, ``/metrics/hami`` and (``--ui``) ``/ui``; guarded with ``--metrics-auth``."""
+        app = metrics_app(scheduler)
+        if self.options.ui:
+            add_ui(app, ui_source(scheduler))
+        if self.options.metrics_auth:
+            protect(app, KubeAccess(scheduler.kube, timeout=self.options.settings.api_timeout_s))
+        return app
 
     async def wait_synced(self, timeout: float = 15.0) -> None:
         """Wait until the pod, node and quota caches applied their first list."""
@@ -158,22 +179,50 @@ class SchedulerApp:
         log.info("scheduler_stopping")
 
     async def stop(self) -> None:
-        """Stop the tasks, close the listeners, the scheduler and (if it opened it) the client."""
+        """Stop promptly, in an order that hands over cleanly.
+
+        The listeners stop accepting first; the scheduler stops deciding and answers the binds
+        waiting for a node lock; requests still in flight get :data:`hamid.listen.SHUTDOWN_GRACE_S`; only then
+        are the tasks cancelled — leadership steps down and releases its Lease, so another
+        replica takes over within its retry period while nothing of this one still writes.
+        """
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            for site in list(runner.sites):
+                await site.stop()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        for runner in reversed(runners):
+            await runner.cleanup()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        runners, self._runners = self._runners, []
-        for runner in reversed(runners):
-            await runner.cleanup()
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
             await scheduler.close()
         if self._kube is not None and self._owns_kube:
             await self._kube.close()
             self._kube = None
+
+
+def _log_signing(options: SchedulerOptions) -> None:
+    """Say at start-up which allocations this replica will trust (docs/trust.md)."""
+    keys = options.allocation_keys
+    if keys is None:
+        log.warning(
+            "allocation_signing_disabled",
+            hint="set --allocation-key-file: after a restart any allocation a pod carries is booked",
+        )
+        return
+    log.info(
+        "allocation_signing",
+        key_ids=describe(keys.keys),
+        signing_key=describe(keys.keys[-1:])[0],
+        accept_unsigned=options.allow_unsigned_allocations,
+    )
 
 
 async def run_scheduler(
@@ -193,6 +242,21 @@ async def run_scheduler(
         await app.stop()
 
 
+def ui_source(scheduler: Scheduler) -> UiSource:
+    """What ``/ui`` reads of ``scheduler`` (its pod index follows the pod cache from now on)."""
+    index = PodIndex()
+    index.follow(scheduler.pods)
+    return UiSource(
+        scheduler.state,
+        scheduler.numa,
+        scheduler.pods,
+        index,
+        scheduler.metrics,
+        scheduler.history,
+        lambda: scheduler.leading,
+    )
+
+
 def leadership(
     scheduler: Scheduler, options: SchedulerOptions
 ) -> tuple[Leadership, LeaderElector | LeaseFollower]:
@@ -207,25 +271,31 @@ def leadership(
             pod_selector=options.scheduler_pod_selector,
             retry_delay=retry,
         )
+        elector: LeaderElector | LeaseFollower
         if options.leader_elect_mode == "campaign":
-            return terms, LeaderElector(
+            elector = LeaderElector(
                 scheduler.kube,
                 options.leader_elect_namespace,
                 options.leader_elect_name,
                 f"{identity}_{uuid.uuid4().hex[:8]}",
+                lease_duration=options.leader_elect_lease_duration_s,
+                renew_deadline=options.leader_elect_renew_deadline_s,
                 retry_period=retry,
                 on_started_leading=terms.started,
                 on_stopped_leading=terms.stopped,
             )
-        return terms, LeaseFollower(
-            scheduler.kube,
-            options.leader_elect_namespace,
-            options.leader_elect_name,
-            identity,
-            poll_interval=retry,
-            request_timeout=options.settings.api_timeout_s,
-            on_started_leading=terms.started,
-            on_stopped_leading=terms.stopped,
-        )
+        else:
+            elector = LeaseFollower(
+                scheduler.kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                identity,
+                poll_interval=retry,
+                request_timeout=options.settings.api_timeout_s,
+                on_started_leading=terms.started,
+                on_stopped_leading=terms.stopped,
+            )
     except ValueError as exc:
         raise InvalidInput(f"leader election: {exc}") from None
+    scheduler.readiness.fence(elector)
+    return terms, elector

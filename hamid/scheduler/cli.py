@@ -9,7 +9,7 @@ import click
 
 from hamid.kube.errors import KubeError
 from hamid.model.errors import InvalidInput
-from hamid.options import click_options, from_cli
+from hamid.options import OptionError, click_options, from_cli
 from hamid.scheduler.app import run_scheduler
 from hamid.scheduler.options import SchedulerOptions
 from hamid.signals import stop_on_signals
@@ -28,6 +28,10 @@ async def _run_until_signal(options: SchedulerOptions) -> None:
 def scheduler_command(**values: object) -> None:
     """Run the scheduler extender, the mutating webhook and the metrics endpoint."""
     options = from_cli(SchedulerOptions, values)
+    try:
+        options.require_allocation_keys()
+    except OptionError as exc:
+        raise click.BadParameter(exc.reason, param_hint=exc.flag) from None
     # the process owns its heap: freeze the synced caches out of the cyclic GC
     options = dataclasses.replace(options, settings=dataclasses.replace(options.settings, gc_freeze=True))
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from hamid.fit.fit import PodFitSpec
+from hamid.fit.fgd import DEFAULT_HALF_LIFE, Workload
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
@@ -31,14 +31,18 @@ from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import DEFAULT_BIND_WAIT_S, Binder
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
-from hamid.scheduler.filter import Filter, NumaFit, Plan
+from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.filter import Filter
 from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
@@ -70,6 +74,10 @@ class SchedulerSettings:
     #: After the first cache sync, take the live heap out of the cyclic GC (:func:`freeze_heap`).
     #: For the ``hamid scheduler`` process; off where the scheduler is embedded (tests, simulator).
     gc_freeze: bool = False
+    #: The ``fgd`` policy's typical workload, pinned by the operator (None: learned online).
+    fgd_workload: Workload | None = None
+    #: Pods after which a learned shape weighs half as much as a new one (``fgd``).
+    fgd_half_life: float = DEFAULT_HALF_LIFE
 
 
 def freeze_heap() -> None:
@@ -93,12 +101,24 @@ class Scheduler:
         settings: SchedulerSettings | None = None,
         events: EventRecorder | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        keys: AllocationKeys | None = None,
+        accept_unsigned: bool = False,
+        annotation_writers: frozenset[str] = frozenset(),
     ) -> None:
         self.kube = kube
+        #: Usernames the webhook lets change scheduler-owned pod annotations (scheduler, plugin).
+        self.annotation_writers = annotation_writers
         self.device_config = device_config or DeviceConfig()
         self.config = self.device_config.resources
         self.settings = settings or SchedulerSettings()
-        self.state = SchedulerState(self.config, clock, scheduler_name=self.settings.scheduler_name)
+        self.state = SchedulerState(
+            self.config,
+            clock,
+            scheduler_name=self.settings.scheduler_name,
+            keys=keys,
+            accept_unsigned=accept_unsigned,
+        )
         self.metrics = SchedulerMetrics(self.state)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
@@ -107,7 +127,19 @@ class Scheduler:
             lambda: self.state.clock(),
             self._numa_scored,
         )
+        #: CPU and memory per node, and the ``fgd`` policy's workload and fragmentation memo.
+        self.cpu_mem = NodeCpuMem()
+        self.fgd = FgdRanker(
+            self.config,
+            self.state.inventory,
+            self.numa,
+            self.cpu_mem,
+            self.settings.fgd_workload,
+            self.settings.fgd_half_life,
+        )
         self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
+        #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
+        self.history = EventHistory(lambda: self.state.clock())
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
@@ -161,6 +193,7 @@ class Scheduler:
             metrics=self.metrics,
             readiness=self.readiness,
             record=self.record,
+            fgd=self.fgd,
         )
 
     def _binder(self) -> Binder:
@@ -234,6 +267,11 @@ class Scheduler:
         freeze_heap()
         log.info("heap_frozen_after_sync", frozen_objects=gc.get_freeze_count())
 
+    def shutdown(self) -> None:
+        """Stop deciding: new decisions are refused, binds waiting for a node lock answered now."""
+        self.readiness.stop()
+        self.binder.close()
+
     async def close(self) -> None:
         """Cancel background event tasks."""
         for task in list(self._tasks):
@@ -241,24 +279,22 @@ class Scheduler:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, owned here (cancelled by :meth:`close`)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
-        self._spawn(self.events.record(obj, event_type, reason, message))
+        self.history.note(obj, event_type, reason, message)
+        self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------
 
     async def filter(self, args: FilterArgs) -> FilterResult:
         """The extender filter verb (:meth:`hamid.scheduler.filter.Filter.filter`)."""
         return await self.filtering.filter(args)
-
-    def plan(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...], numa: NumaFit | None = None) -> Plan:
-        """Choose a node for ``pod`` (:meth:`hamid.scheduler.filter.Filter.plan`; nothing changes)."""
-        return self.filtering.plan(pod, spec, names, numa)
 
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb (:meth:`hamid.scheduler.bind.Binder.bind`); never raises."""
@@ -269,6 +305,8 @@ class Scheduler:
     def _pod_seen(self, pod: JSON) -> None:
         self.state.on_pod(pod)
         self.numa.on_pod(pod)
+        self.cpu_mem.on_pod(pod)
+        self.fgd.observe(pod)
         self.report_undecodable()
 
     def _pod_updated(self, _old: JSON, new: JSON) -> None:
@@ -277,15 +315,20 @@ class Scheduler:
     def _pod_gone(self, pod: JSON) -> None:
         self.state.on_pod_deleted(pod)
         self.numa.on_pod_deleted(pod)
+        self.cpu_mem.on_pod_deleted(pod)
+        self.fgd.forget(pod)
 
     def _node_seen(self, node: JSON) -> None:
         self.state.on_node(node)
         entry = self.state.nodes.get(objects.name(node))
         self.numa.on_node(node, entry.infos if entry is not None else None)
+        self.cpu_mem.on_node(node)
 
     def _node_gone(self, node: JSON) -> None:
         self.state.on_node_deleted(node)
         self.numa.on_node_deleted(objects.name(node))
+        self.cpu_mem.on_node_deleted(objects.name(node))
+        self.fgd.forget_node(objects.name(node))
 
     def _numa_scored(self, result: str, cause: str) -> None:
         self.metrics.numa_predictions.labels(result).inc()
@@ -293,25 +336,29 @@ class Scheduler:
             self.metrics.numa_prediction_misses.labels(cause).inc()
 
     def report_undecodable(self) -> None:
-        """Record a Warning Event for each pod the state found with an undecodable or refused allocation."""
-        while self.state.refused:
-            pod, why = self.state.refused.pop()
-            self.metrics.untrusted_annotations.labels("booking").inc()
-            self.record(
-                pod,
-                "Warning",
-                R.EVENT_ALLOCATION_REFUSED,
-                f"{ann.DEVICES_ALLOCATED} is not booked: {why}; only allocations hamid's scheduler "
-                "made for the GPUs a pod requests are served",
-            )
-        while self.state.undecodable:
-            pod, error = self.state.undecodable.pop()
-            self.record(
-                pod,
-                "Warning",
+        """Record a Warning Event (and count it) for each pod whose allocation annotations the
+        state did not take: refused, foreign, undecodable, or disagreeing with its booking."""
+        alloc = ann.DEVICES_ALLOCATED
+        for outbox, where, reason, text in (
+            (self.state.refused, "booking", R.EVENT_ALLOCATION_REFUSED, f"{alloc} is not booked: {{}}"),
+            (self.state.foreign, "foreign", R.EVENT_ALLOCATION_FOREIGN, f"{alloc} is not booked: {{}}"),
+            (
+                self.state.undecodable,
+                "undecodable",
                 R.EVENT_UNDECODABLE_ALLOCATION,
-                f"{ann.DEVICES_ALLOCATED} cannot be decoded ({error}); its GPUs are blocked until fixed",
-            )
+                f"{alloc} cannot be decoded ({{}}); it books nothing",
+            ),
+            (
+                self.state.disagreed,
+                "disagreement",
+                R.EVENT_ALLOCATION_IGNORED,
+                f"{alloc} changed after the scheduler booked the pod and is ignored: {{}}",
+            ),
+        ):
+            while outbox:
+                pod, why = outbox.pop()
+                self.metrics.untrusted_annotations.labels(where).inc()
+                self.record(pod, "Warning", reason, text.format(why))
 
     async def _handshake_loop(self) -> None:
         while True:
@@ -345,3 +392,8 @@ class Scheduler:
         generate_name = objects.metadata(pod).get("generateName", "")
         name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
+    def scheduler_owned_change_denied(self, pod: JSON, message: str) -> None:
+        """Count and log an update the webhook denied: it changed scheduler-owned annotations."""
+        self.metrics.untrusted_annotations.labels("webhook_denied").inc()
+        log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=message)

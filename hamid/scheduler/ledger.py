@@ -5,11 +5,20 @@ await the API (filter patch, bind, refit) make a tentative change first and keep
 :data:`Undo` to roll it back on failure.
 
 Accounting is incremental: pod add/update/delete events adjust the per-device usage of one node
-of the :class:`~hamid.scheduler.inventory.Inventory`; a rebuild from a fresh list in any order
+of the :class:`~hamid.scheduler.inventory.NodeInventory`; a rebuild from a fresh list in any order
 gives the same usage (see :meth:`Ledger.snapshot`). The periodic reconcile
 (:mod:`hamid.scheduler.reconcile`) feeds such a list into a *shadow* — a quiet :class:`Ledger`
 over a blank copy of the inventory (:meth:`Ledger.blank_copy`), with this same surface — and
 repairs the live ledger where the two differ.
+
+The ledger trusts what it booked, not what a pod says later (docs/trust.md): a booked pod's
+booking changes only through the scheduler's own verbs (:meth:`Ledger.reserve`,
+:meth:`Ledger.move`, :meth:`Ledger.release`; a finished or deleted pod releases), or by an
+allocation this scheduler signed after the one booked (another replica's refit). An annotation
+that disagrees with the booking is reported (``disagreed``: a Warning Event, a metric, a log line)
+and never re-booked. A pod without a booking (a restart, another replica's filter) books its
+allocation only when its signature verifies (:mod:`hamid.scheduler.signing`); unsigned or
+mis-signed is foreign and books nothing, and an unreadable allocation books nothing at all.
 """
 
 from __future__ import annotations
@@ -37,8 +46,9 @@ from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
-from hamid.scheduler.inventory import Inventory, NodeEntry
+from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.quotas import QuotaBook
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
@@ -59,9 +69,9 @@ def _noop() -> None:
 class Reservation:
     """What one pod books: its node, positional allocation and the usage applied to that node.
 
-    ``pending`` is True while the filter's annotation patch is in flight. ``blocked`` marks an
-    allocation that could not be decoded on a live pod: its devices are booked as full.
-    ``version`` is the pod resourceVersion it was last derived from ("" for the filter's own).
+    ``pending`` is True while the filter's annotation patch is in flight. ``version`` is the pod
+    resourceVersion it was last derived from ("" for the filter's own). ``issued`` is when the
+    booked allocation was signed (ms since the epoch; 0 when unsigned).
     """
 
     uid: str
@@ -73,9 +83,9 @@ class Reservation:
     init_released: bool
     raw: str
     pending: bool = False
-    blocked: frozenset[str] | None = None
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
     version: str = ""
+    issued: int = 0
 
     @property
     def key(self) -> str:
@@ -103,13 +113,12 @@ class Hold:
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
 
 
-def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices | None) -> str:
+def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices) -> str:
     """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
 
-    The annotations are the pod's own word (a tenant can write them), so they are booked only
-    for a pod that requests the GPUs, runs (if bound) on the node they name, is this
-    scheduler's (or the default scheduler's, whose pods the webhook hands to this one) or was
-    placed by it, and whose allocation (``layout``; None when undecodable) its requests and the
+    Even a trusted allocation is booked only for a pod that requests the GPUs, runs (if bound)
+    on the node it names, is this scheduler's (or the default scheduler's, whose pods the webhook
+    hands to this one) or was placed by it, and whose allocation ``layout`` its requests and the
     node's register confirm (:func:`~hamid.fit.usage.allocation_refusal`).
     """
     spec = objects.section(pod, "spec")
@@ -124,8 +133,6 @@ def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices | N
         requests = pod_requests(pod, ledger.config)
     except InvalidInput as exc:
         return f"its requests cannot be read: {exc}"
-    if layout is None:
-        return "" if any(r is not None for r in requests) else "the pod requests no GPU"
     entry = ledger.inventory.nodes.get(node)
     return allocation_refusal(layout, requests, entry.usage.by_id if entry is not None else None)
 
@@ -139,26 +146,32 @@ class Ledger:
         clock: Callable[[], float] = time.time,
         scheduler_name: str = "",
         *,
-        inventory: Inventory | None = None,
+        inventory: NodeInventory | None = None,
         coordination: Coordination | None = None,
         quiet: bool = False,
+        keys: AllocationKeys | None = None,
+        accept_unsigned: bool = False,
     ) -> None:
         self.config = config or ResourceConfig()
         self.clock = clock
         #: The scheduler's name: a pod of another scheduler is booked only if this one placed it.
         self.scheduler_name = scheduler_name
-        self.inventory = inventory or Inventory(self.config, clock)
+        self.inventory = inventory or NodeInventory(self.config, clock)
         self.coordination = coordination or Coordination()
         self.quotas = QuotaBook(self.config)
         #: A throwaway copy (the reconcile's shadow): no warnings about what it is fed.
         self.quiet = quiet
+        #: The signing key ring; None: allocations are neither signed nor verified (unsigned mode).
+        self.keys = keys
+        #: With a key ring: book an allocation without any signature too (an upgrade's one rollout).
+        self.accept_unsigned = accept_unsigned
         #: UIDs of the pods this process reserved (its own record; forgotten on delete).
         self.placed: set[str] = set()
         self._reservations: dict[str, Reservation] = {}
         self._by_node: dict[str, set[str]] = {}
         self._deleted: OrderedDict[str, None] = OrderedDict()
         self._holds: dict[str, list[Hold]] = {}
-        self._refused_values: dict[str, tuple[str, str]] = {}
+        self._reported: dict[str, tuple[str | None, str | None]] = {}
         #: Bumped by every reservation change; :meth:`changed_since` compares against it.
         self.seq = 0
         self._touched: dict[str, int] = {}
@@ -166,7 +179,13 @@ class Ledger:
     def blank_copy(self) -> Ledger:
         """A quiet ledger with this one's config, clock and registered nodes, no usage or pods."""
         copy = Ledger(
-            self.config, self.clock, self.scheduler_name, inventory=self.inventory.blank_copy(), quiet=True
+            self.config,
+            self.clock,
+            self.scheduler_name,
+            inventory=self.inventory.blank_copy(),
+            quiet=True,
+            keys=self.keys,
+            accept_unsigned=self.accept_unsigned,
         )
         copy.placed = set(self.placed)
         return copy
@@ -181,10 +200,22 @@ class Ledger:
         """Every reservation (snapshot iterator)."""
         return iter(list(self._reservations.values()))
 
-    def reserve(self, pod: JSON, node: str, layout: PodDevices, raw: str) -> Undo:
+    def signature(self, uid: str, node: str, raw: str) -> dict[str, str | None]:
+        """The signature annotation to write beside allocation ``raw`` (removed in unsigned mode)."""
+        value = self.keys.sign(uid, node, raw) if self.keys is not None else None
+        return {ann.ALLOCATION_SIGNATURE: value}
+
+    def _issued(self, uid: str, node: str, raw: str, signature: str | None) -> int:
+        signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
+        return signed.issued if signed is not None else 0
+
+    def reserve(
+        self, pod: JSON, node: str, layout: PodDevices, raw: str, signature: str | None = None
+    ) -> Undo:
         """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
 
-        Replaces any earlier reservation of the same pod; the undo restores it.
+        ``signature`` is the one written with it (:meth:`signature`). Replaces any earlier
+        reservation of the same pod; the undo restores it.
         """
         uid = objects.uid(pod)
         previous = self._remove(uid)
@@ -198,6 +229,7 @@ class Ledger:
             init_released=False,
             raw=raw,
             pending=True,
+            issued=self._issued(uid, node, raw, signature),
         )
         self.placed.add(uid)
         self._insert(res)
@@ -231,7 +263,7 @@ class Ledger:
 
         return undo
 
-    def move(self, uid: str, layout: PodDevices, raw: str) -> Undo:
+    def move(self, uid: str, layout: PodDevices, raw: str, signature: str | None = None) -> Undo:
         """Replace pod ``uid``'s layout on the same node (refit); the undo restores the old one.
 
         The undo is a no-op if the reservation was released or replaced meanwhile, so a pod
@@ -241,7 +273,8 @@ class Ledger:
         if old is None:
             raise KeyError(f"no reservation for pod {uid}")
         self._remove(uid)
-        new = replace(old, layout=layout, raw=raw, blocked=None, applied={}, version="")
+        issued = self._issued(uid, old.node, raw, signature)
+        new = replace(old, layout=layout, raw=raw, applied={}, version="", issued=issued)
         self._insert(new)
 
         def undo() -> None:
@@ -315,15 +348,7 @@ class Ledger:
 
     def _apply(self, res: Reservation, entry: NodeEntry) -> None:
         """Book ``res`` on ``entry`` (a fresh NodeUsage, or one without ``res``)."""
-        if res.blocked is not None:
-            named = res.blocked or frozenset(d.id for d in entry.usage.devices)
-            res.applied = {
-                d.id: DeviceAmount(max(d.count, 1), d.totalmem, d.totalcore)
-                for d in entry.usage.devices
-                if d.id in named
-            }
-        else:
-            res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
+        res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
         unknown = entry.usage.add(res.applied)
         if unknown and not self.quiet:
             log.warning("allocation_on_unknown_gpu", pod=res.key, node=res.node, uuids=list(unknown))
@@ -368,7 +393,7 @@ class Ledger:
     # -- pod events ------------------------------------------------------------------------------
 
     def on_pod(self, pod: JSON) -> None:
-        """Apply a pod add/update (incremental, phase-aware)."""
+        """Apply a pod add/update (incremental, phase-aware; what it trusts: the module doc)."""
         uid = objects.uid(pod)
         if not uid:
             return
@@ -376,9 +401,7 @@ class Ledger:
         node = annotations.get(ann.VGPU_NODE)
         raw = annotations.get(ann.DEVICES_ALLOCATED)
         current = self._reservations.get(uid)
-        version = objects.resource_version(pod)
-        if self._holds:
-            self._settle_hold(uid, version)
+        settled = bool(self._holds) and self._settle_hold(uid, objects.resource_version(pod))
         if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
             self._forget(uid, current)
             return
@@ -387,37 +410,87 @@ class Ledger:
             # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
             # is about to claim and confirm() would then confirm the old one (over-commit).
             return
+        if current is not None and (current.node, current.raw) == (node, raw):
+            self._keep(pod, current)
+            return
         if node is None or raw is None:
-            self._forget(uid, current)
+            if current is not None:
+                self._disagree(pod, current, node, raw, "the allocation annotations were removed")
             return
+        issued = self._claim(pod, node, raw, current, settled)
+        if issued is not None:
+            self._book(pod, node, raw, issued, current)
+
+    def _keep(self, pod: JSON, current: Reservation) -> None:
+        """The pod still names its booked allocation: follow its version and init release."""
         released = init_containers_succeeded(pod)
-        if (
-            current is not None
-            and (current.node, current.raw, current.init_released) == (node, raw, released)
-            and current.blocked is None
-        ):
-            current.version = version
-            if current.pending:
-                current.pending = False
-                self._touch(uid)
-            self.coordination.notify(node)
-            return
-        self._book(pod, uid, node, raw, released, current)
+        if current.init_released != released:
+            self._remove(current.uid)
+            current = replace(current, init_released=released, applied={}, pending=False)
+            self._insert(current)
+        elif current.pending:
+            current.pending = False
+            self._touch(current.uid)
+        current.version = objects.resource_version(pod)
+        self.coordination.notify(current.node)
+
+    def _claim(
+        self, pod: JSON, node: str, raw: str, current: Reservation | None, settled: bool
+    ) -> int | None:
+        """When the allocation ``raw`` the pod names now was signed (0: unsigned) if it may be
+        booked; None (reported) when it is foreign or disagrees with the booking.
+
+        With a key ring, only a verified signature books a pod without a booking (or, with
+        ``accept_unsigned``, no signature at all), and only one signed after the booked allocation
+        replaces a booking (another replica's refit; or any the pod's first event decides after
+        this scheduler's undecided refit). Without one, a booking is never replaced from a pod.
+        """
+        uid = objects.uid(pod)
+        signature = objects.annotations(pod).get(ann.ALLOCATION_SIGNATURE)
+        signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
+        if self.keys is None:
+            if current is None:
+                return 0
+            why = "a booking changes only through the scheduler's own filter, bind, refit or release"
+        elif signed is not None:
+            if current is None or settled or signed.issued > current.issued:
+                return signed.issued
+            why = "it is signed no later than the booked allocation (a replayed allocation)"
+        elif signature is None:
+            if current is None and self.accept_unsigned:
+                return 0
+            why = f"it has no {ann.ALLOCATION_SIGNATURE}: this scheduler did not write it"
+        else:
+            why = f"its {ann.ALLOCATION_SIGNATURE} does not verify: this scheduler did not write it"
+        if current is None:
+            self._report(self.coordination.foreign, "foreign", pod, node, raw, why)
+        else:
+            self._disagree(pod, current, node, raw, why)
+        return None
+
+    def _disagree(self, pod: JSON, current: Reservation, node: str | None, raw: str | None, why: str) -> None:
+        """Report annotations that disagree with ``current``, which stays booked as it is."""
+        detail = f"{why}; {current.node}: {current.raw} stays booked"
+        self._report(self.coordination.disagreed, "disagreement", pod, node, raw, detail)
 
     def _forget(self, uid: str, current: Reservation | None) -> None:
-        """The pod books nothing any more (finished, or its allocation annotations are gone)."""
+        """The pod books nothing any more (it finished)."""
         if current is not None:
             self._remove(uid)
             self.coordination.notify(current.node)
 
-    def _book(
-        self, pod: JSON, uid: str, node: str, raw: str, released: bool, current: Reservation | None
-    ) -> None:
+    def _book(self, pod: JSON, node: str, raw: str, issued: int, current: Reservation | None) -> None:
         """Book the allocation ``raw`` the pod's annotations name on ``node`` (if it may book)."""
-        decoded = self._allocation(pod, node, raw, current)
-        if decoded is None:
+        try:
+            layout: PodDevices = tuple(ann.decode_pod_devices(raw))
+        except InvalidInput as exc:
+            self._report(self.coordination.undecodable, "undecodable", pod, node, raw, str(exc))
             return
-        layout, blocked = decoded
+        refusal = booking_refusal(self, pod, node, layout)
+        if refusal:
+            self._report(self.coordination.refused, "booking", pod, node, raw, refusal)
+            return
+        uid = objects.uid(pod)
         self._remove(uid)
         self._insert(
             Reservation(
@@ -427,59 +500,46 @@ class Ledger:
                 node=node,
                 layout=layout,
                 kinds=container_kinds(pod),
-                init_released=released,
+                init_released=init_containers_succeeded(pod),
                 raw=raw,
-                blocked=blocked,
                 version=objects.resource_version(pod),
+                issued=issued,
             )
         )
         if current is not None and current.node != node:
             self.coordination.notify(current.node)
         self.coordination.notify(node)
 
-    def _allocation(
-        self, pod: JSON, node: str, raw: str, current: Reservation | None
-    ) -> tuple[PodDevices, frozenset[str] | None] | None:
-        """The layout to book for ``raw`` and the GPUs to block when undecodable; None: book nothing.
+    def _report(
+        self,
+        outbox: list[tuple[JSON, str]],
+        outcome: str,
+        pod: JSON,
+        node: str | None,
+        raw: str | None,
+        why: str,
+    ) -> None:
+        """Log and queue a Warning Event about ``pod``'s annotations not taken, once per value.
 
-        A refused allocation (:func:`booking_refusal`) releases the pod's booking; an undecodable
-        one on a pod that may book blocks the GPUs it names (all of the node's when none), with a
-        warning once per value.
+        ``outcome`` (``booking``, ``foreign``, ``undecodable``, ``disagreement``) is also the
+        ``where`` of ``hamid_untrusted_annotations_total`` the Event counts.
         """
-        try:
-            layout: PodDevices = tuple(ann.decode_pod_devices(raw))
-        except InvalidInput as exc:
-            refusal = booking_refusal(self, pod, node, None)
-            if refusal:
-                self._refuse(pod, current, node, raw, refusal)
-                return None
-            entry = self.inventory.nodes.get(node)
-            named = frozenset(d.id for d in entry.usage.devices if d.id in raw) if entry else frozenset()
-            if not self.quiet and (current is None or current.raw != raw):
-                log.warning(
-                    "undecodable_allocation", pod=objects.namespaced_key(pod), node=node, error=str(exc)
-                )
-                self.coordination.undecodable.append((pod, str(exc)))
-            return (), named
-        refusal = booking_refusal(self, pod, node, layout)
-        if refusal:
-            self._refuse(pod, current, node, raw, refusal)
-            return None
-        return layout, None
-
-    def _refuse(self, pod: JSON, current: Reservation | None, node: str, raw: str, why: str) -> None:
-        """Book nothing for ``pod``'s allocation annotations (``why``); warn once per value."""
         uid = objects.uid(pod)
-        self._forget(uid, current)
-        if self._refused_values.get(uid) == (node, raw):
+        if self._reported.get(uid) == (node, raw):
             return
-        self._refused_values[uid] = (node, raw)
+        self._reported[uid] = (node, raw)
         if not self.quiet:
-            log.warning("allocation_refused", pod=objects.namespaced_key(pod), node=node, why=why)
-            self.coordination.refused.append((pod, why))
+            log.warning(
+                "allocation_annotations_not_taken",
+                outcome=outcome,
+                pod=objects.namespaced_key(pod),
+                node=node,
+                why=why,
+            )
+            outbox.append((pod, why))
 
     def resync_pod(self, pod: JSON) -> None:
-        """Re-derive pod's reservation from scratch through :meth:`on_pod` (the reconcile's repair)."""
+        """Re-derive pod's reservation from scratch through :meth:`on_pod` (a list decided it)."""
         uid = objects.uid(pod)
         previous = self._remove(uid)
         self.on_pod(pod)
@@ -493,7 +553,7 @@ class Ledger:
             return
         self._deleted[uid] = None
         self.placed.discard(uid)
-        self._refused_values.pop(uid, None)
+        self._reported.pop(uid, None)
         while len(self._deleted) > _DELETED_MEMORY:
             self._deleted.popitem(last=False)
         for h in self.holds(uid):
@@ -513,18 +573,12 @@ class Ledger:
             return None
         used_mem, used_cores = self.quotas.used(namespace)
         res = self._reservations.get(exclude_uid) if exclude_uid else None
-        if res is not None and res.namespace == namespace and res.blocked is None:
+        if res is not None and res.namespace == namespace:
             mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released)
             used_mem, used_cores = used_mem - mem, used_cores - core
         return Quota(limits[0], limits[1], used_mem, used_cores)
 
-    def quota_used(self, namespace: str) -> tuple[int, int]:
-        """(memory MiB, cores %) booked by the namespace's pods."""
-        return self.quotas.used(namespace)
-
     def _quota_add(self, res: Reservation, sign: int) -> None:
-        if res.blocked is not None:
-            return
         mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
         self.quotas.shift(res.namespace, sign * mem, sign * cores)
 
@@ -575,11 +629,14 @@ class Ledger:
         """Whether a hold is booked on ``node``."""
         return any(h.node == node for holds in self._holds.values() for h in holds)
 
-    def _settle_hold(self, uid: str, version: str) -> None:
+    def _settle_hold(self, uid: str, version: str) -> bool:
         """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`)."""
+        settled = False
         for h in list(self._holds.get(uid, ())):
             if h.after is not None and newer_than(version, h.after):
                 self.release_hold(h)
+                settled = True
+        return settled
 
     def settle_holds(self, list_version: str) -> list[str]:
         """Release the event-settled holds a list at ``list_version`` decides; their pod UIDs."""

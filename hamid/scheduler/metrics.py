@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
-from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.fit.usage import DeviceUsage
+from hamid.model.numa import MISS_CAUSES
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState
@@ -303,12 +303,14 @@ class SchedulerMetrics:
     def _trust_and_numa_metrics(self) -> None:
         self.untrusted_annotations = Counter(
             "hamid_untrusted_annotations_total",
-            "Scheduler-owned pod annotations not taken from a pod: removed at admission (webhook) "
-            "or not booked (booking: no GPU requested, another node, capacity, foreign scheduler).",
+            "Scheduler-owned pod annotations not taken from a pod: removed at admission (webhook), "
+            "a change denied at admission (webhook_denied), not booked (booking: no GPU requested, "
+            "another node, capacity, foreign scheduler; foreign: unsigned or mis-signed; "
+            "undecodable), or ignored because they disagree with the pod's booking (disagreement).",
             ["where"],
             registry=self.registry,
         )
-        for where in ("webhook", "booking"):
+        for where in ("webhook", "webhook_denied", "booking", "foreign", "undecodable", "disagreement"):
             self.untrusted_annotations.labels(where)
         self.numa_predictions = Counter(
             "hamid_numa_prediction",

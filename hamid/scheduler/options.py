@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import click
+import yaml
 
+from hamid.fit.fgd import Workload, parse_workload
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.listen import LISTEN
 from hamid.model.errors import InvalidInput
@@ -27,6 +29,7 @@ from hamid.scheduler.refit_auth import (
     ServiceAccount,
     parse_methods,
 )
+from hamid.scheduler.signing import AllocationKeys, load_key_file
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _ZERO = re.compile(r"0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?")
@@ -37,6 +40,15 @@ DEFAULT_POD_SELECTOR = "app.kubernetes.io/name=hamid,app.kubernetes.io/component
 DEFAULT_NAMESPACE = "kube-system"
 #: The device plugin's ServiceAccount in HAMi's chart (``/refit`` token callers).
 DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT = "hami-device-plugin"
+#: The scheduler's ServiceAccount in HAMi's chart.
+DEFAULT_SCHEDULER_SERVICE_ACCOUNT = "hami-scheduler"
+
+
+def _service_account(text: str) -> ServiceAccount:
+    account = ServiceAccount.parse(text)
+    if account is None:
+        raise InvalidInput("a ServiceAccount <namespace>/<name> is required")
+    return account
 
 
 def parse_duration(text: str) -> timedelta:
@@ -88,6 +100,31 @@ def load_device_config_file(path: str) -> DeviceConfig:
     return load_device_config(text)
 
 
+def load_fgd_workload_file(path: str) -> Workload | None:
+    """The ``fgd`` workload an operator pins (YAML list of shapes; empty path: learned online)."""
+    if not path.strip():
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{path} is not YAML: {exc}") from exc
+    return parse_workload(data)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidInput(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise InvalidInput(f"{text!r} must be a positive number")
+    return value
+
+
 def _gpu_policy(text: str) -> str:
     unknown = sorted({t.strip() for t in text.split(",")} - set(GPU_POLICIES))
     if unknown:
@@ -115,10 +152,23 @@ SETTINGS_FLAGS = {
         type=click.Choice(NODE_POLICIES),
     ),
     "gpu_policy": Opt(
-        "Default GPU policy: binpack, spread, mutex, numa, topology-aware or a comma chain "
+        "Default GPU policy: binpack, spread, mutex, numa, topology-aware, fgd or a comma chain "
         "(pod annotation hami.io/gpu-scheduler-policy overrides).",
         flag="--gpu-scheduler-policy",
         parse=_gpu_policy,
+    ),
+    "fgd_workload": Opt(
+        "YAML file pinning the fgd policy's typical workload: a list of shapes {cpu, memory, gpus, "
+        "gpuShare (percent of one GPU), gpuModels, aligned, weight}. Unset: learned online from "
+        "every pod the scheduler sees.",
+        flag="--fgd-workload-file",
+        parse=load_fgd_workload_file,
+        show=_no_default,
+    ),
+    "fgd_half_life": Opt(
+        "Pods after which a shape the fgd policy learned weighs half as much as a new one.",
+        flag="--fgd-half-life",
+        parse=_positive_float,
     ),
     "node_lock_timeout": Opt(
         "Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "
@@ -167,6 +217,17 @@ class SchedulerOptions:
         default=":9395",
         type=LISTEN,
     )
+    ui: bool = option_field(
+        "Serve /ui on --metrics-listen: a read-only web view of the cluster's NUMA alignment "
+        "(docs/ui.md), from the scheduler's own caches.",
+        default=True,
+    )
+    metrics_auth: bool = option_field(
+        "Require Kubernetes authentication on --metrics-listen (/metrics, /metrics/hami, /ui): a "
+        "bearer token TokenReview authenticates and a SubjectAccessReview allows (get on the "
+        "request path), as kube-rbac-proxy checks. Off: anyone reaching the port may read them.",
+        default=False,
+    )
     tls_cert_file: str | None = option_field(
         "PEM server certificate for --listen (reloaded when it changes).", default=None, parse=or_none
     )
@@ -201,8 +262,25 @@ class SchedulerOptions:
         "Name of the leader-election Lease (in follow mode: kube-scheduler's resourceName).",
         default=DEFAULT_SCHEDULER_NAME,
     )
+    leader_elect_lease_duration_s: float = option_field(
+        "campaign: how long the Lease stays valid after a renewal; a replica decides only while "
+        "its own clock says so (less a tenth as margin), the others take over once it expired.",
+        default=15.0,
+        flag="--leader-elect-lease-duration",
+        parse=parse_seconds,
+        show=format_duration,
+    )
+    leader_elect_renew_deadline_s: float = option_field(
+        "campaign: how long the leader keeps retrying a failed renewal before it steps down "
+        "(shorter than --leader-elect-lease-duration).",
+        default=10.0,
+        flag="--leader-elect-renew-deadline",
+        parse=parse_seconds,
+        show=format_duration,
+    )
     leader_elect_retry_period_s: float = option_field(
-        "How often the Lease is read (follow) or acquisition is retried (campaign).",
+        "How often the Lease is read (follow) or acquisition and renewal are retried (campaign; "
+        "shorter than --leader-elect-renew-deadline).",
         default=2.0,
         flag="--leader-elect-retry-period",
         parse=parse_seconds,
@@ -236,8 +314,32 @@ class SchedulerOptions:
         "Namespace of the device plugin ServiceAccount (/refit token auth).", default=DEFAULT_NAMESPACE
     )
     device_plugin_service_account: str = option_field(
-        "ServiceAccount of the device plugin (/refit token auth).",
+        "ServiceAccount of the device plugin (/refit token auth; with --service-account, the only "
+        "identities the webhook lets change scheduler-owned pod annotations).",
         default=DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT,
+    )
+    service_account: ServiceAccount = option_field(
+        "This scheduler's own ServiceAccount <namespace>/<name>: besides the device plugin's, the "
+        "only identity the webhook lets change scheduler-owned pod annotations after creation.",
+        default=ServiceAccount(DEFAULT_NAMESPACE, DEFAULT_SCHEDULER_SERVICE_ACCOUNT),
+        parse=_service_account,
+        show=lambda value: f"{value.namespace}/{value.name}",
+    )
+    allocation_keys: AllocationKeys | None = option_field(
+        "File of the HMAC keys signing the allocations this scheduler writes, one per line, the "
+        "newest (signing) last; any verifies (rotation: docs/trust.md). After a restart only "
+        "allocations signed with one of them are booked. Required by `hamid scheduler` unless "
+        "--allow-unsigned-allocations.",
+        default=None,
+        flag="--allocation-key-file",
+        parse=load_key_file,
+        show=_no_default,
+    )
+    allow_unsigned_allocations: bool = option_field(
+        "Also book allocations that carry no signature, for pods without a booking (pods placed "
+        "before signing: one upgrade rollout), and run without --allocation-key-file. A tenant "
+        "who can write pod annotations then books what it likes after a restart.",
+        default=False,
     )
     #: Accepted /refit caller authentication (empty: none, every refit is refused); unset: token,
     #: plus mtls when a client CA is configured (so a start without mTLS never warns).
@@ -286,8 +388,48 @@ class SchedulerOptions:
                 f"unknown leader election mode {self.leader_elect_mode!r} "
                 f"(use {', '.join(LEADER_ELECT_MODES)})",
             )
+        self._check_lease_timings()
         if self.refit_auth is _REFIT_AUTH_UNSET:
             object.__setattr__(self, "refit_auth", (MTLS, TOKEN) if self.client_ca_file else (TOKEN,))
+
+    def _check_lease_timings(self) -> None:
+        """kube-scheduler's rules: retry period < renew deadline < lease duration."""
+        lease, renew = self.leader_elect_lease_duration_s, self.leader_elect_renew_deadline_s
+        retry = self.leader_elect_retry_period_s
+        if not renew < lease:
+            raise OptionError(
+                "--leader-elect-renew-deadline",
+                f"{format_duration(renew)} is not shorter than "
+                f"--leader-elect-lease-duration {format_duration(lease)}",
+            )
+        if not retry < renew:
+            raise OptionError(
+                "--leader-elect-retry-period",
+                f"{format_duration(retry)} is not shorter than "
+                f"--leader-elect-renew-deadline {format_duration(renew)}",
+            )
+
+    @property
+    def annotation_writers(self) -> frozenset[str]:
+        """Usernames that may change scheduler-owned pod annotations: this scheduler, the plugin
+        (and upstream HAMi plugins of a mixed fleet)."""
+        accounts = [
+            self.service_account,
+            ServiceAccount(self.device_plugin_namespace, self.device_plugin_service_account),
+        ]
+        if self.refit_hami_plugin_service_account is not None:
+            accounts.append(self.refit_hami_plugin_service_account)
+        return frozenset(a.username for a in accounts)
+
+    def require_allocation_keys(self) -> None:
+        """A production start: refuse to run unsigned unless --allow-unsigned-allocations says so."""
+        if self.allocation_keys is None and not self.allow_unsigned_allocations:
+            raise OptionError(
+                "--allocation-key-file",
+                "required: without a key the scheduler cannot tell its own allocations from a "
+                "tenant's after a restart (the chart mounts one from a generated Secret); pass "
+                "--allow-unsigned-allocations to run unsigned anyway",
+            )
 
     @property
     def tls(self) -> bool:

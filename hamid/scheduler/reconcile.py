@@ -4,10 +4,12 @@ The state is fed by watch events; a dropped delete or update (a watch gap, a bug
 GPU booked or free for good (HAMi #2923, #1458). Every ``--reconcile-interval`` the leader, with
 its term synced, LISTs pods from the API server (not the cache), lets the cache catch up with the
 list, feeds the listed pods through the state's own pod-event code into a *shadow* state holding
-the same nodes, and compares it with the live state per pod UID (node, allocation, init release,
-booked amounts) and per GPU (slots, MiB, cores). Each difference is logged, counted in
-``hamid_reconcile_drift_total{kind}`` and repaired to the list's view in synchronous code (no await
-between the comparison and the repair).
+the same nodes and the live bookings of the listed pods (so the list is judged by the same trust
+rules as a watch event: a booking changes only as that event would change it, never to an
+annotation that disagrees with it), and compares it with the live state per pod UID (node,
+allocation, init release, booked amounts) and per GPU (slots, MiB, cores). Each difference is
+logged, counted in ``hamid_reconcile_drift_total{kind}`` and repaired to the shadow's view in
+synchronous code (no await between the comparison and the repair).
 
 A pod is left alone when the list may be older than what the state knows of it: its reservation
 is pending (the filter's patch is in flight), a bind or refit holds it (or its node's lock), it
@@ -85,15 +87,11 @@ class ReconcileReport:
 
 
 def _signature(res: Reservation) -> tuple[object, ...]:
-    return (res.node, res.raw, res.init_released, res.blocked, res.kinds, res.applied)
+    return (res.node, res.raw, res.init_released, res.kinds, res.applied)
 
 
 def _describe(res: Reservation | None) -> str:
-    if res is None:
-        return "nothing"
-    if res.blocked is not None:
-        return f"{res.node}: blocked (undecodable) {res.raw}"
-    return f"{res.node}: {res.raw}"
+    return "nothing" if res is None else f"{res.node}: {res.raw}"
 
 
 def _difference(held: Mapping[str, DeviceAmount], listed: Mapping[str, DeviceAmount]) -> Difference:
@@ -190,7 +188,10 @@ def _judge(
             )
         )
         if listed_pod is not None:
-            state.resync_pod(listed_pod)
+            state.adopt(want, uid)
+            for res in (live, want):
+                if res is not None:
+                    state.notify(res.node)
         else:
             state.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
 
@@ -220,8 +221,8 @@ def reconcile_state(
     ``pods`` is a fresh list at ``list_version``, requested when ``state.seq`` was ``since``;
     ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow ledger with
     the same nodes (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
-    :meth:`~hamid.scheduler.ledger.Ledger.on_pod`; a differing reservation is repaired with
-    :meth:`~hamid.scheduler.ledger.Ledger.resync_pod` (or
+    :meth:`~hamid.scheduler.ledger.Ledger.on_pod`, each starting from its live booking; a differing
+    reservation is repaired to the shadow's with :meth:`~hamid.scheduler.ledger.Ledger.adopt` (or
     :meth:`~hamid.scheduler.ledger.Ledger.on_pod_deleted` when the pod is not listed), then each
     GPU's usage is compared with the shadow's (which mirrors the reservations left alone) and a
     differing node is recomputed from its reservations.
@@ -232,6 +233,7 @@ def reconcile_state(
         uid = objects.uid(pod)
         if uid:
             listed[uid] = pod
+            shadow.adopt(state.reservation(uid), uid)
             shadow.on_pod(pod)
     # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
     # newer than the patch's precondition decides it as well as an event would.

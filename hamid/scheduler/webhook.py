@@ -8,7 +8,10 @@ with code 400 and the reason, checked by the model's own request parsing
 
 Trust: at CREATE the webhook removes every scheduler-owned annotation and label a pod carries
 (:data:`~hamid.model.annotations.SCHEDULER_OWNED_ANNOTATIONS`), with an admission warning, so a
-tenant cannot hand itself an allocation. A pod that asks for hamid's resources with
+tenant cannot hand itself an allocation. At UPDATE (the chart registers it, docs/trust.md) a change
+(add, modify or remove) to any of them by an identity other than the scheduler's and the device
+plugin's ServiceAccounts (the request's ``userInfo.username``) is denied (403) with the keys it
+touched: nobody else writes an allocation for the pod's whole life. A pod that asks for hamid's resources with
 ``spec.nodeName`` already set is denied whoever its scheduler is (with ``hami.io/webhook: ignore``
 too, when the webhook is called): it would skip the fit, the quota and the node lock. An invalid
 ``hami.io/numa-alignment`` is denied with upstream's wording (HAMi #2729).
@@ -19,7 +22,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +114,38 @@ def scheduler_owned_removals(pod: Mapping[str, Any]) -> tuple[tuple[JSON, ...], 
                 ops.append({"op": "remove", "path": f"/metadata/{field}/{_pointer(key)}"})
                 keys.append(f"{field[:-1]} {key}")
     return tuple(ops), tuple(keys)
+
+
+def owned_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+    """The scheduler-owned annotations and labels whose value differs between two pod versions
+    (added, modified or removed), as ``annotation <key>`` / ``label <key>``."""
+    changed: list[str] = []
+    for field, owned in (
+        ("annotations", ann.SCHEDULER_OWNED_ANNOTATIONS),
+        ("labels", ann.SCHEDULER_OWNED_LABELS),
+    ):
+        before = objects.metadata(old).get(field) or {}
+        after = objects.metadata(new).get(field) or {}
+        if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+            continue  # the API server's own validation refuses such a pod
+        changed += [f"{field[:-1]} {key}" for key in owned if before.get(key) != after.get(key)]
+    return tuple(changed)
+
+
+def review_update(old: Any, new: JSON, username: Any, writers: Container[str]) -> Verdict:
+    """The UPDATE rule: only ``writers`` change scheduler-owned annotations and labels."""
+    if not isinstance(old, dict):
+        return Verdict(False, message="AdmissionReview request.oldObject is not a Pod object", code=400)
+    changed = owned_changes(old, new)
+    if not changed or (isinstance(username, str) and username in writers):
+        return Verdict(True)
+    who = username if isinstance(username, str) and username else "an unauthenticated user"
+    return Verdict(
+        False,
+        message=f"{', '.join(changed)} may be changed only by hamid's scheduler and device plugin, "
+        f"not by {who}: the scheduler-owned annotations record what the scheduler booked",
+        code=403,
+    )
 
 
 def _append_env(container: JSON, name: str, value: str) -> None:
@@ -267,13 +302,17 @@ def admission_response(
     review: Any,
     judge: Callable[[JSON, str], Verdict],
     on_removed: Callable[[JSON, tuple[str, ...]], None] | None = None,
+    writers: Container[str] = frozenset(),
+    on_denied: Callable[[JSON, str], None] | None = None,
 ) -> JSON:
     """Answer an AdmissionReview dict; raise :class:`InvalidInput` when it is not one.
 
     A request whose ``object`` is not a Pod object is denied (400), except for the operations that
     carry none (DELETE, CONNECT). At CREATE the scheduler-owned annotations and labels the pod
     carries are removed (:func:`scheduler_owned_removals`), with a warning for the user, and
-    ``on_removed(pod, keys)`` is told (the scheduler counts and logs them).
+    ``on_removed(pod, keys)`` is told (the scheduler counts and logs them). An UPDATE is judged by
+    :func:`review_update` alone (``writers``: the usernames allowed to change them); a denial is
+    told to ``on_denied(pod, message)``.
     """
     if not isinstance(review, dict):
         raise InvalidInput("AdmissionReview must be a JSON object")
@@ -294,6 +333,12 @@ def admission_response(
         verdict = Verdict(False, message="AdmissionReview request.object is not a Pod object", code=400)
     elif namespace is not None and not isinstance(namespace, str):
         verdict = Verdict(False, message="AdmissionReview request.namespace is not a string", code=400)
+    elif operation == "UPDATE":
+        user = request.get("userInfo")
+        username = user.get("username") if isinstance(user, dict) else None
+        verdict = review_update(request.get("oldObject"), pod, username, writers)
+        if not verdict.allowed and on_denied is not None:
+            on_denied(pod, verdict.message)
     else:
         verdict = judge(pod, namespace or "")
         if verdict.allowed and operation in (None, "CREATE"):

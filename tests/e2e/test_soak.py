@@ -63,6 +63,10 @@ async def test_small_soak_keeps_every_invariant_and_its_seed_reproduces_the_work
     assert code == 0
     assert result["pods"] == 40 and result["running"] > 0 and result["checks"] > result["pods"]
     assert result["hostile_pods"] > 0 and result["mismatches"] > 0 and result["refits"] > 0, result
+    tamper = result["tamper"]  # running pods' allocations rewritten, a parked pod given one
+    assert tamper["parked"] > 0 and tamper["patches"] > tamper["parked"], result
+    assert tamper["webhook_denied"] == tamper["patches"], result
+    assert tamper["reported"] == tamper["patches"] - tamper["parked"], result
     _code, again = await _soak(*args, "--draw-only")
     assert again["workload_sha256"] == result["workload_sha256"]
     _code, other = await _soak("--pods", "40", "--nodes", "2", "--seed", "8", "--draw-only")

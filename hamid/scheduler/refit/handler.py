@@ -1,6 +1,6 @@
 """The ``POST /refit`` handler: body limits, one deadline, caller authentication, metrics.
 
-It gathers the facts under the node's lock, asks :func:`~hamid.scheduler.refit.plan.plan_refit`
+It gathers the facts under the node's guard, asks :func:`~hamid.scheduler.refit.plan.plan_refit`
 for the decision and hands a plan to :class:`~hamid.scheduler.refit.commit.RefitCommitter`.
 """
 
@@ -21,12 +21,13 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
-from hamid.model.refit import RefitRequest, RefitResponse
+from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.plan import (
     JSON,
+    MSG_NOT_SYNCED,
     Booking,
     NoOp,
     RefitFacts,
@@ -47,14 +48,7 @@ log = get_logger("scheduler.refit")
 
 #: How long a refit waits for the scheduler's caches to finish their first list.
 SYNC_WAIT_S = 2.0
-#: One deadline over a whole refit, from the request's arrival: authentication, cache wait, the
-#: node's lock and the patch all fit in it (the plugin gives up after its own 2 s); past it the
-#: refit is refused with nothing changed.
-REFIT_DEADLINE_S = 2.0
 MSG_NO_BODY = "Please send a request body"
-#: Upstream's answer when its caches never synced before the request's context ended; hamid's
-#: refusal starts with it (users grep for it) and goes on to say what is not ready.
-MSG_NOT_SYNCED = "context cancelled"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
@@ -113,7 +107,7 @@ class RefitService:
         *,
         patch_timeout: float = PATCH_TIMEOUT_S,
         sync_wait: float = SYNC_WAIT_S,
-        deadline: float = REFIT_DEADLINE_S,
+        deadline: float = REFIT_TIMEOUT_S,
         metrics: RefitMetrics | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -163,7 +157,7 @@ class RefitService:
         return web.json_response(RefitResponse.failure(reason).to_json())
 
     async def refit(self, refit: RefitRequest, request: web.Request, deadline: float) -> _Outcome:
-        """Authenticate, then refit under the node's lock, all before ``deadline`` (loop time).
+        """Authenticate, then refit under the node's guard, all before ``deadline`` (loop time).
 
         Every refusal is logged; past the deadline nothing is changed.
         """
@@ -173,15 +167,15 @@ class RefitService:
         ):
             try:
                 await self._authenticate(refit, request, deadline)
-                await self._ready(deadline)
-                lock = self.scheduler.state.node_lock(refit.node_name)
+                epoch = await self._ready(deadline)
+                lock = self.scheduler.state.node_guard(refit.node_name)
                 try:
                     async with asyncio.timeout_at(deadline):
                         await lock.acquire()
                 except TimeoutError:
                     raise self._late(f"node {refit.node_name} was free for a refit") from None
                 try:
-                    return await self._refit_locked(refit, deadline)
+                    return await self._refit_locked(refit, deadline, epoch)
                 finally:
                     lock.release()
             except RefusalError as err:
@@ -204,7 +198,8 @@ class RefitService:
             raise self._late("caller authentication") from None
         log.debug("refit_caller", caller=caller.identity, method=caller.method)
 
-    async def _ready(self, deadline: float) -> None:
+    async def _ready(self, deadline: float) -> str:
+        """Refuse unless this replica decides; the leadership epoch the refit runs under."""
         scheduler = self.scheduler
         if not scheduler.synced:
             wait_until = min(deadline, asyncio.get_running_loop().time() + self.sync_wait)
@@ -220,6 +215,7 @@ class RefitService:
         if reason:
             message = f"{MSG_NOT_SYNCED}: scheduler not ready: {reason}"
             raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
+        return scheduler.readiness.epoch()
 
     def _record_failure(self, refit: RefitRequest, message: str) -> None:
         pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
@@ -246,8 +242,8 @@ class RefitService:
             message = f"cannot read pod {booking.key}: {exc}"
             raise RefusalError(RefusalCode.POD_UNREADABLE, message) from None
 
-    async def _refit_locked(self, refit: RefitRequest, deadline: float) -> _Outcome:
-        """Gather the facts, decide, commit; the caller holds the node's lock."""
+    async def _refit_locked(self, refit: RefitRequest, deadline: float, epoch: str) -> _Outcome:
+        """Gather the facts, decide, commit; the caller holds the node's guard."""
         scheduler, state = self.scheduler, self.scheduler.state
         booking = state.reservation(refit.pod_uid)
         cached = scheduler.pods.get(booking.key) if booking is not None else None
@@ -273,13 +269,13 @@ class RefitService:
         if isinstance(decision, NoOp):
             log.info("numa_refit_not_needed", devices=[d.uuid for d in decision.devices])
             return _Outcome(RefitResponse.success(decision.devices), "noop")
-        return await self._commit(pod, booking.uid, decision, deadline)
+        return await self._commit(pod, booking.uid, decision, deadline, epoch)
 
-    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float) -> _Outcome:
+    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float, epoch: str) -> _Outcome:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise self._late("patching the pod")
-        patched = await self.committer.commit(pod, uid, plan, remaining)
+        patched = await self.committer.commit(pod, uid, plan, remaining, epoch)
         state = self.scheduler.state
         if state.reservation(uid) is None:
             log.info("pod_left_cache_during_refit")
@@ -298,7 +294,7 @@ def refit_routes(
     *,
     patch_timeout: float = PATCH_TIMEOUT_S,
     sync_wait: float = SYNC_WAIT_S,
-    deadline: float = REFIT_DEADLINE_S,
+    deadline: float = REFIT_TIMEOUT_S,
 ) -> RouteRegistrar:
     """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
     service = RefitService(

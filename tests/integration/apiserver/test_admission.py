@@ -12,8 +12,8 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hamid.sim.apiserver import ApiServer
 from hamid.tls import server_ssl_context
+from hamidsim.apiserver import ApiServer
 from tests.builders import pod
 from tests.fixtures.tls import TLSFiles
 
@@ -155,3 +155,80 @@ async def test_object_and_namespace_selectors_and_rules(
     assert hook.reviews == []
     await core.create_namespaced_pod("default", pod("selected"))
     assert [r["request"]["name"] for r in hook.reviews] == ["selected"]
+
+
+def update_configuration(url: str, ca_pem: bytes, operations: list[str]) -> dict[str, Any]:
+    config = configuration(url, ca_pem)
+    config["webhooks"][0]["rules"][0]["operations"] = operations
+    return config
+
+
+async def test_update_is_sent_with_the_old_object_and_the_callers_identity(
+    apiserver: ApiServer, core: client.CoreV1Api, hook: Hook, tls_files: TLSFiles
+) -> None:
+    apiserver.put(update_configuration(hook.url, tls_files.ca_file.read_bytes(), ["CREATE", "UPDATE"]))
+    await core.create_namespaced_pod("default", pod("gpu"))
+    patch = {"metadata": {"annotations": {"team.io/owner": "alice"}}}
+    await core.patch_namespaced_pod("gpu", "default", patch)
+    create, update = (r["request"] for r in hook.reviews)
+    assert create["operation"] == "CREATE" and create["oldObject"] is None
+    assert create["userInfo"] == {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
+    assert update["operation"] == "UPDATE" and update["options"]["kind"] == "UpdateOptions"
+    assert "team.io/owner" not in (update["oldObject"]["metadata"].get("annotations") or {})
+    assert update["object"]["metadata"]["annotations"] == {"team.io/owner": "alice"}
+    # a registered bearer token is its user; the review says who asked
+    apiserver.register_token("plugin-token", "system:serviceaccount:kube-system:hamid-device-plugin")
+    config = client.Configuration(host=apiserver.url)
+    config.api_key = {"BearerToken": "plugin-token"}
+    config.api_key_prefix = {"BearerToken": "Bearer"}
+    async with client.ApiClient(config) as api:
+        await client.CoreV1Api(api).patch_namespaced_pod(
+            "gpu", "default", {"metadata": {"labels": {"a": "b"}}}
+        )
+    assert hook.reviews[-1]["request"]["userInfo"]["username"] == (
+        "system:serviceaccount:kube-system:hamid-device-plugin"
+    )
+    # an unknown token is refused before anything else
+    config.api_key = {"BearerToken": "forged"}
+    async with client.ApiClient(config) as api:
+        with pytest.raises(ApiException) as caught:
+            await client.CoreV1Api(api).read_namespaced_pod("gpu", "default")
+    assert caught.value.status == 401
+
+
+async def test_a_denied_update_changes_nothing_and_create_only_rules_skip_updates(
+    apiserver: ApiServer, core: client.CoreV1Api, hook: Hook, tls_files: TLSFiles
+) -> None:
+    apiserver.put(update_configuration(hook.url, tls_files.ca_file.read_bytes(), ["CREATE"]))
+    await core.create_namespaced_pod("default", pod("gpu"))
+    await core.patch_namespaced_pod("gpu", "default", {"metadata": {"annotations": {"x": "1"}}})
+    assert [r["request"]["operation"] for r in hook.reviews] == ["CREATE"]
+    apiserver.put(update_configuration(hook.url, tls_files.ca_file.read_bytes(), ["UPDATE"]))
+    hook.answer = lambda request: {"allowed": False, "status": {"code": 403, "message": "not yours"}}
+    before = apiserver.get("Pod", "default", "gpu")
+    with pytest.raises(ApiException) as caught:
+        await core.patch_namespaced_pod("gpu", "default", {"metadata": {"annotations": {"x": "2"}}})
+    assert caught.value.status == 403
+    assert json.loads(caught.value.body)["message"].endswith("denied the request: not yours")
+    assert apiserver.get("Pod", "default", "gpu") == before
+    body = await core.read_namespaced_pod("gpu", "default")
+    body.metadata.annotations["x"] = "3"
+    with pytest.raises(ApiException):  # PUT too
+        await core.replace_namespaced_pod("gpu", "default", body)
+    # the status subresource is another resource: a rule for pods does not cover pods/status
+    await core.patch_namespaced_pod_status("gpu", "default", {"status": {"message": "hi"}})
+
+
+async def test_an_update_adding_the_excluded_label_is_still_judged(
+    apiserver: ApiServer, core: client.CoreV1Api, hook: Hook, tls_files: TLSFiles
+) -> None:
+    ignore = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+    config = update_configuration(hook.url, tls_files.ca_file.read_bytes(), ["UPDATE"])
+    config["webhooks"][0]["objectSelector"] = ignore
+    apiserver.put(config)
+    await core.create_namespaced_pod("default", pod("gpu"))
+    patch = {"metadata": {"labels": {"hami.io/webhook": "ignore"}, "annotations": {"x": "1"}}}
+    await core.patch_namespaced_pod("gpu", "default", patch)
+    assert len(hook.reviews) == 1  # the old object matched the selector
+    await core.patch_namespaced_pod("gpu", "default", {"metadata": {"annotations": {"x": "2"}}})
+    assert len(hook.reviews) == 1  # neither version matches any more

@@ -11,7 +11,7 @@ from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError, build_refit_client
-from hamid.sim.certs import CertificateAuthority
+from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.fake_scheduler import fake_scheduler
 
@@ -175,4 +175,4 @@ def test_configuration_errors() -> None:
     with pytest.raises(InvalidInput, match="needs an https endpoint"):
         RefitClient(RefitClientConfig(endpoint="http://x", client_cert_file="/c", client_key_file="/k"))
     built = build_refit_client(RefitClientConfig(endpoint="https://sched.ns.svc:443/"))
-    assert built is not None and built.url == "https://sched.ns.svc:443/refit" and built.sends_token
+    assert built is not None and built.url == "https://sched.ns.svc:443/refit" and built.config.token_file

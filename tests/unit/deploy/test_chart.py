@@ -17,10 +17,13 @@ import yaml
 from cryptography import x509
 
 from hamid.cli import cli
+from hamid.fit.fgd import parse_workload
 from hamid.model import annotations
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
+from hamid.options import from_cli
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
+from hamid.scheduler.options import SchedulerOptions
 from tests.unit.deploy.helm_render import (
     CHART_DIR,
     KUBE_VERSION,
@@ -257,7 +260,12 @@ def test_scheduler_container_args_and_mounts() -> None:
     assert args["--refit-auth"] == "token"
     assert args["--device-plugin-namespace"] == NAMESPACE
     assert args["--device-plugin-service-account"] == PLUGIN
-    assert set(mounts(c)) == {"/tls", "/device-config"}
+    assert set(mounts(c)) == {"/tls", "/device-config", "/allocation-keys"}
+    # signed allocations and the identities that may change scheduler-owned annotations
+    assert args["--allocation-key-file"] == "/allocation-keys/keys"
+    assert volumes(deployment)["allocation-keys"]["secret"]["secretName"] == "hamid-allocation-keys"
+    assert "--allow-unsigned-allocations" not in args
+    assert args["--service-account"] == f"{NAMESPACE}/{SCHED}"
     assert volumes(deployment)["tls"]["secret"]["secretName"] == "hamid-scheduler-tls"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["runAsNonRoot"] is True
@@ -332,7 +340,9 @@ def test_webhook() -> None:
         "port": 443,
     }
     assert hook["rules"][0]["resources"] == ["pods"]
-    assert hook["rules"][0]["operations"] == ["CREATE"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    [condition] = hook["matchConditions"]  # hamid's own updates never wait for the webhook
+    assert f"system:serviceaccount:{NAMESPACE}:{SCHED}" in condition["expression"]
     ignore = {"key": annotations.WEBHOOK, "operator": "NotIn", "values": [annotations.WEBHOOK_IGNORE]}
     assert hook["objectSelector"]["matchExpressions"] == [ignore]
     assert hook["namespaceSelector"]["matchExpressions"] == [ignore]
@@ -517,7 +527,7 @@ def test_custom_scheduler_endpoint() -> None:
 
 def test_existing_certificate_without_ca_uses_system_roots() -> None:
     r = rendered("existing-cert-no-ca")
-    assert not r.all("Secret")
+    assert [s["metadata"]["name"] for s in r.all("Secret")] == ["hamid-allocation-keys"]  # no TLS one
     assert not r.has("ConfigMap", "hamid-scheduler-ca")
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert "caBundle" not in hook["clientConfig"]
@@ -548,6 +558,13 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceName"] == lease
     assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    # one set of Lease timings for both (kube-scheduler's defaults), valid for hamid's options
+    timings = {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
+    assert {k: config["leaderElection"][k] for k in timings} == timings
+    flags = ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period")
+    assert [args[f] for f in flags] == list(timings.values())
+    parsed = from_cli(SchedulerOptions, {f[2:].replace("-", "_") + "_s": args[f] for f in flags})
+    assert parsed.leader_elect_lease_duration_s == 15.0 and parsed.leader_elect_retry_period_s == 2.0
     role = r.get("Role", f"{SCHED}-leader-election")
     assert set(iter_rules(role)) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
@@ -618,3 +635,27 @@ def test_renders_for_distribution_version_strings(kube_version: str) -> None:
     report = helm_python.lint(CHART_DIR, SEED, strict=True, namespace=NAMESPACE, kube_version=kube_version)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_fgd_policy_and_pinned_workload() -> None:
+    shapes = [{"cpu": "8", "memory": "32Gi", "gpus": 1, "gpuShare": 50, "weight": 3}, {"cpu": "4"}]
+    chart = render(
+        {
+            "scheduler": {
+                "defaultSchedulerPolicy": {"nodeSchedulerPolicy": "fgd", "gpuSchedulerPolicy": "fgd"},
+                "fgd": {"halfLife": 2000, "workload": shapes},
+            }
+        }
+    )
+    args = flag_values(container(chart.get("Deployment", SCHED), "hamid-scheduler")["args"])
+    assert args["--node-scheduler-policy"] == args["--gpu-scheduler-policy"] == "fgd"
+    assert args["--fgd-half-life"] == "2000"
+    assert args["--fgd-workload-file"] == "/device-config/fgd-workload.yaml"
+    text = chart.get("ConfigMap", "hamid-device-config")["data"]["fgd-workload.yaml"]
+    assert len(parse_workload(yaml.safe_load(text)).shapes) == 2
+    defaults = flag_values(
+        container(rendered("defaults").get("Deployment", SCHED), "hamid-scheduler")["args"]
+    )
+    assert "--fgd-workload-file" not in defaults and defaults["--node-scheduler-policy"] == "binpack"
+    with pytest.raises(helm_python.HelmError, match="gpuShare"):
+        render({"scheduler": {"fgd": {"workload": [{"gpus": 1, "gpuShare": 0}]}}})

@@ -60,6 +60,7 @@ def test_busy_port_is_one_line_and_non_zero() -> None:
         port = busy.getsockname()[1]
         done = hamid(
             "scheduler",
+            "--allow-unsigned-allocations",
             "--api-server=http://127.0.0.1:1",
             f"--listen=127.0.0.1:{port}",
             "--extender-listen=127.0.0.1:0",
@@ -78,7 +79,9 @@ def test_busy_port_is_one_line_and_non_zero() -> None:
 
 def test_missing_kubeconfig_is_one_clear_line(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    done = hamid("scheduler", f"--kubeconfig={missing}", "--listen=127.0.0.1:0")
+    done = hamid(
+        "scheduler", "--allow-unsigned-allocations", f"--kubeconfig={missing}", "--listen=127.0.0.1:0"
+    )
     assert done.returncode == 1
     assert f"Error: kubeconfig {missing} does not exist" in done.stderr
     assert "current-context" not in done.stderr and "Config not found" not in done.stderr

@@ -25,6 +25,7 @@ ANNOTATIONS = {
     "BIND_PHASE_ALLOCATING": "allocating",
     "BIND_PHASE_SUCCESS": "success",
     "BIND_PHASE_FAILED": "failed",
+    "ALLOCATION_SIGNATURE": "hamid.io/allocation-signature",
     "USE_GPU_UUID": "nvidia.com/use-gpuuuid",
     "NOUSE_GPU_UUID": "nvidia.com/nouse-gpuuuid",
     "USE_GPU_TYPE": "nvidia.com/use-gputype",
@@ -100,6 +101,7 @@ def test_scheduler_owned_keys_are_the_literal_ones() -> None:
         "hami.io/vgpu-mig-allocations",
         "hami.io/bind-time",
         "hami.io/bind-phase",
+        "hamid.io/allocation-signature",
         "hamid.io/numa-predicted",
         "hamid.io/numa-placement",
     }

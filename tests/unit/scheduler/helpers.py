@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.scheduler.signing import AllocationKeys
 
 
 def gpu(
@@ -83,4 +85,18 @@ def placed(p: dict[str, Any], node_name: str, allocated: str) -> dict[str, Any]:
     p["metadata"]["annotations"].update(
         {ann.VGPU_NODE: node_name, ann.DEVICES_ALLOCATED: allocated, ann.DEVICES_TO_ALLOCATE: allocated}
     )
+    return p
+
+
+def ticking_keys(*keys: bytes) -> AllocationKeys:
+    """A key ring whose signatures are issued 1 s apart (so "signed later" is never a tie)."""
+    tick = itertools.count(1)
+    return AllocationKeys(keys or (b"test-key-0123456789abcdef0123456789",), clock=lambda: float(next(tick)))
+
+
+def signed(p: dict[str, Any], keys: AllocationKeys) -> dict[str, Any]:
+    """The pod with ``keys``' signature over its current node and allocation annotations."""
+    notes = p["metadata"]["annotations"]
+    uid = p["metadata"]["uid"]
+    notes[ann.ALLOCATION_SIGNATURE] = keys.sign(uid, notes[ann.VGPU_NODE], notes[ann.DEVICES_ALLOCATED])
     return p

@@ -20,8 +20,9 @@ from hamid.scheduler.reconcile import (
     DRIFT_MISSING,
     reconcile_state,
 )
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import node, placed, pod
+from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
 
 GPU0 = "n1-gpu0,NVIDIA,1000,10:;"
 GPU1 = "n1-gpu1,NVIDIA,1000,10:;"
@@ -37,8 +38,8 @@ def on(name: str, raw: str, version: int, node_name: str = "n1") -> dict[str, An
     return versioned(placed(pod(name), node_name, raw), version)
 
 
-def fresh_state(*pods: dict[str, Any]) -> SchedulerState:
-    state = SchedulerState()
+def fresh_state(*pods: dict[str, Any], keys: AllocationKeys | None = None) -> SchedulerState:
+    state = SchedulerState(keys=keys)
     state.on_node(node("n1"))
     state.on_node(node("n2"))
     for p in pods:
@@ -68,18 +69,34 @@ def test_dropped_delete_is_released() -> None:
     assert state.reservation("uid-a") is None
     assert state.was_deleted("uid-a")
     assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
-    assert state.quota_used("default") == (1000, 10)  # only b
+    assert state.quotas.used("default") == (1000, 10)  # only b
 
 
-def test_changed_allocation_is_moved_to_the_listed_one() -> None:
-    state = fresh_state(on("a", GPU0, 5))
-    report = reconcile_state(state, [on("a", GPU1, 8)], "10", state.seq)
+def test_changed_allocation_is_moved_to_a_later_signed_one() -> None:
+    keys = ticking_keys()  # a refit by another replica, whose event this one missed
+    state = fresh_state(signed(on("a", GPU0, 5), keys), keys=keys)
+    report = reconcile_state(state, [signed(on("a", GPU1, 8), keys)], "10", state.seq)
     [drift] = report.drifts
     assert drift.kind == DRIFT_CHANGED
     assert drift.difference == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (-1, -1000, -10)}
     res = state.reservation("uid-a")
     assert res is not None and (res.raw, res.version) == (GPU1, "8")
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+
+
+@pytest.mark.parametrize("signing", [False, True])
+def test_an_allocation_the_scheduler_did_not_sign_never_moves_a_booking(signing: bool) -> None:
+    keys = ticking_keys() if signing else None
+    booked = on("a", GPU0, 5)
+    state = fresh_state(signed(booked, keys) if keys else booked, keys=keys)
+    forged = on("a", GPU1, 8)  # a tenant's patch (unsigned, or signed with another key)
+    if keys is not None:
+        signed(forged, ticking_keys(b"another-key-0123456789abcdef01234567"))
+    report = reconcile_state(state, [forged], "10", state.seq)
+    assert report.drifts == []
+    res = state.reservation("uid-a")
+    assert res is not None and res.raw == GPU0
+    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
 
 
 def test_missing_reservation_is_booked() -> None:
@@ -105,7 +122,7 @@ def test_pending_reservation_survives() -> None:
     state.on_pod(a)
     state.reserve(a, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)  # filter: patch in flight
     report = reconcile_state(state, [a], "10", state.seq)
-    assert report.drifts == [] and report.skipped == 1
+    assert report.drifts == []  # the shadow starts from the pending booking and keeps it
     res = state.reservation("uid-a")
     assert res is not None and res.pending
     assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
@@ -115,26 +132,27 @@ def test_reservations_younger_than_the_list_survive() -> None:
     state = fresh_state()
     since = state.seq  # the list is requested now
     listed = versioned(pod("a"), 3)  # the list shows a without allocation ...
-    undo = state.reserve(listed, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
+    state.reserve(listed, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
     state.confirm("uid-a")  # ... its patch landed after the list
     ghost = pod("ghost")  # not even listed: created after the list
-    state.reserve(ghost, "n1", tuple(ann.decode_pod_devices(GPU1)), GPU1)
+    undo = state.reserve(ghost, "n1", tuple(ann.decode_pod_devices(GPU1)), GPU1)
     state.confirm("uid-ghost")
     report = reconcile_state(state, [listed], "10", since)
-    assert report.drifts == [] and report.skipped == 2
+    assert report.drifts == [] and report.skipped == 1  # the ghost; a's booking the shadow keeps
     assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
-    # the same reservations judged by a later list (nothing changed since it) are repaired
+    # a later list (nothing changed since it): the unlisted ghost is released; a, listed without
+    # the allocation its booking holds (removed by someone else), keeps its booking
     report = reconcile_state(state, [listed], "12", state.seq)
-    assert sorted(d.kind for d in report.drifts) == [DRIFT_LEAKED, DRIFT_LEAKED]
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert [d.kind for d in report.drifts] == [DRIFT_LEAKED]
+    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
     undo()  # a late rollback of a pod the reconcile released is a no-op
-    assert state.reservation("uid-a") is None
+    assert state.reservation("uid-ghost") is None
 
 
 def test_pod_event_newer_than_the_list_is_left_alone() -> None:
     state = fresh_state(on("a", GPU1, 15))  # the watch already applied version 15
     report = reconcile_state(state, [on("a", GPU0, 8)], "10", state.seq)
-    assert report.drifts == [] and report.skipped == 1
+    assert report.drifts == []  # the older listed allocation disagrees with the booking: kept
     res = state.reservation("uid-a")
     assert res is not None and res.raw == GPU1
 
@@ -159,7 +177,7 @@ def test_binding_pod_is_left_alone() -> None:
 async def test_node_under_lock_is_left_alone() -> None:
     state = fresh_state(on("a", GPU0, 5))
     state.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 1000, 10)})  # a refit's double booking
-    async with state.node_lock("n1"):
+    async with state.node_guard("n1"):
         report = reconcile_state(state, [], "10", state.seq)
         assert report.drifts == [] and report.skipped == 1
         assert report.gpus == 2  # n2 only
@@ -188,25 +206,17 @@ def test_skipped_pods_do_not_count_as_gpu_drift() -> None:
     assert report.drifts == []
 
 
-def test_undecodable_allocation_stays_blocked_without_new_warnings(logs: list[dict[str, Any]]) -> None:
+def test_undecodable_allocation_books_nothing_without_new_warnings(logs: list[dict[str, Any]]) -> None:
     bad = on("bad", "n1-gpu0,NVIDIA,not-a-number,10:;", 5)
     state = fresh_state(bad)
+    assert [p["metadata"]["name"] for p, _ in state.undecodable] == ["bad"]  # an Event follows
     state.undecodable.clear()
     logs.clear()
     report = reconcile_state(state, [copy.deepcopy(bad)], "10", state.seq)
     assert report.drifts == []
     assert state.undecodable == []
     assert not [e for e in logs if e["log_level"] == "warning"]
-    assert state.snapshot()["n1"]["n1-gpu0"] == (10, 8000, 100)
-
-
-def test_repair_uses_the_pod_event_path_for_blocked_pods() -> None:
-    state = fresh_state()
-    bad = on("bad", "n1-gpu0,NVIDIA,not-a-number,10:;", 5)
-    report = reconcile_state(state, [bad], "10", state.seq)
-    assert [d.kind for d in report.drifts] == [DRIFT_MISSING]
-    assert [p["metadata"]["name"] for p, _ in state.undecodable] == ["bad"]  # an Event follows
-    assert state.snapshot()["n1"]["n1-gpu0"] == (10, 8000, 100)
+    assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)  # attack 2: never the whole GPU
 
 
 def test_rebuild_from_state_equals_shadow_after_many_repairs() -> None:
@@ -217,7 +227,7 @@ def test_rebuild_from_state_equals_shadow_after_many_repairs() -> None:
     listed = pods[1:]  # p0 deleted, p4 and p5 missed
     reconcile_state(state, listed, "30", state.seq)
     assert state.snapshot() == fresh_state(*listed).snapshot()
-    assert state.quota_used("default") == fresh_state(*listed).quota_used("default")
+    assert state.quotas.used("default") == fresh_state(*listed).quotas.used("default")
 
 
 def test_marks_of_gone_pods_are_forgotten() -> None:
@@ -259,9 +269,12 @@ def test_cli_reads_reconcile_interval(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(cli, "run_scheduler", fake_run)
     runner = CliRunner()
-    assert runner.invoke(cli.scheduler_command, ["--reconcile-interval", "90s"]).exit_code == 0
-    assert runner.invoke(cli.scheduler_command, [], env={"HAMID_RECONCILE_INTERVAL": "0"}).exit_code == 0
-    assert runner.invoke(cli.scheduler_command, []).exit_code == 0
-    bad = runner.invoke(cli.scheduler_command, ["--reconcile-interval", "often"])
+    unsigned = "--allow-unsigned-allocations"
+    assert runner.invoke(cli.scheduler_command, [unsigned, "--reconcile-interval", "90s"]).exit_code == 0
+    assert (
+        runner.invoke(cli.scheduler_command, [unsigned], env={"HAMID_RECONCILE_INTERVAL": "0"}).exit_code == 0
+    )
+    assert runner.invoke(cli.scheduler_command, [unsigned]).exit_code == 0
+    bad = runner.invoke(cli.scheduler_command, [unsigned, "--reconcile-interval", "often"])
     assert bad.exit_code == 2 and "often" in bad.output
     assert seen == [90.0, 0.0, 300.0]

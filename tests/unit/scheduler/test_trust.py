@@ -7,11 +7,13 @@ Wire names are spelled out literally here, so a typo in the code's constants fai
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from typing import Any
 
 import pytest
 
+from hamid.model import annotations as ann
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.state import SchedulerState
 from hamid.scheduler.webhook import admission_response, review_pod
@@ -127,7 +129,6 @@ def _forged(p: dict[str, Any], raw: str, node_name: str = "n1") -> dict[str, Any
 @pytest.mark.parametrize(
     ("p", "raw", "why"),
     [
-        (pod("cpu", containers=[container("main")]), "???", "requests no GPU"),
         (pod("cpu", containers=[container("main")]), "n1-gpu0,NVIDIA,1000,10:;", "requests no GPU"),
         (pod("huge"), "n1-gpu0,NVIDIA,2000000000,10:;", "the GPU has 8000 MiB"),
         (pod("ghost"), "GPU-not-here,NVIDIA,1000,10:;", "not registered"),
@@ -139,7 +140,7 @@ def test_allocations_the_pod_cannot_have_are_not_booked(p: dict[str, Any], raw: 
     state = _state()
     state.on_pod(_forged(p, raw))
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert state.quota_used("default") == (0, 0)
+    assert state.quotas.used("default") == (0, 0)
     [(refused, message)] = state.refused
     assert refused is p and why in message
     state.on_pod(p)  # the same value again: no second report
@@ -161,7 +162,7 @@ def test_foreign_scheduler_and_other_node_are_not_booked() -> None:
     ]
 
 
-def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_too() -> None:
+def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_keeps_its_booking() -> None:
     state = _state()
     ok = _forged(pod("ok"), "n1-gpu0,NVIDIA,1000,10:;")
     ok["spec"]["schedulerName"] = "default-scheduler"
@@ -169,7 +170,44 @@ def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_too() -> None
     assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
     mine = pod("mine")
     mine["spec"]["schedulerName"] = "other-scheduler"
-    state.reserve(mine, "n1", (), "")  # this scheduler's own record of the pod
-    state.confirm("uid-mine")
-    state.on_pod(_forged(mine, "n1-gpu1,NVIDIA,1000,10:;"))
+    raw = "n1-gpu1,NVIDIA,1000,10:;"
+    state.reserve(mine, "n1", tuple(ann.decode_pod_devices(raw)), raw)  # this scheduler's own record
+    state.on_pod(_forged(mine, raw))  # its patch seen: confirmed
     assert state.snapshot()["n1"]["n1-gpu1"] == (1, 1000, 10) and state.refused == []
+    res = state.reservation("uid-mine")
+    assert res is not None and not res.pending
+
+
+@pytest.mark.parametrize("raw", [":::", "???", "n1-gpu0,NVIDIA,oops,10:;", "n1-gpu0,NVIDIA,1,10:;"])
+def test_attack_1_a_changed_allocation_of_a_booked_pod_is_reported_and_ignored(raw: str) -> None:
+    state = _state()
+    p = _forged(pod("victim"), "n1-gpu1,NVIDIA,1000,10:;")
+    state.on_pod(p)  # booked (unsigned mode: the first word of a pod without a booking)
+    before = state.snapshot()
+    tampered = copy.deepcopy(p)
+    tampered["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = raw
+    state.on_pod(tampered)
+    state.on_pod(tampered)  # reported once per value
+    assert state.snapshot() == before
+    [(reported, why)] = state.disagreed
+    assert reported is tampered and "n1: n1-gpu1,NVIDIA,1000,10:; stays booked" in why
+    assert state.refused == state.undecodable == state.foreign == []
+    removed = copy.deepcopy(p)
+    del removed["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    state.on_pod(removed)
+    assert state.snapshot() == before and "were removed" in state.disagreed[-1][1]
+    state.on_pod(p)  # the booked value again: agreed, nothing more reported
+    assert len(state.disagreed) == 2
+    done = copy.deepcopy(tampered)
+    done["status"]["phase"] = "Succeeded"
+    state.on_pod(done)  # a finished pod releases, whatever its annotations say
+    assert state.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0)
+
+
+@pytest.mark.parametrize("raw", [":::", "???", "n1-gpu0,NVIDIA,x,10:;", ";;;;"])
+def test_attack_2_an_unreadable_allocation_books_nothing(raw: str) -> None:
+    state = _state()
+    parked = _forged(pod("parked"), raw)  # a Pending pod of this scheduler, patched by its tenant
+    state.on_pod(parked)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert len(state.undecodable) + len(state.refused) == 1

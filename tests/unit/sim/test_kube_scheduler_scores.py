@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hamid.sim.kube_scheduler import (
+from hamidsim.kube_scheduler import (
     DEFAULT_MEMORY_REQUEST,
     NodeRequests,
     Resources,

@@ -56,6 +56,17 @@ app.kubernetes.io/component: device-plugin
 {{- define "hamid.tls.generatedSecret" -}}{{ include "hamid.fullname" . }}-scheduler-tls{{- end -}}
 {{- define "hamid.tls.caConfigMap" -}}{{ include "hamid.fullname" . }}-scheduler-ca{{- end -}}
 {{- define "hamid.webhook.name" -}}{{ include "hamid.fullname" . }}-webhook{{- end -}}
+{{- define "hamid.allocationKeys.generatedSecret" -}}{{ include "hamid.fullname" . }}-allocation-keys{{- end -}}
+{{- define "hamid.annotationPolicy.name" -}}{{ include "hamid.fullname" . }}-scheduler-owned-annotations{{- end -}}
+{{/* Usernames that may change scheduler-owned pod annotations: the scheduler and the device plugin. */}}
+{{- define "hamid.annotationWriters" -}}
+{{- $ns := include "hamid.namespace" . -}}
+{{- $writers := list (printf "system:serviceaccount:%s:%s" $ns (include "hamid.scheduler.serviceAccount" .)) (printf "system:serviceaccount:%s:%s" $ns (include "hamid.devicePlugin.serviceAccount" .)) -}}
+{{- with .Values.scheduler.refitHamiPluginServiceAccount -}}
+{{- $writers = append $writers (printf "system:serviceaccount:%s" (replace "/" ":" .)) -}}
+{{- end -}}
+{{- toJson $writers -}}
+{{- end -}}
 
 {{/* The Secret the scheduler serves TLS from. */}}
 {{- define "hamid.tls.secretName" -}}

@@ -1,0 +1,134 @@
+"""Signed allocations (issue 22): HMAC over pod UID, node and allocation; key rings and rotation;
+after a restart the ledger books only what verifies."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from hamid.model import annotations as ann
+from hamid.model.errors import InvalidInput
+from hamid.scheduler.signing import AllocationKeys, key_id, load_key_file, write_key_file
+from hamid.scheduler.state import SchedulerState
+from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
+
+OLD = b"old-key-0123456789abcdef0123456789ab"
+NEW = b"new-key-0123456789abcdef0123456789ab"
+RAW = "n1-gpu0,NVIDIA,1000,10:;"
+
+
+def test_the_annotation_is_hamids_and_scheduler_owned() -> None:
+    assert ann.ALLOCATION_SIGNATURE == "hamid.io/allocation-signature"
+    assert ann.ALLOCATION_SIGNATURE in ann.SCHEDULER_OWNED_ANNOTATIONS
+
+
+def test_a_signature_binds_uid_node_and_allocation() -> None:
+    keys = AllocationKeys((NEW,), clock=lambda: 1700000000.5)
+    value = keys.sign("uid-a", "n1", RAW)
+    assert value.startswith(f"v1:{key_id(NEW)}:1700000000500:")
+    signed_by = keys.verify("uid-a", "n1", RAW, value)
+    assert signed_by is not None and (signed_by.key_id, signed_by.issued) == (key_id(NEW), 1700000000500)
+    for uid, node_name, raw in (("uid-b", "n1", RAW), ("uid-a", "n2", RAW), ("uid-a", "n1", RAW + ";")):
+        assert keys.verify(uid, node_name, raw, value) is None
+    mac = value.rsplit(":", 1)[1]
+    for forged in (
+        None,
+        "",
+        ":::",
+        value.replace("v1:", "v2:", 1),
+        value.replace(":1700000000500:", ":1700000000501:"),  # a later issue time is not for sale
+        value[:-1] + ("0" if value[-1] != "0" else "1"),
+        f"v1:{key_id(NEW)}:1:{mac}",
+        f"v1:{key_id(NEW)}:{'9' * 40}:{mac}",
+    ):
+        assert keys.verify("uid-a", "n1", RAW, forged) is None, forged
+
+
+def test_rotation_signs_with_the_newest_and_accepts_any() -> None:
+    before = AllocationKeys((OLD,))
+    old_signature = before.sign("uid-a", "n1", RAW)
+    rotated = AllocationKeys((OLD, NEW))
+    assert rotated.verify("uid-a", "n1", RAW, old_signature) is not None
+    new_signature = rotated.sign("uid-a", "n1", RAW)
+    assert new_signature.split(":")[1] == key_id(NEW)
+    assert before.verify("uid-a", "n1", RAW, new_signature) is None
+    retired = AllocationKeys((NEW,))  # the old key dropped once no pod carries its signatures
+    assert retired.verify("uid-a", "n1", RAW, old_signature) is None
+    assert retired.verify("uid-a", "n1", RAW, new_signature) is not None
+
+
+def test_key_files(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"# rotated 2026-12-01\n{OLD.decode()}\n\n{NEW.decode()}\n")
+    keys = load_key_file(str(path))
+    assert keys.keys == (OLD, NEW)
+    assert load_key_file(str(write_key_file(tmp_path / "copy", keys))).keys == (OLD, NEW)
+    assert (tmp_path / "copy").stat().st_mode & 0o777 == 0o600
+    for text, error in (
+        ("", "holds no key"),
+        ("# only a comment\n", "holds no key"),
+        ("short\n", "at least 32"),
+    ):
+        path.write_text(text)
+        with pytest.raises(InvalidInput, match=error):
+            load_key_file(str(path))
+    with pytest.raises(InvalidInput, match="cannot read"):
+        load_key_file(str(tmp_path / "missing"))
+    assert len(AllocationKeys.generate().keys[0]) >= 32
+
+
+def _restarted(
+    keys: AllocationKeys, *pods: dict[str, object], accept_unsigned: bool = False
+) -> SchedulerState:
+    """A fresh ledger (a restart) fed the pods as its first list."""
+    state = SchedulerState(keys=keys, accept_unsigned=accept_unsigned)
+    state.on_node(node("n1"))
+    for p in pods:
+        state.on_pod(p)
+    return state
+
+
+def test_after_a_restart_only_verified_allocations_book() -> None:
+    keys = ticking_keys(OLD, NEW)
+    mine = signed(placed(pod("mine"), "n1", RAW), keys)
+    unsigned = placed(pod("unsigned"), "n1", "n1-gpu1,NVIDIA,1000,10:;")
+    missigned = signed(placed(pod("missigned"), "n1", "n1-gpu1,NVIDIA,2000,10:;"), ticking_keys(b"x" * 32))
+    copied = placed(pod("copied"), "n1", RAW)  # another pod's signature copied onto it
+    copied["metadata"]["annotations"][ann.ALLOCATION_SIGNATURE] = mine["metadata"]["annotations"][
+        ann.ALLOCATION_SIGNATURE
+    ]
+    state = _restarted(keys, mine, unsigned, missigned, copied)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    foreign = {p["metadata"]["name"]: why for p, why in state.foreign}
+    assert set(foreign) == {"unsigned", "missigned", "copied"}
+    assert "has no hamid.io/allocation-signature" in foreign["unsigned"]
+    assert "does not verify" in foreign["missigned"] and "does not verify" in foreign["copied"]
+    # an upgrade's one rollout: pods placed before signing (no signature at all) book; forged ones do not
+    upgrade = _restarted(keys, mine, unsigned, missigned, accept_unsigned=True)
+    assert upgrade.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
+    assert [p["metadata"]["name"] for p, _ in upgrade.foreign] == ["missigned"]
+
+
+def test_a_booking_follows_only_a_later_signature() -> None:
+    keys = ticking_keys()
+    first = signed(placed(pod("a"), "n1", RAW), keys)
+    state = _restarted(keys, first)
+    refit = signed(placed(copy.deepcopy(first), "n1", "n1-gpu1,NVIDIA,1000,10:;"), keys)
+    state.on_pod(refit)  # another replica's refit, signed after the booking
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    state.on_pod(first)  # the older signed allocation replayed: ignored and reported
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert "replayed" in state.disagreed[-1][1]
+
+
+def test_the_filter_signature_is_what_the_booking_remembers() -> None:
+    keys = ticking_keys()
+    state = _restarted(keys)
+    p = pod("a")
+    notes = state.signature("uid-a", "n1", RAW)
+    state.reserve(p, "n1", tuple(ann.decode_pod_devices(RAW)), RAW, notes[ann.ALLOCATION_SIGNATURE])
+    res = state.reservation("uid-a")
+    assert res is not None and res.issued > 0
+    assert SchedulerState().signature("uid-a", "n1", RAW) == {ann.ALLOCATION_SIGNATURE: None}
