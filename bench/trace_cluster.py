@@ -45,12 +45,12 @@ from hamid.model.numa import (
     encode_placement,
     encode_profile,
 )
-from hamid.model.refit import RefitRequest
+from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest
 from hamid.plugin.allocator import Allocator
-from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cpu_topology import CpuTopology as PluginCpuTopology
 from hamid.plugin.discovery import PhysicalGpu
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.hamicore_answer import HamiCoreSettings
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import NumaMismatchPolicy, log_mismatch
 from hamid.plugin.numa_publisher import build_profile, holds_anything, placement_of
 from hamid.plugin.podresources_client import NO_TOPOLOGY, HeldContainer, HeldPod
@@ -59,7 +59,7 @@ from hamid.plugin.refit_client import RefitRefused
 from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
-from hamid.scheduler.refit import REFIT_DEADLINE_S, RefitService
+from hamid.scheduler.refit import RefitService
 from hamid.scheduler.refit_auth import Caller
 from hamidsim.kube_scheduler import NodeRequests, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
@@ -185,7 +185,7 @@ class LocalRefitClient:
         self.outcomes: dict[str, int] = {}
 
     async def refit(self, request: RefitRequest) -> ContainerDevices:
-        deadline = asyncio.get_running_loop().time() + REFIT_DEADLINE_S
+        deadline = asyncio.get_running_loop().time() + REFIT_TIMEOUT_S
         outcome = await self.service.refit(request, None, deadline)  # type: ignore[arg-type]
         self.outcomes[outcome.outcome] = self.outcomes.get(outcome.outcome, 0) + 1
         if not outcome.response.succeeded:
@@ -241,7 +241,7 @@ class SimNode:
         node_config = NodeConfig(
             device_split_count=SPLIT, enable_numa_topology=numa != "off", enable_get_preferred_allocation=True
         )
-        self.inventory = Inventory(gpus, node_config)
+        self.inventory = GpuInventory(gpus, node_config)
         self.gpu_numa = {g.uuid: self.layout.gpu_numa[g.index] for g in gpus}
         self.pods = NodePods(api, self.name)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
@@ -368,10 +368,11 @@ class Cluster:
 
     def gpu_room(self, pod: JSON, names: tuple[str, ...]) -> bool:
         """Whether one of ``names`` has GPU room for the pod, CPUs, memory and NUMA aside (hamid's
-        plain fit: :meth:`Scheduler.plan` without prediction, which changes nothing)."""
-        s = self.scheduler.settings
-        spec = PodFitSpec.from_pod(pod, self.scheduler.config, s.gpu_policy, s.node_policy)
-        node, _fitted, _failed = self.scheduler.plan(pod, spec, names)
+        plain fit under HAMi's default policies, which look at GPUs only: :meth:`Filter.plan`
+        without prediction, which changes nothing)."""
+        plain = SchedulerSettings()
+        spec = PodFitSpec.from_pod(pod, self.scheduler.config, plain.gpu_policy, plain.node_policy)
+        node, _fitted, _failed = self.scheduler.filtering.plan(pod, spec, names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:
