@@ -368,9 +368,10 @@ class Cluster:
 
     def gpu_room(self, pod: JSON, names: tuple[str, ...]) -> bool:
         """Whether one of ``names`` has GPU room for the pod, CPUs, memory and NUMA aside (hamid's
-        plain fit: :meth:`Filter.plan` without prediction, which changes nothing)."""
-        s = self.scheduler.settings
-        spec = PodFitSpec.from_pod(pod, self.scheduler.config, s.gpu_policy, s.node_policy)
+        plain fit under HAMi's default policies, which look at GPUs only: :meth:`Filter.plan`
+        without prediction, which changes nothing)."""
+        plain = SchedulerSettings()
+        spec = PodFitSpec.from_pod(pod, self.scheduler.config, plain.gpu_policy, plain.node_policy)
         node, _fitted, _failed = self.scheduler.filtering.plan(pod, spec, names)
         return node is not None
 

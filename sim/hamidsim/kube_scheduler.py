@@ -263,25 +263,21 @@ def default_score(request: Resources, node: NodeRequests) -> int:
     ``NodeResourcesFit`` with strategy ``LeastAllocated`` (cpu and memory, weight 1 each, over the
     non-zero requests) plus ``NodeResourcesBalancedAllocation`` (100 x (1 - the standard deviation
     of the cpu and memory fractions requested)), plugin weight 1 each; the other score plugins give
-    every node the same score then.
+    every node the same score then. Plain arithmetic: it runs for every node and pod.
     """
-    nz = non_zero(request)
+    cpu_cap, memory_cap = node.allocatable.milli_cpu, node.allocatable.memory
+    cpu_nz = (request.milli_cpu or DEFAULT_MILLI_CPU_REQUEST) + node.non_zero_requested.milli_cpu
+    memory_nz = (request.memory or DEFAULT_MEMORY_REQUEST) + node.non_zero_requested.memory
     least = 0
-    for want, used, capacity in (
-        (nz.milli_cpu, node.non_zero_requested.milli_cpu, node.allocatable.milli_cpu),
-        (nz.memory, node.non_zero_requested.memory, node.allocatable.memory),
-    ):
-        if capacity and want + used <= capacity:
-            least += (capacity - want - used) * MAX_NODE_SCORE // capacity
-    fractions = [
-        min((want + used) / capacity, 1.0)
-        for want, used, capacity in (
-            (request.milli_cpu, node.requested.milli_cpu, node.allocatable.milli_cpu),
-            (request.memory, node.requested.memory, node.allocatable.memory),
-        )
-        if capacity
-    ]
-    std = abs(fractions[0] - fractions[1]) / 2 if len(fractions) == 2 else 0.0
+    if cpu_cap and cpu_nz <= cpu_cap:
+        least += (cpu_cap - cpu_nz) * MAX_NODE_SCORE // cpu_cap
+    if memory_cap and memory_nz <= memory_cap:
+        least += (memory_cap - memory_nz) * MAX_NODE_SCORE // memory_cap
+    std = 0.0
+    if cpu_cap and memory_cap:
+        cpu_fraction = min((request.milli_cpu + node.requested.milli_cpu) / cpu_cap, 1.0)
+        memory_fraction = min((request.memory + node.requested.memory) / memory_cap, 1.0)
+        std = abs(cpu_fraction - memory_fraction) / 2
     return least // 2 + int((1 - std) * MAX_NODE_SCORE)
 
 

@@ -1,0 +1,54 @@
+"""kube-scheduler's NodeResourcesFit filter over many nodes, the default scores and ``selectHost``."""
+
+from __future__ import annotations
+
+import random
+
+from hamidsim.kube_scheduler import (
+    DEFAULT_MEMORY_REQUEST,
+    NodeRequests,
+    Resources,
+    default_score,
+    feasible_nodes,
+    select_host,
+)
+
+GI = 1024**3
+
+
+def _node(cpu: int = 4000, memory: int = 8 * GI, pods: int = 110) -> NodeRequests:
+    return NodeRequests(Resources(cpu, memory), pods)
+
+
+def test_feasible_nodes_keeps_those_with_cpu_memory_and_a_pod_slot_free() -> None:
+    full_cpu, full_memory, full_pods, roomy = _node(), _node(), _node(pods=1), _node()
+    full_cpu.add(Resources(3500, GI))
+    full_memory.add(Resources(100, 7 * GI))
+    full_pods.add(Resources(0, 0))
+    nodes = {"cpu": full_cpu, "memory": full_memory, "pods": full_pods, "roomy": roomy}
+    assert feasible_nodes(Resources(1000, 2 * GI), nodes.items()) == ["roomy"]
+    assert feasible_nodes(Resources(500, GI), nodes.items()) == ["cpu", "memory", "roomy"]
+    full_cpu.remove(Resources(3500, GI))
+    assert feasible_nodes(Resources(1000, 2 * GI), nodes.items()) == ["cpu", "roomy"]
+
+
+def test_default_score_is_least_allocated_plus_balanced_allocation() -> None:
+    # cpu (4000-1000)/4000 and memory (8-2)/8: 75 each; fractions 0.25 and 0.25: balanced 100
+    assert default_score(Resources(1000, 2 * GI), _node()) == 75 + 100
+    busy = _node()
+    busy.add(Resources(2000, 2 * GI))
+    # cpu 3000 of 4000 → 25, memory 4 of 8 Gi → 50: least 37; fractions 0.75 / 0.5 → std 0.125 → 87
+    assert default_score(Resources(1000, 2 * GI), busy) == 37 + 87
+
+
+def test_a_pod_without_requests_is_scored_with_kube_schedulers_defaults() -> None:
+    node = _node(cpu=1000, memory=2 * DEFAULT_MEMORY_REQUEST)
+    # non-zero requests 100m and 200 MiB: cpu 90, memory 50 → 70; actual fractions 0 and 0 → 100
+    assert default_score(Resources(0, 0), node) == 70 + 100
+
+
+def test_select_host_takes_the_best_score_and_breaks_ties_at_random() -> None:
+    scored = [("low", 10), ("a", 50), ("b", 50)]
+    picks = {select_host(scored, random.Random(seed)) for seed in range(50)}
+    assert picks == {"a", "b"}
+    assert select_host([], random.Random(1)) is None
