@@ -1,6 +1,6 @@
 """Burst benchmark: N GPU pods to one node through ``/filter`` and ``/bind``, as kube-scheduler sends them.
 
-Runs the whole stack in-process on the simulator (:class:`~hamid.sim.cluster.SimCluster`: embedded
+Runs the whole stack in-process on the simulator (:class:`~hamidsim.cluster.SimCluster`: embedded
 API server, ``hamid scheduler``, simulated kubelet with the real plugin; no refit, no NUMA
 publisher, so the node sees only the lock's traffic). The kube-scheduler stand-in is replaced by
 kube-scheduler's own shape of a burst: the scheduling cycle is serial (one ``/filter`` at a time,
@@ -31,7 +31,7 @@ from hamid.log import configure
 configure("json", "error")  # before the modules below bind their loggers
 
 from hamid.model import objects  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until  # noqa: E402
+from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until  # noqa: E402
 
 NODE = "burst-node"
 GPUS = 8  # the demo machine's

@@ -60,7 +60,7 @@ from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerSet
 from hamid.scheduler.filter import NumaFit
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.podtrim import trim_scheduler_pod
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 
 GPU_MEM = 40960
 

@@ -1,7 +1,7 @@
 """Benchmark: a watch-fed pod cache of lightweight raw-JSON records vs kubernetes-asyncio models.
 
 Run with no arguments (``.venv/bin/python bench/kube_cache.py``). For each variant it starts a
-fresh embedded API server (``hamid.sim.apiserver``) in a subprocess seeded with 20,000 pods, and
+fresh embedded API server (``hamidsim.apiserver``) in a subprocess seeded with 20,000 pods, and
 a fresh worker process that
 
 1. syncs a pod cache (paged list of all pods) -> ``sync_20k_s``;
@@ -134,7 +134,7 @@ def make_pod(i: int) -> dict[str, Any]:
 
 async def serve() -> None:
     """Seed an embedded API server, print its URL, then obey ``churn N`` / ``quit`` on stdin."""
-    from hamid.sim.apiserver import ApiServer
+    from hamidsim.apiserver import ApiServer
 
     async with ApiServer(history_size=4 * EVENTS) as server:
         for i in range(PODS):

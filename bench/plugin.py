@@ -41,7 +41,7 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.plugin.discovery import PhysicalGpu, devices_file_json
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 
 NODE = "bench-node"
 GPUS = 8

@@ -34,8 +34,8 @@ from hamid.model.refit import RefitRequest  # noqa: E402
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig  # noqa: E402
 from hamid.scheduler.app import SchedulerApp  # noqa: E402
 from hamid.scheduler.options import SchedulerOptions  # noqa: E402
-from hamid.sim.apiserver import ApiServer  # noqa: E402
-from hamid.sim.certs import CertificateAuthority  # noqa: E402
+from hamidsim.apiserver import ApiServer  # noqa: E402
+from hamidsim.certs import CertificateAuthority  # noqa: E402
 
 NODES = 1000
 GPUS = 8

@@ -1,6 +1,6 @@
 """Randomised soak of the whole stack that checks every invariant all the time, hostile tenants included.
 
-Runs a :class:`~hamid.sim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
+Runs a :class:`~hamidsim.cluster.SimCluster` of several demo nodes (2 NUMA nodes x 16 CPUs,
 8 GPUs each; refit enabled over mTLS) and pushes pods through webhook → kube-scheduler driver →
 ``/filter`` ``/bind`` → simulated kubelet (single-numa-node, static CPUs) → plugin (with refit),
 completing and deleting pods along the way. The invariants are checked from what the API server
@@ -43,8 +43,15 @@ heterogeneous ones, which need the mixed-GPU node: plain and pinned pods by node
 pods bound to it), and ~5 % foreign Guaranteed CPU pods bound by the default
 scheduler (``spec.nodeName`` preset).
 
+Leader pause (``--leader-pause``, see :class:`LeaderPause`): after the first batch a second
+scheduler replica (a real ``hamid scheduler`` process, with its own kube-scheduler driver) takes
+the Lease over, leads a while, and is paused (SIGSTOP) past its Lease while pods flow; the
+cluster's scheduler takes over and the woken replica must not decide beside it. The invariants
+are checked as always; the result gains ``leader_pause`` (hand-over, pause and takeover seconds).
+
 Usage: ``python bench/soak.py`` (no arguments needed; ``--pods``, ``--nodes``, ``--seed``,
-``--prediction`` exist). Last output line: one JSON object with ``pods``, ``refits``, ``refusals``,
+``--prediction``, ``--leader-pause`` exist). Last output line: one JSON object with ``pods``,
+``refits``, ``refusals``,
 ``violations`` (must be 0), ``violation_kinds``, ``checks`` (invariant checks run), ``fallbacks``,
 ``prediction``, ``opted_in``, ``opted_in_refitted``, ``refit_rate``, ``topology_affinity_errors``,
 ``strict_failures``, ``prediction_hits``, ``prediction_misses``, ``miss_causes`` (the scheduler's),
@@ -56,16 +63,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
 import re
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from benchstats import peak_rss_mib, print_figures
 
 from hamid.log import configure
@@ -73,15 +83,26 @@ from hamid.log import configure
 configure("json", "error")  # before the modules below bind their loggers
 
 from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
+from hamid.kube.client import connect  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until  # noqa: E402
-from hamid.sim.demo import HETERO_MACHINE  # noqa: E402
-from hamid.sim.machine import load_machine_file  # noqa: E402
+from hamidsim.cluster import (  # noqa: E402
+    SIM_LEASE_NAME,
+    ClusterOptions,
+    NodeSpec,
+    SimCluster,
+    data_file,
+    wait_until,
+)
+from hamidsim.demo import HETERO_MACHINE  # noqa: E402
+from hamidsim.kube_scheduler import KubeSchedulerDriver  # noqa: E402
+from hamidsim.machine import load_machine_file  # noqa: E402
+from hamidsim.replicas import SchedulerProcess  # noqa: E402
+from hamidsim.replicas import wait_for as replica_wait  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
 CPUS = (1, 2, 2, 4, 8, 16)
@@ -642,6 +663,102 @@ class Tamperer:
         return denied
 
 
+class LeaderPause:
+    """``--leader-pause``: a second scheduler replica (a real ``hamid scheduler`` process) with its
+    own kube-scheduler, the leader paused past its Lease mid-run.
+
+    The cluster's scheduler hands its Lease over (a restart: it releases it) to the process, which
+    leads for a while; the process is then stopped (SIGSTOP, a VM freeze) for the Lease duration
+    plus :data:`PAUSE_PAST_LEASE_S`, the cluster's scheduler takes over, and the process is woken
+    with its kube-scheduler's requests queued: its fence must refuse them. It stays up, a
+    follower, until the end; the invariants are checked as in every run.
+    """
+
+    LEASE = (15.0, 10.0, 0.5)  # the cluster scheduler's: its defaults with the sim's retry period
+
+    def __init__(self, cluster: SimCluster) -> None:
+        s = cluster.scheduler_options().settings
+        args = (
+            f"--scheduler-name={s.scheduler_name}",
+            f"--node-scheduler-policy={s.node_policy}",
+            f"--gpu-scheduler-policy={s.gpu_policy}",
+            f"--bind-wait={s.bind_wait_s:g}s",
+        )
+        self.cluster = cluster
+        self.replica = SchedulerProcess(
+            "soak-b", cluster.server.url, self.LEASE, args, lease_name=SIM_LEASE_NAME
+        )
+        self.figures: dict[str, Any] = {}
+        self._driver_task: asyncio.Task[None] | None = None
+        self._kube: Any = None
+        self._session = aiohttp.ClientSession()
+
+    async def hand_over(self) -> None:
+        """Start the process and its kube-scheduler; the cluster's scheduler hands it the Lease.
+
+        Between batches: the cluster's scheduler restarts, and the checks read its state.
+        """
+        loop = asyncio.get_running_loop()
+        await self.replica.start()
+        await replica_wait(lambda: self.replica.synced(self._session), 60, "second replica synced")
+        self._kube = await connect(api_server=self.cluster.server.url)
+        driver = KubeSchedulerDriver(
+            self._kube,
+            scheduler_name=self.cluster.options.scheduler_name,
+            extender_url=self.replica.url("extender", ""),
+            initial_backoff=0.2,
+            max_backoff=1.0,
+        )
+        self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
+        started = loop.time()
+        await self.cluster.hand_over_scheduler()
+        await replica_wait(lambda: self.replica.ready(self._session), 60, "second replica leads")
+        self.figures["handover_s"] = round(loop.time() - started, 2)
+
+    async def pause(self) -> None:
+        """While pods flow: the process decides a while, is paused past its Lease, and woken."""
+        await asyncio.sleep(5.0)
+        paused = self.LEASE[0] + PAUSE_PAST_LEASE_S
+        self.replica.signal(signal.SIGSTOP)
+        try:
+            takeover = await replica_wait(self.cluster_leads, paused + 30, "the cluster scheduler leads")
+            await asyncio.sleep(max(0.0, paused - takeover))
+        finally:
+            self.replica.signal(signal.SIGCONT)
+        self.figures.update(paused_s=round(max(paused, takeover), 2), takeover_s=round(takeover, 2))
+
+        async def stepped_down() -> bool:
+            return not await self.replica.ready(self._session)
+
+        await replica_wait(stepped_down, 30, "the woken replica steps down")
+
+    async def cluster_leads(self) -> bool:
+        """Whether the cluster's own scheduler decides now."""
+        try:
+            return not self.cluster.scheduler.not_ready_reason()
+        except RuntimeError:  # between the hand-over's stop and start
+            return False
+
+    async def close(self) -> None:
+        """Stop the second kube-scheduler and the process (SIGTERM, then kill if it lingers)."""
+        if self._driver_task is not None:
+            self._driver_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._driver_task
+        if self._kube is not None:
+            await self._kube.close()
+        await self._session.close()
+        with contextlib.suppress(ProcessLookupError, RuntimeError):
+            self.replica.signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await self.replica.wait_exit(10)
+        await self.replica.close()
+
+
+#: How far past its Lease the soak's leader pause lasts (seconds).
+PAUSE_PAST_LEASE_S = 2.0
+
+
 def node_specs(nodes: int, hetero: int, machine: str = SOAK_MACHINE) -> tuple[NodeSpec, ...]:
     """``nodes`` nodes of ``machine``, the last ``hetero`` of them with mixed GPU models (48/96 GB)."""
     hetero = max(0, min(hetero, nodes))
@@ -730,6 +847,15 @@ def _prediction_figures(cluster: SimCluster) -> dict[str, Any]:
     }
 
 
+async def _checked(checker: Checker, soak: Soak, batch: int, pause: LeaderPause | None) -> None:
+    """The checks after a batch (with a leader pause: on the cluster scheduler's accounting only
+    while it leads; the other replica's view is not the cluster's), then the hostile tenant."""
+    checker.capacity(f"after batch {batch}")
+    if pause is None or await pause.cluster_leads():
+        await checker.accounting(f"after batch {batch}")
+    await soak.strike(batch)
+
+
 async def run(
     pods: int,
     nodes: int,
@@ -741,6 +867,7 @@ async def run(
     hetero: int = 1,
     prediction: bool = True,
     settle_s: float = SETTLE_S,
+    leader_pause: bool = False,
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
     specs = node_specs(nodes, hetero)
@@ -754,15 +881,27 @@ async def run(
         soak = Soak(cluster, workload, checker, settle_s)
         tamperer = Tamperer(cluster, checker, workload.churn_seed + 1)
         kinds = {pod["metadata"]["name"]: kind for kind, pod in workload.pods}
-        for batch, index in enumerate(range(0, pods, concurrency)):
-            await soak.churn(live_cap)
-            await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
-            checker.capacity(f"after batch {batch}")
-            await checker.accounting(f"after batch {batch}")
-            await soak.strike(batch)
-            if batch % HOSTILE_EVERY == 0:
-                await tamperer.strike(batch, soak.live, kinds)
-                await checker.accounting(f"after tamper strike {batch}")
+        pause = LeaderPause(cluster) if leader_pause else None
+        pausing: asyncio.Task[None] | None = None
+        try:
+            for batch, index in enumerate(range(0, pods, concurrency)):
+                await soak.churn(live_cap)
+                if pause is not None and pausing is None and batch >= 1:
+                    await pause.hand_over()
+                    pausing = asyncio.create_task(pause.pause(), name="leader-pause")
+                await asyncio.gather(*(soak.one(i) for i in range(index, min(pods, index + concurrency))))
+                await _checked(checker, soak, batch, pause)
+                if batch % HOSTILE_EVERY == 0:
+                    await tamperer.strike(batch, soak.live, kinds)
+                    if pause is None or await pause.cluster_leads():
+                        await checker.accounting(f"after tamper strike {batch}")
+            if pausing is not None:
+                await pausing
+        finally:
+            if pausing is not None and not pausing.done():
+                pausing.cancel()
+            if pause is not None:
+                await pause.close()
         elapsed = time.monotonic() - started
         refit_figures = _refit_figures(cluster, ledger, kinds, prediction)
         prediction_figures = _prediction_figures(cluster)
@@ -813,6 +952,7 @@ async def run(
         "seconds": round(elapsed, 2),
         "pods_per_s": round(soak.counts["pods"] / elapsed, 1) if elapsed else 0.0,
         "peak_rss_mib": round(peak_rss_mib(), 1),
+        **({"leader_pause": pause.figures} if pause is not None else {}),
     }
 
 
@@ -848,6 +988,11 @@ def main() -> None:
         help=f"seconds a pod may take to run or fail before it counts as stuck (default {SETTLE_S:g})",
     )
     parser.add_argument(
+        "--leader-pause",
+        action="store_true",
+        help="run a second scheduler replica and pause the leader past its Lease mid-run",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -868,6 +1013,7 @@ def main() -> None:
             hetero=args.hetero_nodes,
             prediction=args.prediction == "on",
             settle_s=args.settle_s,
+            leader_pause=args.leader_pause,
         )
     )
     print_figures(result)

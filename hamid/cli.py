@@ -13,12 +13,15 @@ import click
 from hamid import __version__, log
 from hamid.options import option
 
+#: The simulator's import root: its own distribution (sim/), absent from production installs.
+SIMULATOR_PACKAGE = "hamidsim"
+
 #: subcommand name -> "module:attribute" of its click command.
 LAZY_COMMANDS = {
     "scheduler": "hamid.scheduler.cli:scheduler_command",
     "plugin": "hamid.plugin.cli:plugin_command",
-    "demo": "hamid.sim.demo:demo_command",
-    "sim": "hamid.sim.cli:sim_group",
+    "demo": "hamidsim.demo:demo_command",
+    "sim": "hamidsim.cli:sim_group",
     "doctor": "hamid.doctor:doctor_command",
     "status": "hamid.status:status_command",
 }
@@ -35,7 +38,16 @@ class LazyGroup(click.Group):
         if target is None:
             return super().get_command(ctx, cmd_name)
         module_name, attribute = target.split(":")
-        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != SIMULATOR_PACKAGE:
+                raise
+            raise click.UsageError(
+                f"`hamid {cmd_name}` needs the simulator, which is not installed: "
+                "pip install ./sim from a hamid checkout (or use the image's demo target)"
+            ) from None
+        command: click.Command = getattr(module, attribute)
         return command
 
 

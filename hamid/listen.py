@@ -48,6 +48,9 @@ LISTEN = ListenAddress()
 #: A listen address that may be empty (the listener is off).
 OPTIONAL_LISTEN = ListenAddress(allow_empty=True)
 
+#: How long a stopping listener lets requests in flight finish before cancelling them (aiohttp's
+#: default is 60 s, past a pod's 30 s termination grace period).
+SHUTDOWN_GRACE_S = 5.0
 _BIND_REASONS = {
     errno.EADDRINUSE: "address already in use (another process listens there)",
     errno.EADDRNOTAVAIL: "address not available on this host",
@@ -63,7 +66,7 @@ async def serve(
     A bind failure raises :class:`ListenError` naming ``what``, the address and the reason.
     """
     host, port = parse_listen(listen)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     try:

@@ -8,6 +8,15 @@ The campaigning elector's lease is taken when free or expired (expiry judged on 
 clock from when the record last changed, so clock skew between replicas does not matter),
 renewed every ``retry_period``, and lost when no renewal succeeds within ``renew_deadline``.
 Every update is a PUT carrying the lease's resourceVersion, so two candidates can never both win.
+
+Both also *fence* their leadership on this replica's own monotonic clock (:func:`fence_clock`,
+which keeps counting while the process or its VM is frozen): :meth:`LeaderElector.lease_invalid`
+says why the replica must not decide, without waiting for its renew loop — past
+``lease_duration - skew_margin`` since the last successful renewal, measured from when that
+renewal was sent. Another candidate takes over no sooner than ``lease_duration`` after it saw
+that renewal, so a replica that wakes from a pause longer than its lease refuses before it
+could decide beside the new leader. :attr:`LeaderElector.epoch` names the lease term a decision
+started under (holder, acquireTime, leaseTransitions), so a write can refuse a stale one.
 """
 
 from __future__ import annotations
@@ -28,6 +37,27 @@ from hamid.model import objects
 log = get_logger("kube.leader")
 
 JITTER = 1.2
+#: Part of the lease duration a replica gives up before the others may take over (clock-rate
+#: skew, the time between a check and the write it guards reaching the API server).
+SKEW_MARGIN_FRACTION = 0.1
+#: The release on the way out is bounded: a stopping process does not wait on a slow API server.
+RELEASE_TIMEOUT_S = 2.0
+
+
+def fence_clock() -> float:
+    """Seconds on a monotonic clock that also counts suspended time (CLOCK_BOOTTIME on Linux)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+def default_skew_margin(lease_duration: float) -> float:
+    """The fence margin for a lease duration (:data:`SKEW_MARGIN_FRACTION` of it)."""
+    return lease_duration * SKEW_MARGIN_FRACTION
+
+
+def _lease_epoch(spec: dict[str, Any]) -> str:
+    """A lease term's name: holder, acquireTime and leaseTransitions of the record."""
+    holder, acquired = spec.get("holderIdentity") or "", spec.get("acquireTime") or ""
+    return f"{holder}@{acquired}#{spec.get('leaseTransitions') or 0}"
 
 
 def _now_micro() -> str:
@@ -50,6 +80,7 @@ class LeaderElector:
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         release_on_cancel: bool = True,
+        skew_margin: float | None = None,
     ) -> None:
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
@@ -66,6 +97,14 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.release_on_cancel = release_on_cancel
+        self.skew_margin = default_skew_margin(lease_duration) if skew_margin is None else skew_margin
+        if not 0 <= self.skew_margin < lease_duration - retry_period:
+            raise ValueError(
+                f"skew margin {self.skew_margin:g} leaves the lease invalid between renewals "
+                f"(lease_duration {lease_duration:g}, retry_period {retry_period:g})"
+            )
+        self._valid_until = -math.inf
+        self._epoch = ""
         self._on_started = on_started_leading
         self._on_stopped = on_stopped_leading
         self._is_leader = False
@@ -84,10 +123,34 @@ class LeaderElector:
         """The holder identity last observed on the lease ("" when unknown or released)."""
         return str((self._observed_spec or {}).get("holderIdentity") or "")
 
+    @property
+    def epoch(self) -> str:
+        """The lease term this replica last wrote (holder@acquireTime#transitions; "" before)."""
+        return self._epoch
+
+    def lease_invalid(self) -> str:
+        """Why this replica must not decide on its lease now ("" while it holds a valid one)."""
+        if not self._is_leader:
+            return "not the leader"
+        late = fence_clock() - self._valid_until
+        if late >= 0:
+            return (
+                f"lease not renewed for {late + self.lease_duration - self.skew_margin:.1f}s "
+                f"(valid {self.lease_duration:g}s less a {self.skew_margin:g}s margin)"
+            )
+        return ""
+
+    def _renewed(self, written: JSON, sent: float) -> None:
+        """A create or replace of the lease succeeded: valid until ``sent`` + duration - margin."""
+        self._valid_until = sent + self.lease_duration - self.skew_margin
+        self._epoch = _lease_epoch(dict(written.get("spec") or {}))
+
     def _set_leader(self, leading: bool) -> None:
         if leading == self._is_leader:
             return
         self._is_leader = leading
+        if not leading:
+            self._valid_until = -math.inf
         self._log.info("leading_started" if leading else "leading_stopped")
         callback = self._on_started if leading else self._on_stopped
         if callback is not None:
@@ -106,6 +169,7 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         loop = asyncio.get_running_loop()
+        sent = fence_clock()
         now_time = _now_micro()
         duration_s = max(1, math.ceil(self.lease_duration))
         try:
@@ -123,6 +187,7 @@ class LeaderElector:
             }
             created = await self.client.create_lease(self.namespace, body)
             self._observe(created, loop.time())
+            self._renewed(created, sent)
             return True
         spec = self._observe(lease, loop.time())
         holder = str(spec.get("holderIdentity") or "")
@@ -137,6 +202,7 @@ class LeaderElector:
         body = {"metadata": dict(objects.metadata(lease)), "spec": new_spec}
         replaced = await self.client.replace_lease(self.namespace, self.name, body)
         self._observe(replaced, loop.time())
+        self._renewed(replaced, sent)
         return True
 
     async def _attempt(self, deadline: float | None = None) -> bool:
@@ -177,7 +243,7 @@ class LeaderElector:
         spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
         body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
         try:
-            async with asyncio.timeout(self.renew_deadline):
+            async with asyncio.timeout(min(self.renew_deadline, RELEASE_TIMEOUT_S)):
                 await self.client.replace_lease(self.namespace, self.name, body)
             self._log.info("lease_released")
         except (KubeError, TimeoutError) as exc:
@@ -192,10 +258,11 @@ class LeaderElector:
                 await self._renew_until_lost()
                 self._set_leader(False)
         finally:
-            if self._is_leader:
-                if self.release_on_cancel:
-                    await self._release()
-                self._set_leader(False)
+            # stop deciding first, then hand the lease over (client-go's ReleaseOnCancel)
+            leading = self._is_leader
+            self._set_leader(False)
+            if leading and self.release_on_cancel:
+                await self._release()
 
 
 def _parse_time(value: object) -> float | None:
@@ -235,6 +302,7 @@ class LeaseFollower:
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
+        skew_margin: float = 1.0,
     ) -> None:
         if not hostname:
             raise ValueError("following a lease needs a non-empty hostname")
@@ -251,6 +319,8 @@ class LeaseFollower:
         self._on_started = on_started_leading
         self._on_stopped = on_stopped_leading
         self._clock = clock
+        self.skew_margin = skew_margin
+        self._valid_until = -math.inf
         self._spec: dict[str, Any] = {}
         self._term: tuple[str, str, int] | None = None
         self._log = log.bind(lease=f"{namespace}/{name}", hostname=hostname)
@@ -264,6 +334,27 @@ class LeaseFollower:
     def holder(self) -> str:
         """The holder identity last observed on the lease ("" when unknown or released)."""
         return str(self._spec.get("holderIdentity") or "")
+
+    @property
+    def epoch(self) -> str:
+        """The lease term this replica leads under (holder@acquireTime#transitions; "" when none)."""
+        return _lease_epoch(self._spec) if self._term is not None else ""
+
+    def lease_invalid(self) -> str:
+        """Why this replica must not decide on the followed lease now ("" while valid).
+
+        Judged on :func:`fence_clock` from when the read that showed the renewal was sent, so a
+        replica waking from a pause refuses before its next read.
+        """
+        if self._term is None:
+            return "not the leader"
+        late = fence_clock() - self._valid_until
+        if late >= 0:
+            return (
+                f"the followed lease expired {late:.1f}s ago on this replica's clock "
+                f"(less a {self.skew_margin:g}s margin)"
+            )
+        return ""
 
     def expires_at(self) -> float | None:
         """When the observed lease expires (POSIX seconds); None without a renewal on record."""
@@ -302,6 +393,7 @@ class LeaseFollower:
             self._callback(True)
 
     async def _read(self) -> None:
+        sent, sent_wall = fence_clock(), self._clock()
         try:
             lease = await self.client.get_lease(self.namespace, self.name, timeout=self.request_timeout)
         except NotFound:
@@ -310,6 +402,9 @@ class LeaseFollower:
             self._log.debug("lease_read_failed", error=str(exc), error_type=type(exc).__name__)
         else:
             self._spec = dict(lease.get("spec") or {})
+            expires = self.expires_at()
+            left = -math.inf if expires is None else expires - sent_wall
+            self._valid_until = sent + left - self.skew_margin
 
     async def run(self) -> None:
         """Follow the lease until cancelled; leadership ends (callback) on the way out."""

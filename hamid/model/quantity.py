@@ -2,7 +2,7 @@
 
 A quantity is read exactly, as a :class:`~fractions.Fraction` (``"500m"`` is 1/2, ``"16Gi"`` is
 2**34), and viewed as an int64 the way Go's ``Quantity.AsInt64`` does. The simulator's stand-ins
-keep a parser of their own (``hamid/sim/kubelet/quantity.py``, see docs/architecture.md §6): they
+keep a parser of their own (``sim/hamidsim/kubelet/quantity.py``, see docs/architecture.md §6): they
 are the oracle the product is judged against, so they never share this one. Pure: no I/O.
 """
 

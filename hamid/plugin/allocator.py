@@ -36,7 +36,7 @@ import asyncio
 import os
 import uuid as uuidlib
 from collections import Counter, OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,7 @@ import structlog
 
 from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import Conflict, KubeError
+from hamid.kube.retry import RetryBudget, write_retrying
 from hamid.log import get_logger
 from hamid.model import hamicore, nodelock, objects
 from hamid.model.annotations import (
@@ -90,9 +91,12 @@ CALL_TIMEOUT_S = 3.0
 #: Budget of everything before an Allocate commits (identification, second door, plan, host
 #: directories) and of GetPreferredAllocation's identification. Past it, Allocate runs the failure path.
 PREPARE_TIMEOUT_S = 10.0
+#: Transient API failures (429, 5xx, timeouts) one Allocate's commit patches may retry, in all.
+TRANSIENT_RETRIES = 3
 #: API calls that may follow the prepare deadline: every commit patch (one per conflict retry), then
-#: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH).
-CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4
+#: marking the pod failed (one) or releasing the node lock (two attempts of GET + PATCH); each
+#: transient retry adds a read-back and a patch.
+CALLS_AFTER_PREPARE = CONFLICT_RETRIES + 1 + 4 + 2 * TRANSIENT_RETRIES
 #: Containers whose fallback the allocator remembers between its two doors (oldest forgotten first).
 FALLBACK_MEMORY = 512
 
@@ -210,7 +214,8 @@ class Allocator:
     @property
     def deadline_s(self) -> float:
         """Upper bound of one call: the prepare budget plus every API call that may follow it."""
-        return self.prepare_timeout + CALLS_AFTER_PREPARE * max(self.call_timeout, self.pods.call_timeout)
+        calls = CALLS_AFTER_PREPARE * max(self.call_timeout, self.pods.call_timeout)
+        return self.prepare_timeout + calls + RetryBudget(TRANSIENT_RETRIES).worst_wait_s
 
     # -- identify the pod ----------------------------------------------------------------------
 
@@ -547,6 +552,7 @@ class Allocator:
         self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
     ) -> list[ContainerAnswer]:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        budget = RetryBudget(TRANSIENT_RETRIES)
         for _attempt in range(CONFLICT_RETRIES):
             try:
                 async with asyncio.timeout_at(deadline):
@@ -561,7 +567,7 @@ class Allocator:
             done = not pending_entries(remaining)
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
-            committed = await complete(self._commit(pod, patch, plans, release=done))
+            committed = await complete(self._commit(pod, patch, plans, budget, release=done))
             if committed:
                 return answers
             try:
@@ -586,6 +592,7 @@ class Allocator:
         pod: JSON,
         patch: Mapping[str, str | None],
         plans: Sequence[tuple[int, ContainerDevices]],
+        budget: RetryBudget,
         *,
         release: bool,
     ) -> bool:
@@ -593,19 +600,29 @@ class Allocator:
 
         Both are sent at once (one round trip instead of two, docs/reliability.md §3): the pod was
         proven by the lock before, the calls are serialised, and a conflict's retry re-reads the
-        same pod. False when the patch conflicted (nothing written). Run through :func:`complete`.
+        same pod. A transient failure (429, 5xx, timeout) is retried with backoff while ``budget``
+        lasts, a patch that landed despite its error counting as done. False when the patch
+        conflicted (nothing written). Run through :func:`complete`.
         """
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        version = meta.get("resourceVersion")
         releasing = asyncio.ensure_future(self._release_lock(f"{namespace}/{name}")) if release else None
-        try:
-            patched = await self.client.patch_pod_metadata(
-                namespace,
-                name,
-                annotations=dict(patch),
-                resource_version=meta.get("resourceVersion"),
-                timeout=self.call_timeout,
+
+        def write() -> Awaitable[JSON]:
+            return self.client.patch_pod_metadata(
+                namespace, name, annotations=dict(patch), resource_version=version, timeout=self.call_timeout
             )
+
+        async def landed() -> JSON | None:
+            current = await self.pods.fetch_pod(namespace, name)
+            if current is None or objects.resource_version(current) == version:
+                return None
+            annotations = objects.annotations(current)
+            return current if all(annotations.get(k) == v for k, v in patch.items()) else None
+
+        try:
+            patched = await write_retrying(write, landed, budget, f"pod {namespace}/{name} allocation")
         except Conflict:
             return False
         finally:

@@ -4,7 +4,7 @@ Only the fields that decide where kubelet puts a container's CPUs and devices ar
 field is left to kubelet. Values are checked as kubelet's strict decoding and validation would
 (option maps hold strings, policies are enumerations), so a file kubelet would not start with is an
 error here too, never a guess. Flags given to kubelet on its command line override the file and
-are invisible to the node agent (see README, "What the plugin publishes").
+are invisible to the node agent (see docs/operating.md, "What the plugin publishes").
 """
 
 from __future__ import annotations

@@ -167,16 +167,27 @@ class SchedulerApp:
         log.info("scheduler_stopping")
 
     async def stop(self) -> None:
-        """Stop the tasks, close the listeners, the scheduler and (if it opened it) the client."""
+        """Stop promptly, in an order that hands over cleanly.
+
+        The listeners stop accepting first; the scheduler stops deciding and answers the binds
+        waiting for a node lock; requests still in flight get :data:`hamid.listen.SHUTDOWN_GRACE_S`; only then
+        are the tasks cancelled — leadership steps down and releases its Lease, so another
+        replica takes over within its retry period while nothing of this one still writes.
+        """
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            for site in list(runner.sites):
+                await site.stop()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        for runner in reversed(runners):
+            await runner.cleanup()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        runners, self._runners = self._runners, []
-        for runner in reversed(runners):
-            await runner.cleanup()
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
             await scheduler.close()
@@ -233,25 +244,31 @@ def leadership(
             pod_selector=options.scheduler_pod_selector,
             retry_delay=retry,
         )
+        elector: LeaderElector | LeaseFollower
         if options.leader_elect_mode == "campaign":
-            return terms, LeaderElector(
+            elector = LeaderElector(
                 scheduler.kube,
                 options.leader_elect_namespace,
                 options.leader_elect_name,
                 f"{identity}_{uuid.uuid4().hex[:8]}",
+                lease_duration=options.leader_elect_lease_duration_s,
+                renew_deadline=options.leader_elect_renew_deadline_s,
                 retry_period=retry,
                 on_started_leading=terms.started,
                 on_stopped_leading=terms.stopped,
             )
-        return terms, LeaseFollower(
-            scheduler.kube,
-            options.leader_elect_namespace,
-            options.leader_elect_name,
-            identity,
-            poll_interval=retry,
-            request_timeout=options.settings.api_timeout_s,
-            on_started_leading=terms.started,
-            on_stopped_leading=terms.stopped,
-        )
+        else:
+            elector = LeaseFollower(
+                scheduler.kube,
+                options.leader_elect_namespace,
+                options.leader_elect_name,
+                identity,
+                poll_interval=retry,
+                request_timeout=options.settings.api_timeout_s,
+                on_started_leading=terms.started,
+                on_stopped_leading=terms.stopped,
+            )
     except ValueError as exc:
         raise InvalidInput(f"leader election: {exc}") from None
+    scheduler.readiness.fence(elector)
+    return terms, elector

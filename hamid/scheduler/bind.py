@@ -42,6 +42,20 @@ _BIND_AFTER_LOCK_S = 8.0
 _BIND_UNDO_S = 3.0
 #: The shortest timeout a bind's API call gets when its budget is nearly spent.
 _MIN_CALL_S = 0.5
+#: The answer of a bind still waiting for a node lock when the scheduler stops.
+_SHUTTING_DOWN = (
+    "scheduler shutting down: gave up waiting for the lock of node {node}; "
+    "kube-scheduler retries the pod with the next leader"
+)
+
+
+class Fenced(Exception):
+    """The leadership a bind started under ended before its next write: it writes nothing more.
+
+    No undo either: the new leader may be binding the same pod, and a stale replica removing
+    ``bind-phase`` or the node lock would undo the new leader's work (the lock expires, or the
+    pod's next bind takes it as its own).
+    """
 
 
 class Binder:
@@ -81,6 +95,30 @@ class Binder:
         self.record = record
         #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
         self.in_flight: set[str] = set()
+        #: Set on shutdown: binds waiting for a node lock are answered at once.
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """The process is stopping: answer every bind waiting for a node lock now (with an error)."""
+        self._closing.set()
+
+    async def _acquire_or_close(self, args: BindArgs, wait_s: float) -> float:
+        """:meth:`NodeLocker.acquire`, ended by :meth:`close` with :class:`LockContention`."""
+        if self._closing.is_set():
+            raise LockContention(_SHUTTING_DOWN.format(node=args.node))
+        acquire = asyncio.ensure_future(
+            self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+        )
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((acquire, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not acquire.done():
+                acquire.cancel()
+                await asyncio.gather(acquire, return_exceptions=True)
+                raise LockContention(_SHUTTING_DOWN.format(node=args.node))
+        return acquire.result()
 
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb; returns the error message ("" on success), never raises."""
@@ -119,6 +157,11 @@ class Binder:
         except KubeError as exc:
             return None, f"reading pod {key} failed: {exc}"
         return pod, ""
+
+    def _fenced(self, epoch: str) -> str:
+        """The answer when the leadership the bind started under no longer holds ("" while it does)."""
+        reason = self.readiness.check(epoch)
+        return f"scheduler not ready: {reason}" if reason else ""
 
     async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
         """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
@@ -159,7 +202,7 @@ class Binder:
         loop = asyncio.get_running_loop()
         wait_s = max(min(self.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
         try:
-            waited = await self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+            waited = await self._acquire_or_close(args, wait_s)
         except (LockContention, KubeError) as exc:
             self.backoff.note(args.node, ok=False)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
@@ -169,15 +212,19 @@ class Binder:
 
     async def _bind(self, args: BindArgs, deadline: float) -> str:
         key = f"{args.pod_namespace}/{args.pod_name}"
+        epoch = self.readiness.epoch()
         pod, answer = await self._bind_target(args, deadline)
         if pod is None:
             return answer
         needs_lock = self._needs_lock(pod)
         if needs_lock:
-            refused = await self._lock(args, pod, deadline)
+            refused = self._fenced(epoch) or await self._lock(args, pod, deadline)
             if refused:
                 return refused
         try:
+            fenced = self._fenced(epoch)
+            if fenced:
+                raise Fenced(fenced)
             await self.kube.patch_pod_metadata(
                 args.pod_namespace,
                 args.pod_name,
@@ -185,6 +232,9 @@ class Binder:
                 uid=args.pod_uid,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+            fenced = self._fenced(epoch)
+            if fenced:
+                raise Fenced(fenced)
             await self.kube.bind_pod(
                 args.pod_namespace,
                 args.pod_name,
@@ -192,6 +242,9 @@ class Binder:
                 args.node,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+        except Fenced as exc:
+            log.warning("bind_fenced", pod=key, node=args.node, reason=str(exc))
+            return str(exc)
         except KubeError as exc:
             # A Binding that timed out may have landed; a 409 may be a retry of one that did.
             if (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(args, deadline):

@@ -247,6 +247,11 @@ class Scheduler:
         freeze_heap()
         log.info("heap_frozen_after_sync", frozen_objects=gc.get_freeze_count())
 
+    def shutdown(self) -> None:
+        """Stop deciding: new decisions are refused, binds waiting for a node lock answered now."""
+        self.readiness.stop()
+        self.binder.close()
+
     async def close(self) -> None:
         """Cancel background event tasks."""
         for task in list(self._tasks):
@@ -254,14 +259,15 @@ class Scheduler:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, owned here (cancelled by :meth:`close`)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
-        self._spawn(self.events.record(obj, event_type, reason, message))
+        self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------
 

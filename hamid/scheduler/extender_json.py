@@ -13,8 +13,9 @@ from itertools import repeat
 from typing import Any
 
 from hamid.model import objects
+from hamid.model._wire import type_name
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import check_pod_metadata
+from hamid.model.resources import all_containers, check_pod_metadata
 
 JSON = dict[str, Any]
 
@@ -56,6 +57,7 @@ def decode_filter_args(body: Any) -> FilterArgs:
     if not isinstance(pod.get("metadata"), dict):
         raise InvalidInput("extender args pod has no metadata")
     check_pod_metadata(pod)
+    _check_containers(pod)
     raw_names = go_field(body, "NodeNames")
     node_names: tuple[str, ...] | None = None
     if raw_names is not None:
@@ -63,19 +65,35 @@ def decode_filter_args(body: Any) -> FilterArgs:
             raise InvalidInput("NodeNames must be a list of strings")
         node_names = tuple(raw_names)
     raw_nodes = go_field(body, "Nodes")
-    nodes: tuple[JSON, ...] | None = None
-    if raw_nodes is not None:
-        if not isinstance(raw_nodes, dict):
-            raise InvalidInput("Nodes must be a NodeList object")
-        items = go_field(raw_nodes, "items") or []
-        if not isinstance(items, list) or not all(
-            isinstance(n, dict) and isinstance(n.get("metadata"), dict) for n in items
-        ):
-            raise InvalidInput("Nodes.items must be a list of Node objects")
-        nodes = tuple(items)
+    nodes = None if raw_nodes is None else _decode_node_list(raw_nodes)
     if node_names is None and nodes is None:
         raise InvalidInput("extender args carry neither NodeNames nor Nodes")
     return FilterArgs(pod=pod, node_names=node_names, nodes=nodes)
+
+
+def _check_containers(pod: JSON) -> None:
+    """Every (init) container an object with a non-empty string ``name``, as the API server ensures.
+
+    Names are keys downstream (the NUMA prediction names its containers, memoized per pod shape).
+    """
+    for i, c in enumerate(all_containers(pod)):
+        name = c.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"extender args pod container {i}: name must be a non-empty string")
+
+
+def _decode_node_list(raw: Any) -> tuple[JSON, ...]:
+    """``Nodes``: a NodeList object whose ``items`` is a list of Nodes with string names."""
+    if not isinstance(raw, dict):
+        raise InvalidInput("Nodes must be a NodeList object")
+    items = go_field(raw, "items")
+    if not isinstance(items, list):
+        raise InvalidInput(f"Nodes.items must be a list of Node objects, got {type_name(items)}")
+    for i, n in enumerate(items):
+        meta = n.get("metadata") if isinstance(n, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise InvalidInput(f"Nodes.items[{i}] must be a Node object with a metadata.name string")
+    return tuple(items)
 
 
 @dataclass(slots=True)

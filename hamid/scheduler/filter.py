@@ -482,6 +482,7 @@ class Filter:
         refused = self._refusal(pod)
         if refused is not None:
             return refused
+        epoch = self.readiness.epoch()
         numa = NumaFit.of(pod, objects.uid(pod))
         try:
             node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
@@ -491,7 +492,7 @@ class Filter:
         if node is None or fitted is None:
             self._record_unfit(pod, failed)
             return FilterResult(failed_nodes=failed)
-        error = await self._reserve(pod, node, fitted, numa)
+        error = await self._reserve(pod, node, fitted, numa, epoch)
         if error:
             return FilterResult(error=error)
         self.record(
@@ -515,8 +516,14 @@ class Filter:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + _SLICE_S
 
-    async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit) -> str:
-        """Book the fit, then patch the allocation annotations; "" when done, else the error."""
+    async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit, epoch: str) -> str:
+        """Book the fit, then patch the allocation annotations; "" when done, else the error.
+
+        Nothing is booked or written unless the leadership the filter started under still holds.
+        """
+        fenced = self.readiness.check(epoch)
+        if fenced:
+            return f"scheduler not ready: {fenced}"
         uid, name = objects.uid(pod), objects.namespaced_key(pod)
         raw = ann.encode_pod_devices(fitted.devices)
         signature = self.state.signature(uid, node, raw)

@@ -103,7 +103,14 @@ async def _filter(request: web.Request) -> web.Response:
         args = decode_filter_args(await read_json(request))
     except InvalidInput as exc:
         return web.json_response(FilterResult(error=str(exc)).to_json())
-    result = await scheduler.filter(args)
+    try:
+        result = await scheduler.filter(args)
+    except InvalidInput as exc:  # a malformed pod part only a later reader checks
+        result = FilterResult(error=str(exc))
+    except Exception as exc:  # never a 500: kube-scheduler reads the reason and retries the pod
+        log.error("filter_error", error=repr(exc)[:500])
+        log.debug("filter_error_trace", exc_info=True)
+        result = FilterResult(error=f"filter failed: {type(exc).__name__}: {str(exc)[:300]}")
     return web.json_response(result.to_json())
 
 

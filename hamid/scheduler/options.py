@@ -211,8 +211,25 @@ class SchedulerOptions:
         "Name of the leader-election Lease (in follow mode: kube-scheduler's resourceName).",
         default=DEFAULT_SCHEDULER_NAME,
     )
+    leader_elect_lease_duration_s: float = option_field(
+        "campaign: how long the Lease stays valid after a renewal; a replica decides only while "
+        "its own clock says so (less a tenth as margin), the others take over once it expired.",
+        default=15.0,
+        flag="--leader-elect-lease-duration",
+        parse=parse_seconds,
+        show=format_duration,
+    )
+    leader_elect_renew_deadline_s: float = option_field(
+        "campaign: how long the leader keeps retrying a failed renewal before it steps down "
+        "(shorter than --leader-elect-lease-duration).",
+        default=10.0,
+        flag="--leader-elect-renew-deadline",
+        parse=parse_seconds,
+        show=format_duration,
+    )
     leader_elect_retry_period_s: float = option_field(
-        "How often the Lease is read (follow) or acquisition is retried (campaign).",
+        "How often the Lease is read (follow) or acquisition and renewal are retried (campaign; "
+        "shorter than --leader-elect-renew-deadline).",
         default=2.0,
         flag="--leader-elect-retry-period",
         parse=parse_seconds,
@@ -320,8 +337,26 @@ class SchedulerOptions:
                 f"unknown leader election mode {self.leader_elect_mode!r} "
                 f"(use {', '.join(LEADER_ELECT_MODES)})",
             )
+        self._check_lease_timings()
         if self.refit_auth is _REFIT_AUTH_UNSET:
             object.__setattr__(self, "refit_auth", (MTLS, TOKEN) if self.client_ca_file else (TOKEN,))
+
+    def _check_lease_timings(self) -> None:
+        """kube-scheduler's rules: retry period < renew deadline < lease duration."""
+        lease, renew = self.leader_elect_lease_duration_s, self.leader_elect_renew_deadline_s
+        retry = self.leader_elect_retry_period_s
+        if not renew < lease:
+            raise OptionError(
+                "--leader-elect-renew-deadline",
+                f"{format_duration(renew)} is not shorter than "
+                f"--leader-elect-lease-duration {format_duration(lease)}",
+            )
+        if not retry < renew:
+            raise OptionError(
+                "--leader-elect-retry-period",
+                f"{format_duration(retry)} is not shorter than "
+                f"--leader-elect-renew-deadline {format_duration(renew)}",
+            )
 
     @property
     def annotation_writers(self) -> frozenset[str]:

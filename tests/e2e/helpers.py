@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hamid.model.devices import PodDevices
-from hamid.sim.cluster import SimCluster
-from hamid.sim.demo import FILLER_NAME, NODE, filler_pod, refit_event_message
+from hamidsim.cluster import SimCluster
+from hamidsim.demo import FILLER_NAME, NODE, filler_pod, refit_event_message
 
 __all__ = ["NODE", "refit_event_message", "stage", "uuids"]
 

@@ -14,9 +14,9 @@ import pytest
 
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.sim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
-from hamid.sim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, heterogeneous_pod, seed_pod
-from hamid.sim.kubelet import REASON_UNEXPECTED_ADMISSION
+from hamidsim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
+from hamidsim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, heterogeneous_pod, seed_pod
+from hamidsim.kubelet import REASON_UNEXPECTED_ADMISSION
 from tests.e2e.helpers import NODE, env_of, refit_event_message, stage, uuids
 
 NUMA0 = [g.uuid for g in data_machine_gpus() if g.numa == 0]

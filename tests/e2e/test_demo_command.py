@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hamid.sim.demo import SCENARIOS
+from hamidsim.demo import SCENARIOS
 
 _RUN = "from hamid.cli import main; main()"
 

@@ -14,8 +14,8 @@ import pytest
 
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.sim.cluster import SimCluster, wait_until
-from hamid.sim.demo import SEED_NAME, exact_fit_options, exact_fit_pod, stage_exact_fit
+from hamidsim.cluster import SimCluster, wait_until
+from hamidsim.demo import SEED_NAME, exact_fit_options, exact_fit_pod, stage_exact_fit
 from tests.e2e.helpers import NODE, env_of, refit_event_message, uuids
 
 

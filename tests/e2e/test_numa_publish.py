@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from hamid.model.numa import NUMA_PLACEMENT, NUMA_PREDICTED, NUMA_PROFILE, decode_placement, decode_profile
-from hamid.sim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
-from hamid.sim.demo import SEED_NAME, filler_pod, seed_pod
-from hamid.sim.kubelet import PodAdmission
-from hamid.sim.machine import Machine, sample_machine_path
+from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
+from hamidsim.demo import SEED_NAME, filler_pod, seed_pod
+from hamidsim.kubelet import PodAdmission
+from hamidsim.machine import Machine, sample_machine_path
 from tests.e2e.helpers import NODE
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.sim.cluster import ClusterOptions, SimCluster
-from hamid.sim.demo import SEED_NAME, data_machine_gpus, seed_pod
+from hamidsim.cluster import ClusterOptions, SimCluster
+from hamidsim.demo import SEED_NAME, data_machine_gpus, seed_pod
 from tests.e2e.helpers import stage
 from tests.unit.deploy.helm_render import KUBE_VERSION
 

@@ -16,9 +16,9 @@ import pytest
 from hamid.kube.errors import KubeError
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.sim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
-from hamid.sim.cluster_view import wait_until
-from hamid.sim.demo import seed_pod
+from hamidsim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
+from hamidsim.cluster_view import wait_until
+from hamidsim.demo import seed_pod
 from tests.e2e.helpers import uuids
 
 NODE = "node-1"

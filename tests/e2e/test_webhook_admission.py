@@ -10,8 +10,8 @@ from __future__ import annotations
 import kubernetes_validate
 
 from hamid.model import reasons as R
-from hamid.sim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
-from hamid.sim.demo import SEED_NAME, seed_pod
+from hamidsim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
+from hamidsim.demo import SEED_NAME, seed_pod
 from tests.e2e.helpers import stage
 from tests.unit.deploy.helm_render import KUBE_VERSION
 

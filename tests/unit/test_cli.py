@@ -1,3 +1,7 @@
+import sys
+import tomllib
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from hamid import __version__
@@ -15,3 +19,31 @@ def test_version() -> None:
     result = CliRunner().invoke(cli, ["version"])
     assert result.exit_code == 0
     assert result.output.strip() == f"hamid {__version__}"
+
+
+class _Absent:
+    """An import finder that hides the simulator package, as a production install lacks it."""
+
+    def find_spec(self, fullname: str, *_: object) -> None:
+        if fullname.split(".")[0] == "hamidsim":
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+
+
+def test_without_the_simulator_demo_and_sim_say_in_one_line_what_to_install(monkeypatch) -> None:
+    for name in [m for m in sys.modules if m == "hamidsim" or m.startswith("hamidsim.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_Absent(), *sys.meta_path])  # as on a production install
+    for command in ("demo", "sim"):
+        result = CliRunner().invoke(cli, [command, "--help"])
+        assert result.exit_code == 2
+        message = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert message == [
+            f"Error: `hamid {command}` needs the simulator, which is not installed: "
+            "pip install ./sim from a hamid checkout (or use the image's demo target)"
+        ]
+
+
+def test_the_production_distribution_ships_no_simulator() -> None:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["hamid", "hamid.*"]
+    assert not any("sim" in entry for entry in pyproject["tool"]["setuptools"]["package-data"]["hamid"])

@@ -4,7 +4,8 @@ A citation is ``docs/<file>.md §N.M`` (also ``§A-§B`` ranges and lists such a
 which take the document named before them on the line or earlier in the paragraph), or a bare
 invariant name ``I1``…``I7`` (defined in ``docs/reliability.md §0``). Inside ``docs/`` a bare
 ``§N`` means the containing file. The docs' own references to tests (``tests/x.py::test_y``) and to
-modules (``plugin/allocator.py``, ``scheduler/refit/plan.py``) must exist too, so the docs move with the code.
+modules (``plugin/allocator.py``, ``scheduler/refit/plan.py``) must exist too, so the docs move with the code,
+and every relative Markdown link of the README and ``docs/`` names a file (and heading) that exists.
 
 A citation by one of the research notes' names the code was first written from (:data:`LEGACY`),
 or a bare ``§`` in code that names no document on its line or paragraph, is an error.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SCANNED = ("hamid", "tests", "bench")
+SCANNED = ("hamid", "sim", "tests", "bench")
 SELF = Path(__file__).resolve()
 
 #: The research notes' names the code once cited, and the docs file that replaced each.
@@ -37,7 +38,10 @@ HEADING_RE = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 INVARIANT_RE = re.compile(r"\bI([1-7])\b")
 INVARIANT_DEF_RE = re.compile(r"^\*\*I([1-9])\b", re.MULTILINE)
 TEST_REF_RE = re.compile(r"\b(tests/[\w/]+\.py)(?:::(\w+))?")
-MODULE_REF_RE = re.compile(r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin|sim)/(?:\w+/)*\w+\.py)")
+LINK_RE = re.compile(r"\]\((?!https?:|mailto:)(?P<path>[^)#\s]*)(?:#(?P<anchor>[^)\s]+))?\)")
+MODULE_REF_RE = re.compile(
+    r"`(?:hamid/)?((?:model|fit|kube|scheduler|plugin)/(?:\w+/)*\w+\.py)|`(?:sim/)?(hamidsim/(?:\w+/)*\w+\.py)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +171,9 @@ def test_docs_reference_existing_tests_and_modules() -> None:
             elif match[2] and not re.search(rf"^\s*(?:async\s+)?def {match[2]}\(", path.read_text(), re.M):
                 problems.append(f"{doc.name}: {match[0]} -- no such test")
         for match in MODULE_REF_RE.finditer(text):
-            if not (ROOT / "hamid" / match[1]).is_file():
-                problems.append(f"{doc.name}: {match[1]} -- no such module under hamid/")
+            path = ROOT / "hamid" / match[1] if match[1] else ROOT / "sim" / match[2]
+            if not path.is_file():
+                problems.append(f"{doc.name}: {match[1] or match[2]} -- no such module")
     assert problems == []
 
 
@@ -187,3 +192,37 @@ def test_the_resolver_reads_lists_ranges_and_legacy_names(tmp_path: Path) -> Non
     ]
     assert resolved[3][1] == ("4.7",)
     assert _broken(found[4:]) != []  # §9.9 does not exist
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file (fenced code skipped)."""
+    out, fenced = set(), False
+    for line in path.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (heading := re.match(r"^#{1,6}\s+(.*)", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative links of ``page`` whose file, or heading anchor in a Markdown file, is missing."""
+    problems = []
+    for match in LINK_RE.finditer(page.read_text()):
+        target = (page.parent / match["path"]).resolve() if match["path"] else page
+        if not target.exists():
+            problems.append(f"{_shown(page)}: {match[0]} -- no such file")
+        elif match["anchor"] and target.suffix == ".md" and match["anchor"] not in anchors(target):
+            problems.append(f"{_shown(page)}: {match[0]} -- no such heading")
+    return problems
+
+
+def test_readme_and_docs_links_resolve() -> None:
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    assert [problem for page in pages for problem in broken_links(page)] == []
+
+
+def test_the_link_check_sees_missing_files_and_headings(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("## A `b` c, d\n[ok](#a-b-c-d) [gone](#nope) [file](missing.md) [web](https://x.y/#z)\n")
+    assert [p.split(" -- ")[1] for p in broken_links(page)] == ["no such heading", "no such file"]

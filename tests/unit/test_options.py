@@ -81,6 +81,32 @@ def test_the_same_checks_guard_direct_construction() -> None:
         SchedulerOptions(leader_elect_mode="vote")
 
 
+def test_lease_timings_are_flags_checked_like_kube_scheduler() -> None:
+    options = _parse(SchedulerOptions, [])
+    timings = (
+        options.leader_elect_lease_duration_s,
+        options.leader_elect_renew_deadline_s,
+        options.leader_elect_retry_period_s,
+    )
+    assert timings == (15.0, 10.0, 2.0)  # kube-scheduler's defaults
+    options = _parse(
+        SchedulerOptions,
+        [
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=1s",
+        ],
+    )
+    assert options.leader_elect_lease_duration_s == 4.0 and options.leader_elect_renew_deadline_s == 3.0
+    result = _parse(SchedulerOptions, ["--leader-elect-renew-deadline=15s"])
+    assert result.exit_code == 2
+    assert "--leader-elect-renew-deadline" in result.output and "not shorter than" in result.output
+    result = _parse(SchedulerOptions, ["--leader-elect-retry-period=10s"])
+    assert result.exit_code == 2 and "--leader-elect-retry-period" in result.output
+    with pytest.raises(OptionError, match="--leader-elect-retry-period"):
+        SchedulerOptions(leader_elect_retry_period_s=12.0)
+
+
 def test_refit_auth_default_depends_on_the_client_ca() -> None:
     assert SchedulerOptions().refit_auth == ("token",)
     assert SchedulerOptions(client_ca_file="/ca.pem").refit_auth == ("mtls", "token")

@@ -4,13 +4,15 @@ Until the patch is decided the pod books BOTH its old and its new GPUs (a state 
 running meanwhile can take neither, so a rollback never over-commits the old GPUs; likewise its
 namespace quota counts the larger of its old and new usage. A definite refusal (409, 404, other
 4xx) rolls back at once. An ambiguous failure (timeout, no answer, 5xx) may have been applied:
-one bounded GET decides, and when it cannot, the pod's next event does (see
+one bounded GET decides, and when it cannot, a follow-up reads the pod back again within
+seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first (see
 ``SchedulerState.settle_on_event``) — the accounting follows what the API server holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hamid.fit.fit import pod_quota_usage
@@ -18,7 +20,8 @@ from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
-from hamid.scheduler.refit.plan import JSON, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.ledger import Hold, Undo
+from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
 
 if TYPE_CHECKING:
     from hamid.scheduler.core import Scheduler
@@ -30,6 +33,25 @@ PATCH_TIMEOUT_S = 2.0
 #: Bound of the GET that learns whether a patch with an ambiguous outcome (timeout, 5xx) landed,
 #: and of the GET refreshing a cached pod older than the reservation.
 POD_READ_TIMEOUT_S = 2.0
+
+
+#: When an undecided refit's pod is read back again (seconds after the previous try; then the
+#: pod's next event or the reconcile decides, as before).
+FOLLOW_UP_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Undecided:
+    """A refit whose patch outcome is unknown: what reading the pod back needs to settle it."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    precondition: str
+    new_allocated: str
+    hold: Hold
+    undo: Undo
 
 
 def _definite_code(exc: BaseException) -> RefusalCode:
@@ -47,12 +69,17 @@ class RefitCommitter:
         self.scheduler = scheduler
         self.patch_timeout = patch_timeout
 
-    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float) -> JSON:
+    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
         """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
 
         Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with
-        the accounting following what the API server holds when the outcome was ambiguous.
+        the accounting following what the API server holds when the outcome was ambiguous. A
+        refit whose leadership ``epoch`` no longer holds is refused before anything changes.
         """
+        fenced = self.scheduler.readiness.check(epoch)
+        if fenced:
+            message = f"{MSG_NOT_SYNCED}: scheduler not ready: {fenced}"
+            raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
         precondition = objects.resource_version(pod)
         state = self.scheduler.state
         res = state.reservation(uid)
@@ -86,7 +113,13 @@ class RefitCommitter:
             if outcome is None:
                 state.settle_on_event(hold, precondition)
                 log.warning("refit_patch_outcome_unknown", held=sorted(hold.amounts))
-                what = "its outcome is unknown; both GPU sets stay booked until the pod's next update"
+                pending = _Undecided(
+                    namespace, name, uid, res.node, precondition, plan.new_allocated, hold, undo
+                )
+                self.scheduler.spawn(self.follow_up(pending))
+                what = (
+                    "its outcome is unknown; both GPU sets stay booked until the pod is read back or updated"
+                )
             else:
                 if not outcome:
                     undo()
@@ -112,6 +145,32 @@ class RefitCommitter:
         numas = {numa_of.get(d.uuid) for d in plan.devices}
         if len(numas) == 1 and None not in numas:
             self.scheduler.numa.on_refit(uid, node, plan.index, numas.pop())  # type: ignore[arg-type]
+
+    async def follow_up(self, pending: _Undecided) -> None:
+        """Settle an undecided refit within seconds: read the pod back until it says, or an event did.
+
+        Under the node's lock, so no refit of the node interleaves; a hold already released (the
+        pod's event, its deletion, or a reconcile decided first) ends it with nothing done.
+        """
+        state = self.scheduler.state
+        started = asyncio.get_running_loop().time()
+        for delay in FOLLOW_UP_DELAYS_S:
+            await asyncio.sleep(delay)
+            async with state.node_lock(pending.node):
+                if pending.hold not in state.holds(pending.uid):
+                    return
+                outcome = await self.decide(
+                    pending.namespace, pending.name, pending.uid, pending.precondition, pending.new_allocated
+                )
+                if outcome is None or pending.hold not in state.holds(pending.uid):
+                    continue
+                if not outcome:
+                    pending.undo()
+                state.release_hold(pending.hold)
+            waited = round(asyncio.get_running_loop().time() - started, 3)
+            log.info("refit_outcome_settled", applied=outcome, after_s=waited)
+            return
+        log.warning("refit_outcome_still_unknown", held=sorted(pending.hold.amounts))
 
     async def decide(
         self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str

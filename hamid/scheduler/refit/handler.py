@@ -27,6 +27,7 @@ from hamid.scheduler.http import RouteRegistrar, parse_json_body
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.plan import (
     JSON,
+    MSG_NOT_SYNCED,
     Booking,
     NoOp,
     RefitFacts,
@@ -52,9 +53,6 @@ SYNC_WAIT_S = 2.0
 #: refit is refused with nothing changed.
 REFIT_DEADLINE_S = 2.0
 MSG_NO_BODY = "Please send a request body"
-#: Upstream's answer when its caches never synced before the request's context ended; hamid's
-#: refusal starts with it (users grep for it) and goes on to say what is not ready.
-MSG_NOT_SYNCED = "context cancelled"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
@@ -173,7 +171,7 @@ class RefitService:
         ):
             try:
                 await self._authenticate(refit, request, deadline)
-                await self._ready(deadline)
+                epoch = await self._ready(deadline)
                 lock = self.scheduler.state.node_lock(refit.node_name)
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -181,7 +179,7 @@ class RefitService:
                 except TimeoutError:
                     raise self._late(f"node {refit.node_name} was free for a refit") from None
                 try:
-                    return await self._refit_locked(refit, deadline)
+                    return await self._refit_locked(refit, deadline, epoch)
                 finally:
                     lock.release()
             except RefusalError as err:
@@ -204,7 +202,8 @@ class RefitService:
             raise self._late("caller authentication") from None
         log.debug("refit_caller", caller=caller.identity, method=caller.method)
 
-    async def _ready(self, deadline: float) -> None:
+    async def _ready(self, deadline: float) -> str:
+        """Refuse unless this replica decides; the leadership epoch the refit runs under."""
         scheduler = self.scheduler
         if not scheduler.synced:
             wait_until = min(deadline, asyncio.get_running_loop().time() + self.sync_wait)
@@ -220,6 +219,7 @@ class RefitService:
         if reason:
             message = f"{MSG_NOT_SYNCED}: scheduler not ready: {reason}"
             raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
+        return scheduler.readiness.epoch()
 
     def _record_failure(self, refit: RefitRequest, message: str) -> None:
         pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
@@ -246,7 +246,7 @@ class RefitService:
             message = f"cannot read pod {booking.key}: {exc}"
             raise RefusalError(RefusalCode.POD_UNREADABLE, message) from None
 
-    async def _refit_locked(self, refit: RefitRequest, deadline: float) -> _Outcome:
+    async def _refit_locked(self, refit: RefitRequest, deadline: float, epoch: str) -> _Outcome:
         """Gather the facts, decide, commit; the caller holds the node's lock."""
         scheduler, state = self.scheduler, self.scheduler.state
         booking = state.reservation(refit.pod_uid)
@@ -273,13 +273,13 @@ class RefitService:
         if isinstance(decision, NoOp):
             log.info("numa_refit_not_needed", devices=[d.uuid for d in decision.devices])
             return _Outcome(RefitResponse.success(decision.devices), "noop")
-        return await self._commit(pod, booking.uid, decision, deadline)
+        return await self._commit(pod, booking.uid, decision, deadline, epoch)
 
-    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float) -> _Outcome:
+    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float, epoch: str) -> _Outcome:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise self._late("patching the pod")
-        patched = await self.committer.commit(pod, uid, plan, remaining)
+        patched = await self.committer.commit(pod, uid, plan, remaining, epoch)
         state = self.scheduler.state
         if state.reservation(uid) is None:
             log.info("pod_left_cache_during_refit")

@@ -34,6 +34,11 @@ from hamid.model.resources import ResourceConfig, all_containers
 JSON = dict[str, Any]
 
 
+#: Upstream's answer when its caches never synced before the request's context ended; hamid's
+#: refusal starts with it (users grep for it) and goes on to say what is not ready.
+MSG_NOT_SYNCED = "context cancelled"
+
+
 class RefusalCode(enum.StrEnum):
     """Every reason a refit is refused; the value is the ``reason`` label of ``hamid_refit_total``."""
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 
 
 @pytest.fixture

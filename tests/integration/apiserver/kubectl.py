@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hamid.sim.apiserver.kubeconfig import write_kubeconfig
+from hamidsim.apiserver.kubeconfig import write_kubeconfig
 
 #: Versioned binaries some installations (the Cloud SDK) ship beside a version-dispatching kubectl.
 _VERSIONED = "/usr/lib/google-cloud-sdk/bin/kubectl.1.*"

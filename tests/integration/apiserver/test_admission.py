@@ -12,8 +12,8 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hamid.sim.apiserver import ApiServer
 from hamid.tls import server_ssl_context
+from hamidsim.apiserver import ApiServer
 from tests.builders import pod
 from tests.fixtures.tls import TLSFiles
 

@@ -8,8 +8,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver.errors import ApiError
+from hamidsim.apiserver import ApiServer
+from hamidsim.apiserver.errors import ApiError
 from tests.builders import pod
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver.errors import ApiError
+from hamidsim.apiserver import ApiServer
+from hamidsim.apiserver.errors import ApiError
 from tests.builders import pod
 
 

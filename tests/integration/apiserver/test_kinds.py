@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.builders import pod, quota
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 
 from .kubectl import README_POD, Kubectl, needs_kubectl
 

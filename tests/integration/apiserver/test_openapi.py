@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 import pytest
 
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver.openapi_gen import DEFINITIONS_FILE, _json_schema_definitions, build_definitions
-from hamid.sim.apiserver.protobuf import MAGIC, MEDIA_TYPE
-from hamid.sim.apiserver.resources import RESOURCES
-from hamid.sim.apiserver.tables import human_duration, pod_status
+from hamidsim.apiserver import ApiServer
+from hamidsim.apiserver.openapi_gen import DEFINITIONS_FILE, _json_schema_definitions, build_definitions
+from hamidsim.apiserver.protobuf import MAGIC, MEDIA_TYPE
+from hamidsim.apiserver.resources import RESOURCES
+from hamidsim.apiserver.tables import human_duration, pod_status
 from tests.builders import pod
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"

@@ -9,8 +9,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from hamidsim.apiserver import ApiServer
+from hamidsim.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from tests.builders import pod
 
 MERGE = "application/merge-patch+json"

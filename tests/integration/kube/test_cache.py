@@ -10,7 +10,7 @@ import pytest
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache, trim_pod
 from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.builders import node, pod, quota
 from tests.integration.kube.helpers import Recorder, eventually, fast_backoff
 

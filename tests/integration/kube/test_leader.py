@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hamid.kube import leader
 from hamid.kube.client import KubeClient
 from hamid.kube.leader import LeaderElector, LeaseFollower
 from tests.integration.kube.helpers import eventually
@@ -81,6 +82,27 @@ async def test_leader_steps_down_when_renewals_fail(kube: KubeClient, apiserver:
         await eventually(lambda: a.is_leader, within=15)
         task_a.cancel()
     assert log == ["a+", "a-", "a+", "a-"]
+
+
+async def test_leadership_is_fenced_on_the_replicas_own_clock(
+    kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the lease duration (less the margin) since the last renewal was sent, the leader's
+    fence refuses at once, before its renew loop has noticed anything."""
+    log: list[str] = []
+    a = elector(kube, "a", log)
+    assert a.lease_invalid() == "not the leader" and a.epoch == ""
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader)
+        assert a.lease_invalid() == ""
+        assert a.epoch.startswith("a@") and a.epoch.endswith("#0")
+        frozen_at = leader.fence_clock()
+        monkeypatch.setattr(leader, "fence_clock", lambda: frozen_at + FAST["lease_duration"])
+        assert a.is_leader  # the renew loop has not run: the flag alone would still decide
+        assert a.lease_invalid().startswith("lease not renewed for")
+        task.cancel()
+    assert a.lease_invalid() == "not the leader"
 
 
 def test_bad_durations_are_refused() -> None:

@@ -41,7 +41,7 @@ from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginTimings
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
 from hamid.plugin.options import PluginOptions
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 
 NODE = "gpu-node-1"
 #: Four GPUs, two per NUMA node.

@@ -11,7 +11,7 @@ from hamid.plugin.app import PluginApp, PluginStartupError
 from hamid.plugin.discovery import devices_file_json
 from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClientConfig
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.integration.plugin.helpers import GPUS, NODE, eventually, short_dir
 
 

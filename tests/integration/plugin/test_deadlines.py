@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import structlog.testing
@@ -11,9 +12,11 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from hamid.kube.errors import Timeout
+from hamid.kube.retry import RetryBudget
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
 from hamid.plugin import allocator as allocate_module
-from hamid.plugin.allocator import CALLS_AFTER_PREPARE, Allocator
+from hamid.plugin.allocator import CALLS_AFTER_PREPARE, TRANSIENT_RETRIES, Allocator
 from tests.integration.plugin.helpers import NODE, annotations, dev, eventually, running_plugin, scheduled_pod
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
@@ -68,8 +71,10 @@ async def test_a_cancelled_call_still_completes_the_commit_and_the_lock_release(
 async def test_the_outer_deadline_covers_every_inner_budget() -> None:
     async with running_plugin() as (env, _):
         allocator: Allocator = env.plugin.allocator
-        worst = allocator.prepare_timeout + CALLS_AFTER_PREPARE * max(
-            allocator.call_timeout, env.plugin.pods.call_timeout
+        worst = (
+            allocator.prepare_timeout
+            + CALLS_AFTER_PREPARE * max(allocator.call_timeout, env.plugin.pods.call_timeout)
+            + RetryBudget(TRANSIENT_RETRIES).worst_wait_s
         )
         assert allocator.deadline_s == worst
         assert env.plugin.service.handler_timeout > worst
@@ -91,3 +96,57 @@ async def test_an_unexpected_error_is_internal_with_a_message_not_a_traceback(
         assert str(err.value.message) == "device plugin internal error: RuntimeError: injected fault"
         (entry,) = [e for e in logs if e["event"] == "allocate_crashed"]
         assert entry["log_level"] == "error" and entry.get("exc_info")
+
+
+@pytest.mark.parametrize("status", [429, 500, 503, 504])
+async def test_a_transient_failure_of_the_commit_patch_is_retried(status: int) -> None:
+    pod = scheduled_pod("p", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        env.server.faults.fail_next(2, verb="patch", path_pattern="/pods/p$", status=status)
+        await allocate(stub, "GPU-0-0")
+        ann = annotations(env.server, "Pod", "p")
+        assert ann[BIND_PHASE] == "success"
+        assert env.plugin.allocator.refusals.total() == 0
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_commit_patch_whose_answer_timed_out_is_read_back(landed: bool) -> None:
+    """The first commit patch times out (the API server's answer is lost after it wrote, or it
+    never wrote): the read-back tells which; a landed patch is done, not chased as a 409."""
+    pod = scheduled_pod("p", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        client = env.plugin.allocator.client
+        real = client.patch_pod_metadata
+        calls: list[str] = []
+
+        async def answer_lost(namespace: str, name: str, **kwargs: Any) -> Any:
+            calls.append(name)
+            if len(calls) == 1:
+                if landed:
+                    await real(namespace, name, **kwargs)
+                raise Timeout(f"PATCH pods/{name}: no answer within 3s (injected)")
+            return await real(namespace, name, **kwargs)
+
+        client.patch_pod_metadata = answer_lost  # type: ignore[method-assign]
+        try:
+            await allocate(stub, "GPU-0-0")
+        finally:
+            client.patch_pod_metadata = real  # type: ignore[method-assign]
+        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
+        assert calls == (["p"] if landed else ["p", "p"])
+        assert env.plugin.allocator.refusals.total() == 0
+
+
+async def test_transient_failures_past_the_budget_fail_the_pod() -> None:
+    pod = scheduled_pod("p", ((dev("GPU-0", 1000, 10),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        env.server.faults.fail_next(TRANSIENT_RETRIES + 1, verb="patch", path_pattern="/pods/p$", status=503)
+        with pytest.raises(GRPCError) as err:
+            await allocate(stub, "GPU-0-0")
+        assert "503" in str(err.value.message)
+        ann = annotations(env.server, "Pod", "p")
+        assert ann[BIND_PHASE] == "failed"
+        assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]

@@ -26,12 +26,12 @@ from hamid.model.numa import (
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
 from hamid.plugin.podresources_client import NO_TOPOLOGY, PodResourcesClient, PodResourcesUnavailable
 from hamid.plugin.pods import NodePods
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.kubelet.assignment import ContainerAssignment, PodAdmission
-from hamid.sim.kubelet.devicemanager import ResourceState
-from hamid.sim.kubelet.podresources import PodResourcesServer, PodResourcesView
-from hamid.sim.machine import parse_machine_text
-from hamid.sim.sysfs import write_sysfs_tree
+from hamidsim.apiserver import ApiServer
+from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
+from hamidsim.kubelet.devicemanager import ResourceState
+from hamidsim.kubelet.podresources import PodResourcesServer, PodResourcesView
+from hamidsim.machine import parse_machine_text
+from hamidsim.sysfs import write_sysfs_tree
 
 NODE = "n1"
 GPU = "nvidia.com/gpu"

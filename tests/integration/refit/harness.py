@@ -23,8 +23,8 @@ from hamid.scheduler.http import RouteRegistrar
 from hamid.scheduler.options import DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT, DEFAULT_NAMESPACE, SchedulerOptions
 from hamid.scheduler.refit import authenticator_from_options, refit_routes
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, ServiceAccount
-from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context
+from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
 from tests.integration.scheduler.harness import loopback_options, running_app
 

@@ -13,7 +13,7 @@ from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamid.scheduler.http import cluster_app
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
 from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
-from hamid.sim.certs import CertificateAuthority
+from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
 

@@ -11,7 +11,7 @@ from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError, build_refit_client
-from hamid.sim.certs import CertificateAuthority
+from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.fake_scheduler import fake_scheduler
 

@@ -11,7 +11,7 @@ import pytest
 from hamid.model.devices import ContainerDevice
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
-from hamid.sim.certs import CertificateAuthority
+from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.fake_scheduler import fake_scheduler
 

@@ -99,6 +99,33 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         assert env.scheduler.state.quota_used("default") == (20000, 30)
 
 
+async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod_event(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """No update of the pod follows: the scheduler's own follow-up reads it back and rolls back
+    (it once kept both GPU sets booked until the next reconcile, 5 min later)."""
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        pod = await placed(env)
+        uid = pod["metadata"]["uid"]
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        env.server.faults.fail_next(2, verb="get", path_pattern="/pods/p$", status=503)
+        try:
+            result = await post(env, pod)
+            assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+            assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+            version = pod["metadata"]["resourceVersion"]
+            started = asyncio.get_running_loop().time()
+            await eventually(lambda: not env.scheduler.state.holds(uid), within=10)
+            settled = asyncio.get_running_loop().time() - started
+        finally:
+            env.server.faults.remove(slow.id)
+        assert settled < 5.0, settled  # the first read-back failed (503), the second decides
+        assert env.annotations("p")[AL] == OLD
+        assert env.server.get("Pod", "default", "p")["metadata"]["resourceVersion"] == version  # type: ignore[index]
+        assert env.scheduler.state.reservation(uid).raw == OLD  # type: ignore[union-attr]
+        assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+
+
 async def test_one_deadline_covers_the_node_lock_wait(tls_files: TLSFiles, tmp_path: Path) -> None:
     """A refit that would commit after the plugin gave up (2 s) is refused with nothing changed."""
     async with refit_env(tls_files, tmp_path) as env:

@@ -14,7 +14,7 @@ from hamid.kube.client import KubeClient
 from hamid.scheduler.app import RouteFactory, SchedulerApp
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.options import SchedulerOptions
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.unit.scheduler.helpers import node as node_dict
 
 

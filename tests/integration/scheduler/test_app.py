@@ -10,7 +10,7 @@ import pytest
 
 from hamid.listen import ListenError
 from hamid.scheduler.app import SchedulerApp
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import loopback_options
 
 

@@ -12,8 +12,8 @@ import pytest
 from hamid.scheduler.app import run_scheduler
 from hamid.scheduler.http import MAX_BODY_BYTES
 from hamid.scheduler.options import SchedulerOptions, parse_duration
-from hamid.sim.apiserver import ApiServer
 from hamid.tls import client_ssl_context
+from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
 from tests.integration.scheduler.harness import running_scheduler, wait_for
 from tests.unit.scheduler.helpers import pod

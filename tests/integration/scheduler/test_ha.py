@@ -28,7 +28,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import caught_up
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.refit import refit_route_factory
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
 from tests.integration.kube.helpers import eventually
 from tests.unit.scheduler.helpers import node, pod

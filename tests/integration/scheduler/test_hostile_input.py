@@ -162,3 +162,45 @@ async def test_refusals_are_counted_and_recorded_as_events() -> None:
             e for e in env.server.list("Event", "default") if e.get("reason") == "AllocationAnnotationRefused"
         ]
         assert event["involvedObject"]["name"] == "b" and "requests no GPU" in event["message"]
+
+
+def _guaranteed(name: str, container_name: object) -> dict[str, Any]:
+    """A Guaranteed GPU pod (CPU and memory requests equal to limits); ``...`` drops the name."""
+    p = pod(name)
+    main = p["spec"]["containers"][0]
+    main["resources"]["limits"].update({"cpu": "2", "memory": "1Gi"})
+    main["resources"]["requests"] = dict(main["resources"]["limits"])
+    if container_name is ...:
+        del main["name"]
+    else:
+        main["name"] = container_name
+    return p
+
+
+async def test_guaranteed_pod_with_a_bad_container_name_after_a_good_one_is_refused_in_band(
+    logs: list[dict[str, Any]],
+) -> None:
+    async with running_scheduler() as env:
+        await _registered(env, "n1")
+        good = await env.create_pod(_guaranteed("good", "main"))
+        status, body = await env.post(env.extender, "/filter", {"Pod": good, "NodeNames": ["n1"]})
+        assert status == 200 and body.get("NodeNames") == ["n1"], body
+        before = env.scheduler.state.snapshot()
+        for bad in (..., 5, None, "", ["main"], {"a": 1}):
+            p = _guaranteed("bad", bad)
+            status, body = await env.post(env.extender, "/filter", {"Pod": p, "NodeNames": ["n1"]})
+            assert status == 200, body
+            assert body["Error"] == "extender args pod container 0: name must be a non-empty string", body
+        assert env.scheduler.state.snapshot() == before
+    assert not [e for e in logs if e.get("exc_info") or e["log_level"] in ("error", "critical")]
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [{}, {"items": None}, {"items": "n1"}, {"items": [{}]}, {"items": [{"metadata": {"name": 1}}]}, [], "x"],
+)
+async def test_a_malformed_nodes_envelope_gets_an_error(nodes: Any) -> None:
+    async with running_scheduler() as env:
+        await _registered(env, "n1")
+        status, body = await env.post(env.extender, "/filter", {"Pod": pod("a"), "Nodes": nodes})
+        assert status == 200 and body["Error"].startswith("Nodes"), body

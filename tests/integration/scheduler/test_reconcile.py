@@ -17,7 +17,7 @@ from hamid.kube.client import connect
 from hamid.model import annotations as ann
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.reconcile import DRIFT_CHANGED, DRIFT_LEAKED, Reconciler
-from hamid.sim.apiserver import ApiServer
+from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import wait_for
 from tests.unit.scheduler.helpers import node, placed, pod
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from hamid.sim.certs import CertificateAuthority
 from hamid.tls import TLSConfigError, client_ssl_context, peer_common_name, server_ssl_context
+from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from hamid.kube.client import EVENTS, KubeClient
 from hamid.model.errors import InvalidInput
-from hamid.sim.kube_scheduler import (
+from hamidsim.kube_scheduler import (
     KubeSchedulerDriver,
     Resources,
     fit_error_message,

@@ -13,7 +13,7 @@ import pytest
 from grpclib import GRPCError
 
 from hamid.kube.client import EVENTS, KubeClient
-from hamid.sim.kubelet import (
+from hamidsim.kubelet import (
     ASSIGNMENT_ANNOTATION,
     REASON_TOPOLOGY_AFFINITY,
     REASON_UNEXPECTED_ADMISSION,
@@ -22,7 +22,7 @@ from hamid.sim.kubelet import (
     read_assignment,
     sockets_in,
 )
-from hamid.sim.machine import parse_machine_text
+from hamidsim.machine import parse_machine_text
 from tests import builders
 from tests.integration.sim.fakeplugin import FakePlugin, device
 

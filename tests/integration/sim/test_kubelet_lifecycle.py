@@ -19,10 +19,10 @@ from grpclib.client import Channel
 from hamid._proto.podresources.v1 import api_pb2 as pr
 from hamid._proto.podresources.v1.api_grpc import PodResourcesListerStub
 from hamid.kube.client import KubeClient, connect
-from hamid.sim.apiserver import ApiServer
-from hamid.sim.kubelet import ASSIGNMENT_ANNOTATION, SimKubelet, read_assignment
-from hamid.sim.kubelet.config import KubeletConfig
-from hamid.sim.machine import load_machine_file, parse_machine_text, sample_machine_path
+from hamidsim.apiserver import ApiServer
+from hamidsim.kubelet import ASSIGNMENT_ANNOTATION, SimKubelet, read_assignment
+from hamidsim.kubelet.config import KubeletConfig
+from hamidsim.machine import load_machine_file, parse_machine_text, sample_machine_path
 from tests import builders
 from tests.integration.sim.fakeplugin import FakePlugin, device
 

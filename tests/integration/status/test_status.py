@@ -16,8 +16,8 @@ from hamid.kube.events import EventRecorder
 from hamid.model.annotations import DEVICES_ALLOCATED, NODE_REGISTER, encode_node_devices, encode_pod_devices
 from hamid.model.devices import MODE_HAMI_CORE, ContainerDevice, DeviceInfo
 from hamid.model.reasons import EVENT_NUMA_REFIT_SUCCEED
-from hamid.sim.apiserver import ApiServer
 from hamid.status import collect, render_text
+from hamidsim.apiserver import ApiServer
 from tests import builders
 
 REPO = Path(__file__).resolve().parents[3]

@@ -20,7 +20,9 @@ from hamid.cli import cli
 from hamid.model import annotations
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
+from hamid.options import from_cli
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
+from hamid.scheduler.options import SchedulerOptions
 from tests.unit.deploy.helm_render import (
     CHART_DIR,
     KUBE_VERSION,
@@ -555,6 +557,13 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceName"] == lease
     assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    # one set of Lease timings for both (kube-scheduler's defaults), valid for hamid's options
+    timings = {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
+    assert {k: config["leaderElection"][k] for k in timings} == timings
+    flags = ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period")
+    assert [args[f] for f in flags] == list(timings.values())
+    parsed = from_cli(SchedulerOptions, {f[2:].replace("-", "_") + "_s": args[f] for f in flags})
+    assert parsed.leader_elect_lease_duration_s == 15.0 and parsed.leader_elect_retry_period_s == 2.0
     role = r.get("Role", f"{SCHED}-leader-election")
     assert set(iter_rules(role)) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")

@@ -1,8 +1,9 @@
 """Static checks of the Containerfile (no image can be built here: no network to git hosts).
 
 What is checked: HAMi-core is built from source at a pinned commit in its own stage (or taken
-prebuilt by a build argument), the runtime stage takes it from the selected stage to where the
-device-plugin DaemonSet's init container reads it, runs ``hamid demo`` as a non-root user, and
+prebuilt by a build argument), the runtime stage (the product alone, the default target) takes it
+from the selected stage to where the device-plugin DaemonSet's init container reads it and runs as a
+non-root user, the ``demo`` target adds the simulator and runs ``hamid demo``, and
 every file copied from the build context exists and is let through ``.containerignore``.
 """
 
@@ -108,18 +109,30 @@ def test_a_build_argument_selects_prebuilt_instead() -> None:
     assert included("config/hami-core/libvgpu.so", IGNORE) and included("hami-core/libvgpu.so", IGNORE)
 
 
-def test_runtime_runs_the_demo_as_non_root_with_hami_core_where_the_chart_reads_it() -> None:
-    final = STAGES[-1]
-    assert final.name is None
-    user = final.all("USER")[-1]
+def test_runtime_is_the_product_as_non_root_with_hami_core_where_the_chart_reads_it() -> None:
+    runtime = BY_NAME["runtime"]
+    user = runtime.all("USER")[-1]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0
-    assert json.loads(final.all("ENTRYPOINT")[-1]) == ["hamid"]
-    assert json.loads(final.all("CMD")[-1]) == ["demo"]
-    copies = final.all("COPY")
+    assert json.loads(runtime.all("ENTRYPOINT")[-1]) == ["hamid"]
+    assert json.loads(runtime.all("CMD")[-1]) == ["--help"]
+    installs = " ".join(runtime.all("RUN"))
+    assert "pip install --no-index --find-links /wheels hamid " in installs and "hamidsim" not in installs
+    copies = runtime.all("COPY")
     assert "--from=hami-core /out/libvgpu.so /opt/hamid/hami-core/libvgpu.so" in copies
     init = container(render().get("DaemonSet", "hamid-device-plugin"), "install-hami-core", init=True)
     assert "src=/opt/hamid/hami-core" in init["args"][0]
+
+
+def test_the_default_target_is_the_product_and_the_demo_target_adds_the_simulator() -> None:
+    final = STAGES[-1]
+    assert final.name is None and final.base == "runtime" and not final.instructions
+    demo = BY_NAME["demo"]
+    assert demo.base == "runtime"
+    assert "pip install --no-index --find-links /wheels hamidsim" in " ".join(demo.all("RUN"))
+    assert json.loads(demo.all("CMD")[-1]) == ["demo"]
+    uid = demo.all("USER")[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
 
 
 def test_every_context_file_exists_and_passes_the_ignore_file() -> None:

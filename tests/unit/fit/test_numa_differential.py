@@ -5,8 +5,8 @@ GPUs per NUMA node and without topology, pods already placed) x random pods (QoS
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
 Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``prefer-closest-numa-nodes``).
 
-The oracle is the simulator's real admission path — :func:`hamid.sim.kubelet.node.build_managers`
-for the managers, :class:`hamid.sim.kubelet.admission.Admitter` for the admission, and a real
+The oracle is the simulator's real admission path — :func:`hamidsim.kubelet.node.build_managers`
+for the managers, :class:`hamidsim.kubelet.admission.Admitter` for the admission, and a real
 device plugin served over a unix-socket gRPC endpoint for ``Allocate``. The predictor gets the
 equivalent :class:`NumaProfile` and :class:`NumaLedger`, translated here from the same state. The
 two must agree on every single-pod arrival: ``placed`` with the same NUMA node(s), exclusive CPUs
@@ -34,15 +34,15 @@ from hypothesis import strategies as st
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, Prediction, predict
 from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile
-from hamid.sim.kubelet.admission import Admitter
-from hamid.sim.kubelet.assignment import ContainerAssignment, PodAdmission
-from hamid.sim.kubelet.cadvisor import CpuInfo as SimCpuInfo
-from hamid.sim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
-from hamid.sim.kubelet.config import KubeletConfig
-from hamid.sim.kubelet.devicemanager import DeviceManager, ResourceState
-from hamid.sim.kubelet.endpoint import Endpoint, connect
-from hamid.sim.kubelet.errors import AdmissionFailure
-from hamid.sim.kubelet.node import build_managers
+from hamidsim.kubelet.admission import Admitter
+from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
+from hamidsim.kubelet.cadvisor import CpuInfo as SimCpuInfo
+from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
+from hamidsim.kubelet.config import KubeletConfig
+from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
+from hamidsim.kubelet.endpoint import Endpoint, connect
+from hamidsim.kubelet.errors import AdmissionFailure
+from hamidsim.kubelet.node import build_managers
 from tests.integration.sim.fakeplugin import FakePlugin
 
 GPU = "nvidia.com/gpu"

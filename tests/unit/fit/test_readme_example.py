@@ -1,4 +1,4 @@
-"""The README's example of where hamid's GPU choice differs from HAMi's (mixed GPU sizes)."""
+"""docs/compatibility.md's example of where hamid's GPU choice differs from HAMi's (mixed GPU sizes)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import pytest
 
 from hamid.model.errors import InvalidInput
 from hamid.plugin.cpu_topology import parse_sysfs_cpu_list, read_cpu_topology
-from hamid.sim.machine import SAMPLES, load_machine_file, sample_machine_path
-from hamid.sim.sysfs import write_sysfs_tree
+from hamidsim.machine import SAMPLES, load_machine_file, sample_machine_path
+from hamidsim.sysfs import write_sysfs_tree
 
 
 def write_tree(

@@ -9,8 +9,8 @@ import yaml
 
 from hamid.model.errors import InvalidInput
 from hamid.plugin.kubelet_config import load_kubelet_policies, parse_kubelet_policies
-from hamid.sim.cluster import kubelet_config_document
-from hamid.sim.kubelet.config import SIM_DEFAULTS, KubeletConfig
+from hamidsim.cluster import kubelet_config_document
+from hamidsim.kubelet.config import SIM_DEFAULTS, KubeletConfig
 
 HEAD = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
 

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hamid.model.errors import InvalidInput
-from hamid.sim.kubelet.cadvisor import CpuInfo, CpuTopology, parse_cpu_list, parse_lscpu
-from hamid.sim.kubelet.cpu_assignment import (
+from hamidsim.kubelet.cadvisor import CpuInfo, CpuTopology, parse_cpu_list, parse_lscpu
+from hamidsim.kubelet.cpu_assignment import (
     CpuAllocationError,
     take_by_topology,
     take_by_topology_distributed,
 )
-from hamid.sim.kubelet.cpumanager import (
+from hamidsim.kubelet.cpumanager import (
     CpuManager,
     SMTAlignmentError,
     StaticPolicyOptions,
@@ -24,7 +24,7 @@ from hamid.sim.kubelet.cpumanager import (
     pod_guaranteed_cpus,
     validate_cpu_options,
 )
-from hamid.sim.kubelet.topologymanager import TopologyHint
+from hamidsim.kubelet.topologymanager import TopologyHint
 
 
 def topo(sockets: int, numa_per_socket: int, cores_per_numa: int, threads: int) -> CpuTopology:

@@ -3,7 +3,7 @@
 The simulated kubelet, kube-scheduler and API server are the oracle hamid is judged against, so
 none of them may reach ``hamid.fit``, ``hamid.scheduler`` or ``hamid.plugin`` — directly or through
 any hamid module they import. ``hamid.model`` (codecs), ``hamid.kube``, ``hamid.log`` and
-``hamid._proto`` are fine. (``hamid.sim.machine``, ``cluster``, ``demo`` and the CLIs are fixtures
+``hamid._proto`` are fine. (``hamidsim.machine``, ``cluster``, ``demo`` and the CLIs are fixtures
 and composition roots, not stand-ins: they may use the product.)
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-STAND_INS = ("hamid.sim.kubelet", "hamid.sim.kube_scheduler", "hamid.sim.apiserver")
+STAND_INS = ("hamidsim.kubelet", "hamidsim.kube_scheduler", "hamidsim.apiserver")
 FORBIDDEN = ("hamid.fit", "hamid.scheduler", "hamid.plugin")
 
 
@@ -81,7 +81,7 @@ def _closure(start: str) -> dict[str, str]:
 
 def _stand_in_modules() -> list[str]:
     """The stand-ins (packages or modules), plus any ``apiserver_*`` modules beside them."""
-    extra = sorted(f"hamid.sim.{p.stem}" for p in (ROOT / "hamid" / "sim").glob("apiserver_*.py"))
+    extra = sorted(f"hamidsim.{p.stem}" for p in (ROOT / "hamid" / "sim").glob("apiserver_*.py"))
     return [m for m in STAND_INS if _module_file(m) is not None] + extra
 
 
@@ -100,9 +100,9 @@ def test_stand_ins_do_not_reach_product_logic(module: str) -> None:
 
 def test_the_rule_can_fail() -> None:
     # The fixture module is allowed to use the plugin's devices-file codec, and the check sees it.
-    assert any(name.startswith("hamid.plugin") for name in _closure("hamid.sim.machine"))
+    assert any(name.startswith("hamid.plugin") for name in _closure("hamidsim.machine"))
     assert set(STAND_INS) <= set(_stand_in_modules())
-    assert len(_closure("hamid.sim.apiserver")) > 3  # a package: all its submodules are walked
+    assert len(_closure("hamidsim.apiserver")) > 3  # a package: all its submodules are walked
 
 
 #: The product's quantity parser; the stand-ins parse quantities themselves (sim/kubelet/quantity.py).

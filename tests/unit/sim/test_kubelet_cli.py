@@ -7,7 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from hamid.cli import cli
-from hamid.sim.kubelet_cli import load_machine
+from hamidsim.kubelet_cli import load_machine
 
 
 def test_help_explains_options() -> None:

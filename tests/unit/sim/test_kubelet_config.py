@@ -9,15 +9,15 @@ import pytest
 import yaml
 
 from hamid.model.errors import InvalidInput
-from hamid.sim.kubelet.config import SIM_DEFAULTS, load_kubelet_config, parse_kubelet_config
-from hamid.sim.kubelet.node import build_managers, reserved_cpus
-from hamid.sim.kubelet.topologymanager import (
+from hamidsim.kubelet.config import SIM_DEFAULTS, load_kubelet_config, parse_kubelet_config
+from hamidsim.kubelet.node import build_managers, reserved_cpus
+from hamidsim.kubelet.topologymanager import (
     TopologyHint,
     check_manager,
     merge_hints,
     parse_policy_options,
 )
-from hamid.sim.machine import load_machine_file, parse_machine_text, sample_machine_path
+from hamidsim.machine import load_machine_file, parse_machine_text, sample_machine_path
 
 REPO = Path(__file__).resolve().parents[3]
 HEAD = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"

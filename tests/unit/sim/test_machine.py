@@ -8,7 +8,7 @@ import pytest
 
 from hamid.model.errors import InvalidInput
 from hamid.plugin.discovery import parse_devices_text
-from hamid.sim.machine import SAMPLES, load_machine_file, parse_machine_text, sample_machine_path
+from hamidsim.machine import SAMPLES, load_machine_file, parse_machine_text, sample_machine_path
 
 GOOD = """
 numaNodes:
@@ -118,10 +118,10 @@ def test_bad_topology(text: str, message: str) -> None:
         parse_machine_text(text, "m.yaml")
 
 
-def test_readme_example_is_a_valid_machine_file() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    start = readme.index("```yaml\nlscpu: |") + len("```yaml\n")
-    machine = parse_machine_text(readme[start : readme.index("```", start)], "README")
+def test_documented_example_is_a_valid_machine_file() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "simulator.md").read_text(encoding="utf-8")
+    start = doc.index("```yaml\nlscpu: |") + len("```yaml\n")
+    machine = parse_machine_text(doc[start : doc.index("```", start)], "docs/simulator.md")
     assert machine.cpu_topology.describe() == "2 sockets, 2 NUMA nodes, 4 cores, 8 CPUs"
 
 

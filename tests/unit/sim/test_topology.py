@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hamid.model.errors import InvalidInput
-from hamid.sim.kubelet.cadvisor import CpuTopology, format_cpu_list, parse_cpu_list
-from hamid.sim.kubelet.cpu_assignment import CpuAllocationError, take_by_topology
-from hamid.sim.kubelet.cpumanager import allocate_cpus, generate_cpu_hints, guaranteed_cpus
-from hamid.sim.kubelet.devicemanager import (
+from hamidsim.kubelet.cadvisor import CpuTopology, format_cpu_list, parse_cpu_list
+from hamidsim.kubelet.cpu_assignment import CpuAllocationError, take_by_topology
+from hamidsim.kubelet.cpumanager import allocate_cpus, generate_cpu_hints, guaranteed_cpus
+from hamidsim.kubelet.devicemanager import (
     device_hints_for_resource,
     filter_by_affinity,
     generate_device_hints,
 )
-from hamid.sim.kubelet.podutil import pod_qos_class
-from hamid.sim.kubelet.topologymanager import TopologyHint, check_manager, iterate_masks, merge_hints
+from hamidsim.kubelet.podutil import pod_qos_class
+from hamidsim.kubelet.topologymanager import TopologyHint, check_manager, iterate_masks, merge_hints
 
 N0 = frozenset({0})
 N1 = frozenset({1})

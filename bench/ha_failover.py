@@ -1,0 +1,162 @@
+"""HA failover of two real ``hamid scheduler`` processes: pauses, kill -9 and SIGTERM, measured.
+
+Two replicas campaign for one Lease against the embedded API server (one node, one idle GPU of
+10,000 MiB). Each run has three rounds:
+
+* pause: the leader is stopped (SIGSTOP, a VM freeze) for ``--pauses`` seconds, past its Lease;
+  the other takes over; the old leader is woken (SIGCONT) and, at the same moment, each replica
+  is sent one pod asking 6,000 MiB (60 % of the GPU) as its kube-scheduler would (filter, bind).
+  Over-commit (both booked) is counted; so are the old leader's fenced refusals.
+* kill: the leader is killed (SIGKILL); the time until the other's ``/readyz`` answers 200.
+* term: the leader gets SIGTERM (it releases its Lease); the time until the other decides and
+  until the stopped process exited.
+
+Usage: ``python bench/ha_failover.py`` (kube-scheduler's Lease timings 15s/10s/2s, 3 runs,
+pauses of 16, 23 and 30 s; about 4 minutes). Last output line: one JSON object with ``runs``,
+``over_commits`` (must be 0), ``fenced``, ``pause_takeover_s``, ``kill_failover_s`` and
+``term_failover_s`` (p50 and max), ``term_exit_s_max`` and ``peak_rss_mib`` (this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import aiohttp
+from benchstats import peak_rss_mib, percentile, print_figures
+
+from hamid.log import configure
+
+configure("json", "error")  # before the modules below bind their loggers
+
+from hamidsim.apiserver import ApiServer  # noqa: E402
+from hamidsim.replicas import (  # noqa: E402
+    SchedulerProcess,
+    booked_mem,
+    gpu_node,
+    gpu_pod,
+    leader_of,
+    wait_for,
+)
+
+NODE = "n1"
+GPU_MEM = 10_000
+POD_MEM = 6_000
+
+
+async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSession) -> SchedulerProcess:
+    """The one replica that decides, once there is one."""
+
+    async def one() -> bool:
+        return await leader_of(replicas, session) is not None
+
+    await wait_for(one, 120, "one replica decides")
+    leader = await leader_of(replicas, session)
+    assert leader is not None
+    return leader
+
+
+async def pause_round(
+    server: ApiServer,
+    replicas: list[SchedulerProcess],
+    session: aiohttp.ClientSession,
+    pause: float,
+    run: int,
+) -> tuple[float, bool, int]:
+    """(takeover seconds, over-committed, fenced answers of the woken leader)."""
+    old = await elected(replicas, session)
+    (new,) = [r for r in replicas if r is not old]
+    old.signal(signal.SIGSTOP)
+    try:
+        took = await wait_for(lambda: new.ready(session), pause + 60, "takeover during the pause")
+        await asyncio.sleep(max(0.0, pause - took))
+        p_old, p_new = gpu_pod(f"old-{run}", POD_MEM), gpu_pod(f"new-{run}", POD_MEM)
+        server.put(p_old)
+        server.put(p_new)
+    finally:
+        old.signal(signal.SIGCONT)
+    answers = await asyncio.gather(old.schedule(session, p_old, [NODE]), new.schedule(session, p_new, [NODE]))
+    pods = server.list("Pod", "default")
+    over = booked_mem(pods, NODE) > GPU_MEM
+    fenced = sum(1 for a in answers[:1] if "scheduler not ready" in a)
+    for pod in pods:
+        server.delete("Pod", "default", pod["metadata"]["name"])
+    return took, over, fenced
+
+
+async def stop_round(
+    replicas: list[SchedulerProcess], session: aiohttp.ClientSession, sig: signal.Signals
+) -> tuple[float, float]:
+    """(seconds until the other decides, seconds until the stopped one exited); restarts it."""
+    leader = await elected(replicas, session)
+    (other,) = [r for r in replicas if r is not leader]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    leader.signal(sig)
+    took = await wait_for(lambda: other.ready(session), 120, f"takeover after {sig.name}")
+    await leader.wait_exit(30)
+    exited = loop.time() - started
+    await leader.start()
+    await wait_for(lambda: leader.synced(session), 120, "the restarted replica synced")
+    return took, exited
+
+
+async def run(runs: int, lease: tuple[float, float, float], pauses: list[float]) -> dict[str, object]:
+    figures: dict[str, list[float]] = {"pause": [], "kill": [], "term": [], "term_exit": []}
+    over_commits = fenced = 0
+    async with ApiServer() as server, aiohttp.ClientSession() as session:
+        server.put(gpu_node(NODE, GPU_MEM))
+        replicas = [SchedulerProcess(name, server.url, lease) for name in ("a", "b")]
+        try:
+            for replica in replicas:
+                await replica.start()
+            for i in range(runs):
+                took, over, refused = await pause_round(server, replicas, session, pauses[i % len(pauses)], i)
+                figures["pause"].append(took)
+                over_commits += over
+                fenced += refused
+                figures["kill"].append((await stop_round(replicas, session, signal.SIGKILL))[0])
+                took, exited = await stop_round(replicas, session, signal.SIGTERM)
+                figures["term"].append(took)
+                figures["term_exit"].append(exited)
+                print(f"run {i + 1}: { ({k: round(v[-1], 2) for k, v in figures.items()}) }", file=sys.stderr)
+        finally:
+            for replica in replicas:
+                await replica.close()
+    return {
+        "runs": runs,
+        "lease_s": list(lease),
+        "pauses_s": [pauses[i % len(pauses)] for i in range(runs)],
+        "over_commits": over_commits,
+        "fenced": fenced,
+        "pause_takeover_s_max": max(figures["pause"]),
+        "kill_failover_s_p50": percentile(figures["kill"], 0.5),
+        "kill_failover_s_max": max(figures["kill"]),
+        "term_failover_s_p50": percentile(figures["term"], 0.5),
+        "term_failover_s_max": max(figures["term"]),
+        "term_exit_s_max": max(figures["term_exit"]),
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs of the three rounds (default 3)")
+    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
+    parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
+    parser.add_argument(
+        "--pauses", default="16,23,30", help="comma list of pause seconds, cycled (default 16,23,30)"
+    )
+    args = parser.parse_args()
+    lease = (args.lease_duration, args.renew_deadline, args.retry_period)
+    pauses = [float(p) for p in args.pauses.split(",")]
+    figures = asyncio.run(run(args.runs, lease, pauses))
+    print_figures(figures)
+    sys.exit(1 if figures["over_commits"] else 0)
+
+
+if __name__ == "__main__":
+    main()

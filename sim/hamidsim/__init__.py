@@ -1,0 +1,1 @@
+"""hamidsim: the simulator that ships beside hamid, never inside it (stand-ins and the demo)."""

@@ -1,0 +1,104 @@
+"""HA probe: two real ``hamid scheduler`` processes campaigning for one Lease (short lease flags).
+
+A pause is a SIGSTOP of the leader's whole process past its lease: the other takes over; the old
+one wakes and is sent, at the same moment as the new leader, a pod asking 60 % of the one idle GPU.
+The fence refuses on the old leader's own clock: no over-commit. Failover after ``kill -9`` comes
+within the lease duration, after SIGTERM (the Lease is released) within about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from hamid.model import objects
+from hamidsim.apiserver import ApiServer
+from hamidsim.replicas import (
+    PROBE_LEASE,
+    SchedulerProcess,
+    booked_mem,
+    gpu_node,
+    gpu_pod,
+    leader_of,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+LEASE_S, _RENEW_S, RETRY_S = PROBE_LEASE
+GPU_MEM = 10_000
+#: 60 % of the GPU: two of them never fit.
+POD_MEM = 6_000
+
+
+@pytest.fixture
+async def pair(apiserver: ApiServer) -> AsyncIterator[list[SchedulerProcess]]:
+    """Replicas ``a`` and ``b`` against the API server, one GPU node ``n1``; killed afterwards."""
+    apiserver.put(gpu_node("n1", GPU_MEM))
+    replicas = [SchedulerProcess(name, apiserver.url) for name in ("a", "b")]
+    try:
+        for replica in replicas:
+            await replica.start()
+        yield replicas
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+
+async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSession) -> SchedulerProcess:
+    async def one() -> bool:
+        return await leader_of(replicas, session) is not None
+
+    await wait_for(one, 30, "one replica ready")
+    leader = await leader_of(replicas, session)
+    assert leader is not None
+    return leader
+
+
+async def test_a_paused_leader_wakes_fenced_and_two_pods_never_over_commit(
+    apiserver: ApiServer, pair: list[SchedulerProcess]
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        old = await elected(pair, session)
+        (new,) = [r for r in pair if r is not old]
+        old.signal(signal.SIGSTOP)
+        try:
+            took = await wait_for(lambda: new.ready(session), LEASE_S + 10, "the other replica takes over")
+            await asyncio.sleep(max(0.0, LEASE_S + 1 - took))  # paused well past the lease
+            p_old = apiserver.put(gpu_pod("p-old", POD_MEM))
+            p_new = apiserver.put(gpu_pod("p-new", POD_MEM))
+        finally:
+            old.signal(signal.SIGCONT)
+        # at the same moment, as two kube-schedulers would: the woken replica and the new leader
+        on_old, on_new = await asyncio.gather(
+            old.schedule(session, p_old, ["n1"]), new.schedule(session, p_new, ["n1"])
+        )
+    assert on_new == "n1", on_new
+    assert on_old.startswith("error: scheduler not ready:"), on_old
+    assert "lease not renewed" in on_old or "not the leader" in on_old, on_old
+    assert booked_mem(apiserver.list("Pod", "default"), "n1") == POD_MEM
+    bound = [p for p in apiserver.list("Pod", "default") if objects.section(p, "spec").get("nodeName")]
+    assert [objects.name(p) for p in bound] == ["p-new"]
+
+
+async def test_failover_after_kill_within_the_lease_and_after_sigterm_at_once(
+    pair: list[SchedulerProcess],
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        killed = await elected(pair, session)
+        (other,) = [r for r in pair if r is not killed]
+        killed.signal(signal.SIGKILL)
+        after_kill = await wait_for(lambda: other.ready(session), LEASE_S + 10, "takeover after kill -9")
+        # within the lease (judged from the last renewal) plus the taker's retry period
+        assert after_kill <= LEASE_S + RETRY_S * 1.2 + 1.0, after_kill
+        await killed.close()
+        await killed.start()
+        await wait_for(lambda: killed.synced(session), 30, "the restarted replica synced")
+        other.signal(signal.SIGTERM)
+        after_term = await wait_for(lambda: killed.ready(session), LEASE_S + 10, "takeover after SIGTERM")
+        assert await other.wait_exit(10) == 0
+        assert after_term <= RETRY_S * 1.2 + 1.5, after_term
