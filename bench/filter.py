@@ -65,6 +65,10 @@ from hamidsim.apiserver import ApiServer
 GPU_MEM = 40960
 
 
+#: ``(node policy, GPU policy)``; HAMi's defaults unless ``--policy``.
+Policy = tuple[str, str]
+DEFAULT_POLICY: Policy = ("binpack", "spread")
+
 #: Running pods per GPU of the default case (10,000 on 1,000 x 8); denser cases scale down.
 BASE_DENSITY = 1.25
 
@@ -117,7 +121,7 @@ def _node(i: int, gpus: int, shrink: float = 1.0, profile: str = "") -> dict[str
             "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(devices)}
             | ({NUMA_PROFILE: profile} if profile else {}),
         },
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10)}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10), "cpu": "128", "memory": "1Ti"}},
     }
 
 
@@ -264,7 +268,7 @@ def _rss_now_mib() -> float:
 
 
 def _bench_no_fit(
-    scheduler: Scheduler, candidates: tuple[str, ...], filters: int, prediction: bool
+    scheduler: Scheduler, candidates: tuple[str, ...], filters: int, prediction: bool, policy: Policy
 ) -> dict[str, float]:
     """Time the filter of a pod that fits nowhere (more MiB than any GPU has), under churn.
 
@@ -276,16 +280,16 @@ def _bench_no_fit(
     for i in range(filters):
         pod = _pod(f"huge-{i % 4}", f"uid-huge-{i % 4}", GPU_MEM + 1, 10, cpus=4 if prediction else 0)
         t0 = time.perf_counter()
-        spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
+        spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, f"uid-huge-{i % 4}") if prediction else None
-        node, _fitted, failed = scheduler.plan(pod, spec, candidates, numa)
+        node, _fitted, failed = scheduler.filtering.plan(pod, spec, candidates, numa)
         latencies.append(time.perf_counter() - t0)
         if node is not None:
             raise RuntimeError(f"the no-fit pod fitted on {node}")
         failed_nodes = len(failed)
         churn = _pod(f"churn-{i}", f"uid-churn-{i}", 1000, 5)
-        spec = PodFitSpec.from_pod(churn, scheduler.config, "spread", "binpack")
-        node, fitted, _failed = scheduler.plan(churn, spec, candidates)
+        spec = PodFitSpec.from_pod(churn, scheduler.config, policy[1], policy[0])
+        node, fitted, _failed = scheduler.filtering.plan(churn, spec, candidates)
         if node is not None and fitted is not None:
             scheduler.state.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
     if not latencies:
@@ -308,6 +312,7 @@ def bench_in_process(
     gc_freeze: bool,
     prediction: bool,
     nofit_filters: int = 0,
+    policy: Policy = DEFAULT_POLICY,
 ) -> dict[str, float]:
     """Build the pod cache and state as the scheduler does; time fit + reserve + encode per pod.
 
@@ -315,7 +320,8 @@ def bench_in_process(
     the NUMA ledger and encodes its annotation, as ``/filter`` does.
     """
     rng = random.Random(1)
-    scheduler = Scheduler(None, settings=SchedulerSettings())  # type: ignore[arg-type]  # no API calls here
+    settings = SchedulerSettings(node_policy=policy[0], gpu_policy=policy[1])
+    scheduler = Scheduler(None, settings=settings)  # type: ignore[arg-type]  # no API calls here
     state = scheduler.state
     trim = trim_scheduler_pod if pod_trim == "scheduler" else trim_pod
     shrink = _shrink(nodes, gpus, pods)
@@ -350,9 +356,9 @@ def bench_in_process(
         uid = f"uid-new-{i}"
         pod = _pod(f"new-{i}", uid, 2000, 20, cpus=4 if prediction else 0)
         t0 = time.perf_counter()
-        spec = PodFitSpec.from_pod(pod, scheduler.config, "spread", "binpack")
+        spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, uid) if prediction else None
-        node, fitted, _failed = scheduler.plan(pod, spec, candidates, numa)
+        node, fitted, _failed = scheduler.filtering.plan(pod, spec, candidates, numa)
         if node is not None and fitted is not None:
             state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
             chosen = numa.predictions.get(node) if numa is not None else None
@@ -363,7 +369,7 @@ def bench_in_process(
         latencies.append(time.perf_counter() - t0)
         predictions += len(numa.predictions) if numa is not None else 0
     elapsed = time.perf_counter() - started
-    nofit = _bench_no_fit(scheduler, candidates, nofit_filters, prediction)
+    nofit = _bench_no_fit(scheduler, candidates, nofit_filters, prediction, policy)
     return {
         **nofit,
         "prediction": prediction,
@@ -379,7 +385,9 @@ def bench_in_process(
     }
 
 
-async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freeze: bool) -> dict[str, Any]:
+async def bench_http(
+    nodes: int, gpus: int, pods: int, filters: int, *, gc_freeze: bool, policy: Policy = DEFAULT_POLICY
+) -> dict[str, Any]:
     """Real /filter over HTTP against the embedded API server (patch included).
 
     The nodes carry a handshake already (a running cluster's), so no burst of the scheduler's
@@ -402,7 +410,7 @@ async def bench_http(nodes: int, gpus: int, pods: int, filters: int, *, gc_freez
             extender_listen="127.0.0.1:0",
             listen="127.0.0.1:0",
             metrics_listen="127.0.0.1:0",
-            settings=SchedulerSettings(gc_freeze=gc_freeze),
+            settings=SchedulerSettings(gc_freeze=gc_freeze, node_policy=policy[0], gpu_policy=policy[1]),
         )
         app = SchedulerApp(options, kube=kube)
         port = (await app.start())["extender"]
@@ -470,12 +478,20 @@ def main() -> None:
         help="pod cache trim: the scheduler's (default) or the generic one (managedFields, most of status)",
     )
     parser.add_argument(
+        "--policy",
+        default="/".join(DEFAULT_POLICY),
+        help="node/GPU scheduler policy, e.g. fgd/fgd (default: HAMi's binpack/spread)",
+    )
+    parser.add_argument(
         "--no-gc-freeze", action="store_true", help="leave the synced heap in the cyclic GC (for comparison)"
     )
     args = parser.parse_args()
+    node_policy, _, gpu_policy = args.policy.partition("/")
+    policy = (node_policy, gpu_policy or node_policy)
     logging.disable(logging.WARNING)
     result: dict[str, Any] = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "pods": args.pods}
     result["pod_trim"] = args.pod_trim
+    result["policy"] = "/".join(policy)
     result["gc_freeze"] = not args.no_gc_freeze
     result.update(
         bench_in_process(
@@ -487,6 +503,7 @@ def main() -> None:
             gc_freeze=not args.no_gc_freeze,
             prediction=args.prediction == "on",
             nofit_filters=args.nofit_filters,
+            policy=policy,
         )
     )
     print(
@@ -515,6 +532,7 @@ def main() -> None:
                     args.pods,
                     args.http_filters,
                     gc_freeze=not args.no_gc_freeze,
+                    policy=policy,
                 )
             )
         )

@@ -85,12 +85,12 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
-from hamid.fit.numa_fit import MISS_CAUSES  # noqa: E402
 from hamid.kube.client import connect  # noqa: E402
 from hamid.model import annotations as ann  # noqa: E402
 from hamid.model import reasons as R  # noqa: E402
 from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
+from hamid.model.numa import MISS_CAUSES  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
 from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
 from hamidsim.cluster import (  # noqa: E402

@@ -471,10 +471,12 @@ def _fit_container(
     own: Mapping[str, OwnUsage],
     release: PodUsage,
     quota: Quota | None,
+    prefer: Sequence[str] = (),
 ) -> ContainerDevices | str:
     """Fit one container's request onto candidate devices; devices or a reason string.
 
-    Devices are tried in policy order; each one runs :data:`DEVICE_CHECKS`, HAMi's numa-bind
+    Devices are tried in policy order (the ``prefer`` ids first, in their order); each one runs
+    :data:`DEVICE_CHECKS`, HAMi's numa-bind
     group step, then :data:`CAPACITY_CHECKS` (less the checks that cannot fail for this
     container), and counts the first failing check's reason.
     """
@@ -482,6 +484,9 @@ def _fit_container(
     if nums > len(node_cands):
         return R.NODE_INSUFFICIENT_DEVICE
     rows, order = _ranked_rows(node_cands, request, policy, own, release)
+    if prefer:
+        rank = {device: k for k, device in enumerate(prefer)}
+        order.sort(key=lambda i: rank.get(rows[i][0].id, len(rank)))
     fit = _start(request, policy, cordoned, own, quota)
     reasons: Counter[str] = Counter()
     topology = policy.gpu_policy.topology_aware
@@ -528,6 +533,7 @@ def fit_pod(
     quota: Quota | None = None,
     release: PodUsage | None = None,
     targets: Sequence[frozenset[int] | None] = (),
+    prefer: Sequence[str] = (),
 ) -> Fitted | Unfit:
     """Fit every container of a pod onto one :class:`~hamid.fit.usage.NodeUsage`.
 
@@ -537,7 +543,8 @@ def fit_pod(
     within capacity. ``release`` is usage already booked on the node for this same pod (a
     re-filter), treated as free. ``quota`` is the namespace headroom without this pod.
     ``targets[t]``, when given and not None, restricts container ``t`` to GPUs on those NUMA
-    nodes (the predicted placement, :mod:`hamid.fit.numa_fit`).
+    nodes (the predicted placement, :mod:`hamid.fit.numa_fit`). ``prefer`` lists device ids every
+    container tries first, in that order (the ``fgd`` GPU choice); the others follow in policy order.
     Returns one entry per container (GPU-less ones empty — the intended format of
     docs/hami-wire.md §8.1) and the node score, or the first failing container's reason.
     """
@@ -552,7 +559,7 @@ def fit_pod(
         cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
         own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
         result = _fit_container(
-            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota
+            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota, prefer
         )
         if isinstance(result, str):
             return Unfit(result)

@@ -13,10 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
-
-#: Why a prediction missed: the ``cause`` of ``hamid_numa_prediction_misses_total``, in the
-#: scheduler's metrics and the plugin's (docs/numa-prediction.md, "Scoring").
-MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
+from hamid.fit.usage import NodeUsage
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]
@@ -72,18 +69,10 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
     return tuple(targets)
 
 
-def miss_cause(*, stale: bool, foreign_since: bool, own_since: bool) -> str:
-    """The cause of a missed prediction, the first that applies (scheduler and plugin alike).
-
-    ``stale``: the profile generation changed between prediction and admission; ``foreign_since``:
-    a pod without a prediction (another scheduler's) came to hold CPUs or devices on the node since
-    the prediction; ``own_since``: other predicted pods were admitted on the node since (kubelet took
-    them in another order than the scheduler predicted them); otherwise ``unmodelled``.
-    """
-    if stale:
-        return MISS_CAUSES[2]
-    if foreign_since:
-        return MISS_CAUSES[1]
-    if own_since:
-        return MISS_CAUSES[0]
-    return MISS_CAUSES[3]
+def gpu_replicas(usage: NodeUsage) -> dict[str, tuple[int, int]]:
+    """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
+    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none."""
+    return {
+        d.id: (d.numa if d.numa >= 0 else NO_TOPOLOGY, max(d.count - d.used, 0) if d.health else 0)
+        for d in usage.devices
+    }

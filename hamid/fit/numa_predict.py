@@ -20,8 +20,10 @@ from fractions import Fraction
 from typing import Any
 
 from hamid.model._wire import want_object
+from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
@@ -34,6 +36,7 @@ from hamid.model.numa import (
     NumaProfile,
     PodPrediction,
 )
+from hamid.model.preferred import preferred_answer
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import is_sidecar
 
@@ -43,6 +46,8 @@ NO_TOPOLOGY = -1
 DEFAULT_PROFILE_MAX_AGE_S = 30 * 60
 #: Bound on merged hint permutations for the non-single-numa policies (kubelet enumerates them all).
 MAX_PERMUTATIONS = 200_000
+#: Bound on the admissions replayed, one per device split the plugin may choose.
+MAX_SPLIT_REPLAYS = 64
 
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 SMT_ALIGNMENT_ERROR = "SMTAlignmentError"
@@ -52,7 +57,9 @@ UNKNOWN_PROFILE_STALE = "profile-stale"
 UNKNOWN_UNMODELLED = "unmodelled"
 
 _MODELLED_TM_OPTIONS = frozenset({TM_OPTION_PREFER_CLOSEST, TM_OPTION_MAX_NUMA_NODES})
-_MODELLED_CPU_OPTIONS = frozenset({CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION})
+_MODELLED_CPU_OPTIONS = frozenset(
+    {CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION, CPU_OPTION_DISTRIBUTE_ACROSS_CORES}
+)
 
 
 class Outcome(enum.StrEnum):
@@ -174,6 +181,28 @@ class NumaLedger:
                 self._devices[res][numa][1] += sign * n
 
 
+@dataclass(frozen=True, slots=True)
+class PluginView:
+    """hamid's device plugin on the node, so the predictor can replay its ``GetPreferredAllocation``.
+
+    ``resource`` is the resource it serves (with ``GetPreferredAllocation`` offered to kubelet),
+    ``gpus`` each GPU's NUMA bucket and free replicas, ``annotated`` per container (init first) the
+    GPUs the scheduler annotated — the plugin prefers a replica of each (:mod:`hamid.model.preferred`).
+    """
+
+    resource: str
+    gpus: Mapping[str, tuple[int, int]]
+    annotated: PodDevices
+
+
+#: Separates a GPU UUID from a replica number in the replica IDs the predictor replays with.
+_REPLICA_SEP = "\x00"
+
+
+def _gpu_of_replica(replica: str) -> str:
+    return replica.split(_REPLICA_SEP, 1)[0]
+
+
 # ==========================================================================================
 # CPU topology as kubelet's CPU manager sees it
 # ==========================================================================================
@@ -282,16 +311,25 @@ class _Accumulator:
             if self.needed >= len(groups[key]):
                 self.take(groups[key])
 
-    def take_remaining(self) -> None:
-        for cpu in [c for core in self.cores() for c in sorted(self.topo.cpus_of_core[core] & self.free)]:
+    def take_remaining(self, spread: bool) -> None:
+        """Single threads: core by core (packed), or socket by socket in CPU id order (spread)."""
+        t = self.topo
+        if spread:
+            order = [c for s in self.sockets() for c in sorted(t.cpus_of_socket[s] & self.free)]
+        else:
+            order = [c for core in self.cores() for c in sorted(t.cpus_of_core[core] & self.free)]
+        for cpu in order:
             self.take({cpu})
             if self.needed < 1:
                 return
 
 
-def take_by_topology_packed(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int] | None:
+def take_by_topology_packed(
+    topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False
+) -> frozenset[int] | None:
     """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, whole cores, then threads.
 
+    ``spread`` (``distribute-cpus-across-cores``): no whole cores, threads spread over the cores.
     ``None`` when kubelet would fail ("not enough cpus available" / "failed to allocate cpus").
     """
     acc = _Accumulator(topo, available, count)
@@ -306,10 +344,11 @@ def take_by_topology_packed(topo: CpuTopology, available: Iterable[int], count: 
         acc.take_full(order(), groups, whole)
         if acc.needed < 1:
             return frozenset(acc.result)
-    acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
-    if acc.needed < 1:
-        return frozenset(acc.result)
-    acc.take_remaining()
+    if not spread:
+        acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
+        if acc.needed < 1:
+            return frozenset(acc.result)
+    acc.take_remaining(spread)
     return frozenset(acc.result) if acc.needed < 1 else None
 
 
@@ -494,6 +533,7 @@ class _Container:
     kind: str  # "init", "sidecar" or "app"
     requests: Mapping[str, Fraction]  # after the API server's defaulting (requests default to limits)
     limits: Mapping[str, Fraction]
+    index: int  # init containers first, as the annotations count them
 
 
 def _containers(pod: Mapping[str, Any]) -> list[_Container]:
@@ -517,7 +557,7 @@ def _containers(pod: Mapping[str, Any]) -> list[_Container]:
             requests = dict(limits)
             requests.update({k: parse_quantity(v, f"{where} requests.{k}") for k, v in raw_requests.items()})
             kind = "app" if section == "containers" else ("sidecar" if is_sidecar(c) else "init")
-            out.append(_Container(c["name"], kind, requests, limits))
+            out.append(_Container(c["name"], kind, requests, limits, len(out)))
     return out
 
 
@@ -617,8 +657,11 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
         limit = pol.max_allowable_numa_nodes()
         pcpus = pol.option_enabled(cpu_opts, CPU_OPTION_FULL_PCPUS_ONLY)
         pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
+        cores = pol.option_enabled(cpu_opts, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
     except InvalidInput as exc:
         return f"kubelet would not start with this option value: {exc}"
+    if pcpus and cores:
+        return "kubelet would not start: full-pcpus-only and distribute-cpus-across-cores exclude each other"
     if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
         return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
     if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
@@ -644,14 +687,30 @@ class _Admission:
     """Replays kubelet's admission of one pod against a scratch copy of the node's free resources."""
 
     def __init__(
-        self, profile: NumaProfile, ledger: NumaLedger, containers: list[_Container], qos: str
+        self,
+        profile: NumaProfile,
+        ledger: NumaLedger,
+        containers: list[_Container],
+        qos: str,
+        splits: Sequence[dict[int, int]] = (),
+        plugin: PluginView | None = None,
     ) -> None:
         self.profile = profile
+        self.plugin = plugin
+        #: Free replicas per GPU of the plugin's resource, and the NUMA buckets where they are not known.
+        self.gpu_free = {u: f for u, (_n, f) in plugin.gpus.items()} if plugin is not None else {}
+        self.gpu_unknown: set[int] = set()
+        #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
+        self.splits = list(splits)
+        self.split_count = 0
         self.topo = topology_of(profile)
         self.containers = containers
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
         self.full_pcpus = profile.policies.option_enabled(
             profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
+        )
+        self.spread = profile.policies.option_enabled(
+            profile.policies.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES
         )
         self.free_cpus = set(ledger.free_cpus)
         self.reusable_cpus: set[int] = set()
@@ -659,6 +718,8 @@ class _Admission:
         self.dev_total = {r: {n: t for n, (t, _f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_free = {r: {n: f for n, (_t, f) in ledger.device_counts(r).items()} for r in self.resources}
         self.dev_reusable: dict[str, dict[int, int]] = {r: {} for r in self.resources}
+        if plugin is not None:
+            self._check_gpus(plugin)
 
     # --- requests -------------------------------------------------------------------------
 
@@ -732,9 +793,9 @@ class _Admission:
         result: frozenset[int] = frozenset()
         if mask is not None:
             aligned = {cpu for cpu in allocatable if mask >> self.topo.numa_of[cpu] & 1}
-            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)))
+            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.spread)
         if n > len(result):
-            result |= _take_or_fail(self.topo, allocatable - result, n - len(result))
+            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.spread)
         self.free_cpus -= result
         if c.kind == "init":
             self.reusable_cpus |= result
@@ -753,7 +814,7 @@ class _Admission:
         held: set[int] = set()
         for res, need in sorted(self.device_requests(c).items()):
             reusable, free = self.dev_reusable[res], self.dev_free[res]
-            got = _take_counts(reusable, need, f"which reusable {res} devices are reused")
+            got = self.take_counts(reusable, need, f"which reusable {res} devices are reused")
             left = need - sum(got.values())
             if sum(free.values()) < left:
                 raise _reject(
@@ -763,13 +824,7 @@ class _Admission:
                 )
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
-            new = _take_counts({n: k for n, k in free.items() if n in aligned}, left, f"which {res} device")
-            rest = left - sum(new.values())
-            others = _take_counts(
-                {n: k for n, k in free.items() if n not in aligned}, rest, f"which {res} device"
-            )
-            for n, k in others.items():
-                new[n] = new.get(n, 0) + k
+            new = self.take_new(res, c.index, free, aligned, left, bool(got))
             for n, k in new.items():
                 free[n] -= k
             sign = 1 if c.kind == "init" else -1
@@ -779,6 +834,101 @@ class _Admission:
                 out[res] = {n: k for n, k in new.items() if k}
             held |= {n for part in (got, new) for n, k in part.items() if k}
         return out, held
+
+    def take_new(
+        self, res: str, index: int, free: Mapping[int, int], aligned: frozenset[int], need: int, reused: bool
+    ) -> dict[int, int]:
+        """``devicesToAllocate`` after the reused devices: from the aligned buckets (the plugin
+        choosing when they hold more than needed), else all of them and the rest elsewhere (the
+        plugin choosing among the rest)."""
+        inside = {n: k for n, k in free.items() if n in aligned and k > 0}
+        outside = {n: k for n, k in free.items() if n not in aligned and k > 0}
+        what = f"which {res} device"
+        if need < sum(inside.values()):
+            picked = None if reused else self.plugin_pick(res, index, inside, {}, need)
+            if picked is None:
+                picked = self.taken(res, inside, self.take_counts(inside, need, what))
+            return picked
+        rest = need - sum(inside.values())
+        picked = None if reused or rest <= 0 else self.plugin_pick(res, index, outside, inside, rest)
+        self.taken(res, inside, inside)
+        if picked is None:
+            picked = self.taken(res, outside, self.take_counts(outside, rest, what))
+        return {n: inside.get(n, 0) + picked.get(n, 0) for n in inside.keys() | picked.keys()}
+
+    def _check_gpus(self, plugin: PluginView) -> None:
+        """Buckets whose GPUs' free replicas do not add up to the ledger's are not known per GPU."""
+        free = self.dev_free.get(plugin.resource, {})
+        for n in free.keys() | {b for b, _f in plugin.gpus.values()}:
+            if sum(f for b, f in plugin.gpus.values() if b == n) != free.get(n, 0):
+                self.gpu_unknown.add(n)
+
+    def taken(self, res: str, pool: Mapping[int, int], counts: dict[int, int]) -> dict[int, int]:
+        """Note which GPUs of the plugin's resource a pick without its preference took: all of a
+        bucket (then none is free), or some (then which is not known)."""
+        if self.plugin is not None and res == self.plugin.resource:
+            for n, k in counts.items():
+                if k < pool.get(n, 0):
+                    self.gpu_unknown.add(n)
+            for u, (b, _f) in self.plugin.gpus.items():
+                if counts.get(b, 0) and counts[b] >= pool.get(b, 0):
+                    self.gpu_free[u] = 0
+        return counts
+
+    def plugin_pick(
+        self, res: str, index: int, pool: Mapping[int, int], must: Mapping[int, int], need: int
+    ) -> dict[int, int] | None:
+        """hamid's ``GetPreferredAllocation`` replayed: the buckets of the ``need`` replicas kubelet
+        takes from ``pool`` (after all of ``must``), or None when the plugin gives no definite
+        answer (another plugin, a NUMA mismatch, no preference, GPUs not known)."""
+        plugin = self.plugin
+        if plugin is None or res != plugin.resource or index >= len(plugin.annotated):
+            return None
+        if (pool.keys() | must.keys()) & self.gpu_unknown:
+            return None
+
+        def replicas(buckets: Mapping[int, int]) -> list[str]:
+            return [
+                f"{u}{_REPLICA_SEP}{k}"
+                for u, (b, _f) in sorted(plugin.gpus.items())
+                if b in buckets
+                for k in range(self.gpu_free.get(u, 0))
+            ]
+
+        must_ids = replicas(must)
+        answer, missing = preferred_answer(
+            plugin.annotated[index],
+            sorted(must_ids + replicas(pool)),
+            must_ids,
+            len(must_ids) + need,
+            _gpu_of_replica,
+        )
+        picks = [_gpu_of_replica(r) for r in answer if r not in set(must_ids)]
+        if missing or len(picks) != need:
+            return None
+        for u in must_ids:
+            self.gpu_free[_gpu_of_replica(u)] = 0
+        counts: dict[int, int] = {}
+        for u in picks:
+            self.gpu_free[u] -= 1
+            counts[plugin.gpus[u][0]] = counts.get(plugin.gpus[u][0], 0) + 1
+        return counts
+
+    def take_counts(self, pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
+        """Take ``need`` items from per-bucket counts: determined when it is all of them or one
+        bucket; otherwise the next assumed split, or :class:`_Split` listing every possible one."""
+        nonzero = {n: k for n, k in pool.items() if k > 0}
+        if need <= 0 or not nonzero:
+            return {}
+        if need >= sum(nonzero.values()):
+            return dict(nonzero)
+        if len(nonzero) == 1:
+            (n,) = nonzero
+            return {n: need}
+        self.split_count += 1
+        if self.split_count <= len(self.splits):
+            return dict(self.splits[self.split_count - 1])
+        raise _Split(what, _splits(nonzero, need))
 
     def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
         """Allocate in kubelet's hint-provider order: the device manager first, then the CPU manager
@@ -815,8 +965,8 @@ def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int]:
-    taken = take_by_topology_packed(topo, available, count)
+def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int, spread: bool) -> frozenset[int]:
+    taken = take_by_topology_packed(topo, available, count, spread)
     if taken is None:
         raise _reject(
             UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"
@@ -824,17 +974,76 @@ def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int) -> fr
     return taken
 
 
-def _take_counts(pool: Mapping[int, int], need: int, what: str) -> dict[int, int]:
-    """Take ``need`` items from per-bucket counts when the split is determined (all, or one bucket)."""
-    nonzero = {n: k for n, k in pool.items() if k > 0}
-    if need <= 0 or not nonzero:
-        return {}
-    if need >= sum(nonzero.values()):
-        return dict(nonzero)
-    if len(nonzero) == 1:
-        (n,) = nonzero
-        return {n: need}
-    raise _Stop(_unknown(UNKNOWN_UNMODELLED, f"{what} kubelet takes is the device plugin's choice"))
+class _Split(Exception):
+    """kubelet's device pick is the device plugin's choice: ``options`` are the possible splits."""
+
+    def __init__(self, what: str, options: list[dict[int, int]]) -> None:
+        super().__init__(what)
+        self.what = what
+        self.options = options
+
+
+def _splits(pool: Mapping[int, int], need: int) -> list[dict[int, int]]:
+    """Every way to take ``need`` items from per-bucket counts (buckets in ascending order)."""
+    buckets = sorted(pool)
+    out: list[dict[int, int]] = []
+
+    def walk(i: int, left: int, taken: dict[int, int]) -> None:
+        if i == len(buckets):
+            if left == 0:
+                out.append({n: k for n, k in taken.items() if k})
+            return
+        rest = sum(pool[n] for n in buckets[i + 1 :])
+        for k in range(max(0, left - rest), min(pool[buckets[i]], left) + 1):
+            walk(i + 1, left - k, {**taken, buckets[i]: k})
+
+    walk(0, need, {})
+    return out
+
+
+def _disagree(outcomes: Sequence[Prediction]) -> bool:
+    """The replays so far do not all end in one rejection."""
+    return any(o.outcome is not Outcome.REJECT or o.reason != outcomes[0].reason for o in outcomes)
+
+
+def _admit_every_split(
+    profile: NumaProfile,
+    ledger: NumaLedger,
+    containers: list[_Container],
+    qos: str,
+    plugin: PluginView | None,
+) -> Prediction:
+    """Replay the admission once per possible device split the plugin may choose.
+
+    Where every split ends in the same rejection, kubelet rejects whichever replicas it picks:
+    that is the answer. Otherwise the outcome depends on the plugin's choice (``unknown``).
+    At most :data:`MAX_SPLIT_REPLAYS` replays.
+    """
+    pending: list[list[dict[int, int]]] = [[]]
+    outcomes: list[Prediction] = []
+    first_split: _Split | None = None
+    while pending:
+        script = pending.pop()
+        admission = _Admission(profile, ledger, containers, qos, script, plugin)
+        try:
+            placed = admission.admit()
+        except _Stop as stop:
+            outcomes.append(stop.prediction)
+        except _Split as split:
+            first_split = first_split or split
+            pending += [[*script, option] for option in reversed(split.options)]
+        else:
+            if not script:
+                return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+            outcomes.append(Prediction(Outcome.PLACED, containers=placed))
+        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or _disagree(outcomes):
+            break
+    if first_split is None:
+        return outcomes[0]
+    reasons = {(o.outcome, o.reason) for o in outcomes}
+    if not pending and len(reasons) == 1 and outcomes[0].outcome is Outcome.REJECT:
+        return outcomes[0]
+    return _unknown(UNKNOWN_UNMODELLED, f"{first_split.what} kubelet takes is the device plugin's choice")
 
 
 def predict(
@@ -844,11 +1053,14 @@ def predict(
     *,
     now: float,
     max_age_s: float = DEFAULT_PROFILE_MAX_AGE_S,
+    plugin: PluginView | None = None,
 ) -> Prediction:
     """What kubelet will do with ``pod`` on the node described by ``profile`` and ``ledger``.
 
-    ``now`` is unix seconds (the caller's clock; the function reads none). The ledger is not
-    changed: book ``prediction.usage`` with :meth:`NumaLedger.apply` once the pod is placed.
+    ``now`` is unix seconds (the caller's clock; the function reads none). ``plugin``: hamid's
+    device plugin serves a resource of the node and the pod's GPUs are annotated; where kubelet
+    lets the plugin choose among replicas, its answer is replayed (else that is ``unknown``).
+    The ledger is not changed: book ``prediction.usage`` with :meth:`NumaLedger.apply` once the pod is placed.
     InvalidInput when the pod itself is malformed.
     """
     if profile is None:
@@ -869,12 +1081,7 @@ def predict(
     qos = pod_qos(pod, containers)
     if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
         return _unknown(UNKNOWN_UNMODELLED, "the Static memory manager's hints are not modelled")
-    admission = _Admission(profile, ledger, containers, qos)
-    try:
-        placed = admission.admit()
-    except _Stop as stop:
-        return stop.prediction
-    return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
+    return _admit_every_split(profile, ledger, containers, qos, plugin)
 
 
 def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:

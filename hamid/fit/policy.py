@@ -16,9 +16,11 @@ SPREAD = "spread"
 TOPOLOGY_AWARE = "topology-aware"
 MUTEX = "mutex"
 NUMA = "numa"
-GPU_POLICIES = (BINPACK, SPREAD, TOPOLOGY_AWARE, MUTEX, NUMA)
+#: hamid's fragmentation policy (node and GPU; :mod:`hamid.fit.fgd`), not HAMi's.
+FGD = "fgd"
+GPU_POLICIES = (BINPACK, SPREAD, TOPOLOGY_AWARE, MUTEX, NUMA, FGD)
 #: Node policies (``hami.io/node-scheduler-policy``, ``--node-scheduler-policy``).
-NODE_POLICIES = (BINPACK, SPREAD)
+NODE_POLICIES = (BINPACK, SPREAD, FGD)
 
 _SORT_KEYS = (BINPACK, SPREAD, NUMA)
 
@@ -161,9 +163,11 @@ def sort_key(policy: GpuPolicy, numa_bind: bool) -> SortKey:
         return _chain_key(chain)
     if policy.value == MUTEX:
         return _key_mutex
+    # fgd orders the GPUs itself (``fit_pod``'s ``prefer``); without that order it packs
+    packs = policy.value in (BINPACK, FGD)
     if numa_bind:
-        return _key_binpack_numa_bind if policy.value == BINPACK else _key_spread_numa_bind
-    return _key_binpack if policy.value == BINPACK else _key_spread
+        return _key_binpack_numa_bind if packs else _key_spread_numa_bind
+    return _key_binpack if packs else _key_spread
 
 
 def try_order(

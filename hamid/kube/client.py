@@ -87,7 +87,6 @@ def path_segment(value: str, what: str) -> str:
 
 PODS = Resource("/api/v1", "pods", "Pod", namespaced=True)
 NODES = Resource("/api/v1", "nodes", "Node", namespaced=False)
-NAMESPACES = Resource("/api/v1", "namespaces", "Namespace", namespaced=False)
 EVENTS = Resource("/api/v1", "events", "Event", namespaced=True)
 RESOURCE_QUOTAS = Resource("/api/v1", "resourcequotas", "ResourceQuota", namespaced=True)
 LEASES = Resource("/apis/coordination.k8s.io/v1", "leases", "Lease", namespaced=True)
@@ -518,15 +517,6 @@ class KubeClient:
         return await self.patch(NODES, name, {"status": dict(status)}, subresource="status", timeout=timeout)
 
     # -- namespaces, quotas, token reviews --------------------------------------------------
-
-    async def create_namespace(
-        self, name: str, *, labels: Mapping[str, str] | None = None, timeout: float | None = None
-    ) -> JSON:
-        """Create a namespace."""
-        meta: JSON = {"name": name}
-        if labels:
-            meta["labels"] = dict(labels)
-        return await self.create(NAMESPACES, {"metadata": meta}, timeout=timeout)
 
     async def list_resource_quotas(
         self, namespace: str | None = None, *, timeout: float | None = None

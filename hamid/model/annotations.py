@@ -37,10 +37,6 @@ from hamid.model.devices import (
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import NUMA_PLACEMENT, NUMA_PREDICTED, NUMA_PROFILE
 
-#: hamid's NUMA prediction keys (defined with their codecs in :mod:`hamid.model.numa`), imported here
-#: so that this module names every annotation key hamid reads.
-NUMA_PREDICTION_KEYS = (NUMA_PROFILE, NUMA_PLACEMENT, NUMA_PREDICTED)
-
 # --- node annotations ---------------------------------------------------------------------
 NODE_REGISTER = "hami.io/node-nvidia-register"
 NODE_SCORE = "hami.io/node-nvidia-score"
@@ -93,6 +89,28 @@ GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
 NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 NUMA_ALIGNMENT = "hami.io/numa-alignment"
+
+#: Every annotation key hamid defines (HAMi's, the user-set ones above, and hamid's NUMA keys, which
+#: :mod:`hamid.model.numa` defines with their codecs): the annotations a scheduler pod record keeps.
+HAMID_ANNOTATION_KEYS = (
+    NODE_REGISTER,
+    NODE_SCORE,
+    NODE_HANDSHAKE,
+    NODE_LOCK,
+    DEVICE_CORDON,
+    *SCHEDULER_OWNED_ANNOTATIONS,
+    USE_GPU_UUID,
+    NOUSE_GPU_UUID,
+    USE_GPU_TYPE,
+    NOUSE_GPU_TYPE,
+    NUMA_BIND,
+    VGPU_MODE,
+    GPU_SCHEDULER_POLICY,
+    NODE_SCHEDULER_POLICY,
+    DEVICE_SCORING_WEIGHTS,
+    NUMA_ALIGNMENT,
+    NUMA_PROFILE,
+)
 
 # --- labels -------------------------------------------------------------------------------
 SCHEDULER_ROLE = "hami.io/scheduler-role"
@@ -166,26 +184,6 @@ def encode_node_devices(devices: Sequence[DeviceInfo]) -> str:
     """
     encoded = (_encode_device_json(d, f"{NODE_REGISTER}[{i}]") for i, d in enumerate(devices))
     return "[" + ",".join(encoded) + "]"
-
-
-def encode_node_devices_legacy(devices: Sequence[DeviceInfo]) -> str:
-    """Encode the pre-v2.8 colon form (9 fields per device, each device terminated by ``:``).
-
-    ``<id>,<count>,<devmem>,<devcore>,<type>,<numa>,<health>,<index>,<mode>:``. A device whose id, type
-    or mode contains ``,`` or ``:``, or that carries MIG profiles, cannot be represented: InvalidInput.
-    """
-    out: list[str] = []
-    for i, d in enumerate(devices):
-        where = f"{NODE_REGISTER}[{i}]"
-        _check_device_ranges(d, where)
-        for name in ("id", "type", "mode"):
-            if any(sep in getattr(d, name) for sep in ",:"):
-                raise InvalidInput(f"{where}.{name}: {getattr(d, name)!r} contains ',' or ':' (legacy form)")
-        if d.mig_profiles:
-            raise InvalidInput(f"{where}: MIG profiles cannot be written in the legacy register form")
-        health = "true" if d.health else "false"
-        out.append(f"{d.id},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{health},{d.index},{d.mode}:")
-    return "".join(out)
 
 
 def _decode_mig_profile(obj: object, where: str) -> MigProfile:

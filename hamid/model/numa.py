@@ -57,6 +57,7 @@ TM_OPTION_MAX_NUMA_NODES = "max-allowable-numa-nodes"
 TM_OPTION_PREFER_MOST_ALLOCATED = "prefer-most-allocated-numa-node"
 CPU_OPTION_FULL_PCPUS_ONLY = "full-pcpus-only"
 CPU_OPTION_STRICT_RESERVATION = "strict-cpu-reservation"
+CPU_OPTION_DISTRIBUTE_ACROSS_CORES = "distribute-cpus-across-cores"
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 
 _INT = r"(?:0|[1-9][0-9]{0,4})"
@@ -231,6 +232,9 @@ class NumaProfile:
     reserved_cpus: frozenset[int] = frozenset()
     distances: tuple[tuple[int, ...], ...] | None = None
     policies: KubeletPolicies = field(default_factory=KubeletPolicies)
+    #: The resource hamid's device plugin serves with ``GetPreferredAllocation`` offered to kubelet
+    #: (the plugin then prefers the annotated GPUs' replicas); None: not offered.
+    preferred_allocation: str | None = None
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
@@ -304,7 +308,11 @@ def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
 
 # --- profile codec -------------------------------------------------------------------------
 
-_PROFILE_KEYS = frozenset({"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet"})
+_PROFILE_KEYS = frozenset(
+    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred"}
+)
+#: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
+PROFILE_PREFERRED_VERSION = 2
 _KUBELET_KEYS = {
     "cpuManagerPolicy": "cpu_manager_policy",
     "cpuManagerPolicyOptions": "cpu_manager_options",
@@ -337,6 +345,8 @@ def encode_profile(profile: NumaProfile) -> str:
     }
     if profile.distances is not None:
         doc["distances"] = [list(row) for row in profile.distances]
+    if profile.preferred_allocation is not None:
+        doc["v"], doc["preferred"] = PROFILE_PREFERRED_VERSION, profile.preferred_allocation
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
 
@@ -350,15 +360,18 @@ def _bounded(text: str, key: str) -> str:
     return text
 
 
-def _load(text: object, key: str, keys: frozenset[str]) -> Mapping[str, object]:
+def _load(
+    text: object, key: str, keys: frozenset[str], versions: tuple[int, ...] = (FORMAT_VERSION,)
+) -> Mapping[str, object]:
     if isinstance(text, str) and len(text) > MAX_ANNOTATION_BYTES:
         raise InvalidInput(f"{key}: value is over {MAX_ANNOTATION_BYTES} bytes")
     doc = want_object(load_json(text, key), key)
     unknown = sorted(set(doc) - keys)
     if unknown:
         raise InvalidInput(f"{key}: unknown field {unknown[0]!r:.40}")
-    if doc.get("v") != FORMAT_VERSION or isinstance(doc.get("v"), bool):
-        raise InvalidInput(f"{key}: want format version {FORMAT_VERSION}, got {doc.get('v')!r:.20}")
+    if doc.get("v") not in versions or isinstance(doc.get("v"), bool):
+        want = " or ".join(map(str, versions))
+        raise InvalidInput(f"{key}: want format version {want}, got {doc.get('v')!r:.20}")
     return doc
 
 
@@ -412,6 +425,7 @@ class _Topology:
     reserved_cpus: frozenset[int]
     distances: tuple[tuple[int, ...], ...] | None
     policies: KubeletPolicies
+    preferred_allocation: str | None
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -423,6 +437,7 @@ class _Topology:
             self.reserved_cpus,
             self.distances,
             self.policies,
+            self.preferred_allocation,
         )
 
 
@@ -438,10 +453,12 @@ def decode_profile(text: object) -> NumaProfile:
     Profiles of equal content (but for ``gen`` and ``at``) share one decoded topology (immutable).
     """
     key = NUMA_PROFILE
-    doc = _load(text, key, _PROFILE_KEYS)
+    doc = _load(text, key, _PROFILE_KEYS, (FORMAT_VERSION, PROFILE_PREFERRED_VERSION))
     for required in ("gen", "at", "numa", "sockets", "cores"):
         if required not in doc:
             raise InvalidInput(f"{key}: missing field {required!r}")
+    if ("preferred" in doc) != (doc["v"] == PROFILE_PREFERRED_VERSION):
+        raise InvalidInput(f"{key}: field 'preferred' comes with format version 2, and only with it")
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)
     shared = topology is not None
@@ -482,6 +499,7 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         reserved_cpus=parse_cpu_list(doc.get("reserved", ""), f"{key}.reserved"),
         distances=distances,
         policies=_policies(doc.get("kubelet", {})),
+        preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
     )
 
 
@@ -653,3 +671,25 @@ def decode_prediction(text: object) -> PodPrediction:
     containers = tuple(ContainerPrediction(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
     _check_pod(gen, containers, NUMA_PREDICTED, ids=False)
     return PodPrediction(gen, containers)
+
+
+#: Why a prediction missed: the ``cause`` of ``hamid_numa_prediction_misses_total``, in the
+#: scheduler's metrics and the plugin's (docs/numa-prediction.md, "Scoring").
+MISS_CAUSES = ("order", "foreign", "stale", "unmodelled")
+
+
+def miss_cause(*, stale: bool, foreign_since: bool, own_since: bool) -> str:
+    """The cause of a missed prediction, the first that applies (scheduler and plugin alike).
+
+    ``stale``: the profile generation changed between prediction and admission; ``foreign_since``:
+    a pod without a prediction (another scheduler's) came to hold CPUs or devices on the node since
+    the prediction; ``own_since``: other predicted pods were admitted on the node since (kubelet took
+    them in another order than the scheduler predicted them); otherwise ``unmodelled``.
+    """
+    if stale:
+        return MISS_CAUSES[2]
+    if foreign_since:
+        return MISS_CAUSES[1]
+    if own_since:
+        return MISS_CAUSES[0]
+    return MISS_CAUSES[3]

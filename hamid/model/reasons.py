@@ -22,6 +22,10 @@ NODE_UNREGISTERED = "node unregistered"
 #: hamid: the NUMA predictor says kubelet would reject the pod on the node, or (``strict`` pods) its
 #: GPUs cannot be on the NUMA node kubelet will choose.
 NUMA_PREDICTED_NOT_FIT = "NumaPredictedNotFit"
+#: kube-scheduler's NodeResourcesFit reasons, given by the ``fgd`` node policy (which knows every
+#: node's CPU and memory) for a node whose room is short of the pod's request.
+INSUFFICIENT_CPU = "Insufficient cpu"
+INSUFFICIENT_MEMORY = "Insufficient memory"
 
 # --- Event reasons --------------------------------------------------------------------------
 EVENT_FILTERING_SUCCEED = "FilteringSucceed"

@@ -13,6 +13,11 @@ from hamid.model.errors import InvalidInput
 
 #: Upstream's ``maxAllowedDeviceUUIDs``.
 MAX_ALLOWED_DEVICE_UUIDS = 512
+#: Upstream's ``numaRefitTimeout``, the time one refit has on both sides of the wire: the plugin
+#: gives up on ``/refit`` after it (kubelet puts no deadline on GetPreferredAllocation), and the
+#: scheduler fits the whole refit into it from the request's arrival, refusing with nothing changed
+#: once it has passed.
+REFIT_TIMEOUT_S = 2.0
 
 #: Upstream's stateless validation messages (``RefitNumaAllocation``), verbatim.
 MSG_INCOMPLETE = "incomplete refit request: pod UID, namespace, name, and node are required"

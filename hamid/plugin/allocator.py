@@ -57,28 +57,24 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
-    AllocationError,
-    ContainerAnswer,
-    HamiCoreSettings,
     PendingEntry,
     allowed_uuids,
     consume,
     container_at,
-    distinct_gpu_preference,
-    hami_core_answer,
     has_pending_entry,
     identify_pod,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
-    summarize,
     to_allocate,
 )
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -185,7 +181,7 @@ class Allocator:
         self,
         client: KubeClient,
         pods: NodePods,
-        inventory: Inventory,
+        inventory: GpuInventory,
         hami: HamiCoreSettings,
         *,
         resource_name: str = ResourceConfig().resource_count_name,
@@ -272,8 +268,6 @@ class Allocator:
         entry: PendingEntry,
         missing: Sequence[str],
         candidates: Sequence[str],
-        must_include: Sequence[str] = (),
-        size: int | None = None,
     ) -> NumaMismatch:
         container = container_at(pod, entry.index) or {}
         return NumaMismatch(
@@ -284,9 +278,6 @@ class Allocator:
             container_name=str(container.get("name", "")),
             annotated=entry.devices,
             missing=tuple(missing),
-            available_ids=tuple(candidates),
-            must_include_ids=tuple(must_include),
-            allocation_size=len(candidates) if size is None else size,
             allowed_uuids=allowed_uuids(candidates, self.inventory.uuid_of),
         )
 
@@ -303,7 +294,7 @@ class Allocator:
             )
             return None
 
-    async def _second_door(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
+    async def _mismatch_policy_at_allocate(self, pod: JSON, requests: Sequence[Sequence[str]]) -> JSON:
         """Allocate's door of the mismatch seam: run the policy for each container whose replicas kubelet
         put on other GPUs (unless it already fell back); after a refit, the re-read pod.
 
@@ -376,15 +367,13 @@ class Allocator:
         if entry is None:
             return []
         uuid_of = self.inventory.uuid_of
-        chosen, missing = select_preferred(
+        answer, missing = preferred_answer(
             entry.devices, request.available, request.must_include, request.size, uuid_of
         )
         if missing:
             if self.inventory.is_mig:
                 return []
-            mismatch = self._mismatch(
-                Door.PREFERRED, pod, entry, missing, request.available, request.must_include, request.size
-            )
+            mismatch = self._mismatch(Door.PREFERRED, pod, entry, missing, request.available)
             try:
                 replacement = await self.mismatch_handler(mismatch)
             except AllocationError as exc:
@@ -392,27 +381,32 @@ class Allocator:
                 raise
             if replacement is None:
                 self._fallbacks.remember(pod, entry)
-                return self._fallback(entry.index, chosen, request)
+                return self._fallback(entry.index, self._offered(entry, request), request)
             await self._reread(pod)
-            chosen, still = select_preferred(
+            answer, still = preferred_answer(
                 replacement, request.available, request.must_include, request.size, uuid_of
             )
-            if still or len(chosen) != request.size:
+            if still or not answer:
                 message = (
                     "numa refit committed but kubelet cannot honor the selection: "
                     f"{[d.uuid for d in replacement]} not among the available devices"
                 )
                 await complete(self._fail(pod, message))
                 raise AllocationError(message, code="refit-not-honoured")
-        if len(chosen) != request.size:
+        if not answer:
             log.info(
                 "annotation_short_of_request_no_preference",
                 container_index=entry.index,
                 annotated=len(entry.devices),
                 size=request.size,
             )
-            return []
-        return chosen
+        return answer
+
+    def _offered(self, entry: PendingEntry, request: PreferredRequest) -> list[str]:
+        """Must-include replicas plus a replica of each annotated GPU that is still offered."""
+        return select_preferred(
+            entry.devices, request.available, request.must_include, request.size, self.inventory.uuid_of
+        )[0]
 
     def _fallback(self, index: int, partial: Sequence[str], request: PreferredRequest) -> list[str]:
         """No replacement: prefer one replica per distinct GPU, for kubelet's replica bookkeeping.
@@ -556,7 +550,7 @@ class Allocator:
         for _attempt in range(CONFLICT_RETRIES):
             try:
                 async with asyncio.timeout_at(deadline):
-                    pod = await self._second_door(pod, requests)
+                    pod = await self._mismatch_policy_at_allocate(pod, requests)
                     plans, remaining, answers = await self._prepare(pod, requests)
             except TimeoutError as exc:
                 raise AllocationError(

@@ -1,7 +1,8 @@
-"""Pure allocation logic of the device plugin: which pod, which entry, which replicas, which env.
+"""Pure allocation logic of the device plugin: which pod, which entry, which replicas.
 
 No I/O here: pods are plain wire-form dicts; the async shell (``hamid.plugin.allocator``) feeds
-them from the node-scoped caches and writes the results back.
+them from the node-scoped caches and writes the results back. What a served container gets
+(HAMi-core's environment and mounts) is :mod:`hamid.plugin.hamicore_answer`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.model import hamicore, objects
-from hamid.model._wire import parse_go_bool
+from hamid.model import objects
 from hamid.model.annotations import (
     BIND_PHASE,
     BIND_PHASE_ALLOCATING,
@@ -25,22 +25,12 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.preferred import UuidOf
 from hamid.model.quantity import quantity_as_int
 from hamid.model.resources import all_containers
+from hamid.plugin.errors import AllocationError
 
 Pod = Mapping[str, Any]
-UuidOf = Callable[[str], "str | None"]
-
-
-class AllocationError(Exception):
-    """An Allocate/GetPreferredAllocation that must fail: the message goes to kubelet verbatim.
-
-    ``code`` names the kind of refusal for counting (one short, stable label per rule).
-    """
-
-    def __init__(self, message: str, *, code: str = "refused") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +39,6 @@ class PendingEntry:
 
     index: int
     devices: ContainerDevices
-
-
-#: At most this many items, each cut to this many characters, go into a message for kubelet: gRPC
-#: carries it in a header, and a huge one (a 2 MB device ID) would stall the whole plugin.
-SUMMARY_ITEMS = 8
-SUMMARY_ITEM_CHARS = 96
-
-
-def summarize(items: Sequence[str]) -> str:
-    """A bounded rendering of ``items`` for error messages (first few, each cut, and a count)."""
-    limit = SUMMARY_ITEM_CHARS
-    shown = [i if len(i) <= limit else f"{i[:limit]}…({len(i)} chars)" for i in items]
-    text = repr(shown[:SUMMARY_ITEMS])
-    return text if len(items) <= SUMMARY_ITEMS else f"{text} and {len(items) - SUMMARY_ITEMS} more"
 
 
 def to_allocate(pod: Pod) -> PodDevices:
@@ -245,69 +221,6 @@ def _next_entry(pod: Pod) -> PendingEntry:
     return entries[0]
 
 
-def select_preferred(
-    annotated: ContainerDevices,
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-    uuid_of: UuidOf,
-) -> tuple[list[str], list[str]]:
-    """Map annotated GPUs to kubelet's replica IDs (docs/hami-wire.md §4.8).
-
-    Must-include replicas come first and count for the annotated GPUs they are replicas of; each
-    remaining annotated GPU takes its first available replica. Returns ``(chosen, missing)`` where
-    ``missing`` lists annotated GPU UUIDs that have no available replica, over every annotated GPU:
-    also those left over once must-include replicas fill ``size`` (their annotation may sit on
-    another NUMA node, which is exactly when a refit is needed).
-    """
-    chosen = list(must_include)
-    covered = Counter(uuid_of(i) for i in must_include)
-    taken = set(chosen)
-    missing: list[str] = []
-    for device in annotated:
-        if covered[device.uuid] > 0:
-            covered[device.uuid] -= 1
-            continue
-        replica = next((i for i in available if i not in taken and uuid_of(i) == device.uuid), None)
-        if replica is None:
-            missing.append(device.uuid)
-        elif len(chosen) < size:
-            chosen.append(replica)
-            taken.add(replica)
-    return chosen, missing
-
-
-def distinct_gpu_preference(
-    available: Sequence[str], must_include: Sequence[str], size: int, uuid_of: UuidOf
-) -> list[str]:
-    """``size`` replica IDs on distinct physical GPUs (the fallback preference), or ``[]`` if impossible.
-
-    Used when the annotated GPUs cannot be offered (no refit, or it was refused): Allocate will serve
-    the annotated GPUs anyway, so this only shapes kubelet's replica bookkeeping. One replica per GPU
-    mirrors the allocation (each slot of a container is on its own GPU), where "no preference" would
-    let kubelet count two replicas of one GPU for a multi-GPU container. Must-include replicas come
-    first (they must name distinct known GPUs); the rest is one replica per GPU, GPUs with the most
-    available replicas first, ties by UUID; each GPU gives its smallest replica ID.
-    """
-    if size <= 0 or len(must_include) > size:
-        return []
-    chosen = list(must_include)
-    used: set[str] = set()
-    for device_id in must_include:
-        uuid = uuid_of(device_id)
-        if uuid is None or uuid in used:
-            return []
-        used.add(uuid)
-    replicas: dict[str, list[str]] = {}
-    for device_id in dict.fromkeys(available):
-        uuid = uuid_of(device_id)
-        if uuid is not None and uuid not in used and device_id not in chosen:
-            replicas.setdefault(uuid, []).append(device_id)
-    ranked = sorted(replicas, key=lambda u: (-len(replicas[u]), u))
-    chosen += [min(replicas[u]) for u in ranked[: size - len(chosen)]]
-    return chosen if len(chosen) == size else []
-
-
 def allowed_uuids(available: Sequence[str], uuid_of: UuidOf) -> tuple[str, ...]:
     """Unique physical GPUs behind kubelet's available replica IDs, first-seen order (upstream #2817)."""
     seen: dict[str, None] = {}
@@ -377,88 +290,3 @@ def refuse_unservable(
 def consume(devices: PodDevices, index: int) -> PodDevices:
     """The to-allocate value after entry ``index`` is consumed (emptied; positions are kept)."""
     return tuple(() if i == index else entry for i, entry in enumerate(devices))
-
-
-def env_is_true(container: Mapping[str, Any] | None, name: str) -> bool:
-    """Whether the container spec sets env ``name`` to a Go ``ParseBool`` true value."""
-    for env in (container or {}).get("env") or []:
-        if env.get("name") == name:
-            try:
-                return parse_go_bool(str(env.get("value", "")), name)
-            except InvalidInput:
-                return False
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class HamiCoreSettings:
-    """Node settings that shape the HAMi-core part of an Allocate answer."""
-
-    hook_path: str
-    oversubscribe: bool = False
-    log_level: str = ""
-    disable_core_limit: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class MountSpec:
-    """One bind mount of the answer."""
-
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerAnswer:
-    """Envs and mounts for one container, plus the host directory that must exist."""
-
-    envs: dict[str, str]
-    mounts: tuple[MountSpec, ...]
-    cache_dir: str
-
-
-def hami_core_answer(
-    devices: ContainerDevices,
-    pod_uid: str,
-    container: Mapping[str, Any] | None,
-    settings: HamiCoreSettings,
-    cache_token: str,
-    *,
-    licensed: bool = False,
-) -> ContainerAnswer:
-    """The env vars and mounts HAMi-core needs for one container (docs/hami-wire.md §4.9).
-
-    ``licensed``: ``<HOOK_PATH>/vgpu/license`` exists on the host (checked by the caller, in a
-    thread); the license and ``vgpuvalidator`` are then mounted read-only as HAMi does.
-    """
-    uuids = list(dict.fromkeys(d.uuid for d in devices))
-    envs = {hamicore.ENV_VISIBLE_DEVICES: ",".join(uuids)}
-    for position, device in enumerate(devices):
-        envs[hamicore.memory_limit_env(position)] = hamicore.memory_limit_value(device.usedmem)
-    envs[hamicore.ENV_SM_LIMIT] = str(devices[0].usedcores)
-    envs[hamicore.ENV_SHARED_CACHE] = hamicore.shared_cache_path(settings.hook_path, cache_token)
-    if settings.oversubscribe:
-        envs[hamicore.ENV_OVERSUBSCRIBE] = "true"
-    if settings.log_level:
-        envs[hamicore.ENV_LOG_LEVEL] = settings.log_level
-    if settings.disable_core_limit:
-        envs[hamicore.ENV_CORE_UTILIZATION_POLICY] = hamicore.CORE_UTILIZATION_POLICY_DISABLE
-    name = str((container or {}).get("name", ""))
-    cache_dir = hamicore.container_cache_dir(settings.hook_path, pod_uid, name)
-    lib = hamicore.libvgpu_path(settings.hook_path)
-    mounts = [
-        MountSpec(lib, lib, True),
-        MountSpec(hamicore.vgpu_dir(settings.hook_path), cache_dir, False),
-        MountSpec(hamicore.VGPU_LOCK_DIR, hamicore.VGPU_LOCK_DIR, False),
-    ]
-    if not env_is_true(container, hamicore.ENV_DISABLE_CONTROL):
-        mounts.append(
-            MountSpec(hamicore.LD_SO_PRELOAD, hamicore.ld_so_preload_host_path(settings.hook_path), True)
-        )
-    if licensed:
-        mounts.append(MountSpec(hamicore.LICENSE, hamicore.license_host_path(settings.hook_path), True))
-        mounts.append(
-            MountSpec(hamicore.VGPU_VALIDATOR, hamicore.vgpu_validator_host_path(settings.hook_path), True)
-        )
-    return ContainerAnswer(envs, tuple(mounts), cache_dir)

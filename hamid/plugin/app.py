@@ -20,7 +20,6 @@ from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
-from hamid.plugin.allocator_rules import HamiCoreSettings
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
@@ -34,7 +33,8 @@ from hamid.plugin.discovery import (
     load_devices_inventory,
     watch_xid_events,
 )
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.hamicore_answer import HamiCoreSettings
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
@@ -146,7 +146,7 @@ class Plugin:
         numa_sources: NumaSources | None = None,
     ) -> None:
         self.setup = setup
-        self.inventory = Inventory(setup.gpus, setup.config)
+        self.inventory = GpuInventory(setup.gpus, setup.config)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
@@ -178,6 +178,7 @@ class Plugin:
                 self.pods,
                 numa_sources,
                 resource_name=setup.resource_name,
+                preferred_allocation=preferred,
                 on_prediction=self.metrics.numa_prediction,
             )
 

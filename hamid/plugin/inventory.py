@@ -1,6 +1,6 @@
 """The node's advertised devices: physical GPUs, their replicas, health, and what gets registered.
 
-Owned by the event loop: health changes arrive through :meth:`Inventory.mark_unhealthy` (the XID
+Owned by the event loop: health changes arrive through :meth:`GpuInventory.mark_unhealthy` (the XID
 thread schedules it with ``loop.call_soon_threadsafe``) and wake every ``ListAndWatch`` stream and
 the registration loop.
 """
@@ -40,7 +40,7 @@ def device_type(name: str) -> str:
     return name if name.upper().startswith(NVIDIA) else f"{NVIDIA}-{name}"
 
 
-class Inventory:
+class GpuInventory:
     """Physical GPUs selected for this node (filters applied) and their replicas."""
 
     def __init__(self, gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> None:

@@ -29,11 +29,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
-from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.listen import serve
 from hamid.log import get_logger
 from hamid.model import objects
-from hamid.plugin.inventory import Inventory
+from hamid.model.numa import MISS_CAUSES
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.vgpu_monitor import UsageScan, scan
 
 log = get_logger("plugin.metrics")
@@ -81,7 +81,7 @@ def pod_names(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
 class PluginMetrics:
     """Every metric of one plugin process; the HTTP app is :func:`metrics_app`."""
 
-    def __init__(self, inventory: Inventory, *, hook_path: str) -> None:
+    def __init__(self, inventory: GpuInventory, *, hook_path: str) -> None:
         """Declare every plugin metric family in one place (one statement each, hence over 60 lines)."""
         self.inventory = inventory
         self.hook_path = hook_path

@@ -22,7 +22,7 @@ strict         one refit; on failure the allocation fails   error log only; runs
 
 The policy answers the replacement devices (committed by the scheduler), None (the annotation
 stands and Allocate serves it: the GPUs the scheduler accounts for, whatever replicas kubelet
-picked), or raises :class:`~hamid.plugin.allocator_rules.AllocationError`. What a replacement means
+picked), or raises :class:`~hamid.plugin.errors.AllocationError`. What a replacement means
 at each door (an offer to kubelet, or the devices served) is the allocator's business.
 """
 
@@ -39,7 +39,7 @@ from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.devices import NVIDIA, ContainerDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import RefitRequest
-from hamid.plugin.allocator_rules import AllocationError
+from hamid.plugin.errors import AllocationError
 from hamid.plugin.refit_client import RefitClient, RefitError
 
 log = get_logger("plugin.numa_policy")
@@ -57,9 +57,9 @@ class NumaMismatch:
     """An annotated GPU is not among kubelet's devices for one container.
 
     ``container_index`` counts init containers first; ``missing`` are the annotated UUIDs kubelet's
-    devices do not cover; ``available_ids`` are kubelet's candidate replicas (the available ones at
-    ``GetPreferredAllocation``, the allocated ones at ``Allocate``) and ``allowed_uuids`` the unique
-    physical GPUs behind them, the set a refit is restricted to.
+    devices do not cover; ``allowed_uuids`` are the unique physical GPUs behind kubelet's candidate
+    replicas (the available ones at ``GetPreferredAllocation``, the allocated ones at ``Allocate``),
+    the set a refit is restricted to.
     """
 
     door: Door
@@ -69,9 +69,6 @@ class NumaMismatch:
     container_name: str
     annotated: ContainerDevices
     missing: tuple[str, ...]
-    available_ids: tuple[str, ...]
-    must_include_ids: tuple[str, ...]
-    allocation_size: int
     allowed_uuids: tuple[str, ...]
 
     @property

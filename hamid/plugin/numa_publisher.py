@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.fit.numa_fit import miss_cause
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
@@ -48,6 +47,7 @@ from hamid.model.numa import (
     decode_profile,
     encode_placement,
     encode_profile,
+    miss_cause,
 )
 from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG, load_kubelet_policies
@@ -83,12 +83,16 @@ class NumaSources:
 
 
 def build_profile(
-    topology: CpuTopology, policies: KubeletPolicies, allocatable: frozenset[int]
+    topology: CpuTopology,
+    policies: KubeletPolicies,
+    allocatable: frozenset[int],
+    preferred_allocation: str | None = None,
 ) -> NumaProfile:
     """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
 
     With CPU manager policy ``none`` kubelet allocates no CPUs exclusively and reports none; then
-    nothing is reserved for the predictor either.
+    nothing is reserved for the predictor either. ``preferred_allocation``: the resource this plugin
+    serves when it offers kubelet ``GetPreferredAllocation``.
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
@@ -101,6 +105,7 @@ def build_profile(
         reserved_cpus=reserved,
         distances=topology.distances,
         policies=policies,
+        preferred_allocation=preferred_allocation,
     )
 
 
@@ -225,10 +230,12 @@ class NumaPublisher:
         sources: NumaSources,
         *,
         resource_name: str,
+        preferred_allocation: bool = False,
         on_prediction: Callable[[str, str], None] = lambda _result, _cause: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
+        self.preferred_allocation = preferred_allocation
         self.pods = pods
         self.node_name = pods.node_name
         self.sources = sources
@@ -285,7 +292,8 @@ class NumaPublisher:
             return
         self.problems.clear("kubelet PodResources API")
         try:
-            content = build_profile(self.topology, self.policies, allocatable.cpus)
+            preferred = self.resource_name if self.preferred_allocation else None
+            content = build_profile(self.topology, self.policies, allocatable.cpus, preferred)
         except InvalidInput as exc:
             self.problems.report("NUMA profile", str(exc), "not published")
             return

@@ -32,13 +32,11 @@ import aiohttp
 from hamid.log import get_logger
 from hamid.model.devices import ContainerDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.refit import RefitRequest, RefitResponse
+from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.tls import TLSConfigError, client_ssl_context
 
 log = get_logger("plugin.refit_client")
 
-#: Upstream's ``numaRefitTimeout``: kubelet puts no deadline on GetPreferredAllocation.
-REFIT_TIMEOUT_S = 2.0
 MAX_RESPONSE_BYTES = 1 << 20
 REFIT_PATH = "/refit"
 DEFAULT_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -131,11 +129,6 @@ class RefitClient:
                 flag="--scheduler-tls-insecure",
                 endpoint=endpoint,
             )
-
-    @property
-    def sends_token(self) -> bool:
-        """Whether calls carry the ServiceAccount token."""
-        return bool(self.config.token_file)
 
     def _prepare(self) -> tuple[dict[str, str], ssl.SSLContext | None]:
         """Headers and TLS context for one call (blocking file reads: run in a thread)."""

@@ -14,7 +14,7 @@ from hamid.model import objects
 from hamid.model.annotations import NODE_REGISTER, NODE_SCORE, encode_node_devices, encode_pair_scores
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import ASYMMETRIC_MESSAGE, ASYMMETRIC_REASON, GpuLinks, pair_scores
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.pods import NodePods
 
 log = get_logger("plugin.register")
@@ -37,7 +37,7 @@ class NodeRegistrar:
         self,
         client: KubeClient,
         pods: NodePods,
-        inventory: Inventory,
+        inventory: GpuInventory,
         *,
         links: GpuLinks | None = None,
         interval: float = REGISTER_INTERVAL_S,

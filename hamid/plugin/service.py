@@ -17,8 +17,9 @@ from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginBase
 from hamid.log import get_logger
 from hamid.plugin.allocator import Allocator, PreferredRequest
-from hamid.plugin.allocator_rules import AllocationError, ContainerAnswer, summarize
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import ContainerAnswer
+from hamid.plugin.inventory import GpuInventory
 
 log = get_logger("plugin.service")
 
@@ -67,7 +68,7 @@ def check_requests(kind: str, id_lists: list[list[str]]) -> None:
             )
 
 
-def list_response(inventory: Inventory) -> pb.ListAndWatchResponse:
+def list_response(inventory: GpuInventory) -> pb.ListAndWatchResponse:
     """The full device list: one ``Device`` per replica, topology only when the NUMA node is sent."""
     devices = []
     for replica in inventory.replicas():
@@ -94,7 +95,7 @@ def allocate_response(answers: list[ContainerAnswer]) -> pb.AllocateResponse:
 class DevicePluginService(DevicePluginBase):
     """Serves kubelet: options, the replica list, preferred allocation, Allocate, PreStartContainer."""
 
-    def __init__(self, inventory: Inventory, allocator: Allocator, *, preferred_allocation: bool) -> None:
+    def __init__(self, inventory: GpuInventory, allocator: Allocator, *, preferred_allocation: bool) -> None:
         self.inventory = inventory
         self.allocator = allocator
         self.preferred_allocation = preferred_allocation

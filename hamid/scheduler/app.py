@@ -36,6 +36,9 @@ from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metr
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.refit import refit_route_factory
 from hamid.scheduler.signing import describe
+from hamid.scheduler.ui.access import KubeAccess, protect
+from hamid.scheduler.ui.routes import add_ui
+from hamid.scheduler.ui.source import PodIndex, UiSource
 from hamid.tls import ReloadingServerContext, server_ssl_context
 
 log = get_logger("scheduler.app")
@@ -141,10 +144,19 @@ class SchedulerApp:
         for key, app, listen, ctx in (
             ("extender", extender_app(scheduler), options.extender_listen, None),
             ("cluster", cluster, options.listen, self._tls.context if self._tls else None),
-            ("metrics", metrics_app(scheduler), options.metrics_listen, None),
+            ("metrics", self._metrics_app(scheduler), options.metrics_listen, None),
         ):
             runner, self.ports[key] = await serve(app, listen, ctx, what=f"{key} listener")
             self._runners.append(runner)
+
+    def _metrics_app(self, scheduler: Scheduler) -> web.Application:
+        """``/metrics``, ``/metrics/hami`` and (``--ui``) ``/ui``; guarded with ``--metrics-auth``."""
+        app = metrics_app(scheduler)
+        if self.options.ui:
+            add_ui(app, ui_source(scheduler))
+        if self.options.metrics_auth:
+            protect(app, KubeAccess(scheduler.kube, timeout=self.options.settings.api_timeout_s))
+        return app
 
     async def wait_synced(self, timeout: float = 15.0) -> None:
         """Wait until the pod, node and quota caches applied their first list."""
@@ -228,6 +240,21 @@ async def run_scheduler(
         await app.wait(stop or asyncio.Event())
     finally:
         await app.stop()
+
+
+def ui_source(scheduler: Scheduler) -> UiSource:
+    """What ``/ui`` reads of ``scheduler`` (its pod index follows the pod cache from now on)."""
+    index = PodIndex()
+    index.follow(scheduler.pods)
+    return UiSource(
+        scheduler.state,
+        scheduler.numa,
+        scheduler.pods,
+        index,
+        scheduler.metrics,
+        scheduler.history,
+        lambda: scheduler.leading,
+    )
 
 
 def leadership(

@@ -1,7 +1,8 @@
-"""Per-node coordination of the scheduler's awaits: in-process node locks, change waiters, outboxes.
+"""Per-node coordination of the scheduler's awaits: node guards, change waiters, outboxes.
 
 Operations that must keep a node's plan stable across an await (a refit, a node-lock
-acquisition) hold :meth:`Coordination.node_lock` — per node, never process-wide, so a slow API
+acquisition) hold :meth:`Coordination.node_guard`, an in-process ``asyncio.Lock`` (not HAMi's
+``hami.io/mutex.lock`` node lock on the Node object) — per node, never process-wide, so a slow API
 server never stalls other nodes. A bind waiting for a node's lock to free waits on
 :meth:`Coordination.wait_change`, woken by :meth:`Coordination.notify` whenever the node or a pod
 placed on it changes. The outboxes collect what synchronous accounting code found to report
@@ -17,7 +18,7 @@ JSON = dict[str, Any]
 
 
 class Coordination:
-    """Node locks, change waiters and the accounting's outboxes of one process (event-loop owned)."""
+    """Node guards, change waiters and the accounting's outboxes of one process (event-loop owned)."""
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
@@ -31,8 +32,8 @@ class Coordination:
         #: Booked pods whose annotations now disagree with the booking (which stays as it is).
         self.disagreed: list[tuple[JSON, str]] = []
 
-    def node_lock(self, node: str) -> asyncio.Lock:
-        """The in-process lock of ``node`` (hold it across an await that must keep the plan)."""
+    def node_guard(self, node: str) -> asyncio.Lock:
+        """The guard of ``node``, an in-process lock (hold it across an await that must keep the plan)."""
         lock = self._locks.get(node)
         if lock is None:
             lock = self._locks[node] = asyncio.Lock()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from hamid.fit.fit import PodFitSpec
+from hamid.fit.fgd import DEFAULT_HALF_LIFE, Workload
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
@@ -31,8 +31,10 @@ from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import DEFAULT_BIND_WAIT_S, Binder
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
-from hamid.scheduler.filter import Filter, NumaFit, Plan
+from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.filter import Filter
 from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL, NodeLocker
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.podtrim import trim_scheduler_pod
@@ -40,6 +42,7 @@ from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod, review_update
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
@@ -71,6 +74,10 @@ class SchedulerSettings:
     #: After the first cache sync, take the live heap out of the cyclic GC (:func:`freeze_heap`).
     #: For the ``hamid scheduler`` process; off where the scheduler is embedded (tests, simulator).
     gc_freeze: bool = False
+    #: The ``fgd`` policy's typical workload, pinned by the operator (None: learned online).
+    fgd_workload: Workload | None = None
+    #: Pods after which a learned shape weighs half as much as a new one (``fgd``).
+    fgd_half_life: float = DEFAULT_HALF_LIFE
 
 
 def freeze_heap() -> None:
@@ -120,7 +127,19 @@ class Scheduler:
             lambda: self.state.clock(),
             self._numa_scored,
         )
+        #: CPU and memory per node, and the ``fgd`` policy's workload and fragmentation memo.
+        self.cpu_mem = NodeCpuMem()
+        self.fgd = FgdRanker(
+            self.config,
+            self.state.inventory,
+            self.numa,
+            self.cpu_mem,
+            self.settings.fgd_workload,
+            self.settings.fgd_half_life,
+        )
         self.events = events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME)
+        #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
+        self.history = EventHistory(lambda: self.state.clock())
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
         self.nodes = NodeCache(kube)
         self.quotas = ResourceQuotaCache(kube)
@@ -174,6 +193,7 @@ class Scheduler:
             metrics=self.metrics,
             readiness=self.readiness,
             record=self.record,
+            fgd=self.fgd,
         )
 
     def _binder(self) -> Binder:
@@ -267,6 +287,7 @@ class Scheduler:
 
     def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
+        self.history.note(obj, event_type, reason, message)
         self.spawn(self.events.record(obj, event_type, reason, message))
 
     # -- the verbs ------------------------------------------------------------------------------
@@ -274,10 +295,6 @@ class Scheduler:
     async def filter(self, args: FilterArgs) -> FilterResult:
         """The extender filter verb (:meth:`hamid.scheduler.filter.Filter.filter`)."""
         return await self.filtering.filter(args)
-
-    def plan(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...], numa: NumaFit | None = None) -> Plan:
-        """Choose a node for ``pod`` (:meth:`hamid.scheduler.filter.Filter.plan`; nothing changes)."""
-        return self.filtering.plan(pod, spec, names, numa)
 
     async def bind(self, args: BindArgs) -> str:
         """The extender bind verb (:meth:`hamid.scheduler.bind.Binder.bind`); never raises."""
@@ -288,6 +305,8 @@ class Scheduler:
     def _pod_seen(self, pod: JSON) -> None:
         self.state.on_pod(pod)
         self.numa.on_pod(pod)
+        self.cpu_mem.on_pod(pod)
+        self.fgd.observe(pod)
         self.report_undecodable()
 
     def _pod_updated(self, _old: JSON, new: JSON) -> None:
@@ -296,15 +315,20 @@ class Scheduler:
     def _pod_gone(self, pod: JSON) -> None:
         self.state.on_pod_deleted(pod)
         self.numa.on_pod_deleted(pod)
+        self.cpu_mem.on_pod_deleted(pod)
+        self.fgd.forget(pod)
 
     def _node_seen(self, node: JSON) -> None:
         self.state.on_node(node)
         entry = self.state.nodes.get(objects.name(node))
         self.numa.on_node(node, entry.infos if entry is not None else None)
+        self.cpu_mem.on_node(node)
 
     def _node_gone(self, node: JSON) -> None:
         self.state.on_node_deleted(node)
         self.numa.on_node_deleted(objects.name(node))
+        self.cpu_mem.on_node_deleted(objects.name(node))
+        self.fgd.forget_node(objects.name(node))
 
     def _numa_scored(self, result: str, cause: str) -> None:
         self.metrics.numa_predictions.labels(result).inc()

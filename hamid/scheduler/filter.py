@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
+from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.numa_fit import numa_targets, pod_shape
+from hamid.fit.node_room import CpuMem, pod_cpu_mem
+from hamid.fit.numa_fit import gpu_replicas, numa_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
-from hamid.fit.policy import best_first
+from hamid.fit.policy import BINPACK, FGD, best_first
 from hamid.kube.cache import PodCache
 from hamid.kube.client import KubeClient
 from hamid.kube.events import EventType
@@ -33,6 +36,7 @@ from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import FilterArgs, FilterResult
+from hamid.scheduler.fgd_rank import FgdRanker, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.metrics import SchedulerMetrics
@@ -56,6 +60,9 @@ _NO_FIT_PATCH = 256
 _COLD_FITS = 100
 #: The longest slice of that work between two yields to the event loop.
 _SLICE_S = 0.002
+
+#: ``prefer(node)``: the device ids a fit tries first there (the ``fgd`` GPU choice).
+Prefer = Callable[[NodeEntry], tuple[str, ...]]
 
 #: ``record(obj, type, reason, message)``: an Event in the background.
 Record = Callable[[JSON, EventType, str, str], None]
@@ -89,6 +96,16 @@ class NumaFit:
             prediction = None
         self.predictions[node] = prediction
         return prediction
+
+    def resolve(self, ledgers: NumaLedgers, entry: NodeEntry, fitted: Fitted) -> None:
+        """An unknown prediction once the GPUs are fitted: on a node where hamid's plugin offers
+        kubelet ``GetPreferredAllocation``, the fitted GPUs are its choice, so kubelet's replicas
+        follow them; a definite placement then replaces the unknown (recorded and booked)."""
+        resolved = ledgers.predict_chosen(
+            entry.name, self.pod, self.uid, fitted.devices, gpu_replicas(entry.usage)
+        )
+        if resolved is not None and resolved.outcome is Outcome.PLACED:
+            self.predictions[entry.name] = resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +199,10 @@ class Filter:
         metrics: SchedulerMetrics,
         readiness: Readiness,
         record: Record,
+        fgd: FgdRanker,
     ) -> None:
         self.state = state
+        self.fgd = fgd
         self.numa = numa
         self.kube = kube
         self.config = config
@@ -253,27 +272,73 @@ class Filter:
             own = (nodes[previous.node].usage.score(previous.applied), previous.node)
         passed: list[NodeEntry] = []  # best-first; only their reasons are needed when nothing fits
         backing_off = self.backoff.active(now, nodes)
-        for group in best_first(state.ranked(), spec.policy.node_policy, position, own):
+        judged = len(walk.failed)
+        ranked, node_policy, own, prefer = self._ordering(pod, spec, position, own, walk.failed)
+        # nodes short of CPU/memory for this pod say nothing about its GPU shape: not memoised
+        memo = len(walk.failed) == judged
+        for group in best_first(ranked, node_policy, position, own):
             tries = _triage(group, nodes, now, backing_off, own, need, walk.failed, passed)
             for entry in tries:
-                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
+                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa, prefer))
                 if won is not None:
                     return won[0], won[1], walk.failed
         if cold_fits is not None:
             cold = [entry for entry in passed if shape not in entry.unfit]
             if len(cold) > cold_fits:
                 raise _ColdReasons(cold, shape, quota)
-        won = self._passed(passed, walk, shape, spec, quota, previous, numa)
+        won = self._passed(passed, walk, shape, spec, quota, previous, numa, prefer)
         if won is not None:
             return won[0], won[1], walk.failed
-        won = self._backing_off(backing_off, position, walk, spec, quota, previous, numa)
+        won = self._backing_off(backing_off, position, walk, spec, quota, previous, numa, prefer)
         if won is not None:
             return won[0], won[1], walk.failed
         if walk.fallback is not None:
             return walk.fallback[0], walk.fallback[1], walk.failed
-        if walk.fits == 0 and previous is None and self._candidates is not None:
+        if walk.fits == 0 and previous is None and memo and self._candidates is not None:
             self._remember_no_fit(shape, walk.failed, now)
         return None, None, walk.failed
+
+    def _ordering(
+        self,
+        pod: JSON,
+        spec: PodFitSpec,
+        position: Mapping[str, int],
+        own: tuple[float, str] | None,
+        failed: dict[str, str],
+    ) -> tuple[list[tuple[float, str]], str, tuple[float, str] | None, Prefer | None]:
+        """The ranking a plan walks, its direction, the own node's rank and the GPU order, per policy.
+
+        HAMi's policies walk the score index; ``fgd`` walks the candidates by fragmentation gain
+        (highest first; nodes short of CPU or memory get kube-scheduler's reason in ``failed``)
+        and, as GPU policy, tries first the GPUs where the pod removes the most fragmentation.
+        """
+        policy = spec.policy
+        fgd_node, fgd_gpu = policy.node_policy == FGD, policy.gpu_policy.value == FGD
+        if not (fgd_node or fgd_gpu):
+            return self.state.ranked(), policy.node_policy, own, None
+        try:
+            shape = self.fgd.shape_of(pod, spec)
+        except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): pack
+            return self.state.ranked(), BINPACK if fgd_node else policy.node_policy, own, None
+        ranked, node_policy = self.state.ranked(), policy.node_policy
+        placements: dict[str, Placement] = {}
+        if fgd_node:
+            own_name = own[1] if own is not None else None
+            ranked, placements = fgd_ranked(self.fgd, shape, position, self.state.nodes, own_name, failed)
+            node_policy = BINPACK  # highest gain first
+            if own is not None:
+                own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
+        return ranked, node_policy, own, self._gpu_order(shape, placements) if fgd_gpu else None
+
+    def _gpu_order(self, shape: Shape, placements: Mapping[str, Placement]) -> Prefer:
+        """The ``fgd`` GPU order on a node: the GPUs of its best placement first."""
+        fgd = self.fgd
+
+        def prefer(entry: NodeEntry) -> tuple[str, ...]:
+            placed = placements.get(entry.name)
+            return fgd.preferred(entry, placed if placed is not None else fgd.best_on(entry, shape))
+
+        return prefer
 
     def _remember_no_fit(self, shape: int, failed: dict[str, str], now: float) -> None:
         """Keep a no-fit answer reached by room alone (no node fitted) for the next retry."""
@@ -360,13 +425,14 @@ class Filter:
         quota: Quota | None,
         previous: Reservation | None,
         numa: NumaFit | None,
+        prefer: Prefer | None = None,
     ) -> tuple[str, Fitted] | None:
         """The candidates in bind back-off, tried last (soonest-expiring first)."""
         nodes = self.state.nodes
         for name in sorted(backing_off, key=backing_off.__getitem__):
             if name in walk.failed or name not in position:
                 continue
-            won = walk.tried(name, *self._fit(nodes[name], spec, quota, previous, numa))
+            won = walk.tried(name, *self._fit(nodes[name], spec, quota, previous, numa, prefer))
             if won is not None:
                 return won
         return None
@@ -380,6 +446,7 @@ class Filter:
         quota: Quota | None,
         previous: Reservation | None,
         numa: NumaFit | None,
+        prefer: Prefer | None = None,
     ) -> tuple[str, Fitted] | None:
         """The nodes passed over for their room: each gives its (memoised) capacity reason.
 
@@ -390,7 +457,7 @@ class Filter:
         for entry in passed:
             reason = self._capacity_reason(entry, shape, spec, quota)
             if reason is None:
-                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa))
+                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa, prefer))
             else:
                 won = walk.passed(entry.name, reason)
             if won is not None:
@@ -433,6 +500,7 @@ class Filter:
         quota: Quota | None,
         previous: Reservation | None,
         numa: NumaFit | None = None,
+        prefer: Prefer | None = None,
     ) -> tuple[Fitted | Unfit, bool]:
         """Fit the pod on one node, within the NUMA node kubelet is predicted to choose.
 
@@ -441,22 +509,26 @@ class Filter:
         ``NumaPredictedNotFit``; a best-effort (or not opted-in) pod falls back to any GPU.
         """
         release = previous.applied if previous is not None and previous.node == entry.name else None
+        order = prefer(entry) if prefer is not None else ()
         if numa is None:
-            return fit_pod(entry.usage, spec, quota, release), True
+            return fit_pod(entry.usage, spec, quota, release, prefer=order), True
         prediction = numa.predict(self.numa, entry.name)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
-            return fit_pod(entry.usage, spec, quota, release), True
+            fitted = fit_pod(entry.usage, spec, quota, release, prefer=order)
+            if prediction is not None and isinstance(fitted, Fitted):
+                numa.resolve(self.numa, entry, fitted)
+            return fitted, True
         if prediction.outcome is Outcome.REJECT:
             return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
         targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
         if all(t is None for t in targets):
-            return fit_pod(entry.usage, spec, quota, release), True
-        within = fit_pod(entry.usage, spec, quota, release, targets)
+            return fit_pod(entry.usage, spec, quota, release, prefer=order), True
+        within = fit_pod(entry.usage, spec, quota, release, targets, order)
         if isinstance(within, Fitted):
             return within, True
         if numa.mode is AlignmentMode.STRICT:
             return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
-        return fit_pod(entry.usage, spec, quota, release), False
+        return fit_pod(entry.usage, spec, quota, release, prefer=order), False
 
     # -- the verb -------------------------------------------------------------------------------
 
@@ -539,6 +611,7 @@ class Filter:
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
         undo = self.state.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
+        undo_cpu_mem = self.fgd.cpu_mem.assume(uid, node, _cpu_mem(pod))
         undo_numa = None
         if predicted is not None and prediction is not None:
             undo_numa = self.numa.book(uid, node, prediction, pod)
@@ -553,6 +626,7 @@ class Filter:
             )
         except Exception as exc:  # any failure (API or not) leaves no reservation behind
             undo()
+            undo_cpu_mem()
             if undo_numa is not None:
                 undo_numa()
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
@@ -580,6 +654,14 @@ class Filter:
             self._unfit_events = (failed, messages)
         for message in messages:
             self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, message)
+
+
+def _cpu_mem(pod: JSON) -> CpuMem:
+    """The pod's cpu/memory request (nothing when unreadable: kube-scheduler would not pass it)."""
+    try:
+        return pod_cpu_mem(pod)
+    except InvalidInput:
+        return CpuMem()
 
 
 def _unfit_messages(failed: Mapping[str, str]) -> list[str]:

@@ -1,6 +1,6 @@
 """The scheduler's node inventory: registered nodes, their GPUs with live usage, health, ranking.
 
-Fed by node events (:meth:`Inventory.on_node`); the usage of each node's GPUs is written only by
+Fed by node events (:meth:`NodeInventory.on_node`); the usage of each node's GPUs is written only by
 the ledger (:mod:`hamid.scheduler.ledger`), which books its reservations again on a node whose
 GPUs were (re)registered. Nodes are kept ordered by node score (:class:`ScoreIndex`), so a
 filter walks them best-first.
@@ -141,7 +141,7 @@ def _handshake(value: str | None) -> tuple[float | None, bool]:
     return handshake.time.timestamp(), False
 
 
-class Inventory:
+class NodeInventory:
     """Registered nodes of one scheduler process with their GPUs (event-loop owned)."""
 
     def __init__(self, config: ResourceConfig, clock: Callable[[], float] = time.time) -> None:
@@ -254,9 +254,9 @@ class Inventory:
         entry.unfit.clear()
         return entry
 
-    def blank_copy(self) -> Inventory:
+    def blank_copy(self) -> NodeInventory:
         """The same registered nodes with zero usage (for the reconcile's shadow)."""
-        copy = Inventory(self.config, self.clock)
+        copy = NodeInventory(self.config, self.clock)
         for name, entry in self.nodes.items():
             usage = copy.fresh_usage(name, entry.infos, entry.usage.pair_scores, entry.usage.cordoned)
             copy.nodes[name] = NodeEntry(

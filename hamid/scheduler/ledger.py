@@ -5,7 +5,7 @@ await the API (filter patch, bind, refit) make a tentative change first and keep
 :data:`Undo` to roll it back on failure.
 
 Accounting is incremental: pod add/update/delete events adjust the per-device usage of one node
-of the :class:`~hamid.scheduler.inventory.Inventory`; a rebuild from a fresh list in any order
+of the :class:`~hamid.scheduler.inventory.NodeInventory`; a rebuild from a fresh list in any order
 gives the same usage (see :meth:`Ledger.snapshot`). The periodic reconcile
 (:mod:`hamid.scheduler.reconcile`) feeds such a list into a *shadow* — a quiet :class:`Ledger`
 over a blank copy of the inventory (:meth:`Ledger.blank_copy`), with this same surface — and
@@ -46,7 +46,7 @@ from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
-from hamid.scheduler.inventory import Inventory, NodeEntry
+from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.quotas import QuotaBook
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.webhook import DEFAULT_SCHEDULER
@@ -146,7 +146,7 @@ class Ledger:
         clock: Callable[[], float] = time.time,
         scheduler_name: str = "",
         *,
-        inventory: Inventory | None = None,
+        inventory: NodeInventory | None = None,
         coordination: Coordination | None = None,
         quiet: bool = False,
         keys: AllocationKeys | None = None,
@@ -156,7 +156,7 @@ class Ledger:
         self.clock = clock
         #: The scheduler's name: a pod of another scheduler is booked only if this one placed it.
         self.scheduler_name = scheduler_name
-        self.inventory = inventory or Inventory(self.config, clock)
+        self.inventory = inventory or NodeInventory(self.config, clock)
         self.coordination = coordination or Coordination()
         self.quotas = QuotaBook(self.config)
         #: A throwaway copy (the reconcile's shadow): no warnings about what it is fed.
@@ -584,10 +584,6 @@ class Ledger:
             mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released)
             used_mem, used_cores = used_mem - mem, used_cores - core
         return Quota(limits[0], limits[1], used_mem, used_cores)
-
-    def quota_used(self, namespace: str) -> tuple[int, int]:
-        """(memory MiB, cores %) booked by the namespace's pods."""
-        return self.quotas.used(namespace)
 
     def _quota_add(self, res: Reservation, sign: int) -> None:
         mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)

@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
-from hamid.fit.numa_fit import MISS_CAUSES
 from hamid.fit.usage import DeviceUsage
+from hamid.model.numa import MISS_CAUSES
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
 from hamid.scheduler.state import SchedulerState

@@ -244,7 +244,7 @@ class NodeLocker:
     ) -> LockView | None:
         """Look at the lock and take it when free (re-read on a conflict); None once this pod holds it."""
         loop = asyncio.get_running_loop()
-        async with self.state.node_lock(node):
+        async with self.state.node_guard(node):
             seen = self._latest(node)
             while True:
                 if seen is None:

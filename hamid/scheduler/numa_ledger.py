@@ -26,7 +26,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from hamid.fit.numa_fit import miss_cause
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
     NO_TOPOLOGY,
@@ -34,6 +33,7 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    PluginView,
     Prediction,
     predict,
     take_by_topology_packed,
@@ -44,9 +44,10 @@ from hamid.fit.numa_predict import (
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
-from hamid.model.devices import DeviceInfo
+from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -58,6 +59,7 @@ from hamid.model.numa import (
     decode_prediction,
     decode_profile,
     encode_profile,
+    miss_cause,
 )
 
 log = get_logger("scheduler.numa")
@@ -240,6 +242,13 @@ class NumaLedgers:
         #: (node state key, pod shape) -> prediction: nodes in the same state share it.
         self._memo: dict[Hashable, Prediction] = {}
         self._shared = _Shared()
+        #: Called with a node's name whenever its ledger changes (the ``fgd`` ranker's hook).
+        self.on_change: Callable[[str], None] | None = None
+
+    def _changed(self, entry: NodeNuma) -> None:
+        entry.version += 1
+        if self.on_change is not None:
+            self.on_change(entry.name)
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -274,7 +283,7 @@ class NumaLedgers:
 
     def _rebuild(self, entry: NodeNuma) -> None:
         """The node's ledger from its profile and records: placements, then predictions, then replays."""
-        entry.version += 1
+        self._changed(entry)
         entry.unbooked = 0
         profile = entry.profile
         for rec in entry.records.values():
@@ -303,7 +312,7 @@ class NumaLedgers:
     def _book(self, entry: NodeNuma, rec: PodRecord, rebuild: bool = True) -> None:
         """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked."""
         ledger = entry.ledger
-        entry.version += 1
+        self._changed(entry)
         if ledger is None:
             return
         try:
@@ -329,7 +338,7 @@ class NumaLedgers:
             log.info("numa_record_unbooked", node=entry.name, pod=rec.uid, source=str(rec.source))
 
     def _unbook(self, entry: NodeNuma, rec: PodRecord) -> None:
-        entry.version += 1
+        self._changed(entry)
         if rec.booked and entry.ledger is not None:
             try:
                 entry.ledger.release(rec.usage)
@@ -478,9 +487,7 @@ class NumaLedgers:
         now = self.clock()
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
-            ledger = entry.ledger.copy()
-            ledger.release(own.usage)
-            return _named(predict(entry.profile, ledger, pod, now=now), pod)
+            return _named(predict(entry.profile, self._ledger_without(entry, uid), pod, now=now), pod)
         key = (entry.memo_key(), shape)
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
@@ -489,6 +496,35 @@ class NumaLedgers:
                 self._memo.clear()
             self._memo[key] = cached
         return _named(cached, pod)
+
+    def predict_chosen(
+        self, node: str, pod: JSON, uid: str, devices: PodDevices, gpus: Mapping[str, tuple[int, int]]
+    ) -> Prediction | None:
+        """The prediction once the pod's GPUs are chosen (``devices``, init first; ``gpus``: each
+        GPU's NUMA bucket and free replicas), where the node's profile says hamid's plugin offers
+        kubelet ``GetPreferredAllocation`` for them; None elsewhere (nothing more is known)."""
+        entry = self.nodes.get(node)
+        if (
+            entry is None
+            or entry.profile is None
+            or entry.ledger is None
+            or entry.unbooked
+            or entry.profile.preferred_allocation != self.resource
+        ):
+            return None
+        view = PluginView(self.resource, gpus, devices)
+        ledger = self._ledger_without(entry, uid)
+        return _named(predict(entry.profile, ledger, pod, now=self.clock(), plugin=view), pod)
+
+    @staticmethod
+    def _ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
+        """The node's ledger without the pod's own booking (a copy when it has one)."""
+        own = entry.records.get(uid)
+        if own is None or not own.booked or entry.ledger is None:
+            return entry.ledger
+        ledger = entry.ledger.copy()
+        ledger.release(own.usage)
+        return ledger
 
     def book(self, uid: str, node: str, prediction: Prediction, pod: JSON) -> Callable[[], None]:
         """Book a placed prediction for a pod the filter just placed; returns its undo."""
@@ -540,11 +576,6 @@ class NumaLedgers:
         entry = self.nodes.get(node)
         return entry.ledger.free_cpus if entry is not None and entry.ledger is not None else None
 
-    def source_of(self, uid: str) -> str:
-        """Where a pod's booking comes from ("" when it has none)."""
-        rec = self._record(uid)
-        return str(rec.source) if rec is not None else ""
-
 
 def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource: str) -> PodPrediction:
     """The pod's prediction with one container's replicas (and CPUs) on NUMA node ``numa``."""
@@ -558,7 +589,9 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus))
+        pol = entry.profile.policies
+        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
+        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

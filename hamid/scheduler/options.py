@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import click
+import yaml
 
+from hamid.fit.fgd import Workload, parse_workload
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.listen import LISTEN
 from hamid.model.errors import InvalidInput
@@ -98,6 +100,31 @@ def load_device_config_file(path: str) -> DeviceConfig:
     return load_device_config(text)
 
 
+def load_fgd_workload_file(path: str) -> Workload | None:
+    """The ``fgd`` workload an operator pins (YAML list of shapes; empty path: learned online)."""
+    if not path.strip():
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{path} is not YAML: {exc}") from exc
+    return parse_workload(data)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidInput(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise InvalidInput(f"{text!r} must be a positive number")
+    return value
+
+
 def _gpu_policy(text: str) -> str:
     unknown = sorted({t.strip() for t in text.split(",")} - set(GPU_POLICIES))
     if unknown:
@@ -125,10 +152,23 @@ SETTINGS_FLAGS = {
         type=click.Choice(NODE_POLICIES),
     ),
     "gpu_policy": Opt(
-        "Default GPU policy: binpack, spread, mutex, numa, topology-aware or a comma chain "
+        "Default GPU policy: binpack, spread, mutex, numa, topology-aware, fgd or a comma chain "
         "(pod annotation hami.io/gpu-scheduler-policy overrides).",
         flag="--gpu-scheduler-policy",
         parse=_gpu_policy,
+    ),
+    "fgd_workload": Opt(
+        "YAML file pinning the fgd policy's typical workload: a list of shapes {cpu, memory, gpus, "
+        "gpuShare (percent of one GPU), gpuModels, aligned, weight}. Unset: learned online from "
+        "every pod the scheduler sees.",
+        flag="--fgd-workload-file",
+        parse=load_fgd_workload_file,
+        show=_no_default,
+    ),
+    "fgd_half_life": Opt(
+        "Pods after which a shape the fgd policy learned weighs half as much as a new one.",
+        flag="--fgd-half-life",
+        parse=_positive_float,
     ),
     "node_lock_timeout": Opt(
         "Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "
@@ -176,6 +216,17 @@ class SchedulerOptions:
         "host:port of Prometheus /metrics (hamid's names) and /metrics/hami (HAMi's names).",
         default=":9395",
         type=LISTEN,
+    )
+    ui: bool = option_field(
+        "Serve /ui on --metrics-listen: a read-only web view of the cluster's NUMA alignment "
+        "(docs/ui.md), from the scheduler's own caches.",
+        default=True,
+    )
+    metrics_auth: bool = option_field(
+        "Require Kubernetes authentication on --metrics-listen (/metrics, /metrics/hami, /ui): a "
+        "bearer token TokenReview authenticates and a SubjectAccessReview allows (get on the "
+        "request path), as kube-rbac-proxy checks. Off: anyone reaching the port may read them.",
+        default=False,
     )
     tls_cert_file: str | None = option_field(
         "PEM server certificate for --listen (reloaded when it changes).", default=None, parse=or_none

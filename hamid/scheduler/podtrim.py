@@ -19,12 +19,10 @@ from hamid.model import annotations as ann
 
 JSON = dict[str, Any]
 
-#: Every annotation key hamid defines (``hami.io/…``, ``nvidia.com/…``): the pod annotations the
-#: scheduler can read. Others (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the
-#: whole spec —, tooling notes) stay out of its pod cache.
-HAMID_ANNOTATION_KEYS = frozenset(
-    value for name, value in vars(ann).items() if name.isupper() and isinstance(value, str) and "/" in value
-)
+#: The pod annotations the scheduler can read (every key hamid defines). Others
+#: (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the whole spec —, tooling
+#: notes) stay out of its pod cache.
+_KEPT_ANNOTATIONS = frozenset(ann.HAMID_ANNOTATION_KEYS)
 _POD_METADATA_KEYS = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
 #: Metadata values shared across pods (the others are unique to a pod).
 _SHARED_METADATA = frozenset({"namespace", "labels"})
@@ -101,7 +99,7 @@ def _trim_annotations(annotations: dict[str, Any]) -> JSON:
     out: JSON = {}
     seen: dict[Any, Any] = {}
     for key, value in annotations.items():
-        if key in HAMID_ANNOTATION_KEYS:
+        if key in _KEPT_ANNOTATIONS:
             value = _shared(value)
             out[sys.intern(key)] = seen.setdefault(value, value) if isinstance(value, str) else value
     return out
@@ -111,7 +109,7 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
     metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
-    annotations; spec: nodeName, schedulerName and each (init) container's name, resources and
+    annotations; spec: nodeName, schedulerName, overhead and each (init) container's name, resources and
     restartPolicy; status: phase and each init container's name and exit code. Accounting,
     bind, the node lock, refit and Events read nothing else, and a rebuild from trimmed pods
     equals one from full pods. Env, volumes, probes, images, managedFields, conditions and the
@@ -128,7 +126,7 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
     out["metadata"] = out_meta
     spec = pod.get("spec")
     if isinstance(spec, dict):
-        out_spec: JSON = {k: _shared(spec[k]) for k in ("nodeName", "schedulerName") if k in spec}
+        out_spec: JSON = {k: _shared(spec[k]) for k in ("nodeName", "schedulerName", "overhead") if k in spec}
         for key in ("initContainers", "containers"):
             if key in spec:
                 out_spec[key] = _trim_containers(spec[key])

@@ -1,7 +1,7 @@
 """The scheduler's in-memory state: its ledger wired to the node inventory and the coordination.
 
 :class:`SchedulerState` is the :class:`~hamid.scheduler.ledger.Ledger` of one scheduler process
-over its :class:`~hamid.scheduler.inventory.Inventory` (nodes and their GPUs) and its
+over its :class:`~hamid.scheduler.inventory.NodeInventory` (nodes and their GPUs) and its
 :class:`~hamid.scheduler.coordination.Coordination` (per-node locks, change waiters, outboxes):
 it routes node events to the inventory, books the ledger's reservations on a node whose GPUs
 were (re)registered, and wakes the node's waiters on every change. Everything is owned by the
@@ -18,7 +18,7 @@ from typing import Any
 from hamid.model import objects
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.coordination import Coordination
-from hamid.scheduler.inventory import Inventory, NodeEntry, Registration
+from hamid.scheduler.inventory import NodeEntry, NodeInventory, Registration
 from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.signing import AllocationKeys
 
@@ -41,7 +41,7 @@ class SchedulerState(Ledger):
             config,
             clock,
             scheduler_name,
-            inventory=Inventory(config, clock),
+            inventory=NodeInventory(config, clock),
             coordination=Coordination(),
             keys=keys,
             accept_unsigned=accept_unsigned,
@@ -130,9 +130,9 @@ class SchedulerState(Ledger):
 
     # -- coordination ---------------------------------------------------------------------------
 
-    def node_lock(self, node: str) -> asyncio.Lock:
-        """The in-process lock of ``node`` (hold it across an await that must keep the plan)."""
-        return self.coordination.node_lock(node)
+    def node_guard(self, node: str) -> asyncio.Lock:
+        """The guard of ``node``, an in-process lock (hold it across an await that must keep the plan)."""
+        return self.coordination.node_guard(node)
 
     def node_busy(self, node: str) -> bool:
         """Whether a refit or node-lock acquisition holds the node's lock, or a hold is booked on it."""

@@ -44,8 +44,8 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices
 from hamid.model.errors import InvalidInput
-from hamid.plugin.allocator_rules import AllocationError
 from hamid.plugin.app import Plugin, PluginApp, PluginTimings
+from hamid.plugin.errors import AllocationError
 from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler
 from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClientConfig

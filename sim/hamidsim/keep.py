@@ -29,6 +29,7 @@ def usage(cluster: SimCluster, kubeconfig: Path, example: Path, pod_name: str) -
             f"hamid sim: cluster up (API server {cluster.server.url}; nodes {nodes};"
             f" scheduler webhook, extender and /refit at {cluster.cluster_url})",
             f"kubeconfig: {kubeconfig}",
+            f"web view: {cluster.metrics_url}/ui (NUMA alignment per node and pod; docs/ui.md)",
             "",
             f"  export KUBECONFIG={kubeconfig}",
             "  kubectl get nodes",

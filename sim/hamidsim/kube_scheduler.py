@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import ssl
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,104 @@ def resource_fit_reasons(
     if request.memory > 0 and request.memory > allocatable.memory - requested.memory:
         reasons.append(REASON_INSUFFICIENT.format("memory"))
     return reasons
+
+
+#: ``schedutil.DefaultMilliCPURequest`` / ``DefaultMemoryRequest``: what scoring counts for a pod
+#: that requests no cpu / memory.
+DEFAULT_MILLI_CPU_REQUEST = 100
+DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024
+MAX_NODE_SCORE = 100
+
+
+def non_zero(request: Resources) -> Resources:
+    """``GetNonzeroRequests``: the requests scoring counts (defaults for a zero request)."""
+    return Resources(request.milli_cpu or DEFAULT_MILLI_CPU_REQUEST, request.memory or DEFAULT_MEMORY_REQUEST)
+
+
+@dataclass(slots=True)
+class NodeRequests:
+    """kube-scheduler's ``NodeInfo`` for cpu/memory/pods: allocatable and the bound pods' requests.
+
+    ``requested`` sums the pods' requests (the fit), ``non_zero_requested`` their non-zero requests
+    (LeastAllocated scoring); :meth:`add` / :meth:`remove` follow pods bound and gone.
+    """
+
+    allocatable: Resources
+    allowed_pods: int
+    requested: Resources = Resources()
+    non_zero_requested: Resources = Resources()
+    pods: int = 0
+
+    def add(self, request: Resources, sign: int = 1) -> None:
+        """A pod bound here (``sign`` -1: a pod gone)."""
+        nz = non_zero(request)
+        self.requested = Resources(
+            self.requested.milli_cpu + sign * request.milli_cpu, self.requested.memory + sign * request.memory
+        )
+        self.non_zero_requested = Resources(
+            self.non_zero_requested.milli_cpu + sign * nz.milli_cpu,
+            self.non_zero_requested.memory + sign * nz.memory,
+        )
+        self.pods += sign
+
+    def remove(self, request: Resources) -> None:
+        """A pod gone from the node (terminated or rejected)."""
+        self.add(request, -1)
+
+
+def feasible_nodes(request: Resources, nodes: Iterable[tuple[str, NodeRequests]]) -> list[str]:
+    """The nodes ``NodeResourcesFit``'s filter passes: :func:`resource_fit_reasons` would be empty
+    (inlined: it runs for every node and pod)."""
+    cpu, memory = request.milli_cpu, request.memory
+    return [
+        name
+        for name, node in nodes
+        if node.pods < node.allowed_pods
+        and (cpu <= 0 or cpu <= node.allocatable.milli_cpu - node.requested.milli_cpu)
+        and (memory <= 0 or memory <= node.allocatable.memory - node.requested.memory)
+    ]
+
+
+def default_score(request: Resources, node: NodeRequests) -> int:
+    """The default profile's score of a node for a pod without affinities, taints or spreading.
+
+    ``NodeResourcesFit`` with strategy ``LeastAllocated`` (cpu and memory, weight 1 each, over the
+    non-zero requests) plus ``NodeResourcesBalancedAllocation`` (100 x (1 - the standard deviation
+    of the cpu and memory fractions requested)), plugin weight 1 each; the other score plugins give
+    every node the same score then.
+    """
+    nz = non_zero(request)
+    least = 0
+    for want, used, capacity in (
+        (nz.milli_cpu, node.non_zero_requested.milli_cpu, node.allocatable.milli_cpu),
+        (nz.memory, node.non_zero_requested.memory, node.allocatable.memory),
+    ):
+        if capacity and want + used <= capacity:
+            least += (capacity - want - used) * MAX_NODE_SCORE // capacity
+    fractions = [
+        min((want + used) / capacity, 1.0)
+        for want, used, capacity in (
+            (request.milli_cpu, node.requested.milli_cpu, node.allocatable.milli_cpu),
+            (request.memory, node.requested.memory, node.allocatable.memory),
+        )
+        if capacity
+    ]
+    std = abs(fractions[0] - fractions[1]) / 2 if len(fractions) == 2 else 0.0
+    return least // 2 + int((1 - std) * MAX_NODE_SCORE)
+
+
+def select_host(scored: Iterable[tuple[str, int]], rng: random.Random) -> str | None:
+    """``selectHost``: the highest score; equal ones are chosen uniformly (reservoir sampling)."""
+    best: str | None = None
+    best_score, ties = -1, 0
+    for name, score in scored:
+        if score > best_score:
+            best, best_score, ties = name, score, 1
+        elif score == best_score:
+            ties += 1
+            if rng.randrange(ties) == 0:
+                best = name
+    return best
 
 
 class KubeSchedulerDriver:

@@ -35,6 +35,8 @@ def _assert_profile_matches(raw: str, machine: Machine, kubelet_reserved: frozen
     assert profile.distances == tuple(tuple(machine.distance(a, b) for b in ids) for a in ids)
     assert profile.policies.cpu_manager_policy == "static"
     assert profile.policies.topology_manager_policy == tm
+    # the simulated nodes' plugins offer GetPreferredAllocation: the profile says so (format 2)
+    assert profile.preferred_allocation == "nvidia.com/gpu"
 
 
 def _assert_placement_is_kubelets(cluster: SimCluster, name: str, admission: PodAdmission) -> None:

@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import aiohttp
 from click.testing import CliRunner
 
 from hamid.cli import cli
@@ -39,6 +40,20 @@ async def _start(tmp_path: Path, *args: str) -> tuple[asyncio.subprocess.Process
             assert line, f"hamid exited before it was ready: {lines}"
             lines.append(line.rstrip("\n"))
     return proc, lines
+
+
+def _web_view(lines: list[str]) -> str:
+    """The ``/ui`` URL hamid printed."""
+    found = [line.split()[2] for line in lines if line.startswith("web view: ")]
+    assert len(found) == 1 and found[0].endswith("/ui"), lines
+    return found[0]
+
+
+async def _page(url: str) -> str:
+    """GET one page of the web view (200 expected)."""
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        assert resp.status == 200, url
+        return await resp.text()
 
 
 async def _interrupt(proc: asyncio.subprocess.Process) -> int:
@@ -83,6 +98,8 @@ async def test_sim_up_mutates_schedules_binds_admits_and_refits(tmp_path: Path) 
         described = await kubectl.ok("describe", "pod", "numa-aligned")
         assert "NUMA refit moved container 0" in described
         assert "Guaranteed" in described
+        page = await _page(_web_view(lines) + "/pod/default/numa-aligned")
+        assert "NumaRefitSucceed" in page and "NUMA refit moved container 0" in page
     finally:
         code = await _interrupt(proc)
     assert code == 0
@@ -104,6 +121,7 @@ async def test_demo_keep_prints_the_scenario_then_serves(tmp_path: Path) -> None
         )
         pod = await _wait_running(kubectl, "numa-aligned-2")
         assert pod["status"]["phase"] == "Running" and pod["spec"]["schedulerName"] == "hami-scheduler"
+        assert "node-1" in await _page(_web_view(lines))
     finally:
         code = await _interrupt(proc)
     assert code == 0

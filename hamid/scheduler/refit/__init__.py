@@ -7,7 +7,7 @@ reservation's amounts (every policy kept, phase-aware capacity, quota on the pos
 the commit (:mod:`.commit`) is ONE merge patch of both allocation annotations (only the target
 container's entry changes, every other byte is kept) guarded by the pod's resourceVersion; the
 handler (:mod:`.handler`) holds one 2 s deadline from the request's arrival over authentication
-(:mod:`hamid.scheduler.refit_auth`), the cache wait, the node's lock and the patch.
+(:mod:`hamid.scheduler.refit_auth`), the cache wait, the node's guard and the patch.
 
 Better than upstream: the lock is the scheduler's *per-node* lock, and the reservation is moved
 tentatively before the patch is awaited (rolled back on failure), so a slow API server delays only
@@ -19,7 +19,6 @@ from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, Re
 from hamid.scheduler.refit.handler import (
     MSG_NO_BODY,
     MSG_NOT_SYNCED,
-    REFIT_DEADLINE_S,
     SYNC_WAIT_S,
     RefitMetrics,
     RefitService,
@@ -44,7 +43,6 @@ __all__ = [
     "MSG_NO_BODY",
     "PATCH_TIMEOUT_S",
     "POD_READ_TIMEOUT_S",
-    "REFIT_DEADLINE_S",
     "SYNC_WAIT_S",
     "NoOp",
     "RefitCommitter",

@@ -156,7 +156,7 @@ class RefitCommitter:
         started = asyncio.get_running_loop().time()
         for delay in FOLLOW_UP_DELAYS_S:
             await asyncio.sleep(delay)
-            async with state.node_lock(pending.node):
+            async with state.node_guard(pending.node):
                 if pending.hold not in state.holds(pending.uid):
                     return
                 outcome = await self.decide(

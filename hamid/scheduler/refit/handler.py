@@ -1,6 +1,6 @@
 """The ``POST /refit`` handler: body limits, one deadline, caller authentication, metrics.
 
-It gathers the facts under the node's lock, asks :func:`~hamid.scheduler.refit.plan.plan_refit`
+It gathers the facts under the node's guard, asks :func:`~hamid.scheduler.refit.plan.plan_refit`
 for the decision and hands a plan to :class:`~hamid.scheduler.refit.commit.RefitCommitter`.
 """
 
@@ -21,7 +21,7 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
-from hamid.model.refit import RefitRequest, RefitResponse
+from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
@@ -48,10 +48,6 @@ log = get_logger("scheduler.refit")
 
 #: How long a refit waits for the scheduler's caches to finish their first list.
 SYNC_WAIT_S = 2.0
-#: One deadline over a whole refit, from the request's arrival: authentication, cache wait, the
-#: node's lock and the patch all fit in it (the plugin gives up after its own 2 s); past it the
-#: refit is refused with nothing changed.
-REFIT_DEADLINE_S = 2.0
 MSG_NO_BODY = "Please send a request body"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
@@ -111,7 +107,7 @@ class RefitService:
         *,
         patch_timeout: float = PATCH_TIMEOUT_S,
         sync_wait: float = SYNC_WAIT_S,
-        deadline: float = REFIT_DEADLINE_S,
+        deadline: float = REFIT_TIMEOUT_S,
         metrics: RefitMetrics | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -161,7 +157,7 @@ class RefitService:
         return web.json_response(RefitResponse.failure(reason).to_json())
 
     async def refit(self, refit: RefitRequest, request: web.Request, deadline: float) -> _Outcome:
-        """Authenticate, then refit under the node's lock, all before ``deadline`` (loop time).
+        """Authenticate, then refit under the node's guard, all before ``deadline`` (loop time).
 
         Every refusal is logged; past the deadline nothing is changed.
         """
@@ -172,7 +168,7 @@ class RefitService:
             try:
                 await self._authenticate(refit, request, deadline)
                 epoch = await self._ready(deadline)
-                lock = self.scheduler.state.node_lock(refit.node_name)
+                lock = self.scheduler.state.node_guard(refit.node_name)
                 try:
                     async with asyncio.timeout_at(deadline):
                         await lock.acquire()
@@ -247,7 +243,7 @@ class RefitService:
             raise RefusalError(RefusalCode.POD_UNREADABLE, message) from None
 
     async def _refit_locked(self, refit: RefitRequest, deadline: float, epoch: str) -> _Outcome:
-        """Gather the facts, decide, commit; the caller holds the node's lock."""
+        """Gather the facts, decide, commit; the caller holds the node's guard."""
         scheduler, state = self.scheduler, self.scheduler.state
         booking = state.reservation(refit.pod_uid)
         cached = scheduler.pods.get(booking.key) if booking is not None else None
@@ -298,7 +294,7 @@ def refit_routes(
     *,
     patch_timeout: float = PATCH_TIMEOUT_S,
     sync_wait: float = SYNC_WAIT_S,
-    deadline: float = REFIT_DEADLINE_S,
+    deadline: float = REFIT_TIMEOUT_S,
 ) -> RouteRegistrar:
     """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
     service = RefitService(

@@ -120,7 +120,7 @@ class Booking(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RefitFacts:
-    """Everything the decision reads, gathered by the handler under the node's lock."""
+    """Everything the decision reads, gathered by the handler under the node's guard."""
 
     request: RefitRequest
     booking: Booking | None

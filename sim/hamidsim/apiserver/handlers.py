@@ -14,6 +14,7 @@ from aiohttp import web
 
 from hamid.log import get_logger
 from hamidsim.apiserver import openapi, protobuf, tables, validation
+from hamidsim.apiserver.access import AccessRules
 from hamidsim.apiserver.admission import MutatingAdmission
 from hamidsim.apiserver.errors import STALE, ApiError, bad_request, conflict, status_body
 from hamidsim.apiserver.faults import Faults
@@ -51,6 +52,7 @@ class ServedState(Protocol):
     store: Store
     faults: Faults
     tokens: TokenRegistry
+    access: AccessRules
     admission: MutatingAdmission
     requests: Counter[str]
     stopping: asyncio.Event
@@ -192,6 +194,9 @@ class RequestHandler:
         if route.resource.plural == "tokenreviews":
             self._check_verb_allowed(route, verb)
             return _json_response(self.server.tokens.review(await self._body(request)), 201)
+        if route.resource.plural == "subjectaccessreviews":
+            self._check_verb_allowed(route, verb)
+            return _json_response(self.server.access.review(await self._body(request)), 201)
         if route.resource.plural == "bindings" or route.subresource == "binding":
             return await self._bind(request, route)
         if verb in ("list", "watch"):

@@ -205,6 +205,9 @@ RESOURCES: tuple[Resource, ...] = (
     ),
     Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=("create",)),
     Resource(
+        "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False, verbs=("create",)
+    ),
+    Resource(
         "admissionregistration.k8s.io",
         "v1",
         "mutatingwebhookconfigurations",

@@ -8,7 +8,8 @@ events (one storage, two views), leases, TokenReview for registered tokens, and 
 
 Differences from a real server, on purpose: authentication only by the bearer tokens registered
 here (none: ``system:anonymous``; an unknown one: 401) and no authorization (every user may do
-everything; TokenReview answers only for tokens registered here), no admission beyond pod/namespace
+everything; TokenReview answers only for tokens registered here, SubjectAccessReview only from
+rules registered here), no admission beyond pod/namespace
 defaults and the registered mutating webhooks (:mod:`.admission`), namespaces are created on
 first use unless ``auto_namespaces=False``, pods are deleted at once unless
 ``graceful_pod_deletion=True``, paginated lists (``limit``/``continue``) read the current state
@@ -30,6 +31,7 @@ from aiohttp import web
 
 from hamid.log import get_logger
 from hamid.model import objects
+from hamidsim.apiserver.access import AccessRules
 from hamidsim.apiserver.admission import MutatingAdmission
 from hamidsim.apiserver.faults import Faults
 from hamidsim.apiserver.handlers import MAX_BODY_BYTES, RequestHandler, unsupported_patch_type
@@ -84,6 +86,8 @@ class ApiServer:
         self.register_token = self.tokens.register
         self.register_pod_token = self.tokens.register_pod
         self.revoke_token = self.tokens.revoke
+        #: SubjectAccessReview rules (non-resource URLs), registered by tests and the harness.
+        self.access = AccessRules()
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
 

@@ -11,11 +11,17 @@ from typing import Any
 
 import structlog
 
+from hamid.model.errors import InvalidInput
 from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
 from hamidsim.kubelet.cpu_assignment import CpuAllocationError
 from hamidsim.kubelet.cpumanager import CpuManager, SMTAlignmentError
 from hamidsim.kubelet.devicemanager import DeviceManager
-from hamidsim.kubelet.errors import AdmissionFailure, topology_affinity_error, unexpected
+from hamidsim.kubelet.errors import (
+    REASON_UNEXPECTED_ADMISSION,
+    AdmissionFailure,
+    topology_affinity_error,
+    unexpected,
+)
 from hamidsim.kubelet.podutil import is_restartable_init, pod_aggregate, pod_containers
 from hamidsim.kubelet.topologymanager import (
     POLICY_NONE,
@@ -104,13 +110,8 @@ class Admitter:
         device_hints = self.devices.hints(
             self.settings.numa_ids, self.devices.pod_requests(pod), {}, self.devices.pod_allocated(uid)
         )
-        ncpus = self.cpus.pod_requested(pod)
-        cpu_hints = None
-        if ncpus:
-            assigned = frozenset().union(*self.cpus.assignments.get(uid, {}).values())
-            allocated = assigned if len(assigned) == ncpus else None
-            cpu_hints = {"cpu": self.cpus.hints(ncpus, assigned, allocated)}
-        return [device_hints or None, cpu_hints]
+        cpu_hints = self.cpus.pod_hints(pod, uid)
+        return [device_hints or None, None if cpu_hints is None else {"cpu": cpu_hints}]
 
     async def _allocate(
         self,
@@ -142,6 +143,33 @@ class Admitter:
             reuse_cpus |= cpus
         else:
             reuse_cpus -= cpus
+
+
+async def admit_pod(
+    admitter: Admitter,
+    pod: Mapping[str, Any],
+    record: PodAdmission,
+    others: Iterable[Mapping[str, Any]],
+    allocatable: tuple[int, int, int],
+) -> None:
+    """kubelet's admission of one pod: the Topology Manager's handler, then the allocatable predicate.
+
+    ``record.admitted`` tells the outcome (``reason`` and ``message`` when rejected); a rejected
+    pod's CPUs and devices go back at once. ``others`` are the node's active pods and
+    ``allocatable`` its (milli-CPU, memory bytes, pods).
+    """
+    try:
+        await admitter.admit(pod, record)
+        check_allocatable(pod, others, *allocatable)
+        record.admitted = True
+    except AdmissionFailure as failure:
+        record.reason, record.message = failure.reason, failure.message
+    except InvalidInput as exc:
+        record.reason = REASON_UNEXPECTED_ADMISSION
+        record.message = f"Allocate failed due to {exc}, which is unexpected"
+    if not record.admitted:
+        admitter.devices.release(record.uid)
+        admitter.cpus.release(record.uid)
 
 
 # --- predicate admission (lifecycle/predicate.go, noderesources fit) --------------------------------

@@ -21,6 +21,9 @@ from hamid.model.errors import InvalidInput
 LOCAL_DISTANCE = 10
 REMOTE_DISTANCE = 20
 LSCPU_COLUMNS = ("CPU", "CORE", "SOCKET", "NODE")
+#: ``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE``: the cache column (``L1d:L1i:L2:L3`` ids) adds the
+#: uncore cache, the last (L3) id.
+LSCPU_COLUMNS_WITH_CACHE = (*LSCPU_COLUMNS, "CACHE")
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
@@ -60,6 +63,14 @@ class CpuInfo:
     core: int
     socket: int
     numa: int
+    #: ``UncoreCacheID``: the CPU's last-level (L3) cache; None when cAdvisor reports none, where
+    #: kubelet falls back to the socket id (``getUncoreCacheID``).
+    uncore: int | None = None
+
+    @property
+    def uncore_id(self) -> int:
+        """The uncore cache id kubelet uses."""
+        return self.socket if self.uncore is None else self.uncore
 
 
 class CpuTopology:
@@ -96,6 +107,14 @@ class CpuTopology:
         for cpu, info in self.details.items():
             result.setdefault(info.core, set()).add(cpu)
         return {c: frozenset(s) for c, s in sorted(result.items())}
+
+    @cached_property
+    def uncore_cpus(self) -> dict[int, frozenset[int]]:
+        """CPU ids per uncore (L3) cache."""
+        result: dict[int, set[int]] = {}
+        for cpu, info in self.details.items():
+            result.setdefault(info.uncore_id, set()).add(cpu)
+        return {u: frozenset(c) for u, c in sorted(result.items())}
 
     @cached_property
     def socket_cpus(self) -> dict[int, frozenset[int]]:
@@ -153,36 +172,51 @@ class CpuTopology:
         )
 
 
+def _lscpu_row(line: str, number: int, where: str) -> tuple[int, int, int, int, int | None]:
+    """``CPU,CORE,SOCKET,NODE[,CACHE]`` of one line (an empty NODE is 0; CACHE's last id is L3)."""
+    fields = [f.strip() for f in line.split(",")]
+    cache = fields[4].split(":")[-1] if len(fields) == 5 else ""
+    if (
+        len(fields) not in (4, 5)
+        or not all(f.isdigit() for f in fields[:3])
+        or not (fields[3].isdigit() or not fields[3])
+        or not (cache.isdigit() or not cache)
+    ):
+        raise InvalidInput(f"{where}: line {number} {line!r} is not CPU,CORE,SOCKET,NODE[,CACHE] (integers)")
+    cpu, core, socket = (int(f) for f in fields[:3])
+    node = int(fields[3]) if fields[3] else 0
+    if node >= 64:
+        raise InvalidInput(f"{where}: line {number}: NUMA node {node} is out of range 0..63")
+    return cpu, core, socket, node, int(cache) if cache else None
+
+
 def parse_lscpu(text: str, where: str = "lscpu") -> CpuTopology:
-    """The output of ``lscpu -p=CPU,CORE,SOCKET,NODE`` (comment lines allowed; an empty NODE is 0)."""
-    rows: dict[int, tuple[int, int, int]] = {}
+    """The output of ``lscpu -p=CPU,CORE,SOCKET,NODE`` (comment lines allowed), optionally with a
+    fifth column ``CACHE`` (``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE``) giving the uncore cache."""
+    rows: dict[int, tuple[int, int, int, int | None]] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
-            header = [c.strip().upper() for c in line.lstrip("#").split(",")]
-            if len(header) == 4 and header[0] == "CPU" and tuple(header) != LSCPU_COLUMNS:
-                raise InvalidInput(f"{where}: columns {header}; run lscpu -p=CPU,CORE,SOCKET,NODE")
+            header = tuple(c.strip().upper() for c in line.lstrip("#").split(","))
+            if (
+                len(header) >= 4
+                and header[0] == "CPU"
+                and header not in (LSCPU_COLUMNS, LSCPU_COLUMNS_WITH_CACHE)
+            ):
+                raise InvalidInput(
+                    f"{where}: columns {list(header)}; run lscpu -p=CPU,CORE,SOCKET,NODE[,CACHE]"
+                )
             continue
-        fields = [f.strip() for f in line.split(",")]
-        if (
-            len(fields) != 4
-            or not all(f.isdigit() for f in fields[:3])
-            or not (fields[3].isdigit() or not fields[3])
-        ):
-            raise InvalidInput(f"{where}: line {number} {line!r} is not CPU,CORE,SOCKET,NODE (integers)")
-        cpu, core, socket = (int(f) for f in fields[:3])
-        node = int(fields[3]) if fields[3] else 0
+        cpu, core, socket, node, uncore = _lscpu_row(line, number, where)
         if cpu in rows:
             raise InvalidInput(f"{where}: line {number}: CPU {cpu} is listed twice")
-        if node >= 64:
-            raise InvalidInput(f"{where}: line {number}: NUMA node {node} is out of range 0..63")
-        rows[cpu] = (core, socket, node)
+        rows[cpu] = (core, socket, node, uncore)
     if not rows:
         raise InvalidInput(f"{where}: no CPU lines")
     threads: dict[tuple[int, int], list[int]] = {}
-    for cpu, (core, socket, _) in rows.items():
+    for cpu, (core, socket, _, _) in rows.items():
         threads.setdefault((socket, core), []).append(cpu)
     details: dict[int, CpuInfo] = {}
     for (socket, _), cpus in threads.items():
@@ -192,7 +226,7 @@ def parse_lscpu(text: str, where: str = "lscpu") -> CpuTopology:
                 f"{where}: the threads {sorted(cpus)} of one core are on NUMA nodes {sorted(nodes)}"
             )
         for cpu in cpus:
-            details[cpu] = CpuInfo(min(cpus), socket, rows[cpu][2])
+            details[cpu] = CpuInfo(min(cpus), socket, rows[cpu][2], rows[cpu][3])
     return CpuTopology(details)
 
 

@@ -4,7 +4,9 @@
 Packed takes whole NUMA nodes or sockets (whichever is higher in the hierarchy first), then whole
 cores, then single threads, each time from the group with the fewest free CPUs (lowest id on ties).
 Distributed (``distribute-cpus-across-numa``) spreads the request evenly over the fewest NUMA nodes
-that can hold it, choosing the combination that leaves the free CPUs most balanced.
+that can hold it, choosing the combination that leaves the free CPUs most balanced. With
+``distribute-cpus-across-cores`` (sorting strategy spread) whole cores are not taken and single
+threads come socket by socket in CPU id order.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ class CpuAllocationError(Exception):
 class _Accumulator:
     """``cpuAccumulator``: the free CPUs (``details``), what is taken and how many are still needed."""
 
-    def __init__(self, topo: CpuTopology, available: Iterable[int], count: int) -> None:
+    def __init__(self, topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False) -> None:
         self.topo = topo
         self.free = set(available) & topo.cpus
         self.needed = count
         self.result: set[int] = set()
         self.numa_first = len(topo.sockets) >= len(topo.numa_nodes)
+        #: ``CPUSortingStrategySpread`` (``distribute-cpus-across-cores``).
+        self.spread = spread
 
     def take(self, cpus: Iterable[int]) -> None:
         taken = set(cpus)
@@ -85,7 +89,10 @@ class _Accumulator:
         return result
 
     def sorted_cpus(self) -> list[int]:
-        """``sortAvailableCPUsPacked``: by core order, then by CPU id within a core."""
+        """``sortAvailableCPUsPacked``: by core order, then by CPU id within a core; spread
+        (``sortAvailableCPUsSpread``): by socket order, then by CPU id within a socket."""
+        if self.spread:
+            return [c for s in self.sorted_sockets() for c in sorted(self.free & self.topo.socket_cpus[s])]
         return [c for core in self.sorted_cores() for c in sorted(self.free & self.topo.core_cpus[core])]
 
     def _take_whole(self, groups: Sequence[int], cpus_of: Callable[[int], frozenset[int]], size: int) -> None:
@@ -93,6 +100,43 @@ class _Accumulator:
             cpus = cpus_of(group)
             if len(self.free & cpus) == size and self.needed >= len(cpus):
                 self.take(cpus)
+
+    def sorted_uncores(self) -> list[int]:
+        """``sortAvailableUncoreCaches``: NUMA node by NUMA node, each one's uncore caches with
+        free CPUs by fewest free CPUs, then id."""
+        result: list[int] = []
+        for numa in self.sorted_numa():
+            caches = {self.topo.details[c].uncore_id for c in self.free if self.topo.details[c].numa == numa}
+            result += self._sort(caches, lambda u: self.topo.uncore_cpus[u])
+        return result
+
+    def take_uncore_cache(self) -> None:
+        """``takeUncoreCache``: whole free uncore caches while the request needs one, then the
+        first cache whose lowest free cores hold exactly what is left (``takePartialUncore``)."""
+        order = self.sorted_uncores()  # Go ranges over the order taken before any pick
+        for uncore in order:
+            cpus = self.topo.uncore_cpus[uncore]
+            if cpus <= self.free and self.needed >= len(cpus):
+                self.take(cpus)
+        if self.satisfied():
+            return
+        for uncore in order:
+            self.take_partial_uncore(uncore)
+            if self.satisfied():
+                return
+
+    def take_partial_uncore(self, uncore: int) -> None:
+        """``takePartialUncore``: the free CPUs of the lowest ``ceil(needed / threads per core)``
+        cores with free CPUs in the cache (one thread fewer when an odd count is left on SMT),
+        taken only if that is exactly what is needed."""
+        per_core = self.topo.cpus_per_core()
+        in_cache = self.free & self.topo.uncore_cpus[uncore]
+        cores = sorted({self.topo.details[c].core for c in in_cache})[: -(-self.needed // per_core)]
+        cpus = sorted(c for c in in_cache if self.topo.details[c].core in cores)
+        if self.needed % 2 and per_core > 1 and len(cpus) > self.needed:
+            cpus = cpus[:-1]
+        if len(cpus) == self.needed:
+            self.take(cpus)
 
     def take_full_numa_nodes(self) -> None:
         for numa in self.sorted_numa():
@@ -121,9 +165,14 @@ def _not_enough(count: int, available: int) -> CpuAllocationError:
     )
 
 
-def take_by_topology(topo: CpuTopology, available: Iterable[int], count: int) -> frozenset[int]:
-    """``takeByTopologyNUMAPacked`` (packed CPU sorting, no uncore-cache alignment)."""
-    acc = _Accumulator(topo, available, count)
+def take_by_topology(
+    topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False, uncore: bool = False
+) -> frozenset[int]:
+    """``takeByTopologyNUMAPacked``. ``spread``: the CPU sorting of ``distribute-cpus-across-cores``,
+    which skips taking whole cores and spreads the threads; ``uncore``
+    (``prefer-align-cpus-by-uncorecache``): after whole NUMA nodes and sockets, whole uncore caches
+    and then one cache holding the rest, before whole cores."""
+    acc = _Accumulator(topo, available, count, spread)
     if acc.satisfied():
         return frozenset(acc.result)
     if acc.failed():
@@ -133,7 +182,9 @@ def take_by_topology(topo: CpuTopology, available: Iterable[int], count: int) ->
         if acc.numa_first
         else (acc.take_full_sockets, acc.take_full_numa_nodes)
     )
-    for step in (*steps, acc.take_full_cores, acc.take_remaining_cpus):
+    caches = (acc.take_uncore_cache,) if uncore else ()
+    cores = () if spread else (acc.take_full_cores,)
+    for step in (*steps, *caches, *cores, acc.take_remaining_cpus):
         step()
         if acc.satisfied():
             return frozenset(acc.result)
@@ -141,12 +192,12 @@ def take_by_topology(topo: CpuTopology, available: Iterable[int], count: int) ->
 
 
 def _numa_range(acc: _Accumulator, group: int) -> tuple[int, int]:
-    """``rangeNUMANodesNeededToSatisfy``."""
-    nodes = len(acc._free_numa())
-    groups_available = (len(acc.free) - 1) // group + 1
+    """``rangeNUMANodesNeededToSatisfy``: the minimum from the CPU groups per NUMA node of the whole
+    machine (not of the free CPUs), the maximum bounded by the NUMA nodes with free CPUs."""
+    groups_in_machine = (len(acc.topo.cpus) - 1) // group + 1
+    per_node = (groups_in_machine - 1) // len(acc.topo.numa_nodes) + 1
     groups_needed = (acc.needed - 1) // group + 1
-    per_node = (groups_available - 1) // nodes + 1
-    return (groups_needed - 1) // per_node + 1, min(groups_needed, nodes)
+    return (groups_needed - 1) // per_node + 1, min(groups_needed, len(acc._free_numa()))
 
 
 def _variance(values: Iterable[int]) -> Fraction:

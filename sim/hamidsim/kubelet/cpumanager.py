@@ -3,8 +3,9 @@
 The static policy gives each container of a Guaranteed pod with an integer CPU request exclusive
 CPUs: hints per NUMA mask (``generateCPUTopologyHints``), CPUs inside the Topology Manager's hint
 first (``allocateCPUs``), picked by :mod:`hamidsim.kubelet.cpu_assignment`. Policy options:
-``full-pcpus-only`` (whole cores or ``SMTAlignmentError``), ``distribute-cpus-across-numa`` and
-``align-by-socket``; the others kubelet knows are refused as not modelled.
+``full-pcpus-only`` (whole cores or ``SMTAlignmentError``), ``distribute-cpus-across-numa``,
+``align-by-socket``, ``strict-cpu-reservation``, ``distribute-cpus-across-cores`` and
+``prefer-align-cpus-by-uncorecache`` (uncore caches from the machine's L3 cache ids).
 """
 
 from __future__ import annotations
@@ -37,13 +38,24 @@ CPU_POLICIES = (CPU_POLICY_NONE, CPU_POLICY_STATIC)
 OPTION_FULL_PCPUS_ONLY = "full-pcpus-only"
 OPTION_DISTRIBUTE_ACROSS_NUMA = "distribute-cpus-across-numa"
 OPTION_ALIGN_BY_SOCKET = "align-by-socket"
-#: Options kubelet knows that the simulator does not model (refused with a clear message).
-UNMODELLED_OPTIONS = (
-    "distribute-cpus-across-cores",
-    "strict-cpu-reservation",
-    "prefer-align-cpus-by-uncorecache",
+OPTION_STRICT_CPU_RESERVATION = "strict-cpu-reservation"
+OPTION_DISTRIBUTE_ACROSS_CORES = "distribute-cpus-across-cores"
+OPTION_ALIGN_BY_UNCORE_CACHE = "prefer-align-cpus-by-uncorecache"
+CPU_OPTIONS = (
+    OPTION_FULL_PCPUS_ONLY,
+    OPTION_DISTRIBUTE_ACROSS_NUMA,
+    OPTION_ALIGN_BY_SOCKET,
+    OPTION_STRICT_CPU_RESERVATION,
+    OPTION_DISTRIBUTE_ACROSS_CORES,
+    OPTION_ALIGN_BY_UNCORE_CACHE,
 )
-CPU_OPTIONS = (OPTION_FULL_PCPUS_ONLY, OPTION_DISTRIBUTE_ACROSS_NUMA, OPTION_ALIGN_BY_SOCKET)
+#: Options ``NewStaticPolicyOptions`` refuses together (kubelet's order of checks).
+EXCLUSIVE_OPTIONS = (
+    (OPTION_FULL_PCPUS_ONLY, OPTION_DISTRIBUTE_ACROSS_CORES),
+    (OPTION_DISTRIBUTE_ACROSS_NUMA, OPTION_DISTRIBUTE_ACROSS_CORES),
+    (OPTION_ALIGN_BY_UNCORE_CACHE, OPTION_DISTRIBUTE_ACROSS_CORES),
+    (OPTION_ALIGN_BY_UNCORE_CACHE, OPTION_DISTRIBUTE_ACROSS_NUMA),
+)
 REASON_SMT_ALIGNMENT = "SMTAlignmentError"
 
 
@@ -71,21 +83,31 @@ class StaticPolicyOptions:
     full_pcpus_only: bool = False
     distribute_across_numa: bool = False
     align_by_socket: bool = False
+    #: ``strict-cpu-reservation``: the reserved CPUs leave the shared pool too.
+    strict_cpu_reservation: bool = False
+    #: ``distribute-cpus-across-cores``: CPU sorting strategy spread.
+    distribute_across_cores: bool = False
+    #: ``prefer-align-cpus-by-uncorecache``: whole uncore (L3) caches before whole cores.
+    align_by_uncore_cache: bool = False
 
 
 def parse_cpu_options(options: Mapping[str, str]) -> StaticPolicyOptions:
     """``NewStaticPolicyOptions``: kubelet's errors for unknown options and non-boolean values."""
     values: dict[str, bool] = {}
     for name in sorted(options):
-        if name in UNMODELLED_OPTIONS:
-            raise InvalidInput(f"CPU Manager Policy option {name!r} is not modelled by the simulated kubelet")
         if name not in CPU_OPTIONS:
             raise InvalidInput(f'unknown CPU Manager Policy option: "{name}"')
         values[name] = parse_go_bool(name, options[name])
+    for a, b in EXCLUSIVE_OPTIONS:
+        if values.get(a) and values.get(b):
+            raise InvalidInput(f"static policy options {a} and {b} can not be used at the same time")
     return StaticPolicyOptions(
         full_pcpus_only=values.get(OPTION_FULL_PCPUS_ONLY, False),
         distribute_across_numa=values.get(OPTION_DISTRIBUTE_ACROSS_NUMA, False),
         align_by_socket=values.get(OPTION_ALIGN_BY_SOCKET, False),
+        strict_cpu_reservation=values.get(OPTION_STRICT_CPU_RESERVATION, False),
+        distribute_across_cores=values.get(OPTION_DISTRIBUTE_ACROSS_CORES, False),
+        align_by_uncore_cache=values.get(OPTION_ALIGN_BY_UNCORE_CACHE, False),
     )
 
 
@@ -184,7 +206,10 @@ class StaticPolicy:
         if self.options.distribute_across_numa:
             group = self.topology.cpus_per_core() if self.options.full_pcpus_only else 1
             return take_by_topology_distributed(self.topology, available, count, group)
-        return take_by_topology(self.topology, available, count)
+        opts = self.options
+        return take_by_topology(
+            self.topology, available, count, opts.distribute_across_cores, opts.align_by_uncore_cache
+        )
 
     def check_smt(self, count: int, default_set: frozenset[int]) -> None:
         """``full-pcpus-only``: a multiple of the threads per core and enough whole free cores."""
@@ -228,11 +253,13 @@ class CpuManager:
         self.assignments: dict[str, dict[str, frozenset[int]]] = {}
 
     def default_set(self) -> frozenset[int]:
-        """The shared pool: every CPU no container holds exclusively."""
+        """The shared pool: every CPU no container holds exclusively (``validateState``: without the
+        reserved CPUs under ``strict-cpu-reservation``)."""
         taken = frozenset().union(
             *(c for containers in self.assignments.values() for c in containers.values())
         )
-        return self.topology.cpus - taken
+        strict = self.static is not None and self.static.options.strict_cpu_reservation
+        return self.topology.cpus - taken - (self.reserved if strict else frozenset())
 
     def available(self) -> frozenset[int]:
         """``GetAvailableCPUs``: the shared pool minus the reserved CPUs."""
@@ -261,6 +288,26 @@ class CpuManager:
                 return []
             return generate_cpu_hints(self.topology, allocated, (), request, align)
         return generate_cpu_hints(self.topology, self.available(), reusable, request, align)
+
+    def pod_hints(self, pod: Mapping[str, Any], uid: str) -> list[TopologyHint] | None:
+        """``GetPodTopologyHints``: None without a request; no hints at all (``[]``) as soon as one
+        container holds exclusive CPUs in a number other than it requests; the held CPUs'
+        own hints when together they are the pod's request; else held CPUs count as reusable."""
+        request = self.pod_requested(pod)
+        if not request:
+            return None
+        held = self.assignments.get(uid, {})
+        assigned: frozenset[int] = frozenset()
+        for container, _init in pod_containers(pod):
+            allocated = held.get(str(container.get("name") or ""))
+            if allocated is None:
+                continue
+            if len(allocated) != self.requested(pod, container):
+                return []
+            assigned |= allocated
+        if len(assigned) == request:
+            return self.hints(request, (), assigned)
+        return self.hints(request, assigned, None)
 
     def allocate(
         self, uid: str, name: str, request: int, affinity: NumaMask | None, reusable: frozenset[int]

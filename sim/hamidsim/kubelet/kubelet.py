@@ -28,7 +28,7 @@ from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
-from hamidsim.kubelet.admission import Admitter, check_allocatable
+from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import (
     AdmissionRecords,
     PodAdmission,
@@ -499,18 +499,7 @@ class SimKubelet:
             cpu_manager_policy=self.cpu_manager_policy,
         )
         self._remove_stale_state()
-        try:
-            await self._admitter.admit(pod, record)
-            check_allocatable(pod, self._active_pods(record.uid), *self._allocatable())
-            record.admitted = True
-        except AdmissionFailure as failure:
-            record.reason, record.message = failure.reason, failure.message
-        except InvalidInput as exc:
-            record.reason = REASON_UNEXPECTED_ADMISSION
-            record.message = f"Allocate failed due to {exc}, which is unexpected"
-        if not record.admitted:
-            self.devices.release(record.uid)
-            self.cpus.release(record.uid)
+        await admit_pod(self._admitter, pod, record, self._active_pods(record.uid), self._allocatable())
         self._records.remember(record)
         self._changed()
         if record.admitted:

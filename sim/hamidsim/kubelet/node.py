@@ -15,12 +15,12 @@ from hamid.model.errors import InvalidInput
 from hamidsim.kubelet.admission import TopologySettings
 from hamidsim.kubelet.cadvisor import MachineInfo, format_cpu_list
 from hamidsim.kubelet.config import KubeletConfig
-from hamidsim.kubelet.cpu_assignment import take_by_topology
 from hamidsim.kubelet.cpumanager import (
     CPU_POLICIES,
     CPU_POLICY_NONE,
     CPU_POLICY_STATIC,
     CpuManager,
+    StaticPolicy,
     StaticPolicyOptions,
     parse_cpu_options,
     validate_cpu_options,
@@ -35,15 +35,19 @@ STATIC_NEEDS_RESERVATION = (
 )
 
 
-def reserved_cpus(machine: MachineInfo, config: KubeletConfig) -> frozenset[int]:
+def reserved_cpus(
+    machine: MachineInfo, config: KubeletConfig, options: StaticPolicyOptions | None = None
+) -> frozenset[int]:
     """``reservedSystemCPUs``, else the machine file's ``reservedCpus``, else kubelet's pick of
-    ``kubeReserved.cpu + systemReserved.cpu`` CPUs (``takeByTopology`` over all CPUs)."""
+    ``kubeReserved.cpu + systemReserved.cpu`` CPUs (the static policy's ``takeByTopology`` over
+    all CPUs, with its options)."""
     if config.reserved_system_cpus:
         reserved = config.reserved_system_cpus
     elif machine.reserved_cpus:
         reserved = machine.reserved_cpus
     elif config.reserved_cpu_count:
-        reserved = take_by_topology(machine.cpu_topology, machine.all_cpus, config.reserved_cpu_count)
+        policy = StaticPolicy(machine.cpu_topology, frozenset(), options or StaticPolicyOptions())
+        reserved = policy.take(machine.all_cpus, config.reserved_cpu_count)
     else:
         return frozenset()
     outside = reserved - machine.all_cpus
@@ -61,15 +65,16 @@ def build_managers(machine: MachineInfo, config: KubeletConfig) -> tuple[CpuMana
     policy = config.cpu_manager_policy
     if policy not in CPU_POLICIES:
         raise InvalidInput(f'unknown policy: "{policy}"')
-    reserved = reserved_cpus(machine, config)
     cpu_options = StaticPolicyOptions()
     if policy == CPU_POLICY_NONE and config.cpu_manager_policy_options:
         listed = " ".join(f"{k}:{v}" for k, v in sorted(config.cpu_manager_policy_options.items()))
         raise InvalidInput(f"None policy: received unsupported options=map[{listed}]")
     if policy == CPU_POLICY_STATIC:
-        if not reserved:
+        if not (config.reserved_system_cpus or machine.reserved_cpus or config.reserved_cpu_count):
             raise InvalidInput(STATIC_NEEDS_RESERVATION)
         cpu_options = parse_cpu_options(config.cpu_manager_policy_options)
+    reserved = reserved_cpus(machine, config, cpu_options)
+    if policy == CPU_POLICY_STATIC:
         validate_cpu_options(cpu_options, machine.cpu_topology, config.topology_manager_policy)
     check_memory_manager(config.memory_manager_policy, config.reserved_memory)
     distance = machine.distance if options.prefer_closest else None

@@ -7,11 +7,18 @@ from collections.abc import Callable
 from typing import Any
 
 from hamid.kube.backoff import Backoff
+from hamid.kube.client import JSON, KubeClient
 
 
 def fast_backoff() -> Backoff:
     """A short backoff so retry paths run quickly in tests."""
     return Backoff(initial=0.02, maximum=0.2)
+
+
+async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> JSON:
+    """Create a namespace (the product never does; tests need their own)."""
+    meta: JSON = {"name": name, **({"labels": labels} if labels else {})}
+    return await kube.request("POST", "/api/v1/namespaces", body={"metadata": meta})
 
 
 async def eventually(check: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:

@@ -12,7 +12,7 @@ from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
 from hamidsim.apiserver import ApiServer
 from tests.builders import node, pod, quota
-from tests.integration.kube.helpers import Recorder, eventually, fast_backoff
+from tests.integration.kube.helpers import Recorder, create_namespace, eventually, fast_backoff
 
 
 def recorded_cache(cls: type[WatchCache], kube: KubeClient, **kwargs: Any) -> tuple[Any, Recorder]:
@@ -184,7 +184,7 @@ async def test_gone_relists_and_emits_differences(kube: KubeClient, apiserver: A
 
 async def test_node_cache_and_quota_cache(kube: KubeClient) -> None:
     await kube.create_node(node("n-a", allocatable={"cpu": "8"}, capacity={"cpu": "8"}))
-    await kube.create_namespace("q")
+    await create_namespace(kube, "q")
     await kube.create(RESOURCE_QUOTAS, quota("rq", "q", {}))
     nodes, node_rec = recorded_cache(NodeCache, kube)
     quotas = ResourceQuotaCache(kube, backoff=fast_backoff())

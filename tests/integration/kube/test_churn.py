@@ -9,7 +9,7 @@ from typing import Any
 from hamid.kube.cache import NodeCache, PodCache, WatchCache, trim_node, trim_pod
 from hamid.kube.client import KubeClient
 from tests.builders import node, pod
-from tests.integration.kube.helpers import eventually, fast_backoff
+from tests.integration.kube.helpers import create_namespace, eventually, fast_backoff
 
 UPDATES = 5_000
 PODS = 150
@@ -47,7 +47,7 @@ def snapshot(items: list[dict[str, Any]], trim: Any) -> dict[str, dict[str, Any]
 
 async def test_churn_leaves_caches_equal_to_a_fresh_list(kube: KubeClient, apiserver: Any) -> None:
     rng = random.Random(7)
-    await kube.create_namespace("churn")
+    await create_namespace(kube, "churn")
     for name in ("n1", "n2"):
         await kube.create_node(node(name))
     names = [f"p{i}" for i in range(PODS)]

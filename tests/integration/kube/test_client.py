@@ -11,6 +11,7 @@ import yaml
 from hamid.kube.client import LEASES, NODES, PODS, RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import AlreadyExists, Conflict, KubeError, NotFound, Timeout
 from tests.builders import node, pod
+from tests.integration.kube.helpers import create_namespace
 
 
 async def test_pod_crud_and_metadata_patch(kube: KubeClient) -> None:
@@ -57,7 +58,7 @@ async def test_metadata_patch_needs_something(kube: KubeClient) -> None:
 
 
 async def test_list_pods_with_selectors(kube: KubeClient) -> None:
-    await kube.create_namespace("team-a")
+    await create_namespace(kube, "team-a")
     await kube.create_pod(pod("a1", "team-a", node="n1", labels={"app": "x"}))
     await kube.create_pod(pod("a2", "team-a", node="n2", labels={"app": "y"}))
     await kube.create_pod(pod("d1", "default", node="n1", labels={"app": "x"}))
@@ -129,7 +130,7 @@ async def test_nodes(kube: KubeClient) -> None:
 
 
 async def test_resource_quotas(kube: KubeClient) -> None:
-    await kube.create_namespace("quota-ns")
+    await create_namespace(kube, "quota-ns")
     quota = {
         "metadata": {"name": "gpu-quota", "namespace": "quota-ns"},
         "spec": {"hard": {"limits.nvidia.com/gpu": "2"}},
@@ -162,11 +163,11 @@ async def test_leases(kube: KubeClient) -> None:
 
 
 async def test_namespace_already_exists(kube: KubeClient) -> None:
-    created = await kube.create_namespace("ns-x", labels={"team": "x"})
+    created = await create_namespace(kube, "ns-x", labels={"team": "x"})
     # The API server adds the kubernetes.io/metadata.name label, as a real one does.
     assert created["metadata"]["labels"] == {"team": "x", "kubernetes.io/metadata.name": "ns-x"}
     with pytest.raises(AlreadyExists) as info:
-        await kube.create_namespace("ns-x")
+        await create_namespace(kube, "ns-x")
     assert isinstance(info.value, Conflict)
 
 

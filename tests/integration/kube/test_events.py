@@ -17,6 +17,7 @@ from hamid.model.reasons import (
     EVENT_NUMA_REFIT_SUCCEED,
 )
 from tests.builders import node, pod
+from tests.integration.kube.helpers import create_namespace
 
 
 async def events_for(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -25,7 +26,7 @@ async def events_for(kube: KubeClient, namespace: str, name: str) -> list[dict[s
 
 
 async def test_event_fields(kube: KubeClient) -> None:
-    await kube.create_namespace("ml")
+    await create_namespace(kube, "ml")
     target = await kube.create_pod(pod("trainer-0", "ml"))
     recorder = EventRecorder(kube, "hami-scheduler", "sched-1")
     await recorder.record(target, "Normal", EVENT_NUMA_REFIT_SUCCEED, "moved to GPU-b on NUMA 0")

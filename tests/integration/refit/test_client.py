@@ -175,4 +175,4 @@ def test_configuration_errors() -> None:
     with pytest.raises(InvalidInput, match="needs an https endpoint"):
         RefitClient(RefitClientConfig(endpoint="http://x", client_cert_file="/c", client_key_file="/k"))
     built = build_refit_client(RefitClientConfig(endpoint="https://sched.ns.svc:443/"))
-    assert built is not None and built.url == "https://sched.ns.svc:443/refit" and built.sends_token
+    assert built is not None and built.url == "https://sched.ns.svc:443/refit" and built.config.token_file

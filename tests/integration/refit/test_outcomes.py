@@ -81,7 +81,7 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         env.quota("default", 100000)
         pod = await placed(env)
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.quota_used("default") == (20000, 30))
+        await eventually(lambda: env.scheduler.state.quotas.used("default") == (20000, 30))
         slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
         result = await post(env, pod)
@@ -89,14 +89,14 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
         # neither GPU can be given away while the API server's answer is unknown
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
-        assert env.scheduler.state.quota_used("default") == (20000, 30)
+        assert env.scheduler.state.quotas.used("default") == (20000, 30)
         # the pod's next update decides: the patch did not land, the old booking stays
         update = env.server.patch("Pod", "default", "p", {"metadata": {"labels": {"next": "update"}}})
         await cache_at(env, update["metadata"]["resourceVersion"])
         await eventually(lambda: not env.scheduler.state.holds(uid))
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
         assert env.scheduler.state.reservation(uid).raw == OLD  # type: ignore[union-attr]
-        assert env.scheduler.state.quota_used("default") == (20000, 30)
+        assert env.scheduler.state.quotas.used("default") == (20000, 30)
 
 
 async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod_event(
@@ -132,7 +132,7 @@ async def test_one_deadline_covers_the_node_lock_wait(tls_files: TLSFiles, tmp_p
         pod = await placed(env)
         before, snapshot = env.annotations("p"), used(env)
         patches = env.server.requests["patch pods"]
-        async with env.scheduler.state.node_lock("n1"):  # another refit of n1 that takes long
+        async with env.scheduler.state.node_guard("n1"):  # another refit of n1 that takes long
             result = await post(env, pod)
         assert result["succeeded"] is False and "deadline" in result["failureReason"]
         assert env.annotations("p") == before and used(env) == snapshot

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.kube.helpers import create_namespace
 from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import pod
 
@@ -118,7 +119,7 @@ async def test_webhook_denies_malformed_pods_with_the_reason() -> None:
 async def test_dot_dot_pod_name_never_reaches_the_namespace() -> None:
     async with running_scheduler() as env:
         await _registered(env, "n1")
-        await env.kube.create_namespace("team")
+        await create_namespace(env.kube, "team")
         p = pod("..", namespace="team")
         body = await env.filter(p, ["n1"])
         assert "may not be" in body["Error"], body

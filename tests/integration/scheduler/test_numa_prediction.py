@@ -8,7 +8,7 @@ import time
 from hamid.model import annotations as ann
 from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
 from tests.integration.scheduler.harness import running_scheduler, wait_for
-from tests.unit.scheduler.test_numa_ledger import PROFILE, _node, _pod
+from tests.unit.scheduler.test_numa_ledger import GPU, PROFILE, _node, _pod
 
 
 async def test_filter_patch_carries_the_prediction_and_the_ledger_books_it() -> None:
@@ -38,3 +38,33 @@ async def test_filter_patch_carries_the_prediction_and_the_ledger_books_it() -> 
             "hamid_numa_prediction_total", {"result": "unknown"}
         )
         assert text == 0.0
+
+
+async def test_where_hamids_plugin_picks_the_replicas_the_fitted_gpus_decide() -> None:
+    """Policy ``none``: kubelet gives no NUMA hint and lets the device plugin choose among the
+    replicas of both NUMA nodes, so the prediction alone is unknown. On a node whose profile says
+    hamid's plugin offers ``GetPreferredAllocation`` for the GPUs, the plugin prefers the annotated
+    GPU's replica: the filter predicts again with the fitted GPU and records a definite placement on
+    that GPU's NUMA node; without it, nothing is recorded and the unknown is counted."""
+    async with running_scheduler() as env:
+        policies = dataclasses.replace(PROFILE.policies, topology_manager_policy="none")
+        base = dataclasses.replace(PROFILE, observed_at=int(time.time()), policies=policies)
+        for name, preferred in (("n1", GPU), ("n2", None)):
+            node = _node(name)
+            profile = dataclasses.replace(base, preferred_allocation=preferred)
+            node["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
+            env.server.put({"apiVersion": "v1", "kind": "Node", **node})
+            await wait_for(lambda name=name: env.scheduler.numa.free_cpus(name) is not None)
+        for pod, node_name in (("a", "n1"), ("b", "n2")):
+            p = await env.create_pod(_pod(pod))
+            assert (await env.filter(p, [node_name]))["NodeNames"] == [node_name]
+        annos = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        gpu = annos[ann.DEVICES_ALLOCATED].split(",")[0]
+        predicted = decode_prediction(annos[NUMA_PREDICTED])
+        numa = 0 if gpu == "n1-g0" else 1
+        assert predicted.containers[0].devices == {GPU: {numa: 1}}
+        assert NUMA_PREDICTED not in env.server.get("Pod", "default", "b")["metadata"]["annotations"]
+        unknown = env.scheduler.metrics.registry.get_sample_value(
+            "hamid_numa_prediction_total", {"result": "unknown"}
+        )
+        assert unknown == 1.0

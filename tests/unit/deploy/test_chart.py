@@ -17,6 +17,7 @@ import yaml
 from cryptography import x509
 
 from hamid.cli import cli
+from hamid.fit.fgd import parse_workload
 from hamid.model import annotations
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
@@ -634,3 +635,27 @@ def test_renders_for_distribution_version_strings(kube_version: str) -> None:
     report = helm_python.lint(CHART_DIR, SEED, strict=True, namespace=NAMESPACE, kube_version=kube_version)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_fgd_policy_and_pinned_workload() -> None:
+    shapes = [{"cpu": "8", "memory": "32Gi", "gpus": 1, "gpuShare": 50, "weight": 3}, {"cpu": "4"}]
+    chart = render(
+        {
+            "scheduler": {
+                "defaultSchedulerPolicy": {"nodeSchedulerPolicy": "fgd", "gpuSchedulerPolicy": "fgd"},
+                "fgd": {"halfLife": 2000, "workload": shapes},
+            }
+        }
+    )
+    args = flag_values(container(chart.get("Deployment", SCHED), "hamid-scheduler")["args"])
+    assert args["--node-scheduler-policy"] == args["--gpu-scheduler-policy"] == "fgd"
+    assert args["--fgd-half-life"] == "2000"
+    assert args["--fgd-workload-file"] == "/device-config/fgd-workload.yaml"
+    text = chart.get("ConfigMap", "hamid-device-config")["data"]["fgd-workload.yaml"]
+    assert len(parse_workload(yaml.safe_load(text)).shapes) == 2
+    defaults = flag_values(
+        container(rendered("defaults").get("Deployment", SCHED), "hamid-scheduler")["args"]
+    )
+    assert "--fgd-workload-file" not in defaults and defaults["--node-scheduler-policy"] == "binpack"
+    with pytest.raises(helm_python.HelmError, match="gpuShare"):
+        render({"scheduler": {"fgd": {"workload": [{"gpus": 1, "gpuShare": 0}]}}})

@@ -3,7 +3,9 @@
 Random node states (2-16 NUMA nodes, SMT or not, sockets above or below NUMA nodes, reserved CPUs,
 GPUs per NUMA node and without topology, pods already placed) x random pods (QoS classes, integer
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
-Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``prefer-closest-numa-nodes``).
+Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``strict-cpu-reservation``,
+``distribute-cpus-across-cores``, ``prefer-closest-numa-nodes``; GPUs served by a plugin without a
+preference or by one answering like hamid's, ``GetPreferredAllocation`` included).
 
 The oracle is the simulator's real admission path — :func:`hamidsim.kubelet.node.build_managers`
 for the managers, :class:`hamidsim.kubelet.admission.Admitter` for the admission, and a real
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,10 @@ import structlog
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, Prediction, predict
+from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, PluginView, Prediction, predict
+from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile
+from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamidsim.kubelet.admission import Admitter
 from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
 from hamidsim.kubelet.cadvisor import CpuInfo as SimCpuInfo
@@ -51,8 +55,6 @@ RESOURCES = (GPU, NIC)
 NOW = 1_000_000
 EXAMPLES = int(os.environ.get("HAMID_DIFFERENTIAL_EXAMPLES", "300"))
 SEED = int(os.environ.get("HAMID_DIFFERENTIAL_SEED", "20261201"))
-#: Tally of every example's outcome, read by :func:`test_unknown_rate_is_low`.
-TALLY: Counter[str] = Counter()
 
 
 # ==========================================================================================
@@ -77,6 +79,10 @@ class Machine:
     cpu_policy: str
     full_pcpus: bool
     prefer_closest: bool
+    strict_reservation: bool = False
+    spread_cores: bool = False
+    #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
+    hamid_gpus: bool = False
 
     @property
     def total_cores(self) -> int:
@@ -102,7 +108,12 @@ class Machine:
         return options
 
     def cpu_options(self) -> dict[str, str]:
-        return {"full-pcpus-only": "true"} if self.full_pcpus else {}
+        options = {"full-pcpus-only": "true"} if self.full_pcpus else {}
+        if self.strict_reservation:
+            options["strict-cpu-reservation"] = "true"
+        if self.spread_cores:
+            options["distribute-cpus-across-cores"] = "true"
+        return options
 
     def device_ids(self, resource: str) -> dict[str, tuple[int, bool]]:
         """Device ID → (NUMA bucket, healthy); IDs sort in NUMA order so kubelet's pick is easy to follow."""
@@ -145,6 +156,7 @@ def machines(draw: st.DrawFn) -> Machine:
             for i in range(numa)
         )
     cpu_policy = draw(st.sampled_from(["static", "static", "static", "none"]))
+    full_pcpus = cpu_policy == "static" and draw(st.booleans())
     return Machine(
         numa=numa,
         numa_per_socket=numa_per_socket,
@@ -156,8 +168,13 @@ def machines(draw: st.DrawFn) -> Machine:
         tm_policy=tm_policy,
         scope=draw(st.sampled_from(["container", "pod"])),
         cpu_policy=cpu_policy,
-        full_pcpus=cpu_policy == "static" and draw(st.booleans()),
+        full_pcpus=full_pcpus,
         prefer_closest=draw(st.booleans()),
+        strict_reservation=cpu_policy == "static" and draw(st.booleans()),
+        spread_cores=cpu_policy == "static"
+        and not full_pcpus
+        and draw(st.sampled_from([False, False, True])),
+        hamid_gpus=draw(st.booleans()),
     )
 
 
@@ -210,12 +227,50 @@ def pods(draw: st.DrawFn, name: str) -> dict[str, Any]:
 # ==========================================================================================
 
 
+class HamidPreference:
+    """hamid's ``GetPreferredAllocation`` (one GPU per device ID here): the pending container's
+    annotated GPUs via :func:`preferred_answer`; on a NUMA mismatch the plugin's refit-less
+    fallback (one replica per distinct GPU). The pending container is the first non-empty
+    annotation entry not yet consumed by an ``Allocate``, as the plugin finds it."""
+
+    def __init__(self, server: FakePlugin) -> None:
+        self.server = server
+        self.annotated: PodDevices = ()
+        self.start = 0
+
+    def pending(self, annotated: PodDevices) -> None:
+        """The next pod's annotation (from now on, its containers' Allocates consume entries)."""
+        self.annotated, self.start = annotated, len(self.server.allocate_requests)
+
+    def __call__(self, request: Any) -> list[str]:
+        entries = [e for e in self.annotated if e]
+        consumed = len(self.server.allocate_requests) - self.start
+        if consumed >= len(entries):
+            return []
+        available, must = list(request.available_deviceIDs), list(request.must_include_deviceIDs)
+        size = request.allocation_size
+        answer, missing = preferred_answer(entries[consumed], available, must, size, _same)
+        if not missing:
+            return answer
+        offered = select_preferred(entries[consumed], available, must, size, _same)[0]
+        return distinct_gpu_preference(available, offered, size, _same) or distinct_gpu_preference(
+            available, must, size, _same
+        )
+
+
+def _same(device_id: str) -> str:
+    return device_id
+
+
 @dataclass
 class Plugin:
-    """One event loop and one real gRPC device plugin endpoint shared by every example."""
+    """One event loop and real gRPC device plugin endpoints shared by every example: one without
+    a preference, one answering like hamid's plugin."""
 
     loop: asyncio.AbstractEventLoop
     endpoint: Endpoint
+    hamid: Endpoint
+    hamid_preference: HamidPreference
 
 
 @pytest.fixture(scope="module")
@@ -223,13 +278,20 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     loop = asyncio.new_event_loop()
     root = Path(tmp_path_factory.mktemp("dp"))
     server = FakePlugin(root, [], resource=GPU, preferred=False)
-    loop.run_until_complete(server.start())
+    hamid = FakePlugin(root, [], resource=GPU, name="hamid.sock", preferred=True)
+    preference = HamidPreference(hamid)
+    hamid.answer = preference
+    for s in (server, hamid):
+        loop.run_until_complete(s.start())
     endpoint = loop.run_until_complete(connect(GPU, str(server.socket), 5.0, 5.0))
+    hamid_endpoint = loop.run_until_complete(connect(GPU, str(hamid.socket), 5.0, 5.0))
     try:
-        yield Plugin(loop, endpoint)
+        yield Plugin(loop, endpoint, hamid_endpoint, preference)
     finally:
         endpoint.close()
-        loop.run_until_complete(server.stop())
+        hamid_endpoint.close()
+        for s in (server, hamid):
+            loop.run_until_complete(s.stop())
         loop.close()
 
 
@@ -268,18 +330,23 @@ class SimNode:
                 all_devices={d: (None if n == NO_TOPOLOGY else (n,)) for d, (n, _h) in ids.items()},
                 healthy={d for d, (_n, h) in ids.items() if h},
                 unhealthy={d for d, (_n, h) in ids.items() if not h},
-                endpoint=plugin.endpoint,  # the fake plugin answers Allocate for any resource
+                # the fake plugin answers Allocate for any resource
+                endpoint=plugin.hamid if m.hamid_gpus and resource == GPU else plugin.endpoint,
             )
             self.device_numa[resource] = {d: n for d, (n, _h) in ids.items()}
             self.healthy |= {d for d, (_n, h) in ids.items() if h}
         self.cpus, settings = build_managers(machine, config)
         self.admitter = Admitter(settings, self.devices, self.cpus, log)
         self.loop = plugin.loop
+        self.preference = plugin.hamid_preference
+        self.hamid_gpus = m.hamid_gpus
 
-    def admit(self, pod: Mapping[str, Any]) -> PodAdmission:
-        """Admit one pod; on failure release what it took (as the kubelet does) and record why."""
+    def admit(self, pod: Mapping[str, Any], annotated: PodDevices = ()) -> PodAdmission:
+        """Admit one pod (its GPUs ``annotated`` for hamid's plugin); on failure release what it
+        took (as the kubelet does) and record why."""
         meta = pod["metadata"]
         record = PodAdmission(meta["namespace"], meta["name"], meta["uid"], "node", admitted=False)
+        self.preference.pending(annotated)
         try:
             self.loop.run_until_complete(self.admitter.admit(pod, record))
             record.admitted = True
@@ -288,6 +355,19 @@ class SimNode:
             self.devices.release(record.uid)
             self.cpus.release(record.uid)
         return record
+
+    def free_gpus(self) -> list[str]:
+        """GPU device IDs healthy and held by no pod."""
+        held = self.devices.allocated_devices(GPU)
+        return sorted(d for d in self.device_numa.get(GPU, {}) if d in self.healthy and d not in held)
+
+    def plugin_view(self, annotated: PodDevices) -> PluginView | None:
+        """What the scheduler knows of hamid's plugin on this node (None: the GPUs are another's)."""
+        if not self.hamid_gpus or GPU not in self.device_numa:
+            return None
+        free = set(self.free_gpus())
+        gpus = {d: (n, int(d in free)) for d, n in self.device_numa[GPU].items()}
+        return PluginView(GPU, gpus, annotated)
 
     def ledger(self, generation: int) -> NumaLedger:
         """The predictor's ledger from the simulator's state: free CPUs and, per NUMA bucket, every
@@ -340,14 +420,13 @@ def sim_device_usage(node: SimNode, uid: str) -> dict[str, dict[int, int]]:
     return {r: dict(Counter(node.device_numa[r][d] for d in ids)) for r, ids in held.items() if ids}
 
 
-def check_agreement(node: SimNode, pod: Mapping[str, Any], got: Prediction) -> None:
-    record = node.admit(pod)
-    TALLY[got.outcome.value] += 1
+def check_agreement(
+    node: SimNode, pod: Mapping[str, Any], got: Prediction, annotated: PodDevices = ()
+) -> None:
+    record = node.admit(pod, annotated)
     if got.outcome is Outcome.UNKNOWN:
-        TALLY[f"unknown: {got.message}"] += 1
         return
     if got.outcome is Outcome.REJECT:
-        TALLY[f"reject: {got.reason}"] += 1
         assert not record.admitted, f"predictor rejects ({got.reason}: {got.message}); kubelet admits"
         assert got.reason == record.reason, (got.message, record.message)
         return
@@ -363,37 +442,85 @@ def check_agreement(node: SimNode, pod: Mapping[str, Any], got: Prediction) -> N
     assert predicted_devices == sim_device_usage(node, record.uid)
 
 
-@seed(SEED)
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(
-    machine=machines(),
-    earlier=st.lists(pods("earlier"), max_size=3),
-    pod=pods("arrival"),
-)
-def test_predictor_equals_kubelet_admission(
-    plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any]
-) -> None:
+def annotate(pod: Mapping[str, Any], free: list[str]) -> PodDevices:
+    """The GPUs a scheduler without a NUMA prediction annotates: per container (init first) its
+    count of distinct GPUs, taken in turn from ``free`` (a random order of the free ones)."""
+    entries: list[tuple[ContainerDevice, ...]] = []
+    at = 0
+    for section in ("initContainers", "containers"):
+        for c in pod["spec"].get(section) or []:
+            count = int(c["resources"]["limits"].get(GPU, 0))
+            picked = [free[(at + i) % len(free)] for i in range(min(count, len(free)))]
+            at += len(picked)
+            entries.append(tuple(ContainerDevice(d, "NVIDIA", 0, 0) for d in picked))
+    return tuple(entries)
+
+
+def random_examples(test: Callable[..., None]) -> Callable[..., None]:
+    """Run ``test`` on the seeded random machines, earlier pods, arriving pod and GPU order."""
+    return seed(SEED)(
+        settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )(
+            given(
+                machine=machines(),
+                earlier=st.lists(pods("earlier"), max_size=3),
+                pod=pods("arrival"),
+                order=st.randoms(use_true_random=False),
+            )(test)
+        )
+    )
+
+
+def predict_after(
+    plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any
+) -> tuple[SimNode, Prediction, PodDevices]:
+    """A node with ``earlier`` admitted by the simulated kubelet, the GPUs a scheduler without a
+    prediction annotates for ``pod`` (in ``order``), and the prediction for ``pod`` on it."""
     node = SimNode(machine, plugin)
     for i, placed in enumerate(earlier):
         placed = {**placed, "metadata": {**placed["metadata"], "uid": f"uid-earlier-{i}"}}
         node.admit(placed)
     profile = profile_of(machine)
-    got = predict(profile, node.ledger(profile.generation), pod, now=NOW)
-    check_agreement(node, pod, got)
+    free = node.free_gpus()
+    order.shuffle(free)
+    annotated = annotate(pod, free)
+    got = predict(profile, node.ledger(profile.generation), pod, now=NOW, plugin=node.plugin_view(annotated))
+    return node, got, annotated
 
 
-def test_unknown_rate_is_low() -> None:
-    """Over the modelled configurations the predictor answers almost always (run after the above)."""
-    answered = TALLY["placed"] + TALLY["reject"] + TALLY["unknown"]
-    if answered < 100:
-        pytest.skip("the differential test did not run in this session")
-    print("differential tally:", TALLY.most_common())
-    assert TALLY["unknown"] / answered < 0.2, TALLY.most_common()
+@random_examples
+def test_predictor_equals_kubelet_admission(
+    plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any
+) -> None:
+    node, got, annotated = predict_after(plugin, machine, earlier, pod, order)
+    check_agreement(node, pod, got, annotated)
+
+
+def test_unknown_rate_is_low(plugin: Plugin) -> None:
+    """Over the modelled configurations the predictor answers almost always (on its own examples),
+    and on nodes whose plugin is hamid's it computes the plugin's choice instead of answering unknown."""
+    tally: Counter[str] = Counter()
+
+    @random_examples
+    def tally_one(machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any) -> None:
+        node, got, _annotated = predict_after(plugin, machine, earlier, pod, order)
+        tally[got.outcome.value] += 1
+        if node.hamid_gpus:
+            tally[f"hamid {got.outcome.value}"] += 1
+        if got.outcome is Outcome.UNKNOWN:
+            tally[f"unknown: {got.message}"] += 1
+
+    tally_one()
+    answered = tally["placed"] + tally["reject"] + tally["unknown"]
+    print("differential tally:", tally.most_common())
+    assert answered >= min(EXAMPLES, 100), tally
+    assert tally["unknown"] / answered < 0.2, tally.most_common()
+    hamid = tally["hamid placed"] + tally["hamid reject"] + tally["hamid unknown"]
+    print(f"unknown on hamid nodes: {tally['hamid unknown']} of {hamid}")
 
 
 # ==========================================================================================
@@ -451,3 +578,53 @@ def test_container_reusing_an_init_containers_device_is_on_that_devices_node(plu
     assert init.numa == frozenset({0, 1}) and init.devices == {GPU: {0: 1}}
     assert app.numa == frozenset({0, 1}) and app.devices == {}  # CPU 1 reused, GPU 0 reused
     check_agreement(SimNode(m, plugin), pod, got)
+
+
+def test_hamids_plugin_decides_where_kubelet_lets_it_choose(plugin: Plugin) -> None:
+    """Policy none: kubelet takes the GPU from both NUMA nodes' replicas as the plugin prefers
+    (``devicesToAllocate``, ``GetPreferredAllocation`` over every available device). Without the
+    plugin's answer that is unknown; with hamid's plugin preferring the annotated GPU on NUMA 1
+    (``preferred_answer``), kubelet's GPU is on NUMA 1 — whichever NUMA node the CPUs are on."""
+    m = _case(devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0)), hamid_gpus=True)
+    pod = _guaranteed(("c", "2", 1))
+    node = SimNode(m, plugin)
+    annotated = ((ContainerDevice("gpu-01-0", "NVIDIA", 0, 0),),)
+    assert predict(profile_of(m), node.ledger(1), pod, now=NOW).outcome is Outcome.UNKNOWN
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW, plugin=node.plugin_view(annotated))
+    assert got.outcome is Outcome.PLACED and got.usage.devices == {GPU: {1: 1}}
+    check_agreement(node, pod, got, annotated)
+
+
+def test_an_annotated_gpu_kubelet_does_not_offer_stays_unknown(plugin: Plugin) -> None:
+    """Policy none, a GPU on each of 3 NUMA nodes, NUMA 0's held by an earlier pod (no annotation:
+    no preference, kubelet's ID order took it). The annotation names that GPU: kubelet offers only
+    NUMA 1's and 2's, the plugin sees a NUMA mismatch and refits or falls back — not the
+    predictor's to know, so unknown (the agreement check still runs against kubelet)."""
+    m = _case(
+        numa=3,
+        threads=1,
+        devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0), (GPU, 2, 1, 0)),
+        distances=((10, 20, 20), (20, 10, 20), (20, 20, 10)),
+        hamid_gpus=True,
+    )
+    node = SimNode(m, plugin)
+    assert node.admit(
+        _guaranteed(("c", "1", 1)) | {"metadata": {"name": "x", "namespace": "default", "uid": "x"}}
+    ).admitted
+    pod = _guaranteed(("c", "1", 1))
+    annotated = ((ContainerDevice("gpu-00-0", "NVIDIA", 0, 0),),)
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW, plugin=node.plugin_view(annotated))
+    assert got.outcome is Outcome.UNKNOWN
+    check_agreement(node, pod, got, annotated)
+
+
+def test_a_rejection_whichever_device_kubelet_takes_is_a_reject(plugin: Plugin) -> None:
+    """Policy none, a GPU on each NUMA node and more exclusive CPUs than are free: which GPU
+    kubelet takes is the plugin's choice, but the CPU manager fails after either
+    (``UnexpectedAdmissionError``): every split replayed ends there, so the answer is reject."""
+    m = _case(devices=((GPU, 0, 1, 0), (GPU, 1, 1, 0)))
+    pod = _guaranteed(("c", "8", 1))
+    node = SimNode(m, plugin)
+    got = predict(profile_of(m), node.ledger(1), pod, now=NOW)
+    assert (got.outcome, got.reason) == (Outcome.REJECT, "UnexpectedAdmissionError")
+    check_agreement(node, pod, got)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamid.model.annotations import decode_node_devices, encode_node_devices, encode_node_devices_legacy
+from hamid.model.annotations import decode_node_devices, encode_node_devices
 from hamid.model.devices import DeviceInfo, MigPlacement, MigProfile
 from hamid.model.errors import InvalidInput
 
@@ -121,9 +121,10 @@ def test_decode_legacy_new_format() -> None:
     )
 
 
-def test_encode_legacy_old_format_output() -> None:
-    devices = decode_node_devices(f"{P4},10,7680,100,NVIDIA-Tesla P4,0,true:")
-    assert encode_node_devices_legacy(devices) == f"{P4},10,7680,100,NVIDIA-Tesla P4,0,true,0,hami-core:"
+def test_decode_legacy_old_format_defaults_index_and_mode() -> None:
+    assert decode_node_devices(f"{P4},10,7680,100,NVIDIA-Tesla P4,0,true:") == (
+        DeviceInfo(P4, 0, 10, 7680, 100, "NVIDIA-Tesla P4", 0, "hami-core", True),
+    )
 
 
 def test_legacy_protocol_doc_vector() -> None:
@@ -179,13 +180,6 @@ def test_legacy_errors(value: str, match: str) -> None:
 def test_json_errors(value: str, match: str) -> None:
     with pytest.raises(InvalidInput, match=match):
         decode_node_devices(value)
-
-
-def test_legacy_encode_rejects_unrepresentable() -> None:
-    with pytest.raises(InvalidInput, match="type"):
-        encode_node_devices_legacy([DeviceInfo(id="a", type="x,y")])
-    with pytest.raises(InvalidInput, match="MIG"):
-        encode_node_devices_legacy([DeviceInfo(id="a", mig_profiles=(MigProfile("p", 1, 1, 1),))])
 
 
 def test_encode_rejects_out_of_range() -> None:
@@ -253,8 +247,17 @@ first_legacy_id = st.one_of(
     )
 )
 def test_legacy_round_trip(devs: list[DeviceInfo]) -> None:
-    encoded = encode_node_devices_legacy(devs)
+    encoded = _legacy(devs)
     assert not encoded.lstrip().startswith("[")  # the strategy keeps the legacy form selected
     decoded = decode_node_devices(encoded)
     assert decoded == tuple(devs)
-    assert encode_node_devices_legacy(decoded) == encoded
+    assert _legacy(decoded) == encoded
+
+
+def _legacy(devices: list[DeviceInfo] | tuple[DeviceInfo, ...]) -> str:
+    """The pre-v2.8 colon form (``<id>,<count>,<devmem>,<devcore>,<type>,<numa>,<health>,<index>,<mode>:``),
+    which HAMi's plugins no longer write and hamid only decodes."""
+    return "".join(
+        f"{d.id},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{str(d.health).lower()},{d.index},{d.mode}:"
+        for d in devices
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -356,3 +357,20 @@ def test_profiles_of_one_kind_share_their_decoded_topology() -> None:
     doc = json.loads(encode_profile(first))
     with pytest.raises(InvalidInput, match="gen"):  # a shared topology still checks its own fields
         decode_profile(json.dumps(doc | {"gen": -1}))
+
+
+def test_profile_naming_the_preferring_plugin_is_format_2_and_older_ones_still_decode() -> None:
+    """``preferred`` (the resource hamid's plugin serves with ``GetPreferredAllocation``) needs a
+    reader that knows it: such profiles are format 2; profiles without it stay format 1, so older
+    schedulers keep reading them; the field and the version come together or not at all."""
+    plain = linux_node(2, 4, 2)
+    with_plugin = dataclasses.replace(plain, preferred_allocation="nvidia.com/gpu")
+    assert json.loads(encode_profile(plain))["v"] == 1
+    encoded = json.loads(encode_profile(with_plugin))
+    assert (encoded["v"], encoded["preferred"]) == (2, "nvidia.com/gpu")
+    assert decode_profile(encode_profile(with_plugin)) == with_plugin
+    assert decode_profile(encode_profile(plain)).preferred_allocation is None
+    for v, extra in ((1, {"preferred": "nvidia.com/gpu"}), (2, {}), (3, {"preferred": "x"})):
+        doc = {**json.loads(encode_profile(plain)), "v": v, **extra}
+        with pytest.raises(InvalidInput):
+            decode_profile(json.dumps(doc))

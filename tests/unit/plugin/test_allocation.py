@@ -15,27 +15,23 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevice
 from hamid.model.nodeconfig import NodeConfig
+from hamid.model.preferred import distinct_gpu_preference, select_preferred
 from hamid.plugin.allocator_rules import (
-    AllocationError,
     GpuFacts,
-    HamiCoreSettings,
-    MountSpec,
     PendingEntry,
     allowed_uuids,
     choose_pod,
     consume,
-    distinct_gpu_preference,
-    hami_core_answer,
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
     refuse_unservable,
-    select_preferred,
-    summarize,
     to_allocate,
 )
 from hamid.plugin.discovery import PhysicalGpu
-from hamid.plugin.inventory import Inventory, device_type
+from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hamicore_answer import HamiCoreSettings, MountSpec, hami_core_answer
+from hamid.plugin.inventory import GpuInventory, device_type
 
 V100_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
 V100_B = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -48,7 +44,7 @@ def gpu(uuid: str, index: int, numa: int | None = 0, **kw: Any) -> PhysicalGpu:
 
 
 def test_register_value_matches_hami_bytes() -> None:
-    inv = Inventory([gpu(V100_B, 1, None), gpu(V100_A, 0, None)], NodeConfig())
+    inv = GpuInventory([gpu(V100_B, 1, None), gpu(V100_A, 0, None)], NodeConfig())
     assert encode_node_devices(inv.device_infos()) == (
         f'[{{"id":"{V100_A}","count":10,"devmem":32768,"devcore":100,"type":"NVIDIA-Tesla V100-PCIE-32GB",'
         f'"mode":"hami-core","health":true}},{{"id":"{V100_B}","index":1,"count":10,"devmem":32768,'
@@ -72,12 +68,12 @@ def test_register_scaling_numa_filter_and_mig() -> None:
         gpu("GPU-f", 3),
         gpu("GPU-z", 4, None, mem=0),
     ]
-    infos = Inventory(gpus, config).device_infos()
+    infos = GpuInventory(gpus, config).device_infos()
     assert [(i.id, i.devmem, i.devcore, i.numa, i.count) for i in infos] == [
         ("GPU-a", 1500, 200, 1, 4),
         ("GPU-z", 1500, 200, 0, 4),  # preconfigured memory when NVML gives none; numa unknown → 0
     ]
-    mig = Inventory(gpus[:3], NodeConfig(operating_mode="mig", device_memory_scaling=2))
+    mig = GpuInventory(gpus[:3], NodeConfig(operating_mode="mig", device_memory_scaling=2))
     assert [(i.id, i.mode, i.devmem, i.devcore) for i in mig.device_infos()] == [
         ("GPU-a", "mig", 1000, 100),
         ("GPU-x", "mig", 32768, 100),
@@ -93,14 +89,14 @@ def test_device_type_prefix() -> None:
 
 def test_replicas_topology_and_health() -> None:
     gpus = [gpu("GPU-a", 0, 3), gpu("GPU-b", 1, None)]
-    plain = Inventory(gpus, NodeConfig(device_split_count=2))
+    plain = GpuInventory(gpus, NodeConfig(device_split_count=2))
     assert [(r.id, r.numa) for r in plain.replicas()] == [
         ("GPU-a-0", None),
         ("GPU-a-1", None),
         ("GPU-b-0", None),
         ("GPU-b-1", None),
     ]
-    topo = Inventory(gpus, NodeConfig(device_split_count=2, enable_numa_topology=True))
+    topo = GpuInventory(gpus, NodeConfig(device_split_count=2, enable_numa_topology=True))
     assert [r.numa for r in topo.replicas()] == [3, 3, None, None]
     assert topo.uuid_of("GPU-b-1") == "GPU-b" and topo.uuid_of("GPU-b-2") is None
     assert topo.mark_unhealthy("GPU-a", "XID 79") and not topo.mark_unhealthy("GPU-a", "again")
@@ -294,7 +290,7 @@ def test_cuda_disable_control_is_a_go_bool(value: str, mounted: bool) -> None:
 
 
 def test_inventory_facts_follow_scaling_and_health() -> None:
-    inv = Inventory(
+    inv = GpuInventory(
         [gpu("GPU-a", 0, mem=1000), gpu("GPU-b", 1, mem=0)],
         NodeConfig(device_memory_scaling=2.0, device_core_scaling=1.5),
     )

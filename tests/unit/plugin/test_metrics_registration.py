@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from prometheus_client import generate_latest
 
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin.inventory import Inventory
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.metrics import PluginMetrics
 
 
@@ -24,7 +24,7 @@ class _Node:
 
 
 def _gauge(node: _Node) -> float:
-    metrics = PluginMetrics(Inventory([], NodeConfig()), hook_path="/nonexistent")
+    metrics = PluginMetrics(GpuInventory([], NodeConfig()), hook_path="/nonexistent")
     metrics.attach(_Kubelet(), node, pods=_NoPods())
     for line in generate_latest(metrics.registry).decode().splitlines():
         if line.startswith("hamid_plugin_node_registered "):

@@ -46,9 +46,6 @@ def test_refit_request_from_mismatch() -> None:
         container_name="main",
         annotated=devices,
         missing=("GPU-0",),
-        available_ids=("GPU-2-0", "GPU-2-1", "GPU-3-0"),
-        must_include_ids=("GPU-3-0",),
-        allocation_size=1,
         allowed_uuids=("GPU-2", "GPU-3"),
     )
     assert refit_request(mismatch).to_json() == {

@@ -97,8 +97,14 @@ def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]
 def _plan(scheduler: Scheduler, p: dict[str, Any], names: tuple[str, ...] = ("n1",)) -> tuple[Any, ...]:
     spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
     numa = NumaFit.of(p, p["metadata"]["uid"])
-    node, fitted, failed = scheduler.plan(p, spec, names, numa)
+    node, fitted, failed = scheduler.filtering.plan(p, spec, names, numa)
     return node, fitted, failed, numa
+
+
+def _source(ledgers: NumaLedgers, uid: str) -> str:
+    """Where a pod's booking comes from ("" when it has none), read from the nodes' records."""
+    sources = [str(entry.records[uid].source) for entry in ledgers.nodes.values() if uid in entry.records]
+    return sources[0] if sources else ""
 
 
 def _gpus_of(fitted: Fitted) -> list[str]:
@@ -155,8 +161,8 @@ def test_without_profiles_the_plan_is_todays() -> None:
     for i in range(20):
         p = _pod(f"p{i}", mem=rng.choice((500, 3000, 7000)))
         spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
-        with_numa = scheduler.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
-        assert with_numa == scheduler.plan(p, spec, ("n0", "n1", "n2", "n3"))
+        with_numa = scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
+        assert with_numa == scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"))
         node, fitted, _ = with_numa
         if node is not None and fitted is not None:
             scheduler.state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
@@ -213,7 +219,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
         restarted.on_node(_node(), scheduler.state.nodes["n1"].infos)
         restarted.on_pod(foreign)
         assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want  # type: ignore[union-attr]
-        assert restarted.source_of("uid-p0") == Source.PREDICTED
+        assert _source(restarted, "uid-p0") == Source.PREDICTED
 
 
 def test_observed_placement_scores_the_prediction() -> None:
@@ -223,7 +229,7 @@ def test_observed_placement_scores_the_prediction() -> None:
     p["spec"]["nodeName"] = "n1"
     p["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(predicted.cpus, 0, ("n1-g0::0",))
     scheduler._pod_seen(p)
-    assert scored == [("hit", "")] and scheduler.numa.source_of("uid-hit") == Source.PLACEMENT
+    assert scored == [("hit", "")] and _source(scheduler.numa, "uid-hit") == Source.PLACEMENT
     # a foreign pod admitted after the prediction makes the next one miss, classified "foreign"
     q = _filtered(scheduler, "miss", cpus=1)
     foreign = _pod("f", cpus=1, gpus=0, scheduler="default-scheduler", node="n1")
@@ -328,7 +334,7 @@ def test_a_replayed_pod_is_kept_as_what_the_predictor_reads() -> None:
     ledger = scheduler.numa.nodes["n1"].ledger
     assert predict(PROFILE, ledger, view, now=NOW) == predict(PROFILE, ledger, foreign, now=NOW)
     scheduler._pod_seen(foreign)
-    assert scheduler.numa.source_of("uid-f") == Source.REPLAY
+    assert _source(scheduler.numa, "uid-f") == Source.REPLAY
     free = scheduler.numa.free_cpus("n1")
     assert free is not None and len(free) < 7  # the replay booked its exclusive CPUs
     scheduler.numa.on_node_deleted("n1")

@@ -119,7 +119,7 @@ def _check(
 ) -> tuple[str | None, Fitted | None]:
     spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
     want_node, want_fit, want_failed = _reference(scheduler, p, spec, names)
-    node, fitted, failed = scheduler.plan(p, spec, names)
+    node, fitted, failed = scheduler.filtering.plan(p, spec, names)
     assert (node, fitted) == (want_node, want_fit)
     if node is None:
         assert failed == want_failed
@@ -188,11 +188,11 @@ def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() 
     spec = PodFitSpec.from_pod(fits, scheduler.config, "spread", "binpack")
     # binpack ranks the used node first; its room (500 MiB, 0 cores) rules it out without a fit
     assert state.ranked()[-1][1] == "full"
-    node, fitted, failed = scheduler.plan(fits, spec, ("full", "free"))
+    node, fitted, failed = scheduler.filtering.plan(fits, spec, ("full", "free"))
     assert node == "free" and fitted is not None and failed == {}
     big = pod("big", containers=[container("c", 1, 9000, 10)])
     spec = PodFitSpec.from_pod(big, scheduler.config, "spread", "binpack")
-    node, _, failed = scheduler.plan(big, spec, ("full", "free", "ghost"))
+    node, _, failed = scheduler.filtering.plan(big, spec, ("full", "free", "ghost"))
     assert node is None
     assert failed == {
         "full": "1/1 CardInsufficientMemory",
@@ -213,13 +213,17 @@ def test_repeated_candidate_list_follows_node_registration() -> None:
     names = ("ghost", "a")
     p = pod("p", containers=[container("c", 1, 1000, 10)])
     _check(scheduler, p, names)
-    node, _, failed = scheduler.plan(p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names)
+    node, _, failed = scheduler.filtering.plan(
+        p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names
+    )
     assert node == "a" and failed == {"ghost": R.NODE_UNREGISTERED}
     state.on_node(_node(rng, "ghost"))  # the same list now names a registered node
     _check(scheduler, p, names)
     _check(scheduler, p, tuple(names))
     state.on_node({"metadata": {"name": "a", "annotations": {}}})  # a unregisters
-    node, _, failed = scheduler.plan(p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names)
+    node, _, failed = scheduler.filtering.plan(
+        p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names
+    )
     assert failed.get("a") == R.NODE_UNREGISTERED and node != "a"
     _check(scheduler, p, names)
 

@@ -69,7 +69,7 @@ def test_dropped_delete_is_released() -> None:
     assert state.reservation("uid-a") is None
     assert state.was_deleted("uid-a")
     assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
-    assert state.quota_used("default") == (1000, 10)  # only b
+    assert state.quotas.used("default") == (1000, 10)  # only b
 
 
 def test_changed_allocation_is_moved_to_a_later_signed_one() -> None:
@@ -177,7 +177,7 @@ def test_binding_pod_is_left_alone() -> None:
 async def test_node_under_lock_is_left_alone() -> None:
     state = fresh_state(on("a", GPU0, 5))
     state.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 1000, 10)})  # a refit's double booking
-    async with state.node_lock("n1"):
+    async with state.node_guard("n1"):
         report = reconcile_state(state, [], "10", state.seq)
         assert report.drifts == [] and report.skipped == 1
         assert report.gpus == 2  # n2 only
@@ -227,7 +227,7 @@ def test_rebuild_from_state_equals_shadow_after_many_repairs() -> None:
     listed = pods[1:]  # p0 deleted, p4 and p5 missed
     reconcile_state(state, listed, "30", state.seq)
     assert state.snapshot() == fresh_state(*listed).snapshot()
-    assert state.quota_used("default") == fresh_state(*listed).quota_used("default")
+    assert state.quotas.used("default") == fresh_state(*listed).quotas.used("default")
 
 
 def test_marks_of_gone_pods_are_forgotten() -> None:

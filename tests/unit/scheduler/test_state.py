@@ -50,11 +50,11 @@ def test_init_peak_then_release_after_init_succeeded() -> None:
     state.on_pod(p)
     # init 5000/50 alone vs apps 3000/30 together (2 slots): max per field
     assert usage(state, "n1", "n1-gpu0") == (2, 5000, 50)
-    assert state.quota_used("default") == (5000, 50)
+    assert state.quotas.used("default") == (5000, 50)
     p["status"]["initContainerStatuses"] = [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]
     state.on_pod(p)
     assert usage(state, "n1", "n1-gpu0") == (2, 3000, 30)
-    assert state.quota_used("default") == (3000, 30)
+    assert state.quotas.used("default") == (3000, 30)
 
 
 def test_sidecar_adds_to_apps() -> None:
@@ -100,7 +100,7 @@ def test_restart_rebuild_equals_incremental() -> None:
     for p in shuffled[10:]:
         rebuilt.on_pod(p)
     assert rebuilt.snapshot() == live.snapshot()
-    assert rebuilt.quota_used("default") == live.quota_used("default")
+    assert rebuilt.quotas.used("default") == live.quotas.used("default")
     assert any(u != (0, 0, 0) for n in live.snapshot().values() for u in n.values())
 
 
@@ -164,7 +164,7 @@ def test_move_and_undo_after_delete_is_noop() -> None:
     state.on_pod_deleted(p)
     undo2()
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert state.quota_used("default") == (0, 0)
+    assert state.quotas.used("default") == (0, 0)
 
 
 def test_node_reregistration_keeps_reservations() -> None:
@@ -227,17 +227,17 @@ def test_hold_books_gpus_and_quota_until_released_once() -> None:
     held = state.reservation("uid-a").applied
     h = state.hold("uid-a", "n1", held, "default", 500, 5)
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
-    assert state.quota_used("default") == (1500, 15)
+    assert state.quotas.used("default") == (1500, 15)
     assert state.node_busy("n1")  # the reconcile leaves a node with a hold alone
     state.on_node(node("n1", **{ann.NODE_SCORE: "{}"}))  # a rebuilt node keeps the hold booked
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
     state.release_hold(h)
     state.release_hold(h)  # a second call changes nothing
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    assert state.quota_used("default") == (1000, 10)
+    assert state.quotas.used("default") == (1000, 10)
     assert not state.node_busy("n1")
     other = state.hold("uid-b", "n1", {}, "other", 300, 0)
-    assert state.quota_used("other") == (300, 0)
+    assert state.quotas.used("other") == (300, 0)
     state.release_hold(other)
     assert "other" not in state.quotas._used  # nothing left behind for an idle namespace
 
@@ -307,10 +307,10 @@ async def test_deleted_node_drops_its_lock_unless_held() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     state.on_node(node("n2"))
-    state.node_lock("n1")
-    held = state.node_lock("n2")
+    state.node_guard("n1")
+    held = state.node_guard("n2")
     async with held:
         state.on_node_deleted(node("n1"))
         state.on_node_deleted(node("n2"))
         assert "n1" not in state.coordination._locks
-        assert state.node_lock("n2") is held  # a holder keeps using the same lock
+        assert state.node_guard("n2") is held  # a holder keeps using the same lock

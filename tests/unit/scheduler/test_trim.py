@@ -103,7 +103,7 @@ def test_decisions_on_trimmed_pods_equal_those_on_full_pods() -> None:
             state.on_pod(view(p))
         states[label] = state
     assert states["full"].snapshot() == states["trimmed"].snapshot()
-    assert states["full"].quota_used("default") == states["trimmed"].quota_used("default")
+    assert states["full"].quotas.used("default") == states["trimmed"].quotas.used("default")
     assert any(u != (0, 0, 0) for u in states["full"].snapshot()["n1"].values())
     released = 0
     for full in _fleet():
@@ -148,3 +148,17 @@ def test_replicas_share_their_container_parts_and_strings() -> None:
     )
     assert trim_scheduler_pod(one)["spec"]["containers"][0]["restartPolicy"] is not True
     assert trim_scheduler_pod(true)["spec"]["containers"][0]["restartPolicy"] is True
+
+
+def test_the_kept_annotations_are_every_annotation_key_hamid_defines() -> None:
+    """A key added to hamid/model without its place in ``HAMID_ANNOTATION_KEYS`` would be trimmed away."""
+    label_keys = {ann.SCHEDULER_ROLE, ann.WEBHOOK}
+    defined = {
+        value
+        for name, value in vars(ann).items()
+        if name.isupper() and isinstance(value, str) and "/" in value and value not in label_keys
+    }
+    assert len(ann.HAMID_ANNOTATION_KEYS) == len(set(ann.HAMID_ANNOTATION_KEYS))
+    assert set(ann.HAMID_ANNOTATION_KEYS) == defined
+    p = pod("p", annotations=dict.fromkeys(defined, "x") | {LAST_APPLIED: "{}"})
+    assert set(trim_scheduler_pod(p)["metadata"]["annotations"]) == defined

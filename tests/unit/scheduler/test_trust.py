@@ -140,7 +140,7 @@ def test_allocations_the_pod_cannot_have_are_not_booked(p: dict[str, Any], raw: 
     state = _state()
     state.on_pod(_forged(p, raw))
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert state.quota_used("default") == (0, 0)
+    assert state.quotas.used("default") == (0, 0)
     [(refused, message)] = state.refused
     assert refused is p and why in message
     state.on_pod(p)  # the same value again: no second report

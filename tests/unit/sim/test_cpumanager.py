@@ -142,8 +142,6 @@ def test_cpu_options_refusals() -> None:
         parse_cpu_options({"nope": "true"})
     with pytest.raises(InvalidInput, match="bad value for option"):
         parse_cpu_options({"full-pcpus-only": "yes"})
-    with pytest.raises(InvalidInput, match="not modelled"):
-        parse_cpu_options({"strict-cpu-reservation": "true"})
     with pytest.raises(InvalidInput, match="incompatible with CPUManager align-by-socket"):
         validate_cpu_options(StaticPolicyOptions(align_by_socket=True), NON_HT, "single-numa-node")
 
@@ -264,3 +262,286 @@ def test_packed_matches_independent_model(shape: tuple[int, int, int, int], data
     whole = [c for c in topology.core_cpus.values() if c <= available]
     if count % per_core == 0 and len(whole) * per_core >= count:
         assert all(topology.core_cpus[topology.details[c].core] <= got for c in got)
+
+
+# kubelet's ``topology_hints_test.go`` machine (``returnMachineInfo``): 2 sockets = 2 NUMA nodes,
+# 3 cores x 2 threads each, siblings i and i+6 (NUMA 0: 0-2,6-8; NUMA 1: 3-5,9-11).
+HINTS_MACHINE = CpuTopology({c: CpuInfo(c % 6, (c % 6) // 3, (c % 6) // 3) for c in range(12)})
+
+
+def _hints_pod(cpus: str) -> dict:
+    limits = {"cpu": cpus, "memory": "1G"}
+    container = {"name": "fakeContainer", "resources": {"limits": limits, "requests": limits}}
+    return {"metadata": {"uid": "fakePod"}, "spec": {"containers": [container]}}
+
+
+@pytest.mark.parametrize(
+    ("name", "wanted", "held", "expected"),
+    [
+        (
+            "Regenerate Single-Node NUMA Hints if already allocated 1/2",
+            "2",
+            "0,6",
+            [({0}, True), ({0, 1}, False)],
+        ),
+        (
+            "Regenerate Single-Node NUMA Hints if already allocated 1/2",
+            "2",
+            "3,9",
+            [({1}, True), ({0, 1}, False)],
+        ),
+        ("Regenerate Cross-NUMA Hints if already allocated", "11", "0-10", [({0, 1}, True)]),
+        ("Requested less than already allocated", "2", "0,3,6,9", []),
+        ("Requested more than already allocated", "11", "0,3,6,9", []),
+    ],
+)
+def test_pod_hints_of_a_container_already_holding_cpus(
+    name: str, wanted: str, held: str, expected: list[tuple[set[int], bool]]
+) -> None:
+    """``TestGetPodTopologyHints`` over ``returnTestCases`` (``cpumanager/topology_hints_test.go``):
+    a container holding a number of exclusive CPUs other than it requests gets no hints at all (an
+    empty list, which the Topology Manager reads as "cannot satisfy"), never hints built from the
+    held CPUs pooled as reusable; held CPUs matching the request regenerate their own hints.
+    ``GetPodTopologyHints`` in ``policy_static.go`` makes the same check per container."""
+    manager = CpuManager(HINTS_MACHINE, "static", frozenset(), StaticPolicyOptions())
+    manager.assignments["fakePod"] = {"fakeContainer": cpus(held)}
+    manager.assignments["others"] = {"c": HINTS_MACHINE.cpus - cpus(held)}  # defaultCPUSet: empty
+    got = manager.pod_hints(_hints_pod(wanted), "fakePod")
+    assert got == [TopologyHint(frozenset(m), p) for m, p in expected], name
+
+
+def test_pod_hints_without_held_cpus_follow_the_free_cpus() -> None:
+    """``returnTestCases`` "Request 7 CPUs, 4 available on NUMA 0, 6 available on NUMA 1"
+    (defaultCPUSet 2-11) through ``GetPodTopologyHints``: only the cross-NUMA mask, preferred."""
+    manager = CpuManager(HINTS_MACHINE, "static", frozenset(), StaticPolicyOptions())
+    manager.assignments["others"] = {"c": cpus("0,1")}
+    assert manager.pod_hints(_hints_pod("7"), "fakePod") == [TopologyHint(frozenset({0, 1}), True)]
+    assert manager.pod_hints(_hints_pod("11"), "fakePod") == []  # more than available: no hint
+
+
+DISTRIBUTED_TABLE = [
+    # ``TestTakeByTopologyNUMADistributed`` (``cpumanager/cpu_assignment_test.go``):
+    # (name, topology, available, count, cpuGroupSize, expected)
+    (
+        "allocate 4 full cores with 2 distributed across each NUMA node",
+        DUAL_SOCKET_HT,
+        "0-11",
+        8,
+        1,
+        "0,6,2,8,1,7,3,9",
+    ),
+    (
+        "allocate 32 full cores with 8 distributed across each NUMA node",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        64,
+        1,
+        "0-7,10-17,20-27,30-37,40-47,50-57,60-67,70-77",
+    ),
+    (
+        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "2-29,31-39,42-69,71-79",
+        48,
+        1,
+        "10-17,20-27,31-38,50-57,60-67,71-78",
+    ),
+    (
+        "allocate 8 full cores with 2 distributed across each NUMA node",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-2,10-12,20-22,30-32,40-41,50-51,60-61,70-71",
+        16,
+        1,
+        "0-1,10-11,20-21,30-31,40-41,50-51,60-61,70-71",
+    ),
+    ("take one cpu from dual socket with HT - cpuGroupSize 2", DUAL_SOCKET_HT, "1-5,7-11", 1, 2, "2"),
+    (
+        "allocate 13 full cores distributed across the first 2 NUMA nodes",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        26,
+        1,
+        "0-6,10-16,40-45,50-55",
+    ),
+    (
+        "allocate 13 full cores distributed across the first 2 NUMA nodes (cpuGroupSize 2)",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        26,
+        2,
+        "0-6,10-15,40-46,50-55",
+    ),
+    (
+        "31 full cores: 1 CPU spilling over to each of NUMA 2, 3 (to keep balance)",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-8,10-18,20-39,40-48,50-58,60-79",
+        62,
+        1,
+        "0-7,10-17,20-27,30-37,40-46,50-56,60-67,70-77",
+    ),
+    (
+        "ensure bestRemainder chosen with NUMA nodes that have enough CPUs to satisfy the request",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-3,10-13,20-23,30-36,40-43,50-53,60-63,70-76",
+        34,
+        1,
+        "0-3,10-13,20-23,30-34,40-43,50-53,60-63,70-74",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "topology", "available", "count", "group", "expected"), DISTRIBUTED_TABLE)
+def test_take_by_topology_numa_distributed(
+    name: str, topology: CpuTopology, available: str, count: int, group: int, expected: str
+) -> None:
+    assert take_by_topology_distributed(topology, cpus(available), count, group) == cpus(expected), name
+
+
+def test_distributed_minimum_numa_count_comes_from_the_whole_machine() -> None:
+    """``rangeNUMANodesNeededToSatisfy`` (``cpu_assignment.go``) sizes the minimum number of NUMA
+    nodes from the CPU groups per NUMA node of the whole machine (``topo.CPUDetails``), not of the
+    free CPUs. 2 NUMA nodes of 8 CPUs, 1 free on NUMA 0 and 8 on NUMA 1, 6 wanted: one NUMA node of
+    the machine holds 6, so kubelet tries NUMA 1 alone and takes all 6 there. Dividing the 9 free
+    CPUs instead (5 per node) makes the minimum 2, no pair balances, and packing then starts on
+    NUMA 0 (fewest free CPUs first)."""
+    got = take_by_topology_distributed(NON_HT, cpus("0,8-15"), 6)
+    assert got <= NON_HT.numa_cpus[1] and len(got) == 6
+
+
+def test_strict_cpu_reservation_keeps_reserved_cpus_out_of_the_shared_pool() -> None:
+    """``strict-cpu-reservation``: ``validateState`` (``policy_static.go``) initialises the default
+    cpuset without the reserved CPUs (``TestStaticPolicyStart``, topoDualSocketHT with 2 reserved
+    CPUs 0 and 6: the shared pool is 1-5,7-11); exclusive CPUs come from the same available set as
+    without the option (the e2e "reservedSystemCPUs are excluded for both Gu and non-Gu pods")."""
+    reserved = cpus("0,6")
+    strict = CpuManager(
+        DUAL_SOCKET_HT, "static", reserved, parse_cpu_options({"strict-cpu-reservation": "true"})
+    )
+    plain = CpuManager(DUAL_SOCKET_HT, "static", reserved, StaticPolicyOptions())
+    assert strict.default_set() == cpus("1-5,7-11")
+    assert plain.default_set() == cpus("0-11")
+    assert strict.available() == plain.available() == cpus("1-5,7-11")
+    assert strict.allocate("p", "c", 4, None, frozenset()) == plain.allocate("p", "c", 4, None, frozenset())
+
+
+DUAL_SOCKET_NO_HT = CpuTopology.from_numa({0: range(0, 4), 1: range(4, 8)})
+
+SPREAD_TABLE = [
+    # ``TestTakeByTopologyWithSpreadPhysicalCPUsPreferredOption`` (``cpu_assignment_test.go``),
+    # ``distribute-cpus-across-cores``: (name, topology, available, count, expected)
+    ("take a socket of cpus from single socket with HT, 3 cpus", SINGLE_SOCKET_HT, "0-7", 3, "0-2"),
+    ("take a socket of cpus from dual socket with HT, 2 cpus", DUAL_SOCKET_HT, "0-11", 2, "0,2"),
+    ("take a socket of cpus from dual socket with HT, 3 cpus", DUAL_SOCKET_HT, "0-11", 3, "0,2,4"),
+    ("take a socket of cpus from dual socket with HT, 6 cpus", DUAL_SOCKET_HT, "0-11", 6, "0,2,4,6,8,10"),
+    ("take cpus from dual socket with HT, 8 cpus", DUAL_SOCKET_HT, "0-11", 8, "0,2,4,6,8,10,1,3"),
+    ("take a socket of cpus from dual socket without HT, 2 cpus", DUAL_SOCKET_NO_HT, "0-7", 2, "0,1"),
+    ("dual socket with multi numa per socket and HT, 8 cpus", DUAL_SOCKET_MULTI_NUMA_HT, "0-79", 8, "0-7"),
+]
+
+
+@pytest.mark.parametrize(("name", "topology", "available", "count", "expected"), SPREAD_TABLE)
+def test_take_by_topology_spread_across_cores(
+    name: str, topology: CpuTopology, available: str, count: int, expected: str
+) -> None:
+    """Sorting strategy spread (``takeByTopologyNUMAPacked`` in ``cpu_assignment.go``): whole NUMA
+    nodes and sockets as before, no whole cores, then threads socket by socket in CPU id order."""
+    assert take_by_topology(topology, cpus(available), count, spread=True) == cpus(expected), name
+
+
+def test_distribute_cpus_across_cores_options() -> None:
+    """``NewStaticPolicyOptions`` (``policy_options.go``) refuses it with ``full-pcpus-only`` and with
+    ``distribute-cpus-across-numa``; the static policy then spreads its picks (and its pick of
+    reserved CPUs) over the cores."""
+    with pytest.raises(
+        InvalidInput, match="full-pcpus-only and distribute-cpus-across-cores can not be used"
+    ):
+        parse_cpu_options({"full-pcpus-only": "true", "distribute-cpus-across-cores": "true"})
+    with pytest.raises(InvalidInput, match="distribute-cpus-across-numa and distribute-cpus-across-cores"):
+        parse_cpu_options({"distribute-cpus-across-numa": "true", "distribute-cpus-across-cores": "true"})
+    options = parse_cpu_options({"distribute-cpus-across-cores": "true"})
+    manager = CpuManager(SINGLE_SOCKET_HT, "static", frozenset(), options)
+    assert manager.allocate("p", "c", 2, None, frozenset()) == cpus("0,1")  # packed: 0,4 (one core)
+
+
+def _uncore_topo(rows: dict[int, tuple[int, int, int, int]]) -> CpuTopology:
+    """cpu -> (core, socket, numa, uncore cache)."""
+    return CpuTopology({c: CpuInfo(core, s, n, u) for c, (core, s, n, u) in rows.items()})
+
+
+# kubelet's fixtures (``policy_test.go``): 16 CPUs without SMT in uncore caches of 4 consecutive
+# CPUs — on one socket and NUMA node, on two sockets = NUMA nodes of 8, on one socket of two NUMA
+# nodes; and 8 cores x 2 threads (siblings i, i+8) whose cores 0-3 share cache 0 and 4-7 cache 1.
+UNCORE_SINGLE_SOCKET_NO_SMT = _uncore_topo({c: (c, 0, 0, c // 4) for c in range(16)})
+UNCORE_DUAL_SOCKET_NO_SMT = _uncore_topo({c: (c, c // 8, c // 8, c // 4) for c in range(16)})
+UNCORE_SINGLE_SOCKET_MULTI_NUMA = _uncore_topo({c: (c, 0, c // 8, c // 4) for c in range(16)})
+UNCORE_SINGLE_SOCKET_SMT = _uncore_topo({c: (c % 8, 0, 0, (c % 8) // 4) for c in range(16)})
+#: ``topoDualSocketHT`` as the Go literal has it: every ``UncoreCacheID`` left at 0.
+DUAL_SOCKET_HT_ONE_CACHE = _uncore_topo({c: (c % 6, c % 2, c % 2, 0) for c in range(12)})
+
+UNCORE_TABLE = [
+    # ``TestTakeByTopologyNUMAPacked`` cases with ``PreferAlignByUncoreCacheOption``
+    # (``cpu_assignment_test.go``): (name, topology, available, count, expected)
+    (
+        "take cpus from two full UncoreCaches and partial from a single UncoreCache",
+        UNCORE_SINGLE_SOCKET_NO_SMT,
+        "1-15",
+        10,
+        "1,2,4-11",
+    ),
+    (
+        "take one cpu from dual socket with HT - core from Socket 0",
+        DUAL_SOCKET_HT_ONE_CACHE,
+        "1-5,7-11",
+        1,
+        "1",
+    ),
+    ("take first available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "0-15", 4, "0-3"),
+    ("take all available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "2-15", 6, "2-7"),
+    ("take first available UncoreCache from second socket", UNCORE_DUAL_SOCKET_NO_SMT, "8-15", 4, "8-11"),
+    (
+        "take first available UncoreCache from available NUMA",
+        UNCORE_SINGLE_SOCKET_MULTI_NUMA,
+        "3-8,12",
+        2,
+        "4,5",
+    ),
+    (
+        "take cpus from best available UncoreCache group of multi uncore cache single socket - SMT enabled",
+        UNCORE_SINGLE_SOCKET_SMT,
+        "2-7,10-15",
+        6,
+        "4-6,12-14",
+    ),
+    (
+        "take cpus from multiple UncoreCache of single socket - SMT enabled",
+        UNCORE_SINGLE_SOCKET_SMT,
+        "1-7,9-15",
+        10,
+        "4-7,12-15,1,9",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "topology", "available", "count", "expected"), UNCORE_TABLE)
+def test_take_by_topology_aligned_by_uncore_cache(
+    name: str, topology: CpuTopology, available: str, count: int, expected: str
+) -> None:
+    """``prefer-align-cpus-by-uncorecache``: after whole NUMA nodes and sockets, whole free uncore
+    caches while the request needs one, then the first cache (NUMA nodes and caches by fewest free
+    CPUs) whose lowest free cores hold exactly the rest (``takeUncoreCache`` /
+    ``takePartialUncore``), else whole cores and threads as before. In ``topoDualSocketHT`` every
+    CPU shares cache 0, so the one CPU comes from the lowest core with a free CPU (packed: CPU 2)."""
+    assert take_by_topology(topology, cpus(available), count, uncore=True) == cpus(expected), name
+
+
+def test_uncore_cache_option_conflicts_and_lscpu_cache_column() -> None:
+    """``NewStaticPolicyOptions`` refuses ``prefer-align-cpus-by-uncorecache`` with either distribute
+    option; ``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE`` gives each CPU its L3 (last) cache id."""
+    for other in ("distribute-cpus-across-cores", "distribute-cpus-across-numa"):
+        with pytest.raises(InvalidInput, match="can not be used at the same time"):
+            parse_cpu_options({"prefer-align-cpus-by-uncorecache": "true", other: "true"})
+    text = (
+        "# CPU,Core,Socket,Node,Cache\n0,0,0,0,0:0:0:0\n1,1,0,0,1:1:1:0\n2,2,0,0,2:2:2:1\n3,3,0,0,3:3:3:1\n"
+    )
+    assert parse_lscpu(text).uncore_cpus == {0: frozenset({0, 1}), 1: frozenset({2, 3})}
+    assert parse_lscpu("0,0,0,0\n1,1,1,0\n").uncore_cpus == {0: frozenset({0}), 1: frozenset({1})}  # socket

@@ -19,8 +19,13 @@ STAND_INS = ("hamidsim.kubelet", "hamidsim.kube_scheduler", "hamidsim.apiserver"
 FORBIDDEN = ("hamid.fit", "hamid.scheduler", "hamid.plugin")
 
 
+def _top(module: str) -> Path:
+    """The folder holding the module's import root (the simulator's distribution lives in sim/)."""
+    return ROOT / "sim" if module.split(".")[0] == "hamidsim" else ROOT
+
+
 def _module_file(module: str) -> Path | None:
-    base = ROOT.joinpath(*module.split("."))
+    base = _top(module).joinpath(*module.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -58,7 +63,7 @@ def _package_modules(module: str) -> list[str]:
     if path is None or path.name != "__init__.py":
         return []
     return [
-        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        ".".join(p.relative_to(_top(module)).with_suffix("").parts).removesuffix(".__init__")
         for p in sorted(path.parent.rglob("*.py"))
     ]
 
@@ -81,7 +86,7 @@ def _closure(start: str) -> dict[str, str]:
 
 def _stand_in_modules() -> list[str]:
     """The stand-ins (packages or modules), plus any ``apiserver_*`` modules beside them."""
-    extra = sorted(f"hamidsim.{p.stem}" for p in (ROOT / "hamid" / "sim").glob("apiserver_*.py"))
+    extra = sorted(f"hamidsim.{p.stem}" for p in (ROOT / "sim" / "hamidsim").glob("apiserver_*.py"))
     return [m for m in STAND_INS if _module_file(m) is not None] + extra
 
 

@@ -1,0 +1,521 @@
+"""Trace replay: Alibaba's openb GPU-sharing trace through hamid's real scheduler, plugin and kubelet.
+
+The FGD paper's experiment (USENIX ATC '23, Fig. 9): the trace's pods shuffled with a seed, clones
+appended until the arrived GPU request is 130 % of the cluster's GPUs, submitted one at a time and
+scheduled once (a pod that fails is dropped, nothing is deleted). Each pod goes the product's way,
+in process (``bench/trace_cluster.py`` says which code runs at each step): the webhook, kube-
+scheduler's NodeResourcesFit (CPU-only pods scored by the default profile), hamid's ``/filter`` and
+``/bind``, the plugin's Allocate (with NUMA refit) and the simulated kubelet's admission on a NUMA
+model of the node. Unallocated GPU % = 100 - allocated / capacity, read at 90/100/110/130 % arrived.
+``--numa off`` is the paper's setting; ``on``: 2 NUMA nodes per node, static CPU manager, Topology
+Manager ``restricted``; ``strict``: ``single-numa-node``. ``docs/packing.md`` explains the method.
+The last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import math
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchstats import peak_rss_mib, percentile, print_figures
+
+from hamid.log import configure
+
+configure("json", "error")  # before the modules below bind their loggers
+
+from trace_cluster import Cluster, SimNode  # noqa: E402
+from trace_pods import (  # noqa: E402
+    INFLATION,
+    MILLI,
+    NODES_CSV,
+    PODS_CSV,
+    PUBLISHED_CSV,
+    TraceError,
+    TraceNode,
+    TracePod,
+    aligned_shape,
+    arrivals,
+    manifest,
+    read_nodes,
+    read_pods,
+)
+
+from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES  # noqa: E402
+from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
+from hamid.scheduler.core import SchedulerSettings  # noqa: E402
+from hamidsim.apiserver.patch import json_patch  # noqa: E402
+from hamidsim.kube_scheduler import default_score, feasible_nodes, pod_requests, select_host  # noqa: E402
+
+#: Arrived GPU % at which the unallocated GPU % is reported (the paper reads 100 and 130).
+READ_AT = (90, 100, 110, 130)
+#: Failure causes (a kubelet rejection is ``kubelet:<reason>``).
+NO_GPU_ROOM = "no_gpu_room"
+CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
+CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
+#: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
+NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
+#: The plugin's HAMi-core host directories go to memory when it can (one per container).
+_SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+PUBLISHED_POLICIES = {"06-FGD": "published FGD", "05-BestFit": "published Best-fit"}
+
+
+def known_policies() -> list[str]:
+    """Every ``node/GPU`` pair the scheduler knows that packs shares: each node policy with the GPU
+    policy of the same name, and HAMi's default pair (``topology-aware``, ``mutex`` and ``numa`` are
+    GPU filters or orders the trace gives nothing to act on: no GPU links, no exclusive GPUs)."""
+    defaults = SchedulerSettings()
+    pairs = [f"{p}/{p}" for p in NODE_POLICIES if p in GPU_POLICIES]
+    hami = f"{defaults.node_policy}/{defaults.gpu_policy}"
+    if hami not in pairs:
+        pairs.insert(1, hami)
+    return pairs
+
+
+def parse_policies(text: str) -> list[tuple[str, str]]:
+    """``binpack/spread,spread/spread`` → pairs (node policy, GPU policy); unknown ones refused."""
+    pairs = []
+    for item in text.split(","):
+        node, sep, gpu = item.strip().partition("/")
+        if not sep or node not in NODE_POLICIES or gpu.split(",")[0] not in GPU_POLICIES:
+            raise SystemExit(
+                f"--policies: {item.strip()!r} is not node/GPU with a node policy of {NODE_POLICIES} "
+                f"and a GPU policy of {GPU_POLICIES}"
+            )
+        pairs.append((node, gpu))
+    return pairs
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42``, ``42,44`` or ``42-51``."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            seeds.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise SystemExit(f"--seeds: {text!r} is not like 42, 42,44 or 42-51") from None
+    return seeds
+
+
+@dataclass
+class Replay:
+    """What one replay (one policy, one seed) measured."""
+
+    capacity: int
+    arrived: int = 0
+    allocated: int = 0
+    #: (arrived %, unallocated %) after each GPU pod.
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)
+    filter_s: list[float] = field(default_factory=list)
+    #: NUMA-aligned LS GPU pods: [placed, aligned] in all, and among those that fit one NUMA node.
+    ls: list[int] = field(default_factory=lambda: [0, 0])
+    ls_one_numa: list[int] = field(default_factory=lambda: [0, 0])
+    never_single_numa: int = 0
+    gpu_used: Counter[str] = field(default_factory=Counter)
+    shapes: ShapeCheck | None = None
+
+    def note(self, pod: TracePod, placed: bool) -> None:
+        """Count one scheduled (or failed) pod."""
+        self.arrived += pod.gpu_request
+        if placed:
+            self.allocated += pod.gpu_request
+        if pod.gpu_request:
+            self.curve.append(
+                (100 * self.arrived / self.capacity, 100 - 100 * self.allocated / self.capacity)
+            )
+
+    def unallocated_at(self, arrived_pct: float) -> float | None:
+        """Unallocated % after the first pod with which the arrived GPU reached ``arrived_pct``."""
+        for arrived, unallocated in self.curve:
+            if arrived >= arrived_pct:
+                return unallocated
+        return None
+
+
+class ShapeCheck:
+    """Which pod shapes fit one NUMA node of some node whose model they accept (memoised)."""
+
+    def __init__(self, nodes: list[SimNode]) -> None:
+        self._numas = {
+            (n.trace.model, n.layout.gpu_numa.count(numa), len(cpus - n.layout.reserved))
+            for n in nodes
+            for numa, cpus in n.layout.numa_cpus.items()
+        }
+        self._memo: dict[tuple[int, int, str], bool] = {}
+
+    def fits_one_numa(self, pod: TracePod) -> bool:
+        key = (pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
+        if key not in self._memo:
+            models = pod.gpu_spec.split("|") if pod.gpu_spec else None
+            self._memo[key] = any(
+                (models is None or model in models) and gpus >= key[0] and cpus >= key[1]
+                for model, gpus, cpus in self._numas
+            )
+        return self._memo[key]
+
+
+async def _hamid_path(
+    cluster: Cluster, pod: dict[str, Any], feasible: tuple[str, ...], replay: Replay
+) -> str:
+    """kube-scheduler with hamid as extender: the node bound, or the failure cause."""
+    if feasible:
+        started = time.perf_counter()
+        node, error = await cluster.filter(pod, feasible)
+        replay.filter_s.append(time.perf_counter() - started)
+        if error:
+            return f"filter_error: {error}"
+        if node is not None:
+            await cluster.api.settle()
+            error = await cluster.bind(pod, node)
+            return f"bind_error: {error}" if error else node
+    if feasible and cluster.gpu_room(pod, feasible):
+        return NUMA_REFUSED
+    return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
+
+
+async def _default_path(
+    cluster: Cluster, pod: dict[str, Any], feasible: tuple[str, ...], rng: random.Random
+) -> str:
+    """kube-scheduler alone (a pod without GPUs): the best-scored feasible node, bound."""
+    request = pod_requests(pod)
+    node = select_host(((n, default_score(request, cluster.kube[n])) for n in feasible), rng)
+    if node is None:
+        return CPU_ONLY_NO_ROOM
+    meta = pod["metadata"]
+    await cluster.api.bind_pod(meta["namespace"], meta["name"], meta["uid"], node)
+    return node
+
+
+async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng: random.Random) -> bool:
+    """One pod, the product's way; whether it runs (a failure is counted by cause in ``replay``)."""
+    api = cluster.api
+    pod = manifest(trace, uid, cluster.numa != "off")
+    verdict = cluster.scheduler.admit(pod, "default")
+    if not verdict.allowed:
+        replay.failures[f"webhook_denied: {verdict.message}"] += 1
+        return False
+    stored = api.create_pod(json_patch(pod, list(verdict.patch)) if verdict.patch else pod)
+    await api.settle()
+    request = pod_requests(stored)
+    feasible = tuple(feasible_nodes(request, cluster.kube.items()))
+    if stored["spec"].get("schedulerName") == cluster.scheduler.settings.scheduler_name:
+        outcome = await _hamid_path(cluster, stored, feasible, replay)
+    else:
+        outcome = await _default_path(cluster, stored, feasible, rng)
+    node = cluster.nodes.get(outcome)
+    if node is None:
+        replay.failures[outcome] += 1
+        return False
+    cluster.kube[node.name].add(request)
+    await api.settle()
+    bound = await api.get_pod("default", trace_key(stored))
+    record = await node.admit(bound)
+    await cluster.publish(node, bound, record)
+    if not record.admitted:
+        cluster.kube[node.name].remove(request)
+        replay.failures[f"kubelet:{record.reason}"] += 1
+        return False
+    _count_placed(cluster, node, trace, record, replay)
+    return True
+
+
+def trace_key(pod: dict[str, Any]) -> str:
+    """The pod's name (every trace pod lives in ``default``)."""
+    return str(pod["metadata"]["name"])
+
+
+def _count_placed(cluster: Cluster, node: SimNode, trace: TracePod, record: Any, replay: Replay) -> None:
+    """GPU usage and NUMA alignment of a pod kubelet admitted (the GPUs it runs on are its annotation's)."""
+    if not trace.num_gpu:
+        return
+    pod = cluster.api.pods[f"default/{trace.name}"]
+    devices = [
+        d for c in decode_pod_devices(pod["metadata"]["annotations"].get(DEVICES_ALLOCATED, "")) for d in c
+    ]
+    for device in devices:
+        replay.gpu_used[device.uuid] += device.usedcores
+    if not aligned_shape(trace, cluster.numa != "off"):
+        return
+    numas = {node.gpu_numa[d.uuid] for d in devices} | {
+        n for c in record.containers for n in c.cpu_numa_nodes
+    }
+    aligned = int(len(numas) == 1)
+    replay.ls[0] += 1
+    replay.ls[1] += aligned
+    if replay.shapes is not None and replay.shapes.fits_one_numa(trace):
+        replay.ls_one_numa[0] += 1
+        replay.ls_one_numa[1] += aligned
+
+
+def stranded_gpus(cluster: Cluster, replay: Replay) -> tuple[int, int]:
+    """(idle GPUs, idle GPUs on a NUMA node without a free CPU): no exclusive CPU left there (NUMA
+    on) or less than one CPU of the node's allocatable unrequested."""
+    idle = stranded = 0
+    for node in cluster.nodes.values():
+        kube = cluster.kube[node.name]
+        unrequested = kube.allocatable.milli_cpu - kube.requested.milli_cpu
+        for uuid, numa in node.gpu_numa.items():
+            if replay.gpu_used[uuid]:
+                continue
+            idle += 1
+            free = unrequested if cluster.numa == "off" else min(unrequested, node.free_cpus_on(numa) * MILLI)
+            stranded += free < MILLI
+    return idle, stranded
+
+
+async def replay_one(
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    numa: str,
+    policy: tuple[str, str],
+    seed: int,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Replay the trace once (one policy, one seed; the first ``limit`` arrivals only); its figures."""
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    sequence = arrivals(pods, capacity, seed)[:limit]
+    with tempfile.TemporaryDirectory(prefix="hamid-trace-", dir=_SCRATCH) as hook:
+        cluster = Cluster(nodes, numa, policy[0], policy[1], hook)
+        await cluster.start()
+        shapes = ShapeCheck(list(cluster.nodes.values()))
+        replay = Replay(capacity, shapes=shapes)
+        rng = random.Random(seed)
+        started = time.perf_counter()
+        for i, trace in enumerate(sequence):
+            replay.never_single_numa += int(
+                aligned_shape(trace, numa != "off") and not shapes.fits_one_numa(trace)
+            )
+            replay.note(trace, await place(cluster, trace, f"uid-{i}", replay, rng))
+        elapsed = time.perf_counter() - started
+        idle, stranded = stranded_gpus(cluster, replay)
+        refits = dict(cluster.refit.outcomes) if cluster.refit is not None else {}
+        await cluster.stop()
+    return _figures(replay, len(sequence), elapsed, idle, stranded, refits)
+
+
+def _figures(
+    replay: Replay, pods: int, elapsed: float, idle: int, stranded: int, refits: dict[str, int]
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {f"unallocated_pct_at_{x}": replay.unallocated_at(x) for x in READ_AT}
+    failures = replay.failures
+    figures.update(
+        pods=pods,
+        failed_no_gpu_room=failures[NO_GPU_ROOM],
+        failed_cpu_memory_short=failures[CPU_MEMORY_SHORT],
+        failed_numa_refused=failures[NUMA_REFUSED],
+        failed_cpu_only=failures[CPU_ONLY_NO_ROOM],
+        failed_kubelet=sum(v for k, v in failures.items() if k.startswith("kubelet:")),
+        topology_affinity_errors=failures["kubelet:TopologyAffinityError"],
+        failed_other=sum(
+            v for k, v in failures.items() if k.startswith(("filter_error", "bind_error", "webhook"))
+        ),
+        ls_gpu_pods_placed=replay.ls[0],
+        ls_aligned_pct=100 * replay.ls[1] / replay.ls[0] if replay.ls[0] else None,
+        ls_one_numa_aligned_pct=100 * replay.ls_one_numa[1] / replay.ls_one_numa[0]
+        if replay.ls_one_numa[0]
+        else None,
+        never_single_numa_pods=replay.never_single_numa,
+        refits_moved=refits.get("moved", 0),
+        refits_refused=refits.get("refused", 0),
+        idle_gpus=idle,
+        idle_gpus_stranded_without_cpu=stranded,
+        filter_p50_ms=percentile(replay.filter_s, 0.5) * 1000 if replay.filter_s else None,
+        filter_p99_ms=percentile(replay.filter_s, 0.99) * 1000 if replay.filter_s else None,
+        pods_per_s=pods / elapsed,
+    )
+    figures["failure_causes"] = dict(failures.most_common())
+    figures["curve"] = [replay.unallocated_at(x) for x in range(0, 131)]
+    return figures
+
+
+def median_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The median of every numeric figure over the seeds (curves point by point)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if key == "failure_causes":
+            out[key] = dict(sum((Counter(r[key]) for r in runs), Counter()))
+        elif key == "curve":
+            out[key] = [_median([r[key][i] for r in runs]) for i in range(len(value))]
+        else:
+            out[key] = _median([r[key] for r in runs])
+    return out
+
+
+def _median(values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def report(policy: str, figures: dict[str, Any]) -> None:
+    """One readable block per policy."""
+    unallocated = ", ".join(f"{x}%: {_fmt(figures[f'unallocated_pct_at_{x}'], '%')}" for x in READ_AT)
+    print(f"{policy}: unallocated GPU at arrived {unallocated}")
+    print(
+        f"  failed: no GPU room {figures['failed_no_gpu_room']}, GPU room only where CPU/memory short "
+        f"{figures['failed_cpu_memory_short']}, refused by NUMA prediction {figures['failed_numa_refused']}, "
+        f"kubelet {figures['failed_kubelet']} "
+        f"(TopologyAffinityError {figures['topology_affinity_errors']}), "
+        f"CPU-only {figures['failed_cpu_only']}, "
+        f"other {figures['failed_other']}"
+    )
+    print(
+        f"  LS GPU pods aligned {_fmt(figures['ls_aligned_pct'], '%')} "
+        f"(of those fitting one NUMA node {_fmt(figures['ls_one_numa_aligned_pct'], '%')}; "
+        f"{figures['never_single_numa_pods']} never single-NUMA), refits {figures['refits_moved']}, "
+        f"idle GPUs {figures['idle_gpus']} ({figures['idle_gpus_stranded_without_cpu']} stranded without CPU)"
+    )
+    print(
+        f"  filter p50 {_fmt(figures['filter_p50_ms'], ' ms')}, p99 {_fmt(figures['filter_p99_ms'], ' ms')}, "
+        f"{_fmt(figures['pods_per_s'])} pods/s",
+        flush=True,
+    )
+
+
+def plot(path: Path, results: dict[str, dict[str, Any]], published: Path, title: str) -> None:
+    """Unallocated GPU % against arrived % per policy, beside the published FGD and Best-fit curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(figsize=(8, 5))
+    for policy, figures in results.items():
+        points = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
+        axes.plot([p[0] for p in points], [p[1] for p in points], label=f"hamid {policy}")
+    for name, label in PUBLISHED_POLICIES.items():
+        points = _published(published, name)
+        axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", label=label)
+    axes.set(xlabel="arrived GPU (% of capacity)", ylabel="unallocated GPU (%)", title=title, xlim=(0, 130))
+    axes.set_ylim(0, 30)
+    axes.legend()
+    axes.grid(alpha=0.3)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def _published(path: Path, policy: str) -> list[tuple[float, float]]:
+    import csv
+
+    with path.open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["policy"] == policy]
+    return [(float(r["arrived_pct"]), float(r["unalloc_pct_median"])) for r in rows]
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes-csv", type=Path, default=NODES_CSV, help=f"node list (default {NODES_CSV})")
+    parser.add_argument("--pods-csv", type=Path, default=PODS_CSV, help=f"pod list (default {PODS_CSV})")
+    parser.add_argument(
+        "--policies",
+        default=",".join(known_policies()),
+        help=f"node/GPU policy pairs, comma-separated (default: {','.join(known_policies())})",
+    )
+    parser.add_argument(
+        "--numa", choices=("off", "on", "strict"), default="on", help="NUMA model (default on)"
+    )
+    parser.add_argument("--seeds", default="42", help="seed, list or range, e.g. 42-51 (medians reported)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="replays run at once, one process each (default: CPUs)",
+    )
+    parser.add_argument("--limit", type=int, help="replay only the first N arrivals (a quick look)")
+    parser.add_argument("--plot", type=Path, help="draw the curves (and the published ones) into this PNG")
+    parser.add_argument(
+        "--published-csv",
+        type=Path,
+        default=PUBLISHED_CSV,
+        help=f"published results (default {PUBLISHED_CSV})",
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Replay every policy for every seed; print the figures, the last line JSON."""
+    args = _arguments()
+    logging.disable(logging.WARNING)
+    policies, seeds = parse_policies(args.policies), parse_seeds(args.seeds)
+    try:
+        nodes, pods = read_nodes(args.nodes_csv), read_pods(args.pods_csv)
+        if args.plot is not None:
+            _check_plotting(args.published_csv)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(
+        f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} trace pods; arrivals to "
+        f"{INFLATION:.0%} of the GPUs; NUMA {args.numa}; seeds {args.seeds}",
+        flush=True,
+    )
+    jobs = [(nodes, pods, args.numa, policy, seed, args.limit) for policy in policies for seed in seeds]
+    results: dict[str, dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = []
+    for job, figures in zip(jobs, _run_all(jobs, args.jobs), strict=True):
+        runs.append(figures)
+        if len(runs) == len(seeds):
+            name = "/".join(job[3])
+            results[name] = median_figures(runs)
+            report(name, results[name])
+            runs = []
+    if args.plot is not None:
+        plot(args.plot, results, args.published_csv, f"openb, NUMA {args.numa}, seeds {args.seeds}")
+        print(f"plot written to {args.plot}")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    summary = {"numa": args.numa, "seeds": seeds, "peak_rss_mib": max(peak_rss_mib(), children)}
+    summary["policies"] = {p: {k: v for k, v in f.items() if k != "curve"} for p, f in results.items()}
+    print_figures(summary)
+
+
+def _replay_job(job: tuple[Any, ...]) -> dict[str, Any]:
+    figures = asyncio.run(replay_one(*job))
+    gc.collect()
+    return figures
+
+
+def _run_all(jobs: list[tuple[Any, ...]], workers: int) -> Iterator[dict[str, Any]]:
+    """Each replay's figures, in order; ``workers`` > 1: that many processes at a time."""
+    workers = workers or min(len(jobs), 2 * (os.cpu_count() or 1))
+    if workers <= 1 or len(jobs) == 1:
+        yield from map(_replay_job, jobs)
+        return
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        yield from pool.map(_replay_job, jobs)
+
+
+def _check_plotting(published: Path) -> None:
+    """Fail before the replay when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TraceError("--plot needs matplotlib: pip install -e '.[bench]'") from None
+    if not published.is_file():
+        raise TraceError(
+            f"published results {published} not found (fgd_published_results.csv of the shared trace)"
+        )
+
+
+if __name__ == "__main__":
+    main()

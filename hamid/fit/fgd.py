@@ -1,0 +1,468 @@
+"""Fragmentation gradient descent (FGD, USENIX ATC '23), NUMA-aware: the maths, pure.
+
+A node's fragmentation under a typical workload is the GPU capacity (milli-GPU) that the typical
+pods cannot use there, weighted by how often each shape comes: for shape ``m`` it is all the
+node's idle GPU when ``m`` cannot run there at all (it needs no GPU, the node is short of CPU or
+memory, no GPU of an allowed model has room for it, or too few do), else the idle GPU on the
+GPUs that cannot take it. Beyond the paper, an *aligned* shape (exclusive CPUs on its GPUs' NUMA
+node) can use a GPU only when that NUMA node still has the exclusive CPUs it needs, so GPUs
+stranded beside exhausted CPUs count as fragment too. A pod goes where it removes the most
+fragmentation (``F_before - F_after``): the node, and for a share, the GPU.
+
+The typical workload is learned online (:class:`ShapeHistogram`) or pinned by an operator
+(:func:`parse_workload`). No I/O here; the scheduler memoises on :class:`NodeState` (nodes in
+equal states share their work) and recomputes a node only when it changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
+
+from hamid.fit.node_room import CpuMem
+from hamid.model.errors import InvalidInput
+from hamid.model.quantity import parse_quantity
+from hamid.model.resources import ContainerDeviceRequest
+
+#: milli-GPU of one whole GPU.
+WHOLE = 1000
+#: The fraction of observed pods the typical shapes cover (the paper's 95 %).
+COVERAGE = 0.95
+#: Pods after which an observation weighs half as much as a new one.
+DEFAULT_HALF_LIFE = 5000.0
+#: Memory buckets per doubling (a shape's memory is its bucket's top).
+_MEMORY_STEPS = 4
+
+
+class Shape(NamedTuple):
+    """A pod's resource shape as FGD sees it."""
+
+    cpu: int  #: milli-CPUs
+    memory: int  #: MiB
+    gpus: int  #: GPUs (0: CPU only)
+    share: int  #: milli-GPU on each of them (1000: whole GPUs)
+    models: tuple[str, ...] | None = None  #: upper-case ``use-gputype`` substrings (None: any model)
+    exclusive: int = 0  #: exclusive CPUs it takes on its GPUs' NUMA node (0: not aligned)
+
+
+class Gpu(NamedTuple):
+    """One GPU of a node: free milli-GPU (0 when no slot is left), NUMA node, upper-case model."""
+
+    free: int
+    numa: int
+    model: str
+
+
+class NodeState(NamedTuple):
+    """What a node's fragmentation depends on (hashable: equal nodes share their work).
+
+    The GPUs are kept as parallel tuples (free milli-GPU, NUMA node, model), the form the loops
+    below read fastest.
+    """
+
+    cpu: int  #: free milli-CPUs
+    memory: int  #: free MiB
+    frees: tuple[int, ...]
+    numas: tuple[int, ...]
+    models: tuple[str, ...]
+    #: ``(free, assignable)`` exclusive CPUs per NUMA node, by NUMA id; None: no NUMA knowledge.
+    numa: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def of(
+        cls, cpu: int, memory: int, gpus: Iterable[Gpu], numa: tuple[tuple[int, int], ...] | None = None
+    ) -> NodeState:
+        """A state from its GPUs."""
+        listed = tuple(gpus)
+        return cls(
+            cpu,
+            memory,
+            tuple(g.free for g in listed),
+            tuple(g.numa for g in listed),
+            tuple(g.model for g in listed),
+            numa,
+        )
+
+
+class Placement(NamedTuple):
+    """The best placement of a pod on a node: its gain and the GPUs (positions in the node's GPUs)."""
+
+    gain: float
+    gpus: tuple[int, ...]
+
+
+class Group(NamedTuple):
+    """Typical shapes sharing a GPU part: one GPU judgement for all of them."""
+
+    part: Shape  #: the GPU part (cpu and memory 0)
+    entries: tuple[tuple[int, int, float], ...]  #: ``(cpu, memory, p)`` of each shape
+    p: float  #: their probabilities' sum
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Typical shapes with their probabilities (summing to 1), grouped by their GPU part.
+
+    ``by_cpu`` and ``by_memory`` list every shape as ``(cpu, memory, group, p)``, largest first,
+    so a node's shortage is found by reading only the shapes it is short for.
+    """
+
+    shapes: tuple[tuple[Shape, float], ...]
+    groups: tuple[Group, ...]
+    by_cpu: tuple[tuple[int, int, int, float], ...] = ()
+    by_memory: tuple[tuple[int, int, int, float], ...] = ()
+
+    @classmethod
+    def of(cls, weighted: Iterable[tuple[Shape, float]]) -> Workload:
+        """Normalise weights to probabilities; InvalidInput when they do not add up to anything."""
+        items = [(s, w) for s, w in weighted if w > 0]
+        total = sum(w for _, w in items)
+        if total <= 0:
+            raise InvalidInput("the workload has no shape with a positive weight")
+        shapes = tuple((s, w / total) for s, w in items)
+        grouped: dict[Shape, list[tuple[int, int, float]]] = {}
+        for s, p in shapes:
+            grouped.setdefault(s._replace(cpu=0, memory=0), []).append((s.cpu, s.memory, p))
+        groups = tuple(Group(g, tuple(v), sum(p for _, _, p in v)) for g, v in grouped.items())
+        flat = [(c, m, k, p) for k, group in enumerate(groups) for c, m, p in group.entries]
+        by_cpu = tuple(sorted(flat, key=lambda e: -e[0]))
+        by_memory = tuple(sorted(flat, key=lambda e: -e[1]))
+        return cls(shapes, groups, by_cpu, by_memory)
+
+
+EMPTY = Workload((), ())
+
+_MASKS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[bool, ...]] = {}
+_ALIGNABLE: dict[tuple[Shape, tuple[int, ...], tuple[str, ...], tuple[int, ...]], bool] = {}
+_STATIC_MEMO = 10_000
+
+
+def _mask(models: tuple[str, ...] | None, node_models: tuple[str, ...]) -> tuple[bool, ...] | None:
+    """Which GPUs a model rule allows (None: all of them), memoised per rule and node kind."""
+    if models is None:
+        return None
+    key = (models, node_models)
+    mask = _MASKS.get(key)
+    if mask is None:
+        if len(_MASKS) >= _STATIC_MEMO:
+            _MASKS.clear()
+        mask = _MASKS[key] = tuple(any(m in model for m in models) for model in node_models)
+    return mask
+
+
+def _alignable(node: NodeState, shape: Shape) -> bool:
+    """Whether some NUMA node could ever hold the aligned shape (else it is judged unaligned)."""
+    numa = node.numa
+    if numa is None or not shape.exclusive:
+        return False
+    assignable = tuple(a for _, a in numa)
+    key = (shape._replace(cpu=0, memory=0), node.numas, node.models, assignable)
+    known = _ALIGNABLE.get(key)
+    if known is None:
+        mask = _mask(shape.models, node.models)
+        known = any(
+            cpus >= shape.exclusive
+            and sum(1 for i, n in enumerate(node.numas) if n == home and (mask is None or mask[i]))
+            >= shape.gpus
+            for home, cpus in enumerate(assignable)
+        )
+        if len(_ALIGNABLE) >= _STATIC_MEMO:
+            _ALIGNABLE.clear()
+        _ALIGNABLE[key] = known
+    return known
+
+
+def _fitting(node: NodeState, shape: Shape) -> list[int]:
+    """Positions of the GPUs of an allowed model with room for one of the shape's GPUs."""
+    share = shape.share
+    mask = _mask(shape.models, node.models)
+    if mask is None:
+        return [i for i, free in enumerate(node.frees) if free >= share]
+    return [i for i, free in enumerate(node.frees) if free >= share and mask[i]]
+
+
+def usable(node: NodeState, shape: Shape) -> int:
+    """The node's free milli-GPU that ``shape`` can use (its GPU part only: no CPU/memory test)."""
+    share, count, frees = shape.share, shape.gpus, node.frees
+    if shape.models is None and not (shape.exclusive and node.numa is not None):
+        n = total = 0
+        for free in frees:
+            if free >= share:
+                n += 1
+                total += free
+        return total if n >= count else 0
+    fitting = _fitting(node, shape)
+    if len(fitting) < count:
+        return 0
+    if not _alignable(node, shape):
+        return sum(frees[i] for i in fitting)
+    numa = node.numa
+    assert numa is not None
+    by_numa: dict[int, list[int]] = {}
+    for i in fitting:
+        home = node.numas[i]
+        if 0 <= home < len(numa) and numa[home][0] >= shape.exclusive:
+            by_numa.setdefault(home, []).append(frees[i])
+    return sum(sum(on) for on in by_numa.values() if len(on) >= count)
+
+
+def fragmentation(node: NodeState, workload: Workload) -> float:
+    """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``.
+
+    Every shape counts the whole idle GPU but for what it can use there: ``F = idle * sum p -
+    sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing.
+    """
+    idle = sum(node.frees)
+    if idle == 0 or not workload.groups:
+        return 0.0
+    cpu, memory = node.cpu, node.memory
+    short = [0.0] * len(workload.groups)
+    for shape_cpu, _, group, p in workload.by_cpu:
+        if shape_cpu <= cpu:
+            break
+        short[group] += p
+    for shape_cpu, shape_memory, group, p in workload.by_memory:
+        if shape_memory <= memory:
+            break
+        if shape_cpu <= cpu:  # not counted above
+            short[group] += p
+    # a GPU part not aligned here reads the frees of its models largest first (one list per rule)
+    numa = node.numa is not None
+    sorted_frees: dict[tuple[bool, ...] | None, tuple[list[int], list[int]]] = {}
+    used = 0.0
+    for k, (part, _, group_p) in enumerate(workload.groups):
+        runnable = group_p - short[k]
+        if not part.gpus or runnable <= 0:
+            continue
+        if part.exclusive and numa:
+            used += runnable * usable(node, part)
+            continue
+        mask = _mask(part.models, node.models)
+        lists = sorted_frees.get(mask)
+        if lists is None:
+            frees = node.frees if mask is None else [f for f, ok in zip(node.frees, mask, strict=True) if ok]
+            ordered = sorted(frees, reverse=True)
+            lists = sorted_frees[mask] = ([-f for f in ordered], list(itertools.accumulate(ordered)))
+        n = bisect.bisect_right(lists[0], -part.share)
+        if n >= part.gpus and n:
+            used += runnable * lists[1][n - 1]
+    return max(idle * sum(g.p for g in workload.groups) - used, 0.0)
+
+
+def _options(node: NodeState, pod: Shape) -> list[tuple[int, ...]]:
+    """The GPU sets worth judging for ``pod`` (aligned ones only, when any exists)."""
+    fitting = _fitting(node, pod)
+    if len(fitting) < pod.gpus:
+        return []
+    if pod.gpus == 1:
+        distinct: dict[tuple[int, int, str], int] = {}
+        for i in fitting:  # equal GPUs leave equal nodes: judge the first of them
+            distinct.setdefault((node.frees[i], node.numas[i], node.models[i]), i)
+        options: list[tuple[int, ...]] = [(i,) for i in distinct.values()]
+    else:
+        by_numa: dict[int, list[int]] = {}
+        for i in fitting:
+            by_numa.setdefault(node.numas[i], []).append(i)
+        options = [_tightest(node, ids, pod.gpus) for ids in by_numa.values() if len(ids) >= pod.gpus]
+        options = options or [_tightest(node, fitting, pod.gpus)]
+    if _alignable(node, pod):
+        numa = node.numa
+        assert numa is not None
+        aligned = [o for o in options if _numa_free(numa, node.numas[o[0]]) >= pod.exclusive]
+        return aligned or options
+    return options
+
+
+def _numa_free(numa: tuple[tuple[int, int], ...], node_id: int) -> int:
+    return numa[node_id][0] if 0 <= node_id < len(numa) else 0
+
+
+def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...]:
+    return tuple(sorted(sorted(ids, key=lambda i: (node.frees[i], i))[:count]))
+
+
+def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
+    """The node once ``pod`` runs there on ``gpus`` (exclusive CPUs from the first GPU's NUMA node)."""
+    frees = list(node.frees)
+    for i in gpus:
+        frees[i] -= pod.share
+    numa = node.numa
+    if numa is not None and pod.exclusive and gpus:
+        home = node.numas[gpus[0]]
+        if 0 <= home < len(numa):
+            free, assignable = numa[home]
+            numa = (*numa[:home], (max(free - pod.exclusive, 0), assignable), *numa[home + 1 :])
+    return node._replace(
+        cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
+    )
+
+
+def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:
+    """Where on ``node`` the pod removes the most fragmentation (``frag``: memoised F); None: no room.
+
+    Ties go to the GPU set with the least free GPU left (best fit), then the lowest positions.
+    """
+    if pod.cpu > node.cpu or pod.memory > node.memory:
+        return None
+    options = _options(node, pod)
+    if not options:
+        return None
+    before = frag(node)
+    best: tuple[float, int, tuple[int, ...]] | None = None
+    for option in options:
+        key = (frag(after(node, pod, option)) - before, sum(node.frees[i] for i in option), option)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    return Placement(-best[0], best[2])
+
+
+# -- the typical workload -------------------------------------------------------------------------
+
+
+def memory_bucket(mib: int) -> int:
+    """The top of ``mib``'s bucket (quarter doublings: at most 19 % above the request)."""
+    if mib <= 1:
+        return max(mib, 0)
+    return math.ceil(2 ** (math.ceil(math.log2(mib) * _MEMORY_STEPS) / _MEMORY_STEPS))
+
+
+class ShapeHistogram:
+    """A decayed histogram of the shapes of observed pods (newest weigh most)."""
+
+    def __init__(self, half_life: float = DEFAULT_HALF_LIFE) -> None:
+        if not half_life > 0:
+            raise InvalidInput(f"the histogram's half-life must be positive, not {half_life}")
+        self._growth = 2 ** (1 / half_life)
+        self._scale = 1.0
+        self._weights: dict[Shape, float] = {}
+        #: Observations so far.
+        self.observed = 0
+
+    def observe(self, shape: Shape) -> None:
+        """Count one pod of ``shape`` (its memory bucketed)."""
+        key = shape._replace(memory=memory_bucket(shape.memory))
+        self._weights[key] = self._weights.get(key, 0.0) + self._scale
+        self._scale *= self._growth
+        self.observed += 1
+        if self._scale > 1e100:
+            self._rescale()
+
+    def _rescale(self) -> None:
+        floor = 1e-12
+        self._weights = {s: w / self._scale for s, w in self._weights.items() if w / self._scale > floor}
+        self._scale = 1.0
+
+    def weights(self) -> dict[Shape, float]:
+        """Each shape's decayed weight relative to a pod seen now."""
+        return {s: w / self._scale for s, w in self._weights.items()}
+
+    def typical(self, coverage: float = COVERAGE) -> Workload:
+        """The most frequent shapes covering ``coverage`` of the weight (EMPTY before any pod)."""
+        ranked = sorted(self._weights.items(), key=lambda kv: (-kv[1], kv[0]))
+        total = sum(w for _, w in ranked)
+        if total <= 0:
+            return EMPTY
+        kept: list[tuple[Shape, float]] = []
+        covered = 0.0
+        for shape, weight in ranked:
+            kept.append((shape, weight))
+            covered += weight
+            if covered >= coverage * total:
+                break
+        return Workload.of(kept)
+
+
+# -- a pinned workload ----------------------------------------------------------------------------
+
+_ENTRY_KEYS = frozenset({"cpu", "memory", "gpus", "gpuShare", "gpuModels", "aligned", "weight"})
+
+
+def _positive_number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == math.inf:
+        raise InvalidInput(f"{where}: want a positive number, got {value!r:.40}")
+    return float(value)
+
+
+def _quantity(value: object, where: str, scale: int) -> int:
+    if isinstance(value, bool) or value is None:
+        raise InvalidInput(f"{where}: want a quantity such as '4', '500m' or '16Gi', got {value!r:.40}")
+    amount: Fraction = parse_quantity(value, where)
+    if amount < 0:
+        raise InvalidInput(f"{where}: must not be negative")
+    return math.ceil(amount * scale)
+
+
+def _entry(raw: object, i: int) -> tuple[Shape, float]:
+    where = f"fgd workload entry {i}"
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"{where}: want a mapping with cpu, memory, gpus, gpuShare, weight")
+    unknown = sorted(set(map(str, raw)) - _ENTRY_KEYS)
+    if unknown:
+        raise InvalidInput(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(_ENTRY_KEYS))}")
+    cpu = _quantity(raw.get("cpu", 0), f"{where}.cpu", 1000)
+    memory = _quantity(raw.get("memory", 0), f"{where}.memory", 1) >> 20
+    gpus = raw.get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise InvalidInput(f"{where}.gpus: want a whole number >= 0, got {gpus!r:.40}")
+    share = raw.get("gpuShare", 100)
+    if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100:
+        raise InvalidInput(f"{where}.gpuShare: want a percentage of one GPU, 1..100, got {share!r:.40}")
+    models = raw.get("gpuModels")
+    if models is not None and (
+        not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
+    ):
+        raise InvalidInput(f"{where}.gpuModels: want a list of model names")
+    aligned = raw.get("aligned", False)
+    if not isinstance(aligned, bool):
+        raise InvalidInput(f"{where}.aligned: want true or false")
+    if aligned and (cpu == 0 or cpu % 1000 or gpus == 0):
+        raise InvalidInput(f"{where}.aligned: an aligned shape needs whole CPUs and at least one GPU")
+    shape = Shape(
+        cpu,
+        memory,
+        gpus,
+        share * 10 if gpus else 0,
+        tuple(m.upper() for m in models) if models else None,
+        cpu // 1000 if aligned else 0,
+    )
+    return shape, _positive_number(raw.get("weight", 1), f"{where}.weight")
+
+
+def parse_workload(data: object) -> Workload:
+    """An operator's pinned workload: a list of shapes with weights (InvalidInput naming the entry)."""
+    if not isinstance(data, list) or not data:
+        raise InvalidInput("fgd workload: want a non-empty list of shapes")
+    return Workload.of(_entry(raw, i) for i, raw in enumerate(data))
+
+
+def pod_shape(
+    requests: Iterable[ContainerDeviceRequest | None],
+    use_types: tuple[str, ...] | None,
+    cpu_mem: CpuMem,
+    guaranteed: bool,
+) -> Shape:
+    """A pod's shape: its cpu/memory requests, its GPU ask, model rule and exclusive CPUs.
+
+    A container's share is the larger of its cores and memory percentages (HAMi gives a GPU
+    without either in full); the pod's GPU part is its largest container's. A Guaranteed pod
+    with whole CPUs and a GPU gets exclusive CPUs from the static CPU manager, on its GPUs' NUMA
+    node when kubelet aligns it: it is an aligned shape.
+    """
+    gpus = share = 0
+    for request in requests:
+        if request is None or request.nums <= 0:
+            continue
+        pct = request.mem_percentage_req if 0 < request.mem_percentage_req <= 100 else 0
+        asked = max(min(request.coresreq, 100), pct) * 10 or WHOLE
+        if request.memreq > 0 and request.coresreq <= 0 and not pct:
+            asked = WHOLE  # an absolute memory request: its share depends on the card, count it whole
+        if (request.nums, asked) > (gpus, share):
+            gpus, share = request.nums, asked
+    exclusive = cpu_mem.cpu // 1000 if guaranteed and gpus and cpu_mem.cpu % 1000 == 0 else 0
+    return Shape(cpu_mem.cpu, cpu_mem.memory_mib_up, gpus, share, use_types if gpus else None, exclusive)

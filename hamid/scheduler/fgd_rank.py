@@ -1,0 +1,290 @@
+"""The ``fgd`` policy's state: the learned typical workload and each node's fragmentation, memoised.
+
+:class:`FgdRanker` learns the typical workload online from every pod the scheduler's cache sees
+(CPU-only pods included; rebuilt by the cache's first list after a restart) unless an operator
+pinned one, and ranks candidate nodes by how much fragmentation a pod removes there
+(:mod:`hamid.fit.fgd`). Work is shared by node *state*: a node's :class:`~hamid.fit.fgd.NodeState`
+is rebuilt only when its GPUs, CPU/memory or NUMA ledger change, and fragmentation and
+placements are memoised on states, so equal nodes (every empty node of a kind) cost one
+computation, and a filter recomputes only the nodes changed since the last pod of its shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hamid.fit.fgd import (
+    DEFAULT_HALF_LIFE,
+    EMPTY,
+    WHOLE,
+    Gpu,
+    NodeState,
+    Placement,
+    Shape,
+    ShapeHistogram,
+    Workload,
+    best_placement,
+    fragmentation,
+    pod_shape,
+)
+from hamid.fit.fit import PodFitSpec
+from hamid.fit.node_room import CpuMem, is_guaranteed, pod_cpu_mem
+from hamid.fit.numa_predict import topology_of
+from hamid.fit.usage import DeviceUsage
+from hamid.model import annotations as ann
+from hamid.model import objects
+from hamid.model import reasons as R
+from hamid.model.devices import MODE_MIG
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import ResourceConfig, pod_requests
+from hamid.scheduler.inventory import NodeEntry, NodeInventory
+from hamid.scheduler.node_cpu_mem import NodeCpuMem
+from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
+
+#: Room of a node that publishes no allocatable cpu/memory: never short.
+_UNBOUNDED = 1 << 62
+#: Memoised fragmentations and placements kept before the memo starts afresh.
+_MEMO_SIZE = 200_000
+#: The learned workload is refreshed after this share of the pods it was learned from (at least
+#: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
+_REFRESH_SHARE = 0.1
+_REFRESH_MIN = 1
+#: Pod shapes whose placement a node keeps before it starts afresh.
+_SHAPES_PER_NODE = 64
+#: Probability drift below which a refreshed workload with the same shapes is kept unchanged.
+_DRIFT = 0.01
+
+
+def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
+    """A GPU's free milli-GPU: the smaller of its free cores and memory shares; 0 when unusable."""
+    if not d.health or d.mode == MODE_MIG or d.id in cordoned or d.used >= d.count:
+        return 0
+    if d.totalcore <= 0 or d.totalmem <= 0:
+        return 0
+    share = min((d.totalcore - d.usedcores) / d.totalcore, (d.totalmem - d.usedmem) / d.totalmem)
+    return max(0, math.floor(WHOLE * share))
+
+
+def numa_cpus(entry: NodeNuma | None) -> tuple[tuple[int, int], ...] | None:
+    """``(free, assignable)`` exclusive CPUs by NUMA id from a node's ledger (None: not aligning)."""
+    if entry is None or entry.ledger is None or entry.profile is None:
+        return None
+    profile = entry.profile
+    if profile.policies.cpu_manager_policy != "static" or profile.policies.topology_manager_policy == "none":
+        return None
+    topo = topology_of(profile)
+    free = entry.ledger.free_cpus
+    out = [(0, 0)] * (max(profile.numa_nodes, default=-1) + 1)
+    for numa, cpus in topo.cpus_of_numa.items():
+        if 0 <= numa < len(out):
+            assignable = cpus - profile.reserved_cpus
+            out[numa] = (len(assignable & free), len(assignable))
+    return tuple(out)
+
+
+class FgdRanker:
+    """The typical workload and memoised fragmentation of every node (event-loop owned).
+
+    A node's state and its placements are kept until the node changes: its GPU usage or
+    registration (the inventory's change log), its CPU/memory room or its NUMA ledger (their
+    ``on_change`` hooks mark it).
+    """
+
+    def __init__(
+        self,
+        config: ResourceConfig,
+        inventory: NodeInventory,
+        numa: NumaLedgers,
+        cpu_mem: NodeCpuMem,
+        pinned: Workload | None = None,
+        half_life: float = DEFAULT_HALF_LIFE,
+    ) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.numa = numa
+        self.cpu_mem = cpu_mem
+        self.pinned = pinned
+        self.histogram = ShapeHistogram(half_life)
+        self._half_life = half_life
+        self._seen: set[str] = set()
+        self._workload = pinned or EMPTY
+        self._learned_at = 0
+        #: Grows whenever the workload (and so every memo) changes.
+        self.epoch = 0
+        self._inventory_seq = inventory.seq
+        self._dirty: set[str] = set()
+        self._states: dict[str, NodeState] = {}
+        self._placed: dict[str, dict[Shape, Placement | None]] = {}
+        self._frag: dict[NodeState, float] = {}
+        self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
+        numa.on_change = cpu_mem.on_change = self._dirty.add
+
+    # -- the workload ----------------------------------------------------------------------------
+
+    def shape_of(self, pod: Mapping[str, Any], spec: PodFitSpec | None = None) -> Shape:
+        """A pod's FGD shape (InvalidInput for requests the scheduler cannot read)."""
+        requests = spec.requests if spec is not None else pod_requests(pod, self.config)
+        if spec is not None:
+            use_types = spec.policy.use_types
+        else:
+            raw = ann.parse_type_list(objects.annotations(pod).get(ann.USE_GPU_TYPE), ann.USE_GPU_TYPE)
+            use_types = None if raw is None else tuple(t.upper() for t in raw)
+        return pod_shape(requests, use_types, pod_cpu_mem(pod), is_guaranteed(pod))
+
+    def observe(self, pod: Mapping[str, Any]) -> None:
+        """Learn a pod the cache shows (once per pod; a pod with unreadable requests is skipped)."""
+        uid = objects.uid(pod)
+        if not uid or uid in self._seen:
+            return
+        try:
+            shape = self.shape_of(pod)
+        except InvalidInput:
+            return
+        self._seen.add(uid)
+        self.histogram.observe(shape)
+
+    def forget(self, pod: Mapping[str, Any]) -> None:
+        """A pod is gone (its weight stays in the histogram, decaying)."""
+        self._seen.discard(objects.uid(pod))
+
+    @property
+    def workload(self) -> Workload:
+        """The typical workload now (pinned, or learned and refreshed as pods arrive)."""
+        if self.pinned is not None:
+            return self.pinned
+        observed = self.histogram.observed
+        since = observed - self._learned_at
+        if since >= max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life)):
+            self._learned_at = observed
+            fresh = self.histogram.typical()
+            if not _close(fresh, self._workload):
+                self._workload = fresh
+                self.epoch += 1
+                self._placed.clear()
+                self._frag.clear()
+                self._placements.clear()
+        return self._workload
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Forget the kept state of every node changed since the last call."""
+        inventory = self.inventory
+        if inventory.seq != self._inventory_seq:
+            changed = inventory.changed_since(self._inventory_seq, len(self._states) + 1)
+            if changed is None:
+                self._states.clear()
+                self._placed.clear()
+            else:
+                self._dirty.update(changed)
+            self._inventory_seq = inventory.seq
+        for name in self._dirty:
+            self._states.pop(name, None)
+            self._placed.pop(name, None)
+        self._dirty.clear()
+
+    def node_state(self, name: str, entry: NodeEntry) -> NodeState:
+        """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
+        state = self._states.get(name)
+        if state is None:
+            usage = entry.usage
+            gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
+            room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
+            state = self._states[name] = NodeState.of(
+                room.cpu, room.memory_mib, gpus, numa_cpus(self.numa.nodes.get(name))
+            )
+        return state
+
+    def forget_node(self, name: str) -> None:
+        """Drop a deleted node's kept state."""
+        self._dirty.add(name)
+
+    def fragmentation(self, state: NodeState) -> float:
+        """The state's fragmentation under the current workload (memoised)."""
+        value = self._frag.get(state)
+        if value is None:
+            if len(self._frag) >= _MEMO_SIZE:
+                self._frag.clear()
+            value = self._frag[state] = fragmentation(state, self._workload)
+        return value
+
+    def placement(self, name: str, state: NodeState, shape: Shape) -> Placement | None:
+        """Where ``shape`` removes the most fragmentation on node ``name`` in ``state`` (memoised per
+        node until it changes, and per state: equal nodes share it)."""
+        per_node = self._placed.get(name)
+        if per_node is None:
+            per_node = self._placed[name] = {}
+        elif shape in per_node:
+            return per_node[shape]
+        key = (state, shape)
+        if key in self._placements:
+            placed = self._placements[key]
+        else:
+            if len(self._placements) >= _MEMO_SIZE:
+                self._placements.clear()
+            placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
+        if len(per_node) >= _SHAPES_PER_NODE:
+            per_node.clear()
+        per_node[shape] = placed
+        return placed
+
+    def best_on(self, entry: NodeEntry, shape: Shape) -> Placement | None:
+        """The pod's best placement on one node (the ``fgd`` GPU choice under another node policy)."""
+        self.workload  # noqa: B018 - refresh the workload (and the memos) before using them
+        self.sync()
+        return self.placement(entry.name, self.node_state(entry.name, entry), shape)
+
+    def preferred(self, entry: NodeEntry, placement: Placement | None) -> tuple[str, ...]:
+        """The device ids of a placement, in the order the fit should try them."""
+        if placement is None:
+            return ()
+        candidates = entry.usage.candidates
+        return tuple(candidates[i].id for i in placement.gpus if i < len(candidates))
+
+
+def _close(a: Workload, b: Workload) -> bool:
+    """Whether two workloads have the same shapes with probabilities within :data:`_DRIFT`."""
+    pa, pb = dict(a.shapes), dict(b.shapes)
+    if pa.keys() != pb.keys():
+        return False
+    return all(abs(pa[s] - pb[s]) < _DRIFT for s in pa)
+
+
+def fgd_ranked(
+    ranker: FgdRanker,
+    shape: Shape,
+    names: Iterable[str],
+    nodes: Mapping[str, NodeEntry],
+    own: str | None,
+    failed: dict[str, str],
+) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
+    """``(gain, name)`` ascending for the registered candidates, and the placements found (equal
+    gains: the earliest candidate first, as every hamid policy breaks ties).
+
+    A node short of CPU or memory for the pod gets kube-scheduler's reason in ``failed`` (not
+    ``own``, whose own request counts there); one where FGD finds no GPU room ranks last
+    (``-inf``), so the fit still gives its reason.
+    """
+    ranker.workload  # noqa: B018 - refresh before reading memos
+    ranker.sync()
+    out: list[tuple[float, str]] = []
+    placements: dict[str, Placement] = {}
+    cpu, memory = shape.cpu, shape.memory
+    for name in names:
+        entry = nodes.get(name)
+        if entry is None:
+            continue
+        state = ranker.node_state(name, entry)
+        if (cpu > state.cpu or memory > state.memory) and name != own:
+            failed[name] = R.INSUFFICIENT_CPU if cpu > state.cpu else R.INSUFFICIENT_MEMORY
+            continue
+        placed = ranker.placement(name, state, shape)
+        if placed is None:
+            out.append((-math.inf, name))
+        else:
+            out.append((placed.gain, name))
+            placements[name] = placed
+    out.sort()
+    return out, placements

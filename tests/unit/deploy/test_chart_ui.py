@@ -1,0 +1,71 @@
+"""The chart's ``/ui`` and ``metricsAuth`` values: flags, RBAC, ServiceMonitor, schemas and lint."""
+
+from __future__ import annotations
+
+import click
+import kubernetes_validate
+
+from hamid.cli import cli
+from tests.unit.deploy.helm_render import KUBE_VERSION, container, flag_values, iter_rules, lint, render
+
+SCHED = "hamid-scheduler"
+READER = "hamid-metrics-reader"
+PROMETHEUS = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+AUTH = {
+    "scheduler": {"metricsAuth": {"enabled": True, "readers": [PROMETHEUS]}},
+    "serviceMonitor": {"enabled": True},
+}
+
+
+def _args(values: dict) -> list[str]:  # type: ignore[type-arg]
+    return container(render(values).get("Deployment", SCHED), "hamid-scheduler")["args"]
+
+
+def test_ui_is_on_by_default_and_metrics_open() -> None:
+    rendered = render({})
+    args = _args({})
+    assert "--ui" in args and "--metrics-auth" not in args
+    rules = set(iter_rules(rendered.get("ClusterRole", SCHED)))
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create") not in rules
+    assert all(r["metadata"]["name"] != READER for r in rendered.all("ClusterRole"))
+
+
+def test_ui_can_be_turned_off() -> None:
+    args = _args({"scheduler": {"ui": False}})
+    assert "--no-ui" in args and "--ui" not in args
+
+
+def test_metrics_auth_grants_reviews_a_reader_role_and_prometheus_its_token() -> None:
+    rendered = render(AUTH)
+    assert "--metrics-auth" in _args(AUTH)
+    rules = set(iter_rules(rendered.get("ClusterRole", SCHED)))
+    assert {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    } <= rules
+    reader = rendered.get("ClusterRole", READER)
+    assert reader["rules"] == [
+        {"nonResourceURLs": ["/metrics", "/metrics/hami", "/ui", "/ui/*"], "verbs": ["get"]}
+    ]
+    binding = rendered.get("ClusterRoleBinding", READER)
+    assert binding["roleRef"]["name"] == READER and binding["subjects"] == [PROMETHEUS]
+    monitors = {m["metadata"]["name"]: m for m in rendered.all("ServiceMonitor")}
+    scheduler = next(m for name, m in monitors.items() if name.endswith("-scheduler"))
+    plugin = next(m for name, m in monitors.items() if name.endswith("-device-plugin"))
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert all(e["bearerTokenFile"] == token for e in scheduler["spec"]["endpoints"])
+    assert all("bearerTokenFile" not in e for e in plugin["spec"]["endpoints"])
+
+
+def test_every_object_validates_lints_and_passes_real_flags() -> None:
+    rendered = render(AUTH)
+    for obj in rendered.objects:
+        if obj["kind"] != "ServiceMonitor":  # a CRD: not in the Kubernetes schemas
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    assert lint(AUTH) == []
+    command = cli.get_command(click.Context(cli), "scheduler")
+    assert command is not None
+    known = {name for p in command.params for name in (*p.opts, *p.secondary_opts)}
+    args = _args(AUTH)
+    mode_args = args[args.index("scheduler") + 1 :]
+    assert set(flag_values(mode_args)) <= known

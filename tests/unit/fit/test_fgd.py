@@ -1,0 +1,187 @@
+"""FGD maths on hand-computable nodes: fragmentation, the NUMA-aware fragment, placements, the histogram."""
+
+from __future__ import annotations
+
+import pytest
+
+from hamid.fit.fgd import (
+    EMPTY,
+    Gpu,
+    NodeState,
+    Shape,
+    ShapeHistogram,
+    Workload,
+    best_placement,
+    fragmentation,
+    memory_bucket,
+    parse_workload,
+    pod_shape,
+)
+from hamid.fit.node_room import CpuMem
+from hamid.model.errors import InvalidInput
+from hamid.model.resources import MEM_PERCENTAGE_UNSET, ContainerDeviceRequest
+
+HALF = Shape(1000, 1024, 1, 500)
+WHOLE_1 = Shape(2000, 1024, 1, 1000)
+CPU_ONLY = Shape(4000, 1024, 0, 0)
+
+
+def node(
+    *frees: int, cpu: int = 64_000, memory: int = 256_000, numa: tuple[tuple[int, int], ...] | None = None
+) -> NodeState:
+    """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1."""
+    half = max(len(frees) // 2, 1)
+    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), numa)
+
+
+def frag(state: NodeState, *weighted: tuple[Shape, float]) -> float:
+    return fragmentation(state, Workload.of(weighted))
+
+
+def test_paper_cases_by_hand() -> None:
+    state = node(1000, 300)  # 1300 idle
+    assert frag(state, (HALF, 1)) == 300  # the 300 GPU is too small for a half
+    assert frag(state, (WHOLE_1, 1)) == 300  # the partly used GPU cannot take a whole one
+    assert frag(state, (CPU_ONLY, 1)) == 1300  # needs no GPU: all idle GPU is fragment
+    assert frag(state, (HALF, 1), (CPU_ONLY, 1)) == pytest.approx(800)  # 0.5*300 + 0.5*1300
+    assert frag(state, (Shape(1000, 1024, 2, 1000), 1)) == 1300  # two whole GPUs: too few have room
+    assert frag(node(1000, 300, cpu=500), (HALF, 1)) == 1300  # short of CPU: cannot run at all
+    assert frag(node(1000, 300, memory=100), (HALF, 1)) == 1300  # short of memory
+    assert frag(node(0, 0), (HALF, 1)) == 0  # nothing idle, nothing fragmented
+    assert fragmentation(state, EMPTY) == 0
+
+
+def test_wrong_model_is_fragment() -> None:
+    v100 = Shape(1000, 1024, 1, 500, models=("V100",))
+    assert frag(node(1000, 300), (v100, 1)) == 1300
+    a100 = Shape(1000, 1024, 1, 500, models=("V100", "A100"))
+    assert frag(node(1000, 300), (a100, 1)) == 300
+
+
+def test_gpus_beside_exhausted_numa_cpus_are_fragment() -> None:
+    aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
+    # NUMA 0 has 2 free exclusive CPUs of 30, NUMA 1 has 20: GPU 0 (NUMA 0) cannot be used aligned
+    state = node(1000, 1000, numa=((2, 30), (20, 30)))
+    assert frag(state, (aligned, 1)) == 1000
+    assert frag(state, (aligned._replace(exclusive=0), 1)) == 0  # the paper's view: no fragment
+    assert frag(node(1000, 1000), (aligned, 1)) == 0  # no NUMA knowledge: the paper's view
+    # both NUMA nodes out of CPUs: the aligned shape cannot run aligned anywhere
+    assert frag(node(1000, 1000, numa=((2, 30), (3, 30))), (aligned, 1)) == 2000
+
+
+def test_shape_that_never_fits_one_numa_node_is_judged_unaligned() -> None:
+    wide = Shape(40_000, 1024, 1, 1000, exclusive=40)  # more CPUs than a NUMA node has
+    assert frag(node(1000, 1000, numa=((30, 30), (30, 30))), (wide, 1)) == 0
+    four = Shape(4000, 1024, 4, 1000, exclusive=4)  # four GPUs: two per NUMA node
+    assert frag(node(1000, 1000, 1000, 1000, numa=((30, 30), (30, 30))), (four, 1)) == 0
+
+
+def test_placement_takes_the_gpu_that_removes_most_fragmentation() -> None:
+    workload = Workload.of([(HALF, 1)])
+    state = node(1000, 700)  # F = 0: both can take a half
+
+    def f(s: NodeState) -> float:
+        return fragmentation(s, workload)
+
+    small = Shape(1000, 1024, 1, 200)
+    placed = best_placement(state, small, f)
+    # on GPU 1 (700 -> 500) nothing is lost; on GPU 0 (1000 -> 800) neither: tie to the tightest
+    assert placed is not None and placed.gpus == (1,) and placed.gain == 0
+    placed = best_placement(state, Shape(1000, 1024, 1, 300), f)
+    # GPU 1 700 -> 400 strands 400; GPU 0 1000 -> 700 strands nothing
+    assert placed is not None and placed.gpus == (0,) and placed.gain == 0
+    assert best_placement(state, Shape(1000, 1024, 1, 1000), f) is not None
+    assert best_placement(state, Shape(1000, 1024, 2, 1000), f) is None
+    assert best_placement(node(1000, cpu=10), small, f) is None
+
+
+def test_aligned_placement_prefers_the_numa_node_with_cpus() -> None:
+    aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
+    workload = Workload.of([(aligned, 1)])
+    state = node(1000, 1000, numa=((2, 30), (20, 30)))
+    placed = best_placement(state, aligned, lambda s: fragmentation(s, workload))
+    assert placed is not None and placed.gpus == (1,)
+
+
+def test_histogram_decays_and_covers_95_percent() -> None:
+    histogram = ShapeHistogram(half_life=1)
+    histogram.observe(HALF)
+    histogram.observe(WHOLE_1)
+    weights = histogram.weights()
+    bucketed = {s._replace(memory=1024): w for s, w in weights.items()}
+    assert bucketed[HALF] == pytest.approx(0.25) and bucketed[WHOLE_1] == pytest.approx(0.5)
+    shapes = dict(histogram.typical(coverage=0.5).shapes)
+    assert list(shapes) == [WHOLE_1] and shapes[WHOLE_1] == 1.0
+    assert len(histogram.typical(coverage=0.95).shapes) == 2
+    assert ShapeHistogram().typical() is EMPTY
+
+
+def test_histogram_covers_the_most_frequent_shapes() -> None:
+    histogram = ShapeHistogram(half_life=1e9)
+    for _ in range(96):
+        histogram.observe(HALF)
+    for _ in range(3):
+        histogram.observe(WHOLE_1)
+    histogram.observe(CPU_ONLY)
+    assert [s.share for s, _ in histogram.typical().shapes] == [500]
+    with pytest.raises(InvalidInput, match="half-life"):
+        ShapeHistogram(half_life=0)
+
+
+def test_memory_buckets() -> None:
+    assert memory_bucket(1024) == 1024
+    assert memory_bucket(1025) == 1218  # next quarter doubling
+    assert memory_bucket(0) == 0
+
+
+def _request(nums: int, cores: int, pct: int = MEM_PERCENTAGE_UNSET, mem: int = 0) -> ContainerDeviceRequest:
+    return ContainerDeviceRequest(
+        nums=nums, type="NVIDIA", memreq=mem, mem_percentage_req=pct, coresreq=cores
+    )
+
+
+def test_pod_shape() -> None:
+    shape = pod_shape([_request(1, 30, 40)], ("A100",), CpuMem(4000, 8 << 30), guaranteed=True)
+    assert shape == Shape(4000, 8192, 1, 400, ("A100",), 4)
+    assert pod_shape([_request(1, 30, 40)], None, CpuMem(4500, 0), guaranteed=True).exclusive == 0
+    assert pod_shape([_request(1, 30, 40)], None, CpuMem(4000, 0), guaranteed=False).exclusive == 0
+    assert pod_shape([_request(2, 0)], None, CpuMem(), False)[2:4] == (2, 1000)  # no share: whole GPUs
+    assert pod_shape([None], ("A100",), CpuMem(8000, 0), True) == Shape(8000, 0, 0, 0, None, 0)
+
+
+def test_pinned_workload() -> None:
+    workload = parse_workload(
+        [
+            {"cpu": "4", "memory": "16Gi", "gpus": 1, "gpuShare": 50, "weight": 3},
+            {"cpu": "8", "gpus": 1, "aligned": True, "gpuModels": ["a100"]},
+            {"cpu": "500m"},
+        ]
+    )
+    shapes = dict(workload.shapes)
+    assert shapes[Shape(4000, 16384, 1, 500)] == pytest.approx(0.6)
+    assert shapes[Shape(8000, 0, 1, 1000, ("A100",), 8)] == pytest.approx(0.2)
+    assert shapes[Shape(500, 0, 0, 0)] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"cpu": 1}, "non-empty list"),
+        ([], "non-empty list"),
+        (["x"], "entry 0: want a mapping"),
+        ([{"cpus": 1}], "entry 0: unknown key 'cpus'"),
+        ([{"cpu": "lots"}], "entry 0.cpu"),
+        ([{"cpu": "-1"}], "must not be negative"),
+        ([{"gpus": -1}], "entry 0.gpus"),
+        ([{"gpus": 1, "gpuShare": 0}], "gpuShare"),
+        ([{"gpus": 1, "gpuShare": 101}], "gpuShare"),
+        ([{"gpus": 1, "gpuModels": "A100"}], "gpuModels"),
+        ([{"cpu": "1500m", "gpus": 1, "aligned": True}], "whole CPUs"),
+        ([{"cpu": 1, "aligned": "yes"}], "aligned"),
+        ([{"cpu": 1, "weight": 0}], "weight"),
+        ([{"cpu": 1}, {"cpu": 2, "weight": True}], "entry 1.weight"),
+    ],
+)
+def test_bad_pinned_workload(data: object, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse_workload(data)
