@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
+import tempfile
+from pathlib import Path
 
 import aiohttp
 from benchstats import peak_rss_mib, percentile, print_figures
@@ -31,6 +34,7 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
+from hamid.scheduler.signing import AllocationKeys  # noqa: E402
 from hamidsim.apiserver import ApiServer  # noqa: E402
 from hamidsim.replicas import (  # noqa: E402
     SchedulerProcess,
@@ -39,6 +43,7 @@ from hamidsim.replicas import (  # noqa: E402
     gpu_pod,
     leader_of,
     wait_for,
+    write_key_file,
 )
 
 NODE = "n1"
@@ -108,7 +113,9 @@ async def run(runs: int, lease: tuple[float, float, float], pauses: list[float])
     over_commits = fenced = 0
     async with ApiServer() as server, aiohttp.ClientSession() as session:
         server.put(gpu_node(NODE, GPU_MEM))
-        replicas = [SchedulerProcess(name, server.url, lease) for name in ("a", "b")]
+        keys_dir = Path(tempfile.mkdtemp(prefix="hamid-ha-keys-"))  # one key ring for the pair
+        key_file = write_key_file(AllocationKeys.generate(), keys_dir / "keys")
+        replicas = [SchedulerProcess(name, server.url, lease, key_file=key_file) for name in ("a", "b")]
         try:
             for replica in replicas:
                 await replica.start()
@@ -125,6 +132,7 @@ async def run(runs: int, lease: tuple[float, float, float], pauses: list[float])
         finally:
             for replica in replicas:
                 await replica.close()
+            shutil.rmtree(keys_dir, ignore_errors=True)
     return {
         "runs": runs,
         "lease_s": list(lease),

@@ -68,11 +68,14 @@ import hashlib
 import json
 import random
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -101,7 +104,7 @@ from hamidsim.cluster import (  # noqa: E402
 from hamidsim.demo import HETERO_MACHINE  # noqa: E402
 from hamidsim.kube_scheduler import KubeSchedulerDriver  # noqa: E402
 from hamidsim.machine import load_machine_file  # noqa: E402
-from hamidsim.replicas import SchedulerProcess  # noqa: E402
+from hamidsim.replicas import SchedulerProcess, write_key_file  # noqa: E402
 from hamidsim.replicas import wait_for as replica_wait  # noqa: E402
 
 MODES = ("", "best-effort", "best-effort", "strict")
@@ -685,8 +688,11 @@ class LeaderPause:
             f"--bind-wait={s.bind_wait_s:g}s",
         )
         self.cluster = cluster
+        # the cluster scheduler's key ring: each replica verifies the other's signed allocations
+        self._keys_dir = Path(tempfile.mkdtemp(prefix="hamid-soak-keys-"))
+        key_file = write_key_file(cluster.allocation_keys, self._keys_dir / "keys")
         self.replica = SchedulerProcess(
-            "soak-b", cluster.server.url, self.LEASE, args, lease_name=SIM_LEASE_NAME
+            "soak-b", cluster.server.url, self.LEASE, args, lease_name=SIM_LEASE_NAME, key_file=key_file
         )
         self.figures: dict[str, Any] = {}
         self._driver_task: asyncio.Task[None] | None = None
@@ -753,6 +759,7 @@ class LeaderPause:
             with contextlib.suppress(TimeoutError):
                 await self.replica.wait_exit(10)
         await self.replica.close()
+        shutil.rmtree(self._keys_dir, ignore_errors=True)
 
 
 #: How far past its Lease the soak's leader pause lasts (seconds).

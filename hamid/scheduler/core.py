@@ -43,7 +43,7 @@ from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import JSON, SchedulerState
 from hamid.scheduler.ui.history import EventHistory
-from hamid.scheduler.webhook import Verdict, review_pod
+from hamid.scheduler.webhook import Verdict, review_pod, review_update
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "Scheduler", "SchedulerSettings", "freeze_heap"]
 
@@ -393,7 +393,10 @@ class Scheduler:
         name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
         log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
 
-    def scheduler_owned_change_denied(self, pod: JSON, message: str) -> None:
-        """Count and log an update the webhook denied: it changed scheduler-owned annotations."""
-        self.metrics.untrusted_annotations.labels("webhook_denied").inc()
-        log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=message)
+    def judge_update(self, old: Any, pod: JSON, username: Any) -> Verdict:
+        """The webhook's UPDATE verdict (:func:`review_update`); a denial is counted and logged."""
+        verdict = review_update(old, pod, username, self.annotation_writers, self.settings.scheduler_name)
+        if not verdict.allowed:
+            self.metrics.untrusted_annotations.labels("webhook_denied").inc()
+            log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=verdict.message)
+        return verdict

@@ -131,8 +131,7 @@ async def _webhook(request: web.Request) -> web.Response:
             await read_json(request),
             scheduler.admit,
             scheduler.scheduler_owned_removed,
-            scheduler.annotation_writers,
-            scheduler.scheduler_owned_change_denied,
+            scheduler.judge_update,
         )
     except InvalidInput as exc:
         return bad_request(str(exc))

@@ -281,7 +281,7 @@ class Ledger:
             if self._reservations.get(uid) is not new:
                 return
             self._remove(uid)
-            self._insert(old)
+            self._insert(replace(old, init_released=new.init_released))  # status seen meanwhile
 
         return undo
 
@@ -410,6 +410,8 @@ class Ledger:
             # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
             # is about to claim and confirm() would then confirm the old one (over-commit).
             return
+        if current is not None:
+            self._follow_init(current, init_containers_succeeded(pod))
         if current is not None and (current.node, current.raw) == (node, raw):
             self._keep(pod, current)
             return
@@ -421,14 +423,19 @@ class Ledger:
         if issued is not None:
             self._book(pod, node, raw, issued, current)
 
+    def _follow_init(self, current: Reservation, released: bool) -> None:
+        """Follow the pod's init release (kubelet's status, not the pod's annotations), in place:
+        the same reservation object stays booked, so an undo keyed on it still applies."""
+        if current.init_released == released:
+            return
+        self._remove(current.uid)
+        current.init_released = released
+        self._insert(current)
+        self.coordination.notify(current.node)
+
     def _keep(self, pod: JSON, current: Reservation) -> None:
-        """The pod still names its booked allocation: follow its version and init release."""
-        released = init_containers_succeeded(pod)
-        if current.init_released != released:
-            self._remove(current.uid)
-            current = replace(current, init_released=released, applied={}, pending=False)
-            self._insert(current)
-        elif current.pending:
+        """The pod still names its booked allocation: confirm it and follow its version."""
+        if current.pending:
             current.pending = False
             self._touch(current.uid)
         current.version = objects.resource_version(pod)
@@ -449,7 +456,7 @@ class Ledger:
         signature = objects.annotations(pod).get(ann.ALLOCATION_SIGNATURE)
         signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
         if self.keys is None:
-            if current is None:
+            if current is None or settled:
                 return 0
             why = "a booking changes only through the scheduler's own filter, bind, refit or release"
         elif signed is not None:

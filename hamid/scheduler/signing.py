@@ -77,10 +77,6 @@ class AllocationKeys:
         except InvalidInput as exc:
             raise InvalidInput(f"{where}: {exc}") from None
 
-    def render(self) -> str:
-        """The key file text :meth:`parse` reads back."""
-        return "".join(key.decode() + "\n" for key in self.keys)
-
     def sign(self, uid: str, node: str, allocated: str) -> str:
         """The signature value of ``allocated`` on ``node`` for pod ``uid``, issued now."""
         key = self.keys[-1]
@@ -113,13 +109,6 @@ def load_key_file(path: str) -> AllocationKeys:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"cannot read the allocation key file {path}: {exc}") from None
     return AllocationKeys.parse(text, f"allocation key file {path}")
-
-
-def write_key_file(path: Path, keys: AllocationKeys) -> Path:
-    """Write ``keys`` to ``path`` (mode 0600): the simulator's ring, kept across scheduler restarts."""
-    path.write_text(keys.render(), encoding="utf-8")
-    path.chmod(0o600)
-    return path
 
 
 def describe(keys: Sequence[bytes]) -> list[str]:

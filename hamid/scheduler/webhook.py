@@ -132,10 +132,17 @@ def owned_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, 
     return tuple(changed)
 
 
-def review_update(old: Any, new: JSON, username: Any, writers: Container[str]) -> Verdict:
-    """The UPDATE rule: only ``writers`` change scheduler-owned annotations and labels."""
+def review_update(
+    old: Any, new: JSON, username: Any, writers: Container[str], scheduler_name: str = ""
+) -> Verdict:
+    """The UPDATE rule: only ``writers`` change scheduler-owned annotations and labels of a pod of
+    ``scheduler_name`` (or the default scheduler's, whose GPU pods the webhook hands to it); a pod
+    of another scheduler is that scheduler's business (``spec.schedulerName`` is immutable)."""
     if not isinstance(old, dict):
         return Verdict(False, message="AdmissionReview request.oldObject is not a Pod object", code=400)
+    scheduler = objects.section(new, "spec").get("schedulerName") or DEFAULT_SCHEDULER
+    if scheduler_name and scheduler not in (scheduler_name, DEFAULT_SCHEDULER):
+        return Verdict(True)
     changed = owned_changes(old, new)
     if not changed or (isinstance(username, str) and username in writers):
         return Verdict(True)
@@ -302,8 +309,7 @@ def admission_response(
     review: Any,
     judge: Callable[[JSON, str], Verdict],
     on_removed: Callable[[JSON, tuple[str, ...]], None] | None = None,
-    writers: Container[str] = frozenset(),
-    on_denied: Callable[[JSON, str], None] | None = None,
+    judge_update: Callable[[Any, JSON, Any], Verdict] | None = None,
 ) -> JSON:
     """Answer an AdmissionReview dict; raise :class:`InvalidInput` when it is not one.
 
@@ -311,8 +317,8 @@ def admission_response(
     carry none (DELETE, CONNECT). At CREATE the scheduler-owned annotations and labels the pod
     carries are removed (:func:`scheduler_owned_removals`), with a warning for the user, and
     ``on_removed(pod, keys)`` is told (the scheduler counts and logs them). An UPDATE is judged by
-    :func:`review_update` alone (``writers``: the usernames allowed to change them); a denial is
-    told to ``on_denied(pod, message)``.
+    ``judge_update(oldObject, object, userInfo.username)`` alone (:func:`review_update`; allowed
+    without one), never by the CREATE rules.
     """
     if not isinstance(review, dict):
         raise InvalidInput("AdmissionReview must be a JSON object")
@@ -336,9 +342,9 @@ def admission_response(
     elif operation == "UPDATE":
         user = request.get("userInfo")
         username = user.get("username") if isinstance(user, dict) else None
-        verdict = review_update(request.get("oldObject"), pod, username, writers)
-        if not verdict.allowed and on_denied is not None:
-            on_denied(pod, verdict.message)
+        verdict = (
+            Verdict(True) if judge_update is None else judge_update(request.get("oldObject"), pod, username)
+        )
     else:
         verdict = judge(pod, namespace or "")
         if verdict.allowed and operation in (None, "CREATE"):

@@ -18,12 +18,14 @@ import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.scheduler.signing import AllocationKeys
 
 JSON = dict[str, Any]
 
@@ -77,6 +79,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def write_key_file(keys: AllocationKeys, path: Path) -> str:
+    """Write a key ring as ``--allocation-key-file`` reads it (one key per line, mode 0600)."""
+    path.write_text("".join(key.decode() + "\n" for key in keys.keys), encoding="utf-8")
+    path.chmod(0o600)
+    return str(path)
+
+
 def _seconds(value: float) -> str:
     return f"{value:g}s"
 
@@ -90,6 +99,9 @@ class SchedulerProcess:
     lease: tuple[float, float, float] = PROBE_LEASE
     extra_args: tuple[str, ...] = ()
     lease_name: str = PROBE_LEASE_NAME
+    #: The allocation key file the replicas of one cluster share (:func:`write_key_file`); empty:
+    #: the replica runs unsigned (``--allow-unsigned-allocations``).
+    key_file: str = ""
     ports: dict[str, int] = field(default_factory=dict)
     proc: asyncio.subprocess.Process | None = None
 
@@ -116,6 +128,7 @@ class SchedulerProcess:
             f"--leader-elect-renew-deadline={_seconds(renew)}",
             f"--leader-elect-retry-period={_seconds(retry)}",
             f"--leader-identity=host-{self.name}",
+            f"--allocation-key-file={self.key_file}" if self.key_file else "--allow-unsigned-allocations",
             *self.extra_args,
         ]
 

@@ -234,6 +234,7 @@ async def test_connect_with_kubeconfig(
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("KUBECONFIG", str(path))
+    apiserver.register_token("abc", "alice")  # the server refuses a token it does not know (401)
     client = await connect()
     try:
         assert client.host == apiserver.url

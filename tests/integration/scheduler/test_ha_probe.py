@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from hamid.model import objects
+from hamid.scheduler.signing import AllocationKeys
 from hamidsim.apiserver import ApiServer
 from hamidsim.replicas import (
     PROBE_LEASE,
@@ -25,6 +27,7 @@ from hamidsim.replicas import (
     gpu_pod,
     leader_of,
     wait_for,
+    write_key_file,
 )
 
 pytestmark = pytest.mark.slow
@@ -36,10 +39,12 @@ POD_MEM = 6_000
 
 
 @pytest.fixture
-async def pair(apiserver: ApiServer) -> AsyncIterator[list[SchedulerProcess]]:
-    """Replicas ``a`` and ``b`` against the API server, one GPU node ``n1``; killed afterwards."""
+async def pair(apiserver: ApiServer, tmp_path: Path) -> AsyncIterator[list[SchedulerProcess]]:
+    """Replicas ``a`` and ``b`` (one allocation key ring) against the API server, one GPU node
+    ``n1``; killed afterwards."""
     apiserver.put(gpu_node("n1", GPU_MEM))
-    replicas = [SchedulerProcess(name, apiserver.url) for name in ("a", "b")]
+    key_file = write_key_file(AllocationKeys.generate(), tmp_path / "keys")
+    replicas = [SchedulerProcess(name, apiserver.url, key_file=key_file) for name in ("a", "b")]
     try:
         for replica in replicas:
             await replica.start()

@@ -107,9 +107,11 @@ async def test_dropped_delete_is_repaired_by_one_run(
         assert warning["difference"] == {"n1-gpu0": [1, 1000, 10]}
 
 
-async def test_allocation_changed_behind_the_cache_is_repaired(
+async def test_allocation_changed_behind_the_cache_is_never_booked(
     apiserver: ApiServer, logs: list[dict[str, Any]]
 ) -> None:
+    """A change the watch missed that the scheduler did not make (a tenant's, past admission) does
+    not move the booking: the reconcile judges the list by the ledger's own rules (docs/trust.md)."""
     async with setup(apiserver) as env:
         state = env.scheduler.state
         uid = await env.create(placed(pod("a"), "n1", GPU0))
@@ -120,14 +122,11 @@ async def test_allocation_changed_behind_the_cache_is_repaired(
 
         report = await env.reconciler.reconcile_once()
 
-        assert report is not None and [d.kind for d in report.drifts] == [DRIFT_CHANGED]
+        assert report is not None and report.drifts == []
         res = state.reservation(uid)
-        assert res is not None and res.raw == GPU1
-        assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
-        assert env.drift_count(DRIFT_CHANGED) == 1
-        assert [w["kind"] for w in drift_warnings(logs)] == [DRIFT_CHANGED]
-        again = await env.reconciler.reconcile_once()
-        assert again is not None and again.drifts == []  # converged
+        assert res is not None and res.raw == GPU0
+        assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+        assert env.drift_count(DRIFT_CHANGED) == 0 and drift_warnings(logs) == []
 
 
 async def test_pending_reservations_survive(apiserver: ApiServer) -> None:
@@ -146,7 +145,8 @@ async def test_pending_reservations_survive(apiserver: ApiServer) -> None:
         state.confirm(uid_b)  # ... whose patch succeeded: not in the list either
         report = await run
 
-        assert report is not None and report.drifts == [] and report.skipped == 2
+        # the shadow starts from both bookings and the listed pods (without allocation) keep them
+        assert report is not None and report.drifts == []
         res_a, res_b = state.reservation(uid_a), state.reservation(uid_b)
         assert res_a is not None and res_a.pending
         assert res_b is not None and not res_b.pending

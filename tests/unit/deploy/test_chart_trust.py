@@ -71,13 +71,22 @@ def _judge(policy: dict[str, Any], old: dict[str, Any], new: dict[str, Any], use
     return failures
 
 
-def _pod(annotations: dict[str, str] | None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def _pod(
+    annotations: dict[str, str] | None,
+    labels: dict[str, str] | None = None,
+    scheduler: str = "hami-scheduler",
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "victim", "namespace": "team-a"}
     if annotations is not None:
         meta["annotations"] = dict(annotations)
     if labels is not None:
         meta["labels"] = dict(labels)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"schedulerName": scheduler, "containers": []},
+    }
 
 
 def test_the_policy_names_exactly_the_scheduler_owned_keys() -> None:
@@ -125,6 +134,20 @@ def test_what_the_policy_lets_through() -> None:
     assert _judge(policy, old, tenant_note, TENANT) == []
     assert _judge(policy, old, copy.deepcopy(old), TENANT) == []  # e.g. a label on an unchanged pod
     assert _judge(policy, _pod(None), _pod({"team.io/owner": "x"}), TENANT) == []  # no annotations before
+    # another scheduler's pods are that scheduler's business; the default scheduler's are hamid's
+    other = _pod(BOOKED, scheduler="volcano")
+    assert (
+        _judge(policy, other, {**other, "metadata": {**other["metadata"], "annotations": {}}}, TENANT) == []
+    )
+    default = _pod(BOOKED, scheduler="default-scheduler")
+    assert (
+        len(
+            _judge(
+                policy, default, {**default, "metadata": {**default["metadata"], "annotations": {}}}, TENANT
+            )
+        )
+        == 1
+    )
     # attack 2: a parked pod given a node and an allocation by its tenant
     parked = _pod({"team.io/owner": "alice"})
     forged = _pod({"team.io/owner": "alice", ann.VGPU_NODE: "n1", ann.DEVICES_ALLOCATED: ":::"})

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from hamid.scheduler import cli
-from hamid.scheduler.signing import AllocationKeys, key_id, write_key_file
+from hamid.scheduler.signing import AllocationKeys, key_id
 
 UNSIGNED = "--allow-unsigned-allocations"
 
@@ -59,10 +59,10 @@ def test_a_production_start_needs_an_allocation_key(monkeypatch: pytest.MonkeyPa
     refused = runner.invoke(cli.scheduler_command, [])
     assert refused.exit_code == 2 and "--allocation-key-file" in refused.output
     assert "--allow-unsigned-allocations" in refused.output and not seen
-    keys = AllocationKeys.parse(
-        "old-key-0123456789abcdef0123456789abcdef\nnew-key-0123456789abcdef0123456789abcdef\n"
-    )
-    key_file = write_key_file(tmp_path / "keys", keys)
+    text = "old-key-0123456789abcdef0123456789abcdef\nnew-key-0123456789abcdef0123456789abcdef\n"
+    keys = AllocationKeys.parse(text)
+    key_file = tmp_path / "keys"
+    key_file.write_text(text)
     assert runner.invoke(cli.scheduler_command, [f"--allocation-key-file={key_file}"]).exit_code == 0
     assert seen[0].allocation_keys is not None
     assert [key_id(k) for k in seen[0].allocation_keys.keys] == [key_id(k) for k in keys.keys]

@@ -16,7 +16,7 @@ import pytest
 from hamid.model import annotations as ann
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.state import SchedulerState
-from hamid.scheduler.webhook import admission_response, review_pod
+from hamid.scheduler.webhook import admission_response, review_pod, review_update
 from tests.unit.scheduler.helpers import container, node, pod
 
 CFG = ResourceConfig()
@@ -211,3 +211,71 @@ def test_attack_2_an_unreadable_allocation_books_nothing(raw: str) -> None:
     state.on_pod(parked)
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
     assert len(state.undecodable) + len(state.refused) == 1
+
+
+SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"
+PLUGIN = "system:serviceaccount:kube-system:hami-device-plugin"
+
+
+def update(old: dict[str, Any], new: dict[str, Any], username: Any) -> dict[str, Any]:
+    """The webhook's answer to an UPDATE by ``username`` (hamid's two writers allowed)."""
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "operation": "UPDATE",
+            "namespace": "default",
+            "userInfo": {"username": username},
+            "oldObject": old,
+            "object": new,
+        },
+    }
+
+    def judge(o: Any, n: dict[str, Any], user: Any) -> Any:
+        return review_update(o, n, user, {SCHEDULER, PLUGIN}, "hami-scheduler")
+
+    answer = admission_response(
+        body, lambda q, ns: review_pod(q, CFG, "hami-scheduler", lambda _ns: None, ns), None, judge
+    )
+    response: dict[str, Any] = answer["response"]
+    return response
+
+
+@pytest.mark.parametrize("key", sorted(OWNED))
+@pytest.mark.parametrize("how", ["add", "modify", "remove"])
+def test_only_hamid_changes_owned_annotations_after_creation(key: str, how: str) -> None:
+    old = pod("a", annotations={} if how == "add" else {key: OWNED[key]})
+    old["spec"]["schedulerName"] = "hami-scheduler"
+    old["spec"]["nodeName"] = "n1"  # a bound pod: the CREATE rules would deny it, UPDATE has its own
+    new = copy.deepcopy(old)
+    if how == "remove":
+        del new["metadata"]["annotations"][key]
+    else:
+        new["metadata"]["annotations"][key] = ":::"
+    for tenant in ("system:serviceaccount:team-a:default", "system:anonymous", "", None, 7):
+        denied = update(old, new, tenant)
+        assert denied["allowed"] is False and denied["status"]["code"] == 403
+        message = denied["status"]["message"]
+        assert f"annotation {key} may be changed only by hamid's scheduler and device plugin" in message
+    assert "not by system:anonymous" in update(old, new, "system:anonymous")["status"]["message"]
+    assert update(old, new, SCHEDULER)["allowed"] is True and update(old, new, PLUGIN)["allowed"] is True
+
+
+def test_update_rules_leave_everything_else_alone() -> None:
+    old = pod("a", annotations={**OWNED, "team.io/owner": "alice"})
+    old["spec"]["schedulerName"] = "hami-scheduler"
+    tenant = "system:serviceaccount:team-a:default"
+    mine = copy.deepcopy(old)
+    mine["metadata"]["annotations"]["team.io/owner"] = "bob"
+    mine["metadata"]["labels"] = {"team": "a"}
+    assert update(old, mine, tenant)["allowed"] is True
+    label = copy.deepcopy(old)
+    label["metadata"]["labels"] = {"hami.io/vgpu-node": "n2"}
+    assert "label hami.io/vgpu-node" in update(old, label, tenant)["status"]["message"]
+    foreign = copy.deepcopy(old)
+    foreign["spec"]["schedulerName"] = "volcano"  # another scheduler's pod: its own business
+    changed = copy.deepcopy(foreign)
+    changed["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = ":::"
+    assert update(foreign, changed, tenant)["allowed"] is True
+    assert update("not a pod", mine, tenant)["status"]["code"] == 400  # type: ignore[arg-type]
