@@ -12,7 +12,7 @@ computation, and a filter recomputes only the nodes changed since the last pod o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from hamid.fit.fgd import (
@@ -51,6 +51,8 @@ _MEMO_SIZE = 200_000
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
 _REFRESH_MIN = 1
+#: The largest rank offset of the candidates' positions: far below any gain step (milli-GPU).
+_TIE_SPAN = 1e-6
 #: Pod shapes whose placement a node keeps before it starts afresh.
 _SHAPES_PER_NODE = 64
 #: Probability drift below which a refreshed workload with the same shapes is kept unchanged.
@@ -255,36 +257,45 @@ def _close(a: Workload, b: Workload) -> bool:
 def fgd_ranked(
     ranker: FgdRanker,
     shape: Shape,
-    names: Iterable[str],
+    position: Mapping[str, int],
     nodes: Mapping[str, NodeEntry],
     own: str | None,
     failed: dict[str, str],
 ) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
-    """``(gain, name)`` ascending for the registered candidates, and the placements found (equal
-    gains: the earliest candidate first, as every hamid policy breaks ties).
+    """``(rank, name)`` ascending for the registered candidates, and the placements found.
 
-    A node short of CPU or memory for the pod gets kube-scheduler's reason in ``failed`` (not
-    ``own``, whose own request counts there); one where FGD finds no GPU room ranks last
-    (``-inf``), so the fit still gives its reason.
+    The rank is the gain less a hair per candidate position, so equal gains go to the earliest
+    candidate one node at a time (a plan walks no group of equal nodes). A node short of CPU or
+    memory for the pod gets kube-scheduler's reason in ``failed`` (not ``own``, whose own request
+    counts there); one where FGD finds no GPU room ranks last, so the fit still gives its reason.
     """
     ranker.workload  # noqa: B018 - refresh before reading memos
     ranker.sync()
     out: list[tuple[float, str]] = []
     placements: dict[str, Placement] = {}
     cpu, memory = shape.cpu, shape.memory
-    for name in names:
-        entry = nodes.get(name)
-        if entry is None:
-            continue
-        state = ranker.node_state(name, entry)
+    states, kept = ranker._states, ranker._placed
+    hair = _TIE_SPAN / (len(position) + 1)
+    for name, at in position.items():
+        state = states.get(name)
+        if state is None:
+            entry = nodes.get(name)
+            if entry is None:
+                continue
+            state = ranker.node_state(name, entry)
         if (cpu > state.cpu or memory > state.memory) and name != own:
             failed[name] = R.INSUFFICIENT_CPU if cpu > state.cpu else R.INSUFFICIENT_MEMORY
             continue
-        placed = ranker.placement(name, state, shape)
+        per_node = kept.get(name)
+        placed = (
+            per_node[shape]
+            if per_node is not None and shape in per_node
+            else ranker.placement(name, state, shape)
+        )
         if placed is None:
             out.append((-math.inf, name))
         else:
-            out.append((placed.gain, name))
+            out.append((placed.gain - at * hair, name))
             placements[name] = placed
     out.sort()
     return out, placements

@@ -6,7 +6,13 @@ from hamid.fit.fgd import parse_workload
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.scheduler.core import SchedulerSettings
-from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
+from tests.integration.scheduler.harness import (
+    Env,
+    loopback_options,
+    running_app,
+    running_scheduler,
+    wait_for,
+)
 from tests.unit.scheduler.helpers import container, pod
 from tests.unit.scheduler.helpers import node as node_dict
 
@@ -66,3 +72,20 @@ async def test_fgd_gives_kube_schedulers_reason_for_a_node_short_of_cpu() -> Non
         p = await env.create_pod(pod("fits", containers=[fits]))
         assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
         assert env.scheduler.cpu_mem.room("n1").cpu == 1000  # assumed until bound
+
+
+async def test_a_restarted_scheduler_rebuilds_the_workload_from_its_cache() -> None:
+    async with running_scheduler(SchedulerSettings(node_policy="fgd")) as env:
+        for i in range(3):
+            await env.create_pod(pod(f"h{i}", containers=[container("c", 1, 4000, 50)]))
+        cpu_only = container("c", resources={"requests": {"cpu": "2", "memory": "1Gi"}})
+        await env.create_pod(pod("cpu", containers=[cpu_only]))
+        learned = dict(env.scheduler.fgd.workload.shapes)
+        assert {(s.gpus, s.share) for s in learned} == {(1, 500), (0, 0)}
+        options = loopback_options(env.server, settings=SchedulerSettings(node_policy="fgd"))
+        async with running_app(options) as restarted:
+            fgd = restarted.scheduler.fgd
+            assert fgd.histogram.observed == 4  # the cache lists pods in its own order: decay differs a hair
+            assert {s: round(p, 3) for s, p in fgd.workload.shapes} == {
+                s: round(p, 3) for s, p in learned.items()
+            }

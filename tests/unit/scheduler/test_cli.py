@@ -72,3 +72,49 @@ def test_a_production_start_needs_an_allocation_key(monkeypatch: pytest.MonkeyPa
     (tmp_path / "short").write_text("too-short\n")
     short = runner.invoke(cli.scheduler_command, [f"--allocation-key-file={tmp_path / 'short'}"])
     assert short.exit_code == 2 and "at least 32" in short.output
+
+
+def test_fgd_policy_flags_and_pinned_workload(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    seen: list[Any] = []
+
+    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+        s = options.settings
+        seen.append((s.node_policy, s.gpu_policy, s.fgd_half_life, s.fgd_workload))
+
+    monkeypatch.setattr(cli, "run_scheduler", fake_run)
+    runner = CliRunner()
+    good = tmp_path / "workload.yaml"
+    good.write_text("- {cpu: '4', memory: 16Gi, gpus: 1, gpuShare: 50, weight: 3}\n- {cpu: 500m}\n")
+    args = [
+        "--allow-unsigned-allocations",
+        "--node-scheduler-policy",
+        "fgd",
+        "--gpu-scheduler-policy",
+        "fgd",
+        "--fgd-half-life",
+        "1000",
+    ]
+    assert runner.invoke(cli.scheduler_command, [*args, "--fgd-workload-file", str(good)]).exit_code == 0
+    node, gpu, half_life, workload = seen[0]
+    assert (node, gpu, half_life) == ("fgd", "fgd", 1000.0)
+    assert [round(p, 2) for _, p in workload.shapes] == [0.75, 0.25]
+    assert runner.invoke(cli.scheduler_command, ["--allow-unsigned-allocations"]).exit_code == 0
+    assert seen[1][:2] == ("binpack", "spread") and seen[1][3] is None  # HAMi's defaults, learned online
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {cpu: '4', gpus: 1, gpuShare: 150}\n")
+    result = runner.invoke(
+        cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-workload-file", str(bad)]
+    )
+    assert result.exit_code == 2 and "fgd workload entry 0.gpuShare" in result.output
+    missing = runner.invoke(
+        cli.scheduler_command,
+        ["--allow-unsigned-allocations", "--fgd-workload-file", str(tmp_path / "none.yaml")],
+    )
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    assert (
+        runner.invoke(
+            cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-half-life", "0"]
+        ).exit_code
+        == 2
+    )
+    assert len(seen) == 2
