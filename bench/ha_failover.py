@@ -39,9 +39,9 @@ from hamidsim.apiserver import ApiServer  # noqa: E402
 from hamidsim.replicas import (  # noqa: E402
     SchedulerProcess,
     booked_mem,
+    elected,
     gpu_node,
     gpu_pod,
-    leader_of,
     wait_for,
     write_key_file,
 )
@@ -49,18 +49,6 @@ from hamidsim.replicas import (  # noqa: E402
 NODE = "n1"
 GPU_MEM = 10_000
 POD_MEM = 6_000
-
-
-async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSession) -> SchedulerProcess:
-    """The one replica that decides, once there is one."""
-
-    async def one() -> bool:
-        return await leader_of(replicas, session) is not None
-
-    await wait_for(one, 120, "one replica decides")
-    leader = await leader_of(replicas, session)
-    assert leader is not None
-    return leader
 
 
 async def pause_round(
@@ -71,7 +59,7 @@ async def pause_round(
     run: int,
 ) -> tuple[float, bool, int]:
     """(takeover seconds, over-committed, fenced answers of the woken leader)."""
-    old = await elected(replicas, session)
+    old = await elected(replicas, session, 120)
     (new,) = [r for r in replicas if r is not old]
     old.signal(signal.SIGSTOP)
     try:
@@ -95,7 +83,7 @@ async def stop_round(
     replicas: list[SchedulerProcess], session: aiohttp.ClientSession, sig: signal.Signals
 ) -> tuple[float, float]:
     """(seconds until the other decides, seconds until the stopped one exited); restarts it."""
-    leader = await elected(replicas, session)
+    leader = await elected(replicas, session, 120)
     (other,) = [r for r in replicas if r is not leader]
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -224,3 +224,18 @@ async def leader_of(
     """The one replica whose ``/readyz`` is 200 (None when none or several are)."""
     ready = [r for r in replicas if await r.ready(session)]
     return ready[0] if len(ready) == 1 else None
+
+
+async def elected(
+    replicas: list[SchedulerProcess], session: aiohttp.ClientSession, within: float
+) -> SchedulerProcess:
+    """The one replica that decides, once there is one (TimeoutError past ``within`` seconds)."""
+
+    async def one() -> bool:
+        return await leader_of(replicas, session) is not None
+
+    await wait_for(one, within, "one replica decides")
+    leader = await leader_of(replicas, session)
+    if leader is None:
+        raise TimeoutError("leadership changed while it was read")
+    return leader

@@ -23,9 +23,9 @@ from hamidsim.replicas import (
     PROBE_LEASE,
     SchedulerProcess,
     booked_mem,
+    elected,
     gpu_node,
     gpu_pod,
-    leader_of,
     wait_for,
     write_key_file,
 )
@@ -54,21 +54,11 @@ async def pair(apiserver: ApiServer, tmp_path: Path) -> AsyncIterator[list[Sched
             await replica.close()
 
 
-async def elected(replicas: list[SchedulerProcess], session: aiohttp.ClientSession) -> SchedulerProcess:
-    async def one() -> bool:
-        return await leader_of(replicas, session) is not None
-
-    await wait_for(one, 30, "one replica ready")
-    leader = await leader_of(replicas, session)
-    assert leader is not None
-    return leader
-
-
 async def test_a_paused_leader_wakes_fenced_and_two_pods_never_over_commit(
     apiserver: ApiServer, pair: list[SchedulerProcess]
 ) -> None:
     async with aiohttp.ClientSession() as session:
-        old = await elected(pair, session)
+        old = await elected(pair, session, 30)
         (new,) = [r for r in pair if r is not old]
         old.signal(signal.SIGSTOP)
         try:
@@ -94,7 +84,7 @@ async def test_failover_after_kill_within_the_lease_and_after_sigterm_at_once(
     pair: list[SchedulerProcess],
 ) -> None:
     async with aiohttp.ClientSession() as session:
-        killed = await elected(pair, session)
+        killed = await elected(pair, session, 30)
         (other,) = [r for r in pair if r is not killed]
         killed.signal(signal.SIGKILL)
         after_kill = await wait_for(lambda: other.ready(session), LEASE_S + 10, "takeover after kill -9")
