@@ -32,7 +32,7 @@ def _selector(field_selector: str | None) -> tuple[str, str] | None:
         return None
     field, _, value = field_selector.partition("=")
     if field not in _SELECTABLE or "," in value or value.startswith("="):
-        raise NotImplementedError(f"the trace bench's API serves no field selector {field_selector!r}")
+        raise ValueError(f"the trace bench's API serves no field selector {field_selector!r}")
     return field, value
 
 
