@@ -717,8 +717,7 @@ class LeaderPause:
         )
         self._driver_task = asyncio.create_task(driver.run(), name="kube-scheduler-b")
         started = loop.time()
-        await self.cluster.hand_over_scheduler()
-        await replica_wait(lambda: self.replica.ready(self._session), 60, "second replica leads")
+        await self.cluster.hand_over_scheduler(lambda: self.replica.ready(self._session))
         self.figures["handover_s"] = round(loop.time() - started, 2)
 
     async def pause(self) -> None:

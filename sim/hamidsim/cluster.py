@@ -31,7 +31,7 @@ import json
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -471,10 +471,18 @@ class SimCluster(ClusterView):
         if lead:
             await wait_until(lambda: not app.scheduler.not_ready_reason(), 15.0, "the scheduler is ready")
 
-    async def hand_over_scheduler(self) -> None:
-        """Stop the scheduler (it releases its Lease to another replica) and start it again as a
-        replica that need not lead: HA runs with a second scheduler on :data:`SIM_LEASE_NAME`."""
+    async def hand_over_scheduler(self, taken: Callable[[], Awaitable[bool]], within: float = 60.0) -> None:
+        """Stop the scheduler (it releases its Lease to another replica), wait until ``taken()``
+        says the other replica leads, and start it again as a follower: HA runs with a second
+        scheduler on :data:`SIM_LEASE_NAME`. (Restarting at once would race the other replica for
+        the released Lease.)"""
         await self._stop_scheduler()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not await taken():
+            if loop.time() > deadline:
+                raise TimeoutError(f"no other replica took the released Lease within {within:g}s")
+            await asyncio.sleep(0.05)
         await self._start_scheduler(lead=False)
         self.scheduler_restarts += 1
 
