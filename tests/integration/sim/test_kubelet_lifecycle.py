@@ -105,9 +105,13 @@ async def test_pod_resources_matches_the_annotation(
         await kube.create_pod(pod("train", container("main", "4", 2), container("side", "500m", None)))
         record = await kubelet.wait_admission("default", "train")
         assert record.admitted, record.message
-        # Until the annotation holds the record, PodResources does not report the pod.
-        while not record.annotated:
-            assert (await stub.List(pr.ListPodResourcesRequest())).pod_resources == []
+        # Until the annotation holds the record, PodResources does not report the pod (a List that
+        # returned while the record was still unannotated answered before it was).
+        while True:
+            listed_early = (await stub.List(pr.ListPodResourcesRequest())).pod_resources
+            if record.annotated:
+                break
+            assert listed_early == []
             await asyncio.sleep(0.01)
         await kubelet.wait_admission("default", "train", published=True)
         listed = await stub.List(pr.ListPodResourcesRequest())
