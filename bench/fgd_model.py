@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from benchstats import print_figures
-from trace_pods import MILLI, NODES_CSV, PODS_CSV, TracePod, arrivals, read_nodes, read_pods
+from replay.pods import MILLI, NODES_CSV, PODS_CSV, TracePod, arrivals, read_nodes, read_pods
 
 from hamid.fit.fgd import (
     EMPTY,

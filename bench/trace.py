@@ -3,7 +3,7 @@
 The FGD paper's experiment (USENIX ATC '23, Fig. 9): the trace's pods shuffled with a seed, clones
 appended until the arrived GPU request is 130 % of the cluster's GPUs, submitted one at a time and
 scheduled once (a pod that fails is dropped, nothing is deleted). Each pod goes the product's way,
-in process (``bench/trace_cluster.py`` says which code runs at each step): the webhook, kube-
+in process (``bench/replay/cluster.py`` says which code runs at each step): the webhook, kube-
 scheduler's NodeResourcesFit (CPU-only pods scored by the default profile), hamid's ``/filter`` and
 ``/bind``, the plugin's Allocate (with NUMA refit) and the simulated kubelet's admission on a NUMA
 model of the node. Unallocated GPU % = 100 - allocated / capacity, read at 90/100/110/130 % arrived.
@@ -39,8 +39,8 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
-from trace_cluster import Cluster, SimNode  # noqa: E402
-from trace_pods import (  # noqa: E402
+from replay.cluster import Cluster, SimNode  # noqa: E402
+from replay.pods import (  # noqa: E402
     INFLATION,
     MILLI,
     NODES_CSV,

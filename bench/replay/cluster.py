@@ -16,7 +16,7 @@ Every decision is made by product code or by the simulator, called in-process:
   (:func:`hamidsim.kubelet.admission.admit_pod`) on a NUMA model of the node; the plugin's
   ``hamid.io/numa-placement`` is written from what kubelet assigned (PodResources' view).
 
-What is left out: HTTP and TLS, the API server's validation (:mod:`trace_api` stands in for it),
+What is left out: HTTP and TLS, the API server's validation (:mod:`replay.api` stands in for it),
 caller authentication of ``/refit``, Events, the kubelet's status and PodResources servers.
 """
 
@@ -28,9 +28,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from trace_api import JSON, MemoryApi
-from trace_pods import MILLI, RESOURCES, TraceNode
 
 from hamid.fit.fit import PodFitSpec
 from hamid.log import get_logger
@@ -68,6 +65,8 @@ from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
+from replay.api import JSON, MemoryApi
+from replay.pods import MILLI, RESOURCES, TraceNode
 
 RESOURCE = RESOURCES.resource_count_name
 #: vGPU replicas per card (twenty 5 % shares fit one GPU; the trace's smallest share is 5 %).

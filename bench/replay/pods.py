@@ -18,7 +18,7 @@ from hamid.model import annotations as ann
 from hamid.model.resources import ResourceConfig
 
 #: Where the shared trace lives, relative to the repository root (``../shared/traces/openb``).
-TRACE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
+TRACE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 NODES_CSV = TRACE_DIR / "openb_node_list_gpu_node.csv"
 PODS_CSV = TRACE_DIR / "openb_pod_list_default.csv"
 PUBLISHED_CSV = TRACE_DIR / "fgd_published_results.csv"
