@@ -157,6 +157,30 @@ def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
 # ==========================================================================================
 
 
+#: Memory types the Static memory manager pins: regular memory and hugepages of one page size.
+_MEMORY_TYPE = re.compile(r"(?:memory|hugepages-[1-9][0-9]{0,9}(?:Ki|Mi|Gi|Ti|Pi|Ei)?)\Z")
+#: Format version of a profile that carries ``memory`` (readers of 1 and 2 refuse the field).
+PROFILE_MEMORY_VERSION = 3
+#: Format version of a placement or prediction whose containers carry ``memory``.
+POD_MEMORY_VERSION = 2
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBlock:
+    """Memory of one type (``memory``, ``hugepages-1Gi``) the Static memory manager pinned to the
+    NUMA node(s) ``numa``, in bytes (kubelet's ``state.Block``; PodResources' ``ContainerMemory``)."""
+
+    numa: frozenset[int]
+    resource: str
+    size: int
+
+
+def _check_memory_type(name: object, where: str) -> str:
+    if not isinstance(name, str) or not _MEMORY_TYPE.match(name):
+        raise InvalidInput(f"{where}: {name!r:.40} is not memory or hugepages-<size>")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class CpuInfo:
     """One logical CPU. ``core`` is kubelet's unique core id: the lowest CPU id of its thread group."""
@@ -235,10 +259,19 @@ class NumaProfile:
     #: The resource hamid's device plugin serves with ``GetPreferredAllocation`` offered to kubelet
     #: (the plugin then prefers the annotated GPUs' replicas); None: not offered.
     preferred_allocation: str | None = None
+    #: The Static memory manager's allocatable bytes per NUMA node and memory type (PodResources
+    #: ``GetAllocatableResources``: capacity minus ``reservedMemory`` and, for regular memory, the
+    #: hugepages); None when kubelet reports none (memory manager policy None).
+    memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
         _check_profile(self)
+
+    def memory_allocatable(self) -> dict[int, dict[str, int]]:
+        """Allocatable bytes per NUMA node (every node of the profile) and memory type."""
+        given = {n: dict(types) for n, types in self.memory or ()}
+        return {n: given.get(n, {}) for n in self.numa_nodes}
 
     @property
     def all_cpus(self) -> frozenset[int]:
@@ -276,6 +309,12 @@ def _check_profile(p: NumaProfile) -> None:
         raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
     if p.distances is not None:
         _check_distances(p.distances, len(p.numa_nodes))
+    for numa, types in p.memory or ():
+        if numa not in p.numa_nodes:
+            raise InvalidInput(f"numa profile: memory of unknown NUMA node {numa}")
+        for name, size in types:
+            _check_memory_type(name, f"numa profile: memory of NUMA node {numa}")
+            want_int(size, f"numa profile: {name} of NUMA node {numa}", 1, INT64_MAX)
 
 
 def _check_cpu_groups(p: NumaProfile) -> None:
@@ -309,7 +348,7 @@ def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
 # --- profile codec -------------------------------------------------------------------------
 
 _PROFILE_KEYS = frozenset(
-    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred"}
+    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred", "memory"}
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
 PROFILE_PREFERRED_VERSION = 2
@@ -347,6 +386,9 @@ def encode_profile(profile: NumaProfile) -> str:
         doc["distances"] = [list(row) for row in profile.distances]
     if profile.preferred_allocation is not None:
         doc["v"], doc["preferred"] = PROFILE_PREFERRED_VERSION, profile.preferred_allocation
+    if profile.memory is not None:
+        doc["v"] = PROFILE_MEMORY_VERSION
+        doc["memory"] = {str(n): dict(types) for n, types in profile.memory}
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
 
@@ -426,6 +468,7 @@ class _Topology:
     distances: tuple[tuple[int, ...], ...] | None
     policies: KubeletPolicies
     preferred_allocation: str | None
+    memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -438,6 +481,7 @@ class _Topology:
             self.distances,
             self.policies,
             self.preferred_allocation,
+            self.memory,
         )
 
 
@@ -453,11 +497,14 @@ def decode_profile(text: object) -> NumaProfile:
     Profiles of equal content (but for ``gen`` and ``at``) share one decoded topology (immutable).
     """
     key = NUMA_PROFILE
-    doc = _load(text, key, _PROFILE_KEYS, (FORMAT_VERSION, PROFILE_PREFERRED_VERSION))
+    versions = (FORMAT_VERSION, PROFILE_PREFERRED_VERSION, PROFILE_MEMORY_VERSION)
+    doc = _load(text, key, _PROFILE_KEYS, versions)
     for required in ("gen", "at", "numa", "sockets", "cores"):
         if required not in doc:
             raise InvalidInput(f"{key}: missing field {required!r}")
-    if ("preferred" in doc) != (doc["v"] == PROFILE_PREFERRED_VERSION):
+    if ("memory" in doc) != (doc["v"] == PROFILE_MEMORY_VERSION):
+        raise InvalidInput(f"{key}: field 'memory' comes with format version 3, and only with it")
+    if "memory" not in doc and ("preferred" in doc) != (doc["v"] == PROFILE_PREFERRED_VERSION):
         raise InvalidInput(f"{key}: field 'preferred' comes with format version 2, and only with it")
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)
@@ -500,7 +547,24 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         distances=distances,
         policies=_policies(doc.get("kubelet", {})),
         preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
+        memory=_decode_memory(doc["memory"]) if "memory" in doc else None,
     )
+
+
+def _decode_memory(value: object) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    where = f"{NUMA_PROFILE}.memory"
+    out = []
+    for n, types in sorted(want_object(value, where).items()):
+        if not _NUMA_KEY.match(n):
+            raise InvalidInput(f"{where}: key {n!r:.20} is not a NUMA id")
+        sizes = want_object(types, f"{where}.{n}")
+        out.append(
+            (
+                int(n),
+                tuple(sorted((t, want_int(v, f"{where}.{n}.{t}", 1, INT64_MAX)) for t, v in sizes.items())),
+            )
+        )
+    return tuple(sorted(out))
 
 
 # ==========================================================================================
@@ -516,6 +580,8 @@ class ContainerPlacement:
     numa: frozenset[int]
     cpus: frozenset[int]
     devices: Mapping[str, Mapping[int, tuple[str, ...]]] = field(default_factory=dict)
+    #: The Static memory manager's blocks (PodResources ``memory``), one per type, sorted by type.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,6 +596,8 @@ class ContainerPrediction:
     numa: frozenset[int]
     cpus: frozenset[int]
     devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    #: The blocks the Static memory manager will pin (sizes after init-container reuse), sorted by type.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +617,7 @@ class PodPrediction:
 
 
 _POD_KEYS = frozenset({"v", "gen", "containers"})
-_CONTAINER_KEYS = frozenset({"name", "numa", "cpus", "devices"})
+_CONTAINER_KEYS = frozenset({"name", "numa", "cpus", "devices", "memory"})
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _RESOURCE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,252}/[A-Za-z0-9][-A-Za-z0-9_.]{0,62}\Z")
 _DEVICE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_DEVICE_ID_LENGTH}}}\Z")
@@ -569,8 +637,11 @@ def _encode_pod(gen: int, containers: Iterable[ContainerPlacement | ContainerPre
         }
         if devices:
             row["devices"] = devices
+        if c.memory:
+            row["memory"] = {b.resource: [format_cpu_list(b.numa), b.size] for b in c.memory}
         rows.append(row)
-    doc = {"v": FORMAT_VERSION, "gen": gen, "containers": rows}
+    version = POD_MEMORY_VERSION if any("memory" in row for row in rows) else FORMAT_VERSION
+    doc = {"v": version, "gen": gen, "containers": rows}
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), key)
 
 
@@ -605,6 +676,14 @@ def _check_pod(
                 if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_NUMA_ID:
                     raise InvalidInput(f"{where}: {res}: NUMA {n!r:.20} out of range")
                 _check_devices(v, f"{where}: {res} on NUMA {n}", ids)
+        types = [b.resource for b in c.memory]
+        if len(set(types)) != len(types):
+            raise InvalidInput(f"{where}: one memory block per memory type")
+        for b in c.memory:
+            _check_memory_type(b.resource, where)
+            want_int(b.size, f"{where}: {b.resource} size", 0, INT64_MAX)
+            if not b.numa or any(not 0 <= n <= MAX_NUMA_ID for n in b.numa):
+                raise InvalidInput(f"{where}: {b.resource} NUMA nodes missing or out of range")
 
 
 def _check_devices(value: object, where: str, ids: bool) -> None:
@@ -619,15 +698,32 @@ def _check_devices(value: object, where: str, ids: bool) -> None:
         want_int(value, where, 1, 1 << 20)
 
 
+def _decode_memory_blocks(value: object, where: str) -> tuple[MemoryBlock, ...]:
+    blocks = []
+    for name, raw in sorted(want_object(value, where).items()):
+        pair = want_list(raw, f"{where}.{name}")
+        if len(pair) != 2:
+            raise InvalidInput(f"{where}.{name}: want [NUMA nodes, bytes]")
+        numa = parse_cpu_list(pair[0], f"{where}.{name}")
+        blocks.append(
+            MemoryBlock(numa, _check_memory_type(name, where), want_int(pair[1], f"{where}.{name}", 0))
+        )
+    return tuple(blocks)
+
+
 def _decode_pod(
     text: object, key: str, ids: bool
-) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict]]]:
-    doc = _load(text, key, _POD_KEYS)
+) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict, tuple[MemoryBlock, ...]]]]:
+    doc = _load(text, key, _POD_KEYS, (FORMAT_VERSION, POD_MEMORY_VERSION))
     if "gen" not in doc or "containers" not in doc:
         raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
+    rows = want_list(doc["containers"], f"{key}.containers")
+    has_memory = any(isinstance(r, Mapping) and "memory" in r for r in rows)
+    if has_memory != (doc["v"] == POD_MEMORY_VERSION):
+        raise InvalidInput(f"{key}: container memory comes with format version 2, and only with it")
     gen = want_int(doc["gen"], f"{key}.gen", 0)
     out = []
-    for i, raw in enumerate(want_list(doc["containers"], f"{key}.containers")):
+    for i, raw in enumerate(rows):
         where = f"{key}.containers[{i}]"
         row = want_object(raw, where)
         unknown = sorted(set(row) - _CONTAINER_KEYS)
@@ -652,6 +748,7 @@ def _decode_pod(
                 parse_cpu_list(row.get("numa", ""), f"{where}.numa"),
                 parse_cpu_list(row.get("cpus", ""), f"{where}.cpus"),
                 devices,
+                _decode_memory_blocks(row.get("memory", {}), f"{where}.memory"),
             )
         )
     return gen, out
@@ -660,7 +757,7 @@ def _decode_pod(
 def decode_placement(text: object) -> PodPlacement:
     """Parse ``hamid.io/numa-placement``; InvalidInput on anything malformed."""
     gen, rows = _decode_pod(text, NUMA_PLACEMENT, ids=True)
-    containers = tuple(ContainerPlacement(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    containers = tuple(ContainerPlacement(*row) for row in rows)
     _check_pod(gen, containers, NUMA_PLACEMENT, ids=True)
     return PodPlacement(gen, containers)
 
@@ -668,7 +765,7 @@ def decode_placement(text: object) -> PodPlacement:
 def decode_prediction(text: object) -> PodPrediction:
     """Parse ``hamid.io/numa-predicted``; InvalidInput on anything malformed."""
     gen, rows = _decode_pod(text, NUMA_PREDICTED, ids=False)
-    containers = tuple(ContainerPrediction(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    containers = tuple(ContainerPrediction(*row) for row in rows)
     _check_pod(gen, containers, NUMA_PREDICTED, ids=False)
     return PodPrediction(gen, containers)
 
