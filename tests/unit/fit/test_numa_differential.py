@@ -624,6 +624,8 @@ def test_unknown_rate_is_low(plugin: Plugin) -> None:
         tally[got.outcome.value] += 1
         if node.hamid_gpus:
             tally[f"hamid {got.outcome.value}"] += 1
+        if machine.memory_gib:
+            tally[f"memory static {got.outcome.value}"] += 1
         if got.outcome is Outcome.UNKNOWN:
             tally[f"unknown: {got.message}"] += 1
 
