@@ -895,6 +895,24 @@ async def _scored(cluster: SimCluster, result: str, cause: str = "") -> bool:
     return True
 
 
+async def _predicted_pod(
+    cluster: SimCluster, result: ScenarioResult, pod: dict[str, Any], how: str
+) -> tuple[list[int], list[str], list[int | None]]:
+    """Create the seed pod, wait until it settled; the predicted NUMA node(s), GPUs and their NUMA nodes."""
+    await cluster.create_pod(pod)
+    result.step("pod", _pod_text(pod))
+    await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+    predicted = _predicted_numa(cluster)
+    choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+    choice_numa = _numas(cluster, choice)
+    result.step(
+        "scheduler",
+        f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} {how}; filter + bind: "
+        f"{NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+    )
+    return predicted, choice, choice_numa
+
+
 async def scenario_prediction() -> ScenarioResult:
     """The seed's pod with NUMA profiles published: the scheduler predicts kubelet, no refit."""
     result = ScenarioResult(
@@ -903,17 +921,8 @@ async def scenario_prediction() -> ScenarioResult:
     )
     async with _cluster(ClusterOptions(nodes=(NodeSpec(NODE),)), result) as cluster:
         blocked = await _stage(cluster, result)
-        pod = seed_pod()
-        await cluster.create_pod(pod)
-        result.step("pod", _pod_text(pod))
-        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
-        predicted = _predicted_numa(cluster)
-        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
-        choice_numa = _numas(cluster, choice)
-        result.step(
-            "scheduler",
-            f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} ({NUMA_PREDICTED}); filter + bind: "
-            f"{NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+        predicted, choice, choice_numa = await _predicted_pod(
+            cluster, result, seed_pod(), f"({NUMA_PREDICTED})"
         )
         _kubelet_step(result, cluster.assignment(SEED_NAME))
         calls = _refit_step(cluster, result)
@@ -1042,16 +1051,8 @@ async def scenario_memory_prediction() -> ScenarioResult:
         )
         pod = seed_pod()
         pod["spec"]["containers"][0]["resources"]["limits"]["memory"] = _SEED_MEMORY
-        await cluster.create_pod(pod)
-        result.step("pod", _pod_text(pod))
-        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
-        predicted = _predicted_numa(cluster)
-        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
-        choice_numa = _numas(cluster, choice)
-        result.step(
-            "scheduler",
-            f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} (memory hints merged with CPU hints); "
-            f"GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+        predicted, choice, choice_numa = await _predicted_pod(
+            cluster, result, pod, "(memory hints merged with CPU hints)"
         )
         admission = _kubelet_step(result, cluster.assignment(SEED_NAME))
         seed_memory = _memory_numa(admission)

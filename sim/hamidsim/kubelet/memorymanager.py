@@ -345,7 +345,9 @@ class StaticMemoryPolicy:
                 raise MemoryManagerError(
                     "failed to get the default NUMA affinity, no NUMA nodes with enough memory is available"
                 )
-            default = _preferred_first(hints[MEMORY]) if MEMORY in hints else TopologyHint(None, False)
+            if MEMORY not in hints:  # kubelet judges by regular memory only (a pod without it: no hint)
+                raise MemoryManagerError("failed to find the default preferred hint")
+            default = _preferred_first(hints[MEMORY])
             if not default.preferred and hint.preferred:
                 raise MemoryManagerError("failed to find the default preferred hint")
             best = default
