@@ -114,13 +114,15 @@ def build_profile(
 
 def _profile_memory(
     memory: Mapping[int, Mapping[str, int]] | None,
-) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
-    """The profile's ``memory``: non-zero bytes per NUMA node and type, sorted."""
-    return tuple(
+) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None:
+    """The profile's ``memory``: non-zero bytes per NUMA node and type, sorted; None when kubelet
+    reports none (then the predictor answers ``unknown`` for Guaranteed pods, never guesses)."""
+    result = tuple(
         (n, tuple(sorted((t, b) for t, b in types.items() if b > 0)))
         for n, types in sorted((memory or {}).items())
         if any(b > 0 for b in types.values())
     )
+    return result or None
 
 
 def placement_of(held: HeldPod, numa_of: Mapping[int, int], generation: int) -> PodPlacement:
