@@ -57,7 +57,7 @@ from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
-from hamid.scheduler.refit_auth import Caller
+from hamid.scheduler.refit.auth import Caller
 from hamidsim.kube_scheduler import NodeRequests, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import PodAdmission
@@ -371,7 +371,7 @@ class Cluster:
         without prediction, which changes nothing)."""
         plain = SchedulerSettings()
         spec = PodFitSpec.from_pod(pod, self.scheduler.config, plain.gpu_policy, plain.node_policy)
-        node, _fitted, _failed = self.scheduler.filtering.plan(pod, spec, names)
+        node, _fitted, _failed = self.scheduler.planner.plan(pod, spec, names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:

@@ -37,6 +37,7 @@ from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.refit import REFIT_TIMEOUT_S
 from hamid.tls import peer_common_name
 
 log = get_logger("scheduler.refit_auth")
@@ -48,8 +49,8 @@ METHODS = (MTLS, TOKEN)
 NODE_CN_PREFIX = "system:node:"
 #: Kubernetes' group of nodes: the ``O`` of every kubelet client certificate.
 NODE_ORGANIZATION = "system:nodes"
-#: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
-AUTH_TIMEOUT_S = 2.0
+#: Upper bound of the TokenReview plus the caller-pod lookup: the plugin's whole refit budget.
+AUTH_TIMEOUT_S = REFIT_TIMEOUT_S
 #: ``--refit-token-audience``: the audience of the token the plugin sends to ``/refit``. A token
 #: for this audience only is useless against the API server (unlike the pod's default token).
 DEFAULT_TOKEN_AUDIENCE = "hamid-refit"
