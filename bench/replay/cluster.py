@@ -2,10 +2,10 @@
 
 Every decision is made by product code or by the simulator, called in-process:
 
-* the webhook: :meth:`hamid.scheduler.core.Scheduler.admit` (``review_pod``), its JSON patch applied;
+* the webhook: :meth:`hamid.scheduler.webhook.Admission.judge` (``review_pod``), its JSON patch applied;
 * kube-scheduler's part: ``NodeResourcesFit`` (cpu, memory, pods) and, for pods hamid does not
   schedule, the default profile's scores and ``selectHost`` (:mod:`hamidsim.kube_scheduler`);
-* hamid's filter and bind: :meth:`Scheduler.filter` and :meth:`Scheduler.bind`, the extender verbs
+* hamid's filter and bind: :meth:`Filter.filter` and :meth:`Binder.bind`, the extender verbs
   behind ``/filter`` and ``/bind`` (node lock and Binding included), over the scheduler's own
   watch caches;
 * the plugin: one :class:`~hamid.plugin.service.DevicePluginService` per node (its
@@ -376,7 +376,7 @@ class Cluster:
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:
         """hamid's ``/filter``: the chosen node, or None and the error ("" when nothing fits)."""
-        result = await self.scheduler.filter(FilterArgs(pod, candidates, None))
+        result = await self.scheduler.filtering.filter(FilterArgs(pod, candidates, None))
         if result.error:
             return None, result.error
         return (result.node_names[0] if result.node_names else None), ""
@@ -384,7 +384,7 @@ class Cluster:
     async def bind(self, pod: JSON, node: str) -> str:
         """hamid's ``/bind`` ("" on success, else the error)."""
         meta = pod["metadata"]
-        return await self.scheduler.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
+        return await self.scheduler.binder.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
 
     async def publish(self, node: SimNode, pod: JSON, record: PodAdmission) -> None:
         """kubelet's pod status and, NUMA on, the plugin's observed placement."""

@@ -21,13 +21,12 @@ from collections.abc import Callable
 
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache
 from hamid.kube.client import KubeClient
-from hamid.kube.events import EventRecorder, EventType
+from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import Binder
 from hamid.scheduler.bind_backoff import BindBackoff
-from hamid.scheduler.extender_json import BindArgs, FilterArgs, FilterResult
 from hamid.scheduler.fgd_rank import FgdRanker
 from hamid.scheduler.filter import Filter
 from hamid.scheduler.filter_plan import Planner
@@ -212,10 +211,6 @@ class Scheduler:
         """Why the scheduler must not decide now ("" when ready)."""
         return self.readiness.reason()
 
-    def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
-        """Record an Event in the background (:meth:`EventOutbox.record`)."""
-        self.outbox.record(obj, event_type, reason, message)
-
     def report_undecodable(self) -> None:
         """Warning Events for allocations the state did not take (:meth:`EventOutbox.report_untrusted`)."""
         self.outbox.report_untrusted()
@@ -247,16 +242,6 @@ class Scheduler:
     async def close(self) -> None:
         """Cancel background tasks (Event writes, refit follow-ups)."""
         await self.tasks.close()
-
-    # -- the verbs ------------------------------------------------------------------------------
-
-    async def filter(self, args: FilterArgs) -> FilterResult:
-        """The extender filter verb (:meth:`hamid.scheduler.filter.Filter.filter`)."""
-        return await self.filtering.filter(args)
-
-    async def bind(self, args: BindArgs) -> str:
-        """The extender bind verb (:meth:`hamid.scheduler.bind.Binder.bind`); never raises."""
-        return await self.binder.bind(args)
 
     # -- cache callbacks --------------------------------------------------------------------------
 

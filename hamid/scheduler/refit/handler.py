@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from hamid.kube.cache import PodCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
-from hamid.kube.events import EventType
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
@@ -29,7 +28,7 @@ from hamid.model.resources import ResourceConfig
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import NumaLedgers
-from hamid.scheduler.outbox import Record, Tasks
+from hamid.scheduler.outbox import EventOutbox, Record, Tasks
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.refit.auth import AuthError, RefitAuthenticator
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
@@ -126,7 +125,8 @@ class RefitHost(Protocol):
     @property
     def tasks(self) -> Tasks: ...
 
-    def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None: ...
+    @property
+    def outbox(self) -> EventOutbox: ...
 
     async def wait_synced(self) -> None: ...
 
@@ -157,7 +157,7 @@ class RefitService:
         self.readiness = host.readiness
         self.config = host.config
         self.settings = host.settings
-        self.record: Record = host.record
+        self.record: Record = host.outbox.record
         self.wait_synced = host.wait_synced
         self.auth = authenticator
         self.committer = RefitCommitter(

@@ -281,7 +281,7 @@ def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
     from hamid.scheduler.extender_json import FilterArgs
 
     args = FilterArgs(pod=_pod("x"), node_names=("n1",), nodes=None)
-    result = asyncio.run(scheduler.filter(args))
+    result = asyncio.run(scheduler.filtering.filter(args))
     assert result.error and "injected" in result.error
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
 

@@ -304,7 +304,7 @@ def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) 
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         started = ticks
-        result = await scheduler.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
+        result = await scheduler.filtering.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
         task.cancel()
         assert not result.error and not result.node_names
         return result.failed_nodes, ticks - started
