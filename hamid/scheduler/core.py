@@ -64,7 +64,7 @@ def freeze_heap() -> None:
 
 
 class Scheduler:
-    """Filter, bind and admission over one :class:`SchedulerState` (event-loop owned)."""
+    """The engine of one replica: its parts over one :class:`SchedulerState` (event-loop owned)."""
 
     def __init__(
         self,
@@ -159,9 +159,7 @@ class Scheduler:
             record=self.outbox.record,
         )
         self.planner = Planner(self.state, self.numa, self.fgd, self.bind_backoff, self.config)
-        self.reserver = Reserver(
-            self.state, self.numa, self.cpu_mem, self.kube, self.readiness, self.metrics, s.api_timeout_s
-        )
+        self.reserver = Reserver(context, self.numa, self.cpu_mem)
         self.filtering = Filter(context, self.planner, self.reserver)
         self.locker = NodeLocker(
             self.kube,

@@ -12,18 +12,16 @@ import time
 from hamid.fit.fit import Fitted
 from hamid.fit.node_room import CpuMem, pod_cpu_mem
 from hamid.fit.numa_predict import Outcome, Prediction
-from hamid.kube.client import KubeClient
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.scheduler.filter_plan import NumaFit
-from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
-from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import JSON
+from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")
 
@@ -31,23 +29,14 @@ log = get_logger("scheduler")
 class Reserver:
     """Books a plan in the state, the CPU/memory view and the NUMA ledgers, and patches the pod."""
 
-    def __init__(
-        self,
-        state: SchedulerState,
-        ledgers: NumaLedgers,
-        cpu_mem: NodeCpuMem,
-        kube: KubeClient,
-        readiness: Readiness,
-        metrics: SchedulerMetrics,
-        api_timeout_s: float,
-    ) -> None:
-        self.state = state
+    def __init__(self, context: VerbContext, ledgers: NumaLedgers, cpu_mem: NodeCpuMem) -> None:
+        self.state = context.state
+        self.kube = context.kube
+        self.readiness = context.readiness
+        self.metrics = context.metrics
+        self.api_timeout_s = context.settings.api_timeout_s
         self.ledgers = ledgers
         self.cpu_mem = cpu_mem
-        self.kube = kube
-        self.readiness = readiness
-        self.metrics = metrics
-        self.api_timeout_s = api_timeout_s
 
     async def reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit, epoch: str) -> str:
         """Book the fit, then patch the allocation annotations; "" when done, else the error.
