@@ -337,7 +337,7 @@ class Cluster:
         self.scheduler = Scheduler(self.api, settings=settings, events=_NoEvents())  # type: ignore[arg-type]
         self.refit: LocalRefitClient | None = None
         if numa != "off":
-            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))  # type: ignore[arg-type]
+            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))
         self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit) for n in nodes}
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}

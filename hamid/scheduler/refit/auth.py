@@ -28,7 +28,7 @@ import enum
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -55,6 +55,12 @@ AUTH_TIMEOUT_S = REFIT_TIMEOUT_S
 #: for this audience only is useless against the API server (unlike the pod's default token).
 DEFAULT_TOKEN_AUDIENCE = "hamid-refit"
 _BEARER = "Bearer "
+
+
+class Authenticator(Protocol):
+    """What the ``/refit`` handler asks of caller authentication (:class:`RefitAuthenticator` is one)."""
+
+    async def authenticate(self, request: web.Request, node_name: str) -> Caller: ...
 
 
 class AuthFailure(enum.StrEnum):

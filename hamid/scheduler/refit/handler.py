@@ -30,7 +30,7 @@ from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import EventOutbox, Record, Tasks
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.refit.auth import AuthError, RefitAuthenticator
+from hamid.scheduler.refit.auth import Authenticator, AuthError
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.plan import (
     JSON,
@@ -144,7 +144,7 @@ class RefitService:
     def __init__(
         self,
         host: RefitHost,
-        authenticator: RefitAuthenticator,
+        authenticator: Authenticator,
         *,
         patch_timeout: float = PATCH_TIMEOUT_S,
         sync_wait: float = SYNC_WAIT_S,
@@ -337,7 +337,7 @@ class RefitService:
 
 def refit_routes(
     host: RefitHost,
-    authenticator: RefitAuthenticator,
+    authenticator: Authenticator,
     *,
     patch_timeout: float = PATCH_TIMEOUT_S,
     sync_wait: float = SYNC_WAIT_S,
