@@ -209,7 +209,7 @@ class Scheduler:
         """Why the scheduler must not decide now ("" when ready)."""
         return self.readiness.reason()
 
-    def report_undecodable(self) -> None:
+    def report_untrusted(self) -> None:
         """Warning Events for allocations the state did not take (:meth:`EventOutbox.report_untrusted`)."""
         self.outbox.report_untrusted()
 
