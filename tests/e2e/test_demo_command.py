@@ -75,9 +75,9 @@ async def test_demo_all_scenarios_json() -> None:
     refit = result["scenarios"][0]
     assert refit["event"].startswith("NUMA refit moved container 0 from [")
     running = [s["final"] for s in result["scenarios"] if s.get("final", {}).get("phase") == "Running"]
-    # refit, numa-bind, exact-fit, many-numa, the three best-effort/disabled fallbacks, prediction
-    # and prediction-miss
-    assert len(running) == 9
+    # refit, numa-bind, exact-fit, many-numa, the three best-effort/disabled fallbacks, prediction,
+    # prediction-miss and memory-prediction
+    assert len(running) == 10
     for final in running:  # every running container is on its accounted GPUs, fallback or not
         assert (
             sorted(final["runtimeGpus"])
