@@ -10,6 +10,7 @@ exclusive CPUs, free device replicas) and the pod. Output: a :class:`Prediction`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
@@ -23,7 +24,9 @@ from hamid.model._wire import want_object
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
     CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
+    CPU_OPTION_DISTRIBUTE_ACROSS_NUMA,
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
@@ -33,6 +36,7 @@ from hamid.model.numa import (
     ContainerPlacement,
     ContainerPrediction,
     CpuInfo,
+    KubeletPolicies,
     NumaProfile,
     PodPrediction,
 )
@@ -58,7 +62,21 @@ UNKNOWN_UNMODELLED = "unmodelled"
 
 _MODELLED_TM_OPTIONS = frozenset({TM_OPTION_PREFER_CLOSEST, TM_OPTION_MAX_NUMA_NODES})
 _MODELLED_CPU_OPTIONS = frozenset(
-    {CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION, CPU_OPTION_DISTRIBUTE_ACROSS_CORES}
+    {
+        CPU_OPTION_FULL_PCPUS_ONLY,
+        CPU_OPTION_STRICT_RESERVATION,
+        CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
+        CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
+    }
+)
+
+
+#: Pairs of CPU manager options kubelet refuses to start with (``NewStaticPolicyOptions``).
+_EXCLUSIVE_CPU_OPTIONS = (
+    (CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_DISTRIBUTE_ACROSS_NUMA, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_ALIGN_BY_UNCORE_CACHE, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_ALIGN_BY_UNCORE_CACHE, CPU_OPTION_DISTRIBUTE_ACROSS_NUMA),
 )
 
 
@@ -209,16 +227,19 @@ def _gpu_of_replica(replica: str) -> str:
 
 
 class CpuTopology:
-    """kubelet's ``CPUTopology`` of a profile: CPUs by core, socket and NUMA node."""
+    """kubelet's ``CPUTopology`` of a profile: CPUs by core, socket, NUMA node and uncore cache
+    (a profile without uncore caches: kubelet's fallback, the socket)."""
 
     def __init__(self, profile: NumaProfile) -> None:
         """Index the profile's CPUs."""
         self.numa_of = {c.cpu: c.numa for c in profile.cpus}
         self.socket_of = {c.cpu: c.socket for c in profile.cpus}
         self.core_of = {c.cpu: c.core for c in profile.cpus}
+        self.uncore_of = {c.cpu: c.socket if c.uncore is None else c.uncore for c in profile.cpus}
         self.cpus_of_numa = _group(self.numa_of)
         self.cpus_of_socket = _group(self.socket_of)
         self.cpus_of_core = _group(self.core_of)
+        self.cpus_of_uncore = _group(self.uncore_of)
         n_cpus = len(self.numa_of)
         self.cpus_per_core = n_cpus // len(self.cpus_of_core)
         self.cpus_per_socket = n_cpus // len(self.cpus_of_socket)
@@ -306,6 +327,41 @@ class _Accumulator:
         )
         return [c for p in parents for c in self._sorted(t.cpus_of_core, self._present(t.core_of, groups[p]))]
 
+    def uncore_caches(self) -> list[int]:
+        """``sortAvailableUncoreCaches``: NUMA node by NUMA node (in their order), each one's caches
+        with free CPUs by fewest free CPUs, then id."""
+        t = self.topo
+        return [
+            u
+            for n in self.numa_nodes()
+            for u in self._sorted(t.cpus_of_uncore, self._present(t.uncore_of, t.cpus_of_numa[n]))
+        ]
+
+    def take_uncore_caches(self) -> None:
+        """``takeUncoreCache``: whole free caches while the request needs one, then the first cache
+        whose lowest free cores hold exactly the rest (the order is taken once, before any pick)."""
+        order = self.uncore_caches()
+        for u in order:
+            cpus = self.topo.cpus_of_uncore[u]
+            if cpus <= self.free and self.needed >= len(cpus):
+                self.take(cpus)
+        for u in order:
+            if self.needed < 1:
+                return
+            self.take_partial_uncore(u)
+
+    def take_partial_uncore(self, uncore: int) -> None:
+        """``takePartialUncore``: the free CPUs of the cache's lowest ``ceil(needed / threads per
+        core)`` cores with free CPUs, one thread fewer for an odd rest on SMT, if exactly enough."""
+        t = self.topo
+        in_cache = self.free & t.cpus_of_uncore[uncore]
+        cores = sorted({t.core_of[c] for c in in_cache})[: -(-self.needed // t.cpus_per_core)]
+        cpus = sorted(c for c in in_cache if t.core_of[c] in cores)
+        if self.needed % 2 and t.cpus_per_core > 1 and len(cpus) > self.needed:
+            cpus = cpus[:-1]
+        if len(cpus) == self.needed:
+            self.take(cpus)
+
     def take_full(self, ids: list[int], groups: Mapping[int, frozenset[int]], whole: Any) -> None:
         for key in [k for k in ids if self._free_in(groups, k) == whole(k)]:
             if self.needed >= len(groups[key]):
@@ -324,14 +380,31 @@ class _Accumulator:
                 return
 
 
-def take_by_topology_packed(
-    topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False
-) -> frozenset[int] | None:
-    """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, whole cores, then threads.
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """The CPU manager options that change ``takeByTopologyNUMAPacked``."""
 
-    ``spread`` (``distribute-cpus-across-cores``): no whole cores, threads spread over the cores.
-    ``None`` when kubelet would fail ("not enough cpus available" / "failed to allocate cpus").
-    """
+    #: ``distribute-cpus-across-cores`` (sorting strategy spread): no whole cores, threads spread.
+    spread: bool = False
+    #: ``prefer-align-cpus-by-uncorecache``: whole uncore caches, then one holding the rest, before cores.
+    uncore: bool = False
+
+    @classmethod
+    def of(cls, policies: KubeletPolicies) -> Packing:
+        """The packing kubelet's static policy uses with these options."""
+        options = policies.cpu_manager_options
+        return cls(
+            spread=policies.option_enabled(options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+            uncore=policies.option_enabled(options, CPU_OPTION_ALIGN_BY_UNCORE_CACHE),
+        )
+
+
+def take_by_topology_packed(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing = Packing()
+) -> frozenset[int] | None:
+    """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, (uncore caches,) whole
+    cores, then threads. ``None`` when kubelet would fail ("not enough cpus available" / "failed
+    to allocate cpus")."""
     acc = _Accumulator(topo, available, count)
     if acc.needed < 1:
         return frozenset()
@@ -344,11 +417,15 @@ def take_by_topology_packed(
         acc.take_full(order(), groups, whole)
         if acc.needed < 1:
             return frozenset(acc.result)
-    if not spread:
+    if packing.uncore:
+        acc.take_uncore_caches()
+        if acc.needed < 1:
+            return frozenset(acc.result)
+    if not packing.spread:
         acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
         if acc.needed < 1:
             return frozenset(acc.result)
-    acc.take_remaining(spread)
+    acc.take_remaining(packing.spread)
     return frozenset(acc.result) if acc.needed < 1 else None
 
 
@@ -621,6 +698,10 @@ class Prediction:
     message: str = ""
     containers: tuple[ContainerPrediction, ...] = ()
     usage: NumaUsage = field(default_factory=NumaUsage)
+    #: ``unknown`` because a device plugin chooses among aligned replicas: per resource, the
+    #: container (index, init first) and the NUMA nodes kubelet offers it from. A scheduler whose
+    #: plugin that is fits the container's devices there, so the plugin's choice becomes known.
+    offered: Mapping[str, Mapping[int, frozenset[int]]] = field(default_factory=dict)
 
     def record(self, generation: int) -> PodPrediction:
         """The ``hamid.io/numa-predicted`` record of a ``placed`` prediction."""
@@ -655,13 +736,13 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
     try:
         closest = pol.option_enabled(tm_opts, TM_OPTION_PREFER_CLOSEST)
         limit = pol.max_allowable_numa_nodes()
-        pcpus = pol.option_enabled(cpu_opts, CPU_OPTION_FULL_PCPUS_ONLY)
-        pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
-        cores = pol.option_enabled(cpu_opts, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
+        enabled = {name for name in cpu_opts if pol.option_enabled(cpu_opts, name)}
     except InvalidInput as exc:
         return f"kubelet would not start with this option value: {exc}"
-    if pcpus and cores:
-        return "kubelet would not start: full-pcpus-only and distribute-cpus-across-cores exclude each other"
+    pcpus = CPU_OPTION_FULL_PCPUS_ONLY in enabled
+    clash = next(((a, b) for a, b in _EXCLUSIVE_CPU_OPTIONS if {a, b} <= enabled), None)
+    if clash is not None:
+        return f"kubelet would not start: {clash[0]} and {clash[1]} exclude each other"
     if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
         return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
     if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
@@ -678,6 +759,8 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
             return f"CPU manager option {extra[0]!r} is not modelled"
         if not profile.reserved_cpus:
             return "the static CPU manager policy needs reserved CPUs; kubelet would not start"
+        if CPU_OPTION_ALIGN_BY_UNCORE_CACHE in enabled and profile.cpus[0].uncore is None:
+            return "prefer-align-cpus-by-uncorecache needs the uncore caches, which the profile lacks"
     elif pcpus:
         return "CPU manager options without the static policy are not modelled"
     return None
@@ -703,15 +786,16 @@ class _Admission:
         #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
         self.splits = list(splits)
         self.split_count = 0
+        #: Per resource, per container index: the NUMA nodes kubelet offers the plugin to choose
+        #: from, where it chose among aligned replicas (the first such choice of this replay).
+        self.offered: dict[str, dict[int, frozenset[int]]] = {}
         self.topo = topology_of(profile)
         self.containers = containers
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
         self.full_pcpus = profile.policies.option_enabled(
             profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
         )
-        self.spread = profile.policies.option_enabled(
-            profile.policies.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES
-        )
+        self.packing = Packing.of(profile.policies)
         self.free_cpus = set(ledger.free_cpus)
         self.reusable_cpus: set[int] = set()
         self.resources = ledger.resources
@@ -793,9 +877,9 @@ class _Admission:
         result: frozenset[int] = frozenset()
         if mask is not None:
             aligned = {cpu for cpu in allocatable if mask >> self.topo.numa_of[cpu] & 1}
-            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.spread)
+            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.packing)
         if n > len(result):
-            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.spread)
+            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.packing)
         self.free_cpus -= result
         if c.kind == "init":
             self.reusable_cpus |= result
@@ -847,6 +931,8 @@ class _Admission:
         if need < sum(inside.values()):
             picked = None if reused else self.plugin_pick(res, index, inside, {}, need)
             if picked is None:
+                if not self.offered:
+                    self.offered[res] = {index: frozenset(inside)}
                 picked = self.taken(res, inside, self.take_counts(inside, need, what))
             return picked
         rest = need - sum(inside.values())
@@ -965,8 +1051,10 @@ def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int, spread: bool) -> frozenset[int]:
-    taken = take_by_topology_packed(topo, available, count, spread)
+def _take_or_fail(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing
+) -> frozenset[int]:
+    taken = take_by_topology_packed(topo, available, count, packing)
     if taken is None:
         raise _reject(
             UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"
@@ -1001,9 +1089,9 @@ def _splits(pool: Mapping[int, int], need: int) -> list[dict[int, int]]:
     return out
 
 
-def _disagree(outcomes: Sequence[Prediction]) -> bool:
-    """The replays so far do not all end in one rejection."""
-    return any(o.outcome is not Outcome.REJECT or o.reason != outcomes[0].reason for o in outcomes)
+def _same(a: Prediction, b: Prediction) -> bool:
+    """Two replays end alike: one rejection, or the same placement and usage."""
+    return (a.outcome, a.reason, a.containers, a.usage) == (b.outcome, b.reason, b.containers, b.usage)
 
 
 def _admit_every_split(
@@ -1015,13 +1103,14 @@ def _admit_every_split(
 ) -> Prediction:
     """Replay the admission once per possible device split the plugin may choose.
 
-    Where every split ends in the same rejection, kubelet rejects whichever replicas it picks:
-    that is the answer. Otherwise the outcome depends on the plugin's choice (``unknown``).
+    Where every split ends alike (one rejection, or one placement with one usage), kubelet does
+    that whichever replicas it picks: that is the answer. Otherwise the outcome depends on the
+    plugin's choice (``unknown``, with the NUMA nodes of the first choice kubelet offers it).
     At most :data:`MAX_SPLIT_REPLAYS` replays.
     """
     pending: list[list[dict[int, int]]] = [[]]
     outcomes: list[Prediction] = []
-    first_split: _Split | None = None
+    first: tuple[_Split, _Admission] | None = None
     while pending:
         script = pending.pop()
         admission = _Admission(profile, ledger, containers, qos, script, plugin)
@@ -1030,20 +1119,18 @@ def _admit_every_split(
         except _Stop as stop:
             outcomes.append(stop.prediction)
         except _Split as split:
-            first_split = first_split or split
+            first = first or (split, admission)
             pending += [[*script, option] for option in reversed(split.options)]
         else:
-            if not script:
-                return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
-            outcomes.append(Prediction(Outcome.PLACED, containers=placed))
-        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or _disagree(outcomes):
+            outcomes.append(Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed)))
+        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or (
+            outcomes and not _same(outcomes[0], outcomes[-1])
+        ):
             break
-    if first_split is None:
+    if first is None or (not pending and _same(outcomes[0], outcomes[-1])):
         return outcomes[0]
-    reasons = {(o.outcome, o.reason) for o in outcomes}
-    if not pending and len(reasons) == 1 and outcomes[0].outcome is Outcome.REJECT:
-        return outcomes[0]
-    return _unknown(UNKNOWN_UNMODELLED, f"{first_split.what} kubelet takes is the device plugin's choice")
+    what = f"{first[0].what} kubelet takes is the device plugin's choice"
+    return dataclasses.replace(_unknown(UNKNOWN_UNMODELLED, what), offered=first[1].offered)
 
 
 def predict(

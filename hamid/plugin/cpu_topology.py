@@ -2,7 +2,9 @@
 
 kubelet learns its topology from cAdvisor, which reads ``cpu*/topology/{core_id,physical_package_id}``
 and ``node*/cpulist``; a core's id is the lowest CPU id of its threads (``topology.Discover``).
-NUMA distances come from ``node*/distance``. ``root`` is the sysfs mount (``/sys`` on a node, a
+NUMA distances come from ``node*/distance``; a CPU's uncore cache from ``cpu*/cache/index3/id`` and
+``shared_cpu_list`` (the L3 cache cAdvisor reports; kubelet falls back to the socket id without one,
+``getUncoreCacheID``). ``root`` is the sysfs mount (``/sys`` on a node, a
 generated tree under the simulator and in tests).
 """
 
@@ -23,7 +25,8 @@ _MAX_FILE_BYTES = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class CpuTopology:
-    """Every online CPU with its core, socket and NUMA node, and the NUMA distances (None: unknown)."""
+    """Every online CPU with its core, socket, NUMA node and uncore cache, and the NUMA distances
+    (None: unknown)."""
 
     numa_nodes: tuple[int, ...]
     cpus: tuple[CpuInfo, ...]
@@ -66,6 +69,29 @@ def _read_int(path: Path) -> int:
     if not re.fullmatch(r"-?\d{1,9}", text):
         raise InvalidInput(f"{path}: {text!r:.40} is not an integer")
     return int(text)
+
+
+def _uncore(cpu_dir: Path, socket: int) -> tuple[int, frozenset[int] | None]:
+    """kubelet's uncore cache id of a CPU and the CPUs sharing that cache: its L3 cache's ``id`` and
+    ``shared_cpu_list``; the socket id (and no list) when it has no L3."""
+    cache = cpu_dir / "cache" / "index3"
+    if not cache.is_dir():
+        return socket, None
+    shared = cache / "shared_cpu_list"
+    return _read_int(cache / "id"), parse_sysfs_cpu_list(_read(shared), str(shared))
+
+
+def _check_uncore(
+    uncore_of: dict[int, int], shared: dict[int, frozenset[int]], online: frozenset[int]
+) -> None:
+    """Every L3's online sharers carry its id (ids and lists from the kernel must agree)."""
+    for cpu, cpus in shared.items():
+        same_id = {c for c, u in uncore_of.items() if u == uncore_of[cpu]}
+        if cpus & online != same_id:
+            raise InvalidInput(
+                f"cpu{cpu}/cache/index3: shared_cpu_list {sorted(cpus & online)} is not the CPUs of "
+                f"cache id {uncore_of[cpu]} ({sorted(same_id)})"
+            )
 
 
 def _numa_cpus(root: Path) -> dict[int, frozenset[int]]:
@@ -124,12 +150,18 @@ def read_cpu_topology(root: str | Path) -> CpuTopology:
         raise InvalidInput(f"{base}: no online CPU is on a NUMA node")
     threads: dict[tuple[int, int, int], list[int]] = {}
     socket_of: dict[int, int] = {}
+    uncore_of: dict[int, int] = {}
+    shared: dict[int, frozenset[int]] = {}
     for cpu in sorted(online):
-        topo = base / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
-        core_id, socket = _read_int(topo / "core_id"), _read_int(topo / "physical_package_id")
-        socket_of[cpu] = socket
+        cpu_dir = base / "devices" / "system" / "cpu" / f"cpu{cpu}"
+        core_id = _read_int(cpu_dir / "topology" / "core_id")
+        socket = _read_int(cpu_dir / "topology" / "physical_package_id")
+        socket_of[cpu], (uncore_of[cpu], sharing) = socket, _uncore(cpu_dir, socket)
+        if sharing is not None:
+            shared[cpu] = sharing
         threads.setdefault((numa_of[cpu], socket, core_id), []).append(cpu)
+    _check_uncore(uncore_of, shared, online)
     core_of = {cpu: min(group) for group in threads.values() for cpu in group}
-    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(online))
+    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c], uncore_of[c]) for c in sorted(online))
     nodes = tuple(numa_cpus)
     return CpuTopology(nodes, infos, _distances(base, nodes))

@@ -33,6 +33,7 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    Packing,
     PluginView,
     Prediction,
     predict,
@@ -47,7 +48,6 @@ from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
-    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -589,9 +589,8 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        pol = entry.profile.policies
-        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
+        packing = Packing.of(entry.profile.policies)
+        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), packing)
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

@@ -84,6 +84,32 @@ def test_malformed_trees_name_the_file(tmp_path: Path, damage: object, message: 
         read_cpu_topology(root)
 
 
+def add_l3(root: Path, caches: dict[int, str]) -> Path:
+    """``cpu*/cache/index3`` for the CPUs of each cache id (its ``shared_cpu_list`` as given)."""
+    for cache, cpulist in caches.items():
+        for cpu in parse_sysfs_cpu_list(cpulist, "test"):
+            d = root / "devices/system/cpu" / f"cpu{cpu}" / "cache/index3"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "id").write_text(f"{cache}\n")
+            (d / "shared_cpu_list").write_text(cpulist + "\n")
+    return root
+
+
+def test_uncore_caches_are_the_l3_ids_else_the_socket(tmp_path: Path) -> None:
+    """kubelet's ``UncoreCacheID``: the L3 cache's id (``cache/index3``), the socket id without one."""
+    plain = read_cpu_topology(smt_tree(tmp_path / "plain"))
+    assert [c.uncore for c in plain.cpus] == [c.socket for c in plain.cpus]
+    split = read_cpu_topology(add_l3(smt_tree(tmp_path / "l3"), {7: "0,4", 8: "1,5", 9: "2-3,6-7"}))
+    assert [c.uncore for c in split.cpus] == [7, 8, 9, 9, 7, 8, 9, 9]
+
+
+def test_an_l3_list_that_disagrees_with_its_ids_is_refused(tmp_path: Path) -> None:
+    root = add_l3(smt_tree(tmp_path), {7: "0-1,4-5", 9: "2-3,6-7"})
+    (root / "devices/system/cpu/cpu5/cache/index3/id").write_text("9\n")
+    with pytest.raises(InvalidInput, match="shared_cpu_list"):
+        read_cpu_topology(root)
+
+
 def test_no_sysfs_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="cannot list"):
         read_cpu_topology(tmp_path / "nothing")
@@ -101,8 +127,8 @@ def test_cpu_list_syntax() -> None:
 def test_the_simulators_tree_reads_back_as_its_machine(tmp_path: Path, sample: str) -> None:
     machine = load_machine_file(sample_machine_path(sample))
     topo = read_cpu_topology(write_sysfs_tree(machine, tmp_path))
-    assert {c.cpu: (c.core, c.socket, c.numa) for c in topo.cpus} == {
-        cpu: (i.core, i.socket, i.numa) for cpu, i in machine.cpu_topology.details.items()
+    assert {c.cpu: (c.core, c.socket, c.numa, c.uncore) for c in topo.cpus} == {
+        cpu: (i.core, i.socket, i.numa, i.uncore_id) for cpu, i in machine.cpu_topology.details.items()
     }
     ids = machine.numa_ids
     assert topo.distances == tuple(tuple(machine.distance(a, b) for b in ids) for a in ids)
