@@ -67,6 +67,7 @@ _MODELLED_CPU_OPTIONS = frozenset(
         CPU_OPTION_STRICT_RESERVATION,
         CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
         CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
+        CPU_OPTION_DISTRIBUTE_ACROSS_NUMA,
     }
 )
 
@@ -382,21 +383,36 @@ class _Accumulator:
 
 @dataclass(frozen=True, slots=True)
 class Packing:
-    """The CPU manager options that change ``takeByTopologyNUMAPacked``."""
+    """The CPU manager options that change how the static policy takes CPUs (``takeByTopology``)."""
 
     #: ``distribute-cpus-across-cores`` (sorting strategy spread): no whole cores, threads spread.
     spread: bool = False
     #: ``prefer-align-cpus-by-uncorecache``: whole uncore caches, then one holding the rest, before cores.
     uncore: bool = False
+    #: ``distribute-cpus-across-numa``: CPUs spread evenly over NUMA nodes in groups of this size
+    #: (the threads per core with ``full-pcpus-only``, else 1); 0 when off.
+    numa_group: int = 0
 
     @classmethod
-    def of(cls, policies: KubeletPolicies) -> Packing:
+    def of(cls, policies: KubeletPolicies, cpus_per_core: int) -> Packing:
         """The packing kubelet's static policy uses with these options."""
         options = policies.cpu_manager_options
+        distribute = policies.option_enabled(options, CPU_OPTION_DISTRIBUTE_ACROSS_NUMA)
+        full_pcpus = policies.option_enabled(options, CPU_OPTION_FULL_PCPUS_ONLY)
         return cls(
             spread=policies.option_enabled(options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
             uncore=policies.option_enabled(options, CPU_OPTION_ALIGN_BY_UNCORE_CACHE),
+            numa_group=(cpus_per_core if full_pcpus else 1) if distribute else 0,
         )
+
+
+def take_cpus(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing
+) -> frozenset[int] | None:
+    """``takeByTopology``: distributed over NUMA nodes with that option, else packed."""
+    if packing.numa_group:
+        return take_by_topology_distributed(topo, available, count, packing.numa_group)
+    return take_by_topology_packed(topo, available, count, packing)
 
 
 def take_by_topology_packed(
@@ -427,6 +443,117 @@ def take_by_topology_packed(
             return frozenset(acc.result)
     acc.take_remaining(packing.spread)
     return frozenset(acc.result) if acc.needed < 1 else None
+
+
+def take_by_topology_distributed(
+    topo: CpuTopology, available: Iterable[int], count: int, group: int
+) -> frozenset[int] | None:
+    """``takeByTopologyNUMADistributed`` (KEP-2902): ``count`` CPUs in groups of ``group`` spread
+    evenly over the fewest NUMA nodes that can hold them, choosing the combination (and the nodes
+    of any remainder) that leaves the free CPUs per NUMA node most balanced; packed when ``count``
+    is not a multiple of ``group`` or no combination balances."""
+    if count % group:
+        return take_by_topology_packed(topo, available, count)
+    free = {c for c in available if c in topo.numa_of}
+    if count < 1:
+        return frozenset()
+    if count > len(free):
+        return None
+    numas = _Accumulator(topo, free, count).numa_nodes()
+    free_in = {n: len(free & topo.cpus_of_numa[n]) for n in numas}
+    low, high = _numa_range(topo, len(numas), count, group)
+    for k in range(low, high + 1):
+        best: tuple[Fraction, tuple[int, ...], tuple[int, ...]] | None = None
+        for combo in itertools.combinations(numas, k):
+            scored = _distribution_balance(free_in, combo, count, group)
+            if scored is not None and (best is None or scored[0] < best[0]):
+                best = (scored[0], scored[1], combo)
+            if best is not None and best[0] == 0:
+                break
+        if best is not None:
+            return _take_distributed(topo, free, count, group, best[2], best[1])
+    return take_by_topology_packed(topo, free, count)
+
+
+def _numa_range(topo: CpuTopology, free_numa: int, count: int, group: int) -> tuple[int, int]:
+    """``rangeNUMANodesNeededToSatisfy``: the fewest NUMA nodes from the CPU groups per NUMA node of
+    the whole machine, the most bounded by the NUMA nodes with free CPUs."""
+    groups_per_numa = math.ceil(math.ceil(len(topo.numa_of) / group) / len(topo.cpus_of_numa))
+    groups_needed = math.ceil(count / group)
+    return math.ceil(groups_needed / groups_per_numa), min(groups_needed, free_numa)
+
+
+def _variance(values: Iterable[int]) -> Fraction:
+    """Orders balances as kubelet's standard deviation does (exactly)."""
+    items = list(values)
+    mean = Fraction(sum(items), len(items))
+    return sum(((v - mean) ** 2 for v in items), Fraction(0)) / len(items)
+
+
+def _stripe(after: Mapping[int, int], nodes: Sequence[int], remainder: int, group: int) -> dict[int, int]:
+    """The free CPUs per NUMA node once ``remainder`` CPUs are taken ``group`` by ``group`` from
+    ``nodes`` in turn (skipping nodes with fewer than ``group`` left)."""
+    left = dict(after)
+    while remainder > 0:
+        before = remainder
+        for n in nodes:
+            if remainder == 0:
+                break
+            if left[n] >= group:
+                left[n] -= group
+                remainder -= group
+        if remainder == before:
+            break  # no node can give a group any more
+    return left
+
+
+def _distribution_balance(
+    free_in: Mapping[int, int], combo: Sequence[int], count: int, group: int
+) -> tuple[Fraction, tuple[int, ...]] | None:
+    """The best balance of one NUMA combination and the nodes its remainder comes from; None when
+    it cannot hold ``count`` CPUs evenly in groups."""
+    if sum(free_in[n] for n in combo) < count or sum(free_in[n] // group for n in combo) * group < count:
+        return None
+    share = count // len(combo) // group * group
+    if any(free_in[n] < share for n in combo):
+        return None
+    after = {n: free_in[n] - (share if n in combo else 0) for n in free_in}
+    remainder = count - share * len(combo)
+    if remainder == 0:
+        return _variance(after.values()), ()
+    candidates = [n for n in combo if after[n] >= group]
+    best: tuple[Fraction, tuple[int, ...]] | None = None
+    for size in range(len(candidates), 0, -1):
+        for subset in itertools.combinations(candidates, size):
+            if sum(after[n] for n in subset) < remainder:
+                continue
+            balance = _variance(_stripe(after, subset, remainder, group).values())
+            if best is None or balance < best[0]:
+                best = (balance, subset)
+    return best
+
+
+def _take_distributed(
+    topo: CpuTopology, free: set[int], count: int, group: int, combo: Sequence[int], rest: Sequence[int]
+) -> frozenset[int] | None:
+    """The even share from each node of ``combo`` (packed within it), then the remainder group by
+    group from the nodes of ``rest`` in turn."""
+    share = count // len(combo) // group * group
+    taken: set[int] = set()
+    for n in combo:
+        taken |= take_by_topology_packed(topo, (free - taken) & topo.cpus_of_numa[n], share) or set()
+    remainder = count - share * len(combo)
+    while remainder > 0:
+        before = remainder
+        for n in rest:
+            cpus = (free - taken) & topo.cpus_of_numa[n]
+            if remainder == 0 or len(cpus) < group:
+                continue
+            taken |= take_by_topology_packed(topo, cpus, group) or set()
+            remainder -= group
+        if remainder == before:
+            return None
+    return frozenset(taken) if len(taken) == count else None
 
 
 # ==========================================================================================
@@ -783,6 +910,10 @@ class _Admission:
         #: Free replicas per GPU of the plugin's resource, and the NUMA buckets where they are not known.
         self.gpu_free = {u: f for u, (_n, f) in plugin.gpus.items()} if plugin is not None else {}
         self.gpu_unknown: set[int] = set()
+        #: The plugin resource's GPUs (one entry per replica) later containers may reuse, and those
+        #: the last pick took; None where which ones is not known.
+        self.gpu_reusable: list[str] | None = []
+        self.gpu_last: list[str] | None = []
         #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
         self.splits = list(splits)
         self.split_count = 0
@@ -795,7 +926,7 @@ class _Admission:
         self.full_pcpus = profile.policies.option_enabled(
             profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
         )
-        self.packing = Packing.of(profile.policies)
+        self.packing = Packing.of(profile.policies, self.topo.cpus_per_core)
         self.free_cpus = set(ledger.free_cpus)
         self.reusable_cpus: set[int] = set()
         self.resources = ledger.resources
@@ -908,7 +1039,9 @@ class _Admission:
                 )
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
-            new = self.take_new(res, c.index, free, aligned, left, bool(got))
+            reused = self.reused_gpus(res, got, reusable)
+            new = self.take_new(res, c.index, free, aligned, left, reused)
+            self.track_reusable_gpus(res, c.kind, got, reusable)
             for n, k in new.items():
                 free[n] -= k
             sign = 1 if c.kind == "init" else -1
@@ -919,24 +1052,73 @@ class _Admission:
             held |= {n for part in (got, new) for n, k in part.items() if k}
         return out, held
 
+    def reused_gpus(self, res: str, got: Mapping[int, int], reusable: Mapping[int, int]) -> list[str] | None:
+        """The GPUs (one entry per replica) of the plugin's resource a container reuses: kubelet's
+        must-include replicas. ``[]`` when it reuses none; None when which ones is not known."""
+        if not any(got.values()):
+            return []
+        if self.plugin is None or res != self.plugin.resource or self.gpu_reusable is None:
+            return None
+        return list(self.gpu_reusable) if sum(got.values()) == sum(reusable.values()) else None
+
+    def track_reusable_gpus(
+        self, res: str, kind: str, got: Mapping[int, int], reusable: Mapping[int, int]
+    ) -> None:
+        """Which GPUs later containers may reuse: an init container's new ones join them, a
+        container reusing all of them consumes them (some of them: which is not known)."""
+        if self.plugin is None or res != self.plugin.resource or self.gpu_reusable is None:
+            return
+        if kind == "init":
+            self.gpu_reusable = None if self.gpu_last is None else self.gpu_reusable + self.gpu_last
+        elif any(got.values()):
+            self.gpu_reusable = [] if sum(got.values()) == sum(reusable.values()) else None
+
     def take_new(
-        self, res: str, index: int, free: Mapping[int, int], aligned: frozenset[int], need: int, reused: bool
+        self,
+        res: str,
+        index: int,
+        free: Mapping[int, int],
+        aligned: frozenset[int],
+        need: int,
+        reused: list[str] | None,
     ) -> dict[int, int]:
-        """``devicesToAllocate`` after the reused devices: from the aligned buckets (the plugin
-        choosing when they hold more than needed), else all of them and the rest elsewhere (the
-        plugin choosing among the rest)."""
+        """``devicesToAllocate`` after the ``reused`` devices (None: not known which): from the
+        aligned buckets (the plugin choosing when they hold more than needed), else all of them and
+        the rest elsewhere (the plugin choosing among the rest)."""
+        before, unknown_before = dict(self.gpu_free), set(self.gpu_unknown)
+        picked = self._take_new(res, index, free, aligned, need, reused)
+        touched = {n for n, k in picked.items() if k}
+        if self.gpu_unknown != unknown_before or touched & self.gpu_unknown:
+            self.gpu_last = None
+        else:
+            self.gpu_last = [u for u, f in sorted(before.items()) for _ in range(f - self.gpu_free[u])]
+        return picked
+
+    def _take_new(
+        self,
+        res: str,
+        index: int,
+        free: Mapping[int, int],
+        aligned: frozenset[int],
+        need: int,
+        reused: list[str] | None,
+    ) -> dict[int, int]:
         inside = {n: k for n, k in free.items() if n in aligned and k > 0}
         outside = {n: k for n, k in free.items() if n not in aligned and k > 0}
         what = f"which {res} device"
         if need < sum(inside.values()):
-            picked = None if reused else self.plugin_pick(res, index, inside, {}, need)
+            picked = None if reused is None else self.plugin_pick(res, index, inside, {}, need, reused)
             if picked is None:
                 if not self.offered:
                     self.offered[res] = {index: frozenset(inside)}
                 picked = self.taken(res, inside, self.take_counts(inside, need, what))
             return picked
         rest = need - sum(inside.values())
-        picked = None if reused or rest <= 0 else self.plugin_pick(res, index, outside, inside, rest)
+        picked = (
+            None
+            if reused is None or rest <= 0
+            else self.plugin_pick(res, index, outside, inside, rest, reused)
+        )
         self.taken(res, inside, inside)
         if picked is None:
             picked = self.taken(res, outside, self.take_counts(outside, rest, what))
@@ -962,11 +1144,18 @@ class _Admission:
         return counts
 
     def plugin_pick(
-        self, res: str, index: int, pool: Mapping[int, int], must: Mapping[int, int], need: int
+        self,
+        res: str,
+        index: int,
+        pool: Mapping[int, int],
+        must: Mapping[int, int],
+        need: int,
+        reused: Sequence[str] = (),
     ) -> dict[int, int] | None:
         """hamid's ``GetPreferredAllocation`` replayed: the buckets of the ``need`` replicas kubelet
-        takes from ``pool`` (after all of ``must``), or None when the plugin gives no definite
-        answer (another plugin, a NUMA mismatch, no preference, GPUs not known)."""
+        takes from ``pool`` (after the ``reused`` GPUs' replicas and all of ``must``), or None when
+        the plugin gives no definite answer (another plugin, a NUMA mismatch, no preference, GPUs
+        not known)."""
         plugin = self.plugin
         if plugin is None or res != plugin.resource or index >= len(plugin.annotated):
             return None
@@ -981,7 +1170,8 @@ class _Admission:
                 for k in range(self.gpu_free.get(u, 0))
             ]
 
-        must_ids = replicas(must)
+        inside_ids = replicas(must)
+        must_ids = [f"{u}{_REPLICA_SEP}reused-{i}" for i, u in enumerate(reused)] + inside_ids
         answer, missing = preferred_answer(
             plugin.annotated[index],
             sorted(must_ids + replicas(pool)),
@@ -992,7 +1182,7 @@ class _Admission:
         picks = [_gpu_of_replica(r) for r in answer if r not in set(must_ids)]
         if missing or len(picks) != need:
             return None
-        for u in must_ids:
+        for u in inside_ids:
             self.gpu_free[_gpu_of_replica(u)] = 0
         counts: dict[int, int] = {}
         for u in picks:
@@ -1054,7 +1244,7 @@ def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
 def _take_or_fail(
     topo: CpuTopology, available: Iterable[int], count: int, packing: Packing
 ) -> frozenset[int]:
-    taken = take_by_topology_packed(topo, available, count, packing)
+    taken = take_cpus(topo, available, count, packing)
     if taken is None:
         raise _reject(
             UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"

@@ -37,7 +37,7 @@ from hamid.fit.numa_predict import (
     PluginView,
     Prediction,
     predict,
-    take_by_topology_packed,
+    take_cpus,
     topology_of,
     usage_of_placement,
     usage_of_prediction,
@@ -589,8 +589,8 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        packing = Packing.of(entry.profile.policies)
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), packing)
+        topo = topology_of(entry.profile)
+        taken = take_cpus(topo, free, len(cpus), Packing.of(entry.profile.policies, topo.cpus_per_core))
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

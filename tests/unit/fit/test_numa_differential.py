@@ -4,9 +4,10 @@ Random node states (2-16 NUMA nodes, SMT or not, sockets above or below NUMA nod
 GPUs per NUMA node and without topology, pods already placed) x random pods (QoS classes, integer
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
 Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``strict-cpu-reservation``,
-``distribute-cpus-across-cores``, ``prefer-align-cpus-by-uncorecache`` over uncore caches of 1-4 cores
-or none reported, ``prefer-closest-numa-nodes``; GPUs served by a plugin without a
-preference or by one answering like hamid's, ``GetPreferredAllocation`` included).
+``distribute-cpus-across-cores``, ``distribute-cpus-across-numa``,
+``prefer-align-cpus-by-uncorecache`` over uncore caches of 1-4 cores or none reported,
+``prefer-closest-numa-nodes``; GPUs served by a plugin without a preference or by one answering
+like hamid's, ``GetPreferredAllocation`` included).
 
 The oracle is the simulator's real admission path — :func:`hamidsim.kubelet.node.build_managers`
 for the managers, :class:`hamidsim.kubelet.admission.Admitter` for the admission, and a real
@@ -86,6 +87,7 @@ class Machine:
     #: Cores per uncore (L3) cache, by core index (0: none reported, kubelet uses the socket).
     cores_per_uncore: int = 0
     align_uncore: bool = False
+    distribute_numa: bool = False
     #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
     hamid_gpus: bool = False
 
@@ -126,6 +128,8 @@ class Machine:
             options["distribute-cpus-across-cores"] = "true"
         if self.align_uncore:
             options["prefer-align-cpus-by-uncorecache"] = "true"
+        if self.distribute_numa:
+            options["distribute-cpus-across-numa"] = "true"
         return options
 
     def device_ids(self, resource: str) -> dict[str, tuple[int, bool]]:
@@ -171,6 +175,10 @@ def machines(draw: st.DrawFn) -> Machine:
     cpu_policy = draw(st.sampled_from(["static", "static", "static", "none"]))
     full_pcpus = cpu_policy == "static" and draw(st.booleans())
     spread_cores = cpu_policy == "static" and not full_pcpus and draw(st.sampled_from([False, False, True]))
+    # kubelet refuses either distribute option with the other, and the uncore option with either
+    distribute_numa = (
+        cpu_policy == "static" and not spread_cores and draw(st.sampled_from([False, False, True]))
+    )
     return Machine(
         numa=numa,
         numa_per_socket=numa_per_socket,
@@ -187,7 +195,8 @@ def machines(draw: st.DrawFn) -> Machine:
         strict_reservation=cpu_policy == "static" and draw(st.booleans()),
         spread_cores=spread_cores,
         cores_per_uncore=draw(st.sampled_from([0, 1, 2, 3, 4])),
-        align_uncore=cpu_policy == "static" and not spread_cores and draw(st.booleans()),
+        align_uncore=cpu_policy == "static" and not (spread_cores or distribute_numa) and draw(st.booleans()),
+        distribute_numa=distribute_numa,
         hamid_gpus=draw(st.booleans()),
     )
 
@@ -566,27 +575,45 @@ def test_predictor_equals_kubelet_admission(
     check_agreement(node, pod, got, annotated)
 
 
+#: The unknown cause the target bounds: hamid's plugin serves the GPUs and its choice stays unknown.
+HAMID_UNKNOWN = "hamid's plugin without a definite answer"
+
+
+def unknown_cause(got: Prediction, hamid_gpus: bool) -> str:
+    """Why an arrival stayed unknown, by whose choice kubelet's result depends on."""
+    if GPU not in got.message:
+        return "another plugin's choice" if NIC in got.message else got.message
+    if "reusable" in got.message:
+        return "kubelet's choice of reused GPUs"
+    return HAMID_UNKNOWN if hamid_gpus else "a GPU plugin without a preference"
+
+
 def test_unknown_rate_is_low(plugin: Plugin) -> None:
-    """Over the modelled configurations the predictor answers almost always (on its own examples),
-    and on nodes whose plugin is hamid's it computes the plugin's choice instead of answering unknown."""
+    """Over the modelled configurations the predictor answers almost always (on its own examples,
+    the scheduler's flow of ``predict_after``); on nodes whose GPUs are served by hamid's plugin,
+    at most 0.1 % of arrivals stay unknown because of hamid's own GPUs (the rest: another plugin's
+    choice of its devices, which kubelet takes in its map order or as that plugin prefers)."""
     tally: Counter[str] = Counter()
 
     @random_examples
     def tally_one(machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any) -> None:
         node, got, _annotated = predict_after(plugin, machine, earlier, pod, order)
-        tally[got.outcome.value] += 1
-        if node.hamid_gpus:
-            tally[f"hamid {got.outcome.value}"] += 1
+        where = "hamid" if node.hamid_gpus else "other"
+        tally[f"{where} {got.outcome.value}"] += 1
         if got.outcome is Outcome.UNKNOWN:
-            tally[f"{'hamid ' if node.hamid_gpus else ''}unknown: {got.message}"] += 1
+            tally[f"{where} unknown: {unknown_cause(got, node.hamid_gpus)}"] += 1
 
     tally_one()
-    answered = tally["placed"] + tally["reject"] + tally["unknown"]
-    print("differential tally:", tally.most_common())
-    assert answered >= min(EXAMPLES, 100), tally
-    assert tally["unknown"] / answered < 0.2, tally.most_common()
-    hamid = tally["hamid placed"] + tally["hamid reject"] + tally["hamid unknown"]
-    print(f"unknown on hamid nodes: {tally['hamid unknown']} of {hamid}")
+    arrivals = {w: sum(tally[f"{w} {o.value}"] for o in Outcome) for w in ("hamid", "other")}
+    unknown = tally["hamid unknown"] + tally["other unknown"]
+    print("differential tally:", sorted(tally.items()))
+    print(
+        f"unknown: {unknown} of {sum(arrivals.values())}; on hamid nodes {tally['hamid unknown']} of "
+        f"{arrivals['hamid']}, of which hamid's GPUs {tally['hamid unknown: ' + HAMID_UNKNOWN]}"
+    )
+    assert sum(arrivals.values()) >= min(EXAMPLES, 100), tally
+    assert unknown / sum(arrivals.values()) < 0.2, tally
+    assert tally["hamid unknown: " + HAMID_UNKNOWN] <= 0.001 * arrivals["hamid"], tally
 
 
 # ==========================================================================================

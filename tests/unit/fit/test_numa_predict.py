@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,14 +25,18 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    Packing,
+    PluginView,
     generate_hints,
     mask_of,
     merge_hints,
     predict,
+    take_by_topology_distributed,
     take_by_topology_packed,
     usage_of_placement,
     usage_of_prediction,
 )
+from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     ContainerPlacement,
@@ -181,6 +186,177 @@ def test_take_by_topology_packed(layout: list, available: str, count: int, expec
     topo = CpuTopology(profile_of(layout))
     got = take_by_topology_packed(topo, cpus(available), count)
     assert got == (None if expected is None else cpus(expected))
+
+
+def _with_uncore(rows: Iterable[tuple[int, int, int, int, int]]) -> CpuTopology:
+    """The predictor's topology of ``(cpu, core, socket, numa, uncore cache)`` rows."""
+    layout = sorted(rows)
+    profile = profile_of([r[:4] for r in layout])
+    uncore = {r[0]: r[4] for r in layout}
+    return CpuTopology(
+        dataclasses.replace(
+            profile, cpus=tuple(dataclasses.replace(c, uncore=uncore[c.cpu]) for c in profile.cpus)
+        )
+    )
+
+
+# kubelet's uncore fixtures (policy_test.go), restated: 16 CPUs in caches of 4 consecutive CPUs —
+# one socket and NUMA node, two sockets = NUMA nodes, one socket of two NUMA nodes — and 8 cores x
+# 2 threads (siblings i, i+8) with cores 0-3 on cache 0 and 4-7 on cache 1.
+UNCORE_SINGLE_SOCKET_NO_SMT = [(c, c, 0, 0, c // 4) for c in range(16)]
+UNCORE_DUAL_SOCKET_NO_SMT = [(c, c, c // 8, c // 8, c // 4) for c in range(16)]
+UNCORE_SINGLE_SOCKET_MULTI_NUMA = [(c, c, 0, c // 8, c // 4) for c in range(16)]
+UNCORE_SINGLE_SOCKET_SMT = [(c, c % 8, 0, 0, (c % 8) // 4) for c in range(16)]
+
+UNCORE_CASES = [
+    # TestTakeByTopologyNUMAPacked with PreferAlignByUncoreCacheOption (cpu_assignment_test.go)
+    (
+        "take cpus from two full UncoreCaches and partial from a single UncoreCache",
+        UNCORE_SINGLE_SOCKET_NO_SMT,
+        "1-15",
+        10,
+        "1-2,4-11",
+    ),
+    ("take first available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "0-15", 4, "0-3"),
+    ("take all available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "2-15", 6, "2-7"),
+    ("take first available UncoreCache from second socket", UNCORE_DUAL_SOCKET_NO_SMT, "8-15", 4, "8-11"),
+    (
+        "take first available UncoreCache from available NUMA",
+        UNCORE_SINGLE_SOCKET_MULTI_NUMA,
+        "3-8,12",
+        2,
+        "4-5",
+    ),
+    (
+        "take cpus from best available UncoreCache group of multi uncore cache single socket - SMT enabled",
+        UNCORE_SINGLE_SOCKET_SMT,
+        "2-7,10-15",
+        6,
+        "4-6,12-14",
+    ),
+    (
+        "take cpus from multiple UncoreCache of single socket - SMT enabled",
+        UNCORE_SINGLE_SOCKET_SMT,
+        "1-7,9-15",
+        10,
+        "1,4-7,9,12-15",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "available", "count", "expected"),
+    [c[1:] for c in UNCORE_CASES],
+    ids=[c[0] for c in UNCORE_CASES],
+)
+def test_take_by_topology_aligned_by_uncore_cache(
+    layout: list, available: str, count: int, expected: str
+) -> None:
+    """``prefer-align-cpus-by-uncorecache``: whole uncore caches after whole NUMA nodes and sockets,
+    then the first cache whose lowest free cores hold exactly the rest, then cores and threads."""
+    got = take_by_topology_packed(_with_uncore(layout), cpus(available), count, Packing(uncore=True))
+    assert got == cpus(expected)
+
+
+DISTRIBUTED_CASES = [
+    # TestTakeByTopologyNUMADistributed (cpu_assignment_test.go): available, count, cpuGroupSize
+    (
+        "allocate 4 full cores with 2 distributed across each NUMA node",
+        DUAL_SOCKET_HT,
+        "0-11",
+        8,
+        1,
+        "0-3,6-9",
+    ),
+    (
+        "allocate 32 full cores with 8 distributed across each NUMA node",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        64,
+        1,
+        "0-7,10-17,20-27,30-37,40-47,50-57,60-67,70-77",
+    ),
+    (
+        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "2-29,31-39,42-69,71-79",
+        48,
+        1,
+        "10-17,20-27,31-38,50-57,60-67,71-78",
+    ),
+    (
+        "allocate 8 full cores with 2 distributed across each NUMA node",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-2,10-12,20-22,30-32,40-41,50-51,60-61,70-71",
+        16,
+        1,
+        "0-1,10-11,20-21,30-31,40-41,50-51,60-61,70-71",
+    ),
+    ("take one cpu from dual socket with HT - cpuGroupSize 2", DUAL_SOCKET_HT, "1-5,7-11", 1, 2, "2"),
+    (
+        "allocate 13 full cores distributed across the first 2 NUMA nodes",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        26,
+        1,
+        "0-6,10-16,40-45,50-55",
+    ),
+    (
+        "allocate 13 full cores distributed across the first 2 NUMA nodes (cpuGroupSize 2)",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-79",
+        26,
+        2,
+        "0-6,10-15,40-46,50-55",
+    ),
+    (
+        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over "
+        "to each of NUMA 2, 3 (to keep balance)",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-8,10-18,20-48,50-58,60-79",
+        62,
+        1,
+        "0-7,10-17,20-27,30-37,40-46,50-56,60-67,70-77",
+    ),
+    (
+        "ensure bestRemainder chosen with NUMA nodes that have enough CPUs to satisfy the request",
+        DUAL_SOCKET_MULTI_NUMA_HT,
+        "0-3,10-13,20-23,30-36,40-43,50-53,60-63,70-76",
+        34,
+        1,
+        "0-3,10-13,20-23,30-34,40-43,50-53,60-63,70-74",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "available", "count", "group", "expected"),
+    [c[1:] for c in DISTRIBUTED_CASES],
+    ids=[c[0] for c in DISTRIBUTED_CASES],
+)
+def test_take_by_topology_numa_distributed(
+    layout: list, available: str, count: int, group: int, expected: str
+) -> None:
+    """``distribute-cpus-across-numa``: an even share over the fewest NUMA nodes that can hold it
+    (the fewest counted from the whole machine's CPUs per NUMA node), the most balanced choice."""
+    got = take_by_topology_distributed(CpuTopology(profile_of(layout)), cpus(available), count, group)
+    assert got == cpus(expected)
+
+
+def test_uncore_option_needs_the_caches_and_excludes_the_distribute_options() -> None:
+    """A profile without uncore caches cannot be predicted with the option (an older node agent);
+    kubelet refuses it with either distribute option."""
+    option = {"prefer-align-cpus-by-uncorecache": "true"}
+    profile = profile_of(machine(2, 1, 4, 1), cpu_manager_options=option)
+    p = predict(profile, ledger_for(profile), pod(ctr("c", "2")), now=NOW)
+    assert (p.outcome, p.message) == (
+        Outcome.UNKNOWN,
+        "prefer-align-cpus-by-uncorecache needs the uncore caches, which the profile lacks",
+    )
+    for other in ("distribute-cpus-across-cores", "distribute-cpus-across-numa"):
+        clash = profile_of(machine(2, 1, 4, 1), cpu_manager_options={**option, other: "true"})
+        p = predict(clash, ledger_for(clash), pod(ctr("c", "2")), now=NOW)
+        assert p.outcome is Outcome.UNKNOWN and "exclude each other" in p.message
 
 
 # ==========================================================================================
@@ -497,6 +673,41 @@ def test_device_split_chosen_by_the_plugin_is_unknown() -> None:
     assert p.outcome is Outcome.PLACED and p.containers[0].numa == frozenset({1})
 
 
+def test_an_unknown_names_the_numa_nodes_kubelet_offers_the_plugin() -> None:
+    """best-effort, 2 GPUs on each of 3 NUMA nodes, 3 GPUs asked: kubelet's hint is NUMA {0,1}
+    (the lowest of the preferred pairs) and it lets the plugin choose 3 of the 4 aligned replicas:
+    unknown, naming container 0 and NUMA {0,1}. With hamid's plugin preferring annotated GPUs there,
+    the choice is known: 2 on NUMA 0 and 1 on NUMA 1."""
+    profile = profile_of(machine(3, 1, 4, 1), topology_manager_policy="best-effort")
+    ledger = ledger_for(profile, {0: 2, 1: 2, 2: 2})
+    asked = pod(ctr("c", "500m", gpu=3))
+    p = predict(profile, ledger, asked, now=NOW)
+    assert (p.outcome, p.offered) == (Outcome.UNKNOWN, {GPU: {0: frozenset({0, 1})}})
+    gpus = {f"GPU-{n}-{i}": (n, 1) for n in range(3) for i in range(2)}
+    annotated = (
+        (
+            ContainerDevice("GPU-0-0", "NVIDIA", 0, 0),
+            ContainerDevice("GPU-0-1", "NVIDIA", 0, 0),
+            ContainerDevice("GPU-1-1", "NVIDIA", 0, 0),
+        ),
+    )
+    chosen = predict(profile, ledger, asked, now=NOW, plugin=PluginView(GPU, gpus, annotated))
+    assert chosen.outcome is Outcome.PLACED and chosen.usage.devices == {GPU: {0: 2, 1: 1}}
+    assert chosen.containers[0].numa == frozenset({0, 1})
+
+
+def test_a_choice_that_changes_nothing_kubelet_reports_is_answered() -> None:
+    """best-effort: the init container takes both GPUs (one per NUMA node), the app container reuses
+    one of them — which one is kubelet's map order, but the app's NUMA nodes are its hint {0,1} and
+    reused replicas stay counted on the init container, so every choice ends in one placement."""
+    profile = profile_of(machine(2, 1, 4, 1), topology_manager_policy="best-effort")
+    asked = pod(ctr("app", "500m", gpu=1), init=[ctr("init", "500m", gpu=2)])
+    p = predict(profile, ledger_for(profile, {0: 1, 1: 1}), asked, now=NOW)
+    assert p.outcome is Outcome.PLACED
+    assert [c.numa for c in p.containers] == [frozenset({0, 1})] * 2
+    assert p.usage.devices == {GPU: {0: 1, 1: 1}}
+
+
 def test_devices_without_topology_give_no_hint() -> None:
     profile = profile_of(machine(2, 1, 4, 1))
     ledger = NumaLedger.for_profile(profile, {GPU: {NO_TOPOLOGY: 2}})
@@ -508,7 +719,6 @@ def test_devices_without_topology_give_no_hint() -> None:
     ("changes", "reason"),
     [
         ({"topology_manager_options": {"prefer-most-allocated-numa-node": "true"}}, UNKNOWN_UNMODELLED),
-        ({"cpu_manager_options": {"distribute-cpus-across-numa": "true"}}, UNKNOWN_UNMODELLED),
         ({"cpu_manager_options": {"full-pcpus-only": "yes"}}, UNKNOWN_UNMODELLED),
         ({"topology_manager_options": {"max-allowable-numa-nodes": "1"}}, UNKNOWN_UNMODELLED),
         ({"memory_manager_policy": "Static"}, UNKNOWN_UNMODELLED),
