@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import KubeletPolicies, encode_profile
 from hamid.plugin.cpu_topology import parse_sysfs_cpu_list, read_cpu_topology
-from hamidsim.machine import SAMPLES, load_machine_file, sample_machine_path
+from hamid.plugin.numa_publisher import build_profile
+from hamidsim.machine import SAMPLES, load_machine_file, parse_machine_text, sample_machine_path
 from hamidsim.sysfs import write_sysfs_tree
 
 
@@ -132,3 +135,25 @@ def test_the_simulators_tree_reads_back_as_its_machine(tmp_path: Path, sample: s
     }
     ids = machine.numa_ids
     assert topo.distances == tuple(tuple(machine.distance(a, b) for b in ids) for a in ids)
+
+
+def test_the_profile_carries_uncore_caches_only_where_kubelet_reads_them(tmp_path: Path) -> None:
+    """With ``prefer-align-cpus-by-uncorecache`` the profile carries the uncore caches (format 3);
+    without it they are left out, so the profile stays readable by older schedulers."""
+    topo = read_cpu_topology(add_l3(smt_tree(tmp_path), {7: "0-1,4-5", 9: "2-3,6-7"}))
+    plain = build_profile(topo, KubeletPolicies("static"), frozenset(range(1, 8)))
+    assert {c.uncore for c in plain.cpus} == {None}
+    aligned = KubeletPolicies("static", {"prefer-align-cpus-by-uncorecache": "true"})
+    profile = build_profile(topo, aligned, frozenset(range(1, 8)))
+    assert [c.uncore for c in profile.cpus] == [7, 7, 9, 9, 7, 7, 9, 9]
+    assert json.loads(encode_profile(profile))["v"] == 3
+
+
+def test_the_simulators_tree_carries_the_machines_uncore_caches(tmp_path: Path) -> None:
+    """A machine file's ``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE`` L3 ids become ``cache/index3``,
+    which the plugin reads back as kubelet's uncore caches."""
+    rows = [f"{c},{c % 4},0,{c % 4 // 2},{c % 4}:{c % 4}:{c % 4}:{c % 4 // 2}" for c in range(8)]
+    text = "lscpu: |\n  # CPU,Core,Socket,Node,Cache\n" + "".join(f"  {r}\n" for r in rows)
+    machine = parse_machine_text(text + 'reservedCpus: "0"\n')
+    topo = read_cpu_topology(write_sysfs_tree(machine, tmp_path))
+    assert {c.cpu: c.uncore for c in topo.cpus} == {c: c % 4 // 2 for c in range(8)}
