@@ -600,6 +600,11 @@ def test_unknown_rate_is_low(plugin: Plugin) -> None:
         node, got, _annotated = predict_after(plugin, machine, earlier, pod, order)
         where = "hamid" if node.hamid_gpus else "other"
         tally[f"{where} {got.outcome.value}"] += 1
+        # what was unknown before: a new option's node, or a choice the plugin makes
+        if machine.align_uncore or machine.distribute_numa:
+            tally[f"{where} on a node with a newly modelled option"] += 1
+        elif predict(profile_of(machine), node.ledger(1), pod, now=NOW).outcome is Outcome.UNKNOWN:
+            tally[f"{where} unknown before the plugin's answer"] += 1
         if got.outcome is Outcome.UNKNOWN:
             tally[f"{where} unknown: {unknown_cause(got, node.hamid_gpus)}"] += 1
 
