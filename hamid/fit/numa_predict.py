@@ -1040,7 +1040,9 @@ class _Admission:
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
             reused = self.reused_gpus(res, got, reusable)
+            before = dict(self.gpu_free), set(self.gpu_unknown)
             new = self.take_new(res, c.index, free, aligned, left, reused)
+            self.note_taken_gpus(before, new)
             self.track_reusable_gpus(res, c.kind, got, reusable)
             for n, k in new.items():
                 free[n] -= k
@@ -1073,6 +1075,16 @@ class _Admission:
         elif any(got.values()):
             self.gpu_reusable = [] if sum(got.values()) == sum(reusable.values()) else None
 
+    def note_taken_gpus(self, before: tuple[dict[str, int], set[int]], picked: Mapping[int, int]) -> None:
+        """Which GPUs a pick took (``gpu_last``), from the per-GPU free replicas ``before`` it;
+        None when a bucket it took from is not known per GPU."""
+        free_before, unknown_before = before
+        touched = {n for n, k in picked.items() if k}
+        if self.gpu_unknown != unknown_before or touched & self.gpu_unknown:
+            self.gpu_last = None
+        else:
+            self.gpu_last = [u for u, f in sorted(free_before.items()) for _ in range(f - self.gpu_free[u])]
+
     def take_new(
         self,
         res: str,
@@ -1085,24 +1097,6 @@ class _Admission:
         """``devicesToAllocate`` after the ``reused`` devices (None: not known which): from the
         aligned buckets (the plugin choosing when they hold more than needed), else all of them and
         the rest elsewhere (the plugin choosing among the rest)."""
-        before, unknown_before = dict(self.gpu_free), set(self.gpu_unknown)
-        picked = self._take_new(res, index, free, aligned, need, reused)
-        touched = {n for n, k in picked.items() if k}
-        if self.gpu_unknown != unknown_before or touched & self.gpu_unknown:
-            self.gpu_last = None
-        else:
-            self.gpu_last = [u for u, f in sorted(before.items()) for _ in range(f - self.gpu_free[u])]
-        return picked
-
-    def _take_new(
-        self,
-        res: str,
-        index: int,
-        free: Mapping[int, int],
-        aligned: frozenset[int],
-        need: int,
-        reused: list[str] | None,
-    ) -> dict[int, int]:
         inside = {n: k for n, k in free.items() if n in aligned and k > 0}
         outside = {n: k for n, k in free.items() if n not in aligned and k > 0}
         what = f"which {res} device"

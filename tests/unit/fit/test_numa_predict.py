@@ -46,6 +46,7 @@ from hamid.model.numa import (
     PodPlacement,
     parse_cpu_list,
 )
+from tests.kubelet_cpu_tables import DISTRIBUTED_CASES, UNCORE_CASES, Row
 
 GPU = "nvidia.com/gpu"
 NOW = 1_000_000
@@ -188,11 +189,10 @@ def test_take_by_topology_packed(layout: list, available: str, count: int, expec
     assert got == (None if expected is None else cpus(expected))
 
 
-def _with_uncore(rows: Iterable[tuple[int, int, int, int, int]]) -> CpuTopology:
-    """The predictor's topology of ``(cpu, core, socket, numa, uncore cache)`` rows."""
-    layout = sorted(rows)
-    profile = profile_of([r[:4] for r in layout])
-    uncore = {r[0]: r[4] for r in layout}
+def _with_uncore(machine: list[Row]) -> CpuTopology:
+    """The predictor's topology of a restated kubelet machine, uncore caches included."""
+    profile = profile_of([r[:4] for r in machine])
+    uncore = {r[0]: r[4] for r in machine}
     return CpuTopology(
         dataclasses.replace(
             profile, cpus=tuple(dataclasses.replace(c, uncore=uncore[c.cpu]) for c in profile.cpus)
@@ -200,147 +200,32 @@ def _with_uncore(rows: Iterable[tuple[int, int, int, int, int]]) -> CpuTopology:
     )
 
 
-# kubelet's uncore fixtures (policy_test.go), restated: 16 CPUs in caches of 4 consecutive CPUs —
-# one socket and NUMA node, two sockets = NUMA nodes, one socket of two NUMA nodes — and 8 cores x
-# 2 threads (siblings i, i+8) with cores 0-3 on cache 0 and 4-7 on cache 1.
-UNCORE_SINGLE_SOCKET_NO_SMT = [(c, c, 0, 0, c // 4) for c in range(16)]
-UNCORE_DUAL_SOCKET_NO_SMT = [(c, c, c // 8, c // 8, c // 4) for c in range(16)]
-UNCORE_SINGLE_SOCKET_MULTI_NUMA = [(c, c, 0, c // 8, c // 4) for c in range(16)]
-UNCORE_SINGLE_SOCKET_SMT = [(c, c % 8, 0, 0, (c % 8) // 4) for c in range(16)]
-
-UNCORE_CASES = [
-    # TestTakeByTopologyNUMAPacked with PreferAlignByUncoreCacheOption (cpu_assignment_test.go)
-    (
-        "take cpus from two full UncoreCaches and partial from a single UncoreCache",
-        UNCORE_SINGLE_SOCKET_NO_SMT,
-        "1-15",
-        10,
-        "1-2,4-11",
-    ),
-    ("take first available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "0-15", 4, "0-3"),
-    ("take all available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "2-15", 6, "2-7"),
-    ("take first available UncoreCache from second socket", UNCORE_DUAL_SOCKET_NO_SMT, "8-15", 4, "8-11"),
-    (
-        "take first available UncoreCache from available NUMA",
-        UNCORE_SINGLE_SOCKET_MULTI_NUMA,
-        "3-8,12",
-        2,
-        "4-5",
-    ),
-    (
-        "take cpus from best available UncoreCache group of multi uncore cache single socket - SMT enabled",
-        UNCORE_SINGLE_SOCKET_SMT,
-        "2-7,10-15",
-        6,
-        "4-6,12-14",
-    ),
-    (
-        "take cpus from multiple UncoreCache of single socket - SMT enabled",
-        UNCORE_SINGLE_SOCKET_SMT,
-        "1-7,9-15",
-        10,
-        "1,4-7,9,12-15",
-    ),
-]
-
-
 @pytest.mark.parametrize(
-    ("layout", "available", "count", "expected"),
+    ("machine", "available", "count", "expected"),
     [c[1:] for c in UNCORE_CASES],
     ids=[c[0] for c in UNCORE_CASES],
 )
 def test_take_by_topology_aligned_by_uncore_cache(
-    layout: list, available: str, count: int, expected: str
+    machine: list[Row], available: str, count: int, expected: str
 ) -> None:
     """``prefer-align-cpus-by-uncorecache``: whole uncore caches after whole NUMA nodes and sockets,
     then the first cache whose lowest free cores hold exactly the rest, then cores and threads."""
-    got = take_by_topology_packed(_with_uncore(layout), cpus(available), count, Packing(uncore=True))
+    got = take_by_topology_packed(_with_uncore(machine), cpus(available), count, Packing(uncore=True))
     assert got == cpus(expected)
 
 
-DISTRIBUTED_CASES = [
-    # TestTakeByTopologyNUMADistributed (cpu_assignment_test.go): available, count, cpuGroupSize
-    (
-        "allocate 4 full cores with 2 distributed across each NUMA node",
-        DUAL_SOCKET_HT,
-        "0-11",
-        8,
-        1,
-        "0-3,6-9",
-    ),
-    (
-        "allocate 32 full cores with 8 distributed across each NUMA node",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        64,
-        1,
-        "0-7,10-17,20-27,30-37,40-47,50-57,60-67,70-77",
-    ),
-    (
-        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "2-29,31-39,42-69,71-79",
-        48,
-        1,
-        "10-17,20-27,31-38,50-57,60-67,71-78",
-    ),
-    (
-        "allocate 8 full cores with 2 distributed across each NUMA node",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-2,10-12,20-22,30-32,40-41,50-51,60-61,70-71",
-        16,
-        1,
-        "0-1,10-11,20-21,30-31,40-41,50-51,60-61,70-71",
-    ),
-    ("take one cpu from dual socket with HT - cpuGroupSize 2", DUAL_SOCKET_HT, "1-5,7-11", 1, 2, "2"),
-    (
-        "allocate 13 full cores distributed across the first 2 NUMA nodes",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        26,
-        1,
-        "0-6,10-16,40-45,50-55",
-    ),
-    (
-        "allocate 13 full cores distributed across the first 2 NUMA nodes (cpuGroupSize 2)",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        26,
-        2,
-        "0-6,10-15,40-46,50-55",
-    ),
-    (
-        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over "
-        "to each of NUMA 2, 3 (to keep balance)",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-8,10-18,20-48,50-58,60-79",
-        62,
-        1,
-        "0-7,10-17,20-27,30-37,40-46,50-56,60-67,70-77",
-    ),
-    (
-        "ensure bestRemainder chosen with NUMA nodes that have enough CPUs to satisfy the request",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-3,10-13,20-23,30-36,40-43,50-53,60-63,70-76",
-        34,
-        1,
-        "0-3,10-13,20-23,30-34,40-43,50-53,60-63,70-74",
-    ),
-]
-
-
 @pytest.mark.parametrize(
-    ("layout", "available", "count", "group", "expected"),
+    ("machine", "available", "count", "group", "expected"),
     [c[1:] for c in DISTRIBUTED_CASES],
     ids=[c[0] for c in DISTRIBUTED_CASES],
 )
 def test_take_by_topology_numa_distributed(
-    layout: list, available: str, count: int, group: int, expected: str
+    machine: list[Row], available: str, count: int, group: int, expected: str
 ) -> None:
     """``distribute-cpus-across-numa``: an even share over the fewest NUMA nodes that can hold it
     (the fewest counted from the whole machine's CPUs per NUMA node), the most balanced choice."""
-    got = take_by_topology_distributed(CpuTopology(profile_of(layout)), cpus(available), count, group)
-    assert got == cpus(expected)
+    topo = CpuTopology(profile_of([r[:4] for r in machine]))
+    assert take_by_topology_distributed(topo, cpus(available), count, group) == cpus(expected)
 
 
 def test_uncore_option_needs_the_caches_and_excludes_the_distribute_options() -> None:
