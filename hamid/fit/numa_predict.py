@@ -918,7 +918,7 @@ class _Admission:
         self.splits = list(splits)
         self.split_count = 0
         #: Per resource, per container index: the NUMA nodes kubelet offers the plugin to choose
-        #: from, where it chose among aligned replicas (the first such choice of this replay).
+        #: from, where it chose among aligned replicas (each resource's first such choice).
         self.offered: dict[str, dict[int, frozenset[int]]] = {}
         self.topo = topology_of(profile)
         self.containers = containers
@@ -1103,8 +1103,7 @@ class _Admission:
         if need < sum(inside.values()):
             picked = None if reused is None else self.plugin_pick(res, index, inside, {}, need, reused)
             if picked is None:
-                if not self.offered:
-                    self.offered[res] = {index: frozenset(inside)}
+                self.offered.setdefault(res, {index: frozenset(inside)})
                 picked = self.taken(res, inside, self.take_counts(inside, need, what))
             return picked
         rest = need - sum(inside.values())
