@@ -26,11 +26,13 @@ _MAX_FILE_BYTES = 1 << 16
 @dataclass(frozen=True, slots=True)
 class CpuTopology:
     """Every online CPU with its core, socket, NUMA node and uncore cache, and the NUMA distances
-    (None: unknown)."""
+    (None: unknown). Uncore caches that cannot be read leave every CPU's ``uncore`` None and say
+    why in ``uncore_error`` (only ``prefer-align-cpus-by-uncorecache`` needs them)."""
 
     numa_nodes: tuple[int, ...]
     cpus: tuple[CpuInfo, ...]
     distances: tuple[tuple[int, ...], ...] | None
+    uncore_error: str | None = None
 
 
 def parse_sysfs_cpu_list(text: str, where: str) -> frozenset[int]:
@@ -79,6 +81,21 @@ def _uncore(cpu_dir: Path, socket: int) -> tuple[int, frozenset[int] | None]:
         return socket, None
     shared = cache / "shared_cpu_list"
     return _read_int(cache / "id"), parse_sysfs_cpu_list(_read(shared), str(shared))
+
+
+def _uncore_caches(base: Path, socket_of: dict[int, int]) -> tuple[dict[int, int], str | None]:
+    """Each online CPU's uncore cache id, or ``{}`` and why they cannot be read."""
+    uncore_of: dict[int, int] = {}
+    shared: dict[int, frozenset[int]] = {}
+    try:
+        for cpu, socket in socket_of.items():
+            uncore_of[cpu], sharing = _uncore(base / "devices" / "system" / "cpu" / f"cpu{cpu}", socket)
+            if sharing is not None:
+                shared[cpu] = sharing
+        _check_uncore(uncore_of, shared, frozenset(socket_of))
+    except InvalidInput as exc:
+        return {}, str(exc)
+    return uncore_of, None
 
 
 def _check_uncore(
@@ -150,18 +167,13 @@ def read_cpu_topology(root: str | Path) -> CpuTopology:
         raise InvalidInput(f"{base}: no online CPU is on a NUMA node")
     threads: dict[tuple[int, int, int], list[int]] = {}
     socket_of: dict[int, int] = {}
-    uncore_of: dict[int, int] = {}
-    shared: dict[int, frozenset[int]] = {}
     for cpu in sorted(online):
-        cpu_dir = base / "devices" / "system" / "cpu" / f"cpu{cpu}"
-        core_id = _read_int(cpu_dir / "topology" / "core_id")
-        socket = _read_int(cpu_dir / "topology" / "physical_package_id")
-        socket_of[cpu], (uncore_of[cpu], sharing) = socket, _uncore(cpu_dir, socket)
-        if sharing is not None:
-            shared[cpu] = sharing
+        topo = base / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        core_id, socket = _read_int(topo / "core_id"), _read_int(topo / "physical_package_id")
+        socket_of[cpu] = socket
         threads.setdefault((numa_of[cpu], socket, core_id), []).append(cpu)
-    _check_uncore(uncore_of, shared, online)
     core_of = {cpu: min(group) for group in threads.values() for cpu in group}
-    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c], uncore_of[c]) for c in sorted(online))
+    uncore_of, uncore_error = _uncore_caches(base, socket_of)
+    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c], uncore_of.get(c)) for c in sorted(online))
     nodes = tuple(numa_cpus)
-    return CpuTopology(nodes, infos, _distances(base, nodes))
+    return CpuTopology(nodes, infos, _distances(base, nodes), uncore_error)

@@ -339,6 +339,17 @@ class NumaPublisher:
         except InvalidInput as exc:
             self.policies = None
             self.problems.report("kubelet config", str(exc), "NUMA profile not published")
+        self._check_uncore_caches()
+
+    def _check_uncore_caches(self) -> None:
+        """Say once why the uncore caches kubelet aligns by cannot be published."""
+        error = self.topology.uncore_error if self.topology is not None else None
+        if error is not None and self.policies is not None and _reads_uncore(self.policies):
+            self.problems.report(
+                "uncore caches (sysfs)", error, "prefer-align-cpus-by-uncorecache not predicted"
+            )
+        else:
+            self.problems.clear("uncore caches (sysfs)")
 
     def _cached_profile(self) -> NumaProfile | None:
         """The newest of the Node's profile and ours (the node cache may lag our own write)."""

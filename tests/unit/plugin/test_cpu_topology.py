@@ -106,11 +106,18 @@ def test_uncore_caches_are_the_l3_ids_else_the_socket(tmp_path: Path) -> None:
     assert [c.uncore for c in split.cpus] == [7, 8, 9, 9, 7, 8, 9, 9]
 
 
-def test_an_l3_list_that_disagrees_with_its_ids_is_refused(tmp_path: Path) -> None:
+def test_unreadable_uncore_caches_are_left_out_with_the_reason(tmp_path: Path) -> None:
+    """An L3 whose ids and ``shared_cpu_list`` disagree, or without an ``id``: the topology is still
+    read (only ``prefer-align-cpus-by-uncorecache`` needs the caches), without uncore caches, and
+    says why; a profile for that option then lacks them and the predictor answers unknown."""
     root = add_l3(smt_tree(tmp_path), {7: "0-1,4-5", 9: "2-3,6-7"})
     (root / "devices/system/cpu/cpu5/cache/index3/id").write_text("9\n")
-    with pytest.raises(InvalidInput, match="shared_cpu_list"):
-        read_cpu_topology(root)
+    topo = read_cpu_topology(root)
+    assert {c.uncore for c in topo.cpus} == {None} and "shared_cpu_list" in (topo.uncore_error or "")
+    (root / "devices/system/cpu/cpu5/cache/index3/id").unlink()
+    assert "cpu5/cache/index3/id" in (read_cpu_topology(root).uncore_error or "")
+    aligned = KubeletPolicies("static", {"prefer-align-cpus-by-uncorecache": "true"})
+    assert build_profile(topo, aligned, frozenset(range(1, 8))).cpus[0].uncore is None
 
 
 def test_no_sysfs_is_a_clear_error(tmp_path: Path) -> None:
