@@ -358,13 +358,13 @@ def bench_in_process(
         t0 = time.perf_counter()
         spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, uid) if prediction else None
-        node, fitted, _failed = scheduler.filtering.plan(pod, spec, candidates, numa)
-        if node is not None and fitted is not None:
-            state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
-            chosen = numa.predictions.get(node) if numa is not None else None
+        target, fitted, _failed = scheduler.filtering.plan(pod, spec, candidates, numa)
+        if target is not None and fitted is not None:
+            state.reserve(pod, target, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            chosen = numa.predictions.get(target) if numa is not None else None
             if numa is not None and chosen is not None and chosen.outcome is Outcome.PLACED:
                 encode_prediction(chosen.record(1))
-                scheduler.numa.book(uid, node, chosen, pod)
+                scheduler.numa.book(uid, target, chosen, pod)
                 predicted += 1
         latencies.append(time.perf_counter() - t0)
         predictions += len(numa.predictions) if numa is not None else 0

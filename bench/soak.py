@@ -92,7 +92,7 @@ from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.numa import MISS_CAUSES  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
-from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME  # noqa: E402
 from hamidsim.cluster import (  # noqa: E402
     SIM_LEASE_NAME,
     ClusterOptions,

@@ -25,7 +25,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class ListenAddress(click.ParamType):
+class ListenAddress(click.ParamType[str]):
     """A click parameter type checking ``host:port`` when the command line is parsed."""
 
     name = "host:port"

@@ -22,7 +22,8 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, quantity_as_int
+from hamid.model.quantity import quantity_as_int
+from hamid.model.resources import ResourceConfig
 
 log = get_logger("scheduler.inventory")
 

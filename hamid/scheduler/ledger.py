@@ -38,12 +38,12 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
 )
-from hamid.kube.cache import newer_than
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.objects import newer_than
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory

@@ -38,6 +38,7 @@ from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock as protocol
 from hamid.model import objects
+from hamid.model.annotations import parse_node_lock
 from hamid.model.errors import InvalidInput
 from hamid.model.nodelock import DEFAULT_MAX_HOLD, Decision, Holder, LockView, decide, holder_state
 from hamid.scheduler.state import SchedulerState
@@ -119,7 +120,7 @@ class NodeLocker:
         lock = None
         if value is not None:
             try:
-                lock = protocol.parse_node_lock(value)
+                lock = parse_node_lock(value)
             except InvalidInput:
                 lock = None
         if value is None or lock is None or lock.namespace is None or lock.name is None:

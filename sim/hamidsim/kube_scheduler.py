@@ -353,7 +353,7 @@ class KubeSchedulerDriver:
         """kube-scheduler's per-pod backoff after ``attempts`` failures: initial x 2^(n-1), capped."""
         if attempts <= 0:
             return 0.0
-        return min(self.max_backoff, self.initial_backoff * 2 ** min(attempts - 1, 62))
+        return min(self.max_backoff, self.initial_backoff * 2.0 ** min(attempts - 1, 62))
 
     # -- waiting ----------------------------------------------------------------------------------
 

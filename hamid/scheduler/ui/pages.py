@@ -324,7 +324,10 @@ def _profile_section(numa: NodeNuma | None, code: str, why: str, now: float) -> 
     rows: list[list[object]] = [["prediction", "ready" if code == "ok" else f"unknown: {code} ({why})"]]
     if profile is not None:
         pol = profile.policies
-        options = lambda o: ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "-"  # noqa: E731
+
+        def options(o: Mapping[str, str]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "-"
+
         rows += [
             ["NUMA nodes", ", ".join(map(str, profile.numa_nodes))],
             ["CPUs", f"{len(profile.cpus)} ({format_cpu_list(c.cpu for c in profile.cpus)})"],

@@ -606,7 +606,8 @@ class DeviceManager:
         if not response.container_responses:
             raise unexpected(f"no containers return in allocation response {response}")
         self._log.info("allocate_called", resource=resource, devices=sorted(devices))
-        return response.container_responses[0]
+        first: pb.ContainerAllocateResponse = response.container_responses[0]
+        return first
 
     async def pre_start(self, containers: Iterable[ContainerAssignment]) -> str | None:
         """``PreStartContainer`` for each container with devices when the plugin asks; error text or None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -140,7 +141,7 @@ async def test_watch_resumes_after_dropped_stream(kube: KubeClient, apiserver: A
             apiserver.close_watches()
             await kube.create_pod(pod(f"r{round_ + 1}"))
             await kube.patch_pod_metadata("default", "r0", annotations={"round": str(round_)})
-            await eventually(lambda n=round_: f"default/r{n + 1}" in cache)
+            await eventually(functools.partial(cache.__contains__, f"default/r{round_ + 1}"))
         # A watch that fails a few times with 500 is retried (with backoff) from the same version.
         apiserver.faults.fail_next(3, verb="watch", path_pattern="/pods", status=500)
         apiserver.close_watches()
