@@ -43,6 +43,7 @@ from hamid.kube.client import connect
 from hamid.log import configure
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.model.kube import Pod
 from hamid.model.numa import (
     NUMA_PLACEMENT,
     NUMA_PROFILE,
@@ -331,15 +332,15 @@ def bench_in_process(
         node = _node(i, gpus, shrink, profile)
         scheduler._node_seen(node)
         names.append(node["metadata"]["name"])
-    cache: dict[str, dict[str, Any]] = {}  # what the scheduler's PodCache keeps
+    cache: dict[str, Pod] = {}  # what the scheduler's PodCache keeps
     rss_before = _rss_now_mib()
     for i in range(pods):
         running = _running(i, nodes, gpus, rng, shrink, placement=prediction)
         running["metadata"]["resourceVersion"] = str(1000 + i)  # as served (the API server sets it)
         wire = json.dumps(running).encode()
-        pod = trim(json.loads(wire))
-        cache[f"default/run-{i}"] = pod
-        scheduler._pod_seen(pod)
+        record = trim(json.loads(wire))
+        cache[f"default/run-{i}"] = record
+        scheduler._pod_seen(record)
     cache_mib = _rss_now_mib() - rss_before
     if gc_freeze:
         freeze_heap()

@@ -18,8 +18,8 @@ from typing import Any
 
 from hamid.kube.client import NODES, PODS, Resource, WatchEvent
 from hamid.kube.errors import Conflict, NotFound
+from hamid.model.kube import JSON
 
-JSON = dict[str, Any]
 _SELECTABLE = ("spec.nodeName", "metadata.name")
 
 

@@ -34,6 +34,7 @@ from hamid.kube.client import KubeClient
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevices
+from hamid.model.kube import JSON
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
     NUMA_PLACEMENT,
@@ -66,7 +67,7 @@ from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
-from replay.api import JSON, MemoryApi
+from replay.api import MemoryApi
 from replay.pods import MILLI, RESOURCES, TraceNode
 
 RESOURCE = RESOURCES.resource_count_name

@@ -27,6 +27,7 @@ from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
+from hamid.model.kube import JSON, Body, NodeBody, PodBody
 from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import DEFAULT_BIND_WAIT_S, Binder
 from hamid.scheduler.bind_backoff import BindBackoff
@@ -41,7 +42,7 @@ from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.signing import AllocationKeys
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.webhook import Verdict, review_pod, review_update
 
@@ -285,7 +286,7 @@ class Scheduler:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
+    def record(self, obj: Body, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
         self.history.note(obj, event_type, reason, message)
         self.spawn(self.events.record(obj, event_type, reason, message))
@@ -302,29 +303,29 @@ class Scheduler:
 
     # -- cache callbacks --------------------------------------------------------------------------
 
-    def _pod_seen(self, pod: JSON) -> None:
+    def _pod_seen(self, pod: PodBody) -> None:
         self.state.on_pod(pod)
         self.numa.on_pod(pod)
         self.cpu_mem.on_pod(pod)
         self.fgd.observe(pod)
         self.report_undecodable()
 
-    def _pod_updated(self, _old: JSON, new: JSON) -> None:
+    def _pod_updated(self, _old: PodBody, new: PodBody) -> None:
         self._pod_seen(new)
 
-    def _pod_gone(self, pod: JSON) -> None:
+    def _pod_gone(self, pod: PodBody) -> None:
         self.state.on_pod_deleted(pod)
         self.numa.on_pod_deleted(pod)
         self.cpu_mem.on_pod_deleted(pod)
         self.fgd.forget(pod)
 
-    def _node_seen(self, node: JSON) -> None:
+    def _node_seen(self, node: NodeBody) -> None:
         self.state.on_node(node)
         entry = self.state.nodes.get(objects.name(node))
         self.numa.on_node(node, entry.infos if entry is not None else None)
         self.cpu_mem.on_node(node)
 
-    def _node_gone(self, node: JSON) -> None:
+    def _node_gone(self, node: NodeBody) -> None:
         self.state.on_node_deleted(node)
         self.numa.on_node_deleted(objects.name(node))
         self.cpu_mem.on_node_deleted(objects.name(node))

@@ -32,6 +32,7 @@ from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, Body, Pod
 from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
@@ -42,7 +43,7 @@ from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler")
 
@@ -65,7 +66,7 @@ _SLICE_S = 0.002
 Prefer = Callable[[NodeEntry], tuple[str, ...]]
 
 #: ``record(obj, type, reason, message)``: an Event in the background.
-Record = Callable[[JSON, EventType, str, str], None]
+Record = Callable[[Body, EventType, str, str], None]
 
 
 @dataclass(slots=True)
@@ -686,7 +687,7 @@ def _describe(prediction: Prediction | None) -> str:
     return f"{prediction.outcome}: {prediction.reason}"
 
 
-def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
+def _filter_refusal(pod: JSON, cached: Pod | None) -> str:
     """Why the filter must not plan ``pod`` ("" when it may): unnamed, or already bound or started.
 
     ``cached`` is the scheduler's cached pod of the same name: when it is the same pod (UID) its

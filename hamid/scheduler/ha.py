@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hamid.kube.cache import WatchCache
-from hamid.kube.client import JSON
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects as obj
+from hamid.model.kube import JSON, Body
 from hamid.model.objects import object_key
 from hamid.scheduler.core import Scheduler
 
 log = get_logger("scheduler.ha")
 
 
-def versions(objects: list[JSON]) -> dict[str, str]:
+def versions(objects: Sequence[Body]) -> dict[str, str]:
     """``key -> metadata.resourceVersion`` of objects."""
     return {object_key(o): obj.resource_version(o) for o in objects}
 
@@ -95,7 +95,7 @@ class Leadership:
             )
         scheduler.readiness.follow()
 
-    def _cache_changed(self, _obj: JSON) -> None:
+    def _cache_changed(self, _obj: Body) -> None:
         self._cache_event.set()
 
     # -- elector callbacks ----------------------------------------------------------------------
@@ -125,7 +125,7 @@ class Leadership:
 
     # -- term sync --------------------------------------------------------------------------------
 
-    async def _catch_up(self, cache: WatchCache) -> None:
+    async def _catch_up(self, cache: WatchCache[Body]) -> None:
         await cache.wait_synced()
         items, list_version = await self.scheduler.kube.list_objects(
             cache.resource,

@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
@@ -40,6 +39,7 @@ from hamid.model import nodelock as protocol
 from hamid.model import objects
 from hamid.model.annotations import parse_node_lock
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, Node, NodeBody, Pod
 from hamid.model.nodelock import DEFAULT_MAX_HOLD, Decision, Holder, LockView, decide, holder_state
 from hamid.scheduler.state import SchedulerState
 
@@ -57,7 +57,6 @@ __all__ = [
 
 log = get_logger("scheduler.nodelock")
 
-JSON = dict[str, Any]
 _RECHECK_S = 1.0
 #: A Pending holder whose pod and lock stayed unchanged this long while a bind waited loses the
 #: lock (shorter than a bind's wait, so the waiting bind itself takes it over).
@@ -78,7 +77,7 @@ class _Seen:
     version: str
 
     @classmethod
-    def of(cls, node: JSON) -> _Seen:
+    def of(cls, node: NodeBody) -> _Seen:
         return cls(protocol.lock_value(node), objects.resource_version(node))
 
 
@@ -89,8 +88,8 @@ class NodeLocker:
         self,
         kube: KubeClient,
         state: SchedulerState,
-        node_of: Callable[[str], JSON | None],
-        pod_of: Callable[[str, str], tuple[JSON | None, bool]],
+        node_of: Callable[[str], Node | None],
+        pod_of: Callable[[str, str], tuple[Pod | None, bool]],
         timeout: timedelta,
         call_timeout: float = 5.0,
         max_hold: timedelta = DEFAULT_MAX_HOLD,

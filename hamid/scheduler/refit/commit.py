@@ -20,8 +20,9 @@ from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model.kube import JSON, PodBody
 from hamid.scheduler.ledger import Hold, Undo
-from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.refit.plan import MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
 
 if TYPE_CHECKING:
     from hamid.scheduler.core import Scheduler
@@ -69,7 +70,7 @@ class RefitCommitter:
         self.scheduler = scheduler
         self.patch_timeout = patch_timeout
 
-    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
+    async def commit(self, pod: PodBody, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
         """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
 
         Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from hamid.kube.client import JSON
+from hamid.model.kube import JSON
 from hamidsim.kubelet.assignment import ContainerAssignment, PreferredCall
 from hamidsim.kubelet.endpoint import RPC_ERRORS, Endpoint, connect, rpc_error_text
 from hamidsim.kubelet.errors import unexpected
