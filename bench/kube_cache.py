@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchstats import peak_rss_mib, print_figures  # noqa: E402
 
 from hamid.log import configure  # noqa: E402
+from hamid.model.kube import Pod  # noqa: E402
 
 
 def rss_now_mib() -> float:
@@ -168,7 +169,7 @@ async def light_worker(url: str) -> dict[str, Any]:
     target = 0
     caught_up = asyncio.Event()
 
-    def on_change(*objs: dict[str, Any]) -> None:
+    def on_change(*objs: Pod) -> None:
         if int(objs[-1]["metadata"]["resourceVersion"]) >= target > 0:
             caught_up.set()
 

@@ -19,6 +19,8 @@ import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from typing_extensions import TypedDict, Unpack
+
 from hamid.kube.backoff import Backoff
 from hamid.kube.client import (
     NODES,
@@ -43,6 +45,18 @@ UpdateHandler = Callable[[Record, Record], None]
 DeleteHandler = Callable[[Record], None]
 #: Turns a listed or watched object (the cache's own copy) into the record it keeps.
 Trim = Callable[[JSON], Record]
+
+
+class CacheOptions(TypedDict, Generic[Record], total=False):
+    """The :class:`WatchCache` options the typed caches pass through (handlers typed by record)."""
+
+    on_add: AddHandler[Record] | None
+    on_update: UpdateHandler[Record] | None
+    on_delete: DeleteHandler[Record] | None
+    watch_timeout_s: int
+    page_size: int | None
+    backoff: Backoff | None
+
 
 # The parts of status hamid reads; everything else is dropped from cached records.
 POD_STATUS_KEYS = frozenset(
@@ -349,7 +363,7 @@ class PodCache(WatchCache[Pod]):
         field_selector: str | None = None,
         label_selector: str | None = None,
         trim: Trim[Pod] = trim_pod,
-        **kwargs: Any,
+        **kwargs: Unpack[CacheOptions[Pod]],
     ) -> None:
         selector = join_selectors(f"spec.nodeName={node_name}" if node_name else None, field_selector)
         super().__init__(
@@ -373,7 +387,7 @@ class NodeCache(WatchCache[Node]):
         field_selector: str | None = None,
         label_selector: str | None = None,
         trim: Trim[Node] = trim_node,
-        **kwargs: Any,
+        **kwargs: Unpack[CacheOptions[Node]],
     ) -> None:
         super().__init__(
             client, NODES, field_selector=field_selector, label_selector=label_selector, trim=trim, **kwargs
@@ -383,5 +397,11 @@ class NodeCache(WatchCache[Node]):
 class ResourceQuotaCache(WatchCache[ResourceQuota]):
     """ResourceQuotas (metadata trimmed; spec and status kept whole)."""
 
-    def __init__(self, client: KubeClient, *, namespace: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str | None = None,
+        **kwargs: Unpack[CacheOptions[ResourceQuota]],
+    ) -> None:
         super().__init__(client, RESOURCE_QUOTAS, namespace=namespace, trim=trim_quota, **kwargs)

@@ -1,17 +1,19 @@
 """The Kubernetes objects hamid reads, as typed read-only views of their wire JSON.
 
 Objects travel as decoded JSON dicts in wire form (camelCase keys, exactly as the API server
-serves them). Two names cover every use: :data:`JSON` is a dict hamid owns and may build or change
-(a request body, a fresh copy); the TypedDicts below describe an object hamid only *reads*, with
-the fields hamid reads (kopf's ``bodies`` is the model). Every field is ``ReadOnly`` and every
-nested collection a ``Mapping`` or ``Sequence``, so a write anywhere inside — ``pod["metadata"]
-["annotations"][key] = value`` — is a type error. That matters most for the records the caches
-share: the scheduler's pod records share their parts between pods (see
-:mod:`hamid.scheduler.podtrim`), so one stray write would change many pods at once.
+serves them). :data:`JSON` is a dict hamid owns and may build or change (a request body, a fresh
+copy); the TypedDicts below describe an object hamid only *reads*, with the fields hamid reads
+(kopf's ``bodies`` is the model). Every field is ``ReadOnly`` and every nested collection a
+``Mapping`` or ``Sequence``, so a write anywhere inside — ``pod["metadata"]["annotations"][key] =
+value`` — is a type error. That matters most for the records the caches share: the scheduler's pod
+records share their parts between pods (see :mod:`hamid.scheduler.podtrim`), so one stray write
+would change many pods at once.
 
 Every field is optional (``total=False``): a wire object may lack any of them, and readers use
 ``.get`` or :mod:`hamid.model.objects`. A view is made from decoded JSON by :func:`view`, at the
-one place that owns the object (a cache's trim); nothing is copied or checked at run time.
+one place that owns the object (a cache's trim); nothing is copied or checked at run time. A
+reader that also takes dicts its callers own takes :data:`PodBody` (and the like), which still
+makes a write an error.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class PodSpec(TypedDict, total=False):
     schedulerName: ReadOnly[str]
     runtimeClassName: ReadOnly[str]
     nodeSelector: ReadOnly[Mapping[str, str]]
+    terminationGracePeriodSeconds: ReadOnly[int]
     overhead: ReadOnly[Mapping[str, Quantity]]
     containers: ReadOnly[Sequence[Container]]
     initContainers: ReadOnly[Sequence[Container]]

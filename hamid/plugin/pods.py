@@ -16,7 +16,7 @@ from hamid.kube.errors import NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock
 from hamid.model.errors import InvalidInput
-from hamid.model.kube import JSON, Node, NodeBody, Pod, PodBody
+from hamid.model.kube import JSON, Body, Node, NodeBody, Pod, PodBody
 from hamid.model.objects import object_key, resource_version, version_at_least
 
 log = get_logger("plugin.pods")
@@ -44,7 +44,7 @@ class NodePods:
         await self.pod_cache.wait_synced()
         await self.node_cache.wait_synced()
 
-    def _forget(self, pod: JSON) -> None:
+    def _forget(self, pod: Body) -> None:
         self._overlay.pop(object_key(pod), None)
 
     def remember(self, pod: JSON) -> None:

@@ -378,7 +378,7 @@ class KubeSchedulerDriver:
 
     # -- caches -------------------------------------------------------------------------------------
 
-    def _pod_event(self, pod: JSON) -> None:
+    def _pod_event(self, pod: PodBody) -> None:
         spec = objects.section(pod, "spec")
         uid = objects.uid(pod)
         if spec.get("schedulerName") != self.scheduler_name or spec.get("nodeName"):
@@ -391,14 +391,14 @@ class KubeSchedulerDriver:
         self._queued.add(uid)
         self._queue.put_nowait((object_key(pod), uid))
 
-    def _pod_gone(self, pod: JSON) -> None:
+    def _pod_gone(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         handle = self._waiting.pop(uid, None)
         if handle is not None:
             handle.cancel()
         self._attempts.pop(uid, None)
 
-    def _confirmed(self, pod: JSON) -> None:
+    def _confirmed(self, pod: PodBody) -> None:
         """The watch of assigned pods shows the pod: it no longer needs to be assumed."""
         self._assumed.pop(objects.uid(pod), None)
 

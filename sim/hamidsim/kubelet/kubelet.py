@@ -353,12 +353,12 @@ class SimKubelet:
             self._log.info("stale_pod_state_removed", uid=uid)
             self._release(uid)
 
-    def _pod_deleted(self, pod: JSON) -> None:
+    def _pod_deleted(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         self.status.forget(uid)
         self._release(uid)
 
-    def _consider(self, pod: JSON) -> None:
+    def _consider(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in ("Succeeded", "Failed"):
@@ -376,7 +376,7 @@ class SimKubelet:
         self._queued.add(uid)
         self._queue.put_nowait((objects.object_key(pod), uid))
 
-    async def _finish_deletion(self, pod: JSON) -> None:
+    async def _finish_deletion(self, pod: PodBody) -> None:
         """Graceful deletion: the containers stop (holding their CPUs and devices), then the kubelet
         releases them and confirms the deletion."""
         uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
@@ -397,7 +397,7 @@ class SimKubelet:
         finally:
             self._deleting.discard(uid)
 
-    async def _restore(self, pod: JSON) -> None:
+    async def _restore(self, pod: PodBody) -> None:
         """Take over a pod already Running here (a new kubelet process): re-read its recorded
         assignment (the checkpoint) and admit it again from what it holds."""
         try:

@@ -11,6 +11,7 @@ import pytest
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache, trim_pod
 from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
+from hamid.model.kube import Pod
 from hamidsim.apiserver import ApiServer
 from tests.builders import node, pod, quota
 from tests.integration.kube.helpers import Recorder, create_namespace, eventually, fast_backoff
@@ -206,7 +207,7 @@ async def test_node_cache_and_quota_cache(kube: KubeClient) -> None:
 async def test_callback_errors_do_not_stop_the_cache(kube: KubeClient) -> None:
     seen: list[str] = []
 
-    def broken(obj: dict[str, Any]) -> None:
+    def broken(obj: Pod) -> None:
         raise RuntimeError("consumer bug")
 
     cache = PodCache(kube, on_add=broken, backoff=fast_backoff())
