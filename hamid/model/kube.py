@@ -134,15 +134,14 @@ class Node(Object, total=False):
 
 
 class ResourceQuotaSpec(TypedDict, total=False):
-    """A ResourceQuota's ``spec`` (``status`` has the same ``hard`` and a ``used``)."""
+    """A ResourceQuota's ``spec``."""
 
     hard: ReadOnly[Mapping[str, Quantity]]
 
 
-class ResourceQuotaStatus(TypedDict, total=False):
-    """A ResourceQuota's ``status``."""
+class ResourceQuotaStatus(ResourceQuotaSpec, total=False):
+    """A ResourceQuota's ``status``: the ``hard`` limits in force and what is ``used``."""
 
-    hard: ReadOnly[Mapping[str, Quantity]]
     used: ReadOnly[Mapping[str, Quantity]]
 
 
