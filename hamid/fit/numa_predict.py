@@ -15,7 +15,7 @@ import enum
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -792,7 +792,7 @@ def pod_qos(pod: Mapping[str, Any], containers: Sequence[_Container]) -> str:
     return "Burstable"
 
 
-def _pod_effective(containers: Sequence[_Container], value: Any) -> int:
+def _pod_effective(containers: Sequence[_Container], value: Callable[[_Container], int]) -> int:
     """A pod-level amount with sidecars: max(app + sidecars, any init + the sidecars before it)."""
     init_max = sidecars = 0
     for c in containers:
@@ -1215,10 +1215,11 @@ class _Admission:
         if self.profile.policies.topology_manager_scope == "pod":
             cpu = _pod_effective(self.containers, self.cpu_request)
             names = sorted({r for c in self.containers for r in self.device_requests(c)})
-            devices = {
-                r: _pod_effective(self.containers, lambda c, r=r: self.device_requests(c).get(r, 0))
-                for r in names
-            }
+
+            def amount(r: str) -> Callable[[_Container], int]:
+                return lambda c: self.device_requests(c).get(r, 0)
+
+            devices = {r: _pod_effective(self.containers, amount(r)) for r in names}
             mask = self.affinity(cpu, devices)
             return tuple(self.place(c, mask) for c in self.containers)
         return tuple(

@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from hamid.model._wire import (
     INT64_MAX,
@@ -670,7 +671,7 @@ def _check_devices(value: object, where: str, ids: bool) -> None:
 
 def _decode_pod(
     text: object, key: str, ids: bool
-) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict]]]:
+) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict[str, dict[int, Any]]]]]:
     doc = _load(text, key, _POD_KEYS)
     if "gen" not in doc or "containers" not in doc:
         raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
@@ -684,7 +685,7 @@ def _decode_pod(
             raise InvalidInput(
                 f"{where}: unknown field {unknown[0]!r:.40}" if unknown else f"{where}: no name"
             )
-        devices: dict[str, dict[int, object]] = {}
+        devices: dict[str, dict[int, Any]] = {}  # ids (tuples) or counts, checked by _check_pod
         for res, per_numa in want_object(row.get("devices", {}), f"{where}.devices").items():
             devices[res] = {}
             for n, v in want_object(per_numa, f"{where}.devices.{res}").items():

@@ -28,13 +28,14 @@ from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.numa_ledger import NumaLedgers
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler")
 

@@ -4,6 +4,8 @@ test against a small independent model of ``takeByTopologyNUMAPacked``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -210,8 +212,10 @@ def model_packed(  # noqa: C901 - one readable restatement of kubelet's ladder, 
 
     taken: set[int] = set()
 
-    def take_whole(groups: dict[int, frozenset[int]], size: int, key: object) -> None:
-        for gid in sorted((g for g in groups if groups[g] & free), key=key):  # type: ignore[arg-type]
+    def take_whole(
+        groups: dict[int, frozenset[int]], size: int, key: Callable[[int], tuple[int, ...]]
+    ) -> None:
+        for gid in sorted((g for g in groups if groups[g] & free), key=key):
             group = groups[gid]
             if len(group & free) == size and count - len(taken) >= len(group):
                 taken.update(group)
