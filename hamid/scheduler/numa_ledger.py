@@ -33,10 +33,11 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    Packing,
     PluginView,
     Prediction,
     predict,
-    take_by_topology_packed,
+    take_cpus,
     topology_of,
     usage_of_placement,
     usage_of_prediction,
@@ -48,7 +49,6 @@ from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, PodBody
 from hamid.model.numa import (
-    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -589,9 +589,8 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        pol = entry.profile.policies
-        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
+        topo = topology_of(entry.profile)
+        taken = take_cpus(topo, free, len(cpus), Packing.of(entry.profile.policies, topo.cpus_per_core))
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)
