@@ -4,6 +4,7 @@ a sysfs tree and a kubelet config file on disk, the embedded API server through 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import tempfile
@@ -187,7 +188,8 @@ async def test_profile_and_placements_are_published_and_judged(env: Env) -> None
     await env.publisher.publish_once()
 
     profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
-    assert (profile.generation, profile.reserved_cpus, profile.distances) == (1, {0}, ((10, 21), (21, 10)))
+    assert (profile.generation, profile.reserved_cpus) == (1, frozenset({0}))
+    assert profile.distances == ((10, 21), (21, 10))
     assert profile.policies.topology_manager_policy == "single-numa-node"
     gpu = decode_placement(env.annotations("Pod", "gpu")[PLACEMENT])
     assert gpu.generation == 1
@@ -229,7 +231,7 @@ async def test_misses_are_classified_by_what_was_admitted_since_the_prediction(e
     await env.synced()
     for i, listed in enumerate(rounds):
         env.kubelet.records = [*env.kubelet.records, *listed]
-        env.publisher.clock = lambda i=i: t0 + 10 * i  # round i lists its pods at t0 + 10 i
+        env.publisher.clock = functools.partial(float, t0 + 10 * i)  # round i lists its pods at t0 + 10 i
         await env.publisher.publish_once()
     assert sorted(env.results) == ["hit", "miss", "miss", "miss", "miss"]
     assert sorted(env.causes) == ["foreign", "order", "stale", "unmodelled"]
@@ -244,7 +246,7 @@ async def test_a_changed_profile_bumps_the_generation_and_rewrites_placements(en
     await env.synced()
     await env.publisher.publish_once()
     profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
-    assert (profile.generation, profile.reserved_cpus) == (2, {0, 1})
+    assert (profile.generation, profile.reserved_cpus) == (2, frozenset({0, 1}))
     assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).generation == 2
 
 
@@ -349,7 +351,7 @@ async def test_a_refused_pod_does_not_block_the_others(env: Env, logs: list[dict
 
 async def test_memory_of_the_static_memory_manager_is_published(env: Env) -> None:
     """Under ``memoryManagerPolicy: Static`` the profile carries PodResources' allocatable memory per
-    NUMA node (format 3) and a placement each container's memory blocks (format 2); the memory's
+    NUMA node (format 4) and a placement each container's memory blocks (format 2); the memory's
     NUMA nodes count as the container's."""
     (env.directory / "config.yaml").write_text(CONFIG + "memoryManagerPolicy: Static\n")
     gi = 1 << 30
@@ -361,7 +363,7 @@ async def test_memory_of_the_static_memory_manager_is_published(env: Env) -> Non
     await env.synced()
     await env.publisher.publish_once()
     raw = env.annotations("Node", NODE)[PROFILE]
-    assert json.loads(raw)["v"] == 3
+    assert json.loads(raw)["v"] == 4
     profile = decode_profile(raw)
     assert profile.memory_allocatable() == {
         0: {"memory": 30 * gi},

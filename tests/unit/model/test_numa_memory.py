@@ -1,10 +1,12 @@
-"""Memory per NUMA node in the NUMA records: the profile's allocatable memory (format 3) and the
+"""Memory per NUMA node in the NUMA records: the profile's allocatable memory (format 4) and the
 containers' memory blocks in placements and predictions (format 2); older formats still decode."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from hamid.model.numa import (
     ContainerPrediction,
     KubeletPolicies,
     MemoryBlock,
+    NumaProfile,
     PodPlacement,
     PodPrediction,
     decode_placement,
@@ -30,26 +33,26 @@ GI = 1 << 30
 STATIC = KubeletPolicies("static", {}, "single-numa-node", "container", {}, "Static")
 
 
-def with_memory(numa_per_socket: int = 1, sockets: int = 2) -> object:
+def with_memory(numa_per_socket: int = 1, sockets: int = 2) -> NumaProfile:
     base = linux_node(sockets, 16, 2, numa_per_socket)
     memory = tuple((n, (("hugepages-1Gi", 8 * GI), ("memory", 250 * GI + n))) for n in base.numa_nodes)
     return dataclasses.replace(base, policies=STATIC, memory=memory)
 
 
-def test_profile_with_memory_is_format_3_and_round_trips() -> None:
+def test_profile_with_memory_is_format_4_and_round_trips() -> None:
     profile = with_memory()
     text = encode_profile(profile)
     doc = json.loads(text)
-    assert doc["v"] == 3
+    assert doc["v"] == 4
     assert doc["memory"]["1"] == {"hugepages-1Gi": 8 * GI, "memory": 250 * GI + 1}
     back = decode_profile(text)
     assert back == profile
     assert back.memory_allocatable()[0]["memory"] == 250 * GI
 
 
-def test_profile_with_memory_and_preferred_is_format_3() -> None:
+def test_profile_with_memory_and_preferred_is_format_4() -> None:
     profile = dataclasses.replace(with_memory(), preferred_allocation="nvidia.com/gpu")
-    assert json.loads(encode_profile(profile))["v"] == 3
+    assert json.loads(encode_profile(profile))["v"] == 4
     assert decode_profile(encode_profile(profile)) == profile
 
 
@@ -64,10 +67,10 @@ def test_old_formats_still_decode() -> None:
 @pytest.mark.parametrize(
     ("change", "error"),
     [
-        (lambda d: d | {"v": 2}, "field 'memory' comes with format version 3"),
+        (lambda d: d | {"v": 2}, "format version 2 does not match its fields"),
         (
             lambda d: {k: v for k, v in d.items() if k != "memory"},
-            "field 'memory' comes with format version 3",
+            "format version 4 does not match its fields",
         ),
         (lambda d: d | {"memory": {"0": {"swap": 1}}}, "is not memory or hugepages"),
         (lambda d: d | {"memory": {"9": {"memory": 1}}}, "memory of unknown NUMA node 9"),
@@ -75,10 +78,10 @@ def test_old_formats_still_decode() -> None:
         (lambda d: d | {"memory": {"x": {"memory": 1}}}, "is not a NUMA id"),
     ],
 )
-def test_profile_memory_is_decoded_strictly(change: object, error: str) -> None:
+def test_profile_memory_is_decoded_strictly(change: Callable[[dict[str, Any]], Any], error: str) -> None:
     doc = json.loads(encode_profile(with_memory()))
     with pytest.raises(InvalidInput, match=error):
-        decode_profile(json.dumps(change(doc)))  # type: ignore[operator]
+        decode_profile(json.dumps(change(doc)))
 
 
 def test_sixteen_numa_nodes_with_memory_fit_the_bound() -> None:
