@@ -208,3 +208,68 @@ def test_follower_refuses_bad_settings() -> None:
         LeaseFollower(None, "ns", "n", "", poll_interval=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         LeaseFollower(None, "ns", "n", "host", poll_interval=0)  # type: ignore[arg-type]
+
+
+async def test_a_candidate_takes_over_at_renew_time_plus_duration_not_on_its_retry_tick(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """The holder last renewed 9.5 s ago (10 s lease): the candidate, whose retry tick is 4 s and
+    who saw the record just now, takes over at renewTime + duration, about 0.5 s later."""
+    log: list[str] = []
+    now = [T0.timestamp() + 9.5]
+    b = LeaderElector(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "b",
+        lease_duration=10,
+        renew_deadline=6,
+        retry_period=4,
+        on_started_leading=lambda: log.append("b+"),
+        clock=lambda: now[0],
+    )
+    await put_lease(apiserver, "a", duration=10)
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        started = loop.time()
+        task = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw the lease")
+        await asyncio.sleep(0.2)
+        now[0] += 0.2
+        assert not b.is_leader  # 0.3 s of the lease left on b's wall clock
+        now[0] += 0.4  # the wall clock passes renewTime + duration while b sleeps
+        await eventually(lambda: b.is_leader, within=3, what="b takes over")
+        took = loop.time() - started
+        task.cancel()
+    assert took < 4, took  # before its first retry tick (4-4.8 s), let alone the observed 10 s
+    assert log == ["b+"]
+
+
+async def test_a_renew_time_ahead_of_the_candidates_clock_leaves_client_gos_bound(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """The candidate's wall clock is 100 s behind the renewTime: it waits the whole lease from
+    when it saw the record, as client-go (never sooner)."""
+    now = [T0.timestamp() - 100]
+    b = LeaderElector(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "b",
+        lease_duration=2,
+        renew_deadline=1.5,
+        retry_period=0.2,
+        clock=lambda: now[0],
+    )
+    await put_lease(apiserver, "a", duration=2)
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        started = loop.time()
+        task = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw the lease")
+        await asyncio.sleep(1.5)
+        assert not b.is_leader
+        await eventually(lambda: b.is_leader, within=5, what="b takes over")
+        took = loop.time() - started
+        task.cancel()
+    assert took >= 2, took
