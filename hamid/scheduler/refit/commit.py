@@ -22,6 +22,7 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.scheduler.ledger import Hold, Undo
 from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.signing import record_booked
 
 if TYPE_CHECKING:
     from hamid.scheduler.core import Scheduler
@@ -121,7 +122,9 @@ class RefitCommitter:
                     "its outcome is unknown; both GPU sets stay booked until the pod is read back or updated"
                 )
             else:
-                if not outcome:
+                if outcome:
+                    self.scheduler.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
+                else:
                     undo()
                 state.release_hold(hold)
                 what = "it was applied" if outcome else "it was not applied"
@@ -134,7 +137,24 @@ class RefitCommitter:
             raise
         state.release_hold(hold)
         self._feed_ledger(uid, res.node, plan)
+        self.scheduler.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
         return patched
+
+    async def _record(self, pod: tuple[str, str, str], node: str, allocated: str) -> None:
+        """Record the refitted allocation as booked in the pod's status (after its annotations
+        landed: a record must never name an allocation that was not applied). Off the refit's
+        path: until it lands, the annotations' later signature outranks the older record."""
+        try:
+            await record_booked(
+                self.scheduler.kube,
+                self.scheduler.state.keys,
+                pod,
+                node,
+                allocated,
+                budget_s=POD_READ_TIMEOUT_S,
+            )
+        except KubeError as exc:
+            log.warning("refit_booking_record_failed", pod=f"{pod[0]}/{pod[1]}", error=str(exc))
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
         """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""
@@ -164,7 +184,10 @@ class RefitCommitter:
                 )
                 if outcome is None or pending.hold not in state.holds(pending.uid):
                     continue
-                if not outcome:
+                if outcome:
+                    pod = (pending.namespace, pending.name, pending.uid)
+                    self.scheduler.spawn(self._record(pod, pending.node, pending.new_allocated))
+                else:
                     pending.undo()
                 state.release_hold(pending.hold)
             waited = round(asyncio.get_running_loop().time() - started, 3)
