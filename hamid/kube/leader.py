@@ -25,6 +25,7 @@ started under (holder, acquireTime, leaseTransitions), so a write can refuse a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import JSON, LEASES, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
@@ -266,14 +267,47 @@ class LeaderElector:
 
     async def _acquire(self) -> None:
         loop = asyncio.get_running_loop()
+        released = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_release(released), name="lease-release-watch")
+        try:
+            while True:
+                self._takeover_at = None
+                released.clear()
+                if await self._attempt():
+                    return
+                wait = self.retry_period * random.uniform(1.0, JITTER)
+                if self._takeover_at is not None:  # the holder's lease runs out before the next tick
+                    wait = min(wait, self._takeover_at - loop.time() + TAKEOVER_SLACK_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await released.wait()
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _watch_release(self, released: asyncio.Event) -> None:
+        """Set ``released`` when the lease's holder releases it (an empty ``holderIdentity``, as a
+        stopping leader writes), so a rolling update hands over at once rather than on the next
+        retry tick. Best effort: a watch that fails (a 403 without ``watch`` on leases, a broken
+        stream) is opened again a retry period later, and the tick tries meanwhile."""
+        selector = f"metadata.name={self.name}"
         while True:
-            self._takeover_at = None
-            if await self._attempt():
-                return
-            wait = self.retry_period * random.uniform(1.0, JITTER)
-            if self._takeover_at is not None:  # the holder's lease runs out before the next tick
-                wait = min(wait, self._takeover_at - loop.time() + TAKEOVER_SLACK_S)
-            await asyncio.sleep(max(wait, 0.0))
+            version = str(objects.metadata(self._lease).get("resourceVersion") or "") if self._lease else ""
+            try:
+                events = self.client.watch(
+                    LEASES,
+                    self.namespace,
+                    resource_version=version,
+                    field_selector=selector,
+                    timeout_seconds=60,
+                )
+                async for event in events:
+                    spec = event.object.get("spec") or {}
+                    if event.type in ("ADDED", "MODIFIED") and not spec.get("holderIdentity"):
+                        released.set()
+            except KubeError as exc:
+                self._log.debug("lease_watch_failed", error=str(exc), error_type=type(exc).__name__)
+            await asyncio.sleep(self.retry_period)
 
     async def _renew_until_lost(self) -> None:
         loop = asyncio.get_running_loop()

@@ -273,3 +273,29 @@ async def test_a_renew_time_ahead_of_the_candidates_clock_leaves_client_gos_boun
         took = loop.time() - started
         task.cancel()
     assert took >= 2, took
+
+
+async def test_a_released_lease_is_taken_at_once_not_on_the_retry_tick(kube: KubeClient) -> None:
+    """The candidate watches the lease: the holder's release (SIGTERM, a rolling update) wakes it,
+    so it takes over well before its 4 s retry tick."""
+    log: list[str] = []
+    slow = {"lease_duration": 10.0, "renew_deadline": 6.0, "retry_period": 4.0}
+    a = LeaderElector(kube, "kube-system", "hamid-scheduler", "a", **slow)
+    b = LeaderElector(
+        kube, "kube-system", "hamid-scheduler", "b", on_started_leading=lambda: log.append("b+"), **slow
+    )
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        task_a = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        task_b = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw a's lease")
+        await asyncio.sleep(0.3)  # b is waiting for its next tick, its watch open
+        task_a.cancel()
+        await asyncio.gather(task_a, return_exceptions=True)  # released on the way out
+        released = loop.time()
+        await eventually(lambda: b.is_leader, within=10, what="b takes the released lease")
+        took = loop.time() - released
+        task_b.cancel()
+    assert took < 2.0, took
+    assert log == ["b+"]
