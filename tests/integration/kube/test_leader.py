@@ -210,6 +210,24 @@ def test_follower_refuses_bad_settings() -> None:
         LeaseFollower(None, "ns", "n", "host", poll_interval=0)  # type: ignore[arg-type]
 
 
+def candidate(
+    kube: KubeClient, now: list[float], timings: tuple[float, float, float], **kwargs: Any
+) -> LeaderElector:
+    """``b`` campaigning for the lease :func:`put_lease` writes, its wall clock reading ``now[0]``."""
+    duration, renew, retry = timings
+    return LeaderElector(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "b",
+        lease_duration=duration,
+        renew_deadline=renew,
+        retry_period=retry,
+        clock=lambda: now[0],
+        **kwargs,
+    )
+
+
 async def test_a_candidate_takes_over_at_renew_time_plus_duration_not_on_its_retry_tick(
     kube: KubeClient, apiserver: Any
 ) -> None:
@@ -217,17 +235,7 @@ async def test_a_candidate_takes_over_at_renew_time_plus_duration_not_on_its_ret
     who saw the record just now, takes over at renewTime + duration, about 0.5 s later."""
     log: list[str] = []
     now = [T0.timestamp() + 9.5]
-    b = LeaderElector(
-        kube,
-        "kube-system",
-        "kube-scheduler",
-        "b",
-        lease_duration=10,
-        renew_deadline=6,
-        retry_period=4,
-        on_started_leading=lambda: log.append("b+"),
-        clock=lambda: now[0],
-    )
+    b = candidate(kube, now, (10, 6, 4), on_started_leading=lambda: log.append("b+"))
     await put_lease(apiserver, "a", duration=10)
     loop = asyncio.get_running_loop()
     async with asyncio.TaskGroup() as tg:
@@ -251,16 +259,7 @@ async def test_a_renew_time_ahead_of_the_candidates_clock_leaves_client_gos_boun
     """The candidate's wall clock is 100 s behind the renewTime: it waits the whole lease from
     when it saw the record, as client-go (never sooner)."""
     now = [T0.timestamp() - 100]
-    b = LeaderElector(
-        kube,
-        "kube-system",
-        "kube-scheduler",
-        "b",
-        lease_duration=2,
-        renew_deadline=1.5,
-        retry_period=0.2,
-        clock=lambda: now[0],
-    )
+    b = candidate(kube, now, (2, 1.5, 0.2))
     await put_lease(apiserver, "a", duration=2)
     loop = asyncio.get_running_loop()
     async with asyncio.TaskGroup() as tg:
