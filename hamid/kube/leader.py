@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hamid.kube.client import JSON, LEASES, KubeClient
-from hamid.kube.errors import KubeError, NotFound
+from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
 
@@ -322,19 +322,31 @@ class LeaderElector:
                 await asyncio.sleep(min(self.retry_period, remaining))
 
     async def _release(self) -> None:
-        lease = self._lease
-        if lease is None or self.holder != self.identity:
+        """Hand the lease over on the way out: an empty holder, so a candidate takes it at once.
+
+        A renewal cancelled in flight may have landed unseen, leaving this replica's copy stale: a
+        409 reads the lease again and releases it if this replica still holds it."""
+        if self._lease is None or self.holder != self.identity:
             return
+        try:
+            async with asyncio.timeout(min(self.renew_deadline, RELEASE_TIMEOUT_S)):
+                try:
+                    await self._put_released(self._lease)
+                except Conflict:
+                    lease = await self.client.get_lease(self.namespace, self.name)
+                    if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                        return
+                    await self._put_released(lease)
+            self._log.info("lease_released")
+        except (KubeError, TimeoutError) as exc:
+            self._log.warning("lease_release_failed", error=str(exc))
+
+    async def _put_released(self, lease: JSON) -> None:
         now_time = _micro_time(self._clock())
         spec = dict(lease.get("spec") or {})
         spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
         body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
-        try:
-            async with asyncio.timeout(min(self.renew_deadline, RELEASE_TIMEOUT_S)):
-                await self.client.replace_lease(self.namespace, self.name, body)
-            self._log.info("lease_released")
-        except (KubeError, TimeoutError) as exc:
-            self._log.warning("lease_release_failed", error=str(exc))
+        await self.client.replace_lease(self.namespace, self.name, body)
 
     async def run(self) -> None:
         """Campaign, lead, and campaign again after losing the lease; release it when cancelled."""

@@ -298,3 +298,19 @@ async def test_a_released_lease_is_taken_at_once_not_on_the_retry_tick(kube: Kub
         task_b.cancel()
     assert took < 2.0, took
     assert log == ["b+"]
+
+
+async def test_the_release_survives_a_renewal_that_landed_unseen(kube: KubeClient, apiserver: Any) -> None:
+    """Cancelled while a renewal was in flight, the leader's copy of the lease is stale: its
+    release meets a 409, reads the lease again and still hands it over."""
+    a = elector(kube, "a", [])
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        task.cancel()
+        # the renewal whose answer a never read: the stored lease moved past a's copy
+        lease = apiserver.get("Lease", "kube-system", "hamid-scheduler")
+        lease["spec"]["renewTime"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        apiserver.put(lease)
+    released = await kube.get_lease("kube-system", "hamid-scheduler")
+    assert released["spec"]["holderIdentity"] == ""
