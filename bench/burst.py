@@ -84,13 +84,13 @@ def count_calls(cluster: SimCluster) -> Counter[str]:
     inner = faults.before
     node_path, pod_prefix = f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/pods/burst-"
 
-    async def before(verb: str, method: str, request_path: str) -> None:
-        if request_path == node_path:
+    async def before(verb: str, method: str, path: str) -> None:
+        if path == node_path:
             calls[f"node {verb}"] += 1
-        elif request_path.startswith(pod_prefix):
-            parts = request_path[len(pod_prefix) :].split("/")
+        elif path.startswith(pod_prefix):
+            parts = path[len(pod_prefix) :].split("/")
             calls[f"pod{'/' + parts[1] if len(parts) > 1 else ''} {verb}"] += 1
-        await inner(verb, method, request_path)
+        await inner(verb, method, path)
 
     faults.before = before  # type: ignore[method-assign]
     return calls

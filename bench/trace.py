@@ -207,7 +207,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     """One pod, the product's way; whether it runs (a failure is counted by cause in ``replay``)."""
     api = cluster.api
     pod = manifest(trace, uid, cluster.numa != "off")
-    verdict = cluster.scheduler.admit(pod, "default")
+    verdict = cluster.scheduler.admission.judge(pod, "default")
     if not verdict.allowed:
         replay.failures[f"webhook_denied: {verdict.message}"] += 1
         return False
@@ -405,8 +405,8 @@ def plot(path: Path, results: dict[str, dict[str, Any]], published: Path, title:
 
     fig, axes = plt.subplots(figsize=(8, 5))
     for policy, figures in results.items():
-        points = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
-        axes.plot([p[0] for p in points], [p[1] for p in points], label=f"hamid {policy}")
+        curve = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
+        axes.plot([p[0] for p in curve], [p[1] for p in curve], label=f"hamid {policy}")
     for name, label in PUBLISHED_POLICIES.items():
         points = _published(published, name)
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", label=label)

@@ -2,10 +2,10 @@
 
 Every decision is made by product code or by the simulator, called in-process:
 
-* the webhook: :meth:`hamid.scheduler.core.Scheduler.admit` (``review_pod``), its JSON patch applied;
+* the webhook: :meth:`hamid.scheduler.webhook.Admission.judge` (``review_pod``), its JSON patch applied;
 * kube-scheduler's part: ``NodeResourcesFit`` (cpu, memory, pods) and, for pods hamid does not
   schedule, the default profile's scores and ``selectHost`` (:mod:`hamidsim.kube_scheduler`);
-* hamid's filter and bind: :meth:`Scheduler.filter` and :meth:`Scheduler.bind`, the extender verbs
+* hamid's filter and bind: :meth:`Filter.filter` and :meth:`Binder.bind`, the extender verbs
   behind ``/filter`` and ``/bind`` (node lock and Binding included), over the scheduler's own
   watch caches;
 * the plugin: one :class:`~hamid.plugin.service.DevicePluginService` per node (its
@@ -27,12 +27,14 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hamid.fit.fit import PodFitSpec
+from hamid.kube.client import KubeClient
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevices
+from hamid.model.kube import JSON
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
     NUMA_PLACEMENT,
@@ -57,7 +59,7 @@ from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
-from hamid.scheduler.refit_auth import Caller
+from hamid.scheduler.refit.auth import Caller
 from hamidsim.kube_scheduler import NodeRequests, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import PodAdmission
@@ -65,7 +67,7 @@ from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
-from replay.api import JSON, MemoryApi
+from replay.api import MemoryApi
 from replay.pods import MILLI, RESOURCES, TraceNode
 
 RESOURCE = RESOURCES.resource_count_name
@@ -242,10 +244,11 @@ class SimNode:
         )
         self.inventory = GpuInventory(gpus, node_config)
         self.gpu_numa = {g.uuid: self.layout.gpu_numa[g.index] for g in gpus}
-        self.pods = NodePods(api, self.name)
+        kube = cast(KubeClient, api)  # MemoryApi has the KubeClient verbs the plugin calls
+        self.pods = NodePods(kube, self.name)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
-            api, self.pods, self.inventory, HamiCoreSettings(hook_path=hook_path), mismatch_handler=handler
+            kube, self.pods, self.inventory, HamiCoreSettings(hook_path=hook_path), mismatch_handler=handler
         )
         endpoint = LocalEndpoint(
             RESOURCE, DevicePluginService(self.inventory, allocator, preferred_allocation=True)
@@ -337,7 +340,7 @@ class Cluster:
         self.scheduler = Scheduler(self.api, settings=settings, events=_NoEvents())  # type: ignore[arg-type]
         self.refit: LocalRefitClient | None = None
         if numa != "off":
-            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))  # type: ignore[arg-type]
+            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))
         self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit) for n in nodes}
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
@@ -371,12 +374,12 @@ class Cluster:
         without prediction, which changes nothing)."""
         plain = SchedulerSettings()
         spec = PodFitSpec.from_pod(pod, self.scheduler.config, plain.gpu_policy, plain.node_policy)
-        node, _fitted, _failed = self.scheduler.filtering.plan(pod, spec, names)
+        node, _fitted, _failed = self.scheduler.planner.plan(pod, spec, names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:
         """hamid's ``/filter``: the chosen node, or None and the error ("" when nothing fits)."""
-        result = await self.scheduler.filter(FilterArgs(pod, candidates, None))
+        result = await self.scheduler.filtering.filter(FilterArgs(pod, candidates, None))
         if result.error:
             return None, result.error
         return (result.node_names[0] if result.node_names else None), ""
@@ -384,7 +387,7 @@ class Cluster:
     async def bind(self, pod: JSON, node: str) -> str:
         """hamid's ``/bind`` ("" on success, else the error)."""
         meta = pod["metadata"]
-        return await self.scheduler.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
+        return await self.scheduler.binder.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
 
     async def publish(self, node: SimNode, pod: JSON, record: PodAdmission) -> None:
         """kubelet's pod status and, NUMA on, the plugin's observed placement."""

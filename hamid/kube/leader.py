@@ -33,10 +33,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from hamid.kube.client import JSON, LEASES, KubeClient
+from hamid.kube.client import LEASES, KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON
 
 log = get_logger("kube.leader")
 

@@ -29,7 +29,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from hamid.fit.fit import Quota, pod_quota_usage
 from hamid.fit.usage import (
@@ -40,12 +39,13 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
 )
-from hamid.kube.cache import newer_than
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
+from hamid.model.objects import newer_than
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
@@ -55,7 +55,6 @@ from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
 
-JSON = dict[str, Any]
 #: Rolls back one tentative change; calling it twice, or after the pod is gone, is a no-op.
 Undo = Callable[[], None]
 
@@ -115,7 +114,7 @@ class Hold:
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
 
 
-def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices) -> str:
+def booking_refusal(ledger: Ledger, pod: PodBody, node: str, layout: PodDevices) -> str:
     """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
 
     Even a trusted allocation is booked only for a pod that requests the GPUs, runs (if bound)
@@ -212,7 +211,7 @@ class Ledger:
         return signed.issued if signed is not None else 0
 
     def reserve(
-        self, pod: JSON, node: str, layout: PodDevices, raw: str, signature: str | None = None
+        self, pod: PodBody, node: str, layout: PodDevices, raw: str, signature: str | None = None
     ) -> Undo:
         """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
 
@@ -394,7 +393,7 @@ class Ledger:
 
     # -- pod events ------------------------------------------------------------------------------
 
-    def on_pod(self, pod: JSON) -> None:
+    def on_pod(self, pod: PodBody) -> None:
         """Apply a pod add/update (incremental, phase-aware; what it trusts: the module doc)."""
         uid = objects.uid(pod)
         if not uid:
@@ -423,7 +422,7 @@ class Ledger:
         if issued is not None:
             self._book(pod, node, raw, issued, current)
 
-    def _allocation(self, pod: JSON) -> tuple[str | None, str | None, str | None]:
+    def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None]:
         """(node, allocation, signature) the pod names: its annotations', or the record in its
         status (:func:`~hamid.scheduler.signing.booked_record`) where that verifies and the
         annotations' signature does not, or is older. Annotations that then differ from the record
@@ -460,7 +459,7 @@ class Ledger:
         self._insert(current)
         self.coordination.notify(current.node)
 
-    def _keep(self, pod: JSON, current: Reservation) -> None:
+    def _keep(self, pod: PodBody, current: Reservation) -> None:
         """The pod still names its booked allocation: confirm it and follow its version."""
         if current.pending:
             current.pending = False
@@ -470,7 +469,7 @@ class Ledger:
 
     def _claim(
         self,
-        pod: JSON,
+        pod: PodBody,
         node: str,
         raw: str,
         signature: str | None,
@@ -507,7 +506,9 @@ class Ledger:
             self._disagree(pod, current, node, raw, why)
         return None
 
-    def _disagree(self, pod: JSON, current: Reservation, node: str | None, raw: str | None, why: str) -> None:
+    def _disagree(
+        self, pod: PodBody, current: Reservation, node: str | None, raw: str | None, why: str
+    ) -> None:
         """Report annotations that disagree with ``current``, which stays booked as it is."""
         detail = f"{why}; {current.node}: {current.raw} stays booked"
         self._report(self.coordination.disagreed, "disagreement", pod, node, raw, detail)
@@ -518,7 +519,7 @@ class Ledger:
             self._remove(uid)
             self.coordination.notify(current.node)
 
-    def _book(self, pod: JSON, node: str, raw: str, issued: int, current: Reservation | None) -> None:
+    def _book(self, pod: PodBody, node: str, raw: str, issued: int, current: Reservation | None) -> None:
         """Book the allocation ``raw`` the pod's annotations name on ``node`` (if it may book)."""
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
@@ -551,9 +552,9 @@ class Ledger:
 
     def _report(
         self,
-        outbox: list[tuple[JSON, str]],
+        outbox: list[tuple[PodBody, str]],
         outcome: str,
-        pod: JSON,
+        pod: PodBody,
         node: str | None,
         raw: str | None,
         why: str,
@@ -585,7 +586,7 @@ class Ledger:
         if previous is not None:
             self.coordination.notify(previous.node)
 
-    def on_pod_deleted(self, pod: JSON) -> None:
+    def on_pod_deleted(self, pod: PodBody) -> None:
         """A pod is gone: release its reservation and remember the UID (undos skip it)."""
         uid = objects.uid(pod)
         if not uid:

@@ -6,7 +6,7 @@ shares what pods repeat: short strings (namespaces, node and container names, re
 and quantities, label and annotation keys) are interned, and equal parts (a container's name and
 resources, the container list) are one object for every pod that has them — the replicas of a
 workload hold one copy. Records are therefore read-only: nothing may change a
-cached pod in place.
+cached pod in place, and their type (:class:`hamid.model.kube.Pod`) makes a write a type error.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from hamid.model import annotations as ann
-
-JSON = dict[str, Any]
+from hamid.model.kube import JSON, Pod, view
 
 #: The pod annotations the scheduler can read (every key hamid defines). Others
 #: (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the whole spec —, tooling
@@ -112,7 +111,7 @@ def _booked_conditions(conditions: Any) -> list[Any]:
     return [c for c in conditions if isinstance(c, dict) and c.get("type") == ann.ALLOCATION_BOOKED_CONDITION]
 
 
-def trim_scheduler_pod(pod: JSON) -> JSON:
+def trim_scheduler_pod(pod: JSON) -> Pod:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
         metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
@@ -148,4 +147,4 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
         if booked:
             out_status["conditions"] = booked
         out["status"] = out_status
-    return out
+    return view(Pod, out)

@@ -35,8 +35,9 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON
 from hamid.scheduler.ledger import Ledger, Reservation
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.reconcile")
 
@@ -283,7 +284,7 @@ class ReconcileHost(Protocol):
 
     def not_ready_reason(self) -> str: ...
 
-    def report_undecodable(self) -> None: ...
+    def report_untrusted(self) -> None: ...
 
 
 class Reconciler:
@@ -373,7 +374,7 @@ class Reconciler:
                     listed=drift.listed,
                     difference={k: list(v) for k, v in drift.difference.items()},
                 )
-        s.report_undecodable()
+        s.report_untrusted()
         s.metrics.reconcile_runs.labels("repaired" if report.drifts else "clean").inc()
         log.info(
             "reconcile_done",

@@ -25,7 +25,7 @@ from hamid.model.numa import (
     encode_profile,
 )
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.filter import NumaFit
+from hamid.scheduler.filter_plan import NumaFit
 from hamid.scheduler.numa_ledger import NumaLedgers, Source, replay_view
 from tests.unit.fit.test_numa_predict import NOW, profile_of
 
@@ -85,7 +85,7 @@ def _placement(cpus: frozenset[int], numa: int, devices: tuple[str, ...] = ()) -
 
 
 def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]]:
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler = Scheduler(None)  # plan never calls the API
     scheduler.state.clock = lambda: float(NOW)
     scored: list[tuple[str, str]] = []
     scheduler.numa.report = lambda result, cause: scored.append((result, cause))
@@ -97,7 +97,7 @@ def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]
 def _plan(scheduler: Scheduler, p: dict[str, Any], names: tuple[str, ...] = ("n1",)) -> tuple[Any, ...]:
     spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
     numa = NumaFit.of(p, p["metadata"]["uid"])
-    node, fitted, failed = scheduler.filtering.plan(p, spec, names, numa)
+    node, fitted, failed = scheduler.planner.plan(p, spec, names, numa)
     return node, fitted, failed, numa
 
 
@@ -161,8 +161,8 @@ def test_without_profiles_the_plan_is_todays() -> None:
     for i in range(20):
         p = _pod(f"p{i}", mem=rng.choice((500, 3000, 7000)))
         spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
-        with_numa = scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
-        assert with_numa == scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"))
+        with_numa = scheduler.planner.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
+        assert with_numa == scheduler.planner.plan(p, spec, ("n0", "n1", "n2", "n3"))
         node, fitted, _ = with_numa
         if node is not None and fitted is not None:
             scheduler.state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
@@ -193,7 +193,7 @@ def _filtered(scheduler: Scheduler, name: str, cpus: int = 2) -> dict[str, Any]:
     raw = ann.encode_pod_devices(fitted.devices)
     scheduler.state.reserve(p, node, fitted.devices, raw)
     scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
-    predicted = scheduler.filtering._prediction_annotation(node, prediction)
+    predicted = scheduler.reserver.prediction_annotation(node, prediction)
     assert predicted is not None
     p["metadata"]["annotations"] |= {
         ann.VGPU_NODE: node,
@@ -210,7 +210,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
     scheduler._pod_seen(foreign)  # replayed: kubelet would give it one CPU
     for p in pods:
         scheduler._pod_seen(p)
-    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)  # type: ignore[union-attr]
+    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)
     assert want[0] == frozenset()  # 3 x 2 CPUs + 1 of the 7 assignable
     for order in (pods, list(reversed(pods))):
         restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW))
@@ -218,7 +218,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
             restarted.on_pod(p)  # pods before their node (a restart's list order)
         restarted.on_node(_node(), scheduler.state.nodes["n1"].infos)
         restarted.on_pod(foreign)
-        assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want  # type: ignore[union-attr]
+        assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want
         assert _source(restarted, "uid-p0") == Source.PREDICTED
 
 
@@ -252,7 +252,7 @@ def test_refit_scores_a_miss_and_moves_the_booking_to_kubelets_numa_node() -> No
     scheduler.numa.on_refit("uid-r", "n1", 0, 1)
     assert scored == [("miss", "unmodelled")]
     assert scheduler.numa.free_cpus("n1") == frozenset({1, 2, 3, 6, 7})
-    assert scheduler.numa.nodes["n1"].ledger.device_counts(GPU) == {0: (10, 10), 1: (10, 9)}  # type: ignore[union-attr]
+    assert scheduler.numa.nodes["n1"].ledger.device_counts(GPU) == {0: (10, 10), 1: (10, 9)}
     scheduler._pod_gone(p)
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
 
@@ -264,7 +264,7 @@ def test_memo_is_keyed_by_ledger_version_and_shape() -> None:
     first = ledgers.predict("n1", a, pod_shape(a), "uid-a")
     assert ledgers.predict("n1", b, pod_shape(b), "uid-b") is first
     assert pod_shape(a) != pod_shape(_pod("c", cpus=3))
-    ledgers.book("uid-a", "n1", first, a)  # type: ignore[arg-type]
+    ledgers.book("uid-a", "n1", first, a)
     again = ledgers.predict("n1", b, pod_shape(b), "uid-b")
     assert again is not first and again is not None and again.outcome is Outcome.PLACED
 
@@ -275,13 +275,13 @@ def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
             raise RuntimeError("injected")
 
     scheduler, _ = _scheduler(_node())
-    scheduler.filtering.kube = FailingKube()  # type: ignore[assignment]
+    scheduler.reserver.kube = FailingKube()  # type: ignore[assignment]
     for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
         cache._synced.set()
     from hamid.scheduler.extender_json import FilterArgs
 
     args = FilterArgs(pod=_pod("x"), node_names=("n1",), nodes=None)
-    result = asyncio.run(scheduler.filter(args))
+    result = asyncio.run(scheduler.filtering.filter(args))
     assert result.error and "injected" in result.error
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,21 +136,21 @@ def test_the_filter_signature_is_what_the_booking_remembers() -> None:
 RAW1 = "n1-gpu1,NVIDIA,1000,10:;"
 
 
-def recorded(p: dict[str, object], keys: AllocationKeys, node_name: str, raw: str) -> dict[str, object]:
+def recorded(p: dict[str, Any], keys: AllocationKeys, node_name: str, raw: str) -> dict[str, Any]:
     """The pod with the booked-allocation record a bind or refit writes in its status (merged by
     type, as the strategic patch does: it replaces an earlier record)."""
-    uid = p["metadata"]["uid"]  # type: ignore[index]
+    uid = p["metadata"]["uid"]
     condition = booked_condition(node_name, raw, keys.sign(uid, node_name, raw), keys.clock())
     status = p.setdefault("status", {})
-    others = [c for c in status.get("conditions", []) if c["type"] != condition["type"]]  # type: ignore[union-attr]
-    status["conditions"] = [*others, condition]  # type: ignore[index]
+    others = [c for c in status.get("conditions", []) if c["type"] != condition["type"]]
+    status["conditions"] = [*others, condition]
     return p
 
 
-def tampered(p: dict[str, object], raw: str) -> dict[str, object]:
+def tampered(p: dict[str, Any], raw: str) -> dict[str, Any]:
     """A tenant rewrote the allocation past admission (its signature no longer verifies)."""
     out = copy.deepcopy(p)
-    out["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = raw  # type: ignore[index]
+    out["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = raw
     return out
 
 
@@ -159,7 +160,7 @@ def test_the_booked_record_reads_back_and_refuses_garbage() -> None:
     record = booked_record(p)
     assert record is not None and (record.node, record.allocated) == ("n1", RAW)
     assert keys.verify("uid-a", "n1", RAW, record.signature) is not None
-    condition = p["status"]["conditions"][0]  # type: ignore[index]
+    condition = p["status"]["conditions"][0]
     assert condition["type"] == ann.ALLOCATION_BOOKED_CONDITION == "hamid.io/AllocationBooked"
     for message in ("", "{", "[]", '{"node": "n1"}', '{"node": 1, "allocated": "x", "signature": "y"}'):
         assert booked_record({"status": {"conditions": [{**condition, "message": message}]}}) is None
@@ -201,7 +202,7 @@ def test_the_later_of_record_and_annotations_stands() -> None:
     # stands (the replay that verified across a restart before the record existed)
     refit = recorded(refit, keys, "n1", RAW1)
     replayed = copy.deepcopy(refit)
-    replayed["metadata"]["annotations"] = dict(first["metadata"]["annotations"])  # type: ignore[index]
+    replayed["metadata"]["annotations"] = dict(first["metadata"]["annotations"])
     state = _restarted(keys, replayed)
     assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
     assert len(state.disagreed) == 1
