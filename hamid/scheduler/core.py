@@ -78,6 +78,8 @@ class SchedulerSettings:
     fgd_workload: Workload | None = None
     #: Pods after which a learned shape weighs half as much as a new one (``fgd``).
     fgd_half_life: float = DEFAULT_HALF_LIFE
+    #: The webhook also sets ``scheduler_name`` on pods without GPUs (``--schedule-cpu-pods``).
+    schedule_cpu_pods: bool = False
 
 
 def freeze_heap() -> None:
@@ -384,7 +386,15 @@ class Scheduler:
 
     def admit(self, pod: JSON, namespace: str) -> Verdict:
         """The webhook verdict for a pod (quota precheck against the live state)."""
-        return review_pod(pod, self.config, self.settings.scheduler_name, self.state.fit_quota, namespace)
+        settings = self.settings
+        return review_pod(
+            pod,
+            self.config,
+            settings.scheduler_name,
+            self.state.fit_quota,
+            namespace,
+            settings.schedule_cpu_pods,
+        )
 
     def scheduler_owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
         """Count and log the scheduler-owned keys the webhook removed from a pod being created."""

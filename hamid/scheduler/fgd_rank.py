@@ -299,3 +299,31 @@ def fgd_ranked(
             placements[name] = placed
     out.sort()
     return out, placements
+
+
+def fgd_cpu_only(
+    ranker: FgdRanker, shape: Shape, names: tuple[str, ...], nodes: Mapping[str, NodeEntry]
+) -> list[str]:
+    """The candidates where a CPU-only pod adds the least fragmentation, in request order.
+
+    Its gain is never positive; a node without hamid's GPUs (unregistered) or with no idle GPU
+    gains 0, the most. Every candidate within :data:`_TIE_SPAN` of the best is kept, so
+    kube-scheduler's own scoring chooses among equal ones. kube-scheduler's NodeResourcesFit has
+    already passed every candidate; one hamid sees short of CPU or memory (a pod it just placed
+    there, not yet in kube-scheduler's cache) is dropped unless no candidate is left.
+    """
+    ranker.workload  # noqa: B018 - refresh before reading memos
+    ranker.sync()
+    gains: dict[str, float] = {}
+    for name in dict.fromkeys(names):
+        entry = nodes.get(name)
+        if entry is None:
+            gains[name] = 0.0
+            continue
+        placed = ranker.placement(name, ranker.node_state(name, entry), shape)
+        if placed is not None:
+            gains[name] = placed.gain
+    if not gains:
+        return list(dict.fromkeys(names))
+    best = max(gains.values())
+    return [name for name, gain in gains.items() if gain >= best - _TIE_SPAN]

@@ -36,7 +36,7 @@ from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import FilterArgs, FilterResult
-from hamid.scheduler.fgd_rank import FgdRanker, fgd_ranked
+from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.metrics import SchedulerMetrics
@@ -547,10 +547,7 @@ class Filter:
         except InvalidInput as exc:
             return FilterResult(error=str(exc))
         if not spec.wants_gpu:
-            return FilterResult(
-                node_names=list(args.node_names) if args.node_names is not None else None,
-                nodes=list(args.nodes) if args.nodes is not None else None,
-            )
+            return self._cpu_only(args, spec)
         refused = self._refusal(pod)
         if refused is not None:
             return refused
@@ -577,6 +574,35 @@ class Filter:
             chosen = [n for n in args.nodes if objects.name(n) == node]
             return FilterResult(nodes=chosen, failed_nodes=failed)
         return FilterResult(node_names=[node], failed_nodes=failed)
+
+    def _cpu_only(self, args: FilterArgs, spec: PodFitSpec) -> FilterResult:
+        """A pod without GPUs: every candidate, or under ``fgd`` those where it strands the least GPU.
+
+        Such a pod reaches hamid only when the webhook routes CPU-only pods to it
+        (``--schedule-cpu-pods``); kube-scheduler then scores the nodes kept, as for any pod. A
+        scheduler not ready keeps every candidate (nothing is booked for such a pod).
+        """
+        names = args.candidate_names
+        kept: list[str] | None = None
+        if spec.policy.node_policy == FGD and names and not self.readiness.reason():
+            try:
+                shape = self.fgd.shape_of(args.pod, spec)
+            except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): all
+                shape = None
+            if shape is not None:
+                kept = fgd_cpu_only(self.fgd, shape, names, self.state.nodes)
+        if kept is None:
+            return FilterResult(
+                node_names=list(args.node_names) if args.node_names is not None else None,
+                nodes=list(args.nodes) if args.nodes is not None else None,
+            )
+        chosen = set(kept)
+        failed = {name: R.FGD_MORE_FRAGMENTATION for name in names if name not in chosen}
+        if args.nodes is not None:
+            return FilterResult(
+                nodes=[n for n in args.nodes if objects.name(n) in chosen], failed_nodes=failed
+            )
+        return FilterResult(node_names=kept, failed_nodes=failed)
 
     async def _warm(self, cold: _ColdReasons, spec: PodFitSpec) -> None:
         """Compute the capacity reasons a plan lacked, yielding to the loop every :data:`_SLICE_S`."""
