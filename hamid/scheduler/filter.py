@@ -590,7 +590,8 @@ class Filter:
             except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): all
                 shape = None
             if shape is not None:
-                kept = fgd_cpu_only(self.fgd, shape, names, self.state.nodes)
+                position, unregistered = self._positions(names)
+                kept = fgd_cpu_only(self.fgd, shape, position, unregistered, self.state.nodes)
         if kept is None:
             return FilterResult(
                 node_names=list(args.node_names) if args.node_names is not None else None,
