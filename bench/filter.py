@@ -446,6 +446,7 @@ async def bench_http(
         "http_filter_p99_ms": percentile(latencies, 0.99) * 1000,
         "pods_per_s": filters / elapsed,
         "http_filter_cpu_p50_ms": percentile(cpu, 0.5) * 1000,
+        "http_filter_cpu_p99_ms": percentile(cpu, 0.99) * 1000,
         "api_calls_per_filter": {k: round(v / filters, 2) for k, v in sorted(api_calls.items())},
     }
 
