@@ -54,8 +54,6 @@ _REFRESH_SHARE = 0.1
 _REFRESH_MIN = 1
 #: The rank offset per node ordinal: far below any gain step (milli-GPU), even at 100,000 nodes.
 _HAIR = 1e-9
-#: Gains closer than this are equal (CPU-only pods: the nodes kept for kube-scheduler to score).
-_EQUAL_GAIN = 1e-6
 #: A gain index re-sorts at once when more than 1/_BULK of its nodes changed.
 _BULK = 8
 #: Pod shapes whose placement a node keeps before it starts afresh.
@@ -370,31 +368,24 @@ def fgd_cpu_only(
     unregistered: tuple[str, ...],
     nodes: Mapping[str, NodeEntry],
 ) -> list[str]:
-    """The candidates where a CPU-only pod adds the least fragmentation, in request order.
+    """Where a CPU-only pod adds the least fragmentation: the candidates without hamid's GPUs
+    (``unregistered``: nothing to strand, kube-scheduler's scoring chooses among them), else the
+    one registered candidate with the best gain (ties to the node registered first, as for a GPU
+    pod: equal nodes are filled one at a time, not spread, which would eat the CPUs every node
+    keeps for the typical GPU pods).
 
-    Its gain is never positive; a node without hamid's GPUs (``unregistered``) or with no idle
-    GPU gains 0, the most. Every candidate with the best gain is kept, so kube-scheduler's own
-    scoring chooses among equal ones. kube-scheduler's NodeResourcesFit has already passed every
-    candidate; one hamid sees short of CPU or memory (a pod it just placed there, not yet in
-    kube-scheduler's cache) is dropped unless no candidate is left. Read from the shape's
-    :class:`GainIndex`: only the nodes changed since are recomputed.
+    kube-scheduler's NodeResourcesFit has already passed every candidate; one hamid sees short of
+    CPU or memory (a pod it just placed there, not yet in kube-scheduler's cache) is dropped
+    unless no candidate is left. Read from the shape's :class:`GainIndex`: only the nodes changed
+    since are recomputed.
     """
+    if unregistered:
+        return sorted(unregistered, key=position.__getitem__)
     ranker.workload  # noqa: B018 - refresh before reading memos
     ranker.sync()
     index = ranker.index(shape)
     index.refresh(ranker, shape, nodes)
-    gain = index.gain
-    best = 0.0 if unregistered else -math.inf
-    kept = list(unregistered)
     for _, name in reversed(index.keys):
-        if name not in position:
-            continue
-        if gain[name] < best - _EQUAL_GAIN:
-            break
-        if gain[name] > best + _EQUAL_GAIN:  # only before any unregistered node: gains are <= 0
-            best, kept = gain[name], []
-        kept.append(name)
-    if best == -math.inf:
-        return sorted(position, key=position.__getitem__)
-    kept.sort(key=position.__getitem__)
-    return kept
+        if name in position:
+            return [name]
+    return sorted(position, key=position.__getitem__)

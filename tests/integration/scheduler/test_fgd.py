@@ -121,10 +121,11 @@ async def test_schedule_cpu_pods_routes_pods_without_gpus_to_hamid() -> None:
         assert route not in await patch_of(env, cpu_only)
 
 
-async def test_fgd_keeps_the_nodes_where_a_cpu_only_pod_strands_the_least_gpu() -> None:
+async def test_fgd_places_a_cpu_only_pod_where_it_strands_the_least_gpu() -> None:
     """n2 (4 CPUs) left with 1 CPU could no longer take the typical 2-CPU half-GPU pod: its two
-    idle GPUs would be stranded; n1 (64 CPUs) and a node without hamid's GPUs strand nothing, so
-    both are kept for kube-scheduler to score."""
+    idle GPUs would be stranded; n1 (64 CPUs) strands nothing, so hamid answers n1 alone (equal
+    nodes are filled one at a time, not spread); a node without hamid's GPUs strands nothing at
+    all, so such nodes are kept, for kube-scheduler's scoring."""
     async with running_scheduler(SchedulerSettings(node_policy="fgd", fgd_workload=HALVES_2CPU)) as env:
         for name, cpus in (("n1", "64"), ("n2", "4")):
             body = node_dict(name, 2)
@@ -133,9 +134,11 @@ async def test_fgd_keeps_the_nodes_where_a_cpu_only_pod_strands_the_least_gpu() 
         await wait_for(lambda: all(env.scheduler.cpu_mem.room(n) is not None for n in ("n1", "n2")))
         requests = {"requests": {"cpu": "3", "memory": "1Gi"}}
         p = await env.create_pod(pod("cpu", containers=[container("c", resources=requests)]))
-        body = await env.filter(p, ["n2", "n1", "plain"])
-        assert body["NodeNames"] == ["n1", "plain"]
+        body = await env.filter(p, ["n2", "n1"])
+        assert body["NodeNames"] == ["n1"]
         assert body["FailedNodes"] == {"n2": R.FGD_MORE_FRAGMENTATION}
+        body = await env.filter(p, ["n2", "plain", "n1", "cpu-node"])
+        assert body["NodeNames"] == ["plain", "cpu-node"]
         assert ann.VGPU_NODE not in env.server.get("Pod", "default", "cpu")["metadata"].get("annotations", {})
         assert await env.bind(p, "n1") == ""  # the bind verb binds it like any pod
         assert env.server.get("Pod", "default", "cpu")["spec"]["nodeName"] == "n1"
