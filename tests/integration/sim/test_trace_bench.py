@@ -69,8 +69,8 @@ def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
     tmp_path: Path, numa: str, policies: str, cpu_pods: str
 ) -> None:
     """With ``--cpu-pods hamid`` the CPU-only pod goes through hamid's fgd filter: it strands no GPU
-    on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so hamid keeps both and
-    kube-scheduler's scoring puts it on ``a`` as before."""
+    on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so the gains tie and
+    hamid answers ``a``, registered first: the figures are kube-scheduler's."""
     nodes, pods = _trace(tmp_path)
     result = _run(
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
