@@ -576,7 +576,8 @@ class Filter:
         return FilterResult(node_names=[node], failed_nodes=failed)
 
     def _cpu_only(self, args: FilterArgs, spec: PodFitSpec) -> FilterResult:
-        """A pod without GPUs: every candidate, or under ``fgd`` those where it strands the least GPU.
+        """A pod without GPUs: every candidate, or under ``fgd`` the node where it strands the least
+        GPU (:func:`fgd_cpu_only`).
 
         Such a pod reaches hamid only when the webhook routes CPU-only pods to it
         (``--schedule-cpu-pods``); kube-scheduler then scores the nodes kept, as for any pod. A
