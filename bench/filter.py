@@ -57,7 +57,7 @@ from hamid.model.numa import (
 )
 from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerSettings, freeze_heap
-from hamid.scheduler.filter import NumaFit
+from hamid.scheduler.filter_plan import NumaFit
 from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamidsim.apiserver import ApiServer
@@ -282,14 +282,14 @@ def _bench_no_fit(
         t0 = time.perf_counter()
         spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, f"uid-huge-{i % 4}") if prediction else None
-        node, _fitted, failed = scheduler.filtering.plan(pod, spec, candidates, numa)
+        node, _fitted, failed = scheduler.planner.plan(pod, spec, candidates, numa)
         latencies.append(time.perf_counter() - t0)
         if node is not None:
             raise RuntimeError(f"the no-fit pod fitted on {node}")
         failed_nodes = len(failed)
         churn = _pod(f"churn-{i}", f"uid-churn-{i}", 1000, 5)
         spec = PodFitSpec.from_pod(churn, scheduler.config, policy[1], policy[0])
-        node, fitted, _failed = scheduler.filtering.plan(churn, spec, candidates)
+        node, fitted, _failed = scheduler.planner.plan(churn, spec, candidates)
         if node is not None and fitted is not None:
             scheduler.state.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
     if not latencies:
@@ -359,7 +359,7 @@ def bench_in_process(
         t0, c0 = time.perf_counter(), time.process_time()
         spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, uid) if prediction else None
-        node, fitted, _failed = scheduler.filtering.plan(pod, spec, candidates, numa)
+        node, fitted, _failed = scheduler.planner.plan(pod, spec, candidates, numa)
         if node is not None and fitted is not None:
             state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
             chosen = numa.predictions.get(node) if numa is not None else None

@@ -225,7 +225,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     """One pod, the product's way; whether it runs (a failure is counted by cause in ``replay``)."""
     api = cluster.api
     pod = manifest(trace, uid, cluster.numa != "off")
-    verdict = cluster.scheduler.admit(pod, "default")
+    verdict = cluster.scheduler.admission.judge(pod, "default")
     if not verdict.allowed:
         replay.failures[f"webhook_denied: {verdict.message}"] += 1
         return False

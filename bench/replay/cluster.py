@@ -2,10 +2,10 @@
 
 Every decision is made by product code or by the simulator, called in-process:
 
-* the webhook: :meth:`hamid.scheduler.core.Scheduler.admit` (``review_pod``), its JSON patch applied;
+* the webhook: :meth:`hamid.scheduler.webhook.Admission.judge` (``review_pod``), its JSON patch applied;
 * kube-scheduler's part: ``NodeResourcesFit`` (cpu, memory, pods) and, for pods hamid does not
   schedule, the default profile's scores and ``selectHost`` (:mod:`hamidsim.kube_scheduler`);
-* hamid's filter and bind: :meth:`Scheduler.filter` and :meth:`Scheduler.bind`, the extender verbs
+* hamid's filter and bind: :meth:`Filter.filter` and :meth:`Binder.bind`, the extender verbs
   behind ``/filter`` and ``/bind`` (node lock and Binding included), over the scheduler's own
   watch caches;
 * the plugin: one :class:`~hamid.plugin.service.DevicePluginService` per node (its
@@ -57,7 +57,7 @@ from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
-from hamid.scheduler.refit_auth import Caller
+from hamid.scheduler.refit.auth import Caller
 from hamidsim.kube_scheduler import NodeRequests, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import PodAdmission
@@ -345,7 +345,7 @@ class Cluster:
         self.scheduler = Scheduler(self.api, settings=settings, events=_NoEvents())  # type: ignore[arg-type]
         self.refit: LocalRefitClient | None = None
         if numa != "off":
-            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))  # type: ignore[arg-type]
+            self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))
         self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit) for n in nodes}
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
@@ -379,12 +379,12 @@ class Cluster:
         without prediction, which changes nothing)."""
         plain = SchedulerSettings()
         spec = PodFitSpec.from_pod(pod, self.scheduler.config, plain.gpu_policy, plain.node_policy)
-        node, _fitted, _failed = self.scheduler.filtering.plan(pod, spec, names)
+        node, _fitted, _failed = self.scheduler.planner.plan(pod, spec, names)
         return node is not None
 
     async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[list[str], str]:
         """hamid's ``/filter``: the nodes it keeps (one for a GPU pod), or none and the error."""
-        result = await self.scheduler.filter(FilterArgs(pod, candidates, None))
+        result = await self.scheduler.filtering.filter(FilterArgs(pod, candidates, None))
         if result.error:
             return [], result.error
         return list(result.node_names or ()), ""
@@ -392,7 +392,7 @@ class Cluster:
     async def bind(self, pod: JSON, node: str) -> str:
         """hamid's ``/bind`` ("" on success, else the error)."""
         meta = pod["metadata"]
-        return await self.scheduler.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
+        return await self.scheduler.binder.bind(BindArgs(meta["name"], meta["namespace"], meta["uid"], node))
 
     async def publish(self, node: SimNode, pod: JSON, record: PodAdmission) -> None:
         """kubelet's pod status and, NUMA on, the plugin's observed placement."""

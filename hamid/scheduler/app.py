@@ -1,8 +1,11 @@
-"""The one composition root of ``hamid scheduler``: listeners, leadership, TLS reloader, scheduler.
+"""The composition root of ``hamid scheduler``: scheduler engine, listeners, leadership, TLS reloader.
 
 The CLI, the simulator, the demo, the benchmarks and the test harnesses all start the scheduler
-through :class:`SchedulerApp`, so they run the same start-up: the extender, cluster (webhook,
-probes, ``/refit``) and metrics listeners, leader election when enabled, the certificate reloader.
+through :class:`SchedulerApp`, so they run the same start-up: the engine
+(:class:`~hamid.scheduler.core.Scheduler`), the extender, cluster (webhook, probes, ``/refit``) and
+metrics listeners, leader election when enabled, the certificate reloader. Each consumer is handed
+the parts it uses (the verbs, the readiness, admission, the metrics, a :class:`RefitHost`), never
+the engine itself.
 Collaborators a caller may want to own are passed at construction (the API client, the event
 recorder, the cluster app's extra routes such as ``/refit`` with its authenticator).
 
@@ -34,7 +37,8 @@ from hamid.scheduler.core import Scheduler
 from hamid.scheduler.ha import Leadership
 from hamid.scheduler.http import RouteRegistrar, cluster_app, extender_app, metrics_app, serve
 from hamid.scheduler.options import SchedulerOptions
-from hamid.scheduler.refit import refit_route_factory
+from hamid.scheduler.refit import RefitHost, refit_routes
+from hamid.scheduler.refit.auth import RefitAuthenticator
 from hamid.scheduler.signing import describe
 from hamid.scheduler.ui.access import KubeAccess, protect
 from hamid.scheduler.ui.routes import add_ui
@@ -45,6 +49,26 @@ log = get_logger("scheduler.app")
 
 #: Builds a route registrar for the cluster app from the running scheduler (e.g. ``POST /refit``).
 RouteFactory = Callable[[Scheduler, SchedulerOptions], RouteRegistrar]
+
+
+def authenticator_from_options(host: RefitHost, options: SchedulerOptions) -> RefitAuthenticator:
+    """The caller authenticator the ``hamid scheduler`` flags describe (``--refit-auth`` & co)."""
+    return RefitAuthenticator(
+        options.refit_auth,
+        kube=host.kube,
+        verifies_client_certs=bool(options.client_ca_file and options.tls_cert_file and options.tls_key_file),
+        device_plugin_namespace=options.device_plugin_namespace,
+        device_plugin_service_account=options.device_plugin_service_account,
+        token_audience=options.refit_token_audience,
+        hami_plugin_service_account=options.refit_hami_plugin_service_account,
+    )
+
+
+def refit_route_factory(host: RefitHost, options: SchedulerOptions) -> RouteRegistrar:
+    """``run_scheduler(options, extra_routes=[refit_route_factory])``: ``POST /refit`` per the flags."""
+    return refit_routes(host, authenticator_from_options(host, options))
+
+
 #: The cluster app's routes of ``hamid scheduler``: ``POST /refit`` per the ``--refit-*`` flags.
 DEFAULT_ROUTES: tuple[RouteFactory, ...] = (refit_route_factory,)
 
@@ -140,9 +164,11 @@ class SchedulerApp:
 
     async def _serve(self, scheduler: Scheduler) -> None:
         options = self.options
-        cluster = cluster_app(scheduler, [factory(scheduler, options) for factory in self._routes])
+        routes = [factory(scheduler, options) for factory in self._routes]
+        cluster = cluster_app(scheduler.readiness, scheduler.admission, routes)
+        extender = extender_app(scheduler.filtering.filter, scheduler.binder.bind)
         for key, app, listen, ctx in (
-            ("extender", extender_app(scheduler), options.extender_listen, None),
+            ("extender", extender, options.extender_listen, None),
             ("cluster", cluster, options.listen, self._tls.context if self._tls else None),
             ("metrics", self._metrics_app(scheduler), options.metrics_listen, None),
         ):
@@ -151,7 +177,7 @@ class SchedulerApp:
 
     def _metrics_app(self, scheduler: Scheduler) -> web.Application:
         """``/metrics``, ``/metrics/hami`` and (``--ui``) ``/ui``; guarded with ``--metrics-auth``."""
-        app = metrics_app(scheduler)
+        app = metrics_app(scheduler.metrics, scheduler.readiness)
         if self.options.ui:
             add_ui(app, ui_source(scheduler))
         if self.options.metrics_auth:
@@ -160,10 +186,8 @@ class SchedulerApp:
 
     async def wait_synced(self, timeout: float = 15.0) -> None:
         """Wait until the pod, node and quota caches applied their first list."""
-        scheduler = self.scheduler
         async with asyncio.timeout(timeout):
-            for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
-                await cache.wait_synced()
+            await self.scheduler.wait_synced()
 
     async def wait(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; a task that fails raises here (after :meth:`stop`)."""
@@ -265,7 +289,10 @@ def leadership(
     identity = options.leader_identity or socket.gethostname()
     try:
         terms = Leadership(
-            scheduler,
+            scheduler.kube,
+            scheduler.readiness,
+            scheduler.caches,
+            api_timeout_s=options.settings.api_timeout_s,
             pod_name=options.pod_name,
             pod_namespace=options.pod_namespace,
             pod_selector=options.scheduler_pod_selector,

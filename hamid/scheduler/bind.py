@@ -11,27 +11,21 @@ import asyncio
 import time
 
 from hamid.fit.fit import PodFitSpec
-from hamid.kube.cache import NodeCache, PodCache
-from hamid.kube.client import KubeClient
+from hamid.kube.cache import NodeCache
 from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, init_container_count
-from hamid.scheduler.bind_backoff import BindBackoff
+from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
-from hamid.scheduler.filter import Record
-from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
-from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import JSON
+from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")
 
-#: How long a bind waits for a contended node lock (well inside kube-scheduler's 30 s httpTimeout).
-DEFAULT_BIND_WAIT_S = 25.0
 #: The whole budget of one /bind (lock wait and every API call): kube-scheduler's extender
 #: httpTimeout is 30 s; the rest is margin for the HTTP exchange itself.
 BIND_BUDGET_S = 27.0
@@ -59,40 +53,20 @@ class Fenced(Exception):
 
 
 class Binder:
-    """The bind verb over one scheduler's state, caches, node locker and API client."""
+    """The bind verb over the verbs' shared context, the node cache and the node locker."""
 
-    def __init__(
-        self,
-        *,
-        state: SchedulerState,
-        kube: KubeClient,
-        config: ResourceConfig,
-        gpu_policy: str,
-        node_policy: str,
-        api_timeout_s: float,
-        bind_wait_s: float,
-        pods: PodCache,
-        nodes: NodeCache,
-        locker: NodeLocker,
-        backoff: BindBackoff,
-        metrics: SchedulerMetrics,
-        readiness: Readiness,
-        record: Record,
-    ) -> None:
-        self.state = state
-        self.kube = kube
-        self.config = config
-        self.gpu_policy = gpu_policy
-        self.node_policy = node_policy
-        self.api_timeout_s = api_timeout_s
-        self.bind_wait_s = bind_wait_s
-        self.pods = pods
+    def __init__(self, context: VerbContext, nodes: NodeCache, locker: NodeLocker) -> None:
+        self.state = context.state
+        self.kube = context.kube
+        self.config = context.config
+        self.settings = context.settings
+        self.pods = context.pods
+        self.backoff = context.backoff
+        self.metrics = context.metrics
+        self.readiness = context.readiness
+        self.record = context.record
         self.nodes = nodes
         self.locker = locker
-        self.backoff = backoff
-        self.metrics = metrics
-        self.readiness = readiness
-        self.record = record
         #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
         self.in_flight: set[str] = set()
         #: Set on shutdown: binds waiting for a node lock are answered at once.
@@ -137,7 +111,7 @@ class Binder:
     def _call_timeout(self, deadline: float, keep: float = 0.0) -> float:
         """An API call's timeout: the API timeout, shortened so ``keep`` s of the budget remain."""
         remaining = deadline - asyncio.get_running_loop().time() - keep
-        return max(min(self.api_timeout_s, remaining), _MIN_CALL_S)
+        return max(min(self.settings.api_timeout_s, remaining), _MIN_CALL_S)
 
     async def _read_pod(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
         """The named pod from the cache or the API; None and why when it cannot be read."""
@@ -200,7 +174,7 @@ class Binder:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
             return message
         loop = asyncio.get_running_loop()
-        wait_s = max(min(self.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
+        wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
         try:
             waited = await self._acquire_or_close(args, wait_s)
         except (LockContention, KubeError) as exc:
@@ -300,7 +274,8 @@ class Binder:
     def _needs_lock(self, pod: JSON) -> bool:
         """HAMi takes the node lock only when a regular container requests the GPU count."""
         try:
-            requests = PodFitSpec.from_pod(pod, self.config, self.gpu_policy, self.node_policy)
+            settings = self.settings
+            requests = PodFitSpec.from_pod(pod, self.config, settings.gpu_policy, settings.node_policy)
         except InvalidInput:
             return True
         n_init = init_container_count(pod)

@@ -6,7 +6,7 @@ acquisition) hold :meth:`Coordination.node_guard`, an in-process ``asyncio.Lock`
 server never stalls other nodes. A bind waiting for a node's lock to free waits on
 :meth:`Coordination.wait_change`, woken by :meth:`Coordination.notify` whenever the node or a pod
 placed on it changes. The outboxes collect what synchronous accounting code found to report
-(Warning Events), for :class:`~hamid.scheduler.core.Scheduler` to send from the event loop.
+(Warning Events), for :class:`~hamid.scheduler.outbox.EventOutbox` to send from the event loop.
 """
 
 from __future__ import annotations

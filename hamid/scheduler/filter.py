@@ -1,227 +1,51 @@
-"""The extender filter verb: choose a node for a pod, reserve its GPUs, patch, answer one node.
+"""The extender filter verb: plan a node for a pod, reserve it, answer kube-scheduler with one node.
 
-:class:`Filter` plans over the state's score index (best-first, work proportional to the nodes
-ahead of the winner), predicts kubelet's NUMA choice on the nodes it fits, reserves the chosen
-GPUs and writes the allocation annotations (undone on failure). A node whose free room cannot
-hold the pod at all only gives its failure reason, memoised per request shape until the node's
-usage changes, so a pod that fits nowhere costs a lookup per node instead of a fit.
+:class:`Filter` refuses what it must not plan (not ready, no GPU asked, a bound pod), asks the
+pure :class:`~hamid.scheduler.filter_plan.Planner` for a :class:`~hamid.scheduler.filter_plan.Plan`
+(a first-seen pod that fits nowhere gets its capacity reasons computed in slices, yielding to the
+loop), hands a winner to the :class:`~hamid.scheduler.filter_reserve.Reserver`, and records HAMi's
+FilteringSucceed/FilteringFailed Events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
+from collections.abc import Mapping
 
-from hamid.fit.fgd import Placement, Shape
-from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.node_room import CpuMem, pod_cpu_mem
-from hamid.fit.numa_fit import gpu_replicas, numa_targets, pod_shape
-from hamid.fit.numa_predict import Outcome, Prediction
-from hamid.fit.policy import BINPACK, FGD, best_first
-from hamid.kube.cache import PodCache
-from hamid.kube.client import KubeClient
-from hamid.kube.events import EventType
-from hamid.log import get_logger
-from hamid.model import annotations as ann
+from hamid.fit.fit import PodFitSpec
 from hamid.model import objects
 from hamid.model import reasons as R
-from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import NUMA_PREDICTED, encode_prediction
-from hamid.model.resources import ResourceConfig
-from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.extender_json import FilterArgs, FilterResult
-from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
-from hamid.scheduler.inventory import NodeEntry
-from hamid.scheduler.ledger import Reservation
-from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
-from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import JSON, SchedulerState
-
-log = get_logger("scheduler")
+from hamid.scheduler.filter_plan import ColdReasons, NumaFit, Planner
+from hamid.scheduler.filter_reserve import Reserver
+from hamid.scheduler.state import JSON
+from hamid.scheduler.verbs import VerbContext
 
 _MAX_FAILED_EVENTS = 5
-#: After a best-effort fit off the predicted NUMA node, how many more nodes the filter tries for
-#: an aligned fit before taking it (a fallback scores below any aligned fit, within this window).
-_FALLBACK_LOOKAHEAD = 4
-#: Request shapes given an id for the failure-reason memo before the ids start afresh.
-_SHAPE_IDS = 1024
-#: No-fit answers kept (one per request shape) before they are dropped.
-_NO_FITS = 64
-#: Nodes changed since a no-fit answer that are re-judged on their own; more: a full walk.
-_NO_FIT_PATCH = 256
 #: Capacity reasons a /filter computes inside one plan; more are computed first, in slices.
 _COLD_FITS = 100
 #: The longest slice of that work between two yields to the event loop.
 _SLICE_S = 0.002
 
-#: ``prefer(node)``: the device ids a fit tries first there (the ``fgd`` GPU choice).
-Prefer = Callable[[NodeEntry], tuple[str, ...]]
-
-#: ``record(obj, type, reason, message)``: an Event in the background.
-Record = Callable[[JSON, EventType, str, str], None]
-
-
-@dataclass(slots=True)
-class NumaFit:
-    """One filter's NUMA context: the pod, its memo shape and mode, and each node's prediction."""
-
-    pod: JSON
-    uid: str
-    shape: Hashable
-    mode: AlignmentMode
-    predictions: dict[str, Prediction | None] = dataclass_field(default_factory=dict)
-
-    @classmethod
-    def of(cls, pod: JSON, uid: str) -> NumaFit:
-        """The context of ``pod`` (its alignment mode was validated at admission; invalid: none)."""
-        try:
-            mode = parse_alignment(objects.annotations(pod))
-        except InvalidInput:
-            mode = AlignmentMode.NONE
-        return cls(pod, uid, pod_shape(pod), mode)
-
-    def predict(self, ledgers: NumaLedgers, node: str) -> Prediction | None:
-        """The prediction on ``node`` (None: no ledger), kept for the patch and the log."""
-        try:
-            prediction = ledgers.predict(node, self.pod, self.shape, self.uid)
-        except InvalidInput as exc:  # a pod the predictor cannot read keeps today's behaviour
-            log.info("numa_predict_refused", node=node, error=str(exc))
-            prediction = None
-        self.predictions[node] = prediction
-        return prediction
-
-    def resolve(self, ledgers: NumaLedgers, entry: NodeEntry, fitted: Fitted) -> None:
-        """An unknown prediction once the GPUs are fitted: on a node where hamid's plugin offers
-        kubelet ``GetPreferredAllocation``, the fitted GPUs are its choice, so kubelet's replicas
-        follow them; a definite placement then replaces the unknown (recorded and booked)."""
-        resolved = ledgers.predict_chosen(
-            entry.name, self.pod, self.uid, fitted.devices, gpu_replicas(entry.usage)
-        )
-        if resolved is not None and resolved.outcome is Outcome.PLACED:
-            self.predictions[entry.name] = resolved
-
-
-@dataclass(frozen=True, slots=True)
-class _Candidates:
-    """A candidate list with its positions and unregistered names, for one node membership."""
-
-    names: tuple[str, ...]
-    membership: int
-    position: Mapping[str, int]
-    unregistered: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class _Walk:
-    """One plan's progress: failed-node reasons and a best-effort fit awaiting aligned ones."""
-
-    failed: dict[str, str]
-    fallback: tuple[str, Fitted] | None = None
-    after_fallback: int = 0
-    #: Nodes fitted for real (not merely passed over for their room).
-    fits: int = 0
-
-    def tried(self, name: str, result: Fitted | Unfit, aligned: bool) -> tuple[str, Fitted] | None:
-        """Note one node's fit; the winner once known (an aligned fit, or the fallback's window ended)."""
-        self.fits += 1
-        if not isinstance(result, Fitted):
-            self.failed[name] = result.reason
-        elif aligned:
-            return name, result
-        elif self.fallback is None:
-            self.fallback = (name, result)
-        return self._counted()
-
-    def passed(self, name: str, reason: str) -> tuple[str, Fitted] | None:
-        """Note a node passed over for its room (``reason``); the fallback once its window ended."""
-        self.failed[name] = reason
-        return self._counted()
-
-    def _counted(self) -> tuple[str, Fitted] | None:
-        if self.fallback is not None:
-            self.after_fallback += 1
-            if self.after_fallback > _FALLBACK_LOOKAHEAD:
-                return self.fallback
-        return None
-
-
-@dataclass(slots=True)
-class _NoFit:
-    """The answer for a request shape that fits no candidate by room alone, kept while valid.
-
-    Valid for the same candidates (and node membership) until a node's health may flip by the
-    clock (``flips_at``); nodes changed since ``seq`` (inventory changes) are re-judged on their
-    own, and any of them with room for the pod makes a full walk.
-    """
-
-    candidates: _Candidates
-    seq: int
-    flips_at: float
-    failed: dict[str, str]
-
-
-class _ColdReasons(Exception):
-    """A plan met more nodes without a memoised capacity reason than it may fit in one step."""
-
-    def __init__(self, entries: list[NodeEntry], shape: int, quota: Quota | None) -> None:
-        super().__init__(f"{len(entries)} capacity reasons to compute")
-        self.entries = entries
-        self.shape = shape
-        self.quota = quota
-
-
-#: What :meth:`Filter.plan` returns: the node, its fit, and the failed-node reasons.
-Plan = tuple[str | None, Fitted | None, dict[str, str]]
-
 
 class Filter:
-    """The filter verb over one scheduler's state, NUMA ledgers and API client."""
+    """The filter verb: refusals, the plan, the reserve step, the Events and the answer."""
 
-    def __init__(
-        self,
-        *,
-        state: SchedulerState,
-        numa: NumaLedgers,
-        kube: KubeClient,
-        config: ResourceConfig,
-        gpu_policy: str,
-        node_policy: str,
-        api_timeout_s: float,
-        pods: PodCache,
-        backoff: BindBackoff,
-        metrics: SchedulerMetrics,
-        readiness: Readiness,
-        record: Record,
-        fgd: FgdRanker,
-    ) -> None:
-        self.state = state
-        self.fgd = fgd
-        self.numa = numa
-        self.kube = kube
-        self.config = config
-        self.gpu_policy = gpu_policy
-        self.node_policy = node_policy
-        self.api_timeout_s = api_timeout_s
-        self.pods = pods
-        self.backoff = backoff
-        self.metrics = metrics
-        self.readiness = readiness
-        self.record = record
-        self._candidates: _Candidates | None = None
-        self._shape_ids: dict[tuple[PodFitSpec, Quota | None], int] = {}
-        self._next_shape = itertools.count()
-        self._no_fit: dict[int, _NoFit] = {}
+    def __init__(self, context: VerbContext, planner: Planner, reserver: Reserver) -> None:
+        self.config = context.config
+        self.settings = context.settings
+        self.pods = context.pods
+        self.metrics = context.metrics
+        self.readiness = context.readiness
+        self.record = context.record
+        self.planner = planner
+        self.reserver = reserver
         self._unfit_events: tuple[dict[str, str], list[str]] | None = None
 
     async def filter(self, args: FilterArgs) -> FilterResult:
-        """The extender filter verb: fit, reserve, patch (undo on failure), answer one node."""
+        """The extender filter verb: plan, reserve (undone on failure), answer one node."""
         started = time.perf_counter()
         try:
             result = await self._filter(args)
@@ -230,307 +54,6 @@ class Filter:
         chosen = bool(result.node_names) or bool(result.nodes)
         self.metrics.filter_results.labels("error" if result.error else "fit" if chosen else "unfit").inc()
         return result
-
-    # -- planning ---------------------------------------------------------------------------------
-
-    def plan(
-        self,
-        pod: JSON,
-        spec: PodFitSpec,
-        names: tuple[str, ...],
-        numa: NumaFit | None = None,
-        cold_fits: int | None = None,
-    ) -> Plan:
-        """Choose a node for ``pod`` among ``names`` (pure over the state; nothing changes).
-
-        The node fitting every candidate and picking the best would choose (best node score for
-        the policy, ties to the earliest candidate), found best-first from the score index; a
-        node whose room is below the pod's need only gives its (memoised) capacity reason. When
-        nothing fits every candidate gets HAMi's reason; else the unregistered ones and those
-        fitted before the winner. With ``numa`` each node fitted is first predicted (:meth:`_fit`):
-        a fit off the predicted NUMA node wins only if no aligned fit follows within
-        :data:`_FALLBACK_LOOKAHEAD` nodes. Past ``cold_fits`` reasons to compute: :class:`_ColdReasons`.
-        """
-        uid = objects.uid(pod)
-        state = self.state
-        previous = state.reservation(uid)
-        quota = state.fit_quota(objects.namespace(pod), exclude_uid=uid)
-        nodes = state.nodes
-        now = state.clock()
-        position, unregistered = self._positions(names)
-        need = room_needed(spec)
-        shape = self._shape_id(spec, quota)
-        if previous is None:
-            known = self._no_fit_answer(shape, spec, quota, need, position, now)
-            if known is not None:
-                return None, None, known
-        walk = _Walk(dict.fromkeys(unregistered, R.NODE_UNREGISTERED))
-        # A re-filtered pod sees its own booking on its node as free: that node's score differs
-        # from the index's, so it is ranked on its own.
-        own: tuple[float, str] | None = None
-        if previous is not None and previous.node in position and previous.node in nodes:
-            own = (nodes[previous.node].usage.score(previous.applied), previous.node)
-        passed: list[NodeEntry] = []  # best-first; only their reasons are needed when nothing fits
-        backing_off = self.backoff.active(now, nodes)
-        judged = len(walk.failed)
-        ranked, node_policy, own, prefer = self._ordering(pod, spec, position, own, walk.failed)
-        # nodes short of CPU/memory for this pod say nothing about its GPU shape: not memoised
-        memo = len(walk.failed) == judged
-        for group in best_first(ranked, node_policy, position, own):
-            tries = _triage(group, nodes, now, backing_off, own, need, walk.failed, passed)
-            for entry in tries:
-                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa, prefer))
-                if won is not None:
-                    return won[0], won[1], walk.failed
-        if cold_fits is not None:
-            cold = [entry for entry in passed if shape not in entry.unfit]
-            if len(cold) > cold_fits:
-                raise _ColdReasons(cold, shape, quota)
-        won = self._passed(passed, walk, shape, spec, quota, previous, numa, prefer)
-        if won is not None:
-            return won[0], won[1], walk.failed
-        won = self._backing_off(backing_off, position, walk, spec, quota, previous, numa, prefer)
-        if won is not None:
-            return won[0], won[1], walk.failed
-        if walk.fallback is not None:
-            return walk.fallback[0], walk.fallback[1], walk.failed
-        if walk.fits == 0 and previous is None and memo and self._candidates is not None:
-            self._remember_no_fit(shape, walk.failed, now)
-        return None, None, walk.failed
-
-    def _ordering(
-        self,
-        pod: JSON,
-        spec: PodFitSpec,
-        position: Mapping[str, int],
-        own: tuple[float, str] | None,
-        failed: dict[str, str],
-    ) -> tuple[list[tuple[float, str]], str, tuple[float, str] | None, Prefer | None]:
-        """The ranking a plan walks, its direction, the own node's rank and the GPU order, per policy.
-
-        HAMi's policies walk the score index; ``fgd`` walks the candidates by fragmentation gain
-        (highest first; nodes short of CPU or memory get kube-scheduler's reason in ``failed``)
-        and, as GPU policy, tries first the GPUs where the pod removes the most fragmentation.
-        """
-        policy = spec.policy
-        fgd_node, fgd_gpu = policy.node_policy == FGD, policy.gpu_policy.value == FGD
-        if not (fgd_node or fgd_gpu):
-            return self.state.ranked(), policy.node_policy, own, None
-        try:
-            shape = self.fgd.shape_of(pod, spec)
-        except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): pack
-            return self.state.ranked(), BINPACK if fgd_node else policy.node_policy, own, None
-        ranked, node_policy = self.state.ranked(), policy.node_policy
-        placements: dict[str, Placement] = {}
-        if fgd_node:
-            own_name = own[1] if own is not None else None
-            ranked, placements = fgd_ranked(self.fgd, shape, position, self.state.nodes, own_name, failed)
-            node_policy = BINPACK  # highest gain first
-            if own is not None:
-                own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
-        return ranked, node_policy, own, self._gpu_order(shape, placements) if fgd_gpu else None
-
-    def _gpu_order(self, shape: Shape, placements: Mapping[str, Placement]) -> Prefer:
-        """The ``fgd`` GPU order on a node: the GPUs of its best placement first."""
-        fgd = self.fgd
-
-        def prefer(entry: NodeEntry) -> tuple[str, ...]:
-            placed = placements.get(entry.name)
-            return fgd.preferred(entry, placed if placed is not None else fgd.best_on(entry, shape))
-
-        return prefer
-
-    def _remember_no_fit(self, shape: int, failed: dict[str, str], now: float) -> None:
-        """Keep a no-fit answer reached by room alone (no node fitted) for the next retry."""
-        if len(self._no_fit) >= _NO_FITS:
-            self._no_fit.clear()
-        inventory = self.state.inventory
-        assert self._candidates is not None
-        self._no_fit[shape] = _NoFit(self._candidates, inventory.seq, inventory.health_flips_at(now), failed)
-
-    def _no_fit_answer(
-        self,
-        shape: int,
-        spec: PodFitSpec,
-        quota: Quota | None,
-        need: tuple[int, int, int],
-        position: Mapping[str, int],
-        now: float,
-    ) -> dict[str, str] | None:
-        """The kept no-fit answer of ``shape``, brought up to date; None when a walk is needed.
-
-        Only the nodes changed since the answer are judged again; one that may now have room
-        (or more than :data:`_NO_FIT_PATCH` changes, or a health flip due by the clock) drops it.
-        """
-        known = self._no_fit.get(shape)
-        if known is None or known.candidates is not self._candidates or now >= known.flips_at:
-            return None
-        inventory = self.state.inventory
-        changed = inventory.changed_since(known.seq, _NO_FIT_PATCH)
-        if changed is None:
-            return None
-        updates: dict[str, str] = {}
-        for name in changed:
-            entry = inventory.nodes.get(name)
-            if name not in position or entry is None:
-                continue  # not a candidate, or gone (the membership changed: not kept then)
-            reason = self._room_reason(entry, shape, spec, quota, need, now)
-            if reason is None:
-                del self._no_fit[shape]
-                return None
-            if known.failed.get(name) != reason:
-                updates[name] = reason
-            known.flips_at = min(known.flips_at, entry.health_flips_at(now))
-        if updates:  # a new answer; an unchanged one stays the same object (its Events too)
-            known.failed = {**known.failed, **updates}
-        known.seq = inventory.seq
-        return known.failed
-
-    def _room_reason(
-        self,
-        entry: NodeEntry,
-        shape: int,
-        spec: PodFitSpec,
-        quota: Quota | None,
-        need: tuple[int, int, int],
-        now: float,
-    ) -> str | None:
-        """Why a node takes no pod of this shape without a fit (unhealthy, no room); None: fit it."""
-        if not entry.healthy(now):
-            return R.NODE_UNREGISTERED
-        gpus, mem, cores = entry.usage.room()
-        if gpus >= need[0] and mem >= need[1] and cores >= need[2]:
-            return None
-        return self._capacity_reason(entry, shape, spec, quota)
-
-    def _capacity_reason(
-        self, entry: NodeEntry, shape: int, spec: PodFitSpec, quota: Quota | None
-    ) -> str | None:
-        """The plain fit's reason on a node without room (memoised on it); None if it fits after all."""
-        reason = entry.unfit.get(shape)
-        if reason is None:
-            result = fit_pod(entry.usage, spec, quota)
-            if isinstance(result, Fitted):
-                return None
-            reason = result.reason
-            entry.remember_unfit(shape, reason)
-        return reason
-
-    def _backing_off(
-        self,
-        backing_off: Mapping[str, float],
-        position: Mapping[str, int],
-        walk: _Walk,
-        spec: PodFitSpec,
-        quota: Quota | None,
-        previous: Reservation | None,
-        numa: NumaFit | None,
-        prefer: Prefer | None = None,
-    ) -> tuple[str, Fitted] | None:
-        """The candidates in bind back-off, tried last (soonest-expiring first)."""
-        nodes = self.state.nodes
-        for name in sorted(backing_off, key=backing_off.__getitem__):
-            if name in walk.failed or name not in position:
-                continue
-            won = walk.tried(name, *self._fit(nodes[name], spec, quota, previous, numa, prefer))
-            if won is not None:
-                return won
-        return None
-
-    def _passed(
-        self,
-        passed: Iterable[NodeEntry],
-        walk: _Walk,
-        shape: int,
-        spec: PodFitSpec,
-        quota: Quota | None,
-        previous: Reservation | None,
-        numa: NumaFit | None,
-        prefer: Prefer | None = None,
-    ) -> tuple[str, Fitted] | None:
-        """The nodes passed over for their room: each gives its (memoised) capacity reason.
-
-        Their room is below the pod's need, so no fit (NUMA-restricted or not) can succeed there;
-        the reason is the plain fit's, kept on the node until its usage changes. Should a fit
-        succeed after all, the node is tried as any other.
-        """
-        for entry in passed:
-            reason = self._capacity_reason(entry, shape, spec, quota)
-            if reason is None:
-                won = walk.tried(entry.name, *self._fit(entry, spec, quota, previous, numa, prefer))
-            else:
-                won = walk.passed(entry.name, reason)
-            if won is not None:
-                return won
-        return None
-
-    def _shape_id(self, spec: PodFitSpec, quota: Quota | None) -> int:
-        """A small id for the request shape (spec and quota headroom) the reason memo is keyed on."""
-        key = (spec, quota)
-        shape = self._shape_ids.get(key)
-        if shape is None:
-            if len(self._shape_ids) >= _SHAPE_IDS:
-                self._shape_ids.clear()  # ids are never reused: old memo entries just go unread
-            shape = self._shape_ids[key] = next(self._next_shape)
-        return shape
-
-    def _positions(self, names: tuple[str, ...]) -> tuple[Mapping[str, int], tuple[str, ...]]:
-        """Each candidate's request position (first occurrence) and the unregistered candidates.
-
-        kube-scheduler sends the same node list filter after filter: the answer is kept until the
-        list or the set of registered nodes changes, so a filter does not rebuild it.
-        """
-        membership = self.state.membership
-        cached = self._candidates
-        if (
-            cached is not None
-            and cached.membership == membership
-            and (cached.names is names or cached.names == names)
-        ):
-            return cached.position, cached.unregistered
-        position = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
-        unregistered = tuple(position.keys() - self.state.nodes.keys())
-        self._candidates = _Candidates(names, membership, position, unregistered)
-        return position, unregistered
-
-    def _fit(
-        self,
-        entry: NodeEntry,
-        spec: PodFitSpec,
-        quota: Quota | None,
-        previous: Reservation | None,
-        numa: NumaFit | None = None,
-        prefer: Prefer | None = None,
-    ) -> tuple[Fitted | Unfit, bool]:
-        """Fit the pod on one node, within the NUMA node kubelet is predicted to choose.
-
-        Returns the fit and whether it is aligned with the prediction (True also when there is no
-        definite prediction). ``reject`` and a ``strict`` pod that cannot be aligned are
-        ``NumaPredictedNotFit``; a best-effort (or not opted-in) pod falls back to any GPU.
-        """
-        release = previous.applied if previous is not None and previous.node == entry.name else None
-        order = prefer(entry) if prefer is not None else ()
-        if numa is None:
-            return fit_pod(entry.usage, spec, quota, release, prefer=order), True
-        prediction = numa.predict(self.numa, entry.name)
-        if prediction is None or prediction.outcome is Outcome.UNKNOWN:
-            fitted = fit_pod(entry.usage, spec, quota, release, prefer=order)
-            if prediction is not None and isinstance(fitted, Fitted):
-                numa.resolve(self.numa, entry, fitted)
-            return fitted, True
-        if prediction.outcome is Outcome.REJECT:
-            return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
-        targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
-        if all(t is None for t in targets):
-            return fit_pod(entry.usage, spec, quota, release, prefer=order), True
-        within = fit_pod(entry.usage, spec, quota, release, targets, order)
-        if isinstance(within, Fitted):
-            return within, True
-        if numa.mode is AlignmentMode.STRICT:
-            return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
-        return fit_pod(entry.usage, spec, quota, release, prefer=order), False
-
-    # -- the verb -------------------------------------------------------------------------------
 
     def _refusal(self, pod: JSON) -> FilterResult | None:
         """The answer without planning (no GPU asked, not ready, bad pod); None to plan."""
@@ -543,7 +66,7 @@ class Filter:
     async def _filter(self, args: FilterArgs) -> FilterResult:
         pod = args.pod
         try:
-            spec = PodFitSpec.from_pod(pod, self.config, self.gpu_policy, self.node_policy)
+            spec = PodFitSpec.from_pod(pod, self.config, self.settings.gpu_policy, self.settings.node_policy)
         except InvalidInput as exc:
             return FilterResult(error=str(exc))
         if not spec.wants_gpu:
@@ -554,14 +77,14 @@ class Filter:
         epoch = self.readiness.epoch()
         numa = NumaFit.of(pod, objects.uid(pod))
         try:
-            node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
-        except _ColdReasons as cold:  # a pod that fits nowhere, first seen: reasons in slices
+            node, fitted, failed = self.planner.plan(pod, spec, args.candidate_names, numa, _COLD_FITS)
+        except ColdReasons as cold:  # a pod that fits nowhere, first seen: reasons in slices
             await self._warm(cold, spec)
-            node, fitted, failed = self.plan(pod, spec, args.candidate_names, numa)
+            node, fitted, failed = self.planner.plan(pod, spec, args.candidate_names, numa)
         if node is None or fitted is None:
             self._record_unfit(pod, failed)
             return FilterResult(failed_nodes=failed)
-        error = await self._reserve(pod, node, fitted, numa, epoch)
+        error = await self.reserver.reserve(pod, node, fitted, numa, epoch)
         if error:
             return FilterResult(error=error)
         self.record(
@@ -577,22 +100,14 @@ class Filter:
 
     def _cpu_only(self, args: FilterArgs, spec: PodFitSpec) -> FilterResult:
         """A pod without GPUs: every candidate, or under ``fgd`` the node where it strands the least
-        GPU (:func:`fgd_cpu_only`).
+        GPU (:meth:`Planner.cpu_only`).
 
         Such a pod reaches hamid only when the webhook routes CPU-only pods to it
         (``--schedule-cpu-pods``); kube-scheduler then scores the nodes kept, as for any pod. A
         scheduler not ready keeps every candidate (nothing is booked for such a pod).
         """
         names = args.candidate_names
-        kept: list[str] | None = None
-        if spec.policy.node_policy == FGD and names and not self.readiness.reason():
-            try:
-                shape = self.fgd.shape_of(args.pod, spec)
-            except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): all
-                shape = None
-            if shape is not None:
-                position, unregistered = self._positions(names)
-                kept = fgd_cpu_only(self.fgd, shape, position, unregistered, self.state.nodes)
+        kept = None if self.readiness.reason() else self.planner.cpu_only(args.pod, spec, names)
         if kept is None:
             return FilterResult(
                 node_names=list(args.node_names) if args.node_names is not None else None,
@@ -606,71 +121,15 @@ class Filter:
             )
         return FilterResult(node_names=kept, failed_nodes=failed)
 
-    async def _warm(self, cold: _ColdReasons, spec: PodFitSpec) -> None:
+    async def _warm(self, cold: ColdReasons, spec: PodFitSpec) -> None:
         """Compute the capacity reasons a plan lacked, yielding to the loop every :data:`_SLICE_S`."""
         deadline = time.perf_counter() + _SLICE_S
         for entry in cold.entries:
             if cold.shape not in entry.unfit:
-                self._capacity_reason(entry, cold.shape, spec, cold.quota)
+                self.planner.capacity_reason(entry, cold.shape, spec, cold.quota)
             if time.perf_counter() >= deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + _SLICE_S
-
-    async def _reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit, epoch: str) -> str:
-        """Book the fit, then patch the allocation annotations; "" when done, else the error.
-
-        Nothing is booked or written unless the leadership the filter started under still holds.
-        """
-        fenced = self.readiness.check(epoch)
-        if fenced:
-            return f"scheduler not ready: {fenced}"
-        uid, name = objects.uid(pod), objects.namespaced_key(pod)
-        raw = ann.encode_pod_devices(fitted.devices)
-        signature = self.state.signature(uid, node, raw)
-        annotations: dict[str, str | None] = {
-            ann.VGPU_NODE: node,
-            ann.VGPU_TIME: str(int(time.time())),
-            ann.DEVICES_TO_ALLOCATE: raw,
-            ann.DEVICES_ALLOCATED: raw,
-            **signature,
-        }
-        prediction = numa.predictions.get(node)
-        predicted = self._prediction_annotation(node, prediction)
-        if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
-            annotations[NUMA_PREDICTED] = predicted
-        undo = self.state.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
-        undo_cpu_mem = self.fgd.cpu_mem.assume(uid, node, _cpu_mem(pod))
-        undo_numa = None
-        if predicted is not None and prediction is not None:
-            undo_numa = self.numa.book(uid, node, prediction, pod)
-        try:
-            await self.kube.patch_pod_metadata(
-                objects.namespace(pod),
-                objects.name(pod),
-                annotations=annotations,
-                labels={ann.VGPU_NODE: node},
-                uid=uid,
-                timeout=self.api_timeout_s,
-            )
-        except Exception as exc:  # any failure (API or not) leaves no reservation behind
-            undo()
-            undo_cpu_mem()
-            if undo_numa is not None:
-                undo_numa()
-            log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
-            return f"patching pod {name} failed: {exc}"
-        self.state.confirm(uid)
-        if prediction is not None and prediction.outcome is Outcome.UNKNOWN:
-            self.metrics.numa_predictions.labels(UNKNOWN).inc()
-        log.info("filter_fit", pod=name, node=node, devices=raw, numa=_describe(prediction))
-        return ""
-
-    def _prediction_annotation(self, node: str, prediction: Prediction | None) -> str | None:
-        """The ``hamid.io/numa-predicted`` value of a placed prediction on ``node`` (None otherwise)."""
-        if prediction is None or prediction.outcome is not Outcome.PLACED:
-            return None
-        profile = self.numa.nodes[node].profile
-        return encode_prediction(prediction.record(profile.generation)) if profile is not None else None
 
     def _record_unfit(self, pod: JSON, failed: dict[str, str]) -> None:
         """HAMi's FilteringFailed Events: one per reason (the first few), naming its nodes."""
@@ -684,14 +143,6 @@ class Filter:
             self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, message)
 
 
-def _cpu_mem(pod: JSON) -> CpuMem:
-    """The pod's cpu/memory request (nothing when unreadable: kube-scheduler would not pass it)."""
-    try:
-        return pod_cpu_mem(pod)
-    except InvalidInput:
-        return CpuMem()
-
-
 def _unfit_messages(failed: Mapping[str, str]) -> list[str]:
     """The FilteringFailed messages of a no-fit answer (``no candidate nodes`` when empty)."""
     by_reason: dict[str, list[str]] = {}
@@ -702,16 +153,6 @@ def _unfit_messages(failed: Mapping[str, str]) -> list[str]:
         for reason, nodes in sorted(by_reason.items())[:_MAX_FAILED_EVENTS]
     ]
     return messages or ["no candidate nodes"]
-
-
-def _describe(prediction: Prediction | None) -> str:
-    """The prediction for the filter's log line: ``placed numa=0,1``, ``unknown: reason``, ``none``."""
-    if prediction is None:
-        return "none"
-    if prediction.outcome is Outcome.PLACED:
-        numas = sorted({n for c in prediction.containers for n in c.numa})
-        return f"placed numa={','.join(map(str, numas)) or '-'}"
-    return f"{prediction.outcome}: {prediction.reason}"
 
 
 def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
@@ -735,39 +176,3 @@ def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
             where = f"bound to {bound}" if bound else f"{phase}"
             return f"pod {objects.namespaced_key(pod)} is already {where}: it is not filtered again"
     return ""
-
-
-def _triage(
-    group: Iterable[str],
-    nodes: Mapping[str, NodeEntry],
-    now: float,
-    backing_off: Mapping[str, float],
-    own: tuple[float, str] | None,
-    need: tuple[int, int, int],
-    failed: dict[str, str],
-    passed: list[NodeEntry],
-) -> list[NodeEntry]:
-    """The nodes of one score group worth a fit now, in order.
-
-    An unhealthy node gets its reason in ``failed``; a node whose room is below ``need`` (GPUs,
-    MiB, cores) goes to ``passed`` (it cannot fit: only its reason is needed, when no other node
-    fits); a node backing off is left for last (by the caller). The pod's own node is always
-    tried: its booking is free to it.
-    """
-    own_node = own[1] if own is not None else None
-    need_gpus, need_mem, need_cores = need
-    tries: list[NodeEntry] = []
-    for name in group:
-        entry = nodes[name]
-        if not entry.healthy(now):
-            failed[name] = R.NODE_UNREGISTERED
-            continue
-        if name != own_node:
-            gpus, mem, cores = entry.usage.room()
-            if gpus < need_gpus or mem < need_mem or cores < need_cores:
-                passed.append(entry)
-                continue
-        if name in backing_off:
-            continue
-        tries.append(entry)
-    return tries

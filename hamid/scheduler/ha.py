@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hamid.kube.cache import WatchCache
-from hamid.kube.client import JSON
+from hamid.kube.client import JSON, KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects as obj
 from hamid.model.objects import object_key
-from hamid.scheduler.core import Scheduler
+from hamid.scheduler.readiness import Readiness
 
 log = get_logger("scheduler.ha")
 
@@ -60,8 +60,11 @@ class Leadership:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        kube: KubeClient,
+        readiness: Readiness,
+        caches: Sequence[WatchCache],
         *,
+        api_timeout_s: float,
         pod_name: str | None = None,
         pod_namespace: str | None = None,
         pod_selector: str = "",
@@ -74,7 +77,10 @@ class Leadership:
             raise ValueError("relabel_interval, sync_poll, sync_round and retry_delay must be > 0")
         if pod_name and not pod_namespace:
             raise ValueError("a pod name needs its namespace (--pod-namespace)")
-        self.scheduler = scheduler
+        self.kube = kube
+        self.readiness = readiness
+        self.caches = tuple(caches)
+        self.api_timeout_s = api_timeout_s
         self.pod_name = pod_name or ""
         self.pod_namespace = pod_namespace or ""
         self.pod_selector = pod_selector
@@ -87,13 +93,13 @@ class Leadership:
         self._sync_task: asyncio.Task[None] | None = None
         self._cancelled: set[asyncio.Task[None]] = set()
         self._cache_event = asyncio.Event()
-        for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
+        for cache in self.caches:
             cache.add_handlers(
                 on_add=self._cache_changed,
                 on_update=lambda _old, _new: self._cache_event.set(),
                 on_delete=self._cache_changed,
             )
-        scheduler.readiness.follow()
+        readiness.follow()
 
     def _cache_changed(self, _obj: JSON) -> None:
         self._cache_event.set()
@@ -103,7 +109,7 @@ class Leadership:
     def started(self) -> None:
         """A new term: refuse decisions until its caches have caught up, then label roles."""
         self.term += 1
-        self.scheduler.readiness.lead()
+        self.readiness.lead()
         self._cancel_sync()
         self._sync_task = asyncio.get_running_loop().create_task(self._sync(self.term))
         self._changed.set()
@@ -111,7 +117,7 @@ class Leadership:
 
     def stopped(self) -> None:
         """The term ended: refuse decisions, label this pod a follower."""
-        self.scheduler.readiness.follow()
+        self.readiness.follow()
         self._cancel_sync()
         self._changed.set()
         log.info("leadership_term_ended", term=self.term)
@@ -127,13 +133,13 @@ class Leadership:
 
     async def _catch_up(self, cache: WatchCache) -> None:
         await cache.wait_synced()
-        items, list_version = await self.scheduler.kube.list_objects(
+        items, list_version = await self.kube.list_objects(
             cache.resource,
             cache.namespace,
             field_selector=cache.field_selector,
             label_selector=cache.label_selector,
             page_size=cache.page_size,
-            timeout=self.scheduler.settings.api_timeout_s,
+            timeout=self.api_timeout_s,
         )
         listed = versions(items)
         while not caught_up(cache.resource_version, versions(cache.values()), list_version, listed):
@@ -145,18 +151,17 @@ class Leadership:
 
     async def _sync(self, term: int) -> None:
         """Catch every cache up with a list taken in this term; rounds are bounded and retried."""
-        s = self.scheduler
         while True:
             try:
                 async with asyncio.timeout(self.sync_round):
-                    for cache in (s.pods, s.nodes, s.quotas):
+                    for cache in self.caches:
                         await self._catch_up(cache)
                 break
             except (KubeError, TimeoutError) as exc:
                 log.warning("term_sync_retry", term=term, error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(self.retry_delay)
-        if term == self.term and s.readiness.leading:
-            s.readiness.caught_up()
+        if term == self.term and self.readiness.leading:
+            self.readiness.caught_up()
             log.info("term_synced", term=term)
 
     # -- role labels ------------------------------------------------------------------------------
@@ -165,11 +170,8 @@ class Leadership:
         if obj.labels(pod).get(ann.SCHEDULER_ROLE) == role:
             return
         name = obj.name(pod)
-        await self.scheduler.kube.patch_pod_metadata(
-            self.pod_namespace,
-            name,
-            labels={ann.SCHEDULER_ROLE: role},
-            timeout=self.scheduler.settings.api_timeout_s,
+        await self.kube.patch_pod_metadata(
+            self.pod_namespace, name, labels={ann.SCHEDULER_ROLE: role}, timeout=self.api_timeout_s
         )
         log.info("scheduler_role_labelled", pod=f"{self.pod_namespace}/{name}", role=role)
 
@@ -177,8 +179,8 @@ class Leadership:
         """Leader: its pod ``leader``, other selected pods ``follower``; follower: its own pod."""
         if not self.pod_name:
             return
-        kube, timeout = self.scheduler.kube, self.scheduler.settings.api_timeout_s
-        if self.scheduler.leading:
+        kube, timeout = self.kube, self.api_timeout_s
+        if self.readiness.leading:
             pods, _ = await kube.list_pods(
                 self.pod_namespace, label_selector=self.pod_selector or None, timeout=timeout
             )
@@ -188,7 +190,7 @@ class Leadership:
             pods.sort(key=lambda p: obj.name(p) == self.pod_name)
             for pod in pods:
                 own = obj.name(pod) == self.pod_name
-                if not self.scheduler.leading:
+                if not self.readiness.leading:
                     return
                 await self._patch_role(pod, ann.ROLE_LEADER if own else ann.ROLE_FOLLOWER)
         else:

@@ -9,7 +9,7 @@ Extender arguments of the wrong shape are answered in-band like HAMi does (HTTP 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -20,10 +20,16 @@ from hamid.listen import parse_listen as parse_listen  # re-exported
 from hamid.listen import serve as serve  # re-exported
 from hamid.log import get_logger
 from hamid.model.errors import InvalidInput
-from hamid.scheduler.core import Scheduler
-from hamid.scheduler.extender_json import FilterResult, decode_bind_args, decode_filter_args
-from hamid.scheduler.metrics import CLUSTER_METRICS
-from hamid.scheduler.webhook import admission_response
+from hamid.scheduler.extender_json import (
+    BindArgs,
+    FilterArgs,
+    FilterResult,
+    decode_bind_args,
+    decode_filter_args,
+)
+from hamid.scheduler.metrics import CLUSTER_METRICS, SchedulerMetrics
+from hamid.scheduler.readiness import Readiness
+from hamid.scheduler.webhook import Admission
 
 log = get_logger("scheduler.http")
 
@@ -32,7 +38,18 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_JSON_DEPTH = 64
 #: Adds routes to the cluster app (``--listen``), e.g. ``POST /refit``.
 RouteRegistrar = Callable[[web.Application], None]
-SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
+
+
+#: The filter verb ``/filter`` calls (:meth:`hamid.scheduler.filter.Filter.filter`).
+FilterVerb = Callable[[FilterArgs], Awaitable[FilterResult]]
+#: The bind verb ``/bind`` calls (:meth:`hamid.scheduler.bind.Binder.bind`): the error, "" when bound.
+BindVerb = Callable[[BindArgs], Awaitable[str]]
+
+FILTER_KEY: web.AppKey[FilterVerb] = web.AppKey("filter")
+BIND_KEY: web.AppKey[BindVerb] = web.AppKey("bind")
+READINESS_KEY = web.AppKey("readiness", Readiness)
+ADMISSION_KEY = web.AppKey("admission", Admission)
+METRICS_KEY = web.AppKey("metrics", SchedulerMetrics)
 
 
 def bad_request(reason: str) -> web.Response:
@@ -98,13 +115,12 @@ async def read_json(request: web.Request) -> Any:
 
 
 async def _filter(request: web.Request) -> web.Response:
-    scheduler = request.app[SCHEDULER_KEY]
     try:
         args = decode_filter_args(await read_json(request))
     except InvalidInput as exc:
         return web.json_response(FilterResult(error=str(exc)).to_json())
     try:
-        result = await scheduler.filter(args)
+        result = await request.app[FILTER_KEY](args)
     except InvalidInput as exc:  # a malformed pod part only a later reader checks
         result = FilterResult(error=str(exc))
     except Exception as exc:  # never a 500: kube-scheduler reads the reason and retries the pod
@@ -115,24 +131,17 @@ async def _filter(request: web.Request) -> web.Response:
 
 
 async def _bind(request: web.Request) -> web.Response:
-    scheduler = request.app[SCHEDULER_KEY]
     try:
         args = decode_bind_args(await read_json(request))
     except InvalidInput as exc:
         return web.json_response({"Error": str(exc)})
-    error = await scheduler.bind(args)
+    error = await request.app[BIND_KEY](args)
     return web.json_response({"Error": error} if error else {})
 
 
 async def _webhook(request: web.Request) -> web.Response:
-    scheduler = request.app[SCHEDULER_KEY]
     try:
-        answer = admission_response(
-            await read_json(request),
-            scheduler.admit,
-            scheduler.scheduler_owned_removed,
-            scheduler.judge_update,
-        )
+        answer = request.app[ADMISSION_KEY].respond(await read_json(request))
     except InvalidInput as exc:
         return bad_request(str(exc))
     return web.json_response(answer)
@@ -143,7 +152,7 @@ async def _healthz(_request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    reason = request.app[SCHEDULER_KEY].not_ready_reason()
+    reason = request.app[READINESS_KEY].reason()
     if reason:
         return web.Response(status=503, text=f"not ready: {reason}")
     return web.Response(text="ok")
@@ -151,7 +160,7 @@ async def _readyz(request: web.Request) -> web.Response:
 
 async def _readyz_webhook(request: web.Request) -> web.Response:
     """Ready to answer /webhook (any role): the caches have applied their first list."""
-    if not request.app[SCHEDULER_KEY].synced:
+    if not request.app[READINESS_KEY].synced:
         return web.Response(status=503, text="not ready: caches not synced")
     return web.Response(text="ok")
 
@@ -167,36 +176,40 @@ class _FollowerView(Collector):
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    scheduler = request.app[SCHEDULER_KEY]
-    registry = scheduler.metrics.registry
-    payload = generate_latest(registry if scheduler.leading else _FollowerView(registry))
+    registry = request.app[METRICS_KEY].registry
+    leading = request.app[READINESS_KEY].leading
+    payload = generate_latest(registry if leading else _FollowerView(registry))
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _hami_metrics(request: web.Request) -> web.Response:
     """HAMi's metric names (leader only: every family describes the cluster)."""
-    scheduler = request.app[SCHEDULER_KEY]
-    payload = generate_latest(scheduler.metrics.hami_registry) if scheduler.leading else b""
+    leading = request.app[READINESS_KEY].leading
+    payload = generate_latest(request.app[METRICS_KEY].hami_registry) if leading else b""
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def extender_app(scheduler: Scheduler) -> web.Application:
+def extender_app(filter_verb: FilterVerb, bind_verb: BindVerb) -> web.Application:
     """``POST /filter`` and ``POST /bind`` (kube-scheduler extender, loopback by default)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[SCHEDULER_KEY] = scheduler
+    app[FILTER_KEY] = filter_verb
+    app[BIND_KEY] = bind_verb
     app.router.add_post("/filter", _filter)
     app.router.add_post("/bind", _bind)
     return app
 
 
-def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = ()) -> web.Application:
+def cluster_app(
+    readiness: Readiness, admission: Admission, extra_routes: Sequence[RouteRegistrar] = ()
+) -> web.Application:
     """``POST /webhook``, ``GET /healthz``, ``GET /readyz[/webhook]`` plus ``extra_routes``'s routes.
 
     ``/readyz`` is 200 only on the replica that decides (synced, leader, term synced);
     ``/readyz/webhook`` is 200 on every replica whose caches are synced (followers answer the webhook).
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[SCHEDULER_KEY] = scheduler
+    app[READINESS_KEY] = readiness
+    app[ADMISSION_KEY] = admission
     app.router.add_post("/webhook", _webhook)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -206,10 +219,11 @@ def cluster_app(scheduler: Scheduler, extra_routes: Sequence[RouteRegistrar] = (
     return app
 
 
-def metrics_app(scheduler: Scheduler) -> web.Application:
-    """``GET /metrics`` (Prometheus text format) and ``GET /metrics/hami`` (HAMi's names)."""
+def metrics_app(metrics: SchedulerMetrics, readiness: Readiness) -> web.Application:
+    """``GET /metrics`` (Prometheus text format) and ``GET /metrics/hami`` (HAMi's names, leader only)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[SCHEDULER_KEY] = scheduler
+    app[METRICS_KEY] = metrics
+    app[READINESS_KEY] = readiness
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/metrics/hami", _hami_metrics)
     return app

@@ -2,7 +2,7 @@
 
 :class:`SchedulerOptions` is what the CLI parses, what :class:`~hamid.scheduler.app.SchedulerApp`
 runs with and what the simulator and tests construct; the decision settings inside it are
-:class:`~hamid.scheduler.core.SchedulerSettings`, whose defaults stay there.
+:class:`~hamid.scheduler.settings.SchedulerSettings`, whose defaults stay there.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from hamid.listen import LISTEN
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
-from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, SchedulerSettings
-from hamid.scheduler.refit_auth import (
+from hamid.scheduler.refit.auth import (
     DEFAULT_TOKEN_AUDIENCE,
     MTLS,
     TOKEN,
     ServiceAccount,
     parse_methods,
 )
+from hamid.scheduler.settings import DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.signing import AllocationKeys, load_key_file
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")

@@ -45,6 +45,11 @@ class Readiness:
         self._stopping = False
 
     @property
+    def synced(self) -> bool:
+        """Whether the caches have applied their first list (the webhook answers from then on)."""
+        return self._synced()
+
+    @property
     def leading(self) -> bool:
         """Whether this replica decides (holds the leadership, or runs without election)."""
         return self._leading

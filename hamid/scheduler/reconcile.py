@@ -283,7 +283,7 @@ class ReconcileHost(Protocol):
 
     def not_ready_reason(self) -> str: ...
 
-    def report_undecodable(self) -> None: ...
+    def report_untrusted(self) -> None: ...
 
 
 class Reconciler:
@@ -373,7 +373,7 @@ class Reconciler:
                     listed=drift.listed,
                     difference={k: list(v) for k, v in drift.difference.items()},
                 )
-        s.report_undecodable()
+        s.report_untrusted()
         s.metrics.reconcile_runs.labels("repaired" if report.drifts else "clean").inc()
         log.info(
             "reconcile_done",

@@ -26,7 +26,10 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from hamid.fit.fit import Quota
+from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model._wire import want_list, want_object
@@ -41,6 +44,8 @@ from hamid.model.resources import (
     pod_requests,
     resource_value,
 )
+
+log = get_logger("scheduler")
 
 JSON = dict[str, Any]
 ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -375,3 +380,49 @@ def admission_response(
     if not verdict.allowed:
         response["status"] = {"code": verdict.code, "message": verdict.message}
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}
+
+
+class Admission:
+    """The webhook of one scheduler: the rules above over its live quotas, denials counted and logged."""
+
+    def __init__(
+        self,
+        config: ResourceConfig,
+        scheduler_name: str,
+        quota_of: Callable[[str], Quota | None],
+        writers: Container[str],
+        untrusted: Counter,
+        cpu_pods: bool = False,
+    ) -> None:
+        self.config = config
+        self.scheduler_name = scheduler_name
+        #: Hand pods without GPUs to ``scheduler_name`` too (``--schedule-cpu-pods``).
+        self.cpu_pods = cpu_pods
+        self.quota_of = quota_of
+        #: Usernames allowed to change scheduler-owned pod annotations (scheduler, plugin).
+        self.writers = writers
+        #: ``hamid_untrusted_annotations_total{where}``: removals and denials are counted there.
+        self.untrusted = untrusted
+
+    def respond(self, review: Any) -> JSON:
+        """The answer to an AdmissionReview (:func:`admission_response`); :class:`InvalidInput` if not one."""
+        return admission_response(review, self.judge, self.owned_removed, self.judge_update)
+
+    def judge(self, pod: JSON, namespace: str) -> Verdict:
+        """The CREATE verdict for a pod (quota precheck against the live state)."""
+        return review_pod(pod, self.config, self.scheduler_name, self.quota_of, namespace, self.cpu_pods)
+
+    def owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
+        """Count and log the scheduler-owned keys removed from a pod being created."""
+        self.untrusted.labels("webhook").inc()
+        generate_name = objects.metadata(pod).get("generateName", "")
+        name = f"{objects.namespace(pod)}/{objects.name(pod) or generate_name}"
+        log.warning("scheduler_owned_annotations_removed", pod=name, keys=list(keys))
+
+    def judge_update(self, old: Any, pod: JSON, username: Any) -> Verdict:
+        """The UPDATE verdict (:func:`review_update`); a denial is counted and logged."""
+        verdict = review_update(old, pod, username, self.writers, self.scheduler_name)
+        if not verdict.allowed:
+            self.untrusted.labels("webhook_denied").inc()
+            log.warning("scheduler_owned_change_denied", pod=objects.namespaced_key(pod), why=verdict.message)
+        return verdict

@@ -57,7 +57,7 @@ from hamid.scheduler.options import (
     DEFAULT_SCHEDULER_SERVICE_ACCOUNT,
     SchedulerOptions,
 )
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, MTLS, TOKEN
+from hamid.scheduler.refit.auth import DEFAULT_TOKEN_AUDIENCE, MTLS, TOKEN
 from hamid.scheduler.signing import AllocationKeys
 from hamid.tls import client_ssl_context
 from hamidsim.apiserver import ApiServer

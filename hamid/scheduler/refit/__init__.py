@@ -6,8 +6,9 @@ decision (:mod:`.plan`, pure) re-runs the normal fit restricted to the allowed G
 reservation's amounts (every policy kept, phase-aware capacity, quota on the positional layout);
 the commit (:mod:`.commit`) is ONE merge patch of both allocation annotations (only the target
 container's entry changes, every other byte is kept) guarded by the pod's resourceVersion; the
-handler (:mod:`.handler`) holds one 2 s deadline from the request's arrival over authentication
-(:mod:`hamid.scheduler.refit_auth`), the cache wait, the node's guard and the patch.
+handler (:mod:`.handler`) holds one deadline (the refit budget of both sides of the wire,
+:data:`hamid.model.refit.REFIT_TIMEOUT_S`) from the request's arrival over authentication
+(:mod:`.auth`), the cache wait, the node's guard and the patch.
 
 Better than upstream: the lock is the scheduler's *per-node* lock, and the reservation is moved
 tentatively before the patch is awaited (rolled back on failure), so a slow API server delays only
@@ -20,10 +21,9 @@ from hamid.scheduler.refit.handler import (
     MSG_NO_BODY,
     MSG_NOT_SYNCED,
     SYNC_WAIT_S,
+    RefitHost,
     RefitMetrics,
     RefitService,
-    authenticator_from_options,
-    refit_route_factory,
     refit_routes,
 )
 from hamid.scheduler.refit.plan import (
@@ -47,16 +47,15 @@ __all__ = [
     "NoOp",
     "RefitCommitter",
     "RefitFacts",
+    "RefitHost",
     "RefitMetrics",
     "RefitPlan",
     "RefitService",
     "RefusalCode",
     "RefusalError",
     "Refused",
-    "authenticator_from_options",
     "identify",
     "plan_refit",
-    "refit_route_factory",
     "refit_routes",
     "splice_entry",
 ]

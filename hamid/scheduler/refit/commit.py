@@ -13,23 +13,25 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hamid.fit.fit import pod_quota_usage
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model.refit import REFIT_TIMEOUT_S
 from hamid.scheduler.ledger import Hold, Undo
+from hamid.scheduler.numa_ledger import NumaLedgers
+from hamid.scheduler.outbox import Spawn
+from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
-
-if TYPE_CHECKING:
-    from hamid.scheduler.core import Scheduler
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
 
 #: Upstream's ``refitPatchTimeout``: no longer than the device plugin's own refit budget.
-PATCH_TIMEOUT_S = 2.0
+PATCH_TIMEOUT_S = REFIT_TIMEOUT_S
 #: Bound of the GET that learns whether a patch with an ambiguous outcome (timeout, 5xx) landed,
 #: and of the GET refreshing a cached pod older than the reservation.
 POD_READ_TIMEOUT_S = 2.0
@@ -65,8 +67,20 @@ def _definite_code(exc: BaseException) -> RefusalCode:
 class RefitCommitter:
     """Commits plans against one scheduler's state and API client (see the module docs)."""
 
-    def __init__(self, scheduler: Scheduler, patch_timeout: float = PATCH_TIMEOUT_S) -> None:
-        self.scheduler = scheduler
+    def __init__(
+        self,
+        state: SchedulerState,
+        ledgers: NumaLedgers,
+        kube: KubeClient,
+        readiness: Readiness,
+        spawn: Spawn,
+        patch_timeout: float = PATCH_TIMEOUT_S,
+    ) -> None:
+        self.state = state
+        self.ledgers = ledgers
+        self.kube = kube
+        self.readiness = readiness
+        self.spawn = spawn
         self.patch_timeout = patch_timeout
 
     async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
@@ -76,12 +90,12 @@ class RefitCommitter:
         the accounting following what the API server holds when the outcome was ambiguous. A
         refit whose leadership ``epoch`` no longer holds is refused before anything changes.
         """
-        fenced = self.scheduler.readiness.check(epoch)
+        fenced = self.readiness.check(epoch)
         if fenced:
             message = f"{MSG_NOT_SYNCED}: scheduler not ready: {fenced}"
             raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
         precondition = objects.resource_version(pod)
-        state = self.scheduler.state
+        state = self.state
         res = state.reservation(uid)
         if res is None:
             raise RefusalError(RefusalCode.UNKNOWN_POD, f"pod {uid} is not tracked by the scheduler")
@@ -100,7 +114,7 @@ class RefitCommitter:
         }
         try:
             async with asyncio.timeout(timeout):
-                patched = await self.scheduler.kube.patch_pod_metadata(
+                patched = await self.kube.patch_pod_metadata(
                     namespace, name, annotations=annotations, resource_version=precondition, timeout=timeout
                 )
         except (KubeError, TimeoutError) as exc:
@@ -116,7 +130,7 @@ class RefitCommitter:
                 pending = _Undecided(
                     namespace, name, uid, res.node, precondition, plan.new_allocated, hold, undo
                 )
-                self.scheduler.spawn(self.follow_up(pending))
+                self.spawn(self.follow_up(pending))
                 what = (
                     "its outcome is unknown; both GPU sets stay booked until the pod is read back or updated"
                 )
@@ -138,13 +152,14 @@ class RefitCommitter:
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
         """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""
-        entry = self.scheduler.state.nodes.get(node)
+        entry = self.state.nodes.get(node)
         if entry is None or not plan.devices:
             return
         numa_of = {d.id: d.numa for d in entry.infos}
         numas = {numa_of.get(d.uuid) for d in plan.devices}
-        if len(numas) == 1 and None not in numas:
-            self.scheduler.numa.on_refit(uid, node, plan.index, numas.pop())  # type: ignore[arg-type]
+        numa = numas.pop() if len(numas) == 1 else None
+        if numa is not None:
+            self.ledgers.on_refit(uid, node, plan.index, numa)
 
     async def follow_up(self, pending: _Undecided) -> None:
         """Settle an undecided refit within seconds: read the pod back until it says, or an event did.
@@ -152,7 +167,7 @@ class RefitCommitter:
         Under the node's lock, so no refit of the node interleaves; a hold already released (the
         pod's event, its deletion, or a reconcile decided first) ends it with nothing done.
         """
-        state = self.scheduler.state
+        state = self.state
         started = asyncio.get_running_loop().time()
         for delay in FOLLOW_UP_DELAYS_S:
             await asyncio.sleep(delay)
@@ -177,7 +192,7 @@ class RefitCommitter:
     ) -> bool | None:
         """Whether an ambiguous patch landed, from one bounded GET (None: the GET failed too)."""
         try:
-            current = await self.scheduler.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
+            current = await self.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
         except NotFound:
             return False
         except KubeError as exc:

@@ -10,20 +10,27 @@ import asyncio
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from hamid.kube.cache import PodCache
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
-from hamid.scheduler.core import Scheduler
+from hamid.model.resources import ResourceConfig
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
+from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.scheduler.numa_ledger import NumaLedgers
+from hamid.scheduler.outbox import EventOutbox, Record, Tasks
+from hamid.scheduler.readiness import Readiness
+from hamid.scheduler.refit.auth import Authenticator, AuthError
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.plan import (
     JSON,
@@ -39,15 +46,13 @@ from hamid.scheduler.refit.plan import (
     plan_refit,
     uuid_list,
 )
-from hamid.scheduler.refit_auth import AuthError, RefitAuthenticator
-
-if TYPE_CHECKING:
-    from hamid.scheduler.options import SchedulerOptions
+from hamid.scheduler.settings import SchedulerSettings
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
 
-#: How long a refit waits for the scheduler's caches to finish their first list.
-SYNC_WAIT_S = 2.0
+#: How long a refit waits for the scheduler's caches to finish their first list (at most its budget).
+SYNC_WAIT_S = REFIT_TIMEOUT_S
 MSG_NO_BODY = "Please send a request body"
 _REFIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
@@ -90,6 +95,42 @@ class RefitMetrics:
 _METRICS: weakref.WeakKeyDictionary[CollectorRegistry, RefitMetrics] = weakref.WeakKeyDictionary()
 
 
+class RefitHost(Protocol):
+    """What a refit needs of its scheduler (:class:`~hamid.scheduler.core.Scheduler` is one)."""
+
+    @property
+    def state(self) -> SchedulerState: ...
+
+    @property
+    def numa(self) -> NumaLedgers: ...
+
+    @property
+    def kube(self) -> KubeClient: ...
+
+    @property
+    def pods(self) -> PodCache: ...
+
+    @property
+    def readiness(self) -> Readiness: ...
+
+    @property
+    def metrics(self) -> SchedulerMetrics: ...
+
+    @property
+    def config(self) -> ResourceConfig: ...
+
+    @property
+    def settings(self) -> SchedulerSettings: ...
+
+    @property
+    def tasks(self) -> Tasks: ...
+
+    @property
+    def outbox(self) -> EventOutbox: ...
+
+    async def wait_synced(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     response: RefitResponse
@@ -98,24 +139,33 @@ class _Outcome:
 
 
 class RefitService:
-    """The ``/refit`` handler over one :class:`~hamid.scheduler.core.Scheduler`."""
+    """The ``/refit`` handler over one scheduler's parts (:class:`RefitHost`)."""
 
     def __init__(
         self,
-        scheduler: Scheduler,
-        authenticator: RefitAuthenticator,
+        host: RefitHost,
+        authenticator: Authenticator,
         *,
         patch_timeout: float = PATCH_TIMEOUT_S,
         sync_wait: float = SYNC_WAIT_S,
         deadline: float = REFIT_TIMEOUT_S,
         metrics: RefitMetrics | None = None,
     ) -> None:
-        self.scheduler = scheduler
+        self.state = host.state
+        self.kube = host.kube
+        self.pods = host.pods
+        self.readiness = host.readiness
+        self.config = host.config
+        self.settings = host.settings
+        self.record: Record = host.outbox.record
+        self.wait_synced = host.wait_synced
         self.auth = authenticator
-        self.committer = RefitCommitter(scheduler, patch_timeout)
+        self.committer = RefitCommitter(
+            host.state, host.numa, host.kube, host.readiness, host.tasks.spawn, patch_timeout
+        )
         self.sync_wait = sync_wait
         self.deadline = deadline
-        self.metrics = metrics or RefitMetrics.of(scheduler.metrics.registry)
+        self.metrics = metrics or RefitMetrics.of(host.metrics.registry)
 
     def register(self, app: web.Application) -> None:
         """Add ``POST /refit`` to ``app`` (a :data:`~hamid.scheduler.http.RouteRegistrar`)."""
@@ -168,7 +218,7 @@ class RefitService:
             try:
                 await self._authenticate(refit, request, deadline)
                 epoch = await self._ready(deadline)
-                lock = self.scheduler.state.node_guard(refit.node_name)
+                lock = self.state.node_guard(refit.node_name)
                 try:
                     async with asyncio.timeout_at(deadline):
                         await lock.acquire()
@@ -186,7 +236,7 @@ class RefitService:
                 return _Outcome(RefitResponse.failure(refused.message), "refused", refused.code)
 
     async def _authenticate(self, refit: RefitRequest, request: web.Request, deadline: float) -> None:
-        """The caller must prove the request's node (see :mod:`hamid.scheduler.refit_auth`)."""
+        """The caller must prove the request's node (see :mod:`hamid.scheduler.refit.auth`)."""
         try:
             async with asyncio.timeout_at(deadline):
                 caller = await self.auth.authenticate(request, refit.node_name)
@@ -200,27 +250,24 @@ class RefitService:
 
     async def _ready(self, deadline: float) -> str:
         """Refuse unless this replica decides; the leadership epoch the refit runs under."""
-        scheduler = self.scheduler
-        if not scheduler.synced:
+        if not self.readiness.synced:
             wait_until = min(deadline, asyncio.get_running_loop().time() + self.sync_wait)
             try:
                 async with asyncio.timeout_at(wait_until):
-                    await scheduler.pods.wait_synced()
-                    await scheduler.nodes.wait_synced()
-                    await scheduler.quotas.wait_synced()
+                    await self.wait_synced()
             except TimeoutError:
                 message = f"{MSG_NOT_SYNCED}: scheduler not ready: caches not synced"
                 raise RefusalError(RefusalCode.NOT_READY, message, identified=False) from None
-        reason = scheduler.not_ready_reason()
+        reason = self.readiness.reason()
         if reason:
             message = f"{MSG_NOT_SYNCED}: scheduler not ready: {reason}"
             raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
-        return scheduler.readiness.epoch()
+        return self.readiness.epoch()
 
     def _record_failure(self, refit: RefitRequest, message: str) -> None:
-        pod = self.scheduler.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
+        pod = self.pods.get(f"{refit.pod_namespace}/{refit.pod_name}")
         if pod is not None:
-            self.scheduler.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
+            self.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
 
     async def _fresh_pod(self, pod: JSON, booking: Booking, version: str, deadline: float) -> JSON:
         """``pod`` (cached), or the API server's copy when the cache lags behind the reservation.
@@ -235,7 +282,7 @@ class RefitService:
         if remaining <= 0:
             raise self._late("reading the pod")
         try:
-            return await self.scheduler.kube.get_pod(
+            return await self.kube.get_pod(
                 booking.namespace, booking.name, timeout=min(POD_READ_TIMEOUT_S, remaining)
             )
         except KubeError as exc:
@@ -244,9 +291,9 @@ class RefitService:
 
     async def _refit_locked(self, refit: RefitRequest, deadline: float, epoch: str) -> _Outcome:
         """Gather the facts, decide, commit; the caller holds the node's guard."""
-        scheduler, state = self.scheduler, self.scheduler.state
+        state = self.state
         booking = state.reservation(refit.pod_uid)
-        cached = scheduler.pods.get(booking.key) if booking is not None else None
+        cached = self.pods.get(booking.key) if booking is not None else None
         refused = identify(refit, booking, cached)
         if refused is not None:
             raise RefusalError.of(refused)
@@ -258,9 +305,9 @@ class RefitService:
             booking=booking,
             pod=pod,
             node=entry.usage if entry is not None else None,
-            config=scheduler.config,
-            gpu_policy=scheduler.settings.gpu_policy,
-            node_policy=scheduler.settings.node_policy,
+            config=self.config,
+            gpu_policy=self.settings.gpu_policy,
+            node_policy=self.settings.node_policy,
             quota=state.fit_quota(booking.namespace, exclude_uid=booking.uid),
         )
         decision = plan_refit(facts)
@@ -276,7 +323,7 @@ class RefitService:
         if remaining <= 0:
             raise self._late("patching the pod")
         patched = await self.committer.commit(pod, uid, plan, remaining, epoch)
-        state = self.scheduler.state
+        state = self.state
         if state.reservation(uid) is None:
             log.info("pod_left_cache_during_refit")
         else:
@@ -284,13 +331,13 @@ class RefitService:
         moved_from, moved_to = uuid_list(plan.current), uuid_list(plan.devices)
         message = f"NUMA refit moved container {plan.index} from {moved_from} to {moved_to}"
         log.info("numa_refit_succeeded", moved_from=moved_from, moved_to=moved_to)
-        self.scheduler.record(pod, "Normal", R.EVENT_NUMA_REFIT_SUCCEED, message)
+        self.record(pod, "Normal", R.EVENT_NUMA_REFIT_SUCCEED, message)
         return _Outcome(RefitResponse.success(plan.devices), "moved")
 
 
 def refit_routes(
-    scheduler: Scheduler,
-    authenticator: RefitAuthenticator,
+    host: RefitHost,
+    authenticator: Authenticator,
     *,
     patch_timeout: float = PATCH_TIMEOUT_S,
     sync_wait: float = SYNC_WAIT_S,
@@ -298,24 +345,6 @@ def refit_routes(
 ) -> RouteRegistrar:
     """A registrar adding ``POST /refit`` to the cluster app (``cluster_app(..., extra_routes=[...])``)."""
     service = RefitService(
-        scheduler, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait, deadline=deadline
+        host, authenticator, patch_timeout=patch_timeout, sync_wait=sync_wait, deadline=deadline
     )
     return service.register
-
-
-def authenticator_from_options(scheduler: Scheduler, options: SchedulerOptions) -> RefitAuthenticator:
-    """The caller authenticator the ``hamid scheduler`` flags describe (``--refit-auth`` & co)."""
-    return RefitAuthenticator(
-        options.refit_auth,
-        kube=scheduler.kube,
-        verifies_client_certs=bool(options.client_ca_file and options.tls_cert_file and options.tls_key_file),
-        device_plugin_namespace=options.device_plugin_namespace,
-        device_plugin_service_account=options.device_plugin_service_account,
-        token_audience=options.refit_token_audience,
-        hami_plugin_service_account=options.refit_hami_plugin_service_account,
-    )
-
-
-def refit_route_factory(scheduler: Scheduler, options: SchedulerOptions) -> RouteRegistrar:
-    """``run_scheduler(options, extra_routes=[refit_route_factory])``: ``POST /refit`` per the flags."""
-    return refit_routes(scheduler, authenticator_from_options(scheduler, options))

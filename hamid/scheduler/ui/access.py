@@ -23,7 +23,7 @@ from aiohttp import web
 from hamid.kube.client import KubeClient, Resource
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
-from hamid.scheduler.refit_auth import bearer_token
+from hamid.scheduler.refit.auth import bearer_token
 
 log = get_logger("scheduler.ui.access")
 

@@ -1,7 +1,7 @@
 """A bounded memory of the Events the scheduler itself records, for the web view.
 
 The scheduler records refit Events (``NumaRefitSucceed``/``NumaRefitFailed``) and filter
-failures (``FilteringFailed``) through one door (:meth:`hamid.scheduler.core.Scheduler.record`);
+failures (``FilteringFailed``) through one door (:meth:`hamid.scheduler.outbox.EventOutbox.record`);
 the view shows a pod's refit history with the exact Event text and a pending pod's last fit
 reasons without listing Events from the API server. Everything here is bounded: at most
 :data:`MAX_PODS` pods with refit history (:data:`MAX_PER_POD` Events each, oldest dropped), at

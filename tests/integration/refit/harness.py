@@ -18,11 +18,12 @@ from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice, DeviceInfo, PodDevices
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig
+from hamid.scheduler.app import authenticator_from_options
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.http import RouteRegistrar
 from hamid.scheduler.options import DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT, DEFAULT_NAMESPACE, SchedulerOptions
-from hamid.scheduler.refit import authenticator_from_options, refit_routes
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, ServiceAccount
+from hamid.scheduler.refit import refit_routes
+from hamid.scheduler.refit.auth import DEFAULT_TOKEN_AUDIENCE, ServiceAccount
 from hamid.tls import client_ssl_context
 from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles

@@ -12,7 +12,7 @@ from hamid.model import annotations as ann
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamid.scheduler.http import cluster_app
 from hamid.scheduler.refit import MSG_NO_BODY, refit_routes
-from hamid.scheduler.refit_auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
+from hamid.scheduler.refit.auth import DEFAULT_TOKEN_AUDIENCE, RefitAuthenticator, ServiceAccount
 from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import PLUGIN_NS, PLUGIN_SA, Env, d, gpu, refit_env, request
@@ -245,7 +245,10 @@ async def test_token_over_plain_http_is_refused(tls_files: TLSFiles, tmp_path: P
             device_plugin_service_account=PLUGIN_SA,
         )
         runner, port = await serve(
-            cluster_app(env.scheduler, [refit_routes(env.scheduler, auth)]), "127.0.0.1:0"
+            cluster_app(
+                env.scheduler.readiness, env.scheduler.admission, [refit_routes(env.scheduler, auth)]
+            ),
+            "127.0.0.1:0",
         )
         try:
             body = request(pod, "n1", 0, ["GPU-b"]).to_json()

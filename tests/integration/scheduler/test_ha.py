@@ -23,11 +23,10 @@ from hamid.model import objects
 from hamid.model.annotations import ROLE_FOLLOWER, ROLE_LEADER
 from hamid.model.devices import NVIDIA
 from hamid.model.refit import RefitRequest
-from hamid.scheduler.app import run_scheduler
+from hamid.scheduler.app import refit_route_factory, run_scheduler
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.ha import caught_up
 from hamid.scheduler.options import SchedulerOptions
-from hamid.scheduler.refit import refit_route_factory
 from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
 from tests.integration.kube.helpers import eventually

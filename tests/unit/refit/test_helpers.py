@@ -8,7 +8,7 @@ from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.plugin.numa_policy import Door, NumaMismatch, refit_request
 from hamid.scheduler.refit import PATCH_TIMEOUT_S, splice_entry
-from hamid.scheduler.refit_auth import bearer_token, node_of_common_name, parse_methods
+from hamid.scheduler.refit.auth import bearer_token, node_of_common_name, parse_methods
 
 
 def test_splice_entry_keeps_every_other_byte() -> None:

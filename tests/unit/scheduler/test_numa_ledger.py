@@ -25,7 +25,7 @@ from hamid.model.numa import (
     encode_profile,
 )
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.filter import NumaFit
+from hamid.scheduler.filter_plan import NumaFit
 from hamid.scheduler.numa_ledger import NumaLedgers, Source, replay_view
 from tests.unit.fit.test_numa_predict import NOW, profile_of
 
@@ -97,7 +97,7 @@ def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]
 def _plan(scheduler: Scheduler, p: dict[str, Any], names: tuple[str, ...] = ("n1",)) -> tuple[Any, ...]:
     spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
     numa = NumaFit.of(p, p["metadata"]["uid"])
-    node, fitted, failed = scheduler.filtering.plan(p, spec, names, numa)
+    node, fitted, failed = scheduler.planner.plan(p, spec, names, numa)
     return node, fitted, failed, numa
 
 
@@ -161,8 +161,8 @@ def test_without_profiles_the_plan_is_todays() -> None:
     for i in range(20):
         p = _pod(f"p{i}", mem=rng.choice((500, 3000, 7000)))
         spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
-        with_numa = scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
-        assert with_numa == scheduler.filtering.plan(p, spec, ("n0", "n1", "n2", "n3"))
+        with_numa = scheduler.planner.plan(p, spec, ("n0", "n1", "n2", "n3"), NumaFit.of(p, f"uid-p{i}"))
+        assert with_numa == scheduler.planner.plan(p, spec, ("n0", "n1", "n2", "n3"))
         node, fitted, _ = with_numa
         if node is not None and fitted is not None:
             scheduler.state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
@@ -193,7 +193,7 @@ def _filtered(scheduler: Scheduler, name: str, cpus: int = 2) -> dict[str, Any]:
     raw = ann.encode_pod_devices(fitted.devices)
     scheduler.state.reserve(p, node, fitted.devices, raw)
     scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
-    predicted = scheduler.filtering._prediction_annotation(node, prediction)
+    predicted = scheduler.reserver.prediction_annotation(node, prediction)
     assert predicted is not None
     p["metadata"]["annotations"] |= {
         ann.VGPU_NODE: node,
@@ -275,13 +275,13 @@ def test_filter_patch_records_the_prediction_and_undoes_it_on_failure() -> None:
             raise RuntimeError("injected")
 
     scheduler, _ = _scheduler(_node())
-    scheduler.filtering.kube = FailingKube()  # type: ignore[assignment]
+    scheduler.reserver.kube = FailingKube()  # type: ignore[assignment]
     for cache in (scheduler.pods, scheduler.nodes, scheduler.quotas):
         cache._synced.set()
     from hamid.scheduler.extender_json import FilterArgs
 
     args = FilterArgs(pod=_pod("x"), node_names=("n1",), nodes=None)
-    result = asyncio.run(scheduler.filter(args))
+    result = asyncio.run(scheduler.filtering.filter(args))
     assert result.error and "injected" in result.error
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
 

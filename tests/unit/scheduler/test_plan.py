@@ -119,7 +119,7 @@ def _check(
 ) -> tuple[str | None, Fitted | None]:
     spec = PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack")
     want_node, want_fit, want_failed = _reference(scheduler, p, spec, names)
-    node, fitted, failed = scheduler.filtering.plan(p, spec, names)
+    node, fitted, failed = scheduler.planner.plan(p, spec, names)
     assert (node, fitted) == (want_node, want_fit)
     if node is None:
         assert failed == want_failed
@@ -188,11 +188,11 @@ def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() 
     spec = PodFitSpec.from_pod(fits, scheduler.config, "spread", "binpack")
     # binpack ranks the used node first; its room (500 MiB, 0 cores) rules it out without a fit
     assert state.ranked()[-1][1] == "full"
-    node, fitted, failed = scheduler.filtering.plan(fits, spec, ("full", "free"))
+    node, fitted, failed = scheduler.planner.plan(fits, spec, ("full", "free"))
     assert node == "free" and fitted is not None and failed == {}
     big = pod("big", containers=[container("c", 1, 9000, 10)])
     spec = PodFitSpec.from_pod(big, scheduler.config, "spread", "binpack")
-    node, _, failed = scheduler.filtering.plan(big, spec, ("full", "free", "ghost"))
+    node, _, failed = scheduler.planner.plan(big, spec, ("full", "free", "ghost"))
     assert node is None
     assert failed == {
         "full": "1/1 CardInsufficientMemory",
@@ -213,7 +213,7 @@ def test_repeated_candidate_list_follows_node_registration() -> None:
     names = ("ghost", "a")
     p = pod("p", containers=[container("c", 1, 1000, 10)])
     _check(scheduler, p, names)
-    node, _, failed = scheduler.filtering.plan(
+    node, _, failed = scheduler.planner.plan(
         p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names
     )
     assert node == "a" and failed == {"ghost": R.NODE_UNREGISTERED}
@@ -221,7 +221,7 @@ def test_repeated_candidate_list_follows_node_registration() -> None:
     _check(scheduler, p, names)
     _check(scheduler, p, tuple(names))
     state.on_node({"metadata": {"name": "a", "annotations": {}}})  # a unregisters
-    node, _, failed = scheduler.filtering.plan(
+    node, _, failed = scheduler.planner.plan(
         p, PodFitSpec.from_pod(p, scheduler.config, "spread", "binpack"), names
     )
     assert failed.get("a") == R.NODE_UNREGISTERED and node != "a"
@@ -253,7 +253,7 @@ def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
         if node is not None:
             fits += 1
             continue
-        kept += bool(scheduler.filtering._no_fit)
+        kept += bool(scheduler.planner._no_fit)
         change = rng.random()
         if change < 0.3 and running:
             state.on_pod_deleted(running.pop(rng.randrange(len(running))))
@@ -304,7 +304,7 @@ def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) 
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         started = ticks
-        result = await scheduler.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
+        result = await scheduler.filtering.filter(FilterArgs(pod=huge, node_names=names, nodes=None))
         task.cancel()
         assert not result.error and not result.node_names
         return result.failed_nodes, ticks - started

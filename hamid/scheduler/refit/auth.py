@@ -28,7 +28,7 @@ import enum
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -37,6 +37,7 @@ from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.refit import REFIT_TIMEOUT_S
 from hamid.tls import peer_common_name
 
 log = get_logger("scheduler.refit_auth")
@@ -48,12 +49,18 @@ METHODS = (MTLS, TOKEN)
 NODE_CN_PREFIX = "system:node:"
 #: Kubernetes' group of nodes: the ``O`` of every kubelet client certificate.
 NODE_ORGANIZATION = "system:nodes"
-#: Upper bound of the TokenReview plus the caller-pod lookup (the plugin's whole budget is 2 s).
-AUTH_TIMEOUT_S = 2.0
+#: Upper bound of the TokenReview plus the caller-pod lookup: the plugin's whole refit budget.
+AUTH_TIMEOUT_S = REFIT_TIMEOUT_S
 #: ``--refit-token-audience``: the audience of the token the plugin sends to ``/refit``. A token
 #: for this audience only is useless against the API server (unlike the pod's default token).
 DEFAULT_TOKEN_AUDIENCE = "hamid-refit"
 _BEARER = "Bearer "
+
+
+class Authenticator(Protocol):
+    """What the ``/refit`` handler asks of caller authentication (:class:`RefitAuthenticator` is one)."""
+
+    async def authenticate(self, request: web.Request, node_name: str) -> Caller: ...
 
 
 class AuthFailure(enum.StrEnum):
