@@ -79,12 +79,12 @@ def count_node_calls(cluster: SimCluster) -> Counter[str]:
     calls: Counter[str] = Counter()
     faults = cluster.server.faults
     inner = faults.before
-    path = f"/api/v1/nodes/{NODE}"
+    node_path = f"/api/v1/nodes/{NODE}"
 
-    async def before(verb: str, method: str, request_path: str) -> None:
-        if request_path == path:
+    async def before(verb: str, method: str, path: str) -> None:
+        if path == node_path:
             calls[verb] += 1
-        await inner(verb, method, request_path)
+        await inner(verb, method, path)
 
     faults.before = before  # type: ignore[method-assign]
     return calls

@@ -43,6 +43,7 @@ from hamid.kube.client import connect
 from hamid.log import configure
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.model.kube import Pod
 from hamid.model.numa import (
     NUMA_PLACEMENT,
     NUMA_PROFILE,
@@ -331,15 +332,15 @@ def bench_in_process(
         node = _node(i, gpus, shrink, profile)
         scheduler._node_seen(node)
         names.append(node["metadata"]["name"])
-    cache: dict[str, dict[str, Any]] = {}  # what the scheduler's PodCache keeps
+    cache: dict[str, Pod] = {}  # what the scheduler's PodCache keeps
     rss_before = _rss_now_mib()
     for i in range(pods):
         running = _running(i, nodes, gpus, rng, shrink, placement=prediction)
         running["metadata"]["resourceVersion"] = str(1000 + i)  # as served (the API server sets it)
         wire = json.dumps(running).encode()
-        pod = trim(json.loads(wire))
-        cache[f"default/run-{i}"] = pod
-        scheduler._pod_seen(pod)
+        record = trim(json.loads(wire))
+        cache[f"default/run-{i}"] = record
+        scheduler._pod_seen(record)
     cache_mib = _rss_now_mib() - rss_before
     if gc_freeze:
         freeze_heap()
@@ -359,13 +360,13 @@ def bench_in_process(
         t0, c0 = time.perf_counter(), time.process_time()
         spec = PodFitSpec.from_pod(pod, scheduler.config, policy[1], policy[0])
         numa = NumaFit.of(pod, uid) if prediction else None
-        node, fitted, _failed = scheduler.planner.plan(pod, spec, candidates, numa)
-        if node is not None and fitted is not None:
-            state.reserve(pod, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
-            chosen = numa.predictions.get(node) if numa is not None else None
+        target, fitted, _failed = scheduler.planner.plan(pod, spec, candidates, numa)
+        if target is not None and fitted is not None:
+            state.reserve(pod, target, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            chosen = numa.predictions.get(target) if numa is not None else None
             if numa is not None and chosen is not None and chosen.outcome is Outcome.PLACED:
                 encode_prediction(chosen.record(1))
-                scheduler.numa.book(uid, node, chosen, pod)
+                scheduler.numa.book(uid, target, chosen, pod)
                 predicted += 1
         latencies.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)

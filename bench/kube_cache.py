@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchstats import peak_rss_mib, print_figures  # noqa: E402
 
 from hamid.log import configure  # noqa: E402
+from hamid.model.kube import Pod  # noqa: E402
 
 
 def rss_now_mib() -> float:
@@ -54,7 +55,7 @@ def rss_now_mib() -> float:
 def make_pod(i: int) -> dict[str, Any]:
     """A realistically sized GPU pod with HAMi annotations and a populated status."""
     # Imported here, in the server subprocess only: the worker's RSS is a measured figure.
-    from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME
+    from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME
 
     name = f"worker-{i:05d}"
     namespace = f"team-{i % NAMESPACES:02d}"
@@ -168,7 +169,7 @@ async def light_worker(url: str) -> dict[str, Any]:
     target = 0
     caught_up = asyncio.Event()
 
-    def on_change(*objs: dict[str, Any]) -> None:
+    def on_change(*objs: Pod) -> None:
         if int(objs[-1]["metadata"]["resourceVersion"]) >= target > 0:
             caught_up.set()
 
@@ -208,11 +209,13 @@ async def model_worker(url: str) -> dict[str, Any]:
     base = rss_now_mib()
     pods: dict[str, Any] = {}
     started = time.perf_counter()
-    continue_token = None
+    continue_token: str | None = None
     resource_version = ""
     while True:
         page = await api.list_pod_for_all_namespaces(
-            limit=PAGE_SIZE, _continue=continue_token, _request_timeout=120
+            limit=PAGE_SIZE,
+            _continue=continue_token,  # type: ignore[arg-type]  # None is its default; the annotation omits it
+            _request_timeout=120,
         )
         resource_version = resource_version or page.metadata.resource_version
         for pod in page.items:
@@ -283,7 +286,7 @@ def read(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
-        raise RuntimeError(f"{proc.args[-2:]} exited early with code {proc.wait()}")
+        raise RuntimeError(f"{proc.args!r} exited early with code {proc.wait()}")
     return line.strip()
 
 
@@ -298,7 +301,8 @@ def measure(variant: str) -> dict[str, Any]:
                 continue
             send(server, f"churn {EVENTS}")
             send(work, read(server))
-            return json.loads(read(work))
+            figures: dict[str, Any] = json.loads(read(work))
+            return figures
         finally:
             work.kill()
             work.wait()

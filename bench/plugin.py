@@ -23,6 +23,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from benchstats import peak_rss_mib, percentile, print_figures
 from grpclib.client import Channel
@@ -50,7 +51,7 @@ BACKGROUND_PODS = 109  # plus the one being admitted = 110 pods on the node
 CYCLES = 300
 
 
-def pod(name: str, gpu: int, phase: str, to_allocate: bool) -> dict:
+def pod(name: str, gpu: int, phase: str, to_allocate: bool) -> dict[str, Any]:
     value = encode_pod_devices(((ContainerDevice(f"GPU-{gpu:04d}", "NVIDIA", 1000, 10),),))
     return {
         "apiVersion": "v1",
@@ -71,7 +72,7 @@ def pod(name: str, gpu: int, phase: str, to_allocate: bool) -> dict:
     }
 
 
-async def main(patch_latency_ms: float = 0.0) -> dict:
+async def main(patch_latency_ms: float = 0.0) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="hb", dir="/tmp"))
     gpus = [
         PhysicalGpu(f"GPU-{i:04d}", i, "Tesla T4", 15360, i // 4, f"0000:{i:02x}:00.0") for i in range(GPUS)

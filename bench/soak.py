@@ -82,6 +82,7 @@ import aiohttp
 from benchstats import peak_rss_mib, print_figures
 
 from hamid.log import configure
+from hamid.model.kube import JSON
 
 configure("json", "error")  # before the modules below bind their loggers
 
@@ -92,7 +93,7 @@ from hamid.model.alignment import AlignmentMode, parse_alignment  # noqa: E402
 from hamid.model.errors import InvalidInput  # noqa: E402
 from hamid.model.numa import MISS_CAUSES  # noqa: E402
 from hamid.model.resources import ResourceConfig  # noqa: E402
-from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME  # noqa: E402
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME  # noqa: E402
 from hamidsim.cluster import (  # noqa: E402
     SIM_LEASE_NAME,
     ClusterOptions,
@@ -140,7 +141,6 @@ ACCOUNTING_S = 5.0
 #: other failed attempt (a bind that timed out, an extender error) is retried by kube-scheduler and
 #: may still bind the pod, so the pod has not settled: deleting it then would race its admission.
 FIT_ERROR = re.compile(r"^0/\d+ nodes are available:")
-JSON = dict[str, Any]
 
 
 def foreign_pod(rng: random.Random, name: str, nodes: list[str]) -> JSON:

@@ -427,8 +427,8 @@ def plot(path: Path, results: dict[str, dict[str, Any]], published: Path, title:
 
     fig, axes = plt.subplots(figsize=(8, 5))
     for policy, figures in results.items():
-        points = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
-        axes.plot([p[0] for p in points], [p[1] for p in points], label=f"hamid {policy}")
+        curve = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
+        axes.plot([p[0] for p in curve], [p[1] for p in curve], label=f"hamid {policy}")
     for name, label in PUBLISHED_POLICIES.items():
         points = _published(published, name)
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", label=label)

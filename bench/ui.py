@@ -30,13 +30,14 @@ from filter import _node, _running, _shrink, numa_profile
 
 from hamid.listen import serve
 from hamid.log import configure
+from hamid.model.kube import Pod
 from hamid.model.numa import encode_profile
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.podtrim import trim_scheduler_pod
 from hamid.scheduler.ui.pages import ClusterQuery, cluster_page, cluster_stamp, node_page, pod_page
 from hamid.scheduler.ui.routes import SNAPSHOTS_KEY, add_ui, document
 from hamid.scheduler.ui.snapshot import Snapshots
-from hamid.scheduler.ui.source import JSON, PodIndex, UiSource
+from hamid.scheduler.ui.source import PodIndex, UiSource
 
 PAGES = ("cluster", "node", "pod", "stamp")
 
@@ -45,9 +46,9 @@ class _Pods:
     """The pod cache's lookups (the bench feeds the index itself)."""
 
     def __init__(self) -> None:
-        self.items: dict[str, JSON] = {}
+        self.items: dict[str, Pod] = {}
 
-    def get(self, key: str) -> JSON | None:
+    def get(self, key: str) -> Pod | None:
         return self.items.get(key)
 
     def add_handlers(self, on_add: Any = None, on_update: Any = None, on_delete: Any = None) -> None:

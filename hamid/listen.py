@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import ssl
+from typing import TYPE_CHECKING
 
 import click
 from aiohttp import web
@@ -25,7 +26,13 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class ListenAddress(click.ParamType):
+if TYPE_CHECKING:
+    _StrParamType = click.ParamType[str]
+else:  # click < 8.4 (the lower bound is 8.1): ParamType is not generic at run time
+    _StrParamType = click.ParamType
+
+
+class ListenAddress(_StrParamType):
     """A click parameter type checking ``host:port`` when the command line is parsed."""
 
     name = "host:port"

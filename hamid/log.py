@@ -47,4 +47,5 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     The logger is a lazy proxy: it takes the configuration in force when it is used, so module-level
     loggers created before :func:`configure` still honour the configured level and format.
     """
-    return structlog.get_logger(component=name)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=name)
+    return logger

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-JSON = dict[str, Any]
+from hamid.model.kube import JSON
 
 
 def container(

@@ -18,13 +18,14 @@ from typing import Any
 
 from hamid.kube.client import NODES, PODS, Resource, WatchEvent
 from hamid.kube.errors import Conflict, NotFound
+from hamid.model.kube import JSON
 
-JSON = dict[str, Any]
 _SELECTABLE = ("spec.nodeName", "metadata.name")
 
 
 def _copy(obj: JSON) -> JSON:
-    return json.loads(json.dumps(obj))
+    copy: JSON = json.loads(json.dumps(obj))
+    return copy
 
 
 def _selector(field_selector: str | None) -> tuple[str, str] | None:
@@ -41,8 +42,8 @@ def _selected(obj: JSON, selector: tuple[str, str] | None) -> bool:
         return True
     field, value = selector
     if field == "metadata.name":
-        return obj["metadata"]["name"] == value
-    return (obj.get("spec") or {}).get("nodeName", "") == value
+        return bool(obj["metadata"]["name"] == value)
+    return bool((obj.get("spec") or {}).get("nodeName", "") == value)
 
 
 def _merge(meta: JSON, field: str, values: Mapping[str, str | None] | None) -> None:
@@ -97,7 +98,8 @@ class MemoryApi:
                 queue.put_nowait(WatchEvent(kind, json.loads(raw)))
                 self._pending += 1
                 self._applied.clear()
-        return json.loads(raw)
+        stored: JSON = json.loads(raw)
+        return stored
 
     async def settle(self) -> None:
         """Wait until every watch event written so far has been applied by its cache."""

@@ -27,12 +27,14 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hamid.fit.fit import PodFitSpec
+from hamid.kube.client import KubeClient
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevices
+from hamid.model.kube import JSON
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
     NUMA_PLACEMENT,
@@ -65,7 +67,7 @@ from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
-from replay.api import JSON, MemoryApi
+from replay.api import MemoryApi
 from replay.pods import MILLI, RESOURCES, TraceNode
 
 RESOURCE = RESOURCES.resource_count_name
@@ -242,10 +244,11 @@ class SimNode:
         )
         self.inventory = GpuInventory(gpus, node_config)
         self.gpu_numa = {g.uuid: self.layout.gpu_numa[g.index] for g in gpus}
-        self.pods = NodePods(api, self.name)
+        kube = cast(KubeClient, api)  # MemoryApi has the KubeClient verbs the plugin calls
+        self.pods = NodePods(kube, self.name)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
-            api, self.pods, self.inventory, HamiCoreSettings(hook_path=hook_path), mismatch_handler=handler
+            kube, self.pods, self.inventory, HamiCoreSettings(hook_path=hook_path), mismatch_handler=handler
         )
         endpoint = LocalEndpoint(
             RESOURCE, DevicePluginService(self.inventory, allocator, preferred_allocation=True)

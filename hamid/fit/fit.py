@@ -14,6 +14,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
@@ -100,7 +101,7 @@ class PodFitSpec:
     @classmethod
     def from_pod(
         cls,
-        pod: Mapping,
+        pod: Mapping[str, Any],
         config: ResourceConfig,
         default_gpu_policy: str,
         default_node_policy: str,

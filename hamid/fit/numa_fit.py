@@ -69,6 +69,14 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
     return tuple(targets)
 
 
+def offered_targets(prediction: Prediction, resource: str, count: int) -> NumaTargets:
+    """For an ``unknown`` prediction: per container the NUMA node(s) kubelet offers ``resource``
+    from where the plugin's choice is what is not known (None: no restriction). Fitting the GPUs
+    there lets hamid's plugin prefer them, so the prediction with them chosen is definite."""
+    offered = prediction.offered.get(resource, {})
+    return tuple(offered.get(i) or None for i in range(count))
+
+
 def gpu_replicas(usage: NodeUsage) -> dict[str, tuple[int, int]]:
     """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
     :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none."""

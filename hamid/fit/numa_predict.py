@@ -10,11 +10,12 @@ exclusive CPUs, free device replicas) and the pod. Output: a :class:`Prediction`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -23,7 +24,9 @@ from hamid.model._wire import want_object
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
     CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
+    CPU_OPTION_DISTRIBUTE_ACROSS_NUMA,
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
@@ -33,6 +36,7 @@ from hamid.model.numa import (
     ContainerPlacement,
     ContainerPrediction,
     CpuInfo,
+    KubeletPolicies,
     NumaProfile,
     PodPrediction,
 )
@@ -58,7 +62,22 @@ UNKNOWN_UNMODELLED = "unmodelled"
 
 _MODELLED_TM_OPTIONS = frozenset({TM_OPTION_PREFER_CLOSEST, TM_OPTION_MAX_NUMA_NODES})
 _MODELLED_CPU_OPTIONS = frozenset(
-    {CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_STRICT_RESERVATION, CPU_OPTION_DISTRIBUTE_ACROSS_CORES}
+    {
+        CPU_OPTION_FULL_PCPUS_ONLY,
+        CPU_OPTION_STRICT_RESERVATION,
+        CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
+        CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
+        CPU_OPTION_DISTRIBUTE_ACROSS_NUMA,
+    }
+)
+
+
+#: Pairs of CPU manager options kubelet refuses to start with (``NewStaticPolicyOptions``).
+_EXCLUSIVE_CPU_OPTIONS = (
+    (CPU_OPTION_FULL_PCPUS_ONLY, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_DISTRIBUTE_ACROSS_NUMA, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_ALIGN_BY_UNCORE_CACHE, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+    (CPU_OPTION_ALIGN_BY_UNCORE_CACHE, CPU_OPTION_DISTRIBUTE_ACROSS_NUMA),
 )
 
 
@@ -209,16 +228,19 @@ def _gpu_of_replica(replica: str) -> str:
 
 
 class CpuTopology:
-    """kubelet's ``CPUTopology`` of a profile: CPUs by core, socket and NUMA node."""
+    """kubelet's ``CPUTopology`` of a profile: CPUs by core, socket, NUMA node and uncore cache
+    (a profile without uncore caches: kubelet's fallback, the socket)."""
 
     def __init__(self, profile: NumaProfile) -> None:
         """Index the profile's CPUs."""
         self.numa_of = {c.cpu: c.numa for c in profile.cpus}
         self.socket_of = {c.cpu: c.socket for c in profile.cpus}
         self.core_of = {c.cpu: c.core for c in profile.cpus}
+        self.uncore_of = {c.cpu: c.socket if c.uncore is None else c.uncore for c in profile.cpus}
         self.cpus_of_numa = _group(self.numa_of)
         self.cpus_of_socket = _group(self.socket_of)
         self.cpus_of_core = _group(self.core_of)
+        self.cpus_of_uncore = _group(self.uncore_of)
         n_cpus = len(self.numa_of)
         self.cpus_per_core = n_cpus // len(self.cpus_of_core)
         self.cpus_per_socket = n_cpus // len(self.cpus_of_socket)
@@ -306,6 +328,41 @@ class _Accumulator:
         )
         return [c for p in parents for c in self._sorted(t.cpus_of_core, self._present(t.core_of, groups[p]))]
 
+    def uncore_caches(self) -> list[int]:
+        """``sortAvailableUncoreCaches``: NUMA node by NUMA node (in their order), each one's caches
+        with free CPUs by fewest free CPUs, then id."""
+        t = self.topo
+        return [
+            u
+            for n in self.numa_nodes()
+            for u in self._sorted(t.cpus_of_uncore, self._present(t.uncore_of, t.cpus_of_numa[n]))
+        ]
+
+    def take_uncore_caches(self) -> None:
+        """``takeUncoreCache``: whole free caches while the request needs one, then the first cache
+        whose lowest free cores hold exactly the rest (the order is taken once, before any pick)."""
+        order = self.uncore_caches()
+        for u in order:
+            cpus = self.topo.cpus_of_uncore[u]
+            if cpus <= self.free and self.needed >= len(cpus):
+                self.take(cpus)
+        for u in order:
+            if self.needed < 1:
+                return
+            self.take_partial_uncore(u)
+
+    def take_partial_uncore(self, uncore: int) -> None:
+        """``takePartialUncore``: the free CPUs of the cache's lowest ``ceil(needed / threads per
+        core)`` cores with free CPUs, one thread fewer for an odd rest on SMT, if exactly enough."""
+        t = self.topo
+        in_cache = self.free & t.cpus_of_uncore[uncore]
+        cores = sorted({t.core_of[c] for c in in_cache})[: -(-self.needed // t.cpus_per_core)]
+        cpus = sorted(c for c in in_cache if t.core_of[c] in cores)
+        if self.needed % 2 and t.cpus_per_core > 1 and len(cpus) > self.needed:
+            cpus = cpus[:-1]
+        if len(cpus) == self.needed:
+            self.take(cpus)
+
     def take_full(self, ids: list[int], groups: Mapping[int, frozenset[int]], whole: Any) -> None:
         for key in [k for k in ids if self._free_in(groups, k) == whole(k)]:
             if self.needed >= len(groups[key]):
@@ -324,14 +381,46 @@ class _Accumulator:
                 return
 
 
-def take_by_topology_packed(
-    topo: CpuTopology, available: Iterable[int], count: int, spread: bool = False
-) -> frozenset[int] | None:
-    """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, whole cores, then threads.
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """The CPU manager options that change how the static policy takes CPUs (``takeByTopology``)."""
 
-    ``spread`` (``distribute-cpus-across-cores``): no whole cores, threads spread over the cores.
-    ``None`` when kubelet would fail ("not enough cpus available" / "failed to allocate cpus").
-    """
+    #: ``distribute-cpus-across-cores`` (sorting strategy spread): no whole cores, threads spread.
+    spread: bool = False
+    #: ``prefer-align-cpus-by-uncorecache``: whole uncore caches, then one holding the rest, before cores.
+    uncore: bool = False
+    #: ``distribute-cpus-across-numa``: CPUs spread evenly over NUMA nodes in groups of this size
+    #: (the threads per core with ``full-pcpus-only``, else 1); 0 when off.
+    numa_group: int = 0
+
+    @classmethod
+    def of(cls, policies: KubeletPolicies, cpus_per_core: int) -> Packing:
+        """The packing kubelet's static policy uses with these options."""
+        options = policies.cpu_manager_options
+        distribute = policies.option_enabled(options, CPU_OPTION_DISTRIBUTE_ACROSS_NUMA)
+        full_pcpus = policies.option_enabled(options, CPU_OPTION_FULL_PCPUS_ONLY)
+        return cls(
+            spread=policies.option_enabled(options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES),
+            uncore=policies.option_enabled(options, CPU_OPTION_ALIGN_BY_UNCORE_CACHE),
+            numa_group=(cpus_per_core if full_pcpus else 1) if distribute else 0,
+        )
+
+
+def take_cpus(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing
+) -> frozenset[int] | None:
+    """``takeByTopology``: distributed over NUMA nodes with that option, else packed."""
+    if packing.numa_group:
+        return take_by_topology_distributed(topo, available, count, packing.numa_group)
+    return take_by_topology_packed(topo, available, count, packing)
+
+
+def take_by_topology_packed(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing = Packing()
+) -> frozenset[int] | None:
+    """The CPUs kubelet's packed allocator takes: whole NUMA nodes/sockets, (uncore caches,) whole
+    cores, then threads. ``None`` when kubelet would fail ("not enough cpus available" / "failed
+    to allocate cpus")."""
     acc = _Accumulator(topo, available, count)
     if acc.needed < 1:
         return frozenset()
@@ -344,12 +433,127 @@ def take_by_topology_packed(
         acc.take_full(order(), groups, whole)
         if acc.needed < 1:
             return frozenset(acc.result)
-    if not spread:
+    if packing.uncore:
+        acc.take_uncore_caches()
+        if acc.needed < 1:
+            return frozenset(acc.result)
+    if not packing.spread:
         acc.take_full(acc.cores(), t.cpus_of_core, lambda _k: t.cpus_per_core)
         if acc.needed < 1:
             return frozenset(acc.result)
-    acc.take_remaining(spread)
+    acc.take_remaining(packing.spread)
     return frozenset(acc.result) if acc.needed < 1 else None
+
+
+def take_by_topology_distributed(
+    topo: CpuTopology, available: Iterable[int], count: int, group: int
+) -> frozenset[int] | None:
+    """``takeByTopologyNUMADistributed`` (KEP-2902): ``count`` CPUs in groups of ``group`` spread
+    evenly over the fewest NUMA nodes that can hold them, choosing the combination (and the nodes
+    of any remainder) that leaves the free CPUs per NUMA node most balanced; packed when ``count``
+    is not a multiple of ``group`` or no combination balances."""
+    if count % group:
+        return take_by_topology_packed(topo, available, count)
+    free = {c for c in available if c in topo.numa_of}
+    if count < 1:
+        return frozenset()
+    if count > len(free):
+        return None
+    numas = _Accumulator(topo, free, count).numa_nodes()
+    free_in = {n: len(free & topo.cpus_of_numa[n]) for n in numas}
+    low, high = _numa_range(topo, len(numas), count, group)
+    for k in range(low, high + 1):
+        best: tuple[Fraction, tuple[int, ...], tuple[int, ...]] | None = None
+        for combo in itertools.combinations(numas, k):
+            scored = _distribution_balance(free_in, combo, count, group)
+            if scored is not None and (best is None or scored[0] < best[0]):
+                best = (scored[0], scored[1], combo)
+            if best is not None and best[0] == 0:
+                break
+        if best is not None:
+            return _take_distributed(topo, free, count, group, best[2], best[1])
+    return take_by_topology_packed(topo, free, count)
+
+
+def _numa_range(topo: CpuTopology, free_numa: int, count: int, group: int) -> tuple[int, int]:
+    """``rangeNUMANodesNeededToSatisfy``: the fewest NUMA nodes from the CPU groups per NUMA node of
+    the whole machine, the most bounded by the NUMA nodes with free CPUs."""
+    groups_per_numa = math.ceil(math.ceil(len(topo.numa_of) / group) / len(topo.cpus_of_numa))
+    groups_needed = math.ceil(count / group)
+    return math.ceil(groups_needed / groups_per_numa), min(groups_needed, free_numa)
+
+
+def _variance(values: Iterable[int]) -> Fraction:
+    """Orders balances as kubelet's standard deviation does (exactly)."""
+    items = list(values)
+    mean = Fraction(sum(items), len(items))
+    return sum(((v - mean) ** 2 for v in items), Fraction(0)) / len(items)
+
+
+def _stripe(after: Mapping[int, int], nodes: Sequence[int], remainder: int, group: int) -> dict[int, int]:
+    """The free CPUs per NUMA node once ``remainder`` CPUs are taken ``group`` by ``group`` from
+    ``nodes`` in turn (skipping nodes with fewer than ``group`` left)."""
+    left = dict(after)
+    while remainder > 0:
+        before = remainder
+        for n in nodes:
+            if remainder == 0:
+                break
+            if left[n] >= group:
+                left[n] -= group
+                remainder -= group
+        if remainder == before:
+            break  # no node can give a group any more
+    return left
+
+
+def _distribution_balance(
+    free_in: Mapping[int, int], combo: Sequence[int], count: int, group: int
+) -> tuple[Fraction, tuple[int, ...]] | None:
+    """The best balance of one NUMA combination and the nodes its remainder comes from; None when
+    it cannot hold ``count`` CPUs evenly in groups."""
+    if sum(free_in[n] for n in combo) < count or sum(free_in[n] // group for n in combo) * group < count:
+        return None
+    share = count // len(combo) // group * group
+    if any(free_in[n] < share for n in combo):
+        return None
+    after = {n: free_in[n] - (share if n in combo else 0) for n in free_in}
+    remainder = count - share * len(combo)
+    if remainder == 0:
+        return _variance(after.values()), ()
+    candidates = [n for n in combo if after[n] >= group]
+    best: tuple[Fraction, tuple[int, ...]] | None = None
+    for size in range(len(candidates), 0, -1):
+        for subset in itertools.combinations(candidates, size):
+            if sum(after[n] for n in subset) < remainder:
+                continue
+            balance = _variance(_stripe(after, subset, remainder, group).values())
+            if best is None or balance < best[0]:
+                best = (balance, subset)
+    return best
+
+
+def _take_distributed(
+    topo: CpuTopology, free: set[int], count: int, group: int, combo: Sequence[int], rest: Sequence[int]
+) -> frozenset[int] | None:
+    """The even share from each node of ``combo`` (packed within it), then the remainder group by
+    group from the nodes of ``rest`` in turn."""
+    share = count // len(combo) // group * group
+    taken: set[int] = set()
+    for n in combo:
+        taken |= take_by_topology_packed(topo, (free - taken) & topo.cpus_of_numa[n], share) or set()
+    remainder = count - share * len(combo)
+    while remainder > 0:
+        before = remainder
+        for n in rest:
+            cpus = (free - taken) & topo.cpus_of_numa[n]
+            if remainder == 0 or len(cpus) < group:
+                continue
+            taken |= take_by_topology_packed(topo, cpus, group) or set()
+            remainder -= group
+        if remainder == before:
+            return None
+    return frozenset(taken) if len(taken) == count else None
 
 
 # ==========================================================================================
@@ -588,7 +792,7 @@ def pod_qos(pod: Mapping[str, Any], containers: Sequence[_Container]) -> str:
     return "Burstable"
 
 
-def _pod_effective(containers: Sequence[_Container], value: Any) -> int:
+def _pod_effective(containers: Sequence[_Container], value: Callable[[_Container], int]) -> int:
     """A pod-level amount with sidecars: max(app + sidecars, any init + the sidecars before it)."""
     init_max = sidecars = 0
     for c in containers:
@@ -621,6 +825,10 @@ class Prediction:
     message: str = ""
     containers: tuple[ContainerPrediction, ...] = ()
     usage: NumaUsage = field(default_factory=NumaUsage)
+    #: ``unknown`` because a device plugin chooses among aligned replicas: per resource, the
+    #: container (index, init first) and the NUMA nodes kubelet offers it from. A scheduler whose
+    #: plugin that is fits the container's devices there, so the plugin's choice becomes known.
+    offered: Mapping[str, Mapping[int, frozenset[int]]] = field(default_factory=dict)
 
     def record(self, generation: int) -> PodPrediction:
         """The ``hamid.io/numa-predicted`` record of a ``placed`` prediction."""
@@ -655,13 +863,13 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
     try:
         closest = pol.option_enabled(tm_opts, TM_OPTION_PREFER_CLOSEST)
         limit = pol.max_allowable_numa_nodes()
-        pcpus = pol.option_enabled(cpu_opts, CPU_OPTION_FULL_PCPUS_ONLY)
-        pol.option_enabled(cpu_opts, CPU_OPTION_STRICT_RESERVATION)
-        cores = pol.option_enabled(cpu_opts, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
+        enabled = {name for name in cpu_opts if pol.option_enabled(cpu_opts, name)}
     except InvalidInput as exc:
         return f"kubelet would not start with this option value: {exc}"
-    if pcpus and cores:
-        return "kubelet would not start: full-pcpus-only and distribute-cpus-across-cores exclude each other"
+    pcpus = CPU_OPTION_FULL_PCPUS_ONLY in enabled
+    clash = next(((a, b) for a, b in _EXCLUSIVE_CPU_OPTIONS if {a, b} <= enabled), None)
+    if clash is not None:
+        return f"kubelet would not start: {clash[0]} and {clash[1]} exclude each other"
     if limit < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
         return f"kubelet would not start: {TM_OPTION_MAX_NUMA_NODES} {limit} is below the minimum 8"
     if pol.topology_manager_policy != "none" and len(profile.numa_nodes) > limit:
@@ -678,6 +886,8 @@ def unmodelled_reason(profile: NumaProfile) -> str | None:
             return f"CPU manager option {extra[0]!r} is not modelled"
         if not profile.reserved_cpus:
             return "the static CPU manager policy needs reserved CPUs; kubelet would not start"
+        if CPU_OPTION_ALIGN_BY_UNCORE_CACHE in enabled and profile.cpus[0].uncore is None:
+            return "prefer-align-cpus-by-uncorecache needs the uncore caches, which the profile lacks"
     elif pcpus:
         return "CPU manager options without the static policy are not modelled"
     return None
@@ -700,18 +910,23 @@ class _Admission:
         #: Free replicas per GPU of the plugin's resource, and the NUMA buckets where they are not known.
         self.gpu_free = {u: f for u, (_n, f) in plugin.gpus.items()} if plugin is not None else {}
         self.gpu_unknown: set[int] = set()
+        #: The plugin resource's GPUs (one entry per replica) later containers may reuse, and those
+        #: the last pick took; None where which ones is not known.
+        self.gpu_reusable: list[str] | None = []
+        self.gpu_last: list[str] | None = []
         #: The device splits to assume, in order, where kubelet's pick is the plugin's choice.
         self.splits = list(splits)
         self.split_count = 0
+        #: Per resource, per container index: the NUMA nodes kubelet offers the plugin to choose
+        #: from, where it chose among aligned replicas (each resource's first such choice).
+        self.offered: dict[str, dict[int, frozenset[int]]] = {}
         self.topo = topology_of(profile)
         self.containers = containers
         self.exclusive = profile.policies.cpu_manager_policy == "static" and qos == "Guaranteed"
         self.full_pcpus = profile.policies.option_enabled(
             profile.policies.cpu_manager_options, CPU_OPTION_FULL_PCPUS_ONLY
         )
-        self.spread = profile.policies.option_enabled(
-            profile.policies.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES
-        )
+        self.packing = Packing.of(profile.policies, self.topo.cpus_per_core)
         self.free_cpus = set(ledger.free_cpus)
         self.reusable_cpus: set[int] = set()
         self.resources = ledger.resources
@@ -793,9 +1008,9 @@ class _Admission:
         result: frozenset[int] = frozenset()
         if mask is not None:
             aligned = {cpu for cpu in allocatable if mask >> self.topo.numa_of[cpu] & 1}
-            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.spread)
+            result = _take_or_fail(self.topo, aligned, min(n, len(aligned)), self.packing)
         if n > len(result):
-            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.spread)
+            result |= _take_or_fail(self.topo, allocatable - result, n - len(result), self.packing)
         self.free_cpus -= result
         if c.kind == "init":
             self.reusable_cpus |= result
@@ -824,7 +1039,11 @@ class _Admission:
                 )
             has_topology = any(t for n, t in self.dev_total[res].items() if n != NO_TOPOLOGY)
             aligned = nodes_of(mask) if mask is not None and has_topology else frozenset()
-            new = self.take_new(res, c.index, free, aligned, left, bool(got))
+            reused = self.reused_gpus(res, got, reusable)
+            before = dict(self.gpu_free), set(self.gpu_unknown)
+            new = self.take_new(res, c.index, free, aligned, left, reused)
+            self.note_taken_gpus(before, new)
+            self.track_reusable_gpus(res, c.kind, got, reusable)
             for n, k in new.items():
                 free[n] -= k
             sign = 1 if c.kind == "init" else -1
@@ -835,22 +1054,64 @@ class _Admission:
             held |= {n for part in (got, new) for n, k in part.items() if k}
         return out, held
 
+    def reused_gpus(self, res: str, got: Mapping[int, int], reusable: Mapping[int, int]) -> list[str] | None:
+        """The GPUs (one entry per replica) of the plugin's resource a container reuses: kubelet's
+        must-include replicas. ``[]`` when it reuses none; None when which ones is not known."""
+        if not any(got.values()):
+            return []
+        if self.plugin is None or res != self.plugin.resource or self.gpu_reusable is None:
+            return None
+        return list(self.gpu_reusable) if sum(got.values()) == sum(reusable.values()) else None
+
+    def track_reusable_gpus(
+        self, res: str, kind: str, got: Mapping[int, int], reusable: Mapping[int, int]
+    ) -> None:
+        """Which GPUs later containers may reuse: an init container's new ones join them, a
+        container reusing all of them consumes them (some of them: which is not known)."""
+        if self.plugin is None or res != self.plugin.resource or self.gpu_reusable is None:
+            return
+        if kind == "init":
+            self.gpu_reusable = None if self.gpu_last is None else self.gpu_reusable + self.gpu_last
+        elif any(got.values()):
+            self.gpu_reusable = [] if sum(got.values()) == sum(reusable.values()) else None
+
+    def note_taken_gpus(self, before: tuple[dict[str, int], set[int]], picked: Mapping[int, int]) -> None:
+        """Which GPUs a pick took (``gpu_last``), from the per-GPU free replicas ``before`` it;
+        None when a bucket it took from is not known per GPU."""
+        free_before, unknown_before = before
+        touched = {n for n, k in picked.items() if k}
+        if self.gpu_unknown != unknown_before or touched & self.gpu_unknown:
+            self.gpu_last = None
+        else:
+            self.gpu_last = [u for u, f in sorted(free_before.items()) for _ in range(f - self.gpu_free[u])]
+
     def take_new(
-        self, res: str, index: int, free: Mapping[int, int], aligned: frozenset[int], need: int, reused: bool
+        self,
+        res: str,
+        index: int,
+        free: Mapping[int, int],
+        aligned: frozenset[int],
+        need: int,
+        reused: list[str] | None,
     ) -> dict[int, int]:
-        """``devicesToAllocate`` after the reused devices: from the aligned buckets (the plugin
-        choosing when they hold more than needed), else all of them and the rest elsewhere (the
-        plugin choosing among the rest)."""
+        """``devicesToAllocate`` after the ``reused`` devices (None: not known which): from the
+        aligned buckets (the plugin choosing when they hold more than needed), else all of them and
+        the rest elsewhere (the plugin choosing among the rest)."""
         inside = {n: k for n, k in free.items() if n in aligned and k > 0}
         outside = {n: k for n, k in free.items() if n not in aligned and k > 0}
         what = f"which {res} device"
         if need < sum(inside.values()):
-            picked = None if reused else self.plugin_pick(res, index, inside, {}, need)
+            picked = None if reused is None else self.plugin_pick(res, index, inside, {}, need, reused)
             if picked is None:
+                self.offered.setdefault(res, {index: frozenset(inside)})
                 picked = self.taken(res, inside, self.take_counts(inside, need, what))
             return picked
         rest = need - sum(inside.values())
-        picked = None if reused or rest <= 0 else self.plugin_pick(res, index, outside, inside, rest)
+        picked = (
+            None
+            if reused is None or rest <= 0
+            else self.plugin_pick(res, index, outside, inside, rest, reused)
+        )
         self.taken(res, inside, inside)
         if picked is None:
             picked = self.taken(res, outside, self.take_counts(outside, rest, what))
@@ -876,11 +1137,18 @@ class _Admission:
         return counts
 
     def plugin_pick(
-        self, res: str, index: int, pool: Mapping[int, int], must: Mapping[int, int], need: int
+        self,
+        res: str,
+        index: int,
+        pool: Mapping[int, int],
+        must: Mapping[int, int],
+        need: int,
+        reused: Sequence[str] = (),
     ) -> dict[int, int] | None:
         """hamid's ``GetPreferredAllocation`` replayed: the buckets of the ``need`` replicas kubelet
-        takes from ``pool`` (after all of ``must``), or None when the plugin gives no definite
-        answer (another plugin, a NUMA mismatch, no preference, GPUs not known)."""
+        takes from ``pool`` (after the ``reused`` GPUs' replicas and all of ``must``), or None when
+        the plugin gives no definite answer (another plugin, a NUMA mismatch, no preference, GPUs
+        not known)."""
         plugin = self.plugin
         if plugin is None or res != plugin.resource or index >= len(plugin.annotated):
             return None
@@ -895,7 +1163,8 @@ class _Admission:
                 for k in range(self.gpu_free.get(u, 0))
             ]
 
-        must_ids = replicas(must)
+        inside_ids = replicas(must)
+        must_ids = [f"{u}{_REPLICA_SEP}reused-{i}" for i, u in enumerate(reused)] + inside_ids
         answer, missing = preferred_answer(
             plugin.annotated[index],
             sorted(must_ids + replicas(pool)),
@@ -906,7 +1175,7 @@ class _Admission:
         picks = [_gpu_of_replica(r) for r in answer if r not in set(must_ids)]
         if missing or len(picks) != need:
             return None
-        for u in must_ids:
+        for u in inside_ids:
             self.gpu_free[_gpu_of_replica(u)] = 0
         counts: dict[int, int] = {}
         for u in picks:
@@ -946,10 +1215,11 @@ class _Admission:
         if self.profile.policies.topology_manager_scope == "pod":
             cpu = _pod_effective(self.containers, self.cpu_request)
             names = sorted({r for c in self.containers for r in self.device_requests(c)})
-            devices = {
-                r: _pod_effective(self.containers, lambda c, r=r: self.device_requests(c).get(r, 0))
-                for r in names
-            }
+
+            def amount(r: str) -> Callable[[_Container], int]:
+                return lambda c: self.device_requests(c).get(r, 0)
+
+            devices = {r: _pod_effective(self.containers, amount(r)) for r in names}
             mask = self.affinity(cpu, devices)
             return tuple(self.place(c, mask) for c in self.containers)
         return tuple(
@@ -965,8 +1235,10 @@ def _count_by(cpus: Iterable[int], owner: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-def _take_or_fail(topo: CpuTopology, available: Iterable[int], count: int, spread: bool) -> frozenset[int]:
-    taken = take_by_topology_packed(topo, available, count, spread)
+def _take_or_fail(
+    topo: CpuTopology, available: Iterable[int], count: int, packing: Packing
+) -> frozenset[int]:
+    taken = take_cpus(topo, available, count, packing)
     if taken is None:
         raise _reject(
             UNEXPECTED_ADMISSION_ERROR, f"not enough cpus available to satisfy request: requested={count}"
@@ -1001,9 +1273,9 @@ def _splits(pool: Mapping[int, int], need: int) -> list[dict[int, int]]:
     return out
 
 
-def _disagree(outcomes: Sequence[Prediction]) -> bool:
-    """The replays so far do not all end in one rejection."""
-    return any(o.outcome is not Outcome.REJECT or o.reason != outcomes[0].reason for o in outcomes)
+def _same(a: Prediction, b: Prediction) -> bool:
+    """Two replays end alike: one rejection, or the same placement and usage."""
+    return (a.outcome, a.reason, a.containers, a.usage) == (b.outcome, b.reason, b.containers, b.usage)
 
 
 def _admit_every_split(
@@ -1015,13 +1287,14 @@ def _admit_every_split(
 ) -> Prediction:
     """Replay the admission once per possible device split the plugin may choose.
 
-    Where every split ends in the same rejection, kubelet rejects whichever replicas it picks:
-    that is the answer. Otherwise the outcome depends on the plugin's choice (``unknown``).
+    Where every split ends alike (one rejection, or one placement with one usage), kubelet does
+    that whichever replicas it picks: that is the answer. Otherwise the outcome depends on the
+    plugin's choice (``unknown``, with the NUMA nodes of the first choice kubelet offers it).
     At most :data:`MAX_SPLIT_REPLAYS` replays.
     """
     pending: list[list[dict[int, int]]] = [[]]
     outcomes: list[Prediction] = []
-    first_split: _Split | None = None
+    first: tuple[_Split, _Admission] | None = None
     while pending:
         script = pending.pop()
         admission = _Admission(profile, ledger, containers, qos, script, plugin)
@@ -1030,20 +1303,18 @@ def _admit_every_split(
         except _Stop as stop:
             outcomes.append(stop.prediction)
         except _Split as split:
-            first_split = first_split or split
+            first = first or (split, admission)
             pending += [[*script, option] for option in reversed(split.options)]
         else:
-            if not script:
-                return Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed))
-            outcomes.append(Prediction(Outcome.PLACED, containers=placed))
-        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or _disagree(outcomes):
+            outcomes.append(Prediction(Outcome.PLACED, containers=placed, usage=usage_of_prediction(placed)))
+        if len(outcomes) + len(pending) > MAX_SPLIT_REPLAYS or (
+            outcomes and not _same(outcomes[0], outcomes[-1])
+        ):
             break
-    if first_split is None:
+    if first is None or (not pending and _same(outcomes[0], outcomes[-1])):
         return outcomes[0]
-    reasons = {(o.outcome, o.reason) for o in outcomes}
-    if not pending and len(reasons) == 1 and outcomes[0].outcome is Outcome.REJECT:
-        return outcomes[0]
-    return _unknown(UNKNOWN_UNMODELLED, f"{first_split.what} kubelet takes is the device plugin's choice")
+    what = f"{first[0].what} kubelet takes is the device plugin's choice"
+    return dataclasses.replace(_unknown(UNKNOWN_UNMODELLED, what), offered=first[1].offered)
 
 
 def predict(

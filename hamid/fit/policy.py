@@ -116,27 +116,27 @@ def device_score(
     )
 
 
-SortKey = Callable[[int, float, int, int], tuple]
+SortKey = Callable[[int, float, int, int], tuple[float, ...]]
 """``(numa, score, used, index) -> key``; HAMi's ascending ``DeviceUsageList.Less`` order."""
 
 
-def _key_mutex(numa: int, score: float, used: int, index: int) -> tuple:
+def _key_mutex(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
     return (-used, numa)
 
 
-def _key_binpack_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
+def _key_binpack_numa_bind(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
     return (-numa, score)
 
 
-def _key_spread_numa_bind(numa: int, score: float, used: int, index: int) -> tuple:
+def _key_spread_numa_bind(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
     return (numa, -score)
 
 
-def _key_binpack(numa: int, score: float, used: int, index: int) -> tuple:
+def _key_binpack(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
     return (score, numa)
 
 
-def _key_spread(numa: int, score: float, used: int, index: int) -> tuple:
+def _key_spread(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
     return (-score, numa)
 
 
@@ -144,7 +144,7 @@ def _key_spread(numa: int, score: float, used: int, index: int) -> tuple:
 def _chain_key(chain: tuple[str, ...]) -> SortKey:
     signs = tuple((key == NUMA, 1.0 if key == BINPACK else -1.0) for key in chain)
 
-    def key(numa: int, score: float, used: int, index: int) -> tuple:
+    def key(numa: int, score: float, used: int, index: int) -> tuple[float, ...]:
         return (*(numa if is_numa else sign * score for is_numa, sign in signs), index)
 
     return key

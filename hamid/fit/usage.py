@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
 from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
@@ -224,7 +225,7 @@ class NodeUsage:
         return 10.0 * (used / self._tot_count + cores / self._tot_cores + mem / self._tot_mem)
 
 
-def container_kinds(pod: Mapping) -> tuple[ContainerKind, ...]:
+def container_kinds(pod: Mapping[str, Any]) -> tuple[ContainerKind, ...]:
     """The kind of every container of a pod dict, init containers first."""
     n_init = init_container_count(pod)
     kinds: list[ContainerKind] = []
@@ -238,7 +239,7 @@ def container_kinds(pod: Mapping) -> tuple[ContainerKind, ...]:
     return tuple(kinds)
 
 
-def init_containers_succeeded(pod: Mapping) -> bool:
+def init_containers_succeeded(pod: Mapping[str, Any]) -> bool:
     """Whether every regular init container of the pod terminated with exit code 0.
 
     False when the pod has no regular init container (there is nothing to release). Sidecars

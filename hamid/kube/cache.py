@@ -1,5 +1,8 @@
 """Watch-fed caches (informers) of trimmed raw-JSON objects, with add/update/delete callbacks.
 
+A cache's records are read-only views (:mod:`hamid.model.kube`): the cache hands the same object
+to every callback and reader, so none may change it.
+
 A cache lists, then watches from the list's resourceVersion; a dropped stream resumes from the
 last resourceVersion seen; ``410 Gone`` triggers a re-list whose differences are delivered as
 add/update/delete callbacks, so consumers stay exact. Errors back off (bounded, jittered).
@@ -13,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from typing_extensions import TypedDict, Unpack
 
 from hamid.kube.backoff import Backoff
 from hamid.kube.client import (
-    JSON,
     NODES,
     PODS,
     RESOURCE_QUOTAS,
@@ -29,14 +33,30 @@ from hamid.kube.client import (
 from hamid.kube.errors import Gone, Timeout
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON, Body, Node, Pod, ResourceQuota, view
 from hamid.model.objects import newer_than, object_key
 
 log = get_logger("kube.cache")
 
-AddHandler = Callable[[JSON], None]
-UpdateHandler = Callable[[JSON, JSON], None]
-DeleteHandler = Callable[[JSON], None]
-Trim = Callable[[JSON], JSON]
+#: A cache's record type: a read-only view of the objects it holds.
+Record = TypeVar("Record", bound=Mapping[str, Any], covariant=True)
+AddHandler = Callable[[Record], None]
+UpdateHandler = Callable[[Record, Record], None]
+DeleteHandler = Callable[[Record], None]
+#: Turns a listed or watched object (the cache's own copy) into the record it keeps.
+Trim = Callable[[JSON], Record]
+
+
+class CacheOptions(TypedDict, Generic[Record], total=False):
+    """The :class:`WatchCache` options the typed caches pass through (handlers typed by record)."""
+
+    on_add: AddHandler[Record] | None
+    on_update: UpdateHandler[Record] | None
+    on_delete: DeleteHandler[Record] | None
+    watch_timeout_s: int
+    page_size: int | None
+    backoff: Backoff | None
+
 
 # The parts of status hamid reads; everything else is dropped from cached records.
 POD_STATUS_KEYS = frozenset(
@@ -61,14 +81,19 @@ def _keep_status(obj: JSON, keys: frozenset[str]) -> JSON:
     return obj
 
 
-def trim_pod(obj: JSON) -> JSON:
+def trim_pod(obj: JSON) -> Pod:
     """A lightweight pod record: no managedFields; status keeps phase/conditions/container statuses."""
-    return _keep_status(obj, POD_STATUS_KEYS)
+    return view(Pod, _keep_status(obj, POD_STATUS_KEYS))
 
 
-def trim_node(obj: JSON) -> JSON:
+def trim_node(obj: JSON) -> Node:
     """A lightweight node record: no managedFields; status keeps allocatable/capacity/conditions."""
-    return _keep_status(obj, NODE_STATUS_KEYS)
+    return view(Node, _keep_status(obj, NODE_STATUS_KEYS))
+
+
+def trim_quota(obj: JSON) -> ResourceQuota:
+    """A ResourceQuota record: no managedFields; spec and status kept whole."""
+    return view(ResourceQuota, trim_metadata(obj))
 
 
 def join_selectors(*selectors: str | None) -> str | None:
@@ -77,7 +102,7 @@ def join_selectors(*selectors: str | None) -> str | None:
     return ",".join(parts) or None
 
 
-class WatchCache:
+class WatchCache(Generic[Record]):
     """A list+watch cache of one resource, keyed ``namespace/name`` (or ``name`` if cluster-scoped).
 
     ``run()`` is a coroutine owned by the caller (a TaskGroup task); cancelling it stops the cache.
@@ -91,10 +116,10 @@ class WatchCache:
         namespace: str | None = None,
         field_selector: str | None = None,
         label_selector: str | None = None,
-        trim: Trim = trim_metadata,
-        on_add: AddHandler | None = None,
-        on_update: UpdateHandler | None = None,
-        on_delete: DeleteHandler | None = None,
+        trim: Trim[Record],
+        on_add: AddHandler[Record] | None = None,
+        on_update: UpdateHandler[Record] | None = None,
+        on_delete: DeleteHandler[Record] | None = None,
         watch_timeout_s: int = 300,
         page_size: int | None = 500,
         backoff: Backoff | None = None,
@@ -108,12 +133,12 @@ class WatchCache:
         self.page_size = page_size
         self._trim = trim
         self._backoff = backoff or Backoff()
-        self._items: dict[str, JSON] = {}
+        self._items: dict[str, Record] = {}
         self._resource_version: str | None = None
         self._synced = asyncio.Event()
-        self._add: list[AddHandler] = []
-        self._update: list[UpdateHandler] = []
-        self._delete: list[DeleteHandler] = []
+        self._add: list[AddHandler[Record]] = []
+        self._update: list[UpdateHandler[Record]] = []
+        self._delete: list[DeleteHandler[Record]] = []
         self.relists = 0
         self.add_handlers(on_add=on_add, on_update=on_update, on_delete=on_delete)
         self._log = log.bind(
@@ -125,9 +150,9 @@ class WatchCache:
 
     def add_handlers(
         self,
-        on_add: AddHandler | None = None,
-        on_update: UpdateHandler | None = None,
-        on_delete: DeleteHandler | None = None,
+        on_add: AddHandler[Record] | None = None,
+        on_update: UpdateHandler[Record] | None = None,
+        on_delete: DeleteHandler[Record] | None = None,
     ) -> None:
         """Register more callbacks (call before ``run()`` to see the initial adds)."""
         if on_add is not None:
@@ -157,11 +182,11 @@ class WatchCache:
         except TimeoutError as exc:
             raise Timeout(f"{self.resource.plural} cache not synced within {timeout:g}s") from exc
 
-    def get(self, key: str) -> JSON | None:
+    def get(self, key: str) -> Record | None:
         """The cached object for ``namespace/name`` (or ``name``), or None."""
         return self._items.get(key)
 
-    def values(self) -> list[JSON]:
+    def values(self) -> list[Record]:
         """A snapshot list of the cached objects."""
         return list(self._items.values())
 
@@ -180,7 +205,7 @@ class WatchCache:
 
     # -- callbacks --------------------------------------------------------------------------
 
-    def _notify(self, handlers: list[Callable[..., None]], *args: JSON) -> None:
+    def _notify(self, handlers: list[Callable[..., None]], *args: Body) -> None:
         for handler in handlers:
             try:
                 handler(*args)
@@ -189,10 +214,10 @@ class WatchCache:
                     "cache_callback_failed", handler=getattr(handler, "__qualname__", handler)
                 )
 
-    def _added(self, obj: JSON) -> None:
+    def _added(self, obj: Body) -> None:
         self._notify(self._add, obj)
 
-    def _updated(self, old: JSON, new: JSON) -> None:
+    def _updated(self, old: Body, new: Body) -> None:
         if objects.uid(old) != objects.uid(new):
             # Same name, new object: consumers keyed by UID see the old one go and the new one come.
             self._notify(self._delete, old)
@@ -200,7 +225,7 @@ class WatchCache:
         else:
             self._notify(self._update, old, new)
 
-    def _deleted(self, obj: JSON) -> None:
+    def _deleted(self, obj: Body) -> None:
         self._notify(self._delete, obj)
 
     def forget_missing(self, listed: Collection[str], list_version: str) -> int:
@@ -222,7 +247,7 @@ class WatchCache:
 
     # -- list and watch ---------------------------------------------------------------------
 
-    def _normalize(self, obj: JSON) -> JSON:
+    def _normalize(self, obj: JSON) -> Record:
         obj.setdefault("kind", self.resource.kind)
         obj.setdefault("apiVersion", self.resource.api_version)
         return self._trim(obj)
@@ -235,7 +260,7 @@ class WatchCache:
             label_selector=self.label_selector,
             page_size=self.page_size,
         )
-        fresh: dict[str, JSON] = {}
+        fresh: dict[str, Record] = {}
         for item in items:
             obj = self._normalize(item)
             fresh[object_key(obj)] = obj
@@ -256,13 +281,12 @@ class WatchCache:
         self._log.debug("listed", count=len(fresh), resource_version=resource_version)
 
     def _apply(self, event: WatchEvent) -> None:
-        obj = event.object
-        resource_version = objects.resource_version(obj)
+        resource_version = objects.resource_version(event.object)
         if event.type == "BOOKMARK":
             if resource_version:
                 self._resource_version = resource_version
             return
-        obj = self._normalize(obj)
+        obj = self._normalize(event.object)
         key = object_key(obj)
         if event.type == "DELETED":
             previous = self._items.pop(key, None)
@@ -327,7 +351,7 @@ class WatchCache:
                 await asyncio.sleep(delay)
 
 
-class PodCache(WatchCache):
+class PodCache(WatchCache[Pod]):
     """Pods as lightweight records, optionally scoped to one node (``spec.nodeName``) and labels."""
 
     def __init__(
@@ -338,8 +362,8 @@ class PodCache(WatchCache):
         node_name: str | None = None,
         field_selector: str | None = None,
         label_selector: str | None = None,
-        trim: Trim = trim_pod,
-        **kwargs: Any,
+        trim: Trim[Pod] = trim_pod,
+        **kwargs: Unpack[CacheOptions[Pod]],
     ) -> None:
         selector = join_selectors(f"spec.nodeName={node_name}" if node_name else None, field_selector)
         super().__init__(
@@ -353,7 +377,7 @@ class PodCache(WatchCache):
         )
 
 
-class NodeCache(WatchCache):
+class NodeCache(WatchCache[Node]):
     """Nodes as lightweight records (annotations, labels, allocatable/capacity, conditions)."""
 
     def __init__(
@@ -362,16 +386,22 @@ class NodeCache(WatchCache):
         *,
         field_selector: str | None = None,
         label_selector: str | None = None,
-        trim: Trim = trim_node,
-        **kwargs: Any,
+        trim: Trim[Node] = trim_node,
+        **kwargs: Unpack[CacheOptions[Node]],
     ) -> None:
         super().__init__(
             client, NODES, field_selector=field_selector, label_selector=label_selector, trim=trim, **kwargs
         )
 
 
-class ResourceQuotaCache(WatchCache):
+class ResourceQuotaCache(WatchCache[ResourceQuota]):
     """ResourceQuotas (metadata trimmed; spec and status kept whole)."""
 
-    def __init__(self, client: KubeClient, *, namespace: str | None = None, **kwargs: Any) -> None:
-        super().__init__(client, RESOURCE_QUOTAS, namespace=namespace, **kwargs)
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str | None = None,
+        **kwargs: Unpack[CacheOptions[ResourceQuota]],
+    ) -> None:
+        super().__init__(client, RESOURCE_QUOTAS, namespace=namespace, trim=trim_quota, **kwargs)

@@ -27,10 +27,10 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 from hamid.kube.errors import InvalidRequest, KubeError, Timeout, error_from_code, error_from_status
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON
 
 log = get_logger("kube.client")
 
-JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

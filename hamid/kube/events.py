@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import Body
 from hamid.model.reasons import EVENT_BINDING_SUCCEED, EVENT_FILTERING_SUCCEED
 
 log = get_logger("kube.events")
@@ -121,7 +122,7 @@ class EventRecorder:
         self._shed_logged = 0
         self._shed_log_at = -math.inf
 
-    async def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
+    async def record(self, obj: Body, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event on ``obj`` (a wire-form dict); failures are logged, never raised.
 
         ``kind``/``apiVersion`` come from the object, defaulting to a v1 ``Pod`` when it has a

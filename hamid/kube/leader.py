@@ -29,10 +29,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON
 
 log = get_logger("kube.leader")
 

@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from hamid.model._wire import (
     INT64_MAX,
@@ -58,6 +59,8 @@ TM_OPTION_PREFER_MOST_ALLOCATED = "prefer-most-allocated-numa-node"
 CPU_OPTION_FULL_PCPUS_ONLY = "full-pcpus-only"
 CPU_OPTION_STRICT_RESERVATION = "strict-cpu-reservation"
 CPU_OPTION_DISTRIBUTE_ACROSS_CORES = "distribute-cpus-across-cores"
+CPU_OPTION_DISTRIBUTE_ACROSS_NUMA = "distribute-cpus-across-numa"
+CPU_OPTION_ALIGN_BY_UNCORE_CACHE = "prefer-align-cpus-by-uncorecache"
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 
 _INT = r"(?:0|[1-9][0-9]{0,4})"
@@ -159,12 +162,17 @@ def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
 
 @dataclass(frozen=True, slots=True)
 class CpuInfo:
-    """One logical CPU. ``core`` is kubelet's unique core id: the lowest CPU id of its thread group."""
+    """One logical CPU. ``core`` is kubelet's unique core id: the lowest CPU id of its thread group.
+
+    ``uncore``: kubelet's ``UncoreCacheID`` (the CPU's L3 cache id, else its socket id), or None
+    when the profile does not carry uncore caches.
+    """
 
     cpu: int
     core: int
     socket: int
     numa: int
+    uncore: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +298,25 @@ def _check_cpu_groups(p: NumaProfile) -> None:
         where = groups.setdefault(c.core, (c.socket, c.numa))
         if where != (c.socket, c.numa):
             raise InvalidInput(f"numa profile: core {c.core} spans sockets or NUMA nodes")
+    _check_uncore(p)
     lowest: dict[int, int] = {}
     for c in p.cpus:  # ascending: the first CPU seen of a core is its lowest
         lowest.setdefault(c.core, c.cpu)
     if any(core != cpu for core, cpu in lowest.items()):
         raise InvalidInput("numa profile: a core id must be the lowest CPU id of its threads")
+
+
+def _check_uncore(p: NumaProfile) -> None:
+    """Uncore caches for every CPU or for none; a core's threads share one cache."""
+    carried = {c.uncore is not None for c in p.cpus}
+    if len(carried) > 1:
+        raise InvalidInput("numa profile: uncore caches must be given for every CPU or for none")
+    cache_of_core: dict[int, int | None] = {}
+    for c in p.cpus:
+        if c.uncore is not None and not 0 <= c.uncore <= MAX_CPU_ID:
+            raise InvalidInput(f"numa profile: CPU {c.cpu} has an invalid uncore cache {c.uncore}")
+        if cache_of_core.setdefault(c.core, c.uncore) != c.uncore:
+            raise InvalidInput(f"numa profile: core {c.core} spans uncore caches")
 
 
 def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
@@ -309,10 +331,23 @@ def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
 # --- profile codec -------------------------------------------------------------------------
 
 _PROFILE_KEYS = frozenset(
-    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred"}
+    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred", "uncore"}
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
 PROFILE_PREFERRED_VERSION = 2
+#: A profile carrying ``uncore`` caches (format 3) is unknown to readers of formats 1 and 2.
+PROFILE_UNCORE_VERSION = 3
+#: The format version each optional field needs: a profile is written with the highest version its
+#: fields need (1 without any), so older readers keep reading every profile they can understand.
+_FIELD_VERSIONS = {"preferred": PROFILE_PREFERRED_VERSION, "uncore": PROFILE_UNCORE_VERSION}
+PROFILE_VERSIONS = (FORMAT_VERSION, PROFILE_PREFERRED_VERSION, PROFILE_UNCORE_VERSION)
+
+
+def profile_version(fields: Iterable[str]) -> int:
+    """The format version of a profile with these top-level fields."""
+    return max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in fields), default=FORMAT_VERSION)
+
+
 _KUBELET_KEYS = {
     "cpuManagerPolicy": "cpu_manager_policy",
     "cpuManagerPolicyOptions": "cpu_manager_options",
@@ -328,10 +363,13 @@ def encode_profile(profile: NumaProfile) -> str:
     by_numa: dict[int, list[int]] = {n: [] for n in profile.numa_nodes}
     by_socket: dict[int, list[int]] = {}
     by_core: dict[int, list[int]] = {}
+    by_uncore: dict[int, list[int]] = {}
     for c in profile.cpus:
         by_numa[c.numa].append(c.cpu)
         by_socket.setdefault(c.socket, []).append(c.cpu)
         by_core.setdefault(c.core, []).append(c.cpu)
+        if c.uncore is not None:
+            by_uncore.setdefault(c.uncore, []).append(c.cpu)
     pol = profile.policies
     doc: dict[str, object] = {
         "v": FORMAT_VERSION,
@@ -346,7 +384,10 @@ def encode_profile(profile: NumaProfile) -> str:
     if profile.distances is not None:
         doc["distances"] = [list(row) for row in profile.distances]
     if profile.preferred_allocation is not None:
-        doc["v"], doc["preferred"] = PROFILE_PREFERRED_VERSION, profile.preferred_allocation
+        doc["preferred"] = profile.preferred_allocation
+    if by_uncore:
+        doc["uncore"] = {str(u): format_cpu_list(cpus) for u, cpus in sorted(by_uncore.items())}
+    doc["v"] = profile_version(doc)
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
 
@@ -453,12 +494,16 @@ def decode_profile(text: object) -> NumaProfile:
     Profiles of equal content (but for ``gen`` and ``at``) share one decoded topology (immutable).
     """
     key = NUMA_PROFILE
-    doc = _load(text, key, _PROFILE_KEYS, (FORMAT_VERSION, PROFILE_PREFERRED_VERSION))
+    doc = _load(text, key, _PROFILE_KEYS, PROFILE_VERSIONS)
     for required in ("gen", "at", "numa", "sockets", "cores"):
         if required not in doc:
             raise InvalidInput(f"{key}: missing field {required!r}")
-    if ("preferred" in doc) != (doc["v"] == PROFILE_PREFERRED_VERSION):
-        raise InvalidInput(f"{key}: field 'preferred' comes with format version 2, and only with it")
+    if doc["v"] != profile_version(doc):
+        needs = ", ".join(f"{f!r} needs {v}" for f, v in _FIELD_VERSIONS.items())
+        raise InvalidInput(
+            f"{key}: format version {doc['v']} does not match its fields "
+            f"({needs}; else 1, the highest applies)"
+        )
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)
     shared = topology is not None
@@ -483,7 +528,12 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
             core_of[cpu] = min(group)
     if not set(numa_of) == set(socket_of) == set(core_of):
         raise InvalidInput(f"{key}: numa, sockets and cores must list the same CPUs")
-    cpus = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(numa_of))
+    uncore_of: dict[int, int] = {}
+    if "uncore" in doc:
+        uncore_of = _cpu_owner(_id_map(doc["uncore"], f"{key}.uncore"), f"{key}.uncore")
+        if set(uncore_of) != set(numa_of):
+            raise InvalidInput(f"{key}: uncore must list the same CPUs as numa")
+    cpus = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c], uncore_of.get(c)) for c in sorted(numa_of))
     distances = None
     if "distances" in doc:
         rows = want_list(doc["distances"], f"{key}.distances")
@@ -621,7 +671,7 @@ def _check_devices(value: object, where: str, ids: bool) -> None:
 
 def _decode_pod(
     text: object, key: str, ids: bool
-) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict]]]:
+) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict[str, dict[int, Any]]]]]:
     doc = _load(text, key, _POD_KEYS)
     if "gen" not in doc or "containers" not in doc:
         raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
@@ -635,7 +685,7 @@ def _decode_pod(
             raise InvalidInput(
                 f"{where}: unknown field {unknown[0]!r:.40}" if unknown else f"{where}: no name"
             )
-        devices: dict[str, dict[int, object]] = {}
+        devices: dict[str, dict[int, Any]] = {}  # ids (tuples) or counts, checked by _check_pod
         for res, per_numa in want_object(row.get("devices", {}), f"{where}.devices").items():
             devices[res] = {}
             for n, v in want_object(per_numa, f"{where}.devices.{res}").items():

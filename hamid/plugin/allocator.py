@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError
 from hamid.kube.retry import RetryBudget, write_retrying
 from hamid.log import get_logger
@@ -57,6 +57,7 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, NodeBody
 from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
@@ -660,7 +661,7 @@ class Allocator:
         The cached node first (no GET when the cache is current); a conflict re-reads it.
         """
         for attempt in range(2):
-            node = self.pods.node() if attempt == 0 else None
+            node: NodeBody | None = self.pods.node() if attempt == 0 else None
             try:
                 if node is None or self.pods.lock_owner(node) != owner:  # absent, stale or lagging
                     node = await self.pods.fetch_node()

@@ -2,7 +2,9 @@
 
 kubelet learns its topology from cAdvisor, which reads ``cpu*/topology/{core_id,physical_package_id}``
 and ``node*/cpulist``; a core's id is the lowest CPU id of its threads (``topology.Discover``).
-NUMA distances come from ``node*/distance``. ``root`` is the sysfs mount (``/sys`` on a node, a
+NUMA distances come from ``node*/distance``; a CPU's uncore cache from ``cpu*/cache/index3/id`` and
+``shared_cpu_list`` (the L3 cache cAdvisor reports; kubelet falls back to the socket id without one,
+``getUncoreCacheID``). ``root`` is the sysfs mount (``/sys`` on a node, a
 generated tree under the simulator and in tests).
 """
 
@@ -23,11 +25,14 @@ _MAX_FILE_BYTES = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class CpuTopology:
-    """Every online CPU with its core, socket and NUMA node, and the NUMA distances (None: unknown)."""
+    """Every online CPU with its core, socket, NUMA node and uncore cache, and the NUMA distances
+    (None: unknown). Uncore caches that cannot be read leave every CPU's ``uncore`` None and say
+    why in ``uncore_error`` (only ``prefer-align-cpus-by-uncorecache`` needs them)."""
 
     numa_nodes: tuple[int, ...]
     cpus: tuple[CpuInfo, ...]
     distances: tuple[tuple[int, ...], ...] | None
+    uncore_error: str | None = None
 
 
 def parse_sysfs_cpu_list(text: str, where: str) -> frozenset[int]:
@@ -66,6 +71,44 @@ def _read_int(path: Path) -> int:
     if not re.fullmatch(r"-?\d{1,9}", text):
         raise InvalidInput(f"{path}: {text!r:.40} is not an integer")
     return int(text)
+
+
+def _uncore(cpu_dir: Path, socket: int) -> tuple[int, frozenset[int] | None]:
+    """kubelet's uncore cache id of a CPU and the CPUs sharing that cache: its L3 cache's ``id`` and
+    ``shared_cpu_list``; the socket id (and no list) when it has no L3."""
+    cache = cpu_dir / "cache" / "index3"
+    if not cache.is_dir():
+        return socket, None
+    shared = cache / "shared_cpu_list"
+    return _read_int(cache / "id"), parse_sysfs_cpu_list(_read(shared), str(shared))
+
+
+def _uncore_caches(base: Path, socket_of: dict[int, int]) -> tuple[dict[int, int], str | None]:
+    """Each online CPU's uncore cache id, or ``{}`` and why they cannot be read."""
+    uncore_of: dict[int, int] = {}
+    shared: dict[int, frozenset[int]] = {}
+    try:
+        for cpu, socket in socket_of.items():
+            uncore_of[cpu], sharing = _uncore(base / "devices" / "system" / "cpu" / f"cpu{cpu}", socket)
+            if sharing is not None:
+                shared[cpu] = sharing
+        _check_uncore(uncore_of, shared, frozenset(socket_of))
+    except InvalidInput as exc:
+        return {}, str(exc)
+    return uncore_of, None
+
+
+def _check_uncore(
+    uncore_of: dict[int, int], shared: dict[int, frozenset[int]], online: frozenset[int]
+) -> None:
+    """Every L3's online sharers carry its id (ids and lists from the kernel must agree)."""
+    for cpu, cpus in shared.items():
+        same_id = {c for c, u in uncore_of.items() if u == uncore_of[cpu]}
+        if cpus & online != same_id:
+            raise InvalidInput(
+                f"cpu{cpu}/cache/index3: shared_cpu_list {sorted(cpus & online)} is not the CPUs of "
+                f"cache id {uncore_of[cpu]} ({sorted(same_id)})"
+            )
 
 
 def _numa_cpus(root: Path) -> dict[int, frozenset[int]]:
@@ -130,6 +173,7 @@ def read_cpu_topology(root: str | Path) -> CpuTopology:
         socket_of[cpu] = socket
         threads.setdefault((numa_of[cpu], socket, core_id), []).append(cpu)
     core_of = {cpu: min(group) for group in threads.values() for cpu in group}
-    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c]) for c in sorted(online))
+    uncore_of, uncore_error = _uncore_caches(base, socket_of)
+    infos = tuple(CpuInfo(c, core_of[c], socket_of[c], numa_of[c], uncore_of.get(c)) for c in sorted(online))
     nodes = tuple(numa_cpus)
-    return CpuTopology(nodes, infos, _distances(base, nodes))
+    return CpuTopology(nodes, infos, _distances(base, nodes), uncore_error)

@@ -261,7 +261,8 @@ def import_nvml() -> ModuleType:
         raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
     except OSError as exc:  # the library itself cannot be loaded
         raise NvmlUnavailable(f"the NVML library could not be loaded: {exc}") from exc
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def sysfs_bus_id(pci_bus_id: str) -> str:

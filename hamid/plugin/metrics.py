@@ -32,6 +32,7 @@ from hamid.exposition import register_process_metrics
 from hamid.listen import serve
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import PodBody
 from hamid.model.numa import MISS_CAUSES
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.vgpu_monitor import UsageScan, scan
@@ -63,7 +64,7 @@ class NodeRegistration(Protocol):
 class PodLister(Protocol):
     """What the metrics read of :class:`~hamid.plugin.pods.NodePods`."""
 
-    def pods(self) -> list[dict[str, Any]]: ...
+    def pods(self) -> list[PodBody]: ...
 
 
 #: pod UID -> (namespace, name) of the pods on this node (read on the event loop).

@@ -35,6 +35,7 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
     CPU_POLICIES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
@@ -92,21 +93,35 @@ def build_profile(
 
     With CPU manager policy ``none`` kubelet allocates no CPUs exclusively and reports none; then
     nothing is reserved for the predictor either. ``preferred_allocation``: the resource this plugin
-    serves when it offers kubelet ``GetPreferredAllocation``.
+    serves when it offers kubelet ``GetPreferredAllocation``. Uncore caches are carried only where
+    kubelet reads them (``prefer-align-cpus-by-uncorecache``): elsewhere the profile keeps the format
+    older schedulers read.
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
     reserved = all_cpus - allocatable if static else frozenset()
+    cpus = topology.cpus
+    if not _reads_uncore(policies):
+        cpus = tuple(dataclasses.replace(c, uncore=None) for c in cpus)
     return NumaProfile(
         generation=0,
         observed_at=0,
         numa_nodes=topology.numa_nodes,
-        cpus=topology.cpus,
+        cpus=cpus,
         reserved_cpus=reserved,
         distances=topology.distances,
         policies=policies,
         preferred_allocation=preferred_allocation,
     )
+
+
+def _reads_uncore(policies: KubeletPolicies) -> bool:
+    """Whether kubelet may read uncore caches (an option value it cannot parse: the predictor
+    answers unmodelled either way)."""
+    try:
+        return policies.option_enabled(policies.cpu_manager_options, CPU_OPTION_ALIGN_BY_UNCORE_CACHE)
+    except InvalidInput:
+        return True
 
 
 def placement_of(held: HeldPod, numa_of: Mapping[int, int], generation: int) -> PodPlacement:
@@ -324,6 +339,17 @@ class NumaPublisher:
         except InvalidInput as exc:
             self.policies = None
             self.problems.report("kubelet config", str(exc), "NUMA profile not published")
+        self._check_uncore_caches()
+
+    def _check_uncore_caches(self) -> None:
+        """Say once why the uncore caches kubelet aligns by cannot be published."""
+        error = self.topology.uncore_error if self.topology is not None else None
+        if error is not None and self.policies is not None and _reads_uncore(self.policies):
+            self.problems.report(
+                "uncore caches (sysfs)", error, "prefer-align-cpus-by-uncorecache not predicted"
+            )
+        else:
+            self.problems.clear("uncore caches (sysfs)")
 
     def _cached_profile(self) -> NumaProfile | None:
         """The newest of the Node's profile and ours (the node cache may lag our own write)."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 
 from hamid.kube.cache import NodeCache, PodCache
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, Body, Node, NodeBody, Pod, PodBody
 from hamid.model.objects import object_key, resource_version, version_at_least
 
 log = get_logger("plugin.pods")
@@ -43,14 +44,14 @@ class NodePods:
         await self.pod_cache.wait_synced()
         await self.node_cache.wait_synced()
 
-    def _forget(self, pod: JSON) -> None:
+    def _forget(self, pod: Body) -> None:
         self._overlay.pop(object_key(pod), None)
 
     def remember(self, pod: JSON) -> None:
         """Overlay a pod the plugin just wrote (until the cache has that version)."""
         self._overlay[object_key(pod)] = pod
 
-    def _merged(self, key: str, cached: JSON | None) -> JSON | None:
+    def _merged(self, key: str, cached: Pod | None) -> PodBody | None:
         ours = self._overlay.get(key)
         if ours is None:
             return cached
@@ -59,11 +60,11 @@ class NodePods:
             return cached
         return ours
 
-    def pod(self, key: str) -> JSON | None:
+    def pod(self, key: str) -> PodBody | None:
         """One pod by ``namespace/name`` (cache with the overlay applied)."""
         return self._merged(key, self.pod_cache.get(key))
 
-    def pods(self) -> list[JSON]:
+    def pods(self) -> list[PodBody]:
         """Every pod on the node (cache with the overlay applied)."""
         out = []
         for key in self.pod_cache:
@@ -72,11 +73,11 @@ class NodePods:
                 out.append(merged)
         return out
 
-    def node(self) -> JSON | None:
+    def node(self) -> Node | None:
         """The node record from the cache (None until seen)."""
         return self.node_cache.get(self.node_name)
 
-    def lock_owner(self, node: JSON | None = None) -> str | None:
+    def lock_owner(self, node: NodeBody | None = None) -> str | None:
         """``namespace/name`` of the pod holding ``hami.io/mutex.lock`` (None: no lock or legacy form)."""
         try:
             lock = nodelock.read_lock(node if node is not None else self.node())

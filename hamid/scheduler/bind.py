@@ -18,10 +18,10 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
 from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
-from hamid.scheduler.state import JSON
 from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")
@@ -113,10 +113,10 @@ class Binder:
         remaining = deadline - asyncio.get_running_loop().time() - keep
         return max(min(self.settings.api_timeout_s, remaining), _MIN_CALL_S)
 
-    async def _read_pod(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+    async def _read_pod(self, args: BindArgs, deadline: float) -> tuple[PodBody | None, str]:
         """The named pod from the cache or the API; None and why when it cannot be read."""
         key = f"{args.pod_namespace}/{args.pod_name}"
-        pod = self.pods.get(key)
+        pod: PodBody | None = self.pods.get(key)
         if pod is not None:
             return pod, ""
         try:
@@ -137,7 +137,7 @@ class Binder:
         reason = self.readiness.check(epoch)
         return f"scheduler not ready: {reason}" if reason else ""
 
-    async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[JSON | None, str]:
+    async def _bind_target(self, args: BindArgs, deadline: float) -> tuple[PodBody | None, str]:
         """The pod a bind goes on with, or None and the answer ("" for a replay of a done bind).
 
         Nothing is released for a pod or node that does not exist but the named pod's own booking.
@@ -165,7 +165,7 @@ class Binder:
             return None, f"node {args.node} not found"
         return pod, ""
 
-    async def _lock(self, args: BindArgs, pod: JSON, deadline: float) -> str:
+    async def _lock(self, args: BindArgs, pod: PodBody, deadline: float) -> str:
         """Take the node lock for a bind that books GPUs ("" when held, else the answer)."""
         key = f"{args.pod_namespace}/{args.pod_name}"
         res = self.state.reservation(args.pod_uid)
@@ -271,7 +271,7 @@ class Binder:
                 error=str(undo_exc),
             )
 
-    def _needs_lock(self, pod: JSON) -> bool:
+    def _needs_lock(self, pod: PodBody) -> bool:
         """HAMi takes the node lock only when a regular container requests the GPU count."""
         try:
             settings = self.settings

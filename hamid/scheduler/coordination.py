@@ -12,9 +12,8 @@ placed on it changes. The outboxes collect what synchronous accounting code foun
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-JSON = dict[str, Any]
+from hamid.model.kube import PodBody
 
 
 class Coordination:
@@ -24,13 +23,13 @@ class Coordination:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: Pods whose allocation annotations cannot be decoded, with the error (Warning Events).
-        self.undecodable: list[tuple[JSON, str]] = []
+        self.undecodable: list[tuple[PodBody, str]] = []
         #: Pods whose allocation annotations were not booked, with why (Warning Events).
-        self.refused: list[tuple[JSON, str]] = []
+        self.refused: list[tuple[PodBody, str]] = []
         #: Pods whose allocation this scheduler cannot prove it wrote (unsigned, mis-signed).
-        self.foreign: list[tuple[JSON, str]] = []
+        self.foreign: list[tuple[PodBody, str]] = []
         #: Booked pods whose annotations now disagree with the booking (which stays as it is).
-        self.disagreed: list[tuple[JSON, str]] = []
+        self.disagreed: list[tuple[PodBody, str]] = []
 
     def node_guard(self, node: str) -> asyncio.Lock:
         """The guard of ``node``, an in-process lock (hold it across an await that must keep the plan)."""

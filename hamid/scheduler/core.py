@@ -24,6 +24,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import Body, NodeBody, PodBody
 from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import Binder
 from hamid.scheduler.bind_backoff import BindBackoff
@@ -42,7 +43,7 @@ from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.reconcile import Reconciler
 from hamid.scheduler.settings import DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.signing import AllocationKeys
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 from hamid.scheduler.ui.history import EventHistory
 from hamid.scheduler.verbs import VerbContext
 from hamid.scheduler.webhook import Admission
@@ -177,7 +178,7 @@ class Scheduler:
     # -- lifecycle --------------------------------------------------------------------------------
 
     @property
-    def caches(self) -> tuple[WatchCache, ...]:
+    def caches(self) -> tuple[WatchCache[Body], ...]:
         """The pod, node and ResourceQuota caches the state is fed from."""
         return (self.pods, self.nodes, self.quotas)
 
@@ -244,29 +245,29 @@ class Scheduler:
 
     # -- cache callbacks --------------------------------------------------------------------------
 
-    def _pod_seen(self, pod: JSON) -> None:
+    def _pod_seen(self, pod: PodBody) -> None:
         self.state.on_pod(pod)
         self.numa.on_pod(pod)
         self.cpu_mem.on_pod(pod)
         self.fgd.observe(pod)
         self.outbox.report_untrusted()
 
-    def _pod_updated(self, _old: JSON, new: JSON) -> None:
+    def _pod_updated(self, _old: PodBody, new: PodBody) -> None:
         self._pod_seen(new)
 
-    def _pod_gone(self, pod: JSON) -> None:
+    def _pod_gone(self, pod: PodBody) -> None:
         self.state.on_pod_deleted(pod)
         self.numa.on_pod_deleted(pod)
         self.cpu_mem.on_pod_deleted(pod)
         self.fgd.forget(pod)
 
-    def _node_seen(self, node: JSON) -> None:
+    def _node_seen(self, node: NodeBody) -> None:
         self.state.on_node(node)
         entry = self.state.nodes.get(objects.name(node))
         self.numa.on_node(node, entry.infos if entry is not None else None)
         self.cpu_mem.on_node(node)
 
-    def _node_gone(self, node: JSON) -> None:
+    def _node_gone(self, node: NodeBody) -> None:
         self.state.on_node_deleted(node)
         self.numa.on_node_deleted(objects.name(node))
         self.cpu_mem.on_node_deleted(objects.name(node))

@@ -15,9 +15,8 @@ from typing import Any
 from hamid.model import objects
 from hamid.model._wire import type_name
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.model.resources import all_containers, check_pod_metadata
-
-JSON = dict[str, Any]
 
 
 def go_field(obj: Mapping[str, Any], name: str) -> Any:

@@ -17,10 +17,10 @@ from hamid.fit.fit import PodFitSpec
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
 from hamid.scheduler.extender_json import FilterArgs, FilterResult
 from hamid.scheduler.filter_plan import ColdReasons, NumaFit, Planner
 from hamid.scheduler.filter_reserve import Reserver
-from hamid.scheduler.state import JSON
 from hamid.scheduler.verbs import VerbContext
 
 _MAX_FAILED_EVENTS = 5
@@ -155,7 +155,7 @@ def _unfit_messages(failed: Mapping[str, str]) -> list[str]:
     return messages or ["no candidate nodes"]
 
 
-def _filter_refusal(pod: JSON, cached: JSON | None) -> str:
+def _filter_refusal(pod: JSON, cached: PodBody | None) -> str:
     """Why the filter must not plan ``pod`` ("" when it may): unnamed, or already bound or started.
 
     ``cached`` is the scheduler's cached pod of the same name: when it is the same pod (UID) its

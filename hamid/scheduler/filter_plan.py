@@ -19,21 +19,23 @@ from typing import NamedTuple
 
 from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.numa_fit import gpu_replicas, numa_targets, pod_shape
+from hamid.fit.numa_fit import gpu_replicas, numa_targets, offered_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
 from hamid.fit.policy import BINPACK, FGD, best_first
+from hamid.fit.usage import PodUsage
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.numa_ledger import NumaLedgers
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler")
 
@@ -485,7 +487,7 @@ class Planner:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
         prediction = numa.predict(self.ledgers, entry.name)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
-            fitted = fit_pod(entry.usage, spec, quota, release, prefer=order)
+            fitted = self._fit_offered(entry, spec, quota, release, order, prediction)
             if prediction is not None and isinstance(fitted, Fitted):
                 numa.resolve(self.ledgers, entry, fitted)
             return fitted, True
@@ -500,6 +502,25 @@ class Planner:
         if numa.mode is AlignmentMode.STRICT:
             return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
         return fit_pod(entry.usage, spec, quota, release, prefer=order), False
+
+    def _fit_offered(
+        self,
+        entry: NodeEntry,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        release: PodUsage | None,
+        order: tuple[str, ...],
+        prediction: Prediction | None,
+    ) -> Fitted | Unfit:
+        """Today's fit for an unknown prediction, first within the NUMA node(s) kubelet will offer
+        the plugin where its choice is what is unknown (then the plugin prefers those GPUs)."""
+        if prediction is not None:
+            targets = offered_targets(prediction, self.config.resource_count_name, len(spec.requests))
+            if any(t is not None for t in targets):
+                within = fit_pod(entry.usage, spec, quota, release, targets, order)
+                if isinstance(within, Fitted):
+                    return within
+        return fit_pod(entry.usage, spec, quota, release, prefer=order)
 
 
 def _triage(

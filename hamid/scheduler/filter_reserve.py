@@ -16,11 +16,11 @@ from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.scheduler.filter_plan import NumaFit
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import UNKNOWN, NumaLedgers
-from hamid.scheduler.state import JSON
 from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")

@@ -19,18 +19,19 @@ import contextlib
 from collections.abc import Mapping, Sequence
 
 from hamid.kube.cache import WatchCache
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects as obj
+from hamid.model.kube import JSON, Body
 from hamid.model.objects import object_key
 from hamid.scheduler.readiness import Readiness
 
 log = get_logger("scheduler.ha")
 
 
-def versions(objects: list[JSON]) -> dict[str, str]:
+def versions(objects: Sequence[Body]) -> dict[str, str]:
     """``key -> metadata.resourceVersion`` of objects."""
     return {object_key(o): obj.resource_version(o) for o in objects}
 
@@ -62,7 +63,7 @@ class Leadership:
         self,
         kube: KubeClient,
         readiness: Readiness,
-        caches: Sequence[WatchCache],
+        caches: Sequence[WatchCache[Body]],
         *,
         api_timeout_s: float,
         pod_name: str | None = None,
@@ -101,7 +102,7 @@ class Leadership:
             )
         readiness.follow()
 
-    def _cache_changed(self, _obj: JSON) -> None:
+    def _cache_changed(self, _obj: Body) -> None:
         self._cache_event.set()
 
     # -- elector callbacks ----------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Leadership:
 
     # -- term sync --------------------------------------------------------------------------------
 
-    async def _catch_up(self, cache: WatchCache) -> None:
+    async def _catch_up(self, cache: WatchCache[Body]) -> None:
         await cache.wait_synced()
         items, list_version = await self.kube.list_objects(
             cache.resource,

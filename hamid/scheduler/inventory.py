@@ -14,7 +14,6 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from hamid.fit.usage import NodeUsage
 from hamid.log import get_logger
@@ -22,11 +21,11 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
-from hamid.model.resources import ResourceConfig, quantity_as_int
+from hamid.model.kube import NodeBody
+from hamid.model.quantity import quantity_as_int
+from hamid.model.resources import ResourceConfig
 
 log = get_logger("scheduler.inventory")
-
-JSON = dict[str, Any]
 
 #: A handshake ``Requesting_<t>`` younger than this keeps the node healthy (HAMi: 60 s).
 HANDSHAKE_GRACE_S = 60.0
@@ -158,7 +157,7 @@ class NodeInventory:
         #: node -> the seq of its last change, oldest first (see :meth:`changed_since`).
         self._changed: dict[str, int] = {}
 
-    def on_node(self, node: JSON) -> Registration:
+    def on_node(self, node: NodeBody) -> Registration:
         """Apply a node add/update: inventory, cordon, pair scores, handshake and allocatable."""
         name = objects.name(node)
         self._mark(name)
@@ -271,7 +270,7 @@ class NodeInventory:
             )
         return copy
 
-    def _allocatable(self, node: JSON) -> int:
+    def _allocatable(self, node: NodeBody) -> int:
         value = (objects.section(node, "status").get("allocatable") or {}).get(
             self.config.resource_count_name, 0
         )

@@ -27,7 +27,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from hamid.fit.fit import Quota, pod_quota_usage
 from hamid.fit.usage import (
@@ -38,12 +37,13 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
 )
-from hamid.kube.cache import newer_than
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
+from hamid.model.objects import newer_than
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
@@ -53,7 +53,6 @@ from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
 
-JSON = dict[str, Any]
 #: Rolls back one tentative change; calling it twice, or after the pod is gone, is a no-op.
 Undo = Callable[[], None]
 
@@ -113,7 +112,7 @@ class Hold:
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
 
 
-def booking_refusal(ledger: Ledger, pod: JSON, node: str, layout: PodDevices) -> str:
+def booking_refusal(ledger: Ledger, pod: PodBody, node: str, layout: PodDevices) -> str:
     """Why pod's allocation annotations must not be booked on ``node`` ("" to book them).
 
     Even a trusted allocation is booked only for a pod that requests the GPUs, runs (if bound)
@@ -210,7 +209,7 @@ class Ledger:
         return signed.issued if signed is not None else 0
 
     def reserve(
-        self, pod: JSON, node: str, layout: PodDevices, raw: str, signature: str | None = None
+        self, pod: PodBody, node: str, layout: PodDevices, raw: str, signature: str | None = None
     ) -> Undo:
         """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
 
@@ -392,7 +391,7 @@ class Ledger:
 
     # -- pod events ------------------------------------------------------------------------------
 
-    def on_pod(self, pod: JSON) -> None:
+    def on_pod(self, pod: PodBody) -> None:
         """Apply a pod add/update (incremental, phase-aware; what it trusts: the module doc)."""
         uid = objects.uid(pod)
         if not uid:
@@ -433,7 +432,7 @@ class Ledger:
         self._insert(current)
         self.coordination.notify(current.node)
 
-    def _keep(self, pod: JSON, current: Reservation) -> None:
+    def _keep(self, pod: PodBody, current: Reservation) -> None:
         """The pod still names its booked allocation: confirm it and follow its version."""
         if current.pending:
             current.pending = False
@@ -442,7 +441,7 @@ class Ledger:
         self.coordination.notify(current.node)
 
     def _claim(
-        self, pod: JSON, node: str, raw: str, current: Reservation | None, settled: bool
+        self, pod: PodBody, node: str, raw: str, current: Reservation | None, settled: bool
     ) -> int | None:
         """When the allocation ``raw`` the pod names now was signed (0: unsigned) if it may be
         booked; None (reported) when it is foreign or disagrees with the booking.
@@ -475,7 +474,9 @@ class Ledger:
             self._disagree(pod, current, node, raw, why)
         return None
 
-    def _disagree(self, pod: JSON, current: Reservation, node: str | None, raw: str | None, why: str) -> None:
+    def _disagree(
+        self, pod: PodBody, current: Reservation, node: str | None, raw: str | None, why: str
+    ) -> None:
         """Report annotations that disagree with ``current``, which stays booked as it is."""
         detail = f"{why}; {current.node}: {current.raw} stays booked"
         self._report(self.coordination.disagreed, "disagreement", pod, node, raw, detail)
@@ -486,7 +487,7 @@ class Ledger:
             self._remove(uid)
             self.coordination.notify(current.node)
 
-    def _book(self, pod: JSON, node: str, raw: str, issued: int, current: Reservation | None) -> None:
+    def _book(self, pod: PodBody, node: str, raw: str, issued: int, current: Reservation | None) -> None:
         """Book the allocation ``raw`` the pod's annotations name on ``node`` (if it may book)."""
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
@@ -519,9 +520,9 @@ class Ledger:
 
     def _report(
         self,
-        outbox: list[tuple[JSON, str]],
+        outbox: list[tuple[PodBody, str]],
         outcome: str,
-        pod: JSON,
+        pod: PodBody,
         node: str | None,
         raw: str | None,
         why: str,
@@ -553,7 +554,7 @@ class Ledger:
         if previous is not None:
             self.coordination.notify(previous.node)
 
-    def on_pod_deleted(self, pod: JSON) -> None:
+    def on_pod_deleted(self, pod: PodBody) -> None:
         """A pod is gone: release its reservation and remember the UID (undos skip it)."""
         uid = objects.uid(pod)
         if not uid:

@@ -31,14 +31,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock as protocol
 from hamid.model import objects
+from hamid.model.annotations import parse_node_lock
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, Node, NodeBody, Pod
 from hamid.model.nodelock import DEFAULT_MAX_HOLD, Decision, Holder, LockView, decide, holder_state
 from hamid.scheduler.state import SchedulerState
 
@@ -56,7 +57,6 @@ __all__ = [
 
 log = get_logger("scheduler.nodelock")
 
-JSON = dict[str, Any]
 _RECHECK_S = 1.0
 #: A Pending holder whose pod and lock stayed unchanged this long while a bind waited loses the
 #: lock (shorter than a bind's wait, so the waiting bind itself takes it over).
@@ -77,7 +77,7 @@ class _Seen:
     version: str
 
     @classmethod
-    def of(cls, node: JSON) -> _Seen:
+    def of(cls, node: NodeBody) -> _Seen:
         return cls(protocol.lock_value(node), objects.resource_version(node))
 
 
@@ -88,8 +88,8 @@ class NodeLocker:
         self,
         kube: KubeClient,
         state: SchedulerState,
-        node_of: Callable[[str], JSON | None],
-        pod_of: Callable[[str, str], tuple[JSON | None, bool]],
+        node_of: Callable[[str], Node | None],
+        pod_of: Callable[[str, str], tuple[Pod | None, bool]],
         timeout: timedelta,
         call_timeout: float = 5.0,
         max_hold: timedelta = DEFAULT_MAX_HOLD,
@@ -119,7 +119,7 @@ class NodeLocker:
         lock = None
         if value is not None:
             try:
-                lock = protocol.parse_node_lock(value)
+                lock = parse_node_lock(value)
             except InvalidInput:
                 lock = None
         if value is None or lock is None or lock.namespace is None or lock.name is None:

@@ -33,10 +33,11 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    Packing,
     PluginView,
     Prediction,
     predict,
-    take_by_topology_packed,
+    take_cpus,
     topology_of,
     usage_of_placement,
     usage_of_prediction,
@@ -46,8 +47,8 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
 from hamid.model.numa import (
-    CPU_OPTION_DISTRIBUTE_ACROSS_CORES,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -64,7 +65,6 @@ from hamid.model.numa import (
 
 log = get_logger("scheduler.numa")
 
-JSON = dict[str, Any]
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
 _MEMO_SIZE = 50_000
@@ -95,7 +95,7 @@ class PodRecord:
     seq: int
     #: The pod a replay reads: the pod cache's own (trimmed) object, shared rather than copied, or
     #: :func:`replay_view` of a pod the filter received whole.
-    pod: JSON | None = None
+    pod: PodBody | None = None
     #: The scheduler's prediction, until it is scored (once, when the placement or a refit arrives).
     predicted: PodPrediction | None = None
     #: Other own pods predicted on the node and not yet observed when this one was booked.
@@ -348,7 +348,7 @@ class NumaLedgers:
         elif not rec.booked and entry.unbooked > 0:
             entry.unbooked -= 1
 
-    def _replay_usage(self, entry: NodeNuma, pod: JSON) -> NumaUsage:
+    def _replay_usage(self, entry: NodeNuma, pod: PodBody) -> NumaUsage:
         try:
             p = predict(entry.profile, entry.ledger, pod, now=self.clock())
         except InvalidInput:
@@ -357,7 +357,7 @@ class NumaLedgers:
 
     # -- pods ----------------------------------------------------------------------------------
 
-    def on_pod(self, pod: JSON) -> None:
+    def on_pod(self, pod: PodBody) -> None:
         """A pod add/update: book its placement, prediction or replay on its node (or drop it)."""
         uid = objects.uid(pod)
         if not uid:
@@ -526,7 +526,7 @@ class NumaLedgers:
         ledger.release(own.usage)
         return ledger
 
-    def book(self, uid: str, node: str, prediction: Prediction, pod: JSON) -> Callable[[], None]:
+    def book(self, uid: str, node: str, prediction: Prediction, pod: PodBody) -> Callable[[], None]:
         """Book a placed prediction for a pod the filter just placed; returns its undo."""
         entry = self.nodes.get(node)
         if entry is None or entry.profile is None or prediction.outcome is not Outcome.PLACED:
@@ -589,9 +589,8 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
         free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
-        pol = entry.profile.policies
-        spread = pol.option_enabled(pol.cpu_manager_options, CPU_OPTION_DISTRIBUTE_ACROSS_CORES)
-        taken = take_by_topology_packed(topology_of(entry.profile), free, len(cpus), spread)
+        topo = topology_of(entry.profile)
+        taken = take_cpus(topo, free, len(cpus), Packing.of(entry.profile.policies, topo.cpus_per_core))
         cpus = taken if taken is not None else cpus
     changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
     containers = list(rec.predicted.containers)

@@ -14,11 +14,12 @@ from typing import Any
 from hamid.kube.events import EventRecorder, EventType
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
+from hamid.model.kube import Body
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 #: ``record(obj, type, reason, message)``: an Event (in the background, or kept in a history).
-Record = Callable[[JSON, EventType, str, str], None]
+Record = Callable[[Body, EventType, str, str], None]
 #: ``spawn(coro)``: run a coroutine in the background, owned by :class:`Tasks`.
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -61,7 +62,7 @@ class EventOutbox:
         self._state = state
         self._metrics = metrics
 
-    def record(self, obj: JSON, event_type: EventType, reason: str, message: str) -> None:
+    def record(self, obj: Body, event_type: EventType, reason: str, message: str) -> None:
         """Record an Event in the background (never delays or fails the caller)."""
         self._note(obj, event_type, reason, message)
         self._spawn(self.events.record(obj, event_type, reason, message))

@@ -6,7 +6,7 @@ shares what pods repeat: short strings (namespaces, node and container names, re
 and quantities, label and annotation keys) are interned, and equal parts (a container's name and
 resources, the container list) are one object for every pod that has them — the replicas of a
 workload hold one copy. Records are therefore read-only: nothing may change a
-cached pod in place.
+cached pod in place, and their type (:class:`hamid.model.kube.Pod`) makes a write a type error.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from hamid.model import annotations as ann
-
-JSON = dict[str, Any]
+from hamid.model.kube import JSON, Pod, view
 
 #: The pod annotations the scheduler can read (every key hamid defines). Others
 #: (``kubectl.kubernetes.io/last-applied-configuration`` — a copy of the whole spec —, tooling
@@ -105,7 +104,7 @@ def _trim_annotations(annotations: dict[str, Any]) -> JSON:
     return out
 
 
-def trim_scheduler_pod(pod: JSON) -> JSON:
+def trim_scheduler_pod(pod: JSON) -> Pod:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
     metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
@@ -137,4 +136,4 @@ def trim_scheduler_pod(pod: JSON) -> JSON:
         if "initContainerStatuses" in status:
             out_status["initContainerStatuses"] = _trim_init_statuses(status["initContainerStatuses"])
         out["status"] = out_status
-    return out
+    return view(Pod, out)

@@ -7,17 +7,14 @@ tightest object of a namespace wins); the usage is shifted by the ledger
 
 from __future__ import annotations
 
-from typing import Any
-
 from hamid.fit.fit import quota_limits
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import QuotaBody
 from hamid.model.resources import ResourceConfig
 
 log = get_logger("scheduler.quotas")
-
-JSON = dict[str, Any]
 
 
 class QuotaBook:
@@ -28,7 +25,7 @@ class QuotaBook:
         self._objects: dict[str, dict[str, tuple[int | None, int | None]]] = {}
         self._used: dict[str, list[int]] = {}
 
-    def on_quota(self, quota: JSON) -> None:
+    def on_quota(self, quota: QuotaBody) -> None:
         """Apply a ResourceQuota add/update (``limits.<gpumem>`` / ``limits.<gpucores>``)."""
         hard = objects.section(quota, "spec").get("hard") or {}
         ns = objects.namespace(quota)
@@ -39,7 +36,7 @@ class QuotaBook:
             return
         self._objects.setdefault(ns, {})[objects.name(quota)] = limits
 
-    def on_quota_deleted(self, quota: JSON) -> None:
+    def on_quota_deleted(self, quota: QuotaBody) -> None:
         """Forget a deleted ResourceQuota."""
         ns = objects.namespace(quota)
         found = self._objects.get(ns)

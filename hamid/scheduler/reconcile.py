@@ -35,8 +35,9 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model.kube import JSON
 from hamid.scheduler.ledger import Ledger, Reservation
-from hamid.scheduler.state import JSON, SchedulerState
+from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.reconcile")
 

@@ -13,16 +13,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hamid.model import objects
+from hamid.model.kube import NodeBody, PodBody, QuotaBody
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory, Registration
 from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.signing import AllocationKeys
-
-JSON = dict[str, Any]
 
 
 class SchedulerState(Ledger):
@@ -49,7 +47,7 @@ class SchedulerState(Ledger):
 
     # -- node events ----------------------------------------------------------------------------
 
-    def on_node(self, node: JSON) -> None:
+    def on_node(self, node: NodeBody) -> None:
         """Apply a node add/update: inventory, cordon, pair scores, handshake and allocatable."""
         name = objects.name(node)
         change = self.inventory.on_node(node)
@@ -59,7 +57,7 @@ class SchedulerState(Ledger):
             self.unbook_node(name)
         self.coordination.notify(name)
 
-    def on_node_deleted(self, node: JSON) -> None:
+    def on_node_deleted(self, node: NodeBody) -> None:
         """Forget a deleted node's inventory (its pods' reservations stay until they go).
 
         Its in-process lock is dropped too unless held (a later use creates a fresh one).
@@ -71,11 +69,11 @@ class SchedulerState(Ledger):
         self.coordination.forget(name)
         self.coordination.notify(name)
 
-    def on_quota(self, quota: JSON) -> None:
+    def on_quota(self, quota: QuotaBody) -> None:
         """Apply a ResourceQuota add/update (see :class:`~hamid.scheduler.quotas.QuotaBook`)."""
         self.quotas.on_quota(quota)
 
-    def on_quota_deleted(self, quota: JSON) -> None:
+    def on_quota_deleted(self, quota: QuotaBody) -> None:
         """Forget a deleted ResourceQuota."""
         self.quotas.on_quota_deleted(quota)
 
@@ -97,22 +95,22 @@ class SchedulerState(Ledger):
         return self.inventory.handshake_wanted
 
     @property
-    def undecodable(self) -> list[tuple[JSON, str]]:
+    def undecodable(self) -> list[tuple[PodBody, str]]:
         """Outbox: pods with an undecodable allocation and the error (Warning Events)."""
         return self.coordination.undecodable
 
     @property
-    def refused(self) -> list[tuple[JSON, str]]:
+    def refused(self) -> list[tuple[PodBody, str]]:
         """Outbox: pods whose allocation annotations were not booked, with why (Warning Events)."""
         return self.coordination.refused
 
     @property
-    def foreign(self) -> list[tuple[JSON, str]]:
+    def foreign(self) -> list[tuple[PodBody, str]]:
         """Outbox: pods whose allocation is unsigned or mis-signed (not booked), with why."""
         return self.coordination.foreign
 
     @property
-    def disagreed(self) -> list[tuple[JSON, str]]:
+    def disagreed(self) -> list[tuple[PodBody, str]]:
         """Outbox: booked pods whose annotations now disagree with the booking, with why."""
         return self.coordination.disagreed
 

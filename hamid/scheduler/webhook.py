@@ -35,6 +35,7 @@ from hamid.model import objects
 from hamid.model._wire import want_list, want_object
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.model.quantity import quantity_as_int
 from hamid.model.resources import (
     ResourceConfig,
@@ -47,7 +48,6 @@ from hamid.model.resources import (
 
 log = get_logger("scheduler")
 
-JSON = dict[str, Any]
 ADMISSION_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 DEFAULT_SCHEDULER = "default-scheduler"
 #: Operations whose AdmissionReview carries no object to judge.

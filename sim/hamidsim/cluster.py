@@ -39,11 +39,12 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from hamid.kube.client import JSON, KubeClient, connect
+from hamid.kube.client import KubeClient, connect
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.plugin.app import Plugin, PluginApp, PluginTimings
 from hamid.plugin.errors import AllocationError
 from hamid.plugin.numa_policy import MismatchHandler, NumaMismatch, make_mismatch_handler

@@ -22,11 +22,12 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, VGPU_NODE, decode_pod_devices
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.ledger import Reservation
 from hamidsim.apiserver import ApiServer

@@ -35,7 +35,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.numa import NUMA_PREDICTED, SINGLE_NUMA_NODE, decode_prediction
 from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
-from hamid.scheduler.options import DEFAULT_SCHEDULER_NAME
+from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME
 from hamidsim.cluster import (
     DEMO_MACHINE,
     DEMO_MIG_MACHINE,

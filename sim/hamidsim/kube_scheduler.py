@@ -40,12 +40,13 @@ from typing import Any
 import aiohttp
 
 from hamid.kube.cache import NodeCache, PodCache
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
 from hamid.model.objects import object_key
 from hamid.model.resources import is_sidecar
 from hamidsim.kubelet.quantity import quantity_milli_value, quantity_value
@@ -343,7 +344,7 @@ class KubeSchedulerDriver:
         self._pods: PodCache | None = None
         self._nodes: NodeCache | None = None
         self._assigned: PodCache | None = None
-        self._assumed: dict[str, tuple[str, JSON, float]] = {}
+        self._assumed: dict[str, tuple[str, PodBody, float]] = {}
         self._pulse = Pulse()
         self._log = log.bind(scheduler=scheduler_name)
 
@@ -353,7 +354,7 @@ class KubeSchedulerDriver:
         """kube-scheduler's per-pod backoff after ``attempts`` failures: initial x 2^(n-1), capped."""
         if attempts <= 0:
             return 0.0
-        return min(self.max_backoff, self.initial_backoff * 2 ** min(attempts - 1, 62))
+        return min(self.max_backoff, self.initial_backoff * 2.0 ** min(attempts - 1, 62))
 
     # -- waiting ----------------------------------------------------------------------------------
 
@@ -377,7 +378,7 @@ class KubeSchedulerDriver:
 
     # -- caches -------------------------------------------------------------------------------------
 
-    def _pod_event(self, pod: JSON) -> None:
+    def _pod_event(self, pod: PodBody) -> None:
         spec = objects.section(pod, "spec")
         uid = objects.uid(pod)
         if spec.get("schedulerName") != self.scheduler_name or spec.get("nodeName"):
@@ -390,14 +391,14 @@ class KubeSchedulerDriver:
         self._queued.add(uid)
         self._queue.put_nowait((object_key(pod), uid))
 
-    def _pod_gone(self, pod: JSON) -> None:
+    def _pod_gone(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         handle = self._waiting.pop(uid, None)
         if handle is not None:
             handle.cancel()
         self._attempts.pop(uid, None)
 
-    def _confirmed(self, pod: JSON) -> None:
+    def _confirmed(self, pod: PodBody) -> None:
         """The watch of assigned pods shows the pod: it no longer needs to be assumed."""
         self._assumed.pop(objects.uid(pod), None)
 
@@ -417,14 +418,14 @@ class KubeSchedulerDriver:
             if (pod.get("status") or {}).get("phase") not in _TERMINATED:
                 add(str((pod.get("spec") or {}).get("nodeName") or ""), pod)
         now = asyncio.get_running_loop().time()
-        for uid, (node, pod, since) in list(self._assumed.items()):
+        for uid, (node, assumed, since) in list(self._assumed.items()):
             if uid in seen or now - since > ASSUME_TTL_S:
                 del self._assumed[uid]
             else:
-                add(node, pod)
+                add(node, assumed)
         return usage
 
-    def prefilter(self, pod: JSON, nodes: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    def prefilter(self, pod: PodBody, nodes: list[str]) -> tuple[list[str], dict[str, list[str]]]:
         """Split ``nodes`` into those passing ``nodeSelector`` and cpu/memory fit, and the others' reasons."""
         try:
             request = pod_requests(pod)
@@ -501,7 +502,7 @@ class KubeSchedulerDriver:
         self._queue.put_nowait((key, uid))
 
     async def _schedule_one(
-        self, session: aiohttp.ClientSession, events: EventRecorder, pod: JSON, key: str, uid: str
+        self, session: aiohttp.ClientSession, events: EventRecorder, pod: PodBody, key: str, uid: str
     ) -> None:
         attempt = self._attempts[uid] + 1
         bound = self._log.bind(pod=key, attempt=attempt)
@@ -527,7 +528,7 @@ class KubeSchedulerDriver:
         self._changed()
         await events.record(pod, "Normal", REASON_SCHEDULED, f"Successfully assigned {key} to {node}")
 
-    async def _set_unscheduled(self, pod: JSON, error: SchedulingError) -> None:
+    async def _set_unscheduled(self, pod: PodBody, error: SchedulingError) -> None:
         condition = {
             "type": "PodScheduled",
             "status": "False",
@@ -567,7 +568,7 @@ class KubeSchedulerDriver:
             ) from exc
         return _lower_keys(decoded)
 
-    async def _filter(self, session: aiohttp.ClientSession, pod: JSON) -> str:
+    async def _filter(self, session: aiohttp.ClientSession, pod: PodBody) -> str:
         assert self._nodes is not None
         all_nodes = sorted(self._nodes.keys())
         if not all_nodes:
@@ -599,7 +600,7 @@ class KubeSchedulerDriver:
                 statuses.setdefault(str(node), []).append(str(reason))
         raise SchedulingError(fit_error_message(len(all_nodes), statuses), unschedulable=True)
 
-    async def _bind(self, session: aiohttp.ClientSession, pod: JSON, node: str) -> None:
+    async def _bind(self, session: aiohttp.ClientSession, pod: PodBody, node: str) -> None:
         body = {
             "PodName": objects.name(pod),
             "PodNamespace": objects.namespace(pod),

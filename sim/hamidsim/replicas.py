@@ -25,9 +25,8 @@ import aiohttp
 
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.model.kube import JSON
 from hamid.scheduler.signing import AllocationKeys
-
-JSON = dict[str, Any]
 
 #: Lease timings of a probe (seconds): short, so a run takes seconds, in kube-scheduler's ratios.
 PROBE_LEASE = (3.0, 2.0, 0.5)

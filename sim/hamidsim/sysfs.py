@@ -2,7 +2,8 @@
 
 Written from the machine file so the plugin reads the simulated node through the same code path as
 a real one: ``devices/system/cpu/online``, ``cpu<N>/topology/{core_id,physical_package_id}``
-(``core_id`` numbered per socket, as the kernel does), ``devices/system/node/node<N>/{cpulist,
+(``core_id`` numbered per socket, as the kernel does), ``cpu<N>/cache/index3/{level,id,
+shared_cpu_list}`` where the machine names uncore (L3) caches, ``devices/system/node/node<N>/{cpulist,
 distance}`` (distances from the machine file, else the kernel's 10 local / 20 remote).
 """
 
@@ -30,6 +31,12 @@ def write_sysfs_tree(machine: MachineInfo, root: Path) -> Path:
         topo.mkdir(parents=True, exist_ok=True)
         (topo / "core_id").write_text(f"{core_index[info.core]}\n")
         (topo / "physical_package_id").write_text(f"{info.socket}\n")
+        if info.uncore is not None:
+            cache = cpu_dir / f"cpu{cpu}" / "cache" / "index3"
+            cache.mkdir(parents=True, exist_ok=True)
+            (cache / "level").write_text("3\n")
+            (cache / "id").write_text(f"{info.uncore}\n")
+            (cache / "shared_cpu_list").write_text(format_cpu_list(topology.uncore_cpus[info.uncore]) + "\n")
     ids = machine.numa_ids
     for node in ids:
         path = node_dir / f"node{node}"

@@ -80,7 +80,7 @@ async def test_profile_and_placements_match_the_simulated_kubelet() -> None:
             assert admission is not None and admission.admitted
             _assert_placement_is_kubelets(cluster, name, admission)
         # one GPU pod judged (the CPU-only foreign pod is not): unknown without a prediction
-        registry = cluster.nodes[NODE].plugin.metrics.registry  # type: ignore[union-attr]
+        registry = cluster.nodes[NODE].plugin.metrics.registry
         counts = {
             r: registry.get_sample_value("hamid_numa_prediction_total", {"result": r})
             for r in ("hit", "miss", "unknown")
@@ -90,7 +90,7 @@ async def test_profile_and_placements_match_the_simulated_kubelet() -> None:
             assert counts["unknown"] == 1
         # nothing changed on the node: the profile was not rewritten
         assert decode_profile(_profile(cluster)).generation == first.generation
-        assert cluster.nodes[NODE].plugin.numa.profile_patches == 1  # type: ignore[union-attr]
+        assert cluster.nodes[NODE].plugin.numa.profile_patches == 1
 
 
 async def test_smt_machine_profile_from_its_sysfs_tree() -> None:

@@ -132,7 +132,9 @@ async def test_pages_show_what_the_api_says_and_markup_stays_inert(browser: Any,
         typed["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"  # fits the CPUs; no GPU type does
         await cluster.create_pod(typed)
         await wait_until(
-            lambda: cluster.events(MARKUP_POD, reason=R.EVENT_FILTERING_FAILED), 15.0, "the filter fails"
+            lambda: bool(cluster.events(MARKUP_POD, reason=R.EVENT_FILTERING_FAILED)),
+            15.0,
+            "the filter fails",
         )
         await wait_until(lambda: _observed(cluster, "cpu-batch", SEED_NAME), 15.0, "placements observed")
         gpus, cpus = _expected_marks(cluster)

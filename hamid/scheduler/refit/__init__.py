@@ -19,7 +19,6 @@ released twice nor resurrected (#3027).
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.handler import (
     MSG_NO_BODY,
-    MSG_NOT_SYNCED,
     SYNC_WAIT_S,
     RefitHost,
     RefitMetrics,
@@ -27,6 +26,7 @@ from hamid.scheduler.refit.handler import (
     refit_routes,
 )
 from hamid.scheduler.refit.plan import (
+    MSG_NOT_SYNCED,
     NoOp,
     RefitFacts,
     RefitPlan,

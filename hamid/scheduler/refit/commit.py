@@ -20,12 +20,13 @@ from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model.kube import JSON, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S
 from hamid.scheduler.ledger import Hold, Undo
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import Spawn
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.refit.plan import JSON, MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.refit.plan import MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
 from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
@@ -83,7 +84,7 @@ class RefitCommitter:
         self.spawn = spawn
         self.patch_timeout = patch_timeout
 
-    async def commit(self, pod: JSON, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
+    async def commit(self, pod: PodBody, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
         """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
 
         Returns the patched pod; raises :class:`RefusalError` with nothing left changed, or with

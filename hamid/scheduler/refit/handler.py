@@ -23,6 +23,7 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import Pod, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
@@ -33,7 +34,6 @@ from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.refit.auth import Authenticator, AuthError
 from hamid.scheduler.refit.commit import PATCH_TIMEOUT_S, POD_READ_TIMEOUT_S, RefitCommitter
 from hamid.scheduler.refit.plan import (
-    JSON,
     MSG_NOT_SYNCED,
     Booking,
     NoOp,
@@ -269,7 +269,7 @@ class RefitService:
         if pod is not None:
             self.record(pod, "Warning", R.EVENT_NUMA_REFIT_FAILED, message)
 
-    async def _fresh_pod(self, pod: JSON, booking: Booking, version: str, deadline: float) -> JSON:
+    async def _fresh_pod(self, pod: Pod, booking: Booking, version: str, deadline: float) -> PodBody:
         """``pod`` (cached), or the API server's copy when the cache lags behind the reservation.
 
         After a refit of another container the reservation is derived from the patch's answer
@@ -318,7 +318,7 @@ class RefitService:
             return _Outcome(RefitResponse.success(decision.devices), "noop")
         return await self._commit(pod, booking.uid, decision, deadline, epoch)
 
-    async def _commit(self, pod: JSON, uid: str, plan: RefitPlan, deadline: float, epoch: str) -> _Outcome:
+    async def _commit(self, pod: PodBody, uid: str, plan: RefitPlan, deadline: float, epoch: str) -> _Outcome:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise self._late("patching the pod")

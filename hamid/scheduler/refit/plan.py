@@ -13,7 +13,7 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from hamid.fit.fit import (
     PodFitSpec,
@@ -28,11 +28,9 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
 from hamid.model.refit import RefitRequest
 from hamid.model.resources import ResourceConfig, all_containers
-
-JSON = dict[str, Any]
-
 
 #: Upstream's answer when its caches never synced before the request's context ended; hamid's
 #: refusal starts with it (users grep for it) and goes on to say what is not ready.
@@ -124,7 +122,7 @@ class RefitFacts:
 
     request: RefitRequest
     booking: Booking | None
-    pod: JSON | None  #: the pod (fresh when the cache lagged behind the booking)
+    pod: PodBody | None  #: the pod (fresh when the cache lagged behind the booking)
     node: NodeUsage | None  #: the booked node's usage (None: not registered)
     config: ResourceConfig
     gpu_policy: str  #: the scheduler's default GPU policy
@@ -155,7 +153,7 @@ def splice_entry(raw: str, index: int, entry: str, what: str) -> str:
     return ";".join(pieces)
 
 
-def identify(request: RefitRequest, booking: Booking | None, pod: JSON | None) -> Refused | None:
+def identify(request: RefitRequest, booking: Booking | None, pod: PodBody | None) -> Refused | None:
     """Upstream step 3, pod identity (plus hamid's "still being written"); None when it holds."""
     if booking is None:
         return Refused(RefusalCode.UNKNOWN_POD, f"pod {request.pod_uid} is not tracked by the scheduler")
@@ -215,7 +213,7 @@ class _Allocation:
     current: ContainerDevices
 
 
-def _check_container(pod: JSON, index: int, name: str) -> None:
+def _check_container(pod: PodBody, index: int, name: str) -> None:
     """Upstream step 4: the index names a container (init first), and its name if given."""
     containers = all_containers(pod)
     if not 0 <= index < len(containers):
@@ -236,7 +234,7 @@ def _decode(raw: str, key: str, what: str) -> PodDevices:
         raise RefusalError(RefusalCode.BAD_ANNOTATION, f"cannot decode {what} annotation: {exc}") from None
 
 
-def _allocation(pod: JSON, index: int) -> _Allocation:
+def _allocation(pod: PodBody, index: int) -> _Allocation:
     """Upstream step 5 (with hamid's MIG and vendor refusals): the entries to refit."""
     annotations = objects.annotations(pod)
     if annotations.get(ann.MIG_ALLOCATIONS):

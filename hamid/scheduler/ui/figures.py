@@ -31,11 +31,12 @@ from hamid.fit.numa_predict import (
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
 from hamid.model.numa import MISS_CAUSES, NUMA_PLACEMENT, NumaProfile, PodPlacement, decode_placement
 from hamid.model.resources import all_containers
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN, NodeNuma
-from hamid.scheduler.ui.source import JSON, Counted, UiSource
+from hamid.scheduler.ui.source import Counted, UiSource
 
 ALIGNED, UNALIGNED = "aligned", "unaligned"
 ALIGNMENTS = (ALIGNED, UNALIGNED, UNKNOWN)
@@ -91,7 +92,7 @@ def profile_state(numa: NodeNuma | None, now: float) -> tuple[str, str]:
     return PROFILE_OK, ""
 
 
-def placement_of(pod: JSON) -> PodPlacement | str:
+def placement_of(pod: PodBody) -> PodPlacement | str:
     """The pod's observed placement, or why there is none."""
     raw = objects.annotations(pod).get(NUMA_PLACEMENT)
     if not raw:
@@ -108,7 +109,7 @@ def has_gpus(layout: PodDevices) -> bool:
 
 
 def alignment(
-    pod: JSON, layout: PodDevices, infos: Mapping[str, DeviceInfo], profile: NumaProfile | None
+    pod: PodBody, layout: PodDevices, infos: Mapping[str, DeviceInfo], profile: NumaProfile | None
 ) -> Alignment:
     """Whether each GPU-holding container's GPUs sit on the NUMA node(s) kubelet placed it on."""
     placement = placement_of(pod)

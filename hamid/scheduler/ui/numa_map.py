@@ -149,9 +149,11 @@ def _gpu(
     )
     detail = f"GPU {gpu.index} {gpu.type} {gpu.id}"
     parts = [el("text", el("title", detail), label, x=x, y=y + 12, class_="gpu-label")]
-    for row, (what, total, amount) in enumerate(
-        (("memory", gpu.totalmem, lambda s: s.memory_mib), ("cores", gpu.totalcore, lambda s: s.cores))
-    ):
+    bars: tuple[tuple[str, int, Callable[[Share], int]], ...] = (
+        ("memory", gpu.totalmem, lambda s: s.memory_mib),
+        ("cores", gpu.totalcore, lambda s: s.cores),
+    )
+    for row, (what, total, amount) in enumerate(bars):
         by = y + 18 + row * (_BAR_H + 4)
         parts.append(el("rect", x=x, y=by, width=_BAR_W, height=_BAR_H, fill=FREE, class_="bar"))
         offset = 0.0
@@ -180,9 +182,12 @@ def _gpu(
 
 def legend(colour: Mapping[str, str], link: Callable[[str], str]) -> Safe:
     """The pods of the map with their colours (SVG swatches: no inline style)."""
-    swatch = lambda fill: el(  # noqa: E731
-        "svg", el("rect", width=12, height=12, rx=2, fill=fill), width=12, height=12, class_="swatch"
-    )
+
+    def swatch(fill: str) -> Safe:
+        return el(
+            "svg", el("rect", width=12, height=12, rx=2, fill=fill), width=12, height=12, class_="swatch"
+        )
+
     items = [
         el("li", swatch(c), " ", el("a", pod, href=link(pod)), data_pod=pod) for pod, c in colour.items()
     ]

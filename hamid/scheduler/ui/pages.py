@@ -17,6 +17,7 @@ from hamid.model import objects
 from hamid.model.alignment import parse_alignment
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
 from hamid.model.numa import NUMA_PREDICTED, decode_prediction, format_cpu_list
 from hamid.model.resources import all_containers
 from hamid.scheduler.ledger import Reservation
@@ -35,7 +36,7 @@ from hamid.scheduler.ui.history import HOUR_S, REFIT_REASONS
 from hamid.scheduler.ui.markup import Safe, el, join, path_part
 from hamid.scheduler.ui.numa_map import MapInput, Share, colours, legend, numa_map
 from hamid.scheduler.ui.snapshot import Snapshot
-from hamid.scheduler.ui.source import JSON, UiSource
+from hamid.scheduler.ui.source import UiSource
 
 #: Nodes per page of the cluster page.
 PAGE_SIZE = 50
@@ -324,7 +325,10 @@ def _profile_section(numa: NodeNuma | None, code: str, why: str, now: float) -> 
     rows: list[list[object]] = [["prediction", "ready" if code == "ok" else f"unknown: {code} ({why})"]]
     if profile is not None:
         pol = profile.policies
-        options = lambda o: ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "-"  # noqa: E731
+
+        def options(o: Mapping[str, str]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "-"
+
         rows += [
             ["NUMA nodes", ", ".join(map(str, profile.numa_nodes))],
             ["CPUs", f"{len(profile.cpus)} ({format_cpu_list(c.cpu for c in profile.cpus)})"],
@@ -429,7 +433,7 @@ def pod_stamp(source: UiSource, namespace: str, name: str) -> str:
 
 
 def _pod_summary(
-    pod: JSON, node: str, res: object, infos: Mapping[str, DeviceInfo], numa: object, root: str
+    pod: PodBody, node: str, res: object, infos: Mapping[str, DeviceInfo], numa: object, root: str
 ) -> Safe:
     try:
         mode = str(parse_alignment(objects.annotations(pod)))
@@ -453,7 +457,7 @@ def _pod_summary(
     return el("section", _table([], rows, class_="kv"), id="summary")
 
 
-def _containers(pod: JSON, res: Reservation | None, infos: Mapping[str, DeviceInfo]) -> Safe:
+def _containers(pod: PodBody, res: Reservation | None, infos: Mapping[str, DeviceInfo]) -> Safe:
     names = [str(c.get("name") or "") for c in all_containers(pod)]
     layout = res.layout if res is not None else ()
     placement = placement_of(pod)
@@ -487,7 +491,7 @@ def _gpu_text(uuid: str, memory: int, cores: int, info: DeviceInfo | None) -> st
     return f"{where} {uuid}: {memory} MiB, {cores}%"
 
 
-def _predicted(pod: JSON) -> dict[str, frozenset[int]]:
+def _predicted(pod: PodBody) -> dict[str, frozenset[int]]:
     raw = objects.annotations(pod).get(NUMA_PREDICTED)
     if not raw:
         return {}

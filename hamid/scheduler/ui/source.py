@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hamid.model import objects
+from hamid.model.kube import Pod, PodBody
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Reservation
 from hamid.scheduler.numa_ledger import NodeNuma
 from hamid.scheduler.ui.history import EventHistory
 
-JSON = dict[str, Any]
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -59,13 +59,13 @@ class PredictionScores(Protocol):
 class PodFeed(Protocol):
     """The pod cache: lookups by ``namespace/name`` and change callbacks."""
 
-    def get(self, key: str) -> JSON | None: ...
+    def get(self, key: str) -> Pod | None: ...
 
     def add_handlers(
         self,
-        on_add: Callable[[JSON], None] | None = None,
-        on_update: Callable[[JSON, JSON], None] | None = None,
-        on_delete: Callable[[JSON], None] | None = None,
+        on_add: Callable[[Pod], None] | None = None,
+        on_update: Callable[[Pod, Pod], None] | None = None,
+        on_delete: Callable[[Pod], None] | None = None,
     ) -> None: ...
 
 
@@ -76,9 +76,9 @@ class PodIndex:
     """
 
     def __init__(self) -> None:
-        self._by_node: dict[str, dict[str, JSON]] = {}
+        self._by_node: dict[str, dict[str, PodBody]] = {}
         self._node_of: dict[str, str] = {}
-        self._pending: dict[str, JSON] = {}
+        self._pending: dict[str, PodBody] = {}
         #: Per node with pods: the sequence number of its last change (never reused; absent: no pods).
         self._versions: dict[str, int] = {}
         self._seq = 0
@@ -87,7 +87,7 @@ class PodIndex:
         """Keep this index from ``feed``'s callbacks (before the feed runs, to see its first list)."""
         feed.add_handlers(on_add=self.put, on_update=lambda _old, new: self.put(new), on_delete=self.drop)
 
-    def put(self, pod: JSON) -> None:
+    def put(self, pod: PodBody) -> None:
         """A pod added or changed."""
         uid = objects.uid(pod)
         if not uid:
@@ -103,7 +103,7 @@ class PodIndex:
         else:
             self._pending[uid] = pod
 
-    def drop(self, pod: JSON) -> None:
+    def drop(self, pod: PodBody) -> None:
         """A pod deleted (or about to be re-put)."""
         uid = objects.uid(pod)
         self._pending.pop(uid, None)
@@ -126,15 +126,15 @@ class PodIndex:
         """Changes whenever the pods bound to ``node`` change (0: it has none)."""
         return self._versions.get(node, 0)
 
-    def on(self, node: str) -> list[JSON]:
+    def on(self, node: str) -> list[PodBody]:
         """The pods bound to ``node``, by namespace/name."""
         return sorted(self._by_node.get(node, {}).values(), key=objects.namespaced_key)
 
-    def on_unsorted(self, node: str) -> list[JSON]:
+    def on_unsorted(self, node: str) -> list[PodBody]:
         """The pods bound to ``node``, in no particular order."""
         return list(self._by_node.get(node, {}).values())
 
-    def by_uid(self, uid: str) -> JSON | None:
+    def by_uid(self, uid: str) -> PodBody | None:
         """Pod ``uid``, bound or pending (a pod the filter placed is booked before it is bound)."""
         node = self._node_of.get(uid)
         return self._by_node.get(node, {}).get(uid) if node is not None else self._pending.get(uid)

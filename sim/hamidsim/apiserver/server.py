@@ -159,9 +159,9 @@ class ApiServer:
 
     @staticmethod
     def _copy(stored: Stored, resource: Resource) -> dict[str, Any]:
-        if resource.storage:
-            return json.loads(dumps(resource.to_view(stored.obj)))
-        return json.loads(stored.raw())
+        text = dumps(resource.to_view(stored.obj)) if resource.storage else stored.raw()
+        copy: dict[str, Any] = json.loads(text)
+        return copy
 
     def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create or overwrite ``obj`` (wire form with ``apiVersion`` and ``kind``), status included.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import structlog
@@ -175,7 +176,7 @@ async def admit_pod(
 # --- predicate admission (lifecycle/predicate.go, noderesources fit) --------------------------------
 
 
-def _ceil(value: Any) -> int:
+def _ceil(value: Fraction | int) -> int:
     return -((-value.numerator) // value.denominator)
 
 

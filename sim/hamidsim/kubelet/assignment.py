@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.kube.client import JSON
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamidsim.kubelet.cadvisor import format_cpu_list, parse_cpu_list
 from hamidsim.kubelet.topologymanager import TopologyHint
 

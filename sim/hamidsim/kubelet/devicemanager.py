@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from hamid.kube.client import JSON
+from hamid.model.kube import JSON
 from hamidsim.kubelet.assignment import ContainerAssignment, PreferredCall
 from hamidsim.kubelet.endpoint import RPC_ERRORS, Endpoint, connect, rpc_error_text
 from hamidsim.kubelet.errors import unexpected
@@ -606,7 +606,8 @@ class DeviceManager:
         if not response.container_responses:
             raise unexpected(f"no containers return in allocation response {response}")
         self._log.info("allocate_called", resource=resource, devices=sorted(devices))
-        return response.container_responses[0]
+        first: pb.ContainerAllocateResponse = response.container_responses[0]
+        return first
 
     async def pre_start(self, containers: Iterable[ContainerAssignment]) -> str | None:
         """``PreStartContainer`` for each container with devices when the plugin asks; error text or None."""

@@ -22,12 +22,13 @@ from typing import Any
 import structlog
 
 from hamid.kube.cache import PodCache
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.events import EventRecorder
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON, PodBody
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import (
     AdmissionRecords,
@@ -352,12 +353,12 @@ class SimKubelet:
             self._log.info("stale_pod_state_removed", uid=uid)
             self._release(uid)
 
-    def _pod_deleted(self, pod: JSON) -> None:
+    def _pod_deleted(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         self.status.forget(uid)
         self._release(uid)
 
-    def _consider(self, pod: JSON) -> None:
+    def _consider(self, pod: PodBody) -> None:
         uid = objects.uid(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in ("Succeeded", "Failed"):
@@ -375,7 +376,7 @@ class SimKubelet:
         self._queued.add(uid)
         self._queue.put_nowait((objects.object_key(pod), uid))
 
-    async def _finish_deletion(self, pod: JSON) -> None:
+    async def _finish_deletion(self, pod: PodBody) -> None:
         """Graceful deletion: the containers stop (holding their CPUs and devices), then the kubelet
         releases them and confirms the deletion."""
         uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
@@ -396,7 +397,7 @@ class SimKubelet:
         finally:
             self._deleting.discard(uid)
 
-    async def _restore(self, pod: JSON) -> None:
+    async def _restore(self, pod: PodBody) -> None:
         """Take over a pod already Running here (a new kubelet process): re-read its recorded
         assignment (the checkpoint) and admit it again from what it holds."""
         try:
@@ -424,7 +425,7 @@ class SimKubelet:
             await self._readmit(pod, record)
             self._changed()
 
-    async def _readmit(self, pod: JSON, record: PodAdmission) -> None:
+    async def _readmit(self, pod: PodBody, record: PodAdmission) -> None:
         """kubelet's re-admission after a restart: hints from what the pod holds, merge, allocate
         (a no-op for what is held); a pod that no longer fits is rejected and its resources freed."""
         scratch = PodAdmission(record.namespace, record.name, record.uid, self.node_name, admitted=False)
@@ -441,15 +442,15 @@ class SimKubelet:
             self._log.warning("running_pod_rejected_on_readmission", pod=record.key, reason=failure.reason)
             await self._publisher.publish(pod, record)
 
-    def _active_pods(self, uid: str) -> list[JSON]:
-        pods = []
+    def _active_pods(self, uid: str) -> list[PodBody]:
+        pods: list[PodBody] = []
         for record in self.active_records():
             pod = None if self._pods is None else self._pods.get(record.key)
             if record.uid != uid and pod is not None:
                 pods.append(pod)
         return pods
 
-    def _next_batch(self, first: tuple[str, str]) -> list[JSON]:
+    def _next_batch(self, first: tuple[str, str]) -> list[PodBody]:
         """Every pod waiting now, oldest first (``HandlePodAdditions`` sorts by creation time).
 
         Called with the admission lock held: what arrived while the last pod was admitted joins.
@@ -458,7 +459,7 @@ class SimKubelet:
         items = [first]
         while not self._queue.empty():
             items.append(self._queue.get_nowait())
-        batch = []
+        batch: list[PodBody] = []
         for key, uid in items:
             self._queued.discard(uid)
             pod = self._pods.get(key)
@@ -486,7 +487,7 @@ class SimKubelet:
 
     # -- admission --------------------------------------------------------------------------------
 
-    async def _admit_and_publish(self, pod: JSON) -> None:
+    async def _admit_and_publish(self, pod: PodBody) -> None:
         meta = pod["metadata"]
         record = PodAdmission(
             namespace=str(meta.get("namespace") or ""),

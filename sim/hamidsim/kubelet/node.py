@@ -9,9 +9,10 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import JSON
 from hamidsim.kubelet.admission import TopologySettings
 from hamidsim.kubelet.cadvisor import MachineInfo, format_cpu_list
 from hamidsim.kubelet.config import KubeletConfig

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.kube.events import EventRecorder
+from hamid.model.kube import JSON, PodBody
 from hamidsim.kubelet.assignment import ASSIGNMENT_ANNOTATION, ContainerAssignment, PodAdmission
 from hamidsim.kubelet.errors import REJECTED_PREFIX
 from hamidsim.kubelet.podutil import is_restartable_init, pod_containers, pod_qos_class
@@ -172,7 +173,7 @@ class PodPublisher:
         self._on_change = on_change
         self._log = log
 
-    async def publish(self, pod: JSON, record: PodAdmission) -> None:
+    async def publish(self, pod: PodBody, record: PodAdmission) -> None:
         """Annotation and status for an admitted pod; event and Failed status for a rejected one."""
         if not record.admitted:
             if self.events is not None:

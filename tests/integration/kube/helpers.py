@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hamid.kube.backoff import Backoff
-from hamid.kube.client import JSON, KubeClient
+from hamid.kube.client import KubeClient
+from hamid.model.kube import JSON
 
 
 def fast_backoff() -> Backoff:

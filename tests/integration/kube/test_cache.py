@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache, trim_pod
 from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
+from hamid.model.kube import Pod
 from hamidsim.apiserver import ApiServer
 from tests.builders import node, pod, quota
 from tests.integration.kube.helpers import Recorder, create_namespace, eventually, fast_backoff
@@ -140,7 +142,7 @@ async def test_watch_resumes_after_dropped_stream(kube: KubeClient, apiserver: A
             apiserver.close_watches()
             await kube.create_pod(pod(f"r{round_ + 1}"))
             await kube.patch_pod_metadata("default", "r0", annotations={"round": str(round_)})
-            await eventually(lambda n=round_: f"default/r{n + 1}" in cache)
+            await eventually(functools.partial(cache.__contains__, f"default/r{round_ + 1}"))
         # A watch that fails a few times with 500 is retried (with backoff) from the same version.
         apiserver.faults.fail_next(3, verb="watch", path_pattern="/pods", status=500)
         apiserver.close_watches()
@@ -205,7 +207,7 @@ async def test_node_cache_and_quota_cache(kube: KubeClient) -> None:
 async def test_callback_errors_do_not_stop_the_cache(kube: KubeClient) -> None:
     seen: list[str] = []
 
-    def broken(obj: dict[str, Any]) -> None:
+    def broken(obj: Pod) -> None:
         raise RuntimeError("consumer bug")
 
     cache = PodCache(kube, on_add=broken, backoff=fast_backoff())

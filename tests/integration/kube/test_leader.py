@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -13,7 +13,14 @@ from hamid.kube.client import KubeClient
 from hamid.kube.leader import LeaderElector, LeaseFollower
 from tests.integration.kube.helpers import eventually
 
-FAST = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.1}
+
+class Timings(TypedDict):
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+FAST: Timings = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.1}
 
 
 def elector(kube: KubeClient, identity: str, log: list[str], **kwargs: Any) -> LeaderElector:
@@ -107,9 +114,9 @@ async def test_leadership_is_fenced_on_the_replicas_own_clock(
 
 def test_bad_durations_are_refused() -> None:
     with pytest.raises(ValueError):
-        LeaderElector(None, "ns", "n", "id", lease_duration=1, renew_deadline=2, retry_period=0.5)  # type: ignore[arg-type]
+        LeaderElector(None, "ns", "n", "id", lease_duration=1, renew_deadline=2, retry_period=0.5)
     with pytest.raises(ValueError):
-        LeaderElector(None, "ns", "n", "", lease_duration=3, renew_deadline=2, retry_period=0.5)  # type: ignore[arg-type]
+        LeaderElector(None, "ns", "n", "", lease_duration=3, renew_deadline=2, retry_period=0.5)
 
 
 # -- following kube-scheduler's lease ---------------------------------------------------------------
@@ -205,6 +212,6 @@ async def test_follower_starts_a_new_term_when_the_holder_changes_unseen(
 
 def test_follower_refuses_bad_settings() -> None:
     with pytest.raises(ValueError):
-        LeaseFollower(None, "ns", "n", "", poll_interval=1)  # type: ignore[arg-type]
+        LeaseFollower(None, "ns", "n", "", poll_interval=1)
     with pytest.raises(ValueError):
-        LeaseFollower(None, "ns", "n", "host", poll_interval=0)  # type: ignore[arg-type]
+        LeaseFollower(None, "ns", "n", "host", poll_interval=0)

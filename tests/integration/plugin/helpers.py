@@ -135,7 +135,10 @@ def lock_node(server: ApiServer, name: str, node: str = NODE) -> None:
     server.patch("Node", None, node, {"metadata": {"annotations": {NODE_LOCK: value}}})
 
 
-def annotations(server: ApiServer, kind: str, name: str, namespace: str | None = "default") -> dict[str, str]:
+def stored_annotations(
+    server: ApiServer, kind: str, name: str, namespace: str | None = "default"
+) -> dict[str, str]:
+    """The annotations of a stored object (empty when it has none)."""
     obj = server.get(kind, namespace, name)
     assert obj is not None
     return obj["metadata"].get("annotations") or {}

@@ -31,12 +31,12 @@ from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,
     Env,
-    annotations,
     dev,
     eventually,
     lock_node,
     running_plugin,
     scheduled_pod,
+    stored_annotations,
 )
 
 PREFERRED = NodeConfig(device_split_count=4, enable_numa_topology=True, enable_get_preferred_allocation=True)
@@ -120,7 +120,7 @@ async def test_multi_container_with_init_containers() -> None:
             "/etc/ld.so.preload": (f"{env.hook}/vgpu/ld.so.preload", True),
         }
         assert await asyncio.to_thread(Path(env.hook, "vgpu", "containers", f"{uid}_i0").is_dir)
-        ann = annotations(env.server, "Pod", "multi")
+        ann = stored_annotations(env.server, "Pod", "multi")
         assert (
             ann[DEVICES_TO_ALLOCATE] == ";;GPU-1,NVIDIA,2000,40:GPU-2,NVIDIA,2500,40:;;GPU-3,NVIDIA,500,10:;"
         )
@@ -139,11 +139,11 @@ async def test_multi_container_with_init_containers() -> None:
         assert "/etc/ld.so.preload" not in {m.container_path for m in r2.mounts}  # CUDA_DISABLE_CONTROL
         assert f"{env.hook}/vgpu/containers/{uid}_c2" in {m.host_path for m in r2.mounts}
 
-        ann = annotations(env.server, "Pod", "multi")
+        ann = stored_annotations(env.server, "Pod", "multi")
         assert ann[DEVICES_TO_ALLOCATE] == ";;;;;"
         assert ann[BIND_PHASE] == "success"
         assert ann[DEVICES_ALLOCATED] == pod["metadata"]["annotations"][DEVICES_ALLOCATED]  # never touched
-        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
 
 
 @pytest.mark.parametrize(
@@ -160,10 +160,10 @@ async def test_mismatch_fails_closed(ids: tuple[str, ...], message: str) -> None
         with pytest.raises(GRPCError) as err:
             await allocate(stub, *ids)
         assert err.value.status is Status.FAILED_PRECONDITION and message in str(err.value.message)
-        ann = annotations(env.server, "Pod", "bad")
+        ann = stored_annotations(env.server, "Pod", "bad")
         assert ann[BIND_PHASE] == "failed"
         assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]  # unchanged
-        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
 
 
 async def test_no_pending_pod_refuses_and_changes_nothing() -> None:
@@ -173,7 +173,7 @@ async def test_no_pending_pod_refuses_and_changes_nothing() -> None:
         await seeded(env, stranger, lock=False)
         with pytest.raises(GRPCError, match="no pod on this node"):
             await allocate(stub, "GPU-0-0")
-        assert BIND_PHASE not in annotations(env.server, "Pod", "stranger")
+        assert BIND_PHASE not in stored_annotations(env.server, "Pod", "stranger")
 
 
 async def test_identity_from_lock_and_exact_match() -> None:
@@ -187,18 +187,18 @@ async def test_identity_from_lock_and_exact_match() -> None:
         with pytest.raises(GRPCError, match="no pod holds the node lock"):  # both want GPU-0, no lock
             await allocate(stub, "GPU-0-0")
         for name in ("p1", "p2"):  # the refused call marked nothing: no pod was proven
-            assert annotations(env.server, "Pod", name)[BIND_PHASE] == "allocating"
+            assert stored_annotations(env.server, "Pod", name)[BIND_PHASE] == "allocating"
         lock_node(env.server, "p2")
         await eventually(lambda: env.plugin.pods.lock_owner() == "default/p2")
         r = await allocate(stub, "GPU-0-1")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"  # p2's limit, not p1's
-        assert annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
+        assert stored_annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
         await eventually(lambda: env.plugin.pods.lock_owner() is None)
         # p1 is the only one waiting and its annotation matches exactly: still not proof
         with pytest.raises(GRPCError, match="no pod holds the node lock") as err:
             await allocate(stub, "GPU-0-2")
         assert err.value.status is Status.FAILED_PRECONDITION
-        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
+        assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
         assert env.plugin.allocator.refusals["unproven-pod"] == 2
         lock_node(env.server, "p1")
         await eventually(lambda: env.plugin.pods.lock_owner() == "default/p1")
@@ -227,10 +227,10 @@ async def test_runtime_follows_the_annotation_not_kubelets_gpus(
             "800m",
         )
         assert r.envs["CUDA_DEVICE_SM_LIMIT"] == "20"
-        notes = annotations(env.server, "Pod", "p")
+        notes = stored_annotations(env.server, "Pod", "p")
         assert notes[DEVICES_ALLOCATED] == allocated  # the accounted allocation, untouched
         assert notes[DEVICES_TO_ALLOCATE] == ";" and notes[BIND_PHASE] == "success"
-        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
         level = "info" if config is None else "warning"
         (warning,) = [
             e
@@ -262,7 +262,7 @@ async def test_two_replicas_of_one_gpu_still_serve_the_annotation() -> None:
         await seeded(env, pod)
         r = await allocate(stub, "GPU-0-0", "GPU-0-1")
         assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
 
 
 async def test_preferred_allocation_annotation_driven() -> None:
@@ -283,7 +283,7 @@ async def test_preferred_allocation_annotation_driven() -> None:
         # GPU-3 is not offered (kubelet restricted to NUMA 0): the default handler logs, the annotation
         # stands, and the answer is one replica of the GPU with the most free replicas (ties by UUID)
         assert await preferred(stub, available[:8], 1) == ["GPU-0-0"]
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"
 
 
 @pytest.mark.parametrize("alignment", ["", "best-effort", "strict"])
@@ -357,8 +357,8 @@ async def test_mismatch_seam_replacement_and_failures() -> None:
         handler.result = (dev("GPU-2", 700, 7),)  # committed but not offered by kubelet
         with pytest.raises(GRPCError, match="numa refit committed but kubelet cannot honor"):
             await preferred(stub, numa0, 1)
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
-        assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
 
 
 async def test_mismatch_seam_refusal_is_a_grpc_error() -> None:
@@ -369,14 +369,14 @@ async def test_mismatch_seam_refusal_is_a_grpc_error() -> None:
         with pytest.raises(GRPCError) as err:
             await preferred(stub, ["GPU-0-0", "GPU-1-0"], 1)
         assert err.value.status is Status.FAILED_PRECONDITION and "strict" in str(err.value.message)
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
 
 
 async def test_registration_annotation_written_once_and_rewritten_on_change() -> None:
     async with running_plugin(register_interval=0.05) as (env, _):
         registrar = env.plugin.registrar
         await eventually(lambda: registrar.patches == 1)
-        value = annotations(env.server, "Node", NODE, None)[NODE_REGISTER]
+        value = stored_annotations(env.server, "Node", NODE, None)[NODE_REGISTER]
         assert [d.numa for d in decode_node_devices(value)] == [0, 0, 1, 1]
         await eventually(
             lambda: env.plugin.pods.node()["metadata"]["annotations"].get(NODE_REGISTER) == value
@@ -386,7 +386,7 @@ async def test_registration_annotation_written_once_and_rewritten_on_change() ->
         await eventually(lambda: registrar.patches == 2)  # someone removed it: written again
         env.plugin.inventory.mark_unhealthy("GPU-2", "XID 79")
         await eventually(lambda: registrar.patches == 3)
-        latest = decode_node_devices(annotations(env.server, "Node", NODE, None)[NODE_REGISTER])
+        latest = decode_node_devices(stored_annotations(env.server, "Node", NODE, None)[NODE_REGISTER])
         assert [d.health for d in latest] == [True, True, False, True]
 
 

@@ -19,7 +19,7 @@ from grpclib.const import Status
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
 from hamid.plugin.grpc_codec import MAX_REQUEST_BYTES
 from hamid.plugin.service import MAX_STATUS_MESSAGE_CHARS
-from tests.integration.plugin.helpers import annotations, dev, running_plugin, scheduled_pod
+from tests.integration.plugin.helpers import dev, running_plugin, scheduled_pod, stored_annotations
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
 RAW_CLIENT = textwrap.dedent(
@@ -85,7 +85,7 @@ async def test_a_huge_device_id_is_refused_at_once_with_a_bounded_message() -> N
         assert err.value.status is Status.INVALID_ARGUMENT
         message = str(err.value.message)
         assert "longer than 256 characters" in message and len(message) <= MAX_STATUS_MESSAGE_CHARS
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"  # nothing changed
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"  # nothing changed
         assert env.plugin.allocator.refusals == {}  # refused before the allocator
         r = await allocate(stub, "GPU-1-0")  # the plugin still serves the pod afterwards
         assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
@@ -138,7 +138,7 @@ async def test_allocations_the_node_cannot_serve_are_refused_counted_and_logged(
         assert "delete the pod so the scheduler places it" in str(err.value.message)
         assert env.plugin.allocator.refusals == {code: 1}
         assert [e["code"] for e in logs if e["event"] == "allocate_refused"] == [code]
-        notes = annotations(env.server, "Pod", "p")
+        notes = stored_annotations(env.server, "Pod", "p")
         assert notes[BIND_PHASE] == "failed"
         assert notes[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
-        assert NODE_LOCK not in annotations(env.server, "Node", "gpu-node-1", None)
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", "gpu-node-1", None)

@@ -17,7 +17,14 @@ from hamid.kube.retry import RetryBudget
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
 from hamid.plugin import allocator as allocate_module
 from hamid.plugin.allocator import CALLS_AFTER_PREPARE, TRANSIENT_RETRIES, Allocator
-from tests.integration.plugin.helpers import NODE, annotations, dev, eventually, running_plugin, scheduled_pod
+from tests.integration.plugin.helpers import (
+    NODE,
+    dev,
+    eventually,
+    running_plugin,
+    scheduled_pod,
+    stored_annotations,
+)
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
 
@@ -40,10 +47,10 @@ async def test_a_timeout_before_the_commit_runs_the_failure_path(monkeypatch: py
                 await allocate(stub, "GPU-0-0")
             assert err.value.status is Status.FAILED_PRECONDITION
             assert "did not finish preparing within 0.3s" in str(err.value.message)
-            ann = annotations(env.server, "Pod", "slow")
+            ann = stored_annotations(env.server, "Pod", "slow")
             assert ann[BIND_PHASE] == "failed"
             assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
-            assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+            assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
     finally:
         release.set()
 
@@ -61,9 +68,9 @@ async def test_a_cancelled_call_still_completes_the_commit_and_the_lock_release(
             )
             with pytest.raises(TimeoutError):  # grpclib's client deadline; the server cancels the handler
                 await stub.Allocate(request, timeout=0.4)
-            assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"  # still in flight
-            await eventually(lambda: annotations(env.server, "Pod", "p")[BIND_PHASE] == "success")
-            await eventually(lambda: NODE_LOCK not in annotations(env.server, "Node", NODE, None))
+            assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "allocating"  # still in flight
+            await eventually(lambda: stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "success")
+            await eventually(lambda: NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None))
         finally:
             env.server.faults.remove(rule.id)
 
@@ -105,7 +112,7 @@ async def test_a_transient_failure_of_the_commit_patch_is_retried(status: int) -
         await seeded(env, pod)
         env.server.faults.fail_next(2, verb="patch", path_pattern="/pods/p$", status=status)
         await allocate(stub, "GPU-0-0")
-        ann = annotations(env.server, "Pod", "p")
+        ann = stored_annotations(env.server, "Pod", "p")
         assert ann[BIND_PHASE] == "success"
         assert env.plugin.allocator.refusals.total() == 0
 
@@ -134,7 +141,7 @@ async def test_a_commit_patch_whose_answer_timed_out_is_read_back(landed: bool) 
             await allocate(stub, "GPU-0-0")
         finally:
             client.patch_pod_metadata = real  # type: ignore[method-assign]
-        assert annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
+        assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "success"
         assert calls == (["p"] if landed else ["p", "p"])
         assert env.plugin.allocator.refusals.total() == 0
 
@@ -147,6 +154,6 @@ async def test_transient_failures_past_the_budget_fail_the_pod() -> None:
         with pytest.raises(GRPCError) as err:
             await allocate(stub, "GPU-0-0")
         assert "503" in str(err.value.message)
-        ann = annotations(env.server, "Pod", "p")
+        ann = stored_annotations(env.server, "Pod", "p")
         assert ann[BIND_PHASE] == "failed"
         assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]

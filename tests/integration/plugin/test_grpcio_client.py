@@ -17,12 +17,12 @@ from hamid.model.annotations import BIND_PHASE
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.service import list_response
 from tests.integration.plugin.helpers import (
-    annotations,
     dev,
     eventually,
     lock_node,
     running_plugin,
     scheduled_pod,
+    stored_annotations,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -120,4 +120,4 @@ async def test_grpcio_kubelet_calls_every_rpc(tmp_path: Path) -> None:
         assert out["prestart"] == ""  # empty PreStartContainerResponse
         assert out["bad"][0] == "FAILED_PRECONDITION"
         assert "no pod on this node" in out["bad"][1]
-        assert annotations(env.server, "Pod", "job")[BIND_PHASE] == "success"
+        assert stored_annotations(env.server, "Pod", "job")[BIND_PHASE] == "success"

@@ -34,7 +34,7 @@ async def test_a_failing_xid_watcher_keeps_the_plugin_serving(fault: str) -> Non
     else:
         nvml.events.put(RuntimeError("driver went away"))
     with structlog.testing.capture_logs() as logs:
-        async with running_plugin(nvml=nvml, with_kubelet=True) as (env, kubelet):  # type: ignore[arg-type]
+        async with running_plugin(nvml=nvml, with_kubelet=True) as (env, kubelet):
             await eventually(lambda: any(e["event"] == "xid_watcher_failed_no_health_checks" for e in logs))
             assert isinstance(kubelet, FakeKubelet)
             await eventually(lambda: bool(kubelet.requests) and bool(kubelet.lists))

@@ -12,12 +12,12 @@ from hamid.model.devices import ContainerDevices
 from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,
-    annotations,
     dev,
     eventually,
     lock_node,
     running_plugin,
     scheduled_pod,
+    stored_annotations,
     stranger_pod,
 )
 from tests.integration.plugin.test_allocate import PREFERRED, allocate, preferred, seeded, stub_for
@@ -52,12 +52,12 @@ async def test_a_pod_that_bypassed_hamid_fails_closed_and_marks_nothing() -> Non
         message = str(err.value.message)
         assert "pod default/s requests nvidia.com/gpu but was not scheduled by hamid" in message
         assert "no hami.io/bind-phase" in message and "MutatingWebhookConfiguration" in message
-        ann = annotations(env.server, "Pod", "p1")
+        ann = stored_annotations(env.server, "Pod", "p1")
         assert ann[BIND_PHASE] == "allocating"  # p1 is not marked failed ...
         assert (
             ann[DEVICES_TO_ALLOCATE] == p1["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
         )  # ... nor consumed
-        assert NODE_LOCK in annotations(env.server, "Node", NODE, None)  # the lock stays with p1
+        assert NODE_LOCK in stored_annotations(env.server, "Node", NODE, None)  # the lock stays with p1
         assert BIND_PHASE not in (env.server.get("Pod", "default", "s")["metadata"].get("annotations") or {})
 
         # GetPreferredAllocation: no opinion, and no refit for p1's missing GPU
@@ -69,7 +69,7 @@ async def test_a_pod_that_bypassed_hamid_fails_closed_and_marks_nothing() -> Non
         await eventually(lambda: env.plugin.pods.pod("default/s")["status"]["phase"] == "Failed")
         r = await allocate(stub, "GPU-2-1")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
-        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "success"
+        assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "success"
 
 
 @pytest.mark.parametrize(
@@ -125,8 +125,8 @@ async def test_api_errors_during_identification_are_a_clear_refusal() -> None:
         assert str(err.value.message).startswith("cannot identify the pending pod: 500")
         assert "etcd down" in str(err.value.message)
         assert await preferred(stub, NUMA0, 1) == []  # GetPreferredAllocation: no opinion
-        assert annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
-        assert annotations(env.server, "Node", NODE, None)[NODE_LOCK]
+        assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
+        assert stored_annotations(env.server, "Node", NODE, None)[NODE_LOCK]
 
 
 async def test_a_lagging_watch_is_caught_up_by_one_fresh_read() -> None:
@@ -142,8 +142,8 @@ async def test_a_lagging_watch_is_caught_up_by_one_fresh_read() -> None:
             with structlog.testing.capture_logs() as logs:
                 r = await allocate(stub, "GPU-1-0")
             assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1500m"
-            assert annotations(env.server, "Pod", "a")[BIND_PHASE] == "success"
-            assert NODE_LOCK not in annotations(env.server, "Node", NODE, None)
+            assert stored_annotations(env.server, "Pod", "a")[BIND_PHASE] == "success"
+            assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
             assert any(e["event"] == "pending_pod_not_cached_reading_once" for e in logs)
             assert env.server.requests["list pods"] >= 2  # the cache's initial list and the fresh read
         finally:

@@ -170,7 +170,7 @@ async def test_not_ready_until_registered_with_kubelet() -> None:
 
 async def test_refit_client_outcomes_are_observed() -> None:
     outcomes: list[str] = []
-    request = RefitRequest("uid", "default", "p", "n1", 0, "main", "NVIDIA", ("GPU-1",))
+    request = RefitRequest("uid", "default", "p", "n1", 0, "NVIDIA", ("GPU-1",), container_name="main")
     for body, want in (
         ({"succeeded": True, "containerDevices": "GPU-1,NVIDIA,1000,10:"}, "committed"),
         ({"succeeded": False, "failureReason": "no allowed device fits"}, "refused"),

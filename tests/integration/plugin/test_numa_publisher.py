@@ -4,6 +4,7 @@ a sysfs tree and a kubelet config file on disk, the embedded API server through 
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import tempfile
 import time
@@ -179,7 +180,8 @@ async def test_profile_and_placements_are_published_and_judged(env: Env) -> None
     await env.publisher.publish_once()
 
     profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
-    assert (profile.generation, profile.reserved_cpus, profile.distances) == (1, {0}, ((10, 21), (21, 10)))
+    assert (profile.generation, profile.reserved_cpus) == (1, frozenset({0}))
+    assert profile.distances == ((10, 21), (21, 10))
     assert profile.policies.topology_manager_policy == "single-numa-node"
     gpu = decode_placement(env.annotations("Pod", "gpu")[PLACEMENT])
     assert gpu.generation == 1
@@ -221,7 +223,7 @@ async def test_misses_are_classified_by_what_was_admitted_since_the_prediction(e
     await env.synced()
     for i, listed in enumerate(rounds):
         env.kubelet.records = [*env.kubelet.records, *listed]
-        env.publisher.clock = lambda i=i: t0 + 10 * i  # round i lists its pods at t0 + 10 i
+        env.publisher.clock = functools.partial(float, t0 + 10 * i)  # round i lists its pods at t0 + 10 i
         await env.publisher.publish_once()
     assert sorted(env.results) == ["hit", "miss", "miss", "miss", "miss"]
     assert sorted(env.causes) == ["foreign", "order", "stale", "unmodelled"]
@@ -236,7 +238,7 @@ async def test_a_changed_profile_bumps_the_generation_and_rewrites_placements(en
     await env.synced()
     await env.publisher.publish_once()
     profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
-    assert (profile.generation, profile.reserved_cpus) == (2, {0, 1})
+    assert (profile.generation, profile.reserved_cpus) == (2, frozenset({0, 1}))
     assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).generation == 2
 
 

@@ -7,7 +7,7 @@ from hamid.model.gpulinks import GpuLink
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.discovery import PhysicalGpu
 
-from .helpers import NODE, annotations, eventually, running_plugin
+from .helpers import NODE, eventually, running_plugin, stored_annotations
 
 SCORE = "hami.io/node-nvidia-score"  # the wire name, spelled out
 GPUS = tuple(PhysicalGpu(f"GPU-{i}", i, "A100", 40960, 0, f"0000:{i:02x}:00.0") for i in range(3))
@@ -25,8 +25,8 @@ async def test_score_written_with_the_register_and_rewritten_only_on_change() ->
     links = mirrored({(0, 1): GpuLink("SINGLE", 4), (0, 2): GpuLink("SYSTEM"), (1, 2): GpuLink("NODE", 2)})
     async with running_plugin(NodeConfig(device_split_count=2), gpus=GPUS, links=links) as (env, _):
         registrar = env.plugin.registrar
-        await eventually(lambda: SCORE in annotations(env.server, "Node", NODE, None))
-        value = annotations(env.server, "Node", NODE, None)[SCORE]
+        await eventually(lambda: SCORE in stored_annotations(env.server, "Node", NODE, None))
+        value = stored_annotations(env.server, "Node", NODE, None)[SCORE]
         assert value == (
             '[{"uuid":"GPU-0","score":{"GPU-1":450,"GPU-2":10}},'
             '{"uuid":"GPU-1","score":{"GPU-0":450,"GPU-2":220}},'
@@ -39,26 +39,26 @@ async def test_score_written_with_the_register_and_rewritten_only_on_change() ->
         await eventually(lambda: env.plugin.pods.node()["metadata"]["annotations"].get(SCORE) == "[]")
         assert await registrar.register_once()  # someone changed it: written again, alone
         assert registrar.patches == patches + 1
-        assert annotations(env.server, "Node", NODE, None)[SCORE] == value
+        assert stored_annotations(env.server, "Node", NODE, None)[SCORE] == value
 
 
 async def test_filtered_gpus_are_not_scored_and_no_links_means_no_score() -> None:
     links = mirrored({(0, 1): GpuLink("NODE"), (0, 2): GpuLink("NODE"), (1, 2): GpuLink("NODE")})
     config = NodeConfig(device_split_count=2, filter_indices=(1,))
     async with running_plugin(config, gpus=GPUS, links=links) as (env, _):
-        await eventually(lambda: SCORE in annotations(env.server, "Node", NODE, None))
-        scores = decode_pair_scores(annotations(env.server, "Node", NODE, None)[SCORE])
+        await eventually(lambda: SCORE in stored_annotations(env.server, "Node", NODE, None))
+        scores = decode_pair_scores(stored_annotations(env.server, "Node", NODE, None)[SCORE])
         assert scores == {"GPU-0": {"GPU-2": 20}, "GPU-2": {"GPU-0": 20}}
     async with running_plugin(NodeConfig(device_split_count=2), gpus=GPUS) as (env, _):
         await eventually(lambda: env.plugin.registrar.patches == 1)
-        assert SCORE not in annotations(env.server, "Node", NODE, None)
+        assert SCORE not in stored_annotations(env.server, "Node", NODE, None)
 
 
 async def test_asymmetric_pair_scores_zero_and_warns_on_the_node() -> None:
     links = {"GPU-0": {"GPU-1": GpuLink("NODE", 4)}, "GPU-1": {"GPU-0": GpuLink("NODE")}}
     async with running_plugin(NodeConfig(device_split_count=2), gpus=GPUS[:2], links=links) as (env, _):
-        await eventually(lambda: SCORE in annotations(env.server, "Node", NODE, None))
-        value = annotations(env.server, "Node", NODE, None)[SCORE]
+        await eventually(lambda: SCORE in stored_annotations(env.server, "Node", NODE, None))
+        value = stored_annotations(env.server, "Node", NODE, None)[SCORE]
         assert decode_pair_scores(value) == {"GPU-0": {"GPU-1": 0}, "GPU-1": {"GPU-0": 0}}
 
         def warned() -> bool:

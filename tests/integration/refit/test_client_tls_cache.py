@@ -15,7 +15,7 @@ from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.fake_scheduler import fake_scheduler
 
-REQ = RefitRequest("u", "ns", "p", "n1", 0, "main", "NVIDIA", ("GPU-2",))
+REQ = RefitRequest("u", "ns", "p", "n1", 0, "NVIDIA", ("GPU-2",), container_name="main")
 DEVICES = (ContainerDevice("GPU-2", "NVIDIA", 1000, 10),)
 
 

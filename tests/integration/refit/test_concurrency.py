@@ -59,7 +59,7 @@ async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
         env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"])))
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])  # type: ignore[union-attr]
+        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])
         # while the refit's patch hangs, a filter on the same node answers at once, and can take
         # neither the old GPU nor the new one (30000 MiB fits on neither while both are held)
         big = new_pod(env, "big", 30000)
@@ -96,7 +96,7 @@ async def test_in_flight_refit_that_lowers_quota_usage_frees_no_headroom(
         env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-a"])))
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])  # type: ignore[union-attr]
+        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])
         # while the patch hangs the namespace still counts the larger, old usage: a 5000 MiB pod
         # does not fit the quota (it would over-run it once the refit rolls back)
         assert env.scheduler.state.quotas.used("default") == (15000, 0)
@@ -120,7 +120,7 @@ async def test_refit_on_node_a_does_not_block_filter_on_node_b(tls_files: TLSFil
         uid = pod["metadata"]["uid"]
         await eventually(
             lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
-        )  # type: ignore[union-attr]
+        )
         assert env.scheduler.state.node_guard("na").locked()
         answer = await filter_on(env, new_pod(env, "q", 1000), ["nb"])
         assert answer.get("NodeNames") == ["nb"], answer
@@ -141,7 +141,7 @@ async def test_pod_deleted_during_refit_is_released_once(tls_files: TLSFiles, tm
         uid = pod["metadata"]["uid"]
         await eventually(
             lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
-        )  # type: ignore[union-attr]
+        )
         env.server.delete("Pod", "default", "p")
         await eventually(lambda: env.scheduler.state.reservation(uid) is None)
         with pytest.raises(RefitError, match="cannot patch pod annotations"):

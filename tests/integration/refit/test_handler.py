@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -127,40 +128,40 @@ async def test_validation_and_identity(tls_files: TLSFiles, tmp_path: Path) -> N
         ok = request(pod, "n1", 0, ["GPU-b"])
         cases = [
             (
-                ok.__class__(**{**_fields(ok), "pod_uid": "nope"}),
+                replace(ok, pod_uid="nope"),
                 CN,
                 "pod nope is not tracked by the scheduler",
             ),
             (
-                ok.__class__(**{**_fields(ok), "pod_name": "other"}),
+                replace(ok, pod_name="other"),
                 CN,
                 f"pod {ok.pod_uid} does not match default/other",
             ),
             (
-                ok.__class__(**{**_fields(ok), "node_name": "n2"}),
+                replace(ok, node_name="n2"),
                 "system:node:n2",
                 "pod default/p is tracked on node n1, not n2",
             ),
-            (ok.__class__(**{**_fields(ok), "device_type": "Ascend"}), CN, 'unknown device type "Ascend"'),
-            (ok.__class__(**{**_fields(ok), "allowed_device_uuids": ()}), CN, MSG_EMPTY_ALLOWED),
+            (replace(ok, device_type="Ascend"), CN, 'unknown device type "Ascend"'),
+            (replace(ok, allowed_device_uuids=()), CN, MSG_EMPTY_ALLOWED),
             (
-                ok.__class__(**{**_fields(ok), "allowed_device_uuids": tuple(f"G{i}" for i in range(513))}),
+                replace(ok, allowed_device_uuids=tuple(f"G{i}" for i in range(513))),
                 CN,
                 "refit request carries 513 allowed devices, limit is 512",
             ),
             (
-                ok.__class__(**{**_fields(ok), "container_index": 3}),
+                replace(ok, container_index=3),
                 CN,
                 "container index 3 is outside the pod's containers",
             ),
             (
-                ok.__class__(**{**_fields(ok), "container_index": -1}),
+                replace(ok, container_index=-1),
                 CN,
                 "container index -1 is outside the pod's containers",
             ),
-            (ok.__class__(**{**_fields(ok), "pod_uid": ""}), CN, MSG_INCOMPLETE),
+            (replace(ok, pod_uid=""), CN, MSG_INCOMPLETE),
             (
-                ok.__class__(**{**_fields(ok), "container_name": "sidecar"}),
+                replace(ok, container_name="sidecar"),
                 CN,
                 'container index 0 is "main", not "sidecar"',
             ),
@@ -170,10 +171,6 @@ async def test_validation_and_identity(tls_files: TLSFiles, tmp_path: Path) -> N
         assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
         # only refusals after the pod is identified record an Event (wrong node, index, name)
         await eventually(lambda: len(env.events(R.EVENT_NUMA_REFIT_FAILED)) == 4)
-
-
-def _fields(req: object) -> dict[str, object]:
-    return {name: getattr(req, name) for name in req.__slots__}  # type: ignore[attr-defined]
 
 
 async def test_seeds_existing_allocations_and_keeps_other_bytes(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -396,7 +393,7 @@ async def test_init_release_during_patch_conflicts_and_state_follows(
                 env.scheduler.state.reservation(pod["metadata"]["uid"]).raw
                 != pod["metadata"]["annotations"][AL]
             )
-        )  # type: ignore[union-attr]
+        )
         current = env.server.get("Pod", "default", "p")
         assert current is not None
         current["status"]["initContainerStatuses"] = [
@@ -406,6 +403,6 @@ async def test_init_release_during_patch_conflicts_and_state_follows(
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(task, 10)
         env.server.faults.remove(rule.id)
-        await eventually(lambda: env.scheduler.state.reservation(pod["metadata"]["uid"]).init_released)  # type: ignore[union-attr]
+        await eventually(lambda: env.scheduler.state.reservation(pod["metadata"]["uid"]).init_released)
         assert env.annotations("p")[AL] == pod["metadata"]["annotations"][AL]
         assert used(env) == {"GPU-a": (1, 10000, 0), "GPU-b": (0, 0, 0)}

@@ -70,7 +70,7 @@ async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFi
         env.server.faults.remove(slow.id)
         assert result["succeeded"] is False and "(it was not applied)" in result["failureReason"]
         assert env.annotations("p")[AL] == OLD
-        assert env.scheduler.state.reservation(pod["metadata"]["uid"]).raw == OLD  # type: ignore[union-attr]
+        assert env.scheduler.state.reservation(pod["metadata"]["uid"]).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
 
 
@@ -95,7 +95,7 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         await cache_at(env, update["metadata"]["resourceVersion"])
         await eventually(lambda: not env.scheduler.state.holds(uid))
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
-        assert env.scheduler.state.reservation(uid).raw == OLD  # type: ignore[union-attr]
+        assert env.scheduler.state.reservation(uid).raw == OLD
         assert env.scheduler.state.quotas.used("default") == (20000, 30)
 
 
@@ -121,8 +121,8 @@ async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod
             env.server.faults.remove(slow.id)
         assert settled < 5.0, settled  # the first read-back failed (503), the second decides
         assert env.annotations("p")[AL] == OLD
-        assert env.server.get("Pod", "default", "p")["metadata"]["resourceVersion"] == version  # type: ignore[index]
-        assert env.scheduler.state.reservation(uid).raw == OLD  # type: ignore[union-attr]
+        assert env.server.get("Pod", "default", "p")["metadata"]["resourceVersion"] == version
+        assert env.scheduler.state.reservation(uid).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
 
 

@@ -281,7 +281,7 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
                         and senv.scheduler.state.snapshot()[NODE]["GPU-0"] == (0, 0, 0)
                     )
                 )
-                assert pod["metadata"]["uid"] == senv.server.get("Pod", "default", "p")["metadata"]["uid"]  # type: ignore[index]
+                assert pod["metadata"]["uid"] == senv.server.get("Pod", "default", "p")["metadata"]["uid"]
             finally:
                 await app.stop()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from typing import Any
 
 import aiohttp
 import pytest
@@ -95,7 +96,11 @@ def _malformed(**changes: object) -> dict:
 )
 async def test_webhook_denies_malformed_pods_with_a_reason(obj: dict, reason: str) -> None:
     async with running_scheduler() as env:
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "r"}}
+        review: dict[str, Any] = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "r"},
+        }
         review["request"]["object"] = obj
         status, body = await env.post(env.cluster, "/webhook", review)
         assert status == 200, body

@@ -6,8 +6,10 @@ import dataclasses
 import time
 
 from hamid.model import annotations as ann
+from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
 from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
 from tests.integration.scheduler.harness import running_scheduler, wait_for
+from tests.unit.fit.test_numa_predict import profile_of
 from tests.unit.scheduler.test_numa_ledger import GPU, PROFILE, _node, _pod
 
 
@@ -68,3 +70,43 @@ async def test_where_hamids_plugin_picks_the_replicas_the_fitted_gpus_decide() -
             "hamid_numa_prediction_total", {"result": "unknown"}
         )
         assert unknown == 1.0
+
+
+async def test_an_unknown_fits_the_gpus_where_kubelet_lets_hamids_plugin_choose() -> None:
+    """best-effort, 3 NUMA nodes, one single-slot GPU on NUMA 2 (registered first) and two on each
+    of NUMA 0 and 1; the pod asks 6 CPUs and 3 GPUs. kubelet's hint is NUMA {0,1} and it lets the
+    plugin choose 3 of its 4 aligned GPUs: unknown, naming NUMA {0,1}. The filter fits the GPUs
+    there (the plain fit would take NUMA 2's GPU, which kubelet does not offer), so hamid's plugin
+    prefers them and the prediction with them chosen is definite and recorded."""
+    async with running_scheduler() as env:
+        policies = dataclasses.replace(PROFILE.policies, topology_manager_policy="best-effort")
+        profile = dataclasses.replace(
+            profile_of([(c, c, 0, c // 4) for c in range(12)], reserved=(0,)),
+            observed_at=int(time.time()),
+            policies=policies,
+            preferred_allocation=GPU,
+        )
+        numas = (2, 0, 0, 1, 1)
+        gpus = [
+            DeviceInfo(f"g{i}", i, 1, 8000, 100, "NVIDIA-A100", n, MODE_HAMI_CORE, True)
+            for i, n in enumerate(numas)
+        ]
+        node = {
+            "metadata": {
+                "name": "n1",
+                "annotations": {
+                    ann.NODE_REGISTER: ann.encode_node_devices(gpus),
+                    NUMA_PROFILE: encode_profile(profile),
+                },
+            },
+            "status": {"allocatable": {GPU: "5"}},
+        }
+        env.server.put({"apiVersion": "v1", "kind": "Node", **node})
+        await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+        p = await env.create_pod(_pod("a", cpus=6, gpus=3))
+        assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+        annos = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert "g0," not in annos[ann.DEVICES_ALLOCATED]
+        predicted = decode_prediction(annos[NUMA_PREDICTED])
+        assert predicted.containers[0].numa == frozenset({0, 1})
+        assert sum(predicted.containers[0].devices[GPU].values()) == 3

@@ -18,7 +18,7 @@ from cryptography import x509
 
 from hamid.cli import cli
 from hamid.fit.fgd import parse_workload
-from hamid.model import annotations
+from hamid.model import annotations as ann
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
 from hamid.options import from_cli
@@ -196,7 +196,7 @@ def test_defaults_render_the_expected_objects() -> None:
     # no leader election with one replica: the Service selects the one pod, no role labels
     assert not any(k == "Role" for k, _ in kinds)
     service = rendered("defaults").get("Service", SCHED)
-    assert annotations.SCHEDULER_ROLE not in service["spec"]["selector"]
+    assert ann.SCHEDULER_ROLE not in service["spec"]["selector"]
     assert "--leader-elect" not in scheduler_args(rendered("defaults"))
 
 
@@ -271,7 +271,7 @@ def test_scheduler_container_args_and_mounts() -> None:
     assert c["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert labels[annotations.WEBHOOK] == annotations.WEBHOOK_IGNORE
+    assert labels[ann.WEBHOOK] == ann.WEBHOOK_IGNORE
     ks = container(deployment, "kube-scheduler")
     assert "--config=/config/config.yaml" in ks["command"]
     assert ks["image"].startswith("registry.k8s.io/kube-scheduler:v")
@@ -343,7 +343,7 @@ def test_webhook() -> None:
     assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     [condition] = hook["matchConditions"]  # hamid's own updates never wait for the webhook
     assert f"system:serviceaccount:{NAMESPACE}:{SCHED}" in condition["expression"]
-    ignore = {"key": annotations.WEBHOOK, "operator": "NotIn", "values": [annotations.WEBHOOK_IGNORE]}
+    ignore = {"key": ann.WEBHOOK, "operator": "NotIn", "values": [ann.WEBHOOK_IGNORE]}
     assert hook["objectSelector"]["matchExpressions"] == [ignore]
     assert hook["namespaceSelector"]["matchExpressions"] == [ignore]
 
@@ -581,7 +581,7 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     # /refit and metrics reach only the leader; the webhook every ready replica
     service = r.get("Service", SCHED)
-    assert service["spec"]["selector"] == {**selector, annotations.SCHEDULER_ROLE: "leader"}
+    assert service["spec"]["selector"] == {**selector, ann.SCHEDULER_ROLE: "leader"}
     assert r.get("Service", WEBHOOK_SVC)["spec"]["selector"] == selector
     (hook,) = r.get("MutatingWebhookConfiguration", "hamid-webhook")["webhooks"]
     assert hook["clientConfig"]["service"]["name"] == WEBHOOK_SVC

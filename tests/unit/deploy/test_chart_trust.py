@@ -15,6 +15,7 @@ from typing import Any
 
 import celpy
 import pytest
+from celpy.adapter import json_to_cel
 
 from hamid.model import annotations as ann
 from hamid.scheduler.signing import AllocationKeys
@@ -51,7 +52,7 @@ def _join(items: Any, separator: Any) -> celpy.celtypes.StringType:
 def _cel(expression: str, activation: dict[str, Any]) -> Any:
     env = celpy.Environment()
     program = env.program(env.compile(expression), functions={"join": _join})
-    return program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+    return program.evaluate({k: json_to_cel(v) for k, v in activation.items()})
 
 
 def _judge(policy: dict[str, Any], old: dict[str, Any], new: dict[str, Any], username: str) -> list[str]:

@@ -17,7 +17,7 @@ AUTH = {
 }
 
 
-def _args(values: dict) -> list[str]:  # type: ignore[type-arg]
+def _args(values: dict) -> list[str]:
     return container(render(values).get("Deployment", SCHED), "hamid-scheduler")["args"]
 
 

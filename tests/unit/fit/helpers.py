@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hamid.fit import ContainerKind, DeviceUsage, NodeUsage, PodFitSpec, PodPolicy
+from hamid.fit import ContainerKind, DeviceUsage, Fitted, NodeUsage, PodFitSpec, PodPolicy, Unfit
 from hamid.model.devices import MODE_HAMI_CORE, NVIDIA, ContainerDevice
 from hamid.model.resources import MEM_PERCENTAGE_UNSET, ContainerDeviceRequest
 
@@ -73,3 +73,9 @@ def spec(*requests, kinds=None, policy: PodPolicy | None = None, **policy_kw) ->
 I = ContainerKind.INIT  # noqa: E741
 S = ContainerKind.SIDECAR
 A = ContainerKind.APP
+
+
+def fitted(result: Fitted | Unfit) -> Fitted:
+    """``result``, which the test expects to be a fit."""
+    assert isinstance(result, Fitted), result
+    return result

@@ -22,10 +22,10 @@ from hamid.model.devices import MODE_MIG, MODE_MPS
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import ContainerDeviceRequest, ResourceConfig
 
-from .helpers import A, I, S, cd, dev, node, req, spec
+from .helpers import A, I, S, cd, dev, fitted, node, req, spec
 
 
-def uuids(result: Fitted, container: int = 0) -> list[str]:
+def uuids(result: Fitted | Unfit, container: int = 0) -> list[str]:
     assert isinstance(result, Fitted), result
     return [d.uuid for d in result.devices[container]]
 
@@ -74,14 +74,14 @@ def test_single_reasons(device, request_, want):
 
 
 def test_cores_over_100_are_clamped():
-    r = fit_pod(node(dev("a")), spec(req(cores=150)))
+    r = fitted(fit_pod(node(dev("a")), spec(req(cores=150))))
     assert r.devices[0][0].usedcores == 100
 
 
 def test_zero_memory_percentage_is_whole_card():
-    r = fit_pod(node(dev("a", mem=11264)), spec(req(pct=0)))
+    r = fitted(fit_pod(node(dev("a", mem=11264)), spec(req(pct=0))))
     assert r.devices[0][0].usedmem == 11264
-    r = fit_pod(node(dev("a", mem=11264)), spec(req(pct=50)))
+    r = fitted(fit_pod(node(dev("a", mem=11264)), spec(req(pct=50))))
     assert r.devices[0][0].usedmem == 5632
 
 
@@ -249,12 +249,12 @@ def test_quota_limits_from_resource_quota():
 
 def test_every_container_gets_an_entry_init_first():
     n = node(dev("a", 0))
-    r = fit_pod(n, spec(None, req(mem=100), None, req(mem=200), kinds=[I, I, A, A]))
+    r = fitted(fit_pod(n, spec(None, req(mem=100), None, req(mem=200), kinds=[I, I, A, A])))
     assert [len(e) for e in r.devices] == [0, 1, 0, 1]
 
 
 def test_no_gpu_request_fits_with_empty_entries():
-    r = fit_pod(node(dev("a")), spec(None, req(0)))
+    r = fitted(fit_pod(node(dev("a")), spec(None, req(0))))
     assert r.devices == ((), ())
 
 
@@ -286,7 +286,7 @@ def test_slots_are_phase_aware():
 
 def test_release_treats_own_booking_as_free():
     n = node(dev("a", 0, mem=10000))
-    first = fit_pod(n, spec(req(mem=8000)))
+    first = fitted(fit_pod(n, spec(req(mem=8000))))
     booked = effective_pod_usage(first.devices, [A])
     n.add(booked)
     assert isinstance(fit_pod(n, spec(req(mem=8000))), Unfit)
@@ -296,7 +296,7 @@ def test_release_treats_own_booking_as_free():
 
 def test_node_score_is_before_placement():
     n = node(dev("g", count=10, core=100, mem=8000, used=5, usedcores=50, usedmem=4000))
-    assert fit_pod(n, spec(req(mem=100, cores=10))).score == pytest.approx(15.0)
+    assert fitted(fit_pod(n, spec(req(mem=100, cores=10)))).score == pytest.approx(15.0)
 
 
 def test_pod_fit_spec_from_pod():

@@ -4,8 +4,10 @@ Random node states (2-16 NUMA nodes, SMT or not, sockets above or below NUMA nod
 GPUs per NUMA node and without topology, pods already placed) x random pods (QoS classes, integer
 and fractional CPU, init containers, restartable sidecars) x kubelet configurations (every Topology
 Manager policy and scope, static or none CPU manager, ``full-pcpus-only``, ``strict-cpu-reservation``,
-``distribute-cpus-across-cores``, ``prefer-closest-numa-nodes``; GPUs served by a plugin without a
-preference or by one answering like hamid's, ``GetPreferredAllocation`` included).
+``distribute-cpus-across-cores``, ``distribute-cpus-across-numa``,
+``prefer-align-cpus-by-uncorecache`` over uncore caches of 1-4 cores or none reported,
+``prefer-closest-numa-nodes``; GPUs served by a plugin without a preference or by one answering
+like hamid's, ``GetPreferredAllocation`` included).
 
 The oracle is the simulator's real admission path — :func:`hamidsim.kubelet.node.build_managers`
 for the managers, :class:`hamidsim.kubelet.admission.Admitter` for the admission, and a real
@@ -34,6 +36,7 @@ import structlog
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from hamid.fit.numa_fit import NumaTargets, numa_targets, offered_targets
 from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, PluginView, Prediction, predict
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile
@@ -81,6 +84,10 @@ class Machine:
     prefer_closest: bool
     strict_reservation: bool = False
     spread_cores: bool = False
+    #: Cores per uncore (L3) cache, by core index (0: none reported, kubelet uses the socket).
+    cores_per_uncore: int = 0
+    align_uncore: bool = False
+    distribute_numa: bool = False
     #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
     hamid_gpus: bool = False
 
@@ -90,6 +97,11 @@ class Machine:
 
     def cpu_rows(self) -> Iterator[tuple[int, int, int, int]]:
         """``(cpu, core, socket, numa)`` for every CPU."""
+        for cpu, core, socket, numa, _uncore in self.cpu_rows_with_uncore():
+            yield cpu, core, socket, numa
+
+    def cpu_rows_with_uncore(self) -> Iterator[tuple[int, int, int, int, int | None]]:
+        """``(cpu, core, socket, numa, uncore cache or None)`` for every CPU."""
         for thread in range(self.threads):
             for core in range(self.total_cores):
                 numa = core // self.cores_per_numa
@@ -97,7 +109,8 @@ class Machine:
                     socket = numa // self.numa_per_socket
                 else:
                     socket = 2 * numa + (core % self.cores_per_numa) * 2 // self.cores_per_numa
-                yield core + thread * self.total_cores, core, socket, numa
+                uncore = 100 + core // self.cores_per_uncore if self.cores_per_uncore else None
+                yield core + thread * self.total_cores, core, socket, numa, uncore
 
     def tm_options(self) -> dict[str, str]:
         options = {}
@@ -113,6 +126,10 @@ class Machine:
             options["strict-cpu-reservation"] = "true"
         if self.spread_cores:
             options["distribute-cpus-across-cores"] = "true"
+        if self.align_uncore:
+            options["prefer-align-cpus-by-uncorecache"] = "true"
+        if self.distribute_numa:
+            options["distribute-cpus-across-numa"] = "true"
         return options
 
     def device_ids(self, resource: str) -> dict[str, tuple[int, bool]]:
@@ -157,6 +174,11 @@ def machines(draw: st.DrawFn) -> Machine:
         )
     cpu_policy = draw(st.sampled_from(["static", "static", "static", "none"]))
     full_pcpus = cpu_policy == "static" and draw(st.booleans())
+    spread_cores = cpu_policy == "static" and not full_pcpus and draw(st.sampled_from([False, False, True]))
+    # kubelet refuses either distribute option with the other, and the uncore option with either
+    distribute_numa = (
+        cpu_policy == "static" and not spread_cores and draw(st.sampled_from([False, False, True]))
+    )
     return Machine(
         numa=numa,
         numa_per_socket=numa_per_socket,
@@ -171,9 +193,10 @@ def machines(draw: st.DrawFn) -> Machine:
         full_pcpus=full_pcpus,
         prefer_closest=draw(st.booleans()),
         strict_reservation=cpu_policy == "static" and draw(st.booleans()),
-        spread_cores=cpu_policy == "static"
-        and not full_pcpus
-        and draw(st.sampled_from([False, False, True])),
+        spread_cores=spread_cores,
+        cores_per_uncore=draw(st.sampled_from([0, 1, 2, 3, 4])),
+        align_uncore=cpu_policy == "static" and not (spread_cores or distribute_numa) and draw(st.booleans()),
+        distribute_numa=distribute_numa,
         hamid_gpus=draw(st.booleans()),
     )
 
@@ -299,7 +322,10 @@ class SimNode:
     """The simulated kubelet's managers for one machine, built the way ``SimKubelet`` builds them."""
 
     def __init__(self, m: Machine, plugin: Plugin) -> None:
-        details = {cpu: SimCpuInfo(core, socket, numa) for cpu, core, socket, numa in m.cpu_rows()}
+        details = {
+            cpu: SimCpuInfo(core, socket, numa, uncore)
+            for cpu, core, socket, numa, uncore in m.cpu_rows_with_uncore()
+        }
         topology = CpuTopology(details)
         machine = MachineInfo(numa_nodes_of(topology), frozenset(), topology, distances=m.distances)
         config = KubeletConfig(
@@ -390,7 +416,11 @@ def profile_of(m: Machine) -> NumaProfile:
         generation=1,
         observed_at=NOW,
         numa_nodes=tuple(range(m.numa)),
-        cpus=tuple(CpuInfo(cpu, core, socket, numa) for cpu, core, socket, numa in sorted(m.cpu_rows())),
+        cpus=tuple(
+            # the node agent publishes uncore caches only where kubelet reads them
+            CpuInfo(cpu, core, socket, numa, (socket if u is None else u) if m.align_uncore else None)
+            for cpu, core, socket, numa, u in sorted(m.cpu_rows_with_uncore())
+        ),
         reserved_cpus=m.reserved,
         distances=m.distances,
         policies=KubeletPolicies(
@@ -442,18 +472,52 @@ def check_agreement(
     assert predicted_devices == sim_device_usage(node, record.uid)
 
 
-def annotate(pod: Mapping[str, Any], free: list[str]) -> PodDevices:
-    """The GPUs a scheduler without a NUMA prediction annotates: per container (init first) its
-    count of distinct GPUs, taken in turn from ``free`` (a random order of the free ones)."""
-    entries: list[tuple[ContainerDevice, ...]] = []
+def gpu_counts(pod: Mapping[str, Any]) -> list[int]:
+    """Each container's GPU count, init containers first (the annotation's order)."""
+    sections = ("initContainers", "containers")
+    return [int(c["resources"]["limits"].get(GPU, 0)) for s in sections for c in pod["spec"].get(s) or []]
+
+
+def annotate(
+    pod: Mapping[str, Any],
+    free: list[str],
+    targets: NumaTargets = (),
+    numa_of: Mapping[str, int] | None = None,
+) -> PodDevices:
+    """The GPUs the scheduler annotates: per container (init first) its count of distinct GPUs from
+    ``free`` (a random order of the free ones, as a fit without NUMA restriction may pick them),
+    each within its target NUMA nodes where it has some — or, when one does not fit there, the
+    plain fit for the whole pod (``fit_pod`` with targets, then without)."""
+    counts = gpu_counts(pod)
+    within = _fit_within(counts, free, targets, numa_of or {})
+    chosen = within if within is not None else _plain_fit(counts, free)
+    return tuple(tuple(ContainerDevice(d, "NVIDIA", 0, 0) for d in entry) for entry in chosen)
+
+
+def _fit_within(
+    counts: list[int], free: list[str], targets: NumaTargets, numa_of: Mapping[str, int]
+) -> list[tuple[str, ...]] | None:
+    if all(t is None for t in targets):
+        return None
+    entries: list[tuple[str, ...]] = []
+    used: set[str] = set()
+    for i, count in enumerate(counts):
+        target = targets[i] if i < len(targets) else None
+        pool = [d for d in free if d not in used and (target is None or numa_of[d] in target)][:count]
+        if len(pool) < count:
+            return None
+        used.update(pool)
+        entries.append(tuple(pool))
+    return entries
+
+
+def _plain_fit(counts: list[int], free: list[str]) -> list[tuple[str, ...]]:
+    entries: list[tuple[str, ...]] = []
     at = 0
-    for section in ("initContainers", "containers"):
-        for c in pod["spec"].get(section) or []:
-            count = int(c["resources"]["limits"].get(GPU, 0))
-            picked = [free[(at + i) % len(free)] for i in range(min(count, len(free)))]
-            at += len(picked)
-            entries.append(tuple(ContainerDevice(d, "NVIDIA", 0, 0) for d in picked))
-    return tuple(entries)
+    for count in counts:
+        entries.append(tuple(free[(at + i) % len(free)] for i in range(min(count, len(free)))))
+        at += len(entries[-1])
+    return entries
 
 
 def random_examples(test: Callable[..., None]) -> Callable[..., None]:
@@ -478,8 +542,10 @@ def random_examples(test: Callable[..., None]) -> Callable[..., None]:
 def predict_after(
     plugin: Plugin, machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any
 ) -> tuple[SimNode, Prediction, PodDevices]:
-    """A node with ``earlier`` admitted by the simulated kubelet, the GPUs a scheduler without a
-    prediction annotates for ``pod`` (in ``order``), and the prediction for ``pod`` on it."""
+    """A node with ``earlier`` admitted by the simulated kubelet, and what the scheduler does for
+    ``pod`` there: predict; annotate GPUs (in ``order``) within the predicted NUMA nodes, or for an
+    unknown within those kubelet offers the plugin; on hamid's plugin's node predict an unknown
+    again with the annotated GPUs (``NumaLedgers.predict_chosen``)."""
     node = SimNode(machine, plugin)
     for i, placed in enumerate(earlier):
         placed = {**placed, "metadata": {**placed["metadata"], "uid": f"uid-earlier-{i}"}}
@@ -487,8 +553,17 @@ def predict_after(
     profile = profile_of(machine)
     free = node.free_gpus()
     order.shuffle(free)
-    annotated = annotate(pod, free)
-    got = predict(profile, node.ledger(profile.generation), pod, now=NOW, plugin=node.plugin_view(annotated))
+    ledger = node.ledger(profile.generation)
+    got = predict(profile, ledger, pod, now=NOW)
+    count = len(gpu_counts(pod))
+    if got.outcome is Outcome.PLACED:
+        targets = numa_targets(got, GPU, count)
+    else:
+        targets = offered_targets(got, GPU, count)
+    annotated = annotate(pod, free, targets, node.device_numa.get(GPU, {}))
+    view = node.plugin_view(annotated)
+    if got.outcome is Outcome.UNKNOWN and view is not None:
+        got = predict(profile, ledger, pod, now=NOW, plugin=view)
     return node, got, annotated
 
 
@@ -500,27 +575,50 @@ def test_predictor_equals_kubelet_admission(
     check_agreement(node, pod, got, annotated)
 
 
+#: The unknown cause the target bounds: hamid's plugin serves the GPUs and its choice stays unknown.
+HAMID_UNKNOWN = "hamid's plugin without a definite answer"
+
+
+def unknown_cause(got: Prediction, hamid_gpus: bool) -> str:
+    """Why an arrival stayed unknown, by whose choice kubelet's result depends on."""
+    if GPU not in got.message:
+        return "another plugin's choice" if NIC in got.message else got.message
+    if "reusable" in got.message:
+        return "kubelet's choice of reused GPUs"
+    return HAMID_UNKNOWN if hamid_gpus else "a GPU plugin without a preference"
+
+
 def test_unknown_rate_is_low(plugin: Plugin) -> None:
-    """Over the modelled configurations the predictor answers almost always (on its own examples),
-    and on nodes whose plugin is hamid's it computes the plugin's choice instead of answering unknown."""
+    """Over the modelled configurations the predictor answers almost always (on its own examples,
+    the scheduler's flow of ``predict_after``); on nodes whose GPUs are served by hamid's plugin,
+    at most 0.1 % of arrivals stay unknown because of hamid's own GPUs (the rest: another plugin's
+    choice of its devices, which kubelet takes in its map order or as that plugin prefers)."""
     tally: Counter[str] = Counter()
 
     @random_examples
     def tally_one(machine: Machine, earlier: list[dict[str, Any]], pod: dict[str, Any], order: Any) -> None:
         node, got, _annotated = predict_after(plugin, machine, earlier, pod, order)
-        tally[got.outcome.value] += 1
-        if node.hamid_gpus:
-            tally[f"hamid {got.outcome.value}"] += 1
+        where = "hamid" if node.hamid_gpus else "other"
+        tally[f"{where} {got.outcome.value}"] += 1
+        # what was unknown before: a new option's node, or a choice the plugin makes
+        if machine.align_uncore or machine.distribute_numa:
+            tally[f"{where} on a node with a newly modelled option"] += 1
+        elif predict(profile_of(machine), node.ledger(1), pod, now=NOW).outcome is Outcome.UNKNOWN:
+            tally[f"{where} unknown before the plugin's answer"] += 1
         if got.outcome is Outcome.UNKNOWN:
-            tally[f"unknown: {got.message}"] += 1
+            tally[f"{where} unknown: {unknown_cause(got, node.hamid_gpus)}"] += 1
 
     tally_one()
-    answered = tally["placed"] + tally["reject"] + tally["unknown"]
-    print("differential tally:", tally.most_common())
-    assert answered >= min(EXAMPLES, 100), tally
-    assert tally["unknown"] / answered < 0.2, tally.most_common()
-    hamid = tally["hamid placed"] + tally["hamid reject"] + tally["hamid unknown"]
-    print(f"unknown on hamid nodes: {tally['hamid unknown']} of {hamid}")
+    arrivals = {w: sum(tally[f"{w} {o.value}"] for o in Outcome) for w in ("hamid", "other")}
+    unknown = tally["hamid unknown"] + tally["other unknown"]
+    print("differential tally:", sorted(tally.items()))
+    print(
+        f"unknown: {unknown} of {sum(arrivals.values())}; on hamid nodes {tally['hamid unknown']} of "
+        f"{arrivals['hamid']}, of which hamid's GPUs {tally['hamid unknown: ' + HAMID_UNKNOWN]}"
+    )
+    assert sum(arrivals.values()) >= min(EXAMPLES, 100), tally
+    assert unknown / sum(arrivals.values()) < 0.2, tally
+    assert tally["hamid unknown: " + HAMID_UNKNOWN] <= 0.001 * arrivals["hamid"], tally
 
 
 # ==========================================================================================

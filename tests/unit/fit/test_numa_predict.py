@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,14 +25,18 @@ from hamid.fit.numa_predict import (
     NumaLedger,
     NumaUsage,
     Outcome,
+    Packing,
+    PluginView,
     generate_hints,
     mask_of,
     merge_hints,
     predict,
+    take_by_topology_distributed,
     take_by_topology_packed,
     usage_of_placement,
     usage_of_prediction,
 )
+from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     ContainerPlacement,
@@ -41,6 +46,7 @@ from hamid.model.numa import (
     PodPlacement,
     parse_cpu_list,
 )
+from tests.kubelet_cpu_tables import DISTRIBUTED_CASES, UNCORE_CASES, Row
 
 GPU = "nvidia.com/gpu"
 NOW = 1_000_000
@@ -181,6 +187,61 @@ def test_take_by_topology_packed(layout: list, available: str, count: int, expec
     topo = CpuTopology(profile_of(layout))
     got = take_by_topology_packed(topo, cpus(available), count)
     assert got == (None if expected is None else cpus(expected))
+
+
+def _with_uncore(machine: list[Row]) -> CpuTopology:
+    """The predictor's topology of a restated kubelet machine, uncore caches included."""
+    profile = profile_of([r[:4] for r in machine])
+    uncore = {r[0]: r[4] for r in machine}
+    return CpuTopology(
+        dataclasses.replace(
+            profile, cpus=tuple(dataclasses.replace(c, uncore=uncore[c.cpu]) for c in profile.cpus)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("machine", "available", "count", "expected"),
+    [c[1:] for c in UNCORE_CASES],
+    ids=[c[0] for c in UNCORE_CASES],
+)
+def test_take_by_topology_aligned_by_uncore_cache(
+    machine: list[Row], available: str, count: int, expected: str
+) -> None:
+    """``prefer-align-cpus-by-uncorecache``: whole uncore caches after whole NUMA nodes and sockets,
+    then the first cache whose lowest free cores hold exactly the rest, then cores and threads."""
+    got = take_by_topology_packed(_with_uncore(machine), cpus(available), count, Packing(uncore=True))
+    assert got == cpus(expected)
+
+
+@pytest.mark.parametrize(
+    ("machine", "available", "count", "group", "expected"),
+    [c[1:] for c in DISTRIBUTED_CASES],
+    ids=[c[0] for c in DISTRIBUTED_CASES],
+)
+def test_take_by_topology_numa_distributed(
+    machine: list[Row], available: str, count: int, group: int, expected: str
+) -> None:
+    """``distribute-cpus-across-numa``: an even share over the fewest NUMA nodes that can hold it
+    (the fewest counted from the whole machine's CPUs per NUMA node), the most balanced choice."""
+    topo = CpuTopology(profile_of([r[:4] for r in machine]))
+    assert take_by_topology_distributed(topo, cpus(available), count, group) == cpus(expected)
+
+
+def test_uncore_option_needs_the_caches_and_excludes_the_distribute_options() -> None:
+    """A profile without uncore caches cannot be predicted with the option (an older node agent);
+    kubelet refuses it with either distribute option."""
+    option = {"prefer-align-cpus-by-uncorecache": "true"}
+    profile = profile_of(machine(2, 1, 4, 1), cpu_manager_options=option)
+    p = predict(profile, ledger_for(profile), pod(ctr("c", "2")), now=NOW)
+    assert (p.outcome, p.message) == (
+        Outcome.UNKNOWN,
+        "prefer-align-cpus-by-uncorecache needs the uncore caches, which the profile lacks",
+    )
+    for other in ("distribute-cpus-across-cores", "distribute-cpus-across-numa"):
+        clash = profile_of(machine(2, 1, 4, 1), cpu_manager_options={**option, other: "true"})
+        p = predict(clash, ledger_for(clash), pod(ctr("c", "2")), now=NOW)
+        assert p.outcome is Outcome.UNKNOWN and "exclude each other" in p.message
 
 
 # ==========================================================================================
@@ -497,6 +558,41 @@ def test_device_split_chosen_by_the_plugin_is_unknown() -> None:
     assert p.outcome is Outcome.PLACED and p.containers[0].numa == frozenset({1})
 
 
+def test_an_unknown_names_the_numa_nodes_kubelet_offers_the_plugin() -> None:
+    """best-effort, 2 GPUs on each of 3 NUMA nodes, 3 GPUs asked: kubelet's hint is NUMA {0,1}
+    (the lowest of the preferred pairs) and it lets the plugin choose 3 of the 4 aligned replicas:
+    unknown, naming container 0 and NUMA {0,1}. With hamid's plugin preferring annotated GPUs there,
+    the choice is known: 2 on NUMA 0 and 1 on NUMA 1."""
+    profile = profile_of(machine(3, 1, 4, 1), topology_manager_policy="best-effort")
+    ledger = ledger_for(profile, {0: 2, 1: 2, 2: 2})
+    asked = pod(ctr("c", "500m", gpu=3))
+    p = predict(profile, ledger, asked, now=NOW)
+    assert (p.outcome, p.offered) == (Outcome.UNKNOWN, {GPU: {0: frozenset({0, 1})}})
+    gpus = {f"GPU-{n}-{i}": (n, 1) for n in range(3) for i in range(2)}
+    annotated = (
+        (
+            ContainerDevice("GPU-0-0", "NVIDIA", 0, 0),
+            ContainerDevice("GPU-0-1", "NVIDIA", 0, 0),
+            ContainerDevice("GPU-1-1", "NVIDIA", 0, 0),
+        ),
+    )
+    chosen = predict(profile, ledger, asked, now=NOW, plugin=PluginView(GPU, gpus, annotated))
+    assert chosen.outcome is Outcome.PLACED and chosen.usage.devices == {GPU: {0: 2, 1: 1}}
+    assert chosen.containers[0].numa == frozenset({0, 1})
+
+
+def test_a_choice_that_changes_nothing_kubelet_reports_is_answered() -> None:
+    """best-effort: the init container takes both GPUs (one per NUMA node), the app container reuses
+    one of them — which one is kubelet's map order, but the app's NUMA nodes are its hint {0,1} and
+    reused replicas stay counted on the init container, so every choice ends in one placement."""
+    profile = profile_of(machine(2, 1, 4, 1), topology_manager_policy="best-effort")
+    asked = pod(ctr("app", "500m", gpu=1), init=[ctr("init", "500m", gpu=2)])
+    p = predict(profile, ledger_for(profile, {0: 1, 1: 1}), asked, now=NOW)
+    assert p.outcome is Outcome.PLACED
+    assert [c.numa for c in p.containers] == [frozenset({0, 1})] * 2
+    assert p.usage.devices == {GPU: {0: 1, 1: 1}}
+
+
 def test_devices_without_topology_give_no_hint() -> None:
     profile = profile_of(machine(2, 1, 4, 1))
     ledger = NumaLedger.for_profile(profile, {GPU: {NO_TOPOLOGY: 2}})
@@ -508,7 +604,6 @@ def test_devices_without_topology_give_no_hint() -> None:
     ("changes", "reason"),
     [
         ({"topology_manager_options": {"prefer-most-allocated-numa-node": "true"}}, UNKNOWN_UNMODELLED),
-        ({"cpu_manager_options": {"distribute-cpus-across-numa": "true"}}, UNKNOWN_UNMODELLED),
         ({"cpu_manager_options": {"full-pcpus-only": "yes"}}, UNKNOWN_UNMODELLED),
         ({"topology_manager_options": {"max-allowable-numa-nodes": "1"}}, UNKNOWN_UNMODELLED),
         ({"memory_manager_policy": "Static"}, UNKNOWN_UNMODELLED),

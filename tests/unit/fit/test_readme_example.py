@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from hamid.fit import Fitted, device_score, fit_pod
 
 from .helpers import dev, node, req, spec
 
+
+class Gpu(TypedDict):
+    count: int
+    mem: int
+    core: int
+    used: int
+    usedmem: int
+
+
 #: GPU-a: 80 GiB holding 16 GiB of one pod; GPU-b: 24 GiB holding 4 GiB of one pod.
-A = {"count": 10, "mem": 81920, "core": 100, "used": 1, "usedmem": 16384}
-B = {"count": 10, "mem": 24576, "core": 100, "used": 1, "usedmem": 4096}
+A: Gpu = {"count": 10, "mem": 81920, "core": 100, "used": 1, "usedmem": 16384}
+B: Gpu = {"count": 10, "mem": 24576, "core": 100, "used": 1, "usedmem": 4096}
 REQUEST = req(1, mem=8192)
 
 
-def hami_score(d: dict) -> float:
+def hami_score(d: Gpu) -> float:
     """HAMi's score on real GPUs: the request's type never equals the model name, so it adds 0."""
     return device_score(d["count"], d["core"], d["mem"], d["used"], 0, d["usedmem"], None)
 
 
-def hamid_score(d: dict) -> float:
+def hamid_score(d: Gpu) -> float:
     return device_score(d["count"], d["core"], d["mem"], d["used"], 0, d["usedmem"], REQUEST)
 
 

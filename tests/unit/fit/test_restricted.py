@@ -22,7 +22,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 
-from .helpers import A, I, S, cd, dev, node, req, spec
+from .helpers import A, I, S, cd, dev, fitted, node, req, spec
 
 GB = 1000
 
@@ -125,7 +125,7 @@ def test_matches_fit_on_smaller_node(policy):
     n = booked_node(four_gpus(), (layout, [A]))
     r = refit(n, layout, [A], 0, allowed, pol)
     smaller = node(*(d for d in four_gpus() if d.id in allowed))
-    want = fit_pod(smaller, spec(req(1, mem=1000), policy=pol))
+    want = fitted(fit_pod(smaller, spec(req(1, mem=1000), policy=pol)))
     assert isinstance(r, Refitted) and r.devices == want.devices[0]
 
 

@@ -227,14 +227,14 @@ def test_json_round_trip(devs: list[DeviceInfo]) -> None:
     json.loads(encoded)  # always valid JSON
 
 
-legacy_text = st.text(st.characters(blacklist_characters=",:", blacklist_categories=("Cs",)), max_size=12)
+legacy_text = st.text(st.characters(exclude_characters=",:", exclude_categories=["Cs"]), max_size=12)
 #: The first device's UUID: empty, or not starting with whitespace or "[" (a leading "[" selects the
 #: JSON form), so every drawn example reaches the round trip.
 first_legacy_id = st.one_of(
     st.just(""),
     st.builds(
         str.__add__,
-        st.characters(blacklist_characters=",:[", blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")),
+        st.characters(exclude_characters=",:[", exclude_categories=("Cs", "Cc", "Zs", "Zl", "Zp")),
         legacy_text,
     ),
 )

@@ -374,3 +374,50 @@ def test_profile_naming_the_preferring_plugin_is_format_2_and_older_ones_still_d
         doc = {**json.loads(encode_profile(plain)), "v": v, **extra}
         with pytest.raises(InvalidInput):
             decode_profile(json.dumps(doc))
+
+
+def with_uncore(profile: NumaProfile, cores_per_cache: int) -> NumaProfile:
+    """``profile`` with an uncore (L3) cache per ``cores_per_cache`` cores, ids 0, 1, ... by core id."""
+    cores = sorted({c.core for c in profile.cpus})
+    cache = {core: i // cores_per_cache for i, core in enumerate(cores)}
+    return dataclasses.replace(
+        profile, cpus=tuple(dataclasses.replace(c, uncore=cache[c.core]) for c in profile.cpus)
+    )
+
+
+def test_profile_with_uncore_caches_is_format_3_and_round_trips() -> None:
+    """``uncore`` (kubelet's uncore cache per CPU, for ``prefer-align-cpus-by-uncorecache``) needs a
+    reader that knows it: format 3, with or without ``preferred``; the version is the highest any
+    field needs, so a profile without it is still read by format 1 and 2 readers."""
+    plain = linux_node(2, 64, 2)
+    cached = with_uncore(plain, 8)
+    doc = json.loads(encode_profile(cached))
+    assert doc["v"] == 3 and doc["uncore"]["0"] == "0-7,128-135" and len(doc["uncore"]) == 16
+    assert len(encode_profile(cached).encode()) < 1500
+    assert decode_profile(encode_profile(cached)) == cached
+    both = dataclasses.replace(cached, preferred_allocation="nvidia.com/gpu")
+    assert json.loads(encode_profile(both))["v"] == 3
+    assert decode_profile(encode_profile(both)) == both
+    assert decode_profile(encode_profile(plain)).cpus[0].uncore is None
+    for v in (1, 2, 4):
+        with pytest.raises(InvalidInput, match="format version"):
+            decode_profile(json.dumps({**doc, "v": v}))
+
+
+@pytest.mark.parametrize(
+    ("uncore", "error"),
+    [
+        ({"0": "0-7"}, "same CPUs"),  # CPUs 8-15 lack a cache
+        ({"0": "0-8", "1": "8-15"}, "listed twice"),
+        ({"0": "0-2,4-7", "1": "3,8-15"}, "spans uncore caches"),  # CPU 3 and its sibling 11 apart
+        ({"0": "0-7", "x": "8-15"}, "canonical id"),
+    ],
+)
+def test_incoherent_uncore_caches_are_refused(uncore: dict[str, str], error: str) -> None:
+    doc = json.loads(encode_profile(with_uncore(linux_node(1, 8, 2), 4)))
+    with pytest.raises(InvalidInput, match=error):
+        decode_profile(json.dumps({**doc, "uncore": uncore}))
+    partial = linux_node(1, 8, 2)
+    mixed = partial.cpus[:1] + tuple(dataclasses.replace(c, uncore=0) for c in partial.cpus[1:])
+    with pytest.raises(InvalidInput, match="every CPU or for none"):
+        dataclasses.replace(partial, cpus=mixed)

@@ -112,7 +112,7 @@ def test_encode_rejects_unrepresentable(device: ContainerDevice) -> None:
         encode_pod_devices([[device]])
 
 
-field_text = st.text(st.characters(blacklist_characters=",:;", blacklist_categories=("Cs",)), max_size=10)
+field_text = st.text(st.characters(exclude_characters=",:;", exclude_categories=["Cs"]), max_size=10)
 devices = st.builds(
     ContainerDevice, field_text, field_text, st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)
 )

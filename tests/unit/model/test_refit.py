@@ -124,7 +124,8 @@ def test_response_failure_omits_devices() -> None:
 
 def test_response_from_json_defaults_and_errors() -> None:
     assert RefitResponse.from_json({}) == RefitResponse(succeeded=False)
-    for bad in ({"succeeded": "true"}, {"containerDevices": 1}, {"failureReason": []}, []):
+    bads: tuple[object, ...] = ({"succeeded": "true"}, {"containerDevices": 1}, {"failureReason": []}, [])
+    for bad in bads:
         with pytest.raises(InvalidInput, match="refit response"):
             RefitResponse.from_json(bad)
     with pytest.raises(InvalidInput, match="missing fields"):

@@ -149,7 +149,7 @@ def test_malformed_container_raises(container: Any) -> None:
         container_request(container, ResourceConfig())
 
 
-POD = {
+POD: dict[str, Any] = {
     "metadata": {"name": "p", "namespace": "ns"},
     "spec": {
         "initContainers": [

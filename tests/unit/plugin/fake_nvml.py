@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -40,8 +40,8 @@ class FakeGpu:
     fail_code: int = NVML_ERROR_GPU_IS_LOST
 
 
-class FakeNvml:
-    """Instance exposes the pynvml functions hamid uses."""
+class FakeNvml(ModuleType):
+    """Instance exposes the pynvml functions hamid uses (a module, as ``import pynvml`` gives)."""
 
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
@@ -56,6 +56,7 @@ class FakeNvml:
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
+        super().__init__("pynvml")
         self.gpus = gpus
         self.events: queue.Queue[Any] = queue.Queue()
         self.registered: list[str] = []

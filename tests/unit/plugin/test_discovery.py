@@ -58,7 +58,7 @@ def test_discover_nvml(tmp_path: Path) -> None:
             FakeGpu("GPU-e", bus_id="00000000:3B:00.0", fail={"memory"}, fail_code=3),
         ]
     )
-    gpus = discover_nvml(root, nvml)  # type: ignore[arg-type]
+    gpus = discover_nvml(root, nvml)
     by = {g.uuid: g for g in gpus}
     assert list(by) == ["GPU-a", "GPU-b", "GPU-c", "GPU-e"]  # the unidentifiable one is skipped
     assert by["GPU-a"] == PhysicalGpu("GPU-a", 0, "Tesla T4", 16384, 0, "00000000:3B:00.0", False, True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 
+from hamid.model.kube import PodBody
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.metrics import PluginMetrics
@@ -33,7 +34,7 @@ def _gauge(node: _Node) -> float:
 
 
 class _NoPods:
-    def pods(self) -> list[dict[str, object]]:
+    def pods(self) -> list[PodBody]:
         return []
 
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -132,9 +133,8 @@ async def test_bad_config_files_stop_the_start_cleanly(tmp_path: Path) -> None:
     for i, (option, content, message) in enumerate(cases):
         path = tmp_path / f"bad-{i}"
         await asyncio.to_thread(path.write_bytes, content)
-        options = dataclasses.replace(
-            PluginOptions(node_name="n1", devices_file=devices), **{option: str(path)}
-        )
+        override: dict[str, Any] = {option: str(path)}
+        options = dataclasses.replace(PluginOptions(node_name="n1", devices_file=devices), **override)
         with pytest.raises(PluginStartupError) as err:
             await load_setup(options)
         assert message in str(err.value), (option, str(err.value))

@@ -5,6 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from hamid.scheduler import cli
+from hamid.scheduler.options import SchedulerOptions
 from hamid.scheduler.signing import AllocationKeys, key_id
 
 UNSIGNED = "--allow-unsigned-allocations"
@@ -13,7 +14,7 @@ UNSIGNED = "--allow-unsigned-allocations"
 def test_gpu_policy_flag_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
 
-    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
         seen.append(options.settings.gpu_policy)
 
     monkeypatch.setattr(cli, "run_scheduler", fake_run)
@@ -29,7 +30,7 @@ def test_gpu_policy_flag_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_hami_plugin_service_account_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
 
-    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
         seen.append(options.refit_hami_plugin_service_account)
 
     monkeypatch.setattr(cli, "run_scheduler", fake_run)
@@ -49,9 +50,9 @@ def test_hami_plugin_service_account_flag(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_a_production_start_needs_an_allocation_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    seen: list[cli.SchedulerOptions] = []
+    seen: list[SchedulerOptions] = []
 
-    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
         seen.append(options)
 
     monkeypatch.setattr(cli, "run_scheduler", fake_run)
@@ -77,7 +78,7 @@ def test_a_production_start_needs_an_allocation_key(monkeypatch: pytest.MonkeyPa
 def test_fgd_policy_flags_and_pinned_workload(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     seen: list[Any] = []
 
-    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
         s = options.settings
         seen.append((s.node_policy, s.gpu_policy, s.fgd_half_life, s.fgd_workload))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hamid.fit.node_room import CpuMem, is_guaranteed, node_allocatable, pod_cpu_mem
@@ -12,7 +14,7 @@ from tests.builders import container, node, pod
 GI = 1 << 30
 
 
-def _c(name: str, cpu: str, memory: str, **fields: object) -> dict[str, object]:
+def _c(name: str, cpu: str, memory: str, **fields: Any) -> dict[str, Any]:
     return container(name, requests={"cpu": cpu, "memory": memory}, **fields)
 
 

@@ -85,7 +85,7 @@ def _placement(cpus: frozenset[int], numa: int, devices: tuple[str, ...] = ()) -
 
 
 def _scheduler(*nodes: dict[str, Any]) -> tuple[Scheduler, list[tuple[str, str]]]:
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler = Scheduler(None)  # plan never calls the API
     scheduler.state.clock = lambda: float(NOW)
     scored: list[tuple[str, str]] = []
     scheduler.numa.report = lambda result, cause: scored.append((result, cause))
@@ -210,7 +210,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
     scheduler._pod_seen(foreign)  # replayed: kubelet would give it one CPU
     for p in pods:
         scheduler._pod_seen(p)
-    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)  # type: ignore[union-attr]
+    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)
     assert want[0] == frozenset()  # 3 x 2 CPUs + 1 of the 7 assignable
     for order in (pods, list(reversed(pods))):
         restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW))
@@ -218,7 +218,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
             restarted.on_pod(p)  # pods before their node (a restart's list order)
         restarted.on_node(_node(), scheduler.state.nodes["n1"].infos)
         restarted.on_pod(foreign)
-        assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want  # type: ignore[union-attr]
+        assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want
         assert _source(restarted, "uid-p0") == Source.PREDICTED
 
 
@@ -252,7 +252,7 @@ def test_refit_scores_a_miss_and_moves_the_booking_to_kubelets_numa_node() -> No
     scheduler.numa.on_refit("uid-r", "n1", 0, 1)
     assert scored == [("miss", "unmodelled")]
     assert scheduler.numa.free_cpus("n1") == frozenset({1, 2, 3, 6, 7})
-    assert scheduler.numa.nodes["n1"].ledger.device_counts(GPU) == {0: (10, 10), 1: (10, 9)}  # type: ignore[union-attr]
+    assert scheduler.numa.nodes["n1"].ledger.device_counts(GPU) == {0: (10, 10), 1: (10, 9)}
     scheduler._pod_gone(p)
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
 
@@ -264,7 +264,7 @@ def test_memo_is_keyed_by_ledger_version_and_shape() -> None:
     first = ledgers.predict("n1", a, pod_shape(a), "uid-a")
     assert ledgers.predict("n1", b, pod_shape(b), "uid-b") is first
     assert pod_shape(a) != pod_shape(_pod("c", cpus=3))
-    ledgers.book("uid-a", "n1", first, a)  # type: ignore[arg-type]
+    ledgers.book("uid-a", "n1", first, a)
     again = ledgers.predict("n1", b, pod_shape(b), "uid-b")
     assert again is not first and again is not None and again.outcome is Outcome.PLACED
 

@@ -135,7 +135,7 @@ def test_plan_equals_fitting_every_candidate_on_random_states() -> None:
     chosen = unfit = refiltered = 0
     for seed in range(40):
         rng = random.Random(seed)
-        scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+        scheduler = Scheduler(None)  # plan never calls the API
         state = scheduler.state
         state.clock = lambda: NOW
         names = [f"n{i}" for i in range(rng.randint(1, 14))]
@@ -176,7 +176,7 @@ def test_plan_equals_fitting_every_candidate_on_random_states() -> None:
 
 
 def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() -> None:
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler = Scheduler(None)  # plan never calls the API
     state = scheduler.state
     for name in ("full", "free"):
         gpus = [DeviceInfo(f"{name}-g0", 0, 4, 8000, 100, "NVIDIA-A100", 0, MODE_HAMI_CORE, True)]
@@ -202,7 +202,7 @@ def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() 
 
 
 def test_repeated_candidate_list_follows_node_registration() -> None:
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler = Scheduler(None)  # plan never calls the API
     state = scheduler.state
     rng = random.Random(3)
     state.clock = lambda: NOW
@@ -231,7 +231,7 @@ def test_repeated_candidate_list_follows_node_registration() -> None:
 def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
     """A pod that fits nowhere is retried between changes: every answer is a full walk's."""
     rng = random.Random(7)
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # plan never calls the API
+    scheduler = Scheduler(None)  # plan never calls the API
     state = scheduler.state
     now = [NOW]
     state.clock = lambda: now[0]
@@ -279,7 +279,7 @@ def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) 
     monkeypatch.setattr(filter_module, "_COLD_FITS", 2)
     monkeypatch.setattr(filter_module, "_SLICE_S", 0.0)  # yield after every reason
     rng = random.Random(3)
-    scheduler = Scheduler(None)  # type: ignore[arg-type]  # a no-fit answer calls no API
+    scheduler = Scheduler(None)  # a no-fit answer calls no API
     scheduler.state.clock = lambda: NOW
     names = tuple(f"n{i}" for i in range(10))
     for name in names:

@@ -261,10 +261,11 @@ def test_parse_interval() -> None:
 
 def test_cli_reads_reconcile_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     from hamid.scheduler import cli
+    from hamid.scheduler.options import SchedulerOptions
 
     seen: list[float] = []
 
-    async def fake_run(options: cli.SchedulerOptions, **_: Any) -> None:
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
         seen.append(options.settings.reconcile_interval_s)
 
     monkeypatch.setattr(cli, "run_scheduler", fake_run)

@@ -188,15 +188,15 @@ def test_handshake_health_heals() -> None:
     from datetime import datetime
 
     stamp = ann.format_handshake(datetime.fromtimestamp(now[0]))
-    state.on_node(node("n1", allocatable=0, **{ann.NODE_HANDSHAKE: stamp}))
+    state.on_node(node("n1", 2, 0, **{ann.NODE_HANDSHAKE: stamp}))
     assert "n1" not in state.handshake_wanted
     assert state.schedulable("n1") is not None
     now[0] += HANDSHAKE_GRACE_S + 1
     assert state.schedulable("n1") is None  # no GPUs advertised after the grace period
-    state.on_node(node("n1", allocatable=20, **{ann.NODE_HANDSHAKE: stamp}))
+    state.on_node(node("n1", 2, 20, **{ann.NODE_HANDSHAKE: stamp}))
     assert state.schedulable("n1") is not None  # plugin back: heals without hand edits
     for stale in ("Deleted_2020-01-01 00:00:00", "Requesting_garbage", "Reported 2020"):
-        state.on_node(node("n1", **{ann.NODE_HANDSHAKE: stale}))
+        state.on_node(node("n1", 2, 20, **{ann.NODE_HANDSHAKE: stale}))
         assert "n1" in state.handshake_wanted
         assert state.schedulable("n1") is not None
 
@@ -229,7 +229,7 @@ def test_hold_books_gpus_and_quota_until_released_once() -> None:
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
     assert state.quotas.used("default") == (1500, 15)
     assert state.node_busy("n1")  # the reconcile leaves a node with a hold alone
-    state.on_node(node("n1", **{ann.NODE_SCORE: "{}"}))  # a rebuilt node keeps the hold booked
+    state.on_node(node("n1", 2, 20, **{ann.NODE_SCORE: "{}"}))  # a rebuilt node keeps the hold booked
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
     state.release_hold(h)
     state.release_hold(h)  # a second call changes nothing

@@ -4,6 +4,8 @@ test against a small independent model of ``takeByTopologyNUMAPacked``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from hamidsim.kubelet.cpumanager import (
     validate_cpu_options,
 )
 from hamidsim.kubelet.topologymanager import TopologyHint
+from tests.kubelet_cpu_tables import DISTRIBUTED_CASES, UNCORE_CASES, Row
 
 
 def topo(sockets: int, numa_per_socket: int, cores_per_numa: int, threads: int) -> CpuTopology:
@@ -209,8 +212,10 @@ def model_packed(  # noqa: C901 - one readable restatement of kubelet's ladder, 
 
     taken: set[int] = set()
 
-    def take_whole(groups: dict[int, frozenset[int]], size: int, key: object) -> None:
-        for gid in sorted((g for g in groups if groups[g] & free), key=key):  # type: ignore[arg-type]
+    def take_whole(
+        groups: dict[int, frozenset[int]], size: int, key: Callable[[int], tuple[int, ...]]
+    ) -> None:
+        for gid in sorted((g for g in groups if groups[g] & free), key=key):
             group = groups[gid]
             if len(group & free) == size and count - len(taken) >= len(group):
                 taken.update(group)
@@ -319,82 +324,12 @@ def test_pod_hints_without_held_cpus_follow_the_free_cpus() -> None:
     assert manager.pod_hints(_hints_pod("11"), "fakePod") == []  # more than available: no hint
 
 
-DISTRIBUTED_TABLE = [
-    # ``TestTakeByTopologyNUMADistributed`` (``cpumanager/cpu_assignment_test.go``):
-    # (name, topology, available, count, cpuGroupSize, expected)
-    (
-        "allocate 4 full cores with 2 distributed across each NUMA node",
-        DUAL_SOCKET_HT,
-        "0-11",
-        8,
-        1,
-        "0,6,2,8,1,7,3,9",
-    ),
-    (
-        "allocate 32 full cores with 8 distributed across each NUMA node",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        64,
-        1,
-        "0-7,10-17,20-27,30-37,40-47,50-57,60-67,70-77",
-    ),
-    (
-        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "2-29,31-39,42-69,71-79",
-        48,
-        1,
-        "10-17,20-27,31-38,50-57,60-67,71-78",
-    ),
-    (
-        "allocate 8 full cores with 2 distributed across each NUMA node",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-2,10-12,20-22,30-32,40-41,50-51,60-61,70-71",
-        16,
-        1,
-        "0-1,10-11,20-21,30-31,40-41,50-51,60-61,70-71",
-    ),
-    ("take one cpu from dual socket with HT - cpuGroupSize 2", DUAL_SOCKET_HT, "1-5,7-11", 1, 2, "2"),
-    (
-        "allocate 13 full cores distributed across the first 2 NUMA nodes",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        26,
-        1,
-        "0-6,10-16,40-45,50-55",
-    ),
-    (
-        "allocate 13 full cores distributed across the first 2 NUMA nodes (cpuGroupSize 2)",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-79",
-        26,
-        2,
-        "0-6,10-15,40-46,50-55",
-    ),
-    (
-        "31 full cores: 1 CPU spilling over to each of NUMA 2, 3 (to keep balance)",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-8,10-18,20-39,40-48,50-58,60-79",
-        62,
-        1,
-        "0-7,10-17,20-27,30-37,40-46,50-56,60-67,70-77",
-    ),
-    (
-        "ensure bestRemainder chosen with NUMA nodes that have enough CPUs to satisfy the request",
-        DUAL_SOCKET_MULTI_NUMA_HT,
-        "0-3,10-13,20-23,30-36,40-43,50-53,60-63,70-76",
-        34,
-        1,
-        "0-3,10-13,20-23,30-34,40-43,50-53,60-63,70-74",
-    ),
-]
-
-
-@pytest.mark.parametrize(("name", "topology", "available", "count", "group", "expected"), DISTRIBUTED_TABLE)
+@pytest.mark.parametrize(("name", "machine", "available", "count", "group", "expected"), DISTRIBUTED_CASES)
 def test_take_by_topology_numa_distributed(
-    name: str, topology: CpuTopology, available: str, count: int, group: int, expected: str
+    name: str, machine: list[Row], available: str, count: int, group: int, expected: str
 ) -> None:
-    assert take_by_topology_distributed(topology, cpus(available), count, group) == cpus(expected), name
+    got = take_by_topology_distributed(_topology(machine), cpus(available), count, group)
+    assert got == cpus(expected), name
 
 
 def test_distributed_minimum_numa_count_comes_from_the_whole_machine() -> None:
@@ -463,75 +398,21 @@ def test_distribute_cpus_across_cores_options() -> None:
     assert manager.allocate("p", "c", 2, None, frozenset()) == cpus("0,1")  # packed: 0,4 (one core)
 
 
-def _uncore_topo(rows: dict[int, tuple[int, int, int, int]]) -> CpuTopology:
-    """cpu -> (core, socket, numa, uncore cache)."""
-    return CpuTopology({c: CpuInfo(core, s, n, u) for c, (core, s, n, u) in rows.items()})
+def _topology(machine: list[Row]) -> CpuTopology:
+    """The simulator's topology of a restated kubelet machine."""
+    return CpuTopology({c: CpuInfo(core, s, n, u) for c, core, s, n, u in machine})
 
 
-# kubelet's fixtures (``policy_test.go``): 16 CPUs without SMT in uncore caches of 4 consecutive
-# CPUs — on one socket and NUMA node, on two sockets = NUMA nodes of 8, on one socket of two NUMA
-# nodes; and 8 cores x 2 threads (siblings i, i+8) whose cores 0-3 share cache 0 and 4-7 cache 1.
-UNCORE_SINGLE_SOCKET_NO_SMT = _uncore_topo({c: (c, 0, 0, c // 4) for c in range(16)})
-UNCORE_DUAL_SOCKET_NO_SMT = _uncore_topo({c: (c, c // 8, c // 8, c // 4) for c in range(16)})
-UNCORE_SINGLE_SOCKET_MULTI_NUMA = _uncore_topo({c: (c, 0, c // 8, c // 4) for c in range(16)})
-UNCORE_SINGLE_SOCKET_SMT = _uncore_topo({c: (c % 8, 0, 0, (c % 8) // 4) for c in range(16)})
-#: ``topoDualSocketHT`` as the Go literal has it: every ``UncoreCacheID`` left at 0.
-DUAL_SOCKET_HT_ONE_CACHE = _uncore_topo({c: (c % 6, c % 2, c % 2, 0) for c in range(12)})
-
-UNCORE_TABLE = [
-    # ``TestTakeByTopologyNUMAPacked`` cases with ``PreferAlignByUncoreCacheOption``
-    # (``cpu_assignment_test.go``): (name, topology, available, count, expected)
-    (
-        "take cpus from two full UncoreCaches and partial from a single UncoreCache",
-        UNCORE_SINGLE_SOCKET_NO_SMT,
-        "1-15",
-        10,
-        "1,2,4-11",
-    ),
-    (
-        "take one cpu from dual socket with HT - core from Socket 0",
-        DUAL_SOCKET_HT_ONE_CACHE,
-        "1-5,7-11",
-        1,
-        "1",
-    ),
-    ("take first available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "0-15", 4, "0-3"),
-    ("take all available UncoreCache from first socket", UNCORE_DUAL_SOCKET_NO_SMT, "2-15", 6, "2-7"),
-    ("take first available UncoreCache from second socket", UNCORE_DUAL_SOCKET_NO_SMT, "8-15", 4, "8-11"),
-    (
-        "take first available UncoreCache from available NUMA",
-        UNCORE_SINGLE_SOCKET_MULTI_NUMA,
-        "3-8,12",
-        2,
-        "4,5",
-    ),
-    (
-        "take cpus from best available UncoreCache group of multi uncore cache single socket - SMT enabled",
-        UNCORE_SINGLE_SOCKET_SMT,
-        "2-7,10-15",
-        6,
-        "4-6,12-14",
-    ),
-    (
-        "take cpus from multiple UncoreCache of single socket - SMT enabled",
-        UNCORE_SINGLE_SOCKET_SMT,
-        "1-7,9-15",
-        10,
-        "4-7,12-15,1,9",
-    ),
-]
-
-
-@pytest.mark.parametrize(("name", "topology", "available", "count", "expected"), UNCORE_TABLE)
+@pytest.mark.parametrize(("name", "machine", "available", "count", "expected"), UNCORE_CASES)
 def test_take_by_topology_aligned_by_uncore_cache(
-    name: str, topology: CpuTopology, available: str, count: int, expected: str
+    name: str, machine: list[Row], available: str, count: int, expected: str
 ) -> None:
     """``prefer-align-cpus-by-uncorecache``: after whole NUMA nodes and sockets, whole free uncore
     caches while the request needs one, then the first cache (NUMA nodes and caches by fewest free
     CPUs) whose lowest free cores hold exactly the rest (``takeUncoreCache`` /
     ``takePartialUncore``), else whole cores and threads as before. In ``topoDualSocketHT`` every
     CPU shares cache 0, so the one CPU comes from the lowest core with a free CPU (packed: CPU 2)."""
-    assert take_by_topology(topology, cpus(available), count, uncore=True) == cpus(expected), name
+    assert take_by_topology(_topology(machine), cpus(available), count, uncore=True) == cpus(expected), name
 
 
 def test_uncore_cache_option_conflicts_and_lscpu_cache_column() -> None:

@@ -48,7 +48,7 @@ def _imports(module: str) -> set[str]:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
-    result = set()
+    result: set[str] = set()
     for name in found:
         if name.startswith("hamid"):
             # a parent package's __init__ runs on import, so it counts too

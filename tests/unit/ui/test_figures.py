@@ -8,6 +8,7 @@ import pytest
 
 from hamid.fit.numa_predict import DEFAULT_PROFILE_MAX_AGE_S
 from hamid.model import annotations as ann
+from hamid.model.kube import Pod, view
 from hamid.model.numa import NUMA_PLACEMENT
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.ui.figures import NodeRow, node_figures, profile_state, typical_cpus
@@ -38,8 +39,8 @@ class _Feed:
     def __init__(self) -> None:
         self.items: dict[str, dict[str, Any]] = {}
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self.items.get(key)
+    def get(self, key: str) -> Pod | None:
+        return view(Pod, self.items[key]) if key in self.items else None
 
     def add_handlers(self, on_add: Any = None, on_update: Any = None, on_delete: Any = None) -> None:
         self.on_add = on_add

@@ -40,7 +40,7 @@ def test_a_fit_failure_is_remembered_until_a_filter_or_bind_succeeds() -> None:
     assert h.unfit("default/p") is None and h.version > version
 
 
-def test_memory_is_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_memory_is_bounded(monkeypatch) -> None:
     monkeypatch.setattr(history, "MAX_PODS", 3)
     monkeypatch.setattr(history, "MAX_PER_POD", 2)
     h = EventHistory(lambda: 0.0)
