@@ -2,12 +2,15 @@
 
 Not the product path (``bench/trace.py`` is): every pod, CPU-only ones included, is placed by
 ``hamid.fit.fgd`` on a plain model of each node (free CPU, memory and milli-GPU per GPU; no NUMA,
-no HAMi fit, no kubelet), the typical workload learned online as the scheduler learns it. It
-answers how much of FGD's published figure comes from placing the CPU-only pods too:
-``--cpu-pods fgd`` places them where they add the least fragmentation (the paper), and
-``least-allocated`` where kube-scheduler's default profile puts them (the most free CPU, as a
-share), which is what happens to them in a cluster where hamid schedules only GPU pods.
-``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run).
+no HAMi fit, no kubelet), the typical workload learned online as the scheduler learns it. Each
+``--variants`` entry departs from hamid's choices one way, to measure a divergence from the
+paper's simulator: ``cpu_pods=least-allocated`` puts the CPU-only pods where kube-scheduler's
+default profile does (the most free CPU, as a share: a cluster where hamid schedules GPU pods
+only), ``workload=trace`` knows the typical workload from the trace up front, ``memory=off``
+leaves memory out of fragmentation, ``score=paper`` scores as the simulator does (an integer
+0..100) and ``ties=random`` draws among equal scores as kube-scheduler does (docs/packing.md).
+``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
+1: the full trace, about 10 minutes of CPU a run).
 The last output line is one JSON object.
 """
 
