@@ -10,9 +10,10 @@ kube-scheduler requeues it. Each size runs on a fresh cluster.
 
 Figures per size: bound pods/s (first filter to last bind answer), node API calls per bound pod
 (GET and PATCH of the Node object as the API server received them, scheduler and plugin together;
-the kubelet's status heartbeat excluded), time to all pods Running, bind retries; peak RSS of the
-process (the whole stack runs in it). Usage: ``python bench/burst.py`` (sizes 40 and 80, under
-5 minutes); ``--sizes 40,80,160``. The last output line is one JSON object.
+the kubelet's status heartbeat excluded), pod API calls per bound pod (every request about the
+burst's pods, by verb and subresource, every writer's), time to all pods Running, bind retries;
+peak RSS of the process (the whole stack runs in it). Usage: ``python bench/burst.py`` (sizes 40
+and 80, under 5 minutes); ``--sizes 40,80,160``. The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -71,19 +72,24 @@ async def bind(session: aiohttp.ClientSession, base: str, pod: dict[str, Any]) -
     return str(answer.get("Error") or "")
 
 
-def count_node_calls(cluster: SimCluster) -> Counter[str]:
-    """Count GET and PATCH of the Node object itself (not ``/status``: the kubelet's heartbeat).
+def count_calls(cluster: SimCluster) -> Counter[str]:
+    """Count GET and PATCH of the Node object itself (``node <verb>``; not ``/status``: the
+    kubelet's heartbeat) and every request about one of the burst's pods (``pod <verb>``, or
+    ``pod/<subresource> <verb>``; every writer's: scheduler, plugin, kubelet).
 
     Hooked into the API server's per-request fault check, which sees every request's verb and path.
     """
     calls: Counter[str] = Counter()
     faults = cluster.server.faults
     inner = faults.before
-    node_path = f"/api/v1/nodes/{NODE}"
+    node_path, pod_prefix = f"/api/v1/nodes/{NODE}", "/api/v1/namespaces/default/pods/burst-"
 
     async def before(verb: str, method: str, path: str) -> None:
         if path == node_path:
-            calls[verb] += 1
+            calls[f"node {verb}"] += 1
+        elif path.startswith(pod_prefix):
+            parts = path[len(pod_prefix) :].split("/")
+            calls[f"pod{'/' + parts[1] if len(parts) > 1 else ''} {verb}"] += 1
         await inner(verb, method, path)
 
     faults.before = before  # type: ignore[method-assign]
@@ -103,7 +109,7 @@ async def burst(size: int) -> dict[str, Any]:
         await wait_until(
             lambda: all(cluster.scheduler.pods.get(k) is not None for k in keys), 30, "pod cache"
         )
-        calls = count_node_calls(cluster)
+        calls = count_calls(cluster)
         retries = 0
 
         async def bind_until_bound(pod: dict[str, Any]) -> None:
@@ -131,13 +137,16 @@ async def burst(size: int) -> dict[str, Any]:
 
         await wait_until(all_running, 120, "all pods Running")
         running_s = time.perf_counter() - started
-    gets, patches = calls["get"], calls["patch"]
+    gets, patches = calls["node get"], calls["node patch"]
+    pod_calls = {k: v for k, v in sorted(calls.items()) if k.startswith("pod")}
     return {
         "pods": size,
         "pods_per_s": round(size / bound_s, 1),
         "node_gets_per_pod": round(gets / size, 2),
         "node_patches_per_pod": round(patches / size, 2),
         "node_calls_per_pod": round((gets + patches) / size, 2),
+        "pod_calls_per_pod": round(sum(pod_calls.values()) / size, 2),
+        "pod_calls_by_kind_per_pod": {k: round(v / size, 2) for k, v in pod_calls.items()},
         "bind_retries": retries,
         "all_bound_s": round(bound_s, 2),
         "all_running_s": round(running_s, 2),
@@ -153,6 +162,7 @@ async def main(sizes: list[int]) -> dict[str, Any]:
             f"{size} pods to one node: {figures['pods_per_s']} pods/s bound, "
             f"node calls per pod {figures['node_calls_per_pod']} "
             f"({figures['node_gets_per_pod']} GET, {figures['node_patches_per_pod']} PATCH), "
+            f"pod calls per pod {figures['pod_calls_per_pod']} {figures['pod_calls_by_kind_per_pod']}, "
             f"all bound in {figures['all_bound_s']} s, all Running in {figures['all_running_s']} s, "
             f"{figures['bind_retries']} bind retries",
             flush=True,

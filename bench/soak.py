@@ -74,7 +74,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,8 @@ from hamidsim.cluster import (  # noqa: E402
 )
 from hamidsim.demo import HETERO_MACHINE  # noqa: E402
 from hamidsim.kube_scheduler import KubeSchedulerDriver  # noqa: E402
+from hamidsim.kubelet.config import SIM_DEFAULTS, KubeletConfig  # noqa: E402
+from hamidsim.kubelet.memorymanager import MemoryReservation  # noqa: E402
 from hamidsim.machine import load_machine_file  # noqa: E402
 from hamidsim.replicas import SchedulerProcess, write_key_file  # noqa: E402
 from hamidsim.replicas import wait_for as replica_wait  # noqa: E402
@@ -136,6 +138,17 @@ TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 #: at a time (HAMi's protocol), so the last one waits for the 39 before it. On a machine whose CPUs
 #: are shared with other work every step of that chain is slower: ``--settle-s`` raises it there.
 SETTLE_S = 60.0
+#: ``--memory-manager static``: each pod asks this many GiB per CPU, so a NUMA node's memory (512 GiB
+#: on the soak machine) runs out at ~42 CPUs, before its 62 assignable CPUs: memory binds first.
+STATIC_GIB_PER_CPU = 12
+#: ``--memory-manager static``: kubelet's Memory Manager Static, 1 GiB ``reservedMemory`` per NUMA
+#: node, matched by ``systemReserved`` + kubelet's default 100Mi hard eviction threshold.
+STATIC_MEMORY_CONFIG = replace(
+    SIM_DEFAULTS,
+    memory_manager_policy="Static",
+    reserved_memory=tuple(MemoryReservation(n, (("memory", 1 << 30),)) for n in (0, 1)),
+    reserved_memory_types={"memory": (2 << 30) - (100 << 20)},
+)
 ACCOUNTING_S = 5.0
 #: kube-scheduler's FitError (``0/N nodes are available: ...``): the pod is unschedulable now. Any
 #: other failed attempt (a bind that timed out, an extender error) is retried by kube-scheduler and
@@ -765,15 +778,27 @@ class LeaderPause:
 PAUSE_PAST_LEASE_S = 2.0
 
 
-def node_specs(nodes: int, hetero: int, machine: str = SOAK_MACHINE) -> tuple[NodeSpec, ...]:
+def node_specs(
+    nodes: int, hetero: int, machine: str = SOAK_MACHINE, kubelet_config: KubeletConfig | None = None
+) -> tuple[NodeSpec, ...]:
     """``nodes`` nodes of ``machine``, the last ``hetero`` of them with mixed GPU models (48/96 GB)."""
     hetero = max(0, min(hetero, nodes))
     return tuple(
-        NodeSpec(f"node-{i}", machine_file=data_file(HETERO_MACHINE))
-        if i > nodes - hetero
-        else NodeSpec(f"node-{i}", machine_file=data_file(machine))
+        NodeSpec(
+            f"node-{i}",
+            machine_file=data_file(HETERO_MACHINE if i > nodes - hetero else machine),
+            kubelet_config=kubelet_config,
+        )
         for i in range(1, nodes + 1)
     )
+
+
+def memory_bound(workload: Workload, gib_per_cpu: int) -> None:
+    """Every pod asks ``gib_per_cpu`` GiB of memory per CPU (limits = requests: still Guaranteed)."""
+    for _kind, pod in workload.pods:
+        for container in pod["spec"]["containers"]:
+            limits = container["resources"]["limits"]
+            limits["memory"] = f"{int(limits['cpu']) * gib_per_cpu}Gi"
 
 
 def _reason_kind(message: str) -> str:
@@ -874,11 +899,15 @@ async def run(
     prediction: bool = True,
     settle_s: float = SETTLE_S,
     leader_pause: bool = False,
+    memory_manager: str = "none",
 ) -> dict[str, Any]:
     """Run the soak and return its result object."""
-    specs = node_specs(nodes, hetero)
+    static = memory_manager == "static"
+    specs = node_specs(nodes, hetero, kubelet_config=STATIC_MEMORY_CONFIG if static else None)
     hetero_nodes = [spec.name for spec in specs if spec.machine_file == data_file(HETERO_MACHINE)]
     workload = workload_of(specs, hetero_nodes, seed, pods, concurrency)
+    if static:
+        memory_bound(workload, STATIC_GIB_PER_CPU)
     options = ClusterOptions(nodes=specs, node_policy=node_policy, numa_publish=prediction)
     ledger = Ledger()
     started = time.monotonic()
@@ -930,6 +959,7 @@ async def run(
         "hetero_pods": soak.counts["hetero"],
         **refit_figures,
         "prediction": "on" if prediction else "off",
+        "memory_manager": memory_manager,
         "opted_in": soak.counts["opted_in"],
         "opted_in_refitted": soak.counts["opted_in_refitted"],
         "refit_rate": round(soak.counts["opted_in_refitted"] / soak.counts["opted_in"], 4)
@@ -999,6 +1029,12 @@ def main() -> None:
         help="run a second scheduler replica and pause the leader past its Lease mid-run",
     )
     parser.add_argument(
+        "--memory-manager",
+        choices=("none", "static"),
+        default="none",
+        help=f"kubelet's Memory Manager policy; static: {STATIC_GIB_PER_CPU} GiB per CPU (default none)",
+    )
+    parser.add_argument(
         "--draw-only", action="store_true", help="print the seed's workload digest and exit (nothing runs)"
     )
     args = parser.parse_args()
@@ -1006,6 +1042,8 @@ def main() -> None:
         specs = node_specs(args.nodes, args.hetero_nodes)
         hetero = [s.name for s in specs if s.machine_file == data_file(HETERO_MACHINE)]
         workload = workload_of(specs, hetero, args.seed, args.pods, args.concurrency)
+        if args.memory_manager == "static":
+            memory_bound(workload, STATIC_GIB_PER_CPU)
         print_figures({"pods": args.pods, "seed": args.seed, "workload_sha256": workload.digest()})
         return
     result = asyncio.run(
@@ -1020,6 +1058,7 @@ def main() -> None:
             prediction=args.prediction == "on",
             settle_s=args.settle_s,
             leader_pause=args.leader_pause,
+            memory_manager=args.memory_manager,
         )
     )
     print_figures(result)

@@ -20,6 +20,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from hamid.fit.numa_memory import (
+    MemoryLedger,
+    MemoryPinError,
+    Reusable,
+    memory_requests,
+    update_reusable,
+)
 from hamid.model._wire import want_object
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
@@ -37,6 +44,7 @@ from hamid.model.numa import (
     ContainerPrediction,
     CpuInfo,
     KubeletPolicies,
+    MemoryBlock,
     NumaProfile,
     PodPrediction,
 )
@@ -100,6 +108,8 @@ class NumaUsage:
 
     cpus: frozenset[int] = frozenset()
     devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    #: The Static memory manager's blocks, container by container.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 class NumaLedger:
@@ -112,16 +122,18 @@ class NumaLedger:
     first and change nothing when they raise.
     """
 
-    __slots__ = ("_devices", "_free_cpus", "generation")
+    __slots__ = ("_devices", "_free_cpus", "generation", "memory")
 
     def __init__(
         self,
         generation: int,
         free_cpus: Iterable[int],
         devices: Mapping[str, Mapping[int, tuple[int, int]]],
+        memory: MemoryLedger | None = None,
     ) -> None:
-        """A ledger for profile ``generation``."""
+        """A ledger for profile ``generation`` (``memory``: the Static memory manager's state)."""
         self.generation = generation
+        self.memory = memory
         # immutable, so ledgers (and their copies) in the same state share one set
         self._free_cpus = free_cpus if isinstance(free_cpus, frozenset) else frozenset(free_cpus)
         self._devices: dict[str, dict[int, list[int]]] = {}
@@ -143,6 +155,7 @@ class NumaLedger:
             profile.generation,
             profile.all_cpus - profile.reserved_cpus,
             {res: {n: (t, t) for n, t in per_numa.items()} for res, per_numa in device_totals.items()},
+            MemoryLedger.for_profile(profile),
         )
 
     def copy(self) -> NumaLedger:
@@ -151,6 +164,7 @@ class NumaLedger:
             self.generation,
             self._free_cpus,
             {res: {n: (t, f) for n, (t, f) in per.items()} for res, per in self._devices.items()},
+            None if self.memory is None else self.memory.copy(),
         )
 
     @property
@@ -173,6 +187,9 @@ class NumaLedger:
         if taken:
             raise InvalidInput(f"ledger: CPU {min(taken)} is not free")
         self._check_devices(usage, lambda total, free, n: n <= free, "free")
+        memory = self._memory_for(usage)
+        if memory is not None:
+            memory.apply(usage.memory)
         if usage.cpus:
             self._free_cpus -= usage.cpus
         self._shift(usage, -1)
@@ -183,9 +200,20 @@ class NumaLedger:
         if free:
             raise InvalidInput(f"ledger: CPU {min(free)} is already free")
         self._check_devices(usage, lambda total, free_, n: free_ + n <= total, "in use")
+        memory = self._memory_for(usage)
+        if memory is not None:
+            memory.release(usage.memory)
         if usage.cpus:
             self._free_cpus |= usage.cpus
         self._shift(usage, 1)
+
+    def _memory_for(self, usage: NumaUsage) -> MemoryLedger | None:
+        """The memory state a usage with memory blocks books on (InvalidInput when the node has none)."""
+        if not usage.memory:
+            return None
+        if self.memory is None:
+            raise InvalidInput("ledger: memory blocks on a node without the Static memory manager's state")
+        return self.memory
 
     def _check_devices(self, usage: NumaUsage, ok: Any, what: str) -> None:
         for res, per_numa in usage.devices.items():
@@ -935,6 +963,11 @@ class _Admission:
         self.dev_reusable: dict[str, dict[int, int]] = {r: {} for r in self.resources}
         if plugin is not None:
             self._check_gpus(plugin)
+        #: The Static memory manager's state (None: policy None or a pod that is not Guaranteed).
+        static_memory = profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed"
+        self.memory = ledger.memory.copy() if static_memory and ledger.memory is not None else None
+        self.memory_reusable: Reusable = {}
+        self.masks = list(iterate_masks(profile.numa_nodes))
 
     # --- requests -------------------------------------------------------------------------
 
@@ -945,6 +978,26 @@ class _Admission:
 
     def device_requests(self, c: _Container) -> dict[str, int]:
         return {r: math.ceil(q) for r, q in c.limits.items() if r in self.resources}
+
+    def memory_request(self, c: _Container) -> dict[str, int]:
+        """The bytes per memory type the Static memory manager pins for the container."""
+        if self.memory is None:
+            return {}
+        try:
+            return memory_requests(c.requests)
+        except MemoryPinError as exc:
+            raise _reject(
+                UNEXPECTED_ADMISSION_ERROR, f"Allocate failed due to {exc}, which is unexpected"
+            ) from exc
+
+    def pod_memory_request(self) -> dict[str, int]:
+        """``getPodRequestedResources``: per type the app containers request, the pod's effective amount."""
+        names = sorted({r for c in self.containers if c.kind == "app" for r in self.memory_request(c)})
+
+        def amount(r: str) -> Callable[[_Container], int]:
+            return lambda c: self.memory_request(c).get(r, 0)
+
+        return {r: _pod_effective(self.containers, amount(r)) for r in names}
 
     # --- hints ----------------------------------------------------------------------------
 
@@ -972,19 +1025,30 @@ class _Admission:
         nodes = self.profile.numa_nodes
         return generate_hints(nodes, totals, free_t, reuse_t, request, self._single_only()) or [CANNOT]
 
-    def affinity(self, cpu_request: int, device_requests: Mapping[str, int]) -> int | None:
-        """The Topology Manager's chosen mask for these requests; raises a reject or unknown."""
+    def memory_hints(self, request: Mapping[str, int]) -> list[list[Hint]]:
+        """The memory manager's hints, one list per memory type ("no preference" without any)."""
+        if self.memory is None:
+            return [[DONT_CARE]]
+        hints = self.memory.hints(self.masks, request, self.memory_reusable)
+        return [[Hint(m, p) for m, p in hints[r]] for r in sorted(hints)] or [[DONT_CARE]]
+
+    def affinity(
+        self, cpu_request: int, device_requests: Mapping[str, int], memory: Mapping[str, int]
+    ) -> Hint:
+        """The Topology Manager's chosen hint for these requests; raises a reject or unknown.
+        Policy none gives kubelet's empty hint (no mask, not preferred)."""
         if self.profile.policies.topology_manager_policy == "none":
-            return None
+            return Hint(None, False)
         providers = [self.cpu_hints(cpu_request)]
         providers += [self.device_hints(r, n) for r, n in sorted(device_requests.items())] or [[DONT_CARE]]
+        providers += self.memory_hints(memory)
         merged = merge_hints(self.profile, providers)
         if merged is None:
             raise _Stop(_unknown(UNKNOWN_UNMODELLED, "too many hint permutations to replay"))
         best, admit = merged
         if not admit:
             raise _reject(TOPOLOGY_AFFINITY_ERROR, "Resources cannot be allocated with Topology locality")
-        return best.mask
+        return best
 
     # --- allocation -----------------------------------------------------------------------
 
@@ -1199,16 +1263,36 @@ class _Admission:
             return dict(self.splits[self.split_count - 1])
         raise _Split(what, _splits(nonzero, need))
 
-    def place(self, c: _Container, mask: int | None) -> ContainerPrediction:
-        """Allocate in kubelet's hint-provider order: the device manager first, then the CPU manager
-        (``container_manager_linux.go`` adds them so), which decides whose error a pod gets."""
+    def allocate_memory(self, c: _Container, hint: Hint) -> tuple[MemoryBlock, ...]:
+        """The Static memory manager's ``Allocate``: pin the request to the hint's NUMA nodes."""
+        if self.memory is None:
+            return ()
+        request = self.memory_request(c)
+        try:
+            mask = self.memory.pin_mask(
+                self.masks, request, self.memory_reusable, (hint.mask or 0, hint.preferred), is_narrower
+            )
+        except MemoryPinError as exc:
+            raise _reject(
+                UNEXPECTED_ADMISSION_ERROR, f"Allocate failed due to {exc}, which is unexpected"
+            ) from exc
+        blocks = self.memory.pin(mask, request, self.memory_reusable)
+        update_reusable(self.memory_reusable, mask, request, c.kind == "init")
+        return blocks
+
+    def place(self, c: _Container, hint: Hint) -> ContainerPrediction:
+        """Allocate in kubelet's hint-provider order: the device manager, the CPU manager, then the
+        memory manager (``container_manager_linux.go`` adds them so), which decides whose error a pod gets."""
+        mask = hint.mask
         devices, held = self.allocate_devices(c, mask)
         cpus = self.allocate_cpus(c, mask)
+        memory = self.allocate_memory(c, hint)
         if mask is not None:
             numa = nodes_of(mask)
         else:
             numa = frozenset(self.topo.numa_of[x] for x in cpus) | frozenset(held - {NO_TOPOLOGY})
-        return ContainerPrediction(c.name, numa, cpus, devices)
+        numa |= frozenset(n for b in memory for n in b.numa)  # pinned memory may extend the hint
+        return ContainerPrediction(c.name, numa, cpus, devices, memory)
 
     def admit(self) -> tuple[ContainerPrediction, ...]:
         """Every container in kubelet's order, with container or pod scope."""
@@ -1220,10 +1304,10 @@ class _Admission:
                 return lambda c: self.device_requests(c).get(r, 0)
 
             devices = {r: _pod_effective(self.containers, amount(r)) for r in names}
-            mask = self.affinity(cpu, devices)
-            return tuple(self.place(c, mask) for c in self.containers)
+            hint = self.affinity(cpu, devices, self.pod_memory_request())
+            return tuple(self.place(c, hint) for c in self.containers)
         return tuple(
-            self.place(c, self.affinity(self.cpu_request(c), self.device_requests(c)))
+            self.place(c, self.affinity(self.cpu_request(c), self.device_requests(c), self.memory_request(c)))
             for c in self.containers
         )
 
@@ -1351,7 +1435,12 @@ def predict(
     containers = _containers(pod)
     qos = pod_qos(pod, containers)
     if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
-        return _unknown(UNKNOWN_UNMODELLED, "the Static memory manager's hints are not modelled")
+        if profile.memory is None:
+            return _unknown(
+                UNKNOWN_UNMODELLED, "the profile carries no memory per NUMA node (Static memory manager)"
+            )
+        if ledger.memory is None:
+            return _unknown(UNKNOWN_PROFILE_STALE, "the NUMA ledger was built without the node's memory")
     return _admit_every_split(profile, ledger, containers, qos, plugin)
 
 
@@ -1359,22 +1448,27 @@ def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:
     """A predicted pod's ledger usage (also from a decoded ``hamid.io/numa-predicted`` record)."""
     cpus: set[int] = set()
     devices: dict[str, dict[int, int]] = {}
+    memory: list[MemoryBlock] = []
     for c in containers:
         cpus |= c.cpus
+        memory += c.memory
         for res, per_numa in c.devices.items():
             into = devices.setdefault(res, {})
             for n, k in per_numa.items():
                 into[n] = into.get(n, 0) + k
-    return NumaUsage(frozenset(cpus), devices)
+    return NumaUsage(frozenset(cpus), devices, tuple(memory))
 
 
 def usage_of_placement(containers: Iterable[ContainerPlacement]) -> NumaUsage:
     """An observed pod's ledger usage: its exclusive CPUs and distinct device IDs per NUMA bucket."""
     cpus: set[int] = set()
     ids: dict[str, dict[int, set[str]]] = {}
+    memory: list[MemoryBlock] = []
     for c in containers:
         cpus |= c.cpus
+        memory += c.memory
         for res, per_numa in c.devices.items():
             for n, held in per_numa.items():
                 ids.setdefault(res, {}).setdefault(n, set()).update(held)
-    return NumaUsage(frozenset(cpus), {r: {n: len(v) for n, v in per.items()} for r, per in ids.items()})
+    devices = {r: {n: len(v) for n, v in per.items()} for r, per in ids.items()}
+    return NumaUsage(frozenset(cpus), devices, tuple(memory))

@@ -457,11 +457,28 @@ class KubeClient:
         return await self.patch(PODS, name, body, namespace, timeout=timeout)
 
     async def patch_pod_status(
-        self, namespace: str, name: str, status: Mapping[str, Any], *, timeout: float | None = None
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        strategic: bool = False,
+        uid: str | None = None,
+        timeout: float | None = None,
     ) -> JSON:
-        """Merge-patch ``pods/<name>/status`` with ``{"status": status}``."""
-        body = {"status": dict(status)}
-        return await self.patch(PODS, name, body, namespace, subresource="status", timeout=timeout)
+        """Patch ``pods/<name>/status`` with ``{"status": status}``.
+
+        A merge patch replaces lists whole; ``strategic`` merges ``conditions`` by type, keeping the
+        conditions other writers own (as kubelet and kube-scheduler patch them). With ``uid`` only
+        the pod of that UID is patched (:class:`~hamid.kube.errors.Conflict` otherwise).
+        """
+        body: JSON = {"status": dict(status)}
+        if uid is not None:
+            body["metadata"] = {"uid": uid}
+        content_type = STRATEGIC_MERGE_PATCH if strategic else MERGE_PATCH
+        return await self.patch(
+            PODS, name, body, namespace, subresource="status", content_type=content_type, timeout=timeout
+        )
 
     async def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None

@@ -4,9 +4,12 @@
 the Lease another process campaigns for (HAMi's model: the extender leads iff the kube-scheduler
 in its pod holds the kube-scheduler Lease).
 
-The campaigning elector's lease is taken when free or expired (expiry judged on this replica's
-clock from when the record last changed, so clock skew between replicas does not matter),
-renewed every ``retry_period``, and lost when no renewal succeeds within ``renew_deadline``.
+The campaigning elector's lease is taken when free or expired, renewed every ``retry_period``,
+and lost when no renewal succeeds within ``renew_deadline``. Expiry is the earlier of
+``leaseDuration`` after this replica saw the record change (client-go's rule, blind to clock
+skew but late by up to a poll) and the record's ``renewTime + leaseDuration`` on this replica's
+wall clock (:func:`takeover_at`); a candidate schedules its next try at that instant rather than
+on its retry tick, so it takes over within ``leaseDuration`` of the holder's last renewal.
 Every update is a PUT carrying the lease's resourceVersion, so two candidates can never both win.
 
 Both also *fence* their leadership on this replica's own monotonic clock (:func:`fence_clock`,
@@ -22,6 +25,7 @@ started under (holder, acquireTime, leaseTransitions), so a write can refuse a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -29,8 +33,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from hamid.kube.client import KubeClient
-from hamid.kube.errors import KubeError, NotFound
+from hamid.kube.client import LEASES, KubeClient
+from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.kube import JSON
@@ -43,6 +47,8 @@ JITTER = 1.2
 SKEW_MARGIN_FRACTION = 0.1
 #: The release on the way out is bounded: a stopping process does not wait on a slow API server.
 RELEASE_TIMEOUT_S = 2.0
+#: A candidate tries this long after the holder's lease expires (a sleep may end a tick early).
+TAKEOVER_SLACK_S = 0.01
 
 
 def fence_clock() -> float:
@@ -61,8 +67,43 @@ def _lease_epoch(spec: dict[str, Any]) -> str:
     return f"{holder}@{acquired}#{spec.get('leaseTransitions') or 0}"
 
 
-def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _micro_time(posix: float) -> str:
+    """A POSIX timestamp as a Lease MicroTime."""
+    return datetime.fromtimestamp(posix, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: object) -> float | None:
+    """A Lease MicroTime (RFC 3339) as a POSIX timestamp; None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def takeover_at(
+    spec: dict[str, Any], observed_at: float, now: float, wall_now: float, default: float
+) -> float:
+    """When (on the clock of ``observed_at`` and ``now``) another holder's lease ``spec`` expires.
+
+    The earlier of ``leaseDuration`` after the record was observed to change (``observed_at``)
+    and ``renewTime + leaseDuration`` read on the wall clock (``wall_now`` is the wall time at
+    ``now``). The holder fences itself ``skew_margin`` before the latter on its own monotonic
+    clock, so taking over then is safe while the two wall clocks differ by less than the
+    margin (docs/reliability.md §7.2). A renewTime absent, malformed or in the future (this
+    replica's clock is behind) leaves the observed bound alone.
+    """
+    duration = spec.get("leaseDurationSeconds")
+    held_for = float(duration) if isinstance(duration, int | float) and duration > 0 else default
+    observed = observed_at + held_for
+    renewed = _parse_time(spec.get("renewTime"))
+    if renewed is None or renewed > wall_now:
+        return observed
+    return min(observed, now + renewed + held_for - wall_now)
 
 
 class LeaderElector:
@@ -82,6 +123,7 @@ class LeaderElector:
         on_stopped_leading: Callable[[], None] | None = None,
         release_on_cancel: bool = True,
         skew_margin: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
@@ -112,6 +154,10 @@ class LeaderElector:
         self._lease: JSON | None = None
         self._observed_spec: dict[str, Any] | None = None
         self._observed_at = 0.0
+        #: When (loop clock) the lease another replica holds expires; None unless the last try
+        #: found it held.
+        self._takeover_at: float | None = None
+        self._clock = clock
         self._log = log.bind(lease=f"{namespace}/{name}", identity=identity)
 
     @property
@@ -171,7 +217,7 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         loop = asyncio.get_running_loop()
         sent = fence_clock()
-        now_time = _now_micro()
+        now_time = _micro_time(self._clock())
         duration_s = max(1, math.ceil(self.lease_duration))
         try:
             lease = await self.client.get_lease(self.namespace, self.name)
@@ -190,11 +236,14 @@ class LeaderElector:
             self._observe(created, loop.time())
             self._renewed(created, sent)
             return True
-        spec = self._observe(lease, loop.time())
+        now = loop.time()
+        spec = self._observe(lease, now)
         holder = str(spec.get("holderIdentity") or "")
-        held_for = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        if holder and holder != self.identity and self._observed_at + held_for > loop.time():
-            return False
+        if holder and holder != self.identity:
+            expires = takeover_at(spec, self._observed_at, now, self._clock(), self.lease_duration)
+            if expires > now:
+                self._takeover_at = expires
+                return False
         new_spec = dict(spec)
         new_spec.update(holderIdentity=self.identity, leaseDurationSeconds=duration_s, renewTime=now_time)
         if holder != self.identity:
@@ -218,10 +267,48 @@ class LeaderElector:
             return False
 
     async def _acquire(self) -> None:
+        loop = asyncio.get_running_loop()
+        released = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_release(released), name="lease-release-watch")
+        try:
+            while True:
+                self._takeover_at = None
+                released.clear()
+                if await self._attempt():
+                    return
+                wait = self.retry_period * random.uniform(1.0, JITTER)
+                if self._takeover_at is not None:  # the holder's lease runs out before the next tick
+                    wait = min(wait, self._takeover_at - loop.time() + TAKEOVER_SLACK_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await released.wait()
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _watch_release(self, released: asyncio.Event) -> None:
+        """Set ``released`` when the lease's holder releases it (an empty ``holderIdentity``, as a
+        stopping leader writes), so a rolling update hands over at once rather than on the next
+        retry tick. Best effort: a watch that fails (a 403 without ``watch`` on leases, a broken
+        stream) is opened again a retry period later, and the tick tries meanwhile."""
+        selector = f"metadata.name={self.name}"
         while True:
-            if await self._attempt():
-                return
-            await asyncio.sleep(self.retry_period * random.uniform(1.0, JITTER))
+            version = str(objects.metadata(self._lease).get("resourceVersion") or "") if self._lease else ""
+            try:
+                events = self.client.watch(
+                    LEASES,
+                    self.namespace,
+                    resource_version=version,
+                    field_selector=selector,
+                    timeout_seconds=60,
+                )
+                async for event in events:
+                    spec = event.object.get("spec") or {}
+                    if event.type in ("ADDED", "MODIFIED") and not spec.get("holderIdentity"):
+                        released.set()
+            except KubeError as exc:
+                self._log.debug("lease_watch_failed", error=str(exc), error_type=type(exc).__name__)
+            await asyncio.sleep(self.retry_period)
 
     async def _renew_until_lost(self) -> None:
         loop = asyncio.get_running_loop()
@@ -236,19 +323,31 @@ class LeaderElector:
                 await asyncio.sleep(min(self.retry_period, remaining))
 
     async def _release(self) -> None:
-        lease = self._lease
-        if lease is None or self.holder != self.identity:
+        """Hand the lease over on the way out: an empty holder, so a candidate takes it at once.
+
+        A renewal cancelled in flight may have landed unseen, leaving this replica's copy stale: a
+        409 reads the lease again and releases it if this replica still holds it."""
+        if self._lease is None or self.holder != self.identity:
             return
-        now_time = _now_micro()
-        spec = dict(lease.get("spec") or {})
-        spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
-        body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
         try:
             async with asyncio.timeout(min(self.renew_deadline, RELEASE_TIMEOUT_S)):
-                await self.client.replace_lease(self.namespace, self.name, body)
+                try:
+                    await self._put_released(self._lease)
+                except Conflict:
+                    lease = await self.client.get_lease(self.namespace, self.name)
+                    if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                        return
+                    await self._put_released(lease)
             self._log.info("lease_released")
         except (KubeError, TimeoutError) as exc:
             self._log.warning("lease_release_failed", error=str(exc))
+
+    async def _put_released(self, lease: JSON) -> None:
+        now_time = _micro_time(self._clock())
+        spec = dict(lease.get("spec") or {})
+        spec.update(holderIdentity="", leaseDurationSeconds=1, acquireTime=now_time, renewTime=now_time)
+        body = {"metadata": dict(objects.metadata(lease)), "spec": spec}
+        await self.client.replace_lease(self.namespace, self.name, body)
 
     async def run(self) -> None:
         """Campaign, lead, and campaign again after losing the lease; release it when cancelled."""
@@ -264,19 +363,6 @@ class LeaderElector:
             self._set_leader(False)
             if leading and self.release_on_cancel:
                 await self._release()
-
-
-def _parse_time(value: object) -> float | None:
-    """A Lease MicroTime (RFC 3339) as a POSIX timestamp; None when absent or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
 
 
 class LeaseFollower:

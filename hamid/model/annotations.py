@@ -58,6 +58,10 @@ BIND_PHASE_FAILED = "failed"
 #: hamid's proof that its scheduler wrote the allocation (HMAC over pod UID, node and
 #: ``hami.io/vgpu-devices-allocated``; :mod:`hamid.scheduler.signing`). HAMi has no such key.
 ALLOCATION_SIGNATURE = "hamid.io/allocation-signature"
+#: The pod status condition in which the scheduler records the signed allocation it booked (written
+#: through ``pods/status``, which tenants are not granted, and kept by kubelet, which keeps the
+#: conditions it does not own): what a restart books when a tenant rewrote the annotations.
+ALLOCATION_BOOKED_CONDITION = "hamid.io/AllocationBooked"
 #: Pod annotations only hamid's scheduler and plugin write, for the pod's whole life: the webhook
 #: removes them from a pod being created (a tenant's copy would be a forged allocation) and denies
 #: any other identity's change to them on update (the chart's ValidatingAdmissionPolicy too); the

@@ -160,6 +160,30 @@ def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
 # ==========================================================================================
 
 
+#: Memory types the Static memory manager pins: regular memory and hugepages of one page size.
+_MEMORY_TYPE = re.compile(r"(?:memory|hugepages-[1-9][0-9]{0,9}(?:Ki|Mi|Gi|Ti|Pi|Ei)?)\Z")
+#: Format version of a profile that carries ``memory`` (readers of 1 to 3 refuse the field).
+PROFILE_MEMORY_VERSION = 4
+#: Format version of a placement or prediction whose containers carry ``memory``.
+POD_MEMORY_VERSION = 2
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBlock:
+    """Memory of one type (``memory``, ``hugepages-1Gi``) the Static memory manager pinned to the
+    NUMA node(s) ``numa``, in bytes (kubelet's ``state.Block``; PodResources' ``ContainerMemory``)."""
+
+    numa: frozenset[int]
+    resource: str
+    size: int
+
+
+def _check_memory_type(name: object, where: str) -> str:
+    if not isinstance(name, str) or not _MEMORY_TYPE.match(name):
+        raise InvalidInput(f"{where}: {name!r:.40} is not memory or hugepages-<size>")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class CpuInfo:
     """One logical CPU. ``core`` is kubelet's unique core id: the lowest CPU id of its thread group.
@@ -243,10 +267,19 @@ class NumaProfile:
     #: The resource hamid's device plugin serves with ``GetPreferredAllocation`` offered to kubelet
     #: (the plugin then prefers the annotated GPUs' replicas); None: not offered.
     preferred_allocation: str | None = None
+    #: The Static memory manager's allocatable bytes per NUMA node and memory type (PodResources
+    #: ``GetAllocatableResources``: capacity minus ``reservedMemory`` and, for regular memory, the
+    #: hugepages); None when kubelet reports none (memory manager policy None).
+    memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
         _check_profile(self)
+
+    def memory_allocatable(self) -> dict[int, dict[str, int]]:
+        """Allocatable bytes per NUMA node (every node of the profile) and memory type."""
+        given = {n: dict(types) for n, types in self.memory or ()}
+        return {n: given.get(n, {}) for n in self.numa_nodes}
 
     @property
     def all_cpus(self) -> frozenset[int]:
@@ -284,6 +317,12 @@ def _check_profile(p: NumaProfile) -> None:
         raise InvalidInput("numa profile: reserved CPUs are not all online CPUs")
     if p.distances is not None:
         _check_distances(p.distances, len(p.numa_nodes))
+    for numa, types in p.memory or ():
+        if numa not in p.numa_nodes:
+            raise InvalidInput(f"numa profile: memory of unknown NUMA node {numa}")
+        for name, size in types:
+            _check_memory_type(name, f"numa profile: memory of NUMA node {numa}")
+            want_int(size, f"numa profile: {name} of NUMA node {numa}", 1, INT64_MAX)
 
 
 def _check_cpu_groups(p: NumaProfile) -> None:
@@ -331,7 +370,20 @@ def _check_distances(distances: Sequence[Sequence[int]], n: int) -> None:
 # --- profile codec -------------------------------------------------------------------------
 
 _PROFILE_KEYS = frozenset(
-    {"v", "gen", "at", "numa", "sockets", "cores", "reserved", "distances", "kubelet", "preferred", "uncore"}
+    {
+        "v",
+        "gen",
+        "at",
+        "numa",
+        "sockets",
+        "cores",
+        "reserved",
+        "distances",
+        "kubelet",
+        "preferred",
+        "uncore",
+        "memory",
+    }
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
 PROFILE_PREFERRED_VERSION = 2
@@ -339,8 +391,12 @@ PROFILE_PREFERRED_VERSION = 2
 PROFILE_UNCORE_VERSION = 3
 #: The format version each optional field needs: a profile is written with the highest version its
 #: fields need (1 without any), so older readers keep reading every profile they can understand.
-_FIELD_VERSIONS = {"preferred": PROFILE_PREFERRED_VERSION, "uncore": PROFILE_UNCORE_VERSION}
-PROFILE_VERSIONS = (FORMAT_VERSION, PROFILE_PREFERRED_VERSION, PROFILE_UNCORE_VERSION)
+_FIELD_VERSIONS = {
+    "preferred": PROFILE_PREFERRED_VERSION,
+    "uncore": PROFILE_UNCORE_VERSION,
+    "memory": PROFILE_MEMORY_VERSION,
+}
+PROFILE_VERSIONS = (FORMAT_VERSION, PROFILE_PREFERRED_VERSION, PROFILE_UNCORE_VERSION, PROFILE_MEMORY_VERSION)
 
 
 def profile_version(fields: Iterable[str]) -> int:
@@ -387,6 +443,8 @@ def encode_profile(profile: NumaProfile) -> str:
         doc["preferred"] = profile.preferred_allocation
     if by_uncore:
         doc["uncore"] = {str(u): format_cpu_list(cpus) for u, cpus in sorted(by_uncore.items())}
+    if profile.memory is not None:
+        doc["memory"] = {str(n): dict(types) for n, types in profile.memory}
     doc["v"] = profile_version(doc)
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
@@ -467,6 +525,7 @@ class _Topology:
     distances: tuple[tuple[int, ...], ...] | None
     policies: KubeletPolicies
     preferred_allocation: str | None
+    memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -479,6 +538,7 @@ class _Topology:
             self.distances,
             self.policies,
             self.preferred_allocation,
+            self.memory,
         )
 
 
@@ -550,7 +610,24 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         distances=distances,
         policies=_policies(doc.get("kubelet", {})),
         preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
+        memory=_decode_memory(doc["memory"]) if "memory" in doc else None,
     )
+
+
+def _decode_memory(value: object) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    where = f"{NUMA_PROFILE}.memory"
+    out = []
+    for n, types in sorted(want_object(value, where).items()):
+        if not _NUMA_KEY.match(n):
+            raise InvalidInput(f"{where}: key {n!r:.20} is not a NUMA id")
+        sizes = want_object(types, f"{where}.{n}")
+        out.append(
+            (
+                int(n),
+                tuple(sorted((t, want_int(v, f"{where}.{n}.{t}", 1, INT64_MAX)) for t, v in sizes.items())),
+            )
+        )
+    return tuple(sorted(out))
 
 
 # ==========================================================================================
@@ -566,6 +643,8 @@ class ContainerPlacement:
     numa: frozenset[int]
     cpus: frozenset[int]
     devices: Mapping[str, Mapping[int, tuple[str, ...]]] = field(default_factory=dict)
+    #: The Static memory manager's blocks (PodResources ``memory``), one per type, sorted by type.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,6 +659,8 @@ class ContainerPrediction:
     numa: frozenset[int]
     cpus: frozenset[int]
     devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    #: The blocks the Static memory manager will pin (sizes after init-container reuse), sorted by type.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,7 +680,7 @@ class PodPrediction:
 
 
 _POD_KEYS = frozenset({"v", "gen", "containers"})
-_CONTAINER_KEYS = frozenset({"name", "numa", "cpus", "devices"})
+_CONTAINER_KEYS = frozenset({"name", "numa", "cpus", "devices", "memory"})
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _RESOURCE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,252}/[A-Za-z0-9][-A-Za-z0-9_.]{0,62}\Z")
 _DEVICE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_DEVICE_ID_LENGTH}}}\Z")
@@ -619,8 +700,11 @@ def _encode_pod(gen: int, containers: Iterable[ContainerPlacement | ContainerPre
         }
         if devices:
             row["devices"] = devices
+        if c.memory:
+            row["memory"] = {b.resource: [format_cpu_list(b.numa), b.size] for b in c.memory}
         rows.append(row)
-    doc = {"v": FORMAT_VERSION, "gen": gen, "containers": rows}
+    version = POD_MEMORY_VERSION if any("memory" in row for row in rows) else FORMAT_VERSION
+    doc = {"v": version, "gen": gen, "containers": rows}
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), key)
 
 
@@ -655,6 +739,14 @@ def _check_pod(
                 if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_NUMA_ID:
                     raise InvalidInput(f"{where}: {res}: NUMA {n!r:.20} out of range")
                 _check_devices(v, f"{where}: {res} on NUMA {n}", ids)
+        types = [b.resource for b in c.memory]
+        if len(set(types)) != len(types):
+            raise InvalidInput(f"{where}: one memory block per memory type")
+        for b in c.memory:
+            _check_memory_type(b.resource, where)
+            want_int(b.size, f"{where}: {b.resource} size", 0, INT64_MAX)
+            if not b.numa or any(not 0 <= n <= MAX_NUMA_ID for n in b.numa):
+                raise InvalidInput(f"{where}: {b.resource} NUMA nodes missing or out of range")
 
 
 def _check_devices(value: object, where: str, ids: bool) -> None:
@@ -669,15 +761,34 @@ def _check_devices(value: object, where: str, ids: bool) -> None:
         want_int(value, where, 1, 1 << 20)
 
 
+def _decode_memory_blocks(value: object, where: str) -> tuple[MemoryBlock, ...]:
+    blocks = []
+    for name, raw in sorted(want_object(value, where).items()):
+        pair = want_list(raw, f"{where}.{name}")
+        if len(pair) != 2:
+            raise InvalidInput(f"{where}.{name}: want [NUMA nodes, bytes]")
+        numa = parse_cpu_list(pair[0], f"{where}.{name}")
+        blocks.append(
+            MemoryBlock(numa, _check_memory_type(name, where), want_int(pair[1], f"{where}.{name}", 0))
+        )
+    return tuple(blocks)
+
+
 def _decode_pod(
     text: object, key: str, ids: bool
-) -> tuple[int, list[tuple[str, frozenset[int], frozenset[int], dict[str, dict[int, Any]]]]]:
-    doc = _load(text, key, _POD_KEYS)
+) -> tuple[
+    int, list[tuple[str, frozenset[int], frozenset[int], dict[str, dict[int, Any]], tuple[MemoryBlock, ...]]]
+]:
+    doc = _load(text, key, _POD_KEYS, (FORMAT_VERSION, POD_MEMORY_VERSION))
     if "gen" not in doc or "containers" not in doc:
         raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
+    rows = want_list(doc["containers"], f"{key}.containers")
+    has_memory = any(isinstance(r, Mapping) and "memory" in r for r in rows)
+    if has_memory != (doc["v"] == POD_MEMORY_VERSION):
+        raise InvalidInput(f"{key}: container memory comes with format version 2, and only with it")
     gen = want_int(doc["gen"], f"{key}.gen", 0)
     out = []
-    for i, raw in enumerate(want_list(doc["containers"], f"{key}.containers")):
+    for i, raw in enumerate(rows):
         where = f"{key}.containers[{i}]"
         row = want_object(raw, where)
         unknown = sorted(set(row) - _CONTAINER_KEYS)
@@ -702,6 +813,7 @@ def _decode_pod(
                 parse_cpu_list(row.get("numa", ""), f"{where}.numa"),
                 parse_cpu_list(row.get("cpus", ""), f"{where}.cpus"),
                 devices,
+                _decode_memory_blocks(row.get("memory", {}), f"{where}.memory"),
             )
         )
     return gen, out
@@ -710,7 +822,7 @@ def _decode_pod(
 def decode_placement(text: object) -> PodPlacement:
     """Parse ``hamid.io/numa-placement``; InvalidInput on anything malformed."""
     gen, rows = _decode_pod(text, NUMA_PLACEMENT, ids=True)
-    containers = tuple(ContainerPlacement(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    containers = tuple(ContainerPlacement(*row) for row in rows)
     _check_pod(gen, containers, NUMA_PLACEMENT, ids=True)
     return PodPlacement(gen, containers)
 
@@ -718,7 +830,7 @@ def decode_placement(text: object) -> PodPlacement:
 def decode_prediction(text: object) -> PodPrediction:
     """Parse ``hamid.io/numa-predicted``; InvalidInput on anything malformed."""
     gen, rows = _decode_pod(text, NUMA_PREDICTED, ids=False)
-    containers = tuple(ContainerPrediction(name, numa, cpus, devices) for name, numa, cpus, devices in rows)
+    containers = tuple(ContainerPrediction(*row) for row in rows)
     _check_pod(gen, containers, NUMA_PREDICTED, ids=False)
     return PodPrediction(gen, containers)
 

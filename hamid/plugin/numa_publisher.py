@@ -88,6 +88,7 @@ def build_profile(
     policies: KubeletPolicies,
     allocatable: frozenset[int],
     preferred_allocation: str | None = None,
+    memory: Mapping[int, Mapping[str, int]] | None = None,
 ) -> NumaProfile:
     """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
 
@@ -95,7 +96,8 @@ def build_profile(
     nothing is reserved for the predictor either. ``preferred_allocation``: the resource this plugin
     serves when it offers kubelet ``GetPreferredAllocation``. Uncore caches are carried only where
     kubelet reads them (``prefer-align-cpus-by-uncorecache``): elsewhere the profile keeps the format
-    older schedulers read.
+    older schedulers read. ``memory``: the allocatable memory per NUMA node PodResources reports,
+    published under the Static memory manager policy only.
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
@@ -112,7 +114,21 @@ def build_profile(
         distances=topology.distances,
         policies=policies,
         preferred_allocation=preferred_allocation,
+        memory=_profile_memory(memory) if policies.memory_manager_policy == "Static" else None,
     )
+
+
+def _profile_memory(
+    memory: Mapping[int, Mapping[str, int]] | None,
+) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None:
+    """The profile's ``memory``: non-zero bytes per NUMA node and type, sorted; None when kubelet
+    reports none (then the predictor answers ``unknown`` for Guaranteed pods, never guesses)."""
+    result = tuple(
+        (n, tuple(sorted((t, b) for t, b in types.items() if b > 0)))
+        for n, types in sorted((memory or {}).items())
+        if any(b > 0 for b in types.values())
+    )
+    return result or None
 
 
 def _reads_uncore(policies: KubeletPolicies) -> bool:
@@ -135,13 +151,14 @@ def placement_of(held: HeldPod, numa_of: Mapping[int, int], generation: int) -> 
             if any(n != NO_TOPOLOGY for n in per)
         }
         numa = {numa_of[x] for x in c.cpus if x in numa_of} | {n for per in devices.values() for n in per}
-        containers.append(ContainerPlacement(c.name, frozenset(numa), c.cpus, devices))
+        numa |= {n for b in c.memory for n in b.numa}
+        containers.append(ContainerPlacement(c.name, frozenset(numa), c.cpus, devices, c.memory))
     return PodPlacement(generation, tuple(containers))
 
 
 def holds_anything(held: HeldPod) -> bool:
-    """Whether any container holds exclusive CPUs or devices (what a ledger books)."""
-    return any(c.cpus or c.devices for c in held.containers)
+    """Whether any container holds exclusive CPUs, devices or pinned memory (what a ledger books)."""
+    return any(c.cpus or c.devices or c.memory for c in held.containers)
 
 
 def judge_prediction(annotations: Mapping[str, str], placement: PodPlacement) -> str:
@@ -308,7 +325,9 @@ class NumaPublisher:
         self.problems.clear("kubelet PodResources API")
         try:
             preferred = self.resource_name if self.preferred_allocation else None
-            content = build_profile(self.topology, self.policies, allocatable.cpus, preferred)
+            content = build_profile(
+                self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory
+            )
         except InvalidInput as exc:
             self.problems.report("NUMA profile", str(exc), "not published")
             return

@@ -18,6 +18,7 @@ from grpclib.exceptions import StreamTerminatedError
 
 from hamid._proto.podresources.v1 import api_pb2 as pr
 from hamid._proto.podresources.v1.api_grpc import PodResourcesListerStub
+from hamid.model.numa import MemoryBlock
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: NUMA bucket of a device whose plugin advertised no topology (kubelet's fake node -1).
@@ -38,6 +39,8 @@ class HeldContainer:
     name: str
     cpus: frozenset[int]
     devices: DevicesByNuma = field(default_factory=dict)
+    #: The Static memory manager's blocks (empty under policy None), sorted by memory type.
+    memory: tuple[MemoryBlock, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,25 @@ class Allocatable:
 
     cpus: frozenset[int]
     devices: DevicesByNuma
+    #: Allocatable bytes per NUMA node and memory type (the Static memory manager's; else empty).
+    memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+
+
+def _memory_blocks(entries: Iterable[pr.ContainerMemory]) -> tuple[MemoryBlock, ...]:
+    blocks = [
+        MemoryBlock(frozenset(int(n.ID) for n in m.topology.nodes), m.memory_type, int(m.size))
+        for m in entries
+    ]
+    return tuple(sorted(blocks, key=lambda b: b.resource))
+
+
+def _allocatable_memory(entries: Iterable[pr.ContainerMemory]) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = {}
+    for m in entries:
+        for n in m.topology.nodes:
+            per = out.setdefault(int(n.ID), {})
+            per[m.memory_type] = per.get(m.memory_type, 0) + int(m.size)
+    return out
 
 
 def _devices(entries: Iterable[pr.ContainerDevices]) -> dict[str, dict[int, tuple[str, ...]]]:
@@ -74,7 +96,9 @@ def _devices(entries: Iterable[pr.ContainerDevices]) -> dict[str, dict[int, tupl
 
 def _pod(message: pr.PodResources) -> HeldPod:
     containers = tuple(
-        HeldContainer(c.name, frozenset(int(x) for x in c.cpu_ids), _devices(c.devices))
+        HeldContainer(
+            c.name, frozenset(int(x) for x in c.cpu_ids), _devices(c.devices), _memory_blocks(c.memory)
+        )
         for c in message.containers
     )
     return HeldPod(message.namespace, message.name, containers)
@@ -105,7 +129,8 @@ class PodResourcesClient:
         """The node's allocatable CPUs and devices."""
         reply = await self._call("GetAllocatableResources", pr.AllocatableResourcesRequest())
         assert isinstance(reply, pr.AllocatableResourcesResponse)
-        return Allocatable(frozenset(int(c) for c in reply.cpu_ids), _devices(reply.devices))
+        cpus = frozenset(int(c) for c in reply.cpu_ids)
+        return Allocatable(cpus, _devices(reply.devices), _allocatable_memory(reply.memory))
 
     async def list_pods(self) -> list[HeldPod]:
         """Every pod kubelet considers active, with what its containers hold."""

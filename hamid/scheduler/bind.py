@@ -1,4 +1,5 @@
-"""The extender bind verb: node lock (when HAMi takes one), bind-phase patch, Binding, undo.
+"""The extender bind verb: node lock (when HAMi takes one), bind-phase patch, the booking's
+record in the pod's status, Binding, undo.
 
 Everything fits in :data:`BIND_BUDGET_S`, inside kube-scheduler's 30 s extender httpTimeout; a
 failed bind leaves nothing behind (lock released, ``bind-phase``/``bind-time`` removed) and
@@ -22,6 +23,7 @@ from hamid.model.kube import PodBody
 from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
+from hamid.scheduler.signing import record_booked
 from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")
@@ -206,6 +208,7 @@ class Binder:
                 uid=args.pod_uid,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+            await self._record_booked(args, deadline)
             fenced = self._fenced(epoch)
             if fenced:
                 raise Fenced(fenced)
@@ -235,6 +238,15 @@ class Binder:
         )
         log.info("bind_ok", pod=key, node=args.node)
         return ""
+
+    async def _record_booked(self, args: BindArgs, deadline: float) -> None:
+        """Record the pod's booking in its status before it can run (docs/trust.md §3)."""
+        res = self.state.reservation(args.pod_uid)
+        if res is None or res.node != args.node:
+            return
+        pod = (args.pod_namespace, args.pod_name, args.pod_uid)
+        timeout = self._call_timeout(deadline, _BIND_UNDO_S)
+        await record_booked(self.kube, self.state.keys, pod, res.node, res.raw, budget_s=timeout)
 
     async def _bound_to(self, args: BindArgs, deadline: float) -> bool:
         """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown)."""

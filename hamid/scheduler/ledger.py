@@ -18,7 +18,9 @@ allocation this scheduler signed after the one booked (another replica's refit).
 that disagrees with the booking is reported (``disagreed``: a Warning Event, a metric, a log line)
 and never re-booked. A pod without a booking (a restart, another replica's filter) books its
 allocation only when its signature verifies (:mod:`hamid.scheduler.signing`); unsigned or
-mis-signed is foreign and books nothing, and an unreadable allocation books nothing at all.
+mis-signed is foreign and books nothing, and an unreadable allocation books nothing at all. The
+signed allocation recorded in the pod's status by a bind or a refit stands over annotations that
+do not verify, or verify as older (a tenant rewrote them past admission).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.quotas import QuotaBook
-from hamid.scheduler.signing import AllocationKeys
+from hamid.scheduler.signing import AllocationKeys, booked_record
 from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
@@ -396,14 +398,12 @@ class Ledger:
         uid = objects.uid(pod)
         if not uid:
             return
-        annotations = objects.annotations(pod)
-        node = annotations.get(ann.VGPU_NODE)
-        raw = annotations.get(ann.DEVICES_ALLOCATED)
         current = self._reservations.get(uid)
         settled = bool(self._holds) and self._settle_hold(uid, objects.resource_version(pod))
         if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
             self._forget(uid, current)
             return
+        node, raw, signature = self._allocation(pod)
         if current is not None and current.pending and (node != current.node or raw != current.raw):
             # The filter's patch is in flight: an event without its allocation (the pod's earlier
             # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
@@ -418,9 +418,36 @@ class Ledger:
             if current is not None:
                 self._disagree(pod, current, node, raw, "the allocation annotations were removed")
             return
-        issued = self._claim(pod, node, raw, current, settled)
+        issued = self._claim(pod, node, raw, signature, current, settled)
         if issued is not None:
             self._book(pod, node, raw, issued, current)
+
+    def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None]:
+        """(node, allocation, signature) the pod names: its annotations', or the record in its
+        status (:func:`~hamid.scheduler.signing.booked_record`) where that verifies and the
+        annotations' signature does not, or is older. Annotations that then differ from the record
+        are reported: a tenant rewrote them past admission, the record it cannot write stands."""
+        annotations = objects.annotations(pod)
+        node, raw = annotations.get(ann.VGPU_NODE), annotations.get(ann.DEVICES_ALLOCATED)
+        signature = annotations.get(ann.ALLOCATION_SIGNATURE)
+        keys, record = self.keys, booked_record(pod)
+        if keys is None or record is None:
+            return node, raw, signature
+        uid = objects.uid(pod)
+        proven = keys.verify(uid, record.node, record.allocated, record.signature)
+        if proven is None:
+            return node, raw, signature
+        claimed = keys.verify(uid, node, raw, signature) if node is not None and raw is not None else None
+        if claimed is not None and claimed.issued >= proven.issued:
+            return node, raw, signature
+        if (node, raw) != (record.node, record.allocated):
+            why = (
+                f"they differ from the allocation this scheduler recorded as booked in the pod's "
+                f"status ({ann.ALLOCATION_BOOKED_CONDITION}, not writable by tenants); "
+                f"{record.node}: {record.allocated} is what it books"
+            )
+            self._report(self.coordination.disagreed, "disagreement", pod, node, raw, why)
+        return record.node, record.allocated, record.signature
 
     def _follow_init(self, current: Reservation, released: bool) -> None:
         """Follow the pod's init release (kubelet's status, not the pod's annotations), in place:
@@ -441,7 +468,13 @@ class Ledger:
         self.coordination.notify(current.node)
 
     def _claim(
-        self, pod: PodBody, node: str, raw: str, current: Reservation | None, settled: bool
+        self,
+        pod: PodBody,
+        node: str,
+        raw: str,
+        signature: str | None,
+        current: Reservation | None,
+        settled: bool,
     ) -> int | None:
         """When the allocation ``raw`` the pod names now was signed (0: unsigned) if it may be
         booked; None (reported) when it is foreign or disagrees with the booking.
@@ -452,7 +485,6 @@ class Ledger:
         this scheduler's undecided refit). Without one, a booking is never replaced from a pod.
         """
         uid = objects.uid(pod)
-        signature = objects.annotations(pod).get(ann.ALLOCATION_SIGNATURE)
         signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
         if self.keys is None:
             if current is None or settled:

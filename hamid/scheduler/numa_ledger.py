@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
+from hamid.fit.numa_memory import MemoryLedger
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
     NO_TOPOLOGY,
@@ -53,6 +54,7 @@ from hamid.model.numa import (
     NUMA_PREDICTED,
     NUMA_PROFILE,
     ContainerPrediction,
+    MemoryBlock,
     NumaProfile,
     PodPlacement,
     PodPrediction,
@@ -134,7 +136,13 @@ class NodeNuma:
                 if ledger is not None
                 else ()
             )
-            self.state_key = (self.profile_key, ledger.free_cpus if ledger is not None else None, devices)
+            memory = ledger.memory.state_key() if ledger is not None and ledger.memory is not None else None
+            self.state_key = (
+                self.profile_key,
+                ledger.free_cpus if ledger is not None else None,
+                devices,
+                memory,
+            )
             self.state_version = self.version
         return self.state_key
 
@@ -159,7 +167,7 @@ class _Shared:
     def usage(self, usage: NumaUsage) -> NumaUsage:
         """The shared usage equal to ``usage``."""
         devices = tuple((r, tuple(sorted(per.items()))) for r, per in sorted(usage.devices.items()))
-        return self.intern((usage.cpus, devices), usage)
+        return self.intern((usage.cpus, devices, usage.memory), usage)
 
 
 def replay_view(pod: Mapping[str, Any]) -> JSON:
@@ -297,6 +305,7 @@ class NumaLedgers:
                 profile.generation,
                 self._shared.intern(assignable, assignable),
                 {r: dict(per) for r, per in entry.totals.items()},
+                MemoryLedger.for_profile(profile),
             )
         except InvalidInput as exc:
             log.warning("numa_ledger_invalid", node=entry.name, error=str(exc))
@@ -592,7 +601,11 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
         topo = topology_of(entry.profile)
         taken = take_cpus(topo, free, len(cpus), Packing.of(entry.profile.policies, topo.cpus_per_core))
         cpus = taken if taken is not None else cpus
-    changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices)
+    # kubelet pinned single-node memory with the container's hint: on the NUMA node it chose too
+    memory = tuple(
+        MemoryBlock(frozenset({numa}), b.resource, b.size) if len(b.numa) == 1 else b for b in c.memory
+    )
+    changed = ContainerPrediction(c.name, frozenset({numa}), cpus, devices, memory)
     containers = list(rec.predicted.containers)
     containers[container] = changed
     return PodPrediction(rec.predicted.generation, tuple(containers))
@@ -625,7 +638,7 @@ def _named(prediction: Prediction, pod: Mapping[str, Any]) -> Prediction:
     ):
         return prediction
     renamed = tuple(
-        ContainerPrediction(n, c.numa, c.cpus, c.devices)
+        ContainerPrediction(n, c.numa, c.cpus, c.devices, c.memory)
         for n, c in zip(names, prediction.containers, strict=True)
     )
     return Prediction(prediction.outcome, prediction.reason, prediction.message, renamed, prediction.usage)

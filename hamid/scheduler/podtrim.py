@@ -104,15 +104,23 @@ def _trim_annotations(annotations: dict[str, Any]) -> JSON:
     return out
 
 
+def _booked_conditions(conditions: Any) -> list[Any]:
+    """The scheduler's own record among a pod's conditions (what a restart books)."""
+    if not isinstance(conditions, list):
+        return []
+    return [c for c in conditions if isinstance(c, dict) and c.get("type") == ann.ALLOCATION_BOOKED_CONDITION]
+
+
 def trim_scheduler_pod(pod: JSON) -> Pod:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
-    metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
-    annotations; spec: nodeName, schedulerName, overhead and each (init) container's name, resources and
-    restartPolicy; status: phase and each init container's name and exit code. Accounting,
-    bind, the node lock, refit and Events read nothing else, and a rebuild from trimmed pods
-    equals one from full pods. Env, volumes, probes, images, managedFields, conditions and the
-    app containers' statuses — most of a pod's bytes — are dropped.
+        metadata: name, namespace, uid, resourceVersion, labels, deletionTimestamp and hamid's own
+        annotations; spec: nodeName, schedulerName, overhead and each (init) container's name, resources and
+        restartPolicy; status: phase, each init container's name and exit code, and the scheduler's
+    booked-allocation condition. Accounting,
+        bind, the node lock, refit and Events read nothing else, and a rebuild from trimmed pods
+        equals one from full pods. Env, volumes, probes, images, managedFields, conditions and the
+        other conditions and the app containers' statuses — most of a pod's bytes — are dropped.
     """
     meta = pod.get("metadata") or {}
     out_meta: JSON = {
@@ -135,5 +143,8 @@ def trim_scheduler_pod(pod: JSON) -> Pod:
         out_status: JSON = {k: _shared(status[k]) for k in ("phase",) if k in status}
         if "initContainerStatuses" in status:
             out_status["initContainerStatuses"] = _trim_init_statuses(status["initContainerStatuses"])
+        booked = _booked_conditions(status.get("conditions"))
+        if booked:
+            out_status["conditions"] = booked
         out["status"] = out_status
     return view(Pod, out)

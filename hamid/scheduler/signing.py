@@ -9,18 +9,28 @@ The value is ``v1:<key id>:<issued ms>:<hex mac>``; the key id (the first 8 hex 
 SHA-256 of the key) names which key of the ring signed it. A ring is a list of keys, oldest first:
 the newest signs, any verifies, so a key is rotated by appending a new one, rolling the scheduler,
 and dropping the old one once no running pod carries its signatures (docs/trust.md).
+
+The signed allocation a bind or a refit booked is also recorded in the pod's status, as the
+condition :data:`~hamid.model.annotations.ALLOCATION_BOOKED_CONDITION` (:func:`booked_condition`,
+:func:`booked_record`): tenants may not write ``pods/status``, so after a restart the record
+says what the scheduler booked even where a tenant rewrote the annotations past admission.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from hamid.kube.client import KubeClient
+from hamid.model import annotations as ann
 from hamid.model.errors import InvalidInput
 
 VERSION = "v1"
@@ -100,6 +110,78 @@ class AllocationKeys:
             if hmac.compare_digest(expected, mac):
                 return Signed(kid, issued)
         return None
+
+
+#: The condition's reason (CamelCase, as Kubernetes writes reasons).
+BOOKED_REASON = "SignedAllocation"
+
+
+@dataclass(frozen=True, slots=True)
+class BookedRecord:
+    """The allocation a pod's status records as booked, with its signature (not yet verified)."""
+
+    node: str
+    allocated: str
+    signature: str
+
+
+def booked_condition(node: str, allocated: str, signature: str, now: float) -> dict[str, str]:
+    """The pod condition recording the signed allocation ``allocated`` on ``node`` as booked."""
+    message = json.dumps(
+        {"node": node, "allocated": allocated, "signature": signature}, separators=(",", ":"), sort_keys=True
+    )
+    return {
+        "type": ann.ALLOCATION_BOOKED_CONDITION,
+        "status": "True",
+        "reason": BOOKED_REASON,
+        "message": message,
+        "lastTransitionTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def booked_record(pod: Mapping[str, Any]) -> BookedRecord | None:
+    """The record :func:`booked_condition` wrote in ``pod``'s status; None when absent or unreadable."""
+    conditions = (pod.get("status") or {}).get("conditions")
+    if not isinstance(conditions, list):
+        return None
+    for condition in conditions:
+        if isinstance(condition, dict) and condition.get("type") == ann.ALLOCATION_BOOKED_CONDITION:
+            try:
+                fields = json.loads(condition.get("message") or "")
+            except (TypeError, ValueError):
+                return None
+            if not isinstance(fields, dict):
+                return None
+            node, allocated, signature = (fields.get(k) for k in ("node", "allocated", "signature"))
+            if isinstance(node, str) and isinstance(allocated, str) and isinstance(signature, str):
+                return BookedRecord(node, allocated, signature)
+            return None
+    return None
+
+
+async def record_booked(
+    kube: KubeClient,
+    keys: AllocationKeys | None,
+    pod: tuple[str, str, str],
+    node: str,
+    allocated: str,
+    *,
+    budget_s: float,
+) -> None:
+    """Record ``allocated`` on ``node`` as booked in the status of ``pod`` (namespace, name, uid),
+    freshly signed, through ``pods/status`` within ``budget_s`` (a strategic merge: the pod's
+    other conditions stay).
+
+    Nothing in unsigned mode: an unsigned record would prove nothing a tenant's annotation does
+    not. Raises the API's error (a Conflict when the pod of that name has another UID).
+    """
+    if keys is None:
+        return
+    namespace, name, uid = pod
+    condition = booked_condition(node, allocated, keys.sign(uid, node, allocated), keys.clock())
+    await kube.patch_pod_status(
+        namespace, name, {"conditions": [condition]}, strategic=True, uid=uid, timeout=budget_s
+    )
 
 
 def load_key_file(path: str) -> AllocationKeys:

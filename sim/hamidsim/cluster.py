@@ -208,6 +208,12 @@ def kubelet_config_document(config: KubeletConfig) -> JSON:
         doc["reservedSystemCPUs"] = format_cpu_list(config.reserved_system_cpus)
     if config.reserved_cpu_count:
         doc["kubeReserved"] = {"cpu": str(config.reserved_cpu_count)}
+    if config.reserved_memory_types:
+        doc["systemReserved"] = {
+            kind: str(value) for kind, value in sorted(config.reserved_memory_types.items())
+        }
+    if config.eviction_hard is not None:
+        doc["evictionHard"] = dict(config.eviction_hard)
     if config.reserved_memory:
         doc["reservedMemory"] = [
             {"numaNode": r.numa_node, "limits": {kind: str(value) for kind, value in r.limits}}

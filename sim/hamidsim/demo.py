@@ -49,7 +49,8 @@ from hamidsim.cluster import (
 )
 from hamidsim.keep import DEFAULT_KUBECONFIG, keep_serving
 from hamidsim.kubelet import PodAdmission
-from hamidsim.kubelet.config import KubeletConfig
+from hamidsim.kubelet.config import SIM_DEFAULTS, KubeletConfig
+from hamidsim.kubelet.memorymanager import MemoryReservation
 from hamidsim.kubelet.node import build_managers
 from hamidsim.machine import Machine, load_machine_file
 
@@ -77,6 +78,7 @@ SCENARIOS = (
     "exact-fit",
     "prediction",
     "prediction-miss",
+    "memory-prediction",
 )
 #: The seed's pod with the node agent publishing its NUMA profile: the scheduler predicts kubelet.
 DEFAULT_SCENARIO = "prediction"
@@ -893,6 +895,24 @@ async def _scored(cluster: SimCluster, result: str, cause: str = "") -> bool:
     return True
 
 
+async def _predicted_pod(
+    cluster: SimCluster, result: ScenarioResult, pod: dict[str, Any], how: str
+) -> tuple[list[int], list[str], list[int | None]]:
+    """Create the seed pod, wait until it settled; the predicted NUMA node(s), GPUs and their NUMA nodes."""
+    await cluster.create_pod(pod)
+    result.step("pod", _pod_text(pod))
+    await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+    predicted = _predicted_numa(cluster)
+    choice = _uuids(cluster.scheduler_choice(SEED_NAME))
+    choice_numa = _numas(cluster, choice)
+    result.step(
+        "scheduler",
+        f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} {how}; filter + bind: "
+        f"{NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+    )
+    return predicted, choice, choice_numa
+
+
 async def scenario_prediction() -> ScenarioResult:
     """The seed's pod with NUMA profiles published: the scheduler predicts kubelet, no refit."""
     result = ScenarioResult(
@@ -901,17 +921,8 @@ async def scenario_prediction() -> ScenarioResult:
     )
     async with _cluster(ClusterOptions(nodes=(NodeSpec(NODE),)), result) as cluster:
         blocked = await _stage(cluster, result)
-        pod = seed_pod()
-        await cluster.create_pod(pod)
-        result.step("pod", _pod_text(pod))
-        await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
-        predicted = _predicted_numa(cluster)
-        choice = _uuids(cluster.scheduler_choice(SEED_NAME))
-        choice_numa = _numas(cluster, choice)
-        result.step(
-            "scheduler",
-            f"predicted kubelet's NUMA {_fmt_numa(list(predicted))} ({NUMA_PREDICTED}); filter + bind: "
-            f"{NODE}, GPU [{_fmt(choice)}] on NUMA {_fmt_numa(choice_numa)}",
+        predicted, choice, choice_numa = await _predicted_pod(
+            cluster, result, seed_pod(), f"({NUMA_PREDICTED})"
         )
         _kubelet_step(result, cluster.assignment(SEED_NAME))
         calls = _refit_step(cluster, result)
@@ -988,6 +999,87 @@ async def scenario_prediction_miss() -> ScenarioResult:
     return result
 
 
+#: kubelet's Memory Manager Static on the demo node: 1 GiB ``reservedMemory`` per NUMA node, matched
+#: by ``systemReserved`` + the default 100Mi hard eviction threshold.
+MEMORY_STATIC_CONFIG = replace(
+    SIM_DEFAULTS,
+    memory_manager_policy="Static",
+    reserved_memory=tuple(MemoryReservation(n, (("memory", 1 << 30),)) for n in (0, 1)),
+    reserved_memory_types={"memory": (2 << 30) - (100 << 20)},
+)
+#: The memory-heavy pod of ``memory-prediction``: 2 CPUs and 100 GiB, bound by the default scheduler.
+MEMORY_HOG_NAME = "memory-hog"
+#: The seed pod's memory in ``memory-prediction``: more than NUMA 0 has left after the hog.
+_SEED_MEMORY = "64Gi"
+
+
+def _memory_hog() -> dict[str, Any]:
+    pod = filler_pod(NODE, cpus=2, name=MEMORY_HOG_NAME)
+    pod["spec"]["containers"][0]["resources"]["limits"]["memory"] = "100Gi"
+    return pod
+
+
+def _memory_numa(admission: PodAdmission | None) -> list[int]:
+    """The NUMA node(s) the memory manager pinned the first container's memory to."""
+    if admission is None or not admission.containers:
+        return []
+    return sorted({n for numa, _size in admission.containers[0].memory.values() for n in numa})
+
+
+async def scenario_memory_prediction() -> ScenarioResult:
+    """Memory Manager Static: memory, not CPU, decides kubelet's NUMA node, and the scheduler predicts it."""
+    result = ScenarioResult(
+        "memory-prediction",
+        "Memory Manager Static: memory, not CPU, decides the NUMA node; the GPU is fitted there, no refit",
+    )
+    node = NodeSpec(NODE, kubelet_config=MEMORY_STATIC_CONFIG)
+    async with _cluster(ClusterOptions(nodes=(node,)), result) as cluster:
+        result.step(
+            "node",
+            f"{NODE}: {_describe(cluster.machine(NODE))}; 128 GiB per NUMA node, Memory Manager Static",
+        )
+        await cluster.create_pod(_memory_hog())
+        await cluster.wait_settled(MEMORY_HOG_NAME)
+        hog = cluster.assignment(MEMORY_HOG_NAME)
+        hog_numa = _memory_numa(hog)
+        numa0 = next(n.cpus for n in cluster.machine(NODE).numa_nodes if n.id == 0)
+        free0 = len(cluster.nodes[NODE].kubelet.free_cpus() & numa0)
+        result.step(
+            "memory-hog",
+            f"Guaranteed pod with 2 CPUs and 100 GiB (default scheduler): memory pinned to NUMA "
+            f"{_fmt_numa(list(hog_numa))}; NUMA 0 keeps {free0} free CPUs but ~27 GiB of memory",
+        )
+        pod = seed_pod()
+        pod["spec"]["containers"][0]["resources"]["limits"]["memory"] = _SEED_MEMORY
+        predicted, choice, choice_numa = await _predicted_pod(
+            cluster, result, pod, "(memory hints merged with CPU hints)"
+        )
+        admission = _kubelet_step(result, cluster.assignment(SEED_NAME))
+        seed_memory = _memory_numa(admission)
+        result.step(
+            "memory", f"kubelet's memory manager pinned {_SEED_MEMORY} to NUMA {_fmt_numa(list(seed_memory))}"
+        )
+        calls = _refit_step(cluster, result)
+        state = _final_state(cluster, result)
+        hit = await _scored(cluster, "hit")
+        result.step("ledger", f"prediction scored: {'hit' if hit else '-'}")
+        cpu_numa = state["cpuNuma"]
+        result.check(
+            "the hog's memory is on NUMA 0, which has CPUs for the pod (CPU alone would pick it: lowest id)",
+            hog_numa == [0] and free0 >= 8,
+            f"memory NUMA {hog_numa}, {free0} free CPUs on NUMA 0",
+        )
+        result.check(
+            "memory decided: predicted, GPU, CPUs and memory all on NUMA 1",
+            predicted == choice_numa == seed_memory == [1] and cpu_numa == 1,
+            f"predicted {predicted}, GPU NUMA {choice_numa}, CPUs NUMA {cpu_numa}, memory NUMA {seed_memory}",
+        )
+        result.check("no refit needed", not calls, f"{len(calls)} refit call(s)")
+        result.check("hamid_numa_prediction_total{result=hit}", hit)
+        _agreement_checks(cluster, result, state, choice, cpu_numa)
+    return result
+
+
 def data_machine_gpus() -> list[PhysicalGpu]:
     """The GPUs of the demo node's machine file."""
     return list(load_machine_file(data_file(DEMO_MACHINE)).gpus)
@@ -1006,6 +1098,7 @@ RUNNERS: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
     "exact-fit": scenario_exact_fit,
     "prediction": scenario_prediction,
     "prediction-miss": scenario_prediction_miss,
+    "memory-prediction": scenario_memory_prediction,
 }
 
 

@@ -536,8 +536,9 @@ class KubeSchedulerDriver:
             "message": error.message,
         }
         with contextlib.suppress(KubeError):
+            # kube-scheduler's util.PatchPodStatus: a strategic patch, the other conditions stay
             await self.kube.patch_pod_status(
-                objects.namespace(pod), objects.name(pod), {"conditions": [condition]}
+                objects.namespace(pod), objects.name(pod), {"conditions": [condition]}, strategic=True
             )
 
     async def _post(self, session: aiohttp.ClientSession, verb: str, body: JSON) -> dict[str, Any]:

@@ -13,6 +13,9 @@ A machine file is YAML (or JSON)::
     distances: [[10, 21], [21, 10]]  # optional: numactl -H's node distances, rows by NUMA id
     reservedCpus: "0,32"             # kubelet --reserved-cpus (or reservedSystemCPUs in --config)
     memory: 512Gi                    # node capacity (optional, default 256Gi)
+    numaMemory: {0: 256Gi, 1: 256Gi} # optional: per NUMA node (sysfs node<N>/meminfo MemTotal);
+                                     #   default: memory in equal shares; memory defaults to the sum
+    hugepages: {0: {1Gi: 8}}         # optional: per NUMA node, page size -> pages
     pods: 110                        # node pod capacity (optional, default 110)
     devices:                         # exactly the entries of ``hamid plugin --devices-file``
       - {uuid: GPU-0, index: 0, name: NVIDIA A100, memoryMiB: 81920, numa: 0, pciBusId: "0000:17:00.0"}
@@ -40,16 +43,29 @@ from hamid.plugin.discovery import PhysicalGpu, devices_document, parse_devices_
 from hamidsim.kubelet.cadvisor import (
     CpuTopology,
     MachineInfo,
+    NodeMemory,
     NumaNode,
     check_distances,
     format_cpu_list,
     numa_nodes_of,
     parse_cpu_list,
     parse_lscpu,
+    split_memory,
 )
 from hamidsim.kubelet.quantity import parse_quantity
 
-_TOP_KEYS = ("numaNodes", "lscpu", "distances", "reservedCpus", "memory", "pods", "devices", "links")
+_TOP_KEYS = (
+    "numaNodes",
+    "lscpu",
+    "distances",
+    "reservedCpus",
+    "memory",
+    "numaMemory",
+    "hugepages",
+    "pods",
+    "devices",
+    "links",
+)
 _NODE_KEYS = ("id", "cpus")
 DEFAULT_MEMORY = "256Gi"
 DEFAULT_PODS = 110
@@ -140,6 +156,58 @@ def _topology(doc: Mapping[str, Any], source: str) -> CpuTopology:
     return _numa_nodes(doc.get("numaNodes"), source)
 
 
+def _bytes(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidInput(f"{where}: want a quantity like 256Gi, got {value!r}")
+    amount = parse_quantity(str(value), where)
+    if amount <= 0 or amount.denominator != 1:
+        raise InvalidInput(f"{where}: want a positive whole number of bytes like 256Gi, got {value!r}")
+    return int(amount)
+
+
+def _per_numa(doc: Mapping[str, Any], key: str, numa_ids: list[int], source: str) -> dict[int, Any]:
+    raw = doc.get(key) or {}
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"{source}: {key} maps NUMA node ids to values")
+    result: dict[int, Any] = {}
+    for node, value in raw.items():
+        node_id = int(node) if isinstance(node, int | str) and str(node).isdigit() else -1
+        if node_id not in numa_ids:
+            raise InvalidInput(f"{source}: {key}: {node!r} is not one of the NUMA nodes {numa_ids}")
+        result[node_id] = value
+    return result
+
+
+def _node_memory(doc: Mapping[str, Any], numa_ids: list[int], source: str) -> tuple[NodeMemory, ...]:
+    """``numaMemory`` and ``hugepages`` per NUMA node (empty when neither is given)."""
+    memory = {
+        n: _bytes(v, f"{source}: numaMemory.{n}")
+        for n, v in _per_numa(doc, "numaMemory", numa_ids, source).items()
+    }
+    pages: dict[int, tuple[tuple[int, int], ...]] = {}
+    for node, sizes in _per_numa(doc, "hugepages", numa_ids, source).items():
+        if not isinstance(sizes, Mapping):
+            raise InvalidInput(f"{source}: hugepages.{node} maps page sizes (2Mi, 1Gi) to page counts")
+        entries = []
+        for size, count in sizes.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidInput(f"{source}: hugepages.{node}.{size}: want a page count, got {count!r}")
+            entries.append((_bytes(size, f"{source}: hugepages.{node} page size"), count))
+        pages[node] = tuple(sorted(entries))
+    if not memory and not pages:
+        return ()
+    if memory and set(memory) != set(numa_ids):
+        raise InvalidInput(f"{source}: numaMemory must name every NUMA node {numa_ids}")
+    if not memory:
+        total = _bytes(doc.get("memory", DEFAULT_MEMORY), f"{source}: memory")
+        memory = {n.numa: n.memory for n in split_memory(total, numa_ids)}
+    nodes = tuple(NodeMemory(n, memory[n], pages.get(n, ())) for n in numa_ids)
+    for entry in nodes:
+        if sum(s * c for s, c in entry.hugepages) > entry.memory:
+            raise InvalidInput(f"{source}: hugepages of NUMA node {entry.numa} exceed its memory")
+    return nodes
+
+
 def _scalars(doc: Mapping[str, Any], source: str) -> tuple[str, int]:
     memory = doc.get("memory", DEFAULT_MEMORY)
     if isinstance(memory, bool) or parse_quantity(str(memory), f"{source}: memory") <= 0:
@@ -175,6 +243,14 @@ def parse_machine(doc: Any, text: str, source: str = "<machine file>") -> Machin
     if reserved == topology.cpus:
         raise InvalidInput(f"{source}: reservedCpus cover every CPU; nothing is left for pods")
     memory, pods = _scalars(doc, source)
+    node_memory = _node_memory(doc, sorted(numa_ids), source)
+    if "numaMemory" in doc:
+        total = sum(n.memory for n in node_memory)
+        if "memory" in doc and _bytes(doc["memory"], f"{source}: memory") != total:
+            raise InvalidInput(
+                f"{source}: memory {doc['memory']} is not the sum of numaMemory ({total} bytes)"
+            )
+        memory = str(total)
     gpus: tuple[PhysicalGpu, ...] = ()
     if doc.get("devices") is not None:
         gpus = tuple(parse_devices_text(text, source))
@@ -191,6 +267,7 @@ def parse_machine(doc: Any, text: str, source: str = "<machine file>") -> Machin
         memory=memory,
         pods=pods,
         distances=distances,
+        node_memory=node_memory,
         gpus=gpus,
         links=doc.get("links"),
     )

@@ -45,6 +45,14 @@ async def test_demo_prediction_miss_is_corrected_by_the_refit() -> None:
     assert "== prediction-miss: PASS" in out and "FAIL" not in out
 
 
+async def test_demo_memory_decides_the_numa_node_and_is_predicted() -> None:
+    code, out, err = await _hamid("demo", "--scenario", "memory-prediction")
+    assert code == 0, out + err
+    assert "memory pinned to NUMA 0" in out and "kubelet's memory manager pinned 64Gi to NUMA 1" in out
+    assert "predicted kubelet's NUMA 1" in out and "plugin sent no refit request" in out
+    assert "== memory-prediction: PASS" in out and "FAIL" not in out
+
+
 async def test_demo_refit_scenario_prints_the_timeline() -> None:
     code, out, err = await _hamid("demo", "--scenario", "refit")
     assert code == 0, out + err
@@ -67,9 +75,9 @@ async def test_demo_all_scenarios_json() -> None:
     refit = result["scenarios"][0]
     assert refit["event"].startswith("NUMA refit moved container 0 from [")
     running = [s["final"] for s in result["scenarios"] if s.get("final", {}).get("phase") == "Running"]
-    # refit, numa-bind, exact-fit, many-numa, the three best-effort/disabled fallbacks, prediction
-    # and prediction-miss
-    assert len(running) == 9
+    # refit, numa-bind, exact-fit, many-numa, the three best-effort/disabled fallbacks, prediction,
+    # prediction-miss and memory-prediction
+    assert len(running) == 10
     for final in running:  # every running container is on its accounted GPUs, fallback or not
         assert (
             sorted(final["runtimeGpus"])

@@ -81,3 +81,14 @@ async def test_small_soak_with_prediction_scores_every_prediction() -> None:
     assert result["prediction"] == "on" and result["prediction_hits"] > 0, result
     assert result["prediction_misses"] == sum(result["miss_causes"].values()), result
     assert result["opted_in_refitted"] <= result["opted_in"] and 0 <= result["refit_rate"] <= 1
+
+
+@pytest.mark.slow
+async def test_small_soak_with_the_static_memory_manager_predicts_memory() -> None:
+    """Nodes with kubelet's Memory Manager Static and pods whose memory binds before their CPUs: every
+    invariant holds and the scheduler predicts kubelet (profiles of format 3 with memory)."""
+    args = ("--pods", "40", "--nodes", "2", "--seed", "7", "--live", "16", "--concurrency", "20")
+    code, result = await _soak(*args, "--memory-manager", "static")
+    assert result["violations"] == 0 and code == 0, result
+    assert result["memory_manager"] == "static" and result["prediction_hits"] > 0, result
+    assert result["prediction_unknown"] == 0, result

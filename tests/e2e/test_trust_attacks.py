@@ -3,8 +3,10 @@
 Attack 1: a tenant patches its running pod's ``hami.io/vgpu-devices-allocated`` (a 1 MiB entry on
 another GPU, or ``:::``) so that the scheduler frees the GPU the container still runs on. Attack 2:
 a tenant patches a parked pod of this scheduler with ``hami.io/vgpu-node`` and an unreadable
-allocation, so that the node's GPUs are booked full. The tenant here is the anonymous client
-(``system:anonymous``); the scheduler and the plugin talk as their own ServiceAccounts.
+allocation, so that the node's GPUs are booked full. Past admission, a restarted scheduler books
+what it recorded in the pod's status (``hamid.io/AllocationBooked``), not the tampered annotation.
+The tenant here is the anonymous client (``system:anonymous``); the scheduler and the plugin talk
+as their own ServiceAccounts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from hamid.kube.errors import KubeError
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
+from hamid.scheduler.signing import booked_record
 from hamidsim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
 from hamidsim.cluster_view import wait_until
 from hamidsim.demo import seed_pod
@@ -70,6 +73,7 @@ async def test_attack_1_is_denied_and_bypassing_admission_moves_no_booking(shape
         forged = f"{other},NVIDIA,1,0:;" if shape == "another-gpu" else ":::"
         booked = cluster.booked_usage()
         assert booked[NODE][gpu][1] == MIB
+        allocated = cluster.annotations("victim")[ann.DEVICES_ALLOCATED]
 
         # the webhook denies the tenant's patch: nothing changes
         with pytest.raises(KubeError) as denied:
@@ -95,6 +99,24 @@ async def test_attack_1_is_denied_and_bypassing_admission_moves_no_booking(shape
         # a second pod asking for the same GPU is not placed on the over-committed card
         await cluster.create_pod(_pinned("second", gpu))
         await _stays_pending(cluster, "second")
+        assert cluster.booked_usage() == booked
+
+        # the bind recorded the booking in the pod's status (pods/status: tenants get no write
+        # there), and kubelet's status writes kept it; a restart books that record, not the
+        # tampered annotation, so the card is still not given away
+        record = booked_record(cluster.pod("victim"))
+        assert record is not None and (record.node, record.allocated) == (NODE, allocated)
+        tried = len(cluster.scheduling_failures("second"))
+        await cluster.restart_scheduler()
+
+        def victim_booked() -> bool:
+            res = cluster.reservation("victim")
+            return res is not None and (res.node, res.raw) == (NODE, allocated)
+
+        await wait_until(victim_booked, 10, "the recorded allocation rebooked")
+        more = lambda: len(cluster.scheduling_failures("second")) > tried  # noqa: E731
+        await wait_until(more, 30, "the second pod tried again after the restart")
+        assert not cluster.pod("second")["spec"].get("nodeName") and cluster.reservation("second") is None
         assert cluster.booked_usage() == booked
 
 

@@ -27,6 +27,7 @@ from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import Spawn
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.refit.plan import MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
+from hamid.scheduler.signing import record_booked
 from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
@@ -136,7 +137,9 @@ class RefitCommitter:
                     "its outcome is unknown; both GPU sets stay booked until the pod is read back or updated"
                 )
             else:
-                if not outcome:
+                if outcome:
+                    self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
+                else:
                     undo()
                 state.release_hold(hold)
                 what = "it was applied" if outcome else "it was not applied"
@@ -149,7 +152,24 @@ class RefitCommitter:
             raise
         state.release_hold(hold)
         self._feed_ledger(uid, res.node, plan)
+        self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
         return patched
+
+    async def _record(self, pod: tuple[str, str, str], node: str, allocated: str) -> None:
+        """Record the refitted allocation as booked in the pod's status (after its annotations
+        landed: a record must never name an allocation that was not applied). Off the refit's
+        path: until it lands, the annotations' later signature outranks the older record."""
+        try:
+            await record_booked(
+                self.kube,
+                self.state.keys,
+                pod,
+                node,
+                allocated,
+                budget_s=POD_READ_TIMEOUT_S,
+            )
+        except KubeError as exc:
+            log.warning("refit_booking_record_failed", pod=f"{pod[0]}/{pod[1]}", error=str(exc))
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
         """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""
@@ -180,7 +200,10 @@ class RefitCommitter:
                 )
                 if outcome is None or pending.hold not in state.holds(pending.uid):
                     continue
-                if not outcome:
+                if outcome:
+                    pod = (pending.namespace, pending.name, pending.uid)
+                    self.spawn(self._record(pod, pending.node, pending.new_allocated))
+                else:
                     pending.undo()
                 state.release_hold(pending.hold)
             waited = round(asyncio.get_running_loop().time() - started, 3)

@@ -7,7 +7,7 @@
 ``topologymanager`` hints, bitmasks, merge per policy, policy options, manager checks
 ``cpumanager``      none/static policies, options, ``SMTAlignmentError``, CPU hints and state
 ``cpu_assignment``  ``takeByTopologyNUMAPacked`` / ``takeByTopologyNUMADistributed``
-``memorymanager``   ``None`` modelled; ``Static`` refused with a clear message
+``memorymanager``   ``None`` and ``Static`` (memory and hugepages hints, groups, reservedMemory)
 ``admission``       Topology Manager scopes (container, pod) and the allocatable predicate
 ``podresources``    the PodResources API v1 server
 ``status``          pod status writes with retry; ``node`` the node status and manager set-up

@@ -23,6 +23,7 @@ from hamidsim.kubelet.errors import (
     topology_affinity_error,
     unexpected,
 )
+from hamidsim.kubelet.memorymanager import MemoryManagerError, StaticMemoryPolicy
 from hamidsim.kubelet.podutil import is_restartable_init, pod_aggregate, pod_containers
 from hamidsim.kubelet.topologymanager import (
     POLICY_NONE,
@@ -48,16 +49,23 @@ class Admitter:
     """Runs the Topology Manager's admission for one pod against the device and CPU managers."""
 
     def __init__(
-        self, settings: TopologySettings, devices: DeviceManager, cpus: CpuManager, log: Any
+        self,
+        settings: TopologySettings,
+        devices: DeviceManager,
+        cpus: CpuManager,
+        log: Any,
+        memory: StaticMemoryPolicy | None = None,
     ) -> None:
         self.settings = settings
         self.devices = devices
         self.cpus = cpus
+        #: The Static memory manager (None with policy None, which gives no hints and pins nothing).
+        self.memory = memory
         self._log = log
 
     def _merge(self, providers: list[ProviderHints]) -> TopologyHint:
         s = self.settings
-        hint, admit = merge_hints(s.policy, s.numa_ids, [*providers, None], s.distance)
+        hint, admit = merge_hints(s.policy, s.numa_ids, providers, s.distance)
         self._log.info("best_topology_hint", hint=hint.describe(), admit=admit)
         if not admit:
             raise topology_affinity_error()
@@ -84,6 +92,17 @@ class Admitter:
                 await self._allocate(
                     pod, record.uid, container, assignment, reuse_devices, reuse_cpus, releases
                 )
+        self._record_memory(record)
+
+    def _record_memory(self, record: PodAdmission) -> None:
+        """Each container's memory blocks as the pod holds them after every container is admitted
+        (earlier init containers' blocks shrink by what later containers reused)."""
+        if self.memory is None:
+            return
+        held = self.memory.assignments.get(record.uid, {})
+        for assignment in record.containers:
+            blocks = held.get(assignment.name, [])
+            assignment.memory = {b.resource: (b.numa, b.size) for b in blocks}
 
     def _container_providers(
         self,
@@ -104,7 +123,20 @@ class Admitter:
             cpu_hints = {
                 "cpu": self.cpus.hints(ncpus, reuse_cpus, self.cpus.assignments.get(uid, {}).get(name))
             }
-        return [device_hints or None, cpu_hints]
+        memory_hints = None if self.memory is None else self._memory_hints(pod, uid, container)
+        return [device_hints or None, cpu_hints, memory_hints]
+
+    def _memory_hints(
+        self, pod: Mapping[str, Any], uid: str, container: Mapping[str, Any] | None
+    ) -> ProviderHints:
+        """The memory manager's hints; an unreadable request gives none (kubelet logs it and goes on)."""
+        assert self.memory is not None
+        try:
+            if container is None:
+                return self.memory.pod_hints(pod, uid)
+            return self.memory.container_hints(pod, uid, container)
+        except MemoryManagerError:
+            return None
 
     def _pod_providers(self, pod: Mapping[str, Any], uid: str) -> list[ProviderHints]:
         """``GetPodTopologyHints`` of both providers: one hint set for the pod's accumulated request."""
@@ -112,7 +144,8 @@ class Admitter:
             self.settings.numa_ids, self.devices.pod_requests(pod), {}, self.devices.pod_allocated(uid)
         )
         cpu_hints = self.cpus.pod_hints(pod, uid)
-        return [device_hints or None, None if cpu_hints is None else {"cpu": cpu_hints}]
+        memory_hints = None if self.memory is None else self._memory_hints(pod, uid, None)
+        return [device_hints or None, None if cpu_hints is None else {"cpu": cpu_hints}, memory_hints]
 
     async def _allocate(
         self,
@@ -124,10 +157,28 @@ class Admitter:
         reuse_cpus: set[int],
         releases: bool,
     ) -> None:
-        """``allocateAlignedResources``: devices first, then CPUs (kubelet's provider order)."""
+        """``allocateAlignedResources``: devices, then CPUs, then memory (kubelet's provider order)."""
         affinity = None if assignment.hint is None else assignment.hint.affinity
         requests = self.devices.container_requests(container)
         await self.devices.allocate_container(uid, assignment, requests, reuse_devices, affinity, releases)
+        self._allocate_cpus(pod, uid, container, assignment, reuse_cpus, releases)
+        if self.memory is not None:
+            try:
+                self.memory.allocate(pod, uid, container, assignment.hint or TopologyHint(None, False))
+            except MemoryManagerError as exc:
+                raise unexpected(str(exc)) from exc
+
+    def _allocate_cpus(
+        self,
+        pod: Mapping[str, Any],
+        uid: str,
+        container: Mapping[str, Any],
+        assignment: ContainerAssignment,
+        reuse_cpus: set[int],
+        releases: bool,
+    ) -> None:
+        """The static CPU policy's ``Allocate`` inside the hint."""
+        affinity = None if assignment.hint is None else assignment.hint.affinity
         ncpus = self.cpus.requested(pod, container)
         if not ncpus:
             return
@@ -171,6 +222,8 @@ async def admit_pod(
     if not record.admitted:
         admitter.devices.release(record.uid)
         admitter.cpus.release(record.uid)
+        if admitter.memory is not None:
+            admitter.memory.release(record.uid)
 
 
 # --- predicate admission (lifecycle/predicate.go, noderesources fit) --------------------------------

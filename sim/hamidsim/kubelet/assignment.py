@@ -67,6 +67,8 @@ class ContainerAssignment:
     device_numa_nodes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     preferred_calls: list[PreferredCall] = field(default_factory=list)
     allocate: dict[str, JSON] = field(default_factory=dict)
+    #: The Static memory manager's blocks: memory type → (NUMA nodes, bytes).
+    memory: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
 
     @property
     def numa_node(self) -> int | None:
@@ -103,6 +105,7 @@ class ContainerAssignment:
             "preferredAllocation": [c.to_json() for c in self.preferred_calls],
             "allocate": self.allocate,
             "env": self.env,
+            "memory": {k: {"numaNodes": list(n), "size": size} for k, (n, size) in self.memory.items()},
         }
 
     @classmethod
@@ -124,6 +127,10 @@ class ContainerAssignment:
             device_numa_nodes={k: tuple(v) for k, v in (data.get("deviceNumaNodes") or {}).items()},
             preferred_calls=[PreferredCall.from_json(c) for c in data.get("preferredAllocation") or ()],
             allocate=dict(data.get("allocate") or {}),
+            memory={
+                k: (tuple(int(n) for n in v["numaNodes"]), int(v["size"]))
+                for k, v in (data.get("memory") or {}).items()
+            },
         )
 
 

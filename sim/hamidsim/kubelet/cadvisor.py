@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from hamid.model.errors import InvalidInput
+from hamidsim.kubelet.quantity import quantity_value
 
 #: Linux's distance to the local node and to any remote node when the firmware reports no SLIT.
 LOCAL_DISTANCE = 10
@@ -239,6 +240,23 @@ class NumaNode:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeMemory:
+    """What cAdvisor reports for one NUMA node: its memory (``node<N>/meminfo`` MemTotal) and its
+    hugepages as (page size, pages) in bytes (``node<N>/hugepages/hugepages-<kB>kB/nr_hugepages``)."""
+
+    numa: int
+    memory: int
+    hugepages: tuple[tuple[int, int], ...] = ()
+
+
+def split_memory(total: int, numa_ids: Sequence[int]) -> tuple[NodeMemory, ...]:
+    """``total`` bytes in equal shares over the NUMA nodes, the rest on the last one."""
+    share = total // len(numa_ids)
+    rest = total - share * len(numa_ids)
+    return tuple(NodeMemory(n, share + (rest if n == numa_ids[-1] else 0)) for n in numa_ids)
+
+
+@dataclass(frozen=True, slots=True)
 class MachineInfo:
     """The node as kubelet sees it (cAdvisor ``MachineInfo`` plus the machine's ``reservedCpus``)."""
 
@@ -249,6 +267,12 @@ class MachineInfo:
     pods: int = 110
     #: ``distances[a][b]``: the SLIT distance between NUMA nodes (index = position in ``numa_ids``).
     distances: tuple[tuple[int, ...], ...] = field(default=())
+    #: Memory and hugepages per NUMA node; empty: ``memory`` split evenly, no hugepages.
+    node_memory: tuple[NodeMemory, ...] = field(default=())
+
+    def memory_per_numa(self) -> tuple[NodeMemory, ...]:
+        """Memory per NUMA node: as given, else the capacity in equal shares."""
+        return self.node_memory or split_memory(quantity_value(self.memory, "machine memory"), self.numa_ids)
 
     @property
     def numa_ids(self) -> list[int]:

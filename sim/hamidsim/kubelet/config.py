@@ -20,8 +20,13 @@ import yaml
 from hamid.model.errors import InvalidInput
 from hamidsim.kubelet.cadvisor import parse_cpu_list
 from hamidsim.kubelet.cpumanager import CPU_POLICY_NONE, CPU_POLICY_STATIC
-from hamidsim.kubelet.memorymanager import MEMORY_POLICY_NONE, MemoryReservation, parse_reserved_memory
-from hamidsim.kubelet.quantity import parse_quantity
+from hamidsim.kubelet.memorymanager import (
+    MEMORY_POLICY_NONE,
+    MemoryReservation,
+    is_memory_resource,
+    parse_reserved_memory,
+)
+from hamidsim.kubelet.quantity import parse_quantity, quantity_value
 from hamidsim.kubelet.topologymanager import (
     POLICY_NONE,
     POLICY_SINGLE_NUMA_NODE,
@@ -43,6 +48,7 @@ MODELLED_KEYS = (
     "topologyManagerPolicyOptions",
     "memoryManagerPolicy",
     "reservedMemory",
+    "evictionHard",
     "featureGates",
     "maxPods",
 )
@@ -114,7 +120,6 @@ IGNORED_KEYS = frozenset(
         "kubeAPIBurst",
         "serializeImagePulls",
         "maxParallelImagePulls",
-        "evictionHard",
         "evictionSoft",
         "evictionSoftGracePeriod",
         "evictionPressureTransitionPeriod",
@@ -182,6 +187,10 @@ class KubeletConfig:
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     memory_manager_policy: str = MEMORY_POLICY_NONE
     reserved_memory: tuple[MemoryReservation, ...] = ()
+    #: ``kubeReserved`` + ``systemReserved`` of memory and ``hugepages-*``, in bytes per type.
+    reserved_memory_types: Mapping[str, int] = field(default_factory=dict)
+    #: ``evictionHard`` as given (None: unset, kubelet's defaults apply).
+    eviction_hard: Mapping[str, str] | None = None
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     max_pods: int | None = None
 
@@ -216,6 +225,25 @@ def _reserved_cpu_count(doc: Mapping[str, Any], source: str) -> int:
         if "cpu" in section:
             total += parse_quantity(section["cpu"], f"{source}: {key}.cpu")
     return -((-total.numerator) // total.denominator) if total else 0
+
+
+def _reserved_memory_types(doc: Mapping[str, Any], source: str) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for key in ("kubeReserved", "systemReserved"):
+        section = doc.get(key) or {}
+        for name, raw in section.items() if isinstance(section, Mapping) else ():
+            if is_memory_resource(str(name)):
+                total[str(name)] = total.get(str(name), 0) + quantity_value(raw, f"{source}: {key}.{name}")
+    return total
+
+
+def _eviction_hard(doc: Mapping[str, Any], source: str) -> dict[str, str] | None:
+    value = doc.get("evictionHard")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{source}: evictionHard must map eviction signals to thresholds")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _check_header(doc: Mapping[str, Any], source: str) -> None:
@@ -272,6 +300,8 @@ def parse_kubelet_config(doc: Any, source: str = "<kubelet config>") -> KubeletC
         topology_manager_policy_options=_string_map(doc, "topologyManagerPolicyOptions", source),
         memory_manager_policy=str(doc.get("memoryManagerPolicy") or MEMORY_POLICY_NONE),
         reserved_memory=parse_reserved_memory(doc.get("reservedMemory"), source),
+        reserved_memory_types=_reserved_memory_types(doc, source),
+        eviction_hard=_eviction_hard(doc, source),
         feature_gates={str(k): bool(v) for k, v in gates.items()},
         max_pods=max_pods,
     )

@@ -39,7 +39,7 @@ from hamidsim.kubelet.cadvisor import MachineInfo, format_cpu_list
 from hamidsim.kubelet.config import SIM_DEFAULTS, KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.errors import REASON_UNEXPECTED_ADMISSION, AdmissionFailure
-from hamidsim.kubelet.node import NodeStatusPublisher, build_managers
+from hamidsim.kubelet.node import NodeStatusPublisher, build_managers, build_memory_manager
 from hamidsim.kubelet.podresources import PodResourcesServer, PodResourcesView, default_socket
 from hamidsim.kubelet.quantity import quantity_milli_value, quantity_value
 from hamidsim.kubelet.registration import RegistrationServer
@@ -115,13 +115,18 @@ class SimKubelet:
             log=self._log,
         )
         self.cpus, settings = build_managers(machine, self.config)
-        self._admitter = Admitter(settings, self.devices, self.cpus, self._log)
+        self.memory = build_memory_manager(machine, self.config)
+        self._admitter = Admitter(settings, self.devices, self.cpus, self._log, self.memory)
         self.status = StatusManager(kube, self._log, status_retry_interval)
         self._registration = RegistrationServer(self.root, self.devices.register, self._log)
         self._records = AdmissionRecords(max_records)
         socket = Path(pod_resources_socket) if pod_resources_socket else default_socket(self.root)
         view = PodResourcesView(
-            self._records.reported, lambda: self.resources, self.cpus.allocatable, self._topology
+            self._records.reported,
+            lambda: self.resources,
+            self.cpus.allocatable,
+            self._topology,
+            list if self.memory is None else self.memory.allocatable,
         )
         self.pod_resources = PodResourcesServer(socket, view)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -331,6 +336,8 @@ class SimKubelet:
 
     def _release(self, uid: str) -> None:
         released = self.devices.release(uid) | self.cpus.release(uid)
+        if self.memory is not None:
+            released |= self.memory.release(uid)
         record = self._records.get(uid)
         if record is not None:
             record.released = True
@@ -349,7 +356,10 @@ class SimKubelet:
             for p in self._pods.values()
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         }
-        for uid in (self.cpus.assignments.keys() | self.devices.pod_devices.keys()) - active:
+        held = self.cpus.assignments.keys() | self.devices.pod_devices.keys()
+        if self.memory is not None:
+            held |= self.memory.assignments.keys()
+        for uid in held - active:
             self._log.info("stale_pod_state_removed", uid=uid)
             self._release(uid)
 
@@ -421,6 +431,8 @@ class SimKubelet:
                 }
                 if c.cpus:
                     self.cpus.assignments.setdefault(uid, {})[c.name] = c.cpus
+                if c.memory and self.memory is not None:
+                    self.memory.restore(uid, c.name, c.memory)
             self._log.info("running_pod_restored", pod=record.key)
             await self._readmit(pod, record)
             self._changed()

@@ -27,7 +27,16 @@ from hamidsim.kubelet.cpumanager import (
     validate_cpu_options,
 )
 from hamidsim.kubelet.devicemanager import DeviceManager
-from hamidsim.kubelet.memorymanager import check_memory_manager
+from hamidsim.kubelet.memorymanager import (
+    MEMORY,
+    MEMORY_POLICY_STATIC,
+    StaticMemoryPolicy,
+    check_memory_manager,
+    eviction_memory,
+    hugepages_resource,
+    system_reserved_memory,
+)
+from hamidsim.kubelet.quantity import quantity_value
 from hamidsim.kubelet.status import now_text
 from hamidsim.kubelet.topologymanager import check_manager, parse_policy_options
 
@@ -77,12 +86,39 @@ def build_managers(machine: MachineInfo, config: KubeletConfig) -> tuple[CpuMana
     reserved = reserved_cpus(machine, config, cpu_options)
     if policy == CPU_POLICY_STATIC:
         validate_cpu_options(cpu_options, machine.cpu_topology, config.topology_manager_policy)
-    check_memory_manager(config.memory_manager_policy, config.reserved_memory)
+    check_memory_manager(config.memory_manager_policy)
     distance = machine.distance if options.prefer_closest else None
     settings = TopologySettings(
         config.topology_manager_policy, config.topology_manager_scope, tuple(machine.numa_ids), distance
     )
     return CpuManager(machine.cpu_topology, policy, reserved, cpu_options), settings
+
+
+def build_memory_manager(machine: MachineInfo, config: KubeletConfig) -> StaticMemoryPolicy | None:
+    """The Static memory manager (None with policy None); InvalidInput with kubelet's reason.
+
+    ``reservedMemory`` must add up, per memory type, to node allocatable's reservation: ``kubeReserved``
+    + ``systemReserved`` (+ ``evictionHard``'s ``memory.available`` for regular memory).
+    """
+    check_memory_manager(config.memory_manager_policy)
+    if config.memory_manager_policy != MEMORY_POLICY_STATIC:
+        return None
+    capacity = quantity_value(machine.memory, "machine memory")
+    reservation = dict(config.reserved_memory_types)
+    eviction = eviction_memory(config.eviction_hard, capacity, "kubelet config")
+    reservation[MEMORY] = reservation.get(MEMORY, 0) + eviction
+    reserved = system_reserved_memory(machine.numa_ids, config.reserved_memory, reservation)
+    return StaticMemoryPolicy.create(machine.memory_per_numa(), reserved)
+
+
+def hugepages_capacity(machine: MachineInfo) -> dict[str, int]:
+    """Bytes of hugepages per ``hugepages-<size>`` resource over all NUMA nodes."""
+    result: dict[str, int] = {}
+    for node in machine.memory_per_numa():
+        for size, pages in node.hugepages:
+            name = hugepages_resource(size)
+            result[name] = result.get(name, 0) + size * pages
+    return result
 
 
 def node_status(
@@ -95,13 +131,19 @@ def node_status(
 ) -> JSON:
     """The node ``status`` (merge-patch form: removed device resources map to None).
 
-    Allocatable CPUs are the machine's minus the reserved ones; memory is reported unreserved.
+    Allocatable CPUs are the machine's minus the reserved ones; memory is reported unreserved, less
+    the hugepages (each ``hugepages-<size>`` is a resource of its own).
     """
     capacity, allocatable, deleted = devices
     total = len(machine.all_cpus)
     pods = str(config.max_pods or machine.pods)
     cap: dict[str, Any] = {"cpu": str(total), "memory": machine.memory, "pods": pods}
     alloc: dict[str, Any] = {"cpu": str(total - len(cpus.reserved)), "memory": machine.memory, "pods": pods}
+    hugepages = hugepages_capacity(machine)
+    if hugepages:
+        alloc["memory"] = str(quantity_value(machine.memory, "machine memory") - sum(hugepages.values()))
+        for name, size in sorted(hugepages.items()):
+            cap[name] = alloc[name] = str(size)
     for name in sorted(capacity):
         cap[name] = str(capacity[name])
         alloc[name] = str(allocatable[name])
@@ -164,11 +206,9 @@ class NodeStatusPublisher:
         """Publish the node status now; returns the node as the API server answered."""
         status = self.status()
         node = await self.kube.patch_node_status(self.node_name, status)
-        self._published = {k for k, v in status["capacity"].items() if v is not None} - {
-            "cpu",
-            "memory",
-            "pods",
-        }
+        self._published = {
+            k for k, v in status["capacity"].items() if v is not None and not k.startswith("hugepages-")
+        } - {"cpu", "memory", "pods"}
         return node
 
     async def ensure_node(self) -> None:

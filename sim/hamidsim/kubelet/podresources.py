@@ -3,7 +3,8 @@
 assignment annotation is written from, so the two always agree.
 
 Devices are reported per NUMA node as kubelet's ``podDevices`` keeps them (devices without topology
-under node -1); ``cpu_ids`` are exclusive CPUs only; ``memory`` stays empty (memory manager None).
+under node -1); ``cpu_ids`` are exclusive CPUs only; ``memory`` is the Static memory manager's blocks
+(and, in ``GetAllocatableResources``, its allocatable memory per NUMA node; empty with policy None).
 """
 
 # ruff: noqa: ASYNC109
@@ -69,6 +70,10 @@ def _allocatable_devices(resources: Mapping[str, ResourceState]) -> list[pr.Cont
     return result
 
 
+def _numa(nodes: Iterable[int]) -> pr.TopologyInfo:
+    return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
+
+
 class PodResourcesView:
     """What the server reads: active pod records, device state and the allocatable CPUs."""
 
@@ -78,11 +83,14 @@ class PodResourcesView:
         resources: Callable[[], Mapping[str, ResourceState]],
         allocatable_cpus: Callable[[], frozenset[int]],
         device_topology: Callable[[str], Mapping[str, DeviceTopology]],
+        allocatable_memory: Callable[[], list[tuple[int, str, int]]] = list,
     ) -> None:
         self.active = active
         self.resources = resources
         self.allocatable_cpus = allocatable_cpus
         self.device_topology = device_topology
+        #: (NUMA node, memory type, bytes) the Static memory manager may pin (empty with None).
+        self.allocatable_memory = allocatable_memory
 
     def pod(self, record: PodAdmission) -> pr.PodResources:
         """One pod's resources (every container, also those holding nothing)."""
@@ -91,7 +99,13 @@ class PodResourcesView:
             devices = [
                 d for r in sorted(c.devices) for d in _per_numa(r, c.devices[r], self.device_topology(r))
             ]
-            containers.append(pr.ContainerResources(name=c.name, devices=devices, cpu_ids=sorted(c.cpus)))
+            memory = [
+                pr.ContainerMemory(memory_type=t, size=size, topology=_numa(nodes))
+                for t, (nodes, size) in sorted(c.memory.items())
+            ]
+            containers.append(
+                pr.ContainerResources(name=c.name, devices=devices, cpu_ids=sorted(c.cpus), memory=memory)
+            )
         return pr.PodResources(name=record.name, namespace=record.namespace, containers=containers)
 
 
@@ -112,6 +126,10 @@ class _Lister(PodResourcesListerBase):
             pr.AllocatableResourcesResponse(
                 devices=_allocatable_devices(self.view.resources()),
                 cpu_ids=sorted(self.view.allocatable_cpus()),
+                memory=[
+                    pr.ContainerMemory(memory_type=t, size=size, topology=_numa((n,)))
+                    for n, t, size in self.view.allocatable_memory()
+                ],
             )
         )
 

@@ -1,6 +1,7 @@
 """What the kubelet writes to the API server: the node status (capacity and allocatable, like
 ``setters.go``) and pod statuses through a status manager that keeps a failed write and retries it
-until it lands, as kubelet's ``status_manager`` does on its periodic sync."""
+until it lands, as kubelet's ``status_manager`` does on its periodic sync, and that leaves the
+conditions kubelet does not own as it found them."""
 
 from __future__ import annotations
 
@@ -101,6 +102,26 @@ def stopped_containers(record: PodAdmission, exit_code: int) -> list[JSON]:
     ]
 
 
+#: The pod conditions kubelet owns (``kubetypes.PodConditionsByKubelet``); it keeps any other.
+KUBELET_CONDITIONS = frozenset(
+    {"PodScheduled", "Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers"}
+)
+
+
+def kubelet_status_patch(status: JSON) -> JSON:
+    """A status as kubelet's status manager patches it: its own conditions merged by type, so a
+    condition it does not own (a readiness gate's, the scheduler's record) stays as another writer
+    left it (``mergePodStatus`` keeps them, and its two-way strategic patch leaves them out); each
+    container status replaced whole."""
+    patch = dict(status)
+    if "conditions" in status:
+        patch["conditions"] = [c for c in status["conditions"] if c.get("type") in KUBELET_CONDITIONS]
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in status:
+            patch[key] = [{**c, "$patch": "replace"} for c in status[key]]
+    return patch
+
+
 class StatusManager:
     """Writes pod statuses; a failed write is kept (the latest one per pod) and retried."""
 
@@ -124,7 +145,7 @@ class StatusManager:
 
     async def _write(self, uid: str, namespace: str, name: str, status: JSON) -> bool:
         try:
-            await self.kube.patch_pod_status(namespace, name, status)
+            await self.kube.patch_pod_status(namespace, name, kubelet_status_patch(status), strategic=True)
         except NotFound:
             return False
         except KubeError as exc:

@@ -8,6 +8,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from hamid.kube.client import PODS, KubeClient
+from hamid.kube.errors import Conflict
 from hamidsim.apiserver import ApiServer
 from hamidsim.apiserver.errors import ApiError
 from tests.builders import pod
@@ -131,6 +133,34 @@ async def test_status_subresources(core: client.CoreV1Api) -> None:
     with pytest.raises(ApiException) as err:
         await core.read_node("n1")
     assert err.value.status == 404
+
+
+async def test_conditions_change_only_through_status_and_merge_by_type(kube: KubeClient) -> None:
+    """As the real server: the main path's PATCH and PUT keep the stored status (a tenant who may
+    update its pod cannot touch its conditions), ``/status`` with a strategic patch merges
+    conditions by type, and a UID in the patch is a precondition."""
+    uid = (await kube.create_pod(pod("c")))["metadata"]["uid"]
+    record = {
+        "type": "hamid.io/AllocationBooked",
+        "status": "True",
+        "reason": "SignedAllocation",
+        "message": "m",
+    }
+    await kube.patch_pod_status("default", "c", {"conditions": [record]}, strategic=True, uid=uid)
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1"}
+    both = await kube.patch_pod_status("default", "c", {"conditions": [unschedulable]}, strategic=True)
+    assert [c["type"] for c in both["status"]["conditions"]] == ["hamid.io/AllocationBooked", "PodScheduled"]
+
+    forged = {"conditions": [{**record, "message": "forged"}], "phase": "Running"}
+    await kube.patch(PODS, "c", {"status": forged}, "default")
+    live = await kube.get_pod("default", "c")
+    live["status"] = forged
+    await kube.replace(PODS, "c", live, "default")
+    with pytest.raises(Conflict):
+        await kube.patch_pod_status("default", "c", {"conditions": [record]}, strategic=True, uid="other")
+    kept = await kube.get_pod("default", "c")
+    assert kept["status"]["phase"] == "Pending"
+    assert kept["status"]["conditions"] == both["status"]["conditions"]
 
 
 async def test_namespaces_and_cascade(core: client.CoreV1Api, apiserver: ApiServer) -> None:

@@ -215,3 +215,109 @@ def test_follower_refuses_bad_settings() -> None:
         LeaseFollower(None, "ns", "n", "", poll_interval=1)
     with pytest.raises(ValueError):
         LeaseFollower(None, "ns", "n", "host", poll_interval=0)
+
+
+def candidate(
+    kube: KubeClient, now: list[float], timings: tuple[float, float, float], **kwargs: Any
+) -> LeaderElector:
+    """``b`` campaigning for the lease :func:`put_lease` writes, its wall clock reading ``now[0]``."""
+    duration, renew, retry = timings
+    return LeaderElector(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "b",
+        lease_duration=duration,
+        renew_deadline=renew,
+        retry_period=retry,
+        clock=lambda: now[0],
+        **kwargs,
+    )
+
+
+async def test_a_candidate_takes_over_at_renew_time_plus_duration_not_on_its_retry_tick(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """The holder last renewed 9.5 s ago (10 s lease): the candidate, whose retry tick is 4 s and
+    who saw the record just now, takes over at renewTime + duration, about 0.5 s later."""
+    log: list[str] = []
+    now = [T0.timestamp() + 9.5]
+    b = candidate(kube, now, (10, 6, 4), on_started_leading=lambda: log.append("b+"))
+    await put_lease(apiserver, "a", duration=10)
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        started = loop.time()
+        task = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw the lease")
+        await asyncio.sleep(0.2)
+        now[0] += 0.2
+        assert not b.is_leader  # 0.3 s of the lease left on b's wall clock
+        now[0] += 0.4  # the wall clock passes renewTime + duration while b sleeps
+        await eventually(lambda: b.is_leader, within=3, what="b takes over")
+        took = loop.time() - started
+        task.cancel()
+    assert took < 4, took  # before its first retry tick (4-4.8 s), let alone the observed 10 s
+    assert log == ["b+"]
+
+
+async def test_a_renew_time_ahead_of_the_candidates_clock_leaves_client_gos_bound(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """The candidate's wall clock is 100 s behind the renewTime: it waits the whole lease from
+    when it saw the record, as client-go (never sooner)."""
+    now = [T0.timestamp() - 100]
+    b = candidate(kube, now, (2, 1.5, 0.2))
+    await put_lease(apiserver, "a", duration=2)
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        started = loop.time()
+        task = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw the lease")
+        await asyncio.sleep(1.5)
+        assert not b.is_leader
+        await eventually(lambda: b.is_leader, within=5, what="b takes over")
+        took = loop.time() - started
+        task.cancel()
+    assert took >= 2, took
+
+
+async def test_a_released_lease_is_taken_at_once_not_on_the_retry_tick(kube: KubeClient) -> None:
+    """The candidate watches the lease: the holder's release (SIGTERM, a rolling update) wakes it,
+    so it takes over well before its 4 s retry tick."""
+    log: list[str] = []
+    slow: dict[str, Any] = {"lease_duration": 10.0, "renew_deadline": 6.0, "retry_period": 4.0}
+    a = LeaderElector(kube, "kube-system", "hamid-scheduler", "a", **slow)
+    b = LeaderElector(
+        kube, "kube-system", "hamid-scheduler", "b", on_started_leading=lambda: log.append("b+"), **slow
+    )
+    loop = asyncio.get_running_loop()
+    async with asyncio.TaskGroup() as tg:
+        task_a = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        task_b = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b saw a's lease")
+        await asyncio.sleep(0.3)  # b is waiting for its next tick, its watch open
+        task_a.cancel()
+        await asyncio.gather(task_a, return_exceptions=True)  # released on the way out
+        released = loop.time()
+        await eventually(lambda: b.is_leader, within=10, what="b takes the released lease")
+        took = loop.time() - released
+        task_b.cancel()
+    assert took < 2.0, took
+    assert log == ["b+"]
+
+
+async def test_the_release_survives_a_renewal_that_landed_unseen(kube: KubeClient, apiserver: Any) -> None:
+    """Cancelled while a renewal was in flight, the leader's copy of the lease is stale: its
+    release meets a 409, reads the lease again and still hands it over."""
+    a = elector(kube, "a", [])
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        task.cancel()
+        # the renewal whose answer a never read: the stored lease moved past a's copy
+        lease = apiserver.get("Lease", "kube-system", "hamid-scheduler")
+        lease["spec"]["renewTime"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        apiserver.put(lease)
+    released = await kube.get_lease("kube-system", "hamid-scheduler")
+    assert released["spec"]["holderIdentity"] == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import shutil
 import tempfile
 import time
@@ -19,6 +20,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.model.numa import (
     ContainerPrediction,
+    MemoryBlock,
     PodPrediction,
     decode_placement,
     decode_profile,
@@ -54,6 +56,8 @@ class Kubelet:
 
     records: list[PodAdmission] = field(default_factory=list)
     allocatable: frozenset[int] = frozenset(range(1, 8))
+    #: (NUMA node, memory type, bytes) the Static memory manager reports allocatable.
+    memory: list[tuple[int, str, int]] = field(default_factory=list)
 
 
 def record(name: str, cpus: set[int] = frozenset(), devices: tuple[str, ...] = ()) -> PodAdmission:  # type: ignore[assignment]
@@ -109,7 +113,11 @@ async def env(apiserver: ApiServer, kube: KubeClient) -> AsyncIterator[Env]:
     kubelet = Kubelet()
     resources = {GPU: ResourceState(GPU, all_devices=dict(TOPOLOGY), healthy=set(TOPOLOGY))}
     view = PodResourcesView(
-        lambda: kubelet.records, lambda: resources, lambda: kubelet.allocatable, lambda _r: TOPOLOGY
+        lambda: kubelet.records,
+        lambda: resources,
+        lambda: kubelet.allocatable,
+        lambda _r: TOPOLOGY,
+        lambda: kubelet.memory,
     )
     socket = directory / "pod-resources" / "kubelet.sock"
     server = PodResourcesServer(socket, view)
@@ -339,3 +347,29 @@ async def test_a_refused_pod_does_not_block_the_others(env: Env, logs: list[dict
     assert PROFILE in env.annotations("Node", NODE)
     refused = [e for e in logs if e["event"] == "numa_placement_write_failed_retrying"]
     assert len(refused) == 1 and refused[0]["pod"] == "default/p0"
+
+
+async def test_memory_of_the_static_memory_manager_is_published(env: Env) -> None:
+    """Under ``memoryManagerPolicy: Static`` the profile carries PodResources' allocatable memory per
+    NUMA node (format 4) and a placement each container's memory blocks (format 2); the memory's
+    NUMA nodes count as the container's."""
+    (env.directory / "config.yaml").write_text(CONFIG + "memoryManagerPolicy: Static\n")
+    gi = 1 << 30
+    env.kubelet.memory = [(0, "memory", 30 * gi), (1, "hugepages-1Gi", 4 * gi), (1, "memory", 27 * gi)]
+    shared = record("shared")
+    shared.containers[0].memory = {"memory": ((0, 1), 40 * gi)}
+    env.kubelet.records = [shared]
+    env.server.put(pod("shared"))
+    await env.synced()
+    await env.publisher.publish_once()
+    raw = env.annotations("Node", NODE)[PROFILE]
+    assert json.loads(raw)["v"] == 4
+    profile = decode_profile(raw)
+    assert profile.memory_allocatable() == {
+        0: {"memory": 30 * gi},
+        1: {"hugepages-1Gi": 4 * gi, "memory": 27 * gi},
+    }
+    placement = decode_placement(env.annotations("Pod", "shared")[PLACEMENT])
+    (main,) = placement.containers
+    assert main.memory == (MemoryBlock(frozenset({0, 1}), "memory", 40 * gi),)
+    assert main.numa == {0, 1} and main.cpus == frozenset()

@@ -418,3 +418,40 @@ async def test_pre_start_container_called_when_required(kube: KubeClient, root: 
     finally:
         await kubelet.stop()
         await fake.stop()
+
+
+async def test_conditions_kubelet_does_not_own_survive_its_status_writes(
+    kube: KubeClient, root: Path, plugin: FakePlugin
+) -> None:
+    """kubelet's status manager keeps every condition it does not own (``mergePodStatus``: only
+    ``kubetypes.PodConditionsByKubelet`` are its to write; readiness gates rely on it): a
+    condition written through ``pods/status`` before the pod was bound outlives admission, the
+    Running status and the end of the pod."""
+    kubelet = make_kubelet(kube, root)
+    try:
+        await started(kubelet, plugin)
+        created = await kube.create_pod(
+            builders.pod("gated", containers=pod("x", "1", 1)["spec"]["containers"])
+        )
+        foreign = {
+            "type": "example.com/Gate",
+            "status": "True",
+            "reason": "Checked",
+            "message": "by a controller",
+        }
+        await kube.patch_pod_status("default", "gated", {"conditions": [foreign]}, strategic=True)
+        await kube.bind_pod("default", "gated", created["metadata"]["uid"], NODE)
+        await kubelet.wait_admission("default", "gated", published=True)
+        live = await kube.get_pod("default", "gated")
+        assert live["status"]["phase"] == "Running"
+        by_type = {c["type"]: c for c in live["status"]["conditions"]}
+        assert {"PodScheduled", "Initialized", "ContainersReady", "Ready", "example.com/Gate"} <= set(by_type)
+        assert {k: by_type["example.com/Gate"][k] for k in foreign} == foreign
+        assert all("$patch" not in s for s in live["status"]["containerStatuses"])
+        await kubelet.terminate_pod("default", "gated")
+        ended = await kube.get_pod("default", "gated")
+        assert ended["status"]["phase"] == "Succeeded"
+        assert "example.com/Gate" in {c["type"] for c in ended["status"]["conditions"]}
+        assert "running" not in ended["status"]["containerStatuses"][0]["state"]
+    finally:
+        await kubelet.stop()

@@ -293,6 +293,7 @@ def test_rbac_is_exactly_what_each_mode_uses() -> None:
     assert scheduler == {
         *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
         ("", "pods/binding", "create"),
+        ("", "pods/status", "patch"),
         *{("", "nodes", v) for v in ("get", "list", "watch", "patch")},
         ("", "events", "create"),
         ("", "events", "patch"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,25 +37,29 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from hamid.fit.numa_fit import NumaTargets, numa_targets, offered_targets
+from hamid.fit.numa_memory import MemoryLedger
 from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, PluginView, Prediction, predict
 from hamid.model.devices import ContainerDevice, PodDevices
-from hamid.model.numa import CpuInfo, KubeletPolicies, NumaProfile
+from hamid.model.numa import CpuInfo, KubeletPolicies, MemoryBlock, NumaProfile
 from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamidsim.kubelet.admission import Admitter
 from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
 from hamidsim.kubelet.cadvisor import CpuInfo as SimCpuInfo
-from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
+from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, NodeMemory, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.endpoint import Endpoint, connect
 from hamidsim.kubelet.errors import AdmissionFailure
-from hamidsim.kubelet.node import build_managers
+from hamidsim.kubelet.memorymanager import MemoryReservation
+from hamidsim.kubelet.node import build_managers, build_memory_manager
 from tests.integration.sim.fakeplugin import FakePlugin
 
 GPU = "nvidia.com/gpu"
 NIC = "example.com/nic"
 RESOURCES = (GPU, NIC)
 NOW = 1_000_000
+MI = 1 << 20
+GI = 1 << 30
 EXAMPLES = int(os.environ.get("HAMID_DIFFERENTIAL_EXAMPLES", "300"))
 SEED = int(os.environ.get("HAMID_DIFFERENTIAL_SEED", "20261201"))
 
@@ -90,6 +94,43 @@ class Machine:
     distribute_numa: bool = False
     #: The GPUs are served by hamid's plugin (GetPreferredAllocation prefers the annotated GPUs).
     hamid_gpus: bool = False
+    #: Memory Manager Static: per NUMA node its memory (GiB), 1Gi hugepages and reservedMemory
+    #: (MiB); empty: policy None.
+    memory_gib: tuple[int, ...] = ()
+    hugepages: tuple[int, ...] = ()
+    reserved_mib: tuple[int, ...] = ()
+
+    def node_memory(self) -> tuple[NodeMemory, ...]:
+        """What cAdvisor reports per NUMA node (empty: the simulator's even split, no hugepages)."""
+        return tuple(
+            NodeMemory(n, gib * GI, ((GI, self.hugepages[n]),) if self.hugepages[n] else ())
+            for n, gib in enumerate(self.memory_gib)
+        )
+
+    def memory_config(self) -> dict[str, Any]:
+        """The KubeletConfiguration fields of the memory manager: reservedMemory per NUMA node,
+        matched by systemReserved + kubelet's default 100Mi hard eviction."""
+        if not self.memory_gib:
+            return {}
+        reserved = tuple(
+            MemoryReservation(n, (("memory", mib * MI),)) for n, mib in enumerate(self.reserved_mib) if mib
+        )
+        return {
+            "memory_manager_policy": "Static",
+            "reserved_memory": reserved,
+            "reserved_memory_types": {"memory": (sum(self.reserved_mib) - 100) * MI},
+        }
+
+    def memory_allocatable(self) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None:
+        """What kubelet's PodResources reports as allocatable memory (the profile's ``memory``)."""
+        if not self.memory_gib:
+            return None
+        out = []
+        for n, gib in enumerate(self.memory_gib):
+            huge = self.hugepages[n] * GI
+            types = (("hugepages-1Gi", huge),) if huge else ()
+            out.append((n, (*types, ("memory", gib * GI - huge - self.reserved_mib[n] * MI))))
+        return tuple(out)
 
     @property
     def total_cores(self) -> int:
@@ -179,6 +220,16 @@ def machines(draw: st.DrawFn) -> Machine:
     distribute_numa = (
         cpu_policy == "static" and not spread_cores and draw(st.sampled_from([False, False, True]))
     )
+    memory: dict[str, Any] = {}
+    if draw(st.booleans()):  # Memory Manager Static
+        memory = {
+            "memory_gib": tuple(draw(st.sampled_from([4, 8, 8, 16])) for _ in range(numa)),
+            "hugepages": tuple(draw(st.sampled_from([0, 0, 1, 2])) for _ in range(numa)),
+            "reserved_mib": (
+                draw(st.sampled_from([512, 1024])),
+                *(draw(st.sampled_from([0, 256])) for _ in range(numa - 1)),
+            ),
+        }
     return Machine(
         numa=numa,
         numa_per_socket=numa_per_socket,
@@ -198,6 +249,7 @@ def machines(draw: st.DrawFn) -> Machine:
         align_uncore=cpu_policy == "static" and not (spread_cores or distribute_numa) and draw(st.booleans()),
         distribute_numa=distribute_numa,
         hamid_gpus=draw(st.booleans()),
+        **memory,
     )
 
 
@@ -206,11 +258,20 @@ def machines(draw: st.DrawFn) -> Machine:
 # ==========================================================================================
 
 
-def _container(name: str, qos: str, cpu: str, gpus: int, restartable: bool, nics: int = 0) -> dict[str, Any]:
+def _container(
+    name: str,
+    qos: str,
+    cpu: str,
+    gpus: int,
+    restartable: bool,
+    nics: int = 0,
+    memory: str = "64Mi",
+    hugepages: int = 0,
+) -> dict[str, Any]:
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
     if qos == "Guaranteed":
-        limits = {"cpu": cpu, "memory": "64Mi"}
+        limits = {"cpu": cpu, "memory": memory} | ({"hugepages-1Gi": f"{hugepages}Gi"} if hugepages else {})
         requests = dict(limits)
     elif qos == "Burstable":
         requests = {"cpu": cpu}
@@ -233,11 +294,22 @@ def pods(draw: st.DrawFn, name: str) -> dict[str, Any]:
     cpu = st.sampled_from(["1", "1", "2", "2", "3", "4", "6", "500m", "1500m"])
     gpus = st.sampled_from([0, 0, 0, 1, 1, 2])
     nics = st.sampled_from([0, 0, 0, 0, 1])
+    memory = st.sampled_from(["64Mi", "64Mi", "1Gi", "3Gi", "6Gi", "10Gi", "20Gi"])
+    hugepages = st.sampled_from([0, 0, 0, 1, 2])
 
     def containers(prefix: str, low: int, high: int, init: bool) -> list[dict[str, Any]]:
         count = draw(st.integers(low, high))
         return [
-            _container(f"{prefix}{i}", qos, draw(cpu), draw(gpus), init and draw(st.booleans()), draw(nics))
+            _container(
+                f"{prefix}{i}",
+                qos,
+                draw(cpu),
+                draw(gpus),
+                init and draw(st.booleans()),
+                draw(nics),
+                draw(memory),
+                draw(hugepages),
+            )
             for i in range(count)
         ]
 
@@ -327,7 +399,9 @@ class SimNode:
             for cpu, core, socket, numa, uncore in m.cpu_rows_with_uncore()
         }
         topology = CpuTopology(details)
-        machine = MachineInfo(numa_nodes_of(topology), frozenset(), topology, distances=m.distances)
+        machine = MachineInfo(
+            numa_nodes_of(topology), frozenset(), topology, distances=m.distances, node_memory=m.node_memory()
+        )
         config = KubeletConfig(
             cpu_manager_policy=m.cpu_policy,
             cpu_manager_policy_options=m.cpu_options(),
@@ -335,6 +409,7 @@ class SimNode:
             topology_manager_policy=m.tm_policy,
             topology_manager_scope=m.scope,
             topology_manager_policy_options=m.tm_options(),
+            **m.memory_config(),
         )
         log = structlog.wrap_logger(structlog.ReturnLogger())
         self.devices = DeviceManager(
@@ -362,7 +437,10 @@ class SimNode:
             self.device_numa[resource] = {d: n for d, (n, _h) in ids.items()}
             self.healthy |= {d for d, (_n, h) in ids.items() if h}
         self.cpus, settings = build_managers(machine, config)
-        self.admitter = Admitter(settings, self.devices, self.cpus, log)
+        self.memory = build_memory_manager(machine, config)
+        self.admitter = Admitter(settings, self.devices, self.cpus, log, self.memory)
+        #: Admitted pods in order (the ledger books their memory blocks in that order).
+        self.admitted: list[str] = []
         self.loop = plugin.loop
         self.preference = plugin.hamid_preference
         self.hamid_gpus = m.hamid_gpus
@@ -376,10 +454,13 @@ class SimNode:
         try:
             self.loop.run_until_complete(self.admitter.admit(pod, record))
             record.admitted = True
+            self.admitted.append(record.uid)
         except AdmissionFailure as failure:
             record.reason, record.message = failure.reason, failure.message
             self.devices.release(record.uid)
             self.cpus.release(record.uid)
+            if self.memory is not None:
+                self.memory.release(record.uid)
         return record
 
     def free_gpus(self) -> list[str]:
@@ -407,7 +488,21 @@ class SimNode:
                 counts[0] += 1
                 counts[1] += device in self.healthy and device not in held
             devices[resource] = {n: (t, f) for n, (t, f) in per.items()}
-        return NumaLedger(generation, self.cpus.available(), devices)
+        return NumaLedger(generation, self.cpus.available(), devices, self.memory_ledger())
+
+    def memory_ledger(self) -> MemoryLedger | None:
+        """The predictor's memory state: kubelet's allocatable memory, then every admitted pod's
+        blocks booked in admission order (as the scheduler books observed placements)."""
+        if self.memory is None:
+            return None
+        allocatable: dict[int, dict[str, int]] = {n: {} for n in self.memory.machine}
+        for n, name, size in self.memory.allocatable():
+            allocatable[n][name] = size
+        ledger = MemoryLedger(allocatable)
+        for uid in self.admitted:
+            for blocks in self.memory.assignments.get(uid, {}).values():
+                ledger.apply([MemoryBlock(frozenset(b.numa), b.resource, b.size) for b in blocks])
+        return ledger
 
 
 def profile_of(m: Machine) -> NumaProfile:
@@ -429,7 +524,9 @@ def profile_of(m: Machine) -> NumaProfile:
             topology_manager_policy=m.tm_policy,
             topology_manager_scope=m.scope,
             topology_manager_options=m.tm_options(),
+            memory_manager_policy="Static" if m.memory_gib else "None",
         ),
+        memory=m.memory_allocatable(),
     )
 
 
@@ -439,10 +536,12 @@ def profile_of(m: Machine) -> NumaProfile:
 
 
 def sim_numa(a: ContainerAssignment) -> frozenset[int]:
-    """The NUMA node(s) kubelet chose for a container: its hint, else where its resources landed."""
+    """The NUMA node(s) kubelet chose for a container: its hint, else where its resources landed;
+    and where its memory is pinned (the memory manager may extend the hint)."""
+    memory = frozenset().union(*(numa for numa, _size in a.memory.values()))
     if a.hint is not None and a.hint.affinity is not None:
-        return frozenset(a.hint.affinity)
-    return frozenset(a.cpu_numa_nodes).union(*(a.device_numa_nodes.values()))
+        return frozenset(a.hint.affinity) | memory
+    return frozenset(a.cpu_numa_nodes).union(*(a.device_numa_nodes.values()), memory)
 
 
 def sim_device_usage(node: SimNode, uid: str) -> dict[str, dict[int, int]]:
@@ -470,6 +569,20 @@ def check_agreement(
         r: {n: k for n, k in per.items() if k} for r, per in got.usage.devices.items() if any(per.values())
     }
     assert predicted_devices == sim_device_usage(node, record.uid)
+    for predicted, actual in zip(got.containers, record.containers, strict=True):
+        predicted_memory = {b.resource: b.numa for b in predicted.memory}
+        assert predicted_memory == {t: frozenset(n) for t, (n, _s) in actual.memory.items()}, predicted.name
+    assert _bytes_by_type(b for c in got.containers for b in c.memory) == _bytes_by_type(
+        MemoryBlock(frozenset(n), t, size) for a in record.containers for t, (n, size) in a.memory.items()
+    )
+
+
+def _bytes_by_type(blocks: Iterable[MemoryBlock]) -> dict[str, int]:
+    """Pinned bytes per memory type (a pod's init-container reuse splits them differently per container)."""
+    out: dict[str, int] = {}
+    for b in blocks:
+        out[b.resource] = out.get(b.resource, 0) + b.size
+    return out
 
 
 def gpu_counts(pod: Mapping[str, Any]) -> list[int]:
@@ -605,6 +718,8 @@ def test_unknown_rate_is_low(plugin: Plugin) -> None:
             tally[f"{where} on a node with a newly modelled option"] += 1
         elif predict(profile_of(machine), node.ledger(1), pod, now=NOW).outcome is Outcome.UNKNOWN:
             tally[f"{where} unknown before the plugin's answer"] += 1
+        if machine.memory_gib:
+            tally[f"memory static {got.outcome.value}"] += 1
         if got.outcome is Outcome.UNKNOWN:
             tally[f"{where} unknown: {unknown_cause(got, node.hamid_gpus)}"] += 1
 

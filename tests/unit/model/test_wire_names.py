@@ -26,6 +26,7 @@ ANNOTATIONS = {
     "BIND_PHASE_SUCCESS": "success",
     "BIND_PHASE_FAILED": "failed",
     "ALLOCATION_SIGNATURE": "hamid.io/allocation-signature",
+    "ALLOCATION_BOOKED_CONDITION": "hamid.io/AllocationBooked",
     "USE_GPU_UUID": "nvidia.com/use-gpuuuid",
     "NOUSE_GPU_UUID": "nvidia.com/nouse-gpuuuid",
     "USE_GPU_TYPE": "nvidia.com/use-gputype",

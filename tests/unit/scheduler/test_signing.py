@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hamid.model import annotations as ann
 from hamid.model.errors import InvalidInput
-from hamid.scheduler.signing import AllocationKeys, key_id, load_key_file
+from hamid.scheduler.signing import AllocationKeys, booked_condition, booked_record, key_id, load_key_file
 from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
 
@@ -130,3 +131,92 @@ def test_the_filter_signature_is_what_the_booking_remembers() -> None:
     res = state.reservation("uid-a")
     assert res is not None and res.issued > 0
     assert SchedulerState().signature("uid-a", "n1", RAW) == {ann.ALLOCATION_SIGNATURE: None}
+
+
+RAW1 = "n1-gpu1,NVIDIA,1000,10:;"
+
+
+def recorded(p: dict[str, Any], keys: AllocationKeys, node_name: str, raw: str) -> dict[str, Any]:
+    """The pod with the booked-allocation record a bind or refit writes in its status (merged by
+    type, as the strategic patch does: it replaces an earlier record)."""
+    uid = p["metadata"]["uid"]
+    condition = booked_condition(node_name, raw, keys.sign(uid, node_name, raw), keys.clock())
+    status = p.setdefault("status", {})
+    others = [c for c in status.get("conditions", []) if c["type"] != condition["type"]]
+    status["conditions"] = [*others, condition]
+    return p
+
+
+def tampered(p: dict[str, Any], raw: str) -> dict[str, Any]:
+    """A tenant rewrote the allocation past admission (its signature no longer verifies)."""
+    out = copy.deepcopy(p)
+    out["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = raw
+    return out
+
+
+def test_the_booked_record_reads_back_and_refuses_garbage() -> None:
+    keys = ticking_keys()
+    p = recorded(pod("a"), keys, "n1", RAW)
+    record = booked_record(p)
+    assert record is not None and (record.node, record.allocated) == ("n1", RAW)
+    assert keys.verify("uid-a", "n1", RAW, record.signature) is not None
+    condition = p["status"]["conditions"][0]
+    assert condition["type"] == ann.ALLOCATION_BOOKED_CONDITION == "hamid.io/AllocationBooked"
+    for message in ("", "{", "[]", '{"node": "n1"}', '{"node": 1, "allocated": "x", "signature": "y"}'):
+        assert booked_record({"status": {"conditions": [{**condition, "message": message}]}}) is None
+    assert booked_record({"status": {"conditions": "x"}}) is None
+    assert booked_record({}) is None
+
+
+def test_after_a_restart_a_tampered_pod_books_what_its_record_proves() -> None:
+    """The soak's leader pause: a tenant rewrote a running pod's allocation past both admission
+    layers; the restarted scheduler books the record (what the container holds) and reports."""
+    keys = ticking_keys()
+    original = recorded(signed(placed(pod("a"), "n1", RAW), keys), keys, "n1", RAW)
+    moved = tampered(original, RAW1)
+    garbage = tampered(original, ":::")
+    for p in (moved, garbage):
+        state = _restarted(keys, p)
+        assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+        assert state.foreign == [] and state.undecodable == []
+        ((reported, why),) = state.disagreed
+        assert reported is p and "hamid.io/AllocationBooked" in why and f"n1: {RAW} is what it books" in why
+    # a record that does not verify proves nothing: the pod is foreign as before
+    forged = recorded(tampered(original, RAW1), ticking_keys(b"y" * 32), "n1", RAW1)
+    state = _restarted(keys, forged)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert [why for _, why in state.foreign] == [
+        "its hamid.io/allocation-signature does not verify: this scheduler did not write it"
+    ]
+
+
+def test_the_later_of_record_and_annotations_stands() -> None:
+    keys = ticking_keys()
+    first = recorded(signed(placed(pod("a"), "n1", RAW), keys), keys, "n1", RAW)
+    # a refit's annotations landed (signed later), its record not yet: the annotations stand
+    refit = signed(placed(copy.deepcopy(first), "n1", RAW1), keys)
+    state = _restarted(keys, refit)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert state.disagreed == []
+    # the refit's record landed; a tenant then writes the older signed allocation back: the record
+    # stands (the replay that verified across a restart before the record existed)
+    refit = recorded(refit, keys, "n1", RAW1)
+    replayed = copy.deepcopy(refit)
+    replayed["metadata"]["annotations"] = dict(first["metadata"]["annotations"])
+    state = _restarted(keys, replayed)
+    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert len(state.disagreed) == 1
+
+
+def test_a_live_booking_still_reports_a_tampered_annotation_its_record_contradicts() -> None:
+    keys = ticking_keys()
+    original = recorded(signed(placed(pod("a"), "n1", RAW), keys), keys, "n1", RAW)
+    state = _restarted(keys, original)
+    state.on_pod(tampered(original, RAW1))
+    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    assert len(state.disagreed) == 1
+    # unsigned mode writes no record and reads none (it books a pod without a booking as found)
+    unsigned = SchedulerState()
+    unsigned.on_node(node("n1"))
+    unsigned.on_pod(tampered(original, RAW1))
+    assert unsigned.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}

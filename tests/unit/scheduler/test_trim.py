@@ -12,8 +12,9 @@ from hamid.model import annotations as ann
 from hamid.model.nodelock import holder_state
 from hamid.model.resources import ResourceConfig, all_containers
 from hamid.scheduler.podtrim import trim_scheduler_pod
+from hamid.scheduler.signing import booked_condition
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import container, node, placed, pod
+from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -152,13 +153,36 @@ def test_replicas_share_their_container_parts_and_strings() -> None:
 
 def test_the_kept_annotations_are_every_annotation_key_hamid_defines() -> None:
     """A key added to hamid/model without its place in ``HAMID_ANNOTATION_KEYS`` would be trimmed away."""
-    label_keys = {ann.SCHEDULER_ROLE, ann.WEBHOOK}
+    not_annotations = {
+        ann.SCHEDULER_ROLE,
+        ann.WEBHOOK,
+        ann.ALLOCATION_BOOKED_CONDITION,
+    }  # labels, a condition
     defined = {
         value
         for name, value in vars(ann).items()
-        if name.isupper() and isinstance(value, str) and "/" in value and value not in label_keys
+        if name.isupper() and isinstance(value, str) and "/" in value and value not in not_annotations
     }
     assert len(ann.HAMID_ANNOTATION_KEYS) == len(set(ann.HAMID_ANNOTATION_KEYS))
     assert set(ann.HAMID_ANNOTATION_KEYS) == defined
     p = pod("p", annotations=dict.fromkeys(defined, "x") | {LAST_APPLIED: "{}"})
     assert set(trim_scheduler_pod(p)["metadata"]["annotations"]) == defined
+
+
+def test_the_booked_record_is_the_one_condition_kept() -> None:
+    """A restart books the record when a tenant rewrote the annotations: trimmed pods must carry it."""
+    keys = ticking_keys()
+    raw = "n1-gpu0,NVIDIA,1000,10:;"
+    full = realistic(signed(placed(pod("a", containers=[container("main", 1, 1000, 10)]), "n1", raw), keys))
+    record = booked_condition("n1", raw, keys.sign(full["metadata"]["uid"], "n1", raw), 1.0)
+    full["status"]["conditions"] = [{"type": "Ready", "status": "True"}, record]
+    full["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = "n1-gpu1,NVIDIA,1,10:;"  # tampered
+    trimmed = trim_scheduler_pod(full)
+    assert trimmed["status"]["conditions"] == [record]
+    snapshots = []
+    for view in (full, trimmed):
+        state = SchedulerState(keys=keys)
+        state.on_node(node("n1"))
+        state.on_pod(view)
+        snapshots.append(state.snapshot())
+    assert snapshots[0] == snapshots[1] and snapshots[0]["n1"]["n1-gpu0"] == (1, 1000, 10)

@@ -10,7 +10,7 @@ import yaml
 
 from hamid.model.errors import InvalidInput
 from hamidsim.kubelet.config import SIM_DEFAULTS, load_kubelet_config, parse_kubelet_config
-from hamidsim.kubelet.node import build_managers, reserved_cpus
+from hamidsim.kubelet.node import build_managers, build_memory_manager, reserved_cpus
 from hamidsim.kubelet.topologymanager import (
     TopologyHint,
     check_manager,
@@ -104,7 +104,10 @@ def test_header_and_ignored_fields() -> None:
         ("topologyManagerPolicyOptions: {bogus: 'x'}", 'unknown Topology Manager Policy option: "bogus"'),
         ("topologyManagerPolicyOptions: {max-allowable-numa-nodes: '4'}", "should not be less than 8"),
         ("topologyManagerPolicyOptions: {max-allowable-numa-nodes: 'x'}", "unable to convert policy option"),
-        ("memoryManagerPolicy: Static", "memoryManagerPolicy Static is not modelled"),
+        (
+            "memoryManagerPolicy: Static",
+            'the total amount "0" of type "memory" is not equal to the value "104857600"',
+        ),
         ("memoryManagerPolicy: Dynamic", 'unknown policy: "Dynamic"'),
         ("reservedSystemCPUs: '999'", "reserved CPUs 999 are not CPUs of this machine"),
     ],
@@ -113,6 +116,7 @@ def test_start_refusals(body: str, message: str) -> None:
     machine = parse_machine_text("numaNodes: [{id: 0, cpus: '0-3'}, {id: 1, cpus: '4-7'}]")
     with pytest.raises(InvalidInput, match=message.replace("+", r"\+")):
         build_managers(machine, config(body))
+        build_memory_manager(machine, config(body))
 
 
 def test_more_than_8_numa_nodes_needs_max_allowable() -> None:
