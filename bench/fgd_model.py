@@ -2,25 +2,32 @@
 
 Not the product path (``bench/trace.py`` is): every pod, CPU-only ones included, is placed by
 ``hamid.fit.fgd`` on a plain model of each node (free CPU, memory and milli-GPU per GPU; no NUMA,
-no HAMi fit, no kubelet), the typical workload learned online as the scheduler learns it. It
-answers how much of FGD's published figure comes from placing the CPU-only pods too:
-``--cpu-pods fgd`` places them where they add the least fragmentation (the paper), and
-``least-allocated`` where kube-scheduler's default profile puts them (the most free CPU, as a
-share), which is what happens to them in a cluster where hamid schedules only GPU pods.
-``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run).
+no HAMi fit, no kubelet), the typical workload learned online as the scheduler learns it. Each
+``--variants`` entry departs from hamid's choices one way, to measure a divergence from the
+paper's simulator: ``cpu_pods=least-allocated`` puts the CPU-only pods where kube-scheduler's
+default profile does (the most free CPU, as a share: a cluster where hamid schedules GPU pods
+only), ``workload=trace`` knows the typical workload from the trace up front, ``memory=off``
+leaves memory out of fragmentation, ``score=paper`` scores as the simulator does (an integer
+0..100) and ``ties=random`` draws among equal scores as kube-scheduler does (docs/packing.md).
+``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
+1: the full trace, about 10 minutes of CPU a run).
 The last output line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchstats import print_figures
-from replay.pods import MILLI, NODES_CSV, PODS_CSV, TracePod, arrivals, read_nodes, read_pods
+from replay.pods import MILLI, NODES_CSV, PODS_CSV, TraceNode, TracePod, arrivals, read_nodes, read_pods
 
 from hamid.fit.fgd import (
+    DEFAULT_HALF_LIFE,
     EMPTY,
     Gpu,
     NodeState,
@@ -34,22 +41,51 @@ from hamid.fit.fgd import (
 
 #: The typical workload is refreshed every this many pods (the scheduler's rule is proportional).
 REFRESH = 50
+#: The paper's simulator scores as kube-scheduler does: an integer 0..100 per node.
+MAX_SCORE = 100
 
 
-def shape(pod: TracePod) -> Shape:
+@dataclass(frozen=True)
+class Variant:
+    """How the model departs from hamid's choices, to measure one divergence from the paper at a time."""
+
+    cpu_pods: str = "fgd"  #: ``fgd`` or ``least-allocated``
+    workload: str = (
+        "online"  #: ``online`` (learned, decayed) or ``trace`` (the trace's own shapes, known up front)
+    )
+    memory: bool = True  #: memory in the shapes and in the shortage (the paper's fragmentation ignores it)
+    score: str = "exact"  #: ``exact`` gain, or ``paper``: ``int(sigmoid(gain / 1000 GPU) * 100)``
+    ties: str = "first"  #: equal scores go to the ``first`` node, or to a ``random`` one (kube-scheduler)
+
+
+def paper_score(gain: float) -> float:
+    """The simulator's score of a gain (milli-GPU): a sigmoid of GPUs, times 100, truncated."""
+    return float(int(MAX_SCORE / (1 + math.exp(-gain / MILLI))))
+
+
+def shape(pod: TracePod, memory: bool = True) -> Shape:
     """The pod's FGD shape (model rule upper-case, as the scheduler reads ``use-gputype``)."""
     models = tuple(pod.gpu_spec.upper().split("|")) if pod.gpu_spec else None
     share = pod.gpu_milli if pod.num_gpu else 0
-    return Shape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, share, models if pod.num_gpu else None)
+    mib = pod.memory_mib if memory else 0
+    return Shape(pod.cpu_milli, mib, pod.num_gpu, share, models if pod.num_gpu else None)
 
 
 class Model:
-    """Nodes as FGD states, the learned workload and its memo."""
+    """Nodes as FGD states, the typical workload and its memo."""
 
-    def __init__(self, states: list[NodeState], cpus: list[int]) -> None:
-        self.states = states
-        self.cpus = cpus
-        self.histogram = ShapeHistogram()
+    def __init__(self, nodes: list[TraceNode], variant: Variant, seed: int) -> None:
+        mem = variant.memory
+        self.states = [
+            NodeState.of(n.cpu_milli, n.memory_mib if mem else 0, [Gpu(MILLI, 0, n.model.upper())] * n.gpus)
+            for n in nodes
+        ]
+        self.cpus = [n.cpu_milli for n in nodes]
+        #: Free MiB per node, always enforced (NodeResourcesFit), whether or not FGD counts memory.
+        self.memory = [n.memory_mib for n in nodes]
+        self.variant = variant
+        self.rng = random.Random(seed)
+        self.histogram = ShapeHistogram(1e12 if variant.workload == "trace" else DEFAULT_HALF_LIFE)
         self.workload: Workload = EMPTY
         self.memo: dict[NodeState, float] = {}
 
@@ -59,49 +95,63 @@ class Model:
             value = self.memo[state] = fragmentation(state, self.workload)
         return value
 
-    def place(self, pod: Shape, cpu_pods: str) -> bool:
-        """Place one pod on the best node; whether it fitted."""
-        best: tuple[tuple[float, int], int, tuple[int, ...]] | None = None
-        for i, state in enumerate(self.states):
-            if pod.cpu > state.cpu or pod.memory > state.memory:
-                continue
-            if pod.gpus == 0:
-                if cpu_pods == "fgd":
-                    gain = self.frag(state) - self.frag(after(state, pod, ()))
-                else:
-                    gain = (state.cpu - pod.cpu) / self.cpus[i]
-                option: tuple[tuple[float, int], int, tuple[int, ...]] = ((gain, -i), i, ())
+    def _score(self, i: int, state: NodeState, pod: Shape) -> tuple[float, tuple[int, ...]] | None:
+        if pod.gpus == 0:
+            if self.variant.cpu_pods == "fgd":
+                gain = self.frag(state) - self.frag(after(state, pod, ()))
             else:
-                placed = best_placement(state, pod, self.frag)
-                if placed is None:
-                    continue
-                option = ((placed.gain, -i), i, placed.gpus)
-            if best is None or option[0] > best[0]:
-                best = option
-        if best is None:
+                return (state.cpu - pod.cpu) / self.cpus[i], ()
+            gpus: tuple[int, ...] = ()
+        else:
+            placed = best_placement(state, pod, self.frag)
+            if placed is None:
+                return None
+            gain, gpus = placed.gain, placed.gpus
+        return (paper_score(gain) if self.variant.score == "paper" else gain), gpus
+
+    def place(self, pod: Shape, real_memory: int) -> bool:
+        """Place one pod on the best node; whether it fitted (``real_memory``: its MiB, always enforced)."""
+        top: float | None = None
+        best: list[tuple[int, tuple[int, ...]]] = []
+        for i, state in enumerate(self.states):
+            if pod.cpu > state.cpu or real_memory > self.memory[i]:
+                continue
+            scored = self._score(i, state, pod)
+            if scored is None:
+                continue
+            if top is None or scored[0] > top:
+                top, best = scored[0], [(i, scored[1])]
+            elif scored[0] == top:
+                best.append((i, scored[1]))
+        if not best:
             return False
-        self.states[best[1]] = after(self.states[best[1]], pod, best[2])
+        i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
+        self.states[i] = after(self.states[i], pod, gpus)
+        self.memory[i] -= real_memory
         return True
 
 
-def replay(sample: int, seed: int, cpu_pods: str) -> dict[int, float]:
+def replay(sample: int, seed: int, variant: Variant) -> dict[int, float]:
     """Unallocated GPU % at 100 and 130 % arrived for one seed."""
     nodes = read_nodes(NODES_CSV)[::sample]
-    pods = read_pods(PODS_CSV)[::sample]
+    trace = read_pods(PODS_CSV)[::sample]
     capacity = sum(n.gpus for n in nodes) * MILLI
-    model = Model(
-        [NodeState.of(n.cpu_milli, n.memory_mib, [Gpu(MILLI, 0, n.model.upper())] * n.gpus) for n in nodes],
-        [n.cpu_milli for n in nodes],
-    )
+    mem = variant.memory
+    model = Model(nodes, variant, seed)
+    if variant.workload == "trace":
+        for pod in trace:
+            model.histogram.observe(shape(pod, mem))
+        model.workload = model.histogram.typical()
     arrived = allocated = 0
     out: dict[int, float] = {}
-    for k, pod in enumerate(arrivals(pods, capacity, seed)):
-        s = shape(pod)
-        model.histogram.observe(s)
-        if k % REFRESH == 0:
-            model.workload, model.memo = model.histogram.typical(), {}
+    for k, pod in enumerate(arrivals(trace, capacity, seed)):
+        s = shape(pod, mem)
+        if variant.workload == "online":
+            model.histogram.observe(s)
+            if k % REFRESH == 0:
+                model.workload, model.memo = model.histogram.typical(), {}
         arrived += pod.gpu_request
-        if model.place(s, cpu_pods):
+        if model.place(s, pod.memory_mib):
             allocated += pod.gpu_request
         for pct in (100, 130):
             if pct not in out and arrived >= pct / 100 * capacity:
@@ -110,22 +160,52 @@ def replay(sample: int, seed: int, cpu_pods: str) -> dict[int, float]:
 
 
 def main() -> None:
-    """Both ways of placing CPU-only pods, every seed; medians."""
+    """Each variant over every seed; medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=8, help="keep every K-th node and pod (default 8)")
     parser.add_argument("--seeds", default="42", help="seeds, e.g. 42-44")
-    parser.add_argument("--cpu-pods", default="fgd,least-allocated", help="fgd, least-allocated or both")
+    parser.add_argument(
+        "--variants",
+        default="cpu_pods=fgd;cpu_pods=least-allocated",
+        help="';'-separated variants, each ','-separated field=value of cpu_pods (fgd, least-allocated), "
+        "workload (online, trace), memory (on, off), score (exact, paper), ties (first, random); "
+        "default: CPU-only pods by fgd, then by least-allocated",
+    )
     args = parser.parse_args()
     first, _, last = args.seeds.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
     figures: dict[str, object] = {"sample": args.sample, "seeds": seeds, "nodes_file": str(Path(NODES_CSV))}
-    for mode in args.cpu_pods.split(","):
-        runs = [replay(args.sample, seed, mode) for seed in seeds]
+    for text in args.variants.split(";"):
+        variant = parse_variant(text)
+        runs = [replay(args.sample, seed, variant) for seed in seeds]
         medians = {pct: statistics.median(r[pct] for r in runs) for pct in (100, 130)}
         at100, at130 = medians[100], medians[130]
-        print(f"CPU-only pods by {mode}: unallocated {at100:.2f} % at 100 %, {at130:.2f} % at 130 % arrived")
-        figures[mode] = {f"unallocated_pct_at_{p}": round(v, 2) for p, v in medians.items()}
+        print(
+            f"{text or 'hamid'}: unallocated {at100:.2f} % at 100 %, {at130:.2f} % at 130 % arrived",
+            flush=True,
+        )
+        figures[text or "hamid"] = {f"unallocated_pct_at_{p}": round(v, 2) for p, v in medians.items()}
     print_figures(figures)
+
+
+def parse_variant(text: str) -> Variant:
+    """``field=value,...`` as a :class:`Variant` (SystemExit naming a bad field or value)."""
+    allowed = {
+        "cpu_pods": ("fgd", "least-allocated"),
+        "workload": ("online", "trace"),
+        "memory": ("on", "off"),
+        "score": ("exact", "paper"),
+        "ties": ("first", "random"),
+    }
+    fields: dict[str, object] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if value not in allowed.get(key, ()):
+            raise SystemExit(
+                f"variant {text!r}: {key}={value!r} is not one of {allowed.get(key, sorted(allowed))}"
+            )
+        fields[key] = value == "on" if key == "memory" else value
+    return Variant(**fields)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

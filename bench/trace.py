@@ -68,6 +68,8 @@ READ_AT = (90, 100, 110, 130)
 NO_GPU_ROOM = "no_gpu_room"
 CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
 CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
+#: Who places CPU-only pods unless ``--cpu-pods`` says otherwise.
+CPU_PODS_DEFAULT = "kube-scheduler"
 #: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
 NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
 #: The plugin's HAMi-core host directories go to memory when it can (one per container).
@@ -172,19 +174,35 @@ class ShapeCheck:
 
 
 async def _hamid_path(
-    cluster: Cluster, pod: dict[str, Any], feasible: tuple[str, ...], replay: Replay
+    cluster: Cluster,
+    trace: TracePod,
+    pod: dict[str, Any],
+    feasible: tuple[str, ...],
+    replay: Replay,
+    rng: random.Random,
 ) -> str:
-    """kube-scheduler with hamid as extender: the node bound, or the failure cause."""
+    """kube-scheduler with hamid as extender: the node bound, or the failure cause.
+
+    kube-scheduler scores the nodes hamid keeps (several only for a CPU-only pod) as it does any.
+    """
     if feasible:
         started = time.perf_counter()
-        node, error = await cluster.filter(pod, feasible)
+        kept, error = await cluster.filter(pod, feasible)
         replay.filter_s.append(time.perf_counter() - started)
         if error:
             return f"filter_error: {error}"
+        request = pod_requests(pod)
+        node = (
+            kept[0]
+            if len(kept) == 1
+            else select_host(((n, default_score(request, cluster.kube[n])) for n in kept), rng)
+        )
         if node is not None:
             await cluster.api.settle()
             error = await cluster.bind(pod, node)
             return f"bind_error: {error}" if error else node
+    if not trace.num_gpu:
+        return CPU_ONLY_NO_ROOM
     if feasible and cluster.numa != "off" and cluster.gpu_room(pod, feasible):
         return NUMA_REFUSED
     return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
@@ -216,7 +234,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     request = pod_requests(stored)
     feasible = tuple(feasible_nodes(request, cluster.kube.items()))
     if stored["spec"].get("schedulerName") == cluster.scheduler.settings.scheduler_name:
-        outcome = await _hamid_path(cluster, stored, feasible, replay)
+        outcome = await _hamid_path(cluster, trace, stored, feasible, replay, rng)
     else:
         outcome = await _default_path(cluster, stored, feasible, rng)
     node = cluster.nodes.get(outcome)
@@ -287,12 +305,16 @@ async def replay_one(
     policy: tuple[str, str],
     seed: int,
     limit: int | None = None,
+    cpu_pods: str = CPU_PODS_DEFAULT,
 ) -> dict[str, Any]:
-    """Replay the trace once (one policy, one seed; the first ``limit`` arrivals only); its figures."""
+    """Replay the trace once (one policy, one seed; the first ``limit`` arrivals only); its figures.
+
+    ``cpu_pods``: ``hamid`` runs the scheduler with ``--schedule-cpu-pods`` (CPU-only pods go
+    through hamid's filter too), ``kube-scheduler`` leaves them to the default profile."""
     capacity = sum(n.gpus for n in nodes) * MILLI
     sequence = arrivals(pods, capacity, seed)[:limit]
     with tempfile.TemporaryDirectory(prefix="hamid-trace-", dir=_SCRATCH) as hook:
-        cluster = Cluster(nodes, numa, policy[0], policy[1], hook)
+        cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid")
         await cluster.start()
         shapes = ShapeCheck(list(cluster.nodes.values()))
         replay = Replay(capacity, shapes=shapes)
@@ -445,6 +467,13 @@ def _arguments() -> argparse.Namespace:
         help="replays run at once, one process each (default: CPUs)",
     )
     parser.add_argument("--limit", type=int, help="replay only the first N arrivals (a quick look)")
+    parser.add_argument(
+        "--cpu-pods",
+        choices=("kube-scheduler", "hamid"),
+        default=CPU_PODS_DEFAULT,
+        help="who places CPU-only pods: kube-scheduler's default profile, or hamid's filter with "
+        f"--schedule-cpu-pods (default {CPU_PODS_DEFAULT})",
+    )
     parser.add_argument("--plot", type=Path, help="draw the curves (and the published ones) into this PNG")
     parser.add_argument(
         "--published-csv",
@@ -469,10 +498,15 @@ def main() -> None:
         raise SystemExit(2) from None
     print(
         f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} trace pods; arrivals to "
-        f"{INFLATION:.0%} of the GPUs; NUMA {args.numa}; seeds {args.seeds}",
+        f"{INFLATION:.0%} of the GPUs; NUMA {args.numa}; seeds {args.seeds}; "
+        f"CPU-only pods by {args.cpu_pods}",
         flush=True,
     )
-    jobs = [(nodes, pods, args.numa, policy, seed, args.limit) for policy in policies for seed in seeds]
+    jobs = [
+        (nodes, pods, args.numa, policy, seed, args.limit, args.cpu_pods)
+        for policy in policies
+        for seed in seeds
+    ]
     results: dict[str, dict[str, Any]] = {}
     runs: list[dict[str, Any]] = []
     for job, figures in zip(jobs, _run_all(jobs, args.jobs), strict=True):
@@ -486,7 +520,12 @@ def main() -> None:
         plot(args.plot, results, args.published_csv, f"openb, NUMA {args.numa}, seeds {args.seeds}")
         print(f"plot written to {args.plot}")
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    summary = {"numa": args.numa, "seeds": seeds, "peak_rss_mib": max(peak_rss_mib(), children)}
+    summary = {
+        "numa": args.numa,
+        "seeds": seeds,
+        "cpu_pods": args.cpu_pods,
+        "peak_rss_mib": max(peak_rss_mib(), children),
+    }
     summary["policies"] = {p: {k: v for k, v in f.items() if k != "curve"} for p, f in results.items()}
     print_figures(summary)
 

@@ -332,11 +332,19 @@ class Cluster:
     """hamid's scheduler over :class:`SimNode` s, with kube-scheduler's part (see the module docs)."""
 
     def __init__(
-        self, nodes: list[TraceNode], numa: str, node_policy: str, gpu_policy: str, hook_path: str
+        self,
+        nodes: list[TraceNode],
+        numa: str,
+        node_policy: str,
+        gpu_policy: str,
+        hook_path: str,
+        cpu_pods: bool = False,
     ) -> None:
         self.api = MemoryApi()
         self.numa = numa
-        settings = SchedulerSettings(node_policy=node_policy, gpu_policy=gpu_policy, reconcile_interval_s=0)
+        settings = SchedulerSettings(
+            node_policy=node_policy, gpu_policy=gpu_policy, reconcile_interval_s=0, schedule_cpu_pods=cpu_pods
+        )
         self.scheduler = Scheduler(self.api, settings=settings, events=_NoEvents())  # type: ignore[arg-type]
         self.refit: LocalRefitClient | None = None
         if numa != "off":
@@ -377,12 +385,12 @@ class Cluster:
         node, _fitted, _failed = self.scheduler.planner.plan(pod, spec, names)
         return node is not None
 
-    async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[str | None, str]:
-        """hamid's ``/filter``: the chosen node, or None and the error ("" when nothing fits)."""
+    async def filter(self, pod: JSON, candidates: tuple[str, ...]) -> tuple[list[str], str]:
+        """hamid's ``/filter``: the nodes it keeps (one for a GPU pod), or none and the error."""
         result = await self.scheduler.filtering.filter(FilterArgs(pod, candidates, None))
         if result.error:
-            return None, result.error
-        return (result.node_names[0] if result.node_names else None), ""
+            return [], result.error
+        return list(result.node_names or ()), ""
 
     async def bind(self, pod: JSON, node: str) -> str:
         """hamid's ``/bind`` ("" on success, else the error)."""

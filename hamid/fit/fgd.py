@@ -305,11 +305,13 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
 def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:
     """Where on ``node`` the pod removes the most fragmentation (``frag``: memoised F); None: no room.
 
-    Ties go to the GPU set with the least free GPU left (best fit), then the lowest positions.
+    A CPU-only pod has one placement (no GPU); its gain is never positive (it only takes CPU and
+    memory the typical shapes could need). Ties go to the GPU set with the least free GPU left
+    (best fit), then the lowest positions.
     """
     if pod.cpu > node.cpu or pod.memory > node.memory:
         return None
-    options = _options(node, pod)
+    options = _options(node, pod) if pod.gpus else [()]
     if not options:
         return None
     before = frag(node)

@@ -26,6 +26,9 @@ NUMA_PREDICTED_NOT_FIT = "NumaPredictedNotFit"
 #: node's CPU and memory) for a node whose room is short of the pod's request.
 INSUFFICIENT_CPU = "Insufficient cpu"
 INSUFFICIENT_MEMORY = "Insufficient memory"
+#: hamid: under the ``fgd`` node policy, a CPU-only pod would strand more GPU capacity on this
+#: node than on the candidates hamid kept.
+FGD_MORE_FRAGMENTATION = "FgdMoreFragmentation"
 
 # --- Event reasons --------------------------------------------------------------------------
 EVENT_FILTERING_SUCCEED = "FilteringSucceed"

@@ -121,6 +121,7 @@ class Scheduler:
             self.ledger.fit_quota,
             annotation_writers,
             self.metrics.untrusted_annotations,
+            s.schedule_cpu_pods,
         )
         self._build_verbs()
         self.handshakes = Handshakes(

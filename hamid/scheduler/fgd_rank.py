@@ -11,8 +11,9 @@ computation, and a filter recomputes only the nodes changed since the last pod o
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hamid.fit.fgd import (
@@ -51,8 +52,10 @@ _MEMO_SIZE = 200_000
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
 _REFRESH_MIN = 1
-#: The largest rank offset of the candidates' positions: far below any gain step (milli-GPU).
-_TIE_SPAN = 1e-6
+#: The rank offset per node ordinal: far below any gain step (milli-GPU), even at 100,000 nodes.
+_HAIR = 1e-9
+#: A gain index re-sorts at once when more than 1/_BULK of its nodes changed.
+_BULK = 8
 #: Pod shapes whose placement a node keeps before it starts afresh.
 _SHAPES_PER_NODE = 64
 #: Probability drift below which a refreshed workload with the same shapes is kept unchanged.
@@ -121,6 +124,9 @@ class FgdRanker:
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         self._frag: dict[NodeState, float] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
+        #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since).
+        self._indexes: dict[Shape, GainIndex] = {}
+        self._ordinals: dict[str, int] = {}
         numa.on_change = cpu_mem.on_change = self._dirty.add
 
     # -- the workload ----------------------------------------------------------------------------
@@ -167,6 +173,7 @@ class FgdRanker:
                 self._placed.clear()
                 self._frag.clear()
                 self._placements.clear()
+                self._indexes.clear()
         return self._workload
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -179,13 +186,34 @@ class FgdRanker:
             if changed is None:
                 self._states.clear()
                 self._placed.clear()
+                self._indexes.clear()
             else:
                 self._dirty.update(changed)
             self._inventory_seq = inventory.seq
         for name in self._dirty:
             self._states.pop(name, None)
             self._placed.pop(name, None)
+        for index in self._indexes.values():
+            index.dirty |= self._dirty
         self._dirty.clear()
+
+    def index(self, shape: Shape) -> GainIndex:
+        """The gain index of ``shape`` over every registered node (made on first use)."""
+        index = self._indexes.get(shape)
+        if index is None:
+            if len(self._indexes) >= _SHAPES_PER_NODE:
+                self._indexes.clear()
+            for name in self.inventory.nodes:  # registration order: deterministic ties
+                self.ordinal(name)
+            index = self._indexes[shape] = GainIndex(self.inventory.nodes)
+        return index
+
+    def ordinal(self, name: str) -> int:
+        """A node's place in the order equal gains are broken by (registration order, kept)."""
+        at = self._ordinals.get(name)
+        if at is None:
+            at = self._ordinals[name] = len(self._ordinals)
+        return at
 
     def node_state(self, name: str, entry: NodeEntry) -> NodeState:
         """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
@@ -254,6 +282,53 @@ def _close(a: Workload, b: Workload) -> bool:
     return all(abs(pa[s] - pb[s]) < _DRIFT for s in pa)
 
 
+class GainIndex:
+    """One pod shape's registered nodes ranked by fragmentation gain, ascending, kept between filters.
+
+    The rank is the gain less a hair per node ordinal (:meth:`FgdRanker.ordinal`), so equal gains
+    go to the node registered first, one node at a time (a plan walks no group of equal nodes) and the
+    ranking does not depend on which candidates kube-scheduler sends (a sample of the nodes, in a
+    rotating order). Only the nodes changed since (``dirty``) are re-keyed; many at once (a new
+    index, a new workload) are sorted in one go. Nodes short of CPU or memory for the shape are
+    kept apart with kube-scheduler's reason.
+    """
+
+    __slots__ = ("dirty", "gain", "keys", "rank", "short")
+
+    def __init__(self, nodes: Iterable[str]) -> None:
+        self.keys: list[tuple[float, str]] = []
+        self.rank: dict[str, float] = {}
+        self.gain: dict[str, float] = {}
+        self.short: dict[str, str] = {}
+        self.dirty: set[str] = set(nodes)
+
+    def refresh(self, ranker: FgdRanker, shape: Shape, nodes: Mapping[str, NodeEntry]) -> None:
+        """Re-key the changed nodes (the ranker synced first)."""
+        keys, rank = self.keys, self.rank
+        bulk = len(self.dirty) * _BULK > len(rank)
+        for name in sorted(self.dirty):  # a new node's ordinal must not follow set order
+            old = rank.pop(name, None)
+            self.gain.pop(name, None)
+            if old is not None and not bulk:
+                del keys[bisect.bisect_left(keys, (old, name))]
+            self.short.pop(name, None)
+            entry = nodes.get(name)
+            if entry is None:
+                continue
+            state = ranker.node_state(name, entry)
+            if shape.cpu > state.cpu or shape.memory > state.memory:
+                self.short[name] = R.INSUFFICIENT_CPU if shape.cpu > state.cpu else R.INSUFFICIENT_MEMORY
+                continue
+            placed = ranker.placement(name, state, shape)
+            self.gain[name] = gain = -math.inf if placed is None else placed.gain
+            rank[name] = new = gain - ranker.ordinal(name) * _HAIR
+            if not bulk:
+                bisect.insort(keys, (new, name))
+        if bulk:
+            self.keys = sorted((r, n) for n, r in rank.items())
+        self.dirty.clear()
+
+
 def fgd_ranked(
     ranker: FgdRanker,
     shape: Shape,
@@ -262,40 +337,55 @@ def fgd_ranked(
     own: str | None,
     failed: dict[str, str],
 ) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
-    """``(rank, name)`` ascending for the registered candidates, and the placements found.
+    """``(rank, name)`` ascending for the registered nodes (the index's live list: do not mutate;
+    the plan skips non-candidates), and the placement on ``own`` (the pod's booked node, if any).
 
-    The rank is the gain less a hair per candidate position, so equal gains go to the earliest
-    candidate one node at a time (a plan walks no group of equal nodes). A node short of CPU or
-    memory for the pod gets kube-scheduler's reason in ``failed`` (not ``own``, whose own request
-    counts there); one where FGD finds no GPU room ranks last, so the fit still gives its reason.
+    A candidate short of CPU or memory for the pod gets kube-scheduler's reason in ``failed`` (not
+    ``own``, whose own request counts there); one where FGD finds no GPU room ranks last, so the
+    fit still gives its reason. Only the nodes changed since this shape's last filter are
+    recomputed (:class:`GainIndex`).
     """
     ranker.workload  # noqa: B018 - refresh before reading memos
     ranker.sync()
-    out: list[tuple[float, str]] = []
+    index = ranker.index(shape)
+    index.refresh(ranker, shape, nodes)
+    for name, reason in index.short.items():
+        if name != own and name in position:
+            failed[name] = reason
     placements: dict[str, Placement] = {}
-    cpu, memory = shape.cpu, shape.memory
-    states, kept = ranker._states, ranker._placed
-    hair = _TIE_SPAN / (len(position) + 1)
-    for name, at in position.items():
-        state = states.get(name)
-        if state is None:
-            entry = nodes.get(name)
-            if entry is None:
-                continue
-            state = ranker.node_state(name, entry)
-        if (cpu > state.cpu or memory > state.memory) and name != own:
-            failed[name] = R.INSUFFICIENT_CPU if cpu > state.cpu else R.INSUFFICIENT_MEMORY
-            continue
-        per_node = kept.get(name)
-        placed = (
-            per_node[shape]
-            if per_node is not None and shape in per_node
-            else ranker.placement(name, state, shape)
-        )
-        if placed is None:
-            out.append((-math.inf, name))
-        else:
-            out.append((placed.gain - at * hair, name))
-            placements[name] = placed
-    out.sort()
-    return out, placements
+    entry = nodes.get(own) if own is not None else None
+    if own is not None and entry is not None:
+        placed = ranker.placement(own, ranker.node_state(own, entry), shape)
+        if placed is not None:
+            placements[own] = placed
+    return index.keys, placements
+
+
+def fgd_cpu_only(
+    ranker: FgdRanker,
+    shape: Shape,
+    position: Mapping[str, int],
+    unregistered: tuple[str, ...],
+    nodes: Mapping[str, NodeEntry],
+) -> list[str]:
+    """Where a CPU-only pod adds the least fragmentation: the candidates without hamid's GPUs
+    (``unregistered``: nothing to strand, kube-scheduler's scoring chooses among them), else the
+    one registered candidate with the best gain (ties to the node registered first, as for a GPU
+    pod: equal nodes are filled one at a time, not spread, which would eat the CPUs every node
+    keeps for the typical GPU pods).
+
+    kube-scheduler's NodeResourcesFit has already passed every candidate; one hamid sees short of
+    CPU or memory (a pod it just placed there, not yet in kube-scheduler's cache) is dropped
+    unless no candidate is left. Read from the shape's :class:`GainIndex`: only the nodes changed
+    since are recomputed.
+    """
+    if unregistered:
+        return sorted(unregistered, key=position.__getitem__)
+    ranker.workload  # noqa: B018 - refresh before reading memos
+    ranker.sync()
+    index = ranker.index(shape)
+    index.refresh(ranker, shape, nodes)
+    for _, name in reversed(index.keys):
+        if name in position:
+            return [name]
+    return sorted(position, key=position.__getitem__)

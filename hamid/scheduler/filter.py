@@ -70,10 +70,7 @@ class Filter:
         except InvalidInput as exc:
             return FilterResult(error=str(exc))
         if not spec.wants_gpu:
-            return FilterResult(
-                node_names=list(args.node_names) if args.node_names is not None else None,
-                nodes=list(args.nodes) if args.nodes is not None else None,
-            )
+            return self._cpu_only(args, spec)
         refused = self._refusal(pod)
         if refused is not None:
             return refused
@@ -100,6 +97,29 @@ class Filter:
             chosen = [n for n in args.nodes if objects.name(n) == node]
             return FilterResult(nodes=chosen, failed_nodes=failed)
         return FilterResult(node_names=[node], failed_nodes=failed)
+
+    def _cpu_only(self, args: FilterArgs, spec: PodFitSpec) -> FilterResult:
+        """A pod without GPUs: every candidate, or under ``fgd`` the node where it strands the least
+        GPU (:meth:`Planner.cpu_only`).
+
+        Such a pod reaches hamid only when the webhook routes CPU-only pods to it
+        (``--schedule-cpu-pods``); kube-scheduler then scores the nodes kept, as for any pod. A
+        scheduler not ready keeps every candidate (nothing is booked for such a pod).
+        """
+        names = args.candidate_names
+        kept = None if self.readiness.reason() else self.planner.cpu_only(args.pod, spec, names)
+        if kept is None:
+            return FilterResult(
+                node_names=list(args.node_names) if args.node_names is not None else None,
+                nodes=list(args.nodes) if args.nodes is not None else None,
+            )
+        chosen = set(kept)
+        failed = {name: R.FGD_MORE_FRAGMENTATION for name in names if name not in chosen}
+        if args.nodes is not None:
+            return FilterResult(
+                nodes=[n for n in args.nodes if objects.name(n) in chosen], failed_nodes=failed
+            )
+        return FilterResult(node_names=kept, failed_nodes=failed)
 
     async def _warm(self, cold: ColdReasons, spec: PodFitSpec) -> None:
         """Compute the capacity reasons a plan lacked, yielding to the loop every :data:`_SLICE_S`."""

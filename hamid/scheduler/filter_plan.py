@@ -31,7 +31,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
-from hamid.scheduler.fgd_rank import FgdRanker, fgd_ranked
+from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.ledger import Ledger, Reservation
 from hamid.scheduler.numa_ledger import NumaLedgers
@@ -288,6 +288,19 @@ class Planner:
             if own is not None:
                 own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
         return ranked, node_policy, own, self._gpu_order(shape, placements) if fgd_gpu else None
+
+    def cpu_only(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...]) -> list[str] | None:
+        """Under the ``fgd`` node policy, where a pod without GPUs strands the least GPU
+        (:func:`~hamid.scheduler.fgd_rank.fgd_cpu_only`); None: every candidate (another node
+        policy, or cpu/memory requests kube-scheduler would refuse anyway)."""
+        if spec.policy.node_policy != FGD or not names:
+            return None
+        try:
+            shape = self.fgd.shape_of(pod, spec)
+        except InvalidInput:
+            return None
+        position, unregistered = self._positions(names)
+        return fgd_cpu_only(self.fgd, shape, position, unregistered, self.state.nodes)
 
     def _gpu_order(self, shape: Shape, placements: Mapping[str, Placement]) -> Prefer:
         """The ``fgd`` GPU order on a node: the GPUs of its best placement first."""

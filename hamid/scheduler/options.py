@@ -170,6 +170,11 @@ SETTINGS_FLAGS = {
         flag="--fgd-half-life",
         parse=_positive_float,
     ),
+    "schedule_cpu_pods": Opt(
+        "The webhook also sets --scheduler-name on pods without GPUs, so that the fgd node policy "
+        "places them where they strand the least GPU (kube-scheduler's profile must then send every "
+        "pod to the extender: the chart's scheduler.scheduleCpuPods does). Off: HAMi's behaviour.",
+    ),
     "node_lock_timeout": Opt(
         "Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "
         "unallocated keeps it longer (see --node-lock-max-hold).",

@@ -46,3 +46,5 @@ class SchedulerSettings:
     fgd_workload: Workload | None = None
     #: Pods after which a learned shape weighs half as much as a new one (``fgd``).
     fgd_half_life: float = DEFAULT_HALF_LIFE
+    #: The webhook also sets ``scheduler_name`` on pods without GPUs (``--schedule-cpu-pods``).
+    schedule_cpu_pods: bool = False

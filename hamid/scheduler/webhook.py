@@ -243,8 +243,13 @@ def review_pod(
     scheduler_name: str,
     quota_of: Callable[[str], Quota | None],
     namespace: str = "",
+    cpu_pods: bool = False,
 ) -> Verdict:
-    """Apply the webhook rules to a pod dict; the original is not modified."""
+    """Apply the webhook rules to a pod dict; the original is not modified.
+
+    ``cpu_pods`` (``--schedule-cpu-pods``, off by default as in HAMi) also hands pods without GPUs
+    to ``scheduler_name``, so that the ``fgd`` policy places them where they strand the least GPU.
+    """
     try:
         check_pod_shape(pod, config)
     except InvalidInput as exc:
@@ -268,7 +273,7 @@ def review_pod(
     except InvalidInput as exc:
         return Verdict(False, message=str(exc), code=400)
     if not uses:
-        return Verdict(True, tuple(ops))
+        return Verdict(True, (*ops, *_cpu_pod_route(spec, current, scheduler_name if cpu_pods else "")))
     privileged = _privileged_container(mutated["spec"])
     if privileged is not None:
         return Verdict(False, message=f"container {privileged} is privileged", code=403)
@@ -285,6 +290,13 @@ def review_pod(
         if not quota.fits(mem, cores):
             return Verdict(False, message="exceeding resource quota", code=403)
     return Verdict(True, tuple(ops))
+
+
+def _cpu_pod_route(spec: Mapping[str, Any], current: str, scheduler_name: str) -> list[JSON]:
+    """The op handing a pod without GPUs to ``scheduler_name`` ("": none; a pod on a node: none)."""
+    if not scheduler_name or spec.get("nodeName") or current == scheduler_name:
+        return []
+    return [{"op": "add", "path": "/spec/schedulerName", "value": scheduler_name}]
 
 
 def _mutate_containers(
@@ -380,9 +392,12 @@ class Admission:
         quota_of: Callable[[str], Quota | None],
         writers: Container[str],
         untrusted: Counter,
+        cpu_pods: bool = False,
     ) -> None:
         self.config = config
         self.scheduler_name = scheduler_name
+        #: Hand pods without GPUs to ``scheduler_name`` too (``--schedule-cpu-pods``).
+        self.cpu_pods = cpu_pods
         self.quota_of = quota_of
         #: Usernames allowed to change scheduler-owned pod annotations (scheduler, plugin).
         self.writers = writers
@@ -395,7 +410,7 @@ class Admission:
 
     def judge(self, pod: JSON, namespace: str) -> Verdict:
         """The CREATE verdict for a pod (quota precheck against the live state)."""
-        return review_pod(pod, self.config, self.scheduler_name, self.quota_of, namespace)
+        return review_pod(pod, self.config, self.scheduler_name, self.quota_of, namespace, self.cpu_pods)
 
     def owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
         """Count and log the scheduler-owned keys removed from a pod being created."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 from hamid.fit.fgd import parse_workload
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
@@ -17,6 +20,7 @@ from tests.unit.scheduler.helpers import container, pod
 from tests.unit.scheduler.helpers import node as node_dict
 
 HALVES = parse_workload([{"cpu": "1", "gpus": 1, "gpuShare": 50}])
+HALVES_2CPU = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 50}])
 
 
 async def _seed(env: Env) -> None:
@@ -89,3 +93,60 @@ async def test_a_restarted_scheduler_rebuilds_the_workload_from_its_cache() -> N
             assert {s: round(p, 3) for s, p in fgd.workload.shapes} == {
                 s: round(p, 3) for s, p in learned.items()
             }
+
+
+async def test_schedule_cpu_pods_routes_pods_without_gpus_to_hamid() -> None:
+    """Opt-in: the webhook hands a CPU-only pod to hamid's scheduler name (never by default, never
+    a pod of another scheduler or one already on a node)."""
+    cpu_only = pod("cpu", containers=[container("c", resources={"requests": {"cpu": "1"}})])
+
+    async def patch_of(env: Env, obj: dict) -> list[dict]:
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "r", "object": obj},
+        }
+        status, body = await env.post(env.cluster, "/webhook", review)
+        assert status == 200 and body["response"]["allowed"] is True, body
+        raw = body["response"].get("patch")
+        return json.loads(base64.b64decode(raw)) if raw else []
+
+    route = {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"}
+    async with running_scheduler(SchedulerSettings(schedule_cpu_pods=True)) as env:
+        assert route in await patch_of(env, cpu_only)
+        foreign = {**cpu_only, "spec": {**cpu_only["spec"], "schedulerName": "volcano"}}
+        placed = {**cpu_only, "spec": {**cpu_only["spec"], "nodeName": "n1"}}
+        assert await patch_of(env, foreign) == [] and await patch_of(env, placed) == []
+    async with running_scheduler() as env:
+        assert route not in await patch_of(env, cpu_only)
+
+
+async def test_fgd_places_a_cpu_only_pod_where_it_strands_the_least_gpu() -> None:
+    """n2 (4 CPUs) left with 1 CPU could no longer take the typical 2-CPU half-GPU pod: its two
+    idle GPUs would be stranded; n1 (64 CPUs) strands nothing, so hamid answers n1 alone (equal
+    nodes are filled one at a time, not spread); a node without hamid's GPUs strands nothing at
+    all, so such nodes are kept, for kube-scheduler's scoring."""
+    async with running_scheduler(SchedulerSettings(node_policy="fgd", fgd_workload=HALVES_2CPU)) as env:
+        for name, cpus in (("n1", "64"), ("n2", "4")):
+            body = node_dict(name, 2)
+            body["status"]["allocatable"] |= {"cpu": cpus, "memory": "64Gi"}
+            env.server.put({"apiVersion": "v1", "kind": "Node", **body})
+        await wait_for(lambda: all(env.scheduler.cpu_mem.room(n) is not None for n in ("n1", "n2")))
+        requests = {"requests": {"cpu": "3", "memory": "1Gi"}}
+        p = await env.create_pod(pod("cpu", containers=[container("c", resources=requests)]))
+        body = await env.filter(p, ["n2", "n1"])
+        assert body["NodeNames"] == ["n1"]
+        assert body["FailedNodes"] == {"n2": R.FGD_MORE_FRAGMENTATION}
+        body = await env.filter(p, ["n2", "plain", "n1", "cpu-node"])
+        assert body["NodeNames"] == ["plain", "cpu-node"]
+        assert ann.VGPU_NODE not in env.server.get("Pod", "default", "cpu")["metadata"].get("annotations", {})
+        assert await env.bind(p, "n1") == ""  # the bind verb binds it like any pod
+        assert env.server.get("Pod", "default", "cpu")["spec"]["nodeName"] == "n1"
+        spread = await env.create_pod(
+            pod(
+                "other",
+                containers=[container("c", resources=requests)],
+                annotations={ann.NODE_SCHEDULER_POLICY: "binpack"},
+            )
+        )
+        assert (await env.filter(spread, ["n2", "n1"]))["NodeNames"] == ["n2", "n1"]  # other policies: all

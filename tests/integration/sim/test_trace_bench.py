@@ -57,18 +57,28 @@ def _trace(tmp_path: Path) -> tuple[str, str]:
     return str(nodes), str(pods)
 
 
-@pytest.mark.parametrize(("numa", "policies"), [("off", "binpack/spread"), ("on", "spread/spread")])
+@pytest.mark.parametrize(
+    ("numa", "policies", "cpu_pods"),
+    [
+        ("off", "binpack/spread", "kube-scheduler"),
+        ("on", "spread/spread", "kube-scheduler"),
+        ("off", "fgd/fgd", "hamid"),
+    ],
+)
 def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
-    tmp_path: Path, numa: str, policies: str
+    tmp_path: Path, numa: str, policies: str, cpu_pods: str
 ) -> None:
+    """With ``--cpu-pods hamid`` the CPU-only pod goes through hamid's fgd filter: it strands no GPU
+    on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so the gains tie and
+    hamid answers ``a``, registered first: the figures are kube-scheduler's."""
     nodes, pods = _trace(tmp_path)
     result = _run(
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
-        "--policies", policies, "--jobs", "1",
+        "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["seeds"] == [42, 43]
+    assert summary["seeds"] == [42, 43] and summary["cpu_pods"] == cpu_pods
     for figures in summary["policies"].values():
         _check(figures, numa)
 

@@ -660,3 +660,23 @@ def test_fgd_policy_and_pinned_workload() -> None:
     assert "--fgd-workload-file" not in defaults and defaults["--node-scheduler-policy"] == "binpack"
     with pytest.raises(helm_python.HelmError, match="gpuShare"):
         render({"scheduler": {"fgd": {"workload": [{"gpus": 1, "gpuShare": 0}]}}})
+
+
+def test_schedule_cpu_pods_sends_every_pod_to_the_extender() -> None:
+    """scheduleCpuPods: the flag, no managedResources (every pod of the profile reaches /filter),
+    and NodeResourcesFit ignoring HAMi's resources in their stead; off by default."""
+    chart = render({"scheduler": {"scheduleCpuPods": True}})
+    args = flag_values(container(chart.get("Deployment", SCHED), "hamid-scheduler")["args"])
+    assert "--schedule-cpu-pods" in args
+    config = kube_scheduler_config(chart)
+    (extender,) = config["extenders"]
+    assert "managedResources" not in extender
+    (profile,) = config["profiles"]
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert fit["args"]["ignoredResources"] == list(ResourceConfig().resource_names)
+    defaults = rendered("defaults")
+    assert "--schedule-cpu-pods" not in flag_values(
+        container(defaults.get("Deployment", SCHED), "hamid-scheduler")["args"]
+    )
+    assert "pluginConfig" not in kube_scheduler_config(defaults)["profiles"][0]

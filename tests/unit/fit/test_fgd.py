@@ -95,6 +95,21 @@ def test_placement_takes_the_gpu_that_removes_most_fragmentation() -> None:
     assert best_placement(node(1000, cpu=10), small, f) is None
 
 
+def test_cpu_only_pod_is_placed_without_gpus_and_never_gains() -> None:
+    workload = Workload.of([(Shape(2000, 1024, 1, 500), 1)])
+
+    def f(s: NodeState) -> float:
+        return fragmentation(s, workload)
+
+    pod = Shape(3000, 1024, 0, 0)
+    roomy = best_placement(node(1000, 1000), pod, f)
+    assert roomy is not None and roomy.gpus == () and roomy.gain == 0  # still room for the typical pod
+    tight = best_placement(node(1000, 1000, cpu=4000), pod, f)
+    assert tight is not None and tight.gain == -2000  # 1 CPU left: both idle GPUs stranded
+    assert best_placement(node(0, 0, cpu=4000), pod, f) == (0.0, ())  # nothing idle to strand
+    assert best_placement(node(1000, cpu=2000), pod, f) is None  # no room for it
+
+
 def test_aligned_placement_prefers_the_numa_node_with_cpus() -> None:
     aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
     workload = Workload.of([(aligned, 1)])
