@@ -300,7 +300,7 @@ class Planner:
         except InvalidInput:
             return None
         position, unregistered = self._positions(names)
-        return fgd_cpu_only(self.fgd, shape, position, unregistered, self.state.nodes)
+        return fgd_cpu_only(self.fgd, shape, position, unregistered, self.ledger.nodes)
 
     def _gpu_order(self, shape: Shape, placements: Mapping[str, Placement]) -> Prefer:
         """The ``fgd`` GPU order on a node: the GPUs of its best placement first."""
