@@ -292,7 +292,7 @@ def _bench_no_fit(
         spec = PodFitSpec.from_pod(churn, scheduler.config, policy[1], policy[0])
         node, fitted, _failed = scheduler.planner.plan(churn, spec, candidates)
         if node is not None and fitted is not None:
-            scheduler.state.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            scheduler.ledger.reserve(churn, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
     if not latencies:
         return {}
     return {
@@ -362,7 +362,7 @@ def bench_in_process(
         numa = NumaFit.of(pod, uid) if prediction else None
         target, fitted, _failed = scheduler.planner.plan(pod, spec, candidates, numa)
         if target is not None and fitted is not None:
-            state.reserve(pod, target, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            state.ledger.reserve(pod, target, fitted.devices, ann.encode_pod_devices(fitted.devices))
             chosen = numa.predictions.get(target) if numa is not None else None
             if numa is not None and chosen is not None and chosen.outcome is Outcome.PLACED:
                 encode_prediction(chosen.record(1))

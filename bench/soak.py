@@ -458,7 +458,7 @@ class Checker:
             if "webhook" in name and held == forged:
                 self.ledger.add("hostile", f"{name}: the webhook kept the forged {ann.DEVICES_ALLOCATED}")
             uid = str(pod["metadata"].get("uid") or "")
-            reservation = self.cluster.scheduler.state.reservation(uid)
+            reservation = self.cluster.scheduler.ledger.reservation(uid)
             if "webhook" not in name and reservation is not None:
                 self.ledger.add("hostile", f"{name}: a forged allocation was booked: {reservation.raw}")
             admission = self.cluster.assignment(name)

@@ -74,7 +74,7 @@ def build(nodes: int, gpus: int, pods: int) -> tuple[UiSource, list[str], list[s
         feed.items[f"default/run-{i}"] = pod
         scheduler._pod_seen(pod)
         index.put(pod)
-    source = UiSource(scheduler.state, scheduler.numa, feed, index, scheduler.metrics, scheduler.history)
+    source = UiSource(scheduler.ledger, scheduler.numa, feed, index, scheduler.metrics, scheduler.history)
     return source, names, list(feed.items)
 
 

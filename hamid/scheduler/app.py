@@ -271,7 +271,7 @@ def ui_source(scheduler: Scheduler) -> UiSource:
     index = PodIndex()
     index.follow(scheduler.pods)
     return UiSource(
-        scheduler.state,
+        scheduler.ledger,
         scheduler.numa,
         scheduler.pods,
         index,

@@ -58,7 +58,7 @@ class Binder:
     """The bind verb over the verbs' shared context, the node cache and the node locker."""
 
     def __init__(self, context: VerbContext, nodes: NodeCache, locker: NodeLocker) -> None:
-        self.state = context.state
+        self.ledger = context.ledger
         self.kube = context.kube
         self.config = context.config
         self.settings = context.settings
@@ -126,9 +126,9 @@ class Binder:
                 args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S)
             )
         except NotFound:
-            res = self.state.reservation(args.pod_uid)
+            res = self.ledger.reservation(args.pod_uid)
             if res is not None and res.key == key:  # only the named pod's own booking
-                self.state.release(args.pod_uid)
+                self.ledger.release(args.pod_uid)
             return None, f"pod {key} not found"
         except KubeError as exc:
             return None, f"reading pod {key} failed: {exc}"
@@ -162,7 +162,7 @@ class Binder:
             # lock is its own (re-entrant) and stays for the plugin.
             log.info("bind_replayed", pod=key, node=args.node)
             return None, ""
-        if self.nodes.get(args.node) is None and args.node not in self.state.nodes:
+        if self.nodes.get(args.node) is None and args.node not in self.ledger.nodes:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, f"node {args.node} not found")
             return None, f"node {args.node} not found"
         return pod, ""
@@ -170,7 +170,7 @@ class Binder:
     async def _lock(self, args: BindArgs, pod: PodBody, deadline: float) -> str:
         """Take the node lock for a bind that books GPUs ("" when held, else the answer)."""
         key = f"{args.pod_namespace}/{args.pod_name}"
-        res = self.state.reservation(args.pod_uid)
+        res = self.ledger.reservation(args.pod_uid)
         if res is None or res.node != args.node:
             message = f"pod {key} has no GPU reservation on node {args.node}; filter it again"
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
@@ -241,12 +241,12 @@ class Binder:
 
     async def _record_booked(self, args: BindArgs, deadline: float) -> None:
         """Record the pod's booking in its status before it can run (docs/trust.md §3)."""
-        res = self.state.reservation(args.pod_uid)
+        res = self.ledger.reservation(args.pod_uid)
         if res is None or res.node != args.node:
             return
         pod = (args.pod_namespace, args.pod_name, args.pod_uid)
         timeout = self._call_timeout(deadline, _BIND_UNDO_S)
-        await record_booked(self.kube, self.state.keys, pod, res.node, res.raw, budget_s=timeout)
+        await record_booked(self.kube, self.ledger.keys, pod, res.node, res.raw, budget_s=timeout)
 
     async def _bound_to(self, args: BindArgs, deadline: float) -> bool:
         """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown)."""
@@ -266,7 +266,7 @@ class Binder:
         if needs_lock:
             await self.locker.release(args.node, args.pod_namespace, args.pod_name, deadline=deadline)
         if isinstance(exc, NotFound):
-            self.state.release(args.pod_uid)
+            self.ledger.release(args.pod_uid)
             return
         try:
             await self.kube.patch_pod_metadata(

@@ -2,8 +2,10 @@
 
 :class:`Scheduler` is built by the composition root, :class:`hamid.scheduler.app.SchedulerApp`
 (benchmarks and unit tests build it alone). It assembles its parts from the settings once: the
-:class:`~hamid.scheduler.state.SchedulerState` and the NUMA, CPU/memory and ``fgd`` views fed by
-the pod, node and ResourceQuota caches (:meth:`Scheduler._pod_seen` & co); the extender verbs
+:class:`~hamid.scheduler.state.SchedulerState` (node and quota events into its
+:class:`~hamid.scheduler.ledger.Ledger`, which the consumers get) and the NUMA, CPU/memory and
+``fgd`` views fed by the pod, node and ResourceQuota caches (:meth:`Scheduler._pod_seen` & co); the
+extender verbs
 (:class:`~hamid.scheduler.filter.Filter` over its plan and reserve step,
 :class:`~hamid.scheduler.bind.Binder`) sharing one :class:`~hamid.scheduler.verbs.VerbContext`;
 admission (:class:`~hamid.scheduler.webhook.Admission`); the handshake loop, the reconcile and the
@@ -65,7 +67,7 @@ def freeze_heap() -> None:
 
 
 class Scheduler:
-    """The engine of one replica: its parts over one :class:`SchedulerState` (event-loop owned)."""
+    """The engine of one replica: its parts over one :class:`SchedulerState`'s ledger (event-loop owned)."""
 
     def __init__(
         self,
@@ -85,24 +87,26 @@ class Scheduler:
         self.state = SchedulerState(
             self.config, clock, scheduler_name=s.scheduler_name, keys=keys, accept_unsigned=accept_unsigned
         )
-        self.metrics = SchedulerMetrics(self.state)
+        #: The ledger every consumer gets (the state only routes node and quota events into it).
+        self.ledger = self.state.ledger
+        self.metrics = SchedulerMetrics(self.ledger)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
-            s.scheduler_name, self.config.resource_count_name, lambda: self.state.clock(), self._numa_scored
+            s.scheduler_name, self.config.resource_count_name, lambda: self.ledger.clock(), self._numa_scored
         )
         #: CPU and memory per node, and the ``fgd`` policy's workload and fragmentation memo.
         self.cpu_mem = NodeCpuMem()
         self.fgd = FgdRanker(
-            self.config, self.state.inventory, self.numa, self.cpu_mem, s.fgd_workload, s.fgd_half_life
+            self.config, self.ledger.inventory, self.numa, self.cpu_mem, s.fgd_workload, s.fgd_half_life
         )
         self.tasks = Tasks()
         #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
-        self.history = EventHistory(lambda: self.state.clock())
+        self.history = EventHistory(lambda: self.ledger.clock())
         self.outbox = EventOutbox(
             events or EventRecorder(kube, DEFAULT_SCHEDULER_NAME),
             self.history.note,
             self.tasks.spawn,
-            self.state,
+            self.ledger,
             self.metrics,
         )
         self.pods = PodCache(kube, trim=trim_scheduler_pod)
@@ -114,14 +118,14 @@ class Scheduler:
         self.admission = Admission(
             self.config,
             s.scheduler_name,
-            self.state.fit_quota,
+            self.ledger.fit_quota,
             annotation_writers,
             self.metrics.untrusted_annotations,
             s.schedule_cpu_pods,
         )
         self._build_verbs()
         self.handshakes = Handshakes(
-            self.state,
+            self.ledger,
             kube,
             self.readiness,
             interval_s=s.handshake_interval_s,
@@ -137,20 +141,20 @@ class Scheduler:
             on_update=lambda _old, new: self._node_seen(new),
             on_delete=self._node_gone,
         )
-        quotas = self.state.quotas
+        state = self.state
         self.quotas.add_handlers(
-            on_add=quotas.on_quota,
-            on_update=lambda _old, new: quotas.on_quota(new),
-            on_delete=quotas.on_quota_deleted,
+            on_add=state.on_quota,
+            on_update=lambda _old, new: state.on_quota(new),
+            on_delete=state.on_quota_deleted,
         )
 
     def _build_verbs(self) -> None:
         """The extender verbs over one shared context: the filter's plan and reserve step, the bind."""
         s = self.settings
         #: Nodes whose binds failed lately: the filter tries them last.
-        self.bind_backoff = BindBackoff(self.state.clock)
+        self.bind_backoff = BindBackoff(self.ledger.clock)
         context = VerbContext(
-            state=self.state,
+            ledger=self.ledger,
             kube=self.kube,
             config=self.config,
             settings=s,
@@ -160,12 +164,12 @@ class Scheduler:
             readiness=self.readiness,
             record=self.outbox.record,
         )
-        self.planner = Planner(self.state, self.numa, self.fgd, self.bind_backoff, self.config)
+        self.planner = Planner(self.ledger, self.numa, self.fgd, self.bind_backoff, self.config)
         self.reserver = Reserver(context, self.numa, self.cpu_mem)
         self.filtering = Filter(context, self.planner, self.reserver)
         self.locker = NodeLocker(
             self.kube,
-            self.state,
+            self.ledger,
             node_of=self.nodes.get,
             pod_of=lambda ns, name: (self.pods.get(f"{ns}/{name}"), self.pods.synced),
             timeout=s.node_lock_timeout,
@@ -246,7 +250,7 @@ class Scheduler:
     # -- cache callbacks --------------------------------------------------------------------------
 
     def _pod_seen(self, pod: PodBody) -> None:
-        self.state.on_pod(pod)
+        self.ledger.on_pod(pod)
         self.numa.on_pod(pod)
         self.cpu_mem.on_pod(pod)
         self.fgd.observe(pod)
@@ -256,14 +260,14 @@ class Scheduler:
         self._pod_seen(new)
 
     def _pod_gone(self, pod: PodBody) -> None:
-        self.state.on_pod_deleted(pod)
+        self.ledger.on_pod_deleted(pod)
         self.numa.on_pod_deleted(pod)
         self.cpu_mem.on_pod_deleted(pod)
         self.fgd.forget(pod)
 
     def _node_seen(self, node: NodeBody) -> None:
         self.state.on_node(node)
-        entry = self.state.nodes.get(objects.name(node))
+        entry = self.ledger.nodes.get(objects.name(node))
         self.numa.on_node(node, entry.infos if entry is not None else None)
         self.cpu_mem.on_node(node)
 

@@ -33,9 +33,8 @@ from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
 from hamid.scheduler.inventory import NodeEntry
-from hamid.scheduler.ledger import Reservation
+from hamid.scheduler.ledger import Ledger, Reservation
 from hamid.scheduler.numa_ledger import NumaLedgers
-from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler")
 
@@ -172,18 +171,18 @@ class ColdReasons(Exception):
 
 
 class Planner:
-    """Plans ``/filter`` over one scheduler's state, NUMA ledgers and ``fgd`` ranker (changes nothing
+    """Plans ``/filter`` over one scheduler's ledger, NUMA ledgers and ``fgd`` ranker (changes nothing
     but its own memos: candidate positions, request-shape ids, no-fit answers)."""
 
     def __init__(
         self,
-        state: SchedulerState,
+        ledger: Ledger,
         ledgers: NumaLedgers,
         fgd: FgdRanker,
         backoff: BindBackoff,
         config: ResourceConfig,
     ) -> None:
-        self.state = state
+        self.ledger = ledger
         self.ledgers = ledgers
         self.fgd = fgd
         self.backoff = backoff
@@ -212,11 +211,11 @@ class Planner:
         :data:`_FALLBACK_LOOKAHEAD` nodes. Past ``cold_fits`` reasons to compute: :class:`ColdReasons`.
         """
         uid = objects.uid(pod)
-        state = self.state
-        previous = state.reservation(uid)
-        quota = state.fit_quota(objects.namespace(pod), exclude_uid=uid)
-        nodes = state.nodes
-        now = state.clock()
+        ledger = self.ledger
+        previous = ledger.reservation(uid)
+        quota = ledger.fit_quota(objects.namespace(pod), exclude_uid=uid)
+        nodes = ledger.nodes
+        now = ledger.clock()
         position, unregistered = self._positions(names)
         need = room_needed(spec)
         shape = self._shape_id(spec, quota)
@@ -275,16 +274,16 @@ class Planner:
         policy = spec.policy
         fgd_node, fgd_gpu = policy.node_policy == FGD, policy.gpu_policy.value == FGD
         if not (fgd_node or fgd_gpu):
-            return self.state.ranked(), policy.node_policy, own, None
+            return self.ledger.ranked(), policy.node_policy, own, None
         try:
             shape = self.fgd.shape_of(pod, spec)
         except InvalidInput:  # unreadable cpu/memory (kube-scheduler refuses such pods): pack
-            return self.state.ranked(), BINPACK if fgd_node else policy.node_policy, own, None
-        ranked, node_policy = self.state.ranked(), policy.node_policy
+            return self.ledger.ranked(), BINPACK if fgd_node else policy.node_policy, own, None
+        ranked, node_policy = self.ledger.ranked(), policy.node_policy
         placements: dict[str, Placement] = {}
         if fgd_node:
             own_name = own[1] if own is not None else None
-            ranked, placements = fgd_ranked(self.fgd, shape, position, self.state.nodes, own_name, failed)
+            ranked, placements = fgd_ranked(self.fgd, shape, position, self.ledger.nodes, own_name, failed)
             node_policy = BINPACK  # highest gain first
             if own is not None:
                 own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
@@ -301,7 +300,7 @@ class Planner:
         except InvalidInput:
             return None
         position, unregistered = self._positions(names)
-        return fgd_cpu_only(self.fgd, shape, position, unregistered, self.state.nodes)
+        return fgd_cpu_only(self.fgd, shape, position, unregistered, self.ledger.nodes)
 
     def _gpu_order(self, shape: Shape, placements: Mapping[str, Placement]) -> Prefer:
         """The ``fgd`` GPU order on a node: the GPUs of its best placement first."""
@@ -317,7 +316,7 @@ class Planner:
         """Keep a no-fit answer reached by room alone (no node fitted) for the next retry."""
         if len(self._no_fit) >= _NO_FITS:
             self._no_fit.clear()
-        inventory = self.state.inventory
+        inventory = self.ledger.inventory
         assert self._candidates is not None
         self._no_fit[shape] = _NoFit(self._candidates, inventory.seq, inventory.health_flips_at(now), failed)
 
@@ -338,7 +337,7 @@ class Planner:
         known = self._no_fit.get(shape)
         if known is None or known.candidates is not self._candidates or now >= known.flips_at:
             return None
-        inventory = self.state.inventory
+        inventory = self.ledger.inventory
         changed = inventory.changed_since(known.seq, _NO_FIT_PATCH)
         if changed is None:
             return None
@@ -401,7 +400,7 @@ class Planner:
         prefer: Prefer | None = None,
     ) -> tuple[str, Fitted] | None:
         """The candidates in bind back-off, tried last (soonest-expiring first)."""
-        nodes = self.state.nodes
+        nodes = self.ledger.nodes
         for name in sorted(backing_off, key=backing_off.__getitem__):
             if name in walk.failed or name not in position:
                 continue
@@ -453,7 +452,7 @@ class Planner:
         kube-scheduler sends the same node list filter after filter: the answer is kept until the
         list or the set of registered nodes changes, so a filter does not rebuild it.
         """
-        membership = self.state.membership
+        membership = self.ledger.membership
         cached = self._candidates
         if (
             cached is not None
@@ -462,7 +461,7 @@ class Planner:
         ):
             return cached.position, cached.unregistered
         position = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
-        unregistered = tuple(position.keys() - self.state.nodes.keys())
+        unregistered = tuple(position.keys() - self.ledger.nodes.keys())
         self._candidates = _Candidates(names, membership, position, unregistered)
         return position, unregistered
 

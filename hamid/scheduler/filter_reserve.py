@@ -27,10 +27,10 @@ log = get_logger("scheduler")
 
 
 class Reserver:
-    """Books a plan in the state, the CPU/memory view and the NUMA ledgers, and patches the pod."""
+    """Books a plan in the ledger, the CPU/memory view and the NUMA ledgers, and patches the pod."""
 
     def __init__(self, context: VerbContext, ledgers: NumaLedgers, cpu_mem: NodeCpuMem) -> None:
-        self.state = context.state
+        self.ledger = context.ledger
         self.kube = context.kube
         self.readiness = context.readiness
         self.metrics = context.metrics
@@ -48,7 +48,7 @@ class Reserver:
             return f"scheduler not ready: {fenced}"
         uid, name = objects.uid(pod), objects.namespaced_key(pod)
         raw = ann.encode_pod_devices(fitted.devices)
-        signature = self.state.signature(uid, node, raw)
+        signature = self.ledger.signature(uid, node, raw)
         annotations: dict[str, str | None] = {
             ann.VGPU_NODE: node,
             ann.VGPU_TIME: str(int(time.time())),
@@ -60,7 +60,7 @@ class Reserver:
         predicted = self.prediction_annotation(node, prediction)
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
-        undo = self.state.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
+        undo = self.ledger.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
         undo_cpu_mem = self.cpu_mem.assume(uid, node, _cpu_mem(pod))
         undo_numa = None
         if predicted is not None and prediction is not None:
@@ -81,7 +81,7 @@ class Reserver:
                 undo_numa()
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
             return f"patching pod {name} failed: {exc}"
-        self.state.confirm(uid)
+        self.ledger.confirm(uid)
         if prediction is not None and prediction.outcome is Outcome.UNKNOWN:
             self.metrics.numa_predictions.labels(UNKNOWN).inc()
         log.info("filter_fit", pod=name, node=node, devices=raw, numa=_describe(prediction))

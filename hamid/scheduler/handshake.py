@@ -13,25 +13,25 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import annotations as ann
+from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.readiness import Readiness
-from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler")
 
 
 class Handshakes:
-    """Writes the handshakes the state asks for (:attr:`SchedulerState.handshake_wanted`)."""
+    """Writes the handshakes the state asks for (:attr:`~hamid.scheduler.ledger.Ledger.handshake_wanted`)."""
 
     def __init__(
         self,
-        state: SchedulerState,
+        ledger: Ledger,
         kube: KubeClient,
         readiness: Readiness,
         *,
         interval_s: float,
         api_timeout_s: float,
     ) -> None:
-        self.state = state
+        self.ledger = ledger
         self.kube = kube
         self.readiness = readiness
         self.interval_s = interval_s
@@ -46,14 +46,14 @@ class Handshakes:
 
     async def write(self) -> None:
         """Write ``Requesting_<now>`` on registered nodes whose handshake is missing or stale-format."""
-        for name in sorted(self.state.handshake_wanted):
-            if name not in self.state.nodes:
+        for name in sorted(self.ledger.handshake_wanted):
+            if name not in self.ledger.nodes:
                 continue
             value = ann.format_handshake(datetime.now())
             try:
                 await self.kube.patch_node_metadata(
                     name, annotations={ann.NODE_HANDSHAKE: value}, timeout=self.api_timeout_s
                 )
-                self.state.handshake_wanted.discard(name)
+                self.ledger.handshake_wanted.discard(name)
             except KubeError as exc:
                 log.warning("handshake_write_failed", node=name, error=str(exc))

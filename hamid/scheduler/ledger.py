@@ -25,6 +25,7 @@ do not verify, or verify as older (a tenant rewrote them past admission).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterator, Mapping
@@ -190,6 +191,73 @@ class Ledger:
         )
         copy.placed = set(self.placed)
         return copy
+
+    # -- views --------------------------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> dict[str, NodeEntry]:
+        """The registered nodes (the inventory's; read-only for callers)."""
+        return self.inventory.nodes
+
+    @property
+    def membership(self) -> int:
+        """Bumped whenever a node name joins or leaves :attr:`nodes`."""
+        return self.inventory.membership
+
+    @property
+    def handshake_wanted(self) -> set[str]:
+        """Nodes whose handshake annotation the leader must (re)write."""
+        return self.inventory.handshake_wanted
+
+    @property
+    def undecodable(self) -> list[tuple[PodBody, str]]:
+        """Outbox: pods with an undecodable allocation and the error (Warning Events)."""
+        return self.coordination.undecodable
+
+    @property
+    def refused(self) -> list[tuple[PodBody, str]]:
+        """Outbox: pods whose allocation annotations were not booked, with why (Warning Events)."""
+        return self.coordination.refused
+
+    @property
+    def foreign(self) -> list[tuple[PodBody, str]]:
+        """Outbox: pods whose allocation is unsigned or mis-signed (not booked), with why."""
+        return self.coordination.foreign
+
+    @property
+    def disagreed(self) -> list[tuple[PodBody, str]]:
+        """Outbox: booked pods whose annotations now disagree with the booking, with why."""
+        return self.coordination.disagreed
+
+    def ranked(self) -> list[tuple[float, str]]:
+        """``(node score, name)`` of every registered node, ascending (do not mutate)."""
+        return self.inventory.ranked()
+
+    def schedulable(self, name: str) -> NodeEntry | None:
+        """The node's entry if it is registered and healthy now, else None."""
+        return self.inventory.schedulable(name)
+
+    def quota_namespaces(self) -> list[str]:
+        """Namespaces with a GPU ResourceQuota (for metrics)."""
+        return self.quotas.namespaces()
+
+    # -- coordination ---------------------------------------------------------------------------
+
+    def node_guard(self, node: str) -> asyncio.Lock:
+        """The guard of ``node``, an in-process lock (hold it across an await that must keep the plan)."""
+        return self.coordination.node_guard(node)
+
+    def node_busy(self, node: str) -> bool:
+        """Whether a refit or node-lock acquisition holds the node's lock, or a hold is booked on it."""
+        return self.coordination.locked(node) or self.held_on(node)
+
+    def notify(self, node: str) -> None:
+        """Wake every :meth:`wait_change` waiter of ``node``."""
+        self.coordination.notify(node)
+
+    async def wait_change(self, node: str, max_wait: float) -> bool:
+        """Wait until the node (or a pod placed on it) changes; False when ``max_wait`` s passed."""
+        return await self.coordination.wait_change(node, max_wait)
 
     # -- reservations ---------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Two registries: :attr:`SchedulerMetrics.registry` (``/metrics``: hamid's names, promtool-clean,
 process metrics, no ``*_created`` series) and :attr:`SchedulerMetrics.hami_registry`
 (``/metrics/hami``: HAMi's scheduler families, current and legacy, for HAMi's dashboards and
-HAMi-WebUI, computed from the same state). HAMi's names are not all promtool-clean
+HAMi-WebUI, computed from the same ledger). HAMi's names are not all promtool-clean
 (``hami_gpu_shared_count`` is a gauge ending in ``_count``, ``GPUDeviceMemoryLimit`` is camelCase,
 ``*_ratio`` hold percent), which is why they live on their own path.
 """
@@ -20,9 +20,9 @@ from prometheus_client.registry import Collector
 from hamid.exposition import register_process_metrics
 from hamid.fit.usage import DeviceUsage
 from hamid.model.numa import MISS_CAUSES
+from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
-from hamid.scheduler.state import SchedulerState
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -34,8 +34,8 @@ HAMI_ZONE = "vGPU"
 class _GpuCollector(Collector):
     """Per-GPU allocated memory/cores/containers from the live state (no bookkeeping on the hot path)."""
 
-    def __init__(self, state: SchedulerState) -> None:
-        self.state = state
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["node", "device_uuid", "device_index", "device_type"]
@@ -62,8 +62,8 @@ class _GpuCollector(Collector):
         healthy = GaugeMetricFamily(
             "hamid_node_schedulable", "1 when the node takes new pods.", labels=["node"]
         )
-        now = self.state.clock()
-        for name, entry in self.state.nodes.items():
+        now = self.ledger.clock()
+        for name, entry in self.ledger.nodes.items():
             healthy.add_metric([name], 1.0 if entry.healthy(now) else 0.0)
             for d in entry.usage.devices:
                 values = [name, d.id, str(d.index), d.type]
@@ -156,8 +156,8 @@ class HamiCompatCollector(Collector):
     Every family carries ``zone="vGPU"`` as HAMi's does.
     """
 
-    def __init__(self, state: SchedulerState) -> None:
-        self.state = state
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         fams: dict[str, GaugeMetricFamily] = {}
@@ -174,13 +174,13 @@ class HamiCompatCollector(Collector):
         yield from fams.values()
 
     def _devices(self, add: _Add) -> None:
-        for node, entry in self.state.nodes.items():
+        for node, entry in self.ledger.nodes.items():
             for d in entry.usage.devices:
                 _device_families(add, node, d)
 
     def _containers(self, add: _Add) -> None:
-        totalcore = {d.id: d.totalcore for entry in self.state.nodes.values() for d in entry.usage.devices}
-        for res in self.state.reservations():
+        totalcore = {d.id: d.totalcore for entry in self.ledger.nodes.values() for d in entry.usage.devices}
+        for res in self.ledger.reservations():
             for index, devices in enumerate(res.layout):
                 for dev in devices:
                     new = {
@@ -212,9 +212,9 @@ class HamiCompatCollector(Collector):
                     add("vGPUCoreAllocated", core_help, old, dev.usedcores)
 
     def _quotas(self, add: _Add) -> None:
-        config = self.state.config
-        for namespace in self.state.quota_namespaces():
-            quota = self.state.fit_quota(namespace)
+        config = self.ledger.config
+        for namespace in self.ledger.quota_namespaces():
+            quota = self.ledger.fit_quota(namespace)
             if quota is None:
                 continue
             for resource, limit, used in (
@@ -239,13 +239,13 @@ class HamiCompatCollector(Collector):
 
 
 #: Families describing the cluster (per GPU, per node): exported by the leader only (HAMi #1432).
-CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(SchedulerState()).collect())
+CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(Ledger()).collect())
 
 
 class SchedulerMetrics:
     """Histograms and counters of the scheduler, registered in their own registry."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.registry = CollectorRegistry()
         register_process_metrics(self.registry)
         self.filter_seconds = Histogram(
@@ -272,10 +272,10 @@ class SchedulerMetrics:
         )
         self._reconcile_metrics()
         self._trust_and_numa_metrics()
-        self.registry.register(_GpuCollector(state))
+        self.registry.register(_GpuCollector(ledger))
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()
-        self.hami_registry.register(HamiCompatCollector(state))
+        self.hami_registry.register(HamiCompatCollector(ledger))
 
     def _reconcile_metrics(self) -> None:
         self.reconcile_seconds = Histogram(

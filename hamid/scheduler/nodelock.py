@@ -41,7 +41,7 @@ from hamid.model.annotations import parse_node_lock
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, Node, NodeBody, Pod
 from hamid.model.nodelock import DEFAULT_MAX_HOLD, Decision, Holder, LockView, decide, holder_state
-from hamid.scheduler.state import SchedulerState
+from hamid.scheduler.ledger import Ledger
 
 __all__ = [
     "DEFAULT_MAX_HOLD",
@@ -87,7 +87,7 @@ class NodeLocker:
     def __init__(
         self,
         kube: KubeClient,
-        state: SchedulerState,
+        ledger: Ledger,
         node_of: Callable[[str], Node | None],
         pod_of: Callable[[str, str], tuple[Pod | None, bool]],
         timeout: timedelta,
@@ -96,7 +96,7 @@ class NodeLocker:
         stall: timedelta | None = DEFAULT_STALL,
     ) -> None:
         self.kube = kube
-        self.state = state
+        self.ledger = ledger
         self._node_of = node_of
         self._pod_of = pod_of
         self.timeout = timeout
@@ -237,14 +237,14 @@ class NodeLocker:
                         f"node {node} is locked by {view.holder} ({view.why}); "
                         f"waited {wait_s:g}s: node lock contention"
                     )
-                await self.state.wait_change(node, min(remaining, _RECHECK_S))
+                await self.ledger.wait_change(node, min(remaining, _RECHECK_S))
 
     async def _attempt(
         self, node: str, namespace: str, name: str, deadline: float, wait_s: float
     ) -> LockView | None:
         """Look at the lock and take it when free (re-read on a conflict); None once this pod holds it."""
         loop = asyncio.get_running_loop()
-        async with self.state.node_guard(node):
+        async with self.ledger.node_guard(node):
             seen = self._latest(node)
             while True:
                 if seen is None:

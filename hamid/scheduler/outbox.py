@@ -15,8 +15,8 @@ from hamid.kube.events import EventRecorder, EventType
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.kube import Body
+from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.metrics import SchedulerMetrics
-from hamid.scheduler.state import SchedulerState
 
 #: ``record(obj, type, reason, message)``: an Event (in the background, or kept in a history).
 Record = Callable[[Body, EventType, str, str], None]
@@ -52,14 +52,14 @@ class EventOutbox:
         events: EventRecorder,
         note: Record,
         spawn: Spawn,
-        state: SchedulerState,
+        ledger: Ledger,
         metrics: SchedulerMetrics,
     ) -> None:
         self.events = events
         #: Keeps each Event recorded (the bounded history the web view reads).
         self._note = note
         self._spawn = spawn
-        self._state = state
+        self._ledger = ledger
         self._metrics = metrics
 
     def record(self, obj: Body, event_type: EventType, reason: str, message: str) -> None:
@@ -71,18 +71,18 @@ class EventOutbox:
         """Record a Warning Event (and count it) for each pod whose allocation annotations the
         state did not take: refused, foreign, undecodable, or disagreeing with its booking."""
         alloc = ann.DEVICES_ALLOCATED
-        state = self._state
+        ledger = self._ledger
         for outbox, where, reason, text in (
-            (state.refused, "booking", R.EVENT_ALLOCATION_REFUSED, f"{alloc} is not booked: {{}}"),
-            (state.foreign, "foreign", R.EVENT_ALLOCATION_FOREIGN, f"{alloc} is not booked: {{}}"),
+            (ledger.refused, "booking", R.EVENT_ALLOCATION_REFUSED, f"{alloc} is not booked: {{}}"),
+            (ledger.foreign, "foreign", R.EVENT_ALLOCATION_FOREIGN, f"{alloc} is not booked: {{}}"),
             (
-                state.undecodable,
+                ledger.undecodable,
                 "undecodable",
                 R.EVENT_UNDECODABLE_ALLOCATION,
                 f"{alloc} cannot be decoded ({{}}); it books nothing",
             ),
             (
-                state.disagreed,
+                ledger.disagreed,
                 "disagreement",
                 R.EVENT_ALLOCATION_IGNORED,
                 f"{alloc} changed after the scheduler booked the pod and is ignored: {{}}",

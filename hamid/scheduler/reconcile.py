@@ -37,7 +37,6 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.kube import JSON
 from hamid.scheduler.ledger import Ledger, Reservation
-from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.reconcile")
 
@@ -110,7 +109,7 @@ def _difference(held: Mapping[str, DeviceAmount], listed: Mapping[str, DeviceAmo
 
 
 def _left_alone(
-    state: SchedulerState,
+    ledger: Ledger,
     uid: str,
     live: Reservation | None,
     want: Reservation | None,
@@ -119,11 +118,11 @@ def _left_alone(
     busy: frozenset[str],
 ) -> bool:
     """Whether the list may be older than what the state knows of pod ``uid`` (see module doc)."""
-    if uid in busy or state.changed_since(uid, since) or state.was_deleted(uid):
+    if uid in busy or ledger.changed_since(uid, since) or ledger.was_deleted(uid):
         return True
     if live is not None and (live.pending or objects.newer_than(live.version, list_version)):
         return True
-    return any(res is not None and state.node_busy(res.node) for res in (live, want))
+    return any(res is not None and ledger.node_busy(res.node) for res in (live, want))
 
 
 def _gpu_drifts(
@@ -151,7 +150,7 @@ def _gpu_drifts(
 
 
 def _judge(
-    state: SchedulerState,
+    ledger: Ledger,
     shadow: Ledger,
     listed: Mapping[str, JSON],
     report: ReconcileReport,
@@ -159,14 +158,14 @@ def _judge(
     busy: frozenset[str],
 ) -> None:
     """Compare each pod's live reservation with the shadow's and repair the differing ones."""
-    live_uids = {res.uid for res in state.reservations()}
+    live_uids = {res.uid for res in ledger.reservations()}
     want_uids = {res.uid for res in shadow.reservations()}
     report.reservations = len(want_uids)
     for uid in sorted(live_uids | want_uids):
-        live, want = state.reservation(uid), shadow.reservation(uid)
+        live, want = ledger.reservation(uid), shadow.reservation(uid)
         if live is not None and want is not None and _signature(live) == _signature(want):
             continue
-        if _left_alone(state, uid, live, want, report.list_version, since, busy):
+        if _left_alone(ledger, uid, live, want, report.list_version, since, busy):
             report.skipped += 1
             shadow.adopt(live, uid)
             continue
@@ -189,29 +188,29 @@ def _judge(
             )
         )
         if listed_pod is not None:
-            state.adopt(want, uid)
+            ledger.adopt(want, uid)
             for res in (live, want):
                 if res is not None:
-                    state.notify(res.node)
+                    ledger.notify(res.node)
         else:
-            state.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
+            ledger.on_pod_deleted({"metadata": {"uid": uid, "namespace": some.namespace, "name": some.name}})
 
 
-def _judge_gpus(state: SchedulerState, shadow: Ledger, report: ReconcileReport) -> None:
+def _judge_gpus(ledger: Ledger, shadow: Ledger, report: ReconcileReport) -> None:
     """Compare each GPU's live usage with the shadow's; recompute a differing node's usage."""
     listed_nodes = shadow.inventory.nodes
-    for name, entry in state.inventory.nodes.items():
-        if state.node_busy(name):
+    for name, entry in ledger.nodes.items():
+        if ledger.node_busy(name):
             continue
         drifts = _gpu_drifts(name, entry.usage.devices, listed_nodes[name].usage.devices)
         report.gpus += len(entry.usage.devices)
         if drifts:
             report.drifts.extend(drifts)
-            state.rebuild_usage(name)
+            ledger.rebuild_usage(name)
 
 
 def reconcile_state(
-    state: SchedulerState,
+    ledger: Ledger,
     pods: Iterable[JSON],
     list_version: str,
     since: int,
@@ -219,7 +218,7 @@ def reconcile_state(
 ) -> ReconcileReport:
     """Compare ``state`` with the reservations ``pods`` imply and repair it (synchronous).
 
-    ``pods`` is a fresh list at ``list_version``, requested when ``state.seq`` was ``since``;
+    ``pods`` is a fresh list at ``list_version``, requested when ``ledger.seq`` was ``since``;
     ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow ledger with
     the same nodes (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
     :meth:`~hamid.scheduler.ledger.Ledger.on_pod`, each starting from its live booking; a differing
@@ -228,23 +227,23 @@ def reconcile_state(
     GPU's usage is compared with the shadow's (which mirrors the reservations left alone) and a
     differing node is recomputed from its reservations.
     """
-    shadow = state.blank_copy()
+    shadow = ledger.blank_copy()
     listed: dict[str, JSON] = {}
     for pod in pods:
         uid = objects.uid(pod)
         if uid:
             listed[uid] = pod
-            shadow.adopt(state.reservation(uid), uid)
+            shadow.adopt(ledger.reservation(uid), uid)
             shadow.on_pod(pod)
     # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
     # newer than the patch's precondition decides it as well as an event would.
-    for uid in state.settle_holds(list_version):
+    for uid in ledger.settle_holds(list_version):
         if uid in listed:
-            state.resync_pod(listed[uid])
+            ledger.resync_pod(listed[uid])
     report = ReconcileReport(list_version, pods=len(listed))
-    _judge(state, shadow, listed, report, since, busy)
-    _judge_gpus(state, shadow, report)
-    state.prune_marks(since, listed)
+    _judge(ledger, shadow, listed, report, since, busy)
+    _judge_gpus(ledger, shadow, report)
+    ledger.prune_marks(since, listed)
     return report
 
 
@@ -265,7 +264,7 @@ class ReconcileHost(Protocol):
     """What a reconcile needs of its scheduler (:class:`~hamid.scheduler.core.Scheduler` is one)."""
 
     @property
-    def state(self) -> SchedulerState: ...
+    def ledger(self) -> Ledger: ...
 
     @property
     def kube(self) -> KubeClient: ...
@@ -337,7 +336,7 @@ class Reconciler:
             return None
         started = time.perf_counter()
         try:
-            since = s.state.seq
+            since = s.ledger.seq
             cache = s.pods
             async with asyncio.timeout(self.list_timeout_s):
                 items, list_version = await s.kube.list_objects(
@@ -353,8 +352,8 @@ class Reconciler:
             if reason:
                 log.info("reconcile_abandoned", reason=reason)
                 return None
-            # from here to the return: no await (the comparison and the repair see one state)
-            report = reconcile_state(s.state, items, list_version, since, frozenset(s.binding))
+            # from here to the return: no await (the comparison and the repair see one ledger)
+            report = reconcile_state(s.ledger, items, list_version, since, frozenset(s.binding))
             cache.forget_missing({objects.object_key(item) for item in items}, list_version)
         except Exception:
             s.metrics.reconcile_runs.labels("failed").inc()

@@ -436,7 +436,7 @@ class SimCluster(ClusterView):
             )
 
     def _registered(self, node: str, count: int) -> bool:
-        entry = self._app.scheduler.state.nodes.get(node) if self._app is not None else None
+        entry = self._app.scheduler.ledger.nodes.get(node) if self._app is not None else None
         return entry is not None and len(entry.infos) == count and entry.allocatable_gpu > 0
 
     # -- scheduler ---------------------------------------------------------------------------------

@@ -323,13 +323,13 @@ class ClusterView(ABC):
 
     def reservation(self, name: str, namespace: str = "default") -> Reservation | None:
         """The scheduler's in-memory reservation of the pod (its accounting), if any."""
-        return self.scheduler.state.reservation(objects.uid(self.pod(name, namespace)))
+        return self.scheduler.ledger.reservation(objects.uid(self.pod(name, namespace)))
 
     def booked_usage(self) -> GpuUsage:
         """The scheduler's accounting: per node and GPU (slots, MiB, cores), idle GPUs left out."""
         return {
             node: used
-            for node, gpus in self.scheduler.state.snapshot().items()
+            for node, gpus in self.scheduler.ledger.snapshot().items()
             if (used := {u: v for u, v in gpus.items() if v != (0, 0, 0)})
         }
 

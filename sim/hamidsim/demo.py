@@ -340,7 +340,7 @@ def _lock_free(cluster: SimCluster, node: str = NODE) -> bool:
 
 def _node_idle(cluster: SimCluster, node: str) -> bool:
     """No GPU of ``node`` carries usage in the scheduler's accounting."""
-    return all(used == (0, 0, 0) for used in cluster.scheduler.state.snapshot().get(node, {}).values())
+    return all(used == (0, 0, 0) for used in cluster.scheduler.ledger.snapshot().get(node, {}).values())
 
 
 # -- scenarios -----------------------------------------------------------------------------------

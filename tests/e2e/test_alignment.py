@@ -336,16 +336,16 @@ async def test_scheduler_restart_mid_stream_rebuilds_accounting() -> None:
         await _run_seed(cluster)
         await cluster.create_pod(_small_pod("second"))
         await cluster.wait_settled("second", timeout=15)
-        reservations = {r.uid: r.raw for r in cluster.scheduler.state.reservations()}
+        reservations = {r.uid: r.raw for r in cluster.scheduler.ledger.reservations()}
         await cluster.create_pod(_small_pod("third"))
         await cluster.restart_scheduler()
         await cluster.wait_settled("third", timeout=15)
         for name in (SEED_NAME, "second", "third"):
             _assert_aligned(cluster, name)
-        rebuilt = {r.uid: r.raw for r in cluster.scheduler.state.reservations()}
+        rebuilt = {r.uid: r.raw for r in cluster.scheduler.ledger.reservations()}
         assert {uid: rebuilt.get(uid) for uid in reservations} == reservations
         assert cluster.booked_usage() == cluster.annotated_usage()
-        settled = cluster.scheduler.state.snapshot()
+        settled = cluster.scheduler.ledger.snapshot()
         await cluster.restart_scheduler()
-        assert cluster.scheduler.state.snapshot() == settled
+        assert cluster.scheduler.ledger.snapshot() == settled
         assert cluster.scheduler_restarts == 2

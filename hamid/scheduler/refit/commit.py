@@ -6,7 +6,7 @@ namespace quota counts the larger of its old and new usage. A definite refusal (
 4xx) rolls back at once. An ambiguous failure (timeout, no answer, 5xx) may have been applied:
 one bounded GET decides, and when it cannot, a follow-up reads the pod back again within
 seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first (see
-``SchedulerState.settle_on_event``) — the accounting follows what the API server holds.
+``Ledger.settle_on_event``) — the accounting follows what the API server holds.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.kube import JSON, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S
-from hamid.scheduler.ledger import Hold, Undo
+from hamid.scheduler.ledger import Hold, Ledger, Undo
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import Spawn
 from hamid.scheduler.readiness import Readiness
 from hamid.scheduler.refit.plan import MSG_NOT_SYNCED, RefitPlan, RefusalCode, RefusalError
 from hamid.scheduler.signing import record_booked
-from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
 
@@ -71,14 +70,14 @@ class RefitCommitter:
 
     def __init__(
         self,
-        state: SchedulerState,
+        ledger: Ledger,
         ledgers: NumaLedgers,
         kube: KubeClient,
         readiness: Readiness,
         spawn: Spawn,
         patch_timeout: float = PATCH_TIMEOUT_S,
     ) -> None:
-        self.state = state
+        self.ledger = ledger
         self.ledgers = ledgers
         self.kube = kube
         self.readiness = readiness
@@ -97,16 +96,16 @@ class RefitCommitter:
             message = f"{MSG_NOT_SYNCED}: scheduler not ready: {fenced}"
             raise RefusalError(RefusalCode.NOT_READY, message, identified=False)
         precondition = objects.resource_version(pod)
-        state = self.state
-        res = state.reservation(uid)
+        ledger = self.ledger
+        res = ledger.reservation(uid)
         if res is None:
             raise RefusalError(RefusalCode.UNKNOWN_POD, f"pod {uid} is not tracked by the scheduler")
         old_mem, old_cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
         new_mem, new_cores = pod_quota_usage(plan.layout, res.kinds, res.init_released)
         mem, cores = max(old_mem - new_mem, 0), max(old_cores - new_cores, 0)
-        hold = state.hold(uid, res.node, res.applied, res.namespace, mem, cores)
-        signature = state.signature(uid, res.node, plan.new_allocated)  # a refit re-signs
-        undo = state.move(uid, plan.layout, plan.new_allocated, signature[ann.ALLOCATION_SIGNATURE])
+        hold = ledger.hold(uid, res.node, res.applied, res.namespace, mem, cores)
+        signature = ledger.signature(uid, res.node, plan.new_allocated)  # a refit re-signs
+        undo = ledger.move(uid, plan.layout, plan.new_allocated, signature[ann.ALLOCATION_SIGNATURE])
         namespace, name = objects.namespace(pod), objects.name(pod)
         timeout = min(self.patch_timeout, remaining)
         annotations = {
@@ -123,11 +122,11 @@ class RefitCommitter:
             detail = str(exc) or f"no answer within {timeout:g}s"
             if not outcome_unknown(exc):
                 undo()
-                state.release_hold(hold)
+                ledger.release_hold(hold)
                 raise RefusalError(_definite_code(exc), f"cannot patch pod annotations: {detail}") from None
             outcome = await self.decide(namespace, name, uid, precondition, plan.new_allocated)
             if outcome is None:
-                state.settle_on_event(hold, precondition)
+                ledger.settle_on_event(hold, precondition)
                 log.warning("refit_patch_outcome_unknown", held=sorted(hold.amounts))
                 pending = _Undecided(
                     namespace, name, uid, res.node, precondition, plan.new_allocated, hold, undo
@@ -141,16 +140,16 @@ class RefitCommitter:
                     self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
                 else:
                     undo()
-                state.release_hold(hold)
+                ledger.release_hold(hold)
                 what = "it was applied" if outcome else "it was not applied"
             raise RefusalError(
                 RefusalCode.PATCH_TIMEOUT, f"cannot patch pod annotations: {detail} ({what})"
             ) from None
         except BaseException:
             undo()
-            state.release_hold(hold)
+            ledger.release_hold(hold)
             raise
-        state.release_hold(hold)
+        ledger.release_hold(hold)
         self._feed_ledger(uid, res.node, plan)
         self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
         return patched
@@ -162,7 +161,7 @@ class RefitCommitter:
         try:
             await record_booked(
                 self.kube,
-                self.state.keys,
+                self.ledger.keys,
                 pod,
                 node,
                 allocated,
@@ -173,7 +172,7 @@ class RefitCommitter:
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
         """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""
-        entry = self.state.nodes.get(node)
+        entry = self.ledger.nodes.get(node)
         if entry is None or not plan.devices:
             return
         numa_of = {d.id: d.numa for d in entry.infos}
@@ -188,24 +187,24 @@ class RefitCommitter:
         Under the node's lock, so no refit of the node interleaves; a hold already released (the
         pod's event, its deletion, or a reconcile decided first) ends it with nothing done.
         """
-        state = self.state
+        ledger = self.ledger
         started = asyncio.get_running_loop().time()
         for delay in FOLLOW_UP_DELAYS_S:
             await asyncio.sleep(delay)
-            async with state.node_guard(pending.node):
-                if pending.hold not in state.holds(pending.uid):
+            async with ledger.node_guard(pending.node):
+                if pending.hold not in ledger.holds(pending.uid):
                     return
                 outcome = await self.decide(
                     pending.namespace, pending.name, pending.uid, pending.precondition, pending.new_allocated
                 )
-                if outcome is None or pending.hold not in state.holds(pending.uid):
+                if outcome is None or pending.hold not in ledger.holds(pending.uid):
                     continue
                 if outcome:
                     pod = (pending.namespace, pending.name, pending.uid)
                     self.spawn(self._record(pod, pending.node, pending.new_allocated))
                 else:
                     pending.undo()
-                state.release_hold(pending.hold)
+                ledger.release_hold(pending.hold)
             waited = round(asyncio.get_running_loop().time() - started, 3)
             log.info("refit_outcome_settled", applied=outcome, after_s=waited)
             return

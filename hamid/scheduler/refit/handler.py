@@ -27,6 +27,7 @@ from hamid.model.kube import Pod, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.http import RouteRegistrar, parse_json_body
+from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import EventOutbox, Record, Tasks
@@ -47,7 +48,6 @@ from hamid.scheduler.refit.plan import (
     uuid_list,
 )
 from hamid.scheduler.settings import SchedulerSettings
-from hamid.scheduler.state import SchedulerState
 
 log = get_logger("scheduler.refit")
 
@@ -99,7 +99,7 @@ class RefitHost(Protocol):
     """What a refit needs of its scheduler (:class:`~hamid.scheduler.core.Scheduler` is one)."""
 
     @property
-    def state(self) -> SchedulerState: ...
+    def ledger(self) -> Ledger: ...
 
     @property
     def numa(self) -> NumaLedgers: ...
@@ -151,7 +151,7 @@ class RefitService:
         deadline: float = REFIT_TIMEOUT_S,
         metrics: RefitMetrics | None = None,
     ) -> None:
-        self.state = host.state
+        self.ledger = host.ledger
         self.kube = host.kube
         self.pods = host.pods
         self.readiness = host.readiness
@@ -161,7 +161,7 @@ class RefitService:
         self.wait_synced = host.wait_synced
         self.auth = authenticator
         self.committer = RefitCommitter(
-            host.state, host.numa, host.kube, host.readiness, host.tasks.spawn, patch_timeout
+            host.ledger, host.numa, host.kube, host.readiness, host.tasks.spawn, patch_timeout
         )
         self.sync_wait = sync_wait
         self.deadline = deadline
@@ -218,7 +218,7 @@ class RefitService:
             try:
                 await self._authenticate(refit, request, deadline)
                 epoch = await self._ready(deadline)
-                lock = self.state.node_guard(refit.node_name)
+                lock = self.ledger.node_guard(refit.node_name)
                 try:
                     async with asyncio.timeout_at(deadline):
                         await lock.acquire()
@@ -291,15 +291,15 @@ class RefitService:
 
     async def _refit_locked(self, refit: RefitRequest, deadline: float, epoch: str) -> _Outcome:
         """Gather the facts, decide, commit; the caller holds the node's guard."""
-        state = self.state
-        booking = state.reservation(refit.pod_uid)
+        ledger = self.ledger
+        booking = ledger.reservation(refit.pod_uid)
         cached = self.pods.get(booking.key) if booking is not None else None
         refused = identify(refit, booking, cached)
         if refused is not None:
             raise RefusalError.of(refused)
         assert booking is not None and cached is not None
         pod = await self._fresh_pod(cached, booking, booking.version, deadline)
-        entry = state.nodes.get(booking.node)
+        entry = ledger.nodes.get(booking.node)
         facts = RefitFacts(
             request=refit,
             booking=booking,
@@ -308,7 +308,7 @@ class RefitService:
             config=self.config,
             gpu_policy=self.settings.gpu_policy,
             node_policy=self.settings.node_policy,
-            quota=state.fit_quota(booking.namespace, exclude_uid=booking.uid),
+            quota=ledger.fit_quota(booking.namespace, exclude_uid=booking.uid),
         )
         decision = plan_refit(facts)
         if isinstance(decision, Refused):
@@ -323,11 +323,11 @@ class RefitService:
         if remaining <= 0:
             raise self._late("patching the pod")
         patched = await self.committer.commit(pod, uid, plan, remaining, epoch)
-        state = self.state
-        if state.reservation(uid) is None:
+        ledger = self.ledger
+        if ledger.reservation(uid) is None:
             log.info("pod_left_cache_during_refit")
         else:
-            state.on_pod(patched)
+            ledger.on_pod(patched)
         moved_from, moved_to = uuid_list(plan.current), uuid_list(plan.devices)
         message = f"NUMA refit moved container {plan.index} from {moved_from} to {moved_to}"
         log.info("numa_refit_succeeded", moved_from=moved_from, moved_to=moved_to)

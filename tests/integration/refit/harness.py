@@ -145,7 +145,7 @@ class Env:
         rv = stored["metadata"]["resourceVersion"]
         await eventually(
             lambda: (
-                self.scheduler.state.reservation(uid) is not None
+                self.scheduler.ledger.reservation(uid) is not None
                 and (self.scheduler.pods.get(f"{namespace}/{name}") or {})
                 .get("metadata", {})
                 .get("resourceVersion")

@@ -40,7 +40,7 @@ async def filter_on(env: Env, pod: dict[str, Any], nodes: list[str]) -> dict[str
 def over_committed(env: Env) -> list[str]:
     """GPUs whose booked memory or slots exceed their capacity."""
     out = []
-    for name, entry in env.scheduler.state.nodes.items():
+    for name, entry in env.scheduler.ledger.nodes.items():
         for dev in entry.usage.devices:
             if dev.usedmem > dev.totalmem or dev.used > dev.count:
                 out.append(f"{name}/{dev.id} {dev.usedmem}/{dev.totalmem}")
@@ -54,12 +54,12 @@ async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
         env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
         env.quota("default", 100000)
         pod = await env.place("p", "n1", ((d("GPU-a", 20000, 30),),))
-        await eventually(lambda: env.scheduler.state.quotas.used("default") == (20000, 30))
+        await eventually(lambda: env.scheduler.ledger.quotas.used("default") == (20000, 30))
         before = env.annotations("p")
         env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"])))
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])
+        await eventually(lambda: env.scheduler.ledger.reservation(uid).raw != before[AL])
         # while the refit's patch hangs, a filter on the same node answers at once, and can take
         # neither the old GPU nor the new one (30000 MiB fits on neither while both are held)
         big = new_pod(env, "big", 30000)
@@ -69,10 +69,10 @@ async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(refit, 10)
         assert env.annotations("p") == before
-        res = env.scheduler.state.reservation(uid)
+        res = env.scheduler.ledger.reservation(uid)
         assert res is not None and res.raw == before[AL]
-        assert env.scheduler.state.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
-        assert env.scheduler.state.quotas.used("default") == (20000, 30)
+        assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+        assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
         assert not over_committed(env)
 
 
@@ -91,15 +91,15 @@ async def test_in_flight_refit_that_lowers_quota_usage_frees_no_headroom(
             init=[container("init", 1, 5000)],
             containers=[container("m1", 1, 5000), container("m2", 1, 5000)],
         )
-        await eventually(lambda: env.scheduler.state.quotas.used("default") == (15000, 0))
+        await eventually(lambda: env.scheduler.ledger.quotas.used("default") == (15000, 0))
         before = env.annotations("p")
         env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-a"])))
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.reservation(uid).raw != before[AL])
+        await eventually(lambda: env.scheduler.ledger.reservation(uid).raw != before[AL])
         # while the patch hangs the namespace still counts the larger, old usage: a 5000 MiB pod
         # does not fit the quota (it would over-run it once the refit rolls back)
-        assert env.scheduler.state.quotas.used("default") == (15000, 0)
+        assert env.scheduler.ledger.quotas.used("default") == (15000, 0)
         answer = await filter_on(env, new_pod(env, "q", 5000), ["n1"])
         assert not refit.done()
         assert not answer.get("NodeNames"), answer
@@ -107,7 +107,7 @@ async def test_in_flight_refit_that_lowers_quota_usage_frees_no_headroom(
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(refit, 10)
         assert env.annotations("p") == before
-        assert env.scheduler.state.quotas.used("default") == (15000, 0)
+        assert env.scheduler.ledger.quotas.used("default") == (15000, 0)
 
 
 async def test_refit_on_node_a_does_not_block_filter_on_node_b(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -119,9 +119,9 @@ async def test_refit_on_node_a_does_not_block_filter_on_node_b(tls_files: TLSFil
         refit = asyncio.create_task(env.mtls_client("system:node:na").refit(request(pod, "na", 0, ["GPU-b"])))
         uid = pod["metadata"]["uid"]
         await eventually(
-            lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
+            lambda: env.scheduler.ledger.reservation(uid).raw != pod["metadata"]["annotations"][AL]
         )
-        assert env.scheduler.state.node_guard("na").locked()
+        assert env.scheduler.ledger.node_guard("na").locked()
         answer = await filter_on(env, new_pod(env, "q", 1000), ["nb"])
         assert answer.get("NodeNames") == ["nb"], answer
         assert not refit.done()
@@ -135,21 +135,21 @@ async def test_pod_deleted_during_refit_is_released_once(tls_files: TLSFiles, tm
         env.quota("default", 100000)
         await env.place("stay", "n1", ((d("GPU-b", 5000),),))
         pod = await env.place("p", "n1", ((d("GPU-a", 20000),),))
-        await eventually(lambda: env.scheduler.state.quotas.used("default") == (25000, 0))
+        await eventually(lambda: env.scheduler.ledger.quotas.used("default") == (25000, 0))
         rule = env.server.faults.add_latency(0.5, verb="patch", path_pattern="/pods/p$")
         refit = asyncio.create_task(env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"])))
         uid = pod["metadata"]["uid"]
         await eventually(
-            lambda: env.scheduler.state.reservation(uid).raw != pod["metadata"]["annotations"][AL]
+            lambda: env.scheduler.ledger.reservation(uid).raw != pod["metadata"]["annotations"][AL]
         )
         env.server.delete("Pod", "default", "p")
-        await eventually(lambda: env.scheduler.state.reservation(uid) is None)
+        await eventually(lambda: env.scheduler.ledger.reservation(uid) is None)
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(refit, 10)
         env.server.faults.remove(rule.id)
-        assert env.scheduler.state.reservation(uid) is None
-        assert env.scheduler.state.quotas.used("default") == (5000, 0)
-        assert env.scheduler.state.snapshot()["n1"] == {"GPU-a": (0, 0, 0), "GPU-b": (1, 5000, 0)}
+        assert env.scheduler.ledger.reservation(uid) is None
+        assert env.scheduler.ledger.quotas.used("default") == (5000, 0)
+        assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (0, 0, 0), "GPU-b": (1, 5000, 0)}
 
 
 async def test_concurrent_refits_and_filters_never_over_commit(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -199,6 +199,6 @@ async def test_concurrent_refits_and_filters_never_over_commit(tls_files: TLSFil
         for node in env.server.list("Node"):
             fresh.on_node(node)
         for pod in env.server.list("Pod", "default"):
-            fresh.on_pod(pod)
-        await eventually(lambda: env.scheduler.state.snapshot() == fresh.snapshot())
+            fresh.ledger.on_pod(pod)
+        await eventually(lambda: env.scheduler.ledger.snapshot() == fresh.ledger.snapshot())
         assert not over_committed(env)

@@ -33,7 +33,7 @@ async def refused(env: Env, req: object, cn: str = CN) -> str:
 
 
 def used(env: Env, node: str = "n1") -> dict[str, tuple[int, int, int]]:
-    return env.scheduler.state.snapshot()[node]
+    return env.scheduler.ledger.snapshot()[node]
 
 
 async def test_moves_reservation_with_one_patch_and_event(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -51,13 +51,13 @@ async def test_moves_reservation_with_one_patch_and_event(tls_files: TLSFiles, t
             k: v for k, v in before.items() if k not in (TA, AL)
         }
         assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
-        res = env.scheduler.state.reservation(pod["metadata"]["uid"])
+        res = env.scheduler.ledger.reservation(pod["metadata"]["uid"])
         assert res is not None and res.raw == after[AL] and not res.init_released
         await eventually(lambda: bool(env.events(R.EVENT_NUMA_REFIT_SUCCEED)))
         (event,) = env.events(R.EVENT_NUMA_REFIT_SUCCEED)
         assert event["type"] == "Normal"
         assert event["message"] == "NUMA refit moved container 0 from [GPU-a] to [GPU-b]"
-        assert env.scheduler.state.quotas.used("default") == (20000, 30)
+        assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
 
 
 async def test_noop_when_already_allowed(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -100,14 +100,14 @@ async def test_patch_failure_leaves_state_untouched(tls_files: TLSFiles, tmp_pat
         two_gpus(env)
         env.quota("default", 100000)
         pod = await env.place("p", "n1", ((d("GPU-a", 20000, 30),),))
-        await eventually(lambda: env.scheduler.state.quotas.used("default") == (20000, 30))
+        await eventually(lambda: env.scheduler.ledger.quotas.used("default") == (20000, 30))
         before, snapshot = env.annotations("p"), used(env)
         env.server.faults.fail_next(1, verb="patch", path_pattern="/pods/p$", status=status)
         reason = await refused(env, request(pod, "n1", 0, ["GPU-b"]))
         assert reason.startswith("cannot patch pod annotations: ")
         assert env.annotations("p") == before and used(env) == snapshot
-        assert env.scheduler.state.quotas.used("default") == (20000, 30)
-        res = env.scheduler.state.reservation(pod["metadata"]["uid"])
+        assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
+        res = env.scheduler.ledger.reservation(pod["metadata"]["uid"])
         assert res is not None and res.raw == before[AL]
 
 
@@ -262,7 +262,7 @@ async def test_keeps_shrunk_accounting_after_init_release(tls_files: TLSFiles, t
         )
         assert used(env)["GPU-a"] == (1, 10000, 0)
         await env.mtls_client(CN).refit(request(pod, "n1", 1, ["GPU-b"], "main"))
-        res = env.scheduler.state.reservation(pod["metadata"]["uid"])
+        res = env.scheduler.ledger.reservation(pod["metadata"]["uid"])
         assert res is not None and res.init_released
         assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 10000, 0)}
 
@@ -277,11 +277,11 @@ async def test_init_refit_quota_on_positional_layout(tls_files: TLSFiles, tmp_pa
         two_gpus(env)
         env.quota("default", 12000)
         pod = await env.place("p", "n1", layout, **spec)  # type: ignore[arg-type]
-        assert env.scheduler.state.quotas.used("default") == (10000, 0)
+        assert env.scheduler.ledger.quotas.used("default") == (10000, 0)
         patches = env.server.requests["patch pods"]
         reason = await refused(env, request(pod, "n1", 0, ["GPU-b"], "init"))
         assert R.RESOURCE_QUOTA_NOT_FIT in reason
-        assert env.scheduler.state.quotas.used("default") == (10000, 0)
+        assert env.scheduler.ledger.quotas.used("default") == (10000, 0)
         assert env.server.requests["patch pods"] == patches
     async with refit_env(tls_files, tmp_path) as env:
         two_gpus(env)
@@ -289,7 +289,7 @@ async def test_init_refit_quota_on_positional_layout(tls_files: TLSFiles, tmp_pa
         pod = await env.place("p", "n1", layout, **spec)  # type: ignore[arg-type]
         await env.mtls_client(CN).refit(request(pod, "n1", 0, ["GPU-b"], "init"))
         assert used(env) == {"GPU-a": (2, 10000, 0), "GPU-b": (1, 5000, 0)}
-        assert env.scheduler.state.quotas.used("default") == (15000, 0)
+        assert env.scheduler.ledger.quotas.used("default") == (15000, 0)
 
 
 SIDE = {"restartPolicy": "Always"}
@@ -390,7 +390,7 @@ async def test_init_release_during_patch_conflicts_and_state_follows(
         task = asyncio.create_task(env.mtls_client(CN).refit(request(pod, "n1", 1, ["GPU-b"])))
         await eventually(
             lambda: (
-                env.scheduler.state.reservation(pod["metadata"]["uid"]).raw
+                env.scheduler.ledger.reservation(pod["metadata"]["uid"]).raw
                 != pod["metadata"]["annotations"][AL]
             )
         )
@@ -403,6 +403,6 @@ async def test_init_release_during_patch_conflicts_and_state_follows(
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(task, 10)
         env.server.faults.remove(rule.id)
-        await eventually(lambda: env.scheduler.state.reservation(pod["metadata"]["uid"]).init_released)
+        await eventually(lambda: env.scheduler.ledger.reservation(pod["metadata"]["uid"]).init_released)
         assert env.annotations("p")[AL] == pod["metadata"]["annotations"][AL]
         assert used(env) == {"GPU-a": (1, 10000, 0), "GPU-b": (0, 0, 0)}

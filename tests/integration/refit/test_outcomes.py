@@ -16,7 +16,7 @@ OLD, NEW = "GPU-a,NVIDIA,20000,30:;", "GPU-b,NVIDIA,20000,30:;"
 
 
 def used(env: Env) -> dict[str, tuple[int, int, int]]:
-    return env.scheduler.state.snapshot()["n1"]
+    return env.scheduler.ledger.snapshot()["n1"]
 
 
 async def placed(env: Env, **kw: Any) -> dict[str, Any]:
@@ -48,7 +48,7 @@ async def test_patch_that_timed_out_but_landed_keeps_the_new_booking(
         uid = pod["metadata"]["uid"]
         slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         answer = asyncio.create_task(post(env, pod))
-        await eventually(lambda: bool(env.scheduler.state.holds(uid)))  # the patch is in flight
+        await eventually(lambda: bool(env.scheduler.ledger.holds(uid)))  # the patch is in flight
         # the API server applies the write, but its answer never reaches the scheduler
         landed = env.server.patch("Pod", "default", "p", {"metadata": {"annotations": {TA: NEW, AL: NEW}}})
         await cache_at(env, landed["metadata"]["resourceVersion"])
@@ -56,10 +56,10 @@ async def test_patch_that_timed_out_but_landed_keeps_the_new_booking(
         env.server.faults.remove(slow.id)
         assert result["succeeded"] is False  # the plugin falls back; the accounting follows the API
         assert "(it was applied)" in result["failureReason"]
-        res = env.scheduler.state.reservation(uid)
+        res = env.scheduler.ledger.reservation(uid)
         assert res is not None and res.raw == NEW
         assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
-        assert env.scheduler.state.holds(uid) == ()
+        assert env.scheduler.ledger.holds(uid) == ()
 
 
 async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFiles, tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFi
         env.server.faults.remove(slow.id)
         assert result["succeeded"] is False and "(it was not applied)" in result["failureReason"]
         assert env.annotations("p")[AL] == OLD
-        assert env.scheduler.state.reservation(pod["metadata"]["uid"]).raw == OLD
+        assert env.scheduler.ledger.reservation(pod["metadata"]["uid"]).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
 
 
@@ -81,7 +81,7 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         env.quota("default", 100000)
         pod = await placed(env)
         uid = pod["metadata"]["uid"]
-        await eventually(lambda: env.scheduler.state.quotas.used("default") == (20000, 30))
+        await eventually(lambda: env.scheduler.ledger.quotas.used("default") == (20000, 30))
         slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
         env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
         result = await post(env, pod)
@@ -89,14 +89,14 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
         # neither GPU can be given away while the API server's answer is unknown
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
-        assert env.scheduler.state.quotas.used("default") == (20000, 30)
+        assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
         # the pod's next update decides: the patch did not land, the old booking stays
         update = env.server.patch("Pod", "default", "p", {"metadata": {"labels": {"next": "update"}}})
         await cache_at(env, update["metadata"]["resourceVersion"])
-        await eventually(lambda: not env.scheduler.state.holds(uid))
+        await eventually(lambda: not env.scheduler.ledger.holds(uid))
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
-        assert env.scheduler.state.reservation(uid).raw == OLD
-        assert env.scheduler.state.quotas.used("default") == (20000, 30)
+        assert env.scheduler.ledger.reservation(uid).raw == OLD
+        assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
 
 
 async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod_event(
@@ -115,14 +115,14 @@ async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod
             assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
             version = pod["metadata"]["resourceVersion"]
             started = asyncio.get_running_loop().time()
-            await eventually(lambda: not env.scheduler.state.holds(uid), within=10)
+            await eventually(lambda: not env.scheduler.ledger.holds(uid), within=10)
             settled = asyncio.get_running_loop().time() - started
         finally:
             env.server.faults.remove(slow.id)
         assert settled < 5.0, settled  # the first read-back failed (503), the second decides
         assert env.annotations("p")[AL] == OLD
         assert env.server.get("Pod", "default", "p")["metadata"]["resourceVersion"] == version
-        assert env.scheduler.state.reservation(uid).raw == OLD
+        assert env.scheduler.ledger.reservation(uid).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
 
 
@@ -132,7 +132,7 @@ async def test_one_deadline_covers_the_node_lock_wait(tls_files: TLSFiles, tmp_p
         pod = await placed(env)
         before, snapshot = env.annotations("p"), used(env)
         patches = env.server.requests["patch pods"]
-        async with env.scheduler.state.node_guard("n1"):  # another refit of n1 that takes long
+        async with env.scheduler.ledger.node_guard("n1"):  # another refit of n1 that takes long
             result = await post(env, pod)
         assert result["succeeded"] is False and "deadline" in result["failureReason"]
         assert env.annotations("p") == before and used(env) == snapshot

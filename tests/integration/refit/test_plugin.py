@@ -248,7 +248,7 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
             plugin = app.plugin
             try:
                 await app.wait_synced()
-                await eventually(lambda: NODE in senv.scheduler.state.nodes)
+                await eventually(lambda: NODE in senv.scheduler.ledger.nodes)
                 await eventually(lambda: plugin.connector.socket_path.exists())
                 pod = await senv.place(
                     "p",
@@ -277,8 +277,8 @@ async def test_end_to_end_with_the_real_scheduler(tls_files: TLSFiles, tmp_path:
                 assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
                 await eventually(
                     lambda: (
-                        senv.scheduler.state.snapshot()[NODE][new_gpu] == (1, 1000, 10)
-                        and senv.scheduler.state.snapshot()[NODE]["GPU-0"] == (0, 0, 0)
+                        senv.scheduler.ledger.snapshot()[NODE][new_gpu] == (1, 1000, 10)
+                        and senv.scheduler.ledger.snapshot()[NODE]["GPU-0"] == (0, 0, 0)
                     )
                 )
                 assert pod["metadata"]["uid"] == senv.server.get("Pod", "default", "p")["metadata"]["uid"]

@@ -40,7 +40,7 @@ async def test_webhook_over_http(version: str) -> None:
                 "spec": {"hard": {"limits.nvidia.com/gpumem": "500"}},
             }
         )
-        await wait_for(lambda: env.scheduler.state.fit_quota("default") is not None)
+        await wait_for(lambda: env.scheduler.ledger.fit_quota("default") is not None)
         status, body = await env.post(env.cluster, "/webhook", review)
         assert body["response"] == {
             "uid": "r1",

@@ -14,7 +14,7 @@ from tests.unit.scheduler.helpers import container, pod
 
 
 async def _node_synced(env: Env, name: str) -> None:
-    await wait_for(lambda: name in env.scheduler.state.nodes)
+    await wait_for(lambda: name in env.scheduler.ledger.nodes)
 
 
 async def test_filter_node_names_patches_pod() -> None:
@@ -31,7 +31,7 @@ async def test_filter_node_names_patches_pod() -> None:
         assert annos[ann.DEVICES_ALLOCATED] == annos[ann.DEVICES_TO_ALLOCATE]
         assert annos[ann.DEVICES_ALLOCATED].endswith(",NVIDIA,1000,10:;")
         assert int(annos[ann.VGPU_TIME]) > 0
-        used = env.scheduler.state.snapshot()["n1"]
+        used = env.scheduler.ledger.snapshot()["n1"]
         assert sorted(used.values()) == [(0, 0, 0), (1, 1000, 10)]
 
 
@@ -65,11 +65,11 @@ async def test_patch_failure_rolls_back() -> None:
         env.server.faults.fail_next(1, verb="patch", path_pattern="/pods/a$", status=500)
         body = await env.filter(p, ["n1"])
         assert "patching pod default/a failed" in body["Error"]
-        assert env.scheduler.state.reservation(p["metadata"]["uid"]) is None
-        assert set(env.scheduler.state.snapshot()["n1"].values()) == {(0, 0, 0)}
+        assert env.scheduler.ledger.reservation(p["metadata"]["uid"]) is None
+        assert set(env.scheduler.ledger.snapshot()["n1"].values()) == {(0, 0, 0)}
         body = await env.filter(p, ["n1"])  # a retry works and books once
         assert body["NodeNames"] == ["n1"]
-        assert sorted(env.scheduler.state.snapshot()["n1"].values()) == [(0, 0, 0), (1, 1000, 10)]
+        assert sorted(env.scheduler.ledger.snapshot()["n1"].values()) == [(0, 0, 0), (1, 1000, 10)]
 
 
 async def test_concurrent_filters_never_overcommit() -> None:
@@ -83,7 +83,7 @@ async def test_concurrent_filters_never_overcommit() -> None:
         results = await asyncio.gather(*(env.filter(p, ["n1"]) for p in pods))
         fitted = [r for r in results if r.get("NodeNames") == ["n1"]]
         assert len(fitted) == 4  # 2 per GPU
-        for used in env.scheduler.state.snapshot()["n1"].values():
+        for used in env.scheduler.ledger.snapshot()["n1"].values():
             assert used[1] <= 8000
 
 

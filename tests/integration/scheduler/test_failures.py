@@ -37,7 +37,7 @@ async def test_stale_event_during_a_refilter_patch_never_over_commits() -> None:
     """P moves gpu0 -> gpu1; an update still carrying gpu0 arrives while P's patch is in flight."""
     async with running_scheduler() as env:
         env.add_node("n1", gpus=2)
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         big = [container("main", 1, 6000, 10)]  # one per 8000 MiB GPU
         p = await env.create_pod(pod("p", containers=big))
         assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
@@ -45,13 +45,13 @@ async def test_stale_event_during_a_refilter_patch_never_over_commits() -> None:
         old_gpu = first.split(",")[0]
         new_gpu = "n1-gpu1" if old_gpu == "n1-gpu0" else "n1-gpu0"
         env.server.patch("Node", None, "n1", {"metadata": {"annotations": {ann.DEVICE_CORDON: old_gpu}}})
-        await wait_for(lambda: old_gpu in env.scheduler.state.nodes["n1"].usage.cordoned)
+        await wait_for(lambda: old_gpu in env.scheduler.ledger.nodes["n1"].usage.cordoned)
         uid = p["metadata"]["uid"]
         slow = env.server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/p$")
         refilter = asyncio.create_task(env.filter(env.server.get("Pod", "default", "p"), ["n1"]))
 
         def pending_on_new_gpu() -> bool:
-            res = env.scheduler.state.reservation(uid)
+            res = env.scheduler.ledger.reservation(uid)
             return res is not None and res.pending and new_gpu in res.raw
 
         await wait_for(pending_on_new_gpu)
@@ -63,14 +63,14 @@ async def test_stale_event_during_a_refilter_patch_never_over_commits() -> None:
         assert not answer.get("NodeNames"), answer  # gpu1 is P's: Q fits nowhere
         assert (await asyncio.wait_for(refilter, 10))["NodeNames"] == ["n1"]
         env.server.faults.remove(slow.id)
-        used = env.scheduler.state.snapshot()["n1"]
+        used = env.scheduler.ledger.snapshot()["n1"]
         assert used[new_gpu] == (1, 6000, 10) and used[old_gpu] == (0, 0, 0)
         assert env.server.get("Pod", "default", "p")["metadata"]["annotations"][AL].startswith(new_gpu)
 
 
 async def _filtered(env: Env, name: str = "a") -> dict:
     env.add_node("n1")
-    await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+    await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
     p = await env.create_pod(pod(name))
     assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
     return p
@@ -102,7 +102,7 @@ async def test_failed_binding_leaves_no_allocating_pod_nor_lock() -> None:
         annotations = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
         assert ann.BIND_PHASE not in annotations and ann.BIND_TIME not in annotations
         assert ann.NODE_LOCK not in _node_annotations(env)
-        assert env.scheduler.state.reservation(p["metadata"]["uid"]) is not None  # still filtered
+        assert env.scheduler.ledger.reservation(p["metadata"]["uid"]) is not None  # still filtered
 
 
 async def test_binding_that_timed_out_but_landed_is_a_success() -> None:

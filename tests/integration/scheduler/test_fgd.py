@@ -27,7 +27,7 @@ async def _seed(env: Env) -> None:
     """n1: one GPU half used; n2: one GPU 70 % used (2 x 8000 MiB GPUs each)."""
     env.add_node("n1")
     env.add_node("n2")
-    await wait_for(lambda: {"n1", "n2"} <= env.scheduler.state.nodes.keys())
+    await wait_for(lambda: {"n1", "n2"} <= env.scheduler.ledger.nodes.keys())
     for name, node, cores, mem in (("a", "n1", 50, 4000), ("b", "n2", 70, 5600)):
         p = await env.create_pod(pod(name, containers=[container("c", 1, mem, cores)]))
         assert (await env.filter(p, [node]))["NodeNames"] == [node]

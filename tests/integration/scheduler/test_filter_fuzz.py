@@ -31,7 +31,7 @@ class Served:
     async def _start(self) -> Env:
         env = await self._stack.enter_async_context(running_scheduler())
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         return env
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
@@ -63,11 +63,11 @@ def _answered(status: int, body: Any, keys: tuple[str, ...]) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=FILTER_BODIES)
 def test_any_filter_body_gets_an_extender_answer(served: Served, body: Any) -> None:
-    before = served.env.scheduler.state.snapshot()
+    before = served.env.scheduler.ledger.snapshot()
     status, answer = served.post("/filter", body)
     _answered(status, answer, ("NodeNames", "Nodes", "FailedNodes"))
     if status != 200 or answer.get("Error"):
-        assert served.env.scheduler.state.snapshot() == before
+        assert served.env.scheduler.ledger.snapshot() == before
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -14,15 +14,15 @@ async def test_only_the_replica_that_decides_writes_a_missing_handshake() -> Non
         state, readiness = env.scheduler.state, env.scheduler.readiness
         readiness.follow()
         env.add_node("n1")
-        await wait_for(lambda: "n1" in state.nodes)
-        assert state.handshake_wanted == {"n1"}
+        await wait_for(lambda: "n1" in state.ledger.nodes)
+        assert state.ledger.handshake_wanted == {"n1"}
         await asyncio.sleep(0.3)  # several rounds as a follower: nothing written
         node = await env.kube.get_node("n1")
         assert ann.NODE_HANDSHAKE not in node["metadata"]["annotations"]
-        assert state.handshake_wanted == {"n1"}
+        assert state.ledger.handshake_wanted == {"n1"}
 
         readiness.lead()
         readiness.caught_up()
-        await wait_for(lambda: not state.handshake_wanted)
+        await wait_for(lambda: not state.ledger.handshake_wanted)
         node = await env.kube.get_node("n1")
         assert node["metadata"]["annotations"][ann.NODE_HANDSHAKE].startswith("Requesting_")

@@ -35,7 +35,7 @@ async def post_raw(env: Env, base: str, path: str, body: bytes) -> tuple[int, st
 async def _registered(env: Env, *names: str) -> None:
     for name in names:
         env.add_node(name)
-    await wait_for(lambda: all(n in env.scheduler.state.nodes for n in names))
+    await wait_for(lambda: all(n in env.scheduler.ledger.nodes for n in names))
 
 
 async def test_deep_nesting_is_a_400_on_every_route() -> None:
@@ -67,16 +67,16 @@ async def test_filter_and_bind_answer_malformed_pods_in_band(change: dict[str, A
             p["spec"]["containers"][0]["resources"] = None
         else:
             p["metadata"].update(change)
-        before = env.scheduler.state.snapshot()
+        before = env.scheduler.ledger.snapshot()
         status, body = await env.post(env.extender, "/filter", {"Pod": p, "NodeNames": ["n1"]})
         assert status in (200, 400), body
         if status == 200 and "resources" not in change:
             assert body.get("Error"), body
-        assert env.scheduler.state.snapshot() == before
+        assert env.scheduler.ledger.snapshot() == before
         bind = {"PodName": p["metadata"]["name"], "PodNamespace": p["metadata"]["namespace"]}
         status, body = await env.post(env.extender, "/bind", {**bind, "PodUID": "uid-a", "Node": "n1"})
         assert status in (200, 400) and (status == 400 or body.get("Error")), body
-        assert env.scheduler.state.snapshot() == before
+        assert env.scheduler.ledger.snapshot() == before
 
 
 @pytest.mark.parametrize("obj", [[], ["pod"], "pod", 7, True, {"kind": "Secret"}, None])
@@ -125,7 +125,7 @@ async def test_dot_dot_pod_name_never_reaches_the_namespace() -> None:
         assert "may not be" in body["Error"], body
         stored = env.server.get("Namespace", None, "team")
         assert "annotations" not in stored["metadata"] or not stored["metadata"]["annotations"]
-        assert env.scheduler.state.reservation("uid-..") is None
+        assert env.scheduler.ledger.reservation("uid-..") is None
 
 
 async def test_body_that_is_not_utf8_is_a_400() -> None:
@@ -153,7 +153,7 @@ async def test_refusals_are_counted_and_recorded_as_events() -> None:
 
         await wait_for(lambda: counted("booking") == 1)
         assert counted("webhook") == 1
-        assert env.scheduler.state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+        assert env.scheduler.ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
         await wait_for(
             lambda: any(
                 e.get("reason") == "AllocationAnnotationRefused" for e in env.server.list("Event", "default")
@@ -186,13 +186,13 @@ async def test_guaranteed_pod_with_a_bad_container_name_after_a_good_one_is_refu
         good = await env.create_pod(_guaranteed("good", "main"))
         status, body = await env.post(env.extender, "/filter", {"Pod": good, "NodeNames": ["n1"]})
         assert status == 200 and body.get("NodeNames") == ["n1"], body
-        before = env.scheduler.state.snapshot()
+        before = env.scheduler.ledger.snapshot()
         for bad in (..., 5, None, "", ["main"], {"a": 1}):
             p = _guaranteed("bad", bad)
             status, body = await env.post(env.extender, "/filter", {"Pod": p, "NodeNames": ["n1"]})
             assert status == 200, body
             assert body["Error"] == "extender args pod container 0: name must be a non-empty string", body
-        assert env.scheduler.state.snapshot() == before
+        assert env.scheduler.ledger.snapshot() == before
     assert not [e for e in logs if e.get("exc_info") or e["log_level"] in ("error", "critical")]
 
 

@@ -55,7 +55,7 @@ def _foreign_lock(env: Env, name: str) -> None:
 async def test_waiting_binds_get_the_lock_in_arrival_order_one_patch_each() -> None:
     async with running_scheduler(SchedulerSettings(bind_wait_s=20.0)) as env:
         env.add_node("n1", gpus=PODS)
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         pods = [
             await env.create_pod(pod(f"p{i}", containers=[container("c", 1, 100, 1)])) for i in range(PODS)
         ]
@@ -86,7 +86,7 @@ async def test_waiting_binds_get_the_lock_in_arrival_order_one_patch_each() -> N
 async def test_a_bind_whose_wait_ends_in_line_leaves_it_and_the_next_keeps_its_turn() -> None:
     async with running_scheduler(SchedulerSettings(node_lock_stall=None)) as env:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         _foreign_lock(env, "elsewhere")
         await wait_for(lambda: env.scheduler.pods.get("default/elsewhere") is not None)
         await wait_for(lambda: ann.NODE_LOCK in env.scheduler.nodes.get("n1")["metadata"]["annotations"])
@@ -116,7 +116,7 @@ async def test_the_line_does_not_replace_the_api_guard() -> None:
     read shows the new holder) or both at once, the bind first in line waits for the new holder."""
     async with running_scheduler(SchedulerSettings(node_lock_stall=None)) as env:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         _foreign_lock(env, "first")
         await wait_for(lambda: env.scheduler.pods.get("default/first") is not None)
         await wait_for(lambda: ann.NODE_LOCK in env.scheduler.nodes.get("n1")["metadata"]["annotations"])

@@ -69,7 +69,7 @@ async def setup(server: ApiServer, interval: float = 0.0) -> AsyncIterator[Setup
     try:
         for cache in caches.values():
             await cache.wait_synced(10)
-        await wait_for(lambda: "n1" in scheduler.state.nodes)
+        await wait_for(lambda: "n1" in scheduler.ledger.nodes)
         yield Setup(server, scheduler, tasks, Reconciler(scheduler, catch_up_s=0.1))
     finally:
         for task in tasks.values():
@@ -89,18 +89,18 @@ async def test_dropped_delete_is_repaired_by_one_run(
     async with setup(apiserver) as env:
         state = env.scheduler.state
         uid = await env.create(placed(pod("a"), "n1", GPU0))
-        await wait_for(lambda: state.reservation(uid) is not None)
+        await wait_for(lambda: state.ledger.reservation(uid) is not None)
         await env.stop_pod_watch()
         assert apiserver.delete("Pod", "default", "a") is not None
-        assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)  # the delete was missed
+        assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)  # the delete was missed
 
         report = await env.reconciler.reconcile_once()
 
         assert report is not None
         assert [(d.kind, d.pod, d.uid) for d in report.drifts] == [(DRIFT_LEAKED, "default/a", uid)]
-        assert state.reservation(uid) is None
+        assert state.ledger.reservation(uid) is None
         assert env.scheduler.pods.get("default/a") is None  # the cache forgot it too (node-lock checks)
-        assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+        assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
         assert env.drift_count(DRIFT_LEAKED) == 1
         [warning] = drift_warnings(logs)
         assert (warning["pod"], warning["node"], warning["kind"]) == ("default/a", "n1", DRIFT_LEAKED)
@@ -115,7 +115,7 @@ async def test_allocation_changed_behind_the_cache_is_never_booked(
     async with setup(apiserver) as env:
         state = env.scheduler.state
         uid = await env.create(placed(pod("a"), "n1", GPU0))
-        await wait_for(lambda: state.reservation(uid) is not None)
+        await wait_for(lambda: state.ledger.reservation(uid) is not None)
         await env.stop_pod_watch()
         moved = {ann.DEVICES_ALLOCATED: GPU1, ann.DEVICES_TO_ALLOCATE: GPU1}
         apiserver.patch("Pod", "default", "a", {"metadata": {"annotations": moved}})
@@ -123,9 +123,9 @@ async def test_allocation_changed_behind_the_cache_is_never_booked(
         report = await env.reconciler.reconcile_once()
 
         assert report is not None and report.drifts == []
-        res = state.reservation(uid)
+        res = state.ledger.reservation(uid)
         assert res is not None and res.raw == GPU0
-        assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+        assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
         assert env.drift_count(DRIFT_CHANGED) == 0 and drift_warnings(logs) == []
 
 
@@ -137,20 +137,20 @@ async def test_pending_reservations_survive(apiserver: ApiServer) -> None:
         a, b = env.scheduler.pods.get("default/a"), env.scheduler.pods.get("default/b")
         assert a is not None and b is not None
         layout0, layout1 = tuple(ann.decode_pod_devices(GPU0)), tuple(ann.decode_pod_devices(GPU1))
-        state.reserve(a, "n1", layout0, GPU0)  # a filter whose patch is still in flight
+        state.ledger.reserve(a, "n1", layout0, GPU0)  # a filter whose patch is still in flight
 
         run = asyncio.create_task(env.reconciler.reconcile_once())
         await asyncio.sleep(0)  # the run has asked for its list
-        state.reserve(b, "n1", layout1, GPU1)  # a filter after the list was requested ...
-        state.confirm(uid_b)  # ... whose patch succeeded: not in the list either
+        state.ledger.reserve(b, "n1", layout1, GPU1)  # a filter after the list was requested ...
+        state.ledger.confirm(uid_b)  # ... whose patch succeeded: not in the list either
         report = await run
 
         # the shadow starts from both bookings and the listed pods (without allocation) keep them
         assert report is not None and report.drifts == []
-        res_a, res_b = state.reservation(uid_a), state.reservation(uid_b)
+        res_a, res_b = state.ledger.reservation(uid_a), state.ledger.reservation(uid_b)
         assert res_a is not None and res_a.pending
         assert res_b is not None and not res_b.pending
-        assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
+        assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
 
 
 async def test_no_drift_no_change_no_warning(apiserver: ApiServer, logs: list[dict[str, Any]]) -> None:
@@ -161,16 +161,16 @@ async def test_no_drift_no_change_no_warning(apiserver: ApiServer, logs: list[di
             await env.create(placed(pod("b"), "n1", GPU1)),
             await env.create(pod("cpu", containers=[{"name": "c", "image": "busybox"}])),
         ]
-        await wait_for(lambda: all(state.reservation(u) is not None for u in uids[:2]))
-        before = state.snapshot()
-        held = [state.reservation(u) for u in uids]
+        await wait_for(lambda: all(state.ledger.reservation(u) is not None for u in uids[:2]))
+        before = state.ledger.snapshot()
+        held = [state.ledger.reservation(u) for u in uids]
 
         report = await env.reconciler.reconcile_once()
 
         assert report is not None and report.drifts == []
         assert (report.pods, report.reservations, report.gpus) == (3, 2, 2)
-        assert state.snapshot() == before
-        assert [state.reservation(u) for u in uids] == held
+        assert state.ledger.snapshot() == before
+        assert [state.ledger.reservation(u) for u in uids] == held
         assert drift_warnings(logs) == []
         assert not [e for e in logs if e["log_level"] == "warning"]
         [done] = [e for e in logs if e["event"] == "reconcile_done"]
@@ -185,7 +185,7 @@ async def test_followers_do_not_reconcile(apiserver: ApiServer) -> None:
     async with setup(apiserver) as env:
         s = env.scheduler
         uid = await env.create(placed(pod("a"), "n1", GPU0))
-        await wait_for(lambda: s.state.reservation(uid) is not None)
+        await wait_for(lambda: s.ledger.reservation(uid) is not None)
         await env.stop_pod_watch()
         apiserver.delete("Pod", "default", "a")
         lists = apiserver.requests["list pods"]
@@ -196,17 +196,17 @@ async def test_followers_do_not_reconcile(apiserver: ApiServer) -> None:
         assert await env.reconciler.reconcile_once() is None
 
         assert apiserver.requests["list pods"] == lists  # not even listed
-        assert s.state.reservation(uid) is not None
+        assert s.ledger.reservation(uid) is not None
         s.readiness.caught_up()
         report = await env.reconciler.reconcile_once()
-        assert report is not None and s.state.reservation(uid) is None
+        assert report is not None and s.ledger.reservation(uid) is None
 
 
 async def test_scheduler_run_owns_the_loop(apiserver: ApiServer) -> None:
     async with setup(apiserver, interval=0.05) as env:
         s = env.scheduler
-        s.state.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 4000, 40)})  # corrupted usage
-        await wait_for(lambda: s.state.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0))
+        s.ledger.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 4000, 40)})  # corrupted usage
+        await wait_for(lambda: s.ledger.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0))
         assert env.drift_count("gpu") == 1
         run = env.tasks.pop("scheduler")
         run.cancel()

@@ -39,7 +39,7 @@ async def test_a_holder_without_progress_loses_the_lock_long_before_the_max_hold
     settings = SchedulerSettings(bind_wait_s=5.0, node_lock_stall=timedelta(seconds=1))
     async with running_scheduler(settings) as env:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         _stuck_holder(env)
         await _locked(env)
         p = await env.create_pod(pod("a"))
@@ -58,10 +58,10 @@ async def test_a_node_whose_binds_fail_stops_winning_under_binpack() -> None:
     async with running_scheduler(settings) as env:
         for name in ("n1", "n2"):
             env.add_node(name)
-        await wait_for(lambda: {"n1", "n2"} <= env.scheduler.state.nodes.keys())
+        await wait_for(lambda: {"n1", "n2"} <= env.scheduler.ledger.nodes.keys())
         _stuck_holder(env)
         await _locked(env)
-        await wait_for(lambda: env.scheduler.state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10))
+        await wait_for(lambda: env.scheduler.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10))
         p = await env.create_pod(pod("a"))
         # binpack: n1 (holder's GPU booked) beats the empty n2
         assert (await env.filter(p, ["n1", "n2"]))["NodeNames"] == ["n1"]

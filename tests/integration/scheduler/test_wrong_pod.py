@@ -13,16 +13,16 @@ LOCK = "hami.io/mutex.lock"
 
 
 async def _placed(env: Env, name: str = "a") -> dict[str, Any]:
-    if "n1" not in env.scheduler.state.nodes:
+    if "n1" not in env.scheduler.ledger.nodes:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
     p = await env.create_pod(pod(name))
     assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
     return p
 
 
 def _booked(env: Env) -> int:
-    return sum(u[0] for u in env.scheduler.state.snapshot()["n1"].values())
+    return sum(u[0] for u in env.scheduler.ledger.snapshot()["n1"].values())
 
 
 async def test_bind_to_an_unknown_node_or_for_a_missing_pod_keeps_the_reservation() -> None:
@@ -32,7 +32,7 @@ async def test_bind_to_an_unknown_node_or_for_a_missing_pod_keeps_the_reservatio
         assert "not found" in await env.bind(p, "ghost-node")
         ghost = {"metadata": {"name": "no-such-pod", "namespace": "default", "uid": uid}}
         assert "not found" in await env.bind(ghost, "n1")
-        assert env.scheduler.state.reservation(uid) is not None and _booked(env) == 1
+        assert env.scheduler.ledger.reservation(uid) is not None and _booked(env) == 1
 
 
 async def test_filter_never_replans_a_bound_or_running_pod_and_a_replayed_bind_takes_no_lock() -> None:
@@ -61,7 +61,7 @@ async def test_filter_never_replans_a_bound_or_running_pod_and_a_replayed_bind_t
 async def test_filter_patch_is_bound_to_the_uid_across_delete_and_recreate() -> None:
     async with running_scheduler() as env:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         old = await env.create_pod(pod("a"))
         await env.kube.delete_pod("default", "a", grace_period_seconds=0)
         new = await env.create_pod(pod("a"))
@@ -70,13 +70,13 @@ async def test_filter_patch_is_bound_to_the_uid_across_delete_and_recreate() -> 
         assert "patching pod default/a failed" in body["Error"] and "Precondition" in body["Error"]
         stored = env.server.get("Pod", "default", "a")
         assert ALLOCATED not in (stored["metadata"].get("annotations") or {})
-        assert env.scheduler.state.reservation(old["metadata"]["uid"]) is None and _booked(env) == 0
+        assert env.scheduler.ledger.reservation(old["metadata"]["uid"]) is None and _booked(env) == 0
 
 
 async def test_a_filter_patch_failing_with_any_error_leaves_no_reservation() -> None:
     async with running_scheduler() as env:
         env.add_node("n1")
-        await wait_for(lambda: "n1" in env.scheduler.state.nodes)
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         p = await env.create_pod(pod("a"))
         no_namespace = {**p, "metadata": {k: v for k, v in p["metadata"].items() if k != "namespace"}}
         assert "no metadata.namespace" in (await env.filter(no_namespace, ["n1"]))["Error"]
@@ -86,4 +86,4 @@ async def test_a_filter_patch_failing_with_any_error_leaves_no_reservation() -> 
 
         env.scheduler.kube.patch_pod_metadata = broken  # type: ignore[method-assign]
         assert "injected" in (await env.filter(p, ["n1"]))["Error"]
-        assert env.scheduler.state.reservation(p["metadata"]["uid"]) is None and _booked(env) == 0
+        assert env.scheduler.ledger.reservation(p["metadata"]["uid"]) is None and _booked(env) == 0

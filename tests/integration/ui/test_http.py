@@ -64,7 +64,7 @@ async def running_ui(**options: Any) -> AsyncIterator[Ui]:
             running_app(loopback_options(server, **options)) as app,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session,
         ):
-            await wait_for(lambda: "node-a" in app.scheduler.state.nodes)
+            await wait_for(lambda: "node-a" in app.scheduler.ledger.nodes)
             yield Ui(server, app, session)
 
 
@@ -157,7 +157,7 @@ async def test_the_refresh_stamp_answers_304_until_the_page_changes() -> None:
         status, _, _ = await ui.get("/ui/api/stamp/node/node-a", headers={"If-None-Match": etag})
         assert status == 304
         await ui.place("changer")
-        await wait_for(lambda: any(d.used for d in ui.app.scheduler.state.nodes["node-a"].usage.devices))
+        await wait_for(lambda: any(d.used for d in ui.app.scheduler.ledger.nodes["node-a"].usage.devices))
         status, _, headers = await ui.get("/ui/api/stamp/node/node-a", headers={"If-None-Match": etag})
         assert status == 200 and headers["ETag"] != etag
 

@@ -20,7 +20,7 @@ def _state() -> SchedulerState:
             "spec": {"hard": {"limits.nvidia.com/gpumem": "3000", "limits.nvidia.com/gpucores": "50"}},
         }
     )
-    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,30:;"))
+    state.ledger.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,30:;"))
     return state
 
 
@@ -40,7 +40,7 @@ def _one(samples: list[tuple[dict[str, str], float]], **labels: str) -> float:
 
 @needs_promtool
 def test_scheduler_metrics_pass_promtool() -> None:
-    metrics = SchedulerMetrics(_state())
+    metrics = SchedulerMetrics(_state().ledger)
     metrics.filter_results.labels("ok").inc()
     metrics.bind_seconds.labels("ok").observe(0.01)
     payload = generate_latest(metrics.registry)
@@ -51,7 +51,7 @@ def test_scheduler_metrics_pass_promtool() -> None:
 
 
 def test_core_ratio_is_a_ratio_and_shared_is_containers() -> None:
-    s = _samples(generate_latest(SchedulerMetrics(_state()).registry))
+    s = _samples(generate_latest(SchedulerMetrics(_state().ledger).registry))
     assert _one(s["hamid_gpu_core_allocated_ratio"], device_uuid="n1-gpu0") == 0.3
     assert _one(s["hamid_gpu_core_limit_percent"], device_uuid="n1-gpu0") == 100
     assert _one(s["hamid_gpu_shared_containers"], device_uuid="n1-gpu0") == 1
@@ -60,7 +60,7 @@ def test_core_ratio_is_a_ratio_and_shared_is_containers() -> None:
 
 
 def test_hami_names_carry_the_same_numbers() -> None:
-    s = _samples(generate_latest(SchedulerMetrics(_state()).hami_registry))
+    s = _samples(generate_latest(SchedulerMetrics(_state().ledger).hami_registry))
     mib = 1024 * 1024
     gpu0 = {"nodeid": "n1", "deviceuuid": "n1-gpu0", "deviceidx": "0", "zone": "vGPU"}
     assert _one(s["GPUDeviceMemoryAllocated"], **gpu0, devicecores="100") == 1000 * mib

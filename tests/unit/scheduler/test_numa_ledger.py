@@ -165,8 +165,8 @@ def test_without_profiles_the_plan_is_todays() -> None:
         assert with_numa == scheduler.planner.plan(p, spec, ("n0", "n1", "n2", "n3"))
         node, fitted, _ = with_numa
         if node is not None and fitted is not None:
-            scheduler.state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
-        assert fit_pod(scheduler.state.nodes["n0"].usage, spec) is not None
+            scheduler.ledger.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+        assert fit_pod(scheduler.ledger.nodes["n0"].usage, spec) is not None
 
 
 def test_a_burst_sees_the_predictions_of_its_predecessors() -> None:
@@ -191,7 +191,7 @@ def _filtered(scheduler: Scheduler, name: str, cpus: int = 2) -> dict[str, Any]:
     node, fitted, _, numa = _plan(scheduler, p)
     prediction = numa.predictions[node]
     raw = ann.encode_pod_devices(fitted.devices)
-    scheduler.state.reserve(p, node, fitted.devices, raw)
+    scheduler.ledger.reserve(p, node, fitted.devices, raw)
     scheduler.numa.book(p["metadata"]["uid"], node, prediction, p)
     predicted = scheduler.reserver.prediction_annotation(node, prediction)
     assert predicted is not None
@@ -216,7 +216,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
         restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW))
         for p in order:
             restarted.on_pod(p)  # pods before their node (a restart's list order)
-        restarted.on_node(_node(), scheduler.state.nodes["n1"].infos)
+        restarted.on_node(_node(), scheduler.ledger.nodes["n1"].infos)
         restarted.on_pod(foreign)
         assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want
         assert _source(restarted, "uid-p0") == Source.PREDICTED
@@ -338,7 +338,7 @@ def test_a_replayed_pod_is_kept_as_what_the_predictor_reads() -> None:
     free = scheduler.numa.free_cpus("n1")
     assert free is not None and len(free) < 7  # the replay booked its exclusive CPUs
     scheduler.numa.on_node_deleted("n1")
-    scheduler.numa.on_node(_node(), scheduler.state.nodes["n1"].infos)  # the rebuild replays it again
+    scheduler.numa.on_node(_node(), scheduler.ledger.nodes["n1"].infos)  # the rebuild replays it again
     assert scheduler.numa.free_cpus("n1") == free
 
 

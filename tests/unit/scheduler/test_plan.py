@@ -51,8 +51,8 @@ def _node(rng: random.Random, name: str) -> dict[str, Any]:
 
 
 def _running(rng: random.Random, i: int, state: SchedulerState) -> dict[str, Any]:
-    name = rng.choice(sorted(state.nodes))
-    gpu = rng.choice(state.nodes[name].infos)
+    name = rng.choice(sorted(state.ledger.nodes))
+    gpu = rng.choice(state.ledger.nodes[name].infos)
     mem, cores = rng.choice((500, 1000, 3000)), rng.choice((0, 10, 30))
     return placed(pod(f"run{i}", namespace=rng.choice(("a", "b"))), name, f"{gpu.id},NVIDIA,{mem},{cores}:;")
 
@@ -90,15 +90,15 @@ def _reference(
     """Fit every candidate, then pick the best score for the policy (ties: request order)."""
     state = scheduler.state
     uid = objects.uid(p)
-    previous = state.reservation(uid)
-    quota = state.fit_quota(p["metadata"]["namespace"], exclude_uid=uid)
+    previous = state.ledger.reservation(uid)
+    quota = state.ledger.fit_quota(p["metadata"]["namespace"], exclude_uid=uid)
     sign = 1.0 if spec.policy.node_policy == SPREAD else -1.0
     fits: list[tuple[float, int, str, Fitted]] = []
     failed: dict[str, str] = {}
     for i, name in enumerate(names):
         if name in failed or any(f[2] == name for f in fits):
             continue
-        entry = state.nodes.get(name)
+        entry = state.ledger.nodes.get(name)
         if entry is None or not entry.healthy(state.clock()):
             failed[name] = R.NODE_UNREGISTERED
             continue
@@ -125,7 +125,7 @@ def _check(
         assert failed == want_failed
     else:
         assert {n: want_failed[n] for n in failed} == failed  # every reason given is the exact one
-        unregistered = {n for n in names if n not in scheduler.state.nodes}
+        unregistered = {n for n in names if n not in scheduler.ledger.nodes}
         assert unregistered <= failed.keys()
         assert node not in failed
     return node, fitted
@@ -141,14 +141,14 @@ def test_plan_equals_fitting_every_candidate_on_random_states() -> None:
         names = [f"n{i}" for i in range(rng.randint(1, 14))]
         for name in names:
             state.on_node(_node(rng, name))
-        if not state.nodes:
+        if not state.ledger.nodes:
             continue
         if rng.random() < 0.5:
             hard = {"limits.nvidia.com/gpumem": str(rng.choice((4000, 20000)))}
             state.on_quota({"metadata": {"name": "q", "namespace": "a"}, "spec": {"hard": hard}})
         running = [_running(rng, i, state) for i in range(rng.randint(0, 30))]
         for r in running:
-            state.on_pod(r)
+            state.ledger.on_pod(r)
         for i in range(12):
             candidates = rng.sample(names, rng.randint(1, len(names))) + ["ghost"] * (rng.random() < 0.3)
             if rng.random() < 0.2:
@@ -162,16 +162,18 @@ def test_plan_equals_fitting_every_candidate_on_random_states() -> None:
                 unfit += 1
                 continue
             chosen += 1
-            state.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+            state.ledger.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
             if rng.random() < 0.5:  # a re-filter sees its own booking as free
                 _check(scheduler, p, tuple(rng.sample(names, len(names))))
                 refiltered += 1
             # the index follows every kind of change: pods leaving, nodes re-registering
             if running and rng.random() < 0.5:
-                state.on_pod_deleted(running.pop(rng.randrange(len(running))))
+                state.ledger.on_pod_deleted(running.pop(rng.randrange(len(running))))
             if rng.random() < 0.2:
                 state.on_node(_node(rng, rng.choice(names)))
-            assert state.ranked() == sorted((e.usage.score(), n) for n, e in state.nodes.items())
+            assert state.ledger.ranked() == sorted(
+                (e.usage.score(), n) for n, e in state.ledger.nodes.items()
+            )
     assert chosen > 50 and unfit > 20 and refiltered > 10, (chosen, unfit, refiltered)
 
 
@@ -183,11 +185,11 @@ def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() 
         state.on_node(
             {"metadata": {"name": name, "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}}}
         )
-    state.on_pod(placed(pod("hog"), "full", "full-g0,NVIDIA,7500,100:;"))
+    state.ledger.on_pod(placed(pod("hog"), "full", "full-g0,NVIDIA,7500,100:;"))
     fits = pod("p", containers=[container("c", 1, 1000, 10)])
     spec = PodFitSpec.from_pod(fits, scheduler.config, "spread", "binpack")
     # binpack ranks the used node first; its room (500 MiB, 0 cores) rules it out without a fit
-    assert state.ranked()[-1][1] == "full"
+    assert state.ledger.ranked()[-1][1] == "full"
     node, fitted, failed = scheduler.planner.plan(fits, spec, ("full", "free"))
     assert node == "free" and fitted is not None and failed == {}
     big = pod("big", containers=[container("c", 1, 9000, 10)])
@@ -245,7 +247,7 @@ def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
     state.on_node(young)
     running = [_running(rng, i, state) for i in range(20)]
     for r in running:
-        state.on_pod(r)
+        state.ledger.on_pod(r)
     huge = pod("huge", containers=[container("c", 1, 9000, 10)], namespace="a")
     kept = fits = 0
     for step in range(60):
@@ -256,17 +258,17 @@ def test_a_kept_no_fit_answer_stays_exact_while_nodes_change() -> None:
         kept += bool(scheduler.planner._no_fit)
         change = rng.random()
         if change < 0.3 and running:
-            state.on_pod_deleted(running.pop(rng.randrange(len(running))))
+            state.ledger.on_pod_deleted(running.pop(rng.randrange(len(running))))
         elif change < 0.6:
             r = _running(rng, 100 + step, state)
             running.append(r)
-            state.on_pod(r)
+            state.ledger.on_pod(r)
         elif change < 0.8:
             state.on_node(_node(rng, rng.choice(names)))
         else:
             now[0] += HANDSHAKE_GRACE_S / 4  # "young" turns unhealthy by the clock alone
     assert kept > 30 and fits == 0, (kept, fits)
-    assert not state.nodes["young"].healthy(now[0])
+    assert not state.ledger.nodes["young"].healthy(now[0])
 
 
 def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) -> None:

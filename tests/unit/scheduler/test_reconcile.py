@@ -43,45 +43,47 @@ def fresh_state(*pods: dict[str, Any], keys: AllocationKeys | None = None) -> Sc
     state.on_node(node("n1"))
     state.on_node(node("n2"))
     for p in pods:
-        state.on_pod(p)
+        state.ledger.on_pod(p)
     return state
 
 
 def test_no_drift_changes_nothing() -> None:
     a, b = on("a", GPU0, 5), on("b", "n2-gpu1,NVIDIA,3000,30:;", 6, "n2")
     state = fresh_state(a, b)
-    before, held = state.snapshot(), state.reservation("uid-a")
-    report = reconcile_state(state, [copy.deepcopy(a), copy.deepcopy(b), pod("cpu-only")], "9", state.seq)
+    before, held = state.ledger.snapshot(), state.ledger.reservation("uid-a")
+    report = reconcile_state(
+        state.ledger, [copy.deepcopy(a), copy.deepcopy(b), pod("cpu-only")], "9", state.ledger.seq
+    )
     assert report.drifts == []
     assert (report.pods, report.reservations, report.skipped, report.gpus) == (3, 2, 0, 4)
-    assert state.snapshot() == before
-    assert state.reservation("uid-a") is held  # not even re-created
+    assert state.ledger.snapshot() == before
+    assert state.ledger.reservation("uid-a") is held  # not even re-created
 
 
 def test_dropped_delete_is_released() -> None:
     a = on("a", GPU0, 5)
     state = fresh_state(a, on("b", GPU1, 6))
-    report = reconcile_state(state, [on("b", GPU1, 6)], "10", state.seq)
+    report = reconcile_state(state.ledger, [on("b", GPU1, 6)], "10", state.ledger.seq)
     [drift] = report.drifts
     assert (drift.kind, drift.pod, drift.uid, drift.node) == (DRIFT_LEAKED, "default/a", "uid-a", "n1")
     assert drift.listed == "pod not listed"
     assert drift.difference == {"n1-gpu0": (1, 1000, 10)}
-    assert state.reservation("uid-a") is None
-    assert state.was_deleted("uid-a")
-    assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
-    assert state.quotas.used("default") == (1000, 10)  # only b
+    assert state.ledger.reservation("uid-a") is None
+    assert state.ledger.was_deleted("uid-a")
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+    assert state.ledger.quotas.used("default") == (1000, 10)  # only b
 
 
 def test_changed_allocation_is_moved_to_a_later_signed_one() -> None:
     keys = ticking_keys()  # a refit by another replica, whose event this one missed
     state = fresh_state(signed(on("a", GPU0, 5), keys), keys=keys)
-    report = reconcile_state(state, [signed(on("a", GPU1, 8), keys)], "10", state.seq)
+    report = reconcile_state(state.ledger, [signed(on("a", GPU1, 8), keys)], "10", state.ledger.seq)
     [drift] = report.drifts
     assert drift.kind == DRIFT_CHANGED
     assert drift.difference == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (-1, -1000, -10)}
-    res = state.reservation("uid-a")
+    res = state.ledger.reservation("uid-a")
     assert res is not None and (res.raw, res.version) == (GPU1, "8")
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
 
 
 @pytest.mark.parametrize("signing", [False, True])
@@ -92,154 +94,156 @@ def test_an_allocation_the_scheduler_did_not_sign_never_moves_a_booking(signing:
     forged = on("a", GPU1, 8)  # a tenant's patch (unsigned, or signed with another key)
     if keys is not None:
         signed(forged, ticking_keys(b"another-key-0123456789abcdef01234567"))
-    report = reconcile_state(state, [forged], "10", state.seq)
+    report = reconcile_state(state.ledger, [forged], "10", state.ledger.seq)
     assert report.drifts == []
-    res = state.reservation("uid-a")
+    res = state.ledger.reservation("uid-a")
     assert res is not None and res.raw == GPU0
-    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
 
 
 def test_missing_reservation_is_booked() -> None:
     state = fresh_state()
-    report = reconcile_state(state, [on("a", GPU0, 5)], "10", state.seq)
+    report = reconcile_state(state.ledger, [on("a", GPU0, 5)], "10", state.ledger.seq)
     assert [d.kind for d in report.drifts] == [DRIFT_MISSING]
-    assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
 
 
 def test_finished_pod_in_list_is_released() -> None:
     state = fresh_state(on("a", GPU0, 5))
     done = on("a", GPU0, 7)
     done["status"]["phase"] = "Succeeded"
-    report = reconcile_state(state, [done], "10", state.seq)
+    report = reconcile_state(state.ledger, [done], "10", state.ledger.seq)
     assert [d.kind for d in report.drifts] == [DRIFT_LEAKED]
-    assert state.reservation("uid-a") is None
-    assert not state.was_deleted("uid-a")  # the pod still exists
+    assert state.ledger.reservation("uid-a") is None
+    assert not state.ledger.was_deleted("uid-a")  # the pod still exists
 
 
 def test_pending_reservation_survives() -> None:
     state = fresh_state()
     a = versioned(pod("a"), 3)
-    state.on_pod(a)
-    state.reserve(a, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)  # filter: patch in flight
-    report = reconcile_state(state, [a], "10", state.seq)
+    state.ledger.on_pod(a)
+    state.ledger.reserve(a, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)  # filter: patch in flight
+    report = reconcile_state(state.ledger, [a], "10", state.ledger.seq)
     assert report.drifts == []  # the shadow starts from the pending booking and keeps it
-    res = state.reservation("uid-a")
+    res = state.ledger.reservation("uid-a")
     assert res is not None and res.pending
-    assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
 
 
 def test_reservations_younger_than_the_list_survive() -> None:
     state = fresh_state()
-    since = state.seq  # the list is requested now
+    since = state.ledger.seq  # the list is requested now
     listed = versioned(pod("a"), 3)  # the list shows a without allocation ...
-    state.reserve(listed, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
-    state.confirm("uid-a")  # ... its patch landed after the list
+    state.ledger.reserve(listed, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
+    state.ledger.confirm("uid-a")  # ... its patch landed after the list
     ghost = pod("ghost")  # not even listed: created after the list
-    undo = state.reserve(ghost, "n1", tuple(ann.decode_pod_devices(GPU1)), GPU1)
-    state.confirm("uid-ghost")
-    report = reconcile_state(state, [listed], "10", since)
+    undo = state.ledger.reserve(ghost, "n1", tuple(ann.decode_pod_devices(GPU1)), GPU1)
+    state.ledger.confirm("uid-ghost")
+    report = reconcile_state(state.ledger, [listed], "10", since)
     assert report.drifts == [] and report.skipped == 1  # the ghost; a's booking the shadow keeps
-    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
     # a later list (nothing changed since it): the unlisted ghost is released; a, listed without
     # the allocation its booking holds (removed by someone else), keeps its booking
-    report = reconcile_state(state, [listed], "12", state.seq)
+    report = reconcile_state(state.ledger, [listed], "12", state.ledger.seq)
     assert [d.kind for d in report.drifts] == [DRIFT_LEAKED]
-    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
     undo()  # a late rollback of a pod the reconcile released is a no-op
-    assert state.reservation("uid-ghost") is None
+    assert state.ledger.reservation("uid-ghost") is None
 
 
 def test_pod_event_newer_than_the_list_is_left_alone() -> None:
     state = fresh_state(on("a", GPU1, 15))  # the watch already applied version 15
-    report = reconcile_state(state, [on("a", GPU0, 8)], "10", state.seq)
+    report = reconcile_state(state.ledger, [on("a", GPU0, 8)], "10", state.ledger.seq)
     assert report.drifts == []  # the older listed allocation disagrees with the booking: kept
-    res = state.reservation("uid-a")
+    res = state.ledger.reservation("uid-a")
     assert res is not None and res.raw == GPU1
 
 
 def test_delete_applied_after_the_list_is_not_undone() -> None:
     a = on("a", GPU0, 5)
     state = fresh_state(a)
-    since = state.seq
-    state.on_pod_deleted(a)
-    report = reconcile_state(state, [a], "10", since)
+    since = state.ledger.seq
+    state.ledger.on_pod_deleted(a)
+    report = reconcile_state(state.ledger, [a], "10", since)
     assert report.drifts == [] and report.skipped == 1
-    assert state.reservation("uid-a") is None
+    assert state.ledger.reservation("uid-a") is None
 
 
 def test_binding_pod_is_left_alone() -> None:
     state = fresh_state(on("a", GPU0, 5))
-    report = reconcile_state(state, [], "10", state.seq, busy=frozenset({"uid-a"}))
+    report = reconcile_state(state.ledger, [], "10", state.ledger.seq, busy=frozenset({"uid-a"}))
     assert report.drifts == [] and report.skipped == 1
-    assert state.reservation("uid-a") is not None
+    assert state.ledger.reservation("uid-a") is not None
 
 
 async def test_node_under_lock_is_left_alone() -> None:
     state = fresh_state(on("a", GPU0, 5))
-    state.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 1000, 10)})  # a refit's double booking
-    async with state.node_guard("n1"):
-        report = reconcile_state(state, [], "10", state.seq)
+    state.ledger.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 1000, 10)})  # a refit's double booking
+    async with state.ledger.node_guard("n1"):
+        report = reconcile_state(state.ledger, [], "10", state.ledger.seq)
         assert report.drifts == [] and report.skipped == 1
         assert report.gpus == 2  # n2 only
-    report = reconcile_state(state, [], "10", state.seq)
+    report = reconcile_state(state.ledger, [], "10", state.ledger.seq)
     assert sorted(d.kind for d in report.drifts) == [DRIFT_GPU, DRIFT_LEAKED]
 
 
 def test_corrupted_gpu_usage_is_recomputed() -> None:
     a = on("a", GPU0, 5)
     state = fresh_state(a)
-    state.nodes["n1"].usage.add({"n1-gpu0": DeviceAmount(0, 500, 0)})
-    report = reconcile_state(state, [a], "10", state.seq)
+    state.ledger.nodes["n1"].usage.add({"n1-gpu0": DeviceAmount(0, 500, 0)})
+    report = reconcile_state(state.ledger, [a], "10", state.ledger.seq)
     [drift] = report.drifts
     assert (drift.kind, drift.node, drift.gpu) == (DRIFT_GPU, "n1", "n1-gpu0")
     assert drift.difference == {"n1-gpu0": (1, 500, 0)}  # an add books at least one slot
-    assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
-    assert state.nodes["n1"].usage.room() == (2, 8000, 100)  # gpu1 fully free, index current
-    assert state.ranked()[-1][1] == "n1"  # the score index follows the rebuilt usage
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
+    assert state.ledger.nodes["n1"].usage.room() == (2, 8000, 100)  # gpu1 fully free, index current
+    assert state.ledger.ranked()[-1][1] == "n1"  # the score index follows the rebuilt usage
 
 
 def test_skipped_pods_do_not_count_as_gpu_drift() -> None:
     state = fresh_state()
     a = versioned(pod("a"), 3)
-    state.reserve(a, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
-    report = reconcile_state(state, [a], "10", state.seq)
+    state.ledger.reserve(a, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
+    report = reconcile_state(state.ledger, [a], "10", state.ledger.seq)
     assert report.drifts == []
 
 
 def test_undecodable_allocation_books_nothing_without_new_warnings(logs: list[dict[str, Any]]) -> None:
     bad = on("bad", "n1-gpu0,NVIDIA,not-a-number,10:;", 5)
     state = fresh_state(bad)
-    assert [p["metadata"]["name"] for p, _ in state.undecodable] == ["bad"]  # an Event follows
-    state.undecodable.clear()
+    assert [p["metadata"]["name"] for p, _ in state.ledger.undecodable] == ["bad"]  # an Event follows
+    state.ledger.undecodable.clear()
     logs.clear()
-    report = reconcile_state(state, [copy.deepcopy(bad)], "10", state.seq)
+    report = reconcile_state(state.ledger, [copy.deepcopy(bad)], "10", state.ledger.seq)
     assert report.drifts == []
-    assert state.undecodable == []
+    assert state.ledger.undecodable == []
     assert not [e for e in logs if e["log_level"] == "warning"]
-    assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)  # attack 2: never the whole GPU
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)  # attack 2: never the whole GPU
 
 
 def test_rebuild_from_state_equals_shadow_after_many_repairs() -> None:
     pods = [on(f"p{i}", f"n1-gpu{i % 2},NVIDIA,{100 * (i + 1)},{i + 1}:;", 10 + i) for i in range(6)]
     state = fresh_state(*pods[:4])
-    state.reserve(pods[0], "n1", ((ContainerDevice("n1-gpu1", "NVIDIA", 50, 1),),), "x")  # stale pending
-    state.confirm("uid-p0")
+    state.ledger.reserve(
+        pods[0], "n1", ((ContainerDevice("n1-gpu1", "NVIDIA", 50, 1),),), "x"
+    )  # stale pending
+    state.ledger.confirm("uid-p0")
     listed = pods[1:]  # p0 deleted, p4 and p5 missed
-    reconcile_state(state, listed, "30", state.seq)
-    assert state.snapshot() == fresh_state(*listed).snapshot()
-    assert state.quotas.used("default") == fresh_state(*listed).quotas.used("default")
+    reconcile_state(state.ledger, listed, "30", state.ledger.seq)
+    assert state.ledger.snapshot() == fresh_state(*listed).ledger.snapshot()
+    assert state.ledger.quotas.used("default") == fresh_state(*listed).ledger.quotas.used("default")
 
 
 def test_marks_of_gone_pods_are_forgotten() -> None:
     state = fresh_state()
     listed, gone = versioned(pod("a"), 3), pod("gone")
     for p in (listed, gone):
-        undo = state.reserve(p, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
+        undo = state.ledger.reserve(p, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
         undo()  # a filter whose patch failed
-    assert state.changed_since("uid-gone", -1) and state.changed_since("uid-a", -1)
-    reconcile_state(state, [listed], "10", state.seq)
-    assert not state.changed_since("uid-gone", -1)
-    assert state.changed_since("uid-a", -1)  # still listed: kept until its delete
+    assert state.ledger.changed_since("uid-gone", -1) and state.ledger.changed_since("uid-a", -1)
+    reconcile_state(state.ledger, [listed], "10", state.ledger.seq)
+    assert not state.ledger.changed_since("uid-gone", -1)
+    assert state.ledger.changed_since("uid-a", -1)  # still listed: kept until its delete
 
 
 def test_newer_than() -> None:

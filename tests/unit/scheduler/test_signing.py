@@ -85,7 +85,7 @@ def _restarted(
     state = SchedulerState(keys=keys, accept_unsigned=accept_unsigned)
     state.on_node(node("n1"))
     for p in pods:
-        state.on_pod(p)
+        state.ledger.on_pod(p)
     return state
 
 
@@ -99,15 +99,15 @@ def test_after_a_restart_only_verified_allocations_book() -> None:
         ann.ALLOCATION_SIGNATURE
     ]
     state = _restarted(keys, mine, unsigned, missigned, copied)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
-    foreign = {p["metadata"]["name"]: why for p, why in state.foreign}
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    foreign = {p["metadata"]["name"]: why for p, why in state.ledger.foreign}
     assert set(foreign) == {"unsigned", "missigned", "copied"}
     assert "has no hamid.io/allocation-signature" in foreign["unsigned"]
     assert "does not verify" in foreign["missigned"] and "does not verify" in foreign["copied"]
     # an upgrade's one rollout: pods placed before signing (no signature at all) book; forged ones do not
     upgrade = _restarted(keys, mine, unsigned, missigned, accept_unsigned=True)
-    assert upgrade.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
-    assert [p["metadata"]["name"] for p, _ in upgrade.foreign] == ["missigned"]
+    assert upgrade.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
+    assert [p["metadata"]["name"] for p, _ in upgrade.ledger.foreign] == ["missigned"]
 
 
 def test_a_booking_follows_only_a_later_signature() -> None:
@@ -115,22 +115,22 @@ def test_a_booking_follows_only_a_later_signature() -> None:
     first = signed(placed(pod("a"), "n1", RAW), keys)
     state = _restarted(keys, first)
     refit = signed(placed(copy.deepcopy(first), "n1", "n1-gpu1,NVIDIA,1000,10:;"), keys)
-    state.on_pod(refit)  # another replica's refit, signed after the booking
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
-    state.on_pod(first)  # the older signed allocation replayed: ignored and reported
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
-    assert "replayed" in state.disagreed[-1][1]
+    state.ledger.on_pod(refit)  # another replica's refit, signed after the booking
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    state.ledger.on_pod(first)  # the older signed allocation replayed: ignored and reported
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert "replayed" in state.ledger.disagreed[-1][1]
 
 
 def test_the_filter_signature_is_what_the_booking_remembers() -> None:
     keys = ticking_keys()
     state = _restarted(keys)
     p = pod("a")
-    notes = state.signature("uid-a", "n1", RAW)
-    state.reserve(p, "n1", tuple(ann.decode_pod_devices(RAW)), RAW, notes[ann.ALLOCATION_SIGNATURE])
-    res = state.reservation("uid-a")
+    notes = state.ledger.signature("uid-a", "n1", RAW)
+    state.ledger.reserve(p, "n1", tuple(ann.decode_pod_devices(RAW)), RAW, notes[ann.ALLOCATION_SIGNATURE])
+    res = state.ledger.reservation("uid-a")
     assert res is not None and res.issued > 0
-    assert SchedulerState().signature("uid-a", "n1", RAW) == {ann.ALLOCATION_SIGNATURE: None}
+    assert SchedulerState().ledger.signature("uid-a", "n1", RAW) == {ann.ALLOCATION_SIGNATURE: None}
 
 
 RAW1 = "n1-gpu1,NVIDIA,1000,10:;"
@@ -177,15 +177,15 @@ def test_after_a_restart_a_tampered_pod_books_what_its_record_proves() -> None:
     garbage = tampered(original, ":::")
     for p in (moved, garbage):
         state = _restarted(keys, p)
-        assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
-        assert state.foreign == [] and state.undecodable == []
-        ((reported, why),) = state.disagreed
+        assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+        assert state.ledger.foreign == [] and state.ledger.undecodable == []
+        ((reported, why),) = state.ledger.disagreed
         assert reported is p and "hamid.io/AllocationBooked" in why and f"n1: {RAW} is what it books" in why
     # a record that does not verify proves nothing: the pod is foreign as before
     forged = recorded(tampered(original, RAW1), ticking_keys(b"y" * 32), "n1", RAW1)
     state = _restarted(keys, forged)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert [why for _, why in state.foreign] == [
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert [why for _, why in state.ledger.foreign] == [
         "its hamid.io/allocation-signature does not verify: this scheduler did not write it"
     ]
 
@@ -196,27 +196,27 @@ def test_the_later_of_record_and_annotations_stands() -> None:
     # a refit's annotations landed (signed later), its record not yet: the annotations stand
     refit = signed(placed(copy.deepcopy(first), "n1", RAW1), keys)
     state = _restarted(keys, refit)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
-    assert state.disagreed == []
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert state.ledger.disagreed == []
     # the refit's record landed; a tenant then writes the older signed allocation back: the record
     # stands (the replay that verified across a restart before the record existed)
     refit = recorded(refit, keys, "n1", RAW1)
     replayed = copy.deepcopy(refit)
     replayed["metadata"]["annotations"] = dict(first["metadata"]["annotations"])
     state = _restarted(keys, replayed)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
-    assert len(state.disagreed) == 1
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    assert len(state.ledger.disagreed) == 1
 
 
 def test_a_live_booking_still_reports_a_tampered_annotation_its_record_contradicts() -> None:
     keys = ticking_keys()
     original = recorded(signed(placed(pod("a"), "n1", RAW), keys), keys, "n1", RAW)
     state = _restarted(keys, original)
-    state.on_pod(tampered(original, RAW1))
-    assert state.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
-    assert len(state.disagreed) == 1
+    state.ledger.on_pod(tampered(original, RAW1))
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (0, 0, 0)}
+    assert len(state.ledger.disagreed) == 1
     # unsigned mode writes no record and reads none (it books a pod without a booking as found)
     unsigned = SchedulerState()
     unsigned.on_node(node("n1"))
-    unsigned.on_pod(tampered(original, RAW1))
-    assert unsigned.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+    unsigned.ledger.on_pod(tampered(original, RAW1))
+    assert unsigned.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}

@@ -17,25 +17,25 @@ def dev(uuid: str, mem: int, cores: int) -> ContainerDevice:
 
 
 def usage(state: SchedulerState, name: str, uuid: str) -> tuple[int, int, int]:
-    return state.snapshot()[name][uuid]
+    return state.ledger.snapshot()[name][uuid]
 
 
 def test_pod_add_update_delete_incremental() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
-    state.on_pod(p)
+    state.ledger.on_pod(p)
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    state.on_pod(copy.deepcopy(p))  # unchanged update: no double count
+    state.ledger.on_pod(copy.deepcopy(p))  # unchanged update: no double count
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
     done = copy.deepcopy(p)
     done["status"]["phase"] = "Succeeded"
-    state.on_pod(done)
+    state.ledger.on_pod(done)
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
-    state.on_pod(p)
-    state.on_pod_deleted(p)
+    state.ledger.on_pod(p)
+    state.ledger.on_pod_deleted(p)
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
-    assert state.reservation("uid-a") is None
+    assert state.ledger.reservation("uid-a") is None
 
 
 def test_init_peak_then_release_after_init_succeeded() -> None:
@@ -47,14 +47,14 @@ def test_init_peak_then_release_after_init_succeeded() -> None:
         containers=[container("app1", 1, 1000, 10), container("app2", 1, 2000, 20)],
     )
     placed(p, "n1", "n1-gpu0,NVIDIA,5000,50:;n1-gpu0,NVIDIA,1000,10:;n1-gpu0,NVIDIA,2000,20:;")
-    state.on_pod(p)
+    state.ledger.on_pod(p)
     # init 5000/50 alone vs apps 3000/30 together (2 slots): max per field
     assert usage(state, "n1", "n1-gpu0") == (2, 5000, 50)
-    assert state.quotas.used("default") == (5000, 50)
+    assert state.ledger.quotas.used("default") == (5000, 50)
     p["status"]["initContainerStatuses"] = [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]
-    state.on_pod(p)
+    state.ledger.on_pod(p)
     assert usage(state, "n1", "n1-gpu0") == (2, 3000, 30)
-    assert state.quotas.used("default") == (3000, 30)
+    assert state.ledger.quotas.used("default") == (3000, 30)
 
 
 def test_sidecar_adds_to_apps() -> None:
@@ -63,7 +63,7 @@ def test_sidecar_adds_to_apps() -> None:
     side = container("side", 1, 1000, 10, restartPolicy="Always")
     p = pod("a", init=[side], containers=[container("app", 1, 2000, 20)])
     placed(p, "n1", "n1-gpu0,NVIDIA,1000,10:;n1-gpu0,NVIDIA,2000,20:;")
-    state.on_pod(p)
+    state.ledger.on_pod(p)
     assert usage(state, "n1", "n1-gpu0") == (2, 3000, 30)
 
 
@@ -86,53 +86,53 @@ def test_restart_rebuild_equals_incremental() -> None:
     for n in range(3):
         live.on_node(node(f"n{n}"))
     for p in pods:  # incremental history with churn
-        live.on_pod(p)
+        live.ledger.on_pod(p)
     for p in pods[::7]:
-        live.on_pod_deleted(p)
+        live.ledger.on_pod_deleted(p)
     survivors = [p for i, p in enumerate(pods) if i % 7 != 0]
     rebuilt = SchedulerState()
     shuffled = list(survivors)
     random.Random(4).shuffle(shuffled)
     for p in shuffled[:10]:  # pods seen before their nodes
-        rebuilt.on_pod(p)
+        rebuilt.ledger.on_pod(p)
     for n in range(3):
         rebuilt.on_node(node(f"n{n}"))
     for p in shuffled[10:]:
-        rebuilt.on_pod(p)
-    assert rebuilt.snapshot() == live.snapshot()
-    assert rebuilt.quotas.used("default") == live.quotas.used("default")
-    assert any(u != (0, 0, 0) for n in live.snapshot().values() for u in n.values())
+        rebuilt.ledger.on_pod(p)
+    assert rebuilt.ledger.snapshot() == live.ledger.snapshot()
+    assert rebuilt.ledger.quotas.used("default") == live.ledger.quotas.used("default")
+    assert any(u != (0, 0, 0) for n in live.ledger.snapshot().values() for u in n.values())
 
 
 def test_undecodable_allocation_books_nothing() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = placed(pod("bad"), "n1", "n1-gpu1,NVIDIA,oops:;")
-    state.on_pod(p)
+    state.ledger.on_pod(p)
     assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
-    assert state.undecodable and state.undecodable[0][0] is p
+    assert state.ledger.undecodable and state.ledger.undecodable[0][0] is p
     garbage = placed(pod("worse"), "n1", "???")
-    state.on_pod(garbage)
+    state.ledger.on_pod(garbage)
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
-    assert len(state.undecodable) == 2
-    state.on_pod_deleted(garbage)
-    state.on_pod_deleted(p)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert len(state.ledger.undecodable) == 2
+    state.ledger.on_pod_deleted(garbage)
+    state.ledger.on_pod_deleted(p)
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
 
 
 def test_reserve_undo_restores_previous_and_skips_deleted() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = pod("a")
-    first = state.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
-    undo = state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    first = state.ledger.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
+    undo = state.ledger.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
     undo()
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
     assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
     undo()  # idempotent
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    state.on_pod_deleted(p)
+    state.ledger.on_pod_deleted(p)
     first()  # already gone: nothing resurrected
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
 
@@ -141,11 +141,11 @@ def test_pending_reservation_survives_event_without_annotation() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = pod("a")
-    state.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
-    state.on_pod(p)  # the watch delivers the pod before the filter's patch
+    state.ledger.reserve(p, "n1", ((dev("n1-gpu0", 1000, 10),),), "n1-gpu0,NVIDIA,1000,10:;")
+    state.ledger.on_pod(p)  # the watch delivers the pod before the filter's patch
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    state.on_pod(placed(copy.deepcopy(p), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
-    res = state.reservation("uid-a")
+    state.ledger.on_pod(placed(copy.deepcopy(p), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    res = state.ledger.reservation("uid-a")
     assert res is not None and not res.pending
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
 
@@ -154,27 +154,27 @@ def test_move_and_undo_after_delete_is_noop() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
-    state.on_pod(p)
-    undo = state.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.ledger.on_pod(p)
+    undo = state.ledger.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
     assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
     undo()
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
     assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
-    undo2 = state.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
-    state.on_pod_deleted(p)
+    undo2 = state.ledger.move("uid-a", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.ledger.on_pod_deleted(p)
     undo2()
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert state.quotas.used("default") == (0, 0)
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert state.ledger.quotas.used("default") == (0, 0)
 
 
 def test_node_reregistration_keeps_reservations() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
-    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    state.ledger.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
     bare = node("n1")
     del bare["metadata"]["annotations"][ann.NODE_REGISTER]
     state.on_node(bare)
-    assert "n1" not in state.nodes
+    assert "n1" not in state.ledger.nodes
     state.on_node(node("n1", gpus=3))
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
 
@@ -183,22 +183,22 @@ def test_handshake_health_heals() -> None:
     now = [1_000_000.0]
     state = SchedulerState(clock=lambda: now[0])
     state.on_node(node("n1", allocatable=0))
-    assert "n1" in state.handshake_wanted  # missing: scheduler writes Requesting_<now>
-    assert state.schedulable("n1") is not None
+    assert "n1" in state.ledger.handshake_wanted  # missing: scheduler writes Requesting_<now>
+    assert state.ledger.schedulable("n1") is not None
     from datetime import datetime
 
     stamp = ann.format_handshake(datetime.fromtimestamp(now[0]))
     state.on_node(node("n1", 2, 0, **{ann.NODE_HANDSHAKE: stamp}))
-    assert "n1" not in state.handshake_wanted
-    assert state.schedulable("n1") is not None
+    assert "n1" not in state.ledger.handshake_wanted
+    assert state.ledger.schedulable("n1") is not None
     now[0] += HANDSHAKE_GRACE_S + 1
-    assert state.schedulable("n1") is None  # no GPUs advertised after the grace period
+    assert state.ledger.schedulable("n1") is None  # no GPUs advertised after the grace period
     state.on_node(node("n1", 2, 20, **{ann.NODE_HANDSHAKE: stamp}))
-    assert state.schedulable("n1") is not None  # plugin back: heals without hand edits
+    assert state.ledger.schedulable("n1") is not None  # plugin back: heals without hand edits
     for stale in ("Deleted_2020-01-01 00:00:00", "Requesting_garbage", "Reported 2020"):
         state.on_node(node("n1", 2, 20, **{ann.NODE_HANDSHAKE: stale}))
-        assert "n1" in state.handshake_wanted
-        assert state.schedulable("n1") is not None
+        assert "n1" in state.ledger.handshake_wanted
+        assert state.ledger.schedulable("n1") is not None
 
 
 def test_quota_headroom_excludes_pod() -> None:
@@ -210,36 +210,36 @@ def test_quota_headroom_excludes_pod() -> None:
             "spec": {"hard": {"limits.nvidia.com/gpumem": "3000", "limits.nvidia.com/gpucores": "50"}},
         }
     )
-    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
-    quota = state.fit_quota("default")
+    state.ledger.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    quota = state.ledger.fit_quota("default")
     assert quota is not None and (quota.mem_limit, quota.used_mem, quota.used_cores) == (3000, 1000, 10)
-    own = state.fit_quota("default", exclude_uid="uid-a")
+    own = state.ledger.fit_quota("default", exclude_uid="uid-a")
     assert own is not None and own.used_mem == 0
-    assert state.fit_quota("other") is None
+    assert state.ledger.fit_quota("other") is None
     state.on_quota_deleted({"metadata": {"name": "q", "namespace": "default"}})
-    assert state.fit_quota("default") is None
+    assert state.ledger.fit_quota("default") is None
 
 
 def test_hold_books_gpus_and_quota_until_released_once() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
-    state.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
-    held = state.reservation("uid-a").applied
-    h = state.hold("uid-a", "n1", held, "default", 500, 5)
+    state.ledger.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))
+    held = state.ledger.reservation("uid-a").applied
+    h = state.ledger.hold("uid-a", "n1", held, "default", 500, 5)
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
-    assert state.quotas.used("default") == (1500, 15)
-    assert state.node_busy("n1")  # the reconcile leaves a node with a hold alone
+    assert state.ledger.quotas.used("default") == (1500, 15)
+    assert state.ledger.node_busy("n1")  # the reconcile leaves a node with a hold alone
     state.on_node(node("n1", 2, 20, **{ann.NODE_SCORE: "{}"}))  # a rebuilt node keeps the hold booked
     assert usage(state, "n1", "n1-gpu0") == (2, 2000, 20)
-    state.release_hold(h)
-    state.release_hold(h)  # a second call changes nothing
+    state.ledger.release_hold(h)
+    state.ledger.release_hold(h)  # a second call changes nothing
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    assert state.quotas.used("default") == (1000, 10)
-    assert not state.node_busy("n1")
-    other = state.hold("uid-b", "n1", {}, "other", 300, 0)
-    assert state.quotas.used("other") == (300, 0)
-    state.release_hold(other)
-    assert "other" not in state.quotas._used  # nothing left behind for an idle namespace
+    assert state.ledger.quotas.used("default") == (1000, 10)
+    assert not state.ledger.node_busy("n1")
+    other = state.ledger.hold("uid-b", "n1", {}, "other", 300, 0)
+    assert state.ledger.quotas.used("other") == (300, 0)
+    state.ledger.release_hold(other)
+    assert "other" not in state.ledger.quotas._used  # nothing left behind for an idle namespace
 
 
 def test_event_settled_hold_waits_for_a_newer_pod_event_or_delete() -> None:
@@ -247,23 +247,23 @@ def test_event_settled_hold_waits_for_a_newer_pod_event_or_delete() -> None:
     state.on_node(node("n1"))
     p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
     p["metadata"]["resourceVersion"] = "10"
-    state.on_pod(p)
-    h = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
-    state.settle_on_event(h, "10")
-    state.on_pod(copy.deepcopy(p))  # the same version decides nothing
-    assert state.holds("uid-a") == (h,)
+    state.ledger.on_pod(p)
+    h = state.ledger.hold("uid-a", "n1", state.ledger.reservation("uid-a").applied, "default", 0, 0)
+    state.ledger.settle_on_event(h, "10")
+    state.ledger.on_pod(copy.deepcopy(p))  # the same version decides nothing
+    assert state.ledger.holds("uid-a") == (h,)
     newer = copy.deepcopy(p)
     newer["metadata"]["resourceVersion"] = "11"
-    state.on_pod(newer)
-    assert state.holds("uid-a") == ()
+    state.ledger.on_pod(newer)
+    assert state.ledger.holds("uid-a") == ()
     assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
-    h2 = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
-    state.settle_on_event(h2, "11")
-    assert state.settle_holds("11") == []  # a list no newer than the precondition decides nothing
-    assert state.settle_holds("12") == ["uid-a"]
-    h3 = state.hold("uid-a", "n1", state.reservation("uid-a").applied, "default", 0, 0)
-    state.on_pod_deleted(newer)
-    assert state.holds("uid-a") == () and h3.applied == {}
+    h2 = state.ledger.hold("uid-a", "n1", state.ledger.reservation("uid-a").applied, "default", 0, 0)
+    state.ledger.settle_on_event(h2, "11")
+    assert state.ledger.settle_holds("11") == []  # a list no newer than the precondition decides nothing
+    assert state.ledger.settle_holds("12") == ["uid-a"]
+    h3 = state.ledger.hold("uid-a", "n1", state.ledger.reservation("uid-a").applied, "default", 0, 0)
+    state.ledger.on_pod_deleted(newer)
+    assert state.ledger.holds("uid-a") == () and h3.applied == {}
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
 
 
@@ -272,18 +272,18 @@ def test_stale_event_never_replaces_a_pending_filter_reservation() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     p = placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;")
-    state.on_pod(p)
-    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.ledger.on_pod(p)
+    state.ledger.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
     stale = copy.deepcopy(p)
     stale["metadata"]["labels"] = {"touched": "yes"}
-    state.on_pod(stale)
-    res = state.reservation("uid-a")
+    state.ledger.on_pod(stale)
+    res = state.ledger.reservation("uid-a")
     assert res is not None and res.pending and res.raw == "n1-gpu1,NVIDIA,1000,10:;"
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
     assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
-    state.on_pod({**stale, "metadata": {**stale["metadata"], "annotations": {}}})  # nothing placed yet
-    assert state.reservation("uid-a").pending
-    state.confirm("uid-a")
+    state.ledger.on_pod({**stale, "metadata": {**stale["metadata"], "annotations": {}}})  # nothing placed yet
+    assert state.ledger.reservation("uid-a").pending
+    state.ledger.confirm("uid-a")
     assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
 
@@ -292,14 +292,14 @@ def test_terminal_phase_and_delete_still_release_a_pending_reservation() -> None
     state = SchedulerState()
     state.on_node(node("n1"))
     p = pod("a")
-    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.ledger.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
     done = copy.deepcopy(p)
     done["status"]["phase"] = "Failed"
-    state.on_pod(done)
-    assert state.reservation("uid-a") is None
-    state.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
-    state.on_pod_deleted(p)
-    assert state.reservation("uid-a") is None
+    state.ledger.on_pod(done)
+    assert state.ledger.reservation("uid-a") is None
+    state.ledger.reserve(p, "n1", ((dev("n1-gpu1", 1000, 10),),), "n1-gpu1,NVIDIA,1000,10:;")
+    state.ledger.on_pod_deleted(p)
+    assert state.ledger.reservation("uid-a") is None
     assert usage(state, "n1", "n1-gpu1") == (0, 0, 0)
 
 
@@ -307,10 +307,10 @@ async def test_deleted_node_drops_its_lock_unless_held() -> None:
     state = SchedulerState()
     state.on_node(node("n1"))
     state.on_node(node("n2"))
-    state.node_guard("n1")
-    held = state.node_guard("n2")
+    state.ledger.node_guard("n1")
+    held = state.ledger.node_guard("n2")
     async with held:
         state.on_node_deleted(node("n1"))
         state.on_node_deleted(node("n2"))
         assert "n1" not in state.coordination._locks
-        assert state.node_guard("n2") is held  # a holder keeps using the same lock
+        assert state.ledger.node_guard("n2") is held  # a holder keeps using the same lock

@@ -101,11 +101,11 @@ def test_decisions_on_trimmed_pods_equal_those_on_full_pods() -> None:
         state = SchedulerState(config)
         state.on_node(node("n1"))
         for p in _fleet():
-            state.on_pod(view(p))
+            state.ledger.on_pod(view(p))
         states[label] = state
-    assert states["full"].snapshot() == states["trimmed"].snapshot()
-    assert states["full"].quotas.used("default") == states["trimmed"].quotas.used("default")
-    assert any(u != (0, 0, 0) for u in states["full"].snapshot()["n1"].values())
+    assert states["full"].ledger.snapshot() == states["trimmed"].ledger.snapshot()
+    assert states["full"].ledger.quotas.used("default") == states["trimmed"].ledger.quotas.used("default")
+    assert any(u != (0, 0, 0) for u in states["full"].ledger.snapshot()["n1"].values())
     released = 0
     for full in _fleet():
         trimmed = trim_scheduler_pod(full)
@@ -183,6 +183,6 @@ def test_the_booked_record_is_the_one_condition_kept() -> None:
     for view in (full, trimmed):
         state = SchedulerState(keys=keys)
         state.on_node(node("n1"))
-        state.on_pod(view)
-        snapshots.append(state.snapshot())
+        state.ledger.on_pod(view)
+        snapshots.append(state.ledger.snapshot())
     assert snapshots[0] == snapshots[1] and snapshots[0]["n1"]["n1-gpu0"] == (1, 1000, 10)

@@ -138,13 +138,13 @@ def _forged(p: dict[str, Any], raw: str, node_name: str = "n1") -> dict[str, Any
 )
 def test_allocations_the_pod_cannot_have_are_not_booked(p: dict[str, Any], raw: str, why: str) -> None:
     state = _state()
-    state.on_pod(_forged(p, raw))
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert state.quotas.used("default") == (0, 0)
-    [(refused, message)] = state.refused
+    state.ledger.on_pod(_forged(p, raw))
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert state.ledger.quotas.used("default") == (0, 0)
+    [(refused, message)] = state.ledger.refused
     assert refused is p and why in message
-    state.on_pod(p)  # the same value again: no second report
-    assert len(state.refused) == 1
+    state.ledger.on_pod(p)  # the same value again: no second report
+    assert len(state.ledger.refused) == 1
 
 
 def test_foreign_scheduler_and_other_node_are_not_booked() -> None:
@@ -154,9 +154,9 @@ def test_foreign_scheduler_and_other_node_are_not_booked() -> None:
     elsewhere = _forged(pod("e"), "n1-gpu0,NVIDIA,1000,10:;")
     elsewhere["spec"]["nodeName"] = "n2"
     for p in (foreign, elsewhere):
-        state.on_pod(p)
-    assert state.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
-    assert [m for _p, m in state.refused] == [
+        state.ledger.on_pod(p)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+    assert [m for _p, m in state.ledger.refused] == [
         "the pod is scheduled by 'other-scheduler', which is not 'hami-scheduler'",
         "the pod runs on node n2, its hami.io/vgpu-node names n1",
     ]
@@ -166,15 +166,15 @@ def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_keeps_its_boo
     state = _state()
     ok = _forged(pod("ok"), "n1-gpu0,NVIDIA,1000,10:;")
     ok["spec"]["schedulerName"] = "default-scheduler"
-    state.on_pod(ok)
-    assert state.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
+    state.ledger.on_pod(ok)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 1000, 10)
     mine = pod("mine")
     mine["spec"]["schedulerName"] = "other-scheduler"
     raw = "n1-gpu1,NVIDIA,1000,10:;"
-    state.reserve(mine, "n1", tuple(ann.decode_pod_devices(raw)), raw)  # this scheduler's own record
-    state.on_pod(_forged(mine, raw))  # its patch seen: confirmed
-    assert state.snapshot()["n1"]["n1-gpu1"] == (1, 1000, 10) and state.refused == []
-    res = state.reservation("uid-mine")
+    state.ledger.reserve(mine, "n1", tuple(ann.decode_pod_devices(raw)), raw)  # this scheduler's own record
+    state.ledger.on_pod(_forged(mine, raw))  # its patch seen: confirmed
+    assert state.ledger.snapshot()["n1"]["n1-gpu1"] == (1, 1000, 10) and state.ledger.refused == []
+    res = state.ledger.reservation("uid-mine")
     assert res is not None and not res.pending
 
 
@@ -182,35 +182,35 @@ def test_a_confirmed_allocation_is_booked_and_a_placed_foreign_pod_keeps_its_boo
 def test_attack_1_a_changed_allocation_of_a_booked_pod_is_reported_and_ignored(raw: str) -> None:
     state = _state()
     p = _forged(pod("victim"), "n1-gpu1,NVIDIA,1000,10:;")
-    state.on_pod(p)  # booked (unsigned mode: the first word of a pod without a booking)
-    before = state.snapshot()
+    state.ledger.on_pod(p)  # booked (unsigned mode: the first word of a pod without a booking)
+    before = state.ledger.snapshot()
     tampered = copy.deepcopy(p)
     tampered["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = raw
-    state.on_pod(tampered)
-    state.on_pod(tampered)  # reported once per value
-    assert state.snapshot() == before
-    [(reported, why)] = state.disagreed
+    state.ledger.on_pod(tampered)
+    state.ledger.on_pod(tampered)  # reported once per value
+    assert state.ledger.snapshot() == before
+    [(reported, why)] = state.ledger.disagreed
     assert reported is tampered and "n1: n1-gpu1,NVIDIA,1000,10:; stays booked" in why
-    assert state.refused == state.undecodable == state.foreign == []
+    assert state.ledger.refused == state.ledger.undecodable == state.ledger.foreign == []
     removed = copy.deepcopy(p)
     del removed["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
-    state.on_pod(removed)
-    assert state.snapshot() == before and "were removed" in state.disagreed[-1][1]
-    state.on_pod(p)  # the booked value again: agreed, nothing more reported
-    assert len(state.disagreed) == 2
+    state.ledger.on_pod(removed)
+    assert state.ledger.snapshot() == before and "were removed" in state.ledger.disagreed[-1][1]
+    state.ledger.on_pod(p)  # the booked value again: agreed, nothing more reported
+    assert len(state.ledger.disagreed) == 2
     done = copy.deepcopy(tampered)
     done["status"]["phase"] = "Succeeded"
-    state.on_pod(done)  # a finished pod releases, whatever its annotations say
-    assert state.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0)
+    state.ledger.on_pod(done)  # a finished pod releases, whatever its annotations say
+    assert state.ledger.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0)
 
 
 @pytest.mark.parametrize("raw", [":::", "???", "n1-gpu0,NVIDIA,x,10:;", ";;;;"])
 def test_attack_2_an_unreadable_allocation_books_nothing(raw: str) -> None:
     state = _state()
     parked = _forged(pod("parked"), raw)  # a Pending pod of this scheduler, patched by its tenant
-    state.on_pod(parked)
-    assert state.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
-    assert len(state.undecodable) + len(state.refused) == 1
+    state.ledger.on_pod(parked)
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (0, 0, 0)}
+    assert len(state.ledger.undecodable) + len(state.ledger.refused) == 1
 
 
 SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"

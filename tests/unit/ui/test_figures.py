@@ -54,7 +54,7 @@ def _view(*pods: dict[str, Any], nodes: tuple[dict[str, Any], ...] = ()) -> tupl
         scheduler._pod_seen(pod)
         feed.items[f"default/{pod['metadata']['name']}"] = pod
         feed.on_add(pod)
-    source = UiSource(scheduler.state, scheduler.numa, feed, index, scheduler.metrics, scheduler.history)
+    source = UiSource(scheduler.ledger, scheduler.numa, feed, index, scheduler.metrics, scheduler.history)
     return scheduler, source
 
 
@@ -70,7 +70,7 @@ PODS = (
 
 def test_each_gpu_pod_is_aligned_unaligned_or_unknown_with_the_reason() -> None:
     scheduler, source = _view(*PODS)
-    figures = node_figures(source, "n1", scheduler.state.nodes["n1"])
+    figures = node_figures(source, "n1", scheduler.ledger.nodes["n1"])
     row = figures.row
     assert (row.gpus, row.allocated, row.idle, row.pods) == (2, 2, 0, 3)
     assert (row.aligned, row.unaligned, row.unknown) == (1, 1, 1)
