@@ -13,7 +13,7 @@ breaks equal scores by the node list's order and ``ties=random`` draws among the
 the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md).
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
 1: the full trace, about 10 minutes of CPU a run).
-The last output line is one JSON object.
+The last output line is one JSON object (``benchstats.print_figures``: json.dumps of the figures).
 """
 
 from __future__ import annotations
