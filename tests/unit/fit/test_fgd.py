@@ -8,6 +8,7 @@ from hamid.fit.fgd import (
     EMPTY,
     Gpu,
     NodeState,
+    NumaRoom,
     Shape,
     ShapeHistogram,
     Workload,
@@ -27,11 +28,13 @@ CPU_ONLY = Shape(4000, 1024, 0, 0)
 
 
 def node(
-    *frees: int, cpu: int = 64_000, memory: int = 256_000, numa: tuple[tuple[int, int], ...] | None = None
+    *frees: int, cpu: int = 64_000, memory: int = 256_000, numa: tuple[tuple[int, ...], ...] | None = None
 ) -> NodeState:
-    """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1."""
+    """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1; ``numa``:
+    per NUMA node (free, assignable[, free replicas]) exclusive CPUs."""
     half = max(len(frees) // 2, 1)
-    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), numa)
+    rooms = None if numa is None else tuple(NumaRoom(*room) for room in numa)
+    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), rooms)
 
 
 def frag(state: NodeState, *weighted: tuple[Shape, float]) -> float:
