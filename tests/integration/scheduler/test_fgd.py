@@ -12,6 +12,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
 from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.fgd_rank import tie_order
 from tests.integration.scheduler.harness import (
     Env,
     loopback_options,
@@ -54,6 +55,23 @@ async def test_fgd_annotation_picks_the_node_and_gpu_it_defragments() -> None:
         assert _allocated(env, "c").split(",")[0] == _allocated(env, "b").split(",")[0]
         plain = await env.create_pod(pod("d", containers=[container("c", 1, 1600, 20)]))
         assert (await env.filter(plain, ["n1", "n2"]))["NodeNames"] == ["n1"]  # spread, as before
+
+
+async def test_equal_gains_go_to_one_fixed_order_of_nodes() -> None:
+    """Empty equal nodes tie; the pod goes to the node first in the order hashed from the names,
+    whichever order the nodes registered in and kube-scheduler sends them: equal nodes fill one
+    at a time, and replicas (or a restarted scheduler) agree on which."""
+    names = ["n1", "n2", "n3", "n4"]
+    first = max(names, key=tie_order)
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
+    for order in (names, names[::-1]):
+        async with running_scheduler(settings) as env:
+            for name in order:
+                env.add_node(name)
+            await wait_for(lambda: set(names) <= env.scheduler.ledger.nodes.keys())
+            for i, candidates in enumerate((order, order[::-1])):
+                p = await env.create_pod(pod(f"p{i}", containers=[container("c", 1, 1600, 20)]))
+                assert (await env.filter(p, candidates))["NodeNames"] == [first]
 
 
 async def test_fgd_default_flag_learns_the_workload_online() -> None:
@@ -160,10 +178,11 @@ async def test_fgd_places_a_cpu_only_pod_where_it_strands_the_least_gpu() -> Non
 
 async def test_fgd_sends_an_aligned_pod_where_kubelets_numa_node_has_its_gpu() -> None:
     """Six nodes whose NUMA-0 GPU is used up (by a Burstable pod: NUMA 0 keeps its CPUs and the
-    GPU its free replicas), registered before an empty one. kubelet gives an aligned pod NUMA 0's
-    CPUs on all seven (the lowest NUMA node with its CPUs and replicas), so on the six its GPU can
-    only be NUMA 1's: unaligned. ``fgd`` ranks those below the empty node's aligned placement (the
-    fragmentation gain alone ties them, and a fallback looks only a few nodes further)."""
+    GPU its free replicas) and an empty one. kubelet gives an aligned pod NUMA 0's CPUs on all
+    seven (the lowest NUMA node with its CPUs and replicas), so on the six its GPU can only be
+    NUMA 1's: unaligned. ``fgd`` ranks those below the empty node's aligned placement, whatever
+    their fragmentation gains and the order of equal ones (a fallback looks only a few nodes
+    further)."""
     aligned = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 100, "aligned": True}])
     settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=aligned)
     names = [f"n{i}" for i in range(1, 8)]
