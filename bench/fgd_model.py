@@ -8,7 +8,9 @@ paper's simulator: ``cpu_pods=least-allocated`` puts the CPU-only pods where kub
 default profile does (the most free CPU, as a share: a cluster where hamid schedules GPU pods
 only), ``workload=trace`` knows the typical workload from the trace up front, ``memory=off``
 leaves memory out of fragmentation, ``score=paper`` scores as the simulator does (an integer
-0..100) and ``ties=random`` draws among equal scores as kube-scheduler does (docs/packing.md).
+0..100 instead of hamid's whole 50 milli-GPU steps; ``exact``: the gain itself), ``ties=first``
+breaks equal scores by the node list's order and ``ties=random`` draws among them, where hamid and
+the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md).
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
 1: the full trace, about 10 minutes of CPU a run).
 The last output line is one JSON object.
@@ -37,7 +39,9 @@ from hamid.fit.fgd import (
     after,
     best_placement,
     fragmentation,
+    gain_steps,
 )
+from hamid.scheduler.fgd_rank import tie_order
 
 #: The typical workload is refreshed every this many pods (the scheduler's rule is proportional).
 REFRESH = 50
@@ -54,8 +58,11 @@ class Variant:
         "online"  #: ``online`` (learned, decayed) or ``trace`` (the trace's own shapes, known up front)
     )
     memory: bool = True  #: memory in the shapes and in the shortage (the paper's fragmentation ignores it)
-    score: str = "exact"  #: ``exact`` gain, or ``paper``: ``int(sigmoid(gain / 1000 GPU) * 100)``
-    ties: str = "first"  #: equal scores go to the ``first`` node, or to a ``random`` one (kube-scheduler)
+    #: ``steps`` of the gain (hamid), the ``exact`` gain, or ``paper``: ``int(sigmoid(gain / 1 GPU) * 100)``
+    score: str = "steps"
+    #: equal scores go by a ``fixed`` hash order of node names (hamid), to the ``first`` node,
+    #: or to a ``random`` one
+    ties: str = "fixed"
 
 
 def paper_score(gain: float) -> float:
@@ -81,6 +88,8 @@ class Model:
             for n in nodes
         ]
         self.cpus = [n.cpu_milli for n in nodes]
+        #: Each node's place among equal scores (``ties=fixed``), as the scheduler keeps it.
+        self.ties = [tie_order(n.name) for n in nodes]
         #: Free MiB per node, always enforced (NodeResourcesFit), whether or not FGD counts memory.
         self.memory = [n.memory_mib for n in nodes]
         self.variant = variant
@@ -107,7 +116,12 @@ class Model:
             if placed is None:
                 return None
             gain, gpus = placed.gain, placed.gpus
-        return (paper_score(gain) if self.variant.score == "paper" else gain), gpus
+        return self._scored(gain), gpus
+
+    def _scored(self, gain: float) -> float:
+        if self.variant.score == "paper":
+            return paper_score(gain)
+        return gain_steps(gain) if self.variant.score == "steps" else gain
 
     def place(self, pod: Shape, real_memory: int) -> bool:
         """Place one pod on the best node; whether it fitted (``real_memory``: its MiB, always enforced)."""
@@ -125,7 +139,10 @@ class Model:
                 best.append((i, scored[1]))
         if not best:
             return False
-        i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
+        if self.variant.ties == "fixed":
+            i, gpus = max(best, key=lambda b: self.ties[b[0]])
+        else:
+            i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
         self.states[i] = after(self.states[i], pod, gpus)
         self.memory[i] -= real_memory
         return True
@@ -168,7 +185,8 @@ def main() -> None:
         "--variants",
         default="cpu_pods=fgd;cpu_pods=least-allocated",
         help="';'-separated variants, each ','-separated field=value of cpu_pods (fgd, least-allocated), "
-        "workload (online, trace), memory (on, off), score (exact, paper), ties (first, random); "
+        "workload (online, trace), memory (on, off), score (steps, exact, paper), "
+        "ties (fixed, first, random); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
     args = parser.parse_args()
@@ -194,8 +212,8 @@ def parse_variant(text: str) -> Variant:
         "cpu_pods": ("fgd", "least-allocated"),
         "workload": ("online", "trace"),
         "memory": ("on", "off"),
-        "score": ("exact", "paper"),
-        "ties": ("first", "random"),
+        "score": ("steps", "exact", "paper"),
+        "ties": ("fixed", "first", "random"),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):

@@ -37,6 +37,10 @@ COVERAGE = 0.95
 DEFAULT_HALF_LIFE = 5000.0
 #: Memory buckets per doubling (a shape's memory is its bucket's top).
 _MEMORY_STEPS = 4
+#: Gains (milli-GPU) are compared in whole steps of this size: placements within a step are
+#: equal, and equal ones go to the nodes in a fixed order (first fit), which packs nodes one
+#: after another and keeps whole nodes free for the large pods (docs/packing.md).
+GAIN_STEP = 50
 
 
 class Shape(NamedTuple):
@@ -300,6 +304,11 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     return node._replace(
         cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
     )
+
+
+def gain_steps(gain: float) -> float:
+    """A gain in whole :data:`GAIN_STEP` steps, rounded down (``-inf``, no room, stays)."""
+    return gain if gain == -math.inf else float(math.floor(gain / GAIN_STEP))
 
 
 def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:

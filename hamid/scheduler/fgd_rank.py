@@ -12,6 +12,7 @@ computation, and a filter recomputes only the nodes changed since the last pod o
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,6 +29,7 @@ from hamid.fit.fgd import (
     Workload,
     best_placement,
     fragmentation,
+    gain_steps,
     pod_shape,
 )
 from hamid.fit.fit import PodFitSpec
@@ -52,8 +54,8 @@ _MEMO_SIZE = 200_000
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
 _REFRESH_MIN = 1
-#: The rank offset per node ordinal: far below any gain step (milli-GPU), even at 100,000 nodes.
-_HAIR = 1e-9
+#: Where a node stands among equal gain steps lies within this share of one step.
+_TIE_SPAN = 0.5
 #: A gain index re-sorts at once when more than 1/_BULK of its nodes changed.
 _BULK = 8
 #: Pod shapes whose placement a node keeps before it starts afresh.
@@ -126,7 +128,7 @@ class FgdRanker:
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
         #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since).
         self._indexes: dict[Shape, GainIndex] = {}
-        self._ordinals: dict[str, int] = {}
+        self._ties: dict[str, float] = {}
         numa.on_change = cpu_mem.on_change = self._dirty.add
 
     # -- the workload ----------------------------------------------------------------------------
@@ -203,17 +205,18 @@ class FgdRanker:
         if index is None:
             if len(self._indexes) >= _SHAPES_PER_NODE:
                 self._indexes.clear()
-            for name in self.inventory.nodes:  # registration order: deterministic ties
-                self.ordinal(name)
             index = self._indexes[shape] = GainIndex(self.inventory.nodes)
         return index
 
-    def ordinal(self, name: str) -> int:
-        """A node's place in the order equal gains are broken by (registration order, kept)."""
-        at = self._ordinals.get(name)
-        if at is None:
-            at = self._ordinals[name] = len(self._ordinals)
-        return at
+    def rank(self, name: str, gain: float) -> float:
+        """A node's rank for a pod whose best placement there gains ``gain``: its whole gain steps
+        (:func:`~hamid.fit.fgd.gain_steps`), then its fixed place among equal steps."""
+        tie = self._ties.get(name)
+        if tie is None:
+            if len(self._ties) >= _MEMO_SIZE:
+                self._ties.clear()
+            tie = self._ties[name] = tie_order(name)
+        return gain_steps(gain) + tie
 
     def node_state(self, name: str, entry: NodeEntry) -> NodeState:
         """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
@@ -274,6 +277,17 @@ class FgdRanker:
         return tuple(candidates[i].id for i in placement.gpus if i < len(candidates))
 
 
+def tie_order(name: str) -> float:
+    """A node's fixed place among equal gain steps, in ``[0, _TIE_SPAN)``: a hash of its name.
+
+    The order is pseudo-random, so equal nodes fill one after another (first fit in one order,
+    the paper simulator's tie rule, which keeps whole nodes free for large pods) without
+    favouring a kind of node by its name, and it is the same on every replica and after a restart.
+    """
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 * _TIE_SPAN
+
+
 def _close(a: Workload, b: Workload) -> bool:
     """Whether two workloads have the same shapes with probabilities within :data:`_DRIFT`."""
     pa, pb = dict(a.shapes), dict(b.shapes)
@@ -285,12 +299,12 @@ def _close(a: Workload, b: Workload) -> bool:
 class GainIndex:
     """One pod shape's registered nodes ranked by fragmentation gain, ascending, kept between filters.
 
-    The rank is the gain less a hair per node ordinal (:meth:`FgdRanker.ordinal`), so equal gains
-    go to the node registered first, one node at a time (a plan walks no group of equal nodes) and the
-    ranking does not depend on which candidates kube-scheduler sends (a sample of the nodes, in a
-    rotating order). Only the nodes changed since (``dirty``) are re-keyed; many at once (a new
-    index, a new workload) are sorted in one go. Nodes short of CPU or memory for the shape are
-    kept apart with kube-scheduler's reason.
+    The rank is the gain in whole steps plus the node's fixed place among equal steps
+    (:meth:`FgdRanker.rank`), so near-equal gains go to one node at a time in one fixed order (a
+    plan walks no group of equal nodes) and the ranking does not depend on which candidates
+    kube-scheduler sends (a sample of the nodes, in a rotating order). Only the nodes changed
+    since (``dirty``) are re-keyed; many at once (a new index, a new workload) are sorted in one
+    go. Nodes short of CPU or memory for the shape are kept apart with kube-scheduler's reason.
     """
 
     __slots__ = ("dirty", "gain", "keys", "rank", "short")
@@ -306,7 +320,7 @@ class GainIndex:
         """Re-key the changed nodes (the ranker synced first)."""
         keys, rank = self.keys, self.rank
         bulk = len(self.dirty) * _BULK > len(rank)
-        for name in sorted(self.dirty):  # a new node's ordinal must not follow set order
+        for name in self.dirty:
             old = rank.pop(name, None)
             self.gain.pop(name, None)
             if old is not None and not bulk:
@@ -321,7 +335,7 @@ class GainIndex:
                 continue
             placed = ranker.placement(name, state, shape)
             self.gain[name] = gain = -math.inf if placed is None else placed.gain
-            rank[name] = new = gain - ranker.ordinal(name) * _HAIR
+            rank[name] = new = ranker.rank(name, gain)
             if not bulk:
                 bisect.insort(keys, (new, name))
         if bulk:
@@ -370,7 +384,7 @@ def fgd_cpu_only(
 ) -> list[str]:
     """Where a CPU-only pod adds the least fragmentation: the candidates without hamid's GPUs
     (``unregistered``: nothing to strand, kube-scheduler's scoring chooses among them), else the
-    one registered candidate with the best gain (ties to the node registered first, as for a GPU
+    one registered candidate with the best gain (ties in the nodes' fixed order, as for a GPU
     pod: equal nodes are filled one at a time, not spread, which would eat the CPUs every node
     keeps for the typical GPU pods).
 

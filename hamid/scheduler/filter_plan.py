@@ -286,7 +286,8 @@ class Planner:
             ranked, placements = fgd_ranked(self.fgd, shape, position, self.ledger.nodes, own_name, failed)
             node_policy = BINPACK  # highest gain first
             if own is not None:
-                own = (placements[own[1]].gain if own[1] in placements else -math.inf, own[1])
+                gain = placements[own[1]].gain if own[1] in placements else -math.inf
+                own = (self.fgd.rank(own[1], gain), own[1])
         return ranked, node_policy, own, self._gpu_order(shape, placements) if fgd_gpu else None
 
     def cpu_only(self, pod: JSON, spec: PodFitSpec, names: tuple[str, ...]) -> list[str] | None:

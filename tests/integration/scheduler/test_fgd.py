@@ -9,6 +9,7 @@ from hamid.fit.fgd import parse_workload
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.fgd_rank import tie_order
 from tests.integration.scheduler.harness import (
     Env,
     loopback_options,
@@ -48,6 +49,23 @@ async def test_fgd_annotation_picks_the_node_and_gpu_it_defragments() -> None:
         assert _allocated(env, "c").split(",")[0] == _allocated(env, "b").split(",")[0]
         plain = await env.create_pod(pod("d", containers=[container("c", 1, 1600, 20)]))
         assert (await env.filter(plain, ["n1", "n2"]))["NodeNames"] == ["n1"]  # spread, as before
+
+
+async def test_equal_gains_go_to_one_fixed_order_of_nodes() -> None:
+    """Empty equal nodes tie; the pod goes to the node first in the order hashed from the names,
+    whichever order the nodes registered in and kube-scheduler sends them: equal nodes fill one
+    at a time, and replicas (or a restarted scheduler) agree on which."""
+    names = ["n1", "n2", "n3", "n4"]
+    first = max(names, key=tie_order)
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
+    for order in (names, names[::-1]):
+        async with running_scheduler(settings) as env:
+            for name in order:
+                env.add_node(name)
+            await wait_for(lambda: set(names) <= env.scheduler.ledger.nodes.keys())
+            for i, candidates in enumerate((order, order[::-1])):
+                p = await env.create_pod(pod(f"p{i}", containers=[container("c", 1, 1600, 20)]))
+                assert (await env.filter(p, candidates))["NodeNames"] == [first]
 
 
 async def test_fgd_default_flag_learns_the_workload_online() -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hamid.fit.fgd import (
     EMPTY,
+    GAIN_STEP,
     Gpu,
     NodeState,
     Shape,
@@ -13,6 +16,7 @@ from hamid.fit.fgd import (
     Workload,
     best_placement,
     fragmentation,
+    gain_steps,
     memory_bucket,
     parse_workload,
     pod_shape,
@@ -200,3 +204,11 @@ def test_pinned_workload() -> None:
 def test_bad_pinned_workload(data: object, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         parse_workload(data)
+
+
+def test_gains_compare_in_whole_steps() -> None:
+    """Gains within one step are equal (the ties then go to the nodes' fixed order)."""
+    assert gain_steps(0) == gain_steps(GAIN_STEP - 1) == 0
+    assert gain_steps(GAIN_STEP) == gain_steps(2 * GAIN_STEP - 0.5) == 1
+    assert gain_steps(-1) == gain_steps(-GAIN_STEP) == -1
+    assert gain_steps(-math.inf) == -math.inf
