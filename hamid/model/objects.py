@@ -7,12 +7,12 @@ the reconcile, HA sync and refit compare) is defined here too. Pure: no I/O, usa
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 _EMPTY: Mapping[str, Any] = {}
 
 
-def _is_mapping(value: object) -> bool:
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
     """``isinstance(value, Mapping)``, decoded JSON's ``dict`` first (the ABC check is slow, and
     these accessors run for every field of every watch event)."""
     return type(value) is dict or isinstance(value, Mapping)
