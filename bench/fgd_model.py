@@ -12,8 +12,8 @@ leaves memory out of fragmentation, ``score=paper`` scores as the simulator does
 breaks equal scores by the node list's order and ``ties=random`` draws among them, where hamid and
 the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md).
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
-1: the full trace, about 10 minutes of CPU a run).
-The last output line is one JSON object.
+1: the full trace, about 3-4 minutes of CPU a run).
+The last output line is one JSON object (``benchstats.print_figures``: json.dumps of the figures).
 """
 
 from __future__ import annotations

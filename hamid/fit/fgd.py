@@ -37,6 +37,12 @@ COVERAGE = 0.95
 DEFAULT_HALF_LIFE = 5000.0
 #: Memory buckets per doubling (a shape's memory is its bucket's top).
 _MEMORY_STEPS = 4
+#: Free GPU replicas on a NUMA node beyond what two pods of 8 GPUs take are as good as many (a
+#: node state keeps at most this many, so equal nodes stay equal).
+REPLICAS_SEEN = 16
+#: Subtracted from the gain of a placement whose GPUs are not on the NUMA node kubelet gives the
+#: pod's exclusive CPUs: far beyond any fragmentation (milli-GPU), so it ranks below every aligned one.
+UNALIGNED = 1e7
 #: Gains (milli-GPU) are compared in whole steps of this size: placements within a step are
 #: equal, and equal ones go to the nodes in a fixed order (first fit), which packs nodes one
 #: after another and keeps whole nodes free for the large pods (docs/packing.md).
@@ -52,6 +58,14 @@ class Shape(NamedTuple):
     share: int  #: milli-GPU on each of them (1000: whole GPUs)
     models: tuple[str, ...] | None = None  #: upper-case ``use-gputype`` substrings (None: any model)
     exclusive: int = 0  #: exclusive CPUs it takes on its GPUs' NUMA node (0: not aligned)
+
+
+class NumaRoom(NamedTuple):
+    """One NUMA node of a node as kubelet's Topology Manager sees it for an aligned pod."""
+
+    free: int  #: free exclusive CPUs
+    assignable: int  #: exclusive CPUs it has at all
+    replicas: int = REPLICAS_SEEN  #: free GPU replicas kubelet can hand out there (at most REPLICAS_SEEN)
 
 
 class Gpu(NamedTuple):
@@ -74,12 +88,12 @@ class NodeState(NamedTuple):
     frees: tuple[int, ...]
     numas: tuple[int, ...]
     models: tuple[str, ...]
-    #: ``(free, assignable)`` exclusive CPUs per NUMA node, by NUMA id; None: no NUMA knowledge.
-    numa: tuple[tuple[int, int], ...] | None = None
+    #: Exclusive CPUs and GPU replicas per NUMA node, by NUMA id; None: no NUMA knowledge.
+    numa: tuple[NumaRoom, ...] | None = None
 
     @classmethod
     def of(
-        cls, cpu: int, memory: int, gpus: Iterable[Gpu], numa: tuple[tuple[int, int], ...] | None = None
+        cls, cpu: int, memory: int, gpus: Iterable[Gpu], numa: tuple[NumaRoom, ...] | None = None
     ) -> NodeState:
         """A state from its GPUs."""
         listed = tuple(gpus)
@@ -94,7 +108,11 @@ class NodeState(NamedTuple):
 
 
 class Placement(NamedTuple):
-    """The best placement of a pod on a node: its gain and the GPUs (positions in the node's GPUs)."""
+    """The best placement of a pod on a node: its gain and the GPUs (positions in the node's GPUs).
+
+    The gain of a placement off the NUMA node kubelet gives the pod's exclusive CPUs is its
+    fragmentation gain less :data:`UNALIGNED`.
+    """
 
     gain: float
     gpus: tuple[int, ...]
@@ -164,7 +182,7 @@ def _alignable(node: NodeState, shape: Shape) -> bool:
     numa = node.numa
     if numa is None or not shape.exclusive:
         return False
-    assignable = tuple(a for _, a in numa)
+    assignable = tuple(room.assignable for room in numa)
     key = (shape._replace(cpu=0, memory=0), node.numas, node.models, assignable)
     known = _ALIGNABLE.get(key)
     if known is None:
@@ -205,14 +223,27 @@ def usable(node: NodeState, shape: Shape) -> int:
         return 0
     if not _alignable(node, shape):
         return sum(frees[i] for i in fitting)
-    numa = node.numa
-    assert numa is not None
-    by_numa: dict[int, list[int]] = {}
-    for i in fitting:
-        home = node.numas[i]
-        if 0 <= home < len(numa) and numa[home][0] >= shape.exclusive:
-            by_numa.setdefault(home, []).append(frees[i])
-    return sum(sum(on) for on in by_numa.values() if len(on) >= count)
+    home = kubelet_home(node, shape)
+    on_home = [frees[i] for i in fitting if node.numas[i] == home]
+    return sum(on_home) if home is not None and len(on_home) >= count else 0
+
+
+def kubelet_home(node: NodeState, shape: Shape) -> int | None:
+    """The NUMA node kubelet gives an aligned shape's exclusive CPUs and GPU replicas; None: none.
+
+    Every single NUMA node with the free exclusive CPUs and free replicas is a preferred hint of
+    both the CPU and the device manager, and the Topology Manager takes the lowest of them. kubelet
+    counts replicas, not the GPU room behind them: a GPU whose cores or memory are used up still
+    offers its free replicas, so the pod's CPUs go there and only that NUMA node's GPUs serve it
+    aligned. (A model of the typical shape; the pod itself is fitted within the scheduler's
+    prediction, :mod:`hamid.fit.numa_predict`.)
+    """
+    if node.numa is None:
+        return None
+    for home, room in enumerate(node.numa):
+        if room.free >= shape.exclusive and room.replicas >= shape.gpus:
+            return home
+    return None
 
 
 def fragmentation(node: NodeState, workload: Workload) -> float:
@@ -258,11 +289,13 @@ def fragmentation(node: NodeState, workload: Workload) -> float:
     return max(idle * sum(g.p for g in workload.groups) - used, 0.0)
 
 
-def _options(node: NodeState, pod: Shape) -> list[tuple[int, ...]]:
-    """The GPU sets worth judging for ``pod`` (aligned ones only, when any exists)."""
+def _options(node: NodeState, pod: Shape) -> tuple[list[tuple[int, ...]], bool]:
+    """The GPU sets worth judging for ``pod``, and whether they are aligned: for an aligned shape
+    on a node with NUMA knowledge, those on the NUMA node kubelet gives its CPUs
+    (:func:`kubelet_home`) when any exists, else every set (unaligned); any set for other pods."""
     fitting = _fitting(node, pod)
     if len(fitting) < pod.gpus:
-        return []
+        return [], True
     if pod.gpus == 1:
         distinct: dict[tuple[int, int, str], int] = {}
         for i in fitting:  # equal GPUs leave equal nodes: judge the first of them
@@ -274,16 +307,11 @@ def _options(node: NodeState, pod: Shape) -> list[tuple[int, ...]]:
             by_numa.setdefault(node.numas[i], []).append(i)
         options = [_tightest(node, ids, pod.gpus) for ids in by_numa.values() if len(ids) >= pod.gpus]
         options = options or [_tightest(node, fitting, pod.gpus)]
-    if _alignable(node, pod):
-        numa = node.numa
-        assert numa is not None
-        aligned = [o for o in options if _numa_free(numa, node.numas[o[0]]) >= pod.exclusive]
-        return aligned or options
-    return options
-
-
-def _numa_free(numa: tuple[tuple[int, int], ...], node_id: int) -> int:
-    return numa[node_id][0] if 0 <= node_id < len(numa) else 0
+    if pod.exclusive and node.numa is not None:
+        home = kubelet_home(node, pod)
+        aligned = [o for o in options if all(node.numas[i] == home for i in o)]
+        return (aligned, True) if aligned else (options, False)
+    return options, True
 
 
 def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...]:
@@ -291,16 +319,21 @@ def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...
 
 
 def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
-    """The node once ``pod`` runs there on ``gpus`` (exclusive CPUs from the first GPU's NUMA node)."""
+    """The node once ``pod`` runs there on ``gpus``: exclusive CPUs and replicas from the NUMA node
+    kubelet gives them (:func:`kubelet_home`; without one, the first GPU's)."""
     frees = list(node.frees)
     for i in gpus:
         frees[i] -= pod.share
     numa = node.numa
     if numa is not None and pod.exclusive and gpus:
-        home = node.numas[gpus[0]]
+        home = kubelet_home(node, pod)
+        home = node.numas[gpus[0]] if home is None else home
         if 0 <= home < len(numa):
-            free, assignable = numa[home]
-            numa = (*numa[:home], (max(free - pod.exclusive, 0), assignable), *numa[home + 1 :])
+            room = numa[home]
+            taken = room._replace(
+                free=max(room.free - pod.exclusive, 0), replicas=max(room.replicas - pod.gpus, 0)
+            )
+            numa = (*numa[:home], taken, *numa[home + 1 :])
     return node._replace(
         cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
     )
@@ -316,11 +349,12 @@ def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], floa
 
     A CPU-only pod has one placement (no GPU); its gain is never positive (it only takes CPU and
     memory the typical shapes could need). Ties go to the GPU set with the least free GPU left
-    (best fit), then the lowest positions.
+    (best fit), then the lowest positions. A placement that cannot be aligned (an aligned shape
+    whose GPUs cannot be on the NUMA node kubelet gives its CPUs) loses :data:`UNALIGNED`.
     """
     if pod.cpu > node.cpu or pod.memory > node.memory:
         return None
-    options = _options(node, pod) if pod.gpus else [()]
+    options, aligned = _options(node, pod) if pod.gpus else ([()], True)
     if not options:
         return None
     before = frag(node)
@@ -330,7 +364,7 @@ def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], floa
         if best is None or key < best:
             best = key
     assert best is not None
-    return Placement(-best[0], best[2])
+    return Placement(-best[0] - (0 if aligned else UNALIGNED), best[2])
 
 
 # -- the typical workload -------------------------------------------------------------------------

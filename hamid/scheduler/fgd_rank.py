@@ -20,9 +20,11 @@ from typing import Any
 from hamid.fit.fgd import (
     DEFAULT_HALF_LIFE,
     EMPTY,
+    REPLICAS_SEEN,
     WHOLE,
     Gpu,
     NodeState,
+    NumaRoom,
     Placement,
     Shape,
     ShapeHistogram,
@@ -74,8 +76,9 @@ def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
     return max(0, math.floor(WHOLE * share))
 
 
-def numa_cpus(entry: NodeNuma | None) -> tuple[tuple[int, int], ...] | None:
-    """``(free, assignable)`` exclusive CPUs by NUMA id from a node's ledger (None: not aligning)."""
+def numa_room(entry: NodeNuma | None, resource: str) -> tuple[NumaRoom, ...] | None:
+    """Free and assignable exclusive CPUs and free ``resource`` replicas (at most
+    :data:`~hamid.fit.fgd.REPLICAS_SEEN`) by NUMA id from a node's ledger (None: not aligning)."""
     if entry is None or entry.ledger is None or entry.profile is None:
         return None
     profile = entry.profile
@@ -83,11 +86,13 @@ def numa_cpus(entry: NodeNuma | None) -> tuple[tuple[int, int], ...] | None:
         return None
     topo = topology_of(profile)
     free = entry.ledger.free_cpus
-    out = [(0, 0)] * (max(profile.numa_nodes, default=-1) + 1)
+    replicas = entry.ledger.device_counts(resource)
+    out = [NumaRoom(0, 0, 0)] * (max(profile.numa_nodes, default=-1) + 1)
     for numa, cpus in topo.cpus_of_numa.items():
         if 0 <= numa < len(out):
             assignable = cpus - profile.reserved_cpus
-            out[numa] = (len(assignable & free), len(assignable))
+            spare = min(replicas.get(numa, (0, 0))[1], REPLICAS_SEEN)
+            out[numa] = NumaRoom(len(assignable & free), len(assignable), spare)
     return tuple(out)
 
 
@@ -226,7 +231,7 @@ class FgdRanker:
             gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
             room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
             state = self._states[name] = NodeState.of(
-                room.cpu, room.memory_mib, gpus, numa_cpus(self.numa.nodes.get(name))
+                room.cpu, room.memory_mib, gpus, numa_room(self.numa.nodes.get(name), self.numa.resource)
             )
         return state
 

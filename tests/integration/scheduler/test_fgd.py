@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import time
 
 from hamid.fit.fgd import parse_workload
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
+from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
 from hamid.scheduler.core import SchedulerSettings
 from hamid.scheduler.fgd_rank import tie_order
 from tests.integration.scheduler.harness import (
@@ -19,6 +22,9 @@ from tests.integration.scheduler.harness import (
 )
 from tests.unit.scheduler.helpers import container, pod
 from tests.unit.scheduler.helpers import node as node_dict
+from tests.unit.scheduler.test_numa_ledger import PROFILE
+from tests.unit.scheduler.test_numa_ledger import _node as numa_node
+from tests.unit.scheduler.test_numa_ledger import _pod as numa_pod
 
 HALVES = parse_workload([{"cpu": "1", "gpus": 1, "gpuShare": 50}])
 HALVES_2CPU = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 50}])
@@ -168,3 +174,36 @@ async def test_fgd_places_a_cpu_only_pod_where_it_strands_the_least_gpu() -> Non
             )
         )
         assert (await env.filter(spread, ["n2", "n1"]))["NodeNames"] == ["n2", "n1"]  # other policies: all
+
+
+async def test_fgd_sends_an_aligned_pod_where_kubelets_numa_node_has_its_gpu() -> None:
+    """Six nodes whose NUMA-0 GPU is used up (by a Burstable pod: NUMA 0 keeps its CPUs and the
+    GPU its free replicas) and an empty one. kubelet gives an aligned pod NUMA 0's CPUs on all
+    seven (the lowest NUMA node with its CPUs and replicas), so on the six its GPU can only be
+    NUMA 1's: unaligned. ``fgd`` ranks those below the empty node's aligned placement, whatever
+    their fragmentation gains and the order of equal ones (a fallback looks only a few nodes
+    further)."""
+    aligned = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 100, "aligned": True}])
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=aligned)
+    names = [f"n{i}" for i in range(1, 8)]
+    async with running_scheduler(settings) as env:
+        profile = dataclasses.replace(PROFILE, observed_at=int(time.time()))
+        for name in names:
+            body = numa_node(name)
+            body["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
+            env.server.put({"apiVersion": "v1", "kind": "Node", **body})
+        await wait_for(lambda: all(env.scheduler.numa.free_cpus(n) is not None for n in names))
+        for name in names[:-1]:
+            filler = numa_pod(f"fill-{name}", mem=8000, annotations={ann.USE_GPU_UUID: f"{name}-g0"})
+            filler["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"  # Burstable
+            filler["spec"]["containers"][0]["resources"]["limits"].pop("cpu")
+            p = await env.create_pod(filler)
+            assert (await env.filter(p, [name]))["NodeNames"] == [name]
+            assert _allocated(env, f"fill-{name}").startswith(f"{name}-g0,")
+        p = await env.create_pod(numa_pod("x", mem=8000, annotations={ann.NUMA_ALIGNMENT: "best-effort"}))
+        assert (await env.filter(p, names))["NodeNames"] == ["n7"]
+        assert _allocated(env, "x").startswith("n7-g0,")
+        predicted = decode_prediction(
+            env.server.get("Pod", "default", "x")["metadata"]["annotations"][NUMA_PREDICTED]
+        )
+        assert predicted.containers[0].numa == frozenset({0})

@@ -9,14 +9,17 @@ import pytest
 from hamid.fit.fgd import (
     EMPTY,
     GAIN_STEP,
+    UNALIGNED,
     Gpu,
     NodeState,
+    NumaRoom,
     Shape,
     ShapeHistogram,
     Workload,
     best_placement,
     fragmentation,
     gain_steps,
+    kubelet_home,
     memory_bucket,
     parse_workload,
     pod_shape,
@@ -31,11 +34,13 @@ CPU_ONLY = Shape(4000, 1024, 0, 0)
 
 
 def node(
-    *frees: int, cpu: int = 64_000, memory: int = 256_000, numa: tuple[tuple[int, int], ...] | None = None
+    *frees: int, cpu: int = 64_000, memory: int = 256_000, numa: tuple[tuple[int, ...], ...] | None = None
 ) -> NodeState:
-    """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1."""
+    """GPUs with the given free milli-GPU, the first half on NUMA 0, the rest on NUMA 1; ``numa``:
+    per NUMA node (free, assignable[, free replicas]) exclusive CPUs."""
     half = max(len(frees) // 2, 1)
-    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), numa)
+    rooms = None if numa is None else tuple(NumaRoom(*room) for room in numa)
+    return NodeState.of(cpu, memory, (Gpu(f, i // half, "A100") for i, f in enumerate(frees)), rooms)
 
 
 def frag(state: NodeState, *weighted: tuple[Shape, float]) -> float:
@@ -120,6 +125,52 @@ def test_aligned_placement_prefers_the_numa_node_with_cpus() -> None:
     state = node(1000, 1000, numa=((2, 30), (20, 30)))
     placed = best_placement(state, aligned, lambda s: fragmentation(s, workload))
     assert placed is not None and placed.gpus == (1,)
+
+
+def test_kubelet_puts_an_aligned_pods_cpus_on_the_lowest_numa_node_with_cpus_and_replicas() -> None:
+    aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
+    # both NUMA nodes have the CPUs and replicas: the Topology Manager takes the lower one
+    assert kubelet_home(node(0, 1000, numa=((20, 32, 16), (32, 32, 16))), aligned) == 0
+    assert kubelet_home(node(0, 1000, numa=((3, 32, 16), (32, 32, 16))), aligned) == 1  # NUMA 0: 3 CPUs
+    assert kubelet_home(node(0, 1000, numa=((20, 32, 0), (32, 32, 16))), aligned) == 1  # no replica left
+    assert kubelet_home(node(0, 1000, numa=((3, 32, 16), (2, 32, 16))), aligned) is None
+    assert kubelet_home(node(0, 1000), aligned) is None  # no NUMA knowledge
+
+
+def test_a_gpu_off_kubelets_numa_node_is_fragment_for_aligned_shapes() -> None:
+    aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
+    # GPU 0 (NUMA 0) is used up but still shows free replicas, so kubelet gives NUMA 0's CPUs:
+    # GPU 1 (NUMA 1) cannot serve the aligned shape aligned, though NUMA 1 has its CPUs
+    assert frag(node(0, 1000, numa=((20, 32, 16), (32, 32, 16))), (aligned, 1)) == 1000
+    # NUMA 0 short of CPUs (or of replicas): kubelet gives NUMA 1's, where GPU 1 serves it
+    assert frag(node(0, 1000, numa=((3, 32, 16), (32, 32, 16))), (aligned, 1)) == 0
+    assert frag(node(0, 1000, numa=((20, 32, 0), (32, 32, 16))), (aligned, 1)) == 0
+    # a Burstable shape of the same GPU part uses GPU 1 anyway
+    assert frag(node(0, 1000, numa=((20, 32, 16), (32, 32, 16))), (aligned._replace(exclusive=0), 1)) == 0
+
+
+def test_an_unaligned_placement_ranks_below_every_aligned_one() -> None:
+    aligned = Shape(4000, 1024, 1, 1000, exclusive=4)
+    workload = Workload.of([(aligned, 1)])
+
+    def f(s: NodeState) -> float:
+        return fragmentation(s, workload)
+
+    # GPU 0 used up: the pod can only go to GPU 1, off the NUMA node kubelet gives its CPUs; it
+    # removes GPU 1's fragment (F 1000 -> 0) but runs unaligned
+    off = best_placement(node(0, 1000, numa=((20, 32, 16), (32, 32, 16))), aligned, f)
+    assert off is not None and off.gpus == (1,) and off.gain == 1000 - UNALIGNED
+    on = best_placement(node(1000, 1000, numa=((20, 32, 16), (32, 32, 16))), aligned, f)
+    # GPU 0 on NUMA 0 (16 CPUs left there); GPU 1 is fragment before and after (F 1000 -> 1000)
+    assert on is not None and on.gpus == (0,) and on.gain == 0
+    assert on.gain > off.gain
+    # on a node none of whose NUMA nodes holds two GPUs, a 2-GPU aligned pod is unaligned too
+    pair = Shape(4000, 1024, 2, 1000, exclusive=4)
+    spread = best_placement(node(1000, 1000, numa=((20, 32, 16), (32, 32, 16))), pair, f)
+    assert spread is not None and spread.gpus == (0, 1) and spread.gain < -UNALIGNED / 2
+    # without NUMA knowledge nothing is unaligned
+    plain = best_placement(node(0, 1000), aligned, f)
+    assert plain is not None and plain.gain == 0
 
 
 def test_histogram_decays_and_covers_95_percent() -> None:
