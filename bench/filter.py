@@ -390,6 +390,16 @@ def bench_in_process(
     }
 
 
+async def _heap_frozen(before: int, timeout_s: float = 60.0) -> None:
+    """Wait until the scheduler froze its heap after its first sync (one full collection, hundreds
+    of ms at this size): in a cluster it lands before kube-scheduler's filters, not inside one."""
+    deadline = time.monotonic() + timeout_s
+    while gc.get_freeze_count() == before:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the scheduler did not freeze its heap within {timeout_s:g}s of its sync")
+        await asyncio.sleep(0.01)
+
+
 async def bench_http(
     nodes: int, gpus: int, pods: int, filters: int, *, gc_freeze: bool, policy: Policy = DEFAULT_POLICY
 ) -> dict[str, Any]:
@@ -418,9 +428,12 @@ async def bench_http(
             settings=SchedulerSettings(gc_freeze=gc_freeze, node_policy=policy[0], gpu_policy=policy[1]),
         )
         app = SchedulerApp(options, kube=kube)
+        frozen = gc.get_freeze_count()
         port = (await app.start())["extender"]
         try:
             await app.wait_synced(120)
+            if gc_freeze:
+                await _heap_frozen(frozen)
             names = [f"node-{i:05d}" for i in range(nodes)]
             latencies = []
             cpu = []

@@ -58,9 +58,9 @@ from replay.pods import (  # noqa: E402
 
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
-from hamid.scheduler.core import SchedulerSettings  # noqa: E402
+from hamid.scheduler.core import SchedulerSettings, freeze_heap  # noqa: E402
 from hamidsim.apiserver.patch import json_patch  # noqa: E402
-from hamidsim.kube_scheduler import default_score, feasible_nodes, pod_requests, select_host  # noqa: E402
+from hamidsim.kube_scheduler import default_scores, pod_requests, select_host  # noqa: E402
 
 #: Arrived GPU % at which the unallocated GPU % is reported (the paper reads 100 and 130).
 READ_AT = (90, 100, 110, 130)
@@ -192,11 +192,7 @@ async def _hamid_path(
         if error:
             return f"filter_error: {error}"
         request = pod_requests(pod)
-        node = (
-            kept[0]
-            if len(kept) == 1
-            else select_host(((n, default_score(request, cluster.kube[n])) for n in kept), rng)
-        )
+        node = kept[0] if len(kept) == 1 else select_host(default_scores(request, cluster.kube, kept), rng)
         if node is not None:
             await cluster.api.settle()
             error = await cluster.bind(pod, node)
@@ -213,7 +209,7 @@ async def _default_path(
 ) -> str:
     """kube-scheduler alone (a pod without GPUs): the best-scored feasible node, bound."""
     request = pod_requests(pod)
-    node = select_host(((n, default_score(request, cluster.kube[n])) for n in feasible), rng)
+    node = select_host(default_scores(request, cluster.kube, feasible), rng)
     if node is None:
         return CPU_ONLY_NO_ROOM
     meta = pod["metadata"]
@@ -232,7 +228,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     stored = api.create_pod(json_patch(pod, list(verdict.patch)) if verdict.patch else pod)
     await api.settle()
     request = pod_requests(stored)
-    feasible = tuple(feasible_nodes(request, cluster.kube.items()))
+    feasible = cluster.room.feasible(request)
     if stored["spec"].get("schedulerName") == cluster.scheduler.settings.scheduler_name:
         outcome = await _hamid_path(cluster, trace, stored, feasible, replay, rng)
     else:
@@ -241,13 +237,13 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
     if node is None:
         replay.failures[outcome] += 1
         return False
-    cluster.kube[node.name].add(request)
+    cluster.room.add(node.name, request)
     await api.settle()
     bound = await api.get_pod("default", trace_key(stored))
     record = await node.admit(bound)
     await cluster.publish(node, bound, record)
     if not record.admitted:
-        cluster.kube[node.name].remove(request)
+        cluster.room.remove(node.name, request)
         replay.failures[f"kubelet:{record.reason}"] += 1
         return False
     _count_placed(cluster, node, trace, record, replay)
@@ -316,6 +312,7 @@ async def replay_one(
     with tempfile.TemporaryDirectory(prefix="hamid-trace-", dir=_SCRATCH) as hook:
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid")
         await cluster.start()
+        freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
         shapes = ShapeCheck(list(cluster.nodes.values()))
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)
@@ -329,6 +326,7 @@ async def replay_one(
         idle, stranded = stranded_gpus(cluster, replay)
         refits = dict(cluster.refit.outcomes) if cluster.refit is not None else {}
         await cluster.stop()
+    gc.unfreeze()  # the next replay in this process collects this one's cluster
     figures = _figures(replay, len(sequence), elapsed, idle, stranded, refits)
     figures["cpu_ms_per_pod"] = 1000 * cpu / max(len(sequence), 1)
     return figures

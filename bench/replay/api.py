@@ -112,7 +112,11 @@ class MemoryApi:
     ) -> tuple[list[JSON], str]:
         """Every object of ``resource`` the selector matches, and the current resourceVersion."""
         selector = _selector(field_selector)
-        items = [_copy(o) for o in self._table(resource).values() if _selected(o, selector)]
+        table = self._table(resource)
+        if selector is not None and selector[0] == "metadata.name" and resource.plural == NODES.plural:
+            node = table.get(selector[1])  # nodes are keyed by name: each plugin's list is one lookup
+            return ([] if node is None else [_copy(node)]), str(self.version)
+        items = [_copy(o) for o in table.values() if _selected(o, selector)]
         return items, str(self.version)
 
     async def watch(
@@ -151,21 +155,23 @@ class MemoryApi:
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any], **_: Any) -> JSON:
         """Merge ``status`` into the pod's status (kubelet's status manager)."""
-        pod = self._pod(namespace, name)
+        pod = self._stored(self.pods, f"{namespace}/{name}", "pods")
         pod.setdefault("status", {}).update(_copy(dict(status)))
         return self._commit(PODS, f"{namespace}/{name}", pod, "MODIFIED")
 
     # -- the KubeClient verbs -------------------------------------------------------------------
 
-    def _pod(self, namespace: str, name: str) -> JSON:
-        pod = self.pods.get(f"{namespace}/{name}")
-        if pod is None:
-            raise NotFound(f'pods "{name}" not found', status=404)
-        return _copy(pod)
+    def _stored(self, table: dict[str, JSON], key: str, what: str) -> JSON:
+        """The stored object itself, for a write to change in place after its checks passed (every
+        reader gets a copy: the table's objects are never handed out)."""
+        obj = table.get(key)
+        if obj is None:
+            raise NotFound(f'{what} "{key.rpartition("/")[2]}" not found', status=404)
+        return obj
 
     async def get_pod(self, namespace: str, name: str, **_: Any) -> JSON:
         """GET a pod."""
-        return self._pod(namespace, name)
+        return _copy(self._stored(self.pods, f"{namespace}/{name}", "pods"))
 
     async def list_pods(
         self, namespace: str | None = None, field_selector: str | None = None, **_: Any
@@ -175,10 +181,7 @@ class MemoryApi:
 
     async def get_node(self, name: str, **_: Any) -> JSON:
         """GET a node."""
-        node = self.nodes.get(name)
-        if node is None:
-            raise NotFound(f'nodes "{name}" not found', status=404)
-        return _copy(node)
+        return _copy(self._stored(self.nodes, name, "nodes"))
 
     @staticmethod
     def _check(obj: JSON, resource_version: str | None, uid: str | None) -> None:
@@ -200,7 +203,7 @@ class MemoryApi:
         **_: Any,
     ) -> JSON:
         """Merge-patch a pod's annotations and labels (preconditions as the API server checks them)."""
-        pod = self._pod(namespace, name)
+        pod = self._stored(self.pods, f"{namespace}/{name}", "pods")
         self._check(pod, resource_version, uid)
         _merge(pod["metadata"], "annotations", annotations)
         _merge(pod["metadata"], "labels", labels)
@@ -216,7 +219,7 @@ class MemoryApi:
         **_: Any,
     ) -> JSON:
         """Merge-patch a node's annotations and labels."""
-        node = await self.get_node(name)
+        node = self._stored(self.nodes, name, "nodes")
         self._check(node, resource_version, None)
         _merge(node["metadata"], "annotations", annotations)
         _merge(node["metadata"], "labels", labels)
@@ -224,7 +227,7 @@ class MemoryApi:
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **_: Any) -> None:
         """A Binding: set ``spec.nodeName`` once."""
-        pod = self._pod(namespace, name)
+        pod = self._stored(self.pods, f"{namespace}/{name}", "pods")
         self._check(pod, None, uid)
         if pod["spec"].get("nodeName"):
             raise Conflict(f"pod {name} is already assigned to node {pod['spec']['nodeName']}", status=409)

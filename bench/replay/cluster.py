@@ -60,7 +60,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
 from hamid.scheduler.refit.auth import Caller
-from hamidsim.kube_scheduler import NodeRequests, Resources
+from hamidsim.kube_scheduler import NodeRequests, NodeRoomIndex, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import PodAdmission
 from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
@@ -352,6 +352,8 @@ class Cluster:
         self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit) for n in nodes}
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
+        #: kube-scheduler's NodeResourcesFit over ``kube`` (pods bound and gone go through it).
+        self.room = NodeRoomIndex(self.kube)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:

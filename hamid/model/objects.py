@@ -7,15 +7,21 @@ the reconcile, HA sync and refit compare) is defined here too. Pure: no I/O, usa
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 _EMPTY: Mapping[str, Any] = {}
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, decoded JSON's ``dict`` first (the ABC check is slow, and
+    these accessors run for every field of every watch event)."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """``obj.metadata`` (empty when missing, null or not an object)."""
     meta = obj.get("metadata") if obj else None
-    return meta if isinstance(meta, Mapping) else _EMPTY
+    return meta if _is_mapping(meta) else _EMPTY
 
 
 def _text(obj: Mapping[str, Any] | None, field: str) -> str:
@@ -46,13 +52,13 @@ def resource_version(obj: Mapping[str, Any] | None) -> str:
 def annotations(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     """``metadata.annotations`` (empty when missing or null)."""
     value = metadata(obj).get("annotations")
-    return value if isinstance(value, Mapping) else _EMPTY
+    return value if _is_mapping(value) else _EMPTY
 
 
 def labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     """``metadata.labels`` (empty when missing or null)."""
     value = metadata(obj).get("labels")
-    return value if isinstance(value, Mapping) else _EMPTY
+    return value if _is_mapping(value) else _EMPTY
 
 
 def object_key(obj: Mapping[str, Any] | None) -> str:
@@ -69,7 +75,7 @@ def namespaced_key(obj: Mapping[str, Any] | None) -> str:
 def section(obj: Mapping[str, Any] | None, field: str) -> Mapping[str, Any]:
     """A top-level object section such as ``spec`` or ``status`` (empty when missing or null)."""
     value = obj.get(field) if obj else None
-    return value if isinstance(value, Mapping) else _EMPTY
+    return value if _is_mapping(value) else _EMPTY
 
 
 # resourceVersion order. Clients must treat resourceVersions as opaque, but the API server's are

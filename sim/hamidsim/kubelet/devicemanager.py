@@ -41,6 +41,14 @@ def _any_set(mask: NumaMask, topology: DeviceTopology) -> bool:
     return bool(topology) and any(n in mask for n in topology or ())
 
 
+def _mask_counts(topologies: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """``(bitmask, devices)`` per distinct topology (devices counted first: one bitmask per topology)."""
+    counts: Counter[int] = Counter()
+    for topology, devices in Counter(topologies).items():
+        counts[mask_value(topology)] += devices
+    return list(counts.items())
+
+
 def generate_device_hints(
     numa_nodes: Sequence[int],
     all_devices: Mapping[str, DeviceTopology],
@@ -55,9 +63,8 @@ def generate_device_hints(
     containers.
     """
     # Devices grouped by topology (as bitmasks): each mask's counts cost one step per distinct topology.
-    all_groups = list(Counter(mask_value(topo) for topo in all_devices.values() if topo).items())
-    free_topologies = (t for d in set(available) if (t := all_devices.get(d)))
-    available_groups = list(Counter(mask_value(t) for t in free_topologies).items())
+    all_groups = _mask_counts(topo for topo in all_devices.values() if topo)
+    available_groups = _mask_counts(t for d in set(available) if (t := all_devices.get(d)))
     reusable_list = sorted(set(reusable))
     min_affinity_size = len(numa_nodes)
     found: list[NumaMask] = []

@@ -17,10 +17,25 @@ _QUANTITY_RE = re.compile(
 )
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+#: Quantity strings already read (kubelet reads each pod's few quantities many times over).
+_PARSED: dict[str, Fraction] = {}
+_PARSED_MAX = 4096
 
 
 def parse_quantity(value: object, where: str = "quantity") -> Fraction:
     """A Kubernetes quantity (``"8"``, ``"500m"``, ``"16Gi"``, a JSON number) as an exact fraction."""
+    if type(value) is str:
+        known = _PARSED.get(value)
+        if known is None:
+            known = _parse(value, where)
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[value] = known
+        return known
+    return _parse(value, where)
+
+
+def _parse(value: object, where: str) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidInput(f"{where}: want a quantity, got {type(value).__name__}")
     if isinstance(value, int | float):

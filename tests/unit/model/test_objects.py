@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
 from hamid.model import objects
@@ -47,6 +49,14 @@ def test_missing_or_malformed_metadata_reads_as_empty(obj: object) -> None:
     assert objects.annotations(obj) == {}  # type: ignore[arg-type]
     assert objects.labels(obj) == {}  # type: ignore[arg-type]
     assert objects.section(obj, "spec") == {}  # type: ignore[arg-type]
+
+
+def test_mappings_other_than_dict_are_read_too() -> None:
+    meta = MappingProxyType({"name": "p", "annotations": MappingProxyType({"a": "1"})})
+    frozen = MappingProxyType({"metadata": meta})
+    assert objects.name(frozen) == "p"
+    assert objects.annotations(frozen) == {"a": "1"}
+    assert objects.section(MappingProxyType({"spec": MappingProxyType({"x": 1})}), "spec") == {"x": 1}
 
 
 def test_cluster_scoped_key_has_no_slash_but_namespaced_key_does() -> None:

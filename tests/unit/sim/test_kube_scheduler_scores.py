@@ -7,6 +7,7 @@ import random
 from hamidsim.kube_scheduler import (
     DEFAULT_MEMORY_REQUEST,
     NodeRequests,
+    NodeRoomIndex,
     Resources,
     default_score,
     feasible_nodes,
@@ -30,6 +31,39 @@ def test_feasible_nodes_keeps_those_with_cpu_memory_and_a_pod_slot_free() -> Non
     assert feasible_nodes(Resources(500, GI), nodes.items()) == ["cpu", "memory", "roomy"]
     full_cpu.remove(Resources(3500, GI))
     assert feasible_nodes(Resources(1000, 2 * GI), nodes.items()) == ["cpu", "roomy"]
+
+
+def test_the_room_index_answers_what_feasible_nodes_answers_as_pods_come_and_go() -> None:
+    rng = random.Random(7)
+    nodes = {f"n{i}": _node(rng.choice((2000, 4000)), rng.choice((4, 8)) * GI, pods=5) for i in range(40)}
+    reference = {name: NodeRequests(node.allocatable, node.allowed_pods) for name, node in nodes.items()}
+    index = NodeRoomIndex(nodes)
+    bound: list[tuple[str, Resources]] = []
+    for _ in range(400):
+        request = Resources(rng.choice((0, 250, 1000, 1500)), rng.choice((0, GI // 2, 2 * GI)))
+        feasible = index.feasible(request)
+        assert list(feasible) == feasible_nodes(request, reference.items())
+        if bound and rng.random() < 0.3:
+            name, gone = bound.pop(rng.randrange(len(bound)))
+            index.remove(name, gone)
+            reference[name].remove(gone)
+        elif feasible:
+            name = rng.choice(feasible)
+            index.add(name, request)
+            reference[name].add(request)
+            bound.append((name, request))
+    assert nodes == reference
+
+
+def test_the_room_index_answers_the_same_tuple_while_the_short_nodes_stay_the_same() -> None:
+    nodes = {"a": _node(), "b": _node()}
+    index = NodeRoomIndex(nodes)
+    assert index.feasible(Resources(1000, GI)) is index.names
+    index.add("a", Resources(3500, GI))
+    first = index.feasible(Resources(1000, GI))
+    assert first == ("b",)
+    assert index.feasible(Resources(2000, 2 * GI)) is first
+    assert index.feasible(Resources(100, GI)) == ("a", "b")
 
 
 def test_default_score_is_least_allocated_plus_balanced_allocation() -> None:
