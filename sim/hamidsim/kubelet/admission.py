@@ -245,7 +245,7 @@ def check_allocatable(
     if len(active) + 1 > allowed_pods:
         raise _insufficient("pods", 1, len(active), allowed_pods)
     cpu, memory = _requested(pod)
-    used = [_needs(p) for p in active]
+    used = [_requested(p) for p in active]
     used_cpu, used_memory = sum(u[0] for u in used), sum(u[1] for u in used)
     if cpu and used_cpu + cpu > allocatable_millicpu:
         raise _insufficient("cpu", cpu, used_cpu, allocatable_millicpu)
@@ -253,29 +253,9 @@ def check_allocatable(
         raise _insufficient("memory", memory, used_memory, allocatable_memory)
 
 
-#: Each pod version's (milli-CPU, memory bytes) requests, by (uid, resourceVersion): the predicate
-#: sums every active pod's on every admission, and a pod's requests change only with its version.
-_NEEDS: dict[tuple[str, str], tuple[int, int]] = {}
-_NEEDS_MAX = 65_536
-
-
 def _requested(pod: Mapping[str, Any]) -> tuple[int, int]:
     requests = pod_aggregate(pod, "requests", {"cpu", "memory"})
     return _ceil(requests.get("cpu", 0) * 1000), _ceil(requests.get("memory", 0))
-
-
-def _needs(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """An active pod's :func:`_requested`, remembered by version."""
-    meta = pod.get("metadata") or {}
-    key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
-    known = _NEEDS.get(key) if all(key) else None
-    if known is None:
-        known = _requested(pod)
-        if all(key):
-            if len(_NEEDS) >= _NEEDS_MAX:
-                _NEEDS.clear()
-            _NEEDS[key] = known
-    return known
 
 
 def _insufficient(resource: str, requested: int, used: int, capacity: int) -> AdmissionFailure:

@@ -1,4 +1,4 @@
-"""kubelet's allocatable predicate: the active pods' requests summed, each pod version read once."""
+"""kubelet's allocatable predicate: the active pods' requests summed, read afresh at every admission."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ def test_a_new_version_of_a_pod_is_read_again() -> None:
     resized = _pod("a", "3500m", version="8")
     with pytest.raises(AdmissionFailure, match="used: 3500"):
         check_allocatable(_pod("x", "1"), [resized], 4000, 8 * GI, 110)
+
+
+def test_an_equal_uid_and_version_from_another_cluster_is_read_again() -> None:
+    """The trace bench replays several clusters in one process, each counting versions from 1: a
+    remembered (uid, version) once summed the previous cluster's requests (OutOfcpu by thousands)."""
+    check_allocatable(_pod("x", "1"), [_pod("a", "1", version="3")], 4000, 8 * GI, 110)
+    with pytest.raises(AdmissionFailure, match="used: 3500"):
+        check_allocatable(_pod("x", "1"), [_pod("a", "3500m", version="3")], 4000, 8 * GI, 110)
 
 
 def test_pods_without_uid_or_version_are_read_each_time() -> None:
