@@ -52,9 +52,11 @@ from hamid.plugin.hamicore_answer import HamiCoreSettings
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import NumaMismatchPolicy, log_mismatch
 from hamid.plugin.numa_publisher import build_profile, holds_anything, placement_of
+from hamid.plugin.options import hides_full
 from hamid.plugin.podresources_client import NO_TOPOLOGY, HeldContainer, HeldPod
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitRefused
+from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import DevicePluginService, list_response
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
@@ -117,8 +119,9 @@ class NumaLayout:
         topology = CpuTopology.from_numa(self.numa_cpus)
         return MachineInfo(numa_nodes_of(topology), self.reserved, topology, f"{memory_mib}Mi", MAX_PODS)
 
-    def profile(self, topology_policy: str) -> str:
-        """The ``hamid.io/numa-profile`` the plugin's NUMA publisher writes for this node."""
+    def profile(self, topology_policy: str, hides_full: str | None = None) -> str:
+        """The ``hamid.io/numa-profile`` the plugin's NUMA publisher writes for this node
+        (``hides_full``: the resource whose full GPUs' free replicas the plugin hides)."""
         infos = tuple(
             sorted(
                 (CpuInfo(cpu, cpu, numa, numa) for numa, cpus in self.numa_cpus.items() for cpu in cpus),
@@ -128,7 +131,7 @@ class NumaLayout:
         topology = PluginCpuTopology(tuple(sorted(self.numa_cpus)), infos, None)
         policies = KubeletPolicies(cpu_manager_policy="static", topology_manager_policy=topology_policy)
         allocatable = frozenset(c.cpu for c in infos) - self.reserved
-        content = build_profile(topology, policies, allocatable)
+        content = build_profile(topology, policies, allocatable, hides_full=hides_full)
         return encode_profile(dataclasses.replace(content, generation=1, observed_at=int(time.time())))
 
 
@@ -205,7 +208,13 @@ class SimNode:
     """One GPU node: hamid's plugin (inventory, allocator, service) and kubelet's managers."""
 
     def __init__(
-        self, trace: TraceNode, api: MemoryApi, numa: str, hook_path: str, refit: LocalRefitClient | None
+        self,
+        trace: TraceNode,
+        api: MemoryApi,
+        numa: str,
+        hook_path: str,
+        refit: LocalRefitClient | None,
+        hide_full_gpus: str = "auto",
     ) -> None:
         self.trace = trace
         self.name = trace.name
@@ -246,31 +255,52 @@ class SimNode:
         self.gpu_numa = {g.uuid: self.layout.gpu_numa[g.index] for g in gpus}
         kube = cast(KubeClient, api)  # MemoryApi has the KubeClient verbs the plugin calls
         self.pods = NodePods(kube, self.name)
+        #: The plugin's ``--hide-full-gpus`` (as :class:`~hamid.plugin.app.Plugin` wires it).
+        self.room: ReplicaRoom | None = None
+        if hides_full(hide_full_gpus, node_config.enable_numa_topology):
+            self.room = ReplicaRoom(self.inventory, self.pods, RESOURCE)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
-            kube, self.pods, self.inventory, HamiCoreSettings(hook_path=hook_path), mismatch_handler=handler
+            kube,
+            self.pods,
+            self.inventory,
+            HamiCoreSettings(hook_path=hook_path),
+            mismatch_handler=handler,
+            on_allocated=self.room.allocated if self.room is not None else None,
         )
-        endpoint = LocalEndpoint(
+        self.endpoint = LocalEndpoint(
             RESOURCE, DevicePluginService(self.inventory, allocator, preferred_allocation=True)
         )
         state = self.devices.resources.setdefault(RESOURCE, ResourceState(RESOURCE))
-        state.endpoint = endpoint  # type: ignore[assignment]
-        self.devices._devices_updated(endpoint, list_response(self.inventory))  # type: ignore[arg-type]
+        state.endpoint = self.endpoint  # type: ignore[assignment]
+        self._sent = -1
+        self.list_and_watch()
         self.active: dict[str, JSON] = {}
+
+    def list_and_watch(self) -> None:
+        """What the plugin's ``ListAndWatch`` stream does: send kubelet's device manager the device
+        list again when the inventory changed (health, or a GPU's free replicas hidden or re-offered
+        after bookings changed), after the plugin re-judged the node's bookings."""
+        if self.room is not None:
+            self.room.sync()
+        if self.inventory.generation != self._sent:
+            self._sent = self.inventory.generation
+            self.devices._devices_updated(self.endpoint, list_response(self.inventory))  # type: ignore[arg-type]
 
     @property
     def allocatable(self) -> tuple[int, int, int]:
         """(milli-CPU, memory bytes, pods) as kubelet's node status reports them."""
         return self.layout.cpus * MILLI, self.trace.memory_mib * MIB, MAX_PODS
 
-    def node_object(self, profiles: dict[tuple[int, int], str]) -> JSON:
+    def node_object(self, profiles: dict[tuple[int, int, bool], str]) -> JSON:
         """The Node as the API holds it once kubelet and the plugin registered it (``profiles``:
         the NUMA profiles encoded so far, by CPUs and NUMA nodes: nodes alike share one)."""
         annotations = {ann.NODE_REGISTER: ann.encode_node_devices(self.inventory.device_infos())}
         if self.topology_policy != "none":
-            shape = (self.layout.cpus, len(self.layout.numa_cpus))
+            shape = (self.layout.cpus, len(self.layout.numa_cpus), self.room is not None)
             if shape not in profiles:
-                profiles[shape] = self.layout.profile(self.topology_policy)
+                hides = RESOURCE if self.room is not None else None
+                profiles[shape] = self.layout.profile(self.topology_policy, hides)
             annotations[NUMA_PROFILE] = profiles[shape]
         amounts = {
             "cpu": str(self.layout.cpus),
@@ -299,6 +329,7 @@ class SimNode:
         allocatable predicate); an admitted pod stays active."""
         meta = pod["metadata"]
         record = PodAdmission(meta["namespace"], meta["name"], meta["uid"], self.name, admitted=False)
+        self.list_and_watch()
         await admit_pod(self.admitter, pod, record, self.active.values(), self.allocatable)
         if record.admitted:
             self.active[record.uid] = pod
@@ -339,6 +370,7 @@ class Cluster:
         gpu_policy: str,
         hook_path: str,
         cpu_pods: bool = False,
+        hide_full_gpus: str = "auto",
     ) -> None:
         self.api = MemoryApi()
         self.numa = numa
@@ -349,7 +381,9 @@ class Cluster:
         self.refit: LocalRefitClient | None = None
         if numa != "off":
             self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))
-        self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit) for n in nodes}
+        self.nodes = {
+            n.name: SimNode(n, self.api, numa, hook_path, self.refit, hide_full_gpus) for n in nodes
+        }
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
         #: kube-scheduler's NodeResourcesFit over ``kube`` (pods bound and gone go through it).
@@ -358,7 +392,7 @@ class Cluster:
 
     async def start(self) -> None:
         """Register every node, then run and sync the scheduler's and the plugins' watch caches."""
-        profiles: dict[tuple[int, int], str] = {}
+        profiles: dict[tuple[int, int, bool], str] = {}
         for node in self.nodes.values():
             self.api.put_node(node.node_object(profiles))
         caches = [self.scheduler.pods, self.scheduler.nodes, self.scheduler.quotas]

@@ -90,10 +90,18 @@ class NodeState(NamedTuple):
     models: tuple[str, ...]
     #: Exclusive CPUs and GPU replicas per NUMA node, by NUMA id; None: no NUMA knowledge.
     numa: tuple[NumaRoom, ...] | None = None
+    #: Whether the node's plugin hides the free replicas of a GPU with no room from kubelet
+    #: (:mod:`hamid.fit.replica_room`; ``numa`` then counts only the replicas kubelet sees).
+    hides_full: bool = False
 
     @classmethod
     def of(
-        cls, cpu: int, memory: int, gpus: Iterable[Gpu], numa: tuple[NumaRoom, ...] | None = None
+        cls,
+        cpu: int,
+        memory: int,
+        gpus: Iterable[Gpu],
+        numa: tuple[NumaRoom, ...] | None = None,
+        hides_full: bool = False,
     ) -> NodeState:
         """A state from its GPUs."""
         listed = tuple(gpus)
@@ -104,6 +112,7 @@ class NodeState(NamedTuple):
             tuple(g.numa for g in listed),
             tuple(g.model for g in listed),
             numa,
+            hides_full,
         )
 
 
@@ -334,9 +343,25 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
                 free=max(room.free - pod.exclusive, 0), replicas=max(room.replicas - pod.gpus, 0)
             )
             numa = (*numa[:home], taken, *numa[home + 1 :])
+    if numa is not None and node.hides_full:
+        numa = _hide_filled(node, numa, frees, gpus)
     return node._replace(
         cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
     )
+
+
+def _hide_filled(
+    node: NodeState, numa: tuple[NumaRoom, ...], frees: Sequence[int], gpus: tuple[int, ...]
+) -> tuple[NumaRoom, ...]:
+    """Where the plugin hides full GPUs' free replicas: a NUMA node none of whose GPUs has room
+    left once the pod's GPUs filled offers kubelet no replica (a model: with room left somewhere
+    there, its count stays as booked)."""
+    for i in gpus:
+        n = node.numas[i]
+        filled = frees[i] <= 0 < node.frees[i] and 0 <= n < len(numa) and numa[n].replicas > 0
+        if filled and not any(f > 0 for f, m in zip(frees, node.numas, strict=True) if m == n):
+            numa = (*numa[:n], numa[n]._replace(replicas=0), *numa[n + 1 :])
+    return numa
 
 
 def gain_steps(gain: float) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
+from hamid.fit.replica_room import hides_free_replicas
 from hamid.fit.usage import NodeUsage
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
@@ -77,10 +78,14 @@ def offered_targets(prediction: Prediction, resource: str, count: int) -> NumaTa
     return tuple(offered.get(i) or None for i in range(count))
 
 
-def gpu_replicas(usage: NodeUsage) -> dict[str, tuple[int, int]]:
+def gpu_replicas(usage: NodeUsage, hides_full: bool = False) -> dict[str, tuple[int, int]]:
     """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
-    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none."""
+    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none, nor (where
+    the plugin hides them, ``hides_full``) a GPU with no room (:mod:`hamid.fit.replica_room`)."""
     return {
-        d.id: (d.numa if d.numa >= 0 else NO_TOPOLOGY, max(d.count - d.used, 0) if d.health else 0)
+        d.id: (
+            d.numa if d.numa >= 0 else NO_TOPOLOGY,
+            0 if not d.health or (hides_full and hides_free_replicas(d)) else max(d.count - d.used, 0),
+        )
         for d in usage.devices
     }

@@ -177,6 +177,20 @@ class NumaLedger:
         """The device-plugin resources of the node."""
         return frozenset(self._devices)
 
+    def hiding(self, resource: str, hidden: Mapping[int, int]) -> NumaLedger:
+        """The ledger as kubelet sees it when ``hidden`` free replicas of ``resource`` per NUMA bucket
+        are reported Unhealthy (a GPU with no room, :mod:`hamid.fit.replica_room`): a copy with
+        that many fewer free (totals unchanged: kubelet sizes hints with every device); ``self``
+        when nothing is hidden."""
+        if not any(hidden.values()):
+            return self
+        ledger = self.copy()
+        for numa, n in hidden.items():
+            counts = ledger._devices.get(resource, {}).get(numa)
+            if counts is not None:
+                counts[1] = max(counts[1] - n, 0)
+        return ledger
+
     def device_counts(self, resource: str) -> dict[int, tuple[int, int]]:
         """``{numa: (total, free)}`` of one resource (empty when the node has none)."""
         return {n: (t, f) for n, (t, f) in self._devices.get(resource, {}).items()}

@@ -164,6 +164,8 @@ def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
 _MEMORY_TYPE = re.compile(r"(?:memory|hugepages-[1-9][0-9]{0,9}(?:Ki|Mi|Gi|Ti|Pi|Ei)?)\Z")
 #: Format version of a profile that carries ``memory`` (readers of 1 to 3 refuse the field).
 PROFILE_MEMORY_VERSION = 4
+#: Format version of a profile that carries ``hidesFull`` (readers of 1 to 4 refuse the field).
+PROFILE_HIDES_FULL_VERSION = 5
 #: Format version of a placement or prediction whose containers carry ``memory``.
 POD_MEMORY_VERSION = 2
 
@@ -271,6 +273,10 @@ class NumaProfile:
     #: ``GetAllocatableResources``: capacity minus ``reservedMemory`` and, for regular memory, the
     #: hugepages); None when kubelet reports none (memory manager policy None).
     memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None = None
+    #: The resource whose GPUs' free replicas hamid's device plugin reports Unhealthy while the GPU
+    #: has no room (:mod:`hamid.fit.replica_room`); None: every free replica is offered (older
+    #: profiles, or the plugin's ``--hide-full-gpus=off``).
+    hides_full: str | None = None
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
@@ -383,6 +389,7 @@ _PROFILE_KEYS = frozenset(
         "preferred",
         "uncore",
         "memory",
+        "hidesFull",
     }
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
@@ -395,8 +402,15 @@ _FIELD_VERSIONS = {
     "preferred": PROFILE_PREFERRED_VERSION,
     "uncore": PROFILE_UNCORE_VERSION,
     "memory": PROFILE_MEMORY_VERSION,
+    "hidesFull": PROFILE_HIDES_FULL_VERSION,
 }
-PROFILE_VERSIONS = (FORMAT_VERSION, PROFILE_PREFERRED_VERSION, PROFILE_UNCORE_VERSION, PROFILE_MEMORY_VERSION)
+PROFILE_VERSIONS = (
+    FORMAT_VERSION,
+    PROFILE_PREFERRED_VERSION,
+    PROFILE_UNCORE_VERSION,
+    PROFILE_MEMORY_VERSION,
+    PROFILE_HIDES_FULL_VERSION,
+)
 
 
 def profile_version(fields: Iterable[str]) -> int:
@@ -445,6 +459,8 @@ def encode_profile(profile: NumaProfile) -> str:
         doc["uncore"] = {str(u): format_cpu_list(cpus) for u, cpus in sorted(by_uncore.items())}
     if profile.memory is not None:
         doc["memory"] = {str(n): dict(types) for n, types in profile.memory}
+    if profile.hides_full is not None:
+        doc["hidesFull"] = profile.hides_full
     doc["v"] = profile_version(doc)
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
@@ -526,6 +542,7 @@ class _Topology:
     policies: KubeletPolicies
     preferred_allocation: str | None
     memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None
+    hides_full: str | None
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -539,6 +556,7 @@ class _Topology:
             self.policies,
             self.preferred_allocation,
             self.memory,
+            self.hides_full,
         )
 
 
@@ -611,6 +629,7 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         policies=_policies(doc.get("kubelet", {})),
         preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
         memory=_decode_memory(doc["memory"]) if "memory" in doc else None,
+        hides_full=want_str(doc["hidesFull"], f"{key}.hidesFull") if "hidesFull" in doc else None,
     )
 
 

@@ -36,7 +36,7 @@ import asyncio
 import os
 import uuid as uuidlib
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -190,8 +190,12 @@ class Allocator:
         call_timeout: float = CALL_TIMEOUT_S,
         prepare_timeout: float = PREPARE_TIMEOUT_S,
         preferred_allocation: bool = True,
+        on_allocated: Callable[[str, list[str]], None] | None = None,
     ) -> None:
         self.client = client
+        #: Told ``(namespace/name, replica IDs)`` after each committed Allocate (the replicas the
+        #: pod holds from now on: :class:`~hamid.plugin.replica_room.ReplicaRoom`).
+        self.on_allocated = on_allocated
         # Without GetPreferredAllocation kubelet's replica pick is arbitrary, so a differing pick is
         # expected (info); with it, a difference means the preference was not honoured (warning).
         self._log_differing_pick = log.warning if preferred_allocation else log.info
@@ -564,6 +568,8 @@ class Allocator:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
             committed = await complete(self._commit(pod, patch, plans, budget, release=done))
             if committed:
+                if self.on_allocated is not None:
+                    self.on_allocated(f"{namespace}/{name}", [i for ids in requests for i in ids])
                 return answers
             try:
                 async with asyncio.timeout_at(deadline):

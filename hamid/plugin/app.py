@@ -39,10 +39,11 @@ from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
-from hamid.plugin.options import PluginOptions
+from hamid.plugin.options import PluginOptions, hides_full
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClient, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
+from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import DevicePluginService
 
 log = get_logger("plugin")
@@ -144,10 +145,16 @@ class Plugin:
         cleanup_interval: float = CLEANUP_INTERVAL_S,
         cleanup_min_age: float | None = None,
         numa_sources: NumaSources | None = None,
+        hide_full_gpus: bool = False,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
+        #: Hides full GPUs' free replicas from kubelet (``--hide-full-gpus``); None: off.
+        self.room: ReplicaRoom | None = None
+        if hide_full_gpus and not self.inventory.is_mig:
+            self.room = ReplicaRoom(self.inventory, self.pods, setup.resource_name)
+            self.room.watch()
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )
@@ -180,6 +187,7 @@ class Plugin:
                 resource_name=setup.resource_name,
                 preferred_allocation=preferred,
                 on_prediction=self.metrics.numa_prediction,
+                on_held=self.room.listed if self.room is not None else None,
             )
 
     def _allocator(self, client: KubeClient, hook_path: str, mismatch_handler: MismatchHandler) -> Allocator:
@@ -199,6 +207,7 @@ class Plugin:
             resource_name=self.setup.resource_name,
             mismatch_handler=mismatch_handler,
             preferred_allocation=config.enable_get_preferred_allocation,
+            on_allocated=self.room.allocated if self.room is not None else None,
         )
 
     async def run(self) -> None:
@@ -340,6 +349,7 @@ class PluginApp:
             cleanup_interval=timings.cleanup_interval,
             cleanup_min_age=timings.cleanup_min_age,
             numa_sources=sources,
+            hide_full_gpus=hides_full(options.hide_full_gpus, setup.config.enable_numa_topology),
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -393,6 +403,7 @@ def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
         split=setup.config.device_split_count,
         numa_topology=setup.config.enable_numa_topology,
         preferred_allocation=setup.config.enable_get_preferred_allocation,
+        hide_full_gpus=hides_full(options.hide_full_gpus, setup.config.enable_numa_topology),
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
     )

@@ -2,13 +2,15 @@
 
 Owned by the event loop: health changes arrive through :meth:`GpuInventory.mark_unhealthy` (the XID
 thread schedules it with ``loop.call_soon_threadsafe``) and wake every ``ListAndWatch`` stream and
-the registration loop.
+the registration loop. Apart from XID health (sticky), the free replicas of a GPU with no room may
+be hidden from kubelet (:meth:`GpuInventory.set_hidden`, kept by :mod:`hamid.plugin.replica_room`):
+they are reported Unhealthy until the GPU has room again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
@@ -54,6 +56,8 @@ class GpuInventory:
             ids = tuple(replica_id(gpu.uuid, i) for i in range(settings.device_split_count))
             self._replicas_of[gpu.uuid] = ids
             self._replica_uuid.update(dict.fromkeys(ids, gpu.uuid))
+        #: Replica IDs reported Unhealthy because their GPU has no room (by GPU UUID; not sticky).
+        self._hidden: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
 
@@ -83,14 +87,46 @@ class GpuInventory:
         """The physical GPU UUID of one of this node's replica IDs (None if unknown)."""
         return self._replica_uuid.get(device_id)
 
+    def replica_ids(self, uuid: str) -> tuple[str, ...]:
+        """The replica IDs of one advertised GPU, in order (empty for an unknown UUID)."""
+        return self._replicas_of.get(uuid, ())
+
     def replicas(self) -> list[Replica]:
-        """Every replica kubelet sees, in GPU index order (topology only with enablenumatopology)."""
+        """Every replica kubelet sees, in GPU index order (topology only with enablenumatopology);
+        a replica of an unhealthy GPU, or a hidden one of a GPU with no room, is unhealthy."""
         out: list[Replica] = []
         for gpu in self.gpus:
             numa = gpu.numa if self.settings.enable_numa_topology else None
             healthy = self._healthy[gpu.uuid]
-            out.extend(Replica(rid, gpu.uuid, healthy, numa) for rid in self._replicas_of[gpu.uuid])
+            hidden = self._hidden.get(gpu.uuid, frozenset())
+            out.extend(
+                Replica(rid, gpu.uuid, healthy and rid not in hidden, numa)
+                for rid in self._replicas_of[gpu.uuid]
+            )
         return out
+
+    def hidden(self, uuid: str) -> frozenset[str]:
+        """The replicas of a GPU hidden for want of room (empty: none)."""
+        return self._hidden.get(uuid, frozenset())
+
+    def set_hidden(self, hidden: Mapping[str, frozenset[str]]) -> bool:
+        """Hide exactly these replicas (by GPU UUID) for want of room, re-offering all others; wakes
+        watchers when what kubelet sees changed. Returns whether it changed."""
+        wanted = {u: frozenset(ids) & frozenset(self._replicas_of.get(u, ())) for u, ids in hidden.items()}
+        wanted = {u: ids for u, ids in wanted.items() if ids}
+        if wanted == self._hidden:
+            return False
+        for uuid in sorted(self._hidden.keys() | wanted.keys()):
+            before, after = self._hidden.get(uuid, frozenset()), wanted.get(uuid, frozenset())
+            if after and not before:
+                log.info("gpu_replicas_hidden", uuid=uuid, replicas=len(after), cause="no room left")
+            elif before and not after:
+                log.info("gpu_replicas_reoffered", uuid=uuid, replicas=len(before))
+            elif before != after:
+                log.info("gpu_replicas_hidden_changed", uuid=uuid, replicas=len(after))
+        self._hidden = wanted
+        self._bump()
+        return True
 
     def _capacity(self, gpu: PhysicalGpu) -> tuple[int, int] | None:
         """Registered (MiB, cores) of one GPU, scaling applied; None when its memory is unknown."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,7 @@ def build_profile(
     allocatable: frozenset[int],
     preferred_allocation: str | None = None,
     memory: Mapping[int, Mapping[str, int]] | None = None,
+    hides_full: str | None = None,
 ) -> NumaProfile:
     """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
 
@@ -97,7 +98,8 @@ def build_profile(
     serves when it offers kubelet ``GetPreferredAllocation``. Uncore caches are carried only where
     kubelet reads them (``prefer-align-cpus-by-uncorecache``): elsewhere the profile keeps the format
     older schedulers read. ``memory``: the allocatable memory per NUMA node PodResources reports,
-    published under the Static memory manager policy only.
+    published under the Static memory manager policy only. ``hides_full``: the resource whose
+    full GPUs' free replicas this plugin reports Unhealthy (``--hide-full-gpus``).
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
@@ -114,6 +116,7 @@ def build_profile(
         distances=topology.distances,
         policies=policies,
         preferred_allocation=preferred_allocation,
+        hides_full=hides_full,
         memory=_profile_memory(memory) if policies.memory_manager_policy == "Static" else None,
     )
 
@@ -264,9 +267,13 @@ class NumaPublisher:
         resource_name: str,
         preferred_allocation: bool = False,
         on_prediction: Callable[[str, str], None] = lambda _result, _cause: None,
+        on_held: Callable[[Sequence[HeldPod]], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
+        #: Told what PodResources lists after each read; set when the plugin hides full GPUs'
+        #: free replicas (:class:`~hamid.plugin.replica_room.ReplicaRoom`), which the profile says.
+        self.on_held = on_held
         self.preferred_allocation = preferred_allocation
         self.pods = pods
         self.node_name = pods.node_name
@@ -323,10 +330,13 @@ class NumaPublisher:
             )
             return
         self.problems.clear("kubelet PodResources API")
+        if self.on_held is not None:
+            self.on_held(held)
         try:
             preferred = self.resource_name if self.preferred_allocation else None
+            hides = self.resource_name if self.on_held is not None else None
             content = build_profile(
-                self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory
+                self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory, hides
             )
         except InvalidInput as exc:
             self.problems.report("NUMA profile", str(exc), "not published")

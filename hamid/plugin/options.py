@@ -56,6 +56,16 @@ REFIT_FLAGS = {
 }
 
 
+#: ``--hide-full-gpus`` values (``auto``: where the plugin reports NUMA topology to kubelet).
+HIDE_FULL_CHOICES = ("auto", "on", "off")
+
+
+def hides_full(setting: str, numa_topology: bool) -> bool:
+    """Whether ``--hide-full-gpus`` is in effect: ``on``; ``auto`` where the replicas carry NUMA
+    topology (kubelet aligns by replicas there, and a full GPU's free replicas mislead it)."""
+    return setting == "on" or (setting == "auto" and numa_topology)
+
+
 def _resource_name(text: str) -> str | None:
     if not text.strip():
         return None
@@ -126,6 +136,14 @@ class PluginOptions:
         "Where sysfs is mounted: CPU topology and NUMA nodes (devices/system/cpu, devices/system/node).",
         default="/sys",
     )
+    hide_full_gpus: str = option_field(
+        "Report the free replicas of a GPU whose cores or memory are fully booked as Unhealthy to "
+        "kubelet until it has room again (held replicas stay Healthy), so kubelet's Topology "
+        "Manager aligns pods with GPUs that have room: auto (on where the node config sets "
+        "enablenumatopology), on or off. Announced in hamid.io/numa-profile for the scheduler.",
+        default="auto",
+        type=click.Choice(HIDE_FULL_CHOICES),
+    )
     api_server: str | None = option_field(
         "Kubernetes API server URL (overrides the kubeconfig's).", default=None, parse=or_none
     )
@@ -137,6 +155,10 @@ class PluginOptions:
         """The checks the CLI reports against the flag (the simulator and tests get them too)."""
         if not self.node_name.strip():
             raise OptionError("--node-name", "must not be empty")
+        if self.hide_full_gpus not in HIDE_FULL_CHOICES:
+            raise OptionError(
+                "--hide-full-gpus", f"{self.hide_full_gpus!r} is not one of {', '.join(HIDE_FULL_CHOICES)}"
+            )
         if self.resource_name is not None and "/" not in self.resource_name:
             raise OptionError("--resource-name", f"{self.resource_name!r} is not an extended resource name")
 

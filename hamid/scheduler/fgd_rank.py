@@ -76,9 +76,12 @@ def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
     return max(0, math.floor(WHOLE * share))
 
 
-def numa_room(entry: NodeNuma | None, resource: str) -> tuple[NumaRoom, ...] | None:
-    """Free and assignable exclusive CPUs and free ``resource`` replicas (at most
-    :data:`~hamid.fit.fgd.REPLICAS_SEEN`) by NUMA id from a node's ledger (None: not aligning)."""
+def numa_room(
+    entry: NodeNuma | None, resource: str, hidden: Mapping[int, int] | None = None
+) -> tuple[NumaRoom, ...] | None:
+    """Free and assignable exclusive CPUs and free ``resource`` replicas kubelet sees (at most
+    :data:`~hamid.fit.fgd.REPLICAS_SEEN`; less the ``hidden`` ones of GPUs with no room) by NUMA
+    id from a node's ledger (None: not aligning)."""
     if entry is None or entry.ledger is None or entry.profile is None:
         return None
     profile = entry.profile
@@ -91,7 +94,8 @@ def numa_room(entry: NodeNuma | None, resource: str) -> tuple[NumaRoom, ...] | N
     for numa, cpus in topo.cpus_of_numa.items():
         if 0 <= numa < len(out):
             assignable = cpus - profile.reserved_cpus
-            spare = min(replicas.get(numa, (0, 0))[1], REPLICAS_SEEN)
+            seen = replicas.get(numa, (0, 0))[1] - (hidden or {}).get(numa, 0)
+            spare = min(max(seen, 0), REPLICAS_SEEN)
             out[numa] = NumaRoom(len(assignable & free), len(assignable), spare)
     return tuple(out)
 
@@ -230,8 +234,14 @@ class FgdRanker:
             usage = entry.usage
             gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
             room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
+            numa = self.numa
+            hidden = numa.hidden(name, usage)
             state = self._states[name] = NodeState.of(
-                room.cpu, room.memory_mib, gpus, numa_room(self.numa.nodes.get(name), self.numa.resource)
+                room.cpu,
+                room.memory_mib,
+                gpus,
+                numa_room(numa.nodes.get(name), numa.resource, hidden),
+                hides_full=numa.hides_full(name),
             )
         return state
 

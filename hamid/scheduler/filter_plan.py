@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.numa_fit import gpu_replicas, numa_targets, offered_targets, pod_shape
+from hamid.fit.numa_fit import numa_targets, offered_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
 from hamid.fit.policy import BINPACK, FGD, best_first
 from hamid.fit.usage import PodUsage
@@ -80,10 +80,11 @@ class NumaFit:
             mode = AlignmentMode.NONE
         return cls(pod, uid, pod_shape(pod), mode)
 
-    def predict(self, ledgers: NumaLedgers, node: str) -> Prediction | None:
-        """The prediction on ``node`` (None: no ledger), kept for the patch and the log."""
+    def predict(self, ledgers: NumaLedgers, entry: NodeEntry) -> Prediction | None:
+        """The prediction on ``entry``'s node (None: no ledger), kept for the patch and the log."""
+        node = entry.name
         try:
-            prediction = ledgers.predict(node, self.pod, self.shape, self.uid)
+            prediction = ledgers.predict(node, self.pod, self.shape, self.uid, entry.usage)
         except InvalidInput as exc:  # a pod the predictor cannot read keeps today's behaviour
             log.info("numa_predict_refused", node=node, error=str(exc))
             prediction = None
@@ -94,9 +95,7 @@ class NumaFit:
         """An unknown prediction once the GPUs are fitted: on a node where hamid's plugin offers
         kubelet ``GetPreferredAllocation``, the fitted GPUs are its choice, so kubelet's replicas
         follow them; a definite placement then replaces the unknown (recorded and booked)."""
-        resolved = ledgers.predict_chosen(
-            entry.name, self.pod, self.uid, fitted.devices, gpu_replicas(entry.usage)
-        )
+        resolved = ledgers.predict_chosen(entry.name, self.pod, self.uid, fitted.devices, entry.usage)
         if resolved is not None and resolved.outcome is Outcome.PLACED:
             self.predictions[entry.name] = resolved
 
@@ -485,7 +484,7 @@ class Planner:
         order = prefer(entry) if prefer is not None else ()
         if numa is None:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
-        prediction = numa.predict(self.ledgers, entry.name)
+        prediction = numa.predict(self.ledgers, entry)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
             fitted = self._fit_offered(entry, spec, quota, release, order, prediction)
             if prediction is not None and isinstance(fitted, Fitted):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
+from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_memory import MemoryLedger
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
@@ -43,6 +44,8 @@ from hamid.fit.numa_predict import (
     usage_of_placement,
     usage_of_prediction,
 )
+from hamid.fit.replica_room import hidden_replicas
+from hamid.fit.usage import NodeUsage
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
@@ -480,13 +483,33 @@ class NumaLedgers:
 
     # -- the filter's side ---------------------------------------------------------------------
 
-    def predict(self, node: str, pod: JSON, shape: Hashable, uid: str) -> Prediction | None:
+    def hides_full(self, node: str) -> bool:
+        """Whether the node's plugin hides the free replicas of its GPUs with no room (its profile
+        says so for the scheduler's resource; :mod:`hamid.fit.replica_room`)."""
+        entry = self.nodes.get(node)
+        return entry is not None and entry.profile is not None and entry.profile.hides_full == self.resource
+
+    def hidden(self, node: str, usage: NodeUsage | None) -> dict[int, int]:
+        """Free replicas per NUMA bucket that kubelet does not see on ``node`` (empty: none hidden)."""
+        return hidden_replicas(usage) if usage is not None and self.hides_full(node) else {}
+
+    def visible_ledger(self, node: str, usage: NodeUsage | None) -> NumaLedger | None:
+        """The node's ledger counting only the replicas kubelet sees (None without a ledger)."""
+        entry = self.nodes.get(node)
+        if entry is None or entry.ledger is None:
+            return None
+        return entry.ledger.hiding(self.resource, self.hidden(node, usage))
+
+    def predict(
+        self, node: str, pod: JSON, shape: Hashable, uid: str, usage: NodeUsage | None = None
+    ) -> Prediction | None:
         """The prediction for ``pod`` on ``node`` (None: the node has no NUMA ledger at all).
 
-        Memoized per (profile and ledger content, pod shape), so nodes in the same state and
-        filters of equal pods share one computation; a node's key is recomputed only when its
-        ledger version changed. A pod with its own booking on the node is predicted on a copy
-        without it. A node with records the ledger could not book answers ``unknown``.
+        Memoized per (profile and ledger content, replicas hidden, pod shape), so nodes in the same
+        state and filters of equal pods share one computation; a node's key is recomputed only when
+        its ledger version changed. ``usage``: the node's GPUs, for the replicas its plugin hides
+        (GPUs with no room). A pod with its own booking on the node is predicted on a copy without
+        it. A node with records the ledger could not book answers ``unknown``.
         """
         entry = self.nodes.get(node)
         if entry is None or entry.profile is None:
@@ -494,24 +517,28 @@ class NumaLedgers:
         if entry.unbooked:
             return Prediction(Outcome.UNKNOWN, UNKNOWN_PROFILE_STALE, "the NUMA ledger disagrees with a pod")
         now = self.clock()
+        hidden = self.hidden(node, usage)
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
-            return _named(predict(entry.profile, self._ledger_without(entry, uid), pod, now=now), pod)
-        key = (entry.memo_key(), shape)
+            ledger = self._ledger_without(entry, uid)
+            visible = ledger.hiding(self.resource, hidden) if ledger is not None else None
+            return _named(predict(entry.profile, visible, pod, now=now), pod)
+        key = (entry.memo_key(), tuple(sorted(hidden.items())), shape)
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
-            cached = predict(entry.profile, entry.ledger, pod, now=now)
+            visible = entry.ledger.hiding(self.resource, hidden) if entry.ledger is not None else None
+            cached = predict(entry.profile, visible, pod, now=now)
             if len(self._memo) >= _MEMO_SIZE:
                 self._memo.clear()
             self._memo[key] = cached
         return _named(cached, pod)
 
     def predict_chosen(
-        self, node: str, pod: JSON, uid: str, devices: PodDevices, gpus: Mapping[str, tuple[int, int]]
+        self, node: str, pod: JSON, uid: str, devices: PodDevices, usage: NodeUsage
     ) -> Prediction | None:
-        """The prediction once the pod's GPUs are chosen (``devices``, init first; ``gpus``: each
-        GPU's NUMA bucket and free replicas), where the node's profile says hamid's plugin offers
-        kubelet ``GetPreferredAllocation`` for them; None elsewhere (nothing more is known)."""
+        """The prediction once the pod's GPUs are chosen (``devices``, init first; ``usage``: the
+        node's GPUs), where the node's profile says hamid's plugin offers kubelet
+        ``GetPreferredAllocation`` for them; None elsewhere (nothing more is known)."""
         entry = self.nodes.get(node)
         if (
             entry is None
@@ -521,9 +548,10 @@ class NumaLedgers:
             or entry.profile.preferred_allocation != self.resource
         ):
             return None
-        view = PluginView(self.resource, gpus, devices)
+        view = PluginView(self.resource, gpu_replicas(usage, self.hides_full(node)), devices)
         ledger = self._ledger_without(entry, uid)
-        return _named(predict(entry.profile, ledger, pod, now=self.clock(), plugin=view), pod)
+        visible = ledger.hiding(self.resource, self.hidden(node, usage)) if ledger is not None else None
+        return _named(predict(entry.profile, visible, pod, now=self.clock(), plugin=view), pod)
 
     @staticmethod
     def _ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:

@@ -1,0 +1,190 @@
+"""Hide from kubelet the free replicas of a GPU with no room (``--hide-full-gpus``).
+
+kubelet counts device replicas, not the GPU room behind them: a GPU whose cores or memory are fully
+booked still offers its free replicas, so the Topology Manager puts an aligned pod's CPUs on a NUMA
+node none of whose GPUs can take it (docs/packing.md, "Aligned LS pods with NUMA on").
+:class:`ReplicaRoom` keeps :meth:`GpuInventory.set_hidden` current from the scheduler's bookings
+on this node's pods (``hami.io/vgpu-devices-allocated``, the same phase-aware usage the scheduler
+books, :func:`hamid.fit.replica_room.no_room`): a GPU whose booked memory or cores reach its
+registered capacity reports its *free* replicas Unhealthy. Only the bookings of pods kubelet
+admitted (Allocate served them) count: a pod bound but not yet admitted books room on GPUs that
+had room for it, so each of its GPUs keeps every free replica until it is admitted, and kubelet
+sizes its hints for it as without hiding (were its GPUs' replicas hidden down to the one it needs,
+an 8-GPU pod would see 4 replicas per NUMA node and fail ``restricted`` with a
+TopologyAffinityError). What stays Healthy:
+
+* replicas a container holds (Allocate's device IDs, and kubelet's PodResources API after a
+  restart), so kubelet's allocatable never drops below what its pods request;
+* as many free replicas as pending bookings on the GPU still need, should one be booked on a GPU
+  already without room (a share of no cores on a GPU whose cores are all booked);
+* everything, while a pod that holds replicas is not known to the plugin yet (after a restart,
+  before PodResources was read): hiding a held replica would shrink kubelet's allocatable.
+
+A GPU with room again re-offers its replicas; XID unhealthiness stays separate and sticky.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hamid.fit.replica_room import no_room
+from hamid.fit.usage import PodUsage, container_kinds, effective_pod_usage, init_containers_succeeded
+from hamid.log import get_logger
+from hamid.model import objects
+from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
+from hamid.model.errors import InvalidInput
+from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
+from hamid.plugin.inventory import GpuInventory
+from hamid.plugin.podresources_client import HeldPod
+from hamid.plugin.pods import NodePods
+
+log = get_logger("plugin.replica_room")
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodBooking:
+    """What one pod on the node books and needs: usage per GPU, replicas its pending (not yet
+    allocated) containers still need per GPU, and whether it holds replicas (None: undecodable)."""
+
+    usage: PodUsage
+    pending: Mapping[str, int]
+    holds: bool
+
+
+def pod_booking(pod: Mapping[str, Any], resource_name: str) -> PodBooking | None:
+    """The booking of one non-terminal pod (None: an annotation that cannot be decoded)."""
+    raw = objects.annotations(pod).get(DEVICES_ALLOCATED)
+    try:
+        if not raw:  # not hamid's: it holds replicas once admitted, if it asks for them
+            return PodBooking({}, {}, requests_resource(pod, resource_name) and not is_unadmitted(pod))
+        layout = decode_pod_devices(raw)
+        usage = effective_pod_usage(layout, container_kinds(pod), init_containers_succeeded(pod))
+        pending = pending_entries(to_allocate(pod))
+    except InvalidInput:
+        return None
+    needs = Counter(d.uuid for entry in pending for d in entry.devices)
+    return PodBooking(usage, dict(needs), len(pending) < sum(1 for entry in layout if entry))
+
+
+class ReplicaRoom:
+    """Keeps the inventory's hidden replicas from the node's bookings (event-loop owned)."""
+
+    def __init__(self, inventory: GpuInventory, pods: NodePods, resource_name: str) -> None:
+        self.inventory = inventory
+        self.pods = pods
+        self.resource_name = resource_name
+        #: Replica IDs held per pod (``namespace/name``): from Allocate, and from PodResources.
+        self._allocated: dict[str, frozenset[str]] = {}
+        self._listed: dict[str, frozenset[str]] = {}
+        #: Per pod key: (resourceVersion, its booking), so a sync decodes only changed pods.
+        self._bookings: dict[str, tuple[str, PodBooking | None]] = {}
+        self._scheduled = False
+        self._unknown_logged = False
+
+    def watch(self) -> None:
+        """Re-judge after every pod event of the node (coalesced into one sync per loop turn)."""
+        self.pods.pod_cache.add_handlers(
+            on_add=lambda _pod: self.poke(),
+            on_update=lambda _old, _new: self.poke(),
+            on_delete=lambda _pod: self.poke(),
+        )
+
+    def poke(self) -> None:
+        """Schedule one :meth:`sync` (several pokes in one loop turn make one)."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_sync)
+
+    def _scheduled_sync(self) -> None:
+        self._scheduled = False
+        self.sync()
+
+    def allocated(self, pod_key: str, ids: Iterable[str]) -> None:
+        """Allocate served ``pod_key`` these replica IDs (they are held from now on); re-judge."""
+        self._allocated[pod_key] = self._allocated.get(pod_key, frozenset()) | frozenset(ids)
+        self.sync()
+
+    def listed(self, held: Sequence[HeldPod]) -> None:
+        """kubelet's PodResources answer: the replicas each active pod holds; re-judge."""
+        self._listed = {
+            pod.key: frozenset(
+                i
+                for c in pod.containers
+                for ids in c.devices.get(self.resource_name, {}).values()
+                for i in ids
+            )
+            for pod in held
+        }
+        self.sync()
+
+    def sync(self) -> bool:
+        """Recompute the hidden replicas from the pods now on the node; whether kubelet's view changed."""
+        return self.inventory.set_hidden(self.hidden())
+
+    def _booking(self, pod: Mapping[str, Any]) -> PodBooking | None:
+        key, version = objects.namespaced_key(pod), objects.resource_version(pod)
+        known = self._bookings.get(key)
+        if known is not None and known[0] == version and version:
+            return known[1]
+        booking = pod_booking(pod, self.resource_name)
+        self._bookings[key] = (version, booking)
+        return booking
+
+    def hidden(self) -> dict[str, frozenset[str]]:
+        """The replicas to hide now, by GPU UUID (empty when nothing may be hidden)."""
+        mem: Counter[str] = Counter()
+        cores: Counter[str] = Counter()
+        needs: Counter[str] = Counter()
+        live: set[str] = set()
+        holders: set[str] = set()
+        for pod in self.pods.pods():
+            if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+                continue
+            key = objects.namespaced_key(pod)
+            live.add(key)
+            booking = self._booking(pod)
+            if booking is None:
+                return {}  # an allocation that cannot be read: its GPUs' room is not known
+            needs.update(booking.pending)
+            if not booking.holds:
+                continue  # not admitted yet: its GPUs keep every free replica (see the module)
+            holders.add(key)
+            for uuid, amount in booking.usage.items():
+                mem[uuid] += amount.mem
+                cores[uuid] += amount.cores
+        self._forget_gone(live)
+        held = self._held_ids(holders)
+        if held is None:
+            return {}
+        out: dict[str, frozenset[str]] = {}
+        for gpu in self.inventory.gpus:
+            facts = self.inventory.facts(gpu.uuid)
+            if facts is None or not no_room(mem[gpu.uuid], facts.memory_mib, cores[gpu.uuid], facts.cores):
+                continue
+            free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
+            out[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])
+        return out
+
+    def _forget_gone(self, live: set[str]) -> None:
+        for table in (self._allocated, self._listed, self._bookings):
+            for key in [k for k in table if k not in live]:
+                del table[key]
+
+    def _held_ids(self, holders: set[str]) -> frozenset[str] | None:
+        """Every replica a pod holds; None while a holder's replicas are not known (hide nothing)."""
+        unknown = sorted(k for k in holders if k not in self._allocated and k not in self._listed)
+        if unknown:
+            if not self._unknown_logged:
+                log.info("gpu_replicas_not_hidden_holders_unknown", pods=unknown[:5], count=len(unknown))
+                self._unknown_logged = True
+            return None
+        self._unknown_logged = False
+        return frozenset(
+            i for table in (self._allocated, self._listed) for ids in table.values() for i in ids
+        )
