@@ -258,7 +258,7 @@ class SimNode:
         #: The plugin's ``--hide-full-gpus`` (as :class:`~hamid.plugin.app.Plugin` wires it).
         self.room: ReplicaRoom | None = None
         if hides_full(hide_full_gpus, node_config.enable_numa_topology):
-            self.room = ReplicaRoom(self.inventory, self.pods, RESOURCE)
+            self.room = ReplicaRoom(self.inventory, self.pods.pods, RESOURCE)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
             kube,

@@ -153,8 +153,8 @@ class Plugin:
         #: Hides full GPUs' free replicas from kubelet (``--hide-full-gpus``); None: off.
         self.room: ReplicaRoom | None = None
         if hide_full_gpus and not self.inventory.is_mig:
-            self.room = ReplicaRoom(self.inventory, self.pods, setup.resource_name)
-            self.room.watch()
+            self.room = ReplicaRoom(self.inventory, self.pods.pods, setup.resource_name)
+            self.room.watch(self.pods.pod_cache)
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )

@@ -27,20 +27,21 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hamid.fit.replica_room import no_room
 from hamid.fit.usage import PodUsage, container_kinds, effective_pod_usage, init_containers_succeeded
+from hamid.kube.cache import PodCache
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
 from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
 from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.podresources_client import HeldPod
-from hamid.plugin.pods import NodePods
 
 log = get_logger("plugin.replica_room")
 
@@ -75,7 +76,10 @@ def pod_booking(pod: Mapping[str, Any], resource_name: str) -> PodBooking | None
 class ReplicaRoom:
     """Keeps the inventory's hidden replicas from the node's bookings (event-loop owned)."""
 
-    def __init__(self, inventory: GpuInventory, pods: NodePods, resource_name: str) -> None:
+    def __init__(
+        self, inventory: GpuInventory, pods: Callable[[], Iterable[PodBody]], resource_name: str
+    ) -> None:
+        """``pods``: the pods bound to the node now (:meth:`NodePods.pods`, own writes included)."""
         self.inventory = inventory
         self.pods = pods
         self.resource_name = resource_name
@@ -87,9 +91,9 @@ class ReplicaRoom:
         self._scheduled = False
         self._unknown_logged = False
 
-    def watch(self) -> None:
-        """Re-judge after every pod event of the node (coalesced into one sync per loop turn)."""
-        self.pods.pod_cache.add_handlers(
+    def watch(self, cache: PodCache) -> None:
+        """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn)."""
+        cache.add_handlers(
             on_add=lambda _pod: self.poke(),
             on_update=lambda _old, _new: self.poke(),
             on_delete=lambda _pod: self.poke(),
@@ -143,7 +147,7 @@ class ReplicaRoom:
         needs: Counter[str] = Counter()
         live: set[str] = set()
         holders: set[str] = set()
-        for pod in self.pods.pods():
+        for pod in self.pods():
             if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
                 continue
             key = objects.namespaced_key(pod)

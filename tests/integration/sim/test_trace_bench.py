@@ -7,10 +7,14 @@ drawn, and in every shuffled order the first two whole-GPU pods run on ``a`` and
 fail where GPU room is left only on ``b``, which lacks the CPUs. Allocated: 2 GPUs of 3 from 100 %
 arrived on, so 33.33 % unallocated at 100, 110 and 130 %.
 
-NUMA on, both pods on ``a`` are LS (Guaranteed, best-effort alignment) and only the first is
-aligned: the second's CPUs go to NUMA 0 again (kubelet still sees 19 of the whole-used GPU 0's 20
-replicas free there), hamid's filter finds no GPU room on the predicted NUMA node and falls back to
-GPU 1 (best-effort), and the refit to GPU 0 is refused (it is full): 50 % aligned, no refit.
+NUMA on, both pods on ``a`` are LS (Guaranteed, best-effort alignment). With the plugin's
+``--hide-full-gpus`` (on by default with NUMA) both are aligned: once the first runs, the
+whole-used GPU 0 reports its 19 free replicas Unhealthy, so kubelet's device hint is NUMA 1 alone,
+the second's CPUs go there, hamid predicted it and fits GPU 1: 100 % aligned, no refit. With
+``--hide-full-gpus off`` only the first is aligned: the second's CPUs go to NUMA 0 again (kubelet
+still sees 19 of GPU 0's 20 replicas free there), hamid's filter finds no GPU room on the predicted
+NUMA node and falls back to GPU 1 (best-effort), and the refit to GPU 0 is refused (it is full):
+50 % aligned, one refit refused.
 """
 
 from __future__ import annotations
@@ -58,15 +62,16 @@ def _trace(tmp_path: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("numa", "policies", "cpu_pods"),
+    ("numa", "policies", "cpu_pods", "hide"),
     [
-        ("off", "binpack/spread", "kube-scheduler"),
-        ("on", "spread/spread", "kube-scheduler"),
-        ("off", "fgd/fgd", "hamid"),
+        ("off", "binpack/spread", "kube-scheduler", "auto"),
+        ("on", "spread/spread", "kube-scheduler", "auto"),
+        ("on", "spread/spread", "kube-scheduler", "off"),
+        ("off", "fgd/fgd", "hamid", "auto"),
     ],
 )
 def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
-    tmp_path: Path, numa: str, policies: str, cpu_pods: str
+    tmp_path: Path, numa: str, policies: str, cpu_pods: str, hide: str
 ) -> None:
     """With ``--cpu-pods hamid`` the CPU-only pod goes through hamid's fgd filter: it strands no GPU
     on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so the gains tie and
@@ -74,16 +79,17 @@ def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
     nodes, pods = _trace(tmp_path)
     result = _run(
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
-        "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods,
+        "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods, "--hide-full-gpus", hide,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["seeds"] == [42, 43] and summary["cpu_pods"] == cpu_pods
+    assert summary["hide_full_gpus"] == hide
     for figures in summary["policies"].values():
-        _check(figures, numa)
+        _check(figures, numa, hiding=hide != "off")
 
 
-def _check(figures: dict[str, Any], numa: str) -> None:
+def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
     assert figures["pods"] == 6
     for arrived in (100, 110, 130):
         assert figures[f"unallocated_pct_at_{arrived}"] == pytest.approx(100 / 3)
@@ -96,9 +102,10 @@ def _check(figures: dict[str, Any], numa: str) -> None:
     assert figures["idle_gpus_stranded_without_cpu"] == 0
     if numa == "on":  # see the module docs
         assert figures["ls_gpu_pods_placed"] == 2
-        assert figures["ls_aligned_pct"] == figures["ls_one_numa_aligned_pct"] == 50.0
+        aligned = 100.0 if hiding else 50.0
+        assert figures["ls_aligned_pct"] == figures["ls_one_numa_aligned_pct"] == aligned
         assert figures["refits_moved"] == 0
-        assert figures["refits_refused"] == 1
+        assert figures["refits_refused"] == (0 if hiding else 1)
         assert figures["never_single_numa_pods"] == 0
     else:
         assert figures["ls_gpu_pods_placed"] == 0

@@ -1,0 +1,112 @@
+"""A full GPU's free replicas are hidden from kubelet, so an aligned pod lands where a GPU has room.
+
+A node with one GPU per NUMA node (16 CPUs each). ``full`` books all of GPU 0's memory (NUMA 0)
+and takes 2 exclusive CPUs there; NUMA 0 still has the CPUs for ``aligned`` (8 exclusive CPUs,
+best-effort alignment, 20000 MiB). kubelet counts replicas, not GPU room: while GPU 0 offers its
+free replicas, the Topology Manager puts ``aligned``'s CPUs on NUMA 0, where no GPU has room, and
+the pod runs unaligned on GPU 1 (the refit to NUMA 0 is refused). With ``--hide-full-gpus`` (on by
+default where the replicas carry NUMA topology) the plugin reports GPU 0's free replicas Unhealthy,
+kubelet's device hint is NUMA 1 alone, the pod's CPUs and GPU both land there, the scheduler
+predicted exactly that (its profile says the plugin hides), and no refit is needed. Everything is
+real: scheduler, plugin (unix-socket gRPC to the simulated kubelet), PodResources, API server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from hamid.model import annotations as ann
+from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, decode_profile
+from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until
+from hamidsim.demo import seed_pod
+from tests.e2e.helpers import NODE, uuids
+
+GPU0, GPU1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000000-0000-4000-8000-000000000001"
+SPLIT = 10
+RESOURCE = "nvidia.com/gpu"
+
+
+def _machine(directory: Path) -> Path:
+    """Two NUMA nodes of 16 CPUs (CPU 0 reserved), one 46 GB GPU on each."""
+    rows = [f"{cpu},{cpu},{numa},{numa}" for numa in (0, 1) for cpu in range(numa * 16, numa * 16 + 16)]
+    doc = {
+        "lscpu": "# CPU,Core,Socket,Node\n" + "\n".join(rows) + "\n",
+        "reservedCpus": "0",
+        "memory": "128Gi",
+        "devices": [
+            {"uuid": uuid, "index": i, "name": "NVIDIA L40S", "memoryMiB": 46068, "numa": i,
+             "pciBusId": f"00000000:{0x18 + i:02x}:00.0"}
+            for i, uuid in enumerate((GPU0, GPU1))
+        ],
+    }  # fmt: skip
+    path = directory / "two-numa-two-gpu.yaml"
+    path.write_text(yaml.safe_dump(doc), "utf-8")
+    return path
+
+
+def _options(tmp_path: Path, hide: str) -> ClusterOptions:
+    spec = NodeSpec(NODE, machine_file=_machine(tmp_path), topology_policy="restricted", split=SPLIT)
+    return ClusterOptions(nodes=(spec,), hide_full_gpus=hide)
+
+
+def _profile(cluster: SimCluster) -> str | None:
+    node = cluster.server.get("Node", None, NODE) or {}
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE)
+
+
+async def _fill_gpu0(cluster: SimCluster) -> None:
+    """``full``: all of GPU 0's memory and 2 exclusive CPUs of NUMA 0."""
+    await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+    full = seed_pod("full", alignment="", gpumem=None, gpumem_percentage=100)
+    full["metadata"]["annotations"][ann.USE_GPU_UUID] = GPU0
+    full["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    await cluster.create_pod(full)
+    await cluster.wait_settled("full", timeout=15)
+    admission = cluster.assignment("full")
+    assert admission is not None and admission.admitted
+    assert uuids(cluster.allocated("full")) == [GPU0] and admission.containers[0].numa_node == 0
+
+
+async def _run_aligned(cluster: SimCluster) -> tuple[int | None, list[str], int]:
+    """``aligned``'s kubelet NUMA node, the GPUs it runs on, and the NUMA node the scheduler predicted."""
+    await cluster.create_pod(seed_pod("aligned"))
+    await cluster.wait_settled("aligned", timeout=15)
+    admission = cluster.assignment("aligned")
+    assert admission is not None and admission.admitted
+    predicted = decode_prediction(cluster.annotations("aligned")[NUMA_PREDICTED])
+    (numa,) = predicted.containers[0].numa
+    return admission.containers[0].numa_node, uuids(cluster.allocated("aligned")), numa
+
+
+async def test_full_gpu_hidden_so_aligned_pod_gets_cpus_and_gpu_on_numa_1(tmp_path: Path) -> None:
+    async with SimCluster(_options(tmp_path, "auto")) as cluster:
+        kubelet = cluster.nodes[NODE].kubelet
+        await _fill_gpu0(cluster)
+        assert decode_profile(_profile(cluster)).hides_full == RESOURCE
+        # GPU 0's 9 free replicas hidden; the one ``full`` holds stays healthy: allocatable 1 + 10
+        await wait_until(lambda: kubelet.allocatable(RESOURCE) == 1 + SPLIT, 10, "GPU 0's replicas hidden")
+        numa, gpus, predicted = await _run_aligned(cluster)
+        assert (numa, gpus, predicted) == (1, [GPU1], 1)
+        admission = cluster.assignment("aligned")
+        assert admission is not None and admission.containers[0].cpus <= frozenset(range(16, 32))
+        assert cluster.refit_calls("aligned") == []
+        assert cluster.booked_usage() == cluster.annotated_usage()
+        # allocatable never below what the pods hold; GPU 0 re-offers its replicas once freed
+        assert kubelet.allocatable(RESOURCE) >= 2
+        await cluster.delete_pod("full")
+        await wait_until(
+            lambda: kubelet.allocatable(RESOURCE) == 2 * SPLIT, 10, "GPU 0's replicas re-offered"
+        )
+
+
+async def test_without_hiding_the_aligned_pod_runs_off_its_cpus_numa_node(tmp_path: Path) -> None:
+    """The same stage with ``--hide-full-gpus=off``: the behaviour the option fixes."""
+    async with SimCluster(_options(tmp_path, "off")) as cluster:
+        await _fill_gpu0(cluster)
+        assert decode_profile(_profile(cluster)).hides_full is None
+        numa, gpus, predicted = await _run_aligned(cluster)
+        assert (numa, gpus, predicted) == (0, [GPU1], 0)
+        assert [c.outcome for c in cluster.refit_calls("aligned")] == ["unaligned"]
+        assert cluster.nodes[NODE].kubelet.allocatable(RESOURCE) == 2 * SPLIT

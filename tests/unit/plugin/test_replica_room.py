@@ -1,0 +1,163 @@
+"""``--hide-full-gpus``: which replicas the plugin hides from kubelet, and which it never hides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, encode_pod_devices
+from hamid.model.devices import ContainerDevice, PodDevices
+from hamid.model.nodeconfig import NodeConfig
+from hamid.options import OptionError
+from hamid.plugin.discovery import PhysicalGpu
+from hamid.plugin.inventory import GpuInventory
+from hamid.plugin.options import PluginOptions, hides_full
+from hamid.plugin.podresources_client import HeldContainer, HeldPod
+from hamid.plugin.replica_room import ReplicaRoom
+from hamid.plugin.service import HEALTHY, list_response
+from tests.builders import container, pod
+
+RESOURCE = "nvidia.com/gpu"
+SPLIT = 4
+G0, G1 = "GPU-0", "GPU-1"  # 16384 MiB, 100 cores each; NUMA 0 and 1
+
+
+def _inventory() -> GpuInventory:
+    gpus = [PhysicalGpu(G0, 0, "T4", 16384, 0, ""), PhysicalGpu(G1, 1, "T4", 16384, 1, "")]
+    return GpuInventory(gpus, NodeConfig(device_split_count=SPLIT, enable_numa_topology=True))
+
+
+def _gpu_pod(
+    name: str, uuid: str, mem: int, cores: int, *, pending: bool = False, phase: str = "Running"
+) -> Any:
+    """A hamid pod booked on ``uuid``: admitted (Allocate consumed its entry) unless ``pending``."""
+    devices: PodDevices = ((ContainerDevice(uuid, "NVIDIA", mem, cores),),)
+    notes = {
+        DEVICES_ALLOCATED: encode_pod_devices(devices),
+        DEVICES_TO_ALLOCATE: encode_pod_devices(devices if pending else ((),)),
+    }
+    limits = {RESOURCE: 1}
+    return pod(
+        name, node="n1", annotations=notes, containers=[container(limits=limits)], status={"phase": phase}
+    )
+
+
+class Node:
+    """The node's pods, as the plugin's pod cache lists them."""
+
+    def __init__(self) -> None:
+        self.pods: list[Any] = []
+        self.inventory = _inventory()
+        self.room = ReplicaRoom(self.inventory, lambda: list(self.pods), RESOURCE)
+
+    def healthy(self, uuid: str) -> set[str]:
+        return {
+            d.ID
+            for d in list_response(self.inventory).devices
+            if d.ID.startswith(uuid) and d.health == HEALTHY
+        }
+
+
+def test_a_full_gpu_hides_its_free_replicas_but_never_the_held_ones() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 30))  # all of G0's memory
+    node.room.allocated("default/a", [f"{G0}-2"])  # kubelet gave it replica 2
+    assert node.healthy(G0) == {f"{G0}-2"}
+    assert len(node.healthy(G1)) == SPLIT
+    # kubelet's allocatable (the healthy count) covers what the pods hold
+    assert len(node.healthy(G0)) + len(node.healthy(G1)) >= 1
+
+
+def test_cores_alone_make_a_gpu_full_and_shares_with_room_keep_every_replica() -> None:
+    node = Node()
+    node.pods += [_gpu_pod("a", G0, 1000, 60), _gpu_pod("b", G0, 1000, 30), _gpu_pod("c", G1, 8000, 99)]
+    node.room.allocated("default/a", [f"{G0}-0"])
+    node.room.allocated("default/b", [f"{G0}-1"])
+    node.room.allocated("default/c", [f"{G1}-0"])
+    assert len(node.healthy(G0)) == SPLIT and len(node.healthy(G1)) == SPLIT  # 90 and 99 cores: room
+    node.pods.append(_gpu_pod("d", G0, 1000, 10))
+    node.room.allocated("default/d", [f"{G0}-3"])
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1", f"{G0}-3"}
+
+
+def test_a_pending_booking_keeps_its_gpus_replicas_until_it_is_admitted() -> None:
+    """A bound pod kubelet has not admitted yet books room on a GPU that had room: every free
+    replica stays (kubelet sizes its hints as without hiding); once Allocate served it, they go."""
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 100, pending=True))
+    node.room.sync()
+    assert len(node.healthy(G0)) == SPLIT
+    node.pods[0] = _gpu_pod("a", G0, 16384, 100)
+    node.room.allocated("default/a", [f"{G0}-0"])
+    assert node.healthy(G0) == {f"{G0}-0"}
+
+
+def test_a_pending_booking_on_a_gpu_without_room_keeps_the_replica_it_needs() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 4096, 100))  # every core of G0
+    node.room.allocated("default/a", [f"{G0}-0"])
+    assert node.healthy(G0) == {f"{G0}-0"}
+    node.pods.append(_gpu_pod("b", G0, 4096, 0, pending=True))  # no cores: it still fits G0
+    node.room.sync()
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"}
+
+
+def test_a_freed_gpu_re_offers_its_replicas_and_wakes_list_and_watch() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 100))
+    node.room.allocated("default/a", [f"{G0}-0"])
+    generation = node.inventory.generation
+    node.pods[0] = _gpu_pod("a", G0, 16384, 100, phase="Succeeded")
+    assert node.room.sync()
+    assert node.inventory.generation > generation
+    assert len(node.healthy(G0)) == SPLIT
+    assert not node.room.sync()  # nothing changed: no update sent
+
+
+def test_nothing_is_hidden_while_a_holder_s_replicas_are_unknown() -> None:
+    """After a restart the plugin does not know what admitted pods hold until PodResources was read:
+    hiding a held replica would shrink kubelet's allocatable below the pods' requests."""
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 100))
+    node.room.sync()
+    assert len(node.healthy(G0)) == SPLIT
+    held = HeldPod("default", "a", (HeldContainer("main", frozenset(), {RESOURCE: {0: (f"{G0}-3",)}}),))
+    node.room.listed([held])
+    assert node.healthy(G0) == {f"{G0}-3"}
+
+
+def test_xid_unhealthiness_stays_when_room_comes_back() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G1, 16384, 100))
+    node.room.allocated("default/a", [f"{G1}-0"])
+    node.inventory.mark_unhealthy(G1, "XID 79")
+    node.pods.clear()
+    node.room.sync()
+    assert node.healthy(G1) == set()
+
+
+def test_an_undecodable_allocation_hides_nothing() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 100))
+    node.room.allocated("default/a", [f"{G0}-0"])
+    bad = _gpu_pod("b", G1, 1, 1)
+    bad["metadata"]["annotations"][DEVICES_ALLOCATED] = "not,an;allocation"
+    node.pods.append(bad)
+    node.room.sync()
+    assert len(node.healthy(G0)) == SPLIT
+
+
+@pytest.mark.parametrize(
+    ("setting", "numa", "on"),
+    [("auto", True, True), ("auto", False, False), ("on", False, True), ("off", True, False)],
+)
+def test_the_setting_is_on_by_default_where_numa_topology_is_reported(
+    setting: str, numa: bool, on: bool
+) -> None:
+    assert hides_full(setting, numa) is on
+
+
+def test_a_bad_setting_is_refused() -> None:
+    with pytest.raises(OptionError, match="--hide-full-gpus"):
+        PluginOptions(node_name="n1", hide_full_gpus="sometimes")

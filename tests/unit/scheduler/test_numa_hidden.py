@@ -1,0 +1,58 @@
+"""The scheduler follows the plugin's ``--hide-full-gpus``: it predicts with the replicas kubelet sees."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hamid.fit.numa_fit import pod_shape
+from hamid.fit.numa_predict import Outcome
+from hamid.model import annotations as ann
+from hamid.model.numa import NUMA_PROFILE, decode_profile, encode_profile
+from hamid.scheduler.core import Scheduler
+from tests.unit.scheduler.test_numa_ledger import GPU, _gpus_of, _node, _plan, _pod, _scheduler
+
+
+def _hiding_node() -> dict[str, Any]:
+    node = _node()
+    notes = node["metadata"]["annotations"]
+    profile = decode_profile(notes[NUMA_PROFILE])
+    notes[NUMA_PROFILE] = encode_profile(dataclasses.replace(profile, hides_full=GPU))
+    return node
+
+
+def _numa(prediction: Any) -> set[int]:
+    assert prediction is not None and prediction.outcome is Outcome.PLACED
+    return set(prediction.containers[0].numa)
+
+
+def _fill_gpu0(scheduler: Scheduler) -> None:
+    """``full``: one CPU and all 8000 MiB of GPU 0 (NUMA 0), planned and booked as the filter does."""
+    p = _pod("full", cpus=1, mem=8000)
+    node, fitted, _, numa = _plan(scheduler, p)
+    assert node == "n1" and _gpus_of(fitted) == ["n1-g0"]
+    scheduler.ledger.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
+    scheduler.numa.book("uid-full", node, numa.predictions[node], p)
+
+
+def test_a_full_gpu_moves_the_prediction_and_the_fit_to_the_other_numa_node() -> None:
+    """NUMA 0 still has the CPUs: where the plugin hides full GPUs' free replicas, kubelet's device
+    hint is NUMA 1 alone, so the prediction and the GPU are there (aligned); elsewhere kubelet
+    keeps NUMA 0 and the GPU can only be an unaligned fallback on NUMA 1."""
+    for node, want in ((_hiding_node(), {1}), (_node(), {0})):
+        scheduler, _ = _scheduler(node)
+        _fill_gpu0(scheduler)
+        chosen, fitted, _failed, numa = _plan(scheduler, _pod("b", cpus=2))
+        assert chosen == "n1" and _gpus_of(fitted) == ["n1-g1"]
+        assert _numa(numa.predictions["n1"]) == want
+
+
+def test_the_memo_tells_hidden_replicas_apart() -> None:
+    scheduler, _ = _scheduler(_hiding_node())
+    _fill_gpu0(scheduler)
+    ledgers, usage = scheduler.numa, scheduler.state.inventory.nodes["n1"].usage
+    p = _pod("b", cpus=2)
+    seen = ledgers.predict("n1", p, pod_shape(p), "uid-b")  # no usage: nothing known hidden
+    hidden = ledgers.predict("n1", p, pod_shape(p), "uid-b", usage)
+    assert _numa(seen) == {0} and _numa(hidden) == {1}
+    assert ledgers.hidden("n1", usage) == {0: 9}
