@@ -105,6 +105,10 @@ class GpuInventory:
             )
         return out
 
+    def is_healthy(self, uuid: str) -> bool:
+        """Whether an advertised GPU is healthy (XID health; hidden replicas aside)."""
+        return self._healthy.get(uuid, False)
+
     def hidden(self, uuid: str) -> frozenset[str]:
         """The replicas of a GPU hidden for want of room (empty: none)."""
         return self._hidden.get(uuid, frozenset())

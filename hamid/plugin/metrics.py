@@ -258,15 +258,17 @@ class _StateCollector(Collector):
         replicas = GaugeMetricFamily(
             "hamid_plugin_gpu_replicas", "Replicas (vGPU slots) advertised to kubelet.", labels=gpu_labels
         )
-        states = {r.uuid: r.healthy for r in m.inventory.replicas()}
-        counts: dict[str, int] = {}
-        for replica in m.inventory.replicas():
-            counts[replica.uuid] = counts.get(replica.uuid, 0) + 1
+        hidden = GaugeMetricFamily(
+            "hamid_plugin_gpu_replicas_hidden",
+            "Free replicas reported Unhealthy to kubelet while the GPU has no room (--hide-full-gpus).",
+            labels=gpu_labels,
+        )
         for gpu in m.inventory.gpus:
             values = [gpu.uuid, str(gpu.index), str(gpu.numa if gpu.numa is not None else -1)]
-            healthy.add_metric(values, 1.0 if states.get(gpu.uuid) else 0.0)
-            replicas.add_metric(values, counts.get(gpu.uuid, 0))
-        yield from (healthy, replicas)
+            healthy.add_metric(values, 1.0 if m.inventory.is_healthy(gpu.uuid) else 0.0)
+            replicas.add_metric(values, len(m.inventory.replica_ids(gpu.uuid)))
+            hidden.add_metric(values, len(m.inventory.hidden(gpu.uuid)))
+        yield from (healthy, replicas, hidden)
         kubelet = m.kubelet
         yield _gauge(
             "hamid_plugin_kubelet_registered",

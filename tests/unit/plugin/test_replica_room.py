@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, encode_pod_devices
 from hamid.model.devices import ContainerDevice, PodDevices
@@ -12,6 +13,7 @@ from hamid.model.nodeconfig import NodeConfig
 from hamid.options import OptionError
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.inventory import GpuInventory
+from hamid.plugin.metrics import PluginMetrics
 from hamid.plugin.options import PluginOptions, hides_full
 from hamid.plugin.podresources_client import HeldContainer, HeldPod
 from hamid.plugin.replica_room import ReplicaRoom
@@ -67,6 +69,18 @@ def test_a_full_gpu_hides_its_free_replicas_but_never_the_held_ones() -> None:
     assert len(node.healthy(G1)) == SPLIT
     # kubelet's allocatable (the healthy count) covers what the pods hold
     assert len(node.healthy(G0)) + len(node.healthy(G1)) >= 1
+
+
+def test_the_metrics_count_hidden_replicas_and_keep_the_gpu_healthy() -> None:
+    node = Node()
+    node.pods.append(_gpu_pod("a", G0, 16384, 30))
+    node.room.allocated("default/a", [f"{G0}-2"])
+    metrics = PluginMetrics(node.inventory, hook_path="/nonexistent")
+    text = generate_latest(metrics.registry).decode()
+    labels = f'device_index="0",device_uuid="{G0}",numa="0"'
+    assert f"hamid_plugin_gpu_replicas_hidden{{{labels}}} 3.0" in text
+    assert f"hamid_plugin_gpu_healthy{{{labels}}} 1.0" in text  # XID health, not room
+    assert f"hamid_plugin_gpu_replicas{{{labels}}} 4.0" in text
 
 
 def test_cores_alone_make_a_gpu_full_and_shares_with_room_keep_every_replica() -> None:
