@@ -58,7 +58,7 @@ from replay.pods import (  # noqa: E402
 
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
-from hamid.plugin.options import HIDE_FULL_CHOICES  # noqa: E402
+from hamid.plugin.options import AUTO_HIDE_RULE, HIDE_CHOICES  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings, freeze_heap  # noqa: E402
 from hamidsim.apiserver.patch import json_patch  # noqa: E402
 from hamidsim.kube_scheduler import default_scores, pod_requests, select_host  # noqa: E402
@@ -303,17 +303,17 @@ async def replay_one(
     seed: int,
     limit: int | None = None,
     cpu_pods: str = CPU_PODS_DEFAULT,
-    hide_full_gpus: str = "auto",
+    hide_replicas: str = "auto",
 ) -> dict[str, Any]:
     """Replay the trace once (one policy, one seed; the first ``limit`` arrivals only); its figures.
 
     ``cpu_pods``: ``hamid`` runs the scheduler with ``--schedule-cpu-pods`` (CPU-only pods go
     through hamid's filter too), ``kube-scheduler`` leaves them to the default profile.
-    ``hide_full_gpus``: the plugin's ``--hide-full-gpus``."""
+    ``hide_replicas``: the plugin's ``--hide-replicas``."""
     capacity = sum(n.gpus for n in nodes) * MILLI
     sequence = arrivals(pods, capacity, seed)[:limit]
     with tempfile.TemporaryDirectory(prefix="hamid-trace-", dir=_SCRATCH) as hook:
-        cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_full_gpus)
+        cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_replicas)
         await cluster.start()
         freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
         shapes = ShapeCheck(list(cluster.nodes.values()))
@@ -476,11 +476,11 @@ def _arguments() -> argparse.Namespace:
         f"--schedule-cpu-pods (default {CPU_PODS_DEFAULT})",
     )
     parser.add_argument(
-        "--hide-full-gpus",
-        choices=HIDE_FULL_CHOICES,
+        "--hide-replicas",
+        choices=HIDE_CHOICES,
         default="auto",
-        help="the plugin's --hide-full-gpus: report a full GPU's free replicas Unhealthy to kubelet "
-        "(default auto: on with NUMA)",
+        help="the plugin's --hide-replicas: which free GPU replicas it reports Unhealthy to kubelet "
+        f"(default auto: {AUTO_HIDE_RULE} with NUMA)",
     )
     parser.add_argument("--plot", type=Path, help="draw the curves (and the published ones) into this PNG")
     parser.add_argument(
@@ -507,11 +507,11 @@ def main() -> None:
     print(
         f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} trace pods; arrivals to "
         f"{INFLATION:.0%} of the GPUs; NUMA {args.numa}; seeds {args.seeds}; "
-        f"CPU-only pods by {args.cpu_pods}; --hide-full-gpus {args.hide_full_gpus}",
+        f"CPU-only pods by {args.cpu_pods}; --hide-replicas {args.hide_replicas}",
         flush=True,
     )
     jobs = [
-        (nodes, pods, args.numa, policy, seed, args.limit, args.cpu_pods, args.hide_full_gpus)
+        (nodes, pods, args.numa, policy, seed, args.limit, args.cpu_pods, args.hide_replicas)
         for policy in policies
         for seed in seeds
     ]
@@ -532,7 +532,7 @@ def main() -> None:
         "numa": args.numa,
         "seeds": seeds,
         "cpu_pods": args.cpu_pods,
-        "hide_full_gpus": args.hide_full_gpus,
+        "hide_replicas": args.hide_replicas,
         "peak_rss_mib": max(peak_rss_mib(), children),
     }
     summary["policies"] = {p: {k: v for k, v in f.items() if k != "curve"} for p, f in results.items()}

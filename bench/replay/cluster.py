@@ -41,6 +41,7 @@ from hamid.model.numa import (
     NUMA_PROFILE,
     CpuInfo,
     KubeletPolicies,
+    ReplicaHiding,
     encode_placement,
     encode_profile,
 )
@@ -52,7 +53,7 @@ from hamid.plugin.hamicore_answer import HamiCoreSettings
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import NumaMismatchPolicy, log_mismatch
 from hamid.plugin.numa_publisher import build_profile, holds_anything, placement_of
-from hamid.plugin.options import hides_full
+from hamid.plugin.options import hide_rule
 from hamid.plugin.podresources_client import NO_TOPOLOGY, HeldContainer, HeldPod
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitRefused
@@ -119,9 +120,9 @@ class NumaLayout:
         topology = CpuTopology.from_numa(self.numa_cpus)
         return MachineInfo(numa_nodes_of(topology), self.reserved, topology, f"{memory_mib}Mi", MAX_PODS)
 
-    def profile(self, topology_policy: str, hides_full: str | None = None) -> str:
+    def profile(self, topology_policy: str, hide_replicas: ReplicaHiding | None = None) -> str:
         """The ``hamid.io/numa-profile`` the plugin's NUMA publisher writes for this node
-        (``hides_full``: the resource whose full GPUs' free replicas the plugin hides)."""
+        (``hide_replicas``: which free replicas the plugin hides)."""
         infos = tuple(
             sorted(
                 (CpuInfo(cpu, cpu, numa, numa) for numa, cpus in self.numa_cpus.items() for cpu in cpus),
@@ -131,7 +132,7 @@ class NumaLayout:
         topology = PluginCpuTopology(tuple(sorted(self.numa_cpus)), infos, None)
         policies = KubeletPolicies(cpu_manager_policy="static", topology_manager_policy=topology_policy)
         allocatable = frozenset(c.cpu for c in infos) - self.reserved
-        content = build_profile(topology, policies, allocatable, hides_full=hides_full)
+        content = build_profile(topology, policies, allocatable, hide_replicas=hide_replicas)
         return encode_profile(dataclasses.replace(content, generation=1, observed_at=int(time.time())))
 
 
@@ -214,7 +215,7 @@ class SimNode:
         numa: str,
         hook_path: str,
         refit: LocalRefitClient | None,
-        hide_full_gpus: str = "auto",
+        hide_replicas: str = "auto",
     ) -> None:
         self.trace = trace
         self.name = trace.name
@@ -255,10 +256,11 @@ class SimNode:
         self.gpu_numa = {g.uuid: self.layout.gpu_numa[g.index] for g in gpus}
         kube = cast(KubeClient, api)  # MemoryApi has the KubeClient verbs the plugin calls
         self.pods = NodePods(kube, self.name)
-        #: The plugin's ``--hide-full-gpus`` (as :class:`~hamid.plugin.app.Plugin` wires it).
+        #: The plugin's ``--hide-replicas`` (as :class:`~hamid.plugin.app.Plugin` wires it).
         self.room: ReplicaRoom | None = None
-        if hides_full(hide_full_gpus, node_config.enable_numa_topology):
-            self.room = ReplicaRoom(self.inventory, self.pods.pods, RESOURCE)
+        rule = hide_rule(hide_replicas, node_config.enable_numa_topology)
+        if rule is not None:
+            self.room = ReplicaRoom(self.inventory, self.pods.pods, RESOURCE, rule)
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
             kube,
@@ -292,14 +294,15 @@ class SimNode:
         """(milli-CPU, memory bytes, pods) as kubelet's node status reports them."""
         return self.layout.cpus * MILLI, self.trace.memory_mib * MIB, MAX_PODS
 
-    def node_object(self, profiles: dict[tuple[int, int, bool], str]) -> JSON:
+    def node_object(self, profiles: dict[tuple[int, int, str | None], str]) -> JSON:
         """The Node as the API holds it once kubelet and the plugin registered it (``profiles``:
         the NUMA profiles encoded so far, by CPUs and NUMA nodes: nodes alike share one)."""
         annotations = {ann.NODE_REGISTER: ann.encode_node_devices(self.inventory.device_infos())}
         if self.topology_policy != "none":
-            shape = (self.layout.cpus, len(self.layout.numa_cpus), self.room is not None)
+            rule = self.room.rule if self.room is not None else None
+            shape = (self.layout.cpus, len(self.layout.numa_cpus), rule)
             if shape not in profiles:
-                hides = RESOURCE if self.room is not None else None
+                hides = ReplicaHiding(RESOURCE, rule) if rule is not None else None
                 profiles[shape] = self.layout.profile(self.topology_policy, hides)
             annotations[NUMA_PROFILE] = profiles[shape]
         amounts = {
@@ -370,7 +373,7 @@ class Cluster:
         gpu_policy: str,
         hook_path: str,
         cpu_pods: bool = False,
-        hide_full_gpus: str = "auto",
+        hide_replicas: str = "auto",
     ) -> None:
         self.api = MemoryApi()
         self.numa = numa
@@ -381,9 +384,7 @@ class Cluster:
         self.refit: LocalRefitClient | None = None
         if numa != "off":
             self.refit = LocalRefitClient(RefitService(self.scheduler, _TrustedNode()))
-        self.nodes = {
-            n.name: SimNode(n, self.api, numa, hook_path, self.refit, hide_full_gpus) for n in nodes
-        }
+        self.nodes = {n.name: SimNode(n, self.api, numa, hook_path, self.refit, hide_replicas) for n in nodes}
         self.names = tuple(self.nodes)
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
         #: kube-scheduler's NodeResourcesFit over ``kube`` (pods bound and gone go through it).
@@ -392,7 +393,7 @@ class Cluster:
 
     async def start(self) -> None:
         """Register every node, then run and sync the scheduler's and the plugins' watch caches."""
-        profiles: dict[tuple[int, int, bool], str] = {}
+        profiles: dict[tuple[int, int, str | None], str] = {}
         for node in self.nodes.values():
             self.api.put_node(node.node_object(profiles))
         caches = [self.scheduler.pods, self.scheduler.nodes, self.scheduler.quotas]

@@ -25,6 +25,7 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from hamid.fit.node_room import CpuMem
+from hamid.fit.replica_room import hides
 from hamid.model.errors import InvalidInput
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import ContainerDeviceRequest
@@ -90,9 +91,9 @@ class NodeState(NamedTuple):
     models: tuple[str, ...]
     #: Exclusive CPUs and GPU replicas per NUMA node, by NUMA id; None: no NUMA knowledge.
     numa: tuple[NumaRoom, ...] | None = None
-    #: Whether the node's plugin hides the free replicas of a GPU with no room from kubelet
-    #: (:mod:`hamid.fit.replica_room`; ``numa`` then counts only the replicas kubelet sees).
-    hides_full: bool = False
+    #: The rule by which the node's plugin hides free replicas from kubelet (None: it does not;
+    #: :mod:`hamid.fit.replica_room`; ``numa`` then counts only the replicas kubelet sees).
+    hide: str | None = None
 
     @classmethod
     def of(
@@ -101,7 +102,7 @@ class NodeState(NamedTuple):
         memory: int,
         gpus: Iterable[Gpu],
         numa: tuple[NumaRoom, ...] | None = None,
-        hides_full: bool = False,
+        hide: str | None = None,
     ) -> NodeState:
         """A state from its GPUs."""
         listed = tuple(gpus)
@@ -112,7 +113,7 @@ class NodeState(NamedTuple):
             tuple(g.numa for g in listed),
             tuple(g.model for g in listed),
             numa,
-            hides_full,
+            hide,
         )
 
 
@@ -343,25 +344,41 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
                 free=max(room.free - pod.exclusive, 0), replicas=max(room.replicas - pod.gpus, 0)
             )
             numa = (*numa[:home], taken, *numa[home + 1 :])
-    if numa is not None and node.hides_full:
-        numa = _hide_filled(node, numa, frees, gpus)
+    if numa is not None and node.hide is not None:
+        numa = _rehide(node, numa, frees)
     return node._replace(
         cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
     )
 
 
-def _hide_filled(
-    node: NodeState, numa: tuple[NumaRoom, ...], frees: Sequence[int], gpus: tuple[int, ...]
-) -> tuple[NumaRoom, ...]:
-    """Where the plugin hides full GPUs' free replicas: a NUMA node none of whose GPUs has room
-    left once the pod's GPUs filled offers kubelet no replica (a model: with room left somewhere
-    there, its count stays as booked)."""
-    for i in gpus:
-        n = node.numas[i]
-        filled = frees[i] <= 0 < node.frees[i] and 0 <= n < len(numa) and numa[n].replicas > 0
-        if filled and not any(f > 0 for f, m in zip(frees, node.numas, strict=True) if m == n):
-            numa = (*numa[:n], numa[n]._replace(replicas=0), *numa[n + 1 :])
-    return numa
+def _rehide(node: NodeState, numa: tuple[NumaRoom, ...], frees: Sequence[int]) -> tuple[NumaRoom, ...]:
+    """The replicas kubelet sees per NUMA node once the GPUs' free milli-GPU went from
+    ``node.frees`` to ``frees``, where the plugin hides them by ``node.hide``: a NUMA node whose
+    last offering GPU got hidden (no room left; under ``busy`` also made busy while an idle GPU
+    remains) offers none; one whose GPUs are offered again (the last idle GPU went away) offers at
+    least one replica per such GPU. (A model: the replicas of a GPU are not in the state, so a
+    NUMA node that keeps an offering GPU keeps its count.)"""
+    before = _offering(node.frees, node.numas, node.hide, len(numa))
+    now = _offering(frees, node.numas, node.hide, len(numa))
+    out = list(numa)
+    for n, (was, offers) in enumerate(zip(before, now, strict=True)):
+        if was and not offers:
+            out[n] = out[n]._replace(replicas=0)
+        elif offers and not was:
+            out[n] = out[n]._replace(replicas=max(out[n].replicas, min(offers, REPLICAS_SEEN)))
+    return tuple(out)
+
+
+def _offering(frees: Sequence[int], numas: Sequence[int], hide: str | None, count: int) -> list[int]:
+    """Per NUMA node, the GPUs whose free replicas kubelet sees (:func:`hides` on milli-GPU:
+    room is free > 0, idle is a whole GPU free)."""
+    idle_on_node = any(f >= WHOLE for f in frees)
+    out = [0] * count
+    for free, n in zip(frees, numas, strict=True):
+        seen = not hides(hide, room=free > 0, idle=free >= WHOLE, idle_on_node=idle_on_node)
+        if seen and 0 <= n < count:
+            out[n] += 1
+    return out
 
 
 def gain_steps(gain: float) -> float:

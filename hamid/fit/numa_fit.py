@@ -13,7 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
-from hamid.fit.replica_room import hides_free_replicas
+from hamid.fit.replica_room import hidden_by_gpu
 from hamid.fit.usage import NodeUsage
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
@@ -78,14 +78,18 @@ def offered_targets(prediction: Prediction, resource: str, count: int) -> NumaTa
     return tuple(offered.get(i) or None for i in range(count))
 
 
-def gpu_replicas(usage: NodeUsage, hides_full: bool = False) -> dict[str, tuple[int, int]]:
+def gpu_replicas(
+    usage: NodeUsage, hide: str | None = None, keep: Mapping[str, int] | None = None
+) -> dict[str, tuple[int, int]]:
     """Each GPU's NUMA bucket and free replicas (kubelet's free device IDs of it), for
-    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none, nor (where
-    the plugin hides them, ``hides_full``) a GPU with no room (:mod:`hamid.fit.replica_room`)."""
+    :class:`~hamid.fit.numa_predict.PluginView`; an unhealthy GPU offers kubelet none, nor those
+    the plugin hides by rule ``hide`` (:mod:`hamid.fit.replica_room`; ``keep``: replicas per GPU
+    a pending booking needs, which stay offered)."""
+    hidden = hidden_by_gpu(usage, hide, keep)
     return {
         d.id: (
             d.numa if d.numa >= 0 else NO_TOPOLOGY,
-            0 if not d.health or (hides_full and hides_free_replicas(d)) else max(d.count - d.used, 0),
+            max(d.count - d.used - hidden.get(d.id, 0), 0) if d.health else 0,
         )
         for d in usage.devices
     }

@@ -1,18 +1,28 @@
-"""Which GPU replicas kubelet sees: hamid's plugin hides the free replicas of a GPU with no room.
+"""Which GPU replicas kubelet sees: hamid's plugin hides some free replicas from it.
 
-kubelet counts device *replicas*, not the GPU room behind them: a GPU whose cores or memory are
-fully booked still offers its free replicas, so for an aligned pod the Topology Manager takes the
-lowest NUMA node with free CPUs and free replicas even when no GPU there has room. Where its NUMA
-profile says so (``hidesFull``), hamid's plugin reports the free replicas of such a GPU as
-Unhealthy while it has no room (replicas a container holds, or a pending booking needs, stay
-Healthy), and the scheduler's predictor and ``fgd`` count only the replicas kubelet can see. This
-module is the one definition of the rule both sides apply; pure, no I/O.
+kubelet counts device *replicas*, not the GPU room behind them: for an aligned pod the Topology
+Manager takes the lowest NUMA node with free CPUs and free replicas, even when no GPU there can
+take the pod. Where its NUMA profile says so (``hideReplicas``), hamid's plugin reports some free
+replicas as Unhealthy, by one of two rules:
+
+* ``full``: those of a GPU with no room (booked cores or memory at capacity);
+* ``busy``: those too of every partly booked GPU while the node has an idle one (healthy, nothing
+  booked), so an aligned pod's CPUs go to a NUMA node with an idle GPU whenever the node has one
+  (most aligned pods ask whole GPUs); once no GPU is idle, partly booked GPUs with room are offered
+  again and shares still fit.
+
+Replicas a container holds, or a pending booking needs, stay Healthy (the plugin's side). The
+scheduler's predictor and ``fgd`` count only the replicas kubelet can see. This module is the one
+definition of the rule both sides apply, each on the bookings it already uses; pure, no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
+from hamid.model.numa import HIDE_BUSY
 
 #: The NUMA bucket of replicas without topology (as :data:`hamid.fit.numa_predict.NO_TOPOLOGY`).
 _NO_TOPOLOGY = -1
@@ -24,19 +34,66 @@ def no_room(usedmem: int, totalmem: int, usedcores: int, totalcore: int) -> bool
     return 0 < totalmem <= usedmem or 0 < totalcore <= usedcores
 
 
-def hides_free_replicas(d: DeviceUsage) -> bool:
-    """Whether the plugin hides this GPU's free replicas (healthy, not MIG, no room left)."""
-    return d.health and d.mode != MODE_MIG and no_room(d.usedmem, d.totalmem, d.usedcores, d.totalcore)
+def is_idle(used: int, usedmem: int, usedcores: int) -> bool:
+    """Whether a GPU has no booking at all (no replica, memory or cores booked)."""
+    return used == 0 and usedmem == 0 and usedcores == 0
 
 
-def hidden_replicas(usage: NodeUsage) -> dict[int, int]:
-    """Free replicas per NUMA bucket that kubelet cannot see on a node whose plugin hides them
-    (those of the GPUs without room; a GPU's free replicas are its count less its bookings)."""
-    out: dict[int, int] = {}
+def hides(rule: str | None, *, room: bool, idle: bool, idle_on_node: bool) -> bool:
+    """Whether a healthy GPU's free replicas are hidden under ``rule`` (None: nothing hidden):
+    ``room``: it has room left; ``idle``: nothing booked on it; ``idle_on_node``: some healthy
+    GPU of the node has nothing booked."""
+    if rule is None:
+        return False
+    if not room:
+        return True
+    return rule == HIDE_BUSY and not idle and idle_on_node
+
+
+def _takes_part(d: DeviceUsage) -> bool:
+    """A healthy GPU not in MIG mode (MIG nodes never take part; unhealthy GPUs offer nothing)."""
+    return d.health and d.mode != MODE_MIG
+
+
+def idle_on_node(usage: NodeUsage) -> bool:
+    """Whether some healthy GPU of the node has nothing booked."""
+    return any(_takes_part(d) and is_idle(d.used, d.usedmem, d.usedcores) for d in usage.devices)
+
+
+def hides_free_replicas(d: DeviceUsage, rule: str | None, idle_elsewhere: bool) -> bool:
+    """Whether the plugin hides this GPU's free replicas (``idle_elsewhere``: :func:`idle_on_node`)."""
+    return _takes_part(d) and hides(
+        rule,
+        room=not no_room(d.usedmem, d.totalmem, d.usedcores, d.totalcore),
+        idle=is_idle(d.used, d.usedmem, d.usedcores),
+        idle_on_node=idle_elsewhere,
+    )
+
+
+def hidden_by_gpu(
+    usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Free replicas kubelet cannot see per GPU ID on a node whose plugin hides them by ``rule``
+    (a GPU's free replicas are its count less its bookings; ``keep``: per GPU ID, the replicas a
+    pending booking still needs, which the plugin keeps Healthy)."""
+    out: dict[str, int] = {}
+    if rule is None:
+        return out
+    idle = idle_on_node(usage)
     for d in usage.devices:
-        if hides_free_replicas(d):
-            free = max(d.count - d.used, 0)
-            if free:
-                bucket = d.numa if d.numa >= 0 else _NO_TOPOLOGY
-                out[bucket] = out.get(bucket, 0) + free
+        if hides_free_replicas(d, rule, idle):
+            hidden = max(d.count - d.used - (keep or {}).get(d.id, 0), 0)
+            if hidden:
+                out[d.id] = hidden
+    return out
+
+
+def hidden_replicas(
+    usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
+) -> dict[int, int]:
+    """:func:`hidden_by_gpu` summed per NUMA bucket."""
+    numa = {d.id: d.numa if d.numa >= 0 else _NO_TOPOLOGY for d in usage.devices}
+    out: dict[int, int] = {}
+    for gpu, n in hidden_by_gpu(usage, rule, keep).items():
+        out[numa[gpu]] = out.get(numa[gpu], 0) + n
     return out

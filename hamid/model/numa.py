@@ -164,8 +164,22 @@ def parse_thread_groups(text: object, where: str) -> tuple[frozenset[int], ...]:
 _MEMORY_TYPE = re.compile(r"(?:memory|hugepages-[1-9][0-9]{0,9}(?:Ki|Mi|Gi|Ti|Pi|Ei)?)\Z")
 #: Format version of a profile that carries ``memory`` (readers of 1 to 3 refuse the field).
 PROFILE_MEMORY_VERSION = 4
-#: Format version of a profile that carries ``hidesFull`` (readers of 1 to 4 refuse the field).
-PROFILE_HIDES_FULL_VERSION = 5
+#: Format version of a profile that carries ``hideReplicas`` (readers of 1 to 4 refuse the field).
+PROFILE_HIDE_REPLICAS_VERSION = 5
+#: The rules by which hamid's device plugin hides free GPU replicas from kubelet
+#: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
+#: those of a partly booked GPU while the node has an idle one.
+HIDE_FULL, HIDE_BUSY = HIDE_RULES = ("full", "busy")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHiding:
+    """Which free replicas of ``resource`` hamid's device plugin reports Unhealthy, by ``rule``."""
+
+    resource: str
+    rule: str
+
+
 #: Format version of a placement or prediction whose containers carry ``memory``.
 POD_MEMORY_VERSION = 2
 
@@ -273,10 +287,10 @@ class NumaProfile:
     #: ``GetAllocatableResources``: capacity minus ``reservedMemory`` and, for regular memory, the
     #: hugepages); None when kubelet reports none (memory manager policy None).
     memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None = None
-    #: The resource whose GPUs' free replicas hamid's device plugin reports Unhealthy while the GPU
-    #: has no room (:mod:`hamid.fit.replica_room`); None: every free replica is offered (older
-    #: profiles, or the plugin's ``--hide-full-gpus=off``).
-    hides_full: str | None = None
+    #: The free GPU replicas hamid's device plugin reports Unhealthy to kubelet
+    #: (:mod:`hamid.fit.replica_room`); None: every free replica is offered (older profiles, or
+    #: the plugin's ``--hide-replicas=off``).
+    hide_replicas: ReplicaHiding | None = None
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
@@ -389,7 +403,7 @@ _PROFILE_KEYS = frozenset(
         "preferred",
         "uncore",
         "memory",
-        "hidesFull",
+        "hideReplicas",
     }
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
@@ -402,14 +416,14 @@ _FIELD_VERSIONS = {
     "preferred": PROFILE_PREFERRED_VERSION,
     "uncore": PROFILE_UNCORE_VERSION,
     "memory": PROFILE_MEMORY_VERSION,
-    "hidesFull": PROFILE_HIDES_FULL_VERSION,
+    "hideReplicas": PROFILE_HIDE_REPLICAS_VERSION,
 }
 PROFILE_VERSIONS = (
     FORMAT_VERSION,
     PROFILE_PREFERRED_VERSION,
     PROFILE_UNCORE_VERSION,
     PROFILE_MEMORY_VERSION,
-    PROFILE_HIDES_FULL_VERSION,
+    PROFILE_HIDE_REPLICAS_VERSION,
 )
 
 
@@ -459,8 +473,8 @@ def encode_profile(profile: NumaProfile) -> str:
         doc["uncore"] = {str(u): format_cpu_list(cpus) for u, cpus in sorted(by_uncore.items())}
     if profile.memory is not None:
         doc["memory"] = {str(n): dict(types) for n, types in profile.memory}
-    if profile.hides_full is not None:
-        doc["hidesFull"] = profile.hides_full
+    if profile.hide_replicas is not None:
+        doc["hideReplicas"] = {"resource": profile.hide_replicas.resource, "rule": profile.hide_replicas.rule}
     doc["v"] = profile_version(doc)
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
@@ -542,7 +556,7 @@ class _Topology:
     policies: KubeletPolicies
     preferred_allocation: str | None
     memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None
-    hides_full: str | None
+    hide_replicas: ReplicaHiding | None
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -556,7 +570,7 @@ class _Topology:
             self.policies,
             self.preferred_allocation,
             self.memory,
-            self.hides_full,
+            self.hide_replicas,
         )
 
 
@@ -629,8 +643,19 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         policies=_policies(doc.get("kubelet", {})),
         preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
         memory=_decode_memory(doc["memory"]) if "memory" in doc else None,
-        hides_full=want_str(doc["hidesFull"], f"{key}.hidesFull") if "hidesFull" in doc else None,
+        hide_replicas=_decode_hiding(doc["hideReplicas"]) if "hideReplicas" in doc else None,
     )
+
+
+def _decode_hiding(value: object) -> ReplicaHiding:
+    where = f"{NUMA_PROFILE}.hideReplicas"
+    doc = want_object(value, where)
+    if set(doc) != {"resource", "rule"}:
+        raise InvalidInput(f"{where}: must have exactly resource and rule")
+    rule = want_str(doc["rule"], f"{where}.rule")
+    if rule not in HIDE_RULES:
+        raise InvalidInput(f"{where}.rule: {rule!r} is not one of {', '.join(HIDE_RULES)}")
+    return ReplicaHiding(want_str(doc["resource"], f"{where}.resource"), rule)
 
 
 def _decode_memory(value: object) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:

@@ -39,7 +39,7 @@ from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
-from hamid.plugin.options import PluginOptions, hides_full
+from hamid.plugin.options import PluginOptions, hide_rule
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitClient, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
@@ -145,15 +145,15 @@ class Plugin:
         cleanup_interval: float = CLEANUP_INTERVAL_S,
         cleanup_min_age: float | None = None,
         numa_sources: NumaSources | None = None,
-        hide_full_gpus: bool = False,
+        hide_replicas: str | None = None,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
-        #: Hides full GPUs' free replicas from kubelet (``--hide-full-gpus``); None: off.
+        #: Hides free replicas from kubelet by the ``--hide-replicas`` rule; None: off.
         self.room: ReplicaRoom | None = None
-        if hide_full_gpus and not self.inventory.is_mig:
-            self.room = ReplicaRoom(self.inventory, self.pods.pods, setup.resource_name)
+        if hide_replicas is not None and not self.inventory.is_mig:
+            self.room = ReplicaRoom(self.inventory, self.pods.pods, setup.resource_name, hide_replicas)
             self.room.watch(self.pods.pod_cache)
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
@@ -188,6 +188,7 @@ class Plugin:
                 preferred_allocation=preferred,
                 on_prediction=self.metrics.numa_prediction,
                 on_held=self.room.listed if self.room is not None else None,
+                hide_rule=self.room.rule if self.room is not None else None,
             )
 
     def _allocator(self, client: KubeClient, hook_path: str, mismatch_handler: MismatchHandler) -> Allocator:
@@ -349,7 +350,7 @@ class PluginApp:
             cleanup_interval=timings.cleanup_interval,
             cleanup_min_age=timings.cleanup_min_age,
             numa_sources=sources,
-            hide_full_gpus=hides_full(options.hide_full_gpus, setup.config.enable_numa_topology),
+            hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology),
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -403,7 +404,7 @@ def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
         split=setup.config.device_split_count,
         numa_topology=setup.config.enable_numa_topology,
         preferred_allocation=setup.config.enable_get_preferred_allocation,
-        hide_full_gpus=hides_full(options.hide_full_gpus, setup.config.enable_numa_topology),
+        hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology) or "off",
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
     )

@@ -2,9 +2,9 @@
 
 Owned by the event loop: health changes arrive through :meth:`GpuInventory.mark_unhealthy` (the XID
 thread schedules it with ``loop.call_soon_threadsafe``) and wake every ``ListAndWatch`` stream and
-the registration loop. Apart from XID health (sticky), the free replicas of a GPU with no room may
-be hidden from kubelet (:meth:`GpuInventory.set_hidden`, kept by :mod:`hamid.plugin.replica_room`):
-they are reported Unhealthy until the GPU has room again.
+the registration loop. Apart from XID health (sticky), free replicas may be hidden from kubelet by
+the ``--hide-replicas`` rule (:meth:`GpuInventory.set_hidden`, kept by :mod:`hamid.plugin.replica_room`):
+they are reported Unhealthy while the rule says so.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class GpuInventory:
             ids = tuple(replica_id(gpu.uuid, i) for i in range(settings.device_split_count))
             self._replicas_of[gpu.uuid] = ids
             self._replica_uuid.update(dict.fromkeys(ids, gpu.uuid))
-        #: Replica IDs reported Unhealthy because their GPU has no room (by GPU UUID; not sticky).
+        #: Replica IDs reported Unhealthy by the ``--hide-replicas`` rule (by GPU UUID; not sticky).
         self._hidden: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
@@ -93,7 +93,7 @@ class GpuInventory:
 
     def replicas(self) -> list[Replica]:
         """Every replica kubelet sees, in GPU index order (topology only with enablenumatopology);
-        a replica of an unhealthy GPU, or a hidden one of a GPU with no room, is unhealthy."""
+        a replica of an unhealthy GPU, or one hidden by the ``--hide-replicas`` rule, is unhealthy."""
         out: list[Replica] = []
         for gpu in self.gpus:
             numa = gpu.numa if self.settings.enable_numa_topology else None
@@ -113,9 +113,9 @@ class GpuInventory:
         """The replicas of a GPU hidden for want of room (empty: none)."""
         return self._hidden.get(uuid, frozenset())
 
-    def set_hidden(self, hidden: Mapping[str, frozenset[str]]) -> bool:
-        """Hide exactly these replicas (by GPU UUID) for want of room, re-offering all others; wakes
-        watchers when what kubelet sees changed. Returns whether it changed."""
+    def set_hidden(self, hidden: Mapping[str, frozenset[str]], cause: str = "no room left") -> bool:
+        """Hide exactly these replicas (by GPU UUID; ``cause``: the rule, for the log), re-offering
+        all others; wakes watchers when what kubelet sees changed. Returns whether it changed."""
         wanted = {u: frozenset(ids) & frozenset(self._replicas_of.get(u, ())) for u, ids in hidden.items()}
         wanted = {u: ids for u, ids in wanted.items() if ids}
         if wanted == self._hidden:
@@ -123,7 +123,7 @@ class GpuInventory:
         for uuid in sorted(self._hidden.keys() | wanted.keys()):
             before, after = self._hidden.get(uuid, frozenset()), wanted.get(uuid, frozenset())
             if after and not before:
-                log.info("gpu_replicas_hidden", uuid=uuid, replicas=len(after), cause="no room left")
+                log.info("gpu_replicas_hidden", uuid=uuid, replicas=len(after), cause=cause)
             elif before and not after:
                 log.info("gpu_replicas_reoffered", uuid=uuid, replicas=len(before))
             elif before != after:

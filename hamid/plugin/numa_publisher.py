@@ -44,6 +44,7 @@ from hamid.model.numa import (
     KubeletPolicies,
     NumaProfile,
     PodPlacement,
+    ReplicaHiding,
     decode_prediction,
     decode_profile,
     encode_placement,
@@ -89,7 +90,7 @@ def build_profile(
     allocatable: frozenset[int],
     preferred_allocation: str | None = None,
     memory: Mapping[int, Mapping[str, int]] | None = None,
-    hides_full: str | None = None,
+    hide_replicas: ReplicaHiding | None = None,
 ) -> NumaProfile:
     """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
 
@@ -98,8 +99,8 @@ def build_profile(
     serves when it offers kubelet ``GetPreferredAllocation``. Uncore caches are carried only where
     kubelet reads them (``prefer-align-cpus-by-uncorecache``): elsewhere the profile keeps the format
     older schedulers read. ``memory``: the allocatable memory per NUMA node PodResources reports,
-    published under the Static memory manager policy only. ``hides_full``: the resource whose
-    full GPUs' free replicas this plugin reports Unhealthy (``--hide-full-gpus``).
+    published under the Static memory manager policy only. ``hide_replicas``: which free replicas
+    this plugin reports Unhealthy (``--hide-replicas``).
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
@@ -116,7 +117,7 @@ def build_profile(
         distances=topology.distances,
         policies=policies,
         preferred_allocation=preferred_allocation,
-        hides_full=hides_full,
+        hide_replicas=hide_replicas,
         memory=_profile_memory(memory) if policies.memory_manager_policy == "Static" else None,
     )
 
@@ -268,12 +269,14 @@ class NumaPublisher:
         preferred_allocation: bool = False,
         on_prediction: Callable[[str, str], None] = lambda _result, _cause: None,
         on_held: Callable[[Sequence[HeldPod]], None] | None = None,
+        hide_rule: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
-        #: Told what PodResources lists after each read; set when the plugin hides full GPUs'
-        #: free replicas (:class:`~hamid.plugin.replica_room.ReplicaRoom`), which the profile says.
+        #: Told what PodResources lists after each read; set when the plugin hides free replicas
+        #: (:class:`~hamid.plugin.replica_room.ReplicaRoom`) by ``hide_rule``, which the profile says.
         self.on_held = on_held
+        self.hide_rule = hide_rule
         self.preferred_allocation = preferred_allocation
         self.pods = pods
         self.node_name = pods.node_name
@@ -334,7 +337,7 @@ class NumaPublisher:
             self.on_held(held)
         try:
             preferred = self.resource_name if self.preferred_allocation else None
-            hides = self.resource_name if self.on_held is not None else None
+            hides = ReplicaHiding(self.resource_name, self.hide_rule) if self.hide_rule is not None else None
             content = build_profile(
                 self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory, hides
             )

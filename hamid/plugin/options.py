@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hamid.listen import OPTIONAL_LISTEN
+from hamid.model.numa import HIDE_FULL, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
 from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
@@ -56,14 +57,20 @@ REFIT_FLAGS = {
 }
 
 
-#: ``--hide-full-gpus`` values (``auto``: where the plugin reports NUMA topology to kubelet).
-HIDE_FULL_CHOICES = ("auto", "on", "off")
+#: ``--hide-replicas`` values: ``auto`` (:data:`AUTO_HIDE_RULE` where the plugin reports NUMA
+#: topology to kubelet, else off), ``off``, or a rule of :mod:`hamid.fit.replica_room`.
+HIDE_CHOICES = ("auto", "off", *HIDE_RULES)
+#: The rule ``auto`` applies: the one that left the fewest GPUs unallocated on the trace
+#: (docs/packing.md, "Full GPUs hidden from kubelet").
+AUTO_HIDE_RULE = HIDE_FULL
 
 
-def hides_full(setting: str, numa_topology: bool) -> bool:
-    """Whether ``--hide-full-gpus`` is in effect: ``on``; ``auto`` where the replicas carry NUMA
-    topology (kubelet aligns by replicas there, and a full GPU's free replicas mislead it)."""
-    return setting == "on" or (setting == "auto" and numa_topology)
+def hide_rule(setting: str, numa_topology: bool) -> str | None:
+    """The ``--hide-replicas`` rule in effect (None: off); ``auto`` hides where the replicas carry
+    NUMA topology (kubelet aligns by replicas there, and replicas of GPUs without room mislead it)."""
+    if setting == "auto":
+        return AUTO_HIDE_RULE if numa_topology else None
+    return setting if setting in HIDE_RULES else None
 
 
 def _resource_name(text: str) -> str | None:
@@ -136,13 +143,14 @@ class PluginOptions:
         "Where sysfs is mounted: CPU topology and NUMA nodes (devices/system/cpu, devices/system/node).",
         default="/sys",
     )
-    hide_full_gpus: str = option_field(
-        "Report the free replicas of a GPU whose cores or memory are fully booked as Unhealthy to "
-        "kubelet until it has room again (held replicas stay Healthy), so kubelet's Topology "
-        "Manager aligns pods with GPUs that have room: auto (on where the node config sets "
-        "enablenumatopology), on or off. Announced in hamid.io/numa-profile for the scheduler.",
+    hide_replicas: str = option_field(
+        "Report some free GPU replicas as Unhealthy to kubelet (held ones stay Healthy), so kubelet's "
+        "Topology Manager aligns pods with GPUs that can take them: full (those of a GPU whose cores "
+        "or memory are fully booked), busy (also those of a partly booked GPU while the node has an "
+        f"idle one), off, or auto ({AUTO_HIDE_RULE} where the node config sets enablenumatopology, "
+        "else off). Announced in hamid.io/numa-profile for the scheduler.",
         default="auto",
-        type=click.Choice(HIDE_FULL_CHOICES),
+        type=click.Choice(HIDE_CHOICES),
     )
     api_server: str | None = option_field(
         "Kubernetes API server URL (overrides the kubeconfig's).", default=None, parse=or_none
@@ -155,9 +163,9 @@ class PluginOptions:
         """The checks the CLI reports against the flag (the simulator and tests get them too)."""
         if not self.node_name.strip():
             raise OptionError("--node-name", "must not be empty")
-        if self.hide_full_gpus not in HIDE_FULL_CHOICES:
+        if self.hide_replicas not in HIDE_CHOICES:
             raise OptionError(
-                "--hide-full-gpus", f"{self.hide_full_gpus!r} is not one of {', '.join(HIDE_FULL_CHOICES)}"
+                "--hide-replicas", f"{self.hide_replicas!r} is not one of {', '.join(HIDE_CHOICES)}"
             )
         if self.resource_name is not None and "/" not in self.resource_name:
             raise OptionError("--resource-name", f"{self.resource_name!r} is not an extended resource name")

@@ -1,17 +1,18 @@
-"""Hide from kubelet the free replicas of a GPU with no room (``--hide-full-gpus``).
+"""Hide some free GPU replicas from kubelet (``--hide-replicas``).
 
 kubelet counts device replicas, not the GPU room behind them: a GPU whose cores or memory are fully
 booked still offers its free replicas, so the Topology Manager puts an aligned pod's CPUs on a NUMA
 node none of whose GPUs can take it (docs/packing.md, "Aligned LS pods with NUMA on").
-:class:`ReplicaRoom` keeps :meth:`GpuInventory.set_hidden` current from the scheduler's bookings
-on this node's pods (``hami.io/vgpu-devices-allocated``, the same phase-aware usage the scheduler
-books, :func:`hamid.fit.replica_room.no_room`): a GPU whose booked memory or cores reach its
-registered capacity reports its *free* replicas Unhealthy. Only the bookings of pods kubelet
-admitted (Allocate served them) count: a pod bound but not yet admitted books room on GPUs that
-had room for it, so each of its GPUs keeps every free replica until it is admitted, and kubelet
-sizes its hints for it as without hiding (were its GPUs' replicas hidden down to the one it needs,
-an 8-GPU pod would see 4 replicas per NUMA node and fail ``restricted`` with a
-TopologyAffinityError). What stays Healthy:
+:class:`ReplicaRoom` keeps :meth:`GpuInventory.set_hidden` current from the scheduler's bookings on
+this node's pods (``hami.io/vgpu-devices-allocated``, the same phase-aware usage the scheduler
+books) by the rule of :func:`hamid.fit.replica_room.hides`: ``full`` reports the *free* replicas of
+a GPU whose booked memory or cores reach its registered capacity Unhealthy; ``busy`` also those of a
+partly booked GPU while some healthy GPU of the node has no booking. Only the bookings of pods
+kubelet admitted (Allocate served them) count: a pod bound but not yet admitted counts for nothing,
+so its GPUs are judged as before it (a GPU it fills keeps every free replica, an idle GPU it takes
+stays idle) until it is admitted, and kubelet sizes its hints for it as without it (were its GPUs'
+replicas hidden down to the one it needs, an 8-GPU pod would see 4 replicas per NUMA node and fail
+``restricted`` with a TopologyAffinityError). What stays Healthy:
 
 * replicas a container holds (Allocate's device IDs, and kubelet's PodResources API after a
   restart), so kubelet's allocatable never drops below what its pods request;
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.fit.replica_room import no_room
+from hamid.fit.replica_room import hides, is_idle, no_room
 from hamid.fit.usage import PodUsage, container_kinds, effective_pod_usage, init_containers_succeeded
 from hamid.kube.cache import PodCache
 from hamid.log import get_logger
@@ -77,10 +78,16 @@ class ReplicaRoom:
     """Keeps the inventory's hidden replicas from the node's bookings (event-loop owned)."""
 
     def __init__(
-        self, inventory: GpuInventory, pods: Callable[[], Iterable[PodBody]], resource_name: str
+        self,
+        inventory: GpuInventory,
+        pods: Callable[[], Iterable[PodBody]],
+        resource_name: str,
+        rule: str,
     ) -> None:
-        """``pods``: the pods bound to the node now (:meth:`NodePods.pods`, own writes included)."""
+        """``pods``: the pods bound to the node now (:meth:`NodePods.pods`, own writes included);
+        ``rule``: which free replicas to hide (:data:`hamid.model.numa.HIDE_RULES`)."""
         self.inventory = inventory
+        self.rule = rule
         self.pods = pods
         self.resource_name = resource_name
         #: Replica IDs held per pod (``namespace/name``): from Allocate, and from PodResources.
@@ -129,7 +136,7 @@ class ReplicaRoom:
 
     def sync(self) -> bool:
         """Recompute the hidden replicas from the pods now on the node; whether kubelet's view changed."""
-        return self.inventory.set_hidden(self.hidden())
+        return self.inventory.set_hidden(self.hidden(), f"--hide-replicas {self.rule}")
 
     def _booking(self, pod: Mapping[str, Any]) -> PodBooking | None:
         key, version = objects.namespaced_key(pod), objects.resource_version(pod)
@@ -144,6 +151,7 @@ class ReplicaRoom:
         """The replicas to hide now, by GPU UUID (empty when nothing may be hidden)."""
         mem: Counter[str] = Counter()
         cores: Counter[str] = Counter()
+        slots: Counter[str] = Counter()
         needs: Counter[str] = Counter()
         live: set[str] = set()
         holders: set[str] = set()
@@ -162,14 +170,20 @@ class ReplicaRoom:
             for uuid, amount in booking.usage.items():
                 mem[uuid] += amount.mem
                 cores[uuid] += amount.cores
+                slots[uuid] += amount.slots
         self._forget_gone(live)
         held = self._held_ids(holders)
         if held is None:
             return {}
+        idle = {g.uuid for g in self.inventory.gpus if is_idle(slots[g.uuid], mem[g.uuid], cores[g.uuid])}
+        idle_on_node = any(self.inventory.is_healthy(u) for u in idle)
         out: dict[str, frozenset[str]] = {}
         for gpu in self.inventory.gpus:
             facts = self.inventory.facts(gpu.uuid)
-            if facts is None or not no_room(mem[gpu.uuid], facts.memory_mib, cores[gpu.uuid], facts.cores):
+            if facts is None:
+                continue
+            room = not no_room(mem[gpu.uuid], facts.memory_mib, cores[gpu.uuid], facts.cores)
+            if not hides(self.rule, room=room, idle=gpu.uuid in idle, idle_on_node=idle_on_node):
                 continue
             free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
             out[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])

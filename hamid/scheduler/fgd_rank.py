@@ -241,7 +241,7 @@ class FgdRanker:
                 room.memory_mib,
                 gpus,
                 numa_room(numa.nodes.get(name), numa.resource, hidden),
-                hides_full=numa.hides_full(name),
+                hide=numa.hide_rule(name),
             )
         return state
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 import sys
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -483,22 +484,19 @@ class NumaLedgers:
 
     # -- the filter's side ---------------------------------------------------------------------
 
-    def hides_full(self, node: str) -> bool:
-        """Whether the node's plugin hides the free replicas of its GPUs with no room (its profile
-        says so for the scheduler's resource; :mod:`hamid.fit.replica_room`)."""
+    def hide_rule(self, node: str) -> str | None:
+        """The rule by which the node's plugin hides free replicas of the scheduler's resource
+        from kubelet (its profile says so; None: it hides none; :mod:`hamid.fit.replica_room`)."""
         entry = self.nodes.get(node)
-        return entry is not None and entry.profile is not None and entry.profile.hides_full == self.resource
+        hiding = entry.profile.hide_replicas if entry is not None and entry.profile is not None else None
+        return hiding.rule if hiding is not None and hiding.resource == self.resource else None
 
-    def hidden(self, node: str, usage: NodeUsage | None) -> dict[int, int]:
-        """Free replicas per NUMA bucket that kubelet does not see on ``node`` (empty: none hidden)."""
-        return hidden_replicas(usage) if usage is not None and self.hides_full(node) else {}
-
-    def visible_ledger(self, node: str, usage: NodeUsage | None) -> NumaLedger | None:
-        """The node's ledger counting only the replicas kubelet sees (None without a ledger)."""
-        entry = self.nodes.get(node)
-        if entry is None or entry.ledger is None:
-            return None
-        return entry.ledger.hiding(self.resource, self.hidden(node, usage))
+    def hidden(
+        self, node: str, usage: NodeUsage | None, keep: Mapping[str, int] | None = None
+    ) -> dict[int, int]:
+        """Free replicas per NUMA bucket that kubelet does not see on ``node`` (empty: none hidden;
+        ``keep``: replicas per GPU a pending booking needs, which the plugin keeps offered)."""
+        return hidden_replicas(usage, self.hide_rule(node), keep) if usage is not None else {}
 
     def predict(
         self, node: str, pod: JSON, shape: Hashable, uid: str, usage: NodeUsage | None = None
@@ -548,9 +546,11 @@ class NumaLedgers:
             or entry.profile.preferred_allocation != self.resource
         ):
             return None
-        view = PluginView(self.resource, gpu_replicas(usage, self.hides_full(node)), devices)
+        # once bound, the pod's booking is pending: the plugin keeps the replicas it needs offered
+        keep = Counter(d.uuid for container in devices for d in container)
+        view = PluginView(self.resource, gpu_replicas(usage, self.hide_rule(node), keep), devices)
         ledger = self._ledger_without(entry, uid)
-        visible = ledger.hiding(self.resource, self.hidden(node, usage)) if ledger is not None else None
+        visible = ledger.hiding(self.resource, self.hidden(node, usage, keep)) if ledger is not None else None
         return _named(predict(entry.profile, visible, pod, now=self.clock(), plugin=view), pod)
 
     @staticmethod

@@ -142,8 +142,8 @@ class ClusterOptions:
     scheduler_name: str = SCHEDULER_SETTINGS.scheduler_name
     numa_topology: bool = True
     preferred_allocation: bool = True
-    #: The plugins' ``--hide-full-gpus`` (auto: on with ``numa_topology``).
-    hide_full_gpus: str = "auto"
+    #: The plugins' ``--hide-replicas`` (auto: the default rule with ``numa_topology``).
+    hide_replicas: str = "auto"
     #: Where the embedded API server listens (port 0: a free port).
     api_host: str = "127.0.0.1"
     api_port: int = 0
@@ -558,7 +558,7 @@ class SimCluster(ClusterView):
             kubelet_config=str(node.kubelet_config_file),
             pod_resources_socket=str(node.kubelet.pod_resources.socket),
             sysfs_root=str(node.sysfs_root),
-            hide_full_gpus=self.options.hide_full_gpus,
+            hide_replicas=self.options.hide_replicas,
             api_server=self.server.url,
             kubeconfig=self._service_account_kubeconfig(DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT),
         )

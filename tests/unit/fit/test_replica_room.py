@@ -1,11 +1,11 @@
-"""The rule both sides share: a GPU with no room offers kubelet none of its free replicas."""
+"""The rule both sides share: which free replicas kubelet sees (``full`` and ``busy``)."""
 
 from __future__ import annotations
 
 from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, Workload, after, fragmentation, kubelet_home
 from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_predict import NumaLedger
-from hamid.fit.replica_room import hidden_replicas, no_room
+from hamid.fit.replica_room import hidden_replicas, hides, idle_on_node, no_room
 from hamid.fit.usage import DeviceAmount, NodeUsage
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
 
@@ -28,12 +28,42 @@ def test_hidden_replicas_count_the_free_ones_of_full_gpus_per_numa_node() -> Non
     usage.add(
         {"g0": DeviceAmount(2, 8000, 20), "g1": DeviceAmount(1, 4000, 50), "g2": DeviceAmount(3, 10, 100)}
     )
-    assert hidden_replicas(usage) == {0: 8, 1: 7}
-    assert gpu_replicas(usage, hides_full=True) == {"g0": (0, 0), "g1": (0, 9), "g2": (1, 0)}
+    assert hidden_replicas(usage, "full") == {0: 8, 1: 7}
+    assert gpu_replicas(usage, "full") == {"g0": (0, 0), "g1": (0, 9), "g2": (1, 0)}
     assert gpu_replicas(usage) == {"g0": (0, 8), "g1": (0, 9), "g2": (1, 7)}
+    assert hidden_replicas(usage, "busy") == {0: 8, 1: 7}  # no GPU idle: busy hides as full
+    assert hidden_replicas(usage, None) == {}
     mig = _usage(0, mode=MODE_MIG)
     mig.add({"g0": DeviceAmount(1, 8000, 100)})
-    assert hidden_replicas(mig) == {}  # MIG nodes never take part
+    assert hidden_replicas(mig, "full") == {}  # MIG nodes never take part
+
+
+def test_the_rule_by_room_idleness_and_an_idle_gpu_on_the_node() -> None:
+    for rule in ("full", "busy"):
+        assert hides(rule, room=False, idle=False, idle_on_node=True)
+        assert not hides(rule, room=True, idle=True, idle_on_node=True)  # an idle GPU is never hidden
+        assert not hides(rule, room=True, idle=False, idle_on_node=False)  # no idle GPU: offered again
+    assert hides("busy", room=True, idle=False, idle_on_node=True)
+    assert not hides("full", room=True, idle=False, idle_on_node=True)
+    assert not hides(None, room=False, idle=False, idle_on_node=True)
+
+
+def test_busy_hides_partly_booked_gpus_while_an_idle_healthy_one_exists_and_keeps_pending_ones() -> None:
+    usage = _usage(0, 0, 1)
+    usage.add({"g0": DeviceAmount(1, 2000, 30)})  # a share on g0 (NUMA 0), g1 and g2 idle
+    assert idle_on_node(usage)
+    assert hidden_replicas(usage, "busy") == {0: 9}
+    assert hidden_replicas(usage, "full") == {}
+    assert gpu_replicas(usage, "busy") == {"g0": (0, 0), "g1": (0, 10), "g2": (1, 10)}
+    # the replica a pending booking on g0 needs stays offered (the plugin keeps it Healthy)
+    assert gpu_replicas(usage, "busy", {"g0": 1}) == {"g0": (0, 1), "g1": (0, 10), "g2": (1, 10)}
+    assert hidden_replicas(usage, "busy", {"g0": 1}) == {0: 8}
+    usage.add({"g1": DeviceAmount(1, 1000, 10), "g2": DeviceAmount(1, 1000, 10)})
+    assert not idle_on_node(usage) and hidden_replicas(usage, "busy") == {}  # offered again
+    sick = _usage(0, 1)
+    sick.add({"g0": DeviceAmount(1, 2000, 30)})
+    sick.devices[1].health = False  # an unhealthy GPU is no idle one
+    assert hidden_replicas(sick, "busy") == {}
 
 
 def test_the_ledger_kubelet_sees_has_fewer_free_replicas_and_the_same_totals() -> None:
@@ -51,8 +81,25 @@ def test_fgd_filling_the_last_gpu_of_a_numa_node_moves_kubelets_choice() -> None
     rooms = (NumaRoom(20, 32, 16), NumaRoom(32, 32, 16))
     gpus = (Gpu(500, 0, "A100"), Gpu(1000, 1, "A100"))
     workload = Workload.of([(aligned, 1)])
-    for hides, home in ((True, 1), (False, 0)):
-        state = NodeState.of(64_000, 256_000, gpus, rooms, hides_full=hides)
+    for rule, home in (("full", 1), (None, 0)):
+        state = NodeState.of(64_000, 256_000, gpus, rooms, hide=rule)
         filled = after(state, aligned, (0,))
         assert kubelet_home(filled, aligned) == home
-        assert fragmentation(filled, workload) == (0 if hides else 1000)
+        assert fragmentation(filled, workload) == (0 if rule else 1000)
+
+
+def test_fgd_busy_moves_kubelets_choice_to_the_idle_gpu_and_back_once_none_is_idle() -> None:
+    """``busy``: a share on NUMA 0's idle GPU while NUMA 1's is idle hides NUMA 0's replicas (the
+    aligned shape's home is NUMA 1); a share on NUMA 1's GPU too leaves no idle GPU, so both are
+    offered again and the home is NUMA 0 once more. ``full`` keeps NUMA 0 throughout."""
+    share = Shape(1000, 1024, 1, 300)
+    aligned = Shape(4000, 1024, 1, 500, exclusive=4)
+    rooms = (NumaRoom(20, 32, 16), NumaRoom(32, 32, 16))
+    gpus = (Gpu(1000, 0, "A100"), Gpu(1000, 1, "A100"))
+    state = NodeState.of(64_000, 256_000, gpus, rooms, hide="busy")
+    one = after(state, share, (0,))
+    assert one.numa is not None and one.numa[0].replicas == 0 and kubelet_home(one, aligned) == 1
+    both = after(one, share, (1,))
+    assert both.numa is not None and both.numa[0].replicas >= 1 and kubelet_home(both, aligned) == 0
+    full = after(NodeState.of(64_000, 256_000, gpus, rooms, hide="full"), share, (0,))
+    assert kubelet_home(full, aligned) == 0

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    HIDE_RULES,
     ContainerPlacement,
     ContainerPrediction,
     CpuInfo,
@@ -19,6 +20,7 @@ from hamid.model.numa import (
     NumaProfile,
     PodPlacement,
     PodPrediction,
+    ReplicaHiding,
     decode_placement,
     decode_prediction,
     decode_profile,
@@ -376,21 +378,24 @@ def test_profile_naming_the_preferring_plugin_is_format_2_and_older_ones_still_d
             decode_profile(json.dumps(doc))
 
 
-def test_profile_saying_the_plugin_hides_full_gpus_is_format_5_and_older_ones_decode_as_not_hiding() -> None:
-    """``hidesFull`` (the resource whose full GPUs' free replicas hamid's plugin reports Unhealthy)
+def test_profile_saying_the_plugin_hides_replicas_is_format_5_and_older_ones_decode_as_not_hiding() -> None:
+    """``hideReplicas`` (which free replicas of which resource hamid's plugin reports Unhealthy)
     needs a reader that knows it: format 5; a profile without it decodes as "not hiding"."""
     plain = dataclasses.replace(linux_node(2, 4, 2), preferred_allocation="nvidia.com/gpu")
-    hiding = dataclasses.replace(plain, hides_full="nvidia.com/gpu")
-    doc = json.loads(encode_profile(hiding))
-    assert (doc["v"], doc["hidesFull"]) == (5, "nvidia.com/gpu")
-    assert decode_profile(encode_profile(hiding)) == hiding
+    for rule in HIDE_RULES:
+        hiding = dataclasses.replace(plain, hide_replicas=ReplicaHiding("nvidia.com/gpu", rule))
+        doc = json.loads(encode_profile(hiding))
+        assert (doc["v"], doc["hideReplicas"]) == (5, {"resource": "nvidia.com/gpu", "rule": rule})
+        assert decode_profile(encode_profile(hiding)) == hiding
     assert json.loads(encode_profile(plain))["v"] == 2
-    assert decode_profile(encode_profile(plain)).hides_full is None
+    assert decode_profile(encode_profile(plain)).hide_replicas is None
     for v in (1, 2, 3, 4):
         with pytest.raises(InvalidInput, match="format version"):
             decode_profile(json.dumps({**doc, "v": v}))
-    with pytest.raises(InvalidInput, match="hidesFull"):
-        decode_profile(json.dumps({**doc, "hidesFull": 1}))
+    bad: list[object] = [1, {"resource": "nvidia.com/gpu"}, {"resource": "nvidia.com/gpu", "rule": "some"}]
+    for value in bad:
+        with pytest.raises(InvalidInput, match="hideReplicas"):
+            decode_profile(json.dumps({**doc, "hideReplicas": value}))
 
 
 def with_uncore(profile: NumaProfile, cores_per_cache: int) -> NumaProfile:

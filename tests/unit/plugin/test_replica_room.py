@@ -1,4 +1,4 @@
-"""``--hide-full-gpus``: which replicas the plugin hides from kubelet, and which it never hides."""
+"""``--hide-replicas``: which replicas the plugin hides from kubelet, and which it never hides."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hamid.options import OptionError
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.metrics import PluginMetrics
-from hamid.plugin.options import PluginOptions, hides_full
+from hamid.plugin.options import AUTO_HIDE_RULE, PluginOptions, hide_rule
 from hamid.plugin.podresources_client import HeldContainer, HeldPod
 from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import HEALTHY, list_response
@@ -48,10 +48,10 @@ def _gpu_pod(
 class Node:
     """The node's pods, as the plugin's pod cache lists them."""
 
-    def __init__(self) -> None:
+    def __init__(self, rule: str = "full") -> None:
         self.pods: list[Any] = []
         self.inventory = _inventory()
-        self.room = ReplicaRoom(self.inventory, lambda: list(self.pods), RESOURCE)
+        self.room = ReplicaRoom(self.inventory, lambda: list(self.pods), RESOURCE, rule)
 
     def healthy(self, uuid: str) -> set[str]:
         return {
@@ -162,16 +162,51 @@ def test_an_undecodable_allocation_hides_nothing() -> None:
     assert len(node.healthy(G0)) == SPLIT
 
 
+def test_busy_hides_partly_booked_gpus_while_the_node_has_an_idle_one() -> None:
+    """``busy``: G1 idle, so G0 (a share booked, room left) offers kubelet only its held replica;
+    once G1 is booked too no GPU is idle and G0's free replicas are offered again."""
+    node = Node("busy")
+    node.pods.append(_gpu_pod("a", G0, 4096, 25))
+    node.room.allocated("default/a", [f"{G0}-1"])
+    assert node.healthy(G0) == {f"{G0}-1"}
+    assert len(node.healthy(G1)) == SPLIT
+    node.pods.append(_gpu_pod("b", G1, 4096, 25))
+    node.room.allocated("default/b", [f"{G1}-0"])
+    assert len(node.healthy(G0)) == SPLIT and len(node.healthy(G1)) == SPLIT
+    full = Node("full")  # ``full`` leaves a GPU with room alone
+    full.pods.append(_gpu_pod("a", G0, 4096, 25))
+    full.room.allocated("default/a", [f"{G0}-1"])
+    assert len(full.healthy(G0)) == SPLIT
+
+
+def test_busy_keeps_the_replica_a_pending_share_needs_and_counts_only_healthy_idle_gpus() -> None:
+    node = Node("busy")
+    node.pods.append(_gpu_pod("a", G0, 4096, 25))
+    node.room.allocated("default/a", [f"{G0}-0"])
+    node.pods.append(_gpu_pod("b", G0, 4096, 25, pending=True))  # a Burstable share booked on G0
+    node.room.sync()
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"}
+    node.inventory.mark_unhealthy(G1, "XID 79")  # an unhealthy GPU is no idle one
+    node.room.sync()
+    assert len(node.healthy(G0)) == SPLIT
+
+
 @pytest.mark.parametrize(
-    ("setting", "numa", "on"),
-    [("auto", True, True), ("auto", False, False), ("on", False, True), ("off", True, False)],
+    ("setting", "numa", "rule"),
+    [
+        ("auto", True, AUTO_HIDE_RULE),
+        ("auto", False, None),
+        ("full", False, "full"),
+        ("busy", True, "busy"),
+        ("off", True, None),
+    ],
 )
-def test_the_setting_is_on_by_default_where_numa_topology_is_reported(
-    setting: str, numa: bool, on: bool
+def test_auto_hides_by_the_default_rule_where_numa_topology_is_reported(
+    setting: str, numa: bool, rule: str | None
 ) -> None:
-    assert hides_full(setting, numa) is on
+    assert hide_rule(setting, numa) == rule
 
 
 def test_a_bad_setting_is_refused() -> None:
-    with pytest.raises(OptionError, match="--hide-full-gpus"):
-        PluginOptions(node_name="n1", hide_full_gpus="sometimes")
+    with pytest.raises(OptionError, match="--hide-replicas"):
+        PluginOptions(node_name="n1", hide_replicas="sometimes")

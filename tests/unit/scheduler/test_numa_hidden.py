@@ -1,4 +1,4 @@
-"""The scheduler follows the plugin's ``--hide-full-gpus``: it predicts with the replicas kubelet sees."""
+"""The scheduler follows the plugin's ``--hide-replicas``: it predicts with the replicas kubelet sees."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 from hamid.fit.numa_fit import pod_shape
 from hamid.fit.numa_predict import Outcome
 from hamid.model import annotations as ann
-from hamid.model.numa import NUMA_PROFILE, decode_profile, encode_profile
+from hamid.model.numa import NUMA_PROFILE, ReplicaHiding, decode_profile, encode_profile
 from hamid.scheduler.core import Scheduler
 from tests.unit.scheduler.test_numa_ledger import GPU, _gpus_of, _node, _plan, _pod, _scheduler
 
 
-def _hiding_node() -> dict[str, Any]:
+def _hiding_node(rule: str = "full") -> dict[str, Any]:
     node = _node()
     notes = node["metadata"]["annotations"]
     profile = decode_profile(notes[NUMA_PROFILE])
-    notes[NUMA_PROFILE] = encode_profile(dataclasses.replace(profile, hides_full=GPU))
+    notes[NUMA_PROFILE] = encode_profile(dataclasses.replace(profile, hide_replicas=ReplicaHiding(GPU, rule)))
     return node
 
 
@@ -26,9 +26,10 @@ def _numa(prediction: Any) -> set[int]:
     return set(prediction.containers[0].numa)
 
 
-def _fill_gpu0(scheduler: Scheduler) -> None:
-    """``full``: one CPU and all 8000 MiB of GPU 0 (NUMA 0), planned and booked as the filter does."""
-    p = _pod("full", cpus=1, mem=8000)
+def _fill_gpu0(scheduler: Scheduler, mem: int = 8000) -> None:
+    """``full``: one CPU and ``mem`` MiB of GPU 0 (NUMA 0; all of it by default), planned and
+    booked as the filter does."""
+    p = _pod("full", cpus=1, mem=mem)
     node, fitted, _, numa = _plan(scheduler, p)
     assert node == "n1" and _gpus_of(fitted) == ["n1-g0"]
     scheduler.ledger.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
@@ -56,3 +57,17 @@ def test_the_memo_tells_hidden_replicas_apart() -> None:
     hidden = ledgers.predict("n1", p, pod_shape(p), "uid-b", usage)
     assert _numa(seen) == {0} and _numa(hidden) == {1}
     assert ledgers.hidden("n1", usage) == {0: 9}
+
+
+def test_busy_sends_the_next_pod_to_the_idle_gpu_while_full_keeps_it_on_the_shared_one() -> None:
+    """GPU 0 holds a share (room left), GPU 1 is idle: under ``busy`` GPU 0's free replicas are
+    hidden, kubelet's hint is NUMA 1 and the pod goes to GPU 1 aligned; under ``full`` GPU 0
+    still offers them, the hint is NUMA 0 and the pod shares GPU 0 (aligned there)."""
+    for node, want, gpu in ((_hiding_node("busy"), {1}, "n1-g1"), (_hiding_node("full"), {0}, "n1-g0")):
+        scheduler, _ = _scheduler(node)
+        _fill_gpu0(scheduler, mem=2000)
+        chosen, fitted, _failed, numa = _plan(scheduler, _pod("b", cpus=2))
+        assert chosen == "n1" and _gpus_of(fitted) == [gpu]
+        assert _numa(numa.predictions["n1"]) == want
+        usage = scheduler.state.inventory.nodes["n1"].usage
+        assert scheduler.numa.hidden("n1", usage) == ({0: 9} if want == {1} else {})
