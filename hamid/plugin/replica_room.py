@@ -51,7 +51,7 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 @dataclass(frozen=True, slots=True)
 class PodBooking:
     """What one pod on the node books and needs: usage per GPU, replicas its pending (not yet
-    allocated) containers still need per GPU, and whether it holds replicas (None: undecodable)."""
+    allocated) containers still need per GPU, and whether it holds replicas (kubelet admitted it)."""
 
     usage: PodUsage
     pending: Mapping[str, int]
