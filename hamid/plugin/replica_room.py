@@ -52,7 +52,7 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 @dataclass(frozen=True, slots=True)
 class PodBooking:
     """What one pod on the node books and needs: usage per GPU, replicas its pending (not yet
-    allocated) containers still need per GPU, and whether it holds replicas (None: undecodable)."""
+    allocated) containers still need per GPU, and whether it holds replicas (kubelet admitted it)."""
 
     usage: PodUsage
     pending: Mapping[str, int]
@@ -95,6 +95,8 @@ class ReplicaRoom:
         self._listed: dict[str, frozenset[str]] = {}
         #: Per pod key: (resourceVersion, its booking), so a sync decodes only changed pods.
         self._bookings: dict[str, tuple[str, PodBooking | None]] = {}
+        #: The live pods of the last sync.
+        self._seen: set[str] = set()
         self._scheduled = False
         self._unknown_logged = False
 
@@ -190,9 +192,13 @@ class ReplicaRoom:
         return out
 
     def _forget_gone(self, live: set[str]) -> None:
+        """Forget the pods seen on the node before and gone now (a pod Allocate served before the
+        pod cache listed it is kept until the cache has seen it come and go)."""
+        gone = self._seen - live
         for table in (self._allocated, self._listed, self._bookings):
-            for key in [k for k in table if k not in live]:
+            for key in gone & table.keys():
                 del table[key]
+        self._seen = live
 
     def _held_ids(self, holders: set[str]) -> frozenset[str] | None:
         """Every replica a pod holds; None while a holder's replicas are not known (hide nothing)."""

@@ -141,6 +141,17 @@ def test_nothing_is_hidden_while_a_holder_s_replicas_are_unknown() -> None:
     assert node.healthy(G0) == {f"{G0}-3"}
 
 
+def test_replicas_allocated_before_the_pod_cache_lists_the_pod_stay_known() -> None:
+    node = Node()
+    node.room.allocated("default/a", [f"{G0}-1"])  # the cache lags: not listed yet
+    node.pods.append(_gpu_pod("a", G0, 16384, 100))
+    node.room.sync()
+    assert node.healthy(G0) == {f"{G0}-1"}
+    node.pods.clear()  # gone: its replicas are forgotten, G0 re-offered
+    node.room.sync()
+    assert len(node.healthy(G0)) == SPLIT
+
+
 def test_xid_unhealthiness_stays_when_room_comes_back() -> None:
     node = Node()
     node.pods.append(_gpu_pod("a", G1, 16384, 100))
