@@ -260,7 +260,7 @@ class _StateCollector(Collector):
         )
         hidden = GaugeMetricFamily(
             "hamid_plugin_gpu_replicas_hidden",
-            "Free replicas reported Unhealthy to kubelet while the GPU has no room (--hide-full-gpus).",
+            "Free replicas reported Unhealthy to kubelet by the --hide-replicas rule.",
             labels=gpu_labels,
         )
         for gpu in m.inventory.gpus:

@@ -8,10 +8,10 @@ fail where GPU room is left only on ``b``, which lacks the CPUs. Allocated: 2 GP
 arrived on, so 33.33 % unallocated at 100, 110 and 130 %.
 
 NUMA on, both pods on ``a`` are LS (Guaranteed, best-effort alignment). With the plugin's
-``--hide-full-gpus`` (on by default with NUMA) both are aligned: once the first runs, the
+``--hide-replicas`` (``full`` or ``busy``; on by default with NUMA) both are aligned: once the first runs, the
 whole-used GPU 0 reports its 19 free replicas Unhealthy, so kubelet's device hint is NUMA 1 alone,
 the second's CPUs go there, hamid predicted it and fits GPU 1: 100 % aligned, no refit. With
-``--hide-full-gpus off`` only the first is aligned: the second's CPUs go to NUMA 0 again (kubelet
+``--hide-replicas off`` only the first is aligned: the second's CPUs go to NUMA 0 again (kubelet
 still sees 19 of GPU 0's 20 replicas free there), hamid's filter finds no GPU room on the predicted
 NUMA node and falls back to GPU 1 (best-effort), and the refit to GPU 0 is refused (it is full):
 50 % aligned, one refit refused.
@@ -67,6 +67,7 @@ def _trace(tmp_path: Path) -> tuple[str, str]:
         ("off", "binpack/spread", "kube-scheduler", "auto"),
         ("on", "spread/spread", "kube-scheduler", "auto"),
         ("on", "spread/spread", "kube-scheduler", "off"),
+        ("on", "fgd/fgd", "hamid", "busy"),
         ("off", "fgd/fgd", "hamid", "auto"),
     ],
 )
@@ -79,12 +80,12 @@ def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
     nodes, pods = _trace(tmp_path)
     result = _run(
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
-        "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods, "--hide-full-gpus", hide,
+        "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods, "--hide-replicas", hide,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["seeds"] == [42, 43] and summary["cpu_pods"] == cpu_pods
-    assert summary["hide_full_gpus"] == hide
+    assert summary["hide_replicas"] == hide
     for figures in summary["policies"].values():
         _check(figures, numa, hiding=hide != "off")
 
