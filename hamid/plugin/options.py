@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hamid.listen import OPTIONAL_LISTEN
-from hamid.model.numa import HIDE_FULL, HIDE_RULES
+from hamid.model.numa import HIDE_BUSY, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
 from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
@@ -62,7 +62,7 @@ REFIT_FLAGS = {
 HIDE_CHOICES = ("auto", "off", *HIDE_RULES)
 #: The rule ``auto`` applies: the one that left the fewest GPUs unallocated on the trace
 #: (docs/packing.md, "Full GPUs hidden from kubelet").
-AUTO_HIDE_RULE = HIDE_FULL
+AUTO_HIDE_RULE = HIDE_BUSY
 
 
 def hide_rule(setting: str, numa_topology: bool) -> str | None:

@@ -1,16 +1,16 @@
 """Free replicas hidden from kubelet (``--hide-replicas``), so an aligned pod lands where a GPU can take it.
 
-A node with one GPU per NUMA node (16 CPUs each). ``full`` books all of GPU 0's memory (NUMA 0)
-and takes 2 exclusive CPUs there; NUMA 0 still has the CPUs for ``aligned`` (8 exclusive CPUs,
+A node with one GPU per NUMA node (16 CPUs each). ``full`` books all of GPU 0's memory (NUMA 0) and
+takes 2 exclusive CPUs there; NUMA 0 still has the CPUs for ``aligned`` (8 exclusive CPUs,
 best-effort alignment, 20000 MiB). kubelet counts replicas, not GPU room: while GPU 0 offers its
 free replicas, the Topology Manager puts ``aligned``'s CPUs on NUMA 0, where no GPU has room, and
-the pod runs unaligned on GPU 1 (the refit to NUMA 0 is refused). With ``--hide-replicas`` (by
-default where the replicas carry NUMA topology) the plugin reports GPU 0's free replicas Unhealthy,
-kubelet's device hint is NUMA 1 alone, the pod's CPUs and GPU both land there, the scheduler
-predicted exactly that (its profile says the plugin hides), and no refit is needed. Under the
-``busy`` rule the same holds for a GPU that is only partly used (by a Burstable share) while
-GPU 1 is idle, and Burstable shares still run wherever the scheduler booked them. Everything is
-real: scheduler, plugin (unix-socket gRPC to the simulated kubelet), PodResources, API server.
+the pod runs unaligned on GPU 1 (the refit to NUMA 0 is refused). With ``--hide-replicas full`` (or
+``busy``, the default where the replicas carry NUMA topology) the plugin reports GPU 0's free
+replicas Unhealthy, kubelet's device hint is NUMA 1 alone, the pod's CPUs and GPU both land there,
+the scheduler predicted exactly that (its profile says the plugin hides), and no refit is needed.
+Under the ``busy`` rule the same holds for a GPU that is only partly used (by a Burstable share)
+while GPU 1 is idle, and Burstable shares still run wherever the scheduler booked them. Everything
+is real: scheduler, plugin (unix-socket gRPC to the simulated kubelet), PodResources, API server.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ async def _run_aligned(cluster: SimCluster) -> tuple[int | None, list[str], int]
 
 
 async def test_full_gpu_hidden_so_aligned_pod_gets_cpus_and_gpu_on_numa_1(tmp_path: Path) -> None:
-    async with SimCluster(_options(tmp_path, "auto")) as cluster:
+    async with SimCluster(_options(tmp_path, "full")) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
         await _fill_gpu0(cluster)
         assert decode_profile(_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "full")

@@ -220,8 +220,10 @@ async def running_plugin(
     cleanup_interval: float = 300.0,
     cleanup_min_age: float | None = None,
     links: GpuLinks | None = None,
+    hide_replicas: str = "auto",
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
-    """Start an API server, a node, optionally a fake kubelet, and the plugin; tear all down."""
+    """Start an API server, a node, optionally a fake kubelet, and the plugin (``hide_replicas``:
+    its ``--hide-replicas``); tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
     with short_dir() as directory:
         async with ApiServer() as server:
@@ -238,6 +240,7 @@ async def running_plugin(
                 hook_path=str(hook),
                 metrics_listen="127.0.0.1:0",
                 api_server=server.url,
+                hide_replicas=hide_replicas,
             )
             timings = PluginTimings(
                 register_interval=register_interval,

@@ -77,7 +77,9 @@ async def test_grpcio_kubelet_calls_every_rpc(tmp_path: Path) -> None:
     await generate_stubs(tmp_path)
     await asyncio.to_thread((tmp_path / "client.py").write_text, CLIENT)
     config = NodeConfig(device_split_count=2, enable_numa_topology=True, enable_get_preferred_allocation=True)
-    async with running_plugin(config) as (env, _):
+    # ``off``: the list is compared byte for byte after Allocate, and ``busy`` would hide GPU-2's
+    # free replica once the job holds it while other GPUs are idle
+    async with running_plugin(config, hide_replicas="off") as (env, _):
         env.server.put(scheduled_pod("job", ((dev("GPU-2", 4000, 25),),)))
         lock_node(env.server, "job")
         await eventually(lambda: env.plugin.pods.lock_owner() == "default/job")
