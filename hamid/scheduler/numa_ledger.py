@@ -493,13 +493,6 @@ class NumaLedgers:
         """Free replicas per NUMA bucket that kubelet does not see on ``node`` (empty: none hidden)."""
         return hidden_replicas(usage) if usage is not None and self.hides_full(node) else {}
 
-    def visible_ledger(self, node: str, usage: NodeUsage | None) -> NumaLedger | None:
-        """The node's ledger counting only the replicas kubelet sees (None without a ledger)."""
-        entry = self.nodes.get(node)
-        if entry is None or entry.ledger is None:
-            return None
-        return entry.ledger.hiding(self.resource, self.hidden(node, usage))
-
     def predict(
         self, node: str, pod: JSON, shape: Hashable, uid: str, usage: NodeUsage | None = None
     ) -> Prediction | None:
