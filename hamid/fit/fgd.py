@@ -381,9 +381,9 @@ def _offering(frees: Sequence[int], numas: Sequence[int], hide: str | None, coun
     return out
 
 
-def gain_steps(gain: float) -> float:
-    """A gain in whole :data:`GAIN_STEP` steps, rounded down (``-inf``, no room, stays)."""
-    return gain if gain == -math.inf else float(math.floor(gain / GAIN_STEP))
+def gain_steps(gain: float, step: int = GAIN_STEP) -> float:
+    """A gain in whole steps (milli-GPU), rounded down (``-inf``, no room, stays)."""
+    return gain if gain == -math.inf else float(math.floor(gain / step))
 
 
 def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:
