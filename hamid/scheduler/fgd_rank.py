@@ -52,6 +52,10 @@ from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
 _MEMO_SIZE = 200_000
+#: Node states whose usable GPU room per typical GPU part is kept across workload changes: about
+#: the live states of a thousand nodes and their placements' outcomes, bounded (the memo keeps
+#: each state alive: ~0.7 KiB).
+_USES_SIZE = 50_000
 #: The learned workload is refreshed after this share of the pods it was learned from (at least
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
@@ -254,7 +258,7 @@ class FgdRanker:
                 self._frag.clear()
             uses = self._uses.get(state)
             if uses is None:
-                if len(self._uses) >= _MEMO_SIZE:
+                if len(self._uses) >= _USES_SIZE:
                     self._uses.clear()
                 uses = self._uses[state] = {}
             value = self._frag[state] = fragmentation(state, self._workload, uses)
