@@ -11,6 +11,9 @@ leaves memory out of fragmentation, ``score=paper`` scores as the simulator does
 0..100 instead of hamid's whole 50 milli-GPU steps; ``exact``: the gain itself), ``ties=first``
 breaks equal scores by the node list's order and ``ties=random`` draws among them, where hamid and
 the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md).
+``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``) and ``half_life=N``
+decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant also prints
+the GPU remnants at 100 % arrived (GPUs by free milli-GPU), largest in volume.
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
 1: the full trace, about 3-4 minutes of CPU a run).
 The last output line is one JSON object (``benchstats.print_figures``: json.dumps of the figures).
@@ -22,6 +25,7 @@ import argparse
 import math
 import random
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,7 @@ from replay.pods import MILLI, NODES_CSV, PODS_CSV, TraceNode, TracePod, arrival
 from hamid.fit.fgd import (
     DEFAULT_HALF_LIFE,
     EMPTY,
+    GAIN_STEP,
     Gpu,
     NodeState,
     Shape,
@@ -63,6 +68,8 @@ class Variant:
     #: equal scores go by a ``fixed`` hash order of node names (hamid), to the ``first`` node,
     #: or to a ``random`` one
     ties: str = "fixed"
+    step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
+    half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
 
 
 def paper_score(gain: float) -> float:
@@ -94,7 +101,7 @@ class Model:
         self.memory = [n.memory_mib for n in nodes]
         self.variant = variant
         self.rng = random.Random(seed)
-        self.histogram = ShapeHistogram(1e12 if variant.workload == "trace" else DEFAULT_HALF_LIFE)
+        self.histogram = ShapeHistogram(1e12 if variant.workload == "trace" else variant.half_life)
         self.workload: Workload = EMPTY
         self.memo: dict[NodeState, float] = {}
 
@@ -121,7 +128,7 @@ class Model:
     def _scored(self, gain: float) -> float:
         if self.variant.score == "paper":
             return paper_score(gain)
-        return gain_steps(gain) if self.variant.score == "steps" else gain
+        return gain_steps(gain, self.variant.step) if self.variant.score == "steps" else gain
 
     def place(self, pod: Shape, real_memory: int) -> bool:
         """Place one pod on the best node; whether it fitted (``real_memory``: its MiB, always enforced)."""
@@ -148,8 +155,17 @@ class Model:
         return True
 
 
-def replay(sample: int, seed: int, variant: Variant) -> dict[int, float]:
-    """Unallocated GPU % at 100 and 130 % arrived for one seed."""
+@dataclass(frozen=True)
+class Run:
+    """One seed's figures: unallocated GPU % when arrivals reach 100 and 130 % of the GPUs, and the
+    GPU remnants at 100 % (GPUs by free milli-GPU, neither empty nor whole)."""
+
+    unallocated: dict[int, float]
+    remnants: Counter[int]
+
+
+def replay(sample: int, seed: int, variant: Variant) -> Run:
+    """One seed replayed under ``variant``."""
     nodes = read_nodes(NODES_CSV)[::sample]
     trace = read_pods(PODS_CSV)[::sample]
     capacity = sum(n.gpus for n in nodes) * MILLI
@@ -161,6 +177,7 @@ def replay(sample: int, seed: int, variant: Variant) -> dict[int, float]:
         model.workload = model.histogram.typical()
     arrived = allocated = 0
     out: dict[int, float] = {}
+    remnants: Counter[int] = Counter()
     for k, pod in enumerate(arrivals(trace, capacity, seed)):
         s = shape(pod, mem)
         if variant.workload == "online":
@@ -173,7 +190,20 @@ def replay(sample: int, seed: int, variant: Variant) -> dict[int, float]:
         for pct in (100, 130):
             if pct not in out and arrived >= pct / 100 * capacity:
                 out[pct] = 100 - 100 * allocated / capacity
-    return out
+                if pct == 100:
+                    remnants = Counter(f for st in model.states for f in st.frees if 0 < f < MILLI)
+    return Run(out, remnants)
+
+
+def remnants(runs: list[Run], capacity_gpus: int, top: int = 5) -> list[tuple[int, float, float]]:
+    """The largest remnant sizes at 100 % arrived by volume: (free milli-GPU, GPUs per seed (mean),
+    % of the capacity)."""
+    total: Counter[int] = Counter()
+    for run in runs:
+        total.update(run.remnants)
+    by_volume = sorted(total.items(), key=lambda kv: -kv[0] * kv[1])[:top]
+    per_seed = ((free, count / len(runs)) for free, count in by_volume)
+    return [(free, n, 100 * free * n / MILLI / capacity_gpus) for free, n in per_seed]
 
 
 def main() -> None:
@@ -186,24 +216,35 @@ def main() -> None:
         default="cpu_pods=fgd;cpu_pods=least-allocated",
         help="';'-separated variants, each ','-separated field=value of cpu_pods (fgd, least-allocated), "
         "workload (online, trace), memory (on, off), score (steps, exact, paper), "
-        "ties (fixed, first, random); "
+        "ties (fixed, first, random), step (milli-GPU per gain step), half_life (pods); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
     args = parser.parse_args()
     first, _, last = args.seeds.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
+    capacity_gpus = sum(n.gpus for n in read_nodes(NODES_CSV)[:: args.sample])
     figures: dict[str, object] = {"sample": args.sample, "seeds": seeds, "nodes_file": str(Path(NODES_CSV))}
     for text in args.variants.split(";"):
         variant = parse_variant(text)
         runs = [replay(args.sample, seed, variant) for seed in seeds]
-        medians = {pct: statistics.median(r[pct] for r in runs) for pct in (100, 130)}
+        medians = {pct: statistics.median(r.unallocated[pct] for r in runs) for pct in (100, 130)}
         at100, at130 = medians[100], medians[130]
         print(
             f"{text or 'hamid'}: unallocated {at100:.2f} % at 100 %, {at130:.2f} % at 130 % arrived",
             flush=True,
         )
-        figures[text or "hamid"] = {f"unallocated_pct_at_{p}": round(v, 2) for p, v in medians.items()}
+        largest = remnants(runs, capacity_gpus)
+        parts = [f"{free} free on {n:.0f} GPUs ({pct:.2f} %)" for free, n, pct in largest]
+        print("  GPU remnants at 100 % arrived, largest in volume: " + "; ".join(parts), flush=True)
+        figures[text or "hamid"] = {
+            **{f"unallocated_pct_at_{p}": round(v, 2) for p, v in medians.items()},
+            "remnant_pct_by_free_milli_gpu": {str(free): round(pct, 2) for free, _, pct in largest},
+        }
     print_figures(figures)
+
+
+#: Variant fields that take a positive number: step in whole milli-GPU, half-life in pods.
+_NUMBERS: dict[str, type[int] | type[float]] = {"step": int, "half_life": float}
 
 
 def parse_variant(text: str) -> Variant:
@@ -218,12 +259,24 @@ def parse_variant(text: str) -> Variant:
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
+        if key in _NUMBERS:
+            fields[key] = _number(text, key, value)
+            continue
         if value not in allowed.get(key, ()):
-            raise SystemExit(
-                f"variant {text!r}: {key}={value!r} is not one of {allowed.get(key, sorted(allowed))}"
-            )
+            choices = allowed.get(key, sorted([*allowed, *_NUMBERS]))
+            raise SystemExit(f"variant {text!r}: {key}={value!r} is not one of {choices}")
         fields[key] = value == "on" if key == "memory" else value
     return Variant(**fields)  # type: ignore[arg-type]
+
+
+def _number(text: str, key: str, value: str) -> float:
+    try:
+        number = _NUMBERS[key](value)
+    except ValueError:
+        number = 0
+    if not 0 < number < math.inf:
+        raise SystemExit(f"variant {text!r}: {key}={value!r} is not a positive number")
+    return number
 
 
 if __name__ == "__main__":

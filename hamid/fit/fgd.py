@@ -332,9 +332,9 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     )
 
 
-def gain_steps(gain: float) -> float:
-    """A gain in whole :data:`GAIN_STEP` steps, rounded down (``-inf``, no room, stays)."""
-    return gain if gain == -math.inf else float(math.floor(gain / GAIN_STEP))
+def gain_steps(gain: float, step: int = GAIN_STEP) -> float:
+    """A gain in whole steps (milli-GPU), rounded down (``-inf``, no room, stays)."""
+    return gain if gain == -math.inf else float(math.floor(gain / step))
 
 
 def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], float]) -> Placement | None:

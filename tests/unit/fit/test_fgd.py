@@ -263,3 +263,4 @@ def test_gains_compare_in_whole_steps() -> None:
     assert gain_steps(GAIN_STEP) == gain_steps(2 * GAIN_STEP - 0.5) == 1
     assert gain_steps(-1) == gain_steps(-GAIN_STEP) == -1
     assert gain_steps(-math.inf) == -math.inf
+    assert gain_steps(99, step=100) == 0 and gain_steps(100, step=100) == 1  # the model's variants
