@@ -16,8 +16,6 @@ equal states share their work) and recomputes a node only when it changes.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -256,11 +254,14 @@ def kubelet_home(node: NodeState, shape: Shape) -> int | None:
     return None
 
 
-def fragmentation(node: NodeState, workload: Workload) -> float:
+def fragmentation(node: NodeState, workload: Workload, uses: dict[Shape, int] | None = None) -> float:
     """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``.
 
     Every shape counts the whole idle GPU but for what it can use there: ``F = idle * sum p -
     sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing.
+    ``uses`` memoises :func:`usable` by GPU part for this node: it does not depend on the
+    workload's weights, so a caller keeping it per node state recomputes only the weighted sum
+    when the learned workload moves (the same float operations: the same result).
     """
     idle = sum(node.frees)
     if idle == 0 or not workload.groups:
@@ -276,26 +277,18 @@ def fragmentation(node: NodeState, workload: Workload) -> float:
             break
         if shape_cpu <= cpu:  # not counted above
             short[group] += p
-    # a GPU part not aligned here reads the frees of its models largest first (one list per rule)
-    numa = node.numa is not None
-    sorted_frees: dict[tuple[bool, ...] | None, tuple[list[int], list[int]]] = {}
+    if uses is None:
+        uses = {}
     used = 0.0
     for k, (part, _, group_p) in enumerate(workload.groups):
         runnable = group_p - short[k]
         if not part.gpus or runnable <= 0:
             continue
-        if part.exclusive and numa:
-            used += runnable * usable(node, part)
-            continue
-        mask = _mask(part.models, node.models)
-        lists = sorted_frees.get(mask)
-        if lists is None:
-            frees = node.frees if mask is None else [f for f, ok in zip(node.frees, mask, strict=True) if ok]
-            ordered = sorted(frees, reverse=True)
-            lists = sorted_frees[mask] = ([-f for f in ordered], list(itertools.accumulate(ordered)))
-        n = bisect.bisect_right(lists[0], -part.share)
-        if n >= part.gpus and n:
-            used += runnable * lists[1][n - 1]
+        use = uses.get(part)
+        if use is None:
+            use = uses[part] = usable(node, part)
+        if use:
+            used += runnable * use
     return max(idle * sum(g.p for g in workload.groups) - used, 0.0)
 
 

@@ -52,6 +52,10 @@ from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
 _MEMO_SIZE = 200_000
+#: Node states whose usable GPU room per typical GPU part is kept across workload changes: about
+#: the live states of a thousand nodes and their placements' outcomes, bounded (the memo keeps
+#: each state alive: ~0.7 KiB).
+_USES_SIZE = 50_000
 #: The learned workload is refreshed after this share of the pods it was learned from (at least
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
 _REFRESH_SHARE = 0.1
@@ -134,6 +138,9 @@ class FgdRanker:
         self._states: dict[str, NodeState] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         self._frag: dict[NodeState, float] = {}
+        #: What each typical GPU part can use in a state: independent of the workload's weights,
+        #: so kept when the workload moves (its fragmentation is then one weighted sum).
+        self._uses: dict[NodeState, dict[Shape, int]] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
         #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since).
         self._indexes: dict[Shape, GainIndex] = {}
@@ -220,12 +227,16 @@ class FgdRanker:
     def rank(self, name: str, gain: float) -> float:
         """A node's rank for a pod whose best placement there gains ``gain``: its whole gain steps
         (:func:`~hamid.fit.fgd.gain_steps`), then its fixed place among equal steps."""
+        return gain_steps(gain) + self.tie(name)
+
+    def tie(self, name: str) -> float:
+        """The node's fixed place among equal gain steps (:func:`tie_order`, memoised)."""
         tie = self._ties.get(name)
         if tie is None:
             if len(self._ties) >= _MEMO_SIZE:
                 self._ties.clear()
             tie = self._ties[name] = tie_order(name)
-        return gain_steps(gain) + tie
+        return tie
 
     def node_state(self, name: str, entry: NodeEntry) -> NodeState:
         """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
@@ -255,7 +266,12 @@ class FgdRanker:
         if value is None:
             if len(self._frag) >= _MEMO_SIZE:
                 self._frag.clear()
-            value = self._frag[state] = fragmentation(state, self._workload)
+            uses = self._uses.get(state)
+            if uses is None:
+                if len(self._uses) >= _USES_SIZE:
+                    self._uses.clear()
+                uses = self._uses[state] = {}
+            value = self._frag[state] = fragmentation(state, self._workload, uses)
         return value
 
     def placement(self, name: str, state: NodeState, shape: Shape) -> Placement | None:
@@ -266,16 +282,20 @@ class FgdRanker:
             per_node = self._placed[name] = {}
         elif shape in per_node:
             return per_node[shape]
-        key = (state, shape)
-        if key in self._placements:
-            placed = self._placements[key]
-        else:
-            if len(self._placements) >= _MEMO_SIZE:
-                self._placements.clear()
-            placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
+        placed = self.state_placement(state, shape)
         if len(per_node) >= _SHAPES_PER_NODE:
             per_node.clear()
         per_node[shape] = placed
+        return placed
+
+    def state_placement(self, state: NodeState, shape: Shape) -> Placement | None:
+        """Where ``shape`` removes the most fragmentation in ``state`` (memoised per state)."""
+        key = (state, shape)
+        if key in self._placements:
+            return self._placements[key]
+        if len(self._placements) >= _MEMO_SIZE:
+            self._placements.clear()
+        placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
         return placed
 
     def best_on(self, entry: NodeEntry, shape: Shape) -> Placement | None:
@@ -333,29 +353,69 @@ class GainIndex:
 
     def refresh(self, ranker: FgdRanker, shape: Shape, nodes: Mapping[str, NodeEntry]) -> None:
         """Re-key the changed nodes (the ranker synced first)."""
+        if len(self.dirty) * _BULK > len(self.rank):
+            self._rebuild(ranker, shape, nodes)
+            return
         keys, rank = self.keys, self.rank
-        bulk = len(self.dirty) * _BULK > len(rank)
         for name in self.dirty:
             old = rank.pop(name, None)
             self.gain.pop(name, None)
-            if old is not None and not bulk:
+            if old is not None:
                 del keys[bisect.bisect_left(keys, (old, name))]
             self.short.pop(name, None)
             entry = nodes.get(name)
             if entry is None:
                 continue
             state = ranker.node_state(name, entry)
-            if shape.cpu > state.cpu or shape.memory > state.memory:
-                self.short[name] = R.INSUFFICIENT_CPU if shape.cpu > state.cpu else R.INSUFFICIENT_MEMORY
+            reason = _short(shape, state)
+            if reason is not None:
+                self.short[name] = reason
                 continue
             placed = ranker.placement(name, state, shape)
             self.gain[name] = gain = -math.inf if placed is None else placed.gain
             rank[name] = new = ranker.rank(name, gain)
-            if not bulk:
-                bisect.insort(keys, (new, name))
-        if bulk:
-            self.keys = sorted((r, n) for n, r in rank.items())
+            bisect.insort(keys, (new, name))
         self.dirty.clear()
+
+    def _rebuild(self, ranker: FgdRanker, shape: Shape, nodes: Mapping[str, NodeEntry]) -> None:
+        """Re-key many nodes and sort once (a new index, a new workload): nodes in equal states
+        (every empty node of a kind) share one placement and one gain step, only their fixed
+        places among equal steps differ (the same ranks as one node at a time)."""
+        rank, gains, short = self.rank, self.gain, self.short
+        judged: dict[NodeState, str | tuple[float, float]] = {}
+        for name in self.dirty:
+            rank.pop(name, None)
+            gains.pop(name, None)
+            short.pop(name, None)
+            entry = nodes.get(name)
+            if entry is None:
+                continue
+            state = ranker.node_state(name, entry)
+            known = judged.get(state)
+            if known is None:
+                reason = _short(shape, state)
+                if reason is None:
+                    placed = ranker.state_placement(state, shape)
+                    gain = -math.inf if placed is None else placed.gain
+                    known = judged[state] = (gain, gain_steps(gain))
+                else:
+                    known = judged[state] = reason
+            if isinstance(known, str):
+                short[name] = known
+            else:
+                gains[name] = known[0]
+                rank[name] = known[1] + ranker.tie(name)
+        self.keys = sorted((r, n) for n, r in rank.items())
+        self.dirty.clear()
+
+
+def _short(shape: Shape, state: NodeState) -> str | None:
+    """kube-scheduler's reason when the node lacks the shape's CPU or memory; None: enough."""
+    if shape.cpu > state.cpu:
+        return R.INSUFFICIENT_CPU
+    if shape.memory > state.memory:
+        return R.INSUFFICIENT_MEMORY
+    return None
 
 
 def fgd_ranked(

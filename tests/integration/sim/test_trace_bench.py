@@ -119,3 +119,20 @@ def test_a_missing_trace_file_is_one_line_saying_where_the_trace_lives(tmp_path:
     assert len(lines) == 1, result.stderr
     assert "absent.csv not found" in lines[0]
     assert "github.com/alibaba/clusterdata" in lines[0]
+
+
+def test_parallel_replays_report_in_the_policies_order(tmp_path: Path) -> None:
+    """``--jobs 2`` starts the ``fgd`` replay (the longest) first, yet reports in the order asked."""
+    nodes, pods = _trace(tmp_path)
+    asked = ["binpack/spread", "spread/spread", "fgd/fgd"]
+    result = _run(
+        "--nodes-csv", nodes, "--pods-csv", pods, "--numa", "off", "--policies", ",".join(asked),
+        "--jobs", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert list(summary["policies"]) == asked
+    reported = [line.split(":")[0] for line in result.stdout.splitlines() if line.split(":")[0] in asked]
+    assert reported == asked
+    for figures in summary["policies"].values():
+        _check(figures, "off")

@@ -1,0 +1,91 @@
+"""The ``fgd`` ranker's memos across changes of the learned workload: the same answers as a cold
+computation, kept per ranker (two schedulers, or two replays in one process, share nothing)."""
+
+from __future__ import annotations
+
+from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, best_placement, fragmentation
+from hamid.model.resources import ResourceConfig
+from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.inventory import NodeInventory
+from hamid.scheduler.node_cpu_mem import NodeCpuMem
+from hamid.scheduler.numa_ledger import NumaLedgers
+
+HALF = Shape(1000, 1024, 1, 500)
+ALIGNED = Shape(4000, 8192, 1, 1000, None, 4)
+TWO = Shape(8000, 16384, 2, 1000)
+CPU_ONLY = Shape(2000, 1024, 0, 0)
+
+
+def ranker() -> FgdRanker:
+    config = ResourceConfig()
+    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0)
+    return FgdRanker(config, NodeInventory(config), numa, NodeCpuMem())
+
+
+def states() -> list[NodeState]:
+    """Nodes part used, with and without NUMA knowledge, one short of CPU for the aligned shape."""
+    rooms = (NumaRoom(6, 32), NumaRoom(30, 32))
+    out = []
+    for frees, cpu, numa in (
+        ((1000, 500, 0, 1000), 64_000, rooms),
+        ((300, 1000, 1000, 700), 3000, rooms),
+        ((1000, 1000, 1000, 1000), 64_000, None),
+        ((200, 500, 800, 0), 16_000, (NumaRoom(0, 32), NumaRoom(2, 32))),
+    ):
+        gpus = (Gpu(f, i // 2, "A100") for i, f in enumerate(frees))
+        out.append(NodeState.of(cpu, 256_000, gpus, numa))
+    return out
+
+
+def learn(fgd: FgdRanker, *shapes: Shape) -> None:
+    for shape in shapes:
+        fgd.histogram.observe(shape)
+
+
+def cold(fgd: FgdRanker, state: NodeState, shape: Shape) -> tuple[float, object]:
+    """Fragmentation and best placement computed afresh under the ranker's current workload."""
+    workload = fgd.workload
+    placed = best_placement(state, shape, lambda s: fragmentation(s, workload))
+    return fragmentation(state, workload), placed
+
+
+def test_memos_across_workload_changes_equal_a_cold_computation() -> None:
+    fgd = ranker()
+    learn(fgd, HALF, HALF, ALIGNED)
+    epochs = set()
+    for more in ((HALF,) * 3, (ALIGNED,) * 4, (TWO, CPU_ONLY), (HALF,) * 20, (TWO,) * 30):
+        fgd.workload  # noqa: B018 - refresh, as a filter does before reading the memos
+        epochs.add(fgd.epoch)
+        for i, state in enumerate(states()):
+            for shape in (HALF, ALIGNED, TWO, CPU_ONLY):
+                memo = (fgd.fragmentation(state), fgd.placement(f"node-{i}", state, shape))
+                assert memo == cold(fgd, state, shape)  # exactly: the same float operations
+        learn(fgd, *more)
+    assert len(epochs) >= 4  # weight-only changes and changes of the shapes both happened
+
+
+def test_a_weight_only_change_recomputes_only_the_weighted_sum() -> None:
+    fgd = ranker()
+    learn(fgd, HALF, ALIGNED)
+    fgd.workload  # noqa: B018 - refresh
+    state = states()[0]
+    before = fgd.fragmentation(state)
+    uses = dict(fgd._uses[state])
+    learn(fgd, HALF, HALF, HALF, HALF)  # same shapes, other weights
+    assert set(dict(fgd.workload.shapes)) == {HALF, ALIGNED}
+    assert fgd.fragmentation(state) != before
+    assert fgd._uses[state] == uses  # the GPU parts' usable room was kept, not recomputed
+    assert fgd.fragmentation(state) == fragmentation(state, fgd.workload)
+
+
+def test_memos_belong_to_one_ranker() -> None:
+    """Two rankers (two schedulers or two replays in one process) learning different workloads
+    answer each from its own memos."""
+    first, second = ranker(), ranker()
+    learn(first, HALF, HALF, HALF)
+    learn(second, ALIGNED, TWO)
+    first.workload, second.workload  # noqa: B018 - refresh
+    for state in states():
+        assert first.fragmentation(state) == fragmentation(state, first.workload)
+        assert second.fragmentation(state) == fragmentation(state, second.workload)
+    assert first._uses is not second._uses
