@@ -135,4 +135,4 @@ def test_parallel_replays_report_in_the_policies_order(tmp_path: Path) -> None:
     reported = [line.split(":")[0] for line in result.stdout.splitlines() if line.split(":")[0] in asked]
     assert reported == asked
     for figures in summary["policies"].values():
-        _check(figures, "off")
+        _check(figures, "off", hiding=False)
