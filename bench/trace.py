@@ -69,8 +69,9 @@ READ_AT = (90, 100, 110, 130)
 NO_GPU_ROOM = "no_gpu_room"
 CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
 CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
-#: Who places CPU-only pods unless ``--cpu-pods`` says otherwise.
-CPU_PODS_DEFAULT = "kube-scheduler"
+#: Who places CPU-only pods unless ``--cpu-pods`` says otherwise: hamid, as the README recommends
+#: running ``fgd`` (under HAMi's policies hamid keeps every candidate, so kube-scheduler decides).
+CPU_PODS_DEFAULT = "hamid"
 #: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
 NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
 #: The plugin's HAMi-core host directories go to memory when it can (one per container).
@@ -472,8 +473,9 @@ def _arguments() -> argparse.Namespace:
         "--cpu-pods",
         choices=("kube-scheduler", "hamid"),
         default=CPU_PODS_DEFAULT,
-        help="who places CPU-only pods: kube-scheduler's default profile, or hamid's filter with "
-        f"--schedule-cpu-pods (default {CPU_PODS_DEFAULT})",
+        help="who places CPU-only pods: kube-scheduler's default profile alone, or hamid's filter with "
+        "--schedule-cpu-pods first, as recommended for fgd (HAMi's policies keep every candidate, "
+        f"so kube-scheduler still decides) (default {CPU_PODS_DEFAULT})",
     )
     parser.add_argument(
         "--hide-replicas",
