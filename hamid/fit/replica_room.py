@@ -20,12 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
 from hamid.model.numa import HIDE_BUSY
-
-#: The NUMA bucket of replicas without topology (as :data:`hamid.fit.numa_predict.NO_TOPOLOGY`).
-_NO_TOPOLOGY = -1
 
 
 def no_room(usedmem: int, totalmem: int, usedcores: int, totalcore: int) -> bool:
@@ -92,7 +90,7 @@ def hidden_replicas(
     usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
 ) -> dict[int, int]:
     """:func:`hidden_by_gpu` summed per NUMA bucket."""
-    numa = {d.id: d.numa if d.numa >= 0 else _NO_TOPOLOGY for d in usage.devices}
+    numa = {d.id: d.numa if d.numa >= 0 else NO_TOPOLOGY for d in usage.devices}
     out: dict[int, int] = {}
     for gpu, n in hidden_by_gpu(usage, rule, keep).items():
         out[numa[gpu]] = out.get(numa[gpu], 0) + n
