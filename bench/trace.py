@@ -39,7 +39,7 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
-from replay.cluster import Cluster, SimNode  # noqa: E402
+from replay.cluster import SPLIT, Cluster, SimNode  # noqa: E402
 from replay.pods import (  # noqa: E402
     INFLATION,
     MILLI,
@@ -74,6 +74,11 @@ CPU_ONLY_NO_ROOM = "cpu_only_pod_no_cpu_or_memory_room"
 CPU_PODS_DEFAULT = "hamid"
 #: GPU room on nodes with the CPUs and memory, refused by the filter's NUMA prediction.
 NUMA_REFUSED = "gpu_room_refused_by_numa_prediction"
+#: An aligned pod no node could ever admit under ``restricted`` / ``single-numa-node``: its exclusive
+#: CPUs are more than any NUMA node of its GPU model holds, so the CPU manager's hint is preferred
+#: only across NUMA nodes, while its GPU replicas fit one NUMA node, whose hint alone the device
+#: manager prefers; kubelet admits only a merged hint both prefer (docs/packing.md).
+NEVER_ADMISSIBLE = "never_admissible_by_kubelet"
 #: The plugin's HAMi-core host directories go to memory when it can (one per container).
 _SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 PUBLISHED_POLICIES = {"06-FGD": "published FGD", "05-BestFit": "published Best-fit"}
@@ -124,32 +129,42 @@ class Replay:
     capacity: int
     arrived: int = 0
     allocated: int = 0
-    #: (arrived %, unallocated %) after each GPU pod.
-    curve: list[tuple[float, float]] = field(default_factory=list)
+    #: (arrived %, unallocated %, never-admissible GPU failed %) after each GPU pod.
+    curve: list[tuple[float, float, float]] = field(default_factory=list)
+    #: Milli-GPU of the failed pods that no node could ever admit (:data:`NEVER_ADMISSIBLE`).
+    never_failed: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     filter_s: list[float] = field(default_factory=list)
     #: NUMA-aligned LS GPU pods: [placed, aligned] in all, and among those that fit one NUMA node.
     ls: list[int] = field(default_factory=lambda: [0, 0])
     ls_one_numa: list[int] = field(default_factory=lambda: [0, 0])
     never_single_numa: int = 0
+    never_admissible: int = 0
     gpu_used: Counter[str] = field(default_factory=Counter)
     shapes: ShapeCheck | None = None
 
-    def note(self, pod: TracePod, placed: bool) -> None:
+    def note(self, pod: TracePod, placed: bool, never_admissible: bool = False) -> None:
         """Count one scheduled (or failed) pod."""
         self.arrived += pod.gpu_request
         if placed:
             self.allocated += pod.gpu_request
+        elif never_admissible:
+            self.never_failed += pod.gpu_request
         if pod.gpu_request:
             self.curve.append(
-                (100 * self.arrived / self.capacity, 100 - 100 * self.allocated / self.capacity)
+                (
+                    100 * self.arrived / self.capacity,
+                    100 - 100 * self.allocated / self.capacity,
+                    100 * self.never_failed / self.capacity,
+                )
             )
 
-    def unallocated_at(self, arrived_pct: float) -> float | None:
-        """Unallocated % after the first pod with which the arrived GPU reached ``arrived_pct``."""
-        for arrived, unallocated in self.curve:
-            if arrived >= arrived_pct:
-                return unallocated
+    def unallocated_at(self, arrived_pct: float, column: int = 1) -> float | None:
+        """Unallocated % after the first pod with which the arrived GPU reached ``arrived_pct``
+        (``column`` 2: the GPU that the failed pods no node could ever admit asked for, % of the GPUs)."""
+        for point in self.curve:
+            if point[0] >= arrived_pct:
+                return point[column]
         return None
 
 
@@ -163,6 +178,19 @@ class ShapeCheck:
             for numa, cpus in n.layout.numa_cpus.items()
         }
         self._memo: dict[tuple[int, int, str], bool] = {}
+        self._admissible: dict[tuple[int, int, str], bool] = {}
+
+    def admissible(self, pod: TracePod) -> bool:
+        """Whether some NUMA node of a node of its model holds the aligned pod's exclusive CPUs and
+        its GPUs' replicas (:data:`NEVER_ADMISSIBLE` when none does)."""
+        key = (pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
+        if key not in self._admissible:
+            models = pod.gpu_spec.split("|") if pod.gpu_spec else None
+            self._admissible[key] = any(
+                (models is None or model in models) and gpus * SPLIT >= key[0] and cpus >= key[1]
+                for model, gpus, cpus in self._numas
+            )
+        return self._admissible[key]
 
     def fits_one_numa(self, pod: TracePod) -> bool:
         key = (pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
@@ -202,7 +230,9 @@ async def _hamid_path(
     if not trace.num_gpu:
         return CPU_ONLY_NO_ROOM
     if feasible and cluster.numa != "off" and cluster.gpu_room(pod, feasible):
-        return NUMA_REFUSED
+        shapes = replay.shapes
+        never = shapes is not None and aligned_shape(trace, True) and not shapes.admissible(trace)
+        return NEVER_ADMISSIBLE if never else NUMA_REFUSED
     return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
 
 
@@ -322,10 +352,11 @@ async def replay_one(
         rng = random.Random(seed)
         started, cpu_started = time.perf_counter(), time.process_time()
         for i, trace in enumerate(sequence):
-            replay.never_single_numa += int(
-                aligned_shape(trace, numa != "off") and not shapes.fits_one_numa(trace)
-            )
-            replay.note(trace, await place(cluster, trace, f"uid-{i}", replay, rng))
+            aligned = aligned_shape(trace, numa != "off")
+            replay.never_single_numa += int(aligned and not shapes.fits_one_numa(trace))
+            never = aligned and not shapes.admissible(trace)
+            replay.never_admissible += int(never)
+            replay.note(trace, await place(cluster, trace, f"uid-{i}", replay, rng), never)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         idle, stranded = stranded_gpus(cluster, replay)
         refits = dict(cluster.refit.outcomes) if cluster.refit is not None else {}
@@ -340,12 +371,16 @@ def _figures(
     replay: Replay, pods: int, elapsed: float, idle: int, stranded: int, refits: dict[str, int]
 ) -> dict[str, Any]:
     figures: dict[str, Any] = {f"unallocated_pct_at_{x}": replay.unallocated_at(x) for x in READ_AT}
+    figures.update(
+        {f"never_admissible_failed_pct_at_{x}": replay.unallocated_at(x, column=2) for x in READ_AT}
+    )
     failures = replay.failures
     figures.update(
         pods=pods,
         failed_no_gpu_room=failures[NO_GPU_ROOM],
         failed_cpu_memory_short=failures[CPU_MEMORY_SHORT],
         failed_numa_refused=failures[NUMA_REFUSED],
+        failed_never_admissible=failures[NEVER_ADMISSIBLE],
         failed_cpu_only=failures[CPU_ONLY_NO_ROOM],
         failed_kubelet=sum(v for k, v in failures.items() if k.startswith("kubelet:")),
         topology_affinity_errors=failures["kubelet:TopologyAffinityError"],
@@ -358,6 +393,7 @@ def _figures(
         if replay.ls_one_numa[0]
         else None,
         never_single_numa_pods=replay.never_single_numa,
+        never_admissible_pods=replay.never_admissible,
         refits_moved=refits.get("moved", 0),
         refits_refused=refits.get("refused", 0),
         idle_gpus=idle,
@@ -399,9 +435,18 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     """One readable block per policy."""
     unallocated = ", ".join(f"{x}%: {_fmt(figures[f'unallocated_pct_at_{x}'], '%')}" for x in READ_AT)
     print(f"{policy}: unallocated GPU at arrived {unallocated}")
+    if figures["never_admissible_pods"]:
+        never = ", ".join(
+            f"{x}%: {_fmt(figures[f'never_admissible_failed_pct_at_{x}'], '%')}" for x in READ_AT
+        )
+        print(
+            f"  GPU of the {figures['never_admissible_pods']} pods no node could ever admit (exclusive CPUs "
+            f"wider than any NUMA node beside replicas that fit one), % of the GPUs, by arrived {never}"
+        )
     print(
         f"  failed: no GPU room {figures['failed_no_gpu_room']}, GPU room only where CPU/memory short "
         f"{figures['failed_cpu_memory_short']}, refused by NUMA prediction {figures['failed_numa_refused']}, "
+        f"never admissible {figures['failed_never_admissible']}, "
         f"kubelet {figures['failed_kubelet']} "
         f"(TopologyAffinityError {figures['topology_affinity_errors']}), "
         f"CPU-only {figures['failed_cpu_only']}, "

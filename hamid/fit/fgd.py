@@ -92,6 +92,10 @@ class NodeState(NamedTuple):
     #: The rule by which the node's plugin hides free replicas from kubelet (None: it does not;
     #: :mod:`hamid.fit.replica_room`; ``numa`` then counts only the replicas kubelet sees).
     hide: str | None = None
+    #: kubelet's Topology Manager admits only a preferred hint (``restricted``, ``single-numa-node``):
+    #: an aligned shape with no NUMA node holding both its exclusive CPUs and its replicas cannot run
+    #: there at all (:func:`usable`).
+    rejects_unpreferred: bool = False
 
     @classmethod
     def of(
@@ -101,6 +105,7 @@ class NodeState(NamedTuple):
         gpus: Iterable[Gpu],
         numa: tuple[NumaRoom, ...] | None = None,
         hide: str | None = None,
+        rejects_unpreferred: bool = False,
     ) -> NodeState:
         """A state from its GPUs."""
         listed = tuple(gpus)
@@ -112,6 +117,7 @@ class NodeState(NamedTuple):
             tuple(g.model for g in listed),
             numa,
             hide,
+            rejects_unpreferred,
         )
 
 
@@ -229,9 +235,15 @@ def usable(node: NodeState, shape: Shape) -> int:
     fitting = _fitting(node, shape)
     if len(fitting) < count:
         return 0
-    if not _alignable(node, shape):
-        return sum(frees[i] for i in fitting)
     home = kubelet_home(node, shape)
+    if not _alignable(node, shape):
+        # More GPUs or CPUs than one NUMA node holds: the paper's rule, but where kubelet admits only
+        # a preferred hint it needs a NUMA node with the CPUs and the replicas: the device manager's
+        # hint for replicas that fit one NUMA node is preferred there alone, and the CPU manager's
+        # for CPUs that do not is preferred only across NUMA nodes, so they never agree otherwise.
+        if node.rejects_unpreferred and shape.exclusive and home is None:
+            return 0
+        return sum(frees[i] for i in fitting)
     on_home = [frees[i] for i in fitting if node.numas[i] == home]
     return sum(on_home) if home is not None and len(on_home) >= count else 0
 

@@ -763,7 +763,7 @@ def merge_hints(profile: NumaProfile, providers: Sequence[list[Hint]]) -> tuple[
         if best.mask == mask_of(profile.numa_nodes):
             best = Hint(None, best.preferred)
         return best, best.preferred
-    return best, policy == "best-effort" or best.preferred
+    return best, not policies.rejects_unpreferred or best.preferred
 
 
 # ==========================================================================================

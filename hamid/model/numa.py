@@ -246,6 +246,12 @@ class KubeletPolicies:
             self, "topology_manager_options", MappingProxyType(dict(self.topology_manager_options))
         )
 
+    @property
+    def rejects_unpreferred(self) -> bool:
+        """Whether the Topology Manager admits only a preferred merged hint (``restricted``,
+        ``single-numa-node``); ``best-effort`` admits any, ``none`` computes none."""
+        return self.topology_manager_policy in ("restricted", SINGLE_NUMA_NODE)
+
     def max_allowable_numa_nodes(self) -> int:
         """``max-allowable-numa-nodes`` (default 8); InvalidInput when kubelet could not parse it."""
         raw = self.topology_manager_options.get(TM_OPTION_MAX_NUMA_NODES)

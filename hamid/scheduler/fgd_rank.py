@@ -247,12 +247,18 @@ class FgdRanker:
             room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
             numa = self.numa
             hidden = numa.hidden(name, usage)
+            entry_numa = numa.nodes.get(name)
+            rooms = numa_room(entry_numa, numa.resource, hidden)
             state = self._states[name] = NodeState.of(
                 room.cpu,
                 room.memory_mib,
                 gpus,
-                numa_room(numa.nodes.get(name), numa.resource, hidden),
+                rooms,
                 hide=numa.hide_rule(name),
+                rejects_unpreferred=rooms is not None
+                and entry_numa is not None
+                and entry_numa.profile is not None
+                and entry_numa.profile.policies.rejects_unpreferred,
             )
         return state
 

@@ -207,3 +207,33 @@ async def test_fgd_sends_an_aligned_pod_where_kubelets_numa_node_has_its_gpu() -
             env.server.get("Pod", "default", "x")["metadata"]["annotations"][NUMA_PREDICTED]
         )
         assert predicted.containers[0].numa == frozenset({0})
+
+
+async def test_fgd_counts_gpus_kubelet_would_refuse_a_wide_aligned_shape_as_fragment() -> None:
+    """The typical pod is aligned and asks 6 exclusive CPUs, more than a NUMA node of these nodes
+    holds (3 and 4 assignable). Under ``best-effort`` kubelet still runs it (unaligned), so the
+    ``lenient`` node's GPUs serve it; under ``single-numa-node`` (as under ``restricted``) its CPU
+    hint is preferred only across both NUMA nodes and its replicas' on one, so kubelet never admits
+    it and the ``strict`` node's GPUs are fragment for it. A Burstable share then goes to
+    ``strict``, where it removes fragment, although ``lenient`` comes first among equal nodes."""
+    assert tie_order("lenient") > tie_order("strict")  # without the rule they tie: lenient wins
+    wide = parse_workload([{"cpu": "6", "gpus": 1, "gpuShare": 100, "aligned": True}])
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=wide)
+    async with running_scheduler(settings) as env:
+        now = int(time.time())
+        for name, policy in (("strict", "single-numa-node"), ("lenient", "best-effort")):
+            profile = dataclasses.replace(
+                PROFILE,
+                observed_at=now,
+                policies=dataclasses.replace(PROFILE.policies, topology_manager_policy=policy),
+            )
+            body = numa_node(name)
+            body["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
+            env.server.put({"apiVersion": "v1", "kind": "Node", **body})
+        names = ["strict", "lenient"]
+        await wait_for(lambda: all(env.scheduler.numa.free_cpus(n) is not None for n in names))
+        share = numa_pod("x", mem=4000)
+        share["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"  # Burstable
+        share["spec"]["containers"][0]["resources"]["limits"].pop("cpu")
+        p = await env.create_pod(share)
+        assert (await env.filter(p, names))["NodeNames"] == ["strict"]

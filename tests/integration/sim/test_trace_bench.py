@@ -97,6 +97,8 @@ def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
     # two whole-GPU pods and the A10 share fail where only node b (short of CPU) has GPU room
     assert figures["failed_cpu_memory_short"] == 3
     assert figures["failed_no_gpu_room"] == figures["failed_numa_refused"] == 0
+    assert figures["failed_never_admissible"] == 0
+    assert figures["never_admissible_failed_pct_at_100"] == 0
     assert figures["failed_kubelet"] == figures["failed_other"] == 0
     assert figures["failed_cpu_only"] == 0
     assert figures["idle_gpus"] == 1  # b's A10; b keeps its 2 CPUs (the CPU-only pod prefers a)
@@ -107,7 +109,7 @@ def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
         assert figures["ls_aligned_pct"] == figures["ls_one_numa_aligned_pct"] == aligned
         assert figures["refits_moved"] == 0
         assert figures["refits_refused"] == (0 if hiding else 1)
-        assert figures["never_single_numa_pods"] == 0
+        assert figures["never_single_numa_pods"] == figures["never_admissible_pods"] == 0
     else:
         assert figures["ls_gpu_pods_placed"] == 0
 
@@ -136,3 +138,36 @@ def test_parallel_replays_report_in_the_policies_order(tmp_path: Path) -> None:
     assert reported == asked
     for figures in summary["policies"].values():
         _check(figures, "off", hiding=False)
+
+
+@pytest.mark.parametrize("policies", ["binpack/spread", "fgd/fgd"])
+@pytest.mark.parametrize("numa", ["off", "on", "strict"])
+def test_a_pod_wider_than_every_numa_node_is_never_admissible_with_numa(
+    tmp_path: Path, numa: str, policies: str
+) -> None:
+    """One node of 16 CPUs (8 per NUMA node) and 2 T4s; an LS pod asking 12 CPUs and one GPU, and two
+    Burstable ones asking 2 CPUs and one GPU each: 3 GPUs arrive (150 %, no clones). With NUMA the LS
+    pod is Guaranteed with 12 exclusive CPUs, more than a NUMA node holds, beside replicas that fit
+    one: kubelet's ``restricted`` and ``single-numa-node`` can never admit it, hamid's prediction
+    refuses it and the bench files it apart, and the two others run. Without NUMA the first two to
+    arrive run."""
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,16000,65536,2,T4\n")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
+        "wide,12000,4096,1,1000,,LS\nnarrow1,2000,4096,1,1000,,BE\nnarrow2,2000,4096,1,1000,,BE\n"
+    )
+    result = _run(
+        "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--numa", numa, "--policies", policies,
+        "--jobs", "1", "--cpu-pods", "hamid",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])["policies"][policies]
+    never = 0 if numa == "off" else 1
+    assert figures["pods"] == 3
+    assert figures["never_admissible_pods"] == figures["failed_never_admissible"] == never
+    assert figures["never_admissible_failed_pct_at_130"] == 50 * never  # 1 GPU of 2
+    assert figures["unallocated_pct_at_130"] == 0  # both GPUs run a pod
+    assert figures["failed_numa_refused"] == figures["failed_kubelet"] == figures["failed_other"] == 0
+    assert figures["failed_no_gpu_room"] == 1 - never
+    assert ("no node could ever admit" in result.stdout) == bool(never)

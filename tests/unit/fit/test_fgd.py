@@ -85,6 +85,26 @@ def test_shape_that_never_fits_one_numa_node_is_judged_unaligned() -> None:
     assert frag(node(1000, 1000, 1000, 1000, numa=((30, 30), (30, 30))), (four, 1)) == 0
 
 
+def test_a_shape_kubelet_would_reject_cannot_use_the_node() -> None:
+    """Under ``restricted`` / ``single-numa-node`` a shape wider than a NUMA node runs only where one
+    NUMA node has its exclusive CPUs and replicas (kubelet then gives its CPUs there, its GPUs
+    anywhere); elsewhere the merged hint is never preferred and kubelet rejects it."""
+
+    def rejecting(*frees: int, numa: tuple[tuple[int, ...], ...]) -> NodeState:
+        return node(*frees, numa=numa)._replace(rejects_unpreferred=True)
+
+    wide = Shape(12_000, 1024, 1, 1000, exclusive=12)  # 12 CPUs on a node of 8 per NUMA node
+    small_node = ((8, 8), (8, 8))
+    assert frag(node(1000, 1000, numa=small_node), (wide, 1)) == 0  # best-effort: runs unaligned
+    assert frag(rejecting(1000, 1000, numa=small_node), (wide, 1)) == 2000  # restricted: never
+    four = Shape(40_000, 1024, 4, 1000, exclusive=40)  # four GPUs, CPUs of one NUMA node
+    assert frag(rejecting(1000, 1000, 1000, 1000, numa=((40, 48), (48, 48))), (four, 1)) == 0
+    assert frag(rejecting(1000, 1000, 1000, 1000, numa=((30, 48), (30, 48))), (four, 1)) == 4000
+    narrow = Shape(4000, 1024, 1, 1000, exclusive=4)  # fits one NUMA node: judged aligned as before
+    assert frag(rejecting(1000, 1000, numa=((2, 8), (8, 8))), (narrow, 1)) == 1000
+    assert frag(rejecting(1000, 1000, numa=small_node), (narrow._replace(exclusive=0), 1)) == 0
+
+
 def test_placement_takes_the_gpu_that_removes_most_fragmentation() -> None:
     workload = Workload.of([(HALF, 1)])
     state = node(1000, 700)  # F = 0: both can take a half
