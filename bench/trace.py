@@ -65,6 +65,8 @@ from hamidsim.kube_scheduler import default_scores, pod_requests, select_host  #
 
 #: Arrived GPU % at which the unallocated GPU % is reported (the paper reads 100 and 130).
 READ_AT = (90, 100, 110, 130)
+#: Figures that are curves (a value per arrived %, 0..130): plotted, not printed.
+CURVES = ("curve", "admissible_curve")
 #: Failure causes (a kubelet rejection is ``kubelet:<reason>``).
 NO_GPU_ROOM = "no_gpu_room"
 CPU_MEMORY_SHORT = "gpu_room_only_where_cpu_or_memory_short"
@@ -404,6 +406,10 @@ def _figures(
     )
     figures["failure_causes"] = dict(failures.most_common())
     figures["curve"] = [replay.unallocated_at(x) for x in range(0, 131)]
+    # unallocated % less the GPU of the failed pods no node could ever admit, point by point
+    figures["admissible_curve"] = [
+        _less(replay.unallocated_at(x), replay.unallocated_at(x, 2)) for x in range(131)
+    ]
     return figures
 
 
@@ -413,11 +419,15 @@ def median_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key, value in runs[0].items():
         if key == "failure_causes":
             out[key] = dict(sum((Counter(r[key]) for r in runs), Counter()))
-        elif key == "curve":
+        elif key in CURVES:
             out[key] = [_median([r[key][i] for r in runs]) for i in range(len(value))]
         else:
             out[key] = _median([r[key] for r in runs])
     return out
+
+
+def _less(value: float | None, part: float | None) -> float | None:
+    return None if value is None or part is None else value - part
 
 
 def _median(values: Sequence[Any]) -> Any:
@@ -440,8 +450,9 @@ def report(policy: str, figures: dict[str, Any]) -> None:
             f"{x}%: {_fmt(figures[f'never_admissible_failed_pct_at_{x}'], '%')}" for x in READ_AT
         )
         print(
-            f"  GPU of the {figures['never_admissible_pods']} pods no node could ever admit (exclusive CPUs "
-            f"wider than any NUMA node beside replicas that fit one), % of the GPUs, by arrived {never}"
+            f"  pods no node could ever admit (exclusive CPUs wider than any NUMA node, beside replicas "
+            f"that fit one): {figures['never_admissible_pods']} arrived; their failed GPU, % of the GPUs, "
+            f"by arrived {never}"
         )
     print(
         f"  failed: no GPU room {figures['failed_no_gpu_room']}, GPU room only where CPU/memory short "
@@ -475,7 +486,16 @@ def plot(path: Path, results: dict[str, dict[str, Any]], published: Path, title:
     fig, axes = plt.subplots(figsize=(8, 5))
     for policy, figures in results.items():
         curve = [(x, y) for x, y in enumerate(figures["curve"]) if y is not None]
-        axes.plot([p[0] for p in curve], [p[1] for p in curve], label=f"hamid {policy}")
+        (line,) = axes.plot([p[0] for p in curve], [p[1] for p in curve], label=f"hamid {policy}")
+        if figures["never_admissible_pods"]:
+            less = [(x, y) for x, y in enumerate(figures["admissible_curve"]) if y is not None]
+            axes.plot(
+                [p[0] for p in less],
+                [p[1] for p in less],
+                linestyle=":",
+                color=line.get_color(),
+                label=f"hamid {policy}, less the pods kubelet can never admit",
+            )
     for name, label in PUBLISHED_POLICIES.items():
         points = _published(published, name)
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", label=label)
@@ -582,7 +602,7 @@ def main() -> None:
         "hide_replicas": args.hide_replicas,
         "peak_rss_mib": max(peak_rss_mib(), children),
     }
-    summary["policies"] = {p: {k: v for k, v in f.items() if k != "curve"} for p, f in results.items()}
+    summary["policies"] = {p: {k: v for k, v in f.items() if k not in CURVES} for p, f in results.items()}
     print_figures(summary)
 
 
