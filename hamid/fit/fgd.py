@@ -6,7 +6,8 @@ node's idle GPU when ``m`` cannot run there at all (it needs no GPU, the node is
 memory, no GPU of an allowed model has room for it, or too few do), else the idle GPU on the
 GPUs that cannot take it. Beyond the paper, an *aligned* shape (exclusive CPUs on its GPUs' NUMA
 node) can use a GPU only when that NUMA node still has the exclusive CPUs it needs, so GPUs
-stranded beside exhausted CPUs count as fragment too. A pod goes where it removes the most
+stranded beside exhausted CPUs count as fragment too, as do all of a node's GPUs for a shape that
+kubelet's Topology Manager would not admit there. A pod goes where it removes the most
 fragmentation (``F_before - F_after``): the node, and for a share, the GPU.
 
 The typical workload is learned online (:class:`ShapeHistogram`) or pinned by an operator
