@@ -179,27 +179,25 @@ class ShapeCheck:
             for n in nodes
             for numa, cpus in n.layout.numa_cpus.items()
         }
-        self._memo: dict[tuple[int, int, str], bool] = {}
-        self._admissible: dict[tuple[int, int, str], bool] = {}
-
-    def admissible(self, pod: TracePod) -> bool:
-        """Whether some NUMA node of a node of its model holds the aligned pod's exclusive CPUs and
-        its GPUs' replicas (:data:`NEVER_ADMISSIBLE` when none does)."""
-        key = (pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
-        if key not in self._admissible:
-            models = pod.gpu_spec.split("|") if pod.gpu_spec else None
-            self._admissible[key] = any(
-                (models is None or model in models) and gpus * SPLIT >= key[0] and cpus >= key[1]
-                for model, gpus, cpus in self._numas
-            )
-        return self._admissible[key]
+        self._memo: dict[tuple[int, int, int, str], bool] = {}
 
     def fits_one_numa(self, pod: TracePod) -> bool:
-        key = (pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
+        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs."""
+        return self._one_numa_holds(pod, 1)
+
+    def admissible(self, pod: TracePod) -> bool:
+        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs' replicas, so
+        that kubelet can give it a preferred hint there (:data:`NEVER_ADMISSIBLE` when none does)."""
+        return self._one_numa_holds(pod, SPLIT)
+
+    def _one_numa_holds(self, pod: TracePod, per_gpu: int) -> bool:
+        """Whether some NUMA node of a node of the pod's model has its whole CPUs and ``per_gpu``
+        devices per GPU for its GPU count."""
+        key = (per_gpu, pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
         if key not in self._memo:
             models = pod.gpu_spec.split("|") if pod.gpu_spec else None
             self._memo[key] = any(
-                (models is None or model in models) and gpus >= key[0] and cpus >= key[1]
+                (models is None or model in models) and gpus * per_gpu >= key[1] and cpus >= key[2]
                 for model, gpus, cpus in self._numas
             )
         return self._memo[key]

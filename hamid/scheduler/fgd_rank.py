@@ -247,8 +247,9 @@ class FgdRanker:
             room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
             numa = self.numa
             hidden = numa.hidden(name, usage)
-            entry_numa = numa.nodes.get(name)
-            rooms = numa_room(entry_numa, numa.resource, hidden)
+            ledger = numa.nodes.get(name)
+            rooms = numa_room(ledger, numa.resource, hidden)
+            profile = ledger.profile if ledger is not None else None
             state = self._states[name] = NodeState.of(
                 room.cpu,
                 room.memory_mib,
@@ -256,9 +257,8 @@ class FgdRanker:
                 rooms,
                 hide=numa.hide_rule(name),
                 rejects_unpreferred=rooms is not None
-                and entry_numa is not None
-                and entry_numa.profile is not None
-                and entry_numa.profile.policies.rejects_unpreferred,
+                and profile is not None
+                and profile.policies.rejects_unpreferred,
             )
         return state
 
