@@ -190,6 +190,10 @@ class ShapeCheck:
         that kubelet can give it a preferred hint there (:data:`NEVER_ADMISSIBLE` when none does)."""
         return self._one_numa_holds(pod, SPLIT)
 
+    def never_admissible(self, pod: TracePod, numa: str) -> bool:
+        """Whether NUMA is on and the pod is aligned but no node could ever admit it."""
+        return aligned_shape(pod, numa != "off") and not self.admissible(pod)
+
     def _one_numa_holds(self, pod: TracePod, per_gpu: int) -> bool:
         """Whether some NUMA node of a node of the pod's model has its whole CPUs and ``per_gpu``
         devices per GPU for its GPU count."""
@@ -230,8 +234,7 @@ async def _hamid_path(
     if not trace.num_gpu:
         return CPU_ONLY_NO_ROOM
     if feasible and cluster.numa != "off" and cluster.gpu_room(pod, feasible):
-        shapes = replay.shapes
-        never = shapes is not None and aligned_shape(trace, True) and not shapes.admissible(trace)
+        never = replay.shapes is not None and replay.shapes.never_admissible(trace, cluster.numa)
         return NEVER_ADMISSIBLE if never else NUMA_REFUSED
     return CPU_MEMORY_SHORT if cluster.gpu_room(pod, cluster.names) else NO_GPU_ROOM
 
@@ -354,7 +357,7 @@ async def replay_one(
         for i, trace in enumerate(sequence):
             aligned = aligned_shape(trace, numa != "off")
             replay.never_single_numa += int(aligned and not shapes.fits_one_numa(trace))
-            never = aligned and not shapes.admissible(trace)
+            never = shapes.never_admissible(trace, numa)
             replay.never_admissible += int(never)
             replay.note(trace, await place(cluster, trace, f"uid-{i}", replay, rng), never)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started

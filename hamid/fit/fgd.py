@@ -236,15 +236,15 @@ def usable(node: NodeState, shape: Shape) -> int:
     fitting = _fitting(node, shape)
     if len(fitting) < count:
         return 0
-    home = kubelet_home(node, shape)
     if not _alignable(node, shape):
         # More GPUs or CPUs than one NUMA node holds: the paper's rule, but where kubelet admits only
         # a preferred hint it needs a NUMA node with the CPUs and the replicas: the device manager's
         # hint for replicas that fit one NUMA node is preferred there alone, and the CPU manager's
         # for CPUs that do not is preferred only across NUMA nodes, so they never agree otherwise.
-        if node.rejects_unpreferred and shape.exclusive and home is None:
+        if node.rejects_unpreferred and shape.exclusive and kubelet_home(node, shape) is None:
             return 0
         return sum(frees[i] for i in fitting)
+    home = kubelet_home(node, shape)
     on_home = [frees[i] for i in fitting if node.numas[i] == home]
     return sum(on_home) if home is not None and len(on_home) >= count else 0
 
