@@ -22,6 +22,10 @@ NODE_UNREGISTERED = "node unregistered"
 #: hamid: the NUMA predictor says kubelet would reject the pod on the node, or (``strict`` pods) its
 #: GPUs cannot be on the NUMA node kubelet will choose.
 NUMA_PREDICTED_NOT_FIT = "NumaPredictedNotFit"
+#: hamid: kubelet would reject the pod on the node even with nothing else running there (e.g. more
+#: exclusive CPUs than any NUMA node holds, beside GPU replicas that fit one, under ``restricted``):
+#: no scheduling choice helps; the pod's request, or the node's kubelet policy, must change.
+NUMA_NEVER_ADMISSIBLE = "NumaNeverAdmissible"
 #: kube-scheduler's NodeResourcesFit reasons, given by the ``fgd`` node policy (which knows every
 #: node's CPU and memory) for a node whose room is short of the pod's request.
 INSUFFICIENT_CPU = "Insufficient cpu"

@@ -478,7 +478,8 @@ class Planner:
 
         Returns the fit and whether it is aligned with the prediction (True also when there is no
         definite prediction). ``reject`` and a ``strict`` pod that cannot be aligned are
-        ``NumaPredictedNotFit``; a best-effort (or not opted-in) pod falls back to any GPU.
+        ``NumaPredictedNotFit`` (``NumaNeverAdmissible`` where kubelet would reject the pod even on
+        the idle node); a best-effort (or not opted-in) pod falls back to any GPU.
         """
         release = previous.applied if previous is not None and previous.node == entry.name else None
         order = prefer(entry) if prefer is not None else ()
@@ -491,7 +492,8 @@ class Planner:
                 numa.resolve(self.ledgers, entry, fitted)
             return fitted, True
         if prediction.outcome is Outcome.REJECT:
-            return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
+            never = self.ledgers.never_admits(entry.name, numa.pod, numa.shape)
+            return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT), True
         targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
         if all(t is None for t in targets):
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True

@@ -74,6 +74,8 @@ log = get_logger("scheduler.numa")
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Predictions kept (per distinct ledger state and pod shape); the memo is dropped when it is full.
 _MEMO_SIZE = 50_000
+#: Marks a memo key of :meth:`NumaLedgers.never_admits` (the node idle, not in its current state).
+_IDLE = "idle"
 HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
 #: Distinct usages and CPU sets shared (:class:`_Shared`); dropped when full.
 _SHARED_SIZE = 100_000
@@ -303,14 +305,8 @@ class NumaLedgers:
         if profile is None:
             entry.ledger = None
             return
-        assignable = profile.all_cpus - profile.reserved_cpus
         try:
-            ledger = NumaLedger(
-                profile.generation,
-                self._shared.intern(assignable, assignable),
-                {r: dict(per) for r, per in entry.totals.items()},
-                MemoryLedger.for_profile(profile),
-            )
+            ledger = self._idle_ledger(profile, entry.totals)
         except InvalidInput as exc:
             log.warning("numa_ledger_invalid", node=entry.name, error=str(exc))
             entry.ledger = None
@@ -321,6 +317,18 @@ class NumaLedgers:
             if rec.source is Source.REPLAY and rec.pod is not None:
                 rec.usage = self._replay_usage(entry, rec.pod)
             self._book(entry, rec, rebuild=False)
+
+    def _idle_ledger(
+        self, profile: NumaProfile, totals: Mapping[str, Mapping[int, tuple[int, int]]]
+    ) -> NumaLedger:
+        """The ledger of the node with nothing on it: every assignable CPU, replica and memory free."""
+        assignable = profile.all_cpus - profile.reserved_cpus
+        return NumaLedger(
+            profile.generation,
+            self._shared.intern(assignable, assignable),
+            {r: dict(per) for r, per in totals.items()},
+            MemoryLedger.for_profile(profile),
+        )
 
     def _book(self, entry: NodeNuma, rec: PodRecord, rebuild: bool = True) -> None:
         """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked."""
@@ -530,6 +538,34 @@ class NumaLedgers:
                 self._memo.clear()
             self._memo[key] = cached
         return _named(cached, pod)
+
+    def never_admits(self, node: str, pod: JSON, shape: Hashable) -> bool:
+        """Whether kubelet would reject ``pod`` on ``node`` even with nothing else there (every
+        CPU, replica and memory block of its profile free): then no scheduling choice helps, e.g. a
+        Guaranteed GPU pod whose exclusive CPUs exceed every NUMA node under ``restricted``.
+
+        Memoized per (profile, registered replicas, pod shape): nodes of one kind share it.
+        """
+        entry = self.nodes.get(node)
+        if entry is None or entry.profile is None:
+            return False
+        key = (
+            _IDLE,
+            entry.profile_key,
+            tuple(sorted((r, tuple(sorted(t.items()))) for r, t in entry.totals.items())),
+            shape,
+        )
+        cached = self._memo.get(key)
+        if cached is None or _aged(entry.profile, self.clock()):
+            try:
+                ledger = self._idle_ledger(entry.profile, entry.totals)
+            except InvalidInput:
+                return False
+            cached = predict(entry.profile, ledger, pod, now=self.clock())
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = cached
+        return cached.outcome is Outcome.REJECT
 
     def predict_chosen(
         self, node: str, pod: JSON, uid: str, devices: PodDevices, usage: NodeUsage

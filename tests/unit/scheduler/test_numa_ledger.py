@@ -129,13 +129,29 @@ def test_gpu_is_fitted_on_the_numa_node_kubelet_will_choose() -> None:
 
 def test_a_node_kubelet_would_reject_is_not_offered() -> None:
     scheduler, _ = _scheduler(_node("n1"), _node("n2", profile=False))
-    # 5 exclusive CPUs fit no single NUMA node: single-numa-node rejects it on n1
+    # 5 exclusive CPUs fit no single NUMA node: single-numa-node rejects it on n1, even idle
     node, _, failed, numa = _plan(scheduler, _pod("big", cpus=5), ("n1",))
-    assert node is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
+    assert node is None and failed == {"n1": R.NUMA_NEVER_ADMISSIBLE}
     assert numa.predictions["n1"] is not None and numa.predictions["n1"].outcome is Outcome.REJECT
     # a node without a profile keeps today's behaviour (no prediction)
     node, _, _, numa = _plan(scheduler, _pod("big2", cpus=5), ("n1", "n2"))
     assert node == "n2" and numa.predictions.get("n2") is None
+
+
+def test_a_rejection_the_idle_node_would_admit_is_only_not_fit_now() -> None:
+    scheduler, _ = _scheduler(_node())
+    # NUMA 1's 4 CPUs hold 4 exclusive CPUs on the idle node; a foreign pod now holds two of them
+    foreign = _pod("f", cpus=2, gpus=0, scheduler="default-scheduler", node="n1")
+    foreign["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({4, 5}), 1)
+    scheduler._pod_seen(foreign)
+    node, _, failed, numa = _plan(scheduler, _pod("wide", cpus=4))
+    assert node is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
+    assert numa.predictions["n1"] is not None and numa.predictions["n1"].outcome is Outcome.REJECT
+    assert not scheduler.numa.never_admits("n1", numa.pod, numa.shape)
+    # once it is gone the same pod is placed, on NUMA 1's GPU
+    scheduler._pod_gone(foreign)
+    node, fitted, _, _ = _plan(scheduler, _pod("wide2", cpus=4))
+    assert node == "n1" and _gpus_of(fitted) == ["n1-g1"]
 
 
 @pytest.mark.parametrize("mode", ["strict", "best-effort", ""])
