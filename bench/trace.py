@@ -140,6 +140,8 @@ class Replay:
     #: NUMA-aligned LS GPU pods: [placed, aligned] in all, and among those that fit one NUMA node.
     ls: list[int] = field(default_factory=lambda: [0, 0])
     ls_one_numa: list[int] = field(default_factory=lambda: [0, 0])
+    #: Unaligned LS GPU pods that fit one NUMA node but had no aligned place when they came.
+    ls_unalignable: int = 0
     never_single_numa: int = 0
     never_admissible: int = 0
     gpu_used: Counter[str] = field(default_factory=Counter)
@@ -311,6 +313,44 @@ def _count_placed(cluster: Cluster, node: SimNode, trace: TracePod, record: Any,
     if replay.shapes is not None and replay.shapes.fits_one_numa(trace):
         replay.ls_one_numa[0] += 1
         replay.ls_one_numa[1] += aligned
+        if not aligned:
+            replay.ls_unalignable += not _could_align(cluster, node, trace, devices, record, replay)
+
+
+def _could_align(
+    cluster: Cluster, chosen: SimNode, trace: TracePod, devices: list[Any], record: Any, replay: Replay
+) -> bool:
+    """Whether the aligned pod, run unaligned on ``chosen``, could have run aligned anywhere when it
+    came: a node NodeResourcesFit passes, of its GPU model, where the simulated kubelet would give its
+    CPUs one NUMA node whose GPUs have room for it (by the bookings of the pods kubelet admitted). It
+    is the simulator's and the bench's judgement, not hamid's: the other nodes are as they were when
+    the pod came; on ``chosen`` kubelet gave the pod's CPUs the NUMA node it would have given them,
+    and the pod's own GPUs are taken out of the bookings."""
+    used = Counter(replay.gpu_used)
+    for device in devices:
+        used[device.uuid] -= device.usedcores
+    models = trace.gpu_spec.split("|") if trace.gpu_spec else None
+    pod = cluster.api.pods[f"default/{trace.name}"]
+    given = {n for c in record.containers for n in c.cpu_numa_nodes}
+    given_numa = min(given) if len(given) == 1 else None
+    for name in (*cluster.room.feasible(pod_requests(pod)), chosen.name):
+        node = cluster.nodes[name]
+        if models is not None and node.trace.model not in models:
+            continue
+        numa = given_numa if node is chosen else node.kubelet_numa(pod)
+        if numa is not None and _room_on(node, numa, trace, used):
+            return True
+    return False
+
+
+def _room_on(node: SimNode, numa: int, trace: TracePod, used: Counter[str]) -> bool:
+    """Whether NUMA node ``numa`` of ``node`` has GPUs with room for the pod (a share: one GPU with
+    that much free; whole GPUs: that many idle ones), by ``used`` (booked cores per GPU)."""
+    share = min(trace.gpu_milli, MILLI) * 100 // MILLI
+    gpus = [uuid for uuid, n in node.gpu_numa.items() if n == numa]
+    if trace.num_gpu == 1 and trace.gpu_milli < MILLI:
+        return any(100 - used[uuid] >= share for uuid in gpus)
+    return sum(used[uuid] == 0 for uuid in gpus) >= trace.num_gpu
 
 
 def stranded_gpus(cluster: Cluster, replay: Replay) -> tuple[int, int]:
@@ -395,6 +435,10 @@ def _figures(
         ls_one_numa_aligned_pct=100 * replay.ls_one_numa[1] / replay.ls_one_numa[0]
         if replay.ls_one_numa[0]
         else None,
+        ls_unalignable_pods=replay.ls_unalignable,
+        ls_alignable_aligned_pct=100 * replay.ls_one_numa[1] / (replay.ls_one_numa[0] - replay.ls_unalignable)
+        if replay.ls_one_numa[0] > replay.ls_unalignable
+        else None,
         never_single_numa_pods=replay.never_single_numa,
         never_admissible_pods=replay.never_admissible,
         refits_moved=refits.get("moved", 0),
@@ -466,7 +510,9 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     )
     print(
         f"  LS GPU pods aligned {_fmt(figures['ls_aligned_pct'], '%')} "
-        f"(of those fitting one NUMA node {_fmt(figures['ls_one_numa_aligned_pct'], '%')}; "
+        f"(of those fitting one NUMA node {_fmt(figures['ls_one_numa_aligned_pct'], '%')}, "
+        f"of those that could run aligned when they came {_fmt(figures['ls_alignable_aligned_pct'], '%')}: "
+        f"{_fmt(figures['ls_unalignable_pods'])} could not; "
         f"{figures['never_single_numa_pods']} never single-NUMA), refits {figures['refits_moved']}, "
         f"idle GPUs {figures['idle_gpus']} ({figures['idle_gpus_stranded_without_cpu']} stranded without CPU)"
     )

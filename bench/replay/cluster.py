@@ -357,6 +357,16 @@ class SimNode:
         numa_of = {cpu: n for n, cpus in self.layout.numa_cpus.items() for cpu in cpus}
         return encode_placement(placement_of(held, numa_of, 1))
 
+    def kubelet_numa(self, pod: JSON) -> int | None:
+        """The one NUMA node kubelet's Topology Manager would give the pod's container here now
+        (None: it would reject the pod, or span several NUMA nodes), with the plugin's device list
+        as it stands."""
+        self.list_and_watch()
+        hint, admit = self.admitter.container_hint(pod, pod["spec"]["containers"][0])
+        if not admit or hint.affinity is None or len(hint.affinity) != 1:
+            return None
+        return next(iter(hint.affinity))
+
     def free_cpus_on(self, numa: int) -> int:
         """CPUs the static CPU manager could still assign exclusively on NUMA node ``numa``."""
         return len(self.cpus.available() & self.layout.numa_cpus[numa])

@@ -71,6 +71,16 @@ class Admitter:
             raise topology_affinity_error()
         return hint
 
+    def container_hint(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any]
+    ) -> tuple[TopologyHint, bool]:
+        """The Topology Manager's merged hint for one container of a pod not yet admitted, and
+        whether it would admit it (container scope), allocating nothing: a dry run for a judge
+        that asks where kubelet would put a pod on this node now."""
+        s = self.settings
+        providers = self._container_providers(pod, "", container, {}, set())
+        return merge_hints(s.policy, s.numa_ids, providers, s.distance)
+
     async def admit(self, pod: Mapping[str, Any], record: PodAdmission) -> None:
         """Allocate every container or raise :class:`AdmissionFailure` (the caller releases on failure)."""
         pod_hint: TopologyHint | None = None

@@ -107,6 +107,9 @@ def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
         assert figures["ls_gpu_pods_placed"] == 2
         aligned = 100.0 if hiding else 50.0
         assert figures["ls_aligned_pct"] == figures["ls_one_numa_aligned_pct"] == aligned
+        # the unaligned one had no aligned place: a's NUMA 0 GPU was full, b lacks the CPUs
+        assert figures["ls_unalignable_pods"] == (0 if hiding else 1)
+        assert figures["ls_alignable_aligned_pct"] == 100.0
         assert figures["refits_moved"] == 0
         assert figures["refits_refused"] == (0 if hiding else 1)
         assert figures["never_single_numa_pods"] == figures["never_admissible_pods"] == 0
@@ -171,3 +174,35 @@ def test_a_pod_wider_than_every_numa_node_is_never_admissible_with_numa(
     assert figures["failed_numa_refused"] == figures["failed_kubelet"] == figures["failed_other"] == 0
     assert figures["failed_no_gpu_room"] == 1 - never
     assert ("no node could ever admit" in result.stdout) == bool(never)
+
+
+@pytest.mark.parametrize(("hide", "aligned"), [("off", 0.0), ("auto", 100.0)])
+def test_an_unaligned_pod_that_had_an_aligned_place_elsewhere_counts_against_alignment(
+    tmp_path: Path, hide: str, aligned: float
+) -> None:
+    """Six nodes of 16 CPUs and 2 T4s (one per NUMA node); five Burstable whole-GPU pods of 10 CPUs,
+    one per node by CPU, each on GPU 0 (NUMA 0, kubelet's choice for its replica), then (seed 19) an
+    LS pod of 4 CPUs. With ``--hide-replicas off`` kubelet gives its CPUs NUMA 0 on every used node
+    (GPU 0 still shows free replicas), ``binpack`` tries the used nodes first and falls back to GPU 1
+    of the first once four more nodes gave no aligned fit: it runs unaligned while the idle sixth
+    node had an aligned place, which the bench's judge (the simulated kubelet and the bookings) finds.
+    With the replicas hidden kubelet gives NUMA 1 on a used node, and the pod runs aligned there."""
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},16000,65536,2,T4\n" for i in range(6))
+    )
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
+        + "".join(f"b{i},10000,4096,1,1000,,BE\n" for i in range(5))
+        + "ls,4000,4096,1,1000,,LS\n"
+    )
+    result = _run(
+        "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--numa", "on", "--seeds", "19",
+        "--policies", "binpack/binpack", "--jobs", "1", "--limit", "6", "--hide-replicas", hide,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])["policies"]["binpack/binpack"]
+    assert figures["ls_gpu_pods_placed"] == 1
+    assert figures["ls_one_numa_aligned_pct"] == figures["ls_alignable_aligned_pct"] == aligned
+    assert figures["ls_unalignable_pods"] == 0
+    assert figures["refits_refused"] == (1 if hide == "off" else 0)
