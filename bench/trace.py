@@ -458,9 +458,18 @@ def _figures(
     return figures
 
 
+#: Figures also given seed by seed beside their median (a median of 100 % may hide a seed below it).
+PER_SEED = (
+    *(f"unallocated_pct_at_{x}" for x in READ_AT),
+    "ls_one_numa_aligned_pct",
+    "ls_alignable_aligned_pct",
+)
+
+
 def median_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The median of every numeric figure over the seeds (curves point by point)."""
-    out: dict[str, Any] = {}
+    """The median of every numeric figure over the seeds (curves point by point), and the
+    :data:`PER_SEED` figures of every seed (``per_seed``, in the seeds' order)."""
+    out: dict[str, Any] = {"per_seed": {key: [r[key] for r in runs] for key in PER_SEED}}
     for key, value in runs[0].items():
         if key == "failure_causes":
             out[key] = dict(sum((Counter(r[key]) for r in runs), Counter()))
@@ -484,6 +493,12 @@ def _fmt(value: Any, unit: str = "") -> str:
     if value is None:
         return "-"
     return f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def _lowest(figures: dict[str, Any], key: str) -> str:
+    """`` (lowest seed X%)`` when several seeds ran (the median may hide one below it)."""
+    values = [v for v in figures["per_seed"][key] if v is not None]
+    return f" (lowest seed {min(values):.2f}%)" if len(values) > 1 else ""
 
 
 def report(policy: str, figures: dict[str, Any]) -> None:
@@ -511,8 +526,8 @@ def report(policy: str, figures: dict[str, Any]) -> None:
     print(
         f"  LS GPU pods aligned {_fmt(figures['ls_aligned_pct'], '%')} "
         f"(of those fitting one NUMA node {_fmt(figures['ls_one_numa_aligned_pct'], '%')}, "
-        f"of those that could run aligned when they came {_fmt(figures['ls_alignable_aligned_pct'], '%')}: "
-        f"{_fmt(figures['ls_unalignable_pods'])} could not; "
+        f"of those that could run aligned when they came {_fmt(figures['ls_alignable_aligned_pct'], '%')}"
+        f"{_lowest(figures, 'ls_alignable_aligned_pct')}: {_fmt(figures['ls_unalignable_pods'])} could not; "
         f"{figures['never_single_numa_pods']} never single-NUMA), refits {figures['refits_moved']}, "
         f"idle GPUs {figures['idle_gpus']} ({figures['idle_gpus_stranded_without_cpu']} stranded without CPU)"
     )

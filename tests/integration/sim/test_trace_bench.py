@@ -88,6 +88,9 @@ def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
     assert summary["hide_replicas"] == hide
     for figures in summary["policies"].values():
         _check(figures, numa, hiding=hide != "off")
+        per_seed = figures["per_seed"]  # beside each median, the figure of every seed
+        assert per_seed["unallocated_pct_at_100"] == [pytest.approx(100 / 3)] * 2
+        assert per_seed["ls_alignable_aligned_pct"] == ([100.0] * 2 if numa == "on" else [None] * 2)
 
 
 def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
