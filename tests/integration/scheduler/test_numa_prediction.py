@@ -6,6 +6,7 @@ import dataclasses
 import time
 
 from hamid.model import annotations as ann
+from hamid.model import reasons as R
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
 from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
 from tests.integration.scheduler.harness import running_scheduler, wait_for
@@ -110,3 +111,22 @@ async def test_an_unknown_fits_the_gpus_where_kubelet_lets_hamids_plugin_choose(
         predicted = decode_prediction(annos[NUMA_PREDICTED])
         assert predicted.containers[0].numa == frozenset({0, 1})
         assert sum(predicted.containers[0].devices[GPU].values()) == 3
+
+
+async def test_a_node_that_would_reject_the_pod_even_idle_says_so() -> None:
+    """Under ``single-numa-node``, on a node of 3 + 4 assignable CPUs: a GPU pod asking 5 exclusive
+    CPUs is rejected however empty the node is (``NumaNeverAdmissible``); one asking 4 is placed on
+    NUMA 1 and the next such pod is only refused for now (``NumaPredictedNotFit``): NUMA 1's CPUs
+    are taken, and the idle node would admit it."""
+    async with running_scheduler() as env:
+        node = _node()
+        profile = dataclasses.replace(PROFILE, observed_at=int(time.time()))
+        node["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
+        env.server.put({"apiVersion": "v1", "kind": "Node", **node})
+        await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+        wide = await env.create_pod(_pod("wide", cpus=5))
+        assert (await env.filter(wide, ["n1"]))["FailedNodes"] == {"n1": R.NUMA_NEVER_ADMISSIBLE}
+        first = await env.create_pod(_pod("first", cpus=4))
+        assert (await env.filter(first, ["n1"]))["NodeNames"] == ["n1"]
+        second = await env.create_pod(_pod("second", cpus=4))
+        assert (await env.filter(second, ["n1"]))["FailedNodes"] == {"n1": R.NUMA_PREDICTED_NOT_FIT}
