@@ -8,19 +8,25 @@ import time
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
-from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
-from tests.integration.scheduler.harness import running_scheduler, wait_for
+from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, NumaProfile, decode_prediction, encode_profile
+from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.fit.test_numa_predict import profile_of
 from tests.unit.scheduler.test_numa_ledger import GPU, PROFILE, _node, _pod
 
 
+async def _profiled_node(env: Env) -> NumaProfile:
+    """Node ``n1`` with :data:`PROFILE`, confirmed now; returns the profile once the ledger has it."""
+    node = _node()
+    profile = dataclasses.replace(PROFILE, observed_at=int(time.time()))
+    node["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
+    env.server.put({"apiVersion": "v1", "kind": "Node", **node})
+    await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+    return profile
+
+
 async def test_filter_patch_carries_the_prediction_and_the_ledger_books_it() -> None:
     async with running_scheduler() as env:
-        node = _node()
-        profile = dataclasses.replace(PROFILE, observed_at=int(time.time()))
-        node["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
-        env.server.put({"apiVersion": "v1", "kind": "Node", **node})
-        await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+        profile = await _profiled_node(env)
         p = await env.create_pod(_pod("a"))
         body = await env.filter(p, ["n1"])
         assert body["NodeNames"] == ["n1"]
@@ -119,11 +125,7 @@ async def test_a_node_that_would_reject_the_pod_even_idle_says_so() -> None:
     NUMA 1 and the next such pod is only refused for now (``NumaPredictedNotFit``): NUMA 1's CPUs
     are taken, and the idle node would admit it."""
     async with running_scheduler() as env:
-        node = _node()
-        profile = dataclasses.replace(PROFILE, observed_at=int(time.time()))
-        node["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(profile)
-        env.server.put({"apiVersion": "v1", "kind": "Node", **node})
-        await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+        await _profiled_node(env)
         wide = await env.create_pod(_pod("wide", cpus=5))
         assert (await env.filter(wide, ["n1"]))["FailedNodes"] == {"n1": R.NUMA_NEVER_ADMISSIBLE}
         first = await env.create_pod(_pod("first", cpus=4))
