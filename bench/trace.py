@@ -201,7 +201,7 @@ class ShapeCheck:
         devices per GPU for its GPU count."""
         key = (per_gpu, pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
         if key not in self._memo:
-            models = pod.gpu_spec.split("|") if pod.gpu_spec else None
+            models = pod.gpu_models
             self._memo[key] = any(
                 (models is None or model in models) and gpus * per_gpu >= key[1] and cpus >= key[2]
                 for model, gpus, cpus in self._numas
@@ -329,7 +329,7 @@ def _could_align(
     used = Counter(replay.gpu_used)
     for device in devices:
         used[device.uuid] -= device.usedcores
-    models = trace.gpu_spec.split("|") if trace.gpu_spec else None
+    models = trace.gpu_models
     pod = cluster.api.pods[f"default/{trace.name}"]
     given = {n for c in record.containers for n in c.cpu_numa_nodes}
     given_numa = min(given) if len(given) == 1 else None
@@ -346,10 +346,9 @@ def _could_align(
 def _room_on(node: SimNode, numa: int, trace: TracePod, used: Counter[str]) -> bool:
     """Whether NUMA node ``numa`` of ``node`` has GPUs with room for the pod (a share: one GPU with
     that much free; whole GPUs: that many idle ones), by ``used`` (booked cores per GPU)."""
-    share = min(trace.gpu_milli, MILLI) * 100 // MILLI
     gpus = [uuid for uuid, n in node.gpu_numa.items() if n == numa]
     if trace.num_gpu == 1 and trace.gpu_milli < MILLI:
-        return any(100 - used[uuid] >= share for uuid in gpus)
+        return any(100 - used[uuid] >= trace.gpu_percent for uuid in gpus)
     return sum(used[uuid] == 0 for uuid in gpus) >= trace.num_gpu
 
 
@@ -528,7 +527,8 @@ def report(policy: str, figures: dict[str, Any]) -> None:
         f"(of those fitting one NUMA node {_fmt(figures['ls_one_numa_aligned_pct'], '%')}, "
         f"of those that could run aligned when they came {_fmt(figures['ls_alignable_aligned_pct'], '%')}"
         f"{_lowest(figures, 'ls_alignable_aligned_pct')}: {_fmt(figures['ls_unalignable_pods'])} could not; "
-        f"{figures['never_single_numa_pods']} never single-NUMA), refits {figures['refits_moved']}, "
+        f"{figures['never_single_numa_pods']} never single-NUMA), refits {figures['refits_moved']} moved / "
+        f"{figures['refits_refused']} refused, "
         f"idle GPUs {figures['idle_gpus']} ({figures['idle_gpus_stranded_without_cpu']} stranded without CPU)"
     )
     print(

@@ -66,6 +66,16 @@ class TracePod:
         """The milli-GPUs the pod asks for in all (what "arrived" counts)."""
         return self.num_gpu * self.gpu_milli if self.num_gpu else 0
 
+    @property
+    def gpu_models(self) -> tuple[str, ...] | None:
+        """The GPU models it accepts (``gpu_spec`` ``A|B``; None: any)."""
+        return tuple(self.gpu_spec.split("|")) if self.gpu_spec else None
+
+    @property
+    def gpu_percent(self) -> int:
+        """Its share of each GPU, in percent of the GPU's cores and memory (100: whole GPUs)."""
+        return self.gpu_milli // 10
+
 
 def _rows(path: Path, columns: Sequence[str]) -> list[dict[str, str]]:
     if not path.is_file():
@@ -172,7 +182,7 @@ def manifest(pod: TracePod, uid: str, numa: bool) -> dict[str, Any]:
     else:
         resources = {"requests": {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}}
     if pod.num_gpu:
-        percent = str(pod.gpu_milli // 10)
+        percent = str(pod.gpu_percent)
         resources.setdefault("limits", {}).update(
             {
                 RESOURCES.resource_count_name: str(pod.num_gpu),
@@ -181,7 +191,7 @@ def manifest(pod: TracePod, uid: str, numa: bool) -> dict[str, Any]:
             }
         )
     if pod.gpu_spec:
-        annotations[ann.USE_GPU_TYPE] = ",".join(pod.gpu_spec.split("|"))
+        annotations[ann.USE_GPU_TYPE] = ",".join(pod.gpu_models or ())
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -533,10 +533,7 @@ class NumaLedgers:
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
             visible = entry.ledger.hiding(self.resource, hidden) if entry.ledger is not None else None
-            cached = predict(entry.profile, visible, pod, now=now)
-            if len(self._memo) >= _MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = cached
+            cached = self._remember(key, predict(entry.profile, visible, pod, now=now))
         return _named(cached, pod)
 
     def never_admits(self, node: str, pod: JSON, shape: Hashable) -> bool:
@@ -561,11 +558,15 @@ class NumaLedgers:
                 ledger = self._idle_ledger(entry.profile, entry.totals)
             except InvalidInput:
                 return False
-            cached = predict(entry.profile, ledger, pod, now=self.clock())
-            if len(self._memo) >= _MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = cached
+            cached = self._remember(key, predict(entry.profile, ledger, pod, now=self.clock()))
         return cached.outcome is Outcome.REJECT
+
+    def _remember(self, key: Hashable, prediction: Prediction) -> Prediction:
+        """Keep a prediction in the memo (dropped whole when full); returns it."""
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.clear()
+        self._memo[key] = prediction
+        return prediction
 
     def predict_chosen(
         self, node: str, pod: JSON, uid: str, devices: PodDevices, usage: NodeUsage
