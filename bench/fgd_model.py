@@ -10,7 +10,10 @@ only), ``workload=trace`` knows the typical workload from the trace up front, ``
 leaves memory out of fragmentation, ``score=paper`` scores as the simulator does (an integer
 0..100 instead of hamid's whole 50 milli-GPU steps; ``exact``: the gain itself), ``ties=first``
 breaks equal scores by the node list's order and ``ties=random`` draws among them, where hamid and
-the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md).
+the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md);
+``ties=fewest-gpus`` (``most-gpus``, ``most-cpu-per-gpu``, ``least-cpu-per-gpu``) fills one kind
+of node first, in the hashed order within it, and ``tie_salt=TEXT`` draws another fixed order
+(the node names hashed after ``TEXT``), to see how much the arbitrary order alone moves a figure.
 ``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``) and ``half_life=N``
 decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant also prints
 the GPU remnants at 100 % arrived (GPUs by free milli-GPU), largest in volume.
@@ -26,6 +29,7 @@ import math
 import random
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +56,13 @@ from hamid.scheduler.fgd_rank import tie_order
 REFRESH = 50
 #: The paper's simulator scores as kube-scheduler does: an integer 0..100 per node.
 MAX_SCORE = 100
+#: Tie orders that fill one kind of node first (a larger key first), hashed within the kind.
+TIE_KINDS: dict[str, Callable[[TraceNode], float]] = {
+    "fewest-gpus": lambda n: -n.gpus,
+    "most-gpus": lambda n: n.gpus,
+    "most-cpu-per-gpu": lambda n: n.cpu_milli / n.gpus,
+    "least-cpu-per-gpu": lambda n: -n.cpu_milli / n.gpus,
+}
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,7 @@ class Variant:
     #: equal scores go by a ``fixed`` hash order of node names (hamid), to the ``first`` node,
     #: or to a ``random`` one
     ties: str = "fixed"
+    tie_salt: str = ""  #: hashed before each node name for the fixed order ("": hamid's order)
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
 
@@ -95,8 +107,10 @@ class Model:
             for n in nodes
         ]
         self.cpus = [n.cpu_milli for n in nodes]
-        #: Each node's place among equal scores (``ties=fixed``), as the scheduler keeps it.
-        self.ties = [tie_order(n.name) for n in nodes]
+        #: Each node's place among equal scores (the largest wins), as the scheduler keeps it
+        #: (``ties=fixed``) or after a kind of node (``TIE_KINDS``).
+        kind = TIE_KINDS.get(variant.ties)
+        self.ties = [(kind(n) if kind else 0.0, tie_order(variant.tie_salt + n.name)) for n in nodes]
         #: Free MiB per node, always enforced (NodeResourcesFit), whether or not FGD counts memory.
         self.memory = [n.memory_mib for n in nodes]
         self.variant = variant
@@ -146,7 +160,7 @@ class Model:
                 best.append((i, scored[1]))
         if not best:
             return False
-        if self.variant.ties == "fixed":
+        if self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
             i, gpus = max(best, key=lambda b: self.ties[b[0]])
         else:
             i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
@@ -216,7 +230,8 @@ def main() -> None:
         default="cpu_pods=fgd;cpu_pods=least-allocated",
         help="';'-separated variants, each ','-separated field=value of cpu_pods (fgd, least-allocated), "
         "workload (online, trace), memory (on, off), score (steps, exact, paper), "
-        "ties (fixed, first, random), step (milli-GPU per gain step), half_life (pods); "
+        "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
+        "tie_salt (text hashed before node names), step (milli-GPU per gain step), half_life (pods); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
     args = parser.parse_args()
@@ -254,7 +269,7 @@ def parse_variant(text: str) -> Variant:
         "workload": ("online", "trace"),
         "memory": ("on", "off"),
         "score": ("steps", "exact", "paper"),
-        "ties": ("fixed", "first", "random"),
+        "ties": ("fixed", "first", "random", *TIE_KINDS),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):
@@ -262,8 +277,11 @@ def parse_variant(text: str) -> Variant:
         if key in _NUMBERS:
             fields[key] = _number(text, key, value)
             continue
+        if key == "tie_salt":
+            fields[key] = value
+            continue
         if value not in allowed.get(key, ()):
-            choices = allowed.get(key, sorted([*allowed, *_NUMBERS]))
+            choices = allowed.get(key, sorted([*allowed, *_NUMBERS, "tie_salt"]))
             raise SystemExit(f"variant {text!r}: {key}={value!r} is not one of {choices}")
         fields[key] = value == "on" if key == "memory" else value
     return Variant(**fields)  # type: ignore[arg-type]
