@@ -13,10 +13,13 @@ breaks equal scores by the node list's order and ``ties=random`` draws among the
 the paper's simulator both use one fixed pseudo-random order of the nodes (docs/packing.md);
 ``ties=fewest-gpus`` (``most-gpus``, ``most-cpu-per-gpu``, ``least-cpu-per-gpu``) fills one kind
 of node first, in the hashed order within it, and ``tie_salt=TEXT`` draws another fixed order
-(the node names hashed after ``TEXT``), to see how much the arbitrary order alone moves a figure.
+(the node names hashed after ``TEXT``), to see how much the arbitrary order alone moves a figure;
+``cpu_ties=least-idle-gpu`` (``most-spare-cpu``) breaks a CPU-only pod's equal scores toward the
+node with the least idle GPU (the most free CPU per idle GPU) before the fixed order.
 ``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``) and ``half_life=N``
-decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant also prints
-the GPU remnants at 100 % arrived (GPUs by free milli-GPU), largest in volume.
+decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant prints its
+medians, every seed's figures and the GPU remnants at 100 % arrived (GPUs by free milli-GPU),
+largest in volume.
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
 1: the full trace, about 3-4 minutes of CPU a run).
 The last output line is one JSON object (``benchstats.print_figures``: json.dumps of the figures).
@@ -34,7 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchstats import print_figures
-from replay.pods import MILLI, NODES_CSV, PODS_CSV, TraceNode, TracePod, arrivals, read_nodes, read_pods
+from replay.pods import (
+    MILLI,
+    NODES_CSV,
+    PODS_CSV,
+    TraceNode,
+    TracePod,
+    arrivals,
+    parse_seeds,
+    read_nodes,
+    read_pods,
+)
 
 from hamid.fit.fgd import (
     DEFAULT_HALF_LIFE,
@@ -80,6 +93,9 @@ class Variant:
     #: or to a ``random`` one
     ties: str = "fixed"
     tie_salt: str = ""  #: hashed before each node name for the fixed order ("": hamid's order)
+    #: equal scores of a CPU-only pod: ``fixed`` as any pod, ``least-idle-gpu`` the node with the least
+    #: idle milli-GPU first, ``most-spare-cpu`` the most free CPU per idle GPU first (then ``fixed``)
+    cpu_ties: str = "fixed"
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
 
@@ -144,6 +160,13 @@ class Model:
             return paper_score(gain)
         return gain_steps(gain, self.variant.step) if self.variant.score == "steps" else gain
 
+    def _cpu_tie(self, i: int) -> float:
+        state = self.states[i]
+        idle = sum(state.frees)
+        if self.variant.cpu_ties == "least-idle-gpu":
+            return -idle
+        return state.cpu / (idle + 1)
+
     def place(self, pod: Shape, real_memory: int) -> bool:
         """Place one pod on the best node; whether it fitted (``real_memory``: its MiB, always enforced)."""
         top: float | None = None
@@ -160,7 +183,9 @@ class Model:
                 best.append((i, scored[1]))
         if not best:
             return False
-        if self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
+        if pod.gpus == 0 and self.variant.cpu_ties != "fixed":
+            i, gpus = max(best, key=lambda b: (self._cpu_tie(b[0]), self.ties[b[0]]))
+        elif self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
             i, gpus = max(best, key=lambda b: self.ties[b[0]])
         else:
             i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
@@ -224,19 +249,19 @@ def main() -> None:
     """Each variant over every seed; medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=8, help="keep every K-th node and pod (default 8)")
-    parser.add_argument("--seeds", default="42", help="seeds, e.g. 42-44")
+    parser.add_argument("--seeds", default="42", help="seed, list or range, e.g. 42-44")
     parser.add_argument(
         "--variants",
         default="cpu_pods=fgd;cpu_pods=least-allocated",
         help="';'-separated variants, each ','-separated field=value of cpu_pods (fgd, least-allocated), "
         "workload (online, trace), memory (on, off), score (steps, exact, paper), "
         "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
-        "tie_salt (text hashed before node names), step (milli-GPU per gain step), half_life (pods); "
+        "tie_salt (text hashed before node names), cpu_ties (fixed, least-idle-gpu, most-spare-cpu), "
+        "step (milli-GPU per gain step), half_life (pods); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
     args = parser.parse_args()
-    first, _, last = args.seeds.partition("-")
-    seeds = list(range(int(first), int(last or first) + 1))
+    seeds = parse_seeds(args.seeds)
     capacity_gpus = sum(n.gpus for n in read_nodes(NODES_CSV)[:: args.sample])
     figures: dict[str, object] = {"sample": args.sample, "seeds": seeds, "nodes_file": str(Path(NODES_CSV))}
     for text in args.variants.split(";"):
@@ -244,8 +269,10 @@ def main() -> None:
         runs = [replay(args.sample, seed, variant) for seed in seeds]
         medians = {pct: statistics.median(r.unallocated[pct] for r in runs) for pct in (100, 130)}
         at100, at130 = medians[100], medians[130]
+        per_seed = ", ".join(f"{r.unallocated[100]:.2f}/{r.unallocated[130]:.2f}" for r in runs)
         print(
-            f"{text or 'hamid'}: unallocated {at100:.2f} % at 100 %, {at130:.2f} % at 130 % arrived",
+            f"{text or 'hamid'}: unallocated {at100:.2f} % at 100 %, {at130:.2f} % at 130 % arrived "
+            f"(seed by seed: {per_seed})",
             flush=True,
         )
         largest = remnants(runs, capacity_gpus)
@@ -270,6 +297,7 @@ def parse_variant(text: str) -> Variant:
         "memory": ("on", "off"),
         "score": ("steps", "exact", "paper"),
         "ties": ("fixed", "first", "random", *TIE_KINDS),
+        "cpu_ties": ("fixed", "least-idle-gpu", "most-spare-cpu"),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):

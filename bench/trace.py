@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import math
 import os
 import random
 import resource
@@ -39,7 +38,7 @@ from hamid.log import configure
 
 configure("json", "error")  # before the modules below bind their loggers
 
-from replay.cluster import SPLIT, Cluster, SimNode  # noqa: E402
+from replay.cluster import Cluster, ShapeCheck, SimNode  # noqa: E402
 from replay.pods import (  # noqa: E402
     INFLATION,
     MILLI,
@@ -52,6 +51,7 @@ from replay.pods import (  # noqa: E402
     aligned_shape,
     arrivals,
     manifest,
+    parse_seeds,
     read_nodes,
     read_pods,
 )
@@ -112,18 +112,6 @@ def parse_policies(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``42``, ``42,44`` or ``42-51``."""
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            seeds.extend(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise SystemExit(f"--seeds: {text!r} is not like 42, 42,44 or 42-51") from None
-    return seeds
-
-
 @dataclass
 class Replay:
     """What one replay (one policy, one seed) measured."""
@@ -170,43 +158,6 @@ class Replay:
             if point[0] >= arrived_pct:
                 return point[column]
         return None
-
-
-class ShapeCheck:
-    """Which pod shapes fit one NUMA node of some node whose model they accept (memoised)."""
-
-    def __init__(self, nodes: list[SimNode]) -> None:
-        self._numas = {
-            (n.trace.model, n.layout.gpu_numa.count(numa), len(cpus - n.layout.reserved))
-            for n in nodes
-            for numa, cpus in n.layout.numa_cpus.items()
-        }
-        self._memo: dict[tuple[int, int, int, str], bool] = {}
-
-    def fits_one_numa(self, pod: TracePod) -> bool:
-        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs."""
-        return self._one_numa_holds(pod, 1)
-
-    def admissible(self, pod: TracePod) -> bool:
-        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs' replicas, so
-        that kubelet can give it a preferred hint there (:data:`NEVER_ADMISSIBLE` when none does)."""
-        return self._one_numa_holds(pod, SPLIT)
-
-    def never_admissible(self, pod: TracePod, numa: str) -> bool:
-        """Whether NUMA is on and the pod is aligned but no node could ever admit it."""
-        return aligned_shape(pod, numa != "off") and not self.admissible(pod)
-
-    def _one_numa_holds(self, pod: TracePod, per_gpu: int) -> bool:
-        """Whether some NUMA node of a node of the pod's model has its whole CPUs and ``per_gpu``
-        devices per GPU for its GPU count."""
-        key = (per_gpu, pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
-        if key not in self._memo:
-            models = pod.gpu_models
-            self._memo[key] = any(
-                (models is None or model in models) and gpus * per_gpu >= key[1] and cpus >= key[2]
-                for model, gpus, cpus in self._numas
-            )
-        return self._memo[key]
 
 
 async def _hamid_path(
@@ -389,7 +340,7 @@ async def replay_one(
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_replicas)
         await cluster.start()
         freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
-        shapes = ShapeCheck(list(cluster.nodes.values()))
+        shapes = ShapeCheck((n.trace.model, n.layout) for n in cluster.nodes.values())
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)
         started, cpu_started = time.perf_counter(), time.process_time()

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,7 +72,7 @@ from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
 from replay.api import MemoryApi
-from replay.pods import MILLI, RESOURCES, TraceNode
+from replay.pods import MILLI, RESOURCES, TraceNode, TracePod, aligned_shape
 
 RESOURCE = RESOURCES.resource_count_name
 #: vGPU replicas per card (twenty 5 % shares fit one GPU; the trace's smallest share is 5 %).
@@ -203,6 +204,45 @@ class _NoEvents:
 
     async def record(self, *_: Any, **__: Any) -> None:
         return None
+
+
+class ShapeCheck:
+    """Which pod shapes fit one NUMA node of some node whose model they accept (memoised)."""
+
+    def __init__(self, layouts: Iterable[tuple[str, NumaLayout]]) -> None:
+        """``layouts``: every node's GPU model and NUMA layout."""
+        self._numas = {
+            (model, layout.gpu_numa.count(numa), len(cpus - layout.reserved))
+            for model, layout in layouts
+            for numa, cpus in layout.numa_cpus.items()
+        }
+        self._memo: dict[tuple[int, int, int, str], bool] = {}
+
+    def fits_one_numa(self, pod: TracePod) -> bool:
+        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs."""
+        return self._one_numa_holds(pod, 1)
+
+    def admissible(self, pod: TracePod) -> bool:
+        """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs' replicas, so
+        that kubelet can give it a preferred hint there (the trace bench files it never admissible when
+        none does)."""
+        return self._one_numa_holds(pod, SPLIT)
+
+    def never_admissible(self, pod: TracePod, numa: str) -> bool:
+        """Whether NUMA is on and the pod is aligned but no node could ever admit it."""
+        return aligned_shape(pod, numa != "off") and not self.admissible(pod)
+
+    def _one_numa_holds(self, pod: TracePod, per_gpu: int) -> bool:
+        """Whether some NUMA node of a node of the pod's model has its whole CPUs and ``per_gpu``
+        devices per GPU for its GPU count."""
+        key = (per_gpu, pod.num_gpu, math.ceil(pod.cpu_milli / MILLI), pod.gpu_spec)
+        if key not in self._memo:
+            models = pod.gpu_models
+            self._memo[key] = any(
+                (models is None or model in models) and gpus * per_gpu >= key[1] and cpus >= key[2]
+                for model, gpus, cpus in self._numas
+            )
+        return self._memo[key]
 
 
 class SimNode:

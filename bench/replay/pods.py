@@ -142,6 +142,18 @@ def read_pods(path: Path) -> list[TracePod]:
     return pods
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``42``, ``42,44`` or ``42-51``."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            seeds.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise SystemExit(f"--seeds: {text!r} is not like 42, 42,44 or 42-51") from None
+    return seeds
+
+
 def arrivals(pods: Sequence[TracePod], capacity_milli: int, seed: int) -> list[TracePod]:
     """The experiment's sequence: the pods shuffled with ``seed``, then uniformly drawn clones of
     trace pods appended until the arrived GPU request reaches :data:`INFLATION` of the capacity."""
