@@ -15,7 +15,11 @@ the paper's simulator both use one fixed pseudo-random order of the nodes (docs/
 of node first, in the hashed order within it, and ``tie_salt=TEXT`` draws another fixed order
 (the node names hashed after ``TEXT``), to see how much the arbitrary order alone moves a figure;
 ``cpu_ties=least-idle-gpu`` (``most-spare-cpu``) breaks a CPU-only pod's equal scores toward the
-node with the least idle GPU (the most free CPU per idle GPU) before the fixed order.
+node with the least idle GPU (the most free CPU per idle GPU) before the fixed order;
+``shares=ss`` places the one-GPU shares by the Sum-of-Squares rule of online bin packing instead
+(the GPU that least raises the sum of squares of the cluster's GPU counts per free milli-GPU),
+``shares=ss-gpu`` only chooses their GPU that way on the node fgd chose, and ``shares=fgd-ss-ties``
+breaks their equal gain steps by it before the fixed order.
 ``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``) and ``half_life=N``
 decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant prints its
 medians, every seed's figures and the GPU remnants at 100 % arrived (GPUs by free milli-GPU),
@@ -60,6 +64,7 @@ from hamid.fit.fgd import (
     Workload,
     after,
     best_placement,
+    fitting_gpus,
     fragmentation,
     gain_steps,
 )
@@ -96,6 +101,10 @@ class Variant:
     #: equal scores of a CPU-only pod: ``fixed`` as any pod, ``least-idle-gpu`` the node with the least
     #: idle milli-GPU first, ``most-spare-cpu`` the most free CPU per idle GPU first (then ``fixed``)
     cpu_ties: str = "fixed"
+    #: a share (one GPU, part of it) goes where ``fgd`` says, or by ``ss``: the GPU (then the node
+    #: in the fixed order) that least raises the sum of squares of the cluster's count of GPUs per
+    #: free milli-GPU (the Sum-of-Squares rule of online bin packing; CPU and memory only as limits)
+    shares: str = "fgd"
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
 
@@ -134,6 +143,8 @@ class Model:
         self.histogram = ShapeHistogram(1e12 if variant.workload == "trace" else variant.half_life)
         self.workload: Workload = EMPTY
         self.memo: dict[NodeState, float] = {}
+        #: GPUs per free milli-GPU, neither empty nor full (``shares=ss``)
+        self.holes: Counter[int] = Counter()
 
     def frag(self, state: NodeState) -> float:
         value = self.memo.get(state)
@@ -167,14 +178,28 @@ class Model:
             return -idle
         return state.cpu / (idle + 1)
 
+    def _ss(self, state: NodeState, pod: Shape) -> tuple[float, tuple[int, ...]] | None:
+        """The share's best GPU on a node by Sum-of-Squares: (-rise of the sum, (GPU,)); None: none fits."""
+        holes = self.holes
+        best: tuple[float, tuple[int, ...]] | None = None
+        for i in fitting_gpus(state, pod):
+            free = state.frees[i]
+            left = free - pod.share
+            rise = (1 - 2 * holes[free] if 0 < free < MILLI else 0) + (2 * holes[left] + 1 if left > 0 else 0)
+            if best is None or -rise > best[0]:
+                best = (-float(rise), (i,))
+        return best
+
     def place(self, pod: Shape, real_memory: int) -> bool:
         """Place one pod on the best node; whether it fitted (``real_memory``: its MiB, always enforced)."""
+        share = pod.gpus == 1 and 0 < pod.share < MILLI
+        by_ss = self.variant.shares == "ss" and share
         top: float | None = None
         best: list[tuple[int, tuple[int, ...]]] = []
         for i, state in enumerate(self.states):
             if pod.cpu > state.cpu or real_memory > self.memory[i]:
                 continue
-            scored = self._score(i, state, pod)
+            scored = self._ss(state, pod) if by_ss else self._score(i, state, pod)
             if scored is None:
                 continue
             if top is None or scored[0] > top:
@@ -183,13 +208,23 @@ class Model:
                 best.append((i, scored[1]))
         if not best:
             return False
-        if pod.gpus == 0 and self.variant.cpu_ties != "fixed":
+        if share and self.variant.shares == "fgd-ss-ties":
+            i, gpus = max(
+                best, key=lambda b: ((self._ss(self.states[b[0]], pod) or (0.0,))[0], self.ties[b[0]])
+            )
+        elif pod.gpus == 0 and self.variant.cpu_ties != "fixed":
             i, gpus = max(best, key=lambda b: (self._cpu_tie(b[0]), self.ties[b[0]]))
         elif self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
             i, gpus = max(best, key=lambda b: self.ties[b[0]])
         else:
             i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
-        self.states[i] = after(self.states[i], pod, gpus)
+        old = self.states[i]
+        if share and self.variant.shares == "ss-gpu":
+            gpus = (self._ss(old, pod) or (0.0, gpus))[1]
+        self.states[i] = new = after(old, pod, gpus)
+        for g in gpus:
+            self.holes[old.frees[g]] -= 0 < old.frees[g] < MILLI
+            self.holes[new.frees[g]] += 0 < new.frees[g] < MILLI
         self.memory[i] -= real_memory
         return True
 
@@ -257,6 +292,7 @@ def main() -> None:
         "workload (online, trace), memory (on, off), score (steps, exact, paper), "
         "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
         "tie_salt (text hashed before node names), cpu_ties (fixed, least-idle-gpu, most-spare-cpu), "
+        "shares (fgd, ss, ss-gpu, fgd-ss-ties), "
         "step (milli-GPU per gain step), half_life (pods); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
@@ -298,6 +334,7 @@ def parse_variant(text: str) -> Variant:
         "score": ("steps", "exact", "paper"),
         "ties": ("fixed", "first", "random", *TIE_KINDS),
         "cpu_ties": ("fixed", "least-idle-gpu", "most-spare-cpu"),
+        "shares": ("fgd", "ss", "ss-gpu", "fgd-ss-ties"),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):

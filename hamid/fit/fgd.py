@@ -214,7 +214,7 @@ def _alignable(node: NodeState, shape: Shape) -> bool:
     return known
 
 
-def _fitting(node: NodeState, shape: Shape) -> list[int]:
+def fitting_gpus(node: NodeState, shape: Shape) -> list[int]:
     """Positions of the GPUs of an allowed model with room for one of the shape's GPUs."""
     share = shape.share
     mask = _mask(shape.models, node.models)
@@ -233,7 +233,7 @@ def usable(node: NodeState, shape: Shape) -> int:
                 n += 1
                 total += free
         return total if n >= count else 0
-    fitting = _fitting(node, shape)
+    fitting = fitting_gpus(node, shape)
     if len(fitting) < count:
         return 0
     if not _alignable(node, shape):
@@ -309,7 +309,7 @@ def _options(node: NodeState, pod: Shape) -> tuple[list[tuple[int, ...]], bool]:
     """The GPU sets worth judging for ``pod``, and whether they are aligned: for an aligned shape
     on a node with NUMA knowledge, those on the NUMA node kubelet gives its CPUs
     (:func:`kubelet_home`) when any exists, else every set (unaligned); any set for other pods."""
-    fitting = _fitting(node, pod)
+    fitting = fitting_gpus(node, pod)
     if len(fitting) < pod.gpus:
         return [], True
     if pod.gpus == 1:
