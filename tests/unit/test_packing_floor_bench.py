@@ -17,18 +17,15 @@ shares alone (25 %), and every share still runs on 4 GPUs (25 %).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-FLOOR = Path(__file__).resolve().parents[2] / "bench" / "packing_floor.py"
+from tests.bench_scripts import NODES_HEADER, PODS_HEADER, assert_names_where_the_trace_lives, run_bench
 
-NODES = """sn,cpu_milli,memory_mib,gpu,model
+NODES = f"""{NODES_HEADER}
 a,16000,65536,2,T4
 b,16000,65536,2,T4
 """
-PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos
+PODS = f"""{PODS_HEADER}
 s1,4000,2048,1,810,,BE
 s2,4000,2048,1,810,,BE
 s3,4000,2048,1,470,,LS
@@ -39,21 +36,13 @@ c1,1000,1024,0,0,,LS
 """
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(FLOOR.parent), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, str(FLOOR), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
-
-
 def test_both_floors_match_the_hand_count_in_every_order(tmp_path: Path) -> None:
     nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
     nodes.write_text(NODES)
     pods.write_text(PODS)
-    result = _run("--nodes-csv", str(nodes), "--pods-csv", str(pods), "--seeds", "1-3")
+    result = run_bench(
+        "packing_floor.py", "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--seeds", "1-3"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["gpus"] == 4 and figures["seeds"] == [1, 2, 3]
@@ -69,15 +58,11 @@ def test_both_floors_match_the_hand_count_in_every_order(tmp_path: Path) -> None
 
 
 def test_a_missing_trace_file_is_one_line_saying_where_the_trace_lives(tmp_path: Path) -> None:
-    result = _run("--nodes-csv", str(tmp_path / "absent.csv"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "absent.csv not found" in lines[0]
-    assert "github.com/alibaba/clusterdata" in lines[0]
+    result = run_bench("packing_floor.py", "--nodes-csv", str(tmp_path / "absent.csv"))
+    assert_names_where_the_trace_lives(result, "absent.csv")
 
 
 def test_bad_seeds_are_named() -> None:
-    result = _run("--seeds", "x-1")
+    result = run_bench("packing_floor.py", "--seeds", "x-1")
     assert result.returncode != 0
     assert "--seeds: 'x-1' is not like 42, 42,44 or 42-51" in result.stderr

@@ -20,21 +20,18 @@ NUMA node and falls back to GPU 1 (best-effort), and the refit to GPU 0 is refus
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-TRACE = Path(__file__).resolve().parents[3] / "bench" / "trace.py"
+from tests.bench_scripts import NODES_HEADER, PODS_HEADER, assert_names_where_the_trace_lives, run_bench
 
-NODES = """sn,cpu_milli,memory_mib,gpu,model
+NODES = f"""{NODES_HEADER}
 a,16000,65536,2,T4
 b,2000,8192,1,A10
 """
-PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos
+PODS = f"""{PODS_HEADER}
 w1,4000,4096,1,1000,,LS
 w2,4000,4096,1,1000,,LS
 w3,4000,4096,1,1000,,Guaranteed
@@ -42,16 +39,6 @@ w4,4000,4096,1,1000,,LS
 s1,4000,2048,1,500,A10,BE
 c1,1000,1024,0,0,,LS
 """
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TRACE.parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, str(TRACE), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
 
 
 def _trace(tmp_path: Path) -> tuple[str, str]:
@@ -78,7 +65,7 @@ def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
     on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so the gains tie and
     hamid answers ``a``, registered first: the figures are kube-scheduler's."""
     nodes, pods = _trace(tmp_path)
-    result = _run(
+    result = run_bench("trace.py",
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
         "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods, "--hide-replicas", hide,
     )  # fmt: skip
@@ -121,19 +108,15 @@ def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
 
 
 def test_a_missing_trace_file_is_one_line_saying_where_the_trace_lives(tmp_path: Path) -> None:
-    result = _run("--nodes-csv", str(tmp_path / "absent.csv"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "absent.csv not found" in lines[0]
-    assert "github.com/alibaba/clusterdata" in lines[0]
+    result = run_bench("trace.py", "--nodes-csv", str(tmp_path / "absent.csv"))
+    assert_names_where_the_trace_lives(result, "absent.csv")
 
 
 def test_parallel_replays_report_in_the_policies_order(tmp_path: Path) -> None:
     """``--jobs 2`` starts the ``fgd`` replay (the longest) first, yet reports in the order asked."""
     nodes, pods = _trace(tmp_path)
     asked = ["binpack/spread", "spread/spread", "fgd/fgd"]
-    result = _run(
+    result = run_bench("trace.py",
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", "off", "--policies", ",".join(asked),
         "--jobs", "2",
     )  # fmt: skip
@@ -163,7 +146,7 @@ def test_a_pod_wider_than_every_numa_node_is_never_admissible_with_numa(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
         "wide,12000,4096,1,1000,,LS\nnarrow1,2000,4096,1,1000,,BE\nnarrow2,2000,4096,1,1000,,BE\n"
     )
-    result = _run(
+    result = run_bench("trace.py",
         "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--numa", numa, "--policies", policies,
         "--jobs", "1", "--cpu-pods", "hamid",
     )  # fmt: skip
@@ -199,7 +182,7 @@ def test_an_unaligned_pod_that_had_an_aligned_place_elsewhere_counts_against_ali
         + "".join(f"b{i},10000,4096,1,1000,,BE\n" for i in range(5))
         + "ls,4000,4096,1,1000,,LS\n"
     )
-    result = _run(
+    result = run_bench("trace.py",
         "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--numa", "on", "--seeds", "19",
         "--policies", "binpack/binpack", "--jobs", "1", "--limit", "6", "--hide-replicas", hide,
     )  # fmt: skip
