@@ -50,6 +50,9 @@ from replay.pods import (
     read_pods,
 )
 
+#: ``scipy.optimize.milp``'s status for a problem without a solution.
+_INFEASIBLE = 2
+
 
 @dataclass(frozen=True)
 class Arrived:
@@ -149,6 +152,10 @@ def _solve(arrived: Arrived, gpus: int, every: bool) -> float:
         integrality=np.ones(n_arcs + 2),
         bounds=Bounds(0, math.inf),
     )
+    if every and result.status == _INFEASIBLE:
+        raise TraceError(
+            f"the shares that arrive by 100 % cannot all run on {gpus} GPUs: no floor for every share"
+        )
     if result.status != 0 or result.x is None:
         raise TraceError(f"the floor's integer programme did not solve: {result.message}")
     if every:
@@ -204,7 +211,11 @@ def main() -> None:
         parts = []
         for numa, never in never_runs.items():
             arrived = Arrived.of(sequence, gpus * MILLI, never)
-            found = floors(arrived, gpus)
+            try:
+                found = floors(arrived, gpus)
+            except TraceError as exc:
+                print(f"error: seed {seed}, NUMA {numa}: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
             per_seed[numa][str(seed)] = {
                 "every_share_runs_pct": round(found.every_share_runs, 3),
                 "whatever_runs_pct": round(found.whatever_runs, 3),

@@ -66,3 +66,16 @@ def test_bad_seeds_are_named() -> None:
     result = run_bench("packing_floor.py", "--seeds", "x-1")
     assert result.returncode != 0
     assert "--seeds: 'x-1' is not like 42, 42,44 or 42-51" in result.stderr
+
+
+def test_shares_that_cannot_all_run_are_named_not_solved(tmp_path: Path) -> None:
+    """Four shares of 600 milli-GPU arrive by 100 % of two GPUs: no placement runs them all."""
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text(f"{NODES_HEADER}\na,16000,65536,2,T4\n")
+    pods.write_text(PODS_HEADER + "\n" + "".join(f"s{i},1000,1024,1,600,,BE\n" for i in range(4)))
+    result = run_bench("packing_floor.py", "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--seeds", "1")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: seed 1, NUMA off: the shares that arrive by 100 % cannot all run on 2 GPUs: "
+        "no floor for every share"
+    )
