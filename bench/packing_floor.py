@@ -8,7 +8,8 @@ memory, node boundaries and arrival order, each a relaxation, so both figures ar
 
 - *every share runs*: the fewest GPUs the shares that arrived by 100 % fit on (a GPU holds
   1,000 milli-GPU); any policy under which every share runs leaves at least those GPUs less the
-  shares' volume idle, whatever it does with the whole-GPU pods;
+  shares' volume idle, whatever it does with the whole-GPU pods, and more where the whole-GPU pods
+  that can run ask for fewer GPUs than the shares leave (NUMA on: kubelet admits some nowhere);
 - *whatever runs*: the most GPU that some of the arrived pods can fill (the shares packed, the
   whole-GPU pods one GPU each), a floor for every policy, even one that would leave pods pending
   to keep room for others.
@@ -106,7 +107,7 @@ def _solve(arrived: Arrived, gpus: int, every: bool) -> float:
     from scipy.sparse import coo_matrix
 
     if not arrived.shares:
-        return 0.0 if every else float(max(0, gpus - arrived.whole_gpus) * MILLI)
+        return float(max(0, gpus - arrived.whole_gpus) * MILLI)
     size, arcs = _arc_flow(arrived.shares)
     kinds = sorted(arrived.shares)
     n_arcs = len(arcs)
@@ -159,7 +160,9 @@ def _solve(arrived: Arrived, gpus: int, every: bool) -> float:
     if result.status != 0 or result.x is None:
         raise TraceError(f"the floor's integer programme did not solve: {result.message}")
     if every:
-        return float(round(result.x[bins]) * MILLI - arrived.share_milli)
+        # the GPUs the shares leave are filled only as far as the whole-GPU pods that run ask
+        left_for_whole = gpus * MILLI - arrived.share_milli - arrived.whole_gpus * MILLI
+        return float(max(round(result.x[bins]) * MILLI - arrived.share_milli, left_for_whole))
     return float(gpus * MILLI + result.fun)
 
 

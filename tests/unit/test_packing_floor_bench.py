@@ -57,6 +57,26 @@ def test_both_floors_match_the_hand_count_in_every_order(tmp_path: Path) -> None
     assert "NUMA on: 5 shares (3.0 GPUs) and 0 whole GPUs that could run" in result.stdout
 
 
+def test_every_share_running_still_leaves_idle_the_gpus_no_admitted_pod_asks_for(tmp_path: Path) -> None:
+    """Two shares of 500 fill one GPU; the three whole-GPU pods ask 9 exclusive CPUs (``LS``).
+
+    NUMA off, everything fits: 0 % both ways. NUMA on, kubelet admits none of the whole-GPU pods,
+    so three of the four GPUs stay idle however well the shares pack: 75 % both ways.
+    """
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text(NODES)
+    lines = ["h1,4000,2048,1,500,,BE", "h2,4000,2048,1,500,,BE"]
+    lines += [f"w{i},9000,4096,1,1000,,LS" for i in range(3)]
+    pods.write_text(PODS_HEADER + "\n" + "\n".join(lines) + "\n")
+    result = run_bench("packing_floor.py", "--nodes-csv", str(nodes), "--pods-csv", str(pods), "--seeds", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["floor_pct"] == {
+        "off": {"every_share_runs_pct": 0.0, "whatever_runs_pct": 0.0},
+        "on": {"every_share_runs_pct": 75.0, "whatever_runs_pct": 75.0},
+    }
+
+
 def test_a_missing_trace_file_is_one_line_saying_where_the_trace_lives(tmp_path: Path) -> None:
     result = run_bench("packing_floor.py", "--nodes-csv", str(tmp_path / "absent.csv"))
     assert_names_where_the_trace_lives(result, "absent.csv")
