@@ -16,6 +16,8 @@ of node first, in the hashed order within it, and ``tie_salt=TEXT`` draws anothe
 (the node names hashed after ``TEXT``), to see how much the arbitrary order alone moves a figure;
 ``cpu_ties=least-idle-gpu`` (``most-spare-cpu``) breaks a CPU-only pod's equal scores toward the
 node with the least idle GPU (the most free CPU per idle GPU) before the fixed order;
+``gpu_ties=match`` breaks a GPU pod's equal scores toward the node whose free CPU per free GPU is
+nearest the pod's own, ``gpu_ties=balance`` toward the node left nearest the cluster's;
 ``shares=ss`` places the one-GPU shares by the Sum-of-Squares rule of online bin packing instead
 (the GPU that least raises the sum of squares of the cluster's GPU counts per free milli-GPU),
 ``shares=ss-gpu`` only chooses their GPU that way on the node fgd chose, and ``shares=fgd-ss-ties``
@@ -105,6 +107,10 @@ class Variant:
     #: in the fixed order) that least raises the sum of squares of the cluster's count of GPUs per
     #: free milli-GPU (the Sum-of-Squares rule of online bin packing; CPU and memory only as limits)
     shares: str = "fgd"
+    #: equal scores of a GPU pod: ``fixed`` as any pod; ``match`` the node whose free CPU per free
+    #: milli-GPU is nearest the pod's own (log ratio), ``balance`` the node left nearest the cluster's
+    #: free CPU per free milli-GPU (then ``fixed``)
+    gpu_ties: str = "fixed"
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
 
@@ -145,6 +151,8 @@ class Model:
         self.memo: dict[NodeState, float] = {}
         #: GPUs per free milli-GPU, neither empty nor full (``shares=ss``)
         self.holes: Counter[int] = Counter()
+        #: log of the cluster's free milli-CPU per free milli-GPU (``gpu_ties=balance``)
+        self.cluster_ratio = 0.0
 
     def frag(self, state: NodeState) -> float:
         value = self.memo.get(state)
@@ -177,6 +185,17 @@ class Model:
         if self.variant.cpu_ties == "least-idle-gpu":
             return -idle
         return state.cpu / (idle + 1)
+
+    def _gpu_tie(self, i: int, pod: Shape, gpus: tuple[int, ...]) -> float:
+        state = self.states[i]
+        idle = sum(state.frees)
+        asked = pod.gpus * pod.share
+        if self.variant.gpu_ties == "match":
+            return -abs(math.log((pod.cpu + 1) / asked) - math.log((state.cpu + 1) / idle))
+        left = idle - asked
+        if left <= 0:
+            return 0.0
+        return -abs(math.log((state.cpu - pod.cpu + 1) / left) - self.cluster_ratio)
 
     def _ss(self, state: NodeState, pod: Shape) -> tuple[float, tuple[int, ...]] | None:
         """The share's best GPU on a node by Sum-of-Squares: (-rise of the sum, (GPU,)); None: none fits."""
@@ -212,6 +231,11 @@ class Model:
             i, gpus = max(
                 best, key=lambda b: ((self._ss(self.states[b[0]], pod) or (0.0,))[0], self.ties[b[0]])
             )
+        elif pod.gpus and self.variant.gpu_ties != "fixed":
+            if self.variant.gpu_ties == "balance":
+                cpu = sum(st.cpu for st in self.states)
+                self.cluster_ratio = math.log((cpu + 1) / (sum(sum(st.frees) for st in self.states) + 1))
+            i, gpus = max(best, key=lambda b: (self._gpu_tie(b[0], pod, b[1]), self.ties[b[0]]))
         elif pod.gpus == 0 and self.variant.cpu_ties != "fixed":
             i, gpus = max(best, key=lambda b: (self._cpu_tie(b[0]), self.ties[b[0]]))
         elif self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
@@ -292,7 +316,7 @@ def main() -> None:
         "workload (online, trace), memory (on, off), score (steps, exact, paper), "
         "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
         "tie_salt (text hashed before node names), cpu_ties (fixed, least-idle-gpu, most-spare-cpu), "
-        "shares (fgd, ss, ss-gpu, fgd-ss-ties), "
+        "shares (fgd, ss, ss-gpu, fgd-ss-ties), gpu_ties (fixed, match, balance), "
         "step (milli-GPU per gain step), half_life (pods); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
@@ -335,6 +359,7 @@ def parse_variant(text: str) -> Variant:
         "ties": ("fixed", "first", "random", *TIE_KINDS),
         "cpu_ties": ("fixed", "least-idle-gpu", "most-spare-cpu"),
         "shares": ("fgd", "ss", "ss-gpu", "fgd-ss-ties"),
+        "gpu_ties": ("fixed", "match", "balance"),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):
