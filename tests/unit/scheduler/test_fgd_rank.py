@@ -3,8 +3,11 @@ computation, kept per ranker (two schedulers, or two replays in one process, sha
 
 from __future__ import annotations
 
+import pytest
+
 from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, best_placement, fragmentation
 from hamid.model.resources import ResourceConfig
+from hamid.scheduler import fgd_rank
 from hamid.scheduler.fgd_rank import FgdRanker
 from hamid.scheduler.inventory import NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
@@ -89,3 +92,34 @@ def test_memos_belong_to_one_ranker() -> None:
         assert first.fragmentation(state) == fragmentation(state, first.workload)
         assert second.fragmentation(state) == fragmentation(state, second.workload)
     assert first._uses is not second._uses
+
+
+def test_gain_indexes_are_kept_for_the_recently_filtered_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the least recently used shape's index goes, not every index at once."""
+    monkeypatch.setattr(fgd_rank, "_INDEX_ENTRIES", 0)  # the bound is then _INDEXES_MIN indexes
+    fgd = ranker()
+    shapes = [Shape(1000 + i, 1024, 1, 500) for i in range(fgd_rank._INDEXES_MIN)]
+    first = {shape: fgd.index(shape) for shape in shapes}
+    assert fgd.index(shapes[0]) is first[shapes[0]]  # used again: now the most recent
+    fgd.index(Shape(9000, 1024, 1, 500))  # one too many: shapes[1] was used least recently
+    assert fgd.index(shapes[0]) is first[shapes[0]]
+    assert all(fgd.index(s) is first[s] for s in shapes[2:])
+    assert fgd.index(shapes[1]) is not first[shapes[1]]  # ranked afresh
+    assert len(fgd._indexes) == fgd_rank._INDEXES_MIN
+
+
+def test_a_workload_moved_by_noise_keeps_the_ranking_a_real_move_replaces_it() -> None:
+    """Refreshed workloads within 5 % of the current one in total variation are noise: the memos
+    and gain indexes stay; a new shape taking a quarter of the pods is a real change."""
+    fgd = ranker()
+    learn(fgd, *(HALF, ALIGNED) * 50)
+    fgd.workload  # noqa: B018 - refresh
+    epoch, kept = fgd.epoch, fgd.index(HALF)
+    learn(fgd, *(HALF,) * 10, ALIGNED, ALIGNED)  # HALF from 50 % to 60 of 112 pods: 3.6 points
+    assert abs(dict(fgd.histogram.typical().shapes)[HALF] - 60 / 112) < 0.001
+    fgd.workload  # noqa: B018 - refresh
+    assert fgd.epoch == epoch and fgd.index(HALF) is kept
+    learn(fgd, *(TWO,) * 40)
+    fgd.workload  # noqa: B018 - refresh
+    assert fgd.epoch == epoch + 1 and fgd.index(HALF) is not kept
+    assert dict(fgd.workload.shapes).keys() == {HALF, ALIGNED, TWO}
