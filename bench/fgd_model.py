@@ -186,7 +186,7 @@ class Model:
             return -idle
         return state.cpu / (idle + 1)
 
-    def _gpu_tie(self, i: int, pod: Shape, gpus: tuple[int, ...]) -> float:
+    def _gpu_tie(self, i: int, pod: Shape) -> float:
         state = self.states[i]
         idle = sum(state.frees)
         asked = pod.gpus * pod.share
@@ -235,7 +235,7 @@ class Model:
             if self.variant.gpu_ties == "balance":
                 cpu = sum(st.cpu for st in self.states)
                 self.cluster_ratio = math.log((cpu + 1) / (sum(sum(st.frees) for st in self.states) + 1))
-            i, gpus = max(best, key=lambda b: (self._gpu_tie(b[0], pod, b[1]), self.ties[b[0]]))
+            i, gpus = max(best, key=lambda b: (self._gpu_tie(b[0], pod), self.ties[b[0]]))
         elif pod.gpus == 0 and self.variant.cpu_ties != "fixed":
             i, gpus = max(best, key=lambda b: (self._cpu_tie(b[0]), self.ties[b[0]]))
         elif self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:

@@ -73,9 +73,10 @@ _INDEX_ENTRIES = 200_000
 #: Gain indexes kept on any cluster, however large.
 _INDEXES_MIN = 16
 #: A refreshed workload replaces the current one only when the two are more than this apart in
-#: total variation distance (half the summed differences of the shapes' probabilities, a shape in
-#: one only counting in full): about twice the sampling noise of a steady workload learned over
-#: the default half-life, so noise alone does not re-rank every node every few hundred pods.
+#: total variation distance (half the summed differences of the shapes' probabilities, a shape
+#: in only one of them with its whole probability): about twice the sampling noise of a steady
+#: workload learned over the default half-life, so noise alone does not re-rank every node every
+#: few hundred pods.
 _DRIFT = 0.05
 
 
