@@ -141,9 +141,9 @@ def test_a_pod_wider_than_every_numa_node_is_never_admissible_with_numa(
     refuses it and the bench files it apart, and the two others run. Without NUMA the first two to
     arrive run."""
     nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,16000,65536,2,T4\n")
+    nodes.write_text(f"{NODES_HEADER}\na,16000,65536,2,T4\n")
     pods.write_text(
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
+        f"{PODS_HEADER}\n"
         "wide,12000,4096,1,1000,,LS\nnarrow1,2000,4096,1,1000,,BE\nnarrow2,2000,4096,1,1000,,BE\n"
     )
     result = run_bench("trace.py",
@@ -174,11 +174,9 @@ def test_an_unaligned_pod_that_had_an_aligned_place_elsewhere_counts_against_ali
     node had an aligned place, which the bench's judge (the simulated kubelet and the bookings) finds.
     With the replicas hidden kubelet gives NUMA 1 on a used node, and the pod runs aligned there."""
     nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    nodes.write_text(
-        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},16000,65536,2,T4\n" for i in range(6))
-    )
+    nodes.write_text(f"{NODES_HEADER}\n" + "".join(f"n{i},16000,65536,2,T4\n" for i in range(6)))
     pods.write_text(
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
+        f"{PODS_HEADER}\n"
         + "".join(f"b{i},10000,4096,1,1000,,BE\n" for i in range(5))
         + "ls,4000,4096,1,1000,,LS\n"
     )
