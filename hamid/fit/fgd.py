@@ -98,6 +98,12 @@ class NodeState(NamedTuple):
     #: there at all (:func:`usable`).
     rejects_unpreferred: bool = False
 
+    def gpu_side(self) -> tuple[object, ...]:
+        """Every field but the CPU and memory: all that :func:`usable` reads, so states differing
+        only in CPU or memory (the same GPUs after pods of one GPU part but other CPU asks) share
+        its results."""
+        return self[2:]
+
     @classmethod
     def of(
         cls,

@@ -52,9 +52,9 @@ from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
 _MEMO_SIZE = 200_000
-#: Node states whose usable GPU room per typical GPU part is kept across workload changes: about
-#: the live states of a thousand nodes and their placements' outcomes, bounded (the memo keeps
-#: each state alive: ~0.7 KiB).
+#: GPU sides of node states (:meth:`~hamid.fit.fgd.NodeState.gpu_side`) whose usable GPU room per
+#: typical GPU part is kept across workload changes: the openb replay meets ~40,000 in all, bounded
+#: (the memo keeps each alive: ~0.7 KiB).
 _USES_SIZE = 50_000
 #: The learned workload is refreshed after this share of the pods it was learned from (at least
 #: :data:`_REFRESH_MIN` pods); a refresh that changes it invalidates every memo.
@@ -148,9 +148,10 @@ class FgdRanker:
         self._states: dict[str, NodeState] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         self._frag: dict[NodeState, float] = {}
-        #: What each typical GPU part can use in a state: independent of the workload's weights,
-        #: so kept when the workload moves (its fragmentation is then one weighted sum).
-        self._uses: dict[NodeState, dict[Shape, int]] = {}
+        #: What each typical GPU part can use on a state's GPU side: independent of the workload's
+        #: weights and of the node's CPU and memory, so kept when the workload moves (its
+        #: fragmentation is then one weighted sum) and shared by states differing only in those.
+        self._uses: dict[tuple[object, ...], dict[Shape, int]] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
         #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since),
         #: the least recently used first.
@@ -287,11 +288,12 @@ class FgdRanker:
         if value is None:
             if len(self._frag) >= _MEMO_SIZE:
                 self._frag.clear()
-            uses = self._uses.get(state)
+            side = state.gpu_side()
+            uses = self._uses.get(side)
             if uses is None:
                 if len(self._uses) >= _USES_SIZE:
                     self._uses.clear()
-                uses = self._uses[state] = {}
+                uses = self._uses[side] = {}
             value = self._frag[state] = fragmentation(state, self._workload, uses)
         return value
 

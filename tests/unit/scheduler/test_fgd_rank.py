@@ -73,12 +73,25 @@ def test_a_weight_only_change_recomputes_only_the_weighted_sum() -> None:
     fgd.workload  # noqa: B018 - refresh
     state = states()[0]
     before = fgd.fragmentation(state)
-    uses = dict(fgd._uses[state])
+    uses = dict(fgd._uses[state.gpu_side()])
     learn(fgd, HALF, HALF, HALF, HALF)  # same shapes, other weights
     assert set(dict(fgd.workload.shapes)) == {HALF, ALIGNED}
     assert fgd.fragmentation(state) != before
-    assert fgd._uses[state] == uses  # the GPU parts' usable room was kept, not recomputed
+    assert fgd._uses[state.gpu_side()] == uses  # the GPU parts' usable room was kept, not recomputed
     assert fgd.fragmentation(state) == fragmentation(state, fgd.workload)
+
+
+def test_states_differing_only_in_cpu_and_memory_share_the_usable_room() -> None:
+    """The same GPUs after pods of other CPU asks: one usable-room memo, each its own fragmentation."""
+    fgd = ranker()
+    learn(fgd, HALF, ALIGNED, TWO)
+    fgd.workload  # noqa: B018 - refresh
+    state = states()[0]
+    short = state._replace(cpu=3000, memory=4096)  # short of CPU for ALIGNED and TWO
+    fgd.fragmentation(state)
+    fgd.fragmentation(short)
+    assert len(fgd._uses) == 1
+    assert fgd.fragmentation(short) == fragmentation(short, fgd.workload) > fgd.fragmentation(state)
 
 
 def test_memos_belong_to_one_ranker() -> None:

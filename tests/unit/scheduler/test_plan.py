@@ -203,6 +203,22 @@ def test_full_nodes_ahead_are_passed_over_and_reasons_given_when_nothing_fits() 
     }
 
 
+def test_a_node_keeps_the_no_fit_reasons_of_a_workloads_request_shapes() -> None:
+    """A trace's few dozen GPU request shapes that fit nowhere each keep their reason on the node,
+    so the next pod of any of them reads it instead of fitting again."""
+    scheduler = Scheduler(None)  # plan never calls the API
+    gpus = [DeviceInfo("n-g0", 0, 4, 8000, 100, "NVIDIA-A100", 0, MODE_HAMI_CORE, True)]
+    scheduler.state.on_node(
+        {"metadata": {"name": "n", "annotations": {ann.NODE_REGISTER: ann.encode_node_devices(gpus)}}}
+    )
+    for mib in range(9000, 9040):  # 40 request shapes, each too big for the GPU
+        big = pod(f"big-{mib}", containers=[container("c", 1, mib, 10)])
+        spec = PodFitSpec.from_pod(big, scheduler.config, "spread", "binpack")
+        node, _, failed = scheduler.planner.plan(big, spec, ("n",))
+        assert node is None and failed == {"n": "1/1 CardInsufficientMemory"}
+    assert len(scheduler.state.ledger.nodes["n"].unfit) == 40
+
+
 def test_repeated_candidate_list_follows_node_registration() -> None:
     scheduler = Scheduler(None)  # plan never calls the API
     state = scheduler.state
