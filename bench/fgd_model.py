@@ -22,8 +22,10 @@ nearest the pod's own, ``gpu_ties=balance`` toward the node left nearest the clu
 (the GPU that least raises the sum of squares of the cluster's GPU counts per free milli-GPU),
 ``shares=ss-gpu`` only chooses their GPU that way on the node fgd chose, and ``shares=fgd-ss-ties``
 breaks their equal gain steps by it before the fixed order.
-``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``) and ``half_life=N``
-decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``). Each variant prints its
+``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``), ``half_life=N``
+decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``) and ``coverage=F`` keeps
+the most frequent shapes covering that share of the pods as the typical ones (hamid and the
+paper: ``COVERAGE``, 0.95). Each variant prints its
 medians, every seed's figures and the GPU remnants at 100 % arrived (GPUs by free milli-GPU),
 largest in volume.
 ``--sample K`` keeps every K-th node and pod (default 8: about 150 nodes, under a minute a run;
@@ -56,6 +58,7 @@ from replay.pods import (
 )
 
 from hamid.fit.fgd import (
+    COVERAGE,
     DEFAULT_HALF_LIFE,
     EMPTY,
     GAIN_STEP,
@@ -113,6 +116,7 @@ class Variant:
     gpu_ties: str = "fixed"
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
+    coverage: float = COVERAGE  #: the share of the observed pods the typical shapes cover (at most 1)
 
 
 def paper_score(gain: float) -> float:
@@ -272,7 +276,7 @@ def replay(sample: int, seed: int, variant: Variant) -> Run:
     if variant.workload == "trace":
         for pod in trace:
             model.histogram.observe(shape(pod, mem))
-        model.workload = model.histogram.typical()
+        model.workload = model.histogram.typical(variant.coverage)
     arrived = allocated = 0
     out: dict[int, float] = {}
     remnants: Counter[int] = Counter()
@@ -281,7 +285,7 @@ def replay(sample: int, seed: int, variant: Variant) -> Run:
         if variant.workload == "online":
             model.histogram.observe(s)
             if k % REFRESH == 0:
-                model.workload, model.memo = model.histogram.typical(), {}
+                model.workload, model.memo = model.histogram.typical(variant.coverage), {}
         arrived += pod.gpu_request
         if model.place(s, pod.memory_mib):
             allocated += pod.gpu_request
@@ -317,7 +321,7 @@ def main() -> None:
         "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
         "tie_salt (text hashed before node names), cpu_ties (fixed, least-idle-gpu, most-spare-cpu), "
         "shares (fgd, ss, ss-gpu, fgd-ss-ties), gpu_ties (fixed, match, balance), "
-        "step (milli-GPU per gain step), half_life (pods); "
+        "step (milli-GPU per gain step), half_life (pods), coverage (share of the pods, at most 1); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
     args = parser.parse_args()
@@ -346,7 +350,7 @@ def main() -> None:
 
 
 #: Variant fields that take a positive number: step in whole milli-GPU, half-life in pods.
-_NUMBERS: dict[str, type[int] | type[float]] = {"step": int, "half_life": float}
+_NUMBERS: dict[str, type[int] | type[float]] = {"step": int, "half_life": float, "coverage": float}
 
 
 def parse_variant(text: str) -> Variant:
@@ -382,8 +386,10 @@ def _number(text: str, key: str, value: str) -> float:
         number = _NUMBERS[key](value)
     except ValueError:
         number = 0
-    if not 0 < number < math.inf:
-        raise SystemExit(f"variant {text!r}: {key}={value!r} is not a positive number")
+    if not 0 < number < math.inf or (key == "coverage" and number > 1):
+        raise SystemExit(
+            f"variant {text!r}: {key}={value!r} is not a positive number (a coverage: at most 1)"
+        )
     return number
 
 
