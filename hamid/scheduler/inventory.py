@@ -30,9 +30,9 @@ log = get_logger("scheduler.inventory")
 #: A handshake ``Requesting_<t>`` younger than this keeps the node healthy (HAMi: 60 s).
 HANDSHAKE_GRACE_S = 60.0
 #: Request shapes whose failure reason a node remembers at most (see :attr:`NodeEntry.unfit`):
-#: more than a workload's GPU request shapes (the openb trace has 33), so a no-fit pod of one
-#: shape does not wipe the reasons of the others (at 8, a fifth of the replay's filters
-#: recomputed them, and the no-fit ones had a p99 of 27 ms).
+#: more than a workload's GPU request shapes (the openb trace has 24), so a no-fit pod of one
+#: shape does not wipe the reasons of the others (at 8 the replay's filters that kept no node had
+#: a p99 of 27 ms, at 64 11 ms: docs/packing.md).
 _UNFIT_MEMO = 64
 
 
