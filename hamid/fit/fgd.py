@@ -17,9 +17,11 @@ equal states share their work) and recomputes a node only when it changes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -152,13 +154,54 @@ class Workload:
     """Typical shapes with their probabilities (summing to 1), grouped by their GPU part.
 
     ``by_cpu`` and ``by_memory`` list every shape as ``(cpu, memory, group, p)``, largest first,
-    so a node's shortage is found by reading only the shapes it is short for.
+    so a node's shortage is found by reading only the shapes it is short for. ``keys`` are the
+    groups' GPU parts as :func:`part_key` numbers them, ``total`` their probabilities' sum.
+    A node's shortage depends only on how many shapes of ``by_cpu`` ask more CPU than it has and
+    how many of ``by_memory`` more memory (its *levels*): ``runnable`` keeps, per levels, the
+    groups that can run there with what is left of their probability.
     """
 
     shapes: tuple[tuple[Shape, float], ...]
     groups: tuple[Group, ...]
     by_cpu: tuple[tuple[int, int, int, float], ...] = ()
     by_memory: tuple[tuple[int, int, int, float], ...] = ()
+    keys: tuple[int, ...] = ()
+    total: float = 0.0
+    cpu_keys: tuple[int, ...] = ()  #: ``-cpu`` of ``by_cpu``'s shapes (ascending: for bisection)
+    memory_keys: tuple[int, ...] = ()  #: ``-memory`` of ``by_memory``'s shapes
+    runnable: dict[tuple[int, int], tuple[tuple[int, Shape, float], ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def levels(self, cpu: int, memory: int) -> tuple[int, int]:
+        """How many shapes ask more CPU than ``cpu``, and how many more memory than ``memory``."""
+        return bisect.bisect_left(self.cpu_keys, -cpu), bisect.bisect_left(self.memory_keys, -memory)
+
+    def runnable_at(self, cpu: int, memory: int) -> tuple[tuple[int, Shape, float], ...]:
+        """``(key, part, probability)`` of each group with a GPU that a node with ``cpu`` and
+        ``memory`` free can run, its probability less its shapes short there (memoised by levels)."""
+        levels = self.levels(cpu, memory)
+        known = self.runnable.get(levels)
+        if known is None:
+            short = [0.0] * len(self.groups)
+            for shape_cpu, _, group, p in self.by_cpu:
+                if shape_cpu <= cpu:
+                    break
+                short[group] += p
+            for shape_cpu, shape_memory, group, p in self.by_memory:
+                if shape_memory <= memory:
+                    break
+                if shape_cpu <= cpu:  # not counted above
+                    short[group] += p
+            known = tuple(
+                (key, part, group_p - shortage)
+                for (part, _, group_p), key, shortage in zip(self.groups, self.keys, short, strict=True)
+                if part.gpus and group_p - shortage > 0
+            )
+            if len(self.runnable) >= _STATIC_MEMO:
+                self.runnable.clear()
+            self.runnable[levels] = known
+        return known
 
     @classmethod
     def of(cls, weighted: Iterable[tuple[Shape, float]]) -> Workload:
@@ -175,10 +218,31 @@ class Workload:
         flat = [(c, m, k, p) for k, group in enumerate(groups) for c, m, p in group.entries]
         by_cpu = tuple(sorted(flat, key=lambda e: -e[0]))
         by_memory = tuple(sorted(flat, key=lambda e: -e[1]))
-        return cls(shapes, groups, by_cpu, by_memory)
+        keys = tuple(part_key(g.part) for g in groups)
+        total = sum(g.p for g in groups)
+        cpu_keys, memory_keys = tuple(-e[0] for e in by_cpu), tuple(-e[1] for e in by_memory)
+        return cls(shapes, groups, by_cpu, by_memory, keys, total, cpu_keys, memory_keys)
 
 
 EMPTY = Workload((), ())
+
+_PART_KEYS: dict[Shape, int] = {}
+_PART_KEYS_MAX = 10_000
+
+
+def part_key(part: Shape) -> int:
+    """A number for a GPU part, never reused: the key of :func:`usable`'s memo, cheaper to look up
+    than the part itself. Past :data:`_PART_KEYS_MAX` parts the table starts afresh with new
+    numbers (a memo keyed by an old one then misses, never answers wrongly)."""
+    key = _PART_KEYS.get(part)
+    if key is None:
+        if len(_PART_KEYS) >= _PART_KEYS_MAX:
+            _PART_KEYS.clear()
+        key = _PART_KEYS[part] = next(_PART_NUMBERS)
+    return key
+
+
+_PART_NUMBERS = itertools.count()
 
 _MASKS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[bool, ...]] = {}
 _ALIGNABLE: dict[tuple[Shape, tuple[int, ...], tuple[str, ...], tuple[int, ...]], bool] = {}
@@ -273,42 +337,28 @@ def kubelet_home(node: NodeState, shape: Shape) -> int | None:
     return None
 
 
-def fragmentation(node: NodeState, workload: Workload, uses: dict[Shape, int] | None = None) -> float:
+def fragmentation(node: NodeState, workload: Workload, uses: dict[int, int] | None = None) -> float:
     """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``.
 
     Every shape counts the whole idle GPU but for what it can use there: ``F = idle * sum p -
     sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing.
-    ``uses`` memoises :func:`usable` by GPU part for this node: it does not depend on the
-    workload's weights, so a caller keeping it per node state recomputes only the weighted sum
-    when the learned workload moves (the same float operations: the same result).
+    ``uses`` memoises :func:`usable` by GPU part (:func:`part_key`) for this node: it does not
+    depend on the workload's weights, so a caller keeping it per node state recomputes only the
+    weighted sum when the learned workload moves (the same float operations: the same result).
     """
     idle = sum(node.frees)
     if idle == 0 or not workload.groups:
         return 0.0
-    cpu, memory = node.cpu, node.memory
-    short = [0.0] * len(workload.groups)
-    for shape_cpu, _, group, p in workload.by_cpu:
-        if shape_cpu <= cpu:
-            break
-        short[group] += p
-    for shape_cpu, shape_memory, group, p in workload.by_memory:
-        if shape_memory <= memory:
-            break
-        if shape_cpu <= cpu:  # not counted above
-            short[group] += p
     if uses is None:
         uses = {}
     used = 0.0
-    for k, (part, _, group_p) in enumerate(workload.groups):
-        runnable = group_p - short[k]
-        if not part.gpus or runnable <= 0:
-            continue
-        use = uses.get(part)
+    for key, part, runnable in workload.runnable_at(node.cpu, node.memory):
+        use = uses.get(key)
         if use is None:
-            use = uses[part] = usable(node, part)
+            use = uses[key] = usable(node, part)
         if use:
             used += runnable * use
-    return max(idle * sum(g.p for g in workload.groups) - used, 0.0)
+    return max(idle * workload.total - used, 0.0)
 
 
 def _options(node: NodeState, pod: Shape) -> tuple[list[tuple[int, ...]], bool]:
@@ -340,37 +390,50 @@ def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...
     return tuple(sorted(sorted(ids, key=lambda i: (node.frees[i], i))[:count]))
 
 
-def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
+def after(
+    node: NodeState, pod: Shape, gpus: tuple[int, ...], offered: Sequence[int] | None = None
+) -> NodeState:
     """The node once ``pod`` runs there on ``gpus``: exclusive CPUs and replicas from the NUMA node
-    kubelet gives them (:func:`kubelet_home`; without one, the first GPU's)."""
-    frees = list(node.frees)
+    kubelet gives them (:func:`kubelet_home`; without one, the first GPU's). ``offered``: the
+    node's :func:`offering` now, when the caller has it (judging several placements on one node)."""
+    taking = list(node.frees)
     for i in gpus:
-        frees[i] -= pod.share
+        taking[i] -= pod.share
+    frees = tuple(taking)
     numa = node.numa
     if numa is not None and pod.exclusive and gpus:
         home = kubelet_home(node, pod)
         home = node.numas[gpus[0]] if home is None else home
         if 0 <= home < len(numa):
             room = numa[home]
-            taken = room._replace(
-                free=max(room.free - pod.exclusive, 0), replicas=max(room.replicas - pod.gpus, 0)
+            taken = NumaRoom(
+                max(room.free - pod.exclusive, 0), room.assignable, max(room.replicas - pod.gpus, 0)
             )
             numa = (*numa[:home], taken, *numa[home + 1 :])
     if numa is not None and node.hide is not None:
-        numa = _rehide(node, numa, frees)
-    return node._replace(
-        cpu=node.cpu - pod.cpu, memory=node.memory - pod.memory, frees=tuple(frees), numa=numa
+        numa = _rehide(node, numa, frees, offering(node) if offered is None else offered)
+    return NodeState(
+        node.cpu - pod.cpu,
+        node.memory - pod.memory,
+        frees,
+        node.numas,
+        node.models,
+        numa,
+        node.hide,
+        node.rejects_unpreferred,
     )
 
 
-def _rehide(node: NodeState, numa: tuple[NumaRoom, ...], frees: Sequence[int]) -> tuple[NumaRoom, ...]:
+def _rehide(
+    node: NodeState, numa: tuple[NumaRoom, ...], frees: tuple[int, ...], before: Sequence[int]
+) -> tuple[NumaRoom, ...]:
     """The replicas kubelet sees per NUMA node once the GPUs' free milli-GPU went from
-    ``node.frees`` to ``frees``, where the plugin hides them by ``node.hide``: a NUMA node whose
+    ``node.frees`` (whose GPUs offering replicas per NUMA node are ``before``) to ``frees``, where
+    the plugin hides them by ``node.hide``: a NUMA node whose
     last offering GPU got hidden (no room left; under ``busy`` also made busy while an idle GPU
     remains) offers none; one whose GPUs are offered again (the last idle GPU went away) offers at
     least one replica per such GPU. (A model: the replicas of a GPU are not in the state, so a
     NUMA node that keeps an offering GPU keeps its count.)"""
-    before = _offering(node.frees, node.numas, node.hide, len(numa))
     now = _offering(frees, node.numas, node.hide, len(numa))
     out = list(numa)
     for n, (was, offers) in enumerate(zip(before, now, strict=True)):
@@ -381,16 +444,32 @@ def _rehide(node: NodeState, numa: tuple[NumaRoom, ...], frees: Sequence[int]) -
     return tuple(out)
 
 
-def _offering(frees: Sequence[int], numas: Sequence[int], hide: str | None, count: int) -> list[int]:
+def offering(node: NodeState) -> tuple[int, ...]:
+    """Per NUMA node of a node that hides replicas, its GPUs whose free replicas kubelet sees."""
+    return _offering(node.frees, node.numas, node.hide, len(node.numa or ()))
+
+
+def _offering(
+    frees: tuple[int, ...], numas: tuple[int, ...], hide: str | None, count: int
+) -> tuple[int, ...]:
     """Per NUMA node, the GPUs whose free replicas kubelet sees (:func:`hides` on milli-GPU:
-    room is free > 0, idle is a whole GPU free)."""
-    idle_on_node = any(f >= WHOLE for f in frees)
-    out = [0] * count
-    for free, n in zip(frees, numas, strict=True):
-        seen = not hides(hide, room=free > 0, idle=free >= WHOLE, idle_on_node=idle_on_node)
-        if seen and 0 <= n < count:
-            out[n] += 1
-    return out
+    room is free > 0, idle is a whole GPU free); memoised, the same GPUs recur on many nodes."""
+    key = (frees, numas, hide, count)
+    known = _OFFERING.get(key)
+    if known is None:
+        idle_on_node = any(f >= WHOLE for f in frees)
+        out = [0] * count
+        for free, n in zip(frees, numas, strict=True):
+            seen = not hides(hide, room=free > 0, idle=free >= WHOLE, idle_on_node=idle_on_node)
+            if seen and 0 <= n < count:
+                out[n] += 1
+        if len(_OFFERING) >= _STATIC_MEMO:
+            _OFFERING.clear()
+        known = _OFFERING[key] = tuple(out)
+    return known
+
+
+_OFFERING: dict[tuple[tuple[int, ...], tuple[int, ...], str | None, int], tuple[int, ...]] = {}
 
 
 def gain_steps(gain: float, step: int = GAIN_STEP) -> float:
@@ -412,9 +491,11 @@ def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], floa
     if not options:
         return None
     before = frag(node)
+    hides_replicas = len(options) > 1 and node.numa is not None and node.hide is not None
+    offered = offering(node) if hides_replicas else None
     best: tuple[float, int, tuple[int, ...]] | None = None
     for option in options:
-        key = (frag(after(node, pod, option)) - before, sum(node.frees[i] for i in option), option)
+        key = (frag(after(node, pod, option, offered)) - before, sum(node.frees[i] for i in option), option)
         if best is None or key < best:
             best = key
     assert best is not None

@@ -48,6 +48,8 @@ from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
 
+#: A memo's answer for a key it does not hold (None is an answer: no room).
+_UNKNOWN = object()
 #: Room of a node that publishes no allocatable cpu/memory: never short.
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
@@ -146,12 +148,15 @@ class FgdRanker:
         self._inventory_seq = inventory.seq
         self._dirty: set[str] = set()
         self._states: dict[str, NodeState] = {}
+        #: One object per distinct node state, so nodes in equal states hold the same object and a
+        #: re-rank groups them by identity instead of hashing every node's state.
+        self._interned: dict[NodeState, NodeState] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         self._frag: dict[NodeState, float] = {}
         #: What each typical GPU part can use on a state's GPU side: independent of the workload's
         #: weights and of the node's CPU and memory, so kept when the workload moves (its
         #: fragmentation is then one weighted sum) and shared by states differing only in those.
-        self._uses: dict[tuple[object, ...], dict[Shape, int]] = {}
+        self._uses: dict[tuple[object, ...], dict[int, int]] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
         #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since),
         #: the least recently used first.
@@ -266,7 +271,7 @@ class FgdRanker:
             ledger = numa.nodes.get(name)
             rooms = numa_room(ledger, numa.resource, hidden)
             profile = ledger.profile if ledger is not None else None
-            state = self._states[name] = NodeState.of(
+            state = NodeState.of(
                 room.cpu,
                 room.memory_mib,
                 gpus,
@@ -276,6 +281,10 @@ class FgdRanker:
                 and profile is not None
                 and profile.policies.rejects_unpreferred,
             )
+            interned = self._interned
+            if len(interned) >= _MEMO_SIZE:
+                interned.clear()
+            state = self._states[name] = interned.setdefault(state, state)
         return state
 
     def forget_node(self, name: str) -> None:
@@ -314,8 +323,9 @@ class FgdRanker:
     def state_placement(self, state: NodeState, shape: Shape) -> Placement | None:
         """Where ``shape`` removes the most fragmentation in ``state`` (memoised per state)."""
         key = (state, shape)
-        if key in self._placements:
-            return self._placements[key]
+        placed = self._placements.get(key, _UNKNOWN)
+        if placed is not _UNKNOWN:
+            return placed  # type: ignore[return-value]
         if len(self._placements) >= _MEMO_SIZE:
             self._placements.clear()
         placed = self._placements[key] = best_placement(state, shape, self.fragmentation)
@@ -403,7 +413,7 @@ class GainIndex:
         (every empty node of a kind) share one placement and one gain step, only their fixed
         places among equal steps differ (the same ranks as one node at a time)."""
         rank, gains, short = self.rank, self.gain, self.short
-        judged: dict[NodeState, str | tuple[float, float]] = {}
+        judged: dict[int, str | tuple[float, float]] = {}  # by state object: equal states are one
         for name in self.dirty:
             rank.pop(name, None)
             gains.pop(name, None)
@@ -412,15 +422,15 @@ class GainIndex:
             if entry is None:
                 continue
             state = ranker.node_state(name, entry)
-            known = judged.get(state)
+            known = judged.get(id(state))
             if known is None:
                 reason = _short(shape, state)
                 if reason is None:
                     placed = ranker.state_placement(state, shape)
                     gain = -math.inf if placed is None else placed.gain
-                    known = judged[state] = (gain, gain_steps(gain))
+                    known = judged[id(state)] = (gain, gain_steps(gain))
                 else:
-                    known = judged[state] = reason
+                    known = judged[id(state)] = reason
             if isinstance(known, str):
                 short[name] = known
             else:
