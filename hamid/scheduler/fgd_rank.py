@@ -152,7 +152,10 @@ class FgdRanker:
         #: re-rank groups them by identity instead of hashing every node's state.
         self._interned: dict[NodeState, NodeState] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
-        self._frag: dict[NodeState, float] = {}
+        #: Fragmentation under the current workload by GPU side and CPU/memory levels
+        #: (:meth:`~hamid.fit.fgd.Workload.levels`), all it depends on: states differing only in
+        #: CPU or memory that no typical shape tells apart share it.
+        self._frag: dict[tuple[tuple[object, ...], tuple[int, int]], float] = {}
         #: What each typical GPU part can use on a state's GPU side: independent of the workload's
         #: weights and of the node's CPU and memory, so kept when the workload moves (its
         #: fragmentation is then one weighted sum) and shared by states differing only in those.
@@ -293,17 +296,18 @@ class FgdRanker:
 
     def fragmentation(self, state: NodeState) -> float:
         """The state's fragmentation under the current workload (memoised)."""
-        value = self._frag.get(state)
+        side = state.gpu_side()
+        key = (side, self._workload.levels(state.cpu, state.memory))
+        value = self._frag.get(key)
         if value is None:
             if len(self._frag) >= _MEMO_SIZE:
                 self._frag.clear()
-            side = state.gpu_side()
             uses = self._uses.get(side)
             if uses is None:
                 if len(self._uses) >= _USES_SIZE:
                     self._uses.clear()
                 uses = self._uses[side] = {}
-            value = self._frag[state] = fragmentation(state, self._workload, uses)
+            value = self._frag[key] = fragmentation(state, self._workload, uses)
         return value
 
     def placement(self, name: str, state: NodeState, shape: Shape) -> Placement | None:
@@ -436,7 +440,7 @@ class GainIndex:
             else:
                 gains[name] = known[0]
                 rank[name] = known[1] + ranker.tie(name)
-        self.keys = sorted((r, n) for n, r in rank.items())
+        self.keys = sorted(zip(rank.values(), rank.keys(), strict=True))
         self.dirty.clear()
 
 

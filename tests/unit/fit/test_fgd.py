@@ -60,6 +60,30 @@ def test_paper_cases_by_hand() -> None:
     assert fragmentation(state, EMPTY) == 0
 
 
+def test_shortage_read_by_levels_equals_the_shortage_of_each_node() -> None:
+    """A workload memoises which shapes a node is short of by how many shapes ask more CPU and
+    more memory than it has: nodes on either side of every ask, read through one warm workload,
+    get exactly what a fresh workload gives each of them."""
+    weighted = (
+        (Shape(2000, 4096, 1, 500), 3),
+        (Shape(4000, 1024, 1, 500), 2),
+        (Shape(4000, 8192, 1, 1000), 2),
+        (Shape(8000, 2048, 2, 1000), 1),
+        (CPU_ONLY, 1),
+    )
+    warm = Workload.of(weighted)
+    asks = sorted({s.cpu for s, _ in weighted} | {0, 64_000})
+    memories = sorted({s.memory for s, _ in weighted} | {0, 256_000})
+    seen = set()
+    for cpu in (c + d for c in asks for d in (-1, 0, 1)):
+        for memory in (m + d for m in memories for d in (-1, 0, 1)):
+            state = node(1000, 600, 1000, cpu=cpu, memory=memory)
+            assert fragmentation(state, warm) == fragmentation(state, Workload.of(weighted))
+            seen.add(warm.levels(cpu, memory))
+    assert len(warm.runnable) == len(seen) > 10  # one entry per levels, however many nodes
+    assert warm.levels(4000, 4096) == (1, 1)  # only the 8-CPU shape asks more CPU, only 8 GiB more memory
+
+
 def test_wrong_model_is_fragment() -> None:
     v100 = Shape(1000, 1024, 1, 500, models=("V100",))
     assert frag(node(1000, 300), (v100, 1)) == 1300

@@ -94,6 +94,21 @@ def test_states_differing_only_in_cpu_and_memory_share_the_usable_room() -> None
     assert fgd.fragmentation(short) == fragmentation(short, fgd.workload) > fgd.fragmentation(state)
 
 
+def test_states_no_typical_shape_tells_apart_share_one_fragmentation() -> None:
+    """Fragmentation is memoised by the GPU side and the CPU/memory levels: a node with a CPU
+    more or less that every typical shape still fits (or still does not) is not computed again."""
+    fgd = ranker()
+    learn(fgd, HALF, ALIGNED, TWO)
+    fgd.workload  # noqa: B018 - refresh
+    state = states()[0]
+    fgd.fragmentation(state)
+    fgd.fragmentation(state._replace(cpu=state.cpu - 1, memory=state.memory - 1))
+    assert len(fgd._frag) == 1
+    short = state._replace(cpu=min(s.cpu for s, _ in fgd.workload.shapes) - 1)
+    assert fgd.fragmentation(short) == fragmentation(short, fgd.workload) > fgd.fragmentation(state)
+    assert len(fgd._frag) == 2
+
+
 def test_memos_belong_to_one_ranker() -> None:
     """Two rankers (two schedulers or two replays in one process) learning different workloads
     answer each from its own memos."""
