@@ -390,12 +390,9 @@ def _tightest(node: NodeState, ids: Sequence[int], count: int) -> tuple[int, ...
     return tuple(sorted(sorted(ids, key=lambda i: (node.frees[i], i))[:count]))
 
 
-def after(
-    node: NodeState, pod: Shape, gpus: tuple[int, ...], offered: Sequence[int] | None = None
-) -> NodeState:
+def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     """The node once ``pod`` runs there on ``gpus``: exclusive CPUs and replicas from the NUMA node
-    kubelet gives them (:func:`kubelet_home`; without one, the first GPU's). ``offered``: the
-    node's :func:`offering` now, when the caller has it (judging several placements on one node)."""
+    kubelet gives them (:func:`kubelet_home`; without one, the first GPU's)."""
     taking = list(node.frees)
     for i in gpus:
         taking[i] -= pod.share
@@ -411,7 +408,7 @@ def after(
             )
             numa = (*numa[:home], taken, *numa[home + 1 :])
     if numa is not None and node.hide is not None:
-        numa = _rehide(node, numa, frees, offering(node) if offered is None else offered)
+        numa = _rehide(node, numa, frees)
     return NodeState(
         node.cpu - pod.cpu,
         node.memory - pod.memory,
@@ -424,16 +421,14 @@ def after(
     )
 
 
-def _rehide(
-    node: NodeState, numa: tuple[NumaRoom, ...], frees: tuple[int, ...], before: Sequence[int]
-) -> tuple[NumaRoom, ...]:
+def _rehide(node: NodeState, numa: tuple[NumaRoom, ...], frees: tuple[int, ...]) -> tuple[NumaRoom, ...]:
     """The replicas kubelet sees per NUMA node once the GPUs' free milli-GPU went from
-    ``node.frees`` (whose GPUs offering replicas per NUMA node are ``before``) to ``frees``, where
-    the plugin hides them by ``node.hide``: a NUMA node whose
+    ``node.frees`` to ``frees``, where the plugin hides them by ``node.hide``: a NUMA node whose
     last offering GPU got hidden (no room left; under ``busy`` also made busy while an idle GPU
     remains) offers none; one whose GPUs are offered again (the last idle GPU went away) offers at
     least one replica per such GPU. (A model: the replicas of a GPU are not in the state, so a
     NUMA node that keeps an offering GPU keeps its count.)"""
+    before = _offering(node.frees, node.numas, node.hide, len(numa))
     now = _offering(frees, node.numas, node.hide, len(numa))
     out = list(numa)
     for n, (was, offers) in enumerate(zip(before, now, strict=True)):
@@ -442,11 +437,6 @@ def _rehide(
         elif offers and not was:
             out[n] = out[n]._replace(replicas=max(out[n].replicas, min(offers, REPLICAS_SEEN)))
     return tuple(out)
-
-
-def offering(node: NodeState) -> tuple[int, ...]:
-    """Per NUMA node of a node that hides replicas, its GPUs whose free replicas kubelet sees."""
-    return _offering(node.frees, node.numas, node.hide, len(node.numa or ()))
 
 
 def _offering(
@@ -491,11 +481,9 @@ def best_placement(node: NodeState, pod: Shape, frag: Callable[[NodeState], floa
     if not options:
         return None
     before = frag(node)
-    hides_replicas = len(options) > 1 and node.numa is not None and node.hide is not None
-    offered = offering(node) if hides_replicas else None
     best: tuple[float, int, tuple[int, ...]] | None = None
     for option in options:
-        key = (frag(after(node, pod, option, offered)) - before, sum(node.frees[i] for i in option), option)
+        key = (frag(after(node, pod, option)) - before, sum(node.frees[i] for i in option), option)
         if best is None or key < best:
             best = key
     assert best is not None
