@@ -54,6 +54,9 @@ _UNKNOWN = object()
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
 _MEMO_SIZE = 200_000
+#: Node states interned before the table starts afresh (only the nodes' current states need to
+#: be one object each; afterwards an equal state may be a second object until its node changes).
+_INTERNED_SIZE = 20_000
 #: GPU sides of node states (:meth:`~hamid.fit.fgd.NodeState.gpu_side`) whose usable GPU room per
 #: typical GPU part is kept across workload changes: the openb replay meets ~40,000 in all, bounded
 #: (the memo keeps each alive: ~0.7 KiB).
@@ -285,7 +288,7 @@ class FgdRanker:
                 and profile.policies.rejects_unpreferred,
             )
             interned = self._interned
-            if len(interned) >= _MEMO_SIZE:
+            if len(interned) >= _INTERNED_SIZE:
                 interned.clear()
             state = self._states[name] = interned.setdefault(state, state)
         return state

@@ -72,6 +72,10 @@ async def test_equal_gains_go_to_one_fixed_order_of_nodes() -> None:
             for i, candidates in enumerate((order, order[::-1])):
                 p = await env.create_pod(pod(f"p{i}", containers=[container("c", 1, 1600, 20)]))
                 assert (await env.filter(p, candidates))["NodeNames"] == [first]
+            # the empty nodes' equal states are one object, so a re-rank judges them once
+            kept = env.scheduler.fgd._states
+            empty = [kept[n] for n in names if n != first]
+            assert all(state is empty[0] for state in empty) and kept[first] != empty[0]
 
 
 async def test_fgd_default_flag_learns_the_workload_online() -> None:
