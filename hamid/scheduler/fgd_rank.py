@@ -154,6 +154,9 @@ class FgdRanker:
         #: One object per distinct node state, so nodes in equal states hold the same object and a
         #: re-rank groups them by identity instead of hashing every node's state.
         self._interned: dict[NodeState, NodeState] = {}
+        #: The nodes in each current state object (by its id, the object kept alive beside them):
+        #: a full re-rank judges each state once and hands the answer to its nodes.
+        self._members: dict[int, tuple[NodeState, set[str]]] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         #: Fragmentation under the current workload by GPU side and CPU/memory levels
         #: (:meth:`~hamid.fit.fgd.Workload.levels`), all it depends on: states differing only in
@@ -226,17 +229,48 @@ class FgdRanker:
             changed = inventory.changed_since(self._inventory_seq, len(self._states) + 1)
             if changed is None:
                 self._states.clear()
+                self._members.clear()
                 self._placed.clear()
                 self._indexes.clear()
             else:
                 self._dirty.update(changed)
             self._inventory_seq = inventory.seq
         for name in self._dirty:
-            self._states.pop(name, None)
+            self._leave(name)
             self._placed.pop(name, None)
         for index in self._indexes.values():
             index.dirty |= self._dirty
         self._dirty.clear()
+
+    def _leave(self, name: str) -> None:
+        """Forget a node's state (it changed or went)."""
+        state = self._states.pop(name, None)
+        if state is not None:
+            members = self._members[id(state)][1]
+            members.discard(name)
+            if not members:
+                del self._members[id(state)]
+
+    def groups(self, nodes: Mapping[str, NodeEntry]) -> Iterable[tuple[NodeState, set[str]]]:
+        """Each current state of the registered ``nodes`` with the nodes in it (the states of
+        changed nodes rebuilt; call :meth:`sync` first). A live view: do not change a node meanwhile."""
+        states = self._states
+        for name in states.keys() - nodes.keys():
+            self._leave(name)
+        for name in nodes.keys() - states.keys():
+            self.node_state(name, nodes[name])
+        return self._members.values()
+
+    def ties(self, nodes: Mapping[str, NodeEntry]) -> Mapping[str, float]:
+        """:meth:`tie` of every registered node (the memo then holds all of them)."""
+        ties = self._ties
+        missing = nodes.keys() - ties.keys()
+        if len(ties) + len(missing) > _MEMO_SIZE:
+            ties.clear()
+            missing = set(nodes)
+        for name in missing:
+            ties[name] = tie_order(name)
+        return ties
 
     def index(self, shape: Shape) -> GainIndex:
         """The gain index of ``shape`` over every registered node (made on first use; the least
@@ -291,6 +325,11 @@ class FgdRanker:
             if len(interned) >= _INTERNED_SIZE:
                 interned.clear()
             state = self._states[name] = interned.setdefault(state, state)
+            members = self._members.get(id(state))
+            if members is None:
+                self._members[id(state)] = (state, {name})
+            else:
+                members[1].add(name)
         return state
 
     def forget_node(self, name: str) -> None:
@@ -416,35 +455,38 @@ class GainIndex:
         self.dirty.clear()
 
     def _rebuild(self, ranker: FgdRanker, shape: Shape, nodes: Mapping[str, NodeEntry]) -> None:
-        """Re-key many nodes and sort once (a new index, a new workload): nodes in equal states
-        (every empty node of a kind) share one placement and one gain step, only their fixed
-        places among equal steps differ (the same ranks as one node at a time)."""
-        rank, gains, short = self.rank, self.gain, self.short
-        judged: dict[int, str | tuple[float, float]] = {}  # by state object: equal states are one
-        for name in self.dirty:
-            rank.pop(name, None)
-            gains.pop(name, None)
-            short.pop(name, None)
-            entry = nodes.get(name)
-            if entry is None:
+        """Re-key many nodes and sort once (a new index, a new workload): each distinct state is
+        judged once and its answer handed to its nodes (every empty node of a kind shares one
+        placement and one gain step; only their fixed places among equal steps differ: the same
+        ranks as one node at a time)."""
+        rank, gains, short, dirty = self.rank, self.gain, self.short, self.dirty
+        every = dirty >= nodes.keys()
+        if every:
+            rank.clear()
+            gains.clear()
+            short.clear()
+        else:
+            for name in dirty:
+                rank.pop(name, None)
+                gains.pop(name, None)
+                short.pop(name, None)
+        groups = ranker.groups(nodes)
+        ties = ranker.ties(nodes)
+        for state, members in groups:
+            names = members if every else members & dirty
+            if not names:
                 continue
-            state = ranker.node_state(name, entry)
-            known = judged.get(id(state))
-            if known is None:
-                reason = _short(shape, state)
-                if reason is None:
-                    placed = ranker.state_placement(state, shape)
-                    gain = -math.inf if placed is None else placed.gain
-                    known = judged[id(state)] = (gain, gain_steps(gain))
-                else:
-                    known = judged[id(state)] = reason
-            if isinstance(known, str):
-                short[name] = known
-            else:
-                gains[name] = known[0]
-                rank[name] = known[1] + ranker.tie(name)
+            reason = _short(shape, state)
+            if reason is not None:
+                short.update(dict.fromkeys(names, reason))
+                continue
+            placed = ranker.state_placement(state, shape)
+            gain = -math.inf if placed is None else placed.gain
+            steps = gain_steps(gain)
+            gains.update(dict.fromkeys(names, gain))
+            rank.update({name: steps + ties[name] for name in names})
         self.keys = sorted(zip(rank.values(), rank.keys(), strict=True))
-        self.dirty.clear()
+        dirty.clear()
 
 
 def _short(shape: Shape, state: NodeState) -> str | None:

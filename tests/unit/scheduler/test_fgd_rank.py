@@ -3,15 +3,25 @@ computation, kept per ranker (two schedulers, or two replays in one process, sha
 
 from __future__ import annotations
 
+import math
+import random
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
-from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, best_placement, fragmentation
+from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, best_placement, fragmentation, gain_steps
+from hamid.model import annotations as ann
+from hamid.model import reasons as R
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler import fgd_rank
-from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.core import Scheduler
+from hamid.scheduler.fgd_rank import FgdRanker, tie_order
 from hamid.scheduler.inventory import NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NumaLedgers
+from tests.unit.scheduler.helpers import container, gpu, placed, pod
+from tests.unit.scheduler.helpers import node as helpers_node
 
 HALF = Shape(1000, 1024, 1, 500)
 ALIGNED = Shape(4000, 8192, 1, 1000, None, 4)
@@ -151,3 +161,75 @@ def test_a_workload_moved_by_noise_keeps_the_ranking_a_real_move_replaces_it() -
     fgd.workload  # noqa: B018 - refresh
     assert fgd.epoch == epoch + 1 and fgd.index(HALF) is not kept
     assert dict(fgd.workload.shapes).keys() == {HALF, ALIGNED, TWO}
+
+
+def _gpu_node(rng: random.Random, name: str) -> dict[str, Any]:
+    """A node of 1-4 GPUs of one of two models, with allocatable CPU and memory."""
+    model = rng.choice(("NVIDIA-A100", "NVIDIA-H100"))
+    gpus = [
+        replace(gpu(f"{name}-g{i}", index=i, numa=i % 2), type=model) for i in range(rng.choice((1, 2, 4)))
+    ]
+    body = helpers_node(name, gpus=0)
+    body["metadata"]["annotations"][ann.NODE_REGISTER] = ann.encode_node_devices(gpus)
+    body["status"]["allocatable"].update(cpu=str(rng.choice((8, 16, 32))), memory="64Gi", pods="110")
+    return body
+
+
+def _bound(rng: random.Random, i: int, name: str, gpu_id: str) -> dict[str, Any]:
+    """A pod running on ``name`` with CPU and a share of ``gpu_id``."""
+    mem = rng.choice((2000, 4000))
+    c = container("c", 1, mem, 30)
+    c["resources"]["requests"] = {"cpu": str(rng.choice((1, 2, 6)))}
+    p = placed(pod(f"p{i}", containers=[c]), name, f"{gpu_id},NVIDIA,{mem},30:;")
+    p["spec"]["nodeName"] = name
+    p["status"]["phase"] = "Running"
+    return p
+
+
+@pytest.mark.parametrize("bulk", [0, 8, 10**9])
+def test_a_gain_index_holds_each_nodes_own_rank_after_any_changes(
+    monkeypatch: pytest.MonkeyPatch, bulk: int
+) -> None:
+    """Re-keyed node by node (``bulk`` 0), in bulk by state (10**9) or either as the changes come
+    (8, the product's), an index gives every registered node exactly the rank, gain or shortage of
+    its own state computed alone, after pods come and go and nodes register again or leave."""
+    monkeypatch.setattr(fgd_rank, "_BULK", bulk)
+    rng = random.Random(bulk)
+    scheduler = Scheduler(None)
+    fgd = scheduler.fgd
+    names = [f"n{i}" for i in range(24)]
+    for name in names:
+        scheduler._node_seen(_gpu_node(rng, name))
+    learn(fgd, HALF, HALF, TWO, CPU_ONLY, Shape(6000, 1024, 1, 1000))
+    running: list[dict[str, Any]] = []
+    shorts = 0
+    for step in range(60):
+        roll = rng.random()
+        live = sorted(scheduler.ledger.nodes)
+        if roll < 0.6 and live:
+            name = rng.choice(live)
+            running.append(_bound(rng, step, name, rng.choice(scheduler.ledger.nodes[name].infos).id))
+            scheduler._pod_seen(running[-1])
+        elif roll < 0.75 and running:
+            scheduler._pod_gone(running.pop(rng.randrange(len(running))))
+        elif roll < 0.9:
+            scheduler._node_seen(_gpu_node(rng, rng.choice(names)))
+        elif live:
+            scheduler._node_gone(helpers_node(rng.choice(live)))
+        for shape in (HALF, TWO, CPU_ONLY):
+            fgd.workload  # noqa: B018 - refresh, as a filter does
+            fgd.sync()
+            index = fgd.index(shape)
+            index.refresh(fgd, shape, scheduler.ledger.nodes)
+            want_keys, want_short = [], {}
+            for name, entry in scheduler.ledger.nodes.items():
+                state = fgd.node_state(name, entry)
+                if shape.cpu > state.cpu or shape.memory > state.memory:
+                    want_short[name] = R.INSUFFICIENT_CPU if shape.cpu > state.cpu else R.INSUFFICIENT_MEMORY
+                    continue
+                placed_there = best_placement(state, shape, lambda s: fragmentation(s, fgd.workload))
+                gain = -math.inf if placed_there is None else placed_there.gain
+                want_keys.append((gain_steps(gain) + tie_order(name), name))
+            assert index.keys == sorted(want_keys) and index.short == want_short
+            shorts += len(want_short)
+    assert shorts and len(scheduler.ledger.nodes) < len(names)  # some nodes short, some gone
