@@ -21,7 +21,9 @@ nearest the pod's own, ``gpu_ties=balance`` toward the node left nearest the clu
 ``shares=ss`` places the one-GPU shares by the Sum-of-Squares rule of online bin packing instead
 (the GPU that least raises the sum of squares of the cluster's GPU counts per free milli-GPU),
 ``shares=ss-gpu`` only chooses their GPU that way on the node fgd chose, and ``shares=fgd-ss-ties``
-breaks their equal gain steps by it before the fixed order.
+breaks their equal gain steps by it before the fixed order. ``reverse=shares`` (``cpu``,
+``multi``) sends that class of pods the fixed order's other way among equal scores, so the
+classes fill different nodes first instead of the same ones.
 ``step=N`` compares gains in steps of N milli-GPU (hamid: ``GAIN_STEP``), ``half_life=N``
 decays the learned workload over N pods (hamid: ``DEFAULT_HALF_LIFE``) and ``coverage=F`` keeps
 the most frequent shapes covering that share of the pods as the typical ones (hamid and the
@@ -117,6 +119,9 @@ class Variant:
     step: int = GAIN_STEP  #: with ``score=steps``: milli-GPU of gain per step
     half_life: float = DEFAULT_HALF_LIFE  #: with ``workload=online``: pods after which a shape weighs half
     coverage: float = COVERAGE  #: the share of the observed pods the typical shapes cover (at most 1)
+    #: one class of pods (``shares``, ``cpu``: CPU-only, ``multi``: several whole GPUs) whose equal
+    #: scores go the fixed order's other way, so it fills the nodes the other pods reach last
+    reverse: str = "none"
 
 
 def paper_score(gain: float) -> float:
@@ -243,7 +248,9 @@ class Model:
         elif pod.gpus == 0 and self.variant.cpu_ties != "fixed":
             i, gpus = max(best, key=lambda b: (self._cpu_tie(b[0]), self.ties[b[0]]))
         elif self.variant.ties == "fixed" or self.variant.ties in TIE_KINDS:
-            i, gpus = max(best, key=lambda b: self.ties[b[0]])
+            kind = "cpu" if pod.gpus == 0 else "shares" if share else "multi" if pod.gpus > 1 else "whole"
+            last = min if kind == self.variant.reverse else max
+            i, gpus = last(best, key=lambda b: self.ties[b[0]])
         else:
             i, gpus = self.rng.choice(best) if self.variant.ties == "random" else best[0]
         old = self.states[i]
@@ -321,6 +328,7 @@ def main() -> None:
         "ties (fixed, first, random, fewest-gpus, most-gpus, most-cpu-per-gpu, least-cpu-per-gpu), "
         "tie_salt (text hashed before node names), cpu_ties (fixed, least-idle-gpu, most-spare-cpu), "
         "shares (fgd, ss, ss-gpu, fgd-ss-ties), gpu_ties (fixed, match, balance), "
+        "reverse (none, shares, cpu, multi), "
         "step (milli-GPU per gain step), half_life (pods), coverage (share of the pods, at most 1); "
         "default: CPU-only pods by fgd, then by least-allocated",
     )
@@ -364,6 +372,7 @@ def parse_variant(text: str) -> Variant:
         "cpu_ties": ("fixed", "least-idle-gpu", "most-spare-cpu"),
         "shares": ("fgd", "ss", "ss-gpu", "fgd-ss-ties"),
         "gpu_ties": ("fixed", "match", "balance"),
+        "reverse": ("none", "shares", "cpu", "multi"),
     }
     fields: dict[str, object] = {}
     for item in filter(None, text.split(",")):
