@@ -212,6 +212,10 @@ def test_a_gain_index_holds_each_nodes_own_rank_after_any_changes(
             scheduler._pod_seen(running[-1])
         elif roll < 0.75 and running:
             scheduler._pod_gone(running.pop(rng.randrange(len(running))))
+        elif roll < 0.8 and live:  # every node changes and one leaves: a whole index re-keyed
+            for name in live[1:]:
+                scheduler._node_seen(_gpu_node(rng, name))
+            scheduler._node_gone(helpers_node(live[0]))
         elif roll < 0.9:
             scheduler._node_seen(_gpu_node(rng, rng.choice(names)))
         elif live:
