@@ -54,9 +54,6 @@ _UNKNOWN = object()
 _UNBOUNDED = 1 << 62
 #: Memoised fragmentations and placements kept before the memo starts afresh.
 _MEMO_SIZE = 200_000
-#: Node states interned before the table starts afresh (only the nodes' current states need to
-#: be one object each; afterwards an equal state may be a second object until its node changes).
-_INTERNED_SIZE = 20_000
 #: GPU sides of node states (:meth:`~hamid.fit.fgd.NodeState.gpu_side`) whose usable GPU room per
 #: typical GPU part is kept across workload changes: the openb replay meets ~40,000 in all, bounded
 #: (the memo keeps each alive: ~0.7 KiB).
@@ -151,12 +148,10 @@ class FgdRanker:
         self._inventory_seq = inventory.seq
         self._dirty: set[str] = set()
         self._states: dict[str, NodeState] = {}
-        #: One object per distinct node state, so nodes in equal states hold the same object and a
-        #: re-rank groups them by identity instead of hashing every node's state.
-        self._interned: dict[NodeState, NodeState] = {}
-        #: The nodes in each current state object (by its id, the object kept alive beside them):
-        #: a full re-rank judges each state once and hands the answer to its nodes.
-        self._members: dict[int, tuple[NodeState, set[str]]] = {}
+        #: Each distinct current node state, as the one object every node in it holds, with those
+        #: nodes (dropped with its last node): a full re-rank judges each state once and hands the
+        #: answer to its nodes.
+        self._members: dict[NodeState, tuple[NodeState, set[str]]] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
         #: Fragmentation under the current workload by GPU side and CPU/memory levels
         #: (:meth:`~hamid.fit.fgd.Workload.levels`), all it depends on: states differing only in
@@ -246,10 +241,10 @@ class FgdRanker:
         """Forget a node's state (it changed or went)."""
         state = self._states.pop(name, None)
         if state is not None:
-            members = self._members[id(state)][1]
+            members = self._members[state][1]
             members.discard(name)
             if not members:
-                del self._members[id(state)]
+                del self._members[state]
 
     def groups(self, nodes: Mapping[str, NodeEntry]) -> Iterable[tuple[NodeState, set[str]]]:
         """Each current state of the registered ``nodes`` with the nodes in it (the states of
@@ -321,15 +316,13 @@ class FgdRanker:
                 and profile is not None
                 and profile.policies.rejects_unpreferred,
             )
-            interned = self._interned
-            if len(interned) >= _INTERNED_SIZE:
-                interned.clear()
-            state = self._states[name] = interned.setdefault(state, state)
-            members = self._members.get(id(state))
-            if members is None:
-                self._members[id(state)] = (state, {name})
+            group = self._members.get(state)
+            if group is None:
+                self._members[state] = (state, {name})
             else:
-                members[1].add(name)
+                state = group[0]
+                group[1].add(name)
+            self._states[name] = state
         return state
 
     def forget_node(self, name: str) -> None:
