@@ -357,7 +357,8 @@ def main() -> None:
     print_figures(figures)
 
 
-#: Variant fields that take a positive number: step in whole milli-GPU, half-life in pods.
+#: Variant fields that take a positive number: step in whole milli-GPU, half-life in pods, coverage
+#: a share of the pods (at most 1).
 _NUMBERS: dict[str, type[int] | type[float]] = {"step": int, "half_life": float, "coverage": float}
 
 
