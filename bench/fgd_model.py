@@ -17,7 +17,8 @@ of node first, in the hashed order within it, and ``tie_salt=TEXT`` draws anothe
 ``cpu_ties=least-idle-gpu`` (``most-spare-cpu``) breaks a CPU-only pod's equal scores toward the
 node with the least idle GPU (the most free CPU per idle GPU) before the fixed order;
 ``gpu_ties=match`` breaks a GPU pod's equal scores toward the node whose free CPU per free GPU is
-nearest the pod's own, ``gpu_ties=balance`` toward the node left nearest the cluster's;
+nearest the pod's own, ``gpu_ties=balance`` toward the node left nearest the cluster's,
+``gpu_ties=fullest`` toward the node with the least idle milli-GPU (best fit among equal gains);
 ``shares=ss`` places the one-GPU shares by the Sum-of-Squares rule of online bin packing instead
 (the GPU that least raises the sum of squares of the cluster's GPU counts per free milli-GPU),
 ``shares=ss-gpu`` only chooses their GPU that way on the node fgd chose, and ``shares=fgd-ss-ties``
@@ -199,6 +200,8 @@ class Model:
         state = self.states[i]
         idle = sum(state.frees)
         asked = pod.gpus * pod.share
+        if self.variant.gpu_ties == "fullest":
+            return -idle
         if self.variant.gpu_ties == "match":
             return -abs(math.log((pod.cpu + 1) / asked) - math.log((state.cpu + 1) / idle))
         left = idle - asked
@@ -372,7 +375,7 @@ def parse_variant(text: str) -> Variant:
         "ties": ("fixed", "first", "random", *TIE_KINDS),
         "cpu_ties": ("fixed", "least-idle-gpu", "most-spare-cpu"),
         "shares": ("fgd", "ss", "ss-gpu", "fgd-ss-ties"),
-        "gpu_ties": ("fixed", "match", "balance"),
+        "gpu_ties": ("fixed", "match", "balance", "fullest"),
         "reverse": ("none", "shares", "cpu", "multi"),
     }
     fields: dict[str, object] = {}

@@ -61,7 +61,7 @@ REFIT_FLAGS = {
 #: topology to kubelet, else off), ``off``, or a rule of :mod:`hamid.fit.replica_room`.
 HIDE_CHOICES = ("auto", "off", *HIDE_RULES)
 #: The rule ``auto`` applies: the one that left the fewest GPUs unallocated on the trace
-#: (docs/packing.md, "Full GPUs hidden from kubelet").
+#: (docs/packing.md, "Aligned LS pods with NUMA on"; the measurements: docs/packing-log.md).
 AUTO_HIDE_RULE = HIDE_BUSY
 
 

@@ -32,7 +32,7 @@ HANDSHAKE_GRACE_S = 60.0
 #: Request shapes whose failure reason a node remembers at most (see :attr:`NodeEntry.unfit`):
 #: more than a workload's GPU request shapes (the openb trace has 24), so a no-fit pod of one
 #: shape does not wipe the reasons of the others (at 8 the replay's filters that kept no node had
-#: a p99 of 27 ms, at 64 11 ms: docs/packing.md).
+#: a p99 of 27 ms, at 64 11 ms: docs/packing-log.md).
 _UNFIT_MEMO = 64
 
 
