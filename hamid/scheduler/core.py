@@ -89,7 +89,6 @@ class Scheduler:
         )
         #: The ledger every consumer gets (the state only routes node and quota events into it).
         self.ledger = self.state.ledger
-        self.metrics = SchedulerMetrics(self.ledger)
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
             s.scheduler_name, self.config.resource_count_name, lambda: self.ledger.clock(), self._numa_scored
@@ -99,6 +98,7 @@ class Scheduler:
         self.fgd = FgdRanker(
             self.config, self.ledger.inventory, self.numa, self.cpu_mem, s.fgd_workload, s.fgd_half_life
         )
+        self.metrics = SchedulerMetrics(self.ledger, self.fgd)
         self.tasks = Tasks()
         #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
         self.history = EventHistory(lambda: self.ledger.clock())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from hamid.fit.fit import PodFitSpec
 from hamid.fit.node_room import CpuMem, is_guaranteed, pod_cpu_mem
 from hamid.fit.numa_predict import topology_of
 from hamid.fit.usage import DeviceUsage
+from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
@@ -47,6 +49,8 @@ from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
+
+log = get_logger("scheduler.fgd")
 
 #: A memo's answer for a key it does not hold (None is an answer: no room).
 _UNKNOWN = object()
@@ -80,6 +84,8 @@ _INDEXES_MIN = 16
 #: workload learned over the default half-life, so noise alone does not re-rank every node every
 #: few hundred pods.
 _DRIFT = 0.05
+#: The most frequent typical shapes a workload change's log line names.
+_LOGGED_SHAPES = 5
 
 
 def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
@@ -166,6 +172,10 @@ class FgdRanker:
         #: the least recently used first.
         self._indexes: dict[Shape, GainIndex] = {}
         self._ties: dict[str, float] = {}
+        #: Gain indexes re-keyed in bulk (a new shape, a new workload, many nodes changed) and the
+        #: time they took: the filter's costly step (``hamid_fgd_reranks_total``).
+        self.reranks = 0
+        self.rerank_seconds = 0.0
         numa.on_change = cpu_mem.on_change = self._dirty.add
 
     # -- the workload ----------------------------------------------------------------------------
@@ -206,7 +216,9 @@ class FgdRanker:
         if since >= max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life)):
             self._learned_at = observed
             fresh = self.histogram.typical()
-            if not _close(fresh, self._workload):
+            distance = _distance(fresh, self._workload)
+            if distance > _DRIFT:
+                self._learned(fresh, distance)
                 self._workload = fresh
                 self.epoch += 1
                 self._placed.clear()
@@ -214,6 +226,35 @@ class FgdRanker:
                 self._placements.clear()
                 self._indexes.clear()
         return self._workload
+
+    @property
+    def in_use(self) -> Workload:
+        """The typical workload the ranking uses now (:attr:`workload` without refreshing it, so a
+        reader such as a metrics scrape never moves the moment the workload is learned)."""
+        return self._workload
+
+    def _learned(self, fresh: Workload, distance: float) -> None:
+        """Log a change of the typical workload: every memo and gain index starts afresh."""
+        top = sorted(fresh.shapes, key=lambda entry: -entry[1])[:_LOGGED_SHAPES]
+        log.info(
+            "fgd_workload_changed",
+            epoch=self.epoch + 1,
+            pods_learned=self.histogram.observed,
+            distance=round(distance, 3),
+            shapes=len(fresh.shapes),
+            top=[f"{shape_text(shape)}: {p:.1%}" for shape, p in top],
+        )
+
+    def cluster(self) -> tuple[float, int, int]:
+        """The registered nodes' summed fragmentation under the workload in use (milli-GPU), their
+        idle milli-GPU, and how many distinct node states they are in."""
+        self.sync()
+        frag, idle, states = 0.0, 0, 0
+        for state, names in self.groups(self.inventory.nodes):
+            frag += self.fragmentation(state) * len(names)
+            idle += sum(state.frees) * len(names)
+            states += 1
+        return frag, idle, states
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -395,10 +436,24 @@ def tie_order(name: str) -> float:
     return int.from_bytes(digest, "big") / 2**64 * _TIE_SPAN
 
 
-def _close(a: Workload, b: Workload) -> bool:
-    """Whether two workloads are within :data:`_DRIFT` of each other (total variation distance)."""
+def _distance(a: Workload, b: Workload) -> float:
+    """The total variation distance between two workloads (half the summed differences of the
+    shapes' probabilities; a shape in only one of them counts with its whole probability)."""
     pa, pb = dict(a.shapes), dict(b.shapes)
-    return sum(abs(pa.get(s, 0.0) - pb.get(s, 0.0)) for s in pa.keys() | pb.keys()) / 2 <= _DRIFT
+    return sum(abs(pa.get(s, 0.0) - pb.get(s, 0.0)) for s in pa.keys() | pb.keys()) / 2
+
+
+def shape_text(shape: Shape) -> str:
+    """A shape as an operator reads it in a log: CPUs, memory, GPUs and share, model rule, pinning."""
+    text = f"{shape.cpu / 1000:g} CPU, {shape.memory} MiB"
+    if shape.gpus:
+        share = "" if shape.share >= WHOLE else f" x {shape.share / WHOLE:.0%}"
+        text += f", {shape.gpus} GPU{share}"
+    if shape.models:
+        text += f" ({'|'.join(shape.models)})"
+    if shape.exclusive:
+        text += f", {shape.exclusive} exclusive CPUs"
+    return text
 
 
 class GainIndex:
@@ -452,6 +507,7 @@ class GainIndex:
         judged once and its answer handed to its nodes (every empty node of a kind shares one
         placement and one gain step; only their fixed places among equal steps differ: the same
         ranks as one node at a time)."""
+        started = time.perf_counter()
         rank, gains, short, dirty = self.rank, self.gain, self.short, self.dirty
         every = dirty >= nodes.keys()
         if every:
@@ -480,6 +536,8 @@ class GainIndex:
             rank.update({name: steps + ties[name] for name in names})
         self.keys = sorted(zip(rank.values(), rank.keys(), strict=True))
         dirty.clear()
+        ranker.reranks += 1
+        ranker.rerank_seconds += time.perf_counter() - started
 
 
 def _short(shape: Shape, state: NodeState) -> str | None:

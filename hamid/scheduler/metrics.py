@@ -14,12 +14,13 @@ import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamid.exposition import register_process_metrics
 from hamid.fit.usage import DeviceUsage
 from hamid.model.numa import MISS_CAUSES
+from hamid.scheduler.fgd_rank import FgdRanker
 from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN
 from hamid.scheduler.reconcile import DRIFT_KINDS
@@ -238,14 +239,80 @@ class HamiCompatCollector(Collector):
                 )
 
 
-#: Families describing the cluster (per GPU, per node): exported by the leader only (HAMi #1432).
-CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(Ledger()).collect())
+class _FgdCollector(Collector):
+    """The ``fgd`` policy's view of the cluster and its work, read at scrape time.
+
+    The fragmentation gauges appear once the policy ranks with a typical workload (a ``fgd``
+    filter ran, or one is pinned); reading them never refreshes the learned workload.
+    """
+
+    def __init__(self, ranker: FgdRanker) -> None:
+        self.ranker = ranker
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        ranker = self.ranker
+        yield from self.cluster_families()
+        yield GaugeMetricFamily(
+            "hamid_fgd_typical_shapes",
+            "Pod shapes in the typical workload fgd ranks by (0 until it has one).",
+            value=len(ranker.in_use.shapes),
+        )
+        yield CounterMetricFamily(
+            "hamid_fgd_pods_learned",
+            "Pods whose shape the learned workload counted.",
+            value=ranker.histogram.observed,
+        )
+        yield CounterMetricFamily(
+            "hamid_fgd_workload_changes",
+            "Times the typical workload changed (each re-ranks every node for every pod shape).",
+            value=ranker.epoch,
+        )
+        yield CounterMetricFamily(
+            "hamid_fgd_reranks",
+            "Gain indexes re-keyed in bulk: a pod shape's first filter, its first after a workload "
+            "change, or more than an eighth of the nodes changed since its last.",
+            value=ranker.reranks,
+        )
+        yield CounterMetricFamily(
+            "hamid_fgd_rerank_seconds", "Time spent in those bulk re-keys.", value=ranker.rerank_seconds
+        )
+
+    def cluster_families(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges describing the cluster (leader only, as every cluster family)."""
+        if not self.ranker.in_use.groups:
+            return
+        frag, idle, states = self.ranker.cluster()
+        yield GaugeMetricFamily(
+            "hamid_fgd_fragmentation_milli_gpu",
+            "Idle GPU (milli-GPU) the typical pods cannot use where it is, summed over the nodes: "
+            "FGD's cluster fragmentation under the workload fgd ranks by.",
+            value=frag,
+        )
+        yield GaugeMetricFamily(
+            "hamid_fgd_idle_milli_gpu",
+            "Idle GPU (milli-GPU) as fgd counts it: each GPU's smaller free share of cores and memory.",
+            value=idle,
+        )
+        yield GaugeMetricFamily(
+            "hamid_fgd_node_states",
+            "Distinct node states fgd judges (the size of a full re-rank).",
+            value=states,
+        )
+
+
+#: Families describing the cluster (per GPU, per node, fgd's cluster view): exported by the leader
+#: only (HAMi #1432).
+CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(Ledger()).collect()) | {
+    "hamid_fgd_fragmentation_milli_gpu",
+    "hamid_fgd_idle_milli_gpu",
+    "hamid_fgd_node_states",
+}
 
 
 class SchedulerMetrics:
     """Histograms and counters of the scheduler, registered in their own registry."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, fgd: FgdRanker | None = None) -> None:
         self.registry = CollectorRegistry()
         register_process_metrics(self.registry)
         self.filter_seconds = Histogram(
@@ -273,6 +340,8 @@ class SchedulerMetrics:
         self._reconcile_metrics()
         self._trust_and_numa_metrics()
         self.registry.register(_GpuCollector(ledger))
+        if fgd is not None:
+            self.registry.register(_FgdCollector(fgd))
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(HamiCompatCollector(ledger))

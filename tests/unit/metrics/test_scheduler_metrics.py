@@ -5,7 +5,12 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hamid.scheduler.metrics import SchedulerMetrics
+from hamid.fit.fgd import Shape, Workload
+from hamid.model.resources import ResourceConfig
+from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.metrics import CLUSTER_METRICS, SchedulerMetrics
+from hamid.scheduler.node_cpu_mem import NodeCpuMem
+from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.state import SchedulerState
 from tests.unit.metrics.promtool import needs_promtool, promtool_problems
 from tests.unit.scheduler.helpers import node, placed, pod
@@ -24,6 +29,14 @@ def _state() -> SchedulerState:
     return state
 
 
+def _fgd(state: SchedulerState) -> FgdRanker:
+    """A ``fgd`` ranker over the state's nodes with a pinned workload (so it ranks at once)."""
+    config = ResourceConfig()
+    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0)
+    pinned = Workload.of([(Shape(1000, 1024, 1, 500), 0.5), (Shape(4000, 1024, 1, 1000), 0.5)])
+    return FgdRanker(config, state.ledger.inventory, numa, NodeCpuMem(), pinned)
+
+
 def _samples(payload: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(payload.decode()):
@@ -40,7 +53,8 @@ def _one(samples: list[tuple[dict[str, str], float]], **labels: str) -> float:
 
 @needs_promtool
 def test_scheduler_metrics_pass_promtool() -> None:
-    metrics = SchedulerMetrics(_state().ledger)
+    state = _state()
+    metrics = SchedulerMetrics(state.ledger, _fgd(state))
     metrics.filter_results.labels("ok").inc()
     metrics.bind_seconds.labels("ok").observe(0.01)
     payload = generate_latest(metrics.registry)
@@ -48,6 +62,20 @@ def test_scheduler_metrics_pass_promtool() -> None:
     text = payload.decode()
     assert "_created" not in text
     assert "process_resident_memory_bytes" in text and "python_info" in text
+    assert "hamid_fgd_fragmentation_milli_gpu" in text and "hamid_fgd_reranks_total" in text
+
+
+def test_fgds_cluster_view_is_a_cluster_family() -> None:
+    """A follower exports no cluster family; fgd's fragmentation, idle GPU and states are among them."""
+    state = _state()
+    names = {family.name for family in SchedulerMetrics(state.ledger, _fgd(state)).registry.collect()}
+    fgd_names = {name for name in names if name.startswith("hamid_fgd_")}
+    assert {"hamid_fgd_fragmentation_milli_gpu", "hamid_fgd_idle_milli_gpu", "hamid_fgd_node_states"} <= (
+        fgd_names & CLUSTER_METRICS
+    )
+    assert {"hamid_fgd_workload_changes", "hamid_fgd_reranks"} <= fgd_names - CLUSTER_METRICS
+    s = _samples(generate_latest(SchedulerMetrics(state.ledger, _fgd(state)).registry))
+    assert _one(s["hamid_fgd_idle_milli_gpu"]) == 1700  # n1: one GPU idle, one with 30 % of its cores booked
 
 
 def test_core_ratio_is_a_ratio_and_shared_is_containers() -> None:

@@ -9,6 +9,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import structlog.testing
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, best_placement, fragmentation, gain_steps
 from hamid.model import annotations as ann
@@ -237,3 +240,59 @@ def test_a_gain_index_holds_each_nodes_own_rank_after_any_changes(
             assert index.keys == sorted(want_keys) and index.short == want_short
             shorts += len(want_short)
     assert shorts and len(scheduler.ledger.nodes) < len(names)  # some nodes short, some gone
+
+
+def _scraped(scheduler: Scheduler) -> dict[str, float]:
+    """The fgd samples of the scheduler's ``/metrics`` (the exposition text parsed back)."""
+    text = generate_latest(scheduler.metrics.registry).decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("hamid_fgd_")
+    }
+
+
+def test_metrics_show_fgds_view_without_moving_the_learned_workload() -> None:
+    """The cluster's fragmentation appears once fgd ranks with a workload, equals every node's own
+    fragmentation summed, and a scrape never refreshes the workload (learning moves only with filters)."""
+    rng = random.Random(3)
+    scheduler = Scheduler(None)
+    fgd = scheduler.fgd
+    for i in range(6):
+        scheduler._node_seen(_gpu_node(rng, f"n{i}"))
+    for step in range(4):
+        name = f"n{step}"
+        scheduler._pod_seen(_bound(rng, step, name, scheduler.ledger.nodes[name].infos[0].id))
+    scraped = _scraped(scheduler)
+    assert "hamid_fgd_fragmentation_milli_gpu" not in scraped  # no workload in use yet
+    assert scraped["hamid_fgd_pods_learned_total"] == 4
+    assert scraped["hamid_fgd_typical_shapes"] == scraped["hamid_fgd_workload_changes_total"] == 0
+    assert fgd.in_use.groups == () and fgd.epoch == 0  # the scrape learned nothing
+
+    with structlog.testing.capture_logs() as logs:
+        fgd.workload  # noqa: B018 - refresh, as a filter does
+    assert [(e["event"], e["epoch"], e["pods_learned"]) for e in logs] == [("fgd_workload_changed", 1, 4)]
+    assert logs[0]["top"][0].endswith(": 50.0%")  # the most frequent shape first
+    fgd.sync()
+    states = {name: fgd.node_state(name, entry) for name, entry in scheduler.ledger.nodes.items()}
+    index = fgd.index(HALF)
+    index.refresh(fgd, HALF, scheduler.ledger.nodes)
+    scraped = _scraped(scheduler)
+    assert scraped["hamid_fgd_workload_changes_total"] == fgd.epoch == 1
+    assert scraped["hamid_fgd_typical_shapes"] == len(fgd.in_use.shapes) > 0
+    assert scraped["hamid_fgd_fragmentation_milli_gpu"] == pytest.approx(
+        sum(fragmentation(state, fgd.in_use) for state in states.values())
+    )
+    assert scraped["hamid_fgd_fragmentation_milli_gpu"] > 0
+    assert scraped["hamid_fgd_idle_milli_gpu"] == sum(sum(state.frees) for state in states.values())
+    assert scraped["hamid_fgd_node_states"] == len(set(states.values()))
+    assert scraped["hamid_fgd_reranks_total"] == 1 and scraped["hamid_fgd_rerank_seconds_total"] > 0
+
+
+def test_a_shape_reads_as_an_operator_writes_it() -> None:
+    assert fgd_rank.shape_text(Shape(2500, 8192, 1, 470)) == "2.5 CPU, 8192 MiB, 1 GPU x 47%"
+    assert fgd_rank.shape_text(ALIGNED._replace(models=("A100",))) == (
+        "4 CPU, 8192 MiB, 1 GPU (A100), 4 exclusive CPUs"
+    )
+    assert fgd_rank.shape_text(CPU_ONLY) == "2 CPU, 1024 MiB"
