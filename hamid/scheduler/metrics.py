@@ -281,31 +281,27 @@ class _FgdCollector(Collector):
         """The gauges describing the cluster (leader only, as every cluster family)."""
         if not self.ranker.in_use.groups:
             return
-        frag, idle, states = self.ranker.cluster()
-        yield GaugeMetricFamily(
-            "hamid_fgd_fragmentation_milli_gpu",
-            "Idle GPU (milli-GPU) the typical pods cannot use where it is, summed over the nodes: "
-            "FGD's cluster fragmentation under the workload fgd ranks by.",
-            value=frag,
-        )
-        yield GaugeMetricFamily(
-            "hamid_fgd_idle_milli_gpu",
-            "Idle GPU (milli-GPU) as fgd counts it: each GPU's smaller free share of cores and memory.",
-            value=idle,
-        )
-        yield GaugeMetricFamily(
-            "hamid_fgd_node_states",
-            "Distinct node states fgd judges (the size of a full re-rank).",
-            value=states,
-        )
+        for (name, help_text), value in zip(_FGD_CLUSTER, self.ranker.cluster(), strict=True):
+            yield GaugeMetricFamily(name, help_text, value=value)
 
 
+#: ``fgd``'s view of the cluster, the values of :meth:`FgdRanker.cluster` in its order.
+_FGD_CLUSTER = (
+    (
+        "hamid_fgd_fragmentation_milli_gpu",
+        "Idle GPU (milli-GPU) the typical pods cannot use where it is, summed over the nodes: "
+        "FGD's cluster fragmentation under the workload fgd ranks by.",
+    ),
+    (
+        "hamid_fgd_idle_milli_gpu",
+        "Idle GPU (milli-GPU) as fgd counts it: each GPU's smaller free share of cores and memory.",
+    ),
+    ("hamid_fgd_node_states", "Distinct node states fgd judges (the size of a full re-rank)."),
+)
 #: Families describing the cluster (per GPU, per node, fgd's cluster view): exported by the leader
 #: only (HAMi #1432).
 CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(Ledger()).collect()) | {
-    "hamid_fgd_fragmentation_milli_gpu",
-    "hamid_fgd_idle_milli_gpu",
-    "hamid_fgd_node_states",
+    name for name, _ in _FGD_CLUSTER
 }
 
 
