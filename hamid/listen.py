@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from aiohttp import web
 
+from hamid.model._wire import is_decimal
 from hamid.model.errors import InvalidInput
 
 
@@ -19,7 +20,7 @@ class ListenError(InvalidInput):
 def parse_listen(value: str) -> tuple[str, int]:
     """``host:port`` (``:port`` = all interfaces, ``[v6]:port`` accepted) → (host, port)."""
     host, sep, port = value.strip().rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not is_decimal(port) or not 0 <= int(port) <= 65535:
         raise InvalidInput(f"listen address {value!r} must be host:port (port 0-65535), e.g. 0.0.0.0:9443")
     if host.startswith("[") != host.endswith("]") or any(c.isspace() or c in "/?#@" for c in host):
         raise InvalidInput(f"listen address {value!r} has an invalid host {host!r}")

@@ -71,6 +71,12 @@ def go_quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: ``str.isdigit`` alone also admits digits such
+    as ``'²'`` that ``int`` refuses, so a check by it still lets ``int`` raise on hostile input."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_go_int(text: str, lo: int, hi: int, where: str) -> int:
     """Go ``strconv.ParseInt(text, 10, bits)``: optional sign, decimal digits only, range-checked."""
     if not _GO_INT.match(text):

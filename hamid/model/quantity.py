@@ -10,7 +10,7 @@ import math
 import re
 from fractions import Fraction
 
-from hamid.model._wire import INT64_MAX, INT64_MIN, type_name
+from hamid.model._wire import INT64_MAX, INT64_MIN, is_decimal, type_name
 from hamid.model.errors import InvalidInput
 
 _QUANTITY = re.compile(
@@ -42,7 +42,7 @@ def _exact(value: object, where: str) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise InvalidInput(f"{where}: want a quantity, got {type_name(value)}")
-    if value.isascii() and value.isdigit() and len(value) <= 18:  # the common case: a plain integer
+    if is_decimal(value) and len(value) <= 18:  # the common case: a plain integer
         return Fraction(int(value))
     m = _QUANTITY.match(value.strip())
     if not m:

@@ -11,6 +11,7 @@ import yaml
 from hamid.model._wire import (
     INT32_MAX,
     INT32_MIN,
+    is_decimal,
     type_name,
     want_bool,
     want_int,
@@ -137,7 +138,7 @@ def _config_value(value: object, kind: str, where: str) -> object:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return str(value)
     text = want_str(value, where)
-    if not text.isdigit():
+    if not is_decimal(text):
         raise InvalidInput(f"{where}: libCudaLogLevel {text!r} is not a non-negative integer")
     return text
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hamid.model._wire import is_decimal
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import MAX_CPU_ID, MAX_NUMA_ID, CpuInfo
 
@@ -146,7 +147,7 @@ def _distances(root: Path, nodes: tuple[int, ...]) -> tuple[tuple[int, ...], ...
         if not path.exists():
             return None
         fields = _read(path).split()
-        if len(fields) != len(nodes) or not all(f.isdigit() and int(f) <= 255 for f in fields):
+        if len(fields) != len(nodes) or not all(is_decimal(f) and int(f) <= 255 for f in fields):
             raise InvalidInput(f"{path}: want {len(nodes)} distances of 0-255, got {' '.join(fields):.60}")
         rows.append(tuple(int(f) for f in fields))
     return tuple(rows)

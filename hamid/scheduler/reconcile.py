@@ -234,7 +234,13 @@ def reconcile_state(
         if uid:
             listed[uid] = pod
             shadow.adopt(ledger.reservation(uid), uid)
-            shadow.on_pod(pod)
+            try:
+                shadow.on_pod(pod)
+            except Exception:
+                # As the cache's callbacks do: one pod the ledger cannot read must not end the
+                # reconcile (nor, through its TaskGroup, the scheduler); the shadow keeps the live
+                # booking, so nothing of it is repaired.
+                log.exception("reconcile_pod_unreadable", pod=objects.namespaced_key(pod))
     # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
     # newer than the patch's precondition decides it as well as an event would.
     for uid in ledger.settle_holds(list_version):
@@ -311,6 +317,10 @@ class Reconciler:
                 await self.reconcile_once()
             except (KubeError, TimeoutError) as exc:
                 log.warning("reconcile_failed", error=str(exc) or type(exc).__name__)
+            except Exception:
+                # A periodic repair that fails must not stop the scheduler it repairs: the next
+                # interval tries again.
+                log.exception("reconcile_failed")
 
     async def _catch_up(self, list_version: str) -> bool:
         """Wait (bounded) until the pod cache applied events up to ``list_version``."""

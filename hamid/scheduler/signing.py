@@ -31,6 +31,7 @@ from typing import Any
 
 from hamid.kube.client import KubeClient
 from hamid.model import annotations as ann
+from hamid.model._wire import is_decimal
 from hamid.model.errors import InvalidInput
 
 VERSION = "v1"
@@ -99,7 +100,7 @@ class AllocationKeys:
         if not isinstance(value, str):
             return None
         parts = value.split(":")
-        if len(parts) != 4 or parts[0] != VERSION or not parts[2].isdigit() or len(parts[2]) > 16:
+        if len(parts) != 4 or parts[0] != VERSION or not is_decimal(parts[2]) or len(parts[2]) > 16:
             return None
         kid, issued, mac = parts[1], int(parts[2]), parts[3]
         message = _message(uid, node, issued, allocated)

@@ -171,7 +171,8 @@ def _per_numa(doc: Mapping[str, Any], key: str, numa_ids: list[int], source: str
         raise InvalidInput(f"{source}: {key} maps NUMA node ids to values")
     result: dict[int, Any] = {}
     for node, value in raw.items():
-        node_id = int(node) if isinstance(node, int | str) and str(node).isdigit() else -1
+        text = str(node) if isinstance(node, int | str) else ""
+        node_id = int(text) if text.isascii() and text.isdigit() else -1
         if node_id not in numa_ids:
             raise InvalidInput(f"{source}: {key}: {node!r} is not one of the NUMA nodes {numa_ids}")
         result[node_id] = value

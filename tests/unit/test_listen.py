@@ -20,7 +20,9 @@ def test_parse_listen(text: str, parsed: tuple[str, int]) -> None:
     assert parse_listen(text) == parsed
 
 
-@pytest.mark.parametrize("text", ["nonsense", "host:", ":65536", "a b:80", "[::1:80", "http://x:80"])
+@pytest.mark.parametrize(
+    "text", ["nonsense", "host:", ":65536", "a b:80", "[::1:80", "http://x:80", ":\u00b2"]
+)
 def test_bad_listen_addresses(text: str) -> None:
     with pytest.raises(InvalidInput, match="listen address"):
         parse_listen(text)

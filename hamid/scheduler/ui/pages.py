@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.model import objects
+from hamid.model._wire import is_decimal
 from hamid.model.alignment import parse_alignment
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
@@ -123,7 +124,7 @@ class ClusterQuery:
         if order not in ("asc", "desc"):
             raise BadRequest("order must be asc or desc")
         raw = query.get("page", "1")
-        if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        if not is_decimal(raw) or not 1 <= int(raw) <= 1_000_000:
             raise BadRequest("page must be a whole number from 1")
         return cls(sort, order == "desc", int(raw))
 

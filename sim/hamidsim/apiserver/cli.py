@@ -21,7 +21,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); port 0 picks a free port."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"{value!r} is not HOST:PORT (port 0-65535)", param_hint="--listen")
     return host, int(port)
 

@@ -569,7 +569,8 @@ class RequestHandler:
                 self.server.faults.clear()
                 return _json_response({"rules": []})
         if len(segments) == 2 and segments[0] == "faults" and method == "DELETE":
-            if not segments[1].isdigit() or not self.server.faults.remove(int(segments[1])):
+            rule = segments[1]
+            if not (rule.isascii() and rule.isdigit()) or not self.server.faults.remove(int(rule)):
                 raise ApiError(404, f"no fault rule {segments[1]!r}")
             return _json_response({"removed": int(segments[1])})
         if segments == ["watches", "close"] and method == "POST":

@@ -165,7 +165,7 @@ def _value(op: dict[str, Any]) -> Any:
 def _list_index(container: list[Any], token: str, path: str, *, insert: bool) -> int:
     if insert and token == "-":
         return len(container)
-    if not token.isdigit() or (token.startswith("0") and token != "0"):
+    if not (token.isascii() and token.isdigit()) or (token.startswith("0") and token != "0"):
         raise PatchError(f"invalid array index {token!r} in {path!r}", unprocessable=True)
     index = int(token)
     limit = len(container) if insert else len(container) - 1

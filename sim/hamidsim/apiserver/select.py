@@ -19,6 +19,7 @@ _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
 _NOT_EXISTS = re.compile(rf"^\s*!\s*({_KEY})\s*$")
 _EXISTS = re.compile(rf"^\s*({_KEY})\s*$")
 _SET = re.compile(rf"^\s*({_KEY})\s+(in|notin)\s*\(([^()]*)\)\s*$")
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # a label value compared with > or < (ASCII digits only)
 _COMPARE = re.compile(rf"^\s*({_KEY})\s*(==|=|!=|>|<)\s*({_VALUE})\s*$")
 _VALUE_RE = re.compile(rf"^{_VALUE}$")
 
@@ -65,7 +66,7 @@ def _requirement(text: str) -> LabelTest:
             return lambda labels: labels.get(key) == value
         if op == "!=":
             return lambda labels: labels.get(key) != value
-        if not value.lstrip("-").isdigit():
+        if not _INTEGER.fullmatch(value):
             raise bad_request(f"unable to parse requirement: for {op!r}, {value!r} must be an integer")
         bound = int(value)
         return lambda labels: _int_compare(labels.get(key), bound, greater=op == ">")
@@ -78,7 +79,7 @@ def _requirement(text: str) -> LabelTest:
 
 
 def _int_compare(value: str | None, bound: int, *, greater: bool) -> bool:
-    if value is None or not value.lstrip("-").isdigit():
+    if value is None or not _INTEGER.fullmatch(value):
         return False
     return int(value) > bound if greater else int(value) < bound
 

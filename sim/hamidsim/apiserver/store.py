@@ -208,7 +208,7 @@ def _node_of(obj: dict[str, Any]) -> str:
 
 
 def _parse_rv(value: str, what: str = "resourceVersion") -> int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise bad_request(f"invalid {what}: {value!r}")
     return int(value)
 

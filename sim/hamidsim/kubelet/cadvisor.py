@@ -179,9 +179,9 @@ def _lscpu_row(line: str, number: int, where: str) -> tuple[int, int, int, int, 
     cache = fields[4].split(":")[-1] if len(fields) == 5 else ""
     if (
         len(fields) not in (4, 5)
-        or not all(f.isdigit() for f in fields[:3])
-        or not (fields[3].isdigit() or not fields[3])
-        or not (cache.isdigit() or not cache)
+        or not all(f.isascii() and f.isdigit() for f in fields[:3])
+        or not ((fields[3].isascii() and fields[3].isdigit()) or not fields[3])
+        or not ((cache.isascii() and cache.isdigit()) or not cache)
     ):
         raise InvalidInput(f"{where}: line {number} {line!r} is not CPU,CORE,SOCKET,NODE[,CACHE] (integers)")
     cpu, core, socket = (int(f) for f in fields[:3])

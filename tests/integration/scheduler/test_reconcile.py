@@ -10,13 +10,18 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import count
 from typing import Any
+
+import pytest
 
 from hamid.fit.usage import DeviceAmount
 from hamid.kube.client import connect
 from hamid.model import annotations as ann
 from hamid.scheduler.core import Scheduler, SchedulerSettings
+from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.reconcile import DRIFT_CHANGED, DRIFT_LEAKED, Reconciler
+from hamid.scheduler.signing import AllocationKeys
 from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import wait_for
 from tests.unit.scheduler.helpers import node, placed, pod
@@ -56,11 +61,13 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def setup(server: ApiServer, interval: float = 0.0) -> AsyncIterator[Setup]:
+async def setup(
+    server: ApiServer, interval: float = 0.0, keys: AllocationKeys | None = None
+) -> AsyncIterator[Setup]:
     """Node n1 with 2 GPUs; with ``interval`` > 0 ``Scheduler.run`` runs (caches, reconcile loop)."""
     server.put({"apiVersion": "v1", "kind": "Node", **node("n1")})
     kube = await connect(api_server=server.url, request_timeout=5.0)
-    scheduler = Scheduler(kube, settings=SchedulerSettings(reconcile_interval_s=interval))
+    scheduler = Scheduler(kube, settings=SchedulerSettings(reconcile_interval_s=interval), keys=keys)
     caches = {"pods": scheduler.pods, "nodes": scheduler.nodes, "quotas": scheduler.quotas}
     if interval > 0:
         tasks = {"scheduler": asyncio.create_task(scheduler.run())}
@@ -213,3 +220,59 @@ async def test_scheduler_run_owns_the_loop(apiserver: ApiServer) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await run
         assert run.cancelled()  # the TaskGroup ended cleanly on cancellation
+
+
+async def test_a_hostile_signature_ends_nothing(apiserver: ApiServer, logs: list[dict[str, Any]]) -> None:
+    """A tenant's pod of another scheduler (admission leaves those alone) carrying hamid's
+    annotations with an issue time written in a digit ``int`` refuses (``'²'``) once made the
+    ledger raise, and the reconcile let that end the scheduler. It is merely unsigned now."""
+    keys = AllocationKeys((b"test-key-0123456789abcdef0123456789",))
+    async with setup(apiserver, interval=0.05, keys=keys) as env:
+        hostile = placed(pod("hostile"), "n1", GPU0)
+        hostile["metadata"]["annotations"][ann.ALLOCATION_SIGNATURE] = "v1:00000000:\u00b2:00"
+        hostile["spec"]["schedulerName"] = "another-scheduler"
+        uid = await env.create(hostile)
+        sample = env.scheduler.metrics.registry.get_sample_value
+
+        def clean_runs() -> float:
+            return sample("hamid_reconcile_runs_total", {"outcome": "clean"}) or 0.0
+
+        runs = clean_runs()
+        await wait_for(lambda: clean_runs() >= runs + 2)
+        assert not env.tasks["scheduler"].done()
+        assert env.scheduler.ledger.reservation(uid) is None  # foreign: booked nothing
+        assert not [e for e in logs if e["event"] in ("cache_callback_failed", "reconcile_failed")]
+
+
+async def test_a_pod_the_ledger_cannot_read_stops_neither_the_reconcile_nor_the_scheduler(
+    apiserver: ApiServer, logs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faults injected on purpose: the ledger raises on one pod, and one whole reconcile raises.
+    Each is logged; the loop goes on and still repairs what it should."""
+    on_pod = Ledger.on_pod
+
+    def cursed(self: Ledger, p: Any) -> None:
+        if p["metadata"]["name"] == "cursed":
+            raise RuntimeError("a defect reading this pod")
+        on_pod(self, p)
+
+    monkeypatch.setattr(Ledger, "on_pod", cursed)
+    reconcile_once = Reconciler.reconcile_once
+    calls = count()
+
+    async def first_fails(self: Reconciler) -> Any:
+        if next(calls) == 0:
+            raise RuntimeError("a defect in the reconcile")
+        return await reconcile_once(self)
+
+    monkeypatch.setattr(Reconciler, "reconcile_once", first_fails)
+    async with setup(apiserver, interval=0.05) as env:
+        await env.create(placed(pod("cursed"), "n1", GPU1))
+        uid = await env.create(placed(pod("a"), "n1", GPU0))
+        s = env.scheduler
+        await wait_for(lambda: s.ledger.reservation(uid) is not None)
+        s.ledger.nodes["n1"].usage.add({"n1-gpu1": DeviceAmount(1, 4000, 40)})  # corrupted usage
+        await wait_for(lambda: s.ledger.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0))
+        assert not env.tasks["scheduler"].done()
+        events = {e["event"] for e in logs}
+        assert {"reconcile_failed", "reconcile_pod_unreadable"} <= events

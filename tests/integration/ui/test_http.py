@@ -120,6 +120,7 @@ async def test_a_pending_pods_fit_reasons_and_markup_render_as_text() -> None:
         ("/ui/elsewhere/deeper", 404, "no page at"),
         ("/ui?sort=bogus", 400, "sort must be one of"),
         ("/ui?page=0", 400, "page must be"),
+        ("/ui?page=%C2%B2", 400, "page must be"),  # '²': str.isdigit holds, int refuses it
         ("/ui?page=9", 404, "past the last page"),
         ("/ui?x=1", 400, "unknown query parameter"),
         ("/ui/node/node-a?x=1", 404, "no page at"),

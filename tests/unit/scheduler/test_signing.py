@@ -43,6 +43,8 @@ def test_a_signature_binds_uid_node_and_allocation() -> None:
         value[:-1] + ("0" if value[-1] != "0" else "1"),
         f"v1:{key_id(NEW)}:1:{mac}",
         f"v1:{key_id(NEW)}:{'9' * 40}:{mac}",
+        f"v1:{key_id(NEW)}:\u00b2:{mac}",  # '²'.isdigit() holds, but int() refuses it: no crash
+        f"v1:{key_id(NEW)}:\u0663:{mac}",  # an Arabic-Indic 3, which int() would read as 3
     ):
         assert keys.verify("uid-a", "n1", RAW, forged) is None, forged
 
