@@ -14,6 +14,7 @@ from typing import Any
 
 from hamid.model import objects
 from hamid.model.annotations import (
+    ALLOCATION_BOOKED_CONDITION,
     BIND_PHASE,
     BIND_PHASE_ALLOCATING,
     BIND_PHASE_SUCCESS,
@@ -80,9 +81,14 @@ def has_pending_entry(pod: Pod) -> bool:
 
 
 def went_through_hamid(pod: Pod) -> bool:
-    """Whether hamid's scheduler handled the pod (it wrote ``hami.io/bind-phase`` or ``vgpu-node``)."""
-    ann = objects.annotations(pod)
-    return BIND_PHASE in ann or VGPU_NODE in ann
+    """Whether hamid's scheduler bound the pod: its ``/bind`` records the booking in the pod's
+    status (``hamid.io/AllocationBooked``) before the Binding. Tenants cannot write a pod's status,
+    and a create starts it empty; a pod's annotations (``vgpu-node``, ``bind-phase``) prove nothing,
+    since a pod that skipped the webhook carries them as its creator wrote them."""
+    conditions = (pod.get("status") or {}).get("conditions")
+    return isinstance(conditions, list) and any(
+        isinstance(c, Mapping) and c.get("type") == ALLOCATION_BOOKED_CONDITION for c in conditions
+    )
 
 
 def requests_resource(pod: Pod, resource_name: str) -> bool:
@@ -123,8 +129,9 @@ def is_unadmitted(pod: Pod) -> bool:
     )
 
 
-def unscheduled_requesters(pods: Sequence[Pod], resource_name: str) -> list[Pod]:
-    """Pods on this node that may be admitted now, request ``resource_name``, and bypassed hamid.
+def unscheduled_requesters(pods: Sequence[Pod], resource_name: str, lock_owner: str | None) -> list[Pod]:
+    """Pods on this node that may be admitted now, request ``resource_name``, and bypassed hamid
+    (neither recorded by its ``/bind`` nor the node lock's holder).
 
     kubelet may be calling Allocate for any of them; serving it a hamid pod's allocation would hand
     it another pod's GPUs and limits (I6), so their presence makes identification fail closed.
@@ -132,7 +139,10 @@ def unscheduled_requesters(pods: Sequence[Pod], resource_name: str) -> list[Pod]
     return [
         p
         for p in pods
-        if not went_through_hamid(p) and is_unadmitted(p) and requests_resource(p, resource_name)
+        if not went_through_hamid(p)
+        and objects.namespaced_key(p) != lock_owner
+        and is_unadmitted(p)
+        and requests_resource(p, resource_name)
     ]
 
 
@@ -140,7 +150,8 @@ def unscheduled_error(strangers: Sequence[Pod], resource_name: str) -> Allocatio
     """The actionable refusal while pods that bypassed hamid wait on this node."""
     names = ", ".join(sorted(objects.namespaced_key(p) for p in strangers))
     return AllocationError(
-        f"pod {names} requests {resource_name} but was not scheduled by hamid (no {BIND_PHASE}); "
+        f"pod {names} requests {resource_name} but was not bound by hamid's scheduler (no "
+        f"{ALLOCATION_BOOKED_CONDITION} condition in its status); "
         "refusing to guess which pod kubelet is admitting. Check the MutatingWebhookConfiguration "
         "(it must set the pod's schedulerName) and the pod's schedulerName, then delete and recreate "
         "that pod",
@@ -160,7 +171,7 @@ def identify_pod(
     Refuses while a pod that bypassed hamid may be admitted (:func:`unscheduled_requesters`), then
     picks among the allocation candidates with :func:`choose_pod`.
     """
-    strangers = unscheduled_requesters(pods, resource_name)
+    strangers = unscheduled_requesters(pods, resource_name, lock_owner)
     if strangers:
         raise unscheduled_error(strangers, resource_name)
     candidates = [p for p in pods if is_allocation_candidate(p, node_name) and has_pending_entry(p)]

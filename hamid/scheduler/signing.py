@@ -173,13 +173,16 @@ async def record_booked(
     freshly signed, through ``pods/status`` within ``budget_s`` (a strategic merge: the pod's
     other conditions stay).
 
-    Nothing in unsigned mode: an unsigned record would prove nothing a tenant's annotation does
-    not. Raises the API's error (a Conflict when the pod of that name has another UID).
+    In unsigned mode the record has an empty signature: the ledger books nothing from it (it
+    proves nothing a tenant's annotation does not), but its presence, in a status tenants cannot
+    write, is what tells the device plugin that this scheduler bound the pod. Raises the API's
+    error (a Conflict when the pod of that name has another UID).
     """
-    if keys is None:
-        return
     namespace, name, uid = pod
-    condition = booked_condition(node, allocated, keys.sign(uid, node, allocated), keys.clock())
+    if keys is None:
+        condition = booked_condition(node, allocated, "", time.time())
+    else:
+        condition = booked_condition(node, allocated, keys.sign(uid, node, allocated), keys.clock())
     await kube.patch_pod_status(
         namespace, name, {"conditions": [condition]}, strategic=True, uid=uid, timeout=budget_s
     )

@@ -41,6 +41,7 @@ from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginTimings
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
 from hamid.plugin.options import PluginOptions
+from hamid.scheduler.signing import booked_condition
 from hamidsim.apiserver import ApiServer
 
 NODE = "gpu-node-1"
@@ -81,7 +82,8 @@ def scheduled_pod(
     extra: dict[str, str] | None = None,
     env: dict[str, list[dict[str, str]]] | None = None,
 ) -> dict[str, Any]:
-    """A pod as it looks after hamid's /filter and /bind: annotations set, bound, Pending."""
+    """A pod as it looks after hamid's /filter and /bind: annotations set, the booking recorded in
+    its status (unsigned: the plugin reads only that the record is there), bound, Pending."""
     value = encode_pod_devices(devices)
     env = env or {}
 
@@ -109,7 +111,7 @@ def scheduled_pod(
             "initContainers": [spec_of(n) for n in init],
             "containers": [spec_of(n) for n in containers],
         },
-        "status": {"phase": "Pending"},
+        "status": {"phase": "Pending", "conditions": [booked_condition(node, value, "", 1700000001.0)]},
     }
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import structlog.testing
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK, VGPU_NODE
 from hamid.model.devices import ContainerDevices
 from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
@@ -50,8 +52,9 @@ async def test_a_pod_that_bypassed_hamid_fails_closed_and_marks_nothing() -> Non
             await allocate(stub, "GPU-2-0")
         assert err.value.status is Status.FAILED_PRECONDITION
         message = str(err.value.message)
-        assert "pod default/s requests nvidia.com/gpu but was not scheduled by hamid" in message
-        assert "no hami.io/bind-phase" in message and "MutatingWebhookConfiguration" in message
+        assert "pod default/s requests nvidia.com/gpu but was not bound by hamid's scheduler" in message
+        assert "no hamid.io/AllocationBooked condition" in message
+        assert "MutatingWebhookConfiguration" in message
         ann = stored_annotations(env.server, "Pod", "p1")
         assert ann[BIND_PHASE] == "allocating"  # p1 is not marked failed ...
         assert (
@@ -70,6 +73,40 @@ async def test_a_pod_that_bypassed_hamid_fails_closed_and_marks_nothing() -> Non
         r = await allocate(stub, "GPU-2-1")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
         assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "success"
+
+
+async def test_a_bypassing_pod_with_hamids_annotations_is_still_a_stranger() -> None:
+    """Red-team finding: a pod that skipped the webhook (``hami.io/webhook: ignore``, node preset)
+    carrying a forged ``hami.io/vgpu-node`` (and even a whole allocating allocation of its own) was
+    no stranger, so kubelet admitting it got the lock holder's GPU and limits and consumed the
+    holder's entry. Only the record hamid's /bind writes in the status (not writable by tenants)
+    counts now."""
+    victim = scheduled_pod("victim", ((dev("GPU-2", 3000, 30),),))
+    async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+
+        def attacker_cached_as(annotations: dict[str, str]) -> bool:
+            cached = env.plugin.pods.pod("default/attacker")
+            return cached is not None and cached["metadata"].get("annotations") == annotations
+
+        await seeded(env, victim)
+        for forged in (
+            {VGPU_NODE: NODE},
+            {**victim["metadata"]["annotations"], DEVICES_TO_ALLOCATE: "GPU-2,NVIDIA,3000,30:;"},
+        ):
+            attacker = stranger_pod("attacker")
+            attacker["metadata"]["labels"] = {"hami.io/webhook": "ignore"}
+            attacker["metadata"]["annotations"] = forged
+            env.server.put(attacker)
+            await eventually(functools.partial(attacker_cached_as, forged))
+            with pytest.raises(GRPCError) as err:
+                await allocate(stub, "GPU-2-0")
+            assert err.value.status is Status.FAILED_PRECONDITION
+            assert "pod default/attacker requests nvidia.com/gpu" in str(err.value.message)
+            ann = stored_annotations(env.server, "Pod", "victim")
+            assert ann[BIND_PHASE] == "allocating"  # the victim is neither marked ...
+            assert (
+                ann[DEVICES_TO_ALLOCATE] == victim["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+            )  # nor consumed
 
 
 @pytest.mark.parametrize(
