@@ -20,6 +20,7 @@ import aiohttp
 import click
 import yaml
 
+from hamid.model._wire import load_yaml
 from hamid.model.devices import MODE_HAMI_CORE
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -83,10 +84,7 @@ def load_kubelet_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot read kubelet config {os.fspath(path)!r}: {exc.strerror or exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"kubelet config {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+    doc = load_yaml(text, f"kubelet config {os.fspath(path)!r}")
     if not isinstance(doc, dict):
         raise InvalidInput(f"kubelet config {os.fspath(path)!r} is not a mapping")
     return doc
@@ -400,7 +398,7 @@ def _node_config_findings(
             defaults = load_device_config(Path(device_config).read_text(encoding="utf-8")).node_defaults
         text = Path(path).read_text(encoding="utf-8")
         config = resolve_node_config(text, node_name, defaults)
-    except (InvalidInput, OSError) as exc:
+    except (InvalidInput, OSError, UnicodeDecodeError) as exc:
         return [_fail("node config", str(exc), "fix devicePlugin.nodeConfiguration.config")]
     return check_node_config(config, node_name, _has_node_entry(text, node_name))
 

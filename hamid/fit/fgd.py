@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from hamid.fit.node_room import CpuMem
 from hamid.fit.replica_room import hides
+from hamid.model._wire import want_number
 from hamid.model.errors import InvalidInput
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import ContainerDeviceRequest
@@ -210,6 +211,8 @@ class Workload:
         total = sum(w for _, w in items)
         if total <= 0:
             raise InvalidInput("the workload has no shape with a positive weight")
+        if total == math.inf:  # each weight finite, their sum not: every probability would be 0
+            raise InvalidInput("the workload's weights add up past the largest number (scale them down)")
         shapes = tuple((s, w / total) for s, w in items)
         grouped: dict[Shape, list[tuple[int, int, float]]] = {}
         for s, p in shapes:
@@ -552,9 +555,10 @@ _ENTRY_KEYS = frozenset({"cpu", "memory", "gpus", "gpuShare", "gpuModels", "alig
 
 
 def _positive_number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == math.inf:
+    number = want_number(value, where)  # an integer too large for a float is out of range there
+    if not 0 < number < math.inf:
         raise InvalidInput(f"{where}: want a positive number, got {value!r:.40}")
-    return float(value)
+    return number
 
 
 def _quantity(value: object, where: str, scale: int) -> int:

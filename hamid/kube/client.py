@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
@@ -609,8 +608,8 @@ async def connect(
             raise KubeError(f"kubeconfig {', '.join(missing)} does not exist (--kubeconfig or KUBECONFIG)")
         try:
             await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-            raise KubeError(f"cannot load kubeconfig {kubeconfig!r}: {exc}") from exc
+        except Exception as exc:  # the library's errors are untyped: AttributeError for a bad shape, ...
+            raise KubeError(f"cannot load kubeconfig {kubeconfig!r}: {_reason(exc)}") from exc
         source = f"kubeconfig {kubeconfig}"
     else:
         try:
@@ -625,10 +624,19 @@ async def connect(
         configuration.host = api_server
     configuration.host = str(configuration.host or "").rstrip("/")
     _resolve_proxy(configuration)
-    api_client = ApiClient(configuration)
+    try:
+        api_client = ApiClient(configuration)  # reads the certificates: ssl.SSLError on bad ones
+    except Exception as exc:
+        raise KubeError(f"cannot use the credentials of {source}: {_reason(exc)}") from exc
     _without_env_lookups(api_client)
     log.info("kube_client_configured", source=source, host=configuration.host, proxy=configuration.proxy)
     return KubeClient(api_client, request_timeout=request_timeout)
+
+
+def _reason(exc: Exception) -> str:
+    """One line on why a configuration failed (the exception's text, or its type when it has none)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
 def _missing_files(paths: str) -> list[str]:

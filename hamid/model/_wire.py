@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from hamid.model.errors import InvalidInput
 
 INT32_MAX = 2**31 - 1
@@ -49,6 +51,18 @@ def type_name(value: object) -> str:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """A YAML (or JSON) document, or InvalidInput in one line: the reader's first line of complaint
+    (PyYAML's own spans several, with a caret drawing), or that it nests past the reader's depth."""
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise InvalidInput(f"{where}: nested too deeply") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp such as 2026-13-01
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInput(f"{where}: not valid YAML: {first:.200}") from None
 
 
 def load_json(text: object, where: str) -> Any:
@@ -111,7 +125,10 @@ def want_number(value: object, where: str) -> float:
     """A JSON number (integer or float, not a boolean)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{where}: want a number, got {type_name(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of some 309 digits or more
+        raise InvalidInput(f"{where}: {str(value)[:20]}... is out of range") from None
 
 
 def want_str(value: object, where: str) -> str:

@@ -6,12 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from hamid.model._wire import (
     INT32_MAX,
     INT32_MIN,
     is_decimal,
+    load_yaml,
     type_name,
     want_bool,
     want_int,
@@ -152,10 +151,7 @@ def load_device_config(text: str) -> DeviceConfig:
     """
     if not isinstance(text, str):
         raise InvalidInput(f"device config: want YAML text, got {type_name(text)}")
-    try:
-        doc = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError, ValueError) as exc:
-        raise InvalidInput(f"device config: malformed YAML: {exc}") from None
+    doc = load_yaml(text, "device config")
     if doc is None:
         return DeviceConfig()
     section_raw = want_object(doc, "device config").get("nvidia")

@@ -16,9 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from hamid.log import get_logger
+from hamid.model._wire import load_yaml
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import MAX_SCORED_NVLINKS, NVML_TOPOLOGY_LEVELS, P2P_LEVEL_SCORES, GpuLink, GpuLinks
 
@@ -110,12 +109,7 @@ def parse_devices_document(text: str, source: str = "<devices file>") -> Devices
     asymmetric pair. Other top-level keys are left to the caller (the simulator's machine files
     carry theirs). Every error is an :class:`InvalidInput` naming the file and the item.
     """
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"{source}: not valid YAML/JSON: {exc}") from exc
-    except RecursionError:
-        raise InvalidInput(f"{source}: nested too deeply to be a devices file") from None
+    doc = load_yaml(text, source)
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         raise InvalidInput(f"{source}: expected a top-level 'devices:' list")
     gpus: list[PhysicalGpu] = []
@@ -236,7 +230,7 @@ def _parse_link(raw: Any, where: str) -> GpuLink:
     if unknown:
         raise InvalidInput(f"{where}: unknown keys {unknown}; allowed: {list(_LINK_KEYS)}")
     level = raw.get("level")
-    if level not in P2P_LEVEL_SCORES:
+    if not isinstance(level, str) or level not in P2P_LEVEL_SCORES:
         raise InvalidInput(f"{where}: level must be one of {list(P2P_LEVEL_SCORES)}, got {_shown(level)}")
     nvlinks = raw.get("nvlinks", 0)
     if isinstance(nvlinks, bool) or not isinstance(nvlinks, int) or not 0 <= nvlinks <= MAX_SCORED_NVLINKS:

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from hamid.model._wire import load_yaml
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import KubeletPolicies
 
@@ -57,11 +56,10 @@ def parse_kubelet_policies(data: bytes, where: str = "kubelet config") -> Kubele
     if len(data) > MAX_CONFIG_BYTES:
         raise InvalidInput(f"{where}: larger than {MAX_CONFIG_BYTES} bytes; not a kubelet config file")
     try:
-        doc = yaml.safe_load(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{where}: not UTF-8 text") from exc
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise InvalidInput(f"{where}: not valid YAML: {str(exc).splitlines()[0]:.200}") from exc
+    doc = load_yaml(text, where)
     if not isinstance(doc, Mapping):
         raise InvalidInput(f"{where}: want a {KIND} mapping")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:

@@ -13,11 +13,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import click
-import yaml
 
 from hamid.fit.fgd import Workload, parse_workload
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.listen import LISTEN
+from hamid.model._wire import load_yaml
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
@@ -108,11 +108,7 @@ def load_fgd_workload_file(path: str) -> Workload | None:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"{path} is not YAML: {exc}") from exc
-    return parse_workload(data)
+    return parse_workload(load_yaml(text, path))
 
 
 def _positive_float(text: str) -> float:

@@ -161,7 +161,9 @@ def review_update(
 
 
 def _append_env(container: JSON, name: str, value: str) -> None:
-    env = container.setdefault("env", [])
+    env = container.get("env")
+    if env is None:  # absent, or ``env: null`` as Kubernetes reads it
+        env = container["env"] = []
     env.append({"name": name, "value": value})
 
 

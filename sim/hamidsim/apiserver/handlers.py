@@ -569,8 +569,8 @@ class RequestHandler:
                 self.server.faults.clear()
                 return _json_response({"rules": []})
         if len(segments) == 2 and segments[0] == "faults" and method == "DELETE":
-            rule = segments[1]
-            if not (rule.isascii() and rule.isdigit()) or not self.server.faults.remove(int(rule)):
+            number = segments[1]
+            if not (number.isascii() and number.isdigit()) or not self.server.faults.remove(int(number)):
                 raise ApiError(404, f"no fault rule {segments[1]!r}")
             return _json_response({"removed": int(segments[1])})
         if segments == ["watches", "close"] and method == "POST":

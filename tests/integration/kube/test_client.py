@@ -256,3 +256,33 @@ async def test_connect_without_any_config(tmp_path: Path, monkeypatch: pytest.Mo
         await connect(kubeconfig=str(bad))
     with pytest.raises(KubeError, match="http"):
         await connect(api_server="127.0.0.1:6443")
+
+
+_KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: c
+contexts: [{name: c, context: %s}]
+clusters: [{name: c, cluster: %s}]
+users: [{name: u, user: {token: t}}]
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 3000,  # nested deeper than the YAML reader recurses
+        _KUBECONFIG % ("5", '{server: "https://127.0.0.1:1"}'),  # a context that is no object
+        _KUBECONFIG % ("{cluster: c, user: u}", "{server: 5}"),  # a server that is no URL
+        _KUBECONFIG
+        % ("{cluster: c, user: u}", '{server: "https://127.0.0.1:1", certificate-authority-data: "%%"}'),
+    ],
+    ids=["deep", "context-int", "server-int", "bad-ca"],
+)
+async def test_a_kubeconfig_of_any_shape_is_one_clear_error(tmp_path: Path, text: str) -> None:
+    """The library raises what it happens to (RecursionError, AttributeError, AssertionError,
+    ssl.SSLError): each is a KubeError naming the file, so the CLI prints one line."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(KubeError, match=r"cannot (load kubeconfig|use the credentials)") as err:
+        await connect(kubeconfig=str(path))
+    assert "\n" not in str(err.value)

@@ -9,6 +9,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.annotations import parse_node_lock
 from hamid.scheduler.core import SchedulerSettings
+from hamid.scheduler.signing import booked_record
 from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import container, pod
 
@@ -97,6 +98,10 @@ async def test_bind_takes_node_lock_and_binds() -> None:
         stored = env.server.get("Pod", "default", "a")
         assert stored["spec"]["nodeName"] == "n1"
         assert stored["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        # unsigned, the booking is still recorded in the status (the plugin's proof of hamid's bind)
+        record = booked_record(stored)
+        assert record is not None and record.node == "n1" and record.signature == ""
+        assert record.allocated == stored["metadata"]["annotations"][ann.DEVICES_ALLOCATED]
         lock = parse_node_lock(env.server.get("Node", None, "n1")["metadata"]["annotations"][ann.NODE_LOCK])
         assert (lock.namespace, lock.name) == ("default", "a")
         # a retried bind of a pod already bound here (its first answer lost) succeeds, lock kept

@@ -140,6 +140,25 @@ def test_device_config_defaults_apply_under_the_node_entry(tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
 
 
+def test_unreadable_node_and_device_configs_fail_in_one_line(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, a number past a float's range: a FAIL line each, no traceback."""
+    node_config = tmp_path / "config.json"
+    device_config = tmp_path / "device-config.yaml"
+    device_config.write_text("nvidia:\n  enableNumaTopology: true\n")
+    base = [*node(tmp_path), "--node-config-file", node_config, "--node-name", NODE]
+    for config, text in (
+        (node_config, b"\xff\xfe\x00garbage"),
+        (node_config, f'{{"nodeconfig": [{{"name": "{NODE}", "devicememoryscaling": {10**400}}}]}}'.encode()),
+        (device_config, f"nvidia:\n  deviceMemoryScaling: {10**400}\n".encode()),
+    ):
+        node_config.write_text('{"nodeconfig": []}')
+        config.write_bytes(text)
+        result = doctor(*base, "--device-config-file", device_config)
+        assert result.exit_code == 1
+        [failed] = [line for line in lines(result, Status.FAIL) if "node config" in line]
+        assert "utf-8" in failed or "out of range" in failed
+
+
 def test_node_without_entry_and_node_name_missing(tmp_path: Path) -> None:
     base = [*node(tmp_path), "--node-config-file", DATA / "nodeconfig-seed.json"]
     other = doctor(*base, "--node-name", "other-node")

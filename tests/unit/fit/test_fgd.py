@@ -294,6 +294,8 @@ def test_pinned_workload() -> None:
         ([{"cpu": 1, "aligned": "yes"}], "aligned"),
         ([{"cpu": 1, "weight": 0}], "weight"),
         ([{"cpu": 1}, {"cpu": 2, "weight": True}], "entry 1.weight"),
+        ([{"cpu": 1, "weight": 10**400}], "entry 0.weight: 1000.* is out of range"),  # no OverflowError
+        ([{"cpu": 1, "weight": 1e308}, {"cpu": 2, "weight": 1e308}], "add up past the largest number"),
     ],
 )
 def test_bad_pinned_workload(data: object, message: str) -> None:

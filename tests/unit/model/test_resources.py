@@ -283,7 +283,9 @@ def test_load_device_config_defaults(text: str) -> None:
         ("nvidia:\n  deviceSplitCount: -2\n", "devicesplitcount"),
         ("nvidia:\n  deviceMemoryScaling: 0\n", "devicememoryscaling"),
         ("nvidia:\n  libCudaLogLevel: loud\n", "libCudaLogLevel"),
-        ("nvidia: {a: [}\n", "malformed YAML"),
+        ("nvidia: {a: [}\n", "not valid YAML"),
+        (f"nvidia:\n  deviceCoreScaling: {10**400}\n", "out of range"),  # no OverflowError
+        ("nvidia:\n  when: 2026-13-01\n", "not valid YAML: month must be in 1..12"),
     ],
 )
 def test_load_device_config_errors(text: str, match: str) -> None:

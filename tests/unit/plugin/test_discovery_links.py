@@ -100,6 +100,7 @@ def test_yaml_file_round_trips_through_devices_file_json(tmp_path: Path) -> None
         ({"GPU-0": {"GPU-1": "NV4"}}, "expected a mapping with 'level'"),
         ({"GPU-0": {"GPU-1": {"level": "PIX"}}}, "level must be one of"),
         ({"GPU-0": {"GPU-1": {}}}, "level must be one of"),
+        ({"GPU-0": {"GPU-1": {"level": ["NODE"]}}}, "level must be one of"),  # unhashable: no TypeError
         ({"GPU-0": {"GPU-1": {"level": "NODE", "nvlinks": 19}}}, "nvlinks must be an integer in [0, 18]"),
         ({"GPU-0": {"GPU-1": {"level": "NODE", "nvlinks": True}}}, "nvlinks must be an integer"),
         ({"GPU-0": {"GPU-1": {"level": "NODE", "bandwidth": 3}}}, "unknown keys ['bandwidth']"),

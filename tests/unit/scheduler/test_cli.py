@@ -107,6 +107,17 @@ def test_fgd_policy_flags_and_pinned_workload(monkeypatch: pytest.MonkeyPatch, t
         cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-workload-file", str(bad)]
     )
     assert result.exit_code == 2 and "fgd workload entry 0.gpuShare" in result.output
+    bad.write_text("[" * 5000)  # nested past the YAML reader's depth (a RecursionError, once a traceback)
+    result = runner.invoke(
+        cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-workload-file", str(bad)]
+    )
+    assert result.exit_code == 2 and f"{bad}: nested too deeply" in result.output
+    bad.write_text("- {cpu: [}\n")
+    result = runner.invoke(
+        cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-workload-file", str(bad)]
+    )
+    assert result.exit_code == 2 and "not valid YAML: while parsing a flow node" in result.output
+    assert "^" not in result.output  # PyYAML's caret drawing stays out of the one line
     missing = runner.invoke(
         cli.scheduler_command,
         ["--allow-unsigned-allocations", "--fgd-workload-file", str(tmp_path / "none.yaml")],

@@ -101,6 +101,12 @@ def test_env_rules() -> None:
     cpu_env = {e["name"]: e["value"] for e in ops["/spec/containers/1"]["value"]["env"]}
     assert gpu_env == {"CUDA_TASK_PRIORITY": "1", "GPU_CORE_UTILIZATION_POLICY": "force"}
     assert cpu_env["NVIDIA_VISIBLE_DEVICES"] == "none"
+    # ``env: null`` is an absent env to Kubernetes: the rules add to a new one (it raised, a 500)
+    for c in p["spec"]["containers"]:
+        c["env"] = None
+    ops = ops_by_path(review(p, config=config))
+    assert {e["name"] for e in ops["/spec/containers/0"]["value"]["env"]} == set(gpu_env)
+    assert {e["name"] for e in ops["/spec/containers/1"]["value"]["env"]} == set(cpu_env)
 
 
 @pytest.mark.parametrize("version", ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"])
