@@ -113,6 +113,8 @@ class Booking(Protocol):
     @property
     def applied(self) -> Mapping[str, DeviceAmount]: ...
     @property
+    def raw(self) -> str: ...  #: the allocation booked, as ``hami.io/vgpu-devices-allocated`` writes it
+    @property
     def key(self) -> str: ...
 
 
@@ -205,7 +207,7 @@ def plan_refit(facts: RefitFacts) -> RefitPlan | NoOp | Refused:
 
 @dataclass(frozen=True, slots=True)
 class _Allocation:
-    """The container's state from the pod's annotations (upstream step 5)."""
+    """The container's state: pending entries from the pod's annotation, the allocation booked (step 5)."""
 
     pending_raw: str
     allocated_raw: str
@@ -231,20 +233,23 @@ def _decode(raw: str, key: str, what: str) -> PodDevices:
     try:
         return ann.decode_pod_devices(raw, key) if raw else ()
     except InvalidInput as exc:
-        raise RefusalError(RefusalCode.BAD_ANNOTATION, f"cannot decode {what} annotation: {exc}") from None
+        raise RefusalError(RefusalCode.BAD_ANNOTATION, f"cannot decode {what}: {exc}") from None
 
 
-def _allocation(pod: PodBody, index: int) -> _Allocation:
-    """Upstream step 5 (with hamid's MIG and vendor refusals): the entries to refit."""
+def _allocation(pod: PodBody, booked: str, index: int) -> _Allocation:
+    """Upstream step 5 (with hamid's MIG and vendor refusals): the entries to refit.
+
+    The allocation is the one booked (``booked``), not the pod's annotation: past admission a
+    tenant may have rewritten another container's entry there, and the refit would sign it (and
+    the ledger book it) along with its own move. Which entries are still pending is the pod's."""
     annotations = objects.annotations(pod)
     if annotations.get(ann.MIG_ALLOCATIONS):
         raise RefusalError(
             RefusalCode.MIG, "the pod holds MIG allocations; the NUMA refit does not support MIG"
         )
     pending_raw = annotations.get(ann.DEVICES_TO_ALLOCATE) or ""
-    allocated_raw = annotations.get(ann.DEVICES_ALLOCATED) or ""
-    pending = _decode(pending_raw, ann.DEVICES_TO_ALLOCATE, "pending allocation")
-    layout = _decode(allocated_raw, ann.DEVICES_ALLOCATED, "allocated")
+    pending = _decode(pending_raw, ann.DEVICES_TO_ALLOCATE, "pending allocation annotation")
+    layout = _decode(booked, ann.DEVICES_ALLOCATED, "booked allocation")
     if index >= len(pending) or not pending[index]:
         raise RefusalError(
             RefusalCode.NOT_PENDING, f"container {index} has no pending {NVIDIA} allocation to refit"
@@ -258,7 +263,7 @@ def _allocation(pod: PodBody, index: int) -> _Allocation:
             RefusalCode.NON_NVIDIA,
             f"container {index} reserves {', '.join(foreign)} devices; the NUMA refit supports only {NVIDIA}",
         )
-    return _Allocation(pending_raw, allocated_raw, layout, current)
+    return _Allocation(pending_raw, booked, layout, current)
 
 
 def _check_node(
@@ -339,7 +344,7 @@ def _plan(facts: RefitFacts) -> RefitPlan | NoOp:
     assert booking is not None and pod is not None
     index = request.container_index
     _check_container(pod, index, request.container_name)
-    allocation = _allocation(pod, index)
+    allocation = _allocation(pod, booking.raw, index)
     allowed = frozenset(request.allowed_device_uuids)
     if all(d.uuid in allowed for d in allocation.current):
         return NoOp(allocation.current)

@@ -35,6 +35,7 @@ class FakeBooking:
     kinds: tuple[ContainerKind, ...] = (A,)
     init_released: bool = False
     applied: Mapping[str, DeviceAmount] = field(default_factory=dict)
+    raw: str = ""
 
     @property
     def key(self) -> str:
@@ -81,7 +82,9 @@ def facts(**change: Any) -> RefitFacts:
     layout = change.pop("layout", LAYOUT)
     infos = change.pop("infos", (gpu("GPU-a", 0), gpu("GPU-b", 1, numa=1), gpu("GPU-c", 2, numa=1)))
     kinds = change.pop("kinds", (A,) * len(layout))
-    booking = FakeBooking(kinds=kinds, applied=effective_pod_usage(layout, kinds))
+    booking = FakeBooking(
+        kinds=kinds, applied=effective_pod_usage(layout, kinds), raw=ann.encode_pod_devices(layout)
+    )
     node = NodeUsage.from_infos("n1", infos)
     node.add(booking.applied)
     request = RefitRequest("u1", "default", "p", "n1", 0, NVIDIA, ("GPU-b",), "main")
@@ -162,10 +165,10 @@ REFUSALS: list[Row] = [
         "cannot decode pending allocation annotation",
     ),
     (
-        "undecodable allocated",
-        lambda: with_pod(annotations={ann.DEVICES_ALLOCATED: "x,y:;"}),
+        "undecodable booking",
+        lambda: facts(booking={"raw": "x,y:;"}),
         RefusalCode.BAD_ANNOTATION,
-        "cannot decode allocated annotation",
+        "cannot decode booked allocation",
     ),
     (
         "already allocated",
@@ -174,8 +177,8 @@ REFUSALS: list[Row] = [
         "container 0 has no pending NVIDIA allocation to refit",
     ),
     (
-        "nothing recorded",
-        lambda: with_pod(annotations={ann.DEVICES_ALLOCATED: ";"}),
+        "nothing booked",
+        lambda: facts(booking={"raw": ";"}),
         RefusalCode.NOT_PENDING,
         "container 0 has no recorded NVIDIA allocation",
     ),
@@ -289,6 +292,19 @@ def test_move_splices_only_the_target_entry() -> None:
     assert decision.new_allocated == "GPU-c,NVIDIA,700,0:;GPU-b,NVIDIA,1000,0:;"
     assert decision.new_pending == decision.new_allocated
     assert decision.layout == ((dev("GPU-c", 700),), (dev("GPU-b", 1000),))
+
+
+def test_the_move_splices_into_the_booking_not_a_rewritten_annotation() -> None:
+    """Past admission a tenant rewrote container 1's allocated entry to 1 MiB; the refit of
+    container 0 signs (and the ledger books) the booking with its move, never the rewrite."""
+    layout = ((dev("GPU-a", 1000),), (dev("GPU-c", 700),))
+    base = facts(layout=layout, request={"container_index": 0, "container_name": "c0"})
+    assert base.pod is not None
+    base.pod["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = "GPU-a,NVIDIA,1000,0:;GPU-c,NVIDIA,1,0:;"
+    decision = plan_refit(base)
+    assert isinstance(decision, RefitPlan)
+    assert decision.new_allocated == "GPU-b,NVIDIA,1000,0:;GPU-c,NVIDIA,700,0:;"
+    assert decision.layout == ((dev("GPU-b", 1000),), (dev("GPU-c", 700),))
 
 
 def test_rules_run_in_upstream_order() -> None:
