@@ -63,6 +63,7 @@ from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
     PendingEntry,
     allowed_uuids,
+    booked_entries,
     consume,
     container_at,
     has_pending_entry,
@@ -70,6 +71,7 @@ from hamid.plugin.allocator_rules import (
     is_allocation_candidate,
     kubelet_differs,
     pending_entries,
+    refuse_unbooked,
     refuse_unservable,
     to_allocate,
 )
@@ -143,32 +145,33 @@ def _prepare_host(cache_dirs: Sequence[str], license_path: str) -> bool:
     return os.path.exists(license_path)
 
 
-class Fallbacks:
-    """Containers for which the policy kept the annotation, so Allocate does not run it again.
+class EntryMemory:
+    """Containers' entries this plugin decided on: those for which the mismatch policy kept the
+    annotation (so Allocate does not run it again), or those a refit it asked for replaced.
 
-    Keyed by (pod UID, container index) with the annotated GPUs (a changed entry is a new case);
-    bounded (:data:`FALLBACK_MEMORY`, oldest forgotten first); an entry goes once consumed.
+    Keyed by (pod UID, container index) with the entry (a changed entry is a new case); bounded
+    (:data:`FALLBACK_MEMORY`, oldest forgotten first); an entry goes once consumed.
     """
 
     def __init__(self, size: int = FALLBACK_MEMORY) -> None:
         self.size = size
-        self._kept: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, int], ContainerDevices] = OrderedDict()
 
     @staticmethod
     def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
         return objects.uid(pod) or objects.namespaced_key(pod), index
 
-    def remember(self, pod: Mapping[str, Any], entry: PendingEntry) -> None:
-        """The policy kept this container's annotation."""
-        key = self._key(pod, entry.index)
-        self._kept[key] = tuple(d.uuid for d in entry.devices)
+    def remember(self, pod: Mapping[str, Any], index: int, devices: ContainerDevices) -> None:
+        """Container ``index``'s entry is ``devices``, as this plugin decided."""
+        key = self._key(pod, index)
+        self._kept[key] = tuple(devices)
         self._kept.move_to_end(key)
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
 
     def holds(self, pod: Mapping[str, Any], entry: PendingEntry) -> bool:
-        """Whether the policy already kept exactly this entry."""
-        return self._kept.get(self._key(pod, entry.index)) == tuple(d.uuid for d in entry.devices)
+        """Whether this is exactly the entry remembered for its container."""
+        return self._kept.get(self._key(pod, entry.index)) == tuple(entry.devices)
 
     def forget(self, pod: Mapping[str, Any], index: int) -> None:
         """The entry was consumed."""
@@ -208,7 +211,10 @@ class Allocator:
         self.call_timeout = call_timeout
         self.prepare_timeout = prepare_timeout
         self._lock = asyncio.Lock()
-        self._fallbacks = Fallbacks()
+        self._fallbacks = EntryMemory()
+        #: The entries refits replaced, served though the status record may not name them yet
+        #: (a refit's record is written off its path).
+        self._refits = EntryMemory()
         #: Refused Allocate calls by :attr:`AllocationError.code` (for metrics and tests).
         self.refusals: Counter[str] = Counter()
 
@@ -318,8 +324,9 @@ class Allocator:
             missing = list((Counter(d.uuid for d in entry.devices) - Counter(gpus)).elements())
             replacement = await self.mismatch_handler(self._mismatch(Door.ALLOCATE, pod, entry, missing, ids))
             if replacement is None:
-                self._fallbacks.remember(pod, entry)
+                self._fallbacks.remember(pod, entry.index, entry.devices)
                 continue
+            self._refits.remember(pod, entry.index, replacement)
             if Counter(d.uuid for d in replacement) != Counter(gpus):
                 raise AllocationError(
                     "numa refit committed but kubelet cannot honor the selection: "
@@ -385,8 +392,9 @@ class Allocator:
                 await complete(self._fail(pod, str(exc)))
                 raise
             if replacement is None:
-                self._fallbacks.remember(pod, entry)
+                self._fallbacks.remember(pod, entry.index, entry.devices)
                 return self._fallback(entry.index, self._offered(entry, request), request)
+            self._refits.remember(pod, entry.index, replacement)
             await self._reread(pod)
             answer, still = preferred_answer(
                 replacement, request.available, request.must_include, request.size, uuid_of
@@ -501,6 +509,7 @@ class Allocator:
                 code="unknown-device-id",
             )
         devices = to_allocate(pod)
+        booked = booked_entries(pod)
         plans: list[tuple[int, ContainerDevices]] = []
         for ids in requests:
             entries = pending_entries(devices)
@@ -510,6 +519,8 @@ class Allocator:
                     code="no-entry-left",
                 )
             entry = entries[0]
+            if not self._refits.holds(pod, entry):
+                refuse_unbooked(entry, booked)
             refuse_unservable(entry, self.node_name, self.inventory.facts)
             requested = [u for u in (self.inventory.uuid_of(i) for i in ids) if u is not None]
             if kubelet_differs(entry, requested):
@@ -632,6 +643,7 @@ class Allocator:
         self.pods.remember(patched)
         for idx, devs in plans:
             self._fallbacks.forget(pod, idx)
+            self._refits.forget(pod, idx)
             log.info(
                 "allocated",
                 container_index=idx,

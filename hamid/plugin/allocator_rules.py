@@ -19,11 +19,14 @@ from hamid.model.annotations import (
     BIND_PHASE_ALLOCATING,
     BIND_PHASE_SUCCESS,
     BIND_TIME,
+    DEVICES_ALLOCATED,
     DEVICES_TO_ALLOCATE,
     NODE_LOCK,
     VGPU_NODE,
     decode_pod_devices,
+    encode_container_devices,
 )
+from hamid.model.booked import booked_conditions, booked_record
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.preferred import UuidOf
@@ -82,12 +85,43 @@ def has_pending_entry(pod: Pod) -> bool:
 
 def went_through_hamid(pod: Pod) -> bool:
     """Whether hamid's scheduler bound the pod: its ``/bind`` records the booking in the pod's
-    status (``hamid.io/AllocationBooked``) before the Binding. Tenants cannot write a pod's status,
-    and a create starts it empty; a pod's annotations (``vgpu-node``, ``bind-phase``) prove nothing,
+    status (:mod:`hamid.model.booked`) before the Binding. Tenants cannot write a pod's status, and
+    a create starts it empty; a pod's annotations (``vgpu-node``, ``bind-phase``) prove nothing,
     since a pod that skipped the webhook carries them as its creator wrote them."""
-    conditions = (pod.get("status") or {}).get("conditions")
-    return isinstance(conditions, list) and any(
-        isinstance(c, Mapping) and c.get("type") == ALLOCATION_BOOKED_CONDITION for c in conditions
+    return bool(booked_conditions((pod.get("status") or {}).get("conditions")))
+
+
+def booked_entries(pod: Pod) -> tuple[str, PodDevices | None]:
+    """(where from, the allocation the scheduler booked for the pod, per container): its status
+    record's (hamid's /bind and refits write it where tenants cannot), else the
+    ``hami.io/vgpu-devices-allocated`` annotation (HAMi's scheduler writes no record); None when
+    that does not decode."""
+    record = booked_record(pod)
+    source, raw = (
+        ("the pod's status record", record.allocated)
+        if record is not None
+        else (DEVICES_ALLOCATED, objects.annotations(pod).get(DEVICES_ALLOCATED) or "")
+    )
+    try:
+        return source, decode_pod_devices(raw, source)
+    except InvalidInput:
+        return source, None
+
+
+def refuse_unbooked(entry: PendingEntry, booked: tuple[str, PodDevices | None]) -> None:
+    """Refuse to serve a to-allocate entry that is not the one the scheduler booked for its
+    container: past admission, a tenant's rewrite between the filter and kubelet's Allocate would
+    run the container with limits nobody accounts for (the ledger keeps the booking)."""
+    source, layout = booked
+    want = layout[entry.index] if layout is not None and entry.index < len(layout) else None
+    if want is not None and tuple(want) == tuple(entry.devices):
+        return
+    shown = "nothing readable" if want is None else encode_container_devices(want)
+    raise AllocationError(
+        f"container {entry.index}'s pending allocation {encode_container_devices(entry.devices)} is not "
+        f"what the scheduler booked for it ({shown}, from {source}): the pod's {DEVICES_TO_ALLOCATE} "
+        "was changed after the scheduler wrote it. Delete the pod so the scheduler places it again",
+        code="unbooked-allocation",
     )
 
 

@@ -43,6 +43,7 @@ from hamid.fit.usage import (
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model.booked import booked_record
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, PodBody
@@ -51,7 +52,7 @@ from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.quotas import QuotaBook
-from hamid.scheduler.signing import AllocationKeys, booked_record
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = get_logger("scheduler.state")
@@ -492,7 +493,7 @@ class Ledger:
 
     def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None]:
         """(node, allocation, signature) the pod names: its annotations', or the record in its
-        status (:func:`~hamid.scheduler.signing.booked_record`) where that verifies and the
+        status (:func:`~hamid.model.booked.booked_record`) where that verifies and the
         annotations' signature does not, or is older. Annotations that then differ from the record
         are reported: a tenant rewrote them past admission, the record it cannot write stands."""
         annotations = objects.annotations(pod)

@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from hamid.model import annotations as ann
+from hamid.model.booked import booked_conditions
 from hamid.model.kube import JSON, Pod, view
 
 #: The pod annotations the scheduler can read (every key hamid defines). Others
@@ -104,13 +105,6 @@ def _trim_annotations(annotations: dict[str, Any]) -> JSON:
     return out
 
 
-def _booked_conditions(conditions: Any) -> list[Any]:
-    """The scheduler's own record among a pod's conditions (what a restart books)."""
-    if not isinstance(conditions, list):
-        return []
-    return [c for c in conditions if isinstance(c, dict) and c.get("type") == ann.ALLOCATION_BOOKED_CONDITION]
-
-
 def trim_scheduler_pod(pod: JSON) -> Pod:
     """The fields of a pod the scheduler reads, for its pod cache (a new dict; ``pod`` unchanged).
 
@@ -143,7 +137,7 @@ def trim_scheduler_pod(pod: JSON) -> Pod:
         out_status: JSON = {k: _shared(status[k]) for k in ("phase",) if k in status}
         if "initContainerStatuses" in status:
             out_status["initContainerStatuses"] = _trim_init_statuses(status["initContainerStatuses"])
-        booked = _booked_conditions(status.get("conditions"))
+        booked = booked_conditions(status.get("conditions"))
         if booked:
             out_status["conditions"] = booked
         out["status"] = out_status

@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from hamid.kube.client import KubeClient
-from hamid.model import annotations as ann
 from hamid.model._wire import is_decimal
+from hamid.model.booked import booked_condition
 from hamid.model.errors import InvalidInput
 
 VERSION = "v1"
@@ -111,53 +108,6 @@ class AllocationKeys:
             if hmac.compare_digest(expected, mac):
                 return Signed(kid, issued)
         return None
-
-
-#: The condition's reason (CamelCase, as Kubernetes writes reasons).
-BOOKED_REASON = "SignedAllocation"
-
-
-@dataclass(frozen=True, slots=True)
-class BookedRecord:
-    """The allocation a pod's status records as booked, with its signature (not yet verified)."""
-
-    node: str
-    allocated: str
-    signature: str
-
-
-def booked_condition(node: str, allocated: str, signature: str, now: float) -> dict[str, str]:
-    """The pod condition recording the signed allocation ``allocated`` on ``node`` as booked."""
-    message = json.dumps(
-        {"node": node, "allocated": allocated, "signature": signature}, separators=(",", ":"), sort_keys=True
-    )
-    return {
-        "type": ann.ALLOCATION_BOOKED_CONDITION,
-        "status": "True",
-        "reason": BOOKED_REASON,
-        "message": message,
-        "lastTransitionTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-
-
-def booked_record(pod: Mapping[str, Any]) -> BookedRecord | None:
-    """The record :func:`booked_condition` wrote in ``pod``'s status; None when absent or unreadable."""
-    conditions = (pod.get("status") or {}).get("conditions")
-    if not isinstance(conditions, list):
-        return None
-    for condition in conditions:
-        if isinstance(condition, dict) and condition.get("type") == ann.ALLOCATION_BOOKED_CONDITION:
-            try:
-                fields = json.loads(condition.get("message") or "")
-            except (TypeError, ValueError):
-                return None
-            if not isinstance(fields, dict):
-                return None
-            node, allocated, signature = (fields.get(k) for k in ("node", "allocated", "signature"))
-            if isinstance(node, str) and isinstance(allocated, str) and isinstance(signature, str):
-                return BookedRecord(node, allocated, signature)
-            return None
-    return None
 
 
 async def record_booked(

@@ -18,7 +18,7 @@ import pytest
 from hamid.kube.errors import KubeError
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
-from hamid.scheduler.signing import booked_record
+from hamid.model.booked import booked_record
 from hamidsim.cluster import WEBHOOK_CONFIGURATION, ClusterOptions, SimCluster
 from hamidsim.cluster_view import wait_until
 from hamidsim.demo import seed_pod

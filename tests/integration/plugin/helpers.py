@@ -33,6 +33,7 @@ from hamid.model.annotations import (
     encode_pod_devices,
     format_node_lock,
 )
+from hamid.model.booked import booked_condition
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig
@@ -41,7 +42,6 @@ from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginTimings
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch
 from hamid.plugin.options import PluginOptions
-from hamid.scheduler.signing import booked_condition
 from hamidsim.apiserver import ApiServer
 
 NODE = "gpu-node-1"

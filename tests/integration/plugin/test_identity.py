@@ -9,7 +9,14 @@ import structlog.testing
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK, VGPU_NODE
+from hamid.model.annotations import (
+    BIND_PHASE,
+    DEVICES_ALLOCATED,
+    DEVICES_TO_ALLOCATE,
+    NODE_LOCK,
+    VGPU_NODE,
+    encode_pod_devices,
+)
 from hamid.model.devices import ContainerDevices
 from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
@@ -193,3 +200,26 @@ async def test_no_pending_pod_still_refuses_after_the_fresh_read() -> None:
         with pytest.raises(GRPCError, match="no pod on this node is waiting"):
             await allocate(stub, "GPU-0-0")
         assert env.server.requests["list pods"] == lists + 1  # exactly one fresh read
+
+
+async def test_a_pending_entry_the_scheduler_did_not_book_is_not_served() -> None:
+    """Red-team finding: past admission a tenant rewrote to-allocate between the filter and
+    kubelet's Allocate and ran with limits nobody booked (3000 MiB / 30 % booked, 15000 MiB / 100 %
+    served). The entry must be the booked one: the status record's, even when the tenant rewrote
+    the allocated annotation to match."""
+    tampered = encode_pod_devices(((dev("GPU-2", 15000, 100),),))
+    for rewritten in (
+        {DEVICES_TO_ALLOCATE: tampered},
+        {DEVICES_TO_ALLOCATE: tampered, DEVICES_ALLOCATED: tampered},
+    ):
+        p = scheduled_pod("p", ((dev("GPU-2", 3000, 30),),))
+        p["metadata"]["annotations"].update(rewritten)
+        async with running_plugin(PREFERRED) as (env, _), stub_for(env) as stub:
+            await seeded(env, p)
+            with pytest.raises(GRPCError) as err:
+                await allocate(stub, "GPU-2-0")
+            assert err.value.status is Status.FAILED_PRECONDITION
+            message = str(err.value.message)
+            assert "pending allocation GPU-2,NVIDIA,15000,100: is not what the scheduler booked" in message
+            assert "(GPU-2,NVIDIA,3000,30:, from the pod's status record)" in message
+            assert env.plugin.allocator.refusals["unbooked-allocation"] == 1

@@ -8,8 +8,8 @@ import gc
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.annotations import parse_node_lock
+from hamid.model.booked import booked_record
 from hamid.scheduler.core import SchedulerSettings
-from hamid.scheduler.signing import booked_record
 from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import container, pod
 

@@ -298,9 +298,9 @@ def test_the_move_splices_into_the_booking_not_a_rewritten_annotation() -> None:
     """Past admission a tenant rewrote container 1's allocated entry to 1 MiB; the refit of
     container 0 signs (and the ledger books) the booking with its move, never the rewrite."""
     layout = ((dev("GPU-a", 1000),), (dev("GPU-c", 700),))
-    base = facts(layout=layout, request={"container_index": 0, "container_name": "c0"})
-    assert base.pod is not None
-    base.pod["metadata"]["annotations"][ann.DEVICES_ALLOCATED] = "GPU-a,NVIDIA,1000,0:;GPU-c,NVIDIA,1,0:;"
+    rewritten = {ann.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1000,0:;GPU-c,NVIDIA,1,0:;"}
+    tampered = pod(layout, names=("c0", "c1"), annotations=rewritten)
+    base = facts(layout=layout, request={"container_index": 0, "container_name": "c0"}, pod=tampered)
     decision = plan_refit(base)
     assert isinstance(decision, RefitPlan)
     assert decision.new_allocated == "GPU-b,NVIDIA,1000,0:;GPU-c,NVIDIA,700,0:;"

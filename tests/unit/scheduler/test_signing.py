@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from hamid.model import annotations as ann
+from hamid.model.booked import booked_condition, booked_record
 from hamid.model.errors import InvalidInput
-from hamid.scheduler.signing import AllocationKeys, booked_condition, booked_record, key_id, load_key_file
+from hamid.scheduler.signing import AllocationKeys, key_id, load_key_file
 from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
 

@@ -9,10 +9,10 @@ from typing import Any
 from hamid.fit.fit import PodFitSpec
 from hamid.fit.usage import container_kinds, init_containers_succeeded
 from hamid.model import annotations as ann
+from hamid.model.booked import booked_condition
 from hamid.model.nodelock import holder_state
 from hamid.model.resources import ResourceConfig, all_containers
 from hamid.scheduler.podtrim import trim_scheduler_pod
-from hamid.scheduler.signing import booked_condition
 from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
 
