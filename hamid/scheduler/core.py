@@ -91,7 +91,11 @@ class Scheduler:
         self.ledger = self.state.ledger
         #: Per-node, per-NUMA ledgers (exclusive CPUs, replicas) for the NUMA predictor.
         self.numa = NumaLedgers(
-            s.scheduler_name, self.config.resource_count_name, lambda: self.ledger.clock(), self._numa_scored
+            s.scheduler_name,
+            self.config.resource_count_name,
+            lambda: self.ledger.clock(),
+            self._numa_scored,
+            booked_on=self._booked_on,
         )
         #: CPU and memory per node, and the ``fgd`` policy's workload and fragmentation memo.
         self.cpu_mem = NodeCpuMem()
@@ -248,6 +252,10 @@ class Scheduler:
         await self.tasks.close()
 
     # -- cache callbacks --------------------------------------------------------------------------
+
+    def _booked_on(self, uid: str) -> str | None:
+        reservation = self.ledger.reservation(uid)
+        return reservation.node if reservation is not None else None
 
     def _pod_seen(self, pod: PodBody) -> None:
         self.ledger.on_pod(pod)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -48,7 +49,6 @@ from hamid.fit.numa_predict import (
 from hamid.fit.replica_room import hidden_replicas
 from hamid.fit.usage import NodeUsage
 from hamid.log import get_logger
-from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
@@ -68,6 +68,8 @@ from hamid.model.numa import (
     encode_profile,
     miss_cause,
 )
+from hamid.model.quantity import parse_quantity
+from hamid.model.resources import all_containers
 
 log = get_logger("scheduler.numa")
 
@@ -221,6 +223,39 @@ def _finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES
 
 
+def _placement_beyond(pod: Mapping[str, Any], placement: PodPlacement) -> str | None:
+    """Why ``placement`` cannot be what kubelet gave ``pod`` (None: it can): a container the pod does
+    not have, or more exclusive CPUs, device replicas or pinned memory than its limits. The plugin
+    publishes only what kubelet assigned, so such a placement was written by someone else (a
+    tenant, on a pod that admission does not guard: another scheduler's, or one that skipped the
+    webhook at create)."""
+    try:
+        containers = {str(c.get("name")): c for c in all_containers(pod)}
+    except InvalidInput as exc:
+        return str(exc)
+    for placed in placement.containers:
+        spec = containers.get(placed.name)
+        if spec is None:
+            return f"the pod has no container {placed.name!r}"
+        limits = (spec.get("resources") or {}).get("limits") or {}
+        held: dict[str, int] = {name: sum(map(len, per.values())) for name, per in placed.devices.items()}
+        held["cpu"] = len(placed.cpus)
+        for block in placed.memory:
+            held[block.resource] = held.get(block.resource, 0) + block.size
+        for name, amount in held.items():
+            if not amount:
+                continue
+            try:
+                limit = parse_quantity(limits.get(name), f"container {placed.name!r} limits.{name}")
+            except InvalidInput:
+                return f"container {placed.name!r} holds {amount} {name} but sets no limit on it"
+            if amount > math.ceil(limit):
+                return (
+                    f"container {placed.name!r} holds {amount} {name}, more than its limit {limits.get(name)}"
+                )
+    return None
+
+
 def _may_hold(pod: Mapping[str, Any], resources: frozenset[str]) -> bool:
     """Whether a pod can hold exclusive CPUs or device replicas (only those are replayed)."""
     spec = pod.get("spec") or {}
@@ -244,8 +279,14 @@ class NumaLedgers:
         resource: str,
         clock: Callable[[], float],
         report: Callable[[str, str], None] | None = None,
+        *,
+        booked_on: Callable[[str], str | None],
     ) -> None:
         self.scheduler_name = scheduler_name
+        #: The node this scheduler's (GPU) ledger booked a pod on, by UID; None: not booked. Only
+        #: such a pod's ``numa-predicted`` is the scheduler's own (a pod that skipped the webhook
+        #: carries whatever its creator wrote, with a ``vgpu-node`` of its choice).
+        self.booked_on = booked_on
         self.resource = resource
         self.clock = clock
         #: ``report(result, cause)`` for every scored prediction (cause "" unless a miss).
@@ -351,12 +392,10 @@ class NumaLedgers:
             except InvalidInput:
                 pass
         if rebuild and rec.source is Source.PLACEMENT:  # the truth displaces stale predictions
-            self._rebuild(entry)
-            if rec.booked:
-                return
-        if not rec.booked:
-            entry.unbooked += 1
-            log.info("numa_record_unbooked", node=entry.name, pod=rec.uid, source=str(rec.source))
+            self._rebuild(entry)  # books every record again, this one too, or counts it unbooked once
+            return
+        entry.unbooked += 1
+        log.info("numa_record_unbooked", node=entry.name, pod=rec.uid, source=str(rec.source))
 
     def _unbook(self, entry: NodeNuma, rec: PodRecord) -> None:
         self._changed(entry)
@@ -392,10 +431,14 @@ class NumaLedgers:
         current = self._record(uid)
         placement = _decoded(annotations.get(NUMA_PLACEMENT), decode_placement) if bound else None
         if placement is not None:
-            self._observe(uid, bound, own, placement, current)
-            return
+            beyond = _placement_beyond(pod, placement)
+            if beyond is None:
+                self._observe(uid, bound, own, placement, current)
+                return
+            log.info("numa_placement_ignored", pod=objects.namespaced_key(pod), node=bound, reason=beyond)
         predicted = _decoded(annotations.get(NUMA_PREDICTED), decode_prediction) if own else None
-        node = bound or (str(annotations.get(ann.VGPU_NODE) or "") if predicted is not None else "")
+        booked = self.booked_on(uid) if predicted is not None else None
+        node = booked if booked and bound in ("", booked) else ""
         if predicted is not None and node:
             if current is not None and current.source is Source.PREDICTED and current.predicted == predicted:
                 return
@@ -430,7 +473,10 @@ class NumaLedgers:
         entry = self.nodes[node]
         rec = entry.records.pop(uid, None)
         if rec is not None:
+            held = rec.booked
             self._unbook(entry, rec)
+            if held and entry.unbooked:  # what it held may be what a record left unbooked needs
+                self._rebuild(entry)
         return rec
 
     def _put(self, rec: PodRecord) -> None:

@@ -32,7 +32,7 @@ def _state() -> SchedulerState:
 def _fgd(state: SchedulerState) -> FgdRanker:
     """A ``fgd`` ranker over the state's nodes with a pinned workload (so it ranks at once)."""
     config = ResourceConfig()
-    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0)
+    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0, booked_on=lambda _uid: None)
     pinned = Workload.of([(Shape(1000, 1024, 1, 500), 0.5), (Shape(4000, 1024, 1, 1000), 0.5)])
     return FgdRanker(config, state.ledger.inventory, numa, NodeCpuMem(), pinned)
 

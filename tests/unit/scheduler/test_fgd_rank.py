@@ -34,7 +34,7 @@ CPU_ONLY = Shape(2000, 1024, 0, 0)
 
 def ranker() -> FgdRanker:
     config = ResourceConfig()
-    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0)
+    numa = NumaLedgers("hami-scheduler", config.resource_count_name, lambda: 0.0, booked_on=lambda _uid: None)
     return FgdRanker(config, NodeInventory(config), numa, NodeCpuMem())
 
 

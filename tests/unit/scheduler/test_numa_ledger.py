@@ -229,7 +229,7 @@ def test_ledger_is_rebuilt_exactly_from_annotations_in_any_order() -> None:
     want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)
     assert want[0] == frozenset()  # 3 x 2 CPUs + 1 of the 7 assignable
     for order in (pods, list(reversed(pods))):
-        restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW))
+        restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW), booked_on=scheduler._booked_on)
         for p in order:
             restarted.on_pod(p)  # pods before their node (a restart's list order)
         restarted.on_node(_node(), scheduler.ledger.nodes["n1"].infos)
@@ -367,3 +367,70 @@ def test_pods_of_one_shape_share_their_booked_usage() -> None:
     records = scheduler.numa.nodes["n1"].records
     assert records["uid-a"].usage is records["uid-b"].usage
     assert records["uid-a"].usage.devices == {GPU: {1: 1}}
+
+
+# -- what a tenant may write: NUMA annotations on pods admission does not guard (red-team findings) --
+
+
+def _besteffort(name: str, placement: str) -> dict[str, Any]:
+    """A tenant's pod of another scheduler (neither the webhook's UPDATE rule nor the policy judge
+    it), bound and holding nothing, with a placement of its creator's making."""
+    p = _pod(
+        name, cpus=0, gpus=0, scheduler="my-own-scheduler", node="n1", annotations={NUMA_PLACEMENT: placement}
+    )
+    p["spec"]["containers"][0]["resources"] = {}
+    return p
+
+
+def test_a_placement_beyond_the_pods_own_limits_books_nothing() -> None:
+    """It was booked as the truth: a pod holding nothing took NUMA 0's exclusive CPUs, sent other
+    tenants' pods to NUMA 1's GPU where kubelet picks NUMA 0, or made the node `unknown`."""
+    scheduler, _ = _scheduler(_node())
+    many_replicas = _placement(frozenset(), 0, tuple(f"d{i}" for i in range(500)))
+    for forged in (_placement(frozenset({1, 2, 3}), 0), many_replicas):
+        scheduler._pod_seen(_besteffort("evil", forged))
+        assert _source(scheduler.numa, "uid-evil") == ""
+        assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+        node, fitted, _, numa = _plan(scheduler, _pod("victim"))
+        assert node == "n1" and _gpus_of(fitted) == ["n1-g0"]
+        assert numa.predictions["n1"].outcome is Outcome.PLACED
+    # a Guaranteed pod's true placement within its limits is still the truth
+    honest = _pod("honest", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    honest["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    scheduler._pod_seen(honest)
+    assert _source(scheduler.numa, "uid-honest") == "placement"
+    assert scheduler.numa.free_cpus("n1") == frozenset({4, 5, 6, 7})
+
+
+def test_a_prediction_counts_only_on_a_pod_this_scheduler_booked() -> None:
+    """A pod of hamid's scheduler created past the webhook (``hami.io/webhook: ignore``), parked
+    unbound with a forged prediction and ``vgpu-node``, held every CPU of the node it named."""
+    scheduler, _ = _scheduler(_node())
+    forged = _filtered(_scheduler(_node())[0], "parked", cpus=3)["metadata"]["annotations"][NUMA_PREDICTED]
+    parked = _pod("parked", cpus=0, gpus=0, annotations={NUMA_PREDICTED: forged, ann.VGPU_NODE: "n1"})
+    scheduler._pod_seen(parked)
+    assert _source(scheduler.numa, "uid-parked") == ""
+    assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+    booked = _filtered(scheduler, "booked", cpus=2)  # the filter's own: booked, and kept
+    scheduler._pod_seen(booked)
+    assert _source(scheduler.numa, "uid-booked") == "predicted"
+
+
+def test_an_unbookable_placement_counts_once_and_books_when_room_comes_back() -> None:
+    """Counted twice before, so with every pod gone the node still answered `unknown`."""
+    scheduler, _ = _scheduler(_node())
+    old = _pod("old", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    old["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # terminating, still holding
+    scheduler._pod_seen(old)
+    new = _pod("new", cpus=3, gpus=0, scheduler="default-scheduler", node="n1")
+    new["metadata"]["annotations"][NUMA_PLACEMENT] = _placement(frozenset({1, 2, 3}), 0)
+    scheduler._pod_seen(new)  # kubelet already gave the CPUs again: one record unbooked
+    assert scheduler.numa.nodes["n1"].unbooked == 1
+    scheduler._pod_gone(old)
+    assert scheduler.numa.nodes["n1"].unbooked == 0  # the room came back: booked now
+    assert scheduler.numa.free_cpus("n1") == frozenset({4, 5, 6, 7})
+    scheduler._pod_gone(new)
+    assert scheduler.numa.nodes["n1"].unbooked == 0
+    prediction = scheduler.numa.predict("n1", _pod("victim"), pod_shape(_pod("victim")), "uid-victim")
+    assert prediction is not None and prediction.outcome is Outcome.PLACED
