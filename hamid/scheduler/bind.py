@@ -14,6 +14,7 @@ import time
 from hamid.fit.fit import PodFitSpec
 from hamid.kube.cache import NodeCache
 from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
+from hamid.kube.retry import RetryBudget, transient
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
@@ -78,12 +79,15 @@ class Binder:
         """The process is stopping: answer every bind waiting for a node lock now (with an error)."""
         self._closing.set()
 
-    async def _acquire_or_close(self, args: BindArgs, wait_s: float) -> float:
-        """:meth:`NodeLocker.acquire`, ended by :meth:`close` with :class:`LockContention`."""
+    async def _acquire_or_close(self, args: BindArgs, wait_s: float, epoch: str) -> float:
+        """:meth:`NodeLocker.acquire`, ended by :meth:`close` with :class:`LockContention`; no lock
+        is taken once leadership ``epoch`` ended (a bind waiting in line across a takeover)."""
         if self._closing.is_set():
             raise LockContention(_SHUTTING_DOWN.format(node=args.node))
         acquire = asyncio.ensure_future(
-            self.locker.acquire(args.node, args.pod_namespace, args.pod_name, wait_s)
+            self.locker.acquire(
+                args.node, args.pod_namespace, args.pod_name, wait_s, lambda: self._fenced(epoch)
+            )
         )
         closing = asyncio.ensure_future(self._closing.wait())
         try:
@@ -167,7 +171,7 @@ class Binder:
             return None, f"node {args.node} not found"
         return pod, ""
 
-    async def _lock(self, args: BindArgs, pod: PodBody, deadline: float) -> str:
+    async def _lock(self, args: BindArgs, pod: PodBody, deadline: float, epoch: str) -> str:
         """Take the node lock for a bind that books GPUs ("" when held, else the answer)."""
         key = f"{args.pod_namespace}/{args.pod_name}"
         res = self.ledger.reservation(args.pod_uid)
@@ -178,7 +182,7 @@ class Binder:
         loop = asyncio.get_running_loop()
         wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
         try:
-            waited = await self._acquire_or_close(args, wait_s)
+            waited = await self._acquire_or_close(args, wait_s, epoch)
         except (LockContention, KubeError) as exc:
             self.backoff.note(args.node, ok=False)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
@@ -194,7 +198,7 @@ class Binder:
             return answer
         needs_lock = self._needs_lock(pod)
         if needs_lock:
-            refused = self._fenced(epoch) or await self._lock(args, pod, deadline)
+            refused = self._fenced(epoch) or await self._lock(args, pod, deadline, epoch)
             if refused:
                 return refused
         try:
@@ -224,8 +228,18 @@ class Binder:
             return str(exc)
         except KubeError as exc:
             # A Binding that timed out may have landed; a 409 may be a retry of one that did.
-            if (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(args, deadline):
+            bound = (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(
+                args, deadline
+            )
+            if bound:
                 log.info("bind_ok_already_bound", pod=key, node=args.node, error=str(exc))
+            elif bound is None:
+                # Unknown, the pod unreadable: an undo of a pod that is bound would strip the lock
+                # and bind-phase its Allocate needs, for good (kube-scheduler never binds a bound
+                # pod again). Kept, a lock whose pod is not bound goes after the stall rule's 20 s.
+                self.backoff.note(args.node, ok=False)
+                log.warning("bind_outcome_unknown_nothing_undone", pod=key, node=args.node, error=str(exc))
+                return f"binding pod {key} to {args.node}: outcome unknown ({exc}); nothing undone"
             else:
                 await self._undo_bind(args, needs_lock, exc, deadline)
                 self.backoff.note(args.node, ok=False)
@@ -248,18 +262,28 @@ class Binder:
         timeout = self._call_timeout(deadline, _BIND_UNDO_S)
         await record_booked(self.kube, self.ledger.keys, pod, res.node, res.raw, budget_s=timeout)
 
-    async def _bound_to(self, args: BindArgs, deadline: float) -> bool:
-        """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown)."""
-        try:
-            pod = await self.kube.get_pod(
-                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline)
-            )
-        except KubeError as exc:
-            log.warning(
-                "bind_outcome_unreadable", pod=f"{args.pod_namespace}/{args.pod_name}", error=str(exc)
-            )
-            return False
-        return objects.uid(pod) == args.pod_uid and objects.section(pod, "spec").get("nodeName") == args.node
+    async def _bound_to(self, args: BindArgs, deadline: float) -> bool | None:
+        """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown),
+        read again through a few transient failures; None when it stayed unreadable (a pod that is
+        gone is not bound)."""
+        budget = RetryBudget()
+        while True:
+            try:
+                pod = await self.kube.get_pod(
+                    args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline)
+                )
+            except NotFound:
+                return False
+            except KubeError as exc:
+                if not transient(exc) or budget.retries <= 0:
+                    key = f"{args.pod_namespace}/{args.pod_name}"
+                    log.warning("bind_outcome_unreadable", pod=key, error=str(exc))
+                    return None
+                budget.retries -= 1
+                await asyncio.sleep(budget.backoff.next())
+                continue
+            node = objects.section(pod, "spec").get("nodeName")
+            return objects.uid(pod) == args.pod_uid and node == args.node
 
     async def _undo_bind(self, args: BindArgs, needs_lock: bool, exc: KubeError, deadline: float) -> None:
         """A failed bind leaves nothing behind: lock released, ``bind-phase``/``bind-time`` removed."""

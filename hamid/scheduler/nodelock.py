@@ -212,10 +212,14 @@ class NodeLocker:
             elif first and not line[0].done():
                 line[0].set_result(None)
 
-    async def acquire(self, node: str, namespace: str, name: str, wait_s: float) -> float:
+    async def acquire(
+        self, node: str, namespace: str, name: str, wait_s: float, fenced: Callable[[], str] = lambda: ""
+    ) -> float:
         """Take the lock of ``node`` for ``namespace/name``, waiting up to ``wait_s``; seconds waited.
 
-        Raises :class:`LockContention` when still held by another pod after ``wait_s``,
+        Raises :class:`LockContention` when still held by another pod after ``wait_s``, or when
+        ``fenced()`` says (non-empty) that this replica's term ended while it waited: it is asked
+        right before the take, so a replica that lost its lease writes no lock;
         :class:`KubeError` when the node cannot be read or patched. API calls are bounded so the
         whole acquisition ends close to ``wait_s``. A pod that holds the lock already does not
         queue (a replayed bind).
@@ -228,7 +232,7 @@ class NodeLocker:
             return 0.0
         async with self._turn(node, deadline, wait_s):
             while True:
-                view = await self._attempt(node, namespace, name, deadline, wait_s)
+                view = await self._attempt(node, namespace, name, deadline, wait_s, fenced)
                 if view is None:
                     return loop.time() - started
                 remaining = deadline - loop.time()
@@ -240,7 +244,7 @@ class NodeLocker:
                 await self.ledger.wait_change(node, min(remaining, _RECHECK_S))
 
     async def _attempt(
-        self, node: str, namespace: str, name: str, deadline: float, wait_s: float
+        self, node: str, namespace: str, name: str, deadline: float, wait_s: float, fenced: Callable[[], str]
     ) -> LockView | None:
         """Look at the lock and take it when free (re-read on a conflict); None once this pod holds it."""
         loop = asyncio.get_running_loop()
@@ -256,6 +260,9 @@ class NodeLocker:
                     return None
                 if view.decision is Decision.WAIT:
                     return view
+                reason = fenced()
+                if reason:
+                    raise LockContention(f"node {node}: lock not taken: {reason}")
                 try:
                     taken = await self.kube.patch_node_metadata(
                         node,

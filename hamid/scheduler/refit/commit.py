@@ -12,11 +12,14 @@ seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first (
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Literal
 
 from hamid.fit.fit import pod_quota_usage
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import Conflict, KubeError, NotFound, outcome_unknown
+from hamid.kube.retry import RetryBudget, write_retrying
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
@@ -135,13 +138,14 @@ class RefitCommitter:
                 what = (
                     "its outcome is unknown; both GPU sets stay booked until the pod is read back or updated"
                 )
-            else:
-                if outcome:
-                    self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
-                else:
-                    undo()
+            elif outcome is False:
+                undo()
                 ledger.release_hold(hold)
-                what = "it was applied" if outcome else "it was not applied"
+                what = "it was not applied"
+            else:  # it landed: the refit succeeded, and the plugin must learn its devices
+                ledger.release_hold(hold)
+                log.info("refit_patch_applied_answer_lost", error=detail)
+                return self._landed(namespace, name, uid, res.node, plan, outcome)
             raise RefusalError(
                 RefusalCode.PATCH_TIMEOUT, f"cannot patch pod annotations: {detail} ({what})"
             ) from None
@@ -150,24 +154,33 @@ class RefitCommitter:
             ledger.release_hold(hold)
             raise
         ledger.release_hold(hold)
-        self._feed_ledger(uid, res.node, plan)
-        self.spawn(self._record((namespace, name, uid), res.node, plan.new_allocated))
+        return self._landed(namespace, name, uid, res.node, plan, patched)
+
+    def _landed(self, namespace: str, name: str, uid: str, node: str, plan: RefitPlan, patched: JSON) -> JSON:
+        """The patch is on the pod: the NUMA ledger learns kubelet's choice, the record follows."""
+        self._feed_ledger(uid, node, plan)
+        self.spawn(self._record((namespace, name, uid), node, plan.new_allocated))
         return patched
 
     async def _record(self, pod: tuple[str, str, str], node: str, allocated: str) -> None:
         """Record the refitted allocation as booked in the pod's status (after its annotations
         landed: a record must never name an allocation that was not applied). Off the refit's
-        path: until it lands, the annotations' later signature outranks the older record."""
-        try:
-            await record_booked(
-                self.kube,
-                self.ledger.keys,
-                pod,
-                node,
-                allocated,
-                budget_s=POD_READ_TIMEOUT_S,
+        path: until it lands, the annotations' later signature outranks the older record. Sent again
+        through transient failures (a strategic merge of one condition: the same write twice is one)."""
+
+        def write() -> Awaitable[None]:
+            return record_booked(
+                self.kube, self.ledger.keys, pod, node, allocated, budget_s=POD_READ_TIMEOUT_S
             )
-        except KubeError as exc:
+
+        async def never_read_back() -> None:
+            return None
+
+        try:
+            await write_retrying(
+                write, never_read_back, RetryBudget(), f"pod {pod[0]}/{pod[1]} booking record"
+            )
+        except (KubeError, TimeoutError) as exc:
             log.warning("refit_booking_record_failed", pod=f"{pod[0]}/{pod[1]}", error=str(exc))
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
@@ -199,21 +212,22 @@ class RefitCommitter:
                 )
                 if outcome is None or pending.hold not in ledger.holds(pending.uid):
                     continue
-                if outcome:
+                if outcome is not False:
                     pod = (pending.namespace, pending.name, pending.uid)
                     self.spawn(self._record(pod, pending.node, pending.new_allocated))
                 else:
                     pending.undo()
                 ledger.release_hold(pending.hold)
             waited = round(asyncio.get_running_loop().time() - started, 3)
-            log.info("refit_outcome_settled", applied=outcome, after_s=waited)
+            log.info("refit_outcome_settled", applied=outcome is not False, after_s=waited)
             return
         log.warning("refit_outcome_still_unknown", held=sorted(pending.hold.amounts))
 
     async def decide(
         self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str
-    ) -> bool | None:
-        """Whether an ambiguous patch landed, from one bounded GET (None: the GET failed too)."""
+    ) -> JSON | Literal[False] | None:
+        """Whether an ambiguous patch landed, from one bounded GET: the pod read back when it did,
+        False when it did not, None when the GET failed too."""
         try:
             current = await self.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
         except NotFound:
@@ -225,4 +239,4 @@ class RefitCommitter:
             return False
         if objects.resource_version(current) == precondition:
             return False
-        return objects.annotations(current).get(ann.DEVICES_ALLOCATED) == new_allocated
+        return current if objects.annotations(current).get(ann.DEVICES_ALLOCATED) == new_allocated else False

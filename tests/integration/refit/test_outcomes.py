@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from hamid.model import annotations as ann
+from hamid.model.booked import booked_condition, booked_record
+from hamid.plugin.allocator_rules import booked_entries, pending_entries, refuse_unbooked, to_allocate
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
 
@@ -54,12 +57,39 @@ async def test_patch_that_timed_out_but_landed_keeps_the_new_booking(
         await cache_at(env, landed["metadata"]["resourceVersion"])
         result = await answer
         env.server.faults.remove(slow.id)
-        assert result["succeeded"] is False  # the plugin falls back; the accounting follows the API
-        assert "(it was applied)" in result["failureReason"]
+        # it landed, so the refit succeeded: the plugin learns the devices it now serves (it used
+        # to be told of a failure and fall back to an entry that was no longer the pod's)
+        assert result["succeeded"] is True, result
+        assert result["containerDevices"].startswith("GPU-b,NVIDIA,")
         res = env.scheduler.ledger.reservation(uid)
         assert res is not None and res.raw == NEW
         assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
         assert env.scheduler.ledger.holds(uid) == ()
+
+
+async def test_the_record_of_a_landed_refit_is_written_through_transient_failures(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """A fault audit: the patch landed with its answer lost and the record's write failed once, so
+    the record named the old allocation for good, and the plugin, told the refit had failed,
+    refused the pod's refitted entry as one the scheduler did not book."""
+    async with refit_env(tls_files, tmp_path, patch_timeout=1.0) as env:
+        record = booked_condition("n1", OLD, "", time.time())  # what /bind recorded
+        pod = await placed(env, status={"conditions": [record]})
+        uid = pod["metadata"]["uid"]
+        env.server.faults.fail_next(2, verb="patch", path_pattern="/pods/p/status$", status=500)
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        answer = asyncio.create_task(post(env, pod))
+        await eventually(lambda: bool(env.scheduler.ledger.holds(uid)))
+        landed = env.server.patch("Pod", "default", "p", {"metadata": {"annotations": {TA: NEW, AL: NEW}}})
+        await cache_at(env, landed["metadata"]["resourceVersion"])
+        result = await answer
+        env.server.faults.remove(slow.id)
+        assert result["succeeded"] is True and result["containerDevices"] == "GPU-b,NVIDIA,20000,30:"
+        await eventually(lambda: booked_record(env.server.get("Pod", "default", "p")).allocated == NEW)
+        stored = env.server.get("Pod", "default", "p")
+        (entry,) = pending_entries(to_allocate(stored))
+        refuse_unbooked(entry, booked_entries(stored))  # the plugin serves it, even after a restart
 
 
 async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFiles, tmp_path: Path) -> None:

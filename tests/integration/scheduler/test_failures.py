@@ -118,6 +118,53 @@ async def test_binding_that_timed_out_but_landed_is_a_success() -> None:
         assert (lock.namespace, lock.name) == ("default", "a")  # kept for the plugin's Allocate
 
 
+@pytest.mark.parametrize("unreadable", [1, 10])
+async def test_a_binding_whose_outcome_stays_unknown_undoes_nothing(unreadable: int) -> None:
+    """A fault audit: the Binding landed with its answer lost, and the one read back failed too;
+    the undo then stripped the lock and bind-phase of a pod that was bound, and kube-scheduler
+    never binds a bound pod again, so its Allocate could never be served. The read back is tried
+    again through transient failures; while it stays unknown, nothing is undone."""
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        await env.kube.bind_pod("default", "a", p["metadata"]["uid"], "n1")  # it landed ...
+        env.server.faults.fail_next(1, verb="create", path_pattern="/binding$", status=504)  # ... unheard
+        env.server.faults.fail_next(
+            unreadable, verb="get", path_pattern="/namespaces/default/pods/a$", status=503
+        )
+        error = await env.bind(p, "n1")
+        assert error == "" if unreadable == 1 else "outcome unknown" in error and "nothing undone" in error
+        annotations = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        lock = ann.parse_node_lock(_node_annotations(env)[ann.NODE_LOCK])
+        assert (lock.namespace, lock.name) == ("default", "a")  # for the plugin's Allocate
+
+
+async def test_a_bind_waiting_in_line_across_a_takeover_takes_no_lock() -> None:
+    """A red team: a bind waiting for the lock when this replica lost its lease still took it
+    (the fence was asked only before the wait), then answered fenced and left it on the node."""
+    async with running_scheduler(SchedulerSettings(bind_wait_s=20.0)) as env:
+        p = await _filtered(env)
+        other = pod("other", annotations={ann.VGPU_NODE: "n1", ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING})
+        other["spec"]["nodeName"] = "n1"
+        env.server.put({"apiVersion": "v1", "kind": "Pod", **other})
+        value = ann.format_node_lock(datetime.now().astimezone(), "default", "other")
+        env.server.patch("Node", None, "n1", {"metadata": {"annotations": {ann.NODE_LOCK: value}}})
+        await wait_for(
+            lambda: (
+                ann.NODE_LOCK
+                in (env.scheduler.nodes.get("n1") or {}).get("metadata", {}).get("annotations", {})
+            )
+        )
+        bind = asyncio.create_task(env.bind(p, "n1"))
+        await wait_for(lambda: env.scheduler.locker.waiting("n1") == 1)
+        env.scheduler.readiness.follow()  # another replica took the lease
+        env.server.patch("Node", None, "n1", {"metadata": {"annotations": {ann.NODE_LOCK: None}}})
+        error = await bind
+        assert "lock not taken" in error
+        assert ann.NODE_LOCK not in _node_annotations(env)
+        assert ann.BIND_PHASE not in env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+
+
 def _holder_lock(env: Env, age: timedelta) -> None:
     """Node n1 locked ``age`` ago by pod ``holder``, still Pending and unallocated on n1."""
     env.server.put(
