@@ -184,6 +184,8 @@ class Binder:
         try:
             waited = await self._acquire_or_close(args, wait_s, epoch)
         except (LockContention, KubeError) as exc:
+            if outcome_unknown(exc):  # the take may have landed: a lock nobody uses must not stay
+                await self.locker.release(args.node, args.pod_namespace, args.pod_name, deadline=deadline)
             self.backoff.note(args.node, ok=False)
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
             return str(exc)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
+from hamid.kube.errors import Timeout
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.scheduler.core import SchedulerSettings
@@ -137,6 +139,25 @@ async def test_a_binding_whose_outcome_stays_unknown_undoes_nothing(unreadable: 
         assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
         lock = ann.parse_node_lock(_node_annotations(env)[ann.NODE_LOCK])
         assert (lock.namespace, lock.name) == ("default", "a")  # for the plugin's Allocate
+
+
+async def test_a_lock_take_whose_answer_was_lost_leaves_no_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault audit: the take landed, its answer did not; the bind failed and left the lock on
+    the node after its pod was gone (invariant I4)."""
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        kube = env.scheduler.locker.kube
+        take = kube.patch_node_metadata
+
+        async def landed_then_lost(name: str, **kw: Any) -> Any:
+            await take(name, **kw)
+            raise Timeout("PATCH nodes/n1: no answer within the timeout (injected)")
+
+        monkeypatch.setattr(kube, "patch_node_metadata", landed_then_lost)
+        error = await env.bind(p, "n1")
+        monkeypatch.setattr(kube, "patch_node_metadata", take)
+        assert "no answer" in error
+        assert ann.NODE_LOCK not in _node_annotations(env)
 
 
 async def test_a_bind_waiting_in_line_across_a_takeover_takes_no_lock() -> None:
