@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -96,10 +97,13 @@ def device_score(
     """HAMi's ``ComputeScore`` of one device for one container's request.
 
     ``10*(Ws*(r+Used)/Count + Wc*(c+Usedcores)/Totalcore + Wm*(m+Usedmem)/Totalmem)``; 0 when a
-    total is 0. Intended behaviour, unlike upstream (docs/hami-wire.md §8.2): the container's NVIDIA
-    request always counts (``r=1``, ``c=Coresreq``, ``m`` from the percentage when set, else
-    ``Memreq``) — upstream only counted requests whose type equals the device's model name
-    exactly, i.e. never on real nodes.
+    total is 0. The usage part is upstream's score, in float32 with each step rounded as Go's
+    float32 arithmetic does (:func:`f32`); the request's part is added to it in float64 (the same
+    amount on every GPU of one size), so GPUs of one size tie and order exactly as upstream's.
+    Intended behaviour, unlike upstream
+    (docs/hami-wire.md §8.2): the container's NVIDIA request always counts (``r=1``,
+    ``c=Coresreq``, ``m`` from the percentage when set, else ``Memreq``) — upstream only counted
+    requests whose type equals the device's model name exactly, i.e. never on real nodes.
     """
     if count == 0 or totalcore == 0 or totalmem == 0:
         return 0.0
@@ -109,11 +113,25 @@ def device_score(
         c = request.coresreq
         pct = request.mem_percentage_req
         m = totalmem * pct // 100 if pct not in (0, MEM_PERCENTAGE_UNSET) else request.memreq
-    return 10.0 * (
-        weights.slot * (r + used) / count
-        + weights.core * (c + usedcores) / totalcore
-        + weights.memory * (m + usedmem) / totalmem
+    slot = f32(f32(weights.slot) * f32(f32(used) / f32(count)))
+    core = f32(f32(weights.core) * f32(f32(usedcores) / f32(totalcore)))
+    memory = f32(f32(weights.memory) * f32(f32(usedmem) / f32(totalmem)))
+    upstream = f32(10.0 * f32(f32(slot + core) + memory))
+    return upstream + 10.0 * (
+        weights.slot * r / count + weights.core * c / totalcore + weights.memory * m / totalmem
     )
+
+
+_FLOAT32 = struct.Struct("f")
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest float32: HAMi scores GPUs and nodes in Go's float32, one
+    rounding per operation. For ``+ - * /`` of float32 operands a double result rounded once more
+    is the float32 result (the double has more than twice the bits), so Python's floats passed
+    through this after every step give Go's values exactly; in float64 sums that are equal in
+    float32 can differ (or the other way round), and ties order differently."""
+    return float(_FLOAT32.unpack(_FLOAT32.pack(value))[0])
 
 
 SortKey = Callable[[int, float, int, int], tuple[float, ...]]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hamid.fit.policy import f32
 from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
 from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
 
@@ -208,7 +209,8 @@ class NodeUsage:
         return room
 
     def score(self, release: PodUsage | None = None) -> float:
-        """HAMi's node score ``10*(ΣUsed/ΣCount + ΣUsedcores/ΣTotalcore + ΣUsedmem/ΣTotalmem)``.
+        """HAMi's node score ``10*(ΣUsed/ΣCount + ΣUsedcores/ΣTotalcore + ΣUsedmem/ΣTotalmem)``,
+        in Go's float32 as upstream computes it (:func:`~hamid.fit.policy.f32`).
 
         Computed from the usage before the pod being scheduled (``release``: that pod's usage
         already booked here, left out); 0 when any total is 0.
@@ -222,7 +224,9 @@ class NodeUsage:
                     used -= max(amount.slots, 1)
                     mem -= amount.mem
                     cores -= amount.cores
-        return 10.0 * (used / self._tot_count + cores / self._tot_cores + mem / self._tot_mem)
+        slots = f32(f32(used) / f32(self._tot_count))
+        fused = f32(f32(slots + f32(f32(cores) / f32(self._tot_cores))) + f32(f32(mem) / f32(self._tot_mem)))
+        return f32(10.0 * fused)
 
 
 def container_kinds(pod: Mapping[str, Any]) -> tuple[ContainerKind, ...]:

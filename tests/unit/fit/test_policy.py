@@ -20,6 +20,13 @@ def test_compute_score_vectors():
     assert device_score(10, 4, 8192, 2, 1, 2048, req(0, mem=1024, cores=1)) == pytest.approx(7.0)
 
 
+def test_device_scores_are_go_float32():
+    """Equal in exact arithmetic, unequal in upstream's float32 (so its sort has an order where a
+    float64 score ties): Go's values, one rounding per operation."""
+    assert device_score(10, 100, 24576, 1, 0, 20480, None) == 9.333333015441895
+    assert device_score(10, 100, 24576, 1, 50, 8192, None) == 9.333333969116211
+
+
 @pytest.mark.parametrize(("weights", "want"), [(ScoringWeights(), 16), ((1, 1, 3), 26), ((1, 3, 1), 34)])
 def test_compute_score_with_weights(weights, want):
     # TestComputeScoreWithResourceWeights: gpu-a used 1, cores 90, mem 10 of 10/100/100, pct 40.

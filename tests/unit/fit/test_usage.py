@@ -121,6 +121,17 @@ def test_node_score_vector():
     assert node(dev("g", count=0, core=100, mem=8000, used=1)).score() == 0.0
 
 
+def test_node_scores_are_go_float32():
+    """HAMi scores nodes in float32: these two are equal in exact (and float64) arithmetic, but
+    upstream's values differ, so its sort orders them (binpack takes the second, spread the
+    first) where a float64 score would tie them (an outside compatibility audit found it). The
+    expected values are Go's ``float32`` results, one rounding per operation."""
+    a = node(dev("a0", mem=24576, used=1, usedmem=20480), dev("a1", 1, mem=24576))
+    b = node(dev("b0", mem=24576, used=1, usedcores=50, usedmem=8192), dev("b1", 1, mem=24576))
+    assert 10 * (1 / 20 + 0 / 200 + 20480 / 49152) == 10 * (1 / 20 + 50 / 200 + 8192 / 49152)
+    assert (a.score(), b.score()) == (4.666666507720947, 4.6666669845581055)
+
+
 def test_candidates_only_nvidia_types():
     n = node(dev("a"), dev("b", 1, type="Ascend-910"))
     assert [d.id for d in n.candidates] == ["a"]
