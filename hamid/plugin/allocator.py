@@ -577,10 +577,8 @@ class Allocator:
             done = not pending_entries(remaining)
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
-            committed = await complete(self._commit(pod, patch, plans, budget, release=done))
-            if committed:
-                if self.on_allocated is not None:
-                    self.on_allocated(f"{namespace}/{name}", [i for ids in requests for i in ids])
+            held = [i for ids in requests for i in ids]
+            if await complete(self._commit_and_tell(pod, patch, plans, budget, done, held)):
                 return answers
             try:
                 async with asyncio.timeout_at(deadline):
@@ -598,6 +596,22 @@ class Allocator:
         raise AllocationError(
             f"pod {namespace}/{name} kept changing while allocating ({CONFLICT_RETRIES} conflicts)"
         )
+
+    async def _commit_and_tell(
+        self,
+        pod: JSON,
+        patch: Mapping[str, str | None],
+        plans: Sequence[tuple[int, ContainerDevices]],
+        budget: RetryBudget,
+        release: bool,
+        held: list[str],
+    ) -> bool:
+        """:meth:`_commit`, then :attr:`on_allocated` told the replicas the pod now holds: one unit
+        that completes even when the call is cancelled (the hidden replicas rest on it)."""
+        committed = await self._commit(pod, patch, plans, budget, release=release)
+        if committed and self.on_allocated is not None:
+            self.on_allocated(objects.namespaced_key(pod), held)
+        return committed
 
     async def _commit(
         self,

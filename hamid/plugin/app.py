@@ -155,6 +155,7 @@ class Plugin:
         if hide_replicas is not None and not self.inventory.is_mig:
             self.room = ReplicaRoom(self.inventory, self.pods.pods, setup.resource_name, hide_replicas)
             self.room.watch(self.pods.pod_cache)
+            self.inventory.on_health_change = self.room.poke
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )

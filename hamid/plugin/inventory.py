@@ -10,7 +10,7 @@ they are reported Unhealthy while the rule says so.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
@@ -60,6 +60,8 @@ class GpuInventory:
         self._hidden: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
+        #: Called after a GPU turned unhealthy (the hidden replicas depend on which GPUs are healthy).
+        self.on_health_change: Callable[[], None] | None = None
 
     @staticmethod
     def _select(gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> list[PhysicalGpu]:
@@ -185,6 +187,8 @@ class GpuInventory:
         self._unhealthy_reason[uuid] = reason
         log.warning("gpu_marked_unhealthy", uuid=uuid, reason=reason)
         self._bump()
+        if self.on_health_change is not None:
+            self.on_health_change()
         return True
 
     def _bump(self) -> None:

@@ -320,13 +320,15 @@ class NumaPublisher:
             await asyncio.sleep(self.sources.interval)
 
     async def publish_once(self) -> None:
-        """One round: refresh the static sources when due, read PodResources, write what changed."""
+        """One round: refresh the static sources when due, read PodResources, write what changed.
+
+        What pods hold is read and handed on (``on_held``: the replicas hidden from kubelet rest on
+        it) even while the profile's static sources are missing: they cost the profile only."""
         await self._refresh_static()
-        if self.topology is None or self.policies is None:
-            return
+        profiled = self.topology is not None and self.policies is not None
         try:
-            allocatable = await self.podresources.allocatable()
             held = await self.podresources.list_pods()
+            allocatable = await self.podresources.allocatable() if profiled else None
         except PodResourcesUnavailable as exc:
             self.problems.report(
                 "kubelet PodResources API", str(exc), "NUMA profile and placements not published"
@@ -335,6 +337,8 @@ class NumaPublisher:
         self.problems.clear("kubelet PodResources API")
         if self.on_held is not None:
             self.on_held(held)
+        if allocatable is None or self.topology is None or self.policies is None:
+            return  # reported by _refresh_static
         try:
             preferred = self.resource_name if self.preferred_allocation else None
             hides = ReplicaHiding(self.resource_name, self.hide_rule) if self.hide_rule is not None else None

@@ -197,6 +197,9 @@ def test_service_monitor_scrapes_both_paths_of_both_parts() -> None:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         assert monitor["metadata"]["labels"]["release"] == "prom"
         assert [e["path"] for e in monitor["spec"]["endpoints"]] == ["/metrics", "/metrics/hami"]
+        # the per-pod families' namespace/pod/container labels stand (an install audit saw them
+        # renamed exported_* with the plugin's own pod in their place)
+        assert all(e["honorLabels"] is True for e in monitor["spec"]["endpoints"])
         wanted = monitor["spec"]["selector"]["matchLabels"]
         matching = [s for s in services.values() if wanted.items() <= s["metadata"]["labels"].items()]
         assert any(p["name"] == "metrics" for s in matching for p in s["spec"]["ports"]), name

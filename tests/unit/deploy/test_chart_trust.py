@@ -169,6 +169,35 @@ def test_a_mixed_fleets_hami_plugins_may_write_too() -> None:
     assert len(_judge(policy, old, new, TENANT)) == 1
 
 
+def _secret_file_readable(pod: dict[str, Any], container: dict[str, Any], volume: dict[str, Any]) -> bool:
+    """Whether ``container`` can read a file of Secret ``volume`` as kubelet writes it: owned by
+    root, its group the pod's ``fsGroup`` when set (else root's), with the volume's mode
+    (``defaultMode``, 0644 unless given)."""
+    mode = volume["secret"].get("defaultMode", 0o644)
+    pod_context, context = pod.get("securityContext") or {}, container.get("securityContext") or {}
+    uid = context.get("runAsUser", pod_context.get("runAsUser", 0))
+    groups = {
+        context.get("runAsGroup", pod_context.get("runAsGroup", 0)),
+        *pod_context.get("supplementalGroups", ()),
+    }
+    group = pod_context.get("fsGroup", 0)
+    if group in groups or "fsGroup" in pod_context:  # kubelet adds the fsGroup to every container
+        groups.add(group)
+    return uid == 0 or bool(mode & 0o004) or (group in groups and bool(mode & 0o040))
+
+
+def test_the_scheduler_can_read_its_key_file() -> None:
+    """An outside install audit: the key was mode 0400 with no fsGroup, so the file stayed root's
+    and the scheduler (uid 65532) could not read it: a default install crash-looped. Judged as
+    kubelet writes Secret files; the same with the pod's context changed as operators do."""
+    for values in ({}, {"scheduler": {"podSecurityContext": {"runAsNonRoot": True, "fsGroup": 1000}}}):
+        pod = rendered(**values).get("Deployment", "hamid-scheduler")["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        [scheduler] = [c for c in pod["containers"] if c["name"] == "hamid-scheduler"]
+        assert _secret_file_readable(pod, scheduler, volumes["allocation-keys"]), values
+        assert _secret_file_readable(pod, scheduler, volumes["tls"]), values
+
+
 def test_the_policy_can_be_turned_off() -> None:
     r = rendered(scheduler={"annotationPolicy": {"enabled": False}})
     assert not [o for o in r.objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
