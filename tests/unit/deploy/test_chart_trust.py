@@ -55,14 +55,25 @@ def _cel(expression: str, activation: dict[str, Any]) -> Any:
     return program.evaluate({k: json_to_cel(v) for k, v in activation.items()})
 
 
-def _judge(policy: dict[str, Any], old: dict[str, Any], new: dict[str, Any], username: str) -> list[str]:
-    """The messages of the policy's failed validations for one UPDATE, as the API server runs it."""
+def _judge(
+    policy: dict[str, Any],
+    old: dict[str, Any],
+    new: dict[str, Any],
+    username: str,
+    extra: dict[str, list[str]] | None = None,
+) -> list[str]:
+    """The messages of the policy's failed validations for one UPDATE, as the API server runs it
+    (``extra``: the user's extra attributes, as a pod-bound token's node name)."""
     spec = policy["spec"]
-    request = {"operation": "UPDATE", "userInfo": {"username": username}}
+    user: dict[str, Any] = {"username": username, **({"extra": extra} if extra is not None else {})}
+    resource = {"group": "", "version": "v1", "resource": "nodes" if new.get("kind") == "Node" else "pods"}
+    request = {"operation": "UPDATE", "userInfo": user, "resource": resource}
     base = {"object": new, "oldObject": old, "request": request}
     if not all(_cel(c["expression"], base) for c in spec["matchConditions"]):
         return []  # not matched: the policy does not apply
-    variables = {v["name"]: _cel(v["expression"], base) for v in spec["variables"]}
+    variables: dict[str, Any] = {}
+    for variable in spec["variables"]:  # in order: a variable may read the ones before it
+        variables[variable["name"]] = _cel(variable["expression"], {**base, "variables": variables})
     activation = {**base, "variables": variables}
     failures = []
     for validation in spec["validations"]:
@@ -198,8 +209,11 @@ def test_the_scheduler_can_read_its_key_file() -> None:
         assert _secret_file_readable(pod, scheduler, volumes["tls"]), values
 
 
-def test_the_policy_can_be_turned_off() -> None:
-    r = rendered(scheduler={"annotationPolicy": {"enabled": False}})
+def test_the_policies_can_be_turned_off() -> None:
+    r = rendered(
+        scheduler={"annotationPolicy": {"enabled": False}},
+        devicePlugin={"nodeScopePolicy": {"enabled": False}},
+    )
     assert not [o for o in r.objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
@@ -217,3 +231,50 @@ def test_the_generated_key_secret_is_a_key_ring_the_scheduler_reads() -> None:
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "hamid-scheduler"
     ]
     assert "--allow-unsigned-allocations" in scheduler["args"]
+
+
+NODE_SCOPE = "hamid-device-plugin-node-scope"
+
+
+def _on(node: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = _pod(annotations or {})
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def _node(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta = {"name": name, "annotations": annotations or {}, "labels": {"gpu": "on"}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {"unschedulable": False}}
+
+
+def test_the_device_plugin_writes_only_annotations_of_its_node_and_its_pods() -> None:
+    """An install audit: RBAC gives the plugin's ServiceAccount every pod and node, so one node's
+    token (readable by root there) could rewrite any pod or node in the cluster. The policy holds
+    it to annotations of its own Node and of pods bound to it, by the node its token names."""
+    policy = rendered().get("ValidatingAdmissionPolicy", NODE_SCOPE)
+    binding = rendered().get("ValidatingAdmissionPolicyBinding", NODE_SCOPE)
+    assert binding["spec"] == {"policyName": NODE_SCOPE, "validationActions": ["Deny"]}
+    mine = {"authentication.kubernetes.io/node-name": ["n1"]}
+
+    def judge(old: dict[str, Any], new: dict[str, Any], extra: Any = mine, user: str = PLUGIN) -> list[str]:
+        return _judge(policy, old, new, user, extra)
+
+    served = {ann.DEVICES_TO_ALLOCATE: ";", ann.BIND_PHASE: "success"}
+    assert judge(_on("n1"), _on("n1", served)) == []  # what Allocate writes
+    assert judge(_node("n1"), _node("n1", {ann.NODE_LOCK: ""})) == []  # the register, the lock
+    assert judge(_on("n2"), _on("n2", served)) == [
+        "the device plugin of node n1 may write only pods bound to it"
+    ]
+    assert judge(_node("n2"), _node("n2", {ann.NODE_LOCK: ""})) == [
+        "the device plugin of node n1 may write only its own Node"
+    ]
+    image = _on("n1")
+    image["spec"]["containers"] = [{"name": "c", "image": "evil"}]
+    cordoned = _node("n1")
+    cordoned["spec"]["unschedulable"] = True
+    relabelled = _node("n1")
+    relabelled["metadata"]["labels"] = {"gpu": "off"}
+    for old, new in ((_on("n1"), image), (_node("n1"), cordoned), (_node("n1"), relabelled)):
+        assert judge(old, new) == ["the device plugin writes annotations only, never a spec or labels"]
+    assert "names no node" in judge(_on("n1"), _on("n1", served), extra=None)[0]
+    assert judge(_on("n2"), image, user=SCHEDULER) == []  # not the plugin: not matched

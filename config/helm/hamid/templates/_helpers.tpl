@@ -57,6 +57,7 @@ app.kubernetes.io/component: device-plugin
 {{- define "hamid.tls.caConfigMap" -}}{{ include "hamid.fullname" . }}-scheduler-ca{{- end -}}
 {{- define "hamid.webhook.name" -}}{{ include "hamid.fullname" . }}-webhook{{- end -}}
 {{- define "hamid.allocationKeys.generatedSecret" -}}{{ include "hamid.fullname" . }}-allocation-keys{{- end -}}
+{{- define "hamid.devicePlugin.nodeScopePolicy.name" -}}{{ include "hamid.fullname" . }}-device-plugin-node-scope{{- end -}}
 {{- define "hamid.annotationPolicy.name" -}}{{ include "hamid.fullname" . }}-scheduler-owned-annotations{{- end -}}
 {{/* Usernames that may change scheduler-owned pod annotations: the scheduler and the device plugin. */}}
 {{- define "hamid.annotationWriters" -}}
