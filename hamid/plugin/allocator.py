@@ -578,7 +578,7 @@ class Allocator:
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
             held = [i for ids in requests for i in ids]
-            if await complete(self._commit_and_tell(pod, patch, plans, budget, done, held)):
+            if await complete(self._commit(pod, patch, plans, budget, held, release=done)):
                 return answers
             try:
                 async with asyncio.timeout_at(deadline):
@@ -597,32 +597,19 @@ class Allocator:
             f"pod {namespace}/{name} kept changing while allocating ({CONFLICT_RETRIES} conflicts)"
         )
 
-    async def _commit_and_tell(
-        self,
-        pod: JSON,
-        patch: Mapping[str, str | None],
-        plans: Sequence[tuple[int, ContainerDevices]],
-        budget: RetryBudget,
-        release: bool,
-        held: list[str],
-    ) -> bool:
-        """:meth:`_commit`, then :attr:`on_allocated` told the replicas the pod now holds: one unit
-        that completes even when the call is cancelled (the hidden replicas rest on it)."""
-        committed = await self._commit(pod, patch, plans, budget, release=release)
-        if committed and self.on_allocated is not None:
-            self.on_allocated(objects.namespaced_key(pod), held)
-        return committed
-
     async def _commit(
         self,
         pod: JSON,
         patch: Mapping[str, str | None],
         plans: Sequence[tuple[int, ContainerDevices]],
         budget: RetryBudget,
+        held: list[str],
         *,
         release: bool,
     ) -> bool:
-        """The consume patch (resourceVersion-guarded) and, when the pod is done, the lock release.
+        """The consume patch (resourceVersion-guarded) and, when the pod is done, the lock release;
+        once written, :attr:`on_allocated` is told the replicas ``held`` (in the same unit, which
+        completes even when the call is cancelled: the hidden replicas rest on it).
 
         Both are sent at once (one round trip instead of two, docs/reliability.md §3): the pod was
         proven by the lock before, the calls are serialised, and a conflict's retry re-reads the
@@ -665,6 +652,8 @@ class Allocator:
                 memory=[d.usedmem for d in devs],
                 cores=devs[0].usedcores,
             )
+        if self.on_allocated is not None:
+            self.on_allocated(f"{namespace}/{name}", held)
         return True
 
     # -- failure and the node lock -----------------------------------------------------------------
