@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import array
 import functools
-import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,25 +113,30 @@ def device_score(
         c = request.coresreq
         pct = request.mem_percentage_req
         m = totalmem * pct // 100 if pct not in (0, MEM_PERCENTAGE_UNSET) else request.memreq
-    slot = f32(f32(weights.slot) * f32(f32(used) / f32(count)))
-    core = f32(f32(weights.core) * f32(f32(usedcores) / f32(totalcore)))
-    memory = f32(f32(weights.memory) * f32(f32(usedmem) / f32(totalmem)))
+    slot, core, memory = f32(used / count), f32(usedcores / totalcore), f32(usedmem / totalmem)
+    if weights is not DEFAULT_WEIGHTS and weights != DEFAULT_WEIGHTS:  # 1 leaves a float32 as it is
+        slot = f32(f32(weights.slot) * slot)
+        core = f32(f32(weights.core) * core)
+        memory = f32(f32(weights.memory) * memory)
     upstream = f32(10.0 * f32(f32(slot + core) + memory))
     return upstream + 10.0 * (
         weights.slot * r / count + weights.core * c / totalcore + weights.memory * m / totalmem
     )
 
 
-_FLOAT32 = struct.Struct("f")
+_FLOAT32 = array.array("f", [0.0])
 
 
 def f32(value: float) -> float:
-    """``value`` rounded to the nearest float32: HAMi scores GPUs and nodes in Go's float32, one
-    rounding per operation. For ``+ - * /`` of float32 operands a double result rounded once more
-    is the float32 result (the double has more than twice the bits), so Python's floats passed
-    through this after every step give Go's values exactly; in float64 sums that are equal in
-    float32 can differ (or the other way round), and ties order differently."""
-    return float(_FLOAT32.unpack(_FLOAT32.pack(value))[0])
+    """``value`` rounded to the nearest float32 (past its range: infinite, as Go converts): HAMi
+    scores GPUs and nodes in Go's float32, one rounding per operation. For ``+ - * /`` of float32
+    operands a double result rounded once more is the float32 result (the double has more than
+    twice the bits), so Python's floats passed through this after every step give Go's values
+    exactly; in float64 sums that are equal in float32 can differ (or the other way round), and
+    ties order differently. Integers below 2**24 (every slot, core and MiB count of a GPU or a
+    node) are exact in float32 and need no rounding before their division."""
+    _FLOAT32[0] = value
+    return _FLOAT32[0]
 
 
 SortKey = Callable[[int, float, int, int], tuple[float, ...]]

@@ -224,9 +224,12 @@ class NodeUsage:
                     used -= max(amount.slots, 1)
                     mem -= amount.mem
                     cores -= amount.cores
-        slots = f32(f32(used) / f32(self._tot_count))
-        fused = f32(f32(slots + f32(f32(cores) / f32(self._tot_cores))) + f32(f32(mem) / f32(self._tot_mem)))
-        return f32(10.0 * fused)
+        slots, core, memory = (
+            f32(used / self._tot_count),
+            f32(cores / self._tot_cores),
+            f32(mem / self._tot_mem),
+        )
+        return f32(10.0 * f32(f32(slots + core) + memory))
 
 
 def container_kinds(pod: Mapping[str, Any]) -> tuple[ContainerKind, ...]:
