@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hamid.exposition import register_process_metrics
+from hamid.exposition import HAMI_ZONE, register_hami_build_info, register_process_metrics
 from hamid.listen import serve
 from hamid.log import get_logger
 from hamid.model import objects
@@ -153,6 +153,7 @@ class PluginMetrics:
         r.register(_StateCollector(self))
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(_HamiMonitorCollector(self))
+        register_hami_build_info(self.hami_registry)
 
     def attach(self, kubelet: KubeletRegistration, node: NodeRegistration, pods: PodLister) -> None:
         """The parts read at scrape time: kubelet registration, node registration, the node's pods."""
@@ -323,14 +324,17 @@ class _StateCollector(Collector):
 
 
 class _HamiMonitorCollector(Collector):
-    """HAMi vGPU monitor's container families (``cmd/vGPUmonitor/metrics.go``), current and legacy."""
+    """HAMi vGPU monitor's container families (``cmd/vGPUmonitor/metrics.go``), current and legacy,
+    each series with the ``zone="vGPU"`` label upstream's registry adds."""
 
-    def __init__(self, metrics: PluginMetrics) -> None:
+    def __init__(self, metrics: PluginMetrics, clock: Callable[[], float] = time.time) -> None:
         self.m = metrics
+        self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        new = ["namespace", "pod", "container", "vdevice_index", "device_uuid"]
-        old = ["podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
+        new = ["namespace", "pod", "container", "vdevice_index", "device_uuid", "zone"]
+        old = ["podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid", "zone"]
+        described = [*old[:-1], "context", "module", "data", "offset", "zone"]
         fams = {
             "hami_vgpu_memory_used_bytes": ("vGPU device memory usage in bytes", new),
             "hami_vgpu_memory_limit_bytes": ("vGPU device memory limit in bytes", new),
@@ -341,16 +345,23 @@ class _HamiMonitorCollector(Collector):
             "hami_vgpu_memory_buffer_bytes": ("Container device memory buffer size in bytes", new),
             "vGPU_device_memory_usage_in_bytes": ("vGPU device usage", old),
             "vGPU_device_memory_limit_in_bytes": ("vGPU device limit", old),
-            "Device_memory_desc_of_container": (
-                "Container device memory description",
-                [*old, "context", "module", "data", "offset"],
-            ),
+            "Device_memory_desc_of_container": ("Container device memory description", described),
             "Device_utilization_desc_of_container": ("Container device utilization description", old),
+            "hami_container_last_kernel_elapsed_seconds": (
+                "Seconds since last kernel execution in container",
+                new,
+            ),
+            "Device_last_kernel_of_container": ("Container device last kernel description", old),
         }
         out = {name: GaugeMetricFamily(name, text, labels=labels) for name, (text, labels) in fams.items()}
+        now = int(self.clock())
         for namespace, pod, container, devices in self.m.containers():
             for d in devices:
-                values = [namespace, pod, container, str(d.index), d.uuid]
+                values = [namespace, pod, container, str(d.index), d.uuid, HAMI_ZONE]
+                if d.last_kernel_time > 0:  # upstream: only once a kernel ran
+                    elapsed = max(now - d.last_kernel_time, 0)
+                    out["hami_container_last_kernel_elapsed_seconds"].add_metric(values, elapsed)
+                    out["Device_last_kernel_of_container"].add_metric(values, elapsed)
                 for name, value in (
                     ("hami_vgpu_memory_used_bytes", d.memory_used_bytes),
                     ("hami_vgpu_memory_limit_bytes", d.memory_limit_bytes),
@@ -365,7 +376,8 @@ class _HamiMonitorCollector(Collector):
                 ):
                     out[name].add_metric(values, value)
                 parts = [str(d.context_bytes), str(d.module_bytes), str(d.data_bytes), str(d.offset_bytes)]
-                out["Device_memory_desc_of_container"].add_metric([*values, *parts], d.memory_used_bytes)
+                described_values = [*values[:-1], *parts, HAMI_ZONE]
+                out["Device_memory_desc_of_container"].add_metric(described_values, d.memory_used_bytes)
         yield from out.values()
 
 

@@ -126,7 +126,11 @@ class DeviceUsage:
     context_bytes: int
     module_bytes: int
     data_bytes: int
+    #: What HAMi's monitor labels ``offset``: the used memory less context, module and data, in
+    #: Go's uint64 arithmetic (it wraps rather than going negative).
     offset_bytes: int
+    #: When a kernel last ran in the container (seconds since the epoch; 0: never), per region.
+    last_kernel_time: int
 
 
 def read_region(path: str) -> tuple[DeviceUsage, ...]:
@@ -141,29 +145,36 @@ def read_region(path: str) -> tuple[DeviceUsage, ...]:
                 f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region "
                 f"(flag {head.initialized_flag}, version {head.major_version}.{head.minor_version})"
             )
-        proc_num = ctypes.c_int.from_buffer_copy(os.pread(fd, _TAIL_BYTES, _TAIL_AT)[:4]).value
+        tail = os.pread(fd, _TAIL_BYTES, _TAIL_AT)
+        proc_num = ctypes.c_int.from_buffer_copy(tail[:4]).value
+        last_kernel = ctypes.c_uint64.from_buffer_copy(tail[-8:]).value
         count = max(0, min(proc_num, MAX_PROCESSES))
         raw = os.pread(fd, count * ctypes.sizeof(ProcSlot), _PROCS_AT)
     slots = (ProcSlot * count).from_buffer_copy(raw) if count else ()
-    live = [s for s in slots if s.pid != 0]
+    live = [s for s in slots if s.status != 0]
     devices = min(int(head.device_num), MAX_DEVICES)
-    return tuple(_device(head, live, i) for i in range(devices))
+    return tuple(_device(head, live, i, last_kernel) for i in range(devices) if head.uuids[i].value)
 
 
-def _device(head: RegionHead, live: list[ProcSlot], i: int) -> DeviceUsage:
-    """Device ``i``'s usage summed over the live slots (HAMi takes the larger of the library's
-    count and the monitor's NVML count per process)."""
+def _device(head: RegionHead, live: list[ProcSlot], i: int, last_kernel: int) -> DeviceUsage:
+    """Device ``i``'s usage summed over the processes as HAMi's monitor sums it: the slots up to
+    ``proc_num`` whose ``status`` is set, memory as HAMi-core counts it (``used.total``)."""
+    used = sum(s.used[i].total for s in live)
+    context = sum(s.used[i].context_size for s in live)
+    module = sum(s.used[i].module_size for s in live)
+    data = sum(s.used[i].data_size for s in live)
     return DeviceUsage(
         index=i,
         uuid=head.uuids[i].value.decode(errors="replace"),
-        memory_used_bytes=sum(max(s.used[i].total, s.monitorused[i]) for s in live),
+        memory_used_bytes=used,
         memory_limit_bytes=int(head.limit[i]),
         sm_utilization_percent=sum(int(s.device_util[i].sm_util) for s in live),
         sm_limit_percent=int(head.sm_limit[i]),
-        context_bytes=sum(s.used[i].context_size for s in live),
-        module_bytes=sum(s.used[i].module_size for s in live),
-        data_bytes=sum(s.used[i].data_size for s in live),
-        offset_bytes=sum(s.used[i].offset for s in live),
+        context_bytes=context,
+        module_bytes=module,
+        data_bytes=data,
+        offset_bytes=(used - context - module - data) % 2**64,
+        last_kernel_time=last_kernel,
     )
 
 

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hamid.exposition import register_process_metrics
+from hamid.exposition import HAMI_ZONE, register_hami_build_info, register_process_metrics
 from hamid.fit.usage import DeviceUsage
 from hamid.model.numa import MISS_CAUSES
 from hamid.scheduler.fgd_rank import FgdRanker
@@ -28,8 +28,6 @@ from hamid.scheduler.reconcile import DRIFT_KINDS
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MIB = 1024 * 1024
-#: HAMi registers its scheduler collector with the constant label ``zone="vGPU"``.
-HAMI_ZONE = "vGPU"
 
 
 class _GpuCollector(Collector):
@@ -81,9 +79,12 @@ class _GpuCollector(Collector):
 _Add = Callable[[str, str, dict[str, str], float], None]
 
 
-def _percent(used: int, total: int) -> float:
-    """HAMi's normalisation of cores to percent of the registered cores (rounded up)."""
-    return math.ceil(used / total * 100) if total > 0 else 0.0
+def _core_values(device_type: str, total: int, used: int) -> tuple[float, float]:
+    """HAMi's (limit, allocated) core values: as registered, but for AMD GPUs (compute units),
+    which HAMi turns into percent of the registered cores, rounded up."""
+    if not device_type.upper().startswith("AMD") or total <= 0:
+        return float(total), float(used)
+    return 100.0, float(math.ceil(used / total * 100))
 
 
 def _device_families(add: _Add, node: str, d: DeviceUsage) -> None:
@@ -93,8 +94,9 @@ def _device_families(add: _Add, node: str, d: DeviceUsage) -> None:
     old = {"nodeid": node, "deviceuuid": d.id, "deviceidx": idx}
     typed, old_typed = {**new, "device_type": d.type}, {**old, "devicetype": d.type}
     cores = str(d.totalcore)
+    core_limit, core_allocated = _core_values(d.type, d.totalcore, d.usedcores)
     add("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", typed, limit)
-    add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", typed, 100.0)
+    add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", typed, core_limit)
     add(
         "hami_gpu_memory_allocated_bytes",
         "Device memory allocated for a certain GPU",
@@ -102,12 +104,7 @@ def _device_families(add: _Add, node: str, d: DeviceUsage) -> None:
         mem,
     )
     add("hami_gpu_shared_count", "Number of containers sharing this GPU", typed, d.used)
-    add(
-        "hami_gpu_core_allocated_ratio",
-        "Device core allocated for a certain GPU",
-        typed,
-        _percent(d.usedcores, d.totalcore),
-    )
+    add("hami_gpu_core_allocated_ratio", "Device core allocated for a certain GPU", typed, core_allocated)
     add(
         "hami_node_gpu_overview",
         "GPU overview on a certain node",
@@ -143,7 +140,7 @@ def _device_families(add: _Add, node: str, d: DeviceUsage) -> None:
     if d.totalmem > 0:
         share = d.usedmem / d.totalmem
         pct = "GPU Memory Allocated Percentage on a certain GPU"
-        add("hami_node_gpu_memory_allocated_ratio", pct, new, share)
+        add("hami_node_gpu_memory_allocated_ratio", pct, typed, share)
         add("nodeGPUMemoryPercentage", pct, old, share)
 
 
@@ -180,7 +177,9 @@ class HamiCompatCollector(Collector):
                 _device_families(add, node, d)
 
     def _containers(self, add: _Add) -> None:
-        totalcore = {d.id: d.totalcore for entry in self.ledger.nodes.values() for d in entry.usage.devices}
+        cores_of = {
+            d.id: (d.type, d.totalcore) for entry in self.ledger.nodes.values() for d in entry.usage.devices
+        }
         for res in self.ledger.reservations():
             for index, devices in enumerate(res.layout):
                 for dev in devices:
@@ -203,12 +202,9 @@ class HamiCompatCollector(Collector):
                         "vGPU core allocated from a container",
                     )
                     add("hami_vgpu_memory_allocated_bytes", mem_help, new, dev.usedmem * _MIB)
-                    add(
-                        "hami_vgpu_core_allocated_ratio",
-                        core_help,
-                        new,
-                        _percent(dev.usedcores, totalcore.get(dev.uuid, 0)),
-                    )
+                    device_type, total = cores_of.get(dev.uuid, ("", 0))  # unknown: the raw value
+                    _, allocated = _core_values(device_type, total, dev.usedcores)
+                    add("hami_vgpu_core_allocated_ratio", core_help, new, allocated)
                     add("vGPUMemoryAllocated", mem_help, old, dev.usedmem * _MIB)
                     add("vGPUCoreAllocated", core_help, old, dev.usedcores)
 
@@ -341,6 +337,7 @@ class SchedulerMetrics:
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(HamiCompatCollector(ledger))
+        register_hami_build_info(self.hami_registry)
 
     def _reconcile_metrics(self) -> None:
         self.reconcile_seconds = Histogram(

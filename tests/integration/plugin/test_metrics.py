@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from grpclib import GRPCError
 from prometheus_client.parser import text_string_to_metric_families
 
+import hamid
 from hamid.listen import serve
 from hamid.model.refit import RefitRequest
 from hamid.plugin.discovery import HealthCheckPolicy, watch_xid_events
@@ -37,12 +39,20 @@ MAGIC, REGION_SIZE, UUIDS_AT, LIMIT_AT, SM_LIMIT_AT, PROCS_AT, SLOT_SIZE, PROC_N
     2008896,
 )
 SLOT_USED_AT, MEMORY_T_SIZE, SLOT_MONITOR_AT, SLOT_UTIL_AT, UTIL_T_SIZE = 8, 64, 1032, 1160, 48
+SLOT_STATUS_AT = SLOT_UTIL_AT + 16 * UTIL_T_SIZE  # after device_util[16]
+LAST_KERNEL_AT = PROC_NUM_AT + 16  # after proc_num, utilization_switch, recent_kernel, priority
 
 
 def write_region(
-    path: Path, uuids: list[str], limits: list[int], procs: list[tuple[int, list[int], list[int]]]
+    path: Path,
+    uuids: list[str],
+    limits: list[int],
+    procs: list[tuple[int, list[int], list[int]]],
+    last_kernel: int = 0,
+    exited: int = 0,
 ) -> None:
-    """A cache file as HAMi-core writes it: procs are (pid, per-device total bytes, per-device SM %)."""
+    """A cache file as HAMi-core writes it: procs are (pid, per-device total bytes, per-device SM %),
+    each with its status set but the last ``exited`` (HAMi's monitor counts only set ones)."""
     buf = bytearray(REGION_SIZE)
     struct.pack_into("<iII", buf, 0, MAGIC, 1, 2)
     struct.pack_into("<Q", buf, 56, len(uuids))
@@ -53,11 +63,13 @@ def write_region(
     for n, (pid, totals, sm) in enumerate(procs):
         slot = PROCS_AT + n * SLOT_SIZE
         struct.pack_into("<ii", buf, slot, pid, pid + 1000)
+        struct.pack_into("<i", buf, slot + SLOT_STATUS_AT, 0 if n >= len(procs) - exited else 1)
         for i, (total, util) in enumerate(zip(totals, sm, strict=True)):
             mem = slot + SLOT_USED_AT + MEMORY_T_SIZE * i
             struct.pack_into("<QQQQQ", buf, mem, 1, 2, total - 3, 0, total)
             struct.pack_into("<Q", buf, slot + SLOT_UTIL_AT + UTIL_T_SIZE * i + 16, util)
     struct.pack_into("<i", buf, PROC_NUM_AT, len(procs))
+    struct.pack_into("<Q", buf, LAST_KERNEL_AT, last_kernel)
     path.write_bytes(bytes(buf))
 
 
@@ -112,9 +124,9 @@ async def test_health_readiness_and_allocate_metrics() -> None:
             cache = env.hook / "vgpu" / "containers" / f"{uid}_main"
             cache.mkdir(parents=True, exist_ok=True)
             mib = 1024 * 1024
-            write_region(
-                cache / "abc.cache", ["GPU-0"], [2000 * mib], [(7, [300 * mib], [12]), (8, [200 * mib], [5])]
-            )
+            procs = [(7, [300 * mib], [12]), (8, [200 * mib], [5]), (9, [900 * mib], [40])]
+            ran = int(time.time()) - 30
+            write_region(cache / "abc.cache", ["GPU-0"], [2000 * mib], procs, last_kernel=ran, exited=1)
             (cache / "partial.cache").write_bytes(b"\0" * 100)  # being created: skipped, not misread
             status, text = await get(url + "/metrics")
             assert status == 200
@@ -148,6 +160,19 @@ async def test_health_readiness_and_allocate_metrics() -> None:
             new = {"namespace": "default", "pod": "p1", "container": "main", "vdevice_index": "0"}
             assert one(found, "hami_vgpu_memory_used_bytes", **new) == 500 * mib
             assert one(found, "hami_container_device_utilization_ratio", **new) == 17
+            # as HAMi's monitor (a metrics audit): zone="vGPU" on every series, the offset label the
+            # used memory less context, module and data, the last kernel's age, the build
+            assert {
+                labels.get("zone")
+                for name, series in found.items()
+                for labels, _ in series
+                if name != "hami_build_info"
+            } == {"vGPU"}
+            [(described, _)] = found["Device_memory_desc_of_container"]
+            assert (described["context"], described["module"], described["offset"]) == ("2", "4", "0")
+            assert 30 <= one(found, "hami_container_last_kernel_elapsed_seconds", **new) < 90
+            assert 30 <= one(found, "Device_last_kernel_of_container", **old) < 90
+            assert one(found, "hami_build_info", version=hamid.__version__) == 1
 
 
 @needs_promtool

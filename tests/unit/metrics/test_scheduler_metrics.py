@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamid.fit.fgd import Shape, Workload
+from hamid.model import annotations as ann
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.fgd_rank import FgdRanker
 from hamid.scheduler.metrics import CLUSTER_METRICS, SchedulerMetrics
@@ -13,7 +16,7 @@ from hamid.scheduler.node_cpu_mem import NodeCpuMem
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.state import SchedulerState
 from tests.unit.metrics.promtool import needs_promtool, promtool_problems
-from tests.unit.scheduler.helpers import node, placed, pod
+from tests.unit.scheduler.helpers import gpu, node, placed, pod
 
 
 def _state() -> SchedulerState:
@@ -112,3 +115,24 @@ def test_promtool_catches_the_old_names() -> None:
     """The check bites: a gauge ending in ``_count`` (the scheduler's old name) is refused."""
     bad = b"# HELP hamid_gpu_shared_count x\n# TYPE hamid_gpu_shared_count gauge\nhamid_gpu_shared_count 1\n"
     assert "_count" in promtool_problems(bad)
+
+
+def test_hami_core_values_are_upstreams_on_scaled_gpus() -> None:
+    """A metrics audit: HAMi reports a GPU's cores as registered (200 with ``devicecorescaling``
+    2), normalising to percent only AMD's compute units; hamid reported 100 and a percent. And
+    ``hami_node_gpu_memory_allocated_ratio`` carries ``device_type`` as upstream's."""
+    state = SchedulerState()
+    scaled = [gpu("s-gpu0", core=200), gpu("s-gpu1", index=1, core=200)]
+    amd = dataclasses.replace(gpu("a-gpu0", core=60), type="AMD-MI300X")
+    for name, devices in (("s", scaled), ("a", [amd])):
+        registered = {ann.NODE_REGISTER: ann.encode_node_devices(devices)}
+        state.on_node({"metadata": {"name": name, "annotations": registered}, "status": {"allocatable": {}}})
+    state.ledger.on_pod(placed(pod("p"), "s", "s-gpu0,NVIDIA,1000,50:;"))
+    s = _samples(generate_latest(SchedulerMetrics(state.ledger).hami_registry))
+    scaled0 = {"node": "s", "device_uuid": "s-gpu0", "zone": "vGPU"}
+    assert _one(s["hami_gpu_core_limit_ratio"], **scaled0) == 200
+    assert _one(s["hami_gpu_core_allocated_ratio"], **scaled0) == 50
+    assert _one(s["hami_vgpu_core_allocated_ratio"], pod="p", device_uuid="s-gpu0") == 50
+    amd0 = {"node": "a", "device_uuid": "a-gpu0", "zone": "vGPU"}
+    assert _one(s["hami_gpu_core_limit_ratio"], **amd0) == 100  # 60 compute units as 100 %
+    assert _one(s["hami_node_gpu_memory_allocated_ratio"], **scaled0, device_type="NVIDIA-A100") > 0
