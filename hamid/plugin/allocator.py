@@ -90,6 +90,10 @@ CALL_TIMEOUT_S = 3.0
 #: Budget of everything before an Allocate commits (identification, second door, plan, host
 #: directories) and of GetPreferredAllocation's identification. Past it, Allocate runs the failure path.
 PREPARE_TIMEOUT_S = 10.0
+#: How long an entry its status record does not name yet is read again (first after
+#: ``BOOKED_RECORD_POLL_S``, doubling) before it is refused: a refit's record follows its patch.
+BOOKED_RECORD_WAIT_S = 4.0
+BOOKED_RECORD_POLL_S = 0.1
 #: Transient API failures (429, 5xx, timeouts) one Allocate's commit patches may retry, in all.
 TRANSIENT_RETRIES = 3
 #: API calls that may follow the prepare deadline: every commit patch (one per conflict retry), then
@@ -215,6 +219,9 @@ class Allocator:
         #: The entries refits replaced, served though the status record may not name them yet
         #: (a refit's record is written off its path).
         self._refits = EntryMemory()
+        #: UIDs of the pods this plugin served whole, newest last (bounded): not strangers while
+        #: kubelet has yet to write their statuses.
+        self._served: OrderedDict[str, None] = OrderedDict()
         #: Refused Allocate calls by :attr:`AllocationError.code` (for metrics and tests).
         self.refusals: Counter[str] = Counter()
 
@@ -244,7 +251,9 @@ class Allocator:
                 )
             node, pods = await self.pods.fetch_all()
             owner = self.pods.lock_owner(node)
-            return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
+            return dict(
+                identify_pod(pods, self.node_name, self.resource_name, owner, requested, self._served)
+            )
         except KubeError as exc:
             raise AllocationError(f"cannot identify the pending pod: {exc}", code="api-error") from exc
 
@@ -268,7 +277,7 @@ class Allocator:
             fetched = await self.pods.fetch_pod(namespace, name)
             if fetched is not None:
                 pods = [p for p in pods if objects.namespaced_key(p) != owner] + [fetched]
-        return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested))
+        return dict(identify_pod(pods, self.node_name, self.resource_name, owner, requested, self._served))
 
     # -- the NUMA mismatch seam (both doors) -------------------------------------------------
 
@@ -558,6 +567,28 @@ class Allocator:
         ]
         return plans, remaining, answers
 
+    async def _prepare_booked(
+        self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
+    ) -> tuple[JSON, tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]]:
+        """:meth:`_prepare`; an entry the status record does not name yet is read again until it
+        does, for up to :data:`BOOKED_RECORD_WAIT_S` within ``deadline`` (then refused): a refit
+        that landed while its answer was lost writes its record a moment later, off its path."""
+        loop = asyncio.get_running_loop()
+        until = min(deadline, loop.time() + BOOKED_RECORD_WAIT_S)
+        delay = BOOKED_RECORD_POLL_S
+        while True:
+            try:
+                return pod, await self._prepare(pod, requests)
+            except AllocationError as exc:
+                if exc.code != "unbooked-allocation" or loop.time() + delay > until:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                fresh = await self.pods.fetch_pod(objects.namespace(pod), objects.name(pod))
+                if fresh is None or not is_allocation_candidate(fresh, self.node_name):
+                    raise
+                pod = fresh
+
     async def _allocate_for(
         self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
     ) -> list[ContainerAnswer]:
@@ -567,7 +598,7 @@ class Allocator:
             try:
                 async with asyncio.timeout_at(deadline):
                     pod = await self._mismatch_policy_at_allocate(pod, requests)
-                    plans, remaining, answers = await self._prepare(pod, requests)
+                    pod, (plans, remaining, answers) = await self._prepare_booked(pod, requests, deadline)
             except TimeoutError as exc:
                 raise AllocationError(
                     f"Allocate did not finish preparing within {self.prepare_timeout:g}s "
@@ -654,6 +685,10 @@ class Allocator:
             )
         if self.on_allocated is not None:
             self.on_allocated(f"{namespace}/{name}", held)
+        if release:  # served whole
+            self._served[objects.uid(pod)] = None
+            while len(self._served) > FALLBACK_MEMORY:
+                self._served.popitem(last=False)
         return True
 
     # -- failure and the node lock -----------------------------------------------------------------

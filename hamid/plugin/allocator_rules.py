@@ -8,7 +8,7 @@ them from the node-scoped caches and writes the results back. What a served cont
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,9 +163,13 @@ def is_unadmitted(pod: Pod) -> bool:
     )
 
 
-def unscheduled_requesters(pods: Sequence[Pod], resource_name: str, lock_owner: str | None) -> list[Pod]:
+def unscheduled_requesters(
+    pods: Sequence[Pod], resource_name: str, lock_owner: str | None, served: Collection[str] = ()
+) -> list[Pod]:
     """Pods on this node that may be admitted now, request ``resource_name``, and bypassed hamid
-    (neither recorded by its ``/bind`` nor the node lock's holder).
+    (neither recorded by its ``/bind``, nor the node lock's holder, nor among the pods this plugin
+    ``served`` whole, by UID: kubelet may not have written their statuses yet, and a scheduler
+    without the record, HAMi's, has given the lock to the next pod).
 
     kubelet may be calling Allocate for any of them; serving it a hamid pod's allocation would hand
     it another pod's GPUs and limits (I6), so their presence makes identification fail closed.
@@ -175,6 +179,7 @@ def unscheduled_requesters(pods: Sequence[Pod], resource_name: str, lock_owner: 
         for p in pods
         if not went_through_hamid(p)
         and objects.namespaced_key(p) != lock_owner
+        and objects.uid(p) not in served
         and is_unadmitted(p)
         and requests_resource(p, resource_name)
     ]
@@ -199,13 +204,14 @@ def identify_pod(
     resource_name: str,
     lock_owner: str | None,
     requested: Sequence[str] | None,
+    served: Collection[str] = (),
 ) -> Pod:
     """The pod kubelet is admitting among ``pods`` (this node's pods), or :class:`AllocationError`.
 
     Refuses while a pod that bypassed hamid may be admitted (:func:`unscheduled_requesters`), then
     picks among the allocation candidates with :func:`choose_pod`.
     """
-    strangers = unscheduled_requesters(pods, resource_name, lock_owner)
+    strangers = unscheduled_requesters(pods, resource_name, lock_owner, served)
     if strangers:
         raise unscheduled_error(strangers, resource_name)
     candidates = [p for p in pods if is_allocation_candidate(p, node_name) and has_pending_entry(p)]

@@ -238,7 +238,8 @@ def _placement_beyond(pod: Mapping[str, Any], placement: PodPlacement) -> str | 
         if spec is None:
             return f"the pod has no container {placed.name!r}"
         limits = (spec.get("resources") or {}).get("limits") or {}
-        held: dict[str, int] = {name: sum(map(len, per.values())) for name, per in placed.devices.items()}
+        # a device whose topology names several NUMA nodes is listed under each: count it once
+        held: dict[str, int] = {name: len(set().union(*per.values())) for name, per in placed.devices.items()}
         held["cpu"] = len(placed.cpus)
         for block in placed.memory:
             held[block.resource] = held.get(block.resource, 0) + block.size

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from typing import Any
 
 import pytest
 import structlog.testing
@@ -17,7 +19,9 @@ from hamid.model.annotations import (
     VGPU_NODE,
     encode_pod_devices,
 )
+from hamid.model.booked import booked_condition
 from hamid.model.devices import ContainerDevices
+from hamid.plugin import allocator
 from hamid.plugin.numa_policy import NumaMismatch
 from tests.integration.plugin.helpers import (
     NODE,
@@ -202,11 +206,14 @@ async def test_no_pending_pod_still_refuses_after_the_fresh_read() -> None:
         assert env.server.requests["list pods"] == lists + 1  # exactly one fresh read
 
 
-async def test_a_pending_entry_the_scheduler_did_not_book_is_not_served() -> None:
+async def test_a_pending_entry_the_scheduler_did_not_book_is_not_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Red-team finding: past admission a tenant rewrote to-allocate between the filter and
     kubelet's Allocate and ran with limits nobody booked (3000 MiB / 30 % booked, 15000 MiB / 100 %
     served). The entry must be the booked one: the status record's, even when the tenant rewrote
     the allocated annotation to match."""
+    monkeypatch.setattr(allocator, "BOOKED_RECORD_WAIT_S", 0.3)  # the record never comes
     tampered = encode_pod_devices(((dev("GPU-2", 15000, 100),),))
     for rewritten in (
         {DEVICES_TO_ALLOCATE: tampered},
@@ -223,3 +230,64 @@ async def test_a_pending_entry_the_scheduler_did_not_book_is_not_served() -> Non
             assert "pending allocation GPU-2,NVIDIA,15000,100: is not what the scheduler booked" in message
             assert "(GPU-2,NVIDIA,3000,30:, from the pod's status record)" in message
             assert env.plugin.allocator.refusals["unbooked-allocation"] == 1
+
+
+async def test_a_pod_this_plugin_served_whole_is_no_stranger_before_kubelet_starts_it() -> None:
+    """A review: HAMi's scheduler writes no status record. Once this plugin had served pod A whole
+    (releasing the lock) and before kubelet wrote A's statuses, HAMi's scheduler bound B; A, no
+    longer the lock holder, counted as a stranger and B was refused."""
+
+    def hami_pod(name: str, gpu: str) -> dict[str, Any]:
+        pod = scheduled_pod(name, ((dev(gpu, 1000, 10),),))
+        pod["status"] = {"phase": "Pending"}  # no hamid.io/AllocationBooked
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        return pod
+
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, hami_pod("a", "GPU-0"))
+        await allocate(stub, "GPU-0-0")
+        assert stored_annotations(env.server, "Pod", "a")[BIND_PHASE] == "success"
+        await seeded(env, hami_pod("b", "GPU-1"))  # A still Pending, without container statuses
+        served = await allocate(stub, "GPU-1-0")
+        assert served.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+
+
+async def test_an_entry_whose_record_follows_a_moment_later_is_served() -> None:
+    """A review: a refit landed while its answer was lost (best effort falls back), so the pod's
+    entry was the refit's while its status record, written off the refit's path, still named the
+    old one: the plugin refused the pod. It reads the pod again until the record follows."""
+    pod = scheduled_pod("p1", ((dev("GPU-0", 1000, 10),),))
+    moved = ((dev("GPU-1", 1000, 10),),)
+    holder: dict[str, Any] = {}
+
+    async def landed_but_lost(mismatch: NumaMismatch) -> ContainerDevices | None:
+        env = holder["env"]
+        raw = encode_pod_devices(moved)
+        env.server.patch(
+            "Pod",
+            "default",
+            "p1",
+            {"metadata": {"annotations": {DEVICES_TO_ALLOCATE: raw, DEVICES_ALLOCATED: raw}}},
+        )
+
+        async def record_later() -> None:
+            await asyncio.sleep(0.5)
+            env.server.put(
+                {
+                    **env.server.get("Pod", "default", "p1"),
+                    "status": {
+                        "phase": "Pending",
+                        "conditions": [booked_condition(NODE, raw, "", 1700000002.0)],
+                    },
+                }
+            )
+
+        holder["later"] = asyncio.create_task(record_later())
+        return None  # best effort: the refit's answer never came
+
+    async with running_plugin(mismatch_handler=landed_but_lost) as (env, _), stub_for(env) as stub:
+        holder["env"] = env
+        await seeded(env, pod)
+        served = await allocate(stub, "GPU-1-0")
+        assert served.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+        assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "success"

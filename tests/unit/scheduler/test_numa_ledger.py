@@ -434,3 +434,15 @@ def test_an_unbookable_placement_counts_once_and_books_when_room_comes_back() ->
     assert scheduler.numa.nodes["n1"].unbooked == 0
     prediction = scheduler.numa.predict("n1", _pod("victim"), pod_shape(_pod("victim")), "uid-victim")
     assert prediction is not None and prediction.outcome is Outcome.PLACED
+
+
+def test_a_device_of_two_numa_nodes_counts_once_against_the_limit() -> None:
+    """A review: PodResources lists a device whose topology names two NUMA nodes under each, so
+    one replica counted as two and a true placement was ignored as beyond the pod's limit."""
+    scheduler, _ = _scheduler(_node())
+    p = _pod("wide", cpus=2, gpus=1, scheduler="default-scheduler", node="n1")
+    held = {GPU: {0: ("n1-g0::0",), 1: ("n1-g0::0",)}}
+    placed = PodPlacement(1, (ContainerPlacement("main", frozenset({0, 1}), frozenset({1, 2}), held),))
+    p["metadata"]["annotations"][NUMA_PLACEMENT] = encode_placement(placed)
+    scheduler._pod_seen(p)
+    assert _source(scheduler.numa, "uid-wide") == "placement"
