@@ -239,8 +239,12 @@ class Ledger:
         return self.inventory.schedulable(name)
 
     def quota_namespaces(self) -> list[str]:
-        """Namespaces with a GPU ResourceQuota (for metrics)."""
+        """Namespaces with a GPU ResourceQuota or GPU usage booked (for metrics)."""
         return self.quotas.namespaces()
+
+    def quota_usage(self, namespace: str) -> tuple[tuple[int | None, int | None], tuple[int, int]]:
+        """((memory MiB, cores %) limits, None where unset; (memory, cores) booked) of a namespace."""
+        return self.quotas.limits(namespace) or (None, None), self.quotas.used(namespace)
 
     # -- coordination ---------------------------------------------------------------------------
 

@@ -209,30 +209,39 @@ class HamiCompatCollector(Collector):
                     add("vGPUCoreAllocated", core_help, old, dev.usedcores)
 
     def _quotas(self, add: _Add) -> None:
+        """HAMi's quota families: every namespace with a GPU quota or GPU usage, each resource it
+        limits or uses (``limit="0"`` when unset), and the limit itself where one is set."""
         config = self.ledger.config
+        used_help = "resourcequota usage for a certain device"
         for namespace in self.ledger.quota_namespaces():
-            quota = self.ledger.fit_quota(namespace)
-            if quota is None:
-                continue
+            (mem_limit, cores_limit), (used_mem, used_cores) = self.ledger.quota_usage(namespace)
             for resource, limit, used in (
-                (config.resource_memory_name, quota.mem_limit, quota.used_mem),
-                (config.resource_core_name, quota.cores_limit, quota.used_cores),
+                (config.resource_memory_name, mem_limit, used_mem),
+                (config.resource_core_name, cores_limit, used_cores),
             ):
-                if limit is None:
+                if limit is None and not used:
                     continue
-                help_text = "resourcequota usage for a certain device"
+                shown = str(limit or 0)
                 add(
                     "hami_resource_quota_used",
-                    help_text,
-                    {"namespace": namespace, "quota_name": resource, "limit": str(limit)},
+                    used_help,
+                    {"namespace": namespace, "quota_name": resource, "limit": shown},
                     used,
                 )
                 add(
                     "QuotaUsed",
-                    help_text,
-                    {"quotanamespace": namespace, "quotaName": resource, "limit": str(limit)},
+                    used_help,
+                    {"quotanamespace": namespace, "quotaName": resource, "limit": shown},
                     used,
                 )
+                if limit is not None:
+                    limit_help = "resourcequota limit for a certain device"
+                    add(
+                        "hami_resource_quota_limit",
+                        limit_help,
+                        {"namespace": namespace, "quota_name": resource},
+                        limit,
+                    )
 
 
 class _FgdCollector(Collector):

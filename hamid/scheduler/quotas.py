@@ -46,8 +46,9 @@ class QuotaBook:
                 del self._objects[ns]
 
     def namespaces(self) -> list[str]:
-        """Namespaces with a GPU ResourceQuota (for metrics)."""
-        return sorted(self._objects)
+        """Namespaces with a GPU ResourceQuota or GPU usage booked (for metrics, as HAMi's quota
+        manager keeps an entry for every namespace whose pods hold GPUs)."""
+        return sorted(self._objects.keys() | self._used.keys())
 
     def limits(self, namespace: str) -> tuple[int | None, int | None] | None:
         """The tightest (memory MiB, cores %) limits of the namespace; None without a quota."""

@@ -136,3 +136,18 @@ def test_hami_core_values_are_upstreams_on_scaled_gpus() -> None:
     amd0 = {"node": "a", "device_uuid": "a-gpu0", "zone": "vGPU"}
     assert _one(s["hami_gpu_core_limit_ratio"], **amd0) == 100  # 60 compute units as 100 %
     assert _one(s["hami_node_gpu_memory_allocated_ratio"], **scaled0, device_type="NVIDIA-A100") > 0
+
+
+def test_hami_quota_families_cover_every_namespace_using_gpus() -> None:
+    """A metrics audit: HAMi's quota manager keeps an entry for every namespace whose pods hold
+    GPUs (``limit="0"`` without a ResourceQuota) and exports each set limit; hamid exported only
+    namespaces with a GPU quota and had no ``hami_resource_quota_limit``."""
+    state = _state()
+    state.ledger.on_pod(placed(pod("b", namespace="team-b"), "n1", "n1-gpu1,NVIDIA,500,20:;"))
+    s = _samples(generate_latest(SchedulerMetrics(state.ledger).hami_registry))
+    mem, cores = "nvidia.com/gpumem", "nvidia.com/gpucores"
+    assert _one(s["hami_resource_quota_used"], namespace="team-b", quota_name=mem, limit="0") == 500
+    assert _one(s["QuotaUsed"], quotanamespace="team-b", quotaName=cores, limit="0") == 20
+    assert _one(s["hami_resource_quota_limit"], namespace="default", quota_name=mem) == 3000
+    assert _one(s["hami_resource_quota_limit"], namespace="default", quota_name=cores) == 50
+    assert not [labels for labels, _ in s["hami_resource_quota_limit"] if labels["namespace"] == "team-b"]
