@@ -163,7 +163,9 @@ class Plugin:
         preferred = setup.config.enable_get_preferred_allocation
         self.allocator = self._allocator(client, hook_path, mismatch_handler)
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
-        self.metrics = PluginMetrics(self.inventory, hook_path=hook_path)
+        self.metrics = PluginMetrics(
+            self.inventory, hook_path=hook_path, nvml=setup.nvml, node_name=node_name
+        )
         self.connector = KubeletConnector(
             lambda: [self.metrics.instrument(self.service)],
             device_plugin_dir,

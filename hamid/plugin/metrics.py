@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from types import ModuleType
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -82,10 +83,17 @@ def pod_names(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
 class PluginMetrics:
     """Every metric of one plugin process; the HTTP app is :func:`metrics_app`."""
 
-    def __init__(self, inventory: GpuInventory, *, hook_path: str) -> None:
-        """Declare every plugin metric family in one place (one statement each, hence over 60 lines)."""
+    def __init__(
+        self, inventory: GpuInventory, *, hook_path: str, nvml: ModuleType | None = None, node_name: str = ""
+    ) -> None:
+        """Declare every plugin metric family in one place (one statement each, hence over 60 lines).
+
+        ``nvml``: the NVML module the GPUs were discovered with (None: a devices file), read at
+        scrape time for HAMi's host families on the node ``node_name``."""
         self.inventory = inventory
         self.hook_path = hook_path
+        self.nvml = nvml
+        self.node_name = node_name
         self.kubelet: KubeletRegistration | None = None
         self.node: NodeRegistration | None = None
         self.pod_names: PodNames = dict
@@ -153,6 +161,7 @@ class PluginMetrics:
         r.register(_StateCollector(self))
         self.hami_registry = CollectorRegistry()
         self.hami_registry.register(_HamiMonitorCollector(self))
+        self.hami_registry.register(_HostGpuCollector(self))
         register_hami_build_info(self.hami_registry)
 
     def attach(self, kubelet: KubeletRegistration, node: NodeRegistration, pods: PodLister) -> None:
@@ -378,6 +387,48 @@ class _HamiMonitorCollector(Collector):
                 parts = [str(d.context_bytes), str(d.module_bytes), str(d.data_bytes), str(d.offset_bytes)]
                 described_values = [*values[:-1], *parts, HAMI_ZONE]
                 out["Device_memory_desc_of_container"].add_metric(described_values, d.memory_used_bytes)
+        yield from out.values()
+
+
+class _HostGpuCollector(Collector):
+    """HAMi vGPU monitor's host families: NVML's memory used and utilisation of each GPU (none
+    without NVML). A GPU NVML cannot read is left out of this scrape, as upstream does."""
+
+    def __init__(self, metrics: PluginMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        new = ["node", "device_index", "device_uuid", "device_type", "zone"]
+        old = ["nodeid", "deviceidx", "deviceuuid", "devicetype", "zone"]
+        fams = {
+            "hami_host_gpu_memory_used_bytes": ("GPU device memory usage in bytes", new),
+            "hami_host_gpu_utilization_ratio": ("GPU core utilization ratio (0-100)", new),
+            "hami_host_gpu_memory_controller_utilization_ratio": (
+                "GPU memory controller utilization ratio (0-100)",
+                new[1:],
+            ),
+            "HostGPUMemoryUsage": ("GPU device memory usage", old),
+            "HostCoreUtilization": ("GPU core utilization", old),
+        }
+        out = {name: GaugeMetricFamily(name, text, labels=labels) for name, (text, labels) in fams.items()}
+        nvml = self.m.nvml
+        if nvml is None:
+            yield from out.values()
+            return
+        for gpu in self.m.inventory.gpus:
+            values = [self.m.node_name, str(gpu.index), gpu.uuid, f"NVIDIA-{gpu.name}", HAMI_ZONE]
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                used = nvml.nvmlDeviceGetMemoryInfo(handle).used
+                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+            except nvml.NVMLError as exc:
+                log.debug("host_gpu_unreadable", uuid=gpu.uuid, error=str(exc))
+                continue
+            out["hami_host_gpu_memory_used_bytes"].add_metric(values, used)
+            out["HostGPUMemoryUsage"].add_metric(values, used)
+            out["hami_host_gpu_utilization_ratio"].add_metric(values, rates.gpu)
+            out["HostCoreUtilization"].add_metric(values, rates.gpu)
+            out["hami_host_gpu_memory_controller_utilization_ratio"].add_metric(values[1:], rates.memory)
         yield from out.values()
 
 

@@ -12,12 +12,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 from grpclib import GRPCError
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import hamid
 from hamid.listen import serve
+from hamid.model.nodeconfig import NodeConfig
 from hamid.model.refit import RefitRequest
-from hamid.plugin.discovery import HealthCheckPolicy, watch_xid_events
+from hamid.plugin.discovery import HealthCheckPolicy, discover_nvml, watch_xid_events
+from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.metrics import PluginMetrics, metrics_app
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from tests.integration.plugin.helpers import Env, dev, eventually, lock_node, running_plugin, scheduled_pod
@@ -235,3 +238,31 @@ def test_xid_events_are_counted() -> None:
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_host_gpu_families_as_hamis_monitor() -> None:
+    """A metrics audit: HAMi's monitor serves NVML's memory used and utilisation of each GPU, and
+    its dashboard's host panels read them; hamid served none. A GPU NVML cannot read is left out."""
+    busy = FakeGpu("GPU-busy", name="NVIDIA H200", memory_used_bytes=7 * 1024**3, utilization=(63, 21))
+    lost = FakeGpu("GPU-lost", bus_id="00000000:5E:00.0", fail={"utilization"})
+    nvml = FakeNvml([busy, lost])
+    gpus = discover_nvml("/nonexistent", nvml)
+    metrics = PluginMetrics(
+        GpuInventory(gpus, NodeConfig()), hook_path="/nonexistent", nvml=nvml, node_name="n1"
+    )
+    found = samples(generate_latest(metrics.hami_registry).decode())
+    labels = {
+        "node": "n1",
+        "device_index": "0",
+        "device_uuid": "GPU-busy",
+        "device_type": "NVIDIA-NVIDIA H200",
+    }
+    assert one(found, "hami_host_gpu_memory_used_bytes", **labels, zone="vGPU") == 7 * 1024**3
+    assert one(found, "hami_host_gpu_utilization_ratio", **labels) == 63
+    assert one(found, "hami_host_gpu_memory_controller_utilization_ratio", device_uuid="GPU-busy") == 21
+    assert "node" not in found["hami_host_gpu_memory_controller_utilization_ratio"][0][0]
+    assert one(found, "HostGPUMemoryUsage", nodeid="n1", deviceuuid="GPU-busy") == 7 * 1024**3
+    assert one(found, "HostCoreUtilization", deviceidx="0", devicetype="NVIDIA-NVIDIA H200") == 63
+    assert all(labels["device_uuid"] != "GPU-lost" for labels, _ in found["hami_host_gpu_memory_used_bytes"])
+    without = PluginMetrics(GpuInventory(gpus, NodeConfig()), hook_path="/nonexistent")  # a devices file
+    assert "hami_host_gpu_memory_used_bytes" not in samples(generate_latest(without.hami_registry).decode())

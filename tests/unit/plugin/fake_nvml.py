@@ -36,6 +36,9 @@ class FakeGpu:
     mig: int = 0
     #: NVLinks: (remote PCI bus id, remote device type, enabled), one per link number
     nvlinks: list[tuple[str, int, bool]] = field(default_factory=list)
+    memory_used_bytes: int = 0
+    #: (GPU, memory controller) utilisation, percent
+    utilization: tuple[int, int] = (0, 0)
     fail: set[str] = field(default_factory=set)  # names of calls that fail
     fail_code: int = NVML_ERROR_GPU_IS_LOST
 
@@ -95,7 +98,11 @@ class FakeNvml(ModuleType):
 
     def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
         self._check(gpu, "memory")
-        return SimpleNamespace(total=gpu.memory_bytes)
+        return SimpleNamespace(total=gpu.memory_bytes, used=gpu.memory_used_bytes)
+
+    def nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> Any:
+        self._check(gpu, "utilization")
+        return SimpleNamespace(gpu=gpu.utilization[0], memory=gpu.utilization[1])
 
     def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> Any:
         self._check(gpu, "pci")
