@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.kube import PodBody
 from hamid.model.numa import MISS_CAUSES
+from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.vgpu_monitor import UsageScan, scan
 
@@ -94,6 +96,8 @@ class PluginMetrics:
         self.hook_path = hook_path
         self.nvml = nvml
         self.node_name = node_name
+        #: NVML's reading of each GPU at the last scrape (:func:`read_host_gpus`).
+        self.host: tuple[HostGpu, ...] = ()
         self.kubelet: KubeletRegistration | None = None
         self.node: NodeRegistration | None = None
         self.pod_names: PodNames = dict
@@ -197,6 +201,8 @@ class PluginMetrics:
         """Read HAMi-core's cache files (in a thread) and the pod names (here) before a scrape."""
         self._names = dict(self.pod_names())
         self.usage = await asyncio.to_thread(scan, self.hook_path)
+        if self.nvml is not None:  # NVML may block on a lost GPU: never on the event loop
+            self.host = await asyncio.to_thread(read_host_gpus, self.nvml, self.inventory.gpus)
 
     def containers(self) -> Iterator[tuple[str, str, str, Any]]:
         """(namespace, pod, container, devices) of every cache file whose pod is on this node."""
@@ -390,9 +396,33 @@ class _HamiMonitorCollector(Collector):
         yield from out.values()
 
 
+@dataclass(frozen=True, slots=True)
+class HostGpu:
+    """NVML's reading of one GPU: memory used (bytes), GPU and memory-controller utilisation (%)."""
+
+    gpu: PhysicalGpu
+    memory_used_bytes: int
+    utilization_percent: int
+    memory_utilization_percent: int
+
+
+def read_host_gpus(nvml: ModuleType, gpus: Iterable[PhysicalGpu]) -> tuple[HostGpu, ...]:
+    """Each GPU's NVML reading (blocking); a GPU NVML cannot read is left out, as upstream does."""
+    out: list[HostGpu] = []
+    for gpu in gpus:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            used = nvml.nvmlDeviceGetMemoryInfo(handle).used
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        except nvml.NVMLError as exc:
+            log.debug("host_gpu_unreadable", uuid=gpu.uuid, error=str(exc))
+            continue
+        out.append(HostGpu(gpu, int(used), int(rates.gpu), int(rates.memory)))
+    return tuple(out)
+
+
 class _HostGpuCollector(Collector):
-    """HAMi vGPU monitor's host families: NVML's memory used and utilisation of each GPU (none
-    without NVML). A GPU NVML cannot read is left out of this scrape, as upstream does."""
+    """HAMi vGPU monitor's host families from the last scrape's NVML readings (none without NVML)."""
 
     def __init__(self, metrics: PluginMetrics) -> None:
         self.m = metrics
@@ -411,24 +441,15 @@ class _HostGpuCollector(Collector):
             "HostCoreUtilization": ("GPU core utilization", old),
         }
         out = {name: GaugeMetricFamily(name, text, labels=labels) for name, (text, labels) in fams.items()}
-        nvml = self.m.nvml
-        if nvml is None:
-            yield from out.values()
-            return
-        for gpu in self.m.inventory.gpus:
+        for host in self.m.host:
+            gpu = host.gpu
             values = [self.m.node_name, str(gpu.index), gpu.uuid, f"NVIDIA-{gpu.name}", HAMI_ZONE]
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-                used = nvml.nvmlDeviceGetMemoryInfo(handle).used
-                rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-            except nvml.NVMLError as exc:
-                log.debug("host_gpu_unreadable", uuid=gpu.uuid, error=str(exc))
-                continue
-            out["hami_host_gpu_memory_used_bytes"].add_metric(values, used)
-            out["HostGPUMemoryUsage"].add_metric(values, used)
-            out["hami_host_gpu_utilization_ratio"].add_metric(values, rates.gpu)
-            out["HostCoreUtilization"].add_metric(values, rates.gpu)
-            out["hami_host_gpu_memory_controller_utilization_ratio"].add_metric(values[1:], rates.memory)
+            out["hami_host_gpu_memory_used_bytes"].add_metric(values, host.memory_used_bytes)
+            out["HostGPUMemoryUsage"].add_metric(values, host.memory_used_bytes)
+            out["hami_host_gpu_utilization_ratio"].add_metric(values, host.utilization_percent)
+            out["HostCoreUtilization"].add_metric(values, host.utilization_percent)
+            controller = host.memory_utilization_percent
+            out["hami_host_gpu_memory_controller_utilization_ratio"].add_metric(values[1:], controller)
         yield from out.values()
 
 

@@ -240,7 +240,7 @@ def test_xid_events_are_counted() -> None:
         thread.join(5)
 
 
-def test_host_gpu_families_as_hamis_monitor() -> None:
+async def test_host_gpu_families_as_hamis_monitor() -> None:
     """A metrics audit: HAMi's monitor serves NVML's memory used and utilisation of each GPU, and
     its dashboard's host panels read them; hamid served none. A GPU NVML cannot read is left out."""
     busy = FakeGpu("GPU-busy", name="NVIDIA H200", memory_used_bytes=7 * 1024**3, utilization=(63, 21))
@@ -250,6 +250,7 @@ def test_host_gpu_families_as_hamis_monitor() -> None:
     metrics = PluginMetrics(
         GpuInventory(gpus, NodeConfig()), hook_path="/nonexistent", nvml=nvml, node_name="n1"
     )
+    await metrics.refresh()  # NVML is read in a thread before a scrape, never on the event loop
     found = samples(generate_latest(metrics.hami_registry).decode())
     labels = {
         "node": "n1",
