@@ -26,8 +26,7 @@ NODE_POLICIES = (BINPACK, SPREAD, FGD)
 _SORT_KEYS = (BINPACK, SPREAD, NUMA)
 
 
-#: HAMi's default device-score weights (slot=1, core=1, memory=1).
-DEFAULT_WEIGHTS = ScoringWeights()
+DEFAULT_WEIGHTS = ann.DEFAULT_SCORING_WEIGHTS
 
 
 @dataclass(frozen=True, slots=True)

@@ -541,6 +541,10 @@ class ScoringWeights:
     memory: int = 1
 
 
+#: HAMi's default device-score weights (slot=1, core=1, memory=1): one object, so a score can tell
+#: it by identity (:func:`hamid.fit.policy.device_score`).
+DEFAULT_SCORING_WEIGHTS = ScoringWeights()
+
 _WEIGHT_KEYS = ("slot", "core", "memory")
 _DIGITS = re.compile(r"[0-9]+\Z")
 
@@ -549,7 +553,7 @@ def parse_scoring_weights(value: str | None) -> ScoringWeights:
     """Parse ``slot=<n>,core=<n>,memory=<n>``: all three keys exactly once (any order), non-negative
     decimal integers, not all zero. Absent → default weights 1/1/1."""
     if value is None:
-        return ScoringWeights()
+        return DEFAULT_SCORING_WEIGHTS
     if not isinstance(value, str):
         raise InvalidInput(f"{DEVICE_SCORING_WEIGHTS}: want a string, got {type_name(value)}")
     where = f"annotation {DEVICE_SCORING_WEIGHTS}={value!r}"
