@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -170,10 +171,23 @@ class SchedulerApp:
         for key, app, listen, ctx in (
             ("extender", extender, options.extender_listen, None),
             ("cluster", cluster, options.listen, self._tls.context if self._tls else None),
-            ("metrics", self._metrics_app(scheduler), options.metrics_listen, None),
+            ("metrics", self._metrics_app(scheduler), options.metrics_listen, self._metrics_tls()),
         ):
             runner, self.ports[key] = await serve(app, listen, ctx, what=f"{key} listener")
             self._runners.append(runner)
+
+    def _metrics_tls(self) -> ssl.SSLContext | None:
+        """The metrics listener's TLS context (``--metrics-tls``); warns when ``--metrics-auth``
+        tokens would travel in clear text."""
+        if self.options.metrics_tls and self._tls is not None:
+            return self._tls.context
+        if self.options.metrics_auth:
+            log.warning(
+                "metrics_auth_plain_http",
+                listen=self.options.metrics_listen,
+                hint="bearer tokens cross the network in clear text: set --metrics-tls",
+            )
+        return None
 
     def _metrics_app(self, scheduler: Scheduler) -> web.Application:
         """``/metrics``, ``/metrics/hami`` and (``--ui``) ``/ui``; guarded with ``--metrics-auth``."""

@@ -229,8 +229,16 @@ class SchedulerOptions:
         "request path), as kube-rbac-proxy checks. Off: anyone reaching the port may read them.",
         default=False,
     )
+    metrics_tls: bool = option_field(
+        "Serve --metrics-listen over TLS too, with the --tls-cert-file certificate (reloaded when it "
+        "changes), so --metrics-auth's bearer tokens never cross the network in clear text. Off: "
+        "plain HTTP.",
+        default=False,
+    )
     tls_cert_file: str | None = option_field(
-        "PEM server certificate for --listen (reloaded when it changes).", default=None, parse=or_none
+        "PEM server certificate for --listen (and --metrics-tls; reloaded when it changes).",
+        default=None,
+        parse=or_none,
     )
     tls_key_file: str | None = option_field(
         "PEM private key of --tls-cert-file.", default=None, parse=or_none
@@ -372,6 +380,8 @@ class SchedulerOptions:
         """The checks spanning several options (the CLI reports them against the named flag)."""
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise OptionError("--tls-cert-file", "--tls-cert-file and --tls-key-file must be given together")
+        if self.metrics_tls and not self.tls_cert_file:
+            raise OptionError("--metrics-tls", "needs --tls-cert-file and --tls-key-file (its certificate)")
         settings = self.settings
         if settings.node_lock_max_hold < settings.node_lock_timeout:
             raise OptionError(

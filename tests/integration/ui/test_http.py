@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,9 @@ import pytest
 from hamid.model import annotations as ann
 from hamid.scheduler.app import SchedulerApp
 from hamid.scheduler.ui.routes import CSP
+from hamid.tls import client_ssl_context
 from hamidsim.apiserver import ApiServer
+from tests.fixtures.tls import TLSFiles
 from tests.integration.scheduler.harness import loopback_options, running_app, wait_for
 from tests.unit.scheduler.helpers import container, node
 
@@ -192,3 +194,32 @@ async def test_metrics_auth_asks_tokenreview_then_subjectaccessreview() -> None:
         reviews = ui.server.requests["create subjectaccessreviews"]
         assert (await ui.get("/ui", **bearer("alice-token")))[0] == 200
         assert ui.server.requests["create subjectaccessreviews"] == reviews  # cached
+
+
+async def test_metrics_tls_serves_the_port_over_tls_only(tls_files: TLSFiles) -> None:
+    """``--metrics-tls``: the bearer token only ever crosses the network inside TLS; plain HTTP to
+    the port gets no answer, and a client that does not trust the certificate none either."""
+    cert = {"tls_cert_file": str(tls_files.server.cert_file), "tls_key_file": str(tls_files.server.key_file)}
+    async with running_ui(metrics_auth=True, metrics_tls=True, **cert) as ui:
+        ui.server.register_token("alice-token", "alice", groups=("ops",))
+        ui.server.access.grant(groups=["ops"], paths=["/metrics", "/ui", "/ui/*"])
+        url = f"https://localhost:{ui.app.ports['metrics']}"
+        alice = {"Authorization": "Bearer alice-token"}
+        ctx = client_ssl_context(tls_files.ca_file)
+        async with ui.session.get(url + "/metrics", ssl=ctx, headers=alice) as resp:
+            assert resp.status == 200 and "hamid_filter_duration_seconds" in await resp.text()
+        async with ui.session.get(url + "/ui", ssl=ctx) as resp:
+            assert resp.status == 401  # TLS does not replace the token check
+        with pytest.raises(aiohttp.ClientError):
+            await ui.get("/metrics", headers=alice)  # plain HTTP
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            async with ui.session.get(url + "/metrics", ssl=client_ssl_context(), headers=alice):
+                pass
+
+
+async def test_metrics_auth_without_tls_warns_that_tokens_travel_in_clear(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    async with running_ui(metrics_auth=True):
+        pass
+    assert any(e["event"] == "metrics_auth_plain_http" and "--metrics-tls" in e["hint"] for e in logs)

@@ -69,3 +69,35 @@ def test_every_object_validates_lints_and_passes_real_flags() -> None:
     args = _args(AUTH)
     mode_args = args[args.index("scheduler") + 1 :]
     assert set(flag_values(mode_args)) <= known
+
+
+def _scheduler_monitor(values: dict) -> dict:
+    monitors = render(values).all("ServiceMonitor")
+    return next(m for m in monitors if m["metadata"]["name"].endswith("-scheduler"))
+
+
+def test_metrics_tls_follows_metrics_auth_and_prometheus_verifies_the_certificate() -> None:
+    assert "--metrics-tls" in _args(AUTH)  # tokens never in clear text by default
+    for endpoint in _scheduler_monitor(AUTH)["spec"]["endpoints"]:
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"] == {
+            "serverName": "hamid-scheduler.kube-system.svc",
+            "ca": {"configMap": {"name": "hamid-scheduler-ca", "key": "ca.crt"}},
+        }
+    plain = {"serviceMonitor": {"enabled": True}}
+    assert "--metrics-tls" not in _args(plain)
+    assert all("scheme" not in e for e in _scheduler_monitor(plain)["spec"]["endpoints"])
+    explicit_off = {
+        "scheduler": {"metricsAuth": {"enabled": True}, "metricsTls": {"enabled": False}},
+        "serviceMonitor": {"enabled": True},
+    }
+    assert "--metrics-tls" not in _args(explicit_off)
+    tls_only = {"scheduler": {"metricsTls": {"enabled": True}}, "serviceMonitor": {"enabled": True}}
+    assert "--metrics-tls" in _args(tls_only) and "--metrics-auth" not in _args(tls_only)
+    # a publicly trusted certificate of the operator's: no CA to hand Prometheus, the name still checked
+    own = {
+        "scheduler": {"metricsTls": {"enabled": True}, "tls": {"existingSecret": "mine"}},
+        "serviceMonitor": {"enabled": True},
+    }
+    endpoint = _scheduler_monitor(own)["spec"]["endpoints"][0]
+    assert endpoint["tlsConfig"] == {"serverName": "hamid-scheduler.kube-system.svc"}

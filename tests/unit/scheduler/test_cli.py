@@ -132,3 +132,10 @@ def test_fgd_policy_flags_and_pinned_workload(monkeypatch: pytest.MonkeyPatch, t
         == 2
     )
     assert len(seen) == 2
+
+
+def test_metrics_tls_needs_the_serving_certificate() -> None:
+    bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--metrics-tls"])
+    assert bad.exit_code == 2
+    assert "--metrics-tls" in bad.output and "needs --tls-cert-file and --tls-key-file" in bad.output
+    assert "Traceback" not in bad.output

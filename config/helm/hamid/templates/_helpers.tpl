@@ -79,6 +79,12 @@ app.kubernetes.io/component: device-plugin
 {{- if or (not .Values.scheduler.tls.existingSecret) .Values.scheduler.tls.caBundle -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when the metrics port serves TLS: scheduler.metricsTls.enabled, or metricsAuth when null. */}}
+{{- define "hamid.scheduler.metricsTls" -}}
+{{- $s := .Values.scheduler -}}
+{{- if ternary $s.metricsAuth.enabled $s.metricsTls.enabled (kindIs "invalid" $s.metricsTls.enabled) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Leader election is on only with more than one replica. */}}
 {{- define "hamid.scheduler.leaderElect" -}}
 {{- if and .Values.scheduler.leaderElect (gt (int .Values.scheduler.replicas) 1) -}}true{{- end -}}
