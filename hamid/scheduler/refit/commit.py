@@ -12,7 +12,6 @@ seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first (
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -86,6 +85,8 @@ class RefitCommitter:
         self.readiness = readiness
         self.spawn = spawn
         self.patch_timeout = patch_timeout
+        #: Per pod UID, its newest refit's record (a token): an older record is not sent again.
+        self._recording: dict[str, object] = {}
 
     async def commit(self, pod: PodBody, uid: str, plan: RefitPlan, remaining: float, epoch: str) -> JSON:
         """Patch ``pod`` (guarded by its resourceVersion) with ``plan`` within ``remaining`` s.
@@ -166,10 +167,16 @@ class RefitCommitter:
         """Record the refitted allocation as booked in the pod's status (after its annotations
         landed: a record must never name an allocation that was not applied). Off the refit's
         path: until it lands, the annotations' later signature outranks the older record. Sent again
-        through transient failures (a strategic merge of one condition: the same write twice is one)."""
+        through transient failures (a strategic merge of one condition: the same write twice is one),
+        unless a newer refit of the pod records its own allocation meanwhile."""
+        uid, token = pod[2], object()
+        self._recording[uid] = token
 
-        def write() -> Awaitable[None]:
-            return record_booked(
+        async def write() -> None:
+            if self._recording.get(uid) is not token:
+                log.info("refit_booking_record_superseded", pod=f"{pod[0]}/{pod[1]}")
+                return
+            await record_booked(
                 self.kube, self.ledger.keys, pod, node, allocated, budget_s=POD_READ_TIMEOUT_S
             )
 
@@ -182,6 +189,9 @@ class RefitCommitter:
             )
         except (KubeError, TimeoutError) as exc:
             log.warning("refit_booking_record_failed", pod=f"{pod[0]}/{pod[1]}", error=str(exc))
+        finally:
+            if self._recording.get(uid) is token:
+                del self._recording[uid]
 
     def _feed_ledger(self, uid: str, node: str, plan: RefitPlan) -> None:
         """The allowed set told which NUMA node kubelet chose: the NUMA ledger takes it at once."""

@@ -92,6 +92,38 @@ async def test_the_record_of_a_landed_refit_is_written_through_transient_failure
         refuse_unbooked(entry, booked_entries(stored))  # the plugin serves it, even after a restart
 
 
+async def test_a_late_retry_of_a_refits_record_never_overwrites_a_newer_refits(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """Two refits of one pod's two containers: the first's record fails once and is sent again
+    after the second's record landed. It used to land last, naming container 1's old GPU, so the
+    plugin would refuse the allocation the pod carries; a superseded record is not sent again."""
+    async with refit_env(tls_files, tmp_path) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        two = [container("c0", 1, 1000), container("c1", 1, 1000)]
+        first, both = (
+            "GPU-a,NVIDIA,1000,0:;GPU-a,NVIDIA,1000,0:;",
+            "GPU-b,NVIDIA,1000,0:;GPU-b,NVIDIA,1000,0:;",
+        )
+        record = booked_condition("n1", first, "", time.time())
+        pod = await env.place(
+            "p",
+            "n1",
+            ((d("GPU-a", 1000),), (d("GPU-a", 1000),)),
+            containers=two,
+            status={"conditions": [record]},
+        )
+        env.server.faults.fail_next(1, verb="patch", path_pattern="/pods/p/status$", status=500)
+        slow = env.server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/p/status$")
+        assert (await post(env, pod, 0))["succeeded"] is True
+        assert (await post(env, pod, 1))["succeeded"] is True
+        await eventually(lambda: booked_record(env.server.get("Pod", "default", "p")).allocated == both)
+        await asyncio.sleep(2.5)  # the first record's retry would have landed by now
+        env.server.faults.remove(slow.id)
+        assert env.annotations("p")[AL] == both
+        assert booked_record(env.server.get("Pod", "default", "p")).allocated == both
+
+
 async def test_patch_that_timed_out_and_did_not_land_rolls_back(tls_files: TLSFiles, tmp_path: Path) -> None:
     async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
         pod = await placed(env)
