@@ -112,15 +112,27 @@ def device_score(
         c = request.coresreq
         pct = request.mem_percentage_req
         m = totalmem * pct // 100 if pct not in (0, MEM_PERCENTAGE_UNSET) else request.memreq
-    slot, core, memory = f32(used / count), f32(usedcores / totalcore), f32(usedmem / totalmem)
-    if weights is not DEFAULT_WEIGHTS and weights != DEFAULT_WEIGHTS:  # 1 leaves a float32 as it is
+    if weights is DEFAULT_WEIGHTS or weights == DEFAULT_WEIGHTS:  # 1 leaves a float32 as it is
+        upstream = _default_usage_score(count, totalcore, totalmem, used, usedcores, usedmem)
+    else:
+        slot, core, memory = f32(used / count), f32(usedcores / totalcore), f32(usedmem / totalmem)
         slot = f32(f32(weights.slot) * slot)
         core = f32(f32(weights.core) * core)
         memory = f32(f32(weights.memory) * memory)
-    upstream = f32(10.0 * f32(f32(slot + core) + memory))
+        upstream = f32(10.0 * f32(f32(slot + core) + memory))
     return upstream + 10.0 * (
         weights.slot * r / count + weights.core * c / totalcore + weights.memory * m / totalmem
     )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _default_usage_score(
+    count: int, totalcore: int, totalmem: int, used: int, usedcores: int, usedmem: int
+) -> float:
+    """Upstream's float32 usage score of a GPU under the default weights: it depends on the GPU's
+    usage only, so GPUs in the same state (most of a cluster's) share one computation."""
+    slot, core, memory = f32(used / count), f32(usedcores / totalcore), f32(usedmem / totalmem)
+    return f32(10.0 * f32(f32(slot + core) + memory))
 
 
 _FLOAT32 = array.array("f", [0.0])
