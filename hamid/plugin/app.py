@@ -15,6 +15,7 @@ from types import ModuleType
 from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -45,6 +46,7 @@ from hamid.plugin.refit_client import RefitClient, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
 from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import DevicePluginService
+from hamid.plugin.vgpu_feedback import VgpuFeedback
 
 log = get_logger("plugin")
 
@@ -146,6 +148,7 @@ class Plugin:
         cleanup_min_age: float | None = None,
         numa_sources: NumaSources | None = None,
         hide_replicas: str | None = None,
+        vgpu_feedback: bool = True,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config)
@@ -159,6 +162,10 @@ class Plugin:
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )
+        #: HAMi's vGPU monitor feedback (priority, the ``default`` core policy); None: off.
+        self.feedback: VgpuFeedback | None = None
+        if vgpu_feedback:
+            self.feedback = VgpuFeedback(hook_path, lambda: (objects.uid(p) for p in self.pods.pods()))
         self.health_policy = health_policy or HealthCheckPolicy()
         preferred = setup.config.enable_get_preferred_allocation
         self.allocator = self._allocator(client, hook_path, mismatch_handler)
@@ -224,6 +231,8 @@ class Plugin:
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
             tg.create_task(self.cleaner.run())
+            if self.feedback is not None:
+                tg.create_task(self.feedback.run())
             if self.numa is not None:
                 tg.create_task(self.numa.run())
             if self.setup.nvml is not None and self.health_policy.active:
@@ -354,6 +363,7 @@ class PluginApp:
             cleanup_min_age=timings.cleanup_min_age,
             numa_sources=sources,
             hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology),
+            vgpu_feedback=options.vgpu_feedback,
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit

@@ -119,6 +119,13 @@ class PluginOptions:
         default="/usr/local",
         aliases=["HOOK_PATH"],
     )
+    vgpu_feedback: bool = option_field(
+        "Do what HAMi's vGPU monitor feeds back to HAMi-core every 5 s: hold a container's kernels "
+        "while a higher-priority one (CUDA_TASK_PRIORITY, from nvidia.com/priority) uses its GPU, "
+        "and switch its core limit on only while its GPU is shared at its priority or above "
+        "(GPU_CORE_UTILIZATION_POLICY=default leaves a container alone on its GPU unthrottled).",
+        default=True,
+    )
     refit: RefitClientConfig = nested_field(RefitClientConfig, REFIT_FLAGS)
     #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
     metrics_listen: str = option_field(
