@@ -680,3 +680,22 @@ def test_schedule_cpu_pods_sends_every_pod_to_the_extender() -> None:
         container(defaults.get("Deployment", SCHED), "hamid-scheduler")["args"]
     )
     assert "pluginConfig" not in kube_scheduler_config(defaults)["profiles"][0]
+
+
+def test_device_plugin_runtime_class_reaches_gpu_pods_as_in_hamis_chart() -> None:
+    """A HAMi values file sets ``devicePlugin.runtimeClassName``; HAMi's chart hands it to the
+    webhook too, which puts it on GPU pods (an outside audit: hamid's chart dropped it there)."""
+
+    def runtime_class(values: dict[str, Any]) -> str:
+        text = render(values).get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+        return load_device_config(text).resources.runtime_class_name
+
+    assert runtime_class({}) == ""
+    hami_values = {"devicePlugin": {"runtimeClassName": "nvidia"}}
+    assert runtime_class(hami_values) == "nvidia"
+    assert (
+        render(hami_values).get("DaemonSet", PLUGIN)["spec"]["template"]["spec"]["runtimeClassName"]
+        == "nvidia"
+    )
+    own = {**hami_values, "devices": {"nvidia": {"runtimeClassName": "nvidia-cdi"}}}
+    assert runtime_class(own) == "nvidia-cdi"
