@@ -482,13 +482,19 @@ def _xid_list(value: str, env: str) -> frozenset[int]:
     return frozenset(xids)
 
 
+def _names_all(value: str) -> bool:
+    """Whether a health-check list names every XID: ``all`` or ``xids`` anywhere in it, as the
+    NVIDIA plugin HAMi ships reads it (``48,xids`` disables them all)."""
+    return any(part.strip() in ("all", "xids") for part in value.split(","))
+
+
 def health_policy_from_env(env: Mapping[str, str]) -> HealthCheckPolicy:
     """Build the policy as the NVIDIA device plugin reads it from its environment."""
     disabled = env.get("DP_DISABLE_HEALTHCHECKS", "").strip().lower()
     enabled_env = env.get("DP_ENABLE_HEALTHCHECKS", "").strip().lower()
-    off = disabled in ("all", "xids")
+    off = _names_all(disabled)
     ignored = IGNORED_XIDS if off else IGNORED_XIDS | _xid_list(disabled, "DP_DISABLE_HEALTHCHECKS")
-    force_all = enabled_env in ("all", "xids")
+    force_all = _names_all(enabled_env)
     forced = frozenset() if force_all else _xid_list(enabled_env, "DP_ENABLE_HEALTHCHECKS")
     return HealthCheckPolicy(enabled=not off, ignored=ignored, forced=forced, force_all=force_all)
 

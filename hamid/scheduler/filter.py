@@ -10,6 +10,7 @@ FilteringSucceed/FilteringFailed Events.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 
@@ -143,14 +144,25 @@ class Filter:
             self.record(pod, "Warning", R.EVENT_FILTERING_FAILED, message)
 
 
+_COUNTED_REASON = re.compile(r"\d+/\d+ (\S+)")
+
+
 def _unfit_messages(failed: Mapping[str, str]) -> list[str]:
-    """The FilteringFailed messages of a no-fit answer (``no candidate nodes`` when empty)."""
-    by_reason: dict[str, list[str]] = {}
+    """The FilteringFailed messages of a no-fit answer (``no candidate nodes`` when empty).
+
+    HAMi's ``recordFilteringFailures``: one message per reason *type* (each ``"<n>/<m> <Reason>"``
+    part of a node's reason, as its ``ParseReason`` reads it), ``"<k> nodes <Reason>(<n1>,<n2>)"``
+    with the nodes sorted; a reason without counts (a node-level one: NUMA, CPU, memory) is its
+    own type, where HAMi would drop it. The first :data:`_MAX_FAILED_EVENTS` types by name.
+    """
+    by_type: dict[str, set[str]] = {}
     for node, reason in failed.items():
-        by_reason.setdefault(reason, []).append(node)
+        for part in reason.split(", "):
+            counted = _COUNTED_REASON.match(part)
+            by_type.setdefault(counted.group(1) if counted else part, set()).add(node)
     messages = [
-        f"{len(nodes)} nodes {reason}({', '.join(sorted(nodes))})"
-        for reason, nodes in sorted(by_reason.items())[:_MAX_FAILED_EVENTS]
+        f"{len(nodes)} nodes {kind}({','.join(sorted(nodes))})"
+        for kind, nodes in sorted(by_type.items())[:_MAX_FAILED_EVENTS]
     ]
     return messages or ["no candidate nodes"]
 

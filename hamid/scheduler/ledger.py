@@ -570,7 +570,10 @@ class Ledger:
         elif signature is None:
             if current is None and self.accept_unsigned:
                 return 0
-            why = f"it has no {ann.ALLOCATION_SIGNATURE}: this scheduler did not write it"
+            why = (
+                f"it has no {ann.ALLOCATION_SIGNATURE}: this scheduler did not write it (a pod placed "
+                "by HAMi's scheduler before hamid is booked only with --allow-unsigned-allocations)"
+            )
         else:
             why = f"its {ann.ALLOCATION_SIGNATURE} does not verify: this scheduler did not write it"
         if current is None:

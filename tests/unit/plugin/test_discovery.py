@@ -133,6 +133,8 @@ def test_health_policy_env() -> None:
     assert not extra.is_critical(79) and extra.is_critical(48)
     forced = health_policy_from_env({"DP_DISABLE_HEALTHCHECKS": "xids", "DP_ENABLE_HEALTHCHECKS": "48"})
     assert forced.active and forced.is_critical(48) and not forced.is_critical(79)
+    mixed = health_policy_from_env({"DP_DISABLE_HEALTHCHECKS": "48,xids"})  # upstream: all of them
+    assert not mixed.active and not mixed.is_critical(79)
     with pytest.raises(InvalidInput, match="DP_DISABLE_HEALTHCHECKS"):
         health_policy_from_env({"DP_DISABLE_HEALTHCHECKS": "sometimes"})
 

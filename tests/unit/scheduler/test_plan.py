@@ -14,6 +14,7 @@ from hamid.model import reasons as R
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.core import Scheduler
+from hamid.scheduler.filter import _unfit_messages
 from hamid.scheduler.inventory import HANDSHAKE_GRACE_S
 from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, placed, pod
@@ -331,3 +332,19 @@ def test_a_first_no_fit_filter_computes_its_reasons_in_slices(monkeypatch: Any) 
     assert (None, None, failed) == want
     assert ticks > 2  # the loop ran between the slices
     assert events and set(events) == {R.EVENT_FILTERING_FAILED}
+
+
+def test_filtering_failed_events_read_as_hamis_one_per_reason_type() -> None:
+    """HAMi's ``recordFilteringFailures``: ``<k> nodes <Reason>(<n1>,<n2>)`` per reason type
+    (an outside audit: hamid grouped by each node's whole reason, counts and ", " included)."""
+    failed = {
+        "n2": "1/2 CardInsufficientMemory, 1/2 CardNotHealth",
+        "n1": "2/2 CardInsufficientMemory",
+        "n3": R.NUMA_PREDICTED_NOT_FIT,
+    }
+    assert _unfit_messages(failed) == [
+        "2 nodes CardInsufficientMemory(n1,n2)",
+        "1 nodes CardNotHealth(n2)",
+        f"1 nodes {R.NUMA_PREDICTED_NOT_FIT}(n3)",
+    ]
+    assert _unfit_messages({}) == ["no candidate nodes"]

@@ -106,6 +106,8 @@ def test_after_a_restart_only_verified_allocations_book() -> None:
     foreign = {p["metadata"]["name"]: why for p, why in state.ledger.foreign}
     assert set(foreign) == {"unsigned", "missigned", "copied"}
     assert "has no hamid.io/allocation-signature" in foreign["unsigned"]
+    # what an operator migrating from HAMi sees on the pods HAMi placed (their GPUs look free)
+    assert "--allow-unsigned-allocations" in foreign["unsigned"]
     assert "does not verify" in foreign["missigned"] and "does not verify" in foreign["copied"]
     # an upgrade's one rollout: pods placed before signing (no signature at all) book; forged ones do not
     upgrade = _restarted(keys, mine, unsigned, missigned, accept_unsigned=True)
