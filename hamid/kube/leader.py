@@ -106,6 +106,11 @@ def takeover_at(
     return min(observed, now + renewed + held_for - wall_now)
 
 
+class _TermEnded(Exception):
+    """A leading replica's term is over without a failed renewal: it must step down and start a
+    new term (its callbacks resync what it decides from) rather than renew on."""
+
+
 class LeaderElector:
     """Campaign for the Lease ``namespace/name`` as ``identity``; ``run()`` until cancelled."""
 
@@ -214,7 +219,10 @@ class LeaderElector:
         self._lease = lease
         return spec
 
-    async def _try_acquire_or_renew(self) -> bool:
+    async def _try_acquire_or_renew(self, renewing: bool = False) -> bool:
+        """One GET and create-or-replace. ``renewing`` (this replica leads): a lease that no
+        longer names it (deleted, released, taken) is not taken back here, since another term
+        may have decided meanwhile; :class:`_TermEnded` says so, and :meth:`run` starts a new one."""
         loop = asyncio.get_running_loop()
         sent = fence_clock()
         now_time = _micro_time(self._clock())
@@ -222,6 +230,8 @@ class LeaderElector:
         try:
             lease = await self.client.get_lease(self.namespace, self.name)
         except NotFound:
+            if renewing:
+                raise _TermEnded("the lease was deleted") from None
             body = {
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": {
@@ -239,6 +249,8 @@ class LeaderElector:
         now = loop.time()
         spec = self._observe(lease, now)
         holder = str(spec.get("holderIdentity") or "")
+        if renewing and (holder != self.identity or _lease_epoch(spec) != self._epoch):
+            raise _TermEnded(f"the lease names {holder or 'no holder'} in term {_lease_epoch(spec)}")
         if holder and holder != self.identity:
             expires = takeover_at(spec, self._observed_at, now, self._clock(), self.lease_duration)
             if expires > now:
@@ -256,12 +268,13 @@ class LeaderElector:
         return True
 
     async def _attempt(self, deadline: float | None = None) -> bool:
-        """One try (bounded by ``deadline`` on the loop clock); API errors count as a failed try."""
+        """One try (bounded by ``deadline`` on the loop clock, a renewal when given one); API
+        errors count as a failed try."""
         loop = asyncio.get_running_loop()
         budget = self.renew_deadline if deadline is None else max(0.0, deadline - loop.time())
         try:
             async with asyncio.timeout(budget):
-                return await self._try_acquire_or_renew()
+                return await self._try_acquire_or_renew(renewing=deadline is not None)
         except (KubeError, TimeoutError) as exc:
             self._log.debug("lease_attempt_failed", error=str(exc), error_type=type(exc).__name__)
             return False
@@ -311,16 +324,24 @@ class LeaderElector:
             await asyncio.sleep(self.retry_period)
 
     async def _renew_until_lost(self) -> None:
+        """Renew until a renewal misses its deadline, the fence lapsed (a pause longer than the
+        lease: another term may have come and gone), or the lease names another term."""
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.retry_period)
-            deadline = loop.time() + self.renew_deadline
-            while not await self._attempt(deadline):
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    self._log.warning("lease_renew_deadline_missed")
-                    return
-                await asyncio.sleep(min(self.retry_period, remaining))
+        try:
+            while True:
+                await asyncio.sleep(self.retry_period)
+                lapsed = self.lease_invalid()
+                if lapsed:
+                    raise _TermEnded(lapsed)
+                deadline = loop.time() + self.renew_deadline
+                while not await self._attempt(deadline):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        self._log.warning("lease_renew_deadline_missed")
+                        return
+                    await asyncio.sleep(min(self.retry_period, remaining))
+        except _TermEnded as ended:
+            self._log.warning("lease_term_ended", reason=str(ended))
 
     async def _release(self) -> None:
         """Hand the lease over on the way out: an empty holder, so a candidate takes it at once.

@@ -242,6 +242,11 @@ class Binder:
                 self.backoff.note(args.node, ok=False)
                 log.warning("bind_outcome_unknown_nothing_undone", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node}: outcome unknown ({exc}); nothing undone"
+            elif self._fenced(epoch):
+                # another replica decides now and may hold this pod's lock again (re-entrant):
+                # an undo of this term's writes would strip what the new term wrote
+                log.warning("bind_failed_fenced_nothing_undone", pod=key, node=args.node, error=str(exc))
+                return f"binding pod {key} to {args.node} failed: {exc}; nothing undone (not the leader)"
             else:
                 await self._undo_bind(args, needs_lock, exc, deadline)
                 self.backoff.note(args.node, ok=False)

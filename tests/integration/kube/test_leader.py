@@ -321,3 +321,47 @@ async def test_the_release_survives_a_renewal_that_landed_unseen(kube: KubeClien
         apiserver.put(lease)
     released = await kube.get_lease("kube-system", "hamid-scheduler")
     assert released["spec"]["holderIdentity"] == ""
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def test_a_lease_another_term_held_is_not_renewed_into_the_same_term(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """An HA audit: a leader frozen past its lease woke to find it released by the replica that
+    led meanwhile, and took it back as a plain renewal: no new term, so it decided from a cache
+    that had missed that term's writes (HAMi #2911). Now it steps down and starts a new term."""
+    log: list[str] = []
+    a = elector(kube, "a", log, release_on_cancel=False)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        for holder in ("b", ""):  # b's term, then b's release, between two renewals of a
+            lease = apiserver.get("Lease", "kube-system", "hamid-scheduler")
+            transitions = int(lease["spec"].get("leaseTransitions") or 0) + 1
+            lease["spec"].update(
+                holderIdentity=holder, acquireTime=_stamp(), renewTime=_stamp(), leaseTransitions=transitions
+            )
+            apiserver.put(lease)
+        await eventually(lambda: log == ["a+", "a-", "a+"], within=10, what="a new term")
+        assert a.epoch.endswith("#3")
+        task.cancel()
+
+
+async def test_a_leader_whose_fence_lapsed_starts_a_new_term(
+    kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause longer than the lease (the fence lapsed) ends the term even when nobody took the
+    lease meanwhile: what happened during the pause is unknown, so the term's caches resync."""
+    log: list[str] = []
+    a = elector(kube, "a", log)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        real, paused = leader.fence_clock, FAST["lease_duration"]
+        monkeypatch.setattr(leader, "fence_clock", lambda: real() + paused)
+        await eventually(lambda: log == ["a+", "a-", "a+"], within=10, what="a new term")
+        assert a.lease_invalid() == ""
+        task.cancel()

@@ -186,6 +186,27 @@ async def test_a_bind_waiting_in_line_across_a_takeover_takes_no_lock() -> None:
         assert ann.BIND_PHASE not in env.server.get("Pod", "default", "a")["metadata"]["annotations"]
 
 
+async def test_a_bind_failing_after_a_takeover_undoes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HA audit: the Binding failed after this replica lost its lease, and the undo still
+    stripped the node lock and bind-phase, which the new leader may have written again for the
+    same pod (the lock is re-entrant). A fenced bind leaves them to the new term."""
+    async with running_scheduler() as env:
+        p = await _filtered(env)
+        kube = env.scheduler.binder.kube
+
+        async def taken_over_then_lost(*_args: Any, **_kw: Any) -> None:
+            env.scheduler.readiness.follow()  # another replica took the lease meanwhile
+            raise Timeout("POST binding: no answer within the timeout (injected)")
+
+        monkeypatch.setattr(kube, "bind_pod", taken_over_then_lost)
+        error = await env.bind(p, "n1")
+        assert "nothing undone (not the leader)" in error
+        annotations = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+        lock = ann.parse_node_lock(_node_annotations(env)[ann.NODE_LOCK])
+        assert (lock.namespace, lock.name) == ("default", "a")
+
+
 def _holder_lock(env: Env, age: timedelta) -> None:
     """Node n1 locked ``age`` ago by pod ``holder``, still Pending and unallocated on n1."""
     env.server.put(
