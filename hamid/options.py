@@ -122,7 +122,7 @@ class _Param:
             attrs["default"] = self.default
         elif shown is not None:
             attrs["default"] = shown
-        else:
+        elif not self.required:  # click 8.3+ takes an explicit None as a given default
             attrs["default"] = None
         if self.spec.type is not None:
             attrs["type"] = self.spec.type

@@ -24,16 +24,12 @@ from hamid.model.kube import PodBody
 from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
+from hamid.scheduler.settings import BIND_AFTER_LOCK_S, BIND_BUDGET_S
 from hamid.scheduler.signing import record_booked
 from hamid.scheduler.verbs import VerbContext
 
 log = get_logger("scheduler")
 
-#: The whole budget of one /bind (lock wait and every API call): kube-scheduler's extender
-#: httpTimeout is 30 s; the rest is margin for the HTTP exchange itself.
-BIND_BUDGET_S = 27.0
-#: Part of the budget the lock wait leaves for the annotation patch, the Binding and an undo.
-_BIND_AFTER_LOCK_S = 8.0
 #: Part of the budget the forward calls leave for undoing a failed bind (pod read, lock release,
 #: bind-phase removal).
 _BIND_UNDO_S = 3.0
@@ -127,7 +123,7 @@ class Binder:
             return pod, ""
         try:
             pod = await self.kube.get_pod(
-                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline, _BIND_AFTER_LOCK_S)
+                args.pod_namespace, args.pod_name, timeout=self._call_timeout(deadline, BIND_AFTER_LOCK_S)
             )
         except NotFound:
             res = self.ledger.reservation(args.pod_uid)
@@ -180,7 +176,7 @@ class Binder:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
             return message
         loop = asyncio.get_running_loop()
-        wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - _BIND_AFTER_LOCK_S), 0.0)
+        wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - BIND_AFTER_LOCK_S), 0.0)
         try:
             waited = await self._acquire_or_close(args, wait_s, epoch)
         except (LockContention, KubeError) as exc:

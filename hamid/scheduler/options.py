@@ -28,7 +28,7 @@ from hamid.scheduler.refit.auth import (
     ServiceAccount,
     parse_methods,
 )
-from hamid.scheduler.settings import DEFAULT_SCHEDULER_NAME, SchedulerSettings
+from hamid.scheduler.settings import DEFAULT_BIND_WAIT_S, DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.signing import AllocationKeys, load_key_file
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -51,6 +51,10 @@ def _service_account(text: str) -> ServiceAccount:
     return account
 
 
+#: Go's largest duration (int64 nanoseconds, about 292 years).
+_MAX_DURATION_S = (2**63 - 1) / 1e9
+
+
 def parse_duration(text: str) -> timedelta:
     """A Go duration (``5m``, ``1h30m``, ``300ms``) as a timedelta; must be positive."""
     value = text.strip()
@@ -62,6 +66,8 @@ def parse_duration(text: str) -> timedelta:
         pos = m.end()
     if not value or pos != len(value) or total <= 0:
         raise InvalidInput(f"{text!r} is not a positive duration like 5m, 30s or 1h30m")
+    if total > _MAX_DURATION_S:
+        raise InvalidInput(f"{text!r} is longer than a Go duration can be (2562047h)")
     return timedelta(seconds=total)
 
 
@@ -184,7 +190,9 @@ SETTINGS_FLAGS = {
         show=format_duration,
     ),
     "bind_wait_s": Opt(
-        "How long a bind waits for a contended node lock before failing.",
+        "How long a bind waits for a contended node lock before failing; at most (and by default) "
+        "19s, what a /bind's 27 s budget inside kube-scheduler's 30 s extender timeout leaves after "
+        "the writes that follow the lock.",
         flag="--bind-wait",
         parse=parse_seconds,
         show=format_duration,
@@ -383,6 +391,12 @@ class SchedulerOptions:
         if self.metrics_tls and not self.tls_cert_file:
             raise OptionError("--metrics-tls", "needs --tls-cert-file and --tls-key-file (its certificate)")
         settings = self.settings
+        if settings.bind_wait_s > DEFAULT_BIND_WAIT_S:
+            raise OptionError(
+                "--bind-wait",
+                f"{format_duration(settings.bind_wait_s)} is longer than a bind can wait "
+                f"({format_duration(DEFAULT_BIND_WAIT_S)}: kube-scheduler's extender call lasts 30 s)",
+            )
         if settings.node_lock_max_hold < settings.node_lock_timeout:
             raise OptionError(
                 "--node-lock-max-hold",

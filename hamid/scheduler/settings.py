@@ -13,13 +13,24 @@ from datetime import timedelta
 from hamid.fit.fgd import DEFAULT_HALF_LIFE, Workload
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL
 
-__all__ = ["DEFAULT_BIND_WAIT_S", "DEFAULT_SCHEDULER_NAME", "SchedulerSettings"]
+__all__ = [
+    "BIND_AFTER_LOCK_S",
+    "BIND_BUDGET_S",
+    "DEFAULT_BIND_WAIT_S",
+    "DEFAULT_SCHEDULER_NAME",
+    "SchedulerSettings",
+]
 
 #: HAMi's scheduler name: the schedulerName the webhook sets, the name of kube-scheduler's Lease,
 #: and the component hamid's Events report (as HAMi's scheduler does).
 DEFAULT_SCHEDULER_NAME = "hami-scheduler"
-#: How long a bind waits for a contended node lock (well inside kube-scheduler's 30 s httpTimeout).
-DEFAULT_BIND_WAIT_S = 25.0
+#: The whole budget of one /bind (lock wait and every API call): kube-scheduler's extender
+#: httpTimeout is 30 s; the rest is margin for the HTTP exchange itself.
+BIND_BUDGET_S = 27.0
+#: Part of the budget the lock wait leaves for the annotation patch, the Binding and an undo.
+BIND_AFTER_LOCK_S = 8.0
+#: How long a bind waits for a contended node lock, at most and by default: all the budget leaves.
+DEFAULT_BIND_WAIT_S = BIND_BUDGET_S - BIND_AFTER_LOCK_S
 
 
 @dataclass(frozen=True)

@@ -1165,7 +1165,8 @@ def render(result: ScenarioResult) -> str:
     help="Keep the scenario's cluster running afterwards for kubectl (as `hamid sim up`); Ctrl-C stops it.",
 )
 @option(
-    "--kubeconfig",
+    "--write-kubeconfig",
+    "kubeconfig",
     type=click.Path(dir_okay=False, path_type=Path),
     default=DEFAULT_KUBECONFIG,
     help="With --keep: where to write the kubeconfig.",

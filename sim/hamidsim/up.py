@@ -39,7 +39,8 @@ async def run_up(options: ClusterOptions, kubeconfig: Path, stage: bool) -> None
     help="HOST:PORT of the embedded API server (plain HTTP; port 0 picks a free port).",
 )
 @option(
-    "--kubeconfig",
+    "--write-kubeconfig",
+    "kubeconfig",
     type=click.Path(dir_okay=False, path_type=Path),
     default=DEFAULT_KUBECONFIG,
     help=f"Where to write the kubeconfig (the example pod {EXAMPLE_POD_FILE} goes beside it).",

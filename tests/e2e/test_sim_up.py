@@ -75,7 +75,7 @@ async def _wait_running(kubectl: Kubectl, name: str) -> dict:
 async def test_sim_up_mutates_schedules_binds_admits_and_refits(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "sim.kubeconfig"
     proc, lines = await _start(
-        tmp_path, "sim", "up", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig)
+        tmp_path, "sim", "up", "--listen", "127.0.0.1:0", "--write-kubeconfig", str(kubeconfig)
     )
     try:
         assert f"  export KUBECONFIG={kubeconfig}" in lines
@@ -109,7 +109,7 @@ async def test_sim_up_mutates_schedules_binds_admits_and_refits(tmp_path: Path) 
 async def test_demo_keep_prints_the_scenario_then_serves(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "demo.kubeconfig"
     proc, lines = await _start(
-        tmp_path, "demo", "--keep", "--scenario", "refit", "--kubeconfig", str(kubeconfig)
+        tmp_path, "demo", "--keep", "--scenario", "refit", "--write-kubeconfig", str(kubeconfig)
     )
     try:
         assert "== refit: PASS" in lines
@@ -133,7 +133,7 @@ def test_sim_up_on_a_busy_port_fails_in_one_line(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = CliRunner().invoke(
-            cli, ["sim", "up", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(tmp_path / "k")]
+            cli, ["sim", "up", "--listen", f"127.0.0.1:{port}", "--write-kubeconfig", str(tmp_path / "k")]
         )
     assert result.exit_code == 1
     assert f"cannot start the cluster on 127.0.0.1:{port}" in result.output

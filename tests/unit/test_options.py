@@ -43,11 +43,11 @@ def test_settings_defaults_stay_with_the_settings() -> None:
 def test_go_durations_and_env_vars_reach_the_fields() -> None:
     options = _parse(
         SchedulerOptions,
-        ["--node-lock-timeout=90s", "--bind-wait=1m", "--leader-elect-retry-period=500ms"],
+        ["--node-lock-timeout=90s", "--bind-wait=1500ms", "--leader-elect-retry-period=500ms"],
         env={"HAMID_RECONCILE_INTERVAL": "0", "POD_NAME": "sched-0", "HAMID_POD_NAMESPACE": "hami"},
     )
     assert options.settings.node_lock_timeout == timedelta(seconds=90)
-    assert options.settings.bind_wait_s == 60.0
+    assert options.settings.bind_wait_s == 1.5
     assert options.settings.reconcile_interval_s == 0.0
     assert options.leader_elect_retry_period_s == 0.5
     assert (options.pod_name, options.pod_namespace) == ("sched-0", "hami")
@@ -124,7 +124,7 @@ def test_help_shows_defaults_as_go_durations() -> None:
         raise AssertionError("--help runs nothing")
 
     out = CliRunner().invoke(command, ["--help"], terminal_width=200).output
-    for text in ("default: 5m", "default: 30m", "default: 25s", "default: 2s", "HAMID_BIND_WAIT"):
+    for text in ("default: 5m", "default: 30m", "default: 19s", "default: 2s", "HAMID_BIND_WAIT"):
         assert text in out
 
 

@@ -90,7 +90,8 @@ async def serve(server: ApiServer, seed: list[dict[str, Any]], kubeconfig: Path 
     help="Seconds between BOOKMARK events on watches that allow them.",
 )
 @option(
-    "--kubeconfig",
+    "--write-kubeconfig",
+    "kubeconfig",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Write a kubeconfig for kubectl pointing at this server to this path once listening.",

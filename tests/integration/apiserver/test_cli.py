@@ -30,7 +30,7 @@ async def test_sim_apiserver_command(tmp_path: Path) -> None:
         "127.0.0.1:0",
         "--seed-file",
         str(seed),
-        "--kubeconfig",
+        "--write-kubeconfig",
         str(tmp_path / "kubeconfig"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

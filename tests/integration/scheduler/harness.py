@@ -105,7 +105,7 @@ async def running_scheduler(
 ) -> AsyncIterator[Env]:
     """Start API server, scheduler (caches synced unless ``start`` is False) and its listeners."""
     async with ApiServer() as server:
-        options = loopback_options(server, settings=settings or SchedulerSettings(bind_wait_s=20.0))
+        options = loopback_options(server, settings=settings or SchedulerSettings(bind_wait_s=19.0))
         async with (
             running_app(options, start=start) as app,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,

@@ -163,7 +163,7 @@ async def test_a_lock_take_whose_answer_was_lost_leaves_no_lock(monkeypatch: pyt
 async def test_a_bind_waiting_in_line_across_a_takeover_takes_no_lock() -> None:
     """A red team: a bind waiting for the lock when this replica lost its lease still took it
     (the fence was asked only before the wait), then answered fenced and left it on the node."""
-    async with running_scheduler(SchedulerSettings(bind_wait_s=20.0)) as env:
+    async with running_scheduler(SchedulerSettings(bind_wait_s=19.0)) as env:
         p = await _filtered(env)
         other = pod("other", annotations={ann.VGPU_NODE: "n1", ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING})
         other["spec"]["nodeName"] = "n1"

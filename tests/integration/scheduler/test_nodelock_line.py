@@ -53,7 +53,7 @@ def _foreign_lock(env: Env, name: str) -> None:
 
 
 async def test_waiting_binds_get_the_lock_in_arrival_order_one_patch_each() -> None:
-    async with running_scheduler(SchedulerSettings(bind_wait_s=20.0)) as env:
+    async with running_scheduler(SchedulerSettings(bind_wait_s=19.0)) as env:
         env.add_node("n1", gpus=PODS)
         await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         pods = [

@@ -139,3 +139,11 @@ def test_metrics_tls_needs_the_serving_certificate() -> None:
     assert bad.exit_code == 2
     assert "--metrics-tls" in bad.output and "needs --tls-cert-file and --tls-key-file" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_durations_beyond_go_and_a_bind_wait_beyond_the_budget_are_usage_errors() -> None:
+    for args in (["--bind-wait", "99999999999999h"], ["--reconcile-interval", "9" * 40 + "s"]):
+        bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, *args])
+        assert bad.exit_code == 2 and "longer than a Go duration can be" in bad.output, args
+    bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--bind-wait", "25s"])
+    assert bad.exit_code == 2 and "longer than a bind can wait (19s" in bad.output
