@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import click
@@ -284,19 +285,21 @@ def check_node_config(config: NodeConfig, node_name: str, has_entry: bool) -> li
             )
         )
     switches = (
-        ("enablenumatopology", config.enable_numa_topology, "replicas report no NUMA node to kubelet"),
+        ("enablenumatopology", config.enable_numa_topology, _fail, "replicas report no NUMA node to kubelet"),
         (
             "enablegetpreferredallocation",
             config.enable_get_preferred_allocation,
-            "the plugin gives kubelet no preferred allocation, so no refit happens",
+            _warn,
+            "the plugin gives kubelet no preferred allocation: kubelet picks replicas itself, so more "
+            "pods are refitted (at Allocate)",
         ),
     )
-    for key, value, why in switches:
+    for key, value, finding, why in switches:
         if value:
             findings.append(_ok(f"node config {key}", "true"))
         else:
             findings.append(
-                _fail(f"node config {key}", f"is false: {why}", f'set "{key}": true in the {entry}')
+                finding(f"node config {key}", f"is false: {why}", f'set "{key}": true in the {entry}')
             )
     return findings
 
@@ -406,6 +409,18 @@ def _node_config_findings(
 def _endpoint_finding(endpoint: str | None, ca_file: str | None) -> Finding:
     if not endpoint:
         return Finding(Status.SKIP, "scheduler endpoint", "not checked (pass --scheduler-endpoint)")
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return _fail(
+            "scheduler endpoint", f"{endpoint!r} is not an http(s) URL", "pass https://<host>:<port>"
+        )
+    if parts.scheme != "https":
+        return _fail(
+            "scheduler endpoint",
+            f"{endpoint} is plain HTTP: the plugin sends its ServiceAccount token only over verified "
+            "TLS (it refuses to start with this endpoint and a token), and nothing verifies the scheduler",
+            "use the https:// endpoint with --scheduler-ca-file",
+        )
     try:
         context = client_ssl_context(ca_file) if endpoint.startswith("https:") else None
     except InvalidInput as exc:

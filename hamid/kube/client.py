@@ -26,6 +26,8 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 from hamid.kube.errors import InvalidRequest, KubeError, Timeout, error_from_code, error_from_status
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model._wire import load_yaml
+from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
 
 log = get_logger("kube.client")
@@ -603,9 +605,9 @@ async def connect(
             raise KubeError(f"--api-server must be an http:// or https:// URL, got {api_server!r}")
         source = "api-server URL"
     elif kubeconfig:
-        missing = await asyncio.to_thread(_missing_files, kubeconfig)
-        if missing:
-            raise KubeError(f"kubeconfig {', '.join(missing)} does not exist (--kubeconfig or KUBECONFIG)")
+        problems = await asyncio.to_thread(_kubeconfig_problems, kubeconfig)
+        if problems:
+            raise KubeError(f"kubeconfig {'; '.join(problems)} (--kubeconfig or KUBECONFIG)")
         try:
             await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         except Exception as exc:  # the library's errors are untyped: AttributeError for a bad shape, ...
@@ -639,9 +641,51 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
-def _missing_files(paths: str) -> list[str]:
-    """The entries of a ``KUBECONFIG``-style list that are not files (the library only warns)."""
-    return [p for p in paths.split(os.pathsep) if p and not os.path.isfile(p)]
+def _kubeconfig_problems(paths: str) -> list[str]:
+    """What is wrong with the files of a ``KUBECONFIG``-style list before the library reads them:
+    not a file (the library only warns), not YAML, or not a kubeconfig's shape (the library then
+    fails with Python's own words: a TypeError for an empty file, an AssertionError for a number
+    as a server)."""
+    problems: list[str] = []
+    for path in (p for p in paths.split(os.pathsep) if p):
+        if os.path.isdir(path):
+            problems.append(f"{path} is a directory, not a kubeconfig file")
+            continue
+        if not os.path.isfile(path):
+            problems.append(f"{path} does not exist")
+            continue
+        try:
+            with open(path, "rb") as f:
+                doc = load_yaml(f.read().decode("utf-8"), path)
+        except (OSError, UnicodeDecodeError, InvalidInput) as exc:
+            problems.append(str(exc))
+            continue
+        shape = _kubeconfig_shape(doc)
+        if shape:
+            problems.append(f"{path} is not a kubeconfig: {shape}")
+    return problems
+
+
+def _kubeconfig_shape(doc: object) -> str:
+    """Why ``doc`` is not shaped as a kubeconfig ("" when it is, as far as hamid reads it)."""
+    if doc is None:
+        return "the file is empty"
+    if not isinstance(doc, dict):
+        return f"a YAML mapping with clusters, contexts and users is expected, not {type(doc).__name__}"
+    for section, inner in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+        entries = doc.get(section)
+        if entries is None:
+            continue
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            return f"{section} is not a list of mappings"
+        for entry in entries:
+            body = entry.get(inner)
+            if body is not None and not isinstance(body, dict):
+                return f"{section}[].{inner} of {entry.get('name')!r} is not a mapping"
+            server = (body or {}).get("server") if section == "clusters" else None
+            if server is not None and not isinstance(server, str):
+                return f"the server of cluster {entry.get('name')!r} is not a URL string"
+    return ""
 
 
 def _resolve_proxy(configuration: Configuration) -> None:

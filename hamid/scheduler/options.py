@@ -51,6 +51,14 @@ def _service_account(text: str) -> ServiceAccount:
     return account
 
 
+#: A label selector of equality terms (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``), comma-separated
+#: (set-based ``in``/``notin`` terms are not taken: the chart writes equality terms).
+_LABEL_KEY = r"(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_TERM = (
+    rf"\s*(?:!?{_LABEL_KEY}|{_LABEL_KEY}\s*(?:==?|!=)\s*[A-Za-z0-9]?(?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)\s*"
+)
+_LABEL_SELECTOR = re.compile(rf"{_LABEL_TERM}(?:,{_LABEL_TERM})*")
+
 #: Go's largest duration (int64 nanoseconds, about 292 years).
 _MAX_DURATION_S = (2**63 - 1) / 1e9
 
@@ -390,6 +398,7 @@ class SchedulerOptions:
             raise OptionError("--tls-cert-file", "--tls-cert-file and --tls-key-file must be given together")
         if self.metrics_tls and not self.tls_cert_file:
             raise OptionError("--metrics-tls", "needs --tls-cert-file and --tls-key-file (its certificate)")
+        self._check_names()
         settings = self.settings
         if settings.bind_wait_s > DEFAULT_BIND_WAIT_S:
             raise OptionError(
@@ -416,6 +425,28 @@ class SchedulerOptions:
         self._check_lease_timings()
         if self.refit_auth is _REFIT_AUTH_UNSET:
             object.__setattr__(self, "refit_auth", (MTLS, TOKEN) if self.client_ca_file else (TOKEN,))
+
+    def _check_names(self) -> None:
+        """Names a running scheduler cannot do without: an empty one would leave GPU pods to the
+        default scheduler, or a replica that can never lead, or /refit tokens never matched."""
+        names = {
+            "--scheduler-name": self.settings.scheduler_name,
+            "--device-plugin-namespace": self.device_plugin_namespace,
+            "--device-plugin-service-account": self.device_plugin_service_account,
+        }
+        if self.leader_elect:
+            names |= {
+                "--leader-elect-name": self.leader_elect_name,
+                "--leader-elect-namespace": self.leader_elect_namespace,
+            }
+        for flag, value in names.items():
+            if not value.strip():
+                raise OptionError(flag, "must not be empty")
+        if not _LABEL_SELECTOR.fullmatch(self.scheduler_pod_selector.strip()):
+            raise OptionError(
+                "--scheduler-pod-selector",
+                f"{self.scheduler_pod_selector!r} is not a label selector like app=hamid,component=scheduler",
+            )
 
     def _check_lease_timings(self) -> None:
         """kube-scheduler's rules: retry period < renew deadline < lease duration."""

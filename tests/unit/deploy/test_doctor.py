@@ -13,7 +13,7 @@ from aiohttp import web
 from click.testing import CliRunner, Result
 
 from hamid.cli import cli
-from hamid.doctor import Status, probe_endpoint
+from hamid.doctor import Status, _endpoint_finding, probe_endpoint
 from hamid.tls import client_ssl_context
 from tests.fixtures.tls import TLSFiles
 
@@ -125,7 +125,10 @@ def test_node_config_without_the_seed_switches(tmp_path: Path) -> None:
     failed = "\n".join(lines(result, Status.FAIL))
     assert "operatingmode: is 'mig'" in failed
     assert "enablenumatopology: is false" in failed
-    assert "enablegetpreferredallocation: is false" in failed
+    # without a preferred allocation the refit still happens, at Allocate (a docs audit: it said
+    # "no refit happens" and blocked the node)
+    warned = "\n".join(lines(result, Status.WARN))
+    assert "enablegetpreferredallocation: is false" in warned and "refitted (at Allocate)" in warned
     assert '"enablegetpreferredallocation": true' in result.output
 
 
@@ -209,6 +212,21 @@ async def https_endpoint(tls_files: TLSFiles) -> AsyncIterator[str]:
     runner, url = await _serve(_app(), tls_files)
     yield url
     await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "says"),
+    [
+        ("http://127.0.0.1:9", "is plain HTTP"),
+        ("notaurl", "is not an http(s) URL"),
+        ("ftp://x", "not an http"),
+    ],
+)
+def test_an_endpoint_the_plugin_would_refuse_fails_before_any_probe(endpoint: str, says: str) -> None:
+    """A docs audit: a plain http:// endpoint answered OK, though the plugin refuses to send its
+    token there; a string that is no URL read as a network problem."""
+    finding = _endpoint_finding(endpoint, None)
+    assert finding.status is Status.FAIL and says in finding.message
 
 
 async def test_endpoint_ok_with_the_ca(https_endpoint: str, tls_files: TLSFiles) -> None:

@@ -147,3 +147,20 @@ def test_durations_beyond_go_and_a_bind_wait_beyond_the_budget_are_usage_errors(
         assert bad.exit_code == 2 and "longer than a Go duration can be" in bad.output, args
     bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--bind-wait", "25s"])
     assert bad.exit_code == 2 and "longer than a bind can wait (19s" in bad.output
+
+
+def test_names_a_running_scheduler_needs_are_not_empty() -> None:
+    """A docs audit: an empty --scheduler-name left GPU pods to the default scheduler, an empty
+    Lease name made a replica that could never lead; they started without a word."""
+    for args, flag in (
+        (["--scheduler-name="], "--scheduler-name"),
+        (["--leader-elect", "--leader-elect-name="], "--leader-elect-name"),
+        (["--device-plugin-namespace="], "--device-plugin-namespace"),
+        (["--scheduler-pod-selector=!!!=="], "--scheduler-pod-selector"),
+    ):
+        bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, *args])
+        assert bad.exit_code == 2 and f"Invalid value for {flag}" in bad.output, args
+    options = SchedulerOptions(
+        scheduler_pod_selector="app=hamid, tier!=web,!legacy,app.kubernetes.io/name==x"
+    )
+    assert options.scheduler_pod_selector.startswith("app=hamid")
