@@ -1447,6 +1447,12 @@ def predict(
     if isinstance(spec, Mapping) and spec.get("resources"):
         return _unknown(UNKNOWN_UNMODELLED, "pod-level resources (spec.resources) are not modelled")
     containers = _containers(pod)
+    other = sorted({r for c in containers for r in c.limits if r in profile.other_devices})
+    if other:
+        return _unknown(
+            UNKNOWN_UNMODELLED,
+            f"the pod asks {other[0]}, a device resource with NUMA affinity the prediction does not replay",
+        )
     qos = pod_qos(pod, containers)
     if profile.policies.memory_manager_policy == "Static" and qos == "Guaranteed":
         if profile.memory is None:

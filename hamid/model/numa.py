@@ -166,6 +166,8 @@ _MEMORY_TYPE = re.compile(r"(?:memory|hugepages-[1-9][0-9]{0,9}(?:Ki|Mi|Gi|Ti|Pi
 PROFILE_MEMORY_VERSION = 4
 #: Format version of a profile that carries ``hideReplicas`` (readers of 1 to 4 refuse the field).
 PROFILE_HIDE_REPLICAS_VERSION = 5
+#: Format version of a profile that carries ``devices`` (readers of 1 to 5 refuse the field).
+PROFILE_DEVICES_VERSION = 6
 #: The rules by which hamid's device plugin hides free GPU replicas from kubelet
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
 #: those of a partly booked GPU while the node has an idle one.
@@ -297,6 +299,10 @@ class NumaProfile:
     #: (:mod:`hamid.fit.replica_room`); None: every free replica is offered (older profiles, or
     #: the plugin's ``--hide-replicas=off``).
     hide_replicas: ReplicaHiding | None = None
+    #: The node's other device-plugin resources whose devices name a NUMA node (PodResources
+    #: ``GetAllocatableResources``): kubelet's Topology Manager weighs their hints too, which the
+    #: predictor does not replay, so a pod asking one is ``unknown``. Empty: none (or older agents).
+    other_devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check the topology is coherent (one core/socket/NUMA per CPU, cores inside one NUMA)."""
@@ -410,6 +416,7 @@ _PROFILE_KEYS = frozenset(
         "uncore",
         "memory",
         "hideReplicas",
+        "devices",
     }
 )
 #: A profile naming ``preferred`` (format 2) is unknown to readers of format 1; others stay 1.
@@ -423,6 +430,7 @@ _FIELD_VERSIONS = {
     "uncore": PROFILE_UNCORE_VERSION,
     "memory": PROFILE_MEMORY_VERSION,
     "hideReplicas": PROFILE_HIDE_REPLICAS_VERSION,
+    "devices": PROFILE_DEVICES_VERSION,
 }
 PROFILE_VERSIONS = (
     FORMAT_VERSION,
@@ -430,6 +438,7 @@ PROFILE_VERSIONS = (
     PROFILE_UNCORE_VERSION,
     PROFILE_MEMORY_VERSION,
     PROFILE_HIDE_REPLICAS_VERSION,
+    PROFILE_DEVICES_VERSION,
 )
 
 
@@ -481,6 +490,8 @@ def encode_profile(profile: NumaProfile) -> str:
         doc["memory"] = {str(n): dict(types) for n, types in profile.memory}
     if profile.hide_replicas is not None:
         doc["hideReplicas"] = {"resource": profile.hide_replicas.resource, "rule": profile.hide_replicas.rule}
+    if profile.other_devices:
+        doc["devices"] = list(profile.other_devices)
     doc["v"] = profile_version(doc)
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), NUMA_PROFILE)
 
@@ -563,6 +574,7 @@ class _Topology:
     preferred_allocation: str | None
     memory: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None
     hide_replicas: ReplicaHiding | None
+    other_devices: tuple[str, ...]
 
     def profile(self, generation: int, observed_at: int) -> NumaProfile:
         """The profile of this topology for one generation and confirmation time."""
@@ -577,6 +589,7 @@ class _Topology:
             self.preferred_allocation,
             self.memory,
             self.hide_replicas,
+            self.other_devices,
         )
 
 
@@ -650,7 +663,19 @@ def _decode_topology(doc: Mapping[str, object]) -> _Topology:
         preferred_allocation=want_str(doc["preferred"], f"{key}.preferred") if "preferred" in doc else None,
         memory=_decode_memory(doc["memory"]) if "memory" in doc else None,
         hide_replicas=_decode_hiding(doc["hideReplicas"]) if "hideReplicas" in doc else None,
+        other_devices=_decode_devices(doc["devices"]) if "devices" in doc else (),
     )
+
+
+def _decode_devices(value: object) -> tuple[str, ...]:
+    where = f"{NUMA_PROFILE}.devices"
+    names = tuple(want_str(v, f"{where}[{i}]") for i, v in enumerate(want_list(value, where)))
+    for name in names:
+        if "/" not in name:
+            raise InvalidInput(f"{where}: {name!r:.60} is not an extended resource name")
+    if list(names) != sorted(set(names)):
+        raise InvalidInput(f"{where}: must be sorted without repeats")
+    return names
 
 
 def _decode_hiding(value: object) -> ReplicaHiding:

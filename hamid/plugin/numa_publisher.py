@@ -91,6 +91,7 @@ def build_profile(
     preferred_allocation: str | None = None,
     memory: Mapping[int, Mapping[str, int]] | None = None,
     hide_replicas: ReplicaHiding | None = None,
+    other_devices: Iterable[str] = (),
 ) -> NumaProfile:
     """The profile's content (``gen`` and ``at`` 0): reserved = all - allocatable under the static policy.
 
@@ -100,7 +101,8 @@ def build_profile(
     kubelet reads them (``prefer-align-cpus-by-uncorecache``): elsewhere the profile keeps the format
     older schedulers read. ``memory``: the allocatable memory per NUMA node PodResources reports,
     published under the Static memory manager policy only. ``hide_replicas``: which free replicas
-    this plugin reports Unhealthy (``--hide-replicas``).
+    this plugin reports Unhealthy (``--hide-replicas``). ``other_devices``: the node's other
+    device-plugin resources whose devices name a NUMA node.
     """
     all_cpus = frozenset(c.cpu for c in topology.cpus)
     static = policies.cpu_manager_policy == CPU_POLICIES[1]
@@ -119,6 +121,7 @@ def build_profile(
         preferred_allocation=preferred_allocation,
         hide_replicas=hide_replicas,
         memory=_profile_memory(memory) if policies.memory_manager_policy == "Static" else None,
+        other_devices=tuple(sorted(set(other_devices))),
     )
 
 
@@ -342,8 +345,13 @@ class NumaPublisher:
         try:
             preferred = self.resource_name if self.preferred_allocation else None
             hides = ReplicaHiding(self.resource_name, self.hide_rule) if self.hide_rule is not None else None
+            others = (
+                res
+                for res, per_numa in allocatable.devices.items()
+                if res != self.resource_name and any(n != NO_TOPOLOGY for n in per_numa)
+            )
             content = build_profile(
-                self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory, hides
+                self.topology, self.policies, allocatable.cpus, preferred, allocatable.memory, hides, others
             )
         except InvalidInput as exc:
             self.problems.report("NUMA profile", str(exc), "not published")

@@ -95,6 +95,8 @@ class Env:
     causes: list[str]
     directory: Path
     socket: Path
+    #: kubelet's device-plugin resources (the PodResources view reads them on every call).
+    resources: dict[str, ResourceState]
 
     def annotations(self, kind: str, name: str) -> dict[str, str]:
         obj = self.server.get(kind, None if kind == "Node" else "default", name) or {}
@@ -116,7 +118,7 @@ async def env(apiserver: ApiServer, kube: KubeClient) -> AsyncIterator[Env]:
         lambda: kubelet.records,
         lambda: resources,
         lambda: kubelet.allocatable,
-        lambda _r: TOPOLOGY,
+        lambda r: resources[r].all_devices,
         lambda: kubelet.memory,
     )
     socket = directory / "pod-resources" / "kubelet.sock"
@@ -142,12 +144,24 @@ async def env(apiserver: ApiServer, kube: KubeClient) -> AsyncIterator[Env]:
 
     publisher = NumaPublisher(kube, pods, sources, resource_name=GPU, on_prediction=judged)
     try:
-        yield Env(apiserver, kubelet, publisher, results, causes, directory, socket)
+        yield Env(apiserver, kubelet, publisher, results, causes, directory, socket, resources)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop(1.0)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_the_profile_names_other_device_resources_with_numa_affinity(env: Env) -> None:
+    """kubelet weighs every device-plugin resource's hints; the profile names those besides the
+    GPU whose devices sit on a NUMA node, so the scheduler's predictor can say it does not know."""
+    nics: dict[str, tuple[int, ...] | None] = {"NIC-1": (1,)}
+    env.resources["example.com/nic"] = ResourceState("example.com/nic", all_devices=nics, healthy=set(nics))
+    flat: dict[str, tuple[int, ...] | None] = {"KEY-0": None}
+    env.resources["example.com/key"] = ResourceState("example.com/key", all_devices=flat, healthy=set(flat))
+    await env.publisher.publish_once()
+    profile = decode_profile(env.annotations("Node", NODE)[PROFILE])
+    assert profile.other_devices == ("example.com/nic",)  # not the GPU, not a device without NUMA
 
 
 async def test_client_decodes_list_and_allocatable(env: Env) -> None:

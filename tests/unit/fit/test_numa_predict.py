@@ -421,6 +421,20 @@ def test_cpu_and_gpu_on_the_same_node_lowest_first() -> None:
     assert p.usage == NumaUsage(c.cpus, {GPU: {0: 2}})
 
 
+def test_a_pod_asking_another_plugins_numa_device_is_unknown_not_guessed() -> None:
+    """A differential audit: kubelet weighs every device-plugin resource's hints (an RDMA NIC on
+    NUMA 1 only puts the pod there), while the ledger tracks hamid's GPUs only, so the predictor
+    said NUMA 0. The profile now names such resources, and a pod asking one is unknown."""
+    profile = dataclasses.replace(profile_of(machine(2, 1, 8, 2)), other_devices=("example.com/nic",))
+    nic = ctr("c", "4", gpu=1)
+    nic["resources"]["limits"]["example.com/nic"] = "1"
+    p = predict(profile, ledger_for(profile, {0: 4, 1: 4}), pod(nic), now=NOW)
+    assert p.outcome is Outcome.UNKNOWN and p.reason == UNKNOWN_UNMODELLED
+    assert "example.com/nic" in p.message
+    plain = predict(profile, ledger_for(profile, {0: 4, 1: 4}), pod(ctr("c", "4", gpu=1)), now=NOW)
+    assert plain.outcome is Outcome.PLACED
+
+
 def test_gpus_decide_the_node_when_cpus_are_free_everywhere() -> None:
     profile = profile_of(machine(2, 1, 8, 2))
     p = predict(profile, ledger_for(profile, {0: 1, 1: 4}), pod(ctr("c", "4", gpu=2)), now=NOW)

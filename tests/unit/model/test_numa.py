@@ -398,6 +398,24 @@ def test_profile_saying_the_plugin_hides_replicas_is_format_5_and_older_ones_dec
             decode_profile(json.dumps({**doc, "hideReplicas": value}))
 
 
+def test_profile_naming_other_numa_devices_is_format_6_and_older_ones_decode_as_none() -> None:
+    """``devices``: the node's other device-plugin resources whose devices name a NUMA node (the
+    predictor answers unknown for pods asking them); format 6, absent = none."""
+    plain = linux_node(2, 4, 2)
+    other = dataclasses.replace(plain, other_devices=("example.com/nic", "rdma/hca"))
+    doc = json.loads(encode_profile(other))
+    assert (doc["v"], doc["devices"]) == (6, ["example.com/nic", "rdma/hca"])
+    assert decode_profile(encode_profile(other)) == other
+    assert "devices" not in json.loads(encode_profile(plain))
+    assert decode_profile(encode_profile(plain)).other_devices == ()
+    for v in (1, 2, 3, 4, 5):
+        with pytest.raises(InvalidInput, match="format version"):
+            decode_profile(json.dumps({**doc, "v": v}))
+    for value in ("rdma/hca", [1], ["nic"], ["rdma/hca", "example.com/nic"], ["a/b", "a/b"]):
+        with pytest.raises(InvalidInput, match="devices"):
+            decode_profile(json.dumps({**doc, "devices": value}))
+
+
 def with_uncore(profile: NumaProfile, cores_per_cache: int) -> NumaProfile:
     """``profile`` with an uncore (L3) cache per ``cores_per_cache`` cores, ids 0, 1, ... by core id."""
     cores = sorted({c.core for c in profile.cpus})
