@@ -358,6 +358,28 @@ def allocation_refusal(
     return ""
 
 
+def overcommit_refusal(
+    layout: PodDevices, kinds: Sequence[ContainerKind], devices: Mapping[str, DeviceUsage]
+) -> str:
+    """Why booking ``layout`` beside what ``devices`` already book would over-commit a GPU ("" when
+    it fits: slots, memory and cores within the registered capacity)."""
+    for uuid, amount in effective_pod_usage(layout, kinds).items():
+        dev = devices.get(uuid)
+        if dev is None:
+            continue
+        if (
+            dev.used + amount.slots > dev.count
+            or dev.usedmem + amount.mem > dev.totalmem
+            or dev.usedcores + amount.cores > dev.totalcore
+        ):
+            return (
+                f"GPU {uuid} holds {dev.usedmem} of {dev.totalmem} MiB, {dev.usedcores} of "
+                f"{dev.totalcore} % and {dev.used} of {dev.count} slots: {amount.mem} MiB, "
+                f"{amount.cores} % more do not fit"
+            )
+    return ""
+
+
 def _device_refusal(uuid: str, mem: int, cores: int, devices: Mapping[str, DeviceUsage] | None) -> str:
     if mem < 0 or cores < 0:
         return f"GPU {uuid}: negative amounts"

@@ -514,8 +514,31 @@ class LeaseFollower:
             left = -math.inf if expires is None else expires - sent_wall
             self._valid_until = sent + left - self.skew_margin
 
+    async def _watch_term_end(self, changed: asyncio.Event) -> None:
+        """End the term as soon as the lease shows another one: kube-scheduler released it (a
+        rolling update) or another took it. A poll would leave up to ``poll_interval`` in which
+        two replicas decide (an HA audit). An event never extends the fence (only a read whose
+        send time is known does); a watch that fails is opened again a poll interval later."""
+        selector = f"metadata.name={self.name}"
+        while True:
+            try:
+                events = self.client.watch(
+                    LEASES, self.namespace, resource_version="", field_selector=selector, timeout_seconds=60
+                )
+                async for event in events:
+                    spec = {} if event.type == "DELETED" else dict(event.object.get("spec") or {})
+                    if self._term is not None and _lease_epoch(spec) != _lease_epoch(self._spec):
+                        self._spec = spec
+                        self._update()
+                        changed.set()
+            except KubeError as exc:
+                self._log.debug("lease_watch_failed", error=str(exc), error_type=type(exc).__name__)
+            await asyncio.sleep(self.poll_interval)
+
     async def run(self) -> None:
         """Follow the lease until cancelled; leadership ends (callback) on the way out."""
+        changed = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_term_end(changed), name="lease-follow-watch")
         try:
             while True:
                 await self._read()
@@ -524,8 +547,13 @@ class LeaseFollower:
                 expires = self.expires_at()
                 if self.is_leader and expires is not None:
                     wait = min(wait, max(expires - self._clock(), 0.0) + 0.01)
-                await asyncio.sleep(wait)
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await changed.wait()
         finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
             if self._term is not None:
                 self._term = None
                 self._callback(False)

@@ -39,6 +39,7 @@ from hamid.fit.usage import (
     container_kinds,
     effective_pod_usage,
     init_containers_succeeded,
+    overcommit_refusal,
 )
 from hamid.log import get_logger
 from hamid.model import annotations as ann
@@ -602,7 +603,9 @@ class Ledger:
         except InvalidInput as exc:
             self._report(self.coordination.undecodable, "undecodable", pod, node, raw, str(exc))
             return
-        refusal = booking_refusal(self, pod, node, layout)
+        refusal = booking_refusal(self, pod, node, layout) or self._late_write_refusal(
+            pod, node, layout, current
+        )
         if refusal:
             self._report(self.coordination.refused, "booking", pod, node, raw, refusal)
             return
@@ -625,6 +628,24 @@ class Ledger:
         if current is not None and current.node != node:
             self.coordination.notify(current.node)
         self.coordination.notify(node)
+
+    def _late_write_refusal(
+        self, pod: PodBody, node: str, layout: PodDevices, current: Reservation | None
+    ) -> str:
+        """Why a first booking of a pod not yet bound would over-commit ("" when it fits).
+
+        Such an allocation is a filter's that this replica did not make: another replica's, or one
+        whose write a replica sent before it lost its lease and the API server applied after the
+        new leader placed other pods (an HA audit: both pods were then bound to one GPU). Booked
+        only where it still fits, it is otherwise never bound by this scheduler (a bind needs the
+        booking) and kube-scheduler filters the pod again. A bound pod is booked as it runs.
+        """
+        if current is not None or objects.section(pod, "spec").get("nodeName"):
+            return ""
+        entry = self.inventory.nodes.get(node)
+        if entry is None:
+            return ""
+        return overcommit_refusal(layout, container_kinds(pod), entry.usage.by_id)
 
     def _report(
         self,

@@ -210,6 +210,36 @@ async def test_follower_starts_a_new_term_when_the_holder_changes_unseen(
     assert log == ["host-a+", "host-a-", "host-a+", "host-a-"]
 
 
+async def test_a_follower_stops_deciding_when_its_kube_scheduler_releases_not_at_its_next_poll(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """An HA audit: kube-scheduler released the lease on a rolling update and the other pod's
+    took it at once, while this replica kept deciding until its next poll (2 s): two deciders,
+    two pods on one GPU. The follower watches the lease and ends its term on the event."""
+    log: list[str] = []
+    now = [T0.timestamp() + 5]
+    a = LeaseFollower(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "host-a",
+        poll_interval=30.0,  # the poll alone would notice half a minute later
+        on_started_leading=lambda: log.append("host-a+"),
+        on_stopped_leading=lambda: log.append("host-a-"),
+        clock=lambda: now[0],
+    )
+    await put_lease(apiserver, "host-a_1111")
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        await asyncio.sleep(0.3)  # the watch is open
+        await put_lease(apiserver, "host-b_2222", transitions=1)
+        await eventually(lambda: not a.is_leader, within=3, what="the release seen at once")
+        assert a.lease_invalid() == "not the leader" and a.holder == "host-b_2222"
+        task.cancel()
+    assert log == ["host-a+", "host-a-"]
+
+
 def test_follower_refuses_bad_settings() -> None:
     with pytest.raises(ValueError):
         LeaseFollower(None, "ns", "n", "", poll_interval=1)

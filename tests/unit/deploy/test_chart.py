@@ -568,7 +568,7 @@ def test_leader_election_with_more_than_one_replica() -> None:
     assert parsed.leader_elect_lease_duration_s == 15.0 and parsed.leader_elect_retry_period_s == 2.0
     role = r.get("Role", f"{SCHED}-leader-election")
     assert set(iter_rules(role)) == {
-        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update", "watch")
     }
     named = next(rule for rule in role["rules"] if "resourceNames" in rule)
     assert named["resourceNames"] == [lease]

@@ -14,7 +14,7 @@ from hamid.model.booked import booked_condition, booked_record
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.signing import AllocationKeys, key_id, load_key_file
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
+from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
 
 OLD = b"old-key-0123456789abcdef0123456789ab"
 NEW = b"new-key-0123456789abcdef0123456789ab"
@@ -225,3 +225,24 @@ def test_a_live_booking_still_reports_a_tampered_annotation_its_record_contradic
     unsigned.on_node(node("n1"))
     unsigned.ledger.on_pod(tampered(original, RAW1))
     assert unsigned.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+
+
+def test_a_pending_pods_signed_allocation_that_no_longer_fits_is_not_booked() -> None:
+    """An HA audit: a leader's filter patch, sent before it lost its lease, landed after the new
+    leader had placed another pod on the same GPU; the new leader booked it (a valid signature)
+    and bound it, 12,000 of 10,000 MiB. A first booking of a pod not yet bound must fit; a bound
+    pod is booked as it runs, whatever the sum."""
+    keys = ticking_keys()
+    six = "n1-gpu0,NVIDIA,6000,10:;"
+    state = _restarted(keys)
+    state.ledger.on_pod(signed(placed(pod("new", containers=[container("c", 1, 6000, 10)]), "n1", six), keys))
+    late = signed(placed(pod("late", containers=[container("c", 1, 6000, 10)]), "n1", six), keys)
+    state.ledger.on_pod(late)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (1, 6000, 10)
+    (refused, why), *_ = state.ledger.refused
+    assert refused is late and "6000 of 8000 MiB" in why and "do not fit" in why
+    assert state.ledger.reservation(late["metadata"]["uid"]) is None
+    bound = copy.deepcopy(late)
+    bound["spec"]["nodeName"] = "n1"
+    state.ledger.on_pod(bound)
+    assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (2, 12000, 20)
