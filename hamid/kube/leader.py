@@ -86,7 +86,12 @@ def _parse_time(value: object) -> float | None:
 
 
 def takeover_at(
-    spec: dict[str, Any], observed_at: float, now: float, wall_now: float, default: float
+    spec: dict[str, Any],
+    observed_at: float,
+    now: float,
+    wall_now: float,
+    default: float,
+    renewed_no_earlier_than: float | None = None,
 ) -> float:
     """When (on the clock of ``observed_at`` and ``now``) another holder's lease ``spec`` expires.
 
@@ -95,13 +100,17 @@ def takeover_at(
     ``now``). The holder fences itself ``skew_margin`` before the latter on its own monotonic
     clock, so taking over then is safe while the two wall clocks differ by less than the
     margin (docs/reliability.md §7.2). A renewTime absent, malformed or in the future (this
-    replica's clock is behind) leaves the observed bound alone.
+    replica's clock is behind) leaves the observed bound alone, and so does one older than
+    ``renewed_no_earlier_than`` (wall time): a record seen to change is a renewal of moments ago,
+    so an old renewTime on it is the holder's clock stepped back, not a lease about to run out.
     """
     duration = spec.get("leaseDurationSeconds")
     held_for = float(duration) if isinstance(duration, int | float) and duration > 0 else default
     observed = observed_at + held_for
     renewed = _parse_time(spec.get("renewTime"))
     if renewed is None or renewed > wall_now:
+        return observed
+    if renewed_no_earlier_than is not None and renewed < renewed_no_earlier_than:
         return observed
     return min(observed, now + renewed + held_for - wall_now)
 
@@ -159,6 +168,9 @@ class LeaderElector:
         self._lease: JSON | None = None
         self._observed_spec: dict[str, Any] | None = None
         self._observed_at = 0.0
+        #: Wall time when the record in view was seen to change from an earlier one (None: the
+        #: first record seen, which may be a lease left long ago).
+        self._changed_wall: float | None = None
         #: When (loop clock) the lease another replica holds expires; None unless the last try
         #: found it held.
         self._takeover_at: float | None = None
@@ -214,6 +226,7 @@ class LeaderElector:
     def _observe(self, lease: JSON, now: float) -> dict[str, Any]:
         spec = dict(lease.get("spec") or {})
         if spec != self._observed_spec:
+            self._changed_wall = self._clock() if self._observed_spec is not None else None
             self._observed_spec = spec
             self._observed_at = now
         self._lease = lease
@@ -252,7 +265,10 @@ class LeaderElector:
         if renewing and (holder != self.identity or _lease_epoch(spec) != self._epoch):
             raise _TermEnded(f"the lease names {holder or 'no holder'} in term {_lease_epoch(spec)}")
         if holder and holder != self.identity:
-            expires = takeover_at(spec, self._observed_at, now, self._clock(), self.lease_duration)
+            # a renewal seen as a change was written at most two retry periods (and the margin) ago
+            slack = 2 * self.retry_period * JITTER + self.skew_margin
+            earliest = None if self._changed_wall is None else self._changed_wall - slack
+            expires = takeover_at(spec, self._observed_at, now, self._clock(), self.lease_duration, earliest)
             if expires > now:
                 self._takeover_at = expires
                 return False
@@ -512,7 +528,11 @@ class LeaseFollower:
             self._spec = dict(lease.get("spec") or {})
             expires = self.expires_at()
             left = -math.inf if expires is None else expires - sent_wall
-            self._valid_until = sent + left - self.skew_margin
+            # the renewal this read shows happened before its answer came back: a lease lasts no
+            # longer than its duration from now on the monotonic clock, whatever the wall clock did
+            duration = self._spec.get("leaseDurationSeconds")
+            bound = fence_clock() + float(duration) if isinstance(duration, int | float) else math.inf
+            self._valid_until = min(sent + left, bound) - self.skew_margin
 
     async def _watch_term_end(self, changed: asyncio.Event) -> None:
         """End the term as soon as the lease shows another one: kube-scheduler released it (a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
@@ -394,4 +395,70 @@ async def test_a_leader_whose_fence_lapsed_starts_a_new_term(
         monkeypatch.setattr(leader, "fence_clock", lambda: real() + paused)
         await eventually(lambda: log == ["a+", "a-", "a+"], within=10, what="a new term")
         assert a.lease_invalid() == ""
+        task.cancel()
+
+
+async def test_a_holder_whose_wall_clock_steps_back_is_not_taken_over_while_it_decides(
+    kube: KubeClient,
+) -> None:
+    """An HA audit: the holder's clock stepped back a minute (NTP, a VM restored from a
+    snapshot), its renewals wrote a renewTime in the past, and the candidate's renewTime rule took
+    the lease at once while the holder's monotonic fence still held: two deciders for 4 s."""
+    timings: dict[str, Any] = {"lease_duration": 4.0, "renew_deadline": 3.0, "retry_period": 0.3}
+    offset = [0.0]
+    a = LeaderElector(
+        kube, "kube-system", "hamid-scheduler", "a", clock=lambda: time.time() + offset[0], **timings
+    )
+    b = LeaderElector(kube, "kube-system", "hamid-scheduler", "b", **timings)
+    loop = asyncio.get_running_loop()
+    both = 0
+    async with asyncio.TaskGroup() as tg:
+        task_a = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        task_b = tg.create_task(b.run())
+        await eventually(lambda: b.holder == "a", what="b sees a's lease")
+        offset[0] = -60.0
+        until = loop.time() + 5.0
+        while loop.time() < until:
+            both += a.lease_invalid() == "" and b.lease_invalid() == ""
+            await asyncio.sleep(0.01)
+        assert a.is_leader and not b.is_leader
+        task_a.cancel()
+        task_b.cancel()
+    assert both == 0
+
+
+async def test_a_followers_fence_is_not_extended_by_a_step_of_its_wall_clock(
+    kube: KubeClient, apiserver: Any
+) -> None:
+    """An HA audit: the follower's fence was renewTime + duration read on its wall clock; a step
+    back of a minute extended it, and with its reads failing it decided long after the lease
+    expired. The fence is also bounded by the duration from the read, on the monotonic clock."""
+    offset = [0.0]
+    a = LeaseFollower(
+        kube,
+        "kube-system",
+        "kube-scheduler",
+        "host-a",
+        poll_interval=0.1,
+        clock=lambda: time.time() + offset[0],
+    )
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": "host-a_1", "leaseDurationSeconds": 2, "acquireTime": stamp, "renewTime": stamp}
+    apiserver.put(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
+            "spec": spec,
+        }
+    )
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(a.run())
+        await eventually(lambda: a.is_leader, what="a leads")
+        offset[0] = -60.0
+        await asyncio.sleep(0.4)  # reads with the stepped clock
+        # the fence ends no later than the lease's 2 s from the last read on the monotonic clock
+        # (it was renewTime + 2 s read on the stepped wall clock: a minute more)
+        assert a.is_leader and a._valid_until - leader.fence_clock() <= 2.0
         task.cancel()
