@@ -28,7 +28,13 @@ def check_refit_config(config: RefitClientConfig) -> list[str]:
     """
     if not config.endpoint.strip():
         return []
-    scheme = urlsplit(config.endpoint.strip()).scheme
+    parts = urlsplit(config.endpoint.strip())
+    scheme = parts.scheme
+    if scheme not in ("http", "https") or not parts.netloc:
+        raise click.UsageError(
+            f"--scheduler-endpoint {config.endpoint!r} is not a URL like https://<host>:<port> "
+            "(the scheduler's /refit service)"
+        )
     if scheme == "http":
         if config.token_file:
             raise click.UsageError(
@@ -44,7 +50,9 @@ def check_refit_config(config: RefitClientConfig) -> list[str]:
             )
         except TLSConfigError as exc:
             raise click.UsageError(f"NUMA refit TLS: {exc}") from None
-    if config.token_file and not os.access(config.token_file, os.R_OK):
+    if config.token_file and not (
+        os.path.isfile(config.token_file) and os.access(config.token_file, os.R_OK)
+    ):
         hint = (
             "with --scheduler-client-cert-file set, pass --service-account-token-file='' to authenticate "
             "by mTLS only"
@@ -52,8 +60,8 @@ def check_refit_config(config: RefitClientConfig) -> list[str]:
             else "mount a projected token there (the chart does) or authenticate by mTLS"
         )
         raise click.UsageError(
-            f"--service-account-token-file {config.token_file} is missing or unreadable, so every "
-            f"NUMA refit would fail; {hint}"
+            f"--service-account-token-file {config.token_file} is missing, not a file or unreadable, "
+            f"so every NUMA refit would fail; {hint}"
         )
     return []
 

@@ -369,7 +369,8 @@ class SchedulerOptions:
     #: Accepted /refit caller authentication (empty: none, every refit is refused); unset: token,
     #: plus mtls when a client CA is configured (so a start without mTLS never warns).
     refit_auth: tuple[str, ...] = option_field(
-        "Accepted /refit caller authentication: comma list of mtls, token "
+        "Accepted /refit caller authentication: comma list of mtls, token; empty refuses every "
+        "/refit (the plugins' mismatch policy then decides alone) "
         "[default: token, plus mtls when --client-ca-file is set].",
         default=_REFIT_AUTH_UNSET,
         parse=parse_methods,

@@ -109,6 +109,16 @@ def test_plugin_http_endpoint(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "plain http://" in warnings[0]
 
 
+def test_plugin_endpoint_that_is_no_url_and_a_directory_as_token_are_named(tmp_path: Path) -> None:
+    """A docs audit: ``notaurl`` was reported as a missing token file, and a directory passed the
+    token check (readable), so every refit would have failed at its first call."""
+    for endpoint in ("notaurl", "ftp://x", "https://"):
+        with pytest.raises(click.UsageError, match="is not a URL like https://"):
+            check_refit_config(RefitClientConfig(endpoint=endpoint, token_file=None))
+    with pytest.raises(click.UsageError, match="is missing, not a file or unreadable"):
+        check_refit_config(RefitClientConfig(endpoint="https://s:443", token_file=str(tmp_path)))
+
+
 def test_plugin_client_cert_without_the_token_file(tls_files: TLSFiles, tmp_path: Path) -> None:
     pair = tls_files.client("system:node:n1")
     config = RefitClientConfig(
