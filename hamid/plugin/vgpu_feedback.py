@@ -27,9 +27,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
-from hamid.model import hamicore
-from hamid.plugin.cachedirs import pod_uid_of
-from hamid.plugin.vgpu_monitor import MAGIC, MAJOR_VERSION, MAX_DEVICES, REGION_SIZE, RegionHead, SharedRegion
+from hamid.plugin.vgpu_monitor import (
+    MAGIC,
+    MAJOR_VERSION,
+    MAX_DEVICES,
+    REGION_SIZE,
+    RegionHead,
+    SharedRegion,
+    cache_files,
+)
 
 log = get_logger("plugin.vgpu_feedback")
 
@@ -125,28 +131,12 @@ class _Region:
         self.map[at : at + _INT] = bytes(ctypes.c_int(value))
 
 
-def _cache_files(root: str, keep: Callable[[str], bool]) -> Iterable[str]:
-    """The ``.cache`` files of the containers of pods ``keep`` accepts (by pod UID)."""
-    try:
-        entries = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return
-    for name in entries:
-        uid = pod_uid_of(name)
-        directory = os.path.join(root, name)
-        if uid is None or not keep(uid) or not os.path.isdir(directory):
-            continue
-        for file in sorted(os.listdir(directory)):
-            if file.endswith(hamicore.CACHE_SUFFIX):
-                yield os.path.join(directory, file)
-
-
 def feedback_pass(hook_path: str, keep: Callable[[str], bool]) -> FeedbackPass:
     """Read every region of the pods ``keep`` accepts, apply :func:`observe`, write what changed."""
     regions: list[_Region] = []
     skipped = 0
     try:
-        for path in _cache_files(hamicore.containers_dir(hook_path), keep):
+        for path in (path for uid, _container, path in cache_files(hook_path) if keep(uid)):
             try:
                 regions.append(_Region(path))
             except (OSError, ValueError) as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hamid.log import get_logger
@@ -195,29 +196,34 @@ class UsageScan:
     skipped: int
 
 
-def scan(hook_path: str) -> UsageScan:
-    """Read every ``<uid>_<container>/*.cache`` under ``<hook_path>/vgpu/containers`` (blocking)."""
+def cache_files(hook_path: str) -> Iterator[tuple[str, str, str]]:
+    """``(pod UID, container, path)`` of every ``<uid>_<container>/*.cache`` under
+    ``<hook_path>/vgpu/containers``, in name order (blocking)."""
     root = hamicore.containers_dir(hook_path)
-    found: list[ContainerUsage] = []
-    skipped = 0
     try:
         entries = sorted(os.listdir(root))
     except FileNotFoundError:
-        return UsageScan((), 0)
+        return
     for name in entries:
         uid = pod_uid_of(name)
         directory = os.path.join(root, name)
         if uid is None or not os.path.isdir(directory):
             continue
-        container = name[len(uid) + 1 :]
         for file in sorted(os.listdir(directory)):
-            if not file.endswith(hamicore.CACHE_SUFFIX):
-                continue
-            try:
-                devices = read_region(os.path.join(directory, file))
-            except (OSError, RegionError) as exc:
-                log.debug("cache_file_skipped", file=file, container_dir=name, error=str(exc))
-                skipped += 1
-                continue
-            found.append(ContainerUsage(uid, container, devices))
+            if file.endswith(hamicore.CACHE_SUFFIX):
+                yield uid, name[len(uid) + 1 :], os.path.join(directory, file)
+
+
+def scan(hook_path: str) -> UsageScan:
+    """Read every container's cache file (:func:`cache_files`; blocking)."""
+    found: list[ContainerUsage] = []
+    skipped = 0
+    for uid, container, path in cache_files(hook_path):
+        try:
+            devices = read_region(path)
+        except (OSError, RegionError) as exc:
+            log.debug("cache_file_skipped", file=path, error=str(exc))
+            skipped += 1
+            continue
+        found.append(ContainerUsage(uid, container, devices))
     return UsageScan(tuple(found), skipped)
