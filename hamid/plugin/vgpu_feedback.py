@@ -32,9 +32,11 @@ from hamid.plugin.vgpu_monitor import (
     MAJOR_VERSION,
     MAX_DEVICES,
     REGION_SIZE,
+    RegionError,
     RegionHead,
     SharedRegion,
     cache_files,
+    open_region,
 )
 
 log = get_logger("plugin.vgpu_feedback")
@@ -105,17 +107,15 @@ class _Region:
     """One cache file mapped read-write (HAMi-core maps the same file: writes reach it at once)."""
 
     def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = open_region(path, write=True)
         try:
-            if os.fstat(fd).st_size < REGION_SIZE:
-                raise ValueError(f"{os.fstat(fd).st_size} bytes, a shared region has {REGION_SIZE}")
             self.map = mmap.mmap(fd, REGION_SIZE)
         finally:
             os.close(fd)
         head = RegionHead.from_buffer_copy(self.map, 0)
         if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
             self.map.close()
-            raise ValueError(f"not a HAMi-core {MAJOR_VERSION}.x shared region")
+            raise RegionError(f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region")
         uuids = [bytes(head.uuids[i]) for i in range(MAX_DEVICES)]
         self.control = Control(
             gpus=tuple(u for u in uuids if u[0]),
@@ -139,7 +139,7 @@ def feedback_pass(hook_path: str, keep: Callable[[str], bool]) -> FeedbackPass:
         for path in (path for uid, _container, path in cache_files(hook_path) if keep(uid)):
             try:
                 regions.append(_Region(path))
-            except (OSError, ValueError) as exc:
+            except (OSError, RegionError) as exc:
                 log.debug("feedback_region_skipped", file=path, error=str(exc))
                 skipped += 1
         changed = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -134,12 +135,30 @@ class DeviceUsage:
     last_kernel_time: int
 
 
+def open_region(path: str, *, write: bool = False) -> int:
+    """A descriptor of one cache file, opened only if it is a regular file of a region's size.
+
+    The file lies in a directory the container writes to: its tenant may put a symbolic link
+    there (to another container's region, or any host file) or a FIFO, which this root process
+    must neither follow nor block on. :class:`RegionError` otherwise; the caller closes the fd.
+    """
+    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise RegionError(f"{path}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size < REGION_SIZE:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes"
+        raise RegionError(f"{path}: {what}, a shared region is a file of {REGION_SIZE} bytes")
+    return fd
+
+
 def read_region(path: str) -> tuple[DeviceUsage, ...]:
     """Per-device usage of one cache file (blocking); :class:`RegionError` when it is not one."""
-    with open(path, "rb") as f:
+    with open(open_region(path), "rb") as f:
         fd = f.fileno()
-        if os.fstat(fd).st_size < REGION_SIZE:
-            raise RegionError(f"{path}: {os.fstat(fd).st_size} bytes, a shared region has {REGION_SIZE}")
         head = RegionHead.from_buffer_copy(os.pread(fd, ctypes.sizeof(RegionHead), 0))
         if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
             raise RegionError(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
 from hamid.plugin.vgpu_feedback import Control, VgpuFeedback, feedback_pass, observe
-from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, SharedRegion
+from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, SharedRegion, scan
 
 A, B = b"GPU-a".ljust(96, b"\0"), b"GPU-b".ljust(96, b"\0")
 #: HAMi-core sets recent_kernel to 2 at every kernel launch; a pass counts it down.
@@ -105,3 +106,19 @@ def test_the_plugins_loop_passes_over_the_pods_it_knows(tmp_path: Path) -> None:
 
     asyncio.run(two_passes())
     assert _fields(lone) == (0, 0)
+
+
+def test_a_tenants_link_or_fifo_in_its_cache_directory_is_never_followed(tmp_path: Path) -> None:
+    """The container writes its own cache directory: a symbolic link there to another pod's
+    region (or any host file) must not be written through by this root process, and a FIFO must
+    not block the pass (or the metrics scan) forever."""
+    victim = _region_file(tmp_path, UID_LO, "main", A, priority=1, recent=LAUNCHED)
+    attacker = tmp_path / "vgpu" / "containers" / f"{UID_HI}_main"
+    attacker.mkdir(parents=True)
+    (attacker / "token.cache").symlink_to(victim)
+    os.mkfifo(attacker / "fifo.cache")
+    result = feedback_pass(str(tmp_path), {UID_HI}.__contains__)  # only the attacker's pod is known
+    assert (result.regions, result.changed, result.skipped) == (0, 0, 2)
+    assert _fields(victim) == (LAUNCHED, 1)
+    usage = scan(str(tmp_path))
+    assert [c.pod_uid for c in usage.containers] == [UID_LO] and usage.skipped == 2
