@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ from hamid.plugin.vgpu_monitor import (
     MAGIC,
     MAJOR_VERSION,
     MAX_DEVICES,
-    REGION_SIZE,
     RegionError,
     RegionHead,
     SharedRegion,
@@ -104,31 +102,39 @@ class FeedbackPass:
 
 
 class _Region:
-    """One cache file mapped read-write (HAMi-core maps the same file: writes reach it at once)."""
+    """One cache file, read and written with ``pread``/``pwrite`` on its descriptor (HAMi-core maps
+    the same file: the page cache carries the writes to it at once). Never mapped here: the
+    container may truncate its file at any moment, and touching a mapping past the end would
+    kill this process (SIGBUS), which serves kubelet's Allocate too."""
 
     def __init__(self, path: str) -> None:
-        fd = open_region(path, write=True)
+        self.fd = open_region(path, write=True)
         try:
-            self.map = mmap.mmap(fd, REGION_SIZE)
-        finally:
-            os.close(fd)
-        head = RegionHead.from_buffer_copy(self.map, 0)
-        if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
-            self.map.close()
-            raise RegionError(f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region")
-        uuids = [bytes(head.uuids[i]) for i in range(MAX_DEVICES)]
-        self.control = Control(
-            gpus=tuple(u for u in uuids if u[0]),
-            priority=self._int(_PRIORITY_AT),
-            recent_kernel=self._int(_RECENT_KERNEL_AT),
-            utilization_switch=self._int(_SWITCH_AT),
-        )
+            head = RegionHead.from_buffer_copy(self._read(0, ctypes.sizeof(RegionHead)))
+            if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
+                raise RegionError(f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region")
+            uuids = [bytes(head.uuids[i]) for i in range(MAX_DEVICES)]
+            self.control = Control(
+                gpus=tuple(u for u in uuids if u[0]),
+                priority=self._int(_PRIORITY_AT),
+                recent_kernel=self._int(_RECENT_KERNEL_AT),
+                utilization_switch=self._int(_SWITCH_AT),
+            )
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _read(self, at: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, at)
+        if len(data) != size:
+            raise RegionError(f"the file shrank below {at + size} bytes")
+        return data
 
     def _int(self, at: int) -> int:
-        return ctypes.c_int.from_buffer_copy(self.map, at).value
+        return ctypes.c_int.from_buffer_copy(self._read(at, _INT)).value
 
     def write(self, at: int, value: int) -> None:
-        self.map[at : at + _INT] = bytes(ctypes.c_int(value))
+        os.pwrite(self.fd, bytes(ctypes.c_int(value)), at)
 
 
 def feedback_pass(hook_path: str, keep: Callable[[str], bool]) -> FeedbackPass:
@@ -153,7 +159,7 @@ def feedback_pass(hook_path: str, keep: Callable[[str], bool]) -> FeedbackPass:
         return FeedbackPass(len(regions), changed, skipped)
     finally:
         for region in regions:
-            region.map.close()
+            os.close(region.fd)
 
 
 class VgpuFeedback:

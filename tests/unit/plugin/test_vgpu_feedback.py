@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hamid.plugin.vgpu_feedback import Control, VgpuFeedback, feedback_pass, observe
-from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, SharedRegion, scan
+from hamid.plugin.vgpu_feedback import _SWITCH_AT, Control, VgpuFeedback, _Region, feedback_pass, observe
+from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, RegionError, SharedRegion, scan
 
 A, B = b"GPU-a".ljust(96, b"\0"), b"GPU-b".ljust(96, b"\0")
 #: HAMi-core sets recent_kernel to 2 at every kernel launch; a pass counts it down.
@@ -122,3 +122,17 @@ def test_a_tenants_link_or_fifo_in_its_cache_directory_is_never_followed(tmp_pat
     assert _fields(victim) == (LAUNCHED, 1)
     usage = scan(str(tmp_path))
     assert [c.pod_uid for c in usage.containers] == [UID_LO] and usage.skipped == 2
+
+
+def test_a_region_truncated_during_a_pass_neither_crashes_nor_writes_past_it(tmp_path: Path) -> None:
+    """The container may truncate its file between the read and the write: a mapping touched past
+    the end kills the process (SIGBUS), and this process serves kubelet's Allocate too."""
+    path = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
+    region = _Region(str(path))
+    try:
+        os.truncate(path, 0)
+        region.write(_SWITCH_AT, 0)  # lands in the (now sparse) file, no signal
+    finally:
+        os.close(region.fd)
+    with pytest.raises(RegionError):
+        _Region(str(path))  # too short now: skipped by the next pass
