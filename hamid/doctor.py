@@ -395,10 +395,14 @@ def _node_config_findings(
         return [
             _fail("node config", "--node-config-file needs --node-name", "pass --node-name (or NODE_NAME)")
         ]
-    try:
-        defaults = NodeConfig()
-        if device_config:
+    defaults = NodeConfig()
+    if device_config:
+        try:
             defaults = load_device_config(Path(device_config).read_text(encoding="utf-8")).node_defaults
+        except (InvalidInput, OSError, UnicodeDecodeError) as exc:
+            fix = "fix the chart's devices.nvidia values"
+            return [_fail("device config", f"{device_config}: {exc}", fix)]
+    try:
         text = Path(path).read_text(encoding="utf-8")
         config = resolve_node_config(text, node_name, defaults)
     except (InvalidInput, OSError, UnicodeDecodeError) as exc:

@@ -149,17 +149,23 @@ def test_unreadable_node_and_device_configs_fail_in_one_line(tmp_path: Path) -> 
     device_config = tmp_path / "device-config.yaml"
     device_config.write_text("nvidia:\n  enableNumaTopology: true\n")
     base = [*node(tmp_path), "--node-config-file", node_config, "--node-name", NODE]
-    for config, text in (
-        (node_config, b"\xff\xfe\x00garbage"),
-        (node_config, f'{{"nodeconfig": [{{"name": "{NODE}", "devicememoryscaling": {10**400}}}]}}'.encode()),
-        (device_config, f"nvidia:\n  deviceMemoryScaling: {10**400}\n".encode()),
+    for config, text, named in (
+        (node_config, b"\xff\xfe\x00garbage", "node config"),
+        (
+            node_config,
+            f'{{"nodeconfig": [{{"name": "{NODE}", "devicememoryscaling": {10**400}}}]}}'.encode(),
+            "node config",
+        ),
+        # a bad device config is named as such, with its own fix (a docs audit: it read as the node config)
+        (device_config, f"nvidia:\n  deviceMemoryScaling: {10**400}\n".encode(), "device config"),
     ):
         node_config.write_text('{"nodeconfig": []}')
         config.write_bytes(text)
         result = doctor(*base, "--device-config-file", device_config)
         assert result.exit_code == 1
-        [failed] = [line for line in lines(result, Status.FAIL) if "node config" in line]
+        [failed] = [line for line in lines(result, Status.FAIL) if named in line]
         assert "utf-8" in failed or "out of range" in failed
+        assert ("devices.nvidia" in result.output) == (named == "device config")
 
 
 def test_node_without_entry_and_node_name_missing(tmp_path: Path) -> None:
