@@ -397,6 +397,11 @@ class SchedulerOptions:
         """The checks spanning several options (the CLI reports them against the named flag)."""
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise OptionError("--tls-cert-file", "--tls-cert-file and --tls-key-file must be given together")
+        if self.client_ca_file and not self.tls_cert_file:
+            raise OptionError(
+                "--client-ca-file",
+                "needs --tls-cert-file and --tls-key-file (client certificates come only over TLS)",
+            )
         if self.metrics_tls and not self.tls_cert_file:
             raise OptionError("--metrics-tls", "needs --tls-cert-file and --tls-key-file (its certificate)")
         self._check_names()

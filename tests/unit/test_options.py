@@ -108,13 +108,17 @@ def test_lease_timings_are_flags_checked_like_kube_scheduler() -> None:
 
 
 def test_refit_auth_default_depends_on_the_client_ca() -> None:
+    tls = {"tls_cert_file": "/tls.crt", "tls_key_file": "/tls.key"}
     assert SchedulerOptions().refit_auth == ("token",)
-    assert SchedulerOptions(client_ca_file="/ca.pem").refit_auth == ("mtls", "token")
+    assert SchedulerOptions(client_ca_file="/ca.pem", **tls).refit_auth == ("mtls", "token")
     assert SchedulerOptions(refit_auth=("mtls",)).refit_auth == ("mtls",)
-    assert SchedulerOptions(client_ca_file="/ca.pem", refit_auth=()).refit_auth == ()  # none: all refused
+    assert SchedulerOptions(client_ca_file="/ca.pem", refit_auth=(), **tls).refit_auth == ()  # all refused
     assert _parse(SchedulerOptions, ["--refit-auth="]).refit_auth == ()
-    kept = dataclasses.replace(SchedulerOptions(client_ca_file="/ca.pem"), client_ca_file=None)
+    kept = dataclasses.replace(SchedulerOptions(client_ca_file="/ca.pem", **tls), client_ca_file=None)
     assert kept.refit_auth == ("mtls", "token")  # resolved once: a replace keeps the value
+    # a client CA without TLS was ignored without a word (a docs audit): client certificates need TLS
+    with pytest.raises(OptionError, match="--client-ca-file"):
+        SchedulerOptions(client_ca_file="/ca.pem")
 
 
 def test_help_shows_defaults_as_go_durations() -> None:
