@@ -108,13 +108,20 @@ def test_lease_timings_are_flags_checked_like_kube_scheduler() -> None:
 
 
 def test_refit_auth_default_depends_on_the_client_ca() -> None:
-    tls = {"tls_cert_file": "/tls.crt", "tls_key_file": "/tls.key"}
+    def with_ca(refit_auth: tuple[str, ...] | None = None) -> SchedulerOptions:
+        tls = SchedulerOptions(tls_cert_file="/tls.crt", tls_key_file="/tls.key", client_ca_file="/ca.pem")
+        if refit_auth is None:
+            return tls
+        return SchedulerOptions(
+            tls_cert_file="/tls.crt", tls_key_file="/tls.key", client_ca_file="/ca.pem", refit_auth=refit_auth
+        )
+
     assert SchedulerOptions().refit_auth == ("token",)
-    assert SchedulerOptions(client_ca_file="/ca.pem", **tls).refit_auth == ("mtls", "token")
+    assert with_ca().refit_auth == ("mtls", "token")
     assert SchedulerOptions(refit_auth=("mtls",)).refit_auth == ("mtls",)
-    assert SchedulerOptions(client_ca_file="/ca.pem", refit_auth=(), **tls).refit_auth == ()  # all refused
+    assert with_ca(refit_auth=()).refit_auth == ()  # none: every refit refused
     assert _parse(SchedulerOptions, ["--refit-auth="]).refit_auth == ()
-    kept = dataclasses.replace(SchedulerOptions(client_ca_file="/ca.pem", **tls), client_ca_file=None)
+    kept = dataclasses.replace(with_ca(), client_ca_file=None)
     assert kept.refit_auth == ("mtls", "token")  # resolved once: a replace keeps the value
     # a client CA without TLS was ignored without a word (a docs audit): client certificates need TLS
     with pytest.raises(OptionError, match="--client-ca-file"):
