@@ -356,6 +356,9 @@ class LeaderElector:
                         self._log.warning("lease_renew_deadline_missed")
                         return
                     await asyncio.sleep(min(self.retry_period, remaining))
+                    lapsed = self.lease_invalid()  # a suspend in the sleep: the loop clock stood still
+                    if lapsed:
+                        raise _TermEnded(lapsed)
         except _TermEnded as ended:
             self._log.warning("lease_term_ended", reason=str(ended))
 
@@ -447,6 +450,8 @@ class LeaseFollower:
         self._valid_until = -math.inf
         self._spec: dict[str, Any] = {}
         self._term: tuple[str, str, int] | None = None
+        #: Changes the lease watch applied; a read sent before one is not taken (it may be older).
+        self._watched = 0
         self._log = log.bind(lease=f"{namespace}/{name}", hostname=hostname)
 
     @property
@@ -518,13 +523,17 @@ class LeaseFollower:
 
     async def _read(self) -> None:
         sent, sent_wall = fence_clock(), self._clock()
+        watched = self._watched
         try:
             lease = await self.client.get_lease(self.namespace, self.name, timeout=self.request_timeout)
         except NotFound:
-            self._spec = {}
+            if watched == self._watched:
+                self._spec = {}
         except (KubeError, TimeoutError) as exc:
             self._log.debug("lease_read_failed", error=str(exc), error_type=type(exc).__name__)
         else:
+            if watched != self._watched:
+                return  # the watch showed a change while this read was out: its answer may be older
             self._spec = dict(lease.get("spec") or {})
             expires = self.expires_at()
             left = -math.inf if expires is None else expires - sent_wall
@@ -546,8 +555,11 @@ class LeaseFollower:
                     LEASES, self.namespace, resource_version="", field_selector=selector, timeout_seconds=60
                 )
                 async for event in events:
+                    if event.type not in ("ADDED", "MODIFIED", "DELETED"):
+                        continue  # a BOOKMARK carries no spec: it is no release
                     spec = {} if event.type == "DELETED" else dict(event.object.get("spec") or {})
                     if self._term is not None and _lease_epoch(spec) != _lease_epoch(self._spec):
+                        self._watched += 1
                         self._spec = spec
                         self._update()
                         changed.set()
@@ -561,13 +573,13 @@ class LeaseFollower:
         watcher = asyncio.create_task(self._watch_term_end(changed), name="lease-follow-watch")
         try:
             while True:
+                changed.clear()
                 await self._read()
                 self._update()
                 wait = self.poll_interval
                 expires = self.expires_at()
                 if self.is_leader and expires is not None:
                     wait = min(wait, max(expires - self._clock(), 0.0) + 0.01)
-                changed.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await changed.wait()

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 import pytest
 
 from hamid.kube import leader
-from hamid.kube.client import KubeClient
+from hamid.kube.client import KubeClient, WatchEvent, connect
 from hamid.kube.leader import LeaderElector, LeaseFollower
+from hamidsim.apiserver.server import ApiServer
 from tests.integration.kube.helpers import eventually
 
 
@@ -462,3 +464,101 @@ async def test_a_followers_fence_is_not_extended_by_a_step_of_its_wall_clock(
         # (it was renewTime + 2 s read on the stepped wall clock: a minute more)
         assert a.is_leader and a._valid_until - leader.fence_clock() <= 2.0
         task.cancel()
+
+
+async def test_a_followers_term_survives_the_watchs_bookmarks() -> None:
+    """A review: the lease watch asks for bookmarks, and a BOOKMARK (no spec) read as a release
+    ended the term on every one (about once a minute on a real API server)."""
+    server = ApiServer("127.0.0.1", 0, bookmark_interval=0.2)
+    await server.start()
+    try:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {
+            "holderIdentity": "host-a_1",
+            "leaseDurationSeconds": 3600,
+            "acquireTime": stamp,
+            "renewTime": stamp,
+        }
+        server.put(
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
+                "spec": spec,
+            }
+        )
+        kube = await connect(api_server=server.url, request_timeout=5.0)
+        log: list[str] = []
+        a = LeaseFollower(
+            kube,
+            "kube-system",
+            "kube-scheduler",
+            "host-a",
+            poll_interval=0.5,
+            on_started_leading=lambda: log.append("+"),
+            on_stopped_leading=lambda: log.append("-"),
+        )
+        task = asyncio.create_task(a.run())
+        await asyncio.sleep(1.5)  # several bookmarks, nothing else
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+    finally:
+        await server.stop()
+    assert log == ["+", "-"]
+
+
+class _LateAnswer:
+    """A lease API whose second GET is served before a takeover and answered after the watch
+    delivered it (an answer racing an event; a fault injected on purpose)."""
+
+    def __init__(self) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+        def lease(holder: str, transitions: int) -> dict[str, Any]:
+            spec = {"holderIdentity": holder, "leaseDurationSeconds": 15, "acquireTime": stamp}
+            return {
+                "metadata": {"name": "l"},
+                "spec": {**spec, "renewTime": stamp, "leaseTransitions": transitions},
+            }
+
+        self.a, self.b = lease("host-a_1", 0), lease("host-b_2", 1)
+        self.gets = 0
+        self.events: asyncio.Queue[WatchEvent] = asyncio.Queue()
+        self.delivered = asyncio.Event()
+
+    async def get_lease(self, *_args: Any, **_kw: Any) -> dict[str, Any]:
+        self.gets += 1
+        if self.gets == 2:
+            await self.events.put(WatchEvent("MODIFIED", self.b))
+            await self.delivered.wait()
+            return self.a
+        return self.a if self.gets == 1 else self.b
+
+    async def watch(self, *_args: Any, **_kw: Any) -> AsyncIterator[WatchEvent]:
+        while True:
+            event = await self.events.get()
+            yield event
+            await asyncio.sleep(0)
+            self.delivered.set()
+
+
+async def test_a_read_answered_before_a_takeover_does_not_revive_the_term() -> None:
+    """A review: the watch ended the term, then a GET served earlier came back and started it again
+    until the next poll: two deciders. A read sent before a change the watch applied is not taken."""
+    api = _LateAnswer()
+    log: list[str] = []
+    a = LeaseFollower(
+        api,  # type: ignore[arg-type]
+        "kube-system",
+        "l",
+        "host-a",
+        poll_interval=0.2,
+        on_started_leading=lambda: log.append("+"),
+        on_stopped_leading=lambda: log.append("-"),
+    )
+    task = asyncio.create_task(a.run())
+    await eventually(lambda: api.gets >= 3, what="a read after the takeover")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert log == ["+", "-"]
