@@ -7,6 +7,7 @@ runs with and what the simulator and tests construct; the decision settings insi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ import click
 from hamid.fit.fgd import Workload, parse_workload
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.listen import LISTEN
+from hamid.log import get_logger
 from hamid.model._wire import load_yaml
 from hamid.model.errors import InvalidInput
 from hamid.model.resources import DeviceConfig, load_device_config
@@ -30,6 +32,8 @@ from hamid.scheduler.refit.auth import (
 )
 from hamid.scheduler.settings import DEFAULT_BIND_WAIT_S, DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.signing import AllocationKeys, load_key_file
+
+log = get_logger("scheduler.options")
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _ZERO = re.compile(r"0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?")
@@ -200,7 +204,7 @@ SETTINGS_FLAGS = {
     "bind_wait_s": Opt(
         "How long a bind waits for a contended node lock before failing; at most (and by default) "
         "19s, what a /bind's 27 s budget inside kube-scheduler's 30 s extender timeout leaves after "
-        "the writes that follow the lock.",
+        "the writes that follow the lock (a longer value is used as 19s, with a warning).",
         flag="--bind-wait",
         parse=parse_seconds,
         show=format_duration,
@@ -407,11 +411,18 @@ class SchedulerOptions:
         self._check_names()
         settings = self.settings
         if settings.bind_wait_s > DEFAULT_BIND_WAIT_S:
-            raise OptionError(
-                "--bind-wait",
-                f"{format_duration(settings.bind_wait_s)} is longer than a bind can wait "
-                f"({format_duration(DEFAULT_BIND_WAIT_S)}: kube-scheduler's extender call lasts 30 s)",
+            # a bind never waits longer anyway (its budget inside kube-scheduler's 30 s call): say
+            # so and use the most it can wait, so that an older configuration still starts
+            log.warning(
+                "bind_wait_capped",
+                given=format_duration(settings.bind_wait_s),
+                used=format_duration(DEFAULT_BIND_WAIT_S),
+                reason="a /bind answers within kube-scheduler's 30 s extender timeout",
             )
+            object.__setattr__(
+                self, "settings", dataclasses.replace(settings, bind_wait_s=DEFAULT_BIND_WAIT_S)
+            )
+            settings = self.settings
         if settings.node_lock_max_hold < settings.node_lock_timeout:
             raise OptionError(
                 "--node-lock-max-hold",

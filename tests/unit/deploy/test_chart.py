@@ -699,3 +699,5 @@ def test_device_plugin_runtime_class_reaches_gpu_pods_as_in_hamis_chart() -> Non
     )
     own = {**hami_values, "devices": {"nvidia": {"runtimeClassName": "nvidia-cdi"}}}
     assert runtime_class(own) == "nvidia-cdi"
+    # "" keeps GPU pods on the default runtime while the plugin runs under its own class
+    assert runtime_class({**hami_values, "devices": {"nvidia": {"runtimeClassName": ""}}}) == ""

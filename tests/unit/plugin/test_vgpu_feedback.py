@@ -124,14 +124,16 @@ def test_a_tenants_link_or_fifo_in_its_cache_directory_is_never_followed(tmp_pat
     assert [c.pod_uid for c in usage.containers] == [UID_LO] and usage.skipped == 2
 
 
-def test_a_region_truncated_during_a_pass_neither_crashes_nor_writes_past_it(tmp_path: Path) -> None:
+def test_a_region_truncated_during_a_pass_does_not_crash_the_plugin_and_is_skipped_next(
+    tmp_path: Path,
+) -> None:
     """The container may truncate its file between the read and the write: a mapping touched past
     the end kills the process (SIGBUS), and this process serves kubelet's Allocate too."""
     path = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
     region = _Region(str(path))
     try:
         os.truncate(path, 0)
-        region.write(_SWITCH_AT, 0)  # lands in the (now sparse) file, no signal
+        region.write(_SWITCH_AT, 0)  # lands in the tenant's own (now sparse) file, no signal
     finally:
         os.close(region.fd)
     with pytest.raises(RegionError):
