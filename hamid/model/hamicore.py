@@ -24,6 +24,8 @@ ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 #: ``disable`` when the node's device config turns the core limit off.
 ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+#: A container's task priority (0 the highest; HAMi-core's default 1), from ``nvidia.com/priority``.
+ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 CORE_UTILIZATION_POLICY_DISABLE = "disable"
 
 #: Directory under ``HOOK_PATH`` that holds HAMi-core on the host and is mounted in containers.

@@ -15,7 +15,6 @@ from types import ModuleType
 from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
-from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -165,7 +164,7 @@ class Plugin:
         #: HAMi's vGPU monitor feedback (priority, the ``default`` core policy); None: off.
         self.feedback: VgpuFeedback | None = None
         if vgpu_feedback:
-            self.feedback = VgpuFeedback(hook_path, lambda: (objects.uid(p) for p in self.pods.pods()))
+            self.feedback = VgpuFeedback(hook_path, self.pods.pods)
         self.health_policy = health_policy or HealthCheckPolicy()
         preferred = setup.config.enable_get_preferred_allocation
         self.allocator = self._allocator(client, hook_path, mismatch_handler)

@@ -59,8 +59,10 @@ def sweep(directory: str, keep_uids: Collection[str], min_age_s: float) -> list[
             if now - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
                 continue
             shutil.rmtree(entry.path)
-        except OSError as exc:
-            log.warning("cache_dir_remove_failed", path=entry.path, error=str(exc))
+        except (OSError, RecursionError) as exc:
+            # the container wrote that tree: one it made too deep to remove must not keep every
+            # later directory on the node (this sweep meets it first each time) from going
+            log.warning("cache_dir_remove_failed", path=entry.path, error=str(exc) or type(exc).__name__)
             continue
         removed.append(entry.name)
     return removed

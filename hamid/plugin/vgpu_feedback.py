@@ -21,15 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import os
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
+from hamid.model import hamicore, objects
+from hamid.model.errors import InvalidInput
+from hamid.model.kube import PodBody
+from hamid.model.resources import all_containers
+from hamid.plugin.allocator_rules import booked_entries
 from hamid.plugin.vgpu_monitor import (
     MAGIC,
     MAJOR_VERSION,
+    MAX_CACHE_FILES,
     MAX_DEVICES,
+    UUID_BYTES,
     RegionError,
     RegionHead,
     SharedRegion,
@@ -101,81 +110,154 @@ class FeedbackPass:
     skipped: int
 
 
-class _Region:
-    """One cache file, read and written with ``pread``/``pwrite`` on its descriptor (HAMi-core maps
-    the same file: the page cache carries the writes to it at once). Never mapped here: the
-    container may truncate its file at any moment, and touching a mapping past the end would
-    kill this process (SIGBUS), which serves kubelet's Allocate too."""
+@dataclass(frozen=True, slots=True)
+class Trusted:
+    """What the plugin, not the container, says about one container: the GPUs the scheduler booked
+    for it and its task priority as HAMi-core reads it from the spec (``CUDA_TASK_PRIORITY``, else 1).
 
-    def __init__(self, path: str) -> None:
-        self.fd = open_region(path, write=True)
+    The region is the container's own file: a tenant may write any UUID, priority or kernel count
+    there. Only these are used, so a container holds back only pods sharing a GPU it was given,
+    at the priority its spec (and admission) allows."""
+
+    gpus: frozenset[bytes]
+    priority: int
+
+
+#: HAMi-core's own ``recent_kernel`` at a launch: a larger value is the tenant's, counted as this.
+LAUNCHED = 2
+#: Priorities are small integers (0 the highest); larger ones all rank last.
+MAX_PRIORITY = 1023
+#: HAMi-core's priority without ``CUDA_TASK_PRIORITY``.
+DEFAULT_PRIORITY = 1
+
+
+def trusted_containers(pods: Iterable[PodBody]) -> dict[tuple[str, str], Trusted]:
+    """Per (pod UID, container name), the GPUs booked for it and its spec priority."""
+    out: dict[tuple[str, str], Trusted] = {}
+    for pod in pods:
+        _source, layout = booked_entries(pod)
         try:
-            head = RegionHead.from_buffer_copy(self._read(0, ctypes.sizeof(RegionHead)))
-            if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
-                raise RegionError(f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region")
-            uuids = [bytes(head.uuids[i]) for i in range(MAX_DEVICES)]
-            self.control = Control(
-                gpus=tuple(u for u in uuids if u[0]),
-                priority=self._int(_PRIORITY_AT),
-                recent_kernel=self._int(_RECENT_KERNEL_AT),
-                utilization_switch=self._int(_SWITCH_AT),
-            )
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def _read(self, at: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, at)
-        if len(data) != size:
-            raise RegionError(f"the file shrank below {at + size} bytes")
-        return data
-
-    def _int(self, at: int) -> int:
-        return ctypes.c_int.from_buffer_copy(self._read(at, _INT)).value
-
-    def write(self, at: int, value: int) -> None:
-        os.pwrite(self.fd, bytes(ctypes.c_int(value)), at)
+            containers = all_containers(pod)
+        except InvalidInput:
+            continue
+        if layout is None:
+            continue
+        for index, container in enumerate(containers):
+            if index >= len(layout) or not layout[index]:
+                continue
+            gpus = frozenset(d.uuid.encode()[:UUID_BYTES].ljust(UUID_BYTES, b"\0") for d in layout[index])
+            out[objects.uid(pod), str(container.get("name"))] = Trusted(gpus, _spec_priority(container))
+    return out
 
 
-def feedback_pass(hook_path: str, keep: Callable[[str], bool]) -> FeedbackPass:
-    """Read every region of the pods ``keep`` accepts, apply :func:`observe`, write what changed."""
-    regions: list[_Region] = []
-    skipped = 0
+def _spec_priority(container: Mapping[str, object]) -> int:
+    """``CUDA_TASK_PRIORITY`` of the container's spec as HAMi-core's ``atoi`` reads it (the last
+    entry wins, as in a container's environment), else 1; clamped to ``-1..MAX_PRIORITY``."""
+    value: object = None
+    env = container.get("env")
+    for var in env if isinstance(env, list) else ():
+        if isinstance(var, Mapping) and var.get("name") == hamicore.ENV_TASK_PRIORITY:
+            value = var.get("value")
+    if value is None:
+        return DEFAULT_PRIORITY
+    digits = re.match(r"\s*([-+]?\d+)", str(value))
+    number = int(digits.group(1)) if digits else 0
+    return max(-1, min(number, MAX_PRIORITY))
+
+
+def _read_control(path: str, trusted: Trusted) -> Control:
+    """The region's counters, the GPUs it names that the container was given, the trusted priority.
+
+    Opened, read with ``pread`` and closed at once: never mapped (the container may truncate the
+    file at any moment, and a mapping touched past its end kills this process, which serves
+    kubelet's Allocate too), never more than one descriptor held."""
+    fd = open_region(path)
     try:
-        for path in (path for uid, _container, path in cache_files(hook_path) if keep(uid)):
-            try:
-                regions.append(_Region(path))
-            except (OSError, RegionError) as exc:
-                log.debug("feedback_region_skipped", file=path, error=str(exc))
-                skipped += 1
-        changed = 0
-        for region, (recent, switch) in zip(regions, observe([r.control for r in regions]), strict=True):
-            before = region.control
-            if recent != before.recent_kernel:
-                region.write(_RECENT_KERNEL_AT, recent)
-            if switch != before.utilization_switch:
-                region.write(_SWITCH_AT, switch)
-            changed += (recent, switch) != (before.recent_kernel, before.utilization_switch)
-        return FeedbackPass(len(regions), changed, skipped)
+
+        def read(at: int, size: int) -> bytes:
+            data = os.pread(fd, size, at)
+            if len(data) != size:
+                raise RegionError(f"{path}: the file shrank below {at + size} bytes")
+            return data
+
+        head = RegionHead.from_buffer_copy(read(0, ctypes.sizeof(RegionHead)))
+        if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
+            raise RegionError(f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region")
+        named = {bytes(head.uuids[i]) for i in range(MAX_DEVICES)}
+        return Control(
+            gpus=tuple(sorted(named & trusted.gpus)),
+            priority=trusted.priority,
+            recent_kernel=ctypes.c_int.from_buffer_copy(read(_RECENT_KERNEL_AT, _INT)).value,
+            utilization_switch=ctypes.c_int.from_buffer_copy(read(_SWITCH_AT, _INT)).value,
+        )
     finally:
-        for region in regions:
-            os.close(region.fd)
+        os.close(fd)
+
+
+def _write(path: str, values: Sequence[tuple[int, int]]) -> None:
+    """Write ``(offset, int)`` pairs into one region (reopened: the file may have been replaced)."""
+    fd = open_region(path, write=True)
+    try:
+        for at, value in values:
+            os.pwrite(fd, bytes(ctypes.c_int(value)), at)
+    finally:
+        os.close(fd)
+
+
+def feedback_pass(hook_path: str, trusted: Mapping[tuple[str, str], Trusted]) -> FeedbackPass:
+    """Read the region of every container ``trusted`` names, apply :func:`observe`, write what changed."""
+    paths: list[str] = []
+    raw: list[tuple[int, int]] = []
+    controls: list[Control] = []
+    skipped = 0
+    for uid, container, path in cache_files(hook_path):
+        known = trusted.get((uid, container))
+        if known is None:
+            continue
+        try:
+            if path is None:
+                raise RegionError(f"{uid}_{container}: more than {MAX_CACHE_FILES} cache files")
+            control = _read_control(path, known)
+        except (OSError, RegionError) as exc:
+            log.debug("feedback_region_skipped", file=path, error=str(exc))
+            skipped += 1
+            continue
+        paths.append(path)
+        raw.append((control.recent_kernel, control.utilization_switch))
+        # a count above HAMi-core's own is the tenant's: it counts as a launch, and is written back
+        controls.append(dataclasses.replace(control, recent_kernel=min(control.recent_kernel, LAUNCHED)))
+    changed = 0
+    for path, (was_recent, was_switch), (recent, switch) in zip(paths, raw, observe(controls), strict=True):
+        writes = [
+            (at, v)
+            for at, v, was in ((_RECENT_KERNEL_AT, recent, was_recent), (_SWITCH_AT, switch, was_switch))
+            if v != was
+        ]
+        if not writes:
+            continue
+        try:
+            _write(path, writes)
+        except (OSError, RegionError) as exc:
+            log.debug("feedback_region_skipped", file=path, error=str(exc))
+            continue
+        changed += 1
+    return FeedbackPass(len(paths), changed, skipped)
 
 
 class VgpuFeedback:
     """Runs :func:`feedback_pass` every ``interval`` s over the pods the plugin's cache holds."""
 
     def __init__(
-        self, hook_path: str, pod_uids: Callable[[], Iterable[str]], interval: float = FEEDBACK_INTERVAL_S
+        self, hook_path: str, pods: Callable[[], Iterable[PodBody]], interval: float = FEEDBACK_INTERVAL_S
     ) -> None:
         self.hook_path = hook_path
-        self.pod_uids = pod_uids
+        self.pods = pods
         self.interval = interval
 
     async def pass_once(self) -> FeedbackPass:
         """One pass, off the event loop (the files are on local disk, but never block Allocate)."""
-        known = frozenset(self.pod_uids())
-        result = await asyncio.to_thread(feedback_pass, self.hook_path, known.__contains__)
+        trusted = trusted_containers(self.pods())
+        result = await asyncio.to_thread(feedback_pass, self.hook_path, trusted)
         if result.changed:
             log.debug("vgpu_feedback", regions=result.regions, changed=result.changed)
         return result

@@ -139,37 +139,51 @@ def open_region(path: str, *, write: bool = False) -> int:
     """A descriptor of one cache file, opened only if it is a regular file of a region's size.
 
     The file lies in a directory the container writes to: its tenant may put a symbolic link
-    there (to another container's region, or any host file) or a FIFO, which this root process
-    must neither follow nor block on. :class:`RegionError` otherwise; the caller closes the fd.
+    there (to another container's region, or any host file), a FIFO or a device node, which this
+    root process must neither follow, block on nor open (opening some devices acts: a watchdog
+    arms). So the name is first resolved without opening anything (``O_PATH``), checked, and
+    only then opened through that handle. :class:`RegionError` otherwise; the caller closes the fd.
     """
-    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags)
+        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise RegionError(f"{path}: {exc.strerror or exc}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size < REGION_SIZE:
-        os.close(fd)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes"
-        raise RegionError(f"{path}: {what}, a shared region is a file of {REGION_SIZE} bytes")
-    return fd
+    try:
+        st = os.fstat(handle)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < REGION_SIZE:
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes"
+            raise RegionError(f"{path}: {what}, a shared region is a file of {REGION_SIZE} bytes")
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            return os.open(f"/proc/self/fd/{handle}", flags)
+        except OSError as exc:
+            raise RegionError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(handle)
 
 
 def read_region(path: str) -> tuple[DeviceUsage, ...]:
     """Per-device usage of one cache file (blocking); :class:`RegionError` when it is not one."""
     with open(open_region(path), "rb") as f:
         fd = f.fileno()
-        head = RegionHead.from_buffer_copy(os.pread(fd, ctypes.sizeof(RegionHead), 0))
+
+        def pread(size: int, at: int) -> bytes:
+            data = os.pread(fd, size, at)
+            if len(data) != size:  # the container truncated it since the open
+                raise RegionError(f"{path}: the file shrank below {at + size} bytes")
+            return data
+
+        head = RegionHead.from_buffer_copy(pread(ctypes.sizeof(RegionHead), 0))
         if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
             raise RegionError(
                 f"{path}: not a HAMi-core {MAJOR_VERSION}.x shared region "
                 f"(flag {head.initialized_flag}, version {head.major_version}.{head.minor_version})"
             )
-        tail = os.pread(fd, _TAIL_BYTES, _TAIL_AT)
+        tail = pread(_TAIL_BYTES, _TAIL_AT)
         proc_num = ctypes.c_int.from_buffer_copy(tail[:4]).value
         last_kernel = ctypes.c_uint64.from_buffer_copy(tail[-8:]).value
         count = max(0, min(proc_num, MAX_PROCESSES))
-        raw = os.pread(fd, count * ctypes.sizeof(ProcSlot), _PROCS_AT)
+        raw = pread(count * ctypes.sizeof(ProcSlot), _PROCS_AT)
     slots = (ProcSlot * count).from_buffer_copy(raw) if count else ()
     live = [s for s in slots if s.status != 0]
     devices = min(int(head.device_num), MAX_DEVICES)
@@ -215,22 +229,35 @@ class UsageScan:
     skipped: int
 
 
-def cache_files(hook_path: str) -> Iterator[tuple[str, str, str]]:
-    """``(pod UID, container, path)`` of every ``<uid>_<container>/*.cache`` under
-    ``<hook_path>/vgpu/containers``, in name order (blocking)."""
+#: Cache files read per container directory at most, as HAMi's monitor allows (``loadCache``).
+MAX_CACHE_FILES = 2
+
+
+def cache_files(hook_path: str) -> Iterator[tuple[str, str, str | None]]:
+    """``(pod UID, container, path)`` of each container's ``<uid>_<container>/*.cache`` under
+    ``<hook_path>/vgpu/containers``, in name order (blocking). HAMi-core keeps one per container;
+    a directory holding more than :data:`MAX_CACHE_FILES` (the container writes it: thousands of
+    files would cost every pass a descriptor and a read each) is one ``path`` None, read not at all."""
     root = hamicore.containers_dir(hook_path)
     try:
         entries = sorted(os.listdir(root))
-    except FileNotFoundError:
+    except OSError:
         return
     for name in entries:
         uid = pod_uid_of(name)
         directory = os.path.join(root, name)
         if uid is None or not os.path.isdir(directory):
             continue
-        for file in sorted(os.listdir(directory)):
-            if file.endswith(hamicore.CACHE_SUFFIX):
-                yield uid, name[len(uid) + 1 :], os.path.join(directory, file)
+        try:
+            files = [f for f in os.listdir(directory) if f.endswith(hamicore.CACHE_SUFFIX)]
+        except OSError:
+            continue
+        container = name[len(uid) + 1 :]
+        if len(files) > MAX_CACHE_FILES:
+            yield uid, container, None
+            continue
+        for file in sorted(files):
+            yield uid, container, os.path.join(directory, file)
 
 
 def scan(hook_path: str) -> UsageScan:
@@ -239,6 +266,8 @@ def scan(hook_path: str) -> UsageScan:
     skipped = 0
     for uid, container, path in cache_files(hook_path):
         try:
+            if path is None:
+                raise RegionError(f"{uid}_{container}: more than {MAX_CACHE_FILES} cache files")
             devices = read_region(path)
         except (OSError, RegionError) as exc:
             log.debug("cache_file_skipped", file=path, error=str(exc))

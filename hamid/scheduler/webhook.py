@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from hamid.fit.fit import Quota
 from hamid.log import get_logger
 from hamid.model import annotations as ann
-from hamid.model import objects
+from hamid.model import hamicore, objects
 from hamid.model._wire import want_list, want_object
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
@@ -198,9 +198,9 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
         priority = quantity_as_int(limits[config.resource_priority_name], f"{where} priority")
         if priority is None:
             raise InvalidInput(f"{where}: {config.resource_priority_name} must be an integer")
-        _append_env(container, "CUDA_TASK_PRIORITY", str(priority))
+        _append_env(container, hamicore.ENV_TASK_PRIORITY, str(priority))
     if config.gpu_core_policy and config.gpu_core_policy != "default":
-        _append_env(container, "GPU_CORE_UTILIZATION_POLICY", config.gpu_core_policy)
+        _append_env(container, hamicore.ENV_CORE_UTILIZATION_POLICY, config.gpu_core_policy)
     has = config.resource_count_name in limits
     if not has and config.default_gpu_num > 0:
         others = (

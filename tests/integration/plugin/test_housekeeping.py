@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import traceback
 import uuid
 from pathlib import Path
 
@@ -108,3 +110,22 @@ async def test_license_mounts_when_the_license_exists() -> None:
         assert mounts["/tmp/license"].host_path == f"{env.hook}/vgpu/license"
         assert mounts["/usr/bin/vgpuvalidator"].host_path == f"{env.hook}/vgpu/vgpuvalidator"
         assert mounts["/tmp/license"].read_only and mounts["/usr/bin/vgpuvalidator"].read_only
+
+
+def test_a_tree_too_deep_to_remove_does_not_stop_the_sweep(tmp_path: Path) -> None:
+    """A red team: a container made its cache directory thousands of levels deep; the recursion
+    error escaped the sweep, which meets that directory first every time, so no departed pod's
+    directory was removed again. (The depth is played by a lower recursion limit.)"""
+    deep, other = (f"{n}{str(uuid.uuid4())[1:]}_main" for n in "01")
+    path = tmp_path / deep
+    for _ in range(60):
+        path = path / "d"
+    path.mkdir(parents=True)
+    (tmp_path / other).mkdir()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(traceback.extract_stack()) + 40)
+    try:
+        removed = sweep(str(tmp_path), set(), 0.0)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert removed == [other]

@@ -5,11 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hamid.plugin.vgpu_feedback import _SWITCH_AT, Control, VgpuFeedback, _Region, feedback_pass, observe
-from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, RegionError, SharedRegion, scan
+from hamid.model.annotations import DEVICES_ALLOCATED
+from hamid.plugin.vgpu_feedback import (
+    MAX_PRIORITY,
+    Control,
+    Trusted,
+    VgpuFeedback,
+    feedback_pass,
+    observe,
+    trusted_containers,
+)
+from hamid.plugin.vgpu_monitor import MAGIC, REGION_SIZE, RegionError, SharedRegion, open_region, scan
 
 A, B = b"GPU-a".ljust(96, b"\0"), b"GPU-b".ljust(96, b"\0")
 #: HAMi-core sets recent_kernel to 2 at every kernel launch; a pass counts it down.
@@ -71,6 +81,25 @@ def _fields(path: Path) -> tuple[int, int]:
 UID_HI, UID_LO, UID_GONE = (f"{n}{n}{n}{n}{n}{n}{n}{n}-1111-2222-3333-444455556666" for n in "abc")
 
 
+def _pod(uid: str, gpu: bytes, priority: int | str | None = None) -> dict[str, Any]:
+    """A pod on the node with one container, ``main``, booked one share of ``gpu``."""
+    env = [] if priority is None else [{"name": "CUDA_TASK_PRIORITY", "value": str(priority)}]
+    uuid = gpu.rstrip(b"\0").decode()
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": uid[:4],
+            "namespace": "default",
+            "annotations": {DEVICES_ALLOCATED: f"{uuid},NVIDIA,1000,10:;"},
+        },
+        "spec": {"containers": [{"name": "main", "env": env}]},
+    }
+
+
+def _trusted(*pods: dict[str, Any]) -> dict[tuple[str, str], Trusted]:
+    return trusted_containers(pods)
+
+
 def test_a_pass_writes_the_regions_of_this_nodes_pods_only(tmp_path: Path) -> None:
     hi = _region_file(tmp_path, UID_HI, "main", A, priority=0, recent=LAUNCHED)
     lo = _region_file(tmp_path, UID_LO, "main", A, priority=1, recent=LAUNCHED)
@@ -78,21 +107,25 @@ def test_a_pass_writes_the_regions_of_this_nodes_pods_only(tmp_path: Path) -> No
     broken = tmp_path / "vgpu" / "containers" / f"{UID_HI}_side" / "token.cache"
     broken.parent.mkdir()
     broken.write_bytes(b"\0" * 64)  # being created: too short, skipped and left alone
-    result = feedback_pass(str(tmp_path), {UID_HI, UID_LO}.__contains__)
+    side = _pod(UID_HI, A, 0)
+    side["spec"]["containers"].append({"name": "side"})
+    side["metadata"]["annotations"][DEVICES_ALLOCATED] += "GPU-a,NVIDIA,1000,10:;"
+    trusted = _trusted(side, _pod(UID_LO, A, 1))
+    result = feedback_pass(str(tmp_path), trusted)
     assert (result.regions, result.changed, result.skipped) == (2, 2, 1)
     assert _fields(hi) == (1, 0)
     assert _fields(lo) == (-1, 1)  # held while the high-priority pod runs
     assert _fields(gone) == (LAUNCHED, 1)  # not a pod of this node: untouched
     assert broken.read_bytes() == b"\0" * 64
     # the next pass: the high one did not launch again, so the low one is released
-    feedback_pass(str(tmp_path), {UID_HI, UID_LO}.__contains__)
+    feedback_pass(str(tmp_path), trusted)
     assert _fields(hi) == (0, 0) and _fields(lo) == (0, 0)
-    assert feedback_pass(str(tmp_path), {UID_HI, UID_LO}.__contains__).changed == 0
+    assert feedback_pass(str(tmp_path), trusted).changed == 0
 
 
 def test_the_plugins_loop_passes_over_the_pods_it_knows(tmp_path: Path) -> None:
     lone = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
-    feedback = VgpuFeedback(str(tmp_path), lambda: [UID_HI], interval=0.01)
+    feedback = VgpuFeedback(str(tmp_path), lambda: [_pod(UID_HI, A)], interval=0.01)
 
     async def two_passes() -> None:
         task = asyncio.create_task(feedback.run())
@@ -108,33 +141,44 @@ def test_the_plugins_loop_passes_over_the_pods_it_knows(tmp_path: Path) -> None:
     assert _fields(lone) == (0, 0)
 
 
-def test_a_tenants_link_or_fifo_in_its_cache_directory_is_never_followed(tmp_path: Path) -> None:
+def test_a_tenant_holds_no_one_back_with_what_it_writes_into_its_own_region(tmp_path: Path) -> None:
+    """A red team: a container wrote another pod's GPU, priority 0 and a huge kernel count into
+    its own region, and the root plugin then held that pod's kernels for good; a priority of two
+    billion made every pass allocate gigabytes. The GPUs are the ones booked for the container,
+    the priority its spec's, and a count above HAMi-core's own counts as one launch."""
+    attacker = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=2**31 - 1)
+    _region_file(tmp_path, UID_HI[:-1] + "7", "main", B, priority=0, recent=2**31 - 1)  # ignored: unknown
+    victim = _region_file(tmp_path, UID_LO, "main", B, priority=1, recent=LAUNCHED)
+    forged = SharedRegion.from_buffer_copy(attacker.read_bytes())
+    forged.uuids[1].value = b"GPU-b"  # the victim's GPU, not booked for the attacker
+    forged.priority = 0
+    attacker.write_bytes(bytes(forged))
+    trusted = _trusted(_pod(UID_HI, A, 2**31 - 1), _pod(UID_LO, B))
+    assert trusted[UID_HI, "main"].priority == MAX_PRIORITY
+    feedback_pass(str(tmp_path), trusted)
+    assert _fields(victim) == (1, 0)  # alone on GPU-b: neither held nor throttled
+    assert _fields(attacker) == (1, 0)  # its count written back as one launch less
+
+
+def test_a_tenants_link_fifo_device_or_many_files_are_never_opened(tmp_path: Path) -> None:
     """The container writes its own cache directory: a symbolic link there to another pod's
-    region (or any host file) must not be written through by this root process, and a FIFO must
-    not block the pass (or the metrics scan) forever."""
+    region (or any host file) must not be written through by this root process, a FIFO must not
+    block the pass (or the metrics scan), a device node must not even be opened, and thousands of
+    files must not cost a descriptor and a read each."""
     victim = _region_file(tmp_path, UID_LO, "main", A, priority=1, recent=LAUNCHED)
-    attacker = tmp_path / "vgpu" / "containers" / f"{UID_HI}_main"
-    attacker.mkdir(parents=True)
-    (attacker / "token.cache").symlink_to(victim)
-    os.mkfifo(attacker / "fifo.cache")
-    result = feedback_pass(str(tmp_path), {UID_HI}.__contains__)  # only the attacker's pod is known
-    assert (result.regions, result.changed, result.skipped) == (0, 0, 2)
+    containers = tmp_path / "vgpu" / "containers"
+    link, fifo, many = (containers / f"{UID_HI[:-1]}{n}_main" for n in "123")
+    for directory in (link, fifo, many):
+        directory.mkdir(parents=True)
+    (link / "token.cache").symlink_to(victim)
+    os.mkfifo(fifo / "token.cache")
+    for i in range(3):
+        (many / f"{i}.cache").write_bytes(victim.read_bytes())
+    trusted = _trusted(*(_pod(d.name.split("_")[0], A, 0) for d in (link, fifo, many)))
+    result = feedback_pass(str(tmp_path), trusted)
+    assert (result.regions, result.changed, result.skipped) == (0, 0, 3)
     assert _fields(victim) == (LAUNCHED, 1)
     usage = scan(str(tmp_path))
-    assert [c.pod_uid for c in usage.containers] == [UID_LO] and usage.skipped == 2
-
-
-def test_a_region_truncated_during_a_pass_does_not_crash_the_plugin_and_is_skipped_next(
-    tmp_path: Path,
-) -> None:
-    """The container may truncate its file between the read and the write: a mapping touched past
-    the end kills the process (SIGBUS), and this process serves kubelet's Allocate too."""
-    path = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
-    region = _Region(str(path))
-    try:
-        os.truncate(path, 0)
-        region.write(_SWITCH_AT, 0)  # lands in the tenant's own (now sparse) file, no signal
-    finally:
-        os.close(region.fd)
-    with pytest.raises(RegionError):
-        _Region(str(path))  # too short now: skipped by the next pass
+    assert [c.pod_uid for c in usage.containers] == [UID_LO] and usage.skipped == 3
+    with pytest.raises(RegionError, match="not a regular file"):
+        open_region("/dev/null")  # a character device: refused before it is opened
