@@ -44,6 +44,7 @@ from hamid.plugin.vgpu_monitor import (
     SharedRegion,
     cache_files,
     open_region,
+    pread_exact,
 )
 
 log = get_logger("plugin.vgpu_feedback")
@@ -175,10 +176,7 @@ def _read_control(path: str, trusted: Trusted) -> Control:
     try:
 
         def read(at: int, size: int) -> bytes:
-            data = os.pread(fd, size, at)
-            if len(data) != size:
-                raise RegionError(f"{path}: the file shrank below {at + size} bytes")
-            return data
+            return pread_exact(fd, size, at, path)
 
         head = RegionHead.from_buffer_copy(read(0, ctypes.sizeof(RegionHead)))
         if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:

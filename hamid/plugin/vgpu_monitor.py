@@ -162,16 +162,22 @@ def open_region(path: str, *, write: bool = False) -> int:
         os.close(handle)
 
 
+def pread_exact(fd: int, size: int, at: int, path: str) -> bytes:
+    """``size`` bytes at ``at``; :class:`RegionError` when the file is shorter (the container may
+    truncate it at any moment after the open)."""
+    data = os.pread(fd, size, at)
+    if len(data) != size:
+        raise RegionError(f"{path}: the file shrank below {at + size} bytes")
+    return data
+
+
 def read_region(path: str) -> tuple[DeviceUsage, ...]:
     """Per-device usage of one cache file (blocking); :class:`RegionError` when it is not one."""
     with open(open_region(path), "rb") as f:
         fd = f.fileno()
 
         def pread(size: int, at: int) -> bytes:
-            data = os.pread(fd, size, at)
-            if len(data) != size:  # the container truncated it since the open
-                raise RegionError(f"{path}: the file shrank below {at + size} bytes")
-            return data
+            return pread_exact(fd, size, at, path)
 
         head = RegionHead.from_buffer_copy(pread(ctypes.sizeof(RegionHead), 0))
         if head.initialized_flag != MAGIC or head.major_version != MAJOR_VERSION:
