@@ -215,6 +215,7 @@ async def place(cluster: Cluster, trace: TracePod, uid: str, replay: Replay, rng
         return False
     stored = api.create_pod(json_patch(pod, list(verdict.patch)) if verdict.patch else pod)
     await api.settle()
+    await cluster.scheduler.fgd_warmup.idle()  # the scheduler's idle time before kube-scheduler asks
     request = pod_requests(stored)
     feasible = cluster.room.feasible(request)
     if stored["spec"].get("schedulerName") == cluster.scheduler.settings.scheduler_name:

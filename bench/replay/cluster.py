@@ -451,6 +451,7 @@ class Cluster:
             self._tasks.append(asyncio.create_task(cache.run()))
         for node in self.nodes.values():
             self._tasks.append(asyncio.create_task(node.pods.run()))
+        self._tasks.append(asyncio.create_task(self.scheduler.fgd_warmup.run()))
         for cache in caches:
             await cache.wait_synced()
         for node in self.nodes.values():

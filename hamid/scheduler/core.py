@@ -31,6 +31,7 @@ from hamid.model.resources import DeviceConfig
 from hamid.scheduler.bind import Binder
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.fgd_warmup import FgdWarmup
 from hamid.scheduler.filter import Filter
 from hamid.scheduler.filter_plan import Planner
 from hamid.scheduler.filter_reserve import Reserver
@@ -102,6 +103,8 @@ class Scheduler:
         self.fgd = FgdRanker(
             self.config, self.ledger.inventory, self.numa, self.cpu_mem, s.fgd_workload, s.fgd_half_life
         )
+        #: Ranks a pending pod's shape under ``fgd`` in idle time, before its filter.
+        self.fgd_warmup = FgdWarmup(self.fgd, self.config, s, lambda: self.readiness.leading)
         self.metrics = SchedulerMetrics(self.ledger, self.fgd)
         self.tasks = Tasks()
         #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
@@ -230,6 +233,7 @@ class Scheduler:
                 for cache in self.caches:
                     tg.create_task(cache.run())
                 tg.create_task(self.handshakes.run())
+                tg.create_task(self.fgd_warmup.run())
                 if self.settings.reconcile_interval_s > 0:
                     tg.create_task(self.reconciler.run())
                 if self.settings.gc_freeze:
@@ -262,6 +266,7 @@ class Scheduler:
         self.numa.on_pod(pod)
         self.cpu_mem.on_pod(pod)
         self.fgd.observe(pod)
+        self.fgd_warmup.on_pod(pod)
         self.outbox.report_untrusted()
 
     def _pod_updated(self, _old: PodBody, new: PodBody) -> None:
@@ -272,6 +277,7 @@ class Scheduler:
         self.numa.on_pod_deleted(pod)
         self.cpu_mem.on_pod_deleted(pod)
         self.fgd.forget(pod)
+        self.fgd_warmup.on_pod_gone(pod)
 
     def _node_seen(self, node: NodeBody) -> None:
         self.state.on_node(node)

@@ -176,6 +176,9 @@ class FgdRanker:
         #: time they took: the filter's costly step (``hamid_fgd_reranks_total``).
         self.reranks = 0
         self.rerank_seconds = 0.0
+        #: Whether the policy is in use: it ranked a pod, or the operator pinned its workload (the
+        #: fragmentation gauges appear only then).
+        self.ranked = pinned is not None
         numa.on_change = cpu_mem.on_change = self._dirty.add
 
     # -- the workload ----------------------------------------------------------------------------
@@ -200,7 +203,13 @@ class FgdRanker:
         except InvalidInput:
             return
         self._seen.add(uid)
+        self.learn(shape)
+
+    def learn(self, shape: Shape) -> None:
+        """Count one pod's shape, and refresh the learned workload when its turn has come."""
         self.histogram.observe(shape)
+        if self.pinned is None:
+            self._refresh()
 
     def forget(self, pod: Mapping[str, Any]) -> None:
         """A pod is gone (its weight stays in the histogram, decaying)."""
@@ -208,30 +217,27 @@ class FgdRanker:
 
     @property
     def workload(self) -> Workload:
-        """The typical workload now (pinned, or learned and refreshed as pods arrive)."""
-        if self.pinned is not None:
-            return self.pinned
-        observed = self.histogram.observed
-        since = observed - self._learned_at
-        if since >= max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life)):
-            self._learned_at = observed
-            fresh = self.histogram.typical()
-            distance = _distance(fresh, self._workload)
-            if distance > _DRIFT:
-                self._learned(fresh, distance)
-                self._workload = fresh
-                self.epoch += 1
-                self._placed.clear()
-                self._frag.clear()
-                self._placements.clear()
-                self._indexes.clear()
+        """The typical workload the ranking uses (pinned, or the learned one as last refreshed)."""
         return self._workload
 
-    @property
-    def in_use(self) -> Workload:
-        """The typical workload the ranking uses now (:attr:`workload` without refreshing it, so a
-        reader such as a metrics scrape never moves the moment the workload is learned)."""
-        return self._workload
+    def _refresh(self) -> None:
+        """Refresh the learned workload after every :data:`_REFRESH_SHARE` of the pods it was learned
+        from (a point in the stream of pods, whenever filters come); a refreshed workload far
+        enough from the one in use replaces it, and every memo and gain index starts afresh."""
+        observed = self.histogram.observed
+        if observed - self._learned_at < max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life)):
+            return
+        self._learned_at = observed
+        fresh = self.histogram.typical()
+        distance = _distance(fresh, self._workload)
+        if distance > _DRIFT:
+            self._learned(fresh, distance)
+            self._workload = fresh
+            self.epoch += 1
+            self._placed.clear()
+            self._frag.clear()
+            self._placements.clear()
+            self._indexes.clear()
 
     def _learned(self, fresh: Workload, distance: float) -> None:
         """Log a change of the typical workload: every memo and gain index starts afresh."""
@@ -319,6 +325,15 @@ class FgdRanker:
                 del indexes[next(iter(indexes))]
             index = GainIndex(nodes)
         indexes[shape] = index  # the most recently used last
+        return index
+
+    def ranking(self, shape: Shape, nodes: Mapping[str, NodeEntry]) -> GainIndex:
+        """The gain index of ``shape`` brought up to date: the nodes changed since its last use
+        re-keyed (every node for a new shape or after a workload change: the costly step)."""
+        self.ranked = True
+        self.sync()
+        index = self.index(shape)
+        index.refresh(self, shape, nodes)
         return index
 
     def rank(self, name: str, gain: float) -> float:
@@ -413,7 +428,7 @@ class FgdRanker:
 
     def best_on(self, entry: NodeEntry, shape: Shape) -> Placement | None:
         """The pod's best placement on one node (the ``fgd`` GPU choice under another node policy)."""
-        self.workload  # noqa: B018 - refresh the workload (and the memos) before using them
+        self.ranked = True
         self.sync()
         return self.placement(entry.name, self.node_state(entry.name, entry), shape)
 
@@ -565,10 +580,7 @@ def fgd_ranked(
     fit still gives its reason. Only the nodes changed since this shape's last filter are
     recomputed (:class:`GainIndex`).
     """
-    ranker.workload  # noqa: B018 - refresh before reading memos
-    ranker.sync()
-    index = ranker.index(shape)
-    index.refresh(ranker, shape, nodes)
+    index = ranker.ranking(shape, nodes)
     for name, reason in index.short.items():
         if name != own and name in position:
             failed[name] = reason
@@ -601,10 +613,7 @@ def fgd_cpu_only(
     """
     if unregistered:
         return sorted(unregistered, key=position.__getitem__)
-    ranker.workload  # noqa: B018 - refresh before reading memos
-    ranker.sync()
-    index = ranker.index(shape)
-    index.refresh(ranker, shape, nodes)
+    index = ranker.ranking(shape, nodes)
     for _, name in reversed(index.keys):
         if name in position:
             return [name]

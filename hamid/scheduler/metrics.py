@@ -248,7 +248,7 @@ class _FgdCollector(Collector):
     """The ``fgd`` policy's view of the cluster and its work, read at scrape time.
 
     The fragmentation gauges appear once the policy ranks with a typical workload (a ``fgd``
-    filter ran, or one is pinned); reading them never refreshes the learned workload.
+    filter ran, or one is pinned); reading them changes no decision.
     """
 
     def __init__(self, ranker: FgdRanker) -> None:
@@ -260,7 +260,7 @@ class _FgdCollector(Collector):
         yield GaugeMetricFamily(
             "hamid_fgd_typical_shapes",
             "Pod shapes in the typical workload fgd ranks by (0 until it has one).",
-            value=len(ranker.in_use.shapes),
+            value=len(ranker.workload.shapes),
         )
         yield CounterMetricFamily(
             "hamid_fgd_pods_learned",
@@ -274,8 +274,9 @@ class _FgdCollector(Collector):
         )
         yield CounterMetricFamily(
             "hamid_fgd_reranks",
-            "Gain indexes re-keyed in bulk: a pod shape's first filter, its first after a workload "
-            "change, or more than an eighth of the nodes changed since its last.",
+            "Gain indexes re-keyed in bulk (by a filter, or ahead of it for a pending pod): a pod "
+            "shape's first ranking, its first after a workload change, or more than an eighth of "
+            "the nodes changed since its last.",
             value=ranker.reranks,
         )
         yield CounterMetricFamily(
@@ -284,7 +285,7 @@ class _FgdCollector(Collector):
 
     def cluster_families(self) -> Iterator[GaugeMetricFamily]:
         """The gauges describing the cluster (leader only, as every cluster family)."""
-        if not self.ranker.in_use.groups:
+        if not (self.ranker.ranked and self.ranker.workload.groups):
             return
         for (name, help_text), value in zip(_FGD_CLUSTER, self.ranker.cluster(), strict=True):
             yield GaugeMetricFamily(name, help_text, value=value)

@@ -55,7 +55,7 @@ def states() -> list[NodeState]:
 
 def learn(fgd: FgdRanker, *shapes: Shape) -> None:
     for shape in shapes:
-        fgd.histogram.observe(shape)
+        fgd.learn(shape)
 
 
 def cold(fgd: FgdRanker, state: NodeState, shape: Shape) -> tuple[float, object]:
@@ -70,7 +70,6 @@ def test_memos_across_workload_changes_equal_a_cold_computation() -> None:
     learn(fgd, HALF, HALF, ALIGNED)
     epochs = set()
     for more in ((HALF,) * 3, (ALIGNED,) * 4, (TWO, CPU_ONLY), (HALF,) * 20, (TWO,) * 30):
-        fgd.workload  # noqa: B018 - refresh, as a filter does before reading the memos
         epochs.add(fgd.epoch)
         for i, state in enumerate(states()):
             for shape in (HALF, ALIGNED, TWO, CPU_ONLY):
@@ -83,7 +82,6 @@ def test_memos_across_workload_changes_equal_a_cold_computation() -> None:
 def test_a_weight_only_change_recomputes_only_the_weighted_sum() -> None:
     fgd = ranker()
     learn(fgd, HALF, ALIGNED)
-    fgd.workload  # noqa: B018 - refresh
     state = states()[0]
     before = fgd.fragmentation(state)
     uses = dict(fgd._uses[state.gpu_side()])
@@ -98,7 +96,6 @@ def test_states_differing_only_in_cpu_and_memory_share_the_usable_room() -> None
     """The same GPUs after pods of other CPU asks: one usable-room memo, each its own fragmentation."""
     fgd = ranker()
     learn(fgd, HALF, ALIGNED, TWO)
-    fgd.workload  # noqa: B018 - refresh
     state = states()[0]
     short = state._replace(cpu=3000, memory=4096)  # short of CPU for ALIGNED and TWO
     fgd.fragmentation(state)
@@ -112,7 +109,6 @@ def test_states_no_typical_shape_tells_apart_share_one_fragmentation() -> None:
     more or less that every typical shape still fits (or still does not) is not computed again."""
     fgd = ranker()
     learn(fgd, HALF, ALIGNED, TWO)
-    fgd.workload  # noqa: B018 - refresh
     state = states()[0]
     fgd.fragmentation(state)
     fgd.fragmentation(state._replace(cpu=state.cpu - 1, memory=state.memory - 1))
@@ -128,7 +124,6 @@ def test_memos_belong_to_one_ranker() -> None:
     first, second = ranker(), ranker()
     learn(first, HALF, HALF, HALF)
     learn(second, ALIGNED, TWO)
-    first.workload, second.workload  # noqa: B018 - refresh
     for state in states():
         assert first.fragmentation(state) == fragmentation(state, first.workload)
         assert second.fragmentation(state) == fragmentation(state, second.workload)
@@ -154,15 +149,12 @@ def test_a_workload_moved_by_noise_keeps_the_ranking_a_real_move_replaces_it() -
     and gain indexes stay; a new shape taking a quarter of the pods is a real change."""
     fgd = ranker()
     learn(fgd, *(HALF, ALIGNED) * 50)
-    fgd.workload  # noqa: B018 - refresh
     epoch, kept = fgd.epoch, fgd.index(HALF)
     learn(fgd, *(HALF,) * 10, ALIGNED, ALIGNED)  # HALF from 50 % to 60 of 112 pods: 3.6 points
     assert abs(dict(fgd.histogram.typical().shapes)[HALF] - 60 / 112) < 0.001
-    fgd.workload  # noqa: B018 - refresh
     assert fgd.epoch == epoch and fgd.index(HALF) is kept
     learn(fgd, *(TWO,) * 40)
-    fgd.workload  # noqa: B018 - refresh
-    assert fgd.epoch == epoch + 1 and fgd.index(HALF) is not kept
+    assert fgd.epoch > epoch and fgd.index(HALF) is not kept  # changed as TWO's share grew
     assert dict(fgd.workload.shapes).keys() == {HALF, ALIGNED, TWO}
 
 
@@ -224,7 +216,6 @@ def test_a_gain_index_holds_each_nodes_own_rank_after_any_changes(
         elif live:
             scheduler._node_gone(helpers_node(rng.choice(live)))
         for shape in (HALF, TWO, CPU_ONLY):
-            fgd.workload  # noqa: B018 - refresh, as a filter does
             fgd.sync()
             index = fgd.index(shape)
             index.refresh(fgd, shape, scheduler.ledger.nodes)
@@ -254,35 +245,33 @@ def _scraped(scheduler: Scheduler) -> dict[str, float]:
 
 
 def test_metrics_show_fgds_view_without_moving_the_learned_workload() -> None:
-    """The cluster's fragmentation appears once fgd ranks with a workload, equals every node's own
-    fragmentation summed, and a scrape never refreshes the workload (learning moves only with filters)."""
+    """The workload is learned as the pods come, before any filter; the cluster's fragmentation
+    appears once fgd ranks, equals every node's own fragmentation summed, and a scrape moves nothing."""
     rng = random.Random(3)
     scheduler = Scheduler(None)
     fgd = scheduler.fgd
     for i in range(6):
         scheduler._node_seen(_gpu_node(rng, f"n{i}"))
-    for step in range(4):
-        name = f"n{step}"
-        scheduler._pod_seen(_bound(rng, step, name, scheduler.ledger.nodes[name].infos[0].id))
-    scraped = _scraped(scheduler)
-    assert "hamid_fgd_fragmentation_milli_gpu" not in scraped  # no workload in use yet
-    assert scraped["hamid_fgd_pods_learned_total"] == 4
-    assert scraped["hamid_fgd_typical_shapes"] == scraped["hamid_fgd_workload_changes_total"] == 0
-    assert fgd.in_use.groups == () and fgd.epoch == 0  # the scrape learned nothing
-
     with structlog.testing.capture_logs() as logs:
-        fgd.workload  # noqa: B018 - refresh, as a filter does
-    assert [(e["event"], e["epoch"], e["pods_learned"]) for e in logs] == [("fgd_workload_changed", 1, 4)]
-    assert logs[0]["top"][0].endswith(": 50.0%")  # the most frequent shape first
-    fgd.sync()
-    states = {name: fgd.node_state(name, entry) for name, entry in scheduler.ledger.nodes.items()}
-    index = fgd.index(HALF)
-    index.refresh(fgd, HALF, scheduler.ledger.nodes)
+        for step in range(4):
+            name = f"n{step}"
+            scheduler._pod_seen(_bound(rng, step, name, scheduler.ledger.nodes[name].infos[0].id))
+    changes = [(e["epoch"], e["pods_learned"]) for e in logs if e["event"] == "fgd_workload_changed"]
+    assert changes[0] == (1, 1) and changes[-1][0] == fgd.epoch >= 2  # the first pod, then as they came
+    assert all(e["top"][0].endswith("%") for e in logs)  # the most frequent shape named first
+    epoch, workload = fgd.epoch, fgd.workload
     scraped = _scraped(scheduler)
-    assert scraped["hamid_fgd_workload_changes_total"] == fgd.epoch == 1
-    assert scraped["hamid_fgd_typical_shapes"] == len(fgd.in_use.shapes) > 0
+    assert "hamid_fgd_fragmentation_milli_gpu" not in scraped  # fgd has ranked nothing yet
+    assert scraped["hamid_fgd_pods_learned_total"] == 4
+    assert scraped["hamid_fgd_typical_shapes"] == len(workload.shapes) > 0
+    assert scraped["hamid_fgd_workload_changes_total"] == epoch
+
+    fgd.ranking(HALF, scheduler.ledger.nodes)
+    states = {name: fgd.node_state(name, entry) for name, entry in scheduler.ledger.nodes.items()}
+    scraped = _scraped(scheduler)
+    assert (fgd.epoch, fgd.workload) == (epoch, workload)  # the scrapes moved nothing
     assert scraped["hamid_fgd_fragmentation_milli_gpu"] == pytest.approx(
-        sum(fragmentation(state, fgd.in_use) for state in states.values())
+        sum(fragmentation(state, workload) for state in states.values())
     )
     assert scraped["hamid_fgd_fragmentation_milli_gpu"] > 0
     assert scraped["hamid_fgd_idle_milli_gpu"] == sum(sum(state.frees) for state in states.values())
