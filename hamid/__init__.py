@@ -1,3 +1,3 @@
 """hamid: a HAMi-compatible NVIDIA vGPU stack for Kubernetes with NUMA alignment and scheduler refit."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -26,7 +27,8 @@ def register_process_metrics(registry: CollectorRegistry) -> None:
 
 def register_hami_build_info(registry: CollectorRegistry) -> None:
     """HAMi's ``hami_build_info`` (``pkg/metrics``): 1, with the build in its labels; hamid's
-    version and Python stand where HAMi's binary names its Go build (no revision or date)."""
+    version, the source revision the image was built from (``HAMID_REVISION``, set by the
+    Containerfile) and Python stand where HAMi's binary names its Go build (no date)."""
     Gauge(
         "hami_build_info",
         "hami build metadata exposed as labels with a constant value of 1.",
@@ -34,7 +36,7 @@ def register_hami_build_info(registry: CollectorRegistry) -> None:
         labelnames=("version", "revision", "build_date", "go_version", "compiler", "platform"),
     ).labels(
         __version__,
-        "",
+        os.environ.get("HAMID_REVISION", "")[:40],
         "",
         "",
         platform.python_implementation().lower(),

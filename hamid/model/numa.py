@@ -512,13 +512,35 @@ def _load(
     if isinstance(text, str) and len(text) > MAX_ANNOTATION_BYTES:
         raise InvalidInput(f"{key}: value is over {MAX_ANNOTATION_BYTES} bytes")
     doc = want_object(load_json(text, key), key)
+    version = doc.get("v")
+    if isinstance(version, int) and not isinstance(version, bool) and version > max(versions):
+        # checked before the fields, which a newer format may add: a version skew, not corruption
+        raise NewerFormat(
+            f"{key}: format version {version} is newer than this hamid reads (up to "
+            f"{max(versions)}); upgrade hamid (a rolling upgrade has nodes ahead of the scheduler)"
+        )
     unknown = sorted(set(doc) - keys)
     if unknown:
         raise InvalidInput(f"{key}: unknown field {unknown[0]!r:.40}")
-    if doc.get("v") not in versions or isinstance(doc.get("v"), bool):
+    if version not in versions or isinstance(version, bool):
         want = " or ".join(map(str, versions))
-        raise InvalidInput(f"{key}: want format version {want}, got {doc.get('v')!r:.20}")
+        raise InvalidInput(f"{key}: want format version {want}, got {version!r:.20}")
     return doc
+
+
+class NewerFormat(InvalidInput):
+    """A value written by a newer hamid than this one (a version skew during a rolling upgrade or
+    after a rollback): unreadable here, but not malformed."""
+
+
+def profile_generation(text: object) -> int | None:
+    """The ``gen`` of a profile this hamid cannot decode (a newer format), so a rolled-back node
+    agent replacing it continues the generation instead of starting again at 1; None: none readable."""
+    try:
+        doc = want_object(load_json(text, NUMA_PROFILE), NUMA_PROFILE)
+        return want_int(doc.get("gen"), f"{NUMA_PROFILE}.gen", 0)
+    except InvalidInput:
+        return None
 
 
 def _id_map(value: object, where: str) -> dict[int, frozenset[int]]:

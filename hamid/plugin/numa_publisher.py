@@ -42,6 +42,7 @@ from hamid.model.numa import (
     NUMA_PROFILE,
     ContainerPlacement,
     KubeletPolicies,
+    NewerFormat,
     NumaProfile,
     PodPlacement,
     ReplicaHiding,
@@ -50,6 +51,7 @@ from hamid.model.numa import (
     encode_placement,
     encode_profile,
     miss_cause,
+    profile_generation,
 )
 from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG, load_kubelet_policies
@@ -395,24 +397,30 @@ class NumaPublisher:
         else:
             self.problems.clear("uncore caches (sysfs)")
 
-    def _cached_profile(self) -> NumaProfile | None:
-        """The newest of the Node's profile and ours (the node cache may lag our own write)."""
+    def _cached_profile(self) -> tuple[NumaProfile | None, int]:
+        """The newest of the Node's profile and ours (the node cache may lag our own write), and
+        the highest generation seen, that of a profile written by a newer hamid included (after a
+        rollback the generation goes on from it rather than back to 1)."""
         node = self.pods.node()
         raw = objects.annotations(node).get(NUMA_PROFILE)
         cached: NumaProfile | None = None
+        unread = 0
         if raw is not None:
             try:
                 cached = decode_profile(raw)
             except InvalidInput as exc:
+                if isinstance(exc, NewerFormat):
+                    unread = profile_generation(raw) or 0
                 log.warning("numa_profile_undecodable_replacing", error=str(exc))
         candidates = [p for p in (cached, self.profile) if p is not None]
-        return max(candidates, key=lambda p: (p.generation, p.observed_at), default=None)
+        current = max(candidates, key=lambda p: (p.generation, p.observed_at), default=None)
+        return current, max(unread, current.generation if current is not None else 0)
 
     async def _publish_profile(self, content: NumaProfile) -> NumaProfile | None:
         if self.pods.node() is None and self.profile is None:
             return None  # the node cache has not synced: its generation is not known yet
         now = int(self.clock())
-        current = self._cached_profile()
+        current, generation = self._cached_profile()
         if current is not None and dataclasses.replace(current, generation=0, observed_at=0) == content:
             if now - current.observed_at < self.sources.restamp_s:
                 self.profile = current
@@ -420,8 +428,7 @@ class NumaPublisher:
             reason, new = "re-stamped", dataclasses.replace(current, observed_at=now)
         else:
             reason = "new" if current is None else "changed"
-            generation = 1 if current is None else current.generation + 1
-            new = dataclasses.replace(content, generation=generation, observed_at=now)
+            new = dataclasses.replace(content, generation=generation + 1, observed_at=now)
         value = encode_profile(new)
         await self.client.patch_node_metadata(
             self.node_name, annotations={NUMA_PROFILE: value}, timeout=self.sources.call_timeout

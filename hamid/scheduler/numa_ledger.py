@@ -59,6 +59,7 @@ from hamid.model.numa import (
     NUMA_PROFILE,
     ContainerPrediction,
     MemoryBlock,
+    NewerFormat,
     NumaProfile,
     PodPlacement,
     PodPrediction,
@@ -320,6 +321,9 @@ class NumaLedgers:
             entry.profile_raw = raw
             try:
                 entry.profile = decode_profile(raw) if raw else None
+            except NewerFormat as exc:
+                log.warning("numa_profile_newer_format", node=name, error=str(exc), modelled=False)
+                entry.profile = None
             except InvalidInput as exc:
                 log.warning("numa_profile_invalid", node=name, error=str(exc))
                 entry.profile = None

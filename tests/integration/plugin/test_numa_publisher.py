@@ -264,6 +264,22 @@ async def test_a_changed_profile_bumps_the_generation_and_rewrites_placements(en
     assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).generation == 2
 
 
+async def test_a_profile_of_a_newer_hamid_is_replaced_and_its_generation_continued(
+    env: Env, logs: list[dict[str, Any]]
+) -> None:
+    """After a rollback the node carries a profile in a format this agent cannot read: it is
+    replaced, said to be newer (not malformed), and the generation goes on from it, not back to 1."""
+    newer = json.dumps({"v": 99, "gen": 41, "at": 1, "fromTheFuture": {"numa": 4}})
+    env.server.put(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "annotations": {PROFILE: newer}}}
+    )
+    await env.synced()
+    await env.publisher.publish_once()
+    assert decode_profile(env.annotations("Node", NODE)[PROFILE]).generation == 42
+    (warning,) = [e for e in logs if e["event"] == "numa_profile_undecodable_replacing"]
+    assert "format version 99 is newer than this hamid reads" in warning["error"]
+
+
 async def test_an_unchanged_profile_is_restamped_with_the_same_generation(env: Env) -> None:
     now = [1_000_000.0]
     env.publisher.clock = lambda: now[0]

@@ -39,11 +39,18 @@ class Rendered:
         return any(o["metadata"]["name"] == name for o in self.all(kind))
 
 
-def render(values: Mapping[str, Any] | None = None) -> Rendered:
-    """Render the chart as ``helm install hamid -n kube-system`` would (no cluster: lookup is empty)."""
-    with helm_python.Chart.load(CHART_DIR) as chart:
+def render(
+    values: Mapping[str, Any] | None = None, chart_dir: Path = CHART_DIR, upgrade: bool = False
+) -> Rendered:
+    """Render the chart as ``helm install hamid -n kube-system`` would (``upgrade``: ``helm
+    upgrade``; no cluster: lookup is empty)."""
+    with helm_python.Chart.load(chart_dir) as chart:
         manifests = chart.render(
-            values=dict(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True
+            values=dict(values or {}),
+            name=RELEASE,
+            namespace=NAMESPACE,
+            is_install=not upgrade,
+            is_upgrade=upgrade,
         )
     objects: list[dict[str, Any]] = []
     notes = ""

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     HIDE_RULES,
+    PROFILE_VERSIONS,
     ContainerPlacement,
     ContainerPrediction,
     CpuInfo,
     KubeletPolicies,
+    NewerFormat,
     NumaProfile,
     PodPlacement,
     PodPrediction,
@@ -31,6 +33,7 @@ from hamid.model.numa import (
     format_thread_groups,
     parse_cpu_list,
     parse_thread_groups,
+    profile_generation,
 )
 
 
@@ -268,6 +271,22 @@ def test_profile_rejects_bad_documents(mutate: object) -> None:
     mutate(doc)  # type: ignore[operator]
     with pytest.raises(InvalidInput):
         decode_profile(json.dumps(doc))
+
+
+def test_a_newer_format_is_a_version_skew_not_a_malformed_profile() -> None:
+    """A profile of a format above every one this hamid knows, with the fields that format adds,
+    is named as newer (checked before the fields); its generation is still readable. A malformed
+    one of a known format stays malformed."""
+    doc = json.loads(GOOD_PROFILE)
+    doc.update(v=max(PROFILE_VERSIONS) + 1, gen=41, fromTheFuture={"x": 1})
+    with pytest.raises(NewerFormat, match=f"format version {max(PROFILE_VERSIONS) + 1} is newer"):
+        decode_profile(json.dumps(doc))
+    assert profile_generation(json.dumps(doc)) == 41
+    doc["v"] = max(PROFILE_VERSIONS)
+    with pytest.raises(InvalidInput, match="unknown field 'fromTheFuture'") as caught:
+        decode_profile(json.dumps(doc))
+    assert not isinstance(caught.value, NewerFormat)
+    assert profile_generation("{") is None and profile_generation('{"gen": "1"}') is None
 
 
 @pytest.mark.parametrize(

@@ -79,10 +79,12 @@ app.kubernetes.io/component: device-plugin
 {{- if or (not .Values.scheduler.tls.existingSecret) .Values.scheduler.tls.caBundle -}}true{{- end -}}
 {{- end -}}
 
-{{/* "true" when the metrics port serves TLS: scheduler.metricsTls.enabled, or metricsAuth when null. */}}
+{{/* "true" when the metrics port serves TLS: scheduler.metricsTls.enabled, or metricsAuth when null
+(or absent: `helm upgrade --reuse-values` from a release older than the key). */}}
 {{- define "hamid.scheduler.metricsTls" -}}
 {{- $s := .Values.scheduler -}}
-{{- if ternary $s.metricsAuth.enabled $s.metricsTls.enabled (kindIs "invalid" $s.metricsTls.enabled) -}}true{{- end -}}
+{{- $tls := dig "metricsTls" "enabled" nil $s -}}
+{{- if ternary $s.metricsAuth.enabled $tls (kindIs "invalid" $tls) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Leader election is on only with more than one replica. */}}
