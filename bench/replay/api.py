@@ -119,6 +119,12 @@ class MemoryApi:
         items = [_copy(o) for o in table.values() if _selected(o, selector)]
         return items, str(self.version)
 
+    async def list_pages(
+        self, resource: Resource, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
+        """:meth:`list_objects` as one page (what the watch caches read)."""
+        yield await self.list_objects(resource, namespace, field_selector=field_selector)
+
     async def watch(
         self, resource: Resource, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
     ) -> AsyncIterator[WatchEvent]:

@@ -38,6 +38,11 @@ WHOLE = 1000
 COVERAGE = 0.95
 #: Pods after which an observation weighs half as much as a new one.
 DEFAULT_HALF_LIFE = 5000.0
+#: Shapes a histogram keeps: past this the lightest tenth are folded into one remainder (their
+#: weight still counts in the total, so the typical workload is the same while they weigh under
+#: 1 - COVERAGE). Pods of ever-new requests (per-job sizing, VPA) otherwise grow it for good, and
+#: each refresh sorts all of it (~1 s at 150,000 shapes).
+SHAPES_KEPT = 4096
 #: Memory buckets per doubling (a shape's memory is its bucket's top).
 _MEMORY_STEPS = 4
 #: Free GPU replicas on a NUMA node beyond what two pods of 8 GPUs take are as good as many (a
@@ -512,6 +517,8 @@ class ShapeHistogram:
         self._growth = 2 ** (1 / half_life)
         self._scale = 1.0
         self._weights: dict[Shape, float] = {}
+        #: The weight of the shapes folded away (:data:`SHAPES_KEPT`), in the same scale.
+        self._folded = 0.0
         #: Observations so far.
         self.observed = 0
 
@@ -523,11 +530,21 @@ class ShapeHistogram:
         self.observed += 1
         if self._scale > 1e100:
             self._rescale()
+        if len(self._weights) > SHAPES_KEPT:
+            self._fold()
 
     def _rescale(self) -> None:
         floor = 1e-12
         self._weights = {s: w / self._scale for s, w in self._weights.items() if w / self._scale > floor}
+        self._folded /= self._scale
         self._scale = 1.0
+
+    def _fold(self) -> None:
+        """Fold the lightest tenth of the shapes into the remainder."""
+        ranked = sorted(self._weights.items(), key=lambda kv: (kv[1], kv[0]))
+        cut = len(ranked) - SHAPES_KEPT * 9 // 10
+        self._folded += sum(w for _, w in ranked[:cut])
+        self._weights = dict(ranked[cut:])
 
     def weights(self) -> dict[Shape, float]:
         """Each shape's decayed weight relative to a pod seen now."""
@@ -536,7 +553,7 @@ class ShapeHistogram:
     def typical(self, coverage: float = COVERAGE) -> Workload:
         """The most frequent shapes covering ``coverage`` of the weight (EMPTY before any pod)."""
         ranked = sorted(self._weights.items(), key=lambda kv: (-kv[1], kv[0]))
-        total = sum(w for _, w in ranked)
+        total = sum(w for _, w in ranked) + self._folded
         if total <= 0:
             return EMPTY
         kept: list[tuple[Shape, float]] = []

@@ -247,23 +247,27 @@ class WatchCache(Generic[Record]):
 
     # -- list and watch ---------------------------------------------------------------------
 
-    def _normalize(self, obj: JSON) -> Record:
+    def record(self, obj: JSON) -> Record:
+        """What the cache keeps of an object as listed or watched (kind filled in, trimmed)."""
         obj.setdefault("kind", self.resource.kind)
         obj.setdefault("apiVersion", self.resource.api_version)
         return self._trim(obj)
 
     async def _relist(self) -> None:
-        items, resource_version = await self.client.list_objects(
+        fresh: dict[str, Record] = {}
+        resource_version = ""
+        async for page, version in self.client.list_pages(
             self.resource,
             self.namespace,
             field_selector=self.field_selector,
             label_selector=self.label_selector,
             page_size=self.page_size,
-        )
-        fresh: dict[str, Record] = {}
-        for item in items:
-            obj = self._normalize(item)
-            fresh[object_key(obj)] = obj
+        ):
+            resource_version = version
+            for item in page:  # trimmed page by page: one page of whole objects alive at a time
+                obj = self.record(item)
+                fresh[object_key(obj)] = obj
+            del page
         old = self._items
         self._items = fresh
         self._resource_version = resource_version
@@ -286,7 +290,7 @@ class WatchCache(Generic[Record]):
             if resource_version:
                 self._resource_version = resource_version
             return
-        obj = self._normalize(event.object)
+        obj = self.record(event.object)
         key = object_key(obj)
         if event.type == "DELETED":
             previous = self._items.pop(key, None)

@@ -254,6 +254,32 @@ class KubeClient:
         """
         items: list[JSON] = []
         resource_version = ""
+        async for page, version in self.list_pages(
+            resource,
+            namespace,
+            field_selector=field_selector,
+            label_selector=label_selector,
+            page_size=page_size,
+            timeout=timeout,
+        ):
+            items.extend(page)
+            resource_version = version
+        return items, resource_version
+
+    async def list_pages(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int | None = None,
+        timeout: float | None = None,
+    ) -> AsyncGenerator[tuple[list[JSON], str]]:
+        """Each page of a list as it arrives, with the list's resourceVersion: a caller that keeps
+        less than whole objects (a trimmed cache record) holds one page of them at a time, not a
+        whole list of 10,000 pods with their managed fields and specs."""
+        resource_version = ""
         continue_token: str | None = None
         path = resource.collection(namespace)
         while True:
@@ -266,13 +292,15 @@ class KubeClient:
             answer = await self.request("GET", path, query=query, timeout=timeout)
             if not resource_version:
                 resource_version = objects.resource_version(answer)
-            for item in answer.get("items") or ():
+            page = list(answer.get("items") or ())
+            for item in page:
                 item.setdefault("kind", resource.kind)
                 item.setdefault("apiVersion", resource.api_version)
-                items.append(item)
             continue_token = objects.metadata(answer).get("continue") or None
+            del answer
+            yield page, resource_version
             if not continue_token:
-                return items, resource_version
+                return
 
     async def watch(
         self,

@@ -134,14 +134,18 @@ class Leadership:
 
     async def _catch_up(self, cache: WatchCache[Body]) -> None:
         await cache.wait_synced()
-        items, list_version = await self.kube.list_objects(
+        items: list[Body] = []
+        list_version = ""
+        async for page, version in self.kube.list_pages(
             cache.resource,
             cache.namespace,
             field_selector=cache.field_selector,
             label_selector=cache.label_selector,
             page_size=cache.page_size,
             timeout=self.api_timeout_s,
-        )
+        ):
+            list_version = version
+            items.extend(map(cache.record, page))  # a page of whole objects alive at a time
         listed = versions(items)
         while not caught_up(cache.resource_version, versions(cache.values()), list_version, listed):
             self._cache_event.clear()

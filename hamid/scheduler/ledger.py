@@ -47,7 +47,7 @@ from hamid.model import objects
 from hamid.model.booked import booked_record
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
-from hamid.model.kube import JSON, PodBody
+from hamid.model.kube import PodBody
 from hamid.model.objects import newer_than
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
@@ -675,7 +675,7 @@ class Ledger:
             )
             outbox.append((pod, why))
 
-    def resync_pod(self, pod: JSON) -> None:
+    def resync_pod(self, pod: PodBody) -> None:
         """Re-derive pod's reservation from scratch through :meth:`on_pod` (a list decided it)."""
         uid = objects.uid(pod)
         previous = self._remove(uid)

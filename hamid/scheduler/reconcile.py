@@ -35,7 +35,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import objects
-from hamid.model.kube import JSON
+from hamid.model.kube import Pod, PodBody
 from hamid.scheduler.ledger import Ledger, Reservation
 
 log = get_logger("scheduler.reconcile")
@@ -152,7 +152,7 @@ def _gpu_drifts(
 def _judge(
     ledger: Ledger,
     shadow: Ledger,
-    listed: Mapping[str, JSON],
+    listed: Mapping[str, PodBody],
     report: ReconcileReport,
     since: int,
     busy: frozenset[str],
@@ -211,7 +211,7 @@ def _judge_gpus(ledger: Ledger, shadow: Ledger, report: ReconcileReport) -> None
 
 def reconcile_state(
     ledger: Ledger,
-    pods: Iterable[JSON],
+    pods: Iterable[PodBody],
     list_version: str,
     since: int,
     busy: frozenset[str] = frozenset(),
@@ -228,7 +228,7 @@ def reconcile_state(
     differing node is recomputed from its reservations.
     """
     shadow = ledger.blank_copy()
-    listed: dict[str, JSON] = {}
+    listed: dict[str, PodBody] = {}
     for pod in pods:
         uid = objects.uid(pod)
         if uid:
@@ -348,15 +348,19 @@ class Reconciler:
         try:
             since = s.ledger.seq
             cache = s.pods
+            items: list[Pod] = []
+            list_version = ""
             async with asyncio.timeout(self.list_timeout_s):
-                items, list_version = await s.kube.list_objects(
+                async for page, version in s.kube.list_pages(
                     cache.resource,
                     cache.namespace,
                     field_selector=cache.field_selector,
                     label_selector=cache.label_selector,
                     page_size=cache.page_size,
                     timeout=self.list_timeout_s,
-                )
+                ):
+                    list_version = version
+                    items.extend(map(cache.record, page))  # trimmed as the cache keeps pods
             caught_up = await self._catch_up(list_version)
             reason = s.not_ready_reason()
             if reason:

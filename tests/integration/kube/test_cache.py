@@ -268,3 +268,30 @@ async def test_forget_missing_drops_only_objects_older_than_the_list(kube: KubeC
         assert rec.kinds("default/gone") == ["add", "delete"]
         assert cache.forget_missing(listed, list_version) == 0
         task.cancel()
+
+
+async def test_a_list_is_trimmed_page_by_page(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache keeps trimmed records: each page's whole objects are trimmed before the next page
+    is asked for, so a re-list of 10,000 pods never holds them all whole (a real scheduler's RSS
+    after its first sync fell from 414 to 155 MiB at 1,213 nodes and 10,000 pods)."""
+    for i in range(7):
+        await kube.create_pod(pod(f"paged-{i}"))
+    steps: list[str] = []
+    request = kube.request
+
+    async def logged(method: str, path: str, **kwargs: Any) -> Any:
+        if method == "GET" and "watch" not in (kwargs.get("query") or {}):
+            steps.append("page")
+        return await request(method, path, **kwargs)
+
+    def trim(obj: dict[str, Any]) -> Pod:
+        steps.append("trim")
+        return trim_pod(obj)
+
+    monkeypatch.setattr(kube, "request", logged)
+    cache = PodCache(kube, trim=trim, page_size=3, backoff=fast_backoff())
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(cache.run())
+        await cache.wait_synced(10)
+        task.cancel()
+    assert "".join(step[0] for step in steps) == "ptttptttpt"  # p: a page asked for, t: a trim

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
+from hamid.fit import fgd
 from hamid.fit.fgd import (
     EMPTY,
     GAIN_STEP,
@@ -240,6 +242,34 @@ def test_histogram_covers_the_most_frequent_shapes() -> None:
     assert [s.share for s, _ in histogram.typical().shapes] == [500]
     with pytest.raises(InvalidInput, match="half-life"):
         ShapeHistogram(half_life=0)
+
+
+def test_a_histogram_of_ever_new_shapes_stays_bounded_and_learns_the_same_workload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pods of ever-new requests (per-job sizing) fold the lightest shapes into one remainder past
+    SHAPES_KEPT; the typical workload is the one every shape kept would give, since the folded
+    weight stays under 1 - COVERAGE (the remainder still counts in the total)."""
+    monkeypatch.setattr(fgd, "SHAPES_KEPT", 200)
+    rng = random.Random(5)
+    folded, whole = ShapeHistogram(half_life=500), ShapeHistogram(half_life=500)
+    monkeypatch.setattr(whole, "_fold", lambda: None)  # the reference keeps every shape
+    for i in range(5000):
+        shape = (
+            (HALF, WHOLE_1, CPU_ONLY)[rng.randrange(3)]
+            if rng.random() < 0.93
+            else Shape(1000 + i, 1024, 0, 0)
+        )
+        folded.observe(shape)
+        whole.observe(shape)
+    assert len(folded.weights()) <= 200 < len(whole.weights())
+    learned, reference = dict(folded.typical().shapes), dict(whole.typical().shapes)
+    assert learned.keys() == reference.keys() and len(learned) > 3  # the few heavy shapes and new ones
+    assert all(learned[s] == pytest.approx(reference[s]) for s in reference)
+    unique = ShapeHistogram(half_life=500)
+    for i in range(5000):
+        unique.observe(Shape(1000 + i, 1024, 0, 0))
+    assert len(unique.weights()) <= 200 and len(unique.typical().shapes) <= 200
 
 
 def test_memory_buckets() -> None:
