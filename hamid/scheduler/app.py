@@ -292,6 +292,7 @@ def ui_source(scheduler: Scheduler) -> UiSource:
         scheduler.metrics,
         scheduler.history,
         lambda: scheduler.leading,
+        lambda: scheduler.synced,
     )
 
 

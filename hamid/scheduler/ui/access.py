@@ -5,8 +5,10 @@ server's own audience), and the user it names must be allowed by a SubjectAccess
 verb ``get`` on the request's path (``nonResourceAttributes``), so RBAC decides with a
 ClusterRole such as ``nonResourceURLs: ["/metrics", "/metrics/hami", "/ui", "/ui/*"]``.
 No token: 401 with ``WWW-Authenticate: Bearer``; a token the API server rejects: 401; not
-allowed: 403; the API server unreachable: 503 — each with the reason, and nothing served.
-Answers are cached per (token hash, path) for :data:`CACHE_TTL_S` (the page script polls).
+allowed: 403; the API server unreachable: 503 — each with the reason and the view's security
+headers, and nothing served. Answers are cached per (token hash, path) for :data:`CACHE_TTL_S`
+(the page script polls), granted and refused ones apart, each bounded and evicting its least
+recently used entry: forged tokens, refused, cannot push a reader's cached grant out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +27,7 @@ from hamid.kube.client import KubeClient, Resource
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.scheduler.refit.auth import bearer_token
+from hamid.scheduler.ui.routes import SECURITY_HEADERS
 
 log = get_logger("scheduler.ui.access")
 
@@ -34,7 +38,7 @@ SUBJECT_ACCESS_REVIEWS = Resource(
 PROTECTED = ("/metrics", "/ui")
 #: Seconds a decision is reused for the same token and path.
 CACHE_TTL_S = 30.0
-#: Decisions cached at most (the cache starts afresh past it).
+#: Decisions cached at most, granted and refused each (past it the least recently used goes).
 CACHE_MAX = 4096
 REALM = 'Bearer realm="hamid"'
 
@@ -64,13 +68,16 @@ class KubeAccess:
         *,
         timeout: float = 5.0,
         ttl_s: float = CACHE_TTL_S,
+        cache_max: int = CACHE_MAX,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.timeout = timeout
         self.ttl_s = ttl_s
         self._clock = clock
-        self._cache: dict[tuple[str, str], tuple[float, Decision]] = {}
+        #: Granted and refused decisions apart: refusals (any client can make them) never evict grants.
+        self._granted = _Decisions(cache_max)
+        self._refused = _Decisions(cache_max)
 
     async def decide(self, token: str, path: str) -> Decision:
         """May the bearer of ``token`` GET ``path``?"""
@@ -78,18 +85,16 @@ class KubeAccess:
             return Decision(401, "a bearer token is required (Authorization: Bearer <token>)")
         key = (hashlib.sha256(token.encode()).hexdigest(), path)
         now = self._clock()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        cached = self._granted.get(key, now) or self._refused.get(key, now)
+        if cached is not None:
+            return cached
         try:
             async with asyncio.timeout(self.timeout):
                 decision = await self._review(token, path)
         except (KubeError, TimeoutError) as exc:
             log.warning("metrics_auth_unavailable", path=path, error=str(exc) or type(exc).__name__)
             return Decision(503, "the API server could not check the token; try again")
-        if len(self._cache) >= CACHE_MAX:
-            self._cache.clear()
-        self._cache[key] = (now + self.ttl_s, decision)
+        (self._granted if decision.status == 200 else self._refused).put(key, now + self.ttl_s, decision)
         return decision
 
     async def _review(self, token: str, path: str) -> Decision:
@@ -107,6 +112,30 @@ class KubeAccess:
             why = str(verdict.get("reason") or verdict.get("evaluationError") or "no RBAC rule allows it")
             return Decision(403, f"user {username!r} may not get {path}: {why}")
         return ALLOWED
+
+
+class _Decisions:
+    """Decisions by (token hash, path) until they expire; at most ``size``, least recently used out."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], tuple[float, Decision]] = OrderedDict()
+
+    def get(self, key: tuple[str, str], now: float) -> Decision | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[0] <= now:
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return item[1]
+
+    def put(self, key: tuple[str, str], until: float, decision: Decision) -> None:
+        self._items[key] = (until, decision)
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
 
 
 def subject_access_review(user: Mapping[str, Any], path: str, verb: str) -> dict[str, Any]:
@@ -137,7 +166,7 @@ def protect(app: web.Application, access: KubeAccess) -> None:
         decision = await access.decide(bearer_token(request.headers.get("Authorization")), request.path)
         if decision.status == 200:
             return await handler(request)
-        headers = {"WWW-Authenticate": REALM} if decision.status == 401 else {}
+        headers = {**SECURITY_HEADERS, **({"WWW-Authenticate": REALM} if decision.status == 401 else {})}
         return web.Response(status=decision.status, text=decision.reason + "\n", headers=headers)
 
     app.middlewares.append(authenticate)

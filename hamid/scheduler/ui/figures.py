@@ -3,9 +3,12 @@
 Definitions (``docs/ui.md`` explains them to operators):
 
 - a GPU is *allocated* when a pod books a slot on it, *idle* when healthy and unbooked;
-- a pod is *aligned* when every container holding GPUs has all of them on the NUMA node(s)
-  kubelet placed that container on (its observed ``hamid.io/numa-placement``), *unaligned*
-  when one GPU is elsewhere, *unknown* while nothing was observed (or the placement is unreadable);
+- a pod is *aligned* when every container holding GPUs has all of them on the NUMA node(s) of
+  the exclusive CPUs kubelet gave that container (its observed ``hamid.io/numa-placement`` read
+  with the node's NUMA profile; without exclusive CPUs, of its pinned memory), *unaligned* when
+  one GPU is elsewhere, *unknown* while nothing was observed (or the placement is unreadable) or
+  when a GPU-holding container has neither exclusive CPUs nor pinned memory (its CPUs are the
+  shared pool, on every NUMA node: nothing to be aligned with);
 - the *typical aligned pod* takes one GPU and, per GPU, the median number of exclusive CPUs
   that the aligned pods of the cluster hold per GPU (rounded up; :data:`DEFAULT_TYPICAL_CPUS`
   when no aligned pod holds exclusive CPUs);
@@ -32,7 +35,14 @@ from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import MISS_CAUSES, NUMA_PLACEMENT, NumaProfile, PodPlacement, decode_placement
+from hamid.model.numa import (
+    MISS_CAUSES,
+    NUMA_PLACEMENT,
+    ContainerPlacement,
+    NumaProfile,
+    PodPlacement,
+    decode_placement,
+)
 from hamid.model.resources import all_containers
 from hamid.scheduler.inventory import NodeEntry
 from hamid.scheduler.numa_ledger import HIT, MISS, UNKNOWN, NodeNuma
@@ -111,35 +121,86 @@ def has_gpus(layout: PodDevices) -> bool:
 def alignment(
     pod: PodBody, layout: PodDevices, infos: Mapping[str, DeviceInfo], profile: NumaProfile | None
 ) -> Alignment:
-    """Whether each GPU-holding container's GPUs sit on the NUMA node(s) kubelet placed it on."""
+    """Whether each GPU-holding container's GPUs sit on the NUMA node(s) of its exclusive CPUs.
+
+    An unaligned container decides (a pod is unaligned if any container is), then one that
+    cannot be judged (unknown), else the pod is aligned.
+    """
     placement = placement_of(pod)
     if isinstance(placement, str):
         return Alignment(UNKNOWN, placement)
     placed = {c.name: c for c in placement.containers}
     names = [str(c.get("name") or "") for c in all_containers(pod)]
+    unknown = ""
     for index, devices in enumerate(layout):
         if not devices:
             continue
         name = names[index] if index < len(names) else f"#{index}"
-        container = placed.get(name)
-        numa = set(container.numa) if container is not None else set()
-        if container is not None and not numa and profile is not None:
-            numa = {c.numa for c in profile.cpus if c.cpu in container.cpus}
-        if not numa:
-            return Alignment(UNKNOWN, f"container {name}: kubelet's NUMA node is not observed")
-        gpus = {infos[d.uuid].numa for d in devices if d.uuid in infos}
-        if len(gpus) < len({d.uuid for d in devices}):
-            return Alignment(UNKNOWN, f"container {name}: a GPU is not registered on the node")
-        off = sorted(gpus - numa)
-        if off:
+        if any(d.uuid not in infos for d in devices):
+            unknown = unknown or f"container {name}: a GPU is not registered on the node"
+            continue
+        home = home_numa(placed.get(name), profile)
+        if isinstance(home, str):
+            unknown = unknown or f"container {name}: {home}"
+            continue
+        numa, what = home
+        gpus = {infos[d.uuid].numa for d in devices}
+        if not gpus <= numa:
             return Alignment(
                 UNALIGNED,
-                f"container {name}: GPUs on NUMA {_list(sorted(gpus))}, kubelet placed it on NUMA "
+                f"container {name}: GPUs on NUMA {_list(sorted(gpus))}, its {what} on NUMA "
                 f"{_list(sorted(numa))}",
             )
+    if unknown:
+        return Alignment(UNKNOWN, unknown)
     held = sum(len(devices) for devices in layout)
     cpus = sum(len(c.cpus) for c in placement.containers)
     return Alignment(ALIGNED, "", math.ceil(cpus / held) if held else None)
+
+
+def home_numa(
+    container: ContainerPlacement | None, profile: NumaProfile | None
+) -> tuple[frozenset[int], str] | str:
+    """The NUMA node(s) kubelet tied a container to and by what, or why there are none.
+
+    Its exclusive CPUs' NUMA nodes; without exclusive CPUs, its pinned memory's. Never the
+    placement's ``numa`` as such: node agents add the NUMA nodes of the container's
+    topology-aware devices to it (docs/numa-prediction.md), its GPUs' own among them, against
+    which every GPU would look aligned.
+    """
+    if container is None:
+        return "kubelet's placement does not list it"
+    if container.cpus:
+        if profile is None:
+            if container.devices or container.memory:
+                return "the node publishes no NUMA profile: its CPUs' NUMA nodes are not known"
+            return container.numa, "exclusive CPUs"  # nothing but the CPUs in it
+        numa_of = _cpu_numa(profile)
+        missing = sorted(container.cpus.difference(numa_of))
+        if missing:
+            return f"its CPU {missing[0]} is not in the node's NUMA profile"
+        return frozenset(numa_of[c] for c in container.cpus), "exclusive CPUs"
+    memory = frozenset(n for block in container.memory for n in block.numa)
+    if memory:
+        return memory, "pinned memory"
+    return "it holds no exclusive CPUs or pinned memory (its CPUs are the shared pool, on every NUMA node)"
+
+
+class _CpuNuma:
+    """CPU → NUMA node of a profile, kept for the profile asked last: a node's pods share one
+    profile, so a snapshot builds the table once per node, not once per pod."""
+
+    def __init__(self) -> None:
+        self._profile: NumaProfile | None = None
+        self._table: dict[int, int] = {}
+
+    def __call__(self, profile: NumaProfile) -> dict[int, int]:
+        if profile is not self._profile:
+            self._profile, self._table = profile, {c.cpu: c.numa for c in profile.cpus}
+        return self._table
+
+
+_cpu_numa = _CpuNuma()
 
 
 def _list(values: Iterable[int]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.model import objects
@@ -53,6 +53,16 @@ class BadRequest(Exception):
 
 class NotFound(Exception):
     """No such node or pod (404 with the reason)."""
+
+
+#: What the pages answer before the scheduler's caches have synced (503).
+UNSYNCED = (
+    "The scheduler's caches have not synced yet: it is still listing the cluster's pods and nodes "
+    "(its /readyz answers 503 until then), so this view has no figures to show. This page reloads "
+    "itself when they are ready."
+)
+#: The refresh stamp of every page while the caches have not synced.
+UNSYNCED_STAMP = "unsynced"
 
 
 @dataclass(frozen=True)
@@ -124,9 +134,19 @@ class ClusterQuery:
         if order not in ("asc", "desc"):
             raise BadRequest("order must be asc or desc")
         raw = query.get("page", "1")
-        if not is_decimal(raw) or not 1 <= int(raw) <= 1_000_000:
+        if len(raw) > 7 or not is_decimal(raw) or not 1 <= int(raw) <= 1_000_000:
             raise BadRequest("page must be a whole number from 1")
         return cls(sort, order == "desc", int(raw))
+
+    @staticmethod
+    def values(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+        """The query's parameters; :class:`BadRequest` for one given twice (no value silently wins)."""
+        out: dict[str, str] = {}
+        for key, value in pairs:
+            if key in out:
+                raise BadRequest(f"query parameter {key!r} is given more than once")
+            out[key] = value
+        return out
 
     def href(self, root: str, **changes: object) -> str:
         """This query's URL with ``changes`` (sort, descending, page)."""
@@ -263,12 +283,16 @@ def _unaligned(snapshot: Snapshot, root: str) -> Safe:
 
 
 def node_page(source: UiSource, name: str, root: str) -> Page:
-    """A node's profile, its NUMA map and its pods."""
+    """A node's profile, its NUMA map and its pods: those bound to it and those the filter booked
+    on it whose bind is still to come (their GPU shares count in the ledger's usage already)."""
     entry = source.bookings.nodes.get(name)
     numa = source.numa.nodes.get(name)
     if entry is None and (numa is None or numa.profile is None):
         raise NotFound(f"node {name!r} registers no GPU with this scheduler")
-    pods = source.index.on(name)
+    pods = [(pod, True) for pod in source.index.on(name)] + [
+        (pod, False) for pod in source.index.booked_on(name) if _booked_here(source, pod, name)
+    ]
+    pods.sort(key=lambda held: objects.namespaced_key(held[0]))
     infos = {i.id: i for i in entry.infos} if entry is not None else {}
     profile = numa.profile if numa is not None else None
     exclusive: dict[int, tuple[str, str]] = {}
@@ -279,7 +303,7 @@ def node_page(source: UiSource, name: str, root: str) -> Page:
             exclusive[cpu] = (key, str(record.source))
     shares: dict[str, list[Share]] = {}
     rows: list[_PodRow] = []
-    for pod in pods:
+    for pod, bound in pods:
         key = objects.namespaced_key(pod)
         res = source.bookings.reservation(objects.uid(pod))
         gpus: list[str] = []
@@ -293,7 +317,7 @@ def node_page(source: UiSource, name: str, root: str) -> Page:
             if res is not None and has_gpus(res.layout)
             else ""
         )
-        rows.append((key, gpus, rec, state))
+        rows.append((key, bound, gpus, rec, state))
     keys = sorted({k for k, _ in exclusive.values()} | {s.pod for per in shares.values() for s in per})
     colour = colours(keys)
     link = lambda key: pod_href(root, key)  # noqa: E731
@@ -308,6 +332,12 @@ def node_page(source: UiSource, name: str, root: str) -> Page:
         _node_pods(rows, root),
     )
     return Page(f"hamid: node {name}", body, node_stamp(source, name), (("node", name),))
+
+
+def _booked_here(source: UiSource, pod: PodBody, node: str) -> bool:
+    """Whether the ledger books pending ``pod`` on ``node`` (its annotation may name an older try)."""
+    res = source.bookings.reservation(objects.uid(pod))
+    return res is not None and res.node == node
 
 
 def node_stamp(source: UiSource, name: str) -> str:
@@ -347,15 +377,19 @@ def _profile_section(numa: NodeNuma | None, code: str, why: str, now: float) -> 
     return el("section", el("h2", "Profile"), _table([], rows, class_="kv"), id="profile")
 
 
-_PodRow = tuple[str, list[str], PodRecord | None, str]
+#: ``(pod key, bound, GPU indexes, NUMA ledger record, alignment)``.
+_PodRow = tuple[str, bool, list[str], PodRecord | None, str]
 
 
 def _node_pods(rows: Sequence[_PodRow], root: str) -> Safe:
     body = []
-    for key, gpus, rec, state in rows[:MAX_POD_ROWS]:
+    for key, bound, gpus, rec, state in rows[:MAX_POD_ROWS]:
         body.append(
             [
-                el("a", key, href=pod_href(root, key)),
+                join(
+                    el("a", key, href=pod_href(root, key)),
+                    None if bound else el("span", " (booked, not bound yet)", class_="hint"),
+                ),
                 ", ".join(gpus) or "-",
                 format_cpu_list(rec.usage.cpus) if rec is not None and rec.usage.cpus else "-",
                 str(rec.source) if rec is not None else "-",

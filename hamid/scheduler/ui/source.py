@@ -3,7 +3,8 @@
 The view never holds the scheduler: :class:`UiSource` names the few parts it reads (the GPU
 ledger, the NUMA ledgers, the pod cache, the prediction counters, the Event history) by what
 each must offer, so any of them can be built alone in a test or a benchmark. :class:`PodIndex`
-is the view's own index of the pod cache by UID and node, fed by the cache's callbacks.
+is the view's own index of the pod cache by UID and node (bound, or booked by the filter and not
+bound yet), fed by the cache's callbacks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.kube import Pod, PodBody
 from hamid.scheduler.inventory import NodeEntry
@@ -70,7 +72,8 @@ class PodFeed(Protocol):
 
 
 class PodIndex:
-    """The pod cache's pods by UID and by the node they are bound to (terminal pods left out).
+    """The pod cache's pods by UID and by the node they are bound to (terminal pods left out), and
+    the pending pods by the node the filter booked them on (``hami.io/vgpu-node``).
 
     Holds references to the cache's own (trimmed, read-only) pods: no copies.
     """
@@ -79,6 +82,9 @@ class PodIndex:
         self._by_node: dict[str, dict[str, PodBody]] = {}
         self._node_of: dict[str, str] = {}
         self._pending: dict[str, PodBody] = {}
+        #: Pending pods by the node the filter booked them on (their bind pending, slow or failing).
+        self._booked: dict[str, dict[str, PodBody]] = {}
+        self._booked_at: dict[str, str] = {}
         #: Per node with pods: the sequence number of its last change (never reused; absent: no pods).
         self._versions: dict[str, int] = {}
         self._seq = 0
@@ -100,22 +106,29 @@ class PodIndex:
             self._by_node.setdefault(node, {})[uid] = pod
             self._node_of[uid] = node
             self._bump(node)
-        else:
-            self._pending[uid] = pod
+            return
+        self._pending[uid] = pod
+        booked = objects.annotations(pod).get(ann.VGPU_NODE)
+        if booked:
+            self._booked.setdefault(booked, {})[uid] = pod
+            self._booked_at[uid] = booked
+            self._bump(booked)
 
     def drop(self, pod: PodBody) -> None:
         """A pod deleted (or about to be re-put)."""
         uid = objects.uid(pod)
         self._pending.pop(uid, None)
-        node = self._node_of.pop(uid, None)
-        if node is None:
-            return
-        self._bump(node)
-        pods = self._by_node.get(node)
-        if pods is not None:
-            pods.pop(uid, None)
-            if not pods:
-                del self._by_node[node]
+        for where, by_node in ((self._node_of, self._by_node), (self._booked_at, self._booked)):
+            node = where.pop(uid, None)
+            if node is None:
+                continue
+            self._bump(node)
+            pods = by_node.get(node)
+            if pods is not None:
+                pods.pop(uid, None)
+                if not pods:
+                    del by_node[node]
+            if node not in self._by_node and node not in self._booked:
                 del self._versions[node]
 
     def _bump(self, node: str) -> None:
@@ -123,7 +136,7 @@ class PodIndex:
         self._versions[node] = self._seq
 
     def version_of(self, node: str) -> int:
-        """Changes whenever the pods bound to ``node`` change (0: it has none)."""
+        """Changes whenever the pods bound to or booked on ``node`` change (0: it has none)."""
         return self._versions.get(node, 0)
 
     def on(self, node: str) -> list[PodBody]:
@@ -133,6 +146,10 @@ class PodIndex:
     def on_unsorted(self, node: str) -> list[PodBody]:
         """The pods bound to ``node``, in no particular order."""
         return list(self._by_node.get(node, {}).values())
+
+    def booked_on(self, node: str) -> list[PodBody]:
+        """The pending pods the filter booked on ``node`` (its ``hami.io/vgpu-node``), by namespace/name."""
+        return sorted(self._booked.get(node, {}).values(), key=objects.namespaced_key)
 
     def by_uid(self, uid: str) -> PodBody | None:
         """Pod ``uid``, bound or pending (a pod the filter placed is booked before it is bound)."""
@@ -152,6 +169,8 @@ class UiSource:
     history: EventHistory
     #: Whether this replica decides (a follower's ledgers follow the leader's writes).
     leading: Callable[[], bool] = lambda: True
+    #: Whether the pod and node caches have applied their first list (before: no figures to show).
+    synced: Callable[[], bool] = lambda: True
 
     def now(self) -> float:
         """The scheduler's clock."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import html
 import re
 from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
@@ -71,8 +73,8 @@ async def running_ui(**options: Any) -> AsyncIterator[Ui]:
 
 
 def _text(page: str) -> str:
-    """The page's visible text, roughly (tags dropped)."""
-    return re.sub(r"<[^>]+>", " ", page)
+    """The page's visible text, roughly (tags dropped, entities decoded)."""
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
 
 
 async def test_pages_render_from_the_caches_with_no_api_call() -> None:
@@ -125,19 +127,72 @@ async def test_a_pending_pods_fit_reasons_and_markup_render_as_text() -> None:
         ("/ui?page=%C2%B2", 400, "page must be"),  # '²': str.isdigit holds, int refuses it
         ("/ui?page=9", 404, "past the last page"),
         ("/ui?x=1", 400, "unknown query parameter"),
-        ("/ui/node/node-a?x=1", 404, "no page at"),
+        ("/ui?page=" + "9" * 5000, 400, "page must be"),  # past int()'s digit limit: no 500
+        ("/ui?sort=name&sort=bogus", 400, "'sort' is given more than once"),
+        ("/ui?page=1&page=x", 400, "'page' is given more than once"),
+        ("/ui?order=asc&order=sideways", 400, "'order' is given more than once"),
+        ("/ui/node/node-a?x=1", 400, "a node page takes no query"),  # the page exists
+        ("/ui/node/node-a?_=1", 400, "a node page takes no query"),
+        ("/ui/pod/default/runner?refresh", 400, "a pod page takes no query"),
         ("/ui/api/stamp/nothing", 404, "no page stamp"),
         ("/ui/static/..%2F..%2Fmetrics", 404, "no page at"),
         ("/ui/node/%3Cscript%3E", 404, "registers no GPU"),
     ],
 )
-async def test_bad_urls_get_an_error_page_never_a_traceback(path: str, status: int, reason: str) -> None:
+async def test_bad_urls_get_an_error_page_never_a_traceback(
+    path: str, status: int, reason: str, logs: list[MutableMapping[str, Any]]
+) -> None:
     async with running_ui() as ui:
         got, page, headers = await ui.get(path)
         assert got == status, page
         assert reason in _text(page)
         assert "Traceback" not in page and "<script>" not in page
         assert headers["Content-Security-Policy"] == CSP
+    assert not any(e["event"] == "ui_page_failed" for e in logs)  # bad input is no failure
+
+
+async def test_an_absolute_form_request_target_serves_the_page() -> None:
+    """RFC 9112 §3.2.2: a server accepts ``GET http://host/path`` (some proxies and tools send it)."""
+    async with running_ui() as ui:
+        port = ui.app.ports["metrics"]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            f"GET http://127.0.0.1:{port}/ui/node/node-a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        answer = await reader.read()
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert b"NUMA map" in body
+
+
+async def test_a_booked_pod_not_bound_yet_is_drawn_and_listed_on_its_node() -> None:
+    """After /filter, before /bind: the GPU's label counts the booking, so the bars draw it and the
+    pod table lists it (what holds this GPU while a bind is stuck)."""
+    async with running_ui() as ui:
+        kube = ui.app.scheduler.kube
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "booked", "namespace": "default"},
+            "spec": {"schedulerName": "hami-scheduler", "containers": [container("main", 1, 1000, 30)]},
+        }
+        pod = await kube.create_pod(body)
+        extender = f"http://127.0.0.1:{ui.app.ports['extender']}"
+        async with ui.session.post(extender + "/filter", json={"Pod": pod, "NodeNames": ["node-a"]}) as r:
+            assert (await r.json()).get("NodeNames") == ["node-a"]
+
+        def annotated() -> bool:
+            cached = ui.app.scheduler.pods.get("default/booked")
+            return cached is not None and ann.VGPU_NODE in (cached["metadata"].get("annotations") or {})
+
+        await wait_for(annotated)
+        status, page, _ = await ui.get("/ui/node/node-a")
+        assert status == 200, page
+        assert re.search(r"1000/\d+ MiB", page)  # the GPU label counts the booking
+        assert 'class="share memory" data-pod="default/booked"' in page  # and its bar draws it
+        assert re.search(r"default/booked\s+\(booked, not bound yet\)", _text(page))  # listed
 
 
 async def test_only_get_and_head_exist() -> None:

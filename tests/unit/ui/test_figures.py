@@ -1,4 +1,9 @@
-"""The view's figures: alignment, stranded GPUs, the typical aligned pod, the node rows' snapshot."""
+"""The view's figures: alignment, stranded GPUs, the typical aligned pod, the node rows' snapshot.
+
+Placements are made by the node agent's own :func:`hamid.plugin.numa_publisher.placement_of` from
+what PodResources reports, so the view is judged on what it really reads (with
+``enableNumaTopology`` the GPU's own NUMA node is in the placement's ``numa``).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +14,27 @@ import pytest
 from hamid.fit.numa_predict import DEFAULT_PROFILE_MAX_AGE_S
 from hamid.model import annotations as ann
 from hamid.model.kube import Pod, view
-from hamid.model.numa import NUMA_PLACEMENT
+from hamid.model.numa import NUMA_PLACEMENT, NUMA_PROFILE, MemoryBlock, encode_placement, encode_profile
+from hamid.plugin.numa_publisher import placement_of
+from hamid.plugin.podresources_client import HeldContainer, HeldPod
 from hamid.scheduler.core import Scheduler
-from hamid.scheduler.ui.figures import NodeRow, node_figures, profile_state, typical_cpus
+from hamid.scheduler.ui.figures import NodeRow, alignment, node_figures, profile_state, typical_cpus
 from hamid.scheduler.ui.snapshot import Snapshots
 from hamid.scheduler.ui.source import PodIndex, UiSource
 from tests.unit.fit.test_numa_predict import NOW
-from tests.unit.scheduler.test_numa_ledger import _node, _placement, _pod, _scheduler
+from tests.unit.scheduler.test_numa_ledger import GPU, PROFILE, _gpu, _node, _placement, _pod, _scheduler
+
+#: CPU → NUMA node of the test PROFILE (CPUs 0-3 on NUMA 0, 4-7 on NUMA 1), as the agent reads sysfs.
+NUMA_OF = {c.cpu: c.numa for c in PROFILE.cpus}
 
 
-def _running(name: str, gpu: str, placement: str | None, node: str = "n1") -> dict[str, Any]:
-    pod = _pod(name, cpus=1, node=node)
+def _running(name: str, gpu: str, placement: str | None, node: str = "n1", gpus: int = 1) -> dict[str, Any]:
+    pod = _pod(name, cpus=1, gpus=gpus, node=node)
     notes = pod["metadata"]["annotations"]
     notes.update(
         {
             ann.VGPU_NODE: node,
-            ann.DEVICES_ALLOCATED: f"{gpu},NVIDIA,1000,0:;",
+            ann.DEVICES_ALLOCATED: "".join(f"{g},NVIDIA,1000,0:" for g in gpu.split("+")) + ";",
             ann.BIND_PHASE: ann.BIND_PHASE_SUCCESS,
         }
     )
@@ -76,7 +86,7 @@ def test_each_gpu_pod_is_aligned_unaligned_or_unknown_with_the_reason() -> None:
     assert (row.aligned, row.unaligned, row.unknown) == (1, 1, 1)
     assert figures.samples == [1]
     assert figures.unaligned == [
-        ("default/off", "n1", "container main: GPUs on NUMA 1, kubelet placed it on NUMA 0")
+        ("default/off", "n1", "container main: GPUs on NUMA 1, its exclusive CPUs on NUMA 0")
     ]
     assert row.profile == "ok"
 
@@ -147,3 +157,104 @@ def test_the_pod_index_follows_binding_and_deletion() -> None:
     done["status"]["phase"] = "Succeeded"
     index.put(done)
     assert index.on("n1") == [] and index.by_uid("uid-p") is None and index.version_of("n1") == 0
+
+
+def _observed(cpus: set[int], gpus: dict[int, tuple[str, ...]], memory: tuple[MemoryBlock, ...] = ()) -> str:
+    """The agent's placement of container ``main`` holding ``cpus`` and GPU replicas per NUMA node."""
+    held = HeldPod("default", "p", (HeldContainer("main", frozenset(cpus), {GPU: gpus}, memory),))
+    return encode_placement(placement_of(held, NUMA_OF, 1))
+
+
+def _four_gpus(name: str = "n1") -> dict[str, Any]:
+    """A node with GPUs g0, g1 on NUMA 0 and g2, g3 on NUMA 1."""
+    gpus = [_gpu(f"{name}-g{i}", i, i // 2) for i in range(4)]
+    notes = {ann.NODE_REGISTER: ann.encode_node_devices(gpus), NUMA_PROFILE: encode_profile(PROFILE)}
+    return {"metadata": {"name": name, "annotations": notes}, "status": {"allocatable": {GPU: "40"}}}
+
+
+def _row(pod: dict[str, Any], *nodes: dict[str, Any], node: str = "n1") -> tuple[tuple[int, int, int], Any]:
+    scheduler, source = _view(pod, nodes=nodes)
+    figures = node_figures(source, node, scheduler.ledger.nodes[node])
+    return (figures.row.aligned, figures.row.unaligned, figures.row.unknown), figures
+
+
+def test_a_gpu_off_its_exclusive_cpus_numa_node_is_unaligned_though_the_placement_names_the_gpus() -> None:
+    """With ``enableNumaTopology`` the placement's ``numa`` holds the GPU's own NUMA node: the view
+    judges by the NUMA nodes of the container's exclusive CPUs, never by that union."""
+    placement = _observed({1, 2}, {1: ("n1-g1::0",)})  # CPUs on NUMA 0, the replica of g1 on NUMA 1
+    assert '"numa":"0-1"' in placement
+    counts, figures = _row(_running("off", "n1-g1", placement))
+    assert counts == (0, 1, 0)
+    assert figures.unaligned == [
+        ("default/off", "n1", "container main: GPUs on NUMA 1, its exclusive CPUs on NUMA 0")
+    ]
+    assert figures.samples == []  # an unaligned pod is no sample of the typical aligned pod
+    counts, figures = _row(_running("on", "n1-g1", _observed({5, 6}, {1: ("n1-g1::0",)})))
+    assert counts == (1, 0, 0) and figures.samples == [2]
+
+
+def test_a_container_without_exclusive_cpus_is_judged_by_its_pinned_memory_else_unknown() -> None:
+    """Without exclusive CPUs the container's CPUs are the shared pool: its pinned memory is what
+    kubelet tied to a NUMA node; with neither, its GPU cannot be the reference for itself."""
+    shared = _observed(set(), {1: ("n1-g1::0",)})
+    counts, _ = _row(_running("shared", "n1-g1", shared))
+    assert counts == (0, 0, 1)
+    scheduler, source = _view(_running("shared", "n1-g1", shared))
+    pod = source.pods.get("default/shared")
+    assert pod is not None
+    res = scheduler.ledger.reservation("uid-shared")
+    assert res is not None
+    entry = scheduler.ledger.nodes["n1"]
+    found = alignment(pod, res.layout, {i.id: i for i in entry.infos}, PROFILE)
+    assert "no exclusive CPUs or pinned memory" in found.why
+    pinned = (MemoryBlock(frozenset({0}), "memory", 1 << 30),)
+    counts, figures = _row(_running("pinned", "n1-g1", _observed(set(), {1: ("n1-g1::0",)}, pinned)))
+    assert counts == (0, 1, 0)
+    assert figures.unaligned[0][2] == "container main: GPUs on NUMA 1, its pinned memory on NUMA 0"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "cpus", "counts"),
+    [
+        ("n1-g2+n1-g3", {4, 5}, (1, 0, 0)),  # both GPUs on NUMA 1 with the CPUs
+        ("n1-g0+n1-g1", {4, 5}, (0, 1, 0)),  # both GPUs on NUMA 0, the CPUs on NUMA 1
+        ("n1-g1+n1-g2", {1, 5}, (1, 0, 0)),  # one GPU per NUMA node, CPUs on both
+    ],
+)
+def test_a_container_with_two_gpus_on_one_numa_node_is_judged_not_unknown(
+    gpus: str, cpus: set[int], counts: tuple[int, int, int]
+) -> None:
+    """Registration is checked per GPU (two GPUs on one NUMA node are both registered)."""
+    by_numa: dict[int, tuple[str, ...]] = {}
+    for g in gpus.split("+"):
+        numa = int(g[-1]) // 2
+        by_numa[numa] = (*by_numa.get(numa, ()), f"{g}::0")
+    pod = _running("pair", gpus, _observed(cpus, by_numa), gpus=2)
+    got, figures = _row(pod, _four_gpus())
+    assert got == counts, figures
+    assert [u[0] for u in figures.unaligned] == (["default/pair"] if counts[1] else [])
+
+
+def test_a_gpu_the_node_no_longer_registers_is_unknown_with_the_reason() -> None:
+    """A booking outlives its GPU's registration (the node re-registered without it)."""
+    scheduler, source = _view(_running("ghost", "n1-g1", _observed({5}, {1: ("n1-g1::0",)})))
+    pod, res = source.pods.get("default/ghost"), scheduler.ledger.reservation("uid-ghost")
+    assert pod is not None and res is not None
+    infos = {i.id: i for i in scheduler.ledger.nodes["n1"].infos if i.id != "n1-g1"}
+    found = alignment(pod, res.layout, infos, PROFILE)
+    assert (found.state, found.why) == ("unknown", "container main: a GPU is not registered on the node")
+
+
+def test_the_pod_index_lists_a_pending_pod_on_the_node_the_filter_booked_it_on() -> None:
+    index = PodIndex()
+    booked = _pod("b", annotations={ann.VGPU_NODE: "n1"})
+    index.put(booked)
+    assert index.booked_on("n1") == [booked] and index.on("n1") == []
+    version = index.version_of("n1")
+    assert version != 0  # the node page's stamp changes with the booking
+    bound = _pod("b", node="n1", annotations={ann.VGPU_NODE: "n1"})
+    index.put(bound)
+    assert index.booked_on("n1") == [] and index.on("n1") == [bound]
+    assert index.version_of("n1") not in (0, version)
+    index.drop(bound)
+    assert index.version_of("n1") == 0 and index.by_uid("uid-b") is None

@@ -1,0 +1,58 @@
+"""Which ``Host`` names ``/ui`` answers: the guard against DNS rebinding.
+
+A web page the operator visits can make its own host name resolve to 127.0.0.1 and then read,
+as same-origin, whatever ``kubectl port-forward`` serves there. The browser still sends that
+page's name as ``Host``, so the view answers only names that are the scheduler's own or that no
+outsider can register: IP literals, ``localhost`` and ``*.localhost`` (RFC 6761: always
+loopback), one-label names (a Service's short name) and in-cluster Service names (``*.svc``,
+``*.svc.cluster.local``). A request without ``Host`` comes from no browser and is answered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+#: Name suffixes of in-cluster Services (the default cluster domain; ``*.svc`` fits every domain).
+SERVICE_SUFFIXES = (".svc", ".svc.cluster.local")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def host_allowed(host: str | None) -> bool:
+    """Whether a request naming authority ``host`` (``name[:port]``, ``[v6]:port``) is answered."""
+    if not host:
+        return True
+    name = _name(host.strip().lower())
+    if name is None:
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return False
+    return (
+        len(labels) == 1
+        or labels[-1] == "localhost"
+        or any(name.endswith(suffix) for suffix in SERVICE_SUFFIXES)
+    )
+
+
+def _name(host: str) -> str | None:
+    """The host name or address without port, brackets or the root's dot (None: not a host)."""
+    if host.startswith("["):
+        address, bracket, rest = host[1:].partition("]")
+        port_ok = not rest or (rest.startswith(":") and _port(rest[1:]))
+        return address if bracket and port_ok else None
+    if host.count(":") > 1:
+        return host  # an unbracketed IPv6 address (an absolute-form target's host)
+    name, colon, port = host.partition(":")
+    if colon and not _port(port):
+        return None
+    return name.removesuffix(".") or None
+
+
+def _port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5

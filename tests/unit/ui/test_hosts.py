@@ -1,0 +1,47 @@
+"""The ``Host`` names ``/ui`` answers (DNS rebinding): the documented ways in, and nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from hamid.scheduler.ui.hosts import host_allowed
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        None,  # HTTP/1.0 without Host: no browser
+        "localhost:9395",  # kubectl port-forward, then http://localhost:9395/ui
+        "LOCALHOST.:9395",
+        "ui.localhost",
+        "127.0.0.1:9395",
+        "[::1]:9395",
+        "[::1]",
+        "::1",  # an absolute-form target's host
+        "10.244.3.17:9395",  # a pod IP (Prometheus, a port-forward to the pod)
+        "hamid-scheduler:9395",  # the Service's short name, from its namespace
+        "hamid-scheduler.kube-system.svc:9395",
+        "hamid-scheduler.kube-system.svc.cluster.local",
+    ],
+)
+def test_the_documented_ways_in_are_answered(host: str | None) -> None:
+    assert host_allowed(host)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "rebound.attacker.example:9395",  # a name rebound to 127.0.0.1
+        "attacker.example",
+        "localhost.attacker.example",
+        "hamid-scheduler.kube-system.svc.attacker.example",
+        "127.0.0.1.nip.io",
+        "localhost:x",
+        "[::1]x",
+        "[::1",
+        "bad_name:9395",
+        ":9395",
+    ],
+)
+def test_other_names_are_refused(host: str) -> None:
+    assert not host_allowed(host)
