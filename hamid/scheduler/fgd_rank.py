@@ -179,7 +179,7 @@ class FgdRanker:
         #: Whether the policy is in use: it ranked a pod, or the operator pinned its workload (the
         #: fragmentation gauges appear only then).
         self.ranked = pinned is not None
-        numa.on_change = cpu_mem.on_change = self._dirty.add
+        numa.on_change = cpu_mem.on_change = self._changed
 
     # -- the workload ----------------------------------------------------------------------------
 
@@ -383,7 +383,13 @@ class FgdRanker:
 
     def forget_node(self, name: str) -> None:
         """Drop a deleted node's kept state."""
-        self._dirty.add(name)
+        self._changed(name)
+
+    def _changed(self, name: str) -> None:
+        """A node's CPU/memory room or NUMA ledger changed, or it went: forget what is kept of it
+        (nothing is kept before the policy first ranks: then no name piles up)."""
+        if self.ranked:
+            self._dirty.add(name)
 
     def fragmentation(self, state: NodeState) -> float:
         """The state's fragmentation under the current workload (memoised)."""

@@ -34,6 +34,8 @@ HANDSHAKE_GRACE_S = 60.0
 #: shape does not wipe the reasons of the others (at 8 the replay's filters that kept no node had
 #: a p99 of 27 ms, at 64 11 ms: docs/packing-log.md).
 _UNFIT_MEMO = 64
+#: Entries beyond the live nodes the change log keeps before dropping its oldest.
+_CHANGE_LOG_SLACK = 1024
 
 
 @dataclass(slots=True)
@@ -159,6 +161,8 @@ class NodeInventory:
         self.seq = 0
         #: node -> the seq of its last change, oldest first (see :meth:`changed_since`).
         self._changed: dict[str, int] = {}
+        #: The newest seq dropped from that log (nodes long gone): an older reader re-reads all.
+        self._forgotten = 0
 
     def on_node(self, node: NodeBody) -> Registration:
         """Apply a node add/update: inventory, cordon, pair scores, handshake and allocatable."""
@@ -223,9 +227,16 @@ class NodeInventory:
         self.seq += 1
         self._changed.pop(name, None)
         self._changed[name] = self.seq
+        if len(self._changed) > 2 * len(self.nodes) + _CHANGE_LOG_SLACK:
+            # names of nodes that went (replaced under new names): keep the log to about the live set
+            for old in list(self._changed)[: len(self._changed) - len(self.nodes) - _CHANGE_LOG_SLACK]:
+                self._forgotten = self._changed.pop(old)
 
     def changed_since(self, seq: int, at_most: int) -> list[str] | None:
-        """The nodes changed after :attr:`seq` was ``seq``; None when more than ``at_most`` did."""
+        """The nodes changed after :attr:`seq` was ``seq``; None when more than ``at_most`` did
+        (or the log no longer reaches back to ``seq``)."""
+        if seq < self._forgotten:
+            return None
         changed: list[str] = []
         for name, when in reversed(self._changed.items()):
             if when <= seq:

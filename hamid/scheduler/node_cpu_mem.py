@@ -31,13 +31,8 @@ class NodeCpuMem:
         self._requested: dict[str, CpuMem] = {}
         #: uid -> (node, request, bound): every pod counted on a node.
         self._pods: dict[str, tuple[str, CpuMem, bool]] = {}
-        self._version: dict[str, int] = {}
         #: Called with a node's name whenever its room changes (the ``fgd`` ranker's hook).
         self.on_change: Callable[[str], None] | None = None
-
-    def version(self, node: str) -> int:
-        """Grows on every change of the node's allocatable or requests."""
-        return self._version.get(node, 0)
 
     def room(self, node: str) -> CpuMem | None:
         """Allocatable minus requests (None: the node publishes no allocatable cpu/memory)."""
@@ -51,7 +46,6 @@ class NodeCpuMem:
         return self._requested.get(node, CpuMem())
 
     def _bump(self, node: str) -> None:
-        self._version[node] = self._version.get(node, 0) + 1
         if self.on_change is not None:
             self.on_change(node)
 

@@ -340,6 +340,13 @@ class NumaLedgers:
         if entry is not None:
             entry.profile, entry.profile_raw, entry.totals = None, "", {}
             self._rebuild(entry)
+            self._forget_if_empty(entry)
+
+    def _forget_if_empty(self, entry: NodeNuma) -> None:
+        """Drop a node's entry that holds nothing (its node went and its last record with it), so
+        nodes replaced under new names do not pile up; a later event of the node makes it anew."""
+        if not entry.records and entry.profile is None and not entry.profile_raw and not entry.totals:
+            self.nodes.pop(entry.name, None)
 
     def _rebuild(self, entry: NodeNuma) -> None:
         """The node's ledger from its profile and records: placements, then predictions, then replays."""
@@ -482,6 +489,7 @@ class NumaLedgers:
             self._unbook(entry, rec)
             if held and entry.unbooked:  # what it held may be what a record left unbooked needs
                 self._rebuild(entry)
+            self._forget_if_empty(entry)
         return rec
 
     def _put(self, rec: PodRecord) -> None:

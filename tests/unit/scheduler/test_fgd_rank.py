@@ -18,6 +18,7 @@ from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler import fgd_rank
+from hamid.scheduler import inventory as inventory_module
 from hamid.scheduler.core import Scheduler
 from hamid.scheduler.fgd_rank import FgdRanker, tie_order
 from hamid.scheduler.inventory import NodeInventory
@@ -285,3 +286,40 @@ def test_a_shape_reads_as_an_operator_writes_it() -> None:
         "4 CPU, 8192 MiB, 1 GPU (A100), 4 exclusive CPUs"
     )
     assert fgd_rank.shape_text(CPU_ONLY) == "2 CPU, 1024 MiB"
+
+
+def test_nothing_piles_up_for_nodes_while_fgd_has_ranked_nothing() -> None:
+    """A cluster that never uses fgd keeps no mark of changed or deleted nodes (nodes replaced
+    under new names, autoscaled, made a set grow for good); once fgd ranks, changes are marked."""
+    rng = random.Random(7)
+    scheduler = Scheduler(None)
+    fgd = scheduler.fgd
+    for i in range(50):
+        scheduler._node_seen(_gpu_node(rng, f"gone-{i}"))
+        scheduler._pod_seen(_bound(rng, i, f"gone-{i}", scheduler.ledger.nodes[f"gone-{i}"].infos[0].id))
+        scheduler._node_gone(helpers_node(f"gone-{i}"))
+    assert not fgd._dirty and not fgd.ranked
+    scheduler._node_seen(_gpu_node(rng, "kept"))
+    fgd.ranking(HALF, scheduler.ledger.nodes)
+    scheduler._node_seen(_gpu_node(rng, "kept"))
+    scheduler._node_gone(helpers_node("kept"))
+    assert fgd._dirty == {"kept"}
+
+
+def test_the_change_log_of_nodes_stays_about_the_live_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes replaced under new names do not grow the inventory's change log for good: past the
+    live nodes and a slack its oldest entries go, and a reader from before them re-reads all."""
+    monkeypatch.setattr(inventory_module, "_CHANGE_LOG_SLACK", 4)
+    rng = random.Random(11)
+    scheduler = Scheduler(None)
+    inventory = scheduler.ledger.inventory
+    start = inventory.seq
+    for i in range(40):
+        scheduler._node_seen(_gpu_node(rng, f"spot-{i}"))
+        scheduler._node_gone(helpers_node(f"spot-{i}"))
+    scheduler._node_seen(_gpu_node(rng, "live"))
+    assert len(inventory._changed) <= 2 * len(inventory.nodes) + 4
+    assert inventory.changed_since(start, 10_000) is None  # the log no longer reaches back there
+    recent = inventory.seq
+    scheduler._node_seen(_gpu_node(rng, "live"))
+    assert inventory.changed_since(recent, 10) == ["live"]

@@ -47,15 +47,16 @@ def test_guaranteed() -> None:
 
 def test_node_room_counts_bound_and_assumed_pods() -> None:
     rooms = NodeCpuMem()
+    changed: list[str] = []
+    rooms.on_change = changed.append
     assert node_allocatable(node("n")) is None
     rooms.on_node(node("n", allocatable={"cpu": "8", "memory": "16Gi", "pods": "110"}))
-    assert rooms.room("n") == CpuMem(8000, 16 * GI)
-    v0 = rooms.version("n")
+    assert rooms.room("n") == CpuMem(8000, 16 * GI) and changed == ["n"]
     foreign = pod("f", node="n", uid="u1", containers=[_c("a", "2", "4Gi")])
     rooms.on_pod(foreign)
-    assert rooms.room("n") == CpuMem(6000, 12 * GI) and rooms.version("n") > v0
+    assert rooms.room("n") == CpuMem(6000, 12 * GI) and changed == ["n", "n"]
     rooms.on_pod(foreign)  # an update without change counts once
-    assert rooms.room("n") == CpuMem(6000, 12 * GI)
+    assert rooms.room("n") == CpuMem(6000, 12 * GI) and len(changed) == 2
     mine = pod("m", uid="u2", containers=[_c("a", "1", "1Gi")])
     rooms.on_pod(mine)  # pending, unbound: not counted
     assert rooms.room("n") == CpuMem(6000, 12 * GI)

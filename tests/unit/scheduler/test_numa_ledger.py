@@ -446,3 +446,21 @@ def test_a_device_of_two_numa_nodes_counts_once_against_the_limit() -> None:
     p["metadata"]["annotations"][NUMA_PLACEMENT] = encode_placement(placed)
     scheduler._pod_seen(p)
     assert _source(scheduler.numa, "uid-wide") == "placement"
+
+
+def test_a_replaced_node_leaves_no_entry_once_its_last_pod_went() -> None:
+    """Nodes replaced under new names (autoscaling, spot) do not pile up in the NUMA ledgers: a
+    deleted node's entry stays while a pod's record is on it, and goes with the last one."""
+    scheduler, _ = _scheduler()
+    for i in range(20):
+        name = f"spot-{i}"
+        scheduler._node_seen(_node(name))
+        running = _pod(f"p{i}", node=name, annotations={NUMA_PLACEMENT: _placement(frozenset({1, 2}), 0)})
+        running["status"]["phase"] = "Running"
+        scheduler._pod_seen(running)
+        scheduler._node_gone(_node(name))
+        assert name in scheduler.numa.nodes  # its pod's record is still held
+        scheduler._pod_gone(running)
+    assert not scheduler.numa.nodes
+    scheduler._node_seen(_node("n1"))  # a node that comes back is modelled afresh
+    assert scheduler.numa.nodes["n1"].profile == PROFILE
