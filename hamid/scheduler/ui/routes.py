@@ -124,7 +124,7 @@ def add_ui(app: web.Application, source: UiSource) -> None:
 
 
 def _authority(request: web.Request) -> str | None:
-    """The host the request names: an absolute-form target's (RFC 9112 §3.2.2), else its ``Host``."""
+    """The host the request names: an absolute-form target's (RFC 9112, section 3.2.2), else its ``Host``."""
     if not request.raw_path.startswith("/"):
         return request.url.host
     return request.headers.get("Host")

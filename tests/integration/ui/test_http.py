@@ -152,7 +152,7 @@ async def test_bad_urls_get_an_error_page_never_a_traceback(
 
 
 async def test_an_absolute_form_request_target_serves_the_page() -> None:
-    """RFC 9112 §3.2.2: a server accepts ``GET http://host/path`` (some proxies and tools send it)."""
+    """RFC 9112, section 3.2.2: a server accepts ``GET http://host/path`` (some proxies and tools send it)."""
     async with running_ui() as ui:
         port = ui.app.ports["metrics"]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
