@@ -104,7 +104,13 @@ class Scheduler:
             self.config, self.ledger.inventory, self.numa, self.cpu_mem, s.fgd_workload, s.fgd_half_life
         )
         #: Ranks a pending pod's shape under ``fgd`` in idle time, before its filter.
-        self.fgd_warmup = FgdWarmup(self.fgd, self.config, s, lambda: self.readiness.leading)
+        self.fgd_warmup = FgdWarmup(
+            self.fgd,
+            self.config,
+            s,
+            lambda: self.readiness.leading,
+            lambda: len(self.nodes) > len(self.ledger.nodes),
+        )
         self.metrics = SchedulerMetrics(self.ledger, self.fgd)
         self.tasks = Tasks()
         #: The refit and fit-failure Events recorded here, bounded (the web view reads them).

@@ -206,10 +206,18 @@ class FgdRanker:
         self.learn(shape)
 
     def learn(self, shape: Shape) -> None:
-        """Count one pod's shape, and refresh the learned workload when its turn has come."""
+        """Count one pod's shape, and refresh the learned workload when its turn has come (once
+        the policy is in use: a cluster that never ranks with ``fgd`` only counts)."""
         self.histogram.observe(shape)
-        if self.pinned is None:
+        if self.pinned is None and self.ranked:
             self._refresh()
+
+    def _use(self) -> None:
+        """The policy ranks: from now on the workload is refreshed as pods come, the first time now."""
+        if not self.ranked:
+            self.ranked = True
+            if self.pinned is None:
+                self._refresh()
 
     def forget(self, pod: Mapping[str, Any]) -> None:
         """A pod is gone (its weight stays in the histogram, decaying)."""
@@ -314,23 +322,26 @@ class FgdRanker:
             ties[name] = tie_order(name)
         return ties
 
+    def index_capacity(self) -> int:
+        """How many gain indexes are kept at the cluster's size (the least recently used goes)."""
+        return max(_INDEXES_MIN, _INDEX_ENTRIES // max(len(self.inventory.nodes), 1))
+
     def index(self, shape: Shape) -> GainIndex:
         """The gain index of ``shape`` over every registered node (made on first use; the least
         recently used index goes first when there are too many)."""
         indexes = self._indexes
         index = indexes.pop(shape, None)
         if index is None:
-            nodes = self.inventory.nodes
-            while len(indexes) >= max(_INDEXES_MIN, _INDEX_ENTRIES // max(len(nodes), 1)):
+            while len(indexes) >= self.index_capacity():
                 del indexes[next(iter(indexes))]
-            index = GainIndex(nodes)
+            index = GainIndex(self.inventory.nodes)
         indexes[shape] = index  # the most recently used last
         return index
 
     def ranking(self, shape: Shape, nodes: Mapping[str, NodeEntry]) -> GainIndex:
         """The gain index of ``shape`` brought up to date: the nodes changed since its last use
         re-keyed (every node for a new shape or after a workload change: the costly step)."""
-        self.ranked = True
+        self._use()
         self.sync()
         index = self.index(shape)
         index.refresh(self, shape, nodes)
@@ -434,7 +445,7 @@ class FgdRanker:
 
     def best_on(self, entry: NodeEntry, shape: Shape) -> Placement | None:
         """The pod's best placement on one node (the ``fgd`` GPU choice under another node policy)."""
-        self.ranked = True
+        self._use()
         self.sync()
         return self.placement(entry.name, self.node_state(entry.name, entry), shape)
 

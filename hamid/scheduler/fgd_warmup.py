@@ -18,16 +18,23 @@ from collections.abc import Callable
 from hamid.fit.fgd import Shape
 from hamid.fit.fit import PodFitSpec
 from hamid.fit.policy import FGD
+from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
 from hamid.model.resources import ResourceConfig
-from hamid.scheduler.fgd_rank import FgdRanker
+from hamid.scheduler.fgd_rank import FgdRanker, shape_text
 from hamid.scheduler.settings import SchedulerSettings
 
-#: Pending pods whose shape waits to be ranked; past this the oldest is dropped (its filter then
-#: ranks it itself).
+log = get_logger("scheduler.fgd")
+
+#: Pending pods whose shape waits to be ranked; past this (or past the gain indexes the ranker
+#: keeps, so a backlog does not push out what it ranked itself) the oldest is dropped: its filter
+#: then ranks it itself.
 _QUEUE_MAX = 256
+#: With more pods waiting, the pause after each ranking: requests (a filter needs several event
+#: loop turns) go first, not one turn per ranking.
+_PAUSE_S = 0.002
 
 
 class FgdWarmup:
@@ -39,8 +46,12 @@ class FgdWarmup:
         config: ResourceConfig,
         settings: SchedulerSettings,
         leading: Callable[[], bool],
+        unregistered_nodes: Callable[[], bool],
     ) -> None:
         self.ranker = ranker
+        #: Whether the cluster has nodes without hamid's GPUs: a CPU-only pod's filter then keeps
+        #: those and ranks nothing (:func:`~hamid.scheduler.fgd_rank.fgd_cpu_only`).
+        self.unregistered_nodes = unregistered_nodes
         self.config = config
         self.settings = settings
         self.leading = leading
@@ -64,7 +75,8 @@ class FgdWarmup:
         if shape is None:
             self._queue.pop(uid, None)
             return
-        if uid not in self._queue and len(self._queue) >= _QUEUE_MAX:
+        bound = min(_QUEUE_MAX, self.ranker.index_capacity())
+        while uid not in self._queue and len(self._queue) >= bound:
             del self._queue[next(iter(self._queue))]
         self._queue[uid] = shape
         self._idle.clear()
@@ -81,9 +93,10 @@ class FgdWarmup:
             spec = PodFitSpec.from_pod(pod, self.config, s.gpu_policy, s.node_policy)
             if spec.policy.node_policy != FGD:
                 return None
-            return self.ranker.shape_of(pod, spec)
+            shape = self.ranker.shape_of(pod, spec)
         except InvalidInput:
             return None
+        return None if not shape.gpus and self.unregistered_nodes() else shape
 
     async def run(self) -> None:
         """Rank the queued shapes, one pod at a time, until cancelled."""
@@ -94,8 +107,11 @@ class FgdWarmup:
                 uid = next(iter(self._queue))
                 shape = self._queue.pop(uid)
                 if self.leading():
-                    self.ranker.ranking(shape, self.ranker.inventory.nodes)
-                await asyncio.sleep(0)
+                    try:
+                        self.ranker.ranking(shape, self.ranker.inventory.nodes)
+                    except Exception:  # never the scheduler's end: the pod's filter ranks it, and says why
+                        log.exception("fgd_warmup_failed", pod_uid=uid, shape=shape_text(shape))
+                await asyncio.sleep(_PAUSE_S if self._queue else 0)
             self._idle.set()
 
     async def idle(self) -> None:

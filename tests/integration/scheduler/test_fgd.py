@@ -7,7 +7,7 @@ import dataclasses
 import json
 import time
 
-from hamid.fit.fgd import parse_workload
+from hamid.fit.fgd import Shape, parse_workload
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, decode_prediction, encode_profile
@@ -27,6 +27,7 @@ from tests.unit.scheduler.test_numa_ledger import _node as numa_node
 from tests.unit.scheduler.test_numa_ledger import _pod as numa_pod
 
 HALVES = parse_workload([{"cpu": "1", "gpus": 1, "gpuShare": 50}])
+SHARE = Shape(1000, 1024, 1, 500)
 HALVES_2CPU = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 50}])
 
 
@@ -112,12 +113,14 @@ async def test_a_restarted_scheduler_rebuilds_the_workload_from_its_cache() -> N
             await env.create_pod(pod(f"h{i}", containers=[container("c", 1, 4000, 50)]))
         cpu_only = container("c", resources={"requests": {"cpu": "2", "memory": "1Gi"}})
         await env.create_pod(pod("cpu", containers=[cpu_only]))
+        env.scheduler.fgd.ranking(SHARE, env.scheduler.ledger.nodes)  # fgd in use: learned now
         learned = dict(env.scheduler.fgd.workload.shapes)
         assert {(s.gpus, s.share) for s in learned} == {(1, 500), (0, 0)}
         options = loopback_options(env.server, settings=SchedulerSettings(node_policy="fgd"))
         async with running_app(options) as restarted:
             fgd = restarted.scheduler.fgd
             assert fgd.histogram.observed == 4  # the cache lists pods in its own order: decay differs a hair
+            fgd.ranking(SHARE, restarted.scheduler.ledger.nodes)
             assert {s: round(p, 3) for s, p in fgd.workload.shapes} == {
                 s: round(p, 3) for s, p in learned.items()
             }
