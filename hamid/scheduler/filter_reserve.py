@@ -37,6 +37,10 @@ class Reserver:
         self.api_timeout_s = context.settings.api_timeout_s
         self.ledgers = ledgers
         self.cpu_mem = cpu_mem
+        #: Pods whose allocation patch is on the wire: a second filter of one of them (kube-scheduler
+        #: gave up on the first) waits for its retry, or the slower patch could land last and name
+        #: GPUs the ledger no longer books.
+        self._writing: set[str] = set()
 
     async def reserve(self, pod: JSON, node: str, fitted: Fitted, numa: NumaFit, epoch: str) -> str:
         """Book the fit, then patch the allocation annotations; "" when done, else the error.
@@ -47,6 +51,8 @@ class Reserver:
         if fenced:
             return f"scheduler not ready: {fenced}"
         uid, name = objects.uid(pod), objects.namespaced_key(pod)
+        if uid in self._writing:
+            return f"an earlier filter of pod {name} is still writing its allocation; retry"
         raw = ann.encode_pod_devices(fitted.devices)
         signature = self.ledger.signature(uid, node, raw)
         annotations: dict[str, str | None] = {
@@ -60,12 +66,12 @@ class Reserver:
         predicted = self.prediction_annotation(node, prediction)
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
-        undo = self.ledger.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])
-        undo_cpu_mem = self.cpu_mem.assume(uid, node, _cpu_mem(pod))
-        undo_numa = None
-        if predicted is not None and prediction is not None:
-            undo_numa = self.ledgers.book(uid, node, prediction, pod)
+        undos = [self.ledger.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])]
+        self._writing.add(uid)
         try:
+            undos.append(self.cpu_mem.assume(uid, node, _cpu_mem(pod)))
+            if predicted is not None and prediction is not None:
+                undos.append(self.ledgers.book(uid, node, prediction, pod))
             await self.kube.patch_pod_metadata(
                 objects.namespace(pod),
                 objects.name(pod),
@@ -74,14 +80,16 @@ class Reserver:
                 uid=uid,
                 timeout=self.api_timeout_s,
             )
-        except Exception as exc:  # any failure (API or not) leaves no reservation behind
-            undo()
-            undo_cpu_mem()
-            if undo_numa is not None:
-                undo_numa()
+        except BaseException as exc:  # any failure, a cancelled request too: no booking left behind
+            for undo in reversed(undos):
+                undo()
+            if not isinstance(exc, Exception):
+                raise
             log.warning("filter_patch_failed", pod=name, node=node, error=str(exc))
             return f"patching pod {name} failed: {exc}"
-        self.ledger.confirm(uid)
+        finally:
+            self._writing.discard(uid)
+        self.ledger.confirm(uid, node, raw)
         if prediction is not None and prediction.outcome is Outcome.UNKNOWN:
             self.metrics.numa_predictions.labels(UNKNOWN).inc()
         log.info("filter_fit", pod=name, node=node, devices=raw, numa=_describe(prediction))

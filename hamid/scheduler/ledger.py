@@ -318,10 +318,11 @@ class Ledger:
 
         return undo
 
-    def confirm(self, uid: str) -> None:
-        """Mark a pending reservation as persisted (its annotation patch succeeded)."""
+    def confirm(self, uid: str, node: str, raw: str) -> None:
+        """Mark the pending reservation a patch wrote as persisted (its annotation patch succeeded):
+        only that one (a second filter of the same pod may have booked another meanwhile)."""
         res = self._reservations.get(uid)
-        if res is not None:
+        if res is not None and res.node == node and res.raw == raw:
             res.pending = False
             self._touch(uid)
 

@@ -80,9 +80,9 @@ class NodeCpuMem:
         if old is None:
             return
         node, request, _ = old
-        left = self._requested[node] - request
+        left = self._requested.get(node, CpuMem()) - request  # pods asking nothing leave no sum
         if left == CpuMem():
-            del self._requested[node]
+            self._requested.pop(node, None)
         else:
             self._requested[node] = left
         self._bump(node)

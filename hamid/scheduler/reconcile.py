@@ -229,7 +229,7 @@ def reconcile_state(
     """
     shadow = ledger.blank_copy()
     listed: dict[str, PodBody] = {}
-    for pod in pods:
+    for pod in _held_first(ledger, pods):
         uid = objects.uid(pod)
         if uid:
             listed[uid] = pod
@@ -251,6 +251,19 @@ def reconcile_state(
     _judge_gpus(ledger, shadow, report)
     ledger.prune_marks(since, listed)
     return report
+
+
+def _held_first(ledger: Ledger, pods: Iterable[PodBody]) -> list[PodBody]:
+    """The listed pods, those bound or booked here first: the allocation of a pod neither bound
+    nor booked (a filter's write that landed after this replica refused or undid it) is judged by
+    the shadow against everything the others hold, not against whatever the list put before it
+    (in list order such a write was adopted past a GPU's capacity)."""
+    held: list[PodBody] = []
+    unheld: list[PodBody] = []
+    for pod in pods:
+        bound = objects.section(pod, "spec").get("nodeName")
+        (held if bound or ledger.reservation(objects.uid(pod)) is not None else unheld).append(pod)
+    return held + unheld
 
 
 class ReconcileMetrics(Protocol):

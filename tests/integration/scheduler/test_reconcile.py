@@ -149,7 +149,7 @@ async def test_pending_reservations_survive(apiserver: ApiServer) -> None:
         run = asyncio.create_task(env.reconciler.reconcile_once())
         await asyncio.sleep(0)  # the run has asked for its list
         state.ledger.reserve(b, "n1", layout1, GPU1)  # a filter after the list was requested ...
-        state.ledger.confirm(uid_b)  # ... whose patch succeeded: not in the list either
+        state.ledger.confirm(uid_b, "n1", GPU1)  # ... whose patch succeeded: not in the list either
         report = await run
 
         # the shadow starts from both bookings and the listed pods (without allocation) keep them

@@ -135,10 +135,10 @@ def test_reservations_younger_than_the_list_survive() -> None:
     since = state.ledger.seq  # the list is requested now
     listed = versioned(pod("a"), 3)  # the list shows a without allocation ...
     state.ledger.reserve(listed, "n1", tuple(ann.decode_pod_devices(GPU0)), GPU0)
-    state.ledger.confirm("uid-a")  # ... its patch landed after the list
+    state.ledger.confirm("uid-a", "n1", GPU0)  # ... its patch landed after the list
     ghost = pod("ghost")  # not even listed: created after the list
     undo = state.ledger.reserve(ghost, "n1", tuple(ann.decode_pod_devices(GPU1)), GPU1)
-    state.ledger.confirm("uid-ghost")
+    state.ledger.confirm("uid-ghost", "n1", GPU1)
     report = reconcile_state(state.ledger, [listed], "10", since)
     assert report.drifts == [] and report.skipped == 1  # the ghost; a's booking the shadow keeps
     assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 1000, 10), "n1-gpu1": (1, 1000, 10)}
@@ -227,7 +227,7 @@ def test_rebuild_from_state_equals_shadow_after_many_repairs() -> None:
     state.ledger.reserve(
         pods[0], "n1", ((ContainerDevice("n1-gpu1", "NVIDIA", 50, 1),),), "x"
     )  # stale pending
-    state.ledger.confirm("uid-p0")
+    state.ledger.confirm("uid-p0", "n1", "x")
     listed = pods[1:]  # p0 deleted, p4 and p5 missed
     reconcile_state(state.ledger, listed, "30", state.ledger.seq)
     assert state.ledger.snapshot() == fresh_state(*listed).ledger.snapshot()

@@ -283,7 +283,7 @@ def test_stale_event_never_replaces_a_pending_filter_reservation() -> None:
     assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
     state.ledger.on_pod({**stale, "metadata": {**stale["metadata"], "annotations": {}}})  # nothing placed yet
     assert state.ledger.reservation("uid-a").pending
-    state.ledger.confirm("uid-a")
+    state.ledger.confirm("uid-a", "n1", "n1-gpu1,NVIDIA,1000,10:;")
     assert usage(state, "n1", "n1-gpu1") == (1, 1000, 10)
     assert usage(state, "n1", "n1-gpu0") == (0, 0, 0)
 
