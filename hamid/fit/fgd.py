@@ -40,7 +40,8 @@ COVERAGE = 0.95
 DEFAULT_HALF_LIFE = 5000.0
 #: Shapes a histogram keeps: past this the lightest tenth are folded into one remainder (their
 #: weight still counts in the total, so the typical workload is the same while they weigh under
-#: 1 - COVERAGE). Pods of ever-new requests (per-job sizing, VPA) otherwise grow it for good, and
+#: 1 - COVERAGE, but for a folded shape seen again: it starts afresh, its old weight left in the
+#: remainder). Pods of ever-new requests (per-job sizing, VPA) otherwise grow it for good, and
 #: each refresh sorts all of it (~1 s at 150,000 shapes).
 SHAPES_KEPT = 4096
 #: Memory buckets per doubling (a shape's memory is its bucket's top).

@@ -299,6 +299,7 @@ class KubeClient:
             continue_token = objects.metadata(answer).get("continue") or None
             del answer
             yield page, resource_version
+            del page  # the caller has what it keeps of it: not alive beside the next page
             if not continue_token:
                 return
 

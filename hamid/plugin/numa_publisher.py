@@ -33,6 +33,7 @@ from hamid.kube.errors import Conflict, KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model._wire import INT64_MAX
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
@@ -320,8 +321,11 @@ class NumaPublisher:
                 await self.publish_once()
             except KubeError as exc:
                 self.problems.report("API server", str(exc), "NUMA annotations not written; retrying")
+            except InvalidInput as exc:  # what this round would write is not writable: never the plugin's end
+                self.problems.report("NUMA annotations", str(exc), "not written; retrying")
             else:
                 self.problems.clear("API server")
+                self.problems.clear("NUMA annotations")
             await asyncio.sleep(self.sources.interval)
 
     async def publish_once(self) -> None:
@@ -428,7 +432,9 @@ class NumaPublisher:
             reason, new = "re-stamped", dataclasses.replace(current, observed_at=now)
         else:
             reason = "new" if current is None else "changed"
-            new = dataclasses.replace(content, generation=generation + 1, observed_at=now)
+            # past the top of the range (a profile written by hand or a newer hamid) start again
+            following = generation + 1 if generation < INT64_MAX else 1
+            new = dataclasses.replace(content, generation=following, observed_at=now)
         value = encode_profile(new)
         await self.client.patch_node_metadata(
             self.node_name, annotations={NUMA_PROFILE: value}, timeout=self.sources.call_timeout

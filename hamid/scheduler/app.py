@@ -193,7 +193,7 @@ class SchedulerApp:
         """``/metrics``, ``/metrics/hami`` and (``--ui``) ``/ui``; guarded with ``--metrics-auth``."""
         app = metrics_app(scheduler.metrics, scheduler.readiness)
         if self.options.ui:
-            add_ui(app, ui_source(scheduler))
+            add_ui(app, ui_source(scheduler), self.options.ui_hosts)
         if self.options.metrics_auth:
             protect(app, KubeAccess(scheduler.kube, timeout=self.options.settings.api_timeout_s))
         return app

@@ -32,6 +32,7 @@ from hamid.scheduler.refit.auth import (
 )
 from hamid.scheduler.settings import DEFAULT_BIND_WAIT_S, DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.signing import AllocationKeys, load_key_file
+from hamid.scheduler.ui.hosts import parse_hosts
 
 log = get_logger("scheduler.options")
 
@@ -242,6 +243,14 @@ class SchedulerOptions:
         "Serve /ui on --metrics-listen: a read-only web view of the cluster's NUMA alignment "
         "(docs/ui.md), from the scheduler's own caches.",
         default=True,
+    )
+    ui_hosts: tuple[str, ...] = option_field(
+        "Host names /ui answers besides its own (an IP address, localhost, the Service's names "
+        "under .svc): comma list, *.<domain> for every name under it; a custom cluster domain or "
+        "an Ingress's name. Any other name gets 421 (DNS rebinding). [default: none]",
+        default=(),
+        parse=parse_hosts,
+        show=_no_default,
     )
     metrics_auth: bool = option_field(
         "Require Kubernetes authentication on --metrics-listen (/metrics, /metrics/hami, /ui): a "

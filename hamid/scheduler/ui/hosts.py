@@ -5,7 +5,8 @@ as same-origin, whatever ``kubectl port-forward`` serves there. The browser stil
 page's name as ``Host``, so the view answers only names that are the scheduler's own or that no
 outsider can register: IP literals, ``localhost`` and ``*.localhost`` (RFC 6761: always
 loopback), one-label names (a Service's short name) and in-cluster Service names (``*.svc``,
-``*.svc.cluster.local``). A request without ``Host`` comes from no browser and is answered.
+``*.svc.cluster.local``), plus the operator's (``--ui-hosts``: a custom cluster domain, an
+Ingress's name). A request without ``Host`` comes from no browser and is answered.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ SERVICE_SUFFIXES = (".svc", ".svc.cluster.local")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-def host_allowed(host: str | None) -> bool:
-    """Whether a request naming authority ``host`` (``name[:port]``, ``[v6]:port``) is answered."""
+def host_allowed(host: str | None, extra: tuple[str, ...] = ()) -> bool:
+    """Whether a request naming authority ``host`` (``name[:port]``, ``[v6]:port``) is answered;
+    ``extra``: the operator's names (``--ui-hosts``), ``*.<domain>`` for the names under it."""
     if not host:
         return True
     name = _name(host.strip().lower())
@@ -37,7 +39,22 @@ def host_allowed(host: str | None) -> bool:
         len(labels) == 1
         or labels[-1] == "localhost"
         or any(name.endswith(suffix) for suffix in SERVICE_SUFFIXES)
+        or any(name == e or (e.startswith("*.") and name.endswith(e[1:])) for e in extra)
     )
+
+
+def parse_hosts(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``--ui-hosts``: a comma list of host names (``*.<domain>``: every name under it); ValueError
+    naming one that is not a DNS name."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    hosts = tuple(dict.fromkeys(h.strip().lower().removesuffix(".") for h in items if h.strip()))
+    for host in hosts:
+        name = host[2:] if host.startswith("*.") else host
+        if not name or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+            raise ValueError(
+                f"{host!r:.80} is not a host name (a comma list of names; *.<domain> for its subdomains)"
+            )
+    return hosts
 
 
 def _name(host: str) -> str | None:

@@ -88,8 +88,9 @@ def _static_files() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in _STATIC}
 
 
-def add_ui(app: web.Application, source: UiSource) -> None:
-    """Mount ``/ui`` on ``app`` (the metrics listener's) over ``source``."""
+def add_ui(app: web.Application, source: UiSource, hosts: tuple[str, ...] = ()) -> None:
+    """Mount ``/ui`` on ``app`` (the metrics listener's) over ``source``; ``hosts``: names it
+    answers besides its own (``--ui-hosts``)."""
     snapshots = Snapshots(source)
     app[SOURCE_KEY] = source
     app[SNAPSHOTS_KEY] = snapshots
@@ -101,8 +102,11 @@ def add_ui(app: web.Application, source: UiSource) -> None:
     app.on_cleanup.append(close)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
-        if not host_allowed(_authority(request)):
-            why = "this view answers only its own host names: localhost, an IP address or the Service's name"
+        if not host_allowed(_authority(request), hosts):
+            why = (
+                "this view answers only its own host names: localhost, an IP address, the Service's "
+                "name or one given with --ui-hosts"
+            )
             return _error(request, 421, why)
         if request.method not in ("GET", "HEAD"):
             return _error(request, 405, "this view is read-only: only GET and HEAD", {"Allow": "GET, HEAD"})

@@ -280,6 +280,19 @@ async def test_a_profile_of_a_newer_hamid_is_replaced_and_its_generation_continu
     assert "format version 99 is newer than this hamid reads" in warning["error"]
 
 
+async def test_a_generation_at_the_top_of_its_range_starts_again_at_one(env: Env) -> None:
+    """A profile on the node whose generation cannot grow (written by hand, or a newer format's
+    claim) is replaced from generation 1: encoding the next one failed every round and ended the
+    plugin."""
+    top = json.dumps({"v": 99, "gen": 2**63 - 1, "at": 1})
+    env.server.put(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "annotations": {PROFILE: top}}}
+    )
+    await env.synced()
+    await env.publisher.publish_once()
+    assert decode_profile(env.annotations("Node", NODE)[PROFILE]).generation == 1
+
+
 async def test_an_unchanged_profile_is_restamped_with_the_same_generation(env: Env) -> None:
     now = [1_000_000.0]
     env.publisher.clock = lambda: now[0]

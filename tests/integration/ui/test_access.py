@@ -26,6 +26,14 @@ async def test_a_foreign_host_name_is_refused_and_the_documented_ones_answered()
         assert (await ui.get("/metrics", headers={"Host": "rebound.attacker.example"}))[0] == 200  # not /ui
 
 
+async def test_names_given_with_ui_hosts_are_answered() -> None:
+    """A custom cluster domain and an Ingress's name, given to ``--ui-hosts``, reach the view."""
+    async with running_ui(ui_hosts=("*.svc.example.internal", "hamid.example.com")) as ui:
+        for host in ("hamid-scheduler.kube-system.svc.example.internal", "hamid.example.com"):
+            assert (await ui.get("/ui", headers={"Host": host}))[0] == 200, host
+        assert (await ui.get("/ui", headers={"Host": "example.com"}))[0] == 421
+
+
 async def test_forged_tokens_do_not_flush_a_readers_cached_decision() -> None:
     """Refusals are cached apart from grants: more forged tokens than the cache holds leave a
     reader's grant in place (her page's polling costs the API server nothing)."""

@@ -93,6 +93,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "scheduler": {"replicas": 2, "admissionWebhook": {"whitelistNamespaces": ["kube-system", "gpu-free"]}}
     },
     "host-network": {"devicePlugin": {"hostNetwork": True, "numaRefit": {"enabled": True}}},
+    "ui-hosts": {"scheduler": {"uiHosts": ["*.svc.example.internal", "hamid.example.com"]}},
     "mtls": {
         "scheduler": {"refitAuth": ["token", "mtls"], "tls": {"clientCASecret": "cluster-ca"}},
         "devicePlugin": {"numaRefit": {"enabled": True, "kubeletClientCert": {"enabled": True}}},

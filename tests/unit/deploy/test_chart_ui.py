@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
+import helm_python
 import kubernetes_validate
+import pytest
 
 from hamid.cli import cli
 from tests.unit.deploy.helm_render import KUBE_VERSION, container, flag_values, iter_rules, lint, render
@@ -33,6 +35,14 @@ def test_ui_is_on_by_default_and_metrics_open() -> None:
 def test_ui_can_be_turned_off() -> None:
     args = _args({"scheduler": {"ui": False}})
     assert "--no-ui" in args and "--ui" not in args
+
+
+def test_ui_hosts_reach_the_flag_and_a_bad_name_is_refused_by_the_schema() -> None:
+    args = _args({"scheduler": {"uiHosts": ["*.svc.example.internal", "hamid.example.com"]}})
+    assert "--ui-hosts=*.svc.example.internal,hamid.example.com" in args
+    assert not [a for a in _args({}) if a.startswith("--ui-hosts")]
+    with pytest.raises(helm_python.HelmError, match="uiHosts"):
+        render({"scheduler": {"uiHosts": ["http://evil.example"]}})
 
 
 def test_metrics_auth_grants_reviews_a_reader_role_and_prometheus_its_token() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hamid.scheduler.ui.hosts import host_allowed
+from hamid.scheduler.ui.hosts import host_allowed, parse_hosts
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,20 @@ def test_the_documented_ways_in_are_answered(host: str | None) -> None:
 )
 def test_other_names_are_refused(host: str) -> None:
     assert not host_allowed(host)
+
+
+def test_the_operators_names_are_answered_and_nothing_more() -> None:
+    """``--ui-hosts``: a custom cluster domain (``*.`` for every name under it) or an Ingress's
+    name; a name merely ending like one is not."""
+    extra = parse_hosts(" *.svc.Example.Internal, hamid.example.com. ")
+    assert extra == ("*.svc.example.internal", "hamid.example.com")
+    for host in ("hamid-scheduler.kube-system.svc.example.internal:9395", "hamid.example.com"):
+        assert host_allowed(host, extra) and not host_allowed(host)
+    for host in ("svc.example.internal", "evil-svc.example.internal", "hamid.example.com.evil.io"):
+        assert not host_allowed(host, extra)
+
+
+@pytest.mark.parametrize("value", ["http://x.example", "a..b", "*.", "exa mple.com", "-a.com"])
+def test_a_value_that_is_no_host_name_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="is not a host name"):
+        parse_hosts(value)
