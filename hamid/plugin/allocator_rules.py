@@ -215,13 +215,14 @@ def identify_pod(
     if strangers:
         raise unscheduled_error(strangers, resource_name)
     candidates = [p for p in pods if is_allocation_candidate(p, node_name) and has_pending_entry(p)]
-    return choose_pod(candidates, lock_owner, requested)
+    return choose_pod(candidates, lock_owner, requested, served)
 
 
 def choose_pod(
     candidates: Sequence[Pod],
     lock_owner: str | None,
     requested: Sequence[str] | None,
+    served: Collection[str] = (),
 ) -> Pod:
     """Pick the pod kubelet is admitting, or raise :class:`AllocationError` when it cannot be proven.
 
@@ -231,7 +232,10 @@ def choose_pod(
     object is not writable by tenants and the scheduler's ``/bind`` sets it naming the pod it bound,
     so only its holder is served; a pod's own annotations never prove it. The holder is refused too
     when another candidate's next entry names exactly the requested GPUs and the holder's does not:
-    guessing swaps pods' limits (upstream #3096).
+    guessing swaps pods' limits (upstream #3096). And while another candidate kubelet has not
+    admitted yet still waits (the scheduler took the lock from it after it stalled, and kubelet
+    may admit it after all), the holder is served only where kubelet's GPUs are exactly its entry
+    and no other's: the lock no longer says which of them kubelet is admitting.
     """
     if not candidates:
         raise AllocationError(
@@ -241,6 +245,7 @@ def choose_pod(
     owner = next((p for p in candidates if objects.namespaced_key(p) == lock_owner), None)
     if owner is None:
         raise AllocationError(_unproven_message(lock_owner, names), code="unproven-pod")
+    exact: list[Pod] = []
     if requested is not None:
         want = Counter(requested)
         exact = [p for p in candidates if Counter(d.uuid for d in _next_entry(p).devices) == want]
@@ -251,6 +256,15 @@ def choose_pod(
                 f"{objects.namespaced_key(owner)} waits for other GPUs and {others} wait for these",
                 code="ambiguous-pod",
             )
+    waiting = [p for p in candidates if p is not owner and is_unadmitted(p) and objects.uid(p) not in served]
+    if waiting and exact != [owner]:
+        others = ", ".join(sorted(objects.namespaced_key(p) for p in waiting))
+        raise AllocationError(
+            f"cannot tell which pod kubelet is admitting: the node lock holder "
+            f"{objects.namespaced_key(owner)} and {others}, whose lock the scheduler took after it "
+            "stalled, both wait for GPUs here; the pod refused is placed again once deleted",
+            code="ambiguous-pod",
+        )
     return owner
 
 

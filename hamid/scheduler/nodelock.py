@@ -10,7 +10,9 @@ holder's devices (upstream #3096: two pods swapped memory limits). Only past the
 block a node for good — or much sooner, once the holder has made no progress for
 :data:`DEFAULT_STALL` (neither it nor the lock changed while a bind waited: a pod bound to a node
 whose kubelet never admits it). hamid's plugin serves an Allocate only to the pod the lock names,
-so a holder that wakes up later is refused, never handed another pod's devices. A legacy lock
+and while the holder it was taken from still waits unadmitted it serves neither (kubelet may be
+admitting either: the new holder's devices went to the old one until an outside race hunt), unless
+kubelet's GPUs are the new holder's entry alone. A legacy lock
 without an owner is taken once expired. Release is owner-checked (exact namespace and name).
 
 Contention *waits* (bounded) instead of failing, in line: this process's binds for one node queue

@@ -190,16 +190,23 @@ async def test_identity_from_lock_and_exact_match() -> None:
             assert stored_annotations(env.server, "Pod", name)[BIND_PHASE] == "allocating"
         lock_node(env.server, "p2")
         await eventually(lambda: env.plugin.pods.lock_owner() == "default/p2")
+        # p1 waits too (a holder the scheduler took the lock from): kubelet may be admitting either
+        with pytest.raises(GRPCError, match="cannot tell which pod kubelet is admitting"):
+            await allocate(stub, "GPU-0-1")
+        env.server.delete("Pod", "default", "p1")  # refused, deleted: its controller places it again
+        await eventually(lambda: env.plugin.pods.pod("default/p1") is None)
         r = await allocate(stub, "GPU-0-1")
         assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"  # p2's limit, not p1's
         assert stored_annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
         await eventually(lambda: env.plugin.pods.lock_owner() is None)
+        await seeded(env, p1, lock=False)
         # p1 is the only one waiting and its annotation matches exactly: still not proof
         with pytest.raises(GRPCError, match="no pod holds the node lock") as err:
             await allocate(stub, "GPU-0-2")
         assert err.value.status is Status.FAILED_PRECONDITION
         assert stored_annotations(env.server, "Pod", "p1")[BIND_PHASE] == "allocating"
         assert env.plugin.allocator.refusals["unproven-pod"] == 2
+        assert env.plugin.allocator.refusals["ambiguous-pod"] == 1
         lock_node(env.server, "p1")
         await eventually(lambda: env.plugin.pods.lock_owner() == "default/p1")
         r = await allocate(stub, "GPU-0-2")

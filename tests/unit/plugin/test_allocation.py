@@ -192,12 +192,23 @@ P1, P2 = pod("p1", "GPU-a,NVIDIA,1000,10:;"), pod("p2", "GPU-b,NVIDIA,3000,10:;"
 TWIN = pod("p3", "GPU-a,NVIDIA,2000,10:;")
 
 
+def _admitted(p: dict) -> dict:
+    """``p`` as kubelet shows it once admitted (its container statuses written)."""
+    return {**p, "status": {**p["status"], "containerStatuses": [{"name": "main"}]}}
+
+
 @pytest.mark.parametrize(
     ("candidates", "lock", "requested", "expected"),
     [
-        ([P1, P2], "default/p2", None, P2),
-        ([P1, P2], "default/p1", ["GPU-z"], P1),  # the holder after a fallback pick
-        ([P1, TWIN], "default/p3", ["GPU-a"], TWIN),  # the lock decides between twins
+        ([_admitted(P1), P2], "default/p2", None, P2),
+        ([P2], "default/p2", None, P2),
+        ([P2], "default/p2", ["GPU-z"], P2),  # the holder after a fallback pick
+        ([_admitted(P1), TWIN], "default/p3", ["GPU-a"], TWIN),  # the lock decides between twins
+        ([P1, P2], "default/p2", ["GPU-b"], P2),  # two wait: kubelet's GPUs are the holder's alone
+        # two wait (the scheduler took the lock from one that stalled): the lock no longer says
+        ([P1, P2], "default/p2", None, "cannot tell which pod kubelet is admitting"),
+        ([P1, P2], "default/p1", ["GPU-z"], "cannot tell which pod kubelet is admitting"),
+        ([P1, TWIN], "default/p3", ["GPU-a"], "cannot tell which pod kubelet is admitting"),
         # the holder and an exact match disagree: refuse
         ([P1, P2], "default/p1", ["GPU-b"], "node lock holder default/p1 waits for other GPUs"),
         # issue 16: a pod's own annotations never prove it, only the lock the scheduler's /bind took
