@@ -305,7 +305,8 @@ class Allocator:
         """GET the pod after a committed refit (the watch may lag); None when it cannot be read."""
         meta = pod["metadata"]
         try:
-            return await self.pods.fetch_pod(meta["namespace"], meta["name"])
+            fresh = await self.pods.fetch_pod(meta["namespace"], meta["name"])
+            return fresh if fresh is not None and _same_pod(fresh, pod) else None
         except KubeError as exc:
             log.warning(
                 "pod_reread_after_refit_failed",
@@ -585,7 +586,11 @@ class Allocator:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 fresh = await self.pods.fetch_pod(objects.namespace(pod), objects.name(pod))
-                if fresh is None or not is_allocation_candidate(fresh, self.node_name):
+                if (
+                    fresh is None
+                    or not _same_pod(fresh, pod)
+                    or not is_allocation_candidate(fresh, self.node_name)
+                ):
                     raise
                 pod = fresh
 
@@ -619,9 +624,14 @@ class Allocator:
                     f"pod {namespace}/{name} changed while allocating and could not be re-read within "
                     f"{self.prepare_timeout:g}s"
                 ) from exc
-            if fresh is None or not is_allocation_candidate(fresh, self.node_name):
+            if (
+                fresh is None
+                or not _same_pod(fresh, pod)
+                or not is_allocation_candidate(fresh, self.node_name)
+            ):
                 raise AllocationError(
-                    f"pod {namespace}/{name} changed while allocating and is no longer pending"
+                    f"pod {namespace}/{name} changed while allocating and is no longer pending "
+                    "(or was replaced by a new pod of that name)"
                 )
             pod = fresh
         raise AllocationError(
@@ -651,7 +661,7 @@ class Allocator:
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         version = meta.get("resourceVersion")
-        releasing = asyncio.ensure_future(self._release_lock(f"{namespace}/{name}")) if release else None
+        releasing = asyncio.ensure_future(self._release_lock(pod)) if release else None
 
         def write() -> Awaitable[JSON]:
             return self.client.patch_pod_metadata(
@@ -697,7 +707,7 @@ class Allocator:
         """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort,
         both at once)."""
         log.error("allocation_failed", reason=reason)
-        await asyncio.gather(self._mark_failed(pod), self._release_lock(objects.namespaced_key(pod)))
+        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod))
 
     async def _mark_failed(self, pod: JSON) -> None:
         try:
@@ -705,17 +715,25 @@ class Allocator:
                 objects.namespace(pod),
                 objects.name(pod),
                 annotations={BIND_PHASE: BIND_PHASE_FAILED},
+                uid=objects.uid(pod) or None,  # never a new pod of the same name
                 timeout=self.call_timeout,
             )
             self.pods.remember(patched)
         except KubeError as exc:
             log.error("bind_phase_failed_not_marked", error=str(exc))
 
-    async def _release_lock(self, owner: str) -> None:
-        """Remove the node lock only if ``owner`` holds it (resourceVersion-guarded, one retry).
+    async def _release_lock(self, pod: JSON) -> None:
+        """Remove the node lock only if ``pod`` holds it (resourceVersion-guarded, one retry).
 
-        The cached node first (no GET when the cache is current); a conflict re-reads it.
+        The lock names a pod, not its UID: a new pod of the same name (force-deleted and created
+        again) that the pod cache already shows keeps it. The cached node first (no GET when the
+        cache is current); a conflict re-reads it.
         """
+        owner = objects.namespaced_key(pod)
+        cached = self.pods.pod(owner)
+        if cached is not None and not _same_pod(cached, pod):
+            log.info("node_lock_kept", owner=owner, why="a new pod of that name holds it")
+            return
         for attempt in range(2):
             node: NodeBody | None = self.pods.node() if attempt == 0 else None
             try:
@@ -737,3 +755,8 @@ class Allocator:
                 log.error("node_lock_release_failed", owner=owner, error=str(exc))
                 return
         log.error("node_lock_release_failed", cause="node kept changing", owner=owner)
+
+
+def _same_pod(fresh: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether ``fresh`` (read by name) is still ``pod``, not a new pod of the same name."""
+    return not objects.uid(pod) or objects.uid(fresh) == objects.uid(pod)

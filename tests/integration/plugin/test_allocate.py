@@ -17,6 +17,7 @@ from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid._proto.deviceplugin.v1beta1.api_grpc import DevicePluginStub
 from hamid.model.annotations import (
     BIND_PHASE,
+    BIND_PHASE_ALLOCATING,
     DEVICES_ALLOCATED,
     DEVICES_TO_ALLOCATE,
     NODE_LOCK,
@@ -408,3 +409,34 @@ async def test_must_include_filling_the_size_still_asks_for_a_refit() -> None:
         assert await preferred(stub, numa0, 1, ["GPU-0-2"]) == ["GPU-0-2"]
         (call,) = handler.calls
         assert call.missing == ("GPU-3",)
+
+
+async def test_an_allocate_never_serves_nor_marks_a_new_pod_of_the_same_name() -> None:
+    """The pod being allocated is force-deleted and created again under its name (a StatefulSet
+    replica) while its consume patch is on the wire: the retry after the conflict finds the new pod
+    and refuses, serving it nothing (it served the old container the new pod's booking and consumed
+    it), and the failure path marks and unlocks nothing of the new pod (it set it failed and
+    released the lock it holds)."""
+    old = scheduled_pod("a", ((dev("GPU-0", 1000, 10),),))
+    new = scheduled_pod("a", ((dev("GPU-1", 7000, 60),),))
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, old)
+        old_uid = env.plugin.pods.pod("default/a")["metadata"]["uid"]
+        rule = env.server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/a$")
+
+        async def recreate() -> None:
+            await asyncio.sleep(0.3)  # the old pod's consume patch is on the wire
+            env.server.faults.remove(rule.id)
+            env.server.delete("Pod", "default", "a")
+            env.server.put(new)  # the new pod, bound here, its /bind took the lock (named default/a)
+            lock_node(env.server, "a")
+            await eventually(lambda: env.plugin.pods.pod("default/a")["metadata"]["uid"] != old_uid)
+
+        task = asyncio.create_task(recreate())
+        with pytest.raises(GRPCError, match="replaced by a new pod of that name"):
+            await allocate(stub, "GPU-0-0")
+        await task
+        annotations = stored_annotations(env.server, "Pod", "a")
+        assert annotations[BIND_PHASE] == BIND_PHASE_ALLOCATING  # not marked failed
+        assert annotations[DEVICES_TO_ALLOCATE] == new["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+        assert NODE_LOCK in stored_annotations(env.server, "Node", NODE, None)  # still the new pod's
