@@ -676,9 +676,15 @@ class Allocator:
             return current if all(annotations.get(k) == v for k, v in patch.items()) else None
 
         try:
-            patched = await write_retrying(write, landed, budget, f"pod {namespace}/{name} allocation")
-        except Conflict:
-            return False
+            try:
+                patched = await write_retrying(write, landed, budget, f"pod {namespace}/{name} allocation")
+            except Conflict:
+                # a retry refused because an earlier attempt, its answer and read-backs lost, landed:
+                # that is this write done, not a change to plan again (the next entry was served)
+                found = await _quietly(landed())
+                if found is None:
+                    return False
+                patched = found
         finally:
             if releasing is not None:
                 await releasing
@@ -760,3 +766,11 @@ class Allocator:
 def _same_pod(fresh: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     """Whether ``fresh`` (read by name) is still ``pod``, not a new pod of the same name."""
     return not objects.uid(pod) or objects.uid(fresh) == objects.uid(pod)
+
+
+async def _quietly(read: Awaitable[JSON | None]) -> JSON | None:
+    """A read-back's answer, None when it fails too."""
+    try:
+        return await read
+    except KubeError:
+        return None

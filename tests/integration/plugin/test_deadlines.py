@@ -157,3 +157,43 @@ async def test_transient_failures_past_the_budget_fail_the_pod() -> None:
         ann = stored_annotations(env.server, "Pod", "p")
         assert ann[BIND_PHASE] == "failed"
         assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+
+
+async def test_a_landed_commit_whose_answer_and_read_backs_were_lost_is_done_not_planned_again() -> None:
+    """The consume patch of container c0 lands, its answer is lost and the two read-backs fail too
+    (an API server in distress); the retry's 409 comes from that landed write. It is the commit
+    done: c0 gets its own entry (it was served c1's, both entries consumed, and c1 then refused)."""
+    pod = scheduled_pod(
+        "two", ((dev("GPU-0", 1000, 10),), (dev("GPU-1", 5000, 50),)), containers=("c0", "c1")
+    )
+    async with running_plugin() as (env, _), stub_for(env) as stub:
+        await seeded(env, pod)
+        client = env.plugin.allocator.client
+        real_patch, real_get = client.patch_pod_metadata, client.get_pod
+        patches: list[str] = []
+        failing_gets = [2]
+
+        async def patch(namespace: str, name: str, **kw: Any) -> Any:
+            patches.append(name)
+            result = await real_patch(namespace, name, **kw)
+            if len(patches) == 1:
+                raise Timeout("PATCH: no answer (injected after it landed)")
+            return result
+
+        async def get(namespace: str, name: str, **kw: Any) -> Any:
+            if failing_gets[0] > 0:
+                failing_gets[0] -= 1
+                raise Timeout("GET: no answer (injected)")
+            return await real_get(namespace, name, **kw)
+
+        client.patch_pod_metadata = patch  # type: ignore[method-assign]
+        client.get_pod = get  # type: ignore[method-assign]
+        try:
+            served = await allocate(stub, "GPU-0-0")
+        finally:
+            client.patch_pod_metadata, client.get_pod = real_patch, real_get  # type: ignore[method-assign]
+        assert served.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+        annotations = stored_annotations(env.server, "Pod", "two")
+        assert annotations[BIND_PHASE] == "allocating" and "GPU-1" in annotations[DEVICES_TO_ALLOCATE]
+        served = await allocate(stub, "GPU-1-0")  # c1 still gets its own
+        assert served.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "5000m"
