@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
@@ -17,7 +19,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.fgd_rank import FgdRanker, tie_order
 from hamid.scheduler.settings import DEFAULT_SCHEDULER_NAME
 from tests.builders import node as plain_node
-from tests.integration.scheduler.harness import running_scheduler, wait_for
+from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import container, node, pod
 
 HALVES = parse_workload([{"cpu": "1", "gpus": 1, "gpuShare": 50}])
@@ -41,13 +43,20 @@ def _post(url: str, body: dict[str, Any], names: list[str]) -> tuple[dict[str, A
     return answer, time.perf_counter() - started
 
 
-async def test_a_pending_pods_shape_is_ranked_before_its_filter_which_then_ranks_nothing() -> None:
+@contextlib.asynccontextmanager
+async def _fgd_cluster(names: list[str] = NAMES) -> AsyncIterator[Env]:
+    """A scheduler whose default policies are ``fgd`` (a pinned workload), its GPU nodes registered."""
     settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
     async with running_scheduler(settings) as env:
-        fgd, warmup = env.scheduler.fgd, env.scheduler.fgd_warmup
-        for name in NAMES:
+        for name in names:
             env.add_node(name)
-        await wait_for(lambda: set(NAMES) <= env.scheduler.ledger.nodes.keys())
+        await wait_for(lambda: set(names) <= env.scheduler.ledger.nodes.keys())
+        yield env
+
+
+async def test_a_pending_pods_shape_is_ranked_before_its_filter_which_then_ranks_nothing() -> None:
+    async with _fgd_cluster() as env:
+        fgd, warmup = env.scheduler.fgd, env.scheduler.fgd_warmup
         before = fgd.reranks
         first = await env.create_pod(_pending("p1"))
         await warmup.idle()
@@ -114,11 +123,7 @@ async def test_a_ranking_that_fails_in_the_warmup_leaves_the_scheduler_serving(m
         return real(self, shape, nodes)
 
     monkeypatch.setattr(FgdRanker, "ranking", ranking)
-    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
-    async with running_scheduler(settings) as env:
-        for name in NAMES:
-            env.add_node(name)
-        await wait_for(lambda: set(NAMES) <= env.scheduler.ledger.nodes.keys())
+    async with _fgd_cluster() as env:
         with structlog.testing.capture_logs() as logs:
             await env.create_pod(_pending("odd", cores=77))
             await env.scheduler.fgd_warmup.idle()
@@ -131,7 +136,7 @@ async def test_a_ranking_that_fails_in_the_warmup_leaves_the_scheduler_serving(m
 async def test_a_backlog_gives_way_to_a_filter_between_rankings(monkeypatch: Any) -> None:
     """Forty pending pods of new shapes (a burst): a filter waits for the ranking in progress, not
     one ranking per event-loop turn its request needs."""
-    rerank_s = 0.02
+    rerank_s = 0.05
     real = fgd_rank.GainIndex._rebuild
 
     def slow(self: Any, *args: Any) -> None:
@@ -139,12 +144,8 @@ async def test_a_backlog_gives_way_to_a_filter_between_rankings(monkeypatch: Any
         real(self, *args)
 
     monkeypatch.setattr(fgd_rank.GainIndex, "_rebuild", slow)
-    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
-    async with running_scheduler(settings) as env:
-        names = NAMES[:4]
-        for name in names:
-            env.add_node(name)
-        await wait_for(lambda: set(names) <= env.scheduler.ledger.nodes.keys())
+    names = NAMES[:4]
+    async with _fgd_cluster(names) as env:
         other = _pending("other", cores=30, **{ann.NODE_SCHEDULER_POLICY: "binpack"})
         other["spec"]["containers"] = [container("c", 1, 10**7, 30)]  # fits nowhere: no API call
         other = await env.create_pod(other)
@@ -159,12 +160,8 @@ async def test_a_backlog_gives_way_to_a_filter_between_rankings(monkeypatch: Any
 async def test_cpu_only_pods_are_not_ranked_ahead_where_nodes_without_gpus_take_them() -> None:
     """A CPU-only pod's filter ranks nothing when kube-scheduler sends nodes without hamid's GPUs
     (it keeps those): ranking its shape ahead would only push a GPU shape's index out."""
-    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=HALVES)
-    async with running_scheduler(settings) as env:
+    async with _fgd_cluster() as env:
         fgd, warmup = env.scheduler.fgd, env.scheduler.fgd_warmup
-        for name in NAMES:
-            env.add_node(name)
-        await wait_for(lambda: set(NAMES) <= env.scheduler.ledger.nodes.keys())
         cpu = _pending("cpu")
         cpu["spec"]["containers"] = [container("c", resources={"requests": {"cpu": "1", "memory": "1Gi"}})]
         await env.create_pod(cpu)
