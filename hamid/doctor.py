@@ -91,14 +91,15 @@ def load_kubelet_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return doc
 
 
-def _has_cpu_reservation(config: Mapping[str, Any]) -> bool:
+def _cpu_reservation(config: Mapping[str, Any]) -> str:
+    """The kubelet setting that reserves CPUs ("" when none does)."""
     if str(config.get("reservedSystemCPUs") or "").strip():
-        return True
+        return "reservedSystemCPUs"
     for key in ("kubeReserved", "systemReserved"):
         reserved = config.get(key)
         if isinstance(reserved, Mapping) and str(reserved.get("cpu") or "").strip() not in ("", "0"):
-            return True
-    return False
+            return f"{key}.cpu"
+    return ""
 
 
 def check_kubelet(config: Mapping[str, Any]) -> list[Finding]:
@@ -132,10 +133,11 @@ def _check_cpu_manager(config: Mapping[str, Any]) -> Finding:
 
 
 def _check_cpu_reservation(config: Mapping[str, Any]) -> Finding:
-    if _has_cpu_reservation(config):
-        return _ok("kubelet reservedSystemCPUs", "a CPU reservation is set")
+    setting = _cpu_reservation(config)
+    if setting:
+        return _ok("kubelet CPU reservation", f"{setting} is set")
     return _fail(
-        "kubelet reservedSystemCPUs",
+        "kubelet CPU reservation",
         "no CPU reservation (reservedSystemCPUs, kubeReserved.cpu or systemReserved.cpu); "
         "the static CPU manager refuses to start without one",
         'set reservedSystemCPUs, e.g. "0,1"',
@@ -201,6 +203,8 @@ def check_numa_count(config: Mapping[str, Any] | None, numa_nodes: int | None) -
     check = "NUMA nodes"
     if numa_nodes is None:
         return [_warn(check, "cannot count NUMA nodes (no /sys/devices/system/node)", "run on the node")]
+    if numa_nodes == 1:
+        return [_warn(check, "1 NUMA node: nothing to align on this machine")]
     if config is None:
         return [_ok(check, f"{numa_nodes} (limit not checked without a kubelet config)")]
     try:
@@ -216,8 +220,6 @@ def check_numa_count(config: Mapping[str, Any] | None, numa_nodes: int | None) -
                 f'set topologyManagerPolicyOptions: {{{MAX_ALLOWABLE_NUMA_NODES_OPTION}: "{numa_nodes}"}}',
             )
         ]
-    if numa_nodes == 1:
-        return [_warn(check, "1 NUMA node: there is nothing to align on this machine")]
     return [_ok(check, f"{numa_nodes} (max-allowable-numa-nodes {limit})")]
 
 
@@ -466,12 +468,15 @@ def blocking(findings: Iterable[Finding]) -> bool:
 @option(
     "--devices-file",
     default=None,
+    type=click.Path(dir_okay=False),
     help="Static GPU inventory (YAML/JSON `devices:` list) instead of NVML discovery.",
 )
 @option(
     "--node-config-file",
     default=None,
-    help="The plugin's node config JSON (devicePlugin.nodeConfiguration.config, /config/config.json).",
+    type=click.Path(dir_okay=False),
+    help="The plugin's node config JSON (devicePlugin.nodeConfiguration.config; the plugin reads "
+    "it at /config/config.json). Not checked without it.",
 )
 @option(
     "--device-config-file",

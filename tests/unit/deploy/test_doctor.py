@@ -96,6 +96,35 @@ def test_more_numa_nodes_than_kubelet_allows(tmp_path: Path) -> None:
     assert 'max-allowable-numa-nodes: "16"' in result.output
 
 
+def _ok_line(result: Result, check: str) -> str:
+    (line,) = [found for found in lines(result, Status.OK) if check in found]
+    return line
+
+
+def test_the_reservation_line_names_the_setting_that_reserves(tmp_path: Path) -> None:
+    """Only kubeReserved.cpu set: the line says so (it was labelled reservedSystemCPUs)."""
+    config = tmp_path / "kubelet.yaml"
+    only_kube_reserved = "kubeReserved: {cpu: '1'}\n#reservedSystemCPUs:"
+    config.write_text(GOOD_KUBELET.read_text().replace("reservedSystemCPUs:", only_kube_reserved))
+    assert "kubeReserved.cpu is set" in _ok_line(doctor(*node(tmp_path, kubelet=config)), "CPU reservation")
+    assert "reservedSystemCPUs is set" in _ok_line(doctor(*node(tmp_path / "good")), "CPU reservation")
+
+
+def test_one_numa_node_is_one_verdict_with_or_without_a_kubelet_config(tmp_path: Path) -> None:
+    with_config = doctor(*node(tmp_path / "a", numa=1))
+    sysfs = make_sysfs(tmp_path / "b", 1)
+    without = doctor("--kubelet-config", tmp_path / "absent.yaml", "--sysfs-root", sysfs)
+    for result in (with_config, without):
+        warned = [found for found in lines(result, Status.WARN) if "1 NUMA node: nothing to align" in found]
+        assert warned, result.output
+
+
+def test_file_options_refuse_a_directory(tmp_path: Path) -> None:
+    for flag in ("--devices-file", "--node-config-file"):
+        result = CliRunner().invoke(cli, ["doctor", flag, str(tmp_path)])
+        assert result.exit_code == 2 and "is a directory" in result.output, (flag, result.output)
+
+
 def test_raised_max_allowable_numa_nodes(tmp_path: Path) -> None:
     result = doctor(*node(tmp_path, numa=16, kubelet=DATA / "kubelet-16-numa.yaml"))
     assert result.exit_code == 0, result.output
