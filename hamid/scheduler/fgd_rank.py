@@ -179,7 +179,7 @@ class FgdRanker:
         #: Whether the policy is in use: it ranked a pod, or the operator pinned its workload (the
         #: fragmentation gauges appear only then).
         self.ranked = pinned is not None
-        numa.on_change = cpu_mem.on_change = self._changed
+        numa.on_change = cpu_mem.on_change = self.forget_node
 
     # -- the workload ----------------------------------------------------------------------------
 
@@ -209,15 +209,14 @@ class FgdRanker:
         """Count one pod's shape, and refresh the learned workload when its turn has come (once
         the policy is in use: a cluster that never ranks with ``fgd`` only counts)."""
         self.histogram.observe(shape)
-        if self.pinned is None and self.ranked:
+        if self.ranked:
             self._refresh()
 
     def _use(self) -> None:
         """The policy ranks: from now on the workload is refreshed as pods come, the first time now."""
         if not self.ranked:
             self.ranked = True
-            if self.pinned is None:
-                self._refresh()
+            self._refresh()
 
     def forget(self, pod: Mapping[str, Any]) -> None:
         """A pod is gone (its weight stays in the histogram, decaying)."""
@@ -231,9 +230,11 @@ class FgdRanker:
     def _refresh(self) -> None:
         """Refresh the learned workload after every :data:`_REFRESH_SHARE` of the pods it was learned
         from (a point in the stream of pods, whenever filters come); a refreshed workload far
-        enough from the one in use replaces it, and every memo and gain index starts afresh."""
+        enough from the one in use replaces it, and every memo and gain index starts afresh (a
+        pinned workload is never replaced)."""
         observed = self.histogram.observed
-        if observed - self._learned_at < max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life)):
+        due = max(_REFRESH_MIN, _REFRESH_SHARE * min(observed, self._half_life))
+        if self.pinned is not None or observed - self._learned_at < due:
             return
         self._learned_at = observed
         fresh = self.histogram.typical()
@@ -393,11 +394,7 @@ class FgdRanker:
         return state
 
     def forget_node(self, name: str) -> None:
-        """Drop a deleted node's kept state."""
-        self._changed(name)
-
-    def _changed(self, name: str) -> None:
-        """A node's CPU/memory room or NUMA ledger changed, or it went: forget what is kept of it
+        """A node went, or its CPU/memory room or NUMA ledger changed: forget what is kept of it
         (nothing is kept before the policy first ranks: then no name piles up)."""
         if self.ranked:
             self._dirty.add(name)
