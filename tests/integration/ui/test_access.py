@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from hamid.kube.client import KubeClient
-from hamid.scheduler.ui.access import KubeAccess
+from hamid.scheduler.ui.access import CHECK_BURST, KubeAccess
 from hamid.scheduler.ui.routes import CSP
 from hamidsim.apiserver import ApiServer
 from tests.integration.ui.test_http import running_ui
@@ -34,43 +34,88 @@ async def test_names_given_with_ui_hosts_are_answered() -> None:
         assert (await ui.get("/ui", headers={"Host": "example.com"}))[0] == 421
 
 
-async def test_forged_tokens_do_not_flush_a_readers_cached_decision() -> None:
-    """Refusals are cached apart from grants: more forged tokens than the cache holds leave a
-    reader's grant in place (her page's polling costs the API server nothing)."""
+async def test_forged_tokens_do_not_flush_a_readers_cached_decision(
+    apiserver: ApiServer, kube: KubeClient
+) -> None:
+    """Refusals are cached apart from grants: more forged tokens than the caches hold (from
+    clients within their budgets) leave a reader's grant in place (her page's polling costs the
+    API server nothing)."""
+    apiserver.register_token("alice-token", "alice", groups=("ops",))
+    apiserver.access.grant(groups=["ops"], paths=["/ui"])
+    access = KubeAccess(kube, cache_max=64)
+    assert (await access.decide("alice-token", "/ui", "10.0.0.1")).status == 200
+    for i in range(100):  # past the 64 each cache holds, from 100 addresses
+        assert (await access.decide(f"forged-{i}", "/ui", f"10.1.0.{i}")).status == 401
+    before = dict(apiserver.requests)
+    assert (await access.decide("alice-token", "/ui", "10.0.0.1")).status == 200
+    assert apiserver.requests == before
+
+
+async def test_a_flood_of_forged_tokens_costs_the_api_server_a_bounded_rate() -> None:
+    """One TokenReview per never-seen token made the metrics port an amplifier onto the API
+    server the scheduler shares: past the client's budget the answer is 429 with Retry-After,
+    and a reader's cached grant is still served meanwhile."""
     async with running_ui(metrics_auth=True) as ui:
         ui.server.register_token("alice-token", "alice", groups=("ops",))
         ui.server.access.grant(groups=["ops"], paths=["/metrics", "/ui", "/ui/*"])
         alice = {"headers": {"Authorization": "Bearer alice-token"}}
-        assert (await ui.get("/ui/api/stamp/cluster", **alice))[0] == 200
-        gate = asyncio.Semaphore(32)
-
-        async def forged(i: int) -> None:
-            async with gate:
-                status, _, _ = await ui.get("/ui", headers={"Authorization": f"Bearer forged-{i}"})
-                assert status == 401
-
-        await asyncio.gather(*(forged(i) for i in range(4200)))  # past the 4,096 a cache holds
+        assert (await ui.get("/ui", **alice))[0] == 200
         before = ui.server.requests["create tokenreviews"]
-        assert (await ui.get("/ui/api/stamp/cluster", **alice))[0] == 200
-        assert ui.server.requests["create tokenreviews"] == before
+        statuses: list[int] = []
+        for i in range(300):
+            status, page, headers = await ui.get("/ui", headers={"Authorization": f"Bearer forged-{i}"})
+            statuses.append(status)
+            if status == 429:
+                assert int(headers["Retry-After"]) >= 1
+                assert "too many token checks" in page
+                assert headers["Content-Security-Policy"] == CSP
+        reviews = ui.server.requests["create tokenreviews"] - before
+        assert statuses[: CHECK_BURST - 1] == [401] * (CHECK_BURST - 1)  # alice's check was one
+        assert statuses.count(429) >= 250, statuses.count(429)
+        assert reviews == statuses.count(401) <= CHECK_BURST + 10, reviews
+        assert (await ui.get("/ui", **alice))[0] == 200
 
 
-async def test_a_full_cache_lets_its_least_recently_used_decision_go(
+async def test_one_review_per_token_and_one_check_for_requests_waiting_together(
     apiserver: ApiServer, kube: KubeClient
 ) -> None:
-    for user in ("alice", "bob", "carol"):
-        apiserver.register_token(f"{user}-token", user, groups=("ops",))
+    """A reader's new pages cost one SubjectAccessReview each, not a TokenReview each; requests
+    arriving together for one token and path share one check."""
+    apiserver.register_token("alice-token", "alice", groups=("ops",))
+    apiserver.access.grant(groups=["ops"], paths=["/ui", "/ui/*"])
+    access = KubeAccess(kube)
+    paths = [f"/ui/node/node-{i}" for i in range(12)]
+    assert all(
+        d.status == 200 for d in await asyncio.gather(*(access.decide("alice-token", p, "a") for p in paths))
+    )
+    assert apiserver.requests["create tokenreviews"] == 1
+    assert apiserver.requests["create subjectaccessreviews"] == len(paths)
+    together = await asyncio.gather(*(access.decide("alice-token", "/ui", "b") for _ in range(50)))
+    assert {d.status for d in together} == {200}
+    assert apiserver.requests["create tokenreviews"] == 1
+    assert apiserver.requests["create subjectaccessreviews"] == len(paths) + 1
+
+
+async def test_checks_in_flight_are_bounded_for_every_client_together(
+    apiserver: ApiServer, kube: KubeClient
+) -> None:
+    """Many addresses, each within its budget, still cannot hold more checks open on a slow API
+    server than the bound; a first caller that gives up does not cancel the check for the others."""
+    apiserver.register_token("alice-token", "alice", groups=("ops",))
     apiserver.access.grant(groups=["ops"], paths=["/ui"])
-    access = KubeAccess(kube, cache_max=2)
-
-    async def reviews(user: str) -> int:
-        before = apiserver.requests["create tokenreviews"]
-        assert (await access.decide(f"{user}-token", "/ui")).status == 200
-        return apiserver.requests["create tokenreviews"] - before
-
-    assert [await reviews(u) for u in ("alice", "bob", "alice", "carol")] == [1, 1, 0, 1]
-    assert await reviews("alice") == 0  # used last but one: kept
-    assert await reviews("bob") == 1  # the least recently used: gone, not the whole cache
+    slow = apiserver.faults.add_latency(0.3, verb="create", path_pattern="tokenreviews")
+    access = KubeAccess(kube, checks_in_flight=4)
+    first = asyncio.create_task(access.decide("alice-token", "/ui", "10.0.0.1"))
+    await asyncio.sleep(0.05)
+    waiting = asyncio.create_task(access.decide("alice-token", "/ui", "10.0.0.2"))
+    others = [asyncio.create_task(access.decide(f"forged-{i}", "/ui", f"10.1.0.{i}")) for i in range(8)]
+    await asyncio.sleep(0.05)
+    first.cancel()
+    decided = await asyncio.gather(*others)
+    assert sorted(d.status for d in decided) == [401] * 3 + [429] * 5
+    assert (await waiting).status == 200
+    apiserver.faults.remove(slow.id)
+    assert apiserver.requests["create tokenreviews"] == 4
 
 
 async def test_metrics_auth_refusals_carry_the_views_headers() -> None:
