@@ -220,7 +220,8 @@ class SchedulerApp:
         """Stop promptly, in an order that hands over cleanly.
 
         The listeners stop accepting first; the scheduler stops deciding and answers the binds
-        waiting for a node lock; requests still in flight get :data:`hamid.listen.SHUTDOWN_GRACE_S`; only then
+        waiting for a node lock; requests still in flight get :data:`hamid.listen.SHUTDOWN_GRACE_S`;
+        binds still running then are cancelled and undo their writes; only then
         are the tasks cancelled — leadership steps down and releases its Lease, so another
         replica takes over within its retry period while nothing of this one still writes.
         """
@@ -232,6 +233,8 @@ class SchedulerApp:
             self._scheduler.shutdown()
         for runner in reversed(runners):
             await runner.cleanup()
+        if self._scheduler is not None:
+            await self._scheduler.drain()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()

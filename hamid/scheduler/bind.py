@@ -68,6 +68,8 @@ class Binder:
         self.locker = locker
         #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
         self.in_flight: set[str] = set()
+        #: Binds running, each its own task (see :meth:`bind`).
+        self._running: set[asyncio.Task[str]] = set()
         #: Set on shutdown: binds waiting for a node lock are answered at once.
         self._closing = asyncio.Event()
 
@@ -97,7 +99,25 @@ class Binder:
         return acquire.result()
 
     async def bind(self, args: BindArgs) -> str:
-        """The extender bind verb; returns the error message ("" on success), never raises."""
+        """The extender bind verb; returns the error message ("" on success), never raises.
+
+        The bind runs as its own task: a request cancelled midway (the listener's grace spent at
+        shutdown) leaves it running until :meth:`drain` ends it, undoing what it wrote.
+        """
+        task = asyncio.create_task(self._answer(args), name=f"bind {args.pod_namespace}/{args.pod_name}")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """At shutdown, while this replica still leads: binds still running are cancelled, and each
+        undoes what it wrote (lock, ``bind-phase``) unless its Binding may have landed."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _answer(self, args: BindArgs) -> str:
         started = time.perf_counter()
         self.in_flight.add(args.pod_uid)
         try:
@@ -199,6 +219,7 @@ class Binder:
             refused = self._fenced(epoch) or await self._lock(args, pod, deadline, epoch)
             if refused:
                 return refused
+        binding = False
         try:
             fenced = self._fenced(epoch)
             if fenced:
@@ -214,6 +235,7 @@ class Binder:
             fenced = self._fenced(epoch)
             if fenced:
                 raise Fenced(fenced)
+            binding = True
             await self.kube.bind_pod(
                 args.pod_namespace,
                 args.pod_name,
@@ -221,6 +243,9 @@ class Binder:
                 args.node,
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
+        except asyncio.CancelledError:
+            await self._undo_cancelled(args, needs_lock, epoch, binding)
+            raise
         except Fenced as exc:
             log.warning("bind_fenced", pod=key, node=args.node, reason=str(exc))
             return str(exc)
@@ -244,7 +269,7 @@ class Binder:
                 log.warning("bind_failed_fenced_nothing_undone", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node} failed: {exc}; nothing undone (not the leader)"
             else:
-                await self._undo_bind(args, needs_lock, exc, deadline)
+                await self._undo_bind(args, needs_lock, isinstance(exc, NotFound), deadline)
                 self.backoff.note(args.node, ok=False)
                 self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
                 log.warning("bind_failed", pod=key, node=args.node, error=str(exc))
@@ -288,11 +313,11 @@ class Binder:
             node = objects.section(pod, "spec").get("nodeName")
             return objects.uid(pod) == args.pod_uid and node == args.node
 
-    async def _undo_bind(self, args: BindArgs, needs_lock: bool, exc: KubeError, deadline: float) -> None:
+    async def _undo_bind(self, args: BindArgs, needs_lock: bool, pod_gone: bool, deadline: float) -> None:
         """A failed bind leaves nothing behind: lock released, ``bind-phase``/``bind-time`` removed."""
         if needs_lock:
             await self.locker.release(args.node, args.pod_namespace, args.pod_name, deadline=deadline)
-        if isinstance(exc, NotFound):
+        if pod_gone:
             self.ledger.release(args.pod_uid)
             return
         try:
@@ -309,6 +334,30 @@ class Binder:
                 pod=f"{args.pod_namespace}/{args.pod_name}",
                 error=str(undo_exc),
             )
+
+    async def _undo_cancelled(self, args: BindArgs, needs_lock: bool, epoch: str, binding: bool) -> None:
+        """A bind cancelled after its lock or ``bind-phase`` write (:meth:`drain`) undoes them as a
+        failed one does, within :data:`_BIND_UNDO_S`, while this replica still leads. One cut off
+        with its Binding on the wire keeps them: the Binding may land, and its Allocate needs
+        them (a lock whose pod never binds goes after the stall rule's 20 s)."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        fenced = self._fenced(epoch)
+        if binding or fenced:
+            log.warning(
+                "bind_cancelled_nothing_undone", pod=key, node=args.node, binding=binding, fenced=fenced
+            )
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the undo's own calls must run; a second cancel still ends them
+        deadline = asyncio.get_running_loop().time() + _BIND_UNDO_S
+        try:
+            async with asyncio.timeout(_BIND_UNDO_S):
+                await self._undo_bind(args, needs_lock, False, deadline)
+        except (TimeoutError, KubeError) as exc:
+            log.warning("bind_cancelled_undo_failed", pod=key, node=args.node, error=str(exc) or repr(exc))
+            return
+        log.warning("bind_cancelled_undone", pod=key, node=args.node)
 
     def _needs_lock(self, pod: PodBody) -> bool:
         """HAMi takes the node lock only when a regular container requests the GPU count."""

@@ -257,6 +257,11 @@ class Scheduler:
         self.readiness.stop()
         self.binder.close()
 
+    async def drain(self) -> None:
+        """End the binds still running (after the listeners' grace), undoing their writes, while
+        this replica still leads."""
+        await self.binder.drain()
+
     async def close(self) -> None:
         """Cancel background tasks (Event writes, refit follow-ups)."""
         await self.tasks.close()

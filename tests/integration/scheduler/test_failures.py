@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
 
+from hamid import listen
 from hamid.kube.errors import Timeout
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.scheduler.core import SchedulerSettings
-from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
+from hamidsim.apiserver import ApiServer
+from tests.integration.scheduler.harness import (
+    Env,
+    loopback_options,
+    running_app,
+    running_scheduler,
+    wait_for,
+)
 from tests.unit.scheduler.helpers import container, pod
 
 AL = ann.DEVICES_ALLOCATED
@@ -242,3 +252,44 @@ async def test_expired_lock_stays_with_a_pending_holder_until_the_max_hold(age_m
         else:
             assert "node lock contention" in error and "--node-lock-max-hold" in error
             assert lock.name == "holder"
+
+
+async def test_a_bind_cut_off_at_shutdown_undoes_its_lock_and_bind_phase(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listener's grace ends while a bind's write hangs on the API server: the request is
+    cancelled, and the bind, its own task, undoes its node lock and ``bind-phase`` while the
+    replica still leads, instead of leaving them for the stall rule."""
+    monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
+    async with ApiServer() as server:
+        options = loopback_options(server, settings=SchedulerSettings(bind_wait_s=5.0))
+        async with (
+            running_app(options) as app,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            env = Env(
+                server,
+                app.scheduler.kube,
+                app.scheduler,
+                session,
+                f"http://127.0.0.1:{app.ports['extender']}",
+                f"http://127.0.0.1:{app.ports['cluster']}",
+            )
+            p = await _filtered(env)
+            hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
+            bind = asyncio.create_task(env.bind(p, "n1"))
+
+            def phase() -> str | None:
+                return server.get("Pod", "default", "a")["metadata"]["annotations"].get(ann.BIND_PHASE)
+
+            await wait_for(lambda: phase() == ann.BIND_PHASE_ALLOCATING)
+            await asyncio.sleep(0.2)  # its booking's record in the status now hangs
+            assert _node_annotations(env).get(ann.NODE_LOCK)  # held by the hanging bind
+            await app.stop()
+            with contextlib.suppress(aiohttp.ClientError, AssertionError):
+                await bind
+            server.faults.remove(hang.id)
+        assert ann.NODE_LOCK not in _node_annotations(env)
+        annotations = server.get("Pod", "default", "a")["metadata"]["annotations"]
+        assert ann.BIND_PHASE not in annotations and ann.BIND_TIME not in annotations
+        assert not server.get("Pod", "default", "a")["spec"].get("nodeName")
