@@ -71,6 +71,15 @@ class Opt:
     show: Callable[[Any], str | None] | None = None
     #: The click type checking the text at parse time (listen addresses, choices, paths).
     type: Any = None
+    #: The flag may be given more than once, its values joined with commas before ``parse``, as
+    #: HAMi's map flags merge their repeats; the env var holds them comma-separated.
+    repeatable: bool = False
+
+
+class _CommaList(click.types.StringParamType):
+    """Text whose env var splits on commas (a repeatable option's values)."""
+
+    envvar_list_splitter = ","
 
 
 def option_field(
@@ -126,6 +135,8 @@ class _Param:
             attrs["default"] = None
         if self.spec.type is not None:
             attrs["type"] = self.spec.type
+        if self.spec.repeatable:
+            attrs.update(multiple=True, type=_CommaList())
         return option(self.flag, self.dest, aliases=self.spec.aliases, **attrs)
 
     def _shown_default(self) -> str | None:
@@ -139,6 +150,8 @@ class _Param:
 
     def value(self, raw: Any) -> Any:
         """The field value for what click parsed (None: the default)."""
+        if isinstance(raw, tuple):  # a repeatable option: its values, () when not given
+            raw = ",".join(raw) if raw else None
         if raw is None:
             return self.default
         if isinstance(raw, bool) or self.spec.parse is None:

@@ -19,6 +19,9 @@ RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
 MODE_NOT_FIT = "ModeNotFit"
 ALLOWED_DEVICE_SET_UNMATCHED = "AllowedDeviceSetUnmatched"
 NODE_UNREGISTERED = "node unregistered"
+#: hamid: the node has a register but its labels do not match ``--node-label-selector`` (HAMi
+#: reports such a node, never registered there, as ``node unregistered``).
+NODE_NOT_SELECTED = "node unregistered: labels do not match --node-label-selector"
 #: hamid: the NUMA predictor says kubelet would reject the pod on the node, or (``strict`` pods) its
 #: GPUs cannot be on the NUMA node kubelet will choose.
 NUMA_PREDICTED_NOT_FIT = "NumaPredictedNotFit"

@@ -148,6 +148,8 @@ class SchedulerApp:
             **self.ports,
             tls=self._tls is not None,
             leader_elect=options.leader_elect and options.leader_elect_mode,
+            node_label_selector=str(options.settings.node_label_selector) or None,
+            force_overwrite_default_scheduler=options.settings.force_overwrite_default_scheduler,
         )
         return dict(self.ports)
 

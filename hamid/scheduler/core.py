@@ -86,7 +86,12 @@ class Scheduler:
         self.config = (device_config or DeviceConfig()).resources
         self.settings = s = settings or SchedulerSettings()
         self.state = SchedulerState(
-            self.config, clock, scheduler_name=s.scheduler_name, keys=keys, accept_unsigned=accept_unsigned
+            self.config,
+            clock,
+            scheduler_name=s.scheduler_name,
+            keys=keys,
+            accept_unsigned=accept_unsigned,
+            node_selector=s.node_label_selector,
         )
         #: The ledger every consumer gets (the state only routes node and quota events into it).
         self.ledger = self.state.ledger
@@ -135,6 +140,7 @@ class Scheduler:
             annotation_writers,
             self.metrics.untrusted_annotations,
             s.schedule_cpu_pods,
+            s.force_overwrite_default_scheduler,
         )
         self._build_verbs()
         self.handshakes = Handshakes(

@@ -222,7 +222,7 @@ class Planner:
             known = self._no_fit_answer(shape, spec, quota, need, position, now)
             if known is not None:
                 return Plan(None, None, known)
-        walk = _Walk(dict.fromkeys(unregistered, R.NODE_UNREGISTERED))
+        walk = _Walk(self._unregistered_reasons(unregistered))
         # A re-filtered pod sees its own booking on its node as free: that node's score differs
         # from the index's, so it is ranked on its own.
         own: tuple[float, str] | None = None
@@ -464,6 +464,14 @@ class Planner:
         unregistered = tuple(position.keys() - self.ledger.nodes.keys())
         self._candidates = _Candidates(names, membership, position, unregistered)
         return position, unregistered
+
+    def _unregistered_reasons(self, unregistered: tuple[str, ...]) -> dict[str, str]:
+        """Why each unregistered candidate is not one: its labels miss ``--node-label-selector``,
+        or it has no (valid) register."""
+        unselected = self.ledger.inventory.unselected
+        if not unselected:
+            return dict.fromkeys(unregistered, R.NODE_UNREGISTERED)
+        return {n: R.NODE_NOT_SELECTED if n in unselected else R.NODE_UNREGISTERED for n in unregistered}
 
     def _fit(
         self,

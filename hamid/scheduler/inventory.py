@@ -4,6 +4,12 @@ Fed by node events (:meth:`NodeInventory.on_node`); the usage of each node's GPU
 the ledger (:mod:`hamid.scheduler.ledger`), which books its reservations again on a node whose
 GPUs were (re)registered. Nodes are kept ordered by node score (:class:`ScoreIndex`), so a
 filter walks them best-first.
+
+Only a node whose labels match ``--node-label-selector`` is registered (HAMi lists nodes with it):
+one that stops matching is dropped like a node whose register went, so every reader of the
+inventory (filter, ``fgd``, metrics, ``/ui``, reconcile, handshakes) stops seeing it at once while
+its pods' reservations stay in the ledger, booked again if it matches again. HAMi never drops such a
+node from its cache, so it keeps taking GPU pods on stale usage.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from hamid.model import objects
 from hamid.model.devices import DeviceInfo
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import NodeBody
+from hamid.model.labels import EVERY_NODE, NodeLabelSelector
 from hamid.model.quantity import quantity_as_int
 from hamid.model.resources import ResourceConfig
 
@@ -148,10 +155,19 @@ def _handshake(value: str | None) -> tuple[float | None, bool]:
 class NodeInventory:
     """Registered nodes of one scheduler process with their GPUs (event-loop owned)."""
 
-    def __init__(self, config: ResourceConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: ResourceConfig,
+        clock: Callable[[], float] = time.time,
+        selector: NodeLabelSelector = EVERY_NODE,
+    ) -> None:
         self.config = config
         self.clock = clock
+        #: The labels a node must carry to be registered (``--node-label-selector``).
+        self.selector = selector
         self.nodes: dict[str, NodeEntry] = {}
+        #: Nodes with a register whose labels do not match :attr:`selector` (the filter says so).
+        self.unselected: set[str] = set()
         #: Bumped whenever a node name joins or leaves :attr:`nodes` (caches keyed on the set).
         self.membership = 0
         #: Nodes whose handshake annotation is missing or stale-format (the leader writes one).
@@ -170,6 +186,13 @@ class NodeInventory:
         self._mark(name)
         annotations = objects.annotations(node)
         register_raw = annotations.get(ann.NODE_REGISTER)
+        if register_raw is not None and not self.selector.matches(objects.labels(node)):
+            return self._not_selected(name)
+        if name in self.unselected:
+            self.unselected.discard(name)
+            self.membership += 1
+            if register_raw is not None:
+                log.info("node_selected", node=name, selector=str(self.selector))
         entry = self.nodes.get(name)
         if register_raw is None:
             if entry is None:
@@ -208,6 +231,27 @@ class NodeInventory:
             name, usage, infos, register_raw, score_raw, cordon_raw, handshake_at, allocatable
         )
         return Registration.FRESH
+
+    def _not_selected(self, name: str) -> Registration:
+        """A node with a register whose labels do not match the selector: not (or no longer) registered."""
+        self.handshake_wanted.discard(name)
+        registered = name in self.nodes
+        if name not in self.unselected:
+            self.unselected.add(name)
+            self.membership += 1
+            log.info("node_not_selected", node=name, selector=str(self.selector), was_registered=registered)
+        if registered:
+            self.drop(name)
+            return Registration.DROPPED
+        return Registration.UNCHANGED
+
+    def on_node_deleted(self, name: str) -> None:
+        """Forget a deleted node: its registration, its handshake wish and its selector verdict."""
+        self.drop(name)
+        self.handshake_wanted.discard(name)
+        if name in self.unselected:
+            self.unselected.discard(name)
+            self.membership += 1
 
     def fresh_usage(
         self,
@@ -269,7 +313,7 @@ class NodeInventory:
 
     def blank_copy(self) -> NodeInventory:
         """The same registered nodes with zero usage (for the reconcile's shadow)."""
-        copy = NodeInventory(self.config, self.clock)
+        copy = NodeInventory(self.config, self.clock, self.selector)
         for name, entry in self.nodes.items():
             usage = copy.fresh_usage(name, entry.infos, entry.usage.pair_scores, entry.usage.cordoned)
             copy.nodes[name] = NodeEntry(

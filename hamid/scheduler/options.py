@@ -21,6 +21,7 @@ from hamid.listen import LISTEN
 from hamid.log import get_logger
 from hamid.model._wire import load_yaml
 from hamid.model.errors import InvalidInput
+from hamid.model.labels import LABEL_KEY, LABEL_NAME, parse_node_label_selector
 from hamid.model.resources import DeviceConfig, load_device_config
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
 from hamid.scheduler.refit.auth import (
@@ -58,10 +59,7 @@ def _service_account(text: str) -> ServiceAccount:
 
 #: A label selector of equality terms (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``), comma-separated
 #: (set-based ``in``/``notin`` terms are not taken: the chart writes equality terms).
-_LABEL_KEY = r"(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
-_LABEL_TERM = (
-    rf"\s*(?:!?{_LABEL_KEY}|{_LABEL_KEY}\s*(?:==?|!=)\s*[A-Za-z0-9]?(?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)\s*"
-)
+_LABEL_TERM = rf"\s*(?:!?{LABEL_KEY}|{LABEL_KEY}\s*(?:==?|!=)\s*(?:{LABEL_NAME})?)\s*"
 _LABEL_SELECTOR = re.compile(rf"{_LABEL_TERM}(?:,{_LABEL_TERM})*")
 
 #: Go's largest duration (int64 nanoseconds, about 292 years).
@@ -189,6 +187,22 @@ SETTINGS_FLAGS = {
         "The webhook also sets --scheduler-name on pods without GPUs, so that the fgd node policy "
         "places them where they strand the least GPU (kube-scheduler's profile must then send every "
         "pod to the extender: the chart's scheduler.scheduleCpuPods does). Off: HAMi's behaviour.",
+    ),
+    "force_overwrite_default_scheduler": Opt(
+        "The webhook hands pods whose schedulerName is default-scheduler (the API server's "
+        "default, so every pod that names no scheduler) to --scheduler-name, as it does pods that "
+        "name none: GPU pods, and every pod with --schedule-cpu-pods. Off "
+        "(--no-force-overwrite-default-scheduler, HAMi's =false): such pods keep default-scheduler "
+        "and are not mutated; hamid places only pods that name --scheduler-name.",
+    ),
+    "node_label_selector": Opt(
+        "Only nodes carrying all these labels are GPU candidates: key=value pairs separated by "
+        "commas, each an exact match (HAMi's format; repeated flags add pairs). A node that stops "
+        "matching takes no new GPU pod (its pods' bookings stay accounted) and is registered "
+        "again once it matches. Empty (default): every node with a register.",
+        parse=parse_node_label_selector,
+        show=_no_default,
+        repeatable=True,
     ),
     "node_lock_timeout": Opt(
         "Age after which a node lock (hami.io/mutex.lock) expires; a holder still Pending and "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from hamid.fit.fgd import DEFAULT_HALF_LIFE, Workload
+from hamid.model.labels import EVERY_NODE, NodeLabelSelector
 from hamid.scheduler.nodelock import DEFAULT_MAX_HOLD, DEFAULT_STALL
 
 __all__ = [
@@ -59,3 +60,7 @@ class SchedulerSettings:
     fgd_half_life: float = DEFAULT_HALF_LIFE
     #: The webhook also sets ``scheduler_name`` on pods without GPUs (``--schedule-cpu-pods``).
     schedule_cpu_pods: bool = False
+    #: The webhook hands pods of ``default-scheduler`` to ``scheduler_name`` too (HAMi's default).
+    force_overwrite_default_scheduler: bool = True
+    #: Only nodes carrying these labels are registered: GPU candidates (``--node-label-selector``).
+    node_label_selector: NodeLabelSelector = EVERY_NODE

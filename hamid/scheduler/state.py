@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from hamid.model import objects
 from hamid.model.kube import NodeBody, QuotaBody
+from hamid.model.labels import EVERY_NODE, NodeLabelSelector
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.coordination import Coordination
 from hamid.scheduler.inventory import NodeInventory, Registration
@@ -33,9 +34,10 @@ class SchedulerState:
         scheduler_name: str = "",
         keys: AllocationKeys | None = None,
         accept_unsigned: bool = False,
+        node_selector: NodeLabelSelector = EVERY_NODE,
     ) -> None:
         config = config or ResourceConfig()
-        self.inventory = NodeInventory(config, clock)
+        self.inventory = NodeInventory(config, clock, node_selector)
         self.coordination = Coordination()
         self.ledger = Ledger(
             config,
@@ -72,9 +74,8 @@ class SchedulerState:
         Its in-process lock is dropped too unless held (a later use creates a fresh one).
         """
         name = objects.name(node)
-        self.inventory.drop(name)
+        self.inventory.on_node_deleted(name)
         self.ledger.unbook_node(name)
-        self.inventory.handshake_wanted.discard(name)
         self.coordination.forget(name)
         self.coordination.notify(name)
 

@@ -246,11 +246,14 @@ def review_pod(
     quota_of: Callable[[str], Quota | None],
     namespace: str = "",
     cpu_pods: bool = False,
+    take_default: bool = True,
 ) -> Verdict:
     """Apply the webhook rules to a pod dict; the original is not modified.
 
     ``cpu_pods`` (``--schedule-cpu-pods``, off by default as in HAMi) also hands pods without GPUs
     to ``scheduler_name``, so that the ``fgd`` policy places them where they strand the least GPU.
+    ``take_default`` (``--force-overwrite-default-scheduler``, on as in HAMi): pods of
+    ``default-scheduler`` are handed over too; off, they are left alone like another scheduler's.
     """
     try:
         check_pod_shape(pod, config)
@@ -259,7 +262,7 @@ def review_pod(
     spec = objects.section(pod, "spec")
     current = spec.get("schedulerName") or ""
     ignored = objects.labels(pod).get(ann.WEBHOOK) == ann.WEBHOOK_IGNORE
-    if ignored or (current and current != DEFAULT_SCHEDULER and current != scheduler_name):
+    if ignored or not _hands_over(current, scheduler_name, take_default):
         if spec.get("nodeName") and uses_hamid_resources(pod, config):
             return Verdict(False, message=_PRESET_NODE_MESSAGE, code=403)
         return Verdict(True)
@@ -292,6 +295,13 @@ def review_pod(
         if not quota.fits(mem, cores):
             return Verdict(False, message="exceeding resource quota", code=403)
     return Verdict(True, tuple(ops))
+
+
+def _hands_over(current: str, scheduler_name: str, take_default: bool) -> bool:
+    """Whether the webhook may give a pod whose ``spec.schedulerName`` is ``current`` to
+    ``scheduler_name``: none named, already it, or ``default-scheduler`` when ``take_default``
+    (HAMi's rule; any other scheduler's pod is that scheduler's business)."""
+    return not current or current == scheduler_name or (take_default and current == DEFAULT_SCHEDULER)
 
 
 def _cpu_pod_route(spec: Mapping[str, Any], current: str, scheduler_name: str) -> list[JSON]:
@@ -395,11 +405,14 @@ class Admission:
         writers: Container[str],
         untrusted: Counter,
         cpu_pods: bool = False,
+        take_default: bool = True,
     ) -> None:
         self.config = config
         self.scheduler_name = scheduler_name
         #: Hand pods without GPUs to ``scheduler_name`` too (``--schedule-cpu-pods``).
         self.cpu_pods = cpu_pods
+        #: Hand pods of ``default-scheduler`` over too (``--force-overwrite-default-scheduler``).
+        self.take_default = take_default
         self.quota_of = quota_of
         #: Usernames allowed to change scheduler-owned pod annotations (scheduler, plugin).
         self.writers = writers
@@ -412,7 +425,9 @@ class Admission:
 
     def judge(self, pod: JSON, namespace: str) -> Verdict:
         """The CREATE verdict for a pod (quota precheck against the live state)."""
-        return review_pod(pod, self.config, self.scheduler_name, self.quota_of, namespace, self.cpu_pods)
+        return review_pod(
+            pod, self.config, self.scheduler_name, self.quota_of, namespace, self.cpu_pods, self.take_default
+        )
 
     def owned_removed(self, pod: JSON, keys: tuple[str, ...]) -> None:
         """Count and log the scheduler-owned keys removed from a pod being created."""

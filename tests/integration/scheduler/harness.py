@@ -101,10 +101,12 @@ async def running_app(
 
 @contextlib.asynccontextmanager
 async def running_scheduler(
-    settings: SchedulerSettings | None = None, start: bool = True
+    settings: SchedulerSettings | None = None, start: bool = True, seed: Sequence[dict[str, Any]] = ()
 ) -> AsyncIterator[Env]:
-    """Start API server, scheduler (caches synced unless ``start`` is False) and its listeners."""
+    """Start API server, scheduler (caches synced unless ``start`` is False) and its listeners;
+    ``seed`` objects are in the API server before the scheduler starts."""
     async with ApiServer() as server:
+        server.put_many(seed)
         options = loopback_options(server, settings=settings or SchedulerSettings(bind_wait_s=19.0))
         async with (
             running_app(options, start=start) as app,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "mtls": {
         "scheduler": {"refitAuth": ["token", "mtls"], "tls": {"clientCASecret": "cluster-ca"}},
         "devicePlugin": {"numaRefit": {"enabled": True, "kubeletClientCert": {"enabled": True}}},
+    },
+    # HAMi's scheduler keys: only labelled nodes, default-scheduler pods left alone
+    "node-selection": {
+        "scheduler": {
+            "nodeLabelSelector": {"gpu": "on", "example.com/pool": "a", "empty": ""},
+            "forceOverwriteDefaultScheduler": False,
+        }
     },
 }
 
@@ -702,3 +710,50 @@ def test_device_plugin_runtime_class_reaches_gpu_pods_as_in_hamis_chart() -> Non
     assert runtime_class(own) == "nvidia-cdi"
     # "" keeps GPU pods on the default runtime while the plugin runs under its own class
     assert runtime_class({**hami_values, "devices": {"nvidia": {"runtimeClassName": ""}}}) == ""
+
+
+def test_hamis_node_label_selector_and_force_overwrite_reach_the_scheduler() -> None:
+    """HAMi's ``scheduler.nodeLabelSelector`` (a map) and ``forceOverwriteDefaultScheduler``
+    become flags the real ``hamid scheduler`` parses into the same settings."""
+    command = cli.get_command(click.Context(cli), "scheduler")
+    assert command is not None
+
+    def settings(r: Rendered) -> Any:
+        args = container(r.get("Deployment", SCHED), "hamid-scheduler")["args"]
+        wanted = [
+            a for a in args if a.startswith(("--node-label-selector", "--force-overwrite", "--no-force"))
+        ]
+        with command.make_context("scheduler", list(wanted)) as ctx:
+            return from_cli(SchedulerOptions, ctx.params).settings, wanted
+
+    chosen, args = settings(rendered("node-selection"))
+    assert args == [
+        "--no-force-overwrite-default-scheduler",
+        "--node-label-selector=empty=,example.com/pool=a,gpu=on",
+    ]
+    assert chosen.force_overwrite_default_scheduler is False
+    assert chosen.node_label_selector.pairs == (("empty", ""), ("example.com/pool", "a"), ("gpu", "on"))
+    defaults, args = settings(rendered("defaults"))
+    assert args == ["--force-overwrite-default-scheduler"]  # HAMi's default, and every node
+    assert defaults.force_overwrite_default_scheduler is True and defaults.node_label_selector.pairs == ()
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ({"gpu": True}, "'/scheduler/nodeLabelSelector/gpu': got boolean, want string"),  # gpu: on, unquoted
+        ({"gpu": "o n"}, "'/scheduler/nodeLabelSelector/gpu': 'o n' does not match pattern"),
+        ({"gpu": "x" * 64}, "'/scheduler/nodeLabelSelector/gpu': maxLength: got 64, want 63"),
+        ({"Example.com/gpu": "on"}, "invalid propertyName 'Example.com/gpu'"),
+        ({"gpu=on": "x"}, "invalid propertyName 'gpu=on'"),
+    ],
+)
+def test_schema_refuses_a_node_label_selector_that_is_no_label(
+    selector: dict[str, Any], message: str
+) -> None:
+    values = {"scheduler": {"nodeLabelSelector": selector}}
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+    assert any(
+        message in e for e in helm_python.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)["errors"]
+    )

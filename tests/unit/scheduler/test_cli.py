@@ -165,3 +165,72 @@ def test_names_a_running_scheduler_needs_are_not_empty() -> None:
         scheduler_pod_selector="app=hamid, tier!=web,!legacy,app.kubernetes.io/name==x"
     )
     assert options.scheduler_pod_selector.startswith("app=hamid")
+
+
+def test_node_label_selector_and_force_overwrite_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[SchedulerSettings] = []
+
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
+        seen.append(options.settings)
+
+    monkeypatch.setattr(cli, "run_scheduler", fake_run)
+    runner = CliRunner()
+    assert runner.invoke(cli.scheduler_command, [UNSIGNED]).exit_code == 0
+    selector = "--node-label-selector=gpu=on, example.com/pool=a,empty="
+    assert runner.invoke(cli.scheduler_command, [UNSIGNED, selector]).exit_code == 0
+    assert (
+        runner.invoke(cli.scheduler_command, [UNSIGNED, "--no-force-overwrite-default-scheduler"]).exit_code
+        == 0
+    )
+    repeated = ["--node-label-selector", "gpu=on", "--node-label-selector", "pool=a"]  # pflag merges
+    assert runner.invoke(cli.scheduler_command, [UNSIGNED, *repeated]).exit_code == 0
+    monkeypatch.setenv("HAMID_FORCE_OVERWRITE_DEFAULT_SCHEDULER", "false")
+    monkeypatch.setenv("HAMID_NODE_LABEL_SELECTOR", "gpu=on, pool=b")
+    assert runner.invoke(cli.scheduler_command, [UNSIGNED]).exit_code == 0
+    assert [(str(s.node_label_selector), s.force_overwrite_default_scheduler) for s in seen] == [
+        ("", True),  # HAMi's defaults: every node, default-scheduler pods handed over
+        ("empty=,example.com/pool=a,gpu=on", True),
+        ("", False),
+        ("gpu=on,pool=a", True),
+        ("gpu=on,pool=b", False),
+    ]
+    assert seen[1].node_label_selector.matches({"gpu": "on", "example.com/pool": "a", "empty": ""})
+    assert not seen[1].node_label_selector.matches({"gpu": "on", "example.com/pool": "a"})
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("gpu", "pair 'gpu' is not key=value"),
+        ("gpu=on,=x", "pair '=x' has an empty key"),
+        ("gpu=on,,pool=a", "has an empty pair"),
+        ("gpu=on,", "has an empty pair"),
+        ("gpu=o n", "pair 'gpu=o n': value 'o n' is not a label value"),
+        ("gpu=on=off", "pair 'gpu=on=off': value 'on=off' is not a label value"),
+        ("gpu=" + "x" * 64, "is not a label value"),
+        ("Example.com/gpu=on", "prefix 'Example.com' is not a DNS subdomain"),
+        ("example.com/=on", "the name is empty"),
+        ("-gpu=on", "name '-gpu' is not a label name"),
+        ("gpu=on,gpu=off", "pair 'gpu=off': key 'gpu' is given twice"),
+    ],
+)
+def test_a_bad_node_label_selector_stops_the_start_naming_the_pair(
+    monkeypatch: pytest.MonkeyPatch, value: str, error: str
+) -> None:
+    started: list[SchedulerOptions] = []
+
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
+        started.append(options)
+
+    monkeypatch.setattr(cli, "run_scheduler", fake_run)
+    bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--node-label-selector", value])
+    assert bad.exit_code == 2 and not started
+    assert "Invalid value for --node-label-selector: " in bad.output and error in bad.output, bad.output
+    assert "Traceback" not in bad.output
+
+
+def test_hamis_bool_spelling_is_refused_loudly() -> None:
+    """click flags take no value: HAMi's ``--force-overwrite-default-scheduler=false`` is a usage
+    error (never read as true); ``--no-force-overwrite-default-scheduler`` is the spelling."""
+    bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--force-overwrite-default-scheduler=false"])
+    assert bad.exit_code == 2 and "does not take a value" in bad.output

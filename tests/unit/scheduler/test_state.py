@@ -7,6 +7,7 @@ import random
 
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevice
+from hamid.model.labels import parse_node_label_selector
 from hamid.scheduler.inventory import HANDSHAKE_GRACE_S
 from hamid.scheduler.state import SchedulerState
 from tests.unit.scheduler.helpers import container, node, placed, pod
@@ -314,3 +315,38 @@ async def test_deleted_node_drops_its_lock_unless_held() -> None:
         state.on_node_deleted(node("n2"))
         assert "n1" not in state.coordination._locks
         assert state.ledger.node_guard("n2") is held  # a holder keeps using the same lock
+
+
+def test_node_label_selector_registers_matching_nodes_and_keeps_bookings() -> None:
+    """A node's labels decide its registration on every event; bookings and quota outlive it."""
+    state = SchedulerState(node_selector=parse_node_label_selector("gpu=on"))
+    inventory = state.inventory
+    matching, other = node("n1"), node("n1")
+    matching["metadata"]["labels"] = {"gpu": "on"}
+    other["metadata"]["labels"] = {"gpu": "off"}
+    state.on_node(other)
+    assert "n1" not in state.ledger.nodes and inventory.unselected == {"n1"}
+    assert state.ledger.handshake_wanted == set()
+    state.ledger.on_pod(placed(pod("a"), "n1", "n1-gpu0,NVIDIA,1000,10:;"))  # bound before a restart
+    assert state.ledger.quotas.used("default") == (1000, 10)
+    state.on_node(matching)
+    assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10) and inventory.unselected == set()
+    assert state.ledger.handshake_wanted == {"n1"}
+    for _ in range(2):  # out and back twice: the booking is applied once, never doubled
+        membership = inventory.membership
+        state.on_node(other)
+        assert "n1" not in state.ledger.nodes and inventory.membership > membership
+        assert state.ledger.reservation("uid-a") is not None
+        assert state.ledger.quotas.used("default") == (1000, 10)
+        state.on_node(copy.deepcopy(other))  # an unchanged update: nothing new
+        state.on_node(matching)
+        assert usage(state, "n1", "n1-gpu0") == (1, 1000, 10)
+    # without a register the selector says nothing: a plain unregistered node
+    bare = copy.deepcopy(other)
+    del bare["metadata"]["annotations"][ann.NODE_REGISTER]
+    state.on_node(other)
+    state.on_node(bare)
+    assert inventory.unselected == set() and "n1" not in state.ledger.nodes
+    state.on_node(other)
+    state.on_node_deleted(other)  # a deleted node leaves no verdict behind
+    assert inventory.unselected == set()

@@ -122,3 +122,64 @@ def test_admission_review_versions(version: str) -> None:
         admission_response({"apiVersion": "v2", "request": {"uid": "x"}}, lambda p, ns: review(p))
     with pytest.raises(InvalidInput):
         admission_response({"apiVersion": version, "request": {}}, lambda p, ns: review(p))
+
+
+#: (--force-overwrite-default-scheduler, pod's schedulerName, pod kind) -> its schedulerName after
+#: the webhook. Kinds: "gpu" asks for nvidia.com/gpu; "cpu" none; "cpu+" none, with
+#: --schedule-cpu-pods. HAMi's table (webhook.go Handle, webhook_test.go), plus the CPU-pod rule.
+SCHEDULER_NAME_TABLE = [
+    (True, "", "gpu", "hami-scheduler"),
+    (True, "", "cpu", ""),
+    (True, "", "cpu+", "hami-scheduler"),
+    (True, "default-scheduler", "gpu", "hami-scheduler"),
+    (True, "default-scheduler", "cpu", "default-scheduler"),
+    (True, "default-scheduler", "cpu+", "hami-scheduler"),
+    (True, "hami-scheduler", "gpu", "hami-scheduler"),
+    (True, "hami-scheduler", "cpu", "hami-scheduler"),
+    (True, "hami-scheduler", "cpu+", "hami-scheduler"),
+    (True, "volcano", "gpu", "volcano"),
+    (True, "volcano", "cpu", "volcano"),
+    (True, "volcano", "cpu+", "volcano"),
+    (False, "", "gpu", "hami-scheduler"),
+    (False, "", "cpu", ""),
+    (False, "", "cpu+", "hami-scheduler"),
+    (False, "default-scheduler", "gpu", "default-scheduler"),
+    (False, "default-scheduler", "cpu", "default-scheduler"),
+    (False, "default-scheduler", "cpu+", "default-scheduler"),
+    (False, "hami-scheduler", "gpu", "hami-scheduler"),
+    (False, "hami-scheduler", "cpu", "hami-scheduler"),
+    (False, "hami-scheduler", "cpu+", "hami-scheduler"),
+    (False, "volcano", "gpu", "volcano"),
+    (False, "volcano", "cpu", "volcano"),
+    (False, "volcano", "cpu+", "volcano"),
+]
+
+
+@pytest.mark.parametrize(("force", "current", "kind", "after"), SCHEDULER_NAME_TABLE)
+def test_scheduler_name_table(force: bool, current: str, kind: str, after: str) -> None:
+    # a GPU pod asking memory only: a pod the rules handle gets the GPU count injected
+    limits = {"nvidia.com/gpumem": "1000"} if kind == "gpu" else {"cpu": "1"}
+    p = pod("a", containers=[{"name": "c", "resources": {"limits": limits}}])
+    if current:
+        p["spec"]["schedulerName"] = current
+    verdict = review_pod(
+        p, CFG, "hami-scheduler", lambda _ns: None, cpu_pods=kind == "cpu+", take_default=force
+    )
+    assert verdict.allowed
+    ops = ops_by_path(verdict)
+    assert ops.get("/spec/schedulerName", {"value": current})["value"] == after
+    handled = not current or current == "hami-scheduler" or (force and current == "default-scheduler")
+    if not handled:  # left alone: no rule applied at all (HAMi: "different scheduler assigned")
+        assert verdict.patch == ()
+    elif kind == "gpu":
+        assert ops["/spec/containers/0"]["value"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_a_gpu_pod_on_a_preset_node_is_denied_whoever_schedules_it(force: bool) -> None:
+    p = pod("a")
+    p["spec"]["schedulerName"] = "default-scheduler"
+    p["spec"]["nodeName"] = "n1"
+    verdict = review_pod(p, CFG, "hami-scheduler", lambda _ns: None, take_default=force)
+    # handed over: HAMi's "pod has node assigned"; left alone: hamid's own rule (docs/trust.md)
+    assert not verdict.allowed and verdict.code == 403
