@@ -33,6 +33,7 @@ failure path); the commit patch with its lock release and the failure path alway
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid as uuidlib
 from collections import Counter, OrderedDict
@@ -75,6 +76,7 @@ from hamid.plugin.allocator_rules import (
     refuse_unservable,
     to_allocate,
 )
+from hamid.plugin.device_nodes import CONTROL_NODES, DeviceNodes, gpu_nodes
 from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
 from hamid.plugin.inventory import GpuInventory
@@ -136,9 +138,12 @@ class PreferredRequest:
     size: int
 
 
-def _prepare_host(cache_dirs: Sequence[str], license_path: str) -> bool:
+def _prepare_host(
+    cache_dirs: Sequence[str], license_path: str, device_nodes: DeviceNodes | None, wanted: Sequence[str]
+) -> tuple[bool, frozenset[str]]:
     """Create the containers' cache directories and HAMi-core's lock directory (world-writable, as
-    HAMi does); whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts it). Run in a thread.
+    HAMi does); whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts it), and which of the
+    ``wanted`` device nodes exist (none looked up without ``device_nodes``). Run in a thread.
     """
     for path in [*cache_dirs, hamicore.VGPU_LOCK_DIR]:
         os.makedirs(path, exist_ok=True)
@@ -146,7 +151,8 @@ def _prepare_host(cache_dirs: Sequence[str], license_path: str) -> bool:
             os.chmod(path, 0o777)
         except PermissionError:
             log.debug("chmod_skipped_not_owner", path=path)
-    return os.path.exists(license_path)
+    present = device_nodes.present(wanted) if device_nodes is not None else frozenset()
+    return os.path.exists(license_path), present
 
 
 class EntryMemory:
@@ -198,8 +204,11 @@ class Allocator:
         prepare_timeout: float = PREPARE_TIMEOUT_S,
         preferred_allocation: bool = True,
         on_allocated: Callable[[str, list[str]], None] | None = None,
+        device_nodes: DeviceNodes | None = None,
     ) -> None:
         self.client = client
+        #: Where the device nodes declared as DeviceSpecs are (``--pass-device-specs``); None: off.
+        self.device_nodes = device_nodes
         #: Told ``(namespace/name, replica IDs)`` after each committed Allocate (the replicas the
         #: pod holds from now on: :class:`~hamid.plugin.replica_room.ReplicaRoom`).
         self.on_allocated = on_allocated
@@ -552,20 +561,35 @@ class Allocator:
     async def _prepare(
         self, pod: JSON, requests: Sequence[Sequence[str]]
     ) -> tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]:
-        """Plan, host directories and answers (all before the commit; one thread hop for the host)."""
+        """Plan, host directories, device nodes and answers (all before the commit; one thread hop
+        for the host)."""
         plans, remaining = self._plan(pod, requests)
         uid = objects.uid(pod)
         containers = [container_at(pod, idx) for idx, _ in plans]
         hook = self.hami.hook_path
         dirs = [hamicore.container_cache_dir(hook, uid, str((c or {}).get("name", ""))) for c in containers]
+        nodes = self.device_nodes
+        gpus: list[dict[str, str]] = []  # per container, its GPUs' device nodes
+        wanted: list[str] = []
+        if nodes is not None:
+            # the booked GPUs (the ones NVIDIA_VISIBLE_DEVICES names), never kubelet's replicas' GPUs
+            gpus = [gpu_nodes((d.uuid for d in devs), self.inventory.minor_of) for _idx, devs in plans]
+            wanted = [*CONTROL_NODES, *(n for each in gpus for n in each.values())]
         try:
-            licensed = await asyncio.to_thread(_prepare_host, dirs, hamicore.license_host_path(hook))
+            licensed, present = await asyncio.to_thread(
+                _prepare_host, dirs, hamicore.license_host_path(hook), nodes, wanted
+            )
         except OSError as exc:
             raise AllocationError(f"cannot create HAMi-core directories {dirs}: {exc}") from exc
         answers = [
             hami_core_answer(devs, uid, container, self.hami, uuidlib.uuid4().hex, licensed=licensed)
             for (_idx, devs), container in zip(plans, containers, strict=True)
         ]
+        if nodes is not None:
+            answers = [
+                dataclasses.replace(answer, devices=nodes.specs(each, present))
+                for answer, each in zip(answers, gpus, strict=True)
+            ]
         return plans, remaining, answers
 
     async def _prepare_booked(

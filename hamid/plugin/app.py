@@ -21,6 +21,7 @@ from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
+from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
     NvmlTopologyError,
@@ -148,6 +149,7 @@ class Plugin:
         numa_sources: NumaSources | None = None,
         hide_replicas: str | None = None,
         vgpu_feedback: bool = True,
+        device_nodes: DeviceNodes | None = None,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config)
@@ -167,7 +169,7 @@ class Plugin:
             self.feedback = VgpuFeedback(hook_path, self.pods.pods)
         self.health_policy = health_policy or HealthCheckPolicy()
         preferred = setup.config.enable_get_preferred_allocation
-        self.allocator = self._allocator(client, hook_path, mismatch_handler)
+        self.allocator = self._allocator(client, hook_path, mismatch_handler, device_nodes)
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
         self.metrics = PluginMetrics(
             self.inventory, hook_path=hook_path, nvml=setup.nvml, node_name=node_name
@@ -200,7 +202,13 @@ class Plugin:
                 hide_rule=self.room.rule if self.room is not None else None,
             )
 
-    def _allocator(self, client: KubeClient, hook_path: str, mismatch_handler: MismatchHandler) -> Allocator:
+    def _allocator(
+        self,
+        client: KubeClient,
+        hook_path: str,
+        mismatch_handler: MismatchHandler,
+        device_nodes: DeviceNodes | None,
+    ) -> Allocator:
         """Allocate's rules with this node's HAMi-core settings (from its node config)."""
         config = self.setup.config
         hami = HamiCoreSettings(
@@ -218,6 +226,7 @@ class Plugin:
             mismatch_handler=mismatch_handler,
             preferred_allocation=config.enable_get_preferred_allocation,
             on_allocated=self.room.allocated if self.room is not None else None,
+            device_nodes=device_nodes,
         )
 
     async def run(self) -> None:
@@ -319,6 +328,7 @@ class PluginApp:
             setup = self._setup or await load_setup(self.options)
             policy = self._health_policy or _policy_from_env()
             _log_configured(self.options, setup)
+            await _check_device_nodes(self.options.device_nodes(), setup)
             if self._kube is None:
                 self._kube = await _connect(self.options)
             self._plugin = plugin = self._wire(self._kube, setup, handler, policy)
@@ -363,6 +373,7 @@ class PluginApp:
             numa_sources=sources,
             hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology),
             vgpu_feedback=options.vgpu_feedback,
+            device_nodes=options.device_nodes(),
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -400,6 +411,19 @@ def _policy_from_env() -> HealthCheckPolicy:
         raise PluginStartupError(str(exc)) from exc
 
 
+async def _check_device_nodes(nodes: DeviceNodes | None, setup: NodeSetup) -> None:
+    """With ``--pass-device-specs``: the device directory must be visible (else no Allocate could
+    be served), and GPUs without a minor number are named now, not first at their Allocate."""
+    if nodes is None:
+        return
+    problem = await asyncio.to_thread(nodes.check_root)
+    if problem is not None:
+        raise PluginStartupError(f"--pass-device-specs: {problem}")
+    unknown = [g.uuid for g in setup.gpus if g.minor is None]
+    if unknown:
+        log.error("gpu_minor_unknown_allocate_refuses", uuids=unknown, option="--pass-device-specs")
+
+
 async def _connect(options: PluginOptions) -> KubeClient:
     try:
         return await connect(options.api_server, options.kubeconfig)
@@ -419,6 +443,7 @@ def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
         hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology) or "off",
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
+        pass_device_specs=options.pass_device_specs,
     )
 
 

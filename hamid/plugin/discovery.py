@@ -28,7 +28,7 @@ IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 #: How long one NVML event wait blocks (ms); bounds how fast the health thread notices a stop.
 EVENT_WAIT_MS = 1000
 
-_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId", "migEnabled", "healthy")
+_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId", "migEnabled", "healthy", "minor")
 _REQUIRED_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId")
 _LINK_KEYS = ("level", "nvlinks")
 #: Bounds that keep every registered value inside HAMi's int32 fields even at the largest
@@ -36,6 +36,9 @@ _LINK_KEYS = ("level", "nvlinks")
 MAX_MEMORY_MIB = 2**24
 MAX_GPU_INDEX = 65535
 MAX_NUMA_NODE = 1023  # Linux's MAX_NUMNODES is at most 1024
+#: The driver's highest minor number of a GPU node (``NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`` in its
+#: ``nv-chardev-numbers.h``; 254 and 255 are nvidia-modeset's and nvidiactl's).
+MAX_GPU_MINOR = 247
 MAX_TEXT = 256
 #: A UUID or bus id: printable ASCII without spaces, and without the register codec's separators.
 _TOKEN = re.compile(r"[\x21-\x7e]+\Z")
@@ -52,7 +55,8 @@ class NvmlTopologyError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PhysicalGpu:
-    """One physical GPU as discovered (``numa`` None = unknown NUMA node)."""
+    """One physical GPU as discovered (``numa`` None = unknown NUMA node; ``minor``: the minor
+    number of its ``/dev/nvidia<minor>`` node, None = unknown)."""
 
     uuid: str
     index: int
@@ -62,6 +66,7 @@ class PhysicalGpu:
     pci_bus_id: str
     mig_enabled: bool = False
     healthy: bool = True
+    minor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,7 @@ def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
     numa = _int_field(item, "numa", where, -1, MAX_NUMA_NODE)
     mig = _bool_field(item, "migEnabled", where, default=False)
     healthy = _bool_field(item, "healthy", where, default=True)
+    minor = _int_field(item, "minor", where, 0, MAX_GPU_MINOR) if "minor" in item else None
     return PhysicalGpu(
         uuid=uuid,
         index=index,
@@ -155,6 +161,7 @@ def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
         pci_bus_id=bus,
         mig_enabled=mig,
         healthy=healthy,
+        minor=minor,
     )
 
 
@@ -192,13 +199,18 @@ def _bool_field(item: Mapping[str, Any], key: str, where: str, *, default: bool)
 def _check_unique(gpus: Iterable[PhysicalGpu], source: str) -> None:
     seen_uuid: set[str] = set()
     seen_index: set[int] = set()
+    seen_minor: set[int] = set()
     for gpu in gpus:
         if gpu.uuid in seen_uuid:
             raise InvalidInput(f"{source}: duplicate uuid {gpu.uuid}")
         if gpu.index in seen_index:
             raise InvalidInput(f"{source}: duplicate index {gpu.index}")
+        if gpu.minor in seen_minor:
+            raise InvalidInput(f"{source}: duplicate minor {gpu.minor} (one device node per GPU)")
         seen_uuid.add(gpu.uuid)
         seen_index.add(gpu.index)
+        if gpu.minor is not None:
+            seen_minor.add(gpu.minor)
 
 
 def _parse_links(raw: Any, uuids: set[str], where: str) -> dict[str, dict[str, GpuLink]]:
@@ -317,7 +329,7 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         log.error("gpu_skipped_unidentified", index=index, error=str(exc))
         return None
     healthy = True
-    name, memory, bus, mig = "", 0, "", False
+    name, memory, bus, mig, minor = "", 0, "", False, None
     try:
         name = _text(lib.nvmlDeviceGetName(handle))
     except lib.NVMLError as exc:
@@ -339,6 +351,10 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
     except lib.NVMLError as exc:
         if getattr(exc, "value", None) != lib.NVML_ERROR_NOT_SUPPORTED:
             log.warning("gpu_mig_mode_unreadable", uuid=uuid, error=str(exc))
+    try:
+        minor = int(lib.nvmlDeviceGetMinorNumber(handle))
+    except lib.NVMLError as exc:  # only --pass-device-specs needs it: not a fault
+        log.warning("gpu_minor_number_unreadable", uuid=uuid, error=str(exc))
     return PhysicalGpu(
         uuid=uuid,
         index=index,
@@ -348,6 +364,7 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         pci_bus_id=bus,
         mig_enabled=mig,
         healthy=healthy,
+        minor=minor,
     )
 
 
@@ -589,24 +606,27 @@ def devices_document(gpus: Iterable[PhysicalGpu], links: Mapping[str, Any] | Non
 
     ``links`` is a ``links`` matrix in the file's own format, put in unchanged when given.
     """
-    document: dict[str, Any] = {
-        "devices": [
-            {
-                "uuid": g.uuid,
-                "index": g.index,
-                "name": g.name,
-                "memoryMiB": g.memory_mib,
-                "numa": -1 if g.numa is None else g.numa,
-                "pciBusId": g.pci_bus_id,
-                "migEnabled": g.mig_enabled,
-                "healthy": g.healthy,
-            }
-            for g in gpus
-        ]
-    }
+    document: dict[str, Any] = {"devices": [_device_item(g) for g in gpus]}
     if links is not None:
         document["links"] = links
     return document
+
+
+def _device_item(gpu: PhysicalGpu) -> dict[str, Any]:
+    """One GPU of a ``--devices-file`` document (``minor`` only when known: it is optional)."""
+    item: dict[str, Any] = {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "name": gpu.name,
+        "memoryMiB": gpu.memory_mib,
+        "numa": -1 if gpu.numa is None else gpu.numa,
+        "pciBusId": gpu.pci_bus_id,
+        "migEnabled": gpu.mig_enabled,
+        "healthy": gpu.healthy,
+    }
+    if gpu.minor is not None:
+        item["minor"] = gpu.minor
+    return item
 
 
 def devices_file_json(gpus: Iterable[PhysicalGpu], links: Mapping[str, Any] | None = None) -> str:

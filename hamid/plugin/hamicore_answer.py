@@ -1,4 +1,5 @@
-"""What ``Allocate`` answers for a served container: HAMi-core's environment and mounts (pure)."""
+"""What ``Allocate`` answers for a served container: HAMi-core's environment and mounts (pure),
+and the device nodes when they are declared (:mod:`hamid.plugin.device_nodes`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hamid.model import hamicore
 from hamid.model._wire import parse_go_bool
 from hamid.model.devices import ContainerDevices
 from hamid.model.errors import InvalidInput
+from hamid.plugin.device_nodes import DeviceSpec
 
 
 def env_is_true(container: Mapping[str, Any] | None, name: str) -> bool:
@@ -44,11 +46,13 @@ class MountSpec:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAnswer:
-    """Envs and mounts for one container, plus the host directory that must exist."""
+    """Envs, mounts and device nodes (``--pass-device-specs``) for one container, plus the host
+    directory that must exist."""
 
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
     cache_dir: str
+    devices: tuple[DeviceSpec, ...] = ()
 
 
 def hami_core_answer(

@@ -49,6 +49,7 @@ class GpuInventory:
         self.settings = settings
         self.gpus: tuple[PhysicalGpu, ...] = tuple(self._select(gpus, settings))
         self._healthy = {g.uuid: g.healthy for g in self.gpus}
+        self._minor = {g.uuid: g.minor for g in self.gpus}
         self._unhealthy_reason = {g.uuid: "unhealthy at discovery" for g in self.gpus if not g.healthy}
         self._replica_uuid: dict[str, str] = {}
         self._replicas_of: dict[str, tuple[str, ...]] = {}
@@ -88,6 +89,10 @@ class GpuInventory:
     def uuid_of(self, device_id: str) -> str | None:
         """The physical GPU UUID of one of this node's replica IDs (None if unknown)."""
         return self._replica_uuid.get(device_id)
+
+    def minor_of(self, uuid: str) -> int | None:
+        """The minor number of an advertised GPU's device node (None: unknown, or no such GPU)."""
+        return self._minor.get(uuid)
 
     def replica_ids(self, uuid: str) -> tuple[str, ...]:
         """The replica IDs of one advertised GPU, in order (empty for an unknown UUID)."""

@@ -14,6 +14,7 @@ import click
 from hamid.listen import OPTIONAL_LISTEN
 from hamid.model.numa import HIDE_BUSY, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
+from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
 from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from hamid.plugin.refit_client import RefitClientConfig
@@ -126,6 +127,27 @@ class PluginOptions:
         "(GPU_CORE_UTILIZATION_POLICY=default leaves a container alone on its GPU unthrottled).",
         default=True,
     )
+    pass_device_specs: bool = option_field(
+        "Declare each GPU container's device nodes to kubelet as DeviceSpecs in Allocate (rw): the "
+        "control nodes that exist (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools, "
+        "/dev/nvidia-modeset) and /dev/nvidia<minor> of each GPU it is given, so it keeps GPU access "
+        "when the runtime rebuilds its device cgroup (systemctl daemon-reload with the systemd cgroup "
+        "driver). Allocate refuses a GPU whose minor number or device node is not found.",
+        default=False,
+        aliases=["PASS_DEVICE_SPECS"],
+    )
+    dev_root: str = option_field(
+        "Host directory whose dev/ holds the NVIDIA device nodes, for the DeviceSpecs' host paths: / "
+        "or the driver container's root (/run/nvidia/driver under the GPU Operator).",
+        default="/",
+        aliases=["NVIDIA_DEV_ROOT", "NVIDIA_DRIVER_ROOT"],
+    )
+    dev_root_ctr_path: str | None = option_field(
+        "Where this process sees --dev-root: the device nodes declared are looked up under its dev/ "
+        "[default: --dev-root itself].",
+        default=None,
+        parse=or_none,
+    )
     refit: RefitClientConfig = nested_field(RefitClientConfig, REFIT_FLAGS)
     #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
     metrics_listen: str = option_field(
@@ -176,6 +198,15 @@ class PluginOptions:
             )
         if self.resource_name is not None and "/" not in self.resource_name:
             raise OptionError("--resource-name", f"{self.resource_name!r} is not an extended resource name")
+        for flag, path in (("--dev-root", self.dev_root), ("--dev-root-ctr-path", self.dev_root_ctr_path)):
+            if path is not None and not path.startswith("/"):
+                raise OptionError(flag, f"{path!r} is not an absolute path")
+
+    def device_nodes(self) -> DeviceNodes | None:
+        """Where the device nodes declared to kubelet are (None: ``--pass-device-specs`` is off)."""
+        if not self.pass_device_specs:
+            return None
+        return DeviceNodes(dev_root=self.dev_root, seen_root=self.dev_root_ctr_path or self.dev_root)
 
     def numa_sources(self) -> NumaSources:
         """Where the NUMA publisher reads the topology, kubelet's policies and PodResources."""

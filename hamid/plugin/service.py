@@ -89,6 +89,12 @@ def allocate_response(answers: list[ContainerAnswer]) -> pb.AllocateResponse:
             car.mounts.append(
                 pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             )
+        for d in answer.devices:
+            car.devices.append(
+                pb.DeviceSpec(
+                    container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+                )
+            )
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hamid.options import OptionError, click_options, from_cli
+from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.options import PluginOptions
 from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, SchedulerSettings
 from hamid.scheduler.options import SchedulerOptions, format_duration
@@ -62,6 +63,22 @@ def test_nested_flags_fill_the_refit_client_config() -> None:
     assert options.refit.endpoint == "https://s:443"
     assert options.refit.insecure is True
     assert options.refit.token_file is None
+
+
+def test_pass_device_specs_is_off_by_default_and_reads_nvidias_env_names() -> None:
+    assert _parse(PluginOptions, ["--node-name=n1"]).device_nodes() is None
+    hami_chart = {"PASS_DEVICE_SPECS": "true", "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}
+    options = _parse(PluginOptions, ["--node-name=n1"], env=hami_chart)
+    assert options.device_nodes() == DeviceNodes("/run/nvidia/driver", "/run/nvidia/driver")
+    # NVIDIA's plugin takes the dev root from the driver root only when no dev root is given
+    options = _parse(PluginOptions, ["--node-name=n1"], env={**hami_chart, "NVIDIA_DEV_ROOT": "/"})
+    assert options.device_nodes() == DeviceNodes("/", "/")
+    options = _parse(PluginOptions, ["--node-name=n1", "--dev-root-ctr-path=/driver-root"], env=hami_chart)
+    assert options.device_nodes() == DeviceNodes("/run/nvidia/driver", "/driver-root")
+    for flag in ("--dev-root", "--dev-root-ctr-path"):
+        result = _parse(PluginOptions, ["--node-name=n1", f"{flag}=run/nvidia/driver"])
+        assert result.exit_code == 2
+        assert flag in result.output and "'run/nvidia/driver' is not an absolute path" in result.output
 
 
 def test_cross_field_checks_name_the_flag() -> None:

@@ -223,9 +223,13 @@ async def running_plugin(
     cleanup_min_age: float | None = None,
     links: GpuLinks | None = None,
     hide_replicas: str = "auto",
+    devices_file: Path | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
     """Start an API server, a node, optionally a fake kubelet, and the plugin (``hide_replicas``:
-    its ``--hide-replicas``); tear all down."""
+    its ``--hide-replicas``; ``devices_file``: discover the GPUs from it as ``--devices-file`` does,
+    with the default node config, instead of ``gpus`` and ``config``; ``options``: more
+    :class:`PluginOptions` fields); tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
     with short_dir() as directory:
         async with ApiServer() as server:
@@ -235,14 +239,17 @@ async def running_plugin(
             if kubelet is not None:
                 await kubelet.start()
             setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml, links)
+            if devices_file is not None:
+                options |= {"devices_file": str(devices_file), "node_config_file": str(directory / "none")}
             hook = directory / "hook"
-            options = PluginOptions(
+            plugin_options = PluginOptions(
                 node_name=NODE,
                 device_plugin_dir=str(directory),
                 hook_path=str(hook),
                 metrics_listen="127.0.0.1:0",
                 api_server=server.url,
                 hide_replicas=hide_replicas,
+                **options,
             )
             timings = PluginTimings(
                 register_interval=register_interval,
@@ -251,9 +258,9 @@ async def running_plugin(
                 cleanup_min_age=cleanup_min_age,
             )
             app = PluginApp(
-                options,
+                plugin_options,
                 kube=client,
-                setup=setup,
+                setup=setup if devices_file is None else None,
                 mismatch_handler=mismatch_handler,
                 timings=timings,
                 numa=False,
@@ -262,7 +269,7 @@ async def running_plugin(
                 await app.start()
                 env = Env(server, client, app.plugin, directory, hook)
                 await app.wait_synced()
-                if gpus:
+                if app.plugin.inventory.gpus:
                     await eventually(lambda: os.path.exists(env.socket))
                 yield env, kubelet
             finally:

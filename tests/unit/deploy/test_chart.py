@@ -23,6 +23,9 @@ from hamid.model import annotations as ann
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
 from hamid.options import from_cli
+from hamid.plugin.cli import plugin_command
+from hamid.plugin.device_nodes import DeviceNodes
+from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
 from hamid.scheduler.options import SchedulerOptions
 from tests.unit.deploy.helm_render import (
@@ -106,6 +109,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "forceOverwriteDefaultScheduler": False,
         }
     },
+    "device-specs": {"devicePlugin": {"passDeviceSpecs": True, "nvidiaDriverRoot": "/run/nvidia/driver/"}},
 }
 
 
@@ -625,9 +629,34 @@ def test_mtls_caller_authentication() -> None:
     assert "/var/lib/kubelet/pki" in mounts(container(r.get("DaemonSet", PLUGIN), "device-plugin"))
 
 
+def test_pass_device_specs_mounts_the_driver_roots_dev_where_the_plugin_looks() -> None:
+    """The flags parsed by the real ``hamid plugin``: host paths under nvidiaDriverRoot, looked up
+    in the read-only mount of its dev/; off by default (no flag, no mount)."""
+    ds = rendered("device-specs").get("DaemonSet", PLUGIN)
+    c = container(ds, "device-plugin")
+    _, mode_args = split_mode_args(c["args"], "plugin")
+    context = plugin_command.make_context("plugin", [*mode_args, "--node-name=n1"])
+    nodes = from_cli(PluginOptions, context.params).device_nodes()
+    assert nodes == DeviceNodes("/run/nvidia/driver/", "/driver-root")
+    assert nodes.host_path("/dev/nvidia0") == "/run/nvidia/driver/dev/nvidia0"
+    mount = mounts(c)[nodes.seen_path("/dev")]
+    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+    assert volumes(ds)[mount["name"]]["hostPath"] == {"path": "/run/nvidia/driver/dev", "type": "Directory"}
+    host_driver = render({"devicePlugin": {"passDeviceSpecs": True}}).get("DaemonSet", PLUGIN)
+    assert volumes(host_driver)[mount["name"]]["hostPath"]["path"] == "/dev"  # the default root: /
+    assert flag_values(container(host_driver, "device-plugin")["args"])["--dev-root"] == "/"
+    defaults = container(rendered("defaults").get("DaemonSet", PLUGIN), "device-plugin")
+    assert not {"--pass-device-specs", "--dev-root", "--dev-root-ctr-path"} & set(
+        flag_values(defaults["args"])
+    )
+    assert nodes.seen_path("/dev") not in mounts(defaults)
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
+        ({"devicePlugin": {"nvidiaDriverRoot": "run/nvidia/driver"}}, "nvidiaDriverRoot"),
+        ({"devicePlugin": {"passDeviceSpecs": "yes"}}, "passDeviceSpecs"),
         ({"scheduler": {"refitAuth": ["mtls"]}}, "clientCASecret"),
         ({"scheduler": {"refitAuth": ["password"]}}, "unknown method"),
         ({"devicePlugin": {"nodeConfiguration": {"config": "{not json"}}}, "not valid JSON"),

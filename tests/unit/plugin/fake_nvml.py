@@ -34,6 +34,8 @@ class FakeGpu:
     memory_bytes: int = 16 * 1024**3
     bus_id: str = "00000000:3B:00.0"
     mig: int = 0
+    #: minor number of its /dev/nvidia<minor> node
+    minor: int = 0
     #: NVLinks: (remote PCI bus id, remote device type, enabled), one per link number
     nvlinks: list[tuple[str, int, bool]] = field(default_factory=list)
     memory_used_bytes: int = 0
@@ -111,6 +113,10 @@ class FakeNvml(ModuleType):
     def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
         self._check(gpu, "mig")
         return [gpu.mig, gpu.mig]
+
+    def nvmlDeviceGetMinorNumber(self, gpu: FakeGpu) -> int:
+        self._check(gpu, "minor")
+        return gpu.minor
 
     def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeGpu, second: FakeGpu) -> int:
         self._check(first, "topology")

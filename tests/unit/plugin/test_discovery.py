@@ -51,17 +51,20 @@ def test_discover_nvml(tmp_path: Path) -> None:
     root = make_sysfs(tmp_path, {"0000:3b:00.0": "0", "0000:af:00.0": "1"})
     nvml = FakeNvml(
         [
-            FakeGpu("GPU-a", bus_id="00000000:3B:00.0", memory_bytes=16 * 1024**3),
+            FakeGpu("GPU-a", bus_id="00000000:3B:00.0", memory_bytes=16 * 1024**3, minor=2),
             FakeGpu("GPU-b", name="NVIDIA A100", bus_id="00000000:AF:00.0", mig=1),
             FakeGpu("GPU-c", bus_id="00000000:D8:00.0", fail={"name"}),
             FakeGpu("GPU-lost", fail={"uuid"}),
             FakeGpu("GPU-e", bus_id="00000000:3B:00.0", fail={"memory"}, fail_code=3),
+            FakeGpu("GPU-f", fail={"minor"}),
         ]
     )
     gpus = discover_nvml(root, nvml)
     by = {g.uuid: g for g in gpus}
-    assert list(by) == ["GPU-a", "GPU-b", "GPU-c", "GPU-e"]  # the unidentifiable one is skipped
-    assert by["GPU-a"] == PhysicalGpu("GPU-a", 0, "Tesla T4", 16384, 0, "00000000:3B:00.0", False, True)
+    assert list(by) == ["GPU-a", "GPU-b", "GPU-c", "GPU-e", "GPU-f"]  # the unidentifiable one is skipped
+    assert by["GPU-a"] == PhysicalGpu("GPU-a", 0, "Tesla T4", 16384, 0, "00000000:3B:00.0", False, True, 2)
+    # the minor number names the device node (--pass-device-specs); unreadable is unknown, not a fault
+    assert by["GPU-f"].minor is None and by["GPU-f"].healthy
     assert by["GPU-b"].numa == 1 and by["GPU-b"].mig_enabled
     assert by["GPU-c"].numa is None and not by["GPU-c"].healthy  # one bad card: only it is unhealthy
     assert by["GPU-e"].memory_mib == 0 and by["GPU-e"].healthy  # "not supported" memory is not a fault
@@ -93,6 +96,44 @@ def test_devices_file_yaml_and_json(tmp_path: Path) -> None:
     json_path.write_text(devices_file_json(gpus))
     assert load_devices_file(json_path) == gpus
     assert json.loads(json_path.read_text())["devices"][1]["numa"] == -1
+
+
+def test_devices_file_minor_is_optional_and_round_trips(tmp_path: Path) -> None:
+    """``minor`` names a GPU's /dev/nvidia<minor> node for --pass-device-specs; absent = unknown."""
+    gpus = parse_devices_text(
+        "devices:\n"
+        "  - {uuid: GPU-0, index: 0, name: T4, memoryMiB: 1, numa: 0, pciBusId: '', minor: 247}\n"
+        "  - {uuid: GPU-1, index: 1, name: T4, memoryMiB: 1, numa: 0, pciBusId: ''}\n"
+    )
+    assert [g.minor for g in gpus] == [247, None]
+    path = tmp_path / "devices.json"
+    path.write_text(devices_file_json(gpus))
+    assert load_devices_file(path) == gpus
+    assert [("minor" in d) for d in json.loads(path.read_text())["devices"]] == [True, False]
+
+
+def _with_minor(*minors: object) -> str:
+    items = ", ".join(
+        f"{{uuid: g{i}, index: {i}, name: n, memoryMiB: 1, numa: 0, pciBusId: '', minor: {m}}}"
+        for i, m in enumerate(minors)
+    )
+    return f"devices: [{items}]"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (_with_minor(-1), r"devices\[0\]: minor must be an integer in \[0, 247\], got -1"),
+        (_with_minor(248), r"minor must be an integer in \[0, 247\], got 248"),  # nvidia-modeset: 254
+        (_with_minor("'3'"), r"minor must be an integer .*, got '3'"),
+        (_with_minor("true"), r"minor must be an integer .*, got True"),
+        (_with_minor("null"), r"minor must be an integer .*, got None"),
+        (_with_minor(0, 1, 1), r"devices file>: duplicate minor 1"),
+    ],
+)
+def test_devices_file_rejects_bad_minor(text: str, needle: str) -> None:
+    with pytest.raises(InvalidInput, match=needle):
+        parse_devices_text(text)
 
 
 @pytest.mark.parametrize(
