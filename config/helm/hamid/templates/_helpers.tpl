@@ -51,6 +51,8 @@ app.kubernetes.io/component: device-plugin
 {{- define "hamid.scheduler.name" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
 {{- define "hamid.scheduler.serviceAccount" -}}{{ include "hamid.fullname" . }}-scheduler{{- end -}}
 {{- define "hamid.devicePlugin.name" -}}{{ include "hamid.fullname" . }}-device-plugin{{- end -}}
+{{/* The plugins' metrics Service, so also their scrape job (ServiceMonitor, PrometheusRule). */}}
+{{- define "hamid.devicePlugin.metricsService" -}}{{ include "hamid.devicePlugin.name" . }}-metrics{{- end -}}
 {{- define "hamid.devicePlugin.serviceAccount" -}}{{ include "hamid.fullname" . }}-device-plugin{{- end -}}
 {{- define "hamid.deviceConfig.name" -}}{{ include "hamid.fullname" . }}-device-config{{- end -}}
 {{- define "hamid.tls.generatedSecret" -}}{{ include "hamid.fullname" . }}-scheduler-tls{{- end -}}
