@@ -200,6 +200,11 @@ def test_service_monitor_scrapes_both_paths_of_both_parts() -> None:
         # the per-pod families' namespace/pod/container labels stand (an install audit saw them
         # renamed exported_* with the plugin's own pod in their place)
         assert all(e["honorLabels"] is True for e in monitor["spec"]["endpoints"])
+        # the two paths' targets differ by a label, so their up and scrape_* series are apart
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert {"sourceLabels": ["__metrics_path__"], "targetLabel": "metrics_path"} in endpoint[
+                "relabelings"
+            ]
         wanted = monitor["spec"]["selector"]["matchLabels"]
         matching = [s for s in services.values() if wanted.items() <= s["metadata"]["labels"].items()]
         assert any(p["name"] == "metrics" for s in matching for p in s["spec"]["ports"]), name
