@@ -92,3 +92,9 @@ def version_command() -> None:
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="hamid")
+
+
+def kubectl_main() -> None:
+    """``kubectl-hamid``: the same commands as a kubectl plugin (``kubectl hamid status``), which
+    kubectl finds on ``PATH`` and runs with the words after ``hamid``."""
+    cli(prog_name="kubectl hamid")

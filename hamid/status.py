@@ -205,9 +205,9 @@ def resolve_kubeconfig(kubeconfig: str | None, api_server: str | None) -> str | 
 
 
 async def _status(
-    kubeconfig: str | None, api_server: str | None, node: str | None, limit: int
+    kubeconfig: str | None, context: str | None, api_server: str | None, node: str | None, limit: int
 ) -> ClusterStatus:
-    kube = await connect(api_server, resolve_kubeconfig(kubeconfig, api_server))
+    kube = await connect(api_server, resolve_kubeconfig(kubeconfig, api_server), context=context)
     try:
         return await collect(kube, node, limit)
     finally:
@@ -218,6 +218,7 @@ async def _status(
 @option(
     "--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)."
 )
+@option("--context", default=None, help="The kubeconfig context to use (default: its current context).")
 @option("--api-server", default=None, help="API server URL (overrides the kubeconfig's; alone: no auth).")
 @option("--node", "node_name", default=None, help="Only this node.")
 @option(
@@ -225,7 +226,12 @@ async def _status(
 )
 @option("--output", "-o", type=click.Choice(["text", "json"]), default="text", help="Output format.")
 def status_command(
-    kubeconfig: str | None, api_server: str | None, node_name: str | None, refit_limit: int, output: str
+    kubeconfig: str | None,
+    context: str | None,
+    api_server: str | None,
+    node_name: str | None,
+    refit_limit: int,
+    output: str,
 ) -> None:
     """Show each GPU's allocated memory, cores and pods per node and NUMA node, and recent refits."""
     root = click.get_current_context().find_root()
@@ -233,7 +239,7 @@ def status_command(
         # a report on stdout: the client's info lines would only be noise on the terminal
         log.configure(root.params.get("log_format", "auto"), "warning")
     try:
-        status = asyncio.run(_status(kubeconfig, api_server, node_name, refit_limit))
+        status = asyncio.run(_status(kubeconfig, context, api_server, node_name, refit_limit))
     except KubeError as exc:
         raise click.ClickException(str(exc)) from None
     if output == "json":

@@ -618,17 +618,21 @@ async def connect(
     kubeconfig: str | None = None,
     *,
     request_timeout: float = 10.0,
+    context: str | None = None,
 ) -> KubeClient:
     """Build a :class:`KubeClient`.
 
     ``api_server`` alone: a plain URL, no authentication (the embedded API server). Otherwise
-    ``kubeconfig`` (or ``$KUBECONFIG``), then the in-cluster service account; with both, the
-    kubeconfig supplies credentials and ``api_server`` overrides its server URL.
+    ``kubeconfig`` (or ``$KUBECONFIG``) with its ``context`` (default: its current context), then
+    the in-cluster service account; with both, the kubeconfig supplies credentials and
+    ``api_server`` overrides its server URL.
     Raises :class:`KubeError` with every reason when no configuration works.
     """
     configuration = Configuration()
     source = ""
     kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+    if context and not kubeconfig:
+        raise KubeError(f"--context {context!r} names a kubeconfig context, but no kubeconfig is given")
     if api_server and not kubeconfig:
         if not api_server.startswith(("http://", "https://")):
             raise KubeError(f"--api-server must be an http:// or https:// URL, got {api_server!r}")
@@ -637,11 +641,17 @@ async def connect(
         problems = await asyncio.to_thread(_kubeconfig_problems, kubeconfig)
         if problems:
             raise KubeError(f"kubeconfig {'; '.join(problems)} (--kubeconfig or KUBECONFIG)")
+        contexts = await asyncio.to_thread(_context_names, kubeconfig) if context else []
+        if context and context not in contexts:
+            known = ", ".join(contexts) or "none"
+            raise KubeError(f"context {context!r} is not in kubeconfig {kubeconfig} (its contexts: {known})")
         try:
-            await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            await load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
         except Exception as exc:  # the library's errors are untyped: AttributeError for a bad shape, ...
             raise KubeError(f"cannot load kubeconfig {kubeconfig!r}: {_reason(exc)}") from exc
-        source = f"kubeconfig {kubeconfig}"
+        source = f"kubeconfig {kubeconfig}" + (f", context {context}" if context else "")
     else:
         try:
             load_incluster_config(client_configuration=configuration)
@@ -693,6 +703,17 @@ def _kubeconfig_problems(paths: str) -> list[str]:
         if shape:
             problems.append(f"{path} is not a kubeconfig: {shape}")
     return problems
+
+
+def _context_names(paths: str) -> list[str]:
+    """The context names of a ``KUBECONFIG``-style list (files already checked by
+    :func:`_kubeconfig_problems`), in order."""
+    names: list[str] = []
+    for path in (p for p in paths.split(os.pathsep) if p):
+        with open(path, "rb") as f:
+            doc = load_yaml(f.read().decode("utf-8"), path) or {}
+        names.extend(str(c.get("name")) for c in doc.get("contexts") or [] if c.get("name") not in names)
+    return names
 
 
 def _kubeconfig_shape(doc: object) -> str:

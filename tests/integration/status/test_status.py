@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hamid.kube.client import connect
@@ -130,3 +132,60 @@ async def test_status_with_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> N
     code, _out, err = await hamid("status", f"--kubeconfig={tmp_path / 'none'}")
     assert code == 1
     assert err.strip() == f"Error: kubeconfig {tmp_path / 'none'} does not exist (--kubeconfig or KUBECONFIG)"
+
+
+async def test_kubectl_hamid_status_with_a_context_of_the_kubeconfig(
+    apiserver: ApiServer, tmp_path: Path
+) -> None:
+    """``kubectl hamid status --context other``: kubectl finds the ``kubectl-hamid`` plugin on
+    ``PATH`` (the package's second console script) and the plugin reads the named context, not
+    the kubeconfig's current one; an unknown context is one line."""
+    plugin = Path(sys.executable).with_name("kubectl-hamid")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None or not plugin.exists():
+        pytest.skip("kubectl, or the kubectl-hamid script of an installed hamid, is not here")
+    await seed(apiserver)
+    async with ApiServer() as empty:
+        kubeconfig = tmp_path / "config"
+        clusters = {"gpus": apiserver.url, "empty": empty.url}
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": n, "cluster": {"server": url}} for n, url in clusters.items()],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [{"name": n, "context": {"cluster": n, "user": "u"}} for n in clusters],
+                    "current-context": "empty",
+                }
+            )
+        )
+        env = {**os.environ, "PATH": f"{plugin.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env["KUBECONFIG"] = str(kubeconfig)
+        env["PYTHONPATH"] = str(REPO)
+
+        async def kubectl_hamid(*args: str) -> tuple[int, str, str]:
+            proc = await asyncio.create_subprocess_exec(
+                kubectl,
+                "hamid",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            return proc.returncode or 0, out.decode(), err.decode()
+
+        code, out, err = await kubectl_hamid("status", "--context", "gpus", "-o", "json")
+        assert code == 0, err
+        assert [n["name"] for n in json.loads(out)["nodes"]] == ["n1"]
+        code, out, err = await kubectl_hamid("status", "-o", "json")  # the current context: no GPUs
+        assert code == 0, err
+        assert json.loads(out)["nodes"] == []
+        code, out, err = await kubectl_hamid("status", "--context", "nowhere")
+        assert code == 1
+        assert (
+            err == f"Error: context 'nowhere' is not in kubeconfig {kubeconfig} (its contexts: gpus, empty)\n"
+        )
+        code, out, _ = await kubectl_hamid("--help")
+        assert code == 0 and out.startswith("Usage: kubectl hamid"), out
