@@ -219,6 +219,9 @@ class Binder:
             refused = self._fenced(epoch) or await self._lock(args, pod, deadline, epoch)
             if refused:
                 return refused
+        # a replay for a pod bound here and waiting for Allocate: its lock and bind-phase are what
+        # the plugin serves it by, so no failure of the replay undoes them
+        replay = objects.section(pod, "spec").get("nodeName") == args.node
         binding = False
         try:
             fenced = self._fenced(epoch)
@@ -244,7 +247,7 @@ class Binder:
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
         except asyncio.CancelledError:
-            await self._undo_cancelled(args, needs_lock, epoch, binding)
+            await self._undo_cancelled(args, needs_lock, epoch, binding or replay)
             raise
         except Fenced as exc:
             log.warning("bind_fenced", pod=key, node=args.node, reason=str(exc))
@@ -268,6 +271,11 @@ class Binder:
                 # an undo of this term's writes would strip what the new term wrote
                 log.warning("bind_failed_fenced_nothing_undone", pod=key, node=args.node, error=str(exc))
                 return f"binding pod {key} to {args.node} failed: {exc}; nothing undone (not the leader)"
+            elif replay:
+                log.warning("bind_replay_failed_nothing_undone", pod=key, node=args.node, error=str(exc))
+                return (
+                    f"binding pod {key} to {args.node} failed: {exc}; nothing undone (the pod is bound there)"
+                )
             else:
                 await self._undo_bind(args, needs_lock, isinstance(exc, NotFound), deadline)
                 self.backoff.note(args.node, ok=False)
@@ -338,8 +346,9 @@ class Binder:
     async def _undo_cancelled(self, args: BindArgs, needs_lock: bool, epoch: str, binding: bool) -> None:
         """A bind cancelled after its lock or ``bind-phase`` write (:meth:`drain`) undoes them as a
         failed one does, within :data:`_BIND_UNDO_S`, while this replica still leads. One cut off
-        with its Binding on the wire keeps them: the Binding may land, and its Allocate needs
-        them (a lock whose pod never binds goes after the stall rule's 20 s)."""
+        with its Binding on the wire, or replayed for a pod already bound (``binding``), keeps
+        them: the pod's Allocate needs them (a lock whose pod never binds goes after the stall
+        rule's 20 s)."""
         key = f"{args.pod_namespace}/{args.pod_name}"
         fenced = self._fenced(epoch)
         if binding or fenced:

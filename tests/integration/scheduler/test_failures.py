@@ -293,3 +293,53 @@ async def test_a_bind_cut_off_at_shutdown_undoes_its_lock_and_bind_phase(
         annotations = server.get("Pod", "default", "a")["metadata"]["annotations"]
         assert ann.BIND_PHASE not in annotations and ann.BIND_TIME not in annotations
         assert not server.get("Pod", "default", "a")["spec"].get("nodeName")
+
+
+async def test_a_replayed_bind_of_a_bound_pod_undoes_nothing_when_cut_off_or_failing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-scheduler retries a bind whose answer was lost, for a pod bound here and still waiting
+    for Allocate: the bind goes on (its lock is re-entrant), and neither a failed write nor a cut
+    at shutdown may strip the lock and bind-phase the plugin serves the pod by (found by this
+    session's review: the pod was then never bound again and its Allocate refused)."""
+    monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
+    async with ApiServer() as server:
+        options = loopback_options(server, settings=SchedulerSettings(bind_wait_s=5.0))
+        async with (
+            running_app(options) as app,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            env = Env(
+                server,
+                app.scheduler.kube,
+                app.scheduler,
+                session,
+                f"http://127.0.0.1:{app.ports['extender']}",
+                f"http://127.0.0.1:{app.ports['cluster']}",
+            )
+            env.add_node("n1")
+            await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
+            p = await env.create_pod(pod("a"))
+            assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+            assert await env.bind(p, "n1") == ""  # bound; waits for the plugin's Allocate
+            assert server.get("Pod", "default", "a")["spec"]["nodeName"] == "n1"
+            await wait_for(
+                lambda: (env.scheduler.pods.get("default/a") or {}).get("spec", {}).get("nodeName") == "n1"
+            )
+            failed = server.faults.fail_next(1, verb="patch", path_pattern="/pods/a$", status=403)
+            answer = await env.bind(p, "n1")
+            assert "nothing undone (the pod is bound there)" in answer, answer
+            server.faults.remove(failed.id)
+            assert ann.NODE_LOCK in _node_annotations(env)
+            hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
+            replay = asyncio.create_task(env.bind(p, "n1"))
+            await asyncio.sleep(0.3)
+            await app.stop()
+            with contextlib.suppress(aiohttp.ClientError, AssertionError):
+                await replay
+            server.faults.remove(hang.id)
+        stored = server.get("Pod", "default", "a")
+        assert stored["spec"]["nodeName"] == "n1"
+        node = server.get("Node", None, "n1")["metadata"].get("annotations") or {}
+        kept = (ann.NODE_LOCK in node, stored["metadata"]["annotations"].get(ann.BIND_PHASE))
+        assert kept == (True, ann.BIND_PHASE_ALLOCATING), f"(lock kept, bind-phase) = {kept}"
