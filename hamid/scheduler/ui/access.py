@@ -55,8 +55,11 @@ CACHE_MAX = 4096
 #: after a quiet while (a browser's first page asks a handful of paths).
 CHECKS_PER_S = 5.0
 CHECK_BURST = 20
-#: Checks not answered from the caches in flight at most, every client together.
+#: Checks not answered from the caches in flight at most, every client together, but those of
+#: tokens that authenticated within :data:`KNOWN_TTL_S` (a reader's renewals never queue behind a
+#: flood of forged tokens).
 CHECKS_IN_FLIGHT = 16
+KNOWN_TTL_S = 600.0
 REALM = 'Bearer realm="hamid"'
 
 
@@ -70,8 +73,8 @@ class Decision:
 
 
 ALLOWED = Decision(200)
-#: A token's review: the user it names, or the refusal.
-Review = Mapping[str, Any] | Decision
+#: A token's review: the user it names, or the refusal; and until when it holds.
+Review = tuple[Mapping[str, Any] | Decision, float]
 
 
 def guarded(path: str) -> bool:
@@ -104,6 +107,8 @@ class KubeAccess:
         self._refused: _Cache[tuple[str, str], Decision] = _Cache(cache_max)
         self._users: _Cache[str, Mapping[str, Any]] = _Cache(cache_max)
         self._rejected: _Cache[str, Decision] = _Cache(cache_max)
+        #: Tokens (hashes) that authenticated lately: their checks pass the cap of checks in flight.
+        self._known: _Cache[str, bool] = _Cache(cache_max)
         #: Checks under way by (token hash, path), each its own task: a second request for one
         #: waits on it, and a first caller that hangs up does not cancel it for the others.
         self._checking: dict[tuple[str, str], asyncio.Task[Decision]] = {}
@@ -124,7 +129,8 @@ class KubeAccess:
             return cached
         check = self._checking.get(key)
         if check is None:
-            if len(self._checking) >= self._checks_in_flight:
+            crowded = len(self._checking) >= self._checks_in_flight
+            if crowded and not self._known.get(digest, now):
                 return Decision(429, "too many token checks under way; retry shortly", 1)
             wait_s = self._budgets.take(client, now)
             if wait_s:
@@ -136,21 +142,22 @@ class KubeAccess:
         return await asyncio.shield(check)
 
     async def _check(self, token: str, digest: str, path: str) -> Decision:
-        """The decision for a token and path not cached, cached for the next asker (503: not)."""
+        """The decision for a token and path not cached, cached for the next asker (503: not) no
+        longer than the token's review it rests on holds."""
         try:
             async with asyncio.timeout(self.timeout):
-                decision = await self._decision(token, digest, path)
+                decision, until = await self._decision(token, digest, path)
         except (KubeError, TimeoutError) as exc:
             log.warning("metrics_auth_unavailable", path=path, error=str(exc) or type(exc).__name__)
             return Decision(503, "the API server could not check the token; try again")
         cache = self._granted if decision.status == 200 else self._refused
-        cache.put((digest, path), self._clock() + self.ttl_s, decision)
+        cache.put((digest, path), min(until, self._clock() + self.ttl_s), decision)
         return decision
 
-    async def _decision(self, token: str, digest: str, path: str) -> Decision:
-        user = await self._user(token, digest)
+    async def _decision(self, token: str, digest: str, path: str) -> tuple[Decision, float]:
+        user, until = await self._user(token, digest)
         if isinstance(user, Decision):
-            return user
+            return user, until
         answer = await self.kube.create(
             SUBJECT_ACCESS_REVIEWS, subject_access_review(user, path, "get"), timeout=self.timeout
         )
@@ -158,15 +165,16 @@ class KubeAccess:
         username = str(user.get("username") or "")
         if not verdict.get("allowed"):
             why = str(verdict.get("reason") or verdict.get("evaluationError") or "no RBAC rule allows it")
-            return Decision(403, f"user {username!r} may not get {path}: {why}")
-        return ALLOWED
+            return Decision(403, f"user {username!r} may not get {path}: {why}"), until
+        return ALLOWED, until
 
     async def _user(self, token: str, digest: str) -> Review:
         """The user a TokenReview names for ``token`` (cached, one review at a time), or the 401."""
         now = self._clock()
-        known = self._users.get(digest, now) or self._rejected.get(digest, now)
-        if known is not None:
-            return known
+        for cache in (self._users, self._rejected):
+            known = cache.entry(digest, now)
+            if known is not None:
+                return known[1], known[0]
         review = self._reviewing.get(digest)
         if review is None:
             review = self._reviewing[digest] = asyncio.create_task(self._review(token, digest))
@@ -176,14 +184,16 @@ class KubeAccess:
     async def _review(self, token: str, digest: str) -> Review:
         review = await self.kube.create_token_review(token, None, timeout=self.timeout)
         status = review.get("status") or {}
-        until = self._clock() + self.ttl_s
+        now = self._clock()
+        until = now + self.ttl_s
         if not status.get("authenticated"):
             refusal = Decision(401, f"token is not authenticated: {status.get('error') or 'rejected'}")
             self._rejected.put(digest, until, refusal)
-            return refusal
+            return refusal, until
         user: Mapping[str, Any] = status.get("user") or {}
         self._users.put(digest, until, user)
-        return user
+        self._known.put(digest, now + KNOWN_TTL_S, True)
+        return user, until
 
 
 class _Cache(Generic[K, V]):
@@ -194,6 +204,11 @@ class _Cache(Generic[K, V]):
         self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
 
     def get(self, key: K, now: float) -> V | None:
+        entry = self.entry(key, now)
+        return None if entry is None else entry[1]
+
+    def entry(self, key: K, now: float) -> tuple[float, V] | None:
+        """(until, value) of ``key`` while it holds."""
         item = self._items.get(key)
         if item is None:
             return None
@@ -201,7 +216,7 @@ class _Cache(Generic[K, V]):
             del self._items[key]
             return None
         self._items.move_to_end(key)
-        return item[1]
+        return item
 
     def put(self, key: K, until: float, value: V) -> None:
         self._items[key] = (until, value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from hamid.kube.client import KubeClient
-from hamid.scheduler.ui.access import CHECK_BURST, KubeAccess
+from hamid.scheduler.ui.access import CACHE_TTL_S, CHECK_BURST, KubeAccess
 from hamid.scheduler.ui.routes import CSP
 from hamidsim.apiserver import ApiServer
 from tests.integration.ui.test_http import running_ui
@@ -129,3 +129,52 @@ async def test_metrics_auth_refusals_carry_the_views_headers() -> None:
             assert answer["Cache-Control"] == "no-store"
             assert answer["X-Content-Type-Options"] == "nosniff"
             assert answer["X-Frame-Options"] == "DENY"
+
+
+class _Clock:
+    """A monotonic clock the test moves (the caches' expiry only)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_readers_renewal_passes_a_flood_that_fills_the_checks_in_flight(
+    apiserver: ApiServer, kube: KubeClient
+) -> None:
+    """Forged tokens from a few addresses, each within its budget, fill every check in flight on
+    a slow authenticator; Prometheus's token, whose grant just expired, authenticated lately and
+    is checked anyway instead of answered 429 (this session's review: scrapes were refused)."""
+    apiserver.register_token("prom-token", "prometheus", groups=("monitoring",))
+    apiserver.access.grant(groups=["monitoring"], paths=["/metrics"])
+    clock = _Clock()
+    access = KubeAccess(kube, clock=clock, checks_in_flight=4)
+    assert (await access.decide("prom-token", "/metrics", "10.0.0.9")).status == 200
+    slow = apiserver.faults.add_latency(0.5, verb="create", path_pattern="tokenreviews")
+    flood = [asyncio.create_task(access.decide(f"forged-{a}", "/metrics", f"10.1.0.{a}")) for a in range(4)]
+    await asyncio.sleep(0.05)
+    assert (await access.decide("forged-late", "/metrics", "10.1.0.9")).status == 429  # the cap holds
+    clock.now += CACHE_TTL_S + 1  # the scrape's grant and review expired
+    assert (await access.decide("prom-token", "/metrics", "10.0.0.9")).status == 200
+    assert {d.status for d in await asyncio.gather(*flood)} == {401}
+    apiserver.faults.remove(slow.id)
+
+
+async def test_a_decision_lasts_no_longer_than_the_review_it_rests_on(
+    apiserver: ApiServer, kube: KubeClient
+) -> None:
+    """A page first read 29 s after the token's review is decided from that review: its grant
+    ends with the review, so a token revoked meanwhile reads nothing 31 s after its review (it
+    read on for up to 60 s)."""
+    apiserver.register_token("alice-token", "alice", groups=("ops",))
+    apiserver.access.grant(groups=["ops"], paths=["/ui", "/ui/*"])
+    clock = _Clock()
+    access = KubeAccess(kube, clock=clock)
+    assert (await access.decide("alice-token", "/ui", "a")).status == 200
+    apiserver.revoke_token("alice-token")
+    clock.now += CACHE_TTL_S - 1
+    assert (await access.decide("alice-token", "/ui/node/n1", "a")).status == 200  # the cached review
+    clock.now += 2
+    assert (await access.decide("alice-token", "/ui/node/n1", "a")).status == 401
