@@ -775,6 +775,8 @@ def test_hamis_node_label_selector_and_force_overwrite_reach_the_scheduler() -> 
         ({"gpu": "x" * 64}, "'/scheduler/nodeLabelSelector/gpu': maxLength: got 64, want 63"),
         ({"Example.com/gpu": "on"}, "invalid propertyName 'Example.com/gpu'"),
         ({"gpu=on": "x"}, "invalid propertyName 'gpu=on'"),
+        ({"k" * 64: "on"}, f"invalid propertyName '{'k' * 64}'"),  # a label name has at most 63
+        ({"example.com/" + "k" * 64: "on"}, f"invalid propertyName 'example.com/{'k' * 64}'"),
     ],
 )
 def test_schema_refuses_a_node_label_selector_that_is_no_label(
