@@ -92,9 +92,10 @@ def option_field(
     parse: Callable[[str], Any] | None = None,
     show: Callable[[Any], str | None] | None = None,
     type: Any = None,
+    repeatable: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line option (see :class:`Opt`)."""
-    spec = Opt(help, flag, tuple(aliases), parse, show, type)
+    spec = Opt(help, flag, tuple(aliases), parse, show, type, repeatable)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_OPTION: spec})
 
 
@@ -135,8 +136,8 @@ class _Param:
             attrs["default"] = None
         if self.spec.type is not None:
             attrs["type"] = self.spec.type
-        if self.spec.repeatable:
-            attrs.update(multiple=True, type=_CommaList())
+        if self.spec.repeatable:  # click's default would be one value per character: --help shows it
+            attrs.update(multiple=True, type=_CommaList(), default=None, show_default=shown or False)
         return option(self.flag, self.dest, aliases=self.spec.aliases, **attrs)
 
     def _shown_default(self) -> str | None:

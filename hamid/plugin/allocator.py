@@ -76,6 +76,8 @@ from hamid.plugin.allocator_rules import (
     refuse_unservable,
     to_allocate,
 )
+from hamid.plugin.cdi_specs import CdiScan, CdiSpecs
+from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.device_nodes import CONTROL_NODES, DeviceNodes, gpu_nodes
 from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
@@ -138,12 +140,27 @@ class PreferredRequest:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What one Allocate learned on the host: whether HAMi-core's license exists, which of the
+    device nodes looked up exist, and what the CDI spec directories define (None: not read)."""
+
+    licensed: bool
+    present: frozenset[str]
+    cdi: CdiScan | None
+
+
 def _prepare_host(
-    cache_dirs: Sequence[str], license_path: str, device_nodes: DeviceNodes | None, wanted: Sequence[str]
-) -> tuple[bool, frozenset[str]]:
+    cache_dirs: Sequence[str],
+    license_path: str,
+    device_nodes: DeviceNodes | None,
+    wanted: Sequence[str],
+    cdi_specs: CdiSpecs | None,
+) -> HostFacts:
     """Create the containers' cache directories and HAMi-core's lock directory (world-writable, as
-    HAMi does); whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts it), and which of the
-    ``wanted`` device nodes exist (none looked up without ``device_nodes``). Run in a thread.
+    HAMi does); whether ``<HOOK_PATH>/vgpu/license`` exists (HAMi then mounts it), which of the
+    ``wanted`` device nodes exist (none looked up without ``device_nodes``), and the CDI devices the
+    spec directories define (when named through CDI). Run in a thread.
     """
     for path in [*cache_dirs, hamicore.VGPU_LOCK_DIR]:
         os.makedirs(path, exist_ok=True)
@@ -152,7 +169,8 @@ def _prepare_host(
         except PermissionError:
             log.debug("chmod_skipped_not_owner", path=path)
     present = device_nodes.present(wanted) if device_nodes is not None else frozenset()
-    return os.path.exists(license_path), present
+    scan = cdi_specs.scan() if cdi_specs is not None else None
+    return HostFacts(os.path.exists(license_path), present, scan)
 
 
 class EntryMemory:
@@ -205,10 +223,18 @@ class Allocator:
         preferred_allocation: bool = True,
         on_allocated: Callable[[str, list[str]], None] | None = None,
         device_nodes: DeviceNodes | None = None,
+        device_lists: DeviceLists | None = None,
+        cdi_specs: CdiSpecs | None = None,
     ) -> None:
         self.client = client
         #: Where the device nodes declared as DeviceSpecs are (``--pass-device-specs``); None: off.
         self.device_nodes = device_nodes
+        #: How the answer names the GPUs to the runtime (``--device-list-strategy``, features).
+        self.device_lists = device_lists or DeviceLists()
+        #: The CDI spec directories checked before a CDI device is named (None: no CDI strategy).
+        self.cdi_specs = cdi_specs
+        if self.device_lists.any_cdi and cdi_specs is None:
+            raise ValueError("a CDI device list strategy needs the CDI spec directories")
         #: Told ``(namespace/name, replica IDs)`` after each committed Allocate (the replicas the
         #: pod holds from now on: :class:`~hamid.plugin.replica_room.ReplicaRoom`).
         self.on_allocated = on_allocated
@@ -569,25 +595,32 @@ class Allocator:
         hook = self.hami.hook_path
         dirs = [hamicore.container_cache_dir(hook, uid, str((c or {}).get("name", ""))) for c in containers]
         nodes = self.device_nodes
+        # the booked GPUs of each container, never the GPUs kubelet's replicas sit on
+        uuids = [list(dict.fromkeys(d.uuid for d in devs)) for _idx, devs in plans]
         gpus: list[dict[str, str]] = []  # per container, its GPUs' device nodes
         wanted: list[str] = []
         if nodes is not None:
-            # the booked GPUs (the ones NVIDIA_VISIBLE_DEVICES names), never kubelet's replicas' GPUs
-            gpus = [gpu_nodes((d.uuid for d in devs), self.inventory.minor_of) for _idx, devs in plans]
+            gpus = [gpu_nodes(each, self.inventory.minor_of) for each in uuids]
             wanted = [*CONTROL_NODES, *(n for each in gpus for n in each.values())]
         try:
-            licensed, present = await asyncio.to_thread(
-                _prepare_host, dirs, hamicore.license_host_path(hook), nodes, wanted
+            host = await asyncio.to_thread(
+                _prepare_host, dirs, hamicore.license_host_path(hook), nodes, wanted, self.cdi_specs
             )
         except OSError as exc:
             raise AllocationError(f"cannot create HAMi-core directories {dirs}: {exc}") from exc
+        lists = self.device_lists
+        if host.cdi is not None:
+            for each in uuids:
+                host.cdi.require(lists.cdi_names(each))
         answers = [
-            hami_core_answer(devs, uid, container, self.hami, uuidlib.uuid4().hex, licensed=licensed)
-            for (_idx, devs), container in zip(plans, containers, strict=True)
+            lists.answer(each, str(uuidlib.uuid4())).before(
+                hami_core_answer(devs, uid, container, self.hami, uuidlib.uuid4().hex, licensed=host.licensed)
+            )
+            for each, (_idx, devs), container in zip(uuids, plans, containers, strict=True)
         ]
         if nodes is not None:
             answers = [
-                dataclasses.replace(answer, devices=nodes.specs(each, present))
+                dataclasses.replace(answer, devices=nodes.specs(each, host.present))
                 for answer, each in zip(answers, gpus, strict=True)
             ]
         return plans, remaining, answers

@@ -21,6 +21,8 @@ from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
+from hamid.plugin.cdi_specs import CdiSpecs
+from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.discovery import (
     HealthCheckPolicy,
@@ -150,6 +152,8 @@ class Plugin:
         hide_replicas: str | None = None,
         vgpu_feedback: bool = True,
         device_nodes: DeviceNodes | None = None,
+        device_lists: DeviceLists | None = None,
+        cdi_specs: CdiSpecs | None = None,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config)
@@ -169,7 +173,9 @@ class Plugin:
             self.feedback = VgpuFeedback(hook_path, self.pods.pods)
         self.health_policy = health_policy or HealthCheckPolicy()
         preferred = setup.config.enable_get_preferred_allocation
-        self.allocator = self._allocator(client, hook_path, mismatch_handler, device_nodes)
+        self.allocator = self._allocator(
+            client, hook_path, mismatch_handler, device_nodes, device_lists, cdi_specs
+        )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
         self.metrics = PluginMetrics(
             self.inventory, hook_path=hook_path, nvml=setup.nvml, node_name=node_name
@@ -208,6 +214,8 @@ class Plugin:
         hook_path: str,
         mismatch_handler: MismatchHandler,
         device_nodes: DeviceNodes | None,
+        device_lists: DeviceLists | None,
+        cdi_specs: CdiSpecs | None,
     ) -> Allocator:
         """Allocate's rules with this node's HAMi-core settings (from its node config)."""
         config = self.setup.config
@@ -227,6 +235,8 @@ class Plugin:
             preferred_allocation=config.enable_get_preferred_allocation,
             on_allocated=self.room.allocated if self.room is not None else None,
             device_nodes=device_nodes,
+            device_lists=device_lists,
+            cdi_specs=cdi_specs,
         )
 
     async def run(self) -> None:
@@ -304,6 +314,7 @@ class PluginApp:
         self._timings = timings or PluginTimings()
         self._numa = numa
         self._refit_client: RefitClient | None = None
+        self._cdi_specs: CdiSpecs | None = None
         self._plugin: Plugin | None = None
         self._task: asyncio.Task[None] | None = None
         self._listeners = contextlib.AsyncExitStack()
@@ -329,6 +340,7 @@ class PluginApp:
             policy = self._health_policy or _policy_from_env()
             _log_configured(self.options, setup)
             await _check_device_nodes(self.options.device_nodes(), setup)
+            self._cdi_specs = await _check_cdi_specs(self.options, setup)
             if self._kube is None:
                 self._kube = await _connect(self.options)
             self._plugin = plugin = self._wire(self._kube, setup, handler, policy)
@@ -374,6 +386,8 @@ class PluginApp:
             hide_replicas=hide_rule(options.hide_replicas, setup.config.enable_numa_topology),
             vgpu_feedback=options.vgpu_feedback,
             device_nodes=options.device_nodes(),
+            device_lists=options.device_lists(),
+            cdi_specs=self._cdi_specs,
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -424,6 +438,31 @@ async def _check_device_nodes(nodes: DeviceNodes | None, setup: NodeSetup) -> No
         log.error("gpu_minor_unknown_allocate_refuses", uuids=unknown, option="--pass-device-specs")
 
 
+async def _check_cdi_specs(options: PluginOptions, setup: NodeSetup) -> CdiSpecs | None:
+    """With a CDI device list strategy: the spec directories, read once now so that what is wrong
+    is logged at start (a file that defines nothing, a GPU or feature no spec names: Allocate then
+    refuses its containers); they are read again at each Allocate, so a spec written later counts.
+    Never stops the start: the spec may be generated after the plugin."""
+    lists = options.device_lists()
+    if options.pass_device_specs and lists.all_cdi:
+        log.warning(
+            "pass_device_specs_ignored",
+            reason="every device list strategy is a CDI one: the CDI spec declares the device nodes",
+        )
+    if not lists.any_cdi:
+        return None
+    specs = CdiSpecs(options.cdi_spec_dirs)
+    scan = await asyncio.to_thread(specs.scan)
+    for problem in scan.problems:
+        log.warning("cdi_spec_problem", problem=problem)
+    missing = scan.missing(lists.cdi_names([g.uuid for g in setup.gpus]))
+    if missing:
+        log.error("cdi_devices_missing_allocate_refuses", devices=missing, dirs=list(specs.dirs))
+    else:
+        log.info("cdi_devices_found", gpus=len(setup.gpus), dirs=list(specs.dirs))
+    return specs
+
+
 async def _connect(options: PluginOptions) -> KubeClient:
     try:
         return await connect(options.api_server, options.kubeconfig)
@@ -444,6 +483,8 @@ def _log_configured(options: PluginOptions, setup: NodeSetup) -> None:
         resource=setup.resource_name,
         source="devices-file" if options.devices_file else "nvml",
         pass_device_specs=options.pass_device_specs,
+        device_list_strategy=",".join(options.device_list_strategy),
+        features=list(options.device_lists().features),
     )
 
 

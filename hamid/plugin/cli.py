@@ -12,7 +12,7 @@ from hamid.kube.lean import use_lean_client
 from hamid.listen import ListenError
 from hamid.log import get_logger
 from hamid.options import click_options, from_cli
-from hamid.plugin.options import PluginOptions
+from hamid.plugin.options import PluginOptions, refuse_unbuilt
 from hamid.plugin.refit_client import RefitClientConfig
 from hamid.signals import run_until_signal
 from hamid.tls import TLSConfigError, client_ssl_context
@@ -68,6 +68,7 @@ def check_refit_config(config: RefitClientConfig) -> list[str]:
 
 @click.command("plugin")
 @click_options(PluginOptions)
+@refuse_unbuilt
 def plugin_command(**values: object) -> None:
     """Run the node agent: GPU discovery, node registration, and the kubelet device plugin."""
     options = from_cli(PluginOptions, values)

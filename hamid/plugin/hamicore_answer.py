@@ -1,10 +1,11 @@
-"""What ``Allocate`` answers for a served container: HAMi-core's environment and mounts (pure),
-and the device nodes when they are declared (:mod:`hamid.plugin.device_nodes`)."""
+"""What ``Allocate`` answers for a served container: HAMi-core's environment and mounts (pure), to
+which the runtime-facing part (:mod:`hamid.plugin.device_lists`) and the device nodes when they are
+declared (:mod:`hamid.plugin.device_nodes`) are added."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hamid.model import hamicore
@@ -46,13 +47,15 @@ class MountSpec:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAnswer:
-    """Envs, mounts and device nodes (``--pass-device-specs``) for one container, plus the host
-    directory that must exist."""
+    """Envs, mounts, device nodes (``--pass-device-specs``), annotations and CDI devices for one
+    container, plus the host directory that must exist."""
 
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
     cache_dir: str
     devices: tuple[DeviceSpec, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
 
 
 def hami_core_answer(
@@ -69,8 +72,7 @@ def hami_core_answer(
     ``licensed``: ``<HOOK_PATH>/vgpu/license`` exists on the host (checked by the caller, in a
     thread); the license and ``vgpuvalidator`` are then mounted read-only as HAMi does.
     """
-    uuids = list(dict.fromkeys(d.uuid for d in devices))
-    envs = {hamicore.ENV_VISIBLE_DEVICES: ",".join(uuids)}
+    envs: dict[str, str] = {}
     for position, device in enumerate(devices):
         envs[hamicore.memory_limit_env(position)] = hamicore.memory_limit_value(device.usedmem)
     envs[hamicore.ENV_SM_LIMIT] = str(devices[0].usedcores)

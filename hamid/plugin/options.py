@@ -6,14 +6,18 @@ Light on imports on purpose: ``hamid plugin`` parses its flags before it loads k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from hamid.listen import OPTIONAL_LISTEN
+from hamid.model import cdi
+from hamid.model import nvidia_runtime as nv
 from hamid.model.numa import HIDE_BUSY, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
+from hamid.plugin.device_lists import DeviceLists, check_strategies
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
 from hamid.plugin.podresources_client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
@@ -72,6 +76,100 @@ def hide_rule(setting: str, numa_topology: bool) -> str | None:
     if setting == "auto":
         return AUTO_HIDE_RULE if numa_topology else None
     return setting if setting in HIDE_RULES else None
+
+
+@dataclass(frozen=True, slots=True)
+class Unbuilt:
+    """An option of HAMi's plugin that hamid does not build. Given, as a flag or as HAMi's env var,
+    with anything but the value that changes nothing, it stops the start with ``why``."""
+
+    flag: str
+    env: str
+    #: The value accepted (upstream's default); None: a switch, refused when on.
+    inert: str | None
+    why: str
+
+
+#: HAMi's plugin options near the device list strategies that are not built (its chart sets none).
+UNBUILT = (
+    Unbuilt(
+        "--device-id-strategy",
+        "DEVICE_ID_STRATEGY",
+        "uuid",
+        "GPUs are named by UUID (NVIDIA_VISIBLE_DEVICES, CDI devices, volume mounts); the index "
+        "strategy is not built",
+    ),
+    Unbuilt(
+        "--cdi-annotation-prefix",
+        "CDI_ANNOTATION_PREFIX",
+        cdi.ANNOTATION_PREFIX,
+        f"CDI annotations are written under {cdi.ANNOTATION_PREFIX}, the prefix containerd and CRI-O "
+        "read; another prefix is not built",
+    ),
+    Unbuilt("--imex-channel-ids", "IMEX_CHANNEL_IDS", "", "IMEX channels are not built"),
+    Unbuilt("--imex-required", "IMEX_REQUIRED", None, "IMEX channels are not built"),
+)
+
+_C = TypeVar("_C", bound=Callable[..., Any])
+
+
+def refuse_unbuilt(command: _C) -> _C:
+    """Decorate ``hamid plugin`` with the :data:`UNBUILT` options (hidden), each refusing a value
+    that would change something: a clear usage error instead of an unknown flag or an ignored env."""
+
+    def refuser(unbuilt: Unbuilt) -> Callable[[click.Context, click.Parameter, Any], None]:
+        def check(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+            if value is None or value is False or value == unbuilt.inert:
+                return
+            given = "on" if value is True else repr(value)
+            raise click.BadParameter(
+                f"{given} is refused: {unbuilt.why} in hamid",
+                ctx=ctx,
+                param_hint=f"{unbuilt.flag} (env {unbuilt.env})",
+            )
+
+        return check
+
+    for unbuilt in reversed(UNBUILT):
+        command = click.option(
+            unbuilt.flag,
+            envvar=unbuilt.env,
+            hidden=True,
+            expose_value=False,
+            is_flag=unbuilt.inert is None,
+            default=None,
+            callback=refuser(unbuilt),
+        )(command)
+    return command
+
+
+def _strategies(text: str) -> tuple[str, ...]:
+    return check_strategies(text.split(","))
+
+
+def check_spec_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
+    """The CDI spec directories given (blank entries skipped); ValueError unless each is absolute
+    and there is one at least."""
+    chosen = tuple(d.strip() for d in dirs if d.strip())
+    relative = [d for d in chosen if not d.startswith("/")]
+    if relative:
+        raise ValueError(f"{', '.join(map(repr, relative))}: not an absolute path")
+    if not chosen:
+        raise ValueError("no directory")
+    return chosen
+
+
+def _spec_dirs(text: str) -> tuple[str, ...]:
+    return check_spec_dirs(tuple(text.split(",")))
+
+
+def _feature_help(what: str, feature: str) -> str:
+    device = f"{nv.feature_kind(feature)}={nv.FEATURE_DEVICE}"
+    return (
+        f"Start GPU containers with {what} (HAMi's flag): {nv.FEATURE_ENVS[feature]}={nv.FEATURE_ENABLED} "
+        f"unless every device list strategy is a CDI one, and the CDI device {device} with a CDI "
+        "strategy (a spec must define it)."
+    )
 
 
 def _resource_name(text: str) -> str | None:
@@ -148,6 +246,42 @@ class PluginOptions:
         default=None,
         parse=or_none,
     )
+    device_list_strategy: tuple[str, ...] = option_field(
+        "How Allocate names each container's booked GPUs to the container runtime (HAMi's and "
+        "NVIDIA's values; repeat the flag or give a comma list): envvar (NVIDIA_VISIBLE_DEVICES=<GPU "
+        "UUIDs>, read by the NVIDIA runtime), volume-mounts (NVIDIA_VISIBLE_DEVICES="
+        f"{nv.VOLUME_MOUNTS_ROOT} and a mount of /dev/null per GPU UUID under it), cdi-annotations "
+        f"(the container annotation {cdi.ANNOTATION_PREFIX}{nv.CDI_ANNOTATION_PLUGIN}_<id> naming the "
+        f"CDI devices {nv.GPU_KIND}=<GPU UUID>), cdi-cri (the same CDI devices in the answer's CDI "
+        "field; Kubernetes 1.28+). With CDI strategies only, NVIDIA_VISIBLE_DEVICES, DeviceSpecs and "
+        "the feature env vars are left to the CDI spec, as upstream; HAMi-core's env and mounts "
+        "always stay. CDI devices need a spec on the node (see --cdi-spec-dirs).",
+        default=(nv.ENVVAR,),
+        aliases=["DEVICE_LIST_STRATEGY"],
+        parse=_strategies,
+        show=",".join,
+        repeatable=True,
+    )
+    cdi_spec_dirs: tuple[str, ...] = option_field(
+        "The node's CDI spec directories where this process sees them, lowest priority first "
+        "(comma list or repeated; mount the runtime's). hamid writes no spec: with a CDI strategy it "
+        f"checks at start and at each Allocate that a spec of kind {nv.GPU_KIND} names every GPU by "
+        "UUID (nvidia-ctk cdi generate does), and Allocate refuses a container whose CDI device no "
+        "spec defines.",
+        default=cdi.DEFAULT_SPEC_DIRS,
+        parse=_spec_dirs,
+        show=",".join,
+        repeatable=True,
+    )
+    gdrcopy_enabled: bool = option_field(
+        _feature_help("GDRCopy", nv.GDRCOPY), default=False, aliases=["GDRCOPY_ENABLED"]
+    )
+    gds_enabled: bool = option_field(
+        _feature_help("GPUDirect Storage", nv.GDS), default=False, aliases=["GDS_ENABLED"]
+    )
+    mofed_enabled: bool = option_field(
+        _feature_help("the MOFED (RDMA) stack", nv.MOFED), default=False, aliases=["MOFED_ENABLED"]
+    )
     refit: RefitClientConfig = nested_field(RefitClientConfig, REFIT_FLAGS)
     #: host:port of /metrics, /metrics/hami, /healthz, /readyz ("" = none).
     metrics_listen: str = option_field(
@@ -201,10 +335,25 @@ class PluginOptions:
         for flag, path in (("--dev-root", self.dev_root), ("--dev-root-ctr-path", self.dev_root_ctr_path)):
             if path is not None and not path.startswith("/"):
                 raise OptionError(flag, f"{path!r} is not an absolute path")
+        for flag, check, value in (
+            ("--device-list-strategy", check_strategies, self.device_list_strategy),
+            ("--cdi-spec-dirs", check_spec_dirs, self.cdi_spec_dirs),
+        ):
+            try:
+                check(value)
+            except ValueError as exc:
+                raise OptionError(flag, str(exc)) from None
+
+    def device_lists(self) -> DeviceLists:
+        """How Allocate names the GPUs to the runtime, and the features each container gets."""
+        switches = (self.gdrcopy_enabled, self.gds_enabled, self.mofed_enabled)
+        features = tuple(f for f, on in zip(nv.FEATURES, switches, strict=True) if on)
+        return DeviceLists(self.device_list_strategy, features)
 
     def device_nodes(self) -> DeviceNodes | None:
-        """Where the device nodes declared to kubelet are (None: ``--pass-device-specs`` is off)."""
-        if not self.pass_device_specs:
+        """Where the device nodes declared to kubelet are (None: ``--pass-device-specs`` is off, or
+        every device list strategy is a CDI one, whose spec declares the nodes)."""
+        if not self.pass_device_specs or self.device_lists().all_cdi:
             return None
         return DeviceNodes(dev_root=self.dev_root, seen_root=self.dev_root_ctr_path or self.dev_root)
 

@@ -95,6 +95,8 @@ def allocate_response(answers: list[ContainerAnswer]) -> pb.AllocateResponse:
                     container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
                 )
             )
+        car.annotations.update(answer.annotations)
+        car.cdi_devices.extend(pb.CDIDevice(name=name) for name in answer.cdi_devices)
     return out
 
 

@@ -11,6 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from hamid.options import OptionError, click_options, from_cli
+from hamid.plugin.cli import plugin_command
+from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.options import PluginOptions
 from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME, SchedulerSettings
@@ -162,3 +164,105 @@ def test_help_shows_defaults_as_go_durations() -> None:
 )
 def test_format_duration(value: float | timedelta, text: str) -> None:
     assert format_duration(value) == text
+
+
+def test_device_list_strategy_takes_repeats_comma_lists_and_hamis_env() -> None:
+    assert _parse(PluginOptions, ["--node-name=n1"]).device_lists() == DeviceLists(("envvar",), ())
+    options = _parse(
+        PluginOptions,
+        ["--node-name=n1", "--device-list-strategy=cdi-cri", "--device-list-strategy", "envvar, cdi-cri"],
+    )
+    assert options.device_list_strategy == ("cdi-cri", "envvar")
+    hami_chart = {
+        "DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri",
+        "GDRCOPY_ENABLED": "true",
+        "GDS_ENABLED": "false",
+        "MOFED_ENABLED": "true",
+    }
+    options = _parse(PluginOptions, ["--node-name=n1"], env=hami_chart)
+    assert options.device_lists() == DeviceLists(("cdi-annotations", "cdi-cri"), ("gdrcopy", "mofed"))
+    options = _parse(PluginOptions, ["--node-name=n1", "--cdi-spec-dirs=/a", "--cdi-spec-dirs=/b,/c"])
+    assert options.cdi_spec_dirs == ("/a", "/b", "/c")
+    assert _parse(PluginOptions, ["--node-name=n1"]).cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "flag", "message"),
+    [
+        (["--device-list-strategy=cdi"], {}, "--device-list-strategy", "'cdi': not a device list strategy"),
+        ([], {"DEVICE_LIST_STRATEGY": "envvar,nvml"}, "--device-list-strategy", "'nvml': not a device list"),
+        (["--device-list-strategy= ,"], {}, "--device-list-strategy", "no device list strategy"),
+        (["--cdi-spec-dirs=etc/cdi"], {}, "--cdi-spec-dirs", "'etc/cdi': not an absolute path"),
+        (["--cdi-spec-dirs="], {}, "--cdi-spec-dirs", "no directory"),
+    ],
+)
+def test_bad_device_list_values_are_one_usage_error(
+    args: list[str], env: dict[str, str], flag: str, message: str
+) -> None:
+    result = _parse(PluginOptions, ["--node-name=n1", *args], env=env)
+    assert result.exit_code == 2
+    assert f"Invalid value for {flag}: " in result.output and message in result.output
+
+
+def test_device_list_checks_guard_direct_construction() -> None:
+    with pytest.raises(OptionError, match="--device-list-strategy: 'index': not a device list strategy"):
+        PluginOptions(node_name="n1", device_list_strategy=("index",))
+    with pytest.raises(OptionError, match="--cdi-spec-dirs: no directory"):
+        PluginOptions(node_name="n1", cdi_spec_dirs=())
+
+
+def test_with_cdi_only_no_device_specs_are_declared() -> None:
+    """The CDI spec declares the device nodes: --pass-device-specs then adds nothing (upstream)."""
+    on = PluginOptions(node_name="n1", pass_device_specs=True, device_list_strategy=("envvar", "cdi-cri"))
+    assert on.device_nodes() == DeviceNodes("/", "/")
+    off = dataclasses.replace(on, device_list_strategy=("cdi-annotations", "cdi-cri"))
+    assert off.device_nodes() is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "refused"),
+    [
+        (
+            ["--device-id-strategy=index"],
+            {},
+            "--device-id-strategy (env DEVICE_ID_STRATEGY): 'index' is refused",
+        ),
+        ([], {"DEVICE_ID_STRATEGY": "index"}, "'index' is refused: GPUs are named by UUID"),
+        (["--cdi-annotation-prefix=example.com/"], {}, "--cdi-annotation-prefix (env CDI_ANNOTATION_PREFIX)"),
+        ([], {"IMEX_CHANNEL_IDS": "0"}, "'0' is refused: IMEX channels are not built in hamid"),
+        (["--imex-channel-ids=0", "--imex-channel-ids=1"], {}, "IMEX channels are not built in hamid"),
+        (["--imex-required"], {}, "--imex-required (env IMEX_REQUIRED): on is refused"),
+        ([], {"IMEX_REQUIRED": "true"}, "on is refused: IMEX channels"),
+    ],
+)
+def test_hamis_unbuilt_plugin_options_are_refused_by_name(
+    args: list[str], env: dict[str, str], refused: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(click.BadParameter) as err:
+        plugin_command.make_context("plugin", ["--node-name=n1", *args])
+    assert refused in err.value.format_message()
+
+
+def test_hamis_unbuilt_options_at_their_defaults_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"DEVICE_ID_STRATEGY": "uuid", "IMEX_REQUIRED": "false"}.items():
+        monkeypatch.setenv(name, value)
+    args = ["--node-name=n1", "--cdi-annotation-prefix=cdi.k8s.io/", "--imex-channel-ids="]
+    context = plugin_command.make_context("plugin", args)
+    assert from_cli(PluginOptions, context.params) == PluginOptions(node_name="n1")
+
+
+def test_help_explains_the_device_list_options() -> None:
+    out = " ".join(CliRunner().invoke(plugin_command, ["--help"], terminal_width=400).output.split())
+    for flag, text in {
+        "--device-list-strategy TEXT": "volume-mounts (NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container",
+        "--cdi-spec-dirs TEXT": "hamid writes no spec",
+        "--gdrcopy-enabled / --no-gdrcopy-enabled": "NVIDIA_GDRCOPY=enabled unless every device list",
+        "--gds-enabled / --no-gds-enabled": "the CDI device nvidia.com/gds=all with a CDI strategy",
+        "--mofed-enabled / --no-mofed-enabled": "NVIDIA_MOFED=enabled",
+    }.items():
+        own = out.split(flag, 1)[1].split(" --", 1)[0]  # the flag's own help
+        assert text in own, own
+    assert "DEVICE_LIST_STRATEGY" in out and "GDS_ENABLED" in out and "default: (envvar)" in out
+    assert "--imex-required" not in out  # refused options are hidden

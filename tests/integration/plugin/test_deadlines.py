@@ -16,7 +16,8 @@ from hamid.kube.errors import Timeout
 from hamid.kube.retry import RetryBudget
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
 from hamid.plugin import allocator as allocate_module
-from hamid.plugin.allocator import CALLS_AFTER_PREPARE, TRANSIENT_RETRIES, Allocator
+from hamid.plugin.allocator import CALLS_AFTER_PREPARE, TRANSIENT_RETRIES, Allocator, HostFacts
+from hamid.plugin.cdi_specs import CdiSpecs
 from hamid.plugin.device_nodes import DeviceNodes
 from tests.integration.plugin.helpers import (
     NODE,
@@ -35,10 +36,14 @@ async def test_a_timeout_before_the_commit_runs_the_failure_path(monkeypatch: py
     release = threading.Event()
 
     def stalled_prepare_host(
-        paths: Sequence[str], license_path: str, nodes: DeviceNodes | None, wanted: Sequence[str]
-    ) -> tuple[bool, frozenset[str]]:
+        paths: Sequence[str],
+        license_path: str,
+        nodes: DeviceNodes | None,
+        wanted: Sequence[str],
+        cdi_specs: CdiSpecs | None,
+    ) -> HostFacts:
         release.wait(5)
-        return False, frozenset()
+        return HostFacts(False, frozenset(), None)
 
     monkeypatch.setattr(allocate_module, "_prepare_host", stalled_prepare_host)
     pod = scheduled_pod("slow", ((dev("GPU-0", 1000, 10),),))

@@ -24,6 +24,7 @@ from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
 from hamid.options import from_cli
 from hamid.plugin.cli import plugin_command
+from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.options import PluginOptions
 from hamid.plugin.refit_client import RefitClientConfig, build_refit_client
@@ -110,6 +111,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         }
     },
     "device-specs": {"devicePlugin": {"passDeviceSpecs": True, "nvidiaDriverRoot": "/run/nvidia/driver/"}},
+    # a runtime that injects GPUs through CDI only, with HAMi's feature switches
+    "cdi": {
+        "devicePlugin": {
+            "deviceListStrategy": "cdi-annotations, cdi-cri",
+            "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi", "/opt/cdi"],
+            "gdsEnabled": True,
+            "mofedEnabled": True,
+        }
+    },
 }
 
 
@@ -652,10 +662,46 @@ def test_pass_device_specs_mounts_the_driver_roots_dev_where_the_plugin_looks() 
     assert nodes.seen_path("/dev") not in mounts(defaults)
 
 
+def _plugin_options(pod_owner: dict[str, Any]) -> PluginOptions:
+    """The device plugin's args as the real ``hamid plugin`` parses them."""
+    _, mode_args = split_mode_args(container(pod_owner, "device-plugin")["args"], "plugin")
+    context = plugin_command.make_context("plugin", [*mode_args, "--node-name=n1"])
+    return from_cli(PluginOptions, context.params)
+
+
+def test_cdi_strategies_mount_the_spec_directories_read_only() -> None:
+    """HAMi's keys reach the real CLI; each CDI spec directory is mounted read-only where the plugin
+    reads it; envvar (the default) mounts none and sets no feature."""
+    ds = rendered("cdi").get("DaemonSet", PLUGIN)
+    options = _plugin_options(ds)
+    lists = options.device_lists()
+    assert lists.strategies == ("cdi-annotations", "cdi-cri") and lists.all_cdi
+    assert lists.features == ("gds", "mofed")
+    assert options.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi", "/opt/cdi")
+    seen = mounts(container(ds, "device-plugin"))
+    for directory in options.cdi_spec_dirs:
+        assert seen[directory]["readOnly"] is True
+        host = volumes(ds)[seen[directory]["name"]]["hostPath"]
+        assert host == {"path": directory, "type": "DirectoryOrCreate"}
+    defaults = rendered("defaults").get("DaemonSet", PLUGIN)
+    options = _plugin_options(defaults)
+    assert options.device_lists() == DeviceLists(("envvar",), ())
+    assert not {"/etc/cdi", "/var/run/cdi"} & set(mounts(container(defaults, "device-plugin")))
+    mixed = render({"devicePlugin": {"deviceListStrategy": "envvar,cdi-cri", "gdrcopyEnabled": True}})
+    options = _plugin_options(mixed.get("DaemonSet", PLUGIN))
+    assert options.device_lists() == DeviceLists(("envvar", "cdi-cri"), ("gdrcopy",))
+    assert "/var/run/cdi" in mounts(container(mixed.get("DaemonSet", PLUGIN), "device-plugin"))
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"devicePlugin": {"nvidiaDriverRoot": "run/nvidia/driver"}}, "nvidiaDriverRoot"),
+        ({"devicePlugin": {"deviceListStrategy": "envvar,cdi"}}, "deviceListStrategy"),
+        ({"devicePlugin": {"deviceListStrategy": ["envvar"]}}, "deviceListStrategy"),
+        ({"devicePlugin": {"cdiSpecDirs": ["etc/cdi"]}}, "cdiSpecDirs"),
+        ({"devicePlugin": {"gdsEnabled": "true"}}, "gdsEnabled"),
+        ({"devicePlugin": {"deviceIDStrategy": "index"}}, "deviceIDStrategy"),
         ({"devicePlugin": {"passDeviceSpecs": "yes"}}, "passDeviceSpecs"),
         ({"scheduler": {"refitAuth": ["mtls"]}}, "clientCASecret"),
         ({"scheduler": {"refitAuth": ["password"]}}, "unknown method"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hamid.model import annotations as ann
-from hamid.model import hamicore
+from hamid.model import cdi, hamicore, nvidia_runtime
 from hamid.model.resources import ResourceConfig
 
 ANNOTATIONS = {
@@ -66,6 +66,30 @@ HAMI_CORE_ENV = {
     "LIBVGPU_NAME": "libvgpu.so",
 }
 
+#: NVIDIA's k8s-device-plugin (api/config/v1, internal/plugin/server.go; HAMi's copy) and nvidia-ctk's
+#: default CDI vendor.
+NVIDIA_RUNTIME = {
+    "ENVVAR": "envvar",
+    "VOLUME_MOUNTS": "volume-mounts",
+    "CDI_ANNOTATIONS": "cdi-annotations",
+    "CDI_CRI": "cdi-cri",
+    "VOLUME_MOUNTS_ROOT": "/var/run/nvidia-container-devices",
+    "VOLUME_MOUNTS_HOST_PATH": "/dev/null",
+    "CDI_VENDOR": "nvidia.com",
+    "GPU_KIND": "nvidia.com/gpu",
+    "CDI_ANNOTATION_PLUGIN": "nvidia-device-plugin",
+    "GDRCOPY": "gdrcopy",
+    "GDS": "gds",
+    "MOFED": "mofed",
+    "ENV_GDRCOPY": "NVIDIA_GDRCOPY",
+    "ENV_GDS": "NVIDIA_GDS",
+    "ENV_MOFED": "NVIDIA_MOFED",
+    "FEATURE_ENABLED": "enabled",
+    "FEATURE_DEVICE": "all",
+}
+#: The CDI specification's (cncf-tags/container-device-interface).
+CDI = {"ANNOTATION_PREFIX": "cdi.k8s.io/"}
+
 
 def _public_strings(module: object) -> dict[str, str]:
     return {
@@ -92,6 +116,13 @@ def test_hami_core_environment(name: str, literal: str) -> None:
 def test_every_hami_core_env_constant_is_pinned_here() -> None:
     env = {n for n in _public_strings(hamicore) if n.startswith("ENV_")}
     assert env <= HAMI_CORE_ENV.keys()
+
+
+@pytest.mark.parametrize(
+    ("module", "literals"), [(nvidia_runtime, NVIDIA_RUNTIME), (cdi, CDI)], ids=["nvidia", "cdi"]
+)
+def test_nvidia_runtime_and_cdi_names(module: object, literals: dict[str, str]) -> None:
+    assert _public_strings(module) == literals
 
 
 def test_scheduler_owned_keys_are_the_literal_ones() -> None:

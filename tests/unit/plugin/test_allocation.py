@@ -256,8 +256,7 @@ def test_hami_core_answer() -> None:
     answer = hami_core_answer(
         (cd("GPU-a", 3000, 50), cd("GPU-b", 4000, 60)), "uid1", container, settings, "tok"
     )
-    assert answer.envs == {
-        "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+    assert answer.envs == {  # NVIDIA_VISIBLE_DEVICES is the device list's (test_device_lists.py)
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_MEMORY_LIMIT_1": "4000m",
         "CUDA_DEVICE_SM_LIMIT": "50",

@@ -1,0 +1,129 @@
+"""The CDI devices the node's spec directories define, as this process sees them (blocking reads).
+
+hamid generates no CDI spec (NVIDIA's plugin can, through nvidia-container-toolkit's Go library);
+the node must have one (``nvidia-ctk cdi generate``, or the toolkit's ``nvidia-cdi-refresh``
+service). Before it names a CDI device, the plugin checks that a spec defines it: the runtime
+would otherwise fail the container's creation later, with a vaguer error, or a container could
+start without its GPU. Each scan lists the directories and re-reads only files whose size or
+modification time changed, so a spec written after the plugin started is seen at the next
+``Allocate``. A file that cannot be read or parsed is reported (logged once per version, naming the
+file) and defines nothing, as in the runtime; it never stops the plugin. One scan at a time: run
+:meth:`CdiSpecs.scan` in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hamid.log import get_logger
+from hamid.model import cdi
+from hamid.model.errors import InvalidInput
+from hamid.plugin.errors import AllocationError, summarize
+
+log = get_logger("plugin.cdi")
+
+#: A file's identity for the cache: inode, size, modification time (ns).
+_Stamp = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CdiScan:
+    """One scan: the resolvable devices and what is wrong with the directories or their files."""
+
+    dirs: tuple[str, ...]
+    devices: frozenset[str]
+    problems: tuple[str, ...]
+
+    def missing(self, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` no spec makes resolvable."""
+        return [n for n in names if n not in self.devices]
+
+    def require(self, names: Sequence[str]) -> None:
+        """Refuse (``cdi-device-missing``) a container whose CDI devices are not all defined: the
+        runtime would fail to create it, later and with a vaguer error."""
+        missing = self.missing(names)
+        if not missing:
+            return
+        problems = f"; spec problems: {summarize(self.problems)}" if self.problems else ""
+        raise AllocationError(
+            f"no CDI spec in {', '.join(self.dirs)} defines {', '.join(missing)}: generate one on the "
+            "node (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml; for a feature add "
+            f"--mode=<feature> --class=<feature>), or use --device-list-strategy=envvar{problems}",
+            code="cdi-device-missing",
+        )
+
+
+class CdiSpecs:
+    """The spec directories (lowest priority first, as the runtime is configured) and a cache of
+    their files' parsed contents."""
+
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self.dirs = tuple(dirs)
+        self._files: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
+
+    def scan(self) -> CdiScan:
+        """Read the directories now (files unchanged since the last scan are not parsed again)."""
+        problems: list[str] = []
+        entries: list[tuple[int, str, cdi.SpecDevices]] = []
+        seen: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
+        for priority, directory in enumerate(self.dirs):
+            try:
+                names = sorted(os.listdir(directory))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                problems.append(f"cannot list {directory}: {exc.strerror or exc}")
+                continue
+            for name in names:
+                if not name.endswith(cdi.SPEC_SUFFIXES):
+                    continue
+                path = os.path.join(directory, name)
+                read = self._read(path)
+                if read is None:
+                    continue
+                seen[path] = read
+                content = read[1]
+                if isinstance(content, str):
+                    problems.append(content)
+                else:
+                    entries.append((priority, path, content))
+        self._files = seen
+        resolved = cdi.resolve(entries)
+        for device, paths in sorted(resolved.conflicts.items()):
+            files = " and ".join(paths)
+            problems.append(f"{device} is defined by {files}: a conflict, the runtime resolves neither")
+        return CdiScan(self.dirs, resolved.devices, tuple(problems))
+
+    def _read(self, path: str) -> tuple[_Stamp, cdi.SpecDevices | str] | None:
+        """The cached or freshly parsed content of one file (a string: why it defines nothing);
+        None for a directory or a file gone meanwhile."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return (0, 0, 0), f"{path}: cannot read: {exc.strerror or exc}"
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached
+        content: cdi.SpecDevices | str
+        try:
+            with open(path, encoding="utf-8") as f:
+                content = cdi.parse_spec(f.read(), path)
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            content = f"{path}: cannot read: {exc}"
+        except InvalidInput as exc:
+            content = str(exc)
+        if isinstance(content, str):
+            log.warning("cdi_spec_ignored", path=path, problem=content)
+        else:
+            log.info("cdi_spec_read", path=path, kind=content.kind, devices=len(content.names))
+        return stamp, content

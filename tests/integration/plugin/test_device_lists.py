@@ -1,0 +1,295 @@
+"""``--device-list-strategy``, the CDI spec check and the feature switches, over the plugin's unix
+socket: what Allocate answers for the GPUs the scheduler booked (never those kubelet's replicas sit
+on), with HAMi-core's env and mounts in every case. CDI specs are files in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from tests.integration.plugin.helpers import NODE, dev, running_plugin, scheduled_pod, stored_annotations
+from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
+
+KEY = re.compile(r"cdi\.k8s\.io/nvidia-device-plugin_[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\Z")
+ROOT = "/var/run/nvidia-container-devices"
+#: The env names HAMi-core's part of the answer always has (one GPU).
+CORE_ENVS = {"CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
+
+
+def write_spec(directory: Path, name: str, kind: str, *devices: str) -> Path:
+    """A spec file as ``nvidia-ctk cdi generate`` writes it (edits trimmed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": kind,
+        "devices": [
+            {"name": d, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for d in devices
+        ],
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+    }
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def gpu_spec(directory: Path, *uuids: str) -> Path:
+    """The node's GPU spec, naming ``uuids`` by index and by UUID, as nvidia-ctk's default does."""
+    names = [*(str(i) for i in range(len(uuids))), *uuids, "all"]
+    return write_spec(directory, "nvidia.json", "nvidia.com/gpu", *names)
+
+
+def runtime_part(r: pb.ContainerAllocateResponse) -> dict[str, Any]:
+    """What the device list strategy put in one answer (HAMi-core's part left out)."""
+    return {
+        "env": r.envs.get("NVIDIA_VISIBLE_DEVICES"),
+        "mounts": [
+            (m.container_path, m.host_path, m.read_only)
+            for m in r.mounts
+            if m.container_path.startswith(ROOT)
+        ],
+        "annotations": sorted(r.annotations.values()),
+        "cdi": [d.name for d in r.cdi_devices],
+    }
+
+
+def has_hami_core(r: pb.ContainerAllocateResponse, hook: Path) -> bool:
+    paths = {m.container_path for m in r.mounts}
+    return set(r.envs) >= CORE_ENVS and {f"{hook}/vgpu/libvgpu.so", "/etc/ld.so.preload"} <= paths
+
+
+#: strategies → (one GPU (GPU-1), two GPUs (GPU-2 then GPU-1)) as runtime_part renders them.
+EXPECTED: dict[tuple[str, ...], tuple[dict[str, Any], dict[str, Any]]] = {
+    ("envvar",): (
+        {"env": "GPU-1", "mounts": [], "annotations": [], "cdi": []},
+        {"env": "GPU-2,GPU-1", "mounts": [], "annotations": [], "cdi": []},
+    ),
+    ("volume-mounts",): (
+        {"env": ROOT, "mounts": [(f"{ROOT}/GPU-1", "/dev/null", False)], "annotations": [], "cdi": []},
+        {
+            "env": ROOT,
+            "mounts": [(f"{ROOT}/GPU-2", "/dev/null", False), (f"{ROOT}/GPU-1", "/dev/null", False)],
+            "annotations": [],
+            "cdi": [],
+        },
+    ),
+    ("cdi-annotations",): (
+        {"env": None, "mounts": [], "annotations": ["nvidia.com/gpu=GPU-1"], "cdi": []},
+        {"env": None, "mounts": [], "annotations": ["nvidia.com/gpu=GPU-2,nvidia.com/gpu=GPU-1"], "cdi": []},
+    ),
+    ("cdi-cri",): (
+        {"env": None, "mounts": [], "annotations": [], "cdi": ["nvidia.com/gpu=GPU-1"]},
+        {
+            "env": None,
+            "mounts": [],
+            "annotations": [],
+            "cdi": ["nvidia.com/gpu=GPU-2", "nvidia.com/gpu=GPU-1"],
+        },
+    ),
+    ("envvar", "cdi-cri"): (
+        {"env": "GPU-1", "mounts": [], "annotations": [], "cdi": ["nvidia.com/gpu=GPU-1"]},
+        {
+            "env": "GPU-2,GPU-1",
+            "mounts": [],
+            "annotations": [],
+            "cdi": ["nvidia.com/gpu=GPU-2", "nvidia.com/gpu=GPU-1"],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("strategies", list(EXPECTED), ids=[",".join(s) for s in EXPECTED])
+async def test_each_strategy_names_the_booked_gpus(tmp_path: Path, strategies: tuple[str, ...]) -> None:
+    gpu_spec(tmp_path / "cdi", "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+    one, several = EXPECTED[strategies]
+    specs = (str(tmp_path / "cdi"),)
+    async with (
+        running_plugin(device_list_strategy=strategies, cdi_spec_dirs=specs) as (env, _),
+        stub_for(env) as stub,
+    ):
+        await seeded(env, scheduled_pod("p1", ((dev("GPU-1", 1000, 10),),)))
+        r = await allocate(stub, "GPU-1-0")
+        assert runtime_part(r) == one
+        assert all(KEY.match(k) for k in r.annotations)
+        assert has_hami_core(r, env.hook) and list(r.devices) == []
+        # kubelet's replicas sit on GPU-3 and GPU-0: the booking (GPU-2, GPU-1) is what is named
+        await seeded(env, scheduled_pod("p2", ((dev("GPU-2", 1000, 10), dev("GPU-1", 1000, 10)),)))
+        r = await allocate(stub, "GPU-3-0", "GPU-0-1")
+        assert runtime_part(r) == several
+        assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "1000m" and has_hami_core(r, env.hook)
+        assert stored_annotations(env.server, "Pod", "p2")[BIND_PHASE] == "success"
+
+
+async def test_each_container_of_a_pod_gets_its_own_cdi_devices(tmp_path: Path) -> None:
+    gpu_spec(tmp_path, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+    pod = scheduled_pod(
+        "multi",
+        (
+            (dev("GPU-0", 500, 10),),
+            (),
+            (dev("GPU-1", 500, 10),),
+            (dev("GPU-3", 500, 10), dev("GPU-2", 500, 10)),
+        ),
+        init=("i0",),
+        containers=("c0", "c1", "c2"),
+    )
+    strategies = ("cdi-annotations", "cdi-cri")
+    async with (
+        running_plugin(device_list_strategy=strategies, cdi_spec_dirs=(str(tmp_path),)) as (env, _),
+        stub_for(env) as stub,
+    ):
+        await seeded(env, pod)
+        r0 = await allocate(stub, "GPU-0-0")
+        assert runtime_part(r0)["cdi"] == ["nvidia.com/gpu=GPU-0"]
+        both = await stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=["GPU-1-0"]),
+                    pb.ContainerAllocateRequest(devices_ids=["GPU-2-0", "GPU-3-0"]),
+                ]
+            ),
+            timeout=10,
+        )
+        c1, c2 = both.container_responses
+        assert runtime_part(c1) == {
+            "env": None,
+            "mounts": [],
+            "annotations": ["nvidia.com/gpu=GPU-1"],
+            "cdi": ["nvidia.com/gpu=GPU-1"],
+        }
+        assert runtime_part(c2)["annotations"] == ["nvidia.com/gpu=GPU-3,nvidia.com/gpu=GPU-2"]
+        assert runtime_part(c2)["cdi"] == ["nvidia.com/gpu=GPU-3", "nvidia.com/gpu=GPU-2"]
+        # kubelet merges annotations across a pod's answers, first wins: every key is unique
+        keys = [*r0.annotations, *c1.annotations, *c2.annotations]
+        assert len(set(keys)) == 3 and all(KEY.match(k) for k in keys)
+        assert stored_annotations(env.server, "Pod", "multi")[BIND_PHASE] == "success"
+
+
+async def test_only_cdi_keeps_hami_core_and_leaves_env_and_device_nodes_to_the_spec(tmp_path: Path) -> None:
+    """HAMi-core's env and mounts (its limits) stay; NVIDIA_VISIBLE_DEVICES, the DeviceSpecs of
+    --pass-device-specs and the feature env vars go, as upstream: the features are CDI devices."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+    write_spec(specs, "nvidia-gds.yaml", "nvidia.com/gds", "all")
+    write_spec(specs, "nvidia-mofed.yaml", "nvidia.com/mofed", "all")
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            running_plugin(
+                device_list_strategy=("cdi-cri",),
+                cdi_spec_dirs=(str(specs),),
+                gds_enabled=True,
+                mofed_enabled=True,
+                pass_device_specs=True,
+                dev_root=str(tmp_path / "no-dev-needed"),
+            ) as (env, _),
+            stub_for(env) as stub,
+        ):
+            assert env.plugin.allocator.device_nodes is None
+            await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+            r = await allocate(stub, "GPU-1-0")
+    assert set(r.envs) == CORE_ENVS
+    assert [d.name for d in r.cdi_devices] == [
+        "nvidia.com/gpu=GPU-1",
+        "nvidia.com/gds=all",
+        "nvidia.com/mofed=all",
+    ]
+    assert list(r.devices) == [] and dict(r.annotations) == {}
+    assert {m.container_path for m in r.mounts} == {
+        f"{env.hook}/vgpu/libvgpu.so",
+        f"{env.hook}/vgpu",
+        "/tmp/vgpulock",
+        "/etc/ld.so.preload",
+    }
+    assert any(e["event"] == "pass_device_specs_ignored" for e in logs)
+
+
+async def test_feature_switches_with_the_env_strategy(tmp_path: Path) -> None:
+    async with (
+        running_plugin(gdrcopy_enabled=True, gds_enabled=True, mofed_enabled=True) as (env, _),
+        stub_for(env) as stub,
+    ):
+        assert env.plugin.allocator.cdi_specs is None  # no CDI strategy: no spec read
+        await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+        r = await allocate(stub, "GPU-1-0")
+        assert {k: v for k, v in r.envs.items() if k.startswith("NVIDIA_")} == {
+            "NVIDIA_VISIBLE_DEVICES": "GPU-1",
+            "NVIDIA_GDRCOPY": "enabled",
+            "NVIDIA_GDS": "enabled",
+            "NVIDIA_MOFED": "enabled",
+        }
+        assert list(r.cdi_devices) == [] and dict(r.annotations) == {}
+
+
+async def refused(env: Any, stub: Any, name: str, replica: str) -> str:
+    """Allocate ``replica`` for the seeded pod ``name``: its refusal, after checking that nothing was
+    consumed, the pod is marked failed and the node lock released."""
+    pod = env.server.get("Pod", "default", name)
+    with pytest.raises(GRPCError) as err:
+        await allocate(stub, replica)
+    assert err.value.status is Status.FAILED_PRECONDITION
+    ann = stored_annotations(env.server, "Pod", name)
+    assert ann[BIND_PHASE] == "failed"
+    assert ann[DEVICES_TO_ALLOCATE] == pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+    assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
+    return str(err.value.message)
+
+
+async def test_a_gpu_or_feature_no_spec_names_is_refused(tmp_path: Path) -> None:
+    gpu_spec(tmp_path, "GPU-0", "GPU-1")  # GPU-2 and GPU-3 are missing, so is a gds spec
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            running_plugin(
+                device_list_strategy=("envvar", "cdi-annotations"),
+                cdi_spec_dirs=(str(tmp_path),),
+                gds_enabled=True,
+            ) as (env, _),
+            stub_for(env) as stub,
+        ):
+            await seeded(env, scheduled_pod("p", ((dev("GPU-2", 1000, 10),),)))
+            message = await refused(env, stub, "p", "GPU-2-0")
+            assert message.startswith(
+                f"no CDI spec in {tmp_path} defines nvidia.com/gpu=GPU-2, nvidia.com/gds=all: generate one"
+            )
+            assert env.plugin.allocator.refusals["cdi-device-missing"] == 1
+            write_spec(tmp_path, "nvidia-gds.json", "nvidia.com/gds", "all")
+            await seeded(env, scheduled_pod("q", ((dev("GPU-1", 1000, 10),),)))
+            r = await allocate(stub, "GPU-1-0")  # the spec written after the start counts
+            assert sorted(r.annotations.values()) == ["nvidia.com/gpu=GPU-1,nvidia.com/gds=all"]
+    missing = [e for e in logs if e["event"] == "cdi_devices_missing_allocate_refuses"]
+    assert [e["devices"] for e in missing] == [
+        ["nvidia.com/gpu=GPU-2", "nvidia.com/gpu=GPU-3", "nvidia.com/gds=all"]
+    ]
+
+
+async def test_missing_and_malformed_specs_never_stop_the_plugin(tmp_path: Path) -> None:
+    """No spec directory, then a malformed file: the plugin starts, refuses with the file named,
+    and serves once a valid spec is written."""
+    specs = tmp_path / "cdi"
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            running_plugin(device_list_strategy=("cdi-cri",), cdi_spec_dirs=(str(specs),)) as (env, _),
+            stub_for(env) as stub,
+        ):
+            await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+            assert "no CDI spec in" in await refused(env, stub, "p", "GPU-1-0")
+            bad = write_spec(specs, "nvidia.yaml", "nvidia.com/gpu", "GPU-1")
+            bad.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: [{name: GPU-1}\n")
+            await seeded(env, scheduled_pod("q", ((dev("GPU-1", 1000, 10),),)))
+            message = await refused(env, stub, "q", "GPU-1-0")
+            assert f"spec problems: ['{bad}: not valid YAML" in message
+            gpu_spec(specs, "GPU-1")
+            await seeded(env, scheduled_pod("r", ((dev("GPU-1", 1000, 10),),)))
+            r = await allocate(stub, "GPU-1-0")
+            assert [d.name for d in r.cdi_devices] == ["nvidia.com/gpu=GPU-1"]
+    events = [e["event"] for e in logs]
+    assert "cdi_devices_missing_allocate_refuses" in events  # at start
+    assert any(e["event"] == "cdi_spec_ignored" and e["path"] == str(bad) for e in logs)

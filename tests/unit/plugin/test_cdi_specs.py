@@ -1,0 +1,107 @@
+"""The CDI spec directories as the plugin reads them: real files in temporary directories."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hamid.model import cdi
+from hamid.plugin.cdi_specs import CdiSpecs
+from hamid.plugin.errors import AllocationError
+
+
+def spec_text(kind: str, *names: str) -> str:
+    """A spec as ``nvidia-ctk cdi generate --format=json`` writes it (edits trimmed)."""
+    devices = [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for n in names]
+    return json.dumps({"cdiVersion": "0.5.0", "kind": kind, "devices": devices})
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_reads_json_and_yaml_directly_in_each_directory(tmp_path: Path) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    write(etc / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-a"))
+    write(run / "nvidia.yaml", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: [{name: GPU-b}]\n")
+    write(run / "other.yml", spec_text("nvidia.com/gpu", "GPU-c"))  # not a spec file name
+    write(run / "sub" / "deep.json", spec_text("nvidia.com/gpu", "GPU-d"))  # not scanned
+    (run / "dir.json").mkdir()
+    scan = CdiSpecs([str(etc), str(run), str(tmp_path / "absent")]).scan()
+    assert scan.devices == {"nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"}
+    assert scan.problems == ()
+    assert scan.missing(["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-c"]) == ["nvidia.com/gpu=GPU-c"]
+
+
+def test_a_malformed_file_is_a_problem_naming_it_never_an_error(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", "cdiVersion: 0.5.0\nkind: [\n")
+    empty = write(tmp_path / "empty.json", "")
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe")
+    write(tmp_path / "good.json", spec_text("nvidia.com/gpu", "GPU-a"))
+    scan = CdiSpecs([str(tmp_path)]).scan()
+    assert scan.devices == {"nvidia.com/gpu=GPU-a"}
+    assert [p.split(":")[0] for p in scan.problems] == [str(bad), str(binary), str(empty)]
+    assert "not valid YAML" in scan.problems[0]
+    assert "cannot read" in scan.problems[1]
+    assert "want a CDI spec (a mapping), got null" in scan.problems[2]
+
+
+def test_unchanged_files_are_not_parsed_again_changed_and_new_ones_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-a"))
+    specs = CdiSpecs([str(tmp_path)])
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-a"}
+    parsed: list[str] = []
+    real = cdi.parse_spec
+
+    def counting(text: str, where: str) -> cdi.SpecDevices:
+        parsed.append(where)
+        return real(text, where)
+
+    monkeypatch.setattr(cdi, "parse_spec", counting)
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-a"}
+    assert parsed == []
+    path.write_text(spec_text("nvidia.com/gpu", "GPU-a", "GPU-b"))
+    os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
+    late = write(tmp_path / "late.json", spec_text("nvidia.com/gds", "all"))
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b", "nvidia.com/gds=all"}
+    assert sorted(parsed) == sorted([str(path), str(late)])
+    path.unlink()
+    assert specs.scan().devices == {"nvidia.com/gds=all"}
+
+
+def test_a_conflict_is_a_problem_and_resolves_nothing(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.json", spec_text("nvidia.com/gpu", "GPU-a", "GPU-b"))
+    b = write(tmp_path / "b.json", spec_text("nvidia.com/gpu", "GPU-b"))
+    scan = CdiSpecs([str(tmp_path)]).scan()
+    assert scan.devices == {"nvidia.com/gpu=GPU-a"}
+    assert scan.problems == (
+        f"nvidia.com/gpu=GPU-b is defined by {a} and {b}: a conflict, the runtime resolves neither",
+    )
+
+
+def test_require_refuses_with_what_to_do_and_the_problems(tmp_path: Path) -> None:
+    write(tmp_path / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-a"))
+    write(tmp_path / "bad.json", "{")
+    scan = CdiSpecs([str(tmp_path)]).scan()
+    scan.require(["nvidia.com/gpu=GPU-a"])
+    with pytest.raises(AllocationError) as err:
+        scan.require(["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-z", "nvidia.com/gds=all"])
+    assert err.value.code == "cdi-device-missing"
+    message = str(err.value)
+    assert message.startswith(f"no CDI spec in {tmp_path} defines nvidia.com/gpu=GPU-z, nvidia.com/gds=all:")
+    assert "nvidia-ctk cdi generate" in message and f"{tmp_path}/bad.json" in message
+
+
+def test_an_unlistable_directory_is_a_problem(tmp_path: Path) -> None:
+    not_a_dir = write(tmp_path / "file", "")
+    scan = CdiSpecs([str(not_a_dir)]).scan()
+    assert scan.devices == frozenset()
+    assert scan.problems == (f"cannot list {not_a_dir}: Not a directory",)
