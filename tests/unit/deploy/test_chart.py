@@ -639,7 +639,7 @@ def test_mtls_caller_authentication() -> None:
     assert "/var/lib/kubelet/pki" in mounts(container(r.get("DaemonSet", PLUGIN), "device-plugin"))
 
 
-def test_pass_device_specs_mounts_the_driver_roots_dev_where_the_plugin_looks() -> None:
+def test_pass_device_specs_mounts_the_driver_root_where_the_plugin_looks() -> None:
     """The flags parsed by the real ``hamid plugin``: host paths under nvidiaDriverRoot, looked up
     in the read-only mount of its dev/; off by default (no flag, no mount)."""
     ds = rendered("device-specs").get("DaemonSet", PLUGIN)
@@ -649,11 +649,14 @@ def test_pass_device_specs_mounts_the_driver_roots_dev_where_the_plugin_looks() 
     nodes = from_cli(PluginOptions, context.params).device_nodes()
     assert nodes == DeviceNodes("/run/nvidia/driver/", "/driver-root")
     assert nodes.host_path("/dev/nvidia0") == "/run/nvidia/driver/dev/nvidia0"
-    mount = mounts(c)[nodes.seen_path("/dev")]
+    # a driver container's root is mounted whole: a restarted driver container's new root shows
+    # there (a mount of its dev/ would keep the old one's)
+    mount = mounts(c)[nodes.seen_root]
     assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
-    assert volumes(ds)[mount["name"]]["hostPath"] == {"path": "/run/nvidia/driver/dev", "type": "Directory"}
+    assert volumes(ds)[mount["name"]]["hostPath"] == {"path": "/run/nvidia/driver/", "type": "Directory"}
     host_driver = render({"devicePlugin": {"passDeviceSpecs": True}}).get("DaemonSet", PLUGIN)
-    assert volumes(host_driver)[mount["name"]]["hostPath"]["path"] == "/dev"  # the default root: /
+    host_mount = mounts(container(host_driver, "device-plugin"))[nodes.seen_path("/dev")]
+    assert volumes(host_driver)[host_mount["name"]]["hostPath"]["path"] == "/dev"  # the default root: /
     assert flag_values(container(host_driver, "device-plugin")["args"])["--dev-root"] == "/"
     defaults = container(rendered("defaults").get("DaemonSet", PLUGIN), "device-plugin")
     assert not {"--pass-device-specs", "--dev-root", "--dev-root-ctr-path"} & set(
