@@ -28,6 +28,8 @@ class Env:
     session: aiohttp.ClientSession
     extender: str
     cluster: str
+    #: The running scheduler process itself (a test may stop it midway).
+    app: SchedulerApp | None = None
 
     def add_node(self, name: str, gpus: int = 2, **kw: Any) -> None:
         """Seed a registered GPU node."""
@@ -119,4 +121,5 @@ async def running_scheduler(
                 session,
                 f"http://127.0.0.1:{app.ports['extender']}",
                 f"http://127.0.0.1:{app.ports['cluster']}",
+                app,
             )

@@ -15,11 +15,8 @@ from hamid.kube.errors import Timeout
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
 from hamid.scheduler.core import SchedulerSettings
-from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import (
     Env,
-    loopback_options,
-    running_app,
     running_scheduler,
     wait_for,
 )
@@ -261,34 +258,23 @@ async def test_a_bind_cut_off_at_shutdown_undoes_its_lock_and_bind_phase(
     cancelled, and the bind, its own task, undoes its node lock and ``bind-phase`` while the
     replica still leads, instead of leaving them for the stall rule."""
     monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
-    async with ApiServer() as server:
-        options = loopback_options(server, settings=SchedulerSettings(bind_wait_s=5.0))
-        async with (
-            running_app(options) as app,
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        ):
-            env = Env(
-                server,
-                app.scheduler.kube,
-                app.scheduler,
-                session,
-                f"http://127.0.0.1:{app.ports['extender']}",
-                f"http://127.0.0.1:{app.ports['cluster']}",
-            )
-            p = await _filtered(env)
-            hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
-            bind = asyncio.create_task(env.bind(p, "n1"))
+    async with running_scheduler(SchedulerSettings(bind_wait_s=5.0)) as env:
+        server, app = env.server, env.app
+        assert app is not None
+        p = await _filtered(env)
+        hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
+        bind = asyncio.create_task(env.bind(p, "n1"))
 
-            def phase() -> str | None:
-                return server.get("Pod", "default", "a")["metadata"]["annotations"].get(ann.BIND_PHASE)
+        def phase() -> str | None:
+            return server.get("Pod", "default", "a")["metadata"]["annotations"].get(ann.BIND_PHASE)
 
-            await wait_for(lambda: phase() == ann.BIND_PHASE_ALLOCATING)
-            await asyncio.sleep(0.2)  # its booking's record in the status now hangs
-            assert _node_annotations(env).get(ann.NODE_LOCK)  # held by the hanging bind
-            await app.stop()
-            with contextlib.suppress(aiohttp.ClientError, AssertionError):
-                await bind
-            server.faults.remove(hang.id)
+        await wait_for(lambda: phase() == ann.BIND_PHASE_ALLOCATING)
+        await asyncio.sleep(0.2)  # its booking's record in the status now hangs
+        assert _node_annotations(env).get(ann.NODE_LOCK)  # held by the hanging bind
+        await app.stop()
+        with contextlib.suppress(aiohttp.ClientError, AssertionError):
+            await bind
+        server.faults.remove(hang.id)
         assert ann.NODE_LOCK not in _node_annotations(env)
         annotations = server.get("Pod", "default", "a")["metadata"]["annotations"]
         assert ann.BIND_PHASE not in annotations and ann.BIND_TIME not in annotations
@@ -303,41 +289,30 @@ async def test_a_replayed_bind_of_a_bound_pod_undoes_nothing_when_cut_off_or_fai
     at shutdown may strip the lock and bind-phase the plugin serves the pod by (found by this
     session's review: the pod was then never bound again and its Allocate refused)."""
     monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
-    async with ApiServer() as server:
-        options = loopback_options(server, settings=SchedulerSettings(bind_wait_s=5.0))
-        async with (
-            running_app(options) as app,
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        ):
-            env = Env(
-                server,
-                app.scheduler.kube,
-                app.scheduler,
-                session,
-                f"http://127.0.0.1:{app.ports['extender']}",
-                f"http://127.0.0.1:{app.ports['cluster']}",
-            )
-            env.add_node("n1")
-            await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
-            p = await env.create_pod(pod("a"))
-            assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
-            assert await env.bind(p, "n1") == ""  # bound; waits for the plugin's Allocate
-            assert server.get("Pod", "default", "a")["spec"]["nodeName"] == "n1"
-            await wait_for(
-                lambda: (env.scheduler.pods.get("default/a") or {}).get("spec", {}).get("nodeName") == "n1"
-            )
-            failed = server.faults.fail_next(1, verb="patch", path_pattern="/pods/a$", status=403)
-            answer = await env.bind(p, "n1")
-            assert "nothing undone (the pod is bound there)" in answer, answer
-            server.faults.remove(failed.id)
-            assert ann.NODE_LOCK in _node_annotations(env)
-            hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
-            replay = asyncio.create_task(env.bind(p, "n1"))
-            await asyncio.sleep(0.3)
-            await app.stop()
-            with contextlib.suppress(aiohttp.ClientError, AssertionError):
-                await replay
-            server.faults.remove(hang.id)
+    async with running_scheduler(SchedulerSettings(bind_wait_s=5.0)) as env:
+        server, app = env.server, env.app
+        assert app is not None
+        env.add_node("n1")
+        await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
+        p = await env.create_pod(pod("a"))
+        assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+        assert await env.bind(p, "n1") == ""  # bound; waits for the plugin's Allocate
+        assert server.get("Pod", "default", "a")["spec"]["nodeName"] == "n1"
+        await wait_for(
+            lambda: (env.scheduler.pods.get("default/a") or {}).get("spec", {}).get("nodeName") == "n1"
+        )
+        failed = server.faults.fail_next(1, verb="patch", path_pattern="/pods/a$", status=403)
+        answer = await env.bind(p, "n1")
+        assert "nothing undone (the pod is bound there)" in answer, answer
+        server.faults.remove(failed.id)
+        assert ann.NODE_LOCK in _node_annotations(env)
+        hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
+        replay = asyncio.create_task(env.bind(p, "n1"))
+        await asyncio.sleep(0.3)
+        await app.stop()
+        with contextlib.suppress(aiohttp.ClientError, AssertionError):
+            await replay
+        server.faults.remove(hang.id)
         stored = server.get("Pod", "default", "a")
         assert stored["spec"]["nodeName"] == "n1"
         node = server.get("Node", None, "n1")["metadata"].get("annotations") or {}
