@@ -60,7 +60,8 @@ def load_yaml(text: str, where: str) -> Any:
         return yaml.safe_load(text)
     except RecursionError:
         raise InvalidInput(f"{where}: nested too deeply") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp such as 2026-13-01
+    except Exception as exc:  # PyYAML's constructors let ValueError (2026-13-01),
+        # OverflowError ("\UFFFFFFFF") and AttributeError (a year 99999) out as well as YAMLError
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise InvalidInput(f"{where}: not valid YAML: {first:.200}") from None
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from hamid.model._wire import load_yaml, type_name
+from hamid.model._wire import load_json, load_yaml, type_name
 from hamid.model.errors import InvalidInput
 
 #: Where runtimes look for spec files by default, lowest priority first.
@@ -75,7 +75,8 @@ class SpecDevices:
 def parse_spec(text: str, where: str) -> SpecDevices:
     """The kind and device names of one spec file's text (YAML or JSON); InvalidInput when the
     runtime would reject the file."""
-    doc = load_yaml(text, where)
+    # JSON by its own parser: many times faster than YAML's on a large file
+    doc = load_json(text, where) if where.endswith(".json") else load_yaml(text, where)
     if not isinstance(doc, Mapping):
         raise InvalidInput(f"{where}: want a CDI spec (a mapping), got {type_name(doc)}")
     version = doc.get("cdiVersion")

@@ -608,6 +608,8 @@ class Allocator:
             )
         except OSError as exc:
             raise AllocationError(f"cannot create HAMi-core directories {dirs}: {exc}") from exc
+        except Exception as exc:  # refused like any failure: the pod marked failed, the lock released
+            raise AllocationError(f"preparing the node for the containers failed: {exc!r}") from exc
         lists = self.device_lists
         if host.cdi is not None:
             for each in uuids:

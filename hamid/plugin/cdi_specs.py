@@ -99,13 +99,14 @@ class CdiSpecs:
 
     def _read(self, path: str) -> tuple[_Stamp, cdi.SpecDevices | str] | None:
         """The cached or freshly parsed content of one file (a string: why it defines nothing);
-        None for a directory or a file gone meanwhile."""
+        None for what is no regular file or a file gone meanwhile. A read that failed is tried
+        again at the next scan (a passing EMFILE or EIO must not refuse every Allocate after it)."""
         try:
             st = os.stat(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            return (0, 0, 0), f"{path}: cannot read: {exc.strerror or exc}"
+            return _UNREAD, f"{path}: cannot read: {exc.strerror or exc}"
         if not stat.S_ISREG(st.st_mode):
             return None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -114,16 +115,47 @@ class CdiSpecs:
             return cached
         content: cdi.SpecDevices | str
         try:
-            with open(path, encoding="utf-8") as f:
-                content = cdi.parse_spec(f.read(), path)
+            content = cdi.parse_spec(_read_regular(path), path)
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            content = f"{path}: cannot read: {exc}"
+        except OSError as exc:
+            content, stamp = f"{path}: cannot read: {exc.strerror or exc}", _UNREAD
         except InvalidInput as exc:
             content = str(exc)
+        except Exception as exc:  # whatever a spec holds, it never stops the plugin
+            content = f"{path}: cannot parse: {type(exc).__name__}: {str(exc)[:200]}"
         if isinstance(content, str):
             log.warning("cdi_spec_ignored", path=path, problem=content)
         else:
             log.info("cdi_spec_read", path=path, kind=content.kind, devices=len(content.names))
         return stamp, content
+
+
+#: The stamp of a file that could not be read: it matches no file, so the next scan reads it again.
+_UNREAD: _Stamp = (-1, -1, -1)
+#: The largest spec read (``nvidia-ctk``'s for 8 GPUs is a few KiB): a bigger file defines nothing.
+MAX_SPEC_BYTES = 4 << 20
+
+
+def _read_regular(path: str) -> str:
+    """The text of ``path`` if what is opened is a regular file of at most :data:`MAX_SPEC_BYTES`:
+    opened without blocking (a FIFO swapped in after the directory was listed cannot hang the
+    scan) and checked after the open, then read no further than the limit."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = os.read(fd, MAX_SPEC_BYTES + 1)
+        while data and len(data) <= MAX_SPEC_BYTES:
+            more = os.read(fd, MAX_SPEC_BYTES + 1 - len(data))
+            if not more:
+                break
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"{path}: larger than {MAX_SPEC_BYTES >> 20} MiB, not a CDI spec read here")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not UTF-8: {exc}") from None

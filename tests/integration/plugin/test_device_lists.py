@@ -17,6 +17,7 @@ from grpclib.const import Status
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from hamid.plugin.cdi_specs import CdiSpecs
 from tests.integration.plugin.helpers import NODE, dev, running_plugin, scheduled_pod, stored_annotations
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
@@ -293,3 +294,28 @@ async def test_missing_and_malformed_specs_never_stop_the_plugin(tmp_path: Path)
     events = [e["event"] for e in logs]
     assert "cdi_devices_missing_allocate_refuses" in events  # at start
     assert any(e["event"] == "cdi_spec_ignored" and e["path"] == str(bad) for e in logs)
+
+
+async def test_a_failure_preparing_the_node_is_a_refusal_like_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks while the node is prepared for the containers (an injected fault in the
+    spec scan here) is refused as every other failure is: FAILED_PRECONDITION, the pod marked
+    failed, the node lock released (it escaped as INTERNAL, the pod left locked at allocating)."""
+    gpu_spec(tmp_path, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+    async with (
+        running_plugin(device_list_strategy=("cdi-cri",), cdi_spec_dirs=(str(tmp_path),)) as (env, _),
+        stub_for(env) as stub,
+    ):
+
+        def broken(self: CdiSpecs) -> None:
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(CdiSpecs, "scan", broken)
+        await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+        with pytest.raises(GRPCError) as err:
+            await allocate(stub, "GPU-1-0")
+        assert err.value.status == Status.FAILED_PRECONDITION
+        assert "injected" in str(err.value.message)
+        assert stored_annotations(env.server, "Pod", "p").get(BIND_PHASE) == "failed"
+        assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
