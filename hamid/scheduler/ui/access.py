@@ -56,8 +56,8 @@ CACHE_MAX = 4096
 CHECKS_PER_S = 5.0
 CHECK_BURST = 20
 #: Checks not answered from the caches in flight at most, every client together, but those of
-#: tokens that authenticated within :data:`KNOWN_TTL_S` (a reader's renewals never queue behind a
-#: flood of forged tokens).
+#: tokens allowed a path within :data:`KNOWN_TTL_S` (a reader's renewals never queue behind a
+#: flood of forged tokens; a token RBAC refuses everything, any pod's ServiceAccount, gains nothing).
 CHECKS_IN_FLIGHT = 16
 KNOWN_TTL_S = 600.0
 REALM = 'Bearer realm="hamid"'
@@ -107,7 +107,7 @@ class KubeAccess:
         self._refused: _Cache[tuple[str, str], Decision] = _Cache(cache_max)
         self._users: _Cache[str, Mapping[str, Any]] = _Cache(cache_max)
         self._rejected: _Cache[str, Decision] = _Cache(cache_max)
-        #: Tokens (hashes) that authenticated lately: their checks pass the cap of checks in flight.
+        #: Tokens (hashes) allowed a path lately: their checks pass the cap of checks in flight.
         self._known: _Cache[str, bool] = _Cache(cache_max)
         #: Checks under way by (token hash, path), each its own task: a second request for one
         #: waits on it, and a first caller that hangs up does not cancel it for the others.
@@ -150,8 +150,11 @@ class KubeAccess:
         except (KubeError, TimeoutError) as exc:
             log.warning("metrics_auth_unavailable", path=path, error=str(exc) or type(exc).__name__)
             return Decision(503, "the API server could not check the token; try again")
+        now = self._clock()
         cache = self._granted if decision.status == 200 else self._refused
-        cache.put((digest, path), min(until, self._clock() + self.ttl_s), decision)
+        cache.put((digest, path), min(until, now + self.ttl_s), decision)
+        if decision.status == 200:
+            self._known.put(digest, now + KNOWN_TTL_S, True)
         return decision
 
     async def _decision(self, token: str, digest: str, path: str) -> tuple[Decision, float]:
@@ -192,7 +195,6 @@ class KubeAccess:
             return refusal, until
         user: Mapping[str, Any] = status.get("user") or {}
         self._users.put(digest, until, user)
-        self._known.put(digest, now + KNOWN_TTL_S, True)
         return user, until
 
 

@@ -145,8 +145,8 @@ async def test_a_readers_renewal_passes_a_flood_that_fills_the_checks_in_flight(
     apiserver: ApiServer, kube: KubeClient
 ) -> None:
     """Forged tokens from a few addresses, each within its budget, fill every check in flight on
-    a slow authenticator; Prometheus's token, whose grant just expired, authenticated lately and
-    is checked anyway instead of answered 429 (this session's review: scrapes were refused)."""
+    a slow authenticator; Prometheus's token, whose grant just expired, was allowed lately and is
+    checked anyway instead of answered 429 (this session's review: scrapes were refused)."""
     apiserver.register_token("prom-token", "prometheus", groups=("monitoring",))
     apiserver.access.grant(groups=["monitoring"], paths=["/metrics"])
     clock = _Clock()
@@ -178,3 +178,17 @@ async def test_a_decision_lasts_no_longer_than_the_review_it_rests_on(
     assert (await access.decide("alice-token", "/ui/node/n1", "a")).status == 200  # the cached review
     clock.now += 2
     assert (await access.decide("alice-token", "/ui/node/n1", "a")).status == 401
+
+
+async def test_a_token_rbac_refuses_does_not_pass_the_cap(apiserver: ApiServer, kube: KubeClient) -> None:
+    """Only a token allowed a path lately passes the cap of checks in flight: any pod's
+    ServiceAccount token authenticates, and from many addresses on ever-new paths it held
+    unbounded SubjectAccessReviews open (this session's second review)."""
+    apiserver.register_token("any-pod-sa", "system:serviceaccount:team:default")
+    access = KubeAccess(kube, checks_in_flight=4)
+    assert (await access.decide("any-pod-sa", "/ui", "10.2.0.1")).status == 403
+    slow = apiserver.faults.add_latency(0.3, verb="create", path_pattern="subjectaccessreviews")
+    flood = [asyncio.create_task(access.decide("any-pod-sa", f"/ui/p{i}", f"10.2.1.{i}")) for i in range(12)]
+    answers = await asyncio.gather(*flood)
+    apiserver.faults.remove(slow.id)
+    assert sorted(d.status for d in answers) == [403] * 4 + [429] * 8
