@@ -638,13 +638,14 @@ async def connect(
             raise KubeError(f"--api-server must be an http:// or https:// URL, got {api_server!r}")
         source = "api-server URL"
     elif kubeconfig:
-        problems = await asyncio.to_thread(_kubeconfig_problems, kubeconfig)
+        problems, contexts, current = await asyncio.to_thread(_read_kubeconfigs, kubeconfig)
         if problems:
             raise KubeError(f"kubeconfig {'; '.join(problems)} (--kubeconfig or KUBECONFIG)")
-        contexts = await asyncio.to_thread(_context_names, kubeconfig) if context else []
         if context and context not in contexts:
             known = ", ".join(contexts) or "none"
             raise KubeError(f"context {context!r} is not in kubeconfig {kubeconfig} (its contexts: {known})")
+        # kubectl's current context of a list is the first file's that sets one (the library's, the last's)
+        context = context or current or None
         try:
             await load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
@@ -680,18 +681,23 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
-def _kubeconfig_problems(paths: str) -> list[str]:
-    """What is wrong with the files of a ``KUBECONFIG``-style list before the library reads them:
-    not a file (the library only warns), not YAML, or not a kubeconfig's shape (the library then
-    fails with Python's own words: a TypeError for an empty file, an AssertionError for a number
-    as a server)."""
+def _read_kubeconfigs(paths: str) -> tuple[list[str], list[str], str]:
+    """Read a ``KUBECONFIG``-style list as kubectl does before the library does: what is wrong
+    with its files (not a file, not YAML, not a kubeconfig's shape: the library only warns, or
+    fails in Python's own words), the context names in order, and the current context (the first
+    file's that sets one). A missing file is skipped in a list of several (kubectl's rule), an
+    error alone."""
+    files = [p for p in paths.split(os.pathsep) if p]
     problems: list[str] = []
-    for path in (p for p in paths.split(os.pathsep) if p):
+    contexts: list[str] = []
+    current = ""
+    for path in files:
         if os.path.isdir(path):
             problems.append(f"{path} is a directory, not a kubeconfig file")
             continue
         if not os.path.isfile(path):
-            problems.append(f"{path} does not exist")
+            if len(files) == 1:
+                problems.append(f"{path} does not exist")
             continue
         try:
             with open(path, "rb") as f:
@@ -702,18 +708,15 @@ def _kubeconfig_problems(paths: str) -> list[str]:
         shape = _kubeconfig_shape(doc)
         if shape:
             problems.append(f"{path} is not a kubeconfig: {shape}")
-    return problems
-
-
-def _context_names(paths: str) -> list[str]:
-    """The context names of a ``KUBECONFIG``-style list (files already checked by
-    :func:`_kubeconfig_problems`), in order."""
-    names: list[str] = []
-    for path in (p for p in paths.split(os.pathsep) if p):
-        with open(path, "rb") as f:
-            doc = load_yaml(f.read().decode("utf-8"), path) or {}
-        names.extend(str(c.get("name")) for c in doc.get("contexts") or [] if c.get("name") not in names)
-    return names
+            continue
+        doc = doc or {}
+        contexts.extend(
+            str(c.get("name")) for c in doc.get("contexts") or [] if str(c.get("name")) not in contexts
+        )
+        current = current or str(doc.get("current-context") or "")
+    if files and not problems and not any(os.path.isfile(p) for p in files):
+        problems.append(f"none of {', '.join(files)} exists")
+    return problems, contexts, current
 
 
 def _kubeconfig_shape(doc: object) -> str:

@@ -189,3 +189,46 @@ async def test_kubectl_hamid_status_with_a_context_of_the_kubeconfig(
         )
         code, out, _ = await kubectl_hamid("--help")
         assert code == 0 and out.startswith("Usage: kubectl hamid"), out
+
+
+async def test_a_kubeconfig_list_is_read_as_kubectl_reads_it(apiserver: ApiServer, tmp_path: Path) -> None:
+    """``KUBECONFIG=a:b``: the current context is the first file's that sets one (the client
+    library took the last file's, so hamid read another cluster than kubectl), and a file of the
+    list that does not exist is skipped; both checked against the real kubectl when it is here."""
+    await seed(apiserver)
+    async with ApiServer() as empty:
+
+        def config(name: str, url: str) -> Path:
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Config",
+                        "clusters": [{"name": name, "cluster": {"server": url}}],
+                        "users": [{"name": name, "user": {}}],
+                        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+                        "current-context": name,
+                    }
+                )
+            )
+            return path
+
+        first, second = config("gpus", apiserver.url), config("empty", empty.url)
+        merged = os.pathsep.join([str(tmp_path / "missing.yaml"), str(first), str(second)])
+        kubectl = shutil.which("kubectl")
+        if kubectl is not None:
+            shown = await asyncio.create_subprocess_exec(
+                kubectl,
+                "config",
+                "current-context",
+                stdout=asyncio.subprocess.PIPE,
+                env={"KUBECONFIG": merged},
+            )
+            assert (await shown.communicate())[0].decode().strip() == "gpus"
+        kube = await connect(None, merged)
+        try:
+            status = await collect(kube, None, 10)
+        finally:
+            await kube.close()
+        assert [n.name for n in status.nodes] == ["n1"]
