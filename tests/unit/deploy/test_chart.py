@@ -826,6 +826,7 @@ def test_hamis_node_label_selector_and_force_overwrite_reach_the_scheduler() -> 
         ({"gpu=on": "x"}, "invalid propertyName 'gpu=on'"),
         ({"k" * 64: "on"}, f"invalid propertyName '{'k' * 64}'"),  # a label name has at most 63
         ({"example.com/" + "k" * 64: "on"}, f"invalid propertyName 'example.com/{'k' * 64}'"),
+        ({"a" * 254 + "/gpu": "on"}, f"invalid propertyName '{'a' * 254}/gpu'"),  # a prefix has at most 253
     ],
 )
 def test_schema_refuses_a_node_label_selector_that_is_no_label(
