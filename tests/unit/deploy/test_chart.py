@@ -647,15 +647,15 @@ def test_pass_device_specs_mounts_the_driver_root_where_the_plugin_looks() -> No
     _, mode_args = split_mode_args(c["args"], "plugin")
     context = plugin_command.make_context("plugin", [*mode_args, "--node-name=n1"])
     nodes = from_cli(PluginOptions, context.params).device_nodes()
-    assert nodes == DeviceNodes("/run/nvidia/driver/", "/driver-root")
+    assert nodes == DeviceNodes("/run/nvidia/driver/", "/driver-root-parent/driver")
     assert nodes.host_path("/dev/nvidia0") == "/run/nvidia/driver/dev/nvidia0"
-    # a driver container's root is mounted whole: a restarted driver container's new root shows
-    # there (a mount of its dev/ would keep the old one's)
-    mount = mounts(c)[nodes.seen_root]
+    # a driver container's root is seen through its parent: a restarted driver container's new
+    # root, mounted at the same place, shows there (a mount of the root or its dev/ keeps the old)
+    mount = mounts(c)["/driver-root-parent"]
     assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
-    assert volumes(ds)[mount["name"]]["hostPath"] == {"path": "/run/nvidia/driver/", "type": "Directory"}
+    assert volumes(ds)[mount["name"]]["hostPath"] == {"path": "/run/nvidia", "type": "Directory"}
     host_driver = render({"devicePlugin": {"passDeviceSpecs": True}}).get("DaemonSet", PLUGIN)
-    host_mount = mounts(container(host_driver, "device-plugin"))[nodes.seen_path("/dev")]
+    host_mount = mounts(container(host_driver, "device-plugin"))["/driver-root/dev"]
     assert volumes(host_driver)[host_mount["name"]]["hostPath"]["path"] == "/dev"  # the default root: /
     assert flag_values(container(host_driver, "device-plugin")["args"])["--dev-root"] == "/"
     defaults = container(rendered("defaults").get("DaemonSet", PLUGIN), "device-plugin")
