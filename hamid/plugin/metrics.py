@@ -82,6 +82,19 @@ def pod_names(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     return names
 
 
+#: The gRPC statuses the plugin answers kubelet with when it refuses, and those of a call that
+#: failed otherwise (UNKNOWN: an exception, CANCELLED: kubelet gave up).
+REFUSAL_CODES = (
+    "FAILED_PRECONDITION",
+    "INVALID_ARGUMENT",
+    "RESOURCE_EXHAUSTED",
+    "DEADLINE_EXCEEDED",
+    "INTERNAL",
+    "UNKNOWN",
+    "CANCELLED",
+)
+
+
 class PluginMetrics:
     """Every metric of one plugin process; the HTTP app is :func:`metrics_app`."""
 
@@ -120,7 +133,9 @@ class PluginMetrics:
             registry=r,
         )
         for method in TIMED_METHODS.values():
-            self.calls.labels(method, "OK")
+            # at 0 from the start, every answer the plugin gives: an alert's increase() sees the first
+            for code in ("OK", *REFUSAL_CODES):
+                self.calls.labels(method, code)
             self.seconds.labels(method)
         self.refits = Counter(
             "hamid_plugin_refit_requests_total",

@@ -371,6 +371,8 @@ class SchedulerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in ("clean", "repaired", "failed"):  # at 0: an alert's increase() sees the first
+            self.reconcile_runs.labels(outcome)
 
     def _trust_and_numa_metrics(self) -> None:
         self.untrusted_annotations = Counter(

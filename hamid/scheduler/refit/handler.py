@@ -70,6 +70,8 @@ class RefitMetrics:
             ["outcome", "reason"],
             registry=registry,
         )
+        for code in RefusalCode:  # at 0 from the start: an alert's increase() sees the first refusal
+            self.total.labels("refused", code.value)
         self.seconds = Histogram(
             "hamid_refit_duration_seconds",
             "Time to answer /refit, by outcome.",
