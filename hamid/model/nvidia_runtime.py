@@ -15,7 +15,8 @@ ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"
 #: CDI devices in a ``cdi.k8s.io/`` container annotation.
 CDI_ANNOTATIONS = "cdi-annotations"
-#: CDI devices in the ``Allocate`` answer's ``cdi_devices`` (CRI field; Kubernetes 1.28+).
+#: CDI devices in the ``Allocate`` answer's ``cdi_devices`` (CRI field; kubelet 1.29+: the
+#: DevicePluginCDIDevices gate is off in 1.28, and an older kubelet drops them silently).
 CDI_CRI = "cdi-cri"
 #: Every strategy, in upstream's order.
 STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_ANNOTATIONS, CDI_CRI)

@@ -253,8 +253,9 @@ class PluginOptions:
         f"{nv.VOLUME_MOUNTS_ROOT} and a mount of /dev/null per GPU UUID under it), cdi-annotations "
         f"(the container annotation {cdi.ANNOTATION_PREFIX}{nv.CDI_ANNOTATION_PLUGIN}_<id> naming the "
         f"CDI devices {nv.GPU_KIND}=<GPU UUID>), cdi-cri (the same CDI devices in the answer's CDI "
-        "field; Kubernetes 1.28+). With CDI strategies only, NVIDIA_VISIBLE_DEVICES, DeviceSpecs and "
-        "the feature env vars are left to the CDI spec, as upstream; HAMi-core's env and mounts "
+        "field; kubelet 1.29+, where DevicePluginCDIDevices is on by default). With CDI strategies "
+        "only, NVIDIA_VISIBLE_DEVICES, DeviceSpecs and the feature env vars are left to the CDI "
+        "spec, as upstream; HAMi-core's env and mounts "
         "always stay. CDI devices need a spec on the node (see --cdi-spec-dirs).",
         default=(nv.ENVVAR,),
         aliases=["DEVICE_LIST_STRATEGY"],
