@@ -223,7 +223,7 @@ async def test_a_kubeconfig_list_is_read_as_kubectl_reads_it(apiserver: ApiServe
                 "config",
                 "current-context",
                 stdout=asyncio.subprocess.PIPE,
-                env={"KUBECONFIG": merged},
+                env={"KUBECONFIG": merged, "HOME": str(tmp_path)},  # kubectl caches under HOME/.kube
             )
             assert (await shown.communicate())[0].decode().strip() == "gpus"
         kube = await connect(None, merged)
