@@ -22,6 +22,7 @@ from hamid.log import get_logger
 from hamid.model import cdi
 from hamid.model.errors import InvalidInput
 from hamid.plugin.errors import AllocationError, summarize
+from hamid.plugin.hostfiles import read_text
 
 log = get_logger("plugin.cdi")
 
@@ -115,7 +116,7 @@ class CdiSpecs:
             return cached
         content: cdi.SpecDevices | str
         try:
-            content = cdi.parse_spec(_read_regular(path), path)
+            content = cdi.parse_spec(read_text(path, MAX_SPEC_BYTES), path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -135,27 +136,3 @@ class CdiSpecs:
 _UNREAD: _Stamp = (-1, -1, -1)
 #: The largest spec read (``nvidia-ctk``'s for 8 GPUs is a few KiB): a bigger file defines nothing.
 MAX_SPEC_BYTES = 4 << 20
-
-
-def _read_regular(path: str) -> str:
-    """The text of ``path`` if what is opened is a regular file of at most :data:`MAX_SPEC_BYTES`:
-    opened without blocking (a FIFO swapped in after the directory was listed cannot hang the
-    scan) and checked after the open, then read no further than the limit."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        data = os.read(fd, MAX_SPEC_BYTES + 1)
-        while data and len(data) <= MAX_SPEC_BYTES:
-            more = os.read(fd, MAX_SPEC_BYTES + 1 - len(data))
-            if not more:
-                break
-            data += more
-    finally:
-        os.close(fd)
-    if len(data) > MAX_SPEC_BYTES:
-        raise InvalidInput(f"{path}: larger than {MAX_SPEC_BYTES >> 20} MiB, not a CDI spec read here")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{path}: not UTF-8: {exc}") from None

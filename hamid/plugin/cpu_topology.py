@@ -17,6 +17,7 @@ from pathlib import Path
 from hamid.model._wire import is_decimal
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import MAX_CPU_ID, MAX_NUMA_ID, CpuInfo
+from hamid.plugin.hostfiles import read_text
 
 _NODE_DIR = re.compile(r"node(0|[1-9][0-9]*)\Z")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
@@ -55,16 +56,9 @@ def parse_sysfs_cpu_list(text: str, where: str) -> frozenset[int]:
 
 def _read(path: Path) -> str:
     try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_FILE_BYTES + 1)
+        return read_text(path, _MAX_FILE_BYTES, "ascii")
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if len(data) > _MAX_FILE_BYTES:
-        raise InvalidInput(f"{path}: larger than {_MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("ascii")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{path}: not ASCII text") from exc
 
 
 def _read_int(path: Path) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hamid.model import cdi
-from hamid.plugin import cdi_specs
+from hamid.plugin import cdi_specs, hostfiles
 from hamid.plugin.cdi_specs import CdiSpecs
 from hamid.plugin.errors import AllocationError
 
@@ -152,7 +152,7 @@ def test_no_fifo_hangs_and_no_huge_file_is_read_whole(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
-        cdi_specs._read_regular(str(fifo))
+        hostfiles.read_text(fifo, cdi_specs.MAX_SPEC_BYTES)
     write(tmp_path / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-1"))
     write(tmp_path / "huge.json", " " * (cdi_specs.MAX_SPEC_BYTES + 1))
     scan = CdiSpecs([str(tmp_path)]).scan()
