@@ -29,7 +29,7 @@ class Env:
     extender: str
     cluster: str
     #: The running scheduler process itself (a test may stop it midway).
-    app: SchedulerApp | None = None
+    app: SchedulerApp
 
     def add_node(self, name: str, gpus: int = 2, **kw: Any) -> None:
         """Seed a registered GPU node."""

@@ -260,7 +260,6 @@ async def test_a_bind_cut_off_at_shutdown_undoes_its_lock_and_bind_phase(
     monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
     async with running_scheduler(SchedulerSettings(bind_wait_s=5.0)) as env:
         server, app = env.server, env.app
-        assert app is not None
         p = await _filtered(env)
         hang = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/a/status$")
         bind = asyncio.create_task(env.bind(p, "n1"))
@@ -291,7 +290,6 @@ async def test_a_replayed_bind_of_a_bound_pod_undoes_nothing_when_cut_off_or_fai
     monkeypatch.setattr(listen, "SHUTDOWN_GRACE_S", 0.3)
     async with running_scheduler(SchedulerSettings(bind_wait_s=5.0)) as env:
         server, app = env.server, env.app
-        assert app is not None
         env.add_node("n1")
         await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
         p = await env.create_pod(pod("a"))
