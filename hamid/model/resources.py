@@ -21,6 +21,7 @@ from hamid.model._wire import (
 )
 from hamid.model.devices import NVIDIA
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import AllowedMigProfiles, decode_mig_profile_allowlist
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.quantity import quantity_as_int
 
@@ -81,6 +82,9 @@ class DeviceConfig:
 
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     node_defaults: NodeConfig = field(default_factory=NodeConfig)
+    #: ``migProfileAllowlist``: the dynamic MIG profiles permitted per GPU model (policy; NVML on the
+    #: node gives each profile's memory, compute and placements).
+    mig_profile_allowlist: tuple[AllowedMigProfiles, ...] = ()
 
 
 _RESOURCE_KEYS: dict[str, tuple[str, str]] = {
@@ -146,8 +150,9 @@ def load_device_config(text: str) -> DeviceConfig:
     """Parse HAMi's device-config YAML and return its ``nvidia:`` section.
 
     Missing keys (or a missing ``nvidia:`` section, or an empty document) keep HAMi's defaults;
-    unknown keys (other vendors, ``migProfileAllowlist``, ...) are ignored. Wrong types, negative
-    defaults, an empty resource name or an unknown ``gpuCorePolicy`` raise InvalidInput naming the key.
+    unknown keys (other vendors, the legacy ``knownMigGeometries``, ...) are ignored. Wrong types,
+    negative defaults, an empty resource name, an unknown ``gpuCorePolicy`` or a bad
+    ``migProfileAllowlist`` entry raise InvalidInput naming the key.
     """
     if not isinstance(text, str):
         raise InvalidInput(f"device config: want YAML text, got {type_name(text)}")
@@ -169,7 +174,14 @@ def load_device_config(text: str) -> DeviceConfig:
         node_defaults = NodeConfig(**node)  # type: ignore[arg-type]
     except InvalidInput as exc:
         raise InvalidInput(f"device config nvidia: {exc}") from None
-    return DeviceConfig(resources=ResourceConfig(**resources), node_defaults=node_defaults)  # type: ignore[arg-type]
+    allowlist = decode_mig_profile_allowlist(
+        section.get("migProfileAllowlist"), "device config nvidia.migProfileAllowlist"
+    )
+    return DeviceConfig(
+        resources=ResourceConfig(**resources),  # type: ignore[arg-type]
+        node_defaults=node_defaults,
+        mig_profile_allowlist=allowlist,
+    )
 
 
 # ==========================================================================================

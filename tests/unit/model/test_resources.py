@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import (
     MEM_PERCENTAGE_UNSET,
@@ -222,6 +223,7 @@ def test_load_chart_device_config() -> None:
     config = load_device_config(CHART_CONFIG)
     assert config.resources == ResourceConfig()
     assert config.node_defaults == NodeConfig(device_split_count=10, lib_cuda_log_level="1")
+    assert config.mig_profile_allowlist == (AllowedMigProfiles(("A100",), ("1g.5gb",)),)
 
 
 def test_load_device_config_overrides() -> None:
@@ -286,6 +288,8 @@ def test_load_device_config_defaults(text: str) -> None:
         ("nvidia: {a: [}\n", "not valid YAML"),
         (f"nvidia:\n  deviceCoreScaling: {10**400}\n", "out of range"),  # no OverflowError
         ("nvidia:\n  when: 2026-13-01\n", "not valid YAML: month must be in 1..12"),
+        ("nvidia:\n  migProfileAllowlist: {models: [A30]}\n", "migProfileAllowlist"),
+        ("nvidia:\n  migProfileAllowlist: [{models: [A30], profiles: [big]}]\n", r"migProfileAllowlist\[0\]"),
     ],
 )
 def test_load_device_config_errors(text: str, match: str) -> None:
