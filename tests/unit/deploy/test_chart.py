@@ -20,6 +20,7 @@ from cryptography import x509
 from hamid.cli import cli
 from hamid.fit.fgd import parse_workload
 from hamid.model import annotations as ann
+from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import ResourceConfig, load_device_config
 from hamid.options import from_cli
@@ -264,6 +265,30 @@ def test_device_config_is_hamis_format_with_the_chart_resource_names() -> None:
     config = load_device_config(text)
     assert config.resources == ResourceConfig()
     assert config.node_defaults.device_split_count == 10
+    # HAMi's default dynamic-MIG allowlist, read back as the scheduler and the plugins read it
+    allowed = {m: e.profiles for e in config.mig_profile_allowlist for m in e.models}
+    assert allowed["A100-SXM4-40GB"] == ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")
+    assert allowed["H200-SXM5"] == ("1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb")
+
+
+def test_mig_profile_allowlist_is_configurable_and_checked() -> None:
+    def allowlist(value: object) -> tuple[AllowedMigProfiles, ...]:
+        text = render({"devices": {"nvidia": {"migProfileAllowlist": value}}}).get(
+            "ConfigMap", "hamid-device-config"
+        )["data"]["device-config.yaml"]
+        return load_device_config(text).mig_profile_allowlist
+
+    assert allowlist(None) == load_device_config(
+        rendered("defaults").get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+    ).mig_profile_allowlist
+    assert allowlist([]) == ()
+    assert allowlist([{"models": ["A30"], "profiles": ["1g.6gb"]}]) == (
+        AllowedMigProfiles(("A30",), ("1g.6gb",)),
+    )
+    with pytest.raises(helm_python.HelmError, match="migProfileAllowlist"):
+        render({"devices": {"nvidia": {"migProfileAllowlist": [{"models": ["A30"], "profiles": ["big"]}]}}})
+    with pytest.raises(helm_python.HelmError, match="migProfileAllowlist"):
+        render({"devices": {"nvidia": {"migProfileAllowlist": [{"models": ["A30"]}]}}})
 
 
 def test_scheduler_container_args_and_mounts() -> None:
