@@ -278,9 +278,12 @@ def test_mig_profile_allowlist_is_configurable_and_checked() -> None:
         )["data"]["device-config.yaml"]
         return load_device_config(text).mig_profile_allowlist
 
-    assert allowlist(None) == load_device_config(
-        rendered("defaults").get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
-    ).mig_profile_allowlist
+    assert (
+        allowlist(None)
+        == load_device_config(
+            rendered("defaults").get("ConfigMap", "hamid-device-config")["data"]["device-config.yaml"]
+        ).mig_profile_allowlist
+    )
     assert allowlist([]) == ()
     assert allowlist([{"models": ["A30"], "profiles": ["1g.6gb"]}]) == (
         AllowedMigProfiles(("A30",), ("1g.6gb",)),
