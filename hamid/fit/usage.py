@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from hamid.fit.mig import mig_faults
 from hamid.fit.policy import f32
-from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile, PodDevices
+from hamid.model.mig import MigAllocation
 from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
 
 
@@ -34,11 +36,17 @@ class ContainerKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DeviceAmount:
-    """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent)."""
+    """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent).
+
+    On a GPU in MIG mode also its reservations (their placements are occupied while booked) and
+    how many of its device entries there have none (see :func:`hamid.fit.mig.with_mig`).
+    """
 
     slots: int
     mem: int
     cores: int
+    mig: tuple[MigAllocation, ...] = ()
+    unreserved: int = 0
 
 
 #: A pod's effective usage: GPU UUID -> amount.
@@ -47,7 +55,12 @@ PodUsage = Mapping[str, DeviceAmount]
 
 @dataclass(slots=True)
 class DeviceUsage:
-    """One GPU of a node with its current usage (mutable; kept by the scheduler)."""
+    """One GPU of a node with its current usage (mutable; kept by the scheduler).
+
+    A GPU in MIG mode also has its registered profiles, the reservations booked on it and how many
+    inconsistencies those bookings hold (:func:`hamid.fit.mig.mig_faults`): while any does, the GPU
+    is not fitted onto (HAMi marks it unhealthy).
+    """
 
     id: str
     index: int
@@ -61,6 +74,14 @@ class DeviceUsage:
     used: int = 0
     usedmem: int = 0
     usedcores: int = 0
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_used: list[MigAllocation] = field(default_factory=list)
+    mig_faults: int = 0
+
+    @property
+    def fit_healthy(self) -> bool:
+        """Healthy as registered and no inconsistent MIG booking on it."""
+        return self.health and not self.mig_faults
 
     @classmethod
     def from_info(cls, info: DeviceInfo) -> DeviceUsage:
@@ -75,6 +96,7 @@ class DeviceUsage:
             numa=info.numa,
             mode=info.mode,
             health=info.health,
+            mig_profiles=info.mig_profiles,
         )
 
     def copy(self) -> DeviceUsage:
@@ -92,6 +114,9 @@ class DeviceUsage:
             self.used,
             self.usedmem,
             self.usedcores,
+            self.mig_profiles,
+            list(self.mig_used),
+            self.mig_faults,
         )
 
 
@@ -116,6 +141,7 @@ class NodeUsage:
         "candidates",
         "cordoned",
         "devices",
+        "has_mig",
         "name",
         "on_change",
         "pair_scores",
@@ -135,6 +161,8 @@ class NodeUsage:
         self.candidates: tuple[DeviceUsage, ...] = tuple(
             d for d in self.devices if NVIDIA.lower() in d.type.lower()
         )
+        #: Whether a candidate is in MIG mode (the fit then places MIG instances).
+        self.has_mig = any(d.mode == MODE_MIG for d in self.candidates)
         self.pair_scores: Mapping[str, Mapping[str, int]] = pair_scores or {}
         self.cordoned: frozenset[str] = frozenset(cordoned)
         self._tot_count = sum(d.count for d in self.devices)
@@ -183,26 +211,41 @@ class NodeUsage:
             self._sum_used += slots
             self._sum_mem += amount.mem * sign
             self._sum_cores += amount.cores * sign
+            if amount.mig or amount.unreserved:
+                _apply_mig(dev, amount, sign)
         self._room = None
         if self.on_change is not None:
             self.on_change(self.name)
         return tuple(unknown)
 
-    def room(self) -> tuple[int, int, int]:
-        """(usable GPUs with a free slot, the most free MiB on one, the most free cores on one).
+    def mig_problems(self, usage: PodUsage) -> list[str]:
+        """What booking ``usage`` here would make inconsistent on MIG (nothing changes; for the log)."""
+        out: list[str] = []
+        for uuid, amount in usage.items():
+            dev = self.by_id.get(uuid)
+            if dev is not None and (amount.mig or amount.unreserved):
+                out.extend(mig_faults(dev, amount))
+        return out
 
-        Usable: an NVIDIA candidate that is healthy, not cordoned and not in MIG mode — the only
-        devices a hami-core request can get. Every container a pod places here needs ``nums``
-        such GPUs each with its memory and cores free, so a pod asking more than this cannot fit
-        (see :func:`hamid.fit.fit.room_needed`). Cached until the usage changes.
+    def room(self) -> tuple[int, int, int]:
+        """(usable device slots, the most free MiB on one GPU, the most free cores on one GPU).
+
+        Usable: an NVIDIA candidate with a free slot that is healthy (:attr:`DeviceUsage.fit_healthy`)
+        and not cordoned; one GPU counts once, one in MIG mode as many times as it has placements
+        (one container may take several instances there). Every container a pod places here needs
+        ``nums`` such slots, each GPU with its memory and cores free, so a pod asking more than this
+        cannot fit (see :func:`hamid.fit.fit.room_needed`). Cached until the usage changes.
         """
         room = self._room
         if room is None:
             slots = mem = cores = 0
             cordoned = self.cordoned
             for d in self.candidates:
-                if d.used < d.count and d.health and d.mode != MODE_MIG and d.id not in cordoned:
-                    slots += 1
+                if d.used < d.count and d.fit_healthy and d.id not in cordoned:
+                    if d.mode == MODE_MIG:
+                        slots += sum(len(p.placements) for p in d.mig_profiles)
+                    else:
+                        slots += 1
                     mem = max(mem, d.totalmem - d.usedmem)
                     cores = max(cores, d.totalcore - d.usedcores)
             room = self._room = (slots, mem, cores)
@@ -230,6 +273,18 @@ class NodeUsage:
             f32(mem / self._tot_mem),
         )
         return f32(10.0 * f32(f32(slots + core) + memory))
+
+
+def _apply_mig(dev: DeviceUsage, amount: DeviceAmount, sign: int) -> None:
+    """Occupy (or free) a booking's MIG placements and count its inconsistencies, symmetrically: its
+    faults are judged against the other bookings both ways."""
+    if sign > 0:
+        dev.mig_faults += len(mig_faults(dev, amount))
+        dev.mig_used.extend(amount.mig)
+        return
+    for a in amount.mig:
+        dev.mig_used.remove(a)
+    dev.mig_faults -= len(mig_faults(dev, amount))
 
 
 def container_kinds(pod: Mapping[str, Any]) -> tuple[ContainerKind, ...]:
