@@ -15,14 +15,15 @@ reserved or seen, :meth:`NodeUsage.remove` when it ends, both with the same :cla
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hamid.fit.mig import mig_faults
+from hamid.fit.mig import profiles_by_name
 from hamid.fit.policy import f32
 from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile, PodDevices
-from hamid.model.mig import MigAllocation
+from hamid.model.mig import MigAllocation, placements_overlap
 from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
 
 
@@ -39,7 +40,7 @@ class DeviceAmount:
     """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent).
 
     On a GPU in MIG mode also its reservations (their placements are occupied while booked) and
-    how many of its device entries there have none (see :func:`hamid.fit.mig.with_mig`).
+    how many of its device entries there have none (see :func:`with_mig`).
     """
 
     slots: int
@@ -58,7 +59,7 @@ class DeviceUsage:
     """One GPU of a node with its current usage (mutable; kept by the scheduler).
 
     A GPU in MIG mode also has its registered profiles, the reservations booked on it and how many
-    inconsistencies those bookings hold (:func:`hamid.fit.mig.mig_faults`): while any does, the GPU
+    inconsistencies those bookings hold (:func:`mig_faults`): while any does, the GPU
     is not fitted onto (HAMi marks it unhealthy).
     """
 
@@ -273,6 +274,64 @@ class NodeUsage:
             f32(mem / self._tot_mem),
         )
         return f32(10.0 * f32(f32(slots + core) + memory))
+
+
+def with_mig(
+    usage: Mapping[str, DeviceAmount],
+    layout: PodDevices,
+    mig: Sequence[MigAllocation],
+    devices: Mapping[str, DeviceUsage],
+) -> dict[str, DeviceAmount]:
+    """A pod's usage with its MIG reservations on each GPU they name, and on each MIG-mode GPU of
+    ``devices`` the number of its device entries there beyond those reservations (``unreserved``:
+    HAMi matches entries and reservations per GPU in order; an entry left over is an inconsistency).
+
+    Reservations naming a GPU outside ``usage`` are left out (refused: :func:`~hamid.fit.mig.mig_refusal`).
+    """
+    out = dict(usage)
+    on_gpu: dict[str, list[MigAllocation]] = {}
+    for a in mig:
+        on_gpu.setdefault(a.gpu_uuid, []).append(a)
+    mig_gpus = {uuid for uuid, dev in devices.items() if dev.mode == MODE_MIG}
+    entries = Counter(d.uuid for entry in layout for d in entry if d.uuid in mig_gpus)
+    for uuid in on_gpu.keys() | entries.keys():
+        amount = out.get(uuid)
+        if amount is None:
+            continue
+        reserved = tuple(on_gpu.get(uuid, ()))
+        out[uuid] = replace(amount, mig=reserved, unreserved=max(entries[uuid] - len(reserved), 0))
+    return out
+
+
+def _span(a: MigAllocation) -> str:
+    return f"{a.profile} at [{a.placement.start},{a.placement.start + a.placement.size})"
+
+
+def mig_faults(dev: DeviceUsage, amount: DeviceAmount) -> list[str]:
+    """What is inconsistent about booking ``amount`` on ``dev`` beside its other bookings (one line each).
+
+    A reservation on a GPU not in MIG mode; on a MIG GPU, a device entry without a reservation, a
+    reservation of a profile or placement the GPU does not offer, or one overlapping another booked
+    placement (the pod's own earlier ones included). ``dev.mig_used`` must not hold ``amount``'s own.
+    """
+    if dev.mode != MODE_MIG:
+        return [f"GPU {dev.id} is not in MIG mode but {_span(a)} is reserved on it" for a in amount.mig]
+    faults = [f"a device on MIG GPU {dev.id} has no profile/placement reservation"] * amount.unreserved
+    offered = profiles_by_name(dev.mig_profiles)
+    seen = list(dev.mig_used)
+    for a in amount.mig:
+        profile = offered.get(a.profile)
+        if profile is None:
+            faults.append(f"GPU {dev.id} does not offer profile {a.profile}")
+        elif a.placement not in profile.placements:
+            faults.append(f"GPU {dev.id} does not offer {_span(a)}")
+        faults.extend(
+            f"{_span(a)} overlaps {_span(b)} booked on GPU {dev.id}"
+            for b in seen
+            if placements_overlap(a.placement, b.placement)
+        )
+        seen.append(a)
+    return faults
 
 
 def _apply_mig(dev: DeviceUsage, amount: DeviceAmount, sign: int) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from hamid.fit.fit import Quota, pod_quota_usage
-from hamid.fit.mig import mig_refusal, with_mig
+from hamid.fit.mig import mig_refusal
 from hamid.fit.usage import (
     ContainerKind,
     DeviceAmount,
@@ -47,6 +47,7 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
     overcommit_refusal,
+    with_mig,
 )
 from hamid.log import get_logger
 from hamid.model import annotations as ann

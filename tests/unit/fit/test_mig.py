@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hamid.fit import DeviceAmount, DeviceUsage, Fitted, PodPolicy, Unfit, fit_pod
-from hamid.fit.mig import fits_another, select_candidate, with_mig
+from hamid.fit.mig import fits_another, select_candidate
+from hamid.fit.usage import with_mig
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_MIG, MigPlacement, MigProfile
 from hamid.model.mig import MigAllocation
