@@ -10,6 +10,7 @@ import hmac
 from typing import Any
 
 import pytest
+import structlog
 
 from hamid.fit import fit_pod
 from hamid.fit.fit import Fitted, PodFitSpec, Unfit
@@ -157,18 +158,17 @@ def test_a_rewritten_placement_is_not_booked() -> None:
         (reservation(0, "7g.40gb", 8), "GPU GPU-m does not offer profile 7g.40gb"),
     ],
 )
-def test_an_inconsistent_reservation_makes_the_gpu_unfit_until_it_goes(
-    second: str, problem: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_inconsistent_reservation_makes_the_gpu_unfit_until_it_goes(second: str, problem: str) -> None:
     first = mig_pod("first", None, 6)
     other = mig_pod("other", None, 0, namespace="b")
     other["spec"]["nodeName"] = "n1"  # running: booked as it runs
     other["metadata"]["annotations"][ann.MIG_ALLOCATIONS] = second
-    state = state_of(None, first, other)
+    with structlog.testing.capture_logs() as logs:
+        state = state_of(None, first, other)
     assert state.ledger.reservation("uid-other") is not None
     assert state.ledger.nodes["n1"].usage.by_id["GPU-m"].mig_faults >= 1
-    logged = capsys.readouterr().out
-    assert "mig_reservation_inconsistent" in logged and problem in logged and "pod=b/other" in logged
+    [logged] = [e for e in logs if e["event"] == "mig_reservation_inconsistent"]
+    assert logged["pod"] == "b/other" and problem in logged["problems"]
     assert isinstance(f := next_fit(state), Unfit) and f.reason == "1/2 CardNotHealth, 1/2 CardTypeMismatch"
     state.ledger.on_pod_deleted(other)
     assert state.ledger.nodes["n1"].usage.by_id["GPU-m"].mig_faults == 0 and isinstance(
