@@ -5,6 +5,10 @@ Per-device checks run in HAMi's order (docs/hami-wire.md §3.5) with HAMi's reas
 is checked against the other pods' usage plus the pod's own usage in the phases it runs in, and
 the pod's usage in its other phases must still fit (see :mod:`hamid.fit.usage`). Nothing here
 mutates a :class:`NodeUsage`; the caller books a result with ``NodeUsage.add``.
+
+On a GPU in MIG mode the fit also needs a free MIG placement (:mod:`hamid.fit.mig`), may give one
+container several instances of that GPU (HAMi revisits it after each one it accepts), and books
+each instance as its profile's memory and cores.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hamid.fit.mig import fits_another, select_candidate
 from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
     ContainerKind,
@@ -30,8 +35,9 @@ from hamid.fit.usage import (
 )
 from hamid.model import objects
 from hamid.model import reasons as R
-from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevice, ContainerDevices, PodDevices
+from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevice, ContainerDevices, MigPlacement, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import MigAllocation
 from hamid.model.quantity import integer_quantity
 from hamid.model.resources import (
     MEM_PERCENTAGE_UNSET,
@@ -121,10 +127,12 @@ class PodFitSpec:
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    """A pod fits a node: per-container devices (init first, GPU-less containers empty)."""
+    """A pod fits a node: per-container devices (init first, GPU-less containers empty), and the
+    MIG reservation of each device placed on a GPU in MIG mode (indexes into ``devices``)."""
 
     devices: PodDevices
     score: float  #: node score before placing the pod (HAMi ``ComputeDefaultScore``)
+    mig: tuple[MigAllocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +239,7 @@ class _ContainerFit:
     cordoned: frozenset[str]
     cores: int  #: the core request clamped to 100 (Fit step 8)
     quota: Quota | None  #: only when it limits anything
+    mig: bool = False  #: whether a candidate is in MIG mode
     base_mem: int = 0  #: the pod's booking without this container (its quota use)
     base_cores: int = 0
     extra_mem: int = 0  #: what the collected devices add to it
@@ -240,6 +249,16 @@ class _ContainerFit:
     memreq: int = 0
     need_mem: int = 0
     need_cores: int = 0
+    release: PodUsage = field(default_factory=dict)  #: the pod's own booking, treated as free
+    own_mig: Mapping[str, Sequence[MigPlacement]] = field(default_factory=dict)  #: the pod's placements
+    _occupied: dict[str, list[MigPlacement]] = field(default_factory=dict)
+
+    def occupied(self, device: DeviceUsage) -> list[MigPlacement]:
+        """The MIG placements taken on ``device`` before this container (cached per device)."""
+        taken = self._occupied.get(device.id)
+        if taken is None:
+            taken = self._occupied[device.id] = mig_occupied(device, self.release, self.own_mig)
+        return taken
 
     def size(self, row: _Row) -> None:
         """Size the request on ``row``'s device (before the capacity checks)."""
@@ -279,7 +298,7 @@ Check = Callable[[_ContainerFit, _Row], bool]
 
 
 def _unhealthy(fit: _ContainerFit, row: _Row) -> bool:
-    return not row.device.health
+    return not row.device.fit_healthy
 
 
 def _cordoned(fit: _ContainerFit, row: _Row) -> bool:
@@ -293,10 +312,6 @@ def _type_mismatch(fit: _ContainerFit, row: _Row) -> bool:
         or (policy.vgpu_mode is not None and device.mode not in policy.vgpu_mode)
         or fit.request.type != NVIDIA
     )
-
-
-def _mig_mode(fit: _ContainerFit, row: _Row) -> bool:
-    return row.device.mode == MODE_MIG
 
 
 def _uuid_excluded(fit: _ContainerFit, row: _Row) -> bool:
@@ -335,19 +350,40 @@ def _compute_exhausted(fit: _ContainerFit, row: _Row) -> bool:
     return device.totalcore != 0 and row.usedcores + row.own.con_cores == device.totalcore and fit.cores == 0
 
 
+def _mig_infeasible(fit: _ContainerFit, row: _Row) -> bool:
+    device = row.device
+    if device.mode != MODE_MIG:
+        return False
+    earlier = [d.usedmem for d in fit.collected if d.uuid == device.id]
+    return not fits_another(device.mig_profiles, fit.occupied(device), earlier, fit.memreq)
+
+
+def mig_occupied(
+    device: DeviceUsage, release: PodUsage, own: Mapping[str, Sequence[MigPlacement]]
+) -> list[MigPlacement]:
+    """The placements taken on ``device``: its bookings less the pod's own (``release``, a re-filter)
+    plus those the pod's earlier containers took (all of a pod's instances live as long as it does)."""
+    booked = list(device.mig_used)
+    released = release.get(device.id) if release else None
+    for a in released.mig if released is not None else ():
+        if a in booked:
+            booked.remove(a)
+    return [a.placement for a in booked] + list(own.get(device.id, ()))
+
+
 #: Gates of checks that cannot fail for most containers (left out when their gate is off).
 CORDON, TYPE_RULES, UUID_RULES, MUTEX, QUOTA = "cordon", "type-rules", "uuid-rules", "mutex", "quota"
+MIG = "mig"
 CheckRow = tuple[str, Check, str | None]
 """(HAMi reason, check, gate): the check runs only when its gate (None: always) is on."""
 
-#: HAMi's per-device checks before the NUMA group step (docs/hami-wire.md §3.5 steps 1-3, and MIG mode).
+#: HAMi's per-device checks before the NUMA group step (docs/hami-wire.md §3.5 steps 1-3).
 DEVICE_CHECKS: tuple[CheckRow, ...] = (
     (R.CARD_NOT_HEALTH, _unhealthy, None),
     (R.CARD_CORDONED, _cordoned, CORDON),
     (R.CARD_TYPE_MISMATCH, _type_mismatch, TYPE_RULES),
-    (R.MODE_NOT_FIT, _mig_mode, None),
 )
-#: HAMi's per-device checks after it (steps 5-14); the first that fails counts its reason.
+#: HAMi's per-device checks after it (steps 5-15); the first that fails counts its reason.
 CAPACITY_CHECKS: tuple[CheckRow, ...] = (
     (R.CARD_UUID_MISMATCH, _uuid_excluded, UUID_RULES),
     (R.CARD_TIME_SLICING_EXHAUSTED, _no_free_slot, None),
@@ -357,6 +393,7 @@ CAPACITY_CHECKS: tuple[CheckRow, ...] = (
     (R.CARD_INSUFFICIENT_CORE, _short_of_cores, None),
     (R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, _exclusive_busy, None),
     (R.CARD_COMPUTE_UNITS_EXHAUSTED, _compute_exhausted, None),
+    (R.CARD_MIG_TOPOLOGY_INFEASIBLE, _mig_infeasible, MIG),
 )
 ActiveChecks = tuple[tuple[str, Check], ...]
 
@@ -389,6 +426,8 @@ def _gates(fit: _ContainerFit) -> frozenset[str]:
         gates.append(MUTEX)
     if fit.quota is not None:
         gates.append(QUOTA)
+    if fit.mig:
+        gates.append(MIG)
     return frozenset(gates)
 
 
@@ -463,6 +502,18 @@ def _start(
     return fit
 
 
+def _mig_request(
+    node_cands: Sequence[DeviceUsage], request: ContainerDeviceRequest, policy: PodPolicy
+) -> bool:
+    """HAMi ``isMIGRequest``: an NVIDIA request that may take MIG instances (its ``vgpu-mode``, if
+    any, names ``mig``) on a node with a GPU in MIG mode; it may ask more devices than the node has."""
+    return (
+        request.type == NVIDIA
+        and (policy.vgpu_mode is None or MODE_MIG in policy.vgpu_mode)
+        and any(d.mode == MODE_MIG for d in node_cands)
+    )
+
+
 def _fit_container(
     node_cands: Sequence[DeviceUsage],
     cordoned: frozenset[str],
@@ -473,27 +524,35 @@ def _fit_container(
     release: PodUsage,
     quota: Quota | None,
     prefer: Sequence[str] = (),
+    own_mig: Mapping[str, Sequence[MigPlacement]] | None = None,
 ) -> ContainerDevices | str:
     """Fit one container's request onto candidate devices; devices or a reason string.
 
     Devices are tried in policy order (the ``prefer`` ids first, in their order); each one runs
     :data:`DEVICE_CHECKS`, HAMi's numa-bind
     group step, then :data:`CAPACITY_CHECKS` (less the checks that cannot fail for this
-    container), and counts the first failing check's reason.
+    container), and counts the first failing check's reason. A GPU in MIG mode is tried again
+    after each device it gives (HAMi's ``i++``) until it fails a check; ``own_mig`` holds the MIG
+    placements the pod's earlier containers took. Devices carry the memory asked there, not yet
+    the MIG profile's (:func:`fit_pod` places them).
     """
     nums = request.nums
-    if nums > len(node_cands):
+    mig = own_mig is not None and _mig_request(node_cands, request, policy)
+    if nums > len(node_cands) and not mig:
         return R.NODE_INSUFFICIENT_DEVICE
     rows, order = _ranked_rows(node_cands, request, policy, own, release)
     if prefer:
         rank = {device: k for k, device in enumerate(prefer)}
         order.sort(key=lambda i: rank.get(rows[i][0].id, len(rank)))
     fit = _start(request, policy, cordoned, own, quota)
+    if mig:
+        fit.mig, fit.release, fit.own_mig = True, release, own_mig or {}
     reasons: Counter[str] = Counter()
     topology = policy.gpu_policy.topology_aware
     device_checks, capacity_checks = _active_checks(_gates(fit))
-    for i in order:
-        row = _Row(*rows[i])
+    k = 0
+    while k < len(order):
+        row = _Row(*rows[order[k]])
         reason = _first_failure(device_checks, fit, row)
         if reason is None:
             if policy.numa_bind:
@@ -502,10 +561,13 @@ def _fit_container(
             reason = _first_failure(capacity_checks, fit, row)
         if reason is not None:
             reasons[reason] += 1
+            k += 1
             continue
         fit.book(row)
         if not topology and len(fit.collected) == nums:
             return tuple(fit.collected)
+        if not fit.mig or row.device.mode != MODE_MIG:
+            k += 1
     return _finish(fit.collected, nums, topology, pair_scores, reasons, len(node_cands))
 
 
@@ -548,11 +610,15 @@ def fit_pod(
     container tries first, in that order (the ``fgd`` GPU choice); the others follow in policy order.
     Returns one entry per container (GPU-less ones empty — the intended format of
     docs/hami-wire.md §8.1) and the node score, or the first failing container's reason.
+    A device on a GPU in MIG mode books its profile's memory and cores and comes with its
+    reservation (:attr:`Fitted.mig`); a pod's instances never share a slice, whatever their phases.
     """
     score = node.score(release)
     n = len(spec.requests)
     layout: list[ContainerDevices] = [()] * n
     any_placed = False
+    own_mig: dict[str, list[MigPlacement]] | None = {} if node.has_mig else None
+    reservations: list[MigAllocation] = []
     for t, request in enumerate(spec.requests):
         if request is None or request.nums <= 0:
             continue
@@ -560,13 +626,54 @@ def fit_pod(
         cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
         own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
         result = _fit_container(
-            cands, node.cordoned, node.pair_scores, request, spec.policy, own, release or {}, quota, prefer
+            cands,
+            node.cordoned,
+            node.pair_scores,
+            request,
+            spec.policy,
+            own,
+            release or {},
+            quota,
+            prefer,
+            own_mig,
         )
         if isinstance(result, str):
             return Unfit(result)
+        if own_mig is not None:
+            placed = _place_mig(node, result, t, release or {}, own_mig, reservations)
+            if isinstance(placed, str):
+                return Unfit(placed)
+            result = placed
         layout[t] = result
         any_placed = True
-    return Fitted(tuple(layout), score)
+    return Fitted(tuple(layout), score, tuple(reservations))
+
+
+def _place_mig(
+    node: NodeUsage,
+    devices: ContainerDevices,
+    container: int,
+    release: PodUsage,
+    own_mig: dict[str, list[MigPlacement]],
+    reservations: list[MigAllocation],
+) -> ContainerDevices | str:
+    """HAMi ``AddResourceUsage`` for one fitted container: each device on a MIG GPU, in order, takes
+    the profile and placement :func:`~hamid.fit.mig.select_candidate` gives for its memory and books
+    the profile's memory and cores; its reservation joins ``reservations`` and ``own_mig``."""
+    out: list[ContainerDevice] = []
+    for j, d in enumerate(devices):
+        device = node.by_id.get(d.uuid)
+        if device is None or device.mode != MODE_MIG:
+            out.append(d)
+            continue
+        chosen = select_candidate(device.mig_profiles, mig_occupied(device, release, own_mig), d.usedmem)
+        if chosen is None:
+            return f"AddResourceUsage failed for device {d.uuid}: MIG profile and placement allocation failed"
+        profile, placement = chosen
+        own_mig.setdefault(d.uuid, []).append(placement)
+        out.append(ContainerDevice(d.uuid, d.type, profile.memory_mb, profile.core))
+        reservations.append(MigAllocation(container, j, d.uuid, profile.name, placement))
+    return tuple(out)
 
 
 def room_needed(spec: PodFitSpec) -> tuple[int, int, int]:

@@ -15,12 +15,15 @@ reserved or seen, :meth:`NodeUsage.remove` when it ends, both with the same :cla
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hamid.fit.mig import profiles_by_name
 from hamid.fit.policy import f32
-from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, PodDevices
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile, PodDevices
+from hamid.model.mig import MigAllocation, placements_overlap
 from hamid.model.resources import ContainerDeviceRequest, all_containers, init_container_count, is_sidecar
 
 
@@ -34,11 +37,17 @@ class ContainerKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DeviceAmount:
-    """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent)."""
+    """What one pod books on one GPU: vGPU slots, memory (MiB) and cores (percent).
+
+    On a GPU in MIG mode also its reservations (their placements are occupied while booked) and
+    how many of its device entries there have none (see :func:`with_mig`).
+    """
 
     slots: int
     mem: int
     cores: int
+    mig: tuple[MigAllocation, ...] = ()
+    unreserved: int = 0
 
 
 #: A pod's effective usage: GPU UUID -> amount.
@@ -47,7 +56,12 @@ PodUsage = Mapping[str, DeviceAmount]
 
 @dataclass(slots=True)
 class DeviceUsage:
-    """One GPU of a node with its current usage (mutable; kept by the scheduler)."""
+    """One GPU of a node with its current usage (mutable; kept by the scheduler).
+
+    A GPU in MIG mode also has its registered profiles, the reservations booked on it and how many
+    inconsistencies those bookings hold (:func:`mig_faults`): while any does, the GPU
+    is not fitted onto (HAMi marks it unhealthy).
+    """
 
     id: str
     index: int
@@ -61,6 +75,14 @@ class DeviceUsage:
     used: int = 0
     usedmem: int = 0
     usedcores: int = 0
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_used: list[MigAllocation] = field(default_factory=list)
+    mig_faults: int = 0
+
+    @property
+    def fit_healthy(self) -> bool:
+        """Healthy as registered and no inconsistent MIG booking on it."""
+        return self.health and not self.mig_faults
 
     @classmethod
     def from_info(cls, info: DeviceInfo) -> DeviceUsage:
@@ -75,6 +97,7 @@ class DeviceUsage:
             numa=info.numa,
             mode=info.mode,
             health=info.health,
+            mig_profiles=info.mig_profiles,
         )
 
     def copy(self) -> DeviceUsage:
@@ -92,6 +115,9 @@ class DeviceUsage:
             self.used,
             self.usedmem,
             self.usedcores,
+            self.mig_profiles,
+            list(self.mig_used),
+            self.mig_faults,
         )
 
 
@@ -116,6 +142,7 @@ class NodeUsage:
         "candidates",
         "cordoned",
         "devices",
+        "has_mig",
         "name",
         "on_change",
         "pair_scores",
@@ -135,6 +162,8 @@ class NodeUsage:
         self.candidates: tuple[DeviceUsage, ...] = tuple(
             d for d in self.devices if NVIDIA.lower() in d.type.lower()
         )
+        #: Whether a candidate is in MIG mode (the fit then places MIG instances).
+        self.has_mig = any(d.mode == MODE_MIG for d in self.candidates)
         self.pair_scores: Mapping[str, Mapping[str, int]] = pair_scores or {}
         self.cordoned: frozenset[str] = frozenset(cordoned)
         self._tot_count = sum(d.count for d in self.devices)
@@ -183,26 +212,41 @@ class NodeUsage:
             self._sum_used += slots
             self._sum_mem += amount.mem * sign
             self._sum_cores += amount.cores * sign
+            if amount.mig or amount.unreserved:
+                _apply_mig(dev, amount, sign)
         self._room = None
         if self.on_change is not None:
             self.on_change(self.name)
         return tuple(unknown)
 
-    def room(self) -> tuple[int, int, int]:
-        """(usable GPUs with a free slot, the most free MiB on one, the most free cores on one).
+    def mig_problems(self, usage: PodUsage) -> list[str]:
+        """What booking ``usage`` here would make inconsistent on MIG (nothing changes; for the log)."""
+        out: list[str] = []
+        for uuid, amount in usage.items():
+            dev = self.by_id.get(uuid)
+            if dev is not None and (amount.mig or amount.unreserved):
+                out.extend(mig_faults(dev, amount))
+        return out
 
-        Usable: an NVIDIA candidate that is healthy, not cordoned and not in MIG mode — the only
-        devices a hami-core request can get. Every container a pod places here needs ``nums``
-        such GPUs each with its memory and cores free, so a pod asking more than this cannot fit
-        (see :func:`hamid.fit.fit.room_needed`). Cached until the usage changes.
+    def room(self) -> tuple[int, int, int]:
+        """(usable device slots, the most free MiB on one GPU, the most free cores on one GPU).
+
+        Usable: an NVIDIA candidate with a free slot that is healthy (:attr:`DeviceUsage.fit_healthy`)
+        and not cordoned; one GPU counts once, one in MIG mode as many times as it has placements
+        (one container may take several instances there). Every container a pod places here needs
+        ``nums`` such slots, each GPU with its memory and cores free, so a pod asking more than this
+        cannot fit (see :func:`hamid.fit.fit.room_needed`). Cached until the usage changes.
         """
         room = self._room
         if room is None:
             slots = mem = cores = 0
             cordoned = self.cordoned
             for d in self.candidates:
-                if d.used < d.count and d.health and d.mode != MODE_MIG and d.id not in cordoned:
-                    slots += 1
+                if d.used < d.count and d.fit_healthy and d.id not in cordoned:
+                    if d.mode == MODE_MIG:
+                        slots += sum(len(p.placements) for p in d.mig_profiles)
+                    else:
+                        slots += 1
                     mem = max(mem, d.totalmem - d.usedmem)
                     cores = max(cores, d.totalcore - d.usedcores)
             room = self._room = (slots, mem, cores)
@@ -230,6 +274,76 @@ class NodeUsage:
             f32(mem / self._tot_mem),
         )
         return f32(10.0 * f32(f32(slots + core) + memory))
+
+
+def with_mig(
+    usage: Mapping[str, DeviceAmount],
+    layout: PodDevices,
+    mig: Sequence[MigAllocation],
+    devices: Mapping[str, DeviceUsage],
+) -> dict[str, DeviceAmount]:
+    """A pod's usage with its MIG reservations on each GPU they name, and on each MIG-mode GPU of
+    ``devices`` the number of its device entries there beyond those reservations (``unreserved``:
+    HAMi matches entries and reservations per GPU in order; an entry left over is an inconsistency).
+
+    Reservations naming a GPU outside ``usage`` are left out (refused: :func:`~hamid.fit.mig.mig_refusal`).
+    """
+    out = dict(usage)
+    on_gpu: dict[str, list[MigAllocation]] = {}
+    for a in mig:
+        on_gpu.setdefault(a.gpu_uuid, []).append(a)
+    mig_gpus = {uuid for uuid, dev in devices.items() if dev.mode == MODE_MIG}
+    entries = Counter(d.uuid for entry in layout for d in entry if d.uuid in mig_gpus)
+    for uuid in on_gpu.keys() | entries.keys():
+        amount = out.get(uuid)
+        if amount is None:
+            continue
+        reserved = tuple(on_gpu.get(uuid, ()))
+        out[uuid] = replace(amount, mig=reserved, unreserved=max(entries[uuid] - len(reserved), 0))
+    return out
+
+
+def _span(a: MigAllocation) -> str:
+    return f"{a.profile} at [{a.placement.start},{a.placement.start + a.placement.size})"
+
+
+def mig_faults(dev: DeviceUsage, amount: DeviceAmount) -> list[str]:
+    """What is inconsistent about booking ``amount`` on ``dev`` beside its other bookings (one line each).
+
+    A reservation on a GPU not in MIG mode; on a MIG GPU, a device entry without a reservation, a
+    reservation of a profile or placement the GPU does not offer, or one overlapping another booked
+    placement (the pod's own earlier ones included). ``dev.mig_used`` must not hold ``amount``'s own.
+    """
+    if dev.mode != MODE_MIG:
+        return [f"GPU {dev.id} is not in MIG mode but {_span(a)} is reserved on it" for a in amount.mig]
+    faults = [f"a device on MIG GPU {dev.id} has no profile/placement reservation"] * amount.unreserved
+    offered = profiles_by_name(dev.mig_profiles)
+    seen = list(dev.mig_used)
+    for a in amount.mig:
+        profile = offered.get(a.profile)
+        if profile is None:
+            faults.append(f"GPU {dev.id} does not offer profile {a.profile}")
+        elif a.placement not in profile.placements:
+            faults.append(f"GPU {dev.id} does not offer {_span(a)}")
+        faults.extend(
+            f"{_span(a)} overlaps {_span(b)} booked on GPU {dev.id}"
+            for b in seen
+            if placements_overlap(a.placement, b.placement)
+        )
+        seen.append(a)
+    return faults
+
+
+def _apply_mig(dev: DeviceUsage, amount: DeviceAmount, sign: int) -> None:
+    """Occupy (or free) a booking's MIG placements and count its inconsistencies, symmetrically: its
+    faults are judged against the other bookings both ways."""
+    if sign > 0:
+        dev.mig_faults += len(mig_faults(dev, amount))
+        dev.mig_used.extend(amount.mig)
+        return
+    for a in amount.mig:
+        dev.mig_used.remove(a)
+    dev.mig_faults -= len(mig_faults(dev, amount))
 
 
 def container_kinds(pod: Mapping[str, Any]) -> tuple[ContainerKind, ...]:

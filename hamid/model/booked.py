@@ -24,18 +24,22 @@ BOOKED_REASON = "SignedAllocation"
 @dataclass(frozen=True, slots=True)
 class BookedRecord:
     """The allocation a pod's status records as booked, with its signature (not yet verified;
-    empty from a scheduler that runs unsigned)."""
+    empty from a scheduler that runs unsigned) and its MIG reservations (``""``: none; the text of
+    :func:`~hamid.model.mig.reservation_text`)."""
 
     node: str
     allocated: str
     signature: str
+    mig: str = ""
 
 
-def booked_condition(node: str, allocated: str, signature: str, now: float) -> dict[str, str]:
-    """The pod condition recording the allocation ``allocated`` on ``node`` as booked."""
-    message = json.dumps(
-        {"node": node, "allocated": allocated, "signature": signature}, separators=(",", ":"), sort_keys=True
-    )
+def booked_condition(node: str, allocated: str, signature: str, now: float, mig: str = "") -> dict[str, str]:
+    """The pod condition recording the allocation ``allocated`` on ``node`` (and its MIG reservations
+    ``mig``, a field only when there are some) as booked."""
+    fields = {"node": node, "allocated": allocated, "signature": signature}
+    if mig:
+        fields["mig"] = mig
+    message = json.dumps(fields, separators=(",", ":"), sort_keys=True)
     return {
         "type": ALLOCATION_BOOKED_CONDITION,
         "status": "True",
@@ -62,7 +66,13 @@ def booked_record(pod: Mapping[str, Any]) -> BookedRecord | None:
         if not isinstance(fields, dict):
             return None
         node, allocated, signature = (fields.get(k) for k in ("node", "allocated", "signature"))
-        if isinstance(node, str) and isinstance(allocated, str) and isinstance(signature, str):
-            return BookedRecord(node, allocated, signature)
+        mig = fields.get("mig", "")
+        if (
+            isinstance(node, str)
+            and isinstance(allocated, str)
+            and isinstance(signature, str)
+            and isinstance(mig, str)
+        ):
+            return BookedRecord(node, allocated, signature, mig)
         return None
     return None

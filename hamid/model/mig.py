@@ -55,6 +55,23 @@ class MigAllocation:
         return (self.gpu_uuid, self.profile, self.placement.start, self.placement.size)
 
 
+def reservation_text(allocations: Iterable[MigAllocation]) -> str:
+    """The scheduler's part of a reservation list, canonical: runtime ids left out, sorted by container
+    and device, encoded as HAMi does; ``""`` for none.
+
+    This is what the scheduler signs and records (docs/trust.md §3): the plugin adds the runtime ids
+    to the annotation later, which leaves this text unchanged.
+    """
+    reserved = sorted(
+        (
+            MigAllocation(a.container_index, a.device_index, a.gpu_uuid, a.profile, a.placement)
+            for a in allocations
+        ),
+        key=lambda a: (a.container_index, a.device_index),
+    )
+    return encode_mig_allocations(reserved)
+
+
 def placements_overlap(a: MigPlacement, b: MigPlacement) -> bool:
     """Whether two placements share a memory slice (``[start, start + size)``)."""
     return a.start < b.start + b.size and b.start < a.start + a.size

@@ -16,7 +16,8 @@ EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
 RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
-MODE_NOT_FIT = "ModeNotFit"
+#: HAMi's dynamic MIG: no allowed profile with the memory has a free placement on the GPU.
+CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
 ALLOWED_DEVICE_SET_UNMATCHED = "AllowedDeviceSetUnmatched"
 NODE_UNREGISTERED = "node unregistered"
 #: hamid: the node has a register but its labels do not match ``--node-label-selector`` (HAMi

@@ -296,7 +296,9 @@ class Binder:
             return
         pod = (args.pod_namespace, args.pod_name, args.pod_uid)
         timeout = self._call_timeout(deadline, _BIND_UNDO_S)
-        await record_booked(self.kube, self.ledger.keys, pod, res.node, res.raw, budget_s=timeout)
+        await record_booked(
+            self.kube, self.ledger.keys, pod, res.node, res.raw, budget_s=timeout, mig=res.mig_text
+        )
 
     async def _bound_to(self, args: BindArgs, deadline: float) -> bool | None:
         """Whether the pod is bound to ``args.node`` (after a Binding whose outcome is unknown),

@@ -17,6 +17,7 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
+from hamid.model.mig import reservation_text
 from hamid.model.numa import NUMA_PREDICTED, encode_prediction
 from hamid.scheduler.filter_plan import NumaFit
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
@@ -54,7 +55,8 @@ class Reserver:
         if uid in self._writing:
             return f"an earlier filter of pod {name} is still writing its allocation; retry"
         raw = ann.encode_pod_devices(fitted.devices)
-        signature = self.ledger.signature(uid, node, raw)
+        mig = reservation_text(fitted.mig)
+        signature = self.ledger.signature(uid, node, raw, mig)
         annotations: dict[str, str | None] = {
             ann.VGPU_NODE: node,
             ann.VGPU_TIME: str(int(time.time())),
@@ -62,11 +64,17 @@ class Reserver:
             ann.DEVICES_ALLOCATED: raw,
             **signature,
         }
+        if mig or ann.MIG_ALLOCATIONS in objects.annotations(pod):  # HAMi writes none for no MIG device
+            annotations[ann.MIG_ALLOCATIONS] = mig or None
         prediction = numa.predictions.get(node)
         predicted = self.prediction_annotation(node, prediction)
         if predicted is not None or NUMA_PREDICTED in objects.annotations(pod):
             annotations[NUMA_PREDICTED] = predicted
-        undos = [self.ledger.reserve(pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE])]
+        undos = [
+            self.ledger.reserve(
+                pod, node, fitted.devices, raw, signature[ann.ALLOCATION_SIGNATURE], fitted.mig
+            )
+        ]
         self._writing.add(uid)
         try:
             undos.append(self.cpu_mem.assume(uid, node, _cpu_mem(pod)))
@@ -92,7 +100,7 @@ class Reserver:
         self.ledger.confirm(uid, node, raw)
         if prediction is not None and prediction.outcome is Outcome.UNKNOWN:
             self.metrics.numa_predictions.labels(UNKNOWN).inc()
-        log.info("filter_fit", pod=name, node=node, devices=raw, numa=_describe(prediction))
+        log.info("filter_fit", pod=name, node=node, devices=raw, mig=mig, numa=_describe(prediction))
         return ""
 
     def prediction_annotation(self, node: str, prediction: Prediction | None) -> str | None:

@@ -21,6 +21,12 @@ allocation only when its signature verifies (:mod:`hamid.scheduler.signing`); un
 mis-signed is foreign and books nothing, and an unreadable allocation books nothing at all. The
 signed allocation recorded in the pod's status by a bind or a refit stands over annotations that
 do not verify, or verify as older (a tenant rewrote them past admission).
+
+A pod's MIG reservations (``hami.io/vgpu-mig-allocations``, less the runtime ids its plugin adds)
+are part of its allocation here: signed and recorded with it, compared with the booking as it is,
+booked on the GPUs they name (their placements occupied) and released with it. A booking that is
+inconsistent on MIG (:func:`~hamid.fit.mig.mig_faults`) makes that GPU unfit while it stays, and
+is logged (``mig_reservation_inconsistent``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from hamid.fit.fit import Quota, pod_quota_usage
+from hamid.fit.mig import mig_refusal
 from hamid.fit.usage import (
     ContainerKind,
     DeviceAmount,
@@ -40,6 +47,7 @@ from hamid.fit.usage import (
     effective_pod_usage,
     init_containers_succeeded,
     overcommit_refusal,
+    with_mig,
 )
 from hamid.log import get_logger
 from hamid.model import annotations as ann
@@ -48,6 +56,7 @@ from hamid.model.booked import booked_record
 from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
+from hamid.model.mig import MigAllocation, decode_mig_allocations, reservation_text
 from hamid.model.objects import newer_than
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.coordination import Coordination
@@ -75,7 +84,8 @@ class Reservation:
 
     ``pending`` is True while the filter's annotation patch is in flight. ``version`` is the pod
     resourceVersion it was last derived from ("" for the filter's own). ``issued`` is when the
-    booked allocation was signed (ms since the epoch; 0 when unsigned).
+    booked allocation was signed (ms since the epoch; 0 when unsigned). ``mig`` holds its MIG
+    reservations (their GPU, profile and placement).
     """
 
     uid: str
@@ -90,11 +100,23 @@ class Reservation:
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
     version: str = ""
     issued: int = 0
+    mig: tuple[MigAllocation, ...] = ()
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def mig_text(self) -> str:
+        """The MIG reservations as signed and recorded (``""``: none)."""
+        return reservation_text(self.mig)
+
+    @property
+    def released(self) -> bool:
+        """Whether the init containers' usage is released: never while the pod holds MIG instances,
+        which live as long as the pod (its plugin removes them when it ends)."""
+        return self.init_released and not self.mig
 
 
 @dataclass(slots=True, eq=False)
@@ -115,6 +137,17 @@ class Hold:
     cores: int
     after: str | None = None
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
+
+
+def _mig_text(value: str | None) -> str:
+    """The MIG reservations an annotation names, as signed (runtime ids left out); a value that does
+    not decode stays as it is (it then verifies as nothing, and its booking reports it)."""
+    if not value:
+        return ""
+    try:
+        return reservation_text(decode_mig_allocations(value))
+    except InvalidInput:
+        return value
 
 
 def booking_refusal(ledger: Ledger, pod: PodBody, node: str, layout: PodDevices) -> str:
@@ -275,19 +308,27 @@ class Ledger:
         """Every reservation (snapshot iterator)."""
         return iter(list(self._reservations.values()))
 
-    def signature(self, uid: str, node: str, raw: str) -> dict[str, str | None]:
-        """The signature annotation to write beside allocation ``raw`` (removed in unsigned mode)."""
-        value = self.keys.sign(uid, node, raw) if self.keys is not None else None
+    def signature(self, uid: str, node: str, raw: str, mig: str = "") -> dict[str, str | None]:
+        """The signature annotation to write beside allocation ``raw`` and MIG reservations ``mig``
+        (removed in unsigned mode)."""
+        value = self.keys.sign(uid, node, raw, mig) if self.keys is not None else None
         return {ann.ALLOCATION_SIGNATURE: value}
 
-    def _issued(self, uid: str, node: str, raw: str, signature: str | None) -> int:
-        signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
+    def _issued(self, uid: str, node: str, raw: str, signature: str | None, mig: str = "") -> int:
+        signed = self.keys.verify(uid, node, raw, signature, mig) if self.keys is not None else None
         return signed.issued if signed is not None else 0
 
     def reserve(
-        self, pod: PodBody, node: str, layout: PodDevices, raw: str, signature: str | None = None
+        self,
+        pod: PodBody,
+        node: str,
+        layout: PodDevices,
+        raw: str,
+        signature: str | None = None,
+        mig: tuple[MigAllocation, ...] = (),
     ) -> Undo:
-        """Tentatively book ``layout`` for ``pod`` on ``node`` (pending until its patch is seen).
+        """Tentatively book ``layout`` and MIG reservations ``mig`` for ``pod`` on ``node`` (pending
+        until its patch is seen).
 
         ``signature`` is the one written with it (:meth:`signature`). Replaces any earlier
         reservation of the same pod; the undo restores it.
@@ -304,7 +345,8 @@ class Ledger:
             init_released=False,
             raw=raw,
             pending=True,
-            issued=self._issued(uid, node, raw, signature),
+            issued=self._issued(uid, node, raw, signature, reservation_text(mig)),
+            mig=mig,
         )
         self.placed.add(uid)
         self._insert(res)
@@ -424,8 +466,14 @@ class Ledger:
 
     def _apply(self, res: Reservation, entry: NodeEntry) -> None:
         """Book ``res`` on ``entry`` (a fresh NodeUsage, or one without ``res``)."""
-        res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released)
-        unknown = entry.usage.add(res.applied)
+        usage = entry.usage
+        res.applied = effective_pod_usage(res.layout, res.kinds, res.released)
+        if res.mig or usage.has_mig:
+            res.applied = with_mig(res.applied, res.layout, res.mig, usage.by_id)
+            problems = usage.mig_problems(res.applied)
+            if problems and not self.quiet:
+                log.warning("mig_reservation_inconsistent", pod=res.key, node=res.node, problems=problems)
+        unknown = usage.add(res.applied)
         if unknown and not self.quiet:
             log.warning("allocation_on_unknown_gpu", pod=res.key, node=res.node, uuids=list(unknown))
 
@@ -478,51 +526,56 @@ class Ledger:
         if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
             self._forget(uid, current)
             return
-        node, raw, signature = self._allocation(pod)
-        if current is not None and current.pending and (node != current.node or raw != current.raw):
+        node, raw, signature, mig = self._allocation(pod)
+        named = (node, raw, mig)
+        if current is not None and current.pending and named != (current.node, current.raw, current.mig_text):
             # The filter's patch is in flight: an event without its allocation (the pod's earlier
             # one, or none yet) predates it. Replacing the booking would free the GPUs the patch
             # is about to claim and confirm() would then confirm the old one (over-commit).
             return
         if current is not None:
             self._follow_init(current, init_containers_succeeded(pod))
-        if current is not None and (current.node, current.raw) == (node, raw):
+        if current is not None and named == (current.node, current.raw, current.mig_text):
             self._keep(pod, current)
             return
         if node is None or raw is None:
             if current is not None:
                 self._disagree(pod, current, node, raw, "the allocation annotations were removed")
             return
-        issued = self._claim(pod, node, raw, signature, current, settled)
+        issued = self._claim(pod, node, raw, signature, mig, current, settled)
         if issued is not None:
-            self._book(pod, node, raw, issued, current)
+            self._book(pod, node, raw, mig, issued, current)
 
-    def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None]:
-        """(node, allocation, signature) the pod names: its annotations', or the record in its
-        status (:func:`~hamid.model.booked.booked_record`) where that verifies and the
+    def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None, str]:
+        """(node, allocation, signature, MIG reservations) the pod names: its annotations', or the
+        record in its status (:func:`~hamid.model.booked.booked_record`) where that verifies and the
         annotations' signature does not, or is older. Annotations that then differ from the record
         are reported: a tenant rewrote them past admission, the record it cannot write stands."""
         annotations = objects.annotations(pod)
         node, raw = annotations.get(ann.VGPU_NODE), annotations.get(ann.DEVICES_ALLOCATED)
         signature = annotations.get(ann.ALLOCATION_SIGNATURE)
+        mig = _mig_text(annotations.get(ann.MIG_ALLOCATIONS))
         keys, record = self.keys, booked_record(pod)
         if keys is None or record is None:
-            return node, raw, signature
+            return node, raw, signature, mig
         uid = objects.uid(pod)
-        proven = keys.verify(uid, record.node, record.allocated, record.signature)
+        proven = keys.verify(uid, record.node, record.allocated, record.signature, record.mig)
         if proven is None:
-            return node, raw, signature
-        claimed = keys.verify(uid, node, raw, signature) if node is not None and raw is not None else None
+            return node, raw, signature, mig
+        claimed = (
+            keys.verify(uid, node, raw, signature, mig) if node is not None and raw is not None else None
+        )
         if claimed is not None and claimed.issued >= proven.issued:
-            return node, raw, signature
-        if (node, raw) != (record.node, record.allocated):
+            return node, raw, signature, mig
+        if (node, raw, mig) != (record.node, record.allocated, record.mig):
+            booked = f"{record.allocated} {record.mig}" if record.mig else record.allocated
             why = (
                 f"they differ from the allocation this scheduler recorded as booked in the pod's "
                 f"status ({ann.ALLOCATION_BOOKED_CONDITION}, not writable by tenants); "
-                f"{record.node}: {record.allocated} is what it books"
+                f"{record.node}: {booked} is what it books"
             )
             self._report(self.coordination.disagreed, "disagreement", pod, node, raw, why)
-        return record.node, record.allocated, record.signature
+        return record.node, record.allocated, record.signature, record.mig
 
     def _follow_init(self, current: Reservation, released: bool) -> None:
         """Follow the pod's init release (kubelet's status, not the pod's annotations), in place:
@@ -548,6 +601,7 @@ class Ledger:
         node: str,
         raw: str,
         signature: str | None,
+        mig: str,
         current: Reservation | None,
         settled: bool,
     ) -> int | None:
@@ -560,7 +614,7 @@ class Ledger:
         this scheduler's undecided refit). Without one, a booking is never replaced from a pod.
         """
         uid = objects.uid(pod)
-        signed = self.keys.verify(uid, node, raw, signature) if self.keys is not None else None
+        signed = self.keys.verify(uid, node, raw, signature, mig) if self.keys is not None else None
         if self.keys is None:
             if current is None or settled:
                 return 0
@@ -597,15 +651,21 @@ class Ledger:
             self._remove(uid)
             self.coordination.notify(current.node)
 
-    def _book(self, pod: PodBody, node: str, raw: str, issued: int, current: Reservation | None) -> None:
-        """Book the allocation ``raw`` the pod's annotations name on ``node`` (if it may book)."""
+    def _book(
+        self, pod: PodBody, node: str, raw: str, mig_text: str, issued: int, current: Reservation | None
+    ) -> None:
+        """Book the allocation ``raw`` and MIG reservations ``mig_text`` the pod names on ``node``
+        (if it may book)."""
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
+            mig = decode_mig_allocations(mig_text)
         except InvalidInput as exc:
             self._report(self.coordination.undecodable, "undecodable", pod, node, raw, str(exc))
             return
-        refusal = booking_refusal(self, pod, node, layout) or self._late_write_refusal(
-            pod, node, layout, current
+        refusal = (
+            booking_refusal(self, pod, node, layout)
+            or mig_refusal(layout, mig)
+            or self._late_write_refusal(pod, node, layout, mig, current)
         )
         if refusal:
             self._report(self.coordination.refused, "booking", pod, node, raw, refusal)
@@ -624,6 +684,7 @@ class Ledger:
                 raw=raw,
                 version=objects.resource_version(pod),
                 issued=issued,
+                mig=mig,
             )
         )
         if current is not None and current.node != node:
@@ -631,22 +692,33 @@ class Ledger:
         self.coordination.notify(node)
 
     def _late_write_refusal(
-        self, pod: PodBody, node: str, layout: PodDevices, current: Reservation | None
+        self,
+        pod: PodBody,
+        node: str,
+        layout: PodDevices,
+        mig: tuple[MigAllocation, ...],
+        current: Reservation | None,
     ) -> str:
         """Why a first booking of a pod not yet bound would over-commit ("" when it fits).
 
         Such an allocation is a filter's that this replica did not make: another replica's, or one
         whose write a replica sent before it lost its lease and the API server applied after the
         new leader placed other pods (an HA audit: both pods were then bound to one GPU). Booked
-        only where it still fits, it is otherwise never bound by this scheduler (a bind needs the
-        booking) and kube-scheduler filters the pod again. A bound pod is booked as it runs.
+        only where it still fits (its MIG placements too), it is otherwise never bound by this
+        scheduler (a bind needs the booking) and kube-scheduler filters the pod again. A bound pod
+        is booked as it runs.
         """
         if current is not None or objects.section(pod, "spec").get("nodeName"):
             return ""
         entry = self.inventory.nodes.get(node)
         if entry is None:
             return ""
-        return overcommit_refusal(layout, container_kinds(pod), entry.usage.by_id)
+        kinds = container_kinds(pod)
+        refusal = overcommit_refusal(layout, kinds, entry.usage.by_id)
+        if refusal or not mig:
+            return refusal
+        usage = with_mig(effective_pod_usage(layout, kinds), layout, mig, entry.usage.by_id)
+        return "; ".join(entry.usage.mig_problems(usage))
 
     def _report(
         self,
@@ -712,12 +784,12 @@ class Ledger:
         used_mem, used_cores = self.quotas.used(namespace)
         res = self._reservations.get(exclude_uid) if exclude_uid else None
         if res is not None and res.namespace == namespace:
-            mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released)
+            mem, core = pod_quota_usage(res.layout, res.kinds, res.released)
             used_mem, used_cores = used_mem - mem, used_cores - core
         return Quota(limits[0], limits[1], used_mem, used_cores)
 
     def _quota_add(self, res: Reservation, sign: int) -> None:
-        mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released)
+        mem, cores = pod_quota_usage(res.layout, res.kinds, res.released)
         self.quotas.shift(res.namespace, sign * mem, sign * cores)
 
     # -- holds -------------------------------------------------------------------------------------

@@ -2,8 +2,11 @@
 
 Every allocation the scheduler writes (the filter's, a refit's) carries
 :data:`~hamid.model.annotations.ALLOCATION_SIGNATURE`: an HMAC-SHA256 over the pod UID, the node
-and the exact ``hami.io/vgpu-devices-allocated`` string, with the time it was issued. HAMi's own
-annotation strings stay exactly as HAMi writes them; the signature is hamid's alone.
+and the exact ``hami.io/vgpu-devices-allocated`` string, with the time it was issued; for a pod with
+MIG instances also over its MIG reservations (:func:`~hamid.model.mig.reservation_text`: GPU,
+profile and placement per device, not the runtime ids the plugin adds later), under a domain of
+their own, so a signature without MIG is byte for byte what it was. HAMi's own annotation strings
+stay exactly as HAMi writes them; the signature is hamid's alone.
 
 The value is ``v1:<key id>:<issued ms>:<hex mac>``; the key id (the first 8 hex digits of the
 SHA-256 of the key) names which key of the ring signed it. A ring is a list of keys, oldest first:
@@ -35,6 +38,7 @@ VERSION = "v1"
 #: The shortest key accepted (bytes of the key file's line): 256 bits of a random hex or base64 text.
 MIN_KEY_BYTES = 32
 _DOMAIN = b"hamid-allocation-v1"
+_MIG_DOMAIN = b"hamid-allocation-mig-v1"
 
 
 def key_id(key: bytes) -> str:
@@ -42,8 +46,11 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(key).hexdigest()[:8]
 
 
-def _message(uid: str, node: str, issued: int, allocated: str) -> bytes:
-    return b"\0".join((_DOMAIN, uid.encode(), node.encode(), str(issued).encode(), allocated.encode()))
+def _message(uid: str, node: str, issued: int, allocated: str, mig: str) -> bytes:
+    parts = [uid.encode(), node.encode(), str(issued).encode(), allocated.encode()]
+    if not mig:
+        return b"\0".join((_DOMAIN, *parts))
+    return b"\0".join((_MIG_DOMAIN, *parts, mig.encode()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +92,15 @@ class AllocationKeys:
         except InvalidInput as exc:
             raise InvalidInput(f"{where}: {exc}") from None
 
-    def sign(self, uid: str, node: str, allocated: str) -> str:
-        """The signature value of ``allocated`` on ``node`` for pod ``uid``, issued now."""
+    def sign(self, uid: str, node: str, allocated: str, mig: str = "") -> str:
+        """The signature value of ``allocated`` (and MIG reservations ``mig``) on ``node`` for pod
+        ``uid``, issued now."""
         key = self.keys[-1]
         issued = int(self.clock() * 1000)
-        mac = hmac.new(key, _message(uid, node, issued, allocated), hashlib.sha256).hexdigest()
+        mac = hmac.new(key, _message(uid, node, issued, allocated, mig), hashlib.sha256).hexdigest()
         return f"{VERSION}:{key_id(key)}:{issued}:{mac}"
 
-    def verify(self, uid: str, node: str, allocated: str, value: str | None) -> Signed | None:
+    def verify(self, uid: str, node: str, allocated: str, value: str | None, mig: str = "") -> Signed | None:
         """The verified signature of this allocation, or None (absent, malformed or mis-signed)."""
         if not isinstance(value, str):
             return None
@@ -100,7 +108,7 @@ class AllocationKeys:
         if len(parts) != 4 or parts[0] != VERSION or not is_decimal(parts[2]) or len(parts[2]) > 16:
             return None
         kid, issued, mac = parts[1], int(parts[2]), parts[3]
-        message = _message(uid, node, issued, allocated)
+        message = _message(uid, node, issued, allocated, mig)
         for key in self.keys:
             if key_id(key) != kid:
                 continue
@@ -118,10 +126,11 @@ async def record_booked(
     allocated: str,
     *,
     budget_s: float,
+    mig: str = "",
 ) -> None:
-    """Record ``allocated`` on ``node`` as booked in the status of ``pod`` (namespace, name, uid),
-    freshly signed, through ``pods/status`` within ``budget_s`` (a strategic merge: the pod's
-    other conditions stay).
+    """Record ``allocated`` (and MIG reservations ``mig``) on ``node`` as booked in the status of
+    ``pod`` (namespace, name, uid), freshly signed, through ``pods/status`` within ``budget_s`` (a
+    strategic merge: the pod's other conditions stay).
 
     In unsigned mode the record has an empty signature: the ledger books nothing from it (it
     proves nothing a tenant's annotation does not), but its presence, in a status tenants cannot
@@ -130,9 +139,9 @@ async def record_booked(
     """
     namespace, name, uid = pod
     if keys is None:
-        condition = booked_condition(node, allocated, "", time.time())
+        condition = booked_condition(node, allocated, "", time.time(), mig)
     else:
-        condition = booked_condition(node, allocated, keys.sign(uid, node, allocated), keys.clock())
+        condition = booked_condition(node, allocated, keys.sign(uid, node, allocated, mig), keys.clock(), mig)
     await kube.patch_pod_status(
         namespace, name, {"conditions": [condition]}, strategic=True, uid=uid, timeout=budget_s
     )

@@ -115,6 +115,8 @@ class Booking(Protocol):
     @property
     def raw(self) -> str: ...  #: the allocation booked, as ``hami.io/vgpu-devices-allocated`` writes it
     @property
+    def mig_text(self) -> str: ...  #: the MIG reservations booked ("" when none)
+    @property
     def key(self) -> str: ...
 
 
@@ -236,14 +238,15 @@ def _decode(raw: str, key: str, what: str) -> PodDevices:
         raise RefusalError(RefusalCode.BAD_ANNOTATION, f"cannot decode {what}: {exc}") from None
 
 
-def _allocation(pod: PodBody, booked: str, index: int) -> _Allocation:
+def _allocation(pod: PodBody, booked: str, booked_mig: str, index: int) -> _Allocation:
     """Upstream step 5 (with hamid's MIG and vendor refusals): the entries to refit.
 
     The allocation is the one booked (``booked``), not the pod's annotation: past admission a
     tenant may have rewritten another container's entry there, and the refit would sign it (and
-    the ledger book it) along with its own move. Which entries are still pending is the pod's."""
+    the ledger book it) along with its own move. Which entries are still pending is the pod's.
+    A pod with MIG reservations, booked or annotated, is refused."""
     annotations = objects.annotations(pod)
-    if annotations.get(ann.MIG_ALLOCATIONS):
+    if booked_mig or annotations.get(ann.MIG_ALLOCATIONS):
         raise RefusalError(
             RefusalCode.MIG, "the pod holds MIG allocations; the NUMA refit does not support MIG"
         )
@@ -344,7 +347,7 @@ def _plan(facts: RefitFacts) -> RefitPlan | NoOp:
     assert booking is not None and pod is not None
     index = request.container_index
     _check_container(pod, index, request.container_name)
-    allocation = _allocation(pod, booking.raw, index)
+    allocation = _allocation(pod, booking.raw, booking.mig_text, index)
     allowed = frozenset(request.allowed_device_uuids)
     if all(d.uuid in allowed for d in allocation.current):
         return NoOp(allocation.current)

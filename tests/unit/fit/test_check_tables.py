@@ -15,7 +15,6 @@ def test_tables_follow_hamis_order() -> None:
         "CardNotHealth",
         "CardCordoned",
         "CardTypeMismatch",
-        "ModeNotFit",
     ]
     assert [row[0] for row in F.CAPACITY_CHECKS] == [
         "CardUuidMismatch",
@@ -26,6 +25,7 @@ def test_tables_follow_hamis_order() -> None:
         "CardInsufficientCore",
         "ExclusiveDeviceAllocateConflict",
         "CardComputeUnitsExhausted",
+        "CardMigTopologyInfeasible",
     ]
 
 

@@ -66,7 +66,7 @@ def test_device_cordon():
         (dev("a", used=1, usedcores=10), req(cores=100), R.CARD_INSUFFICIENT_CORE),
         (dev("a", used=1), req(cores=100), R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT),
         (dev("a", used=1, usedcores=100), req(cores=0), R.CARD_COMPUTE_UNITS_EXHAUSTED),
-        (dev("a", mode=MODE_MIG), req(), R.MODE_NOT_FIT),
+        (dev("a", mode=MODE_MIG), req(), R.CARD_MIG_TOPOLOGY_INFEASIBLE),  # no profile registered
     ],
 )
 def test_single_reasons(device, request_, want):

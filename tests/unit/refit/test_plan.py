@@ -36,6 +36,7 @@ class FakeBooking:
     init_released: bool = False
     applied: Mapping[str, DeviceAmount] = field(default_factory=dict)
     raw: str = ""
+    mig_text: str = ""
 
     @property
     def key(self) -> str:
@@ -155,6 +156,14 @@ REFUSALS: list[Row] = [
     (
         "MIG allocations",
         lambda: with_pod(annotations={ann.MIG_ALLOCATIONS: "[{}]"}),
+        RefusalCode.MIG,
+        "the pod holds MIG allocations",
+    ),
+    (
+        "MIG reservations booked, annotation removed",
+        lambda: facts(
+            booking=FakeBooking(raw=ann.encode_pod_devices(LAYOUT), mig_text='[{"containerIndex":0}]')
+        ),
         RefusalCode.MIG,
         "the pod holds MIG allocations",
     ),
