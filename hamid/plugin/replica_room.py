@@ -101,9 +101,14 @@ class ReplicaRoom:
         self._scheduled = False
         self._unknown_logged = False
         self._omitted_now: dict[str, frozenset[str]] = {}
+        #: Whether ``pods`` lists every pod of the node (its cache applied its first list): only
+        #: then may ``span`` take an empty list for an idle node.
+        self._complete: Callable[[], bool] = lambda: True
 
     def watch(self, cache: PodCache) -> None:
-        """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn)."""
+        """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn);
+        ``span`` lists an idle node's GPUs one replica each only once the cache has synced."""
+        self._complete = lambda: cache.synced
         cache.add_handlers(
             on_add=lambda _pod: self.poke(),
             on_update=lambda _old, _new: self.poke(),
@@ -182,7 +187,7 @@ class ReplicaRoom:
         self._omitted_now = {}
         if held is None:
             return {}
-        if self.rule == HIDE_SPAN and not holders:
+        if self.rule == HIDE_SPAN and not holders and self._complete():
             for gpu in self.inventory.gpus:
                 if not self.inventory.is_healthy(gpu.uuid):
                     continue

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import generate_latest
 
+from hamid.kube.cache import PodCache
 from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, encode_pod_devices
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.nodeconfig import NodeConfig
@@ -225,6 +226,27 @@ def test_span_lists_one_replica_per_gpu_while_no_pod_holds_any() -> None:
     assert _listed(node) == {G0: SPLIT, G1: SPLIT}
     assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"}  # busy: G1 idle, G0 keeps held + pending
     node.pods.clear()
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
+
+
+class _Cache:
+    """The pod cache's part the room reads: whether its first list was applied."""
+
+    synced = False
+
+    def add_handlers(self, **_: Any) -> None:
+        return None
+
+
+def test_span_lists_everything_until_the_pod_cache_listed_the_node() -> None:
+    """Before the first list an empty pod view says nothing about the node: no replica is left out."""
+    node = Node("span")
+    cache = _Cache()
+    node.room.watch(cast(PodCache, cache))
+    node.room.sync()
+    assert _listed(node) == {G0: SPLIT, G1: SPLIT}
+    cache.synced = True
     node.room.sync()
     assert _listed(node) == {G0: 1, G1: 1}
 
