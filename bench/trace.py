@@ -58,6 +58,7 @@ from replay.pods import (  # noqa: E402
 
 from hamid.fit.policy import FGD, GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
+from hamid.model.numa import HIDE_SPAN  # noqa: E402
 from hamid.plugin.options import AUTO_HIDE_RULE, HIDE_CHOICES  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings, freeze_heap  # noqa: E402
 from hamidsim.apiserver.patch import json_patch  # noqa: E402
@@ -341,7 +342,8 @@ async def replay_one(
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_replicas)
         await cluster.start()
         freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
-        shapes = ShapeCheck((n.trace.model, n.layout) for n in cluster.nodes.values())
+        spans = numa == "on" and cluster.hide_rule == HIDE_SPAN
+        shapes = ShapeCheck(((n.trace.model, n.layout) for n in cluster.nodes.values()), spans)
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)
         started, cpu_started = time.perf_counter(), time.process_time()

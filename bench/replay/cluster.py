@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -209,13 +210,22 @@ class _NoEvents:
 class ShapeCheck:
     """Which pod shapes fit one NUMA node of some node whose model they accept (memoised)."""
 
-    def __init__(self, layouts: Iterable[tuple[str, NumaLayout]]) -> None:
-        """``layouts``: every node's GPU model and NUMA layout."""
+    def __init__(self, layouts: Iterable[tuple[str, NumaLayout]], spans: bool = False) -> None:
+        """``layouts``: every node's GPU model and NUMA layout; ``spans``: kubelet admits an aligned
+        pod across NUMA nodes on an idle node with fewer GPUs per NUMA node than it asks (the
+        plugin's ``span`` rule under ``restricted``)."""
+        listed = list(layouts)
         self._numas = {
             (model, layout.gpu_numa.count(numa), len(cpus - layout.reserved))
-            for model, layout in layouts
+            for model, layout in listed
             for numa, cpus in layout.numa_cpus.items()
         }
+        #: (model, GPUs, GPUs of its widest NUMA node, assignable CPUs) of every kind of node
+        self._nodes = {
+            (model, len(layout.gpu_numa), max(Counter(layout.gpu_numa).values(), default=0), layout.cpus)
+            for model, layout in listed
+        }
+        self.spans = spans
         self._memo: dict[tuple[int, int, int, str], bool] = {}
 
     def fits_one_numa(self, pod: TracePod) -> bool:
@@ -224,9 +234,17 @@ class ShapeCheck:
 
     def admissible(self, pod: TracePod) -> bool:
         """Whether one NUMA node holds the aligned pod's exclusive CPUs and its GPUs' replicas, so
-        that kubelet can give it a preferred hint there (the trace bench files it never admissible when
-        none does)."""
-        return self._one_numa_holds(pod, SPLIT)
+        that kubelet can give it a preferred hint there, or (``spans``) an idle node of its model
+        lets it span NUMA nodes (the trace bench files it never admissible when neither does)."""
+        return self._one_numa_holds(pod, SPLIT) or (self.spans and self._spans_some_node(pod))
+
+    def _spans_some_node(self, pod: TracePod) -> bool:
+        """Whether some idle node of the pod's model admits it across NUMA nodes."""
+        models, cpus = pod.gpu_models, math.ceil(pod.cpu_milli / MILLI)
+        return any(
+            (models is None or model in models) and widest < pod.num_gpu <= gpus and cpus <= node_cpus
+            for model, gpus, widest, node_cpus in self._nodes
+        )
 
     def never_admissible(self, pod: TracePod, numa: str) -> bool:
         """Whether NUMA is on and the pod is aligned but no node could ever admit it."""
@@ -427,6 +445,8 @@ class Cluster:
     ) -> None:
         self.api = MemoryApi()
         self.numa = numa
+        #: The rule every node's plugin hides replicas by (None: none).
+        self.hide_rule = hide_rule(hide_replicas, numa != "off")
         settings = SchedulerSettings(
             node_policy=node_policy, gpu_policy=gpu_policy, reconcile_interval_s=0, schedule_cpu_pods=cpu_pods
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -29,6 +30,7 @@ from hamid.fit.node_room import CpuMem
 from hamid.fit.replica_room import hides
 from hamid.model._wire import want_number
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import HIDE_SPAN
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import ContainerDeviceRequest
 
@@ -320,12 +322,30 @@ def usable(node: NodeState, shape: Shape) -> int:
         # a preferred hint it needs a NUMA node with the CPUs and the replicas: the device manager's
         # hint for replicas that fit one NUMA node is preferred there alone, and the CPU manager's
         # for CPUs that do not is preferred only across NUMA nodes, so they never agree otherwise.
-        if node.rejects_unpreferred and shape.exclusive and kubelet_home(node, shape) is None:
+        if (
+            node.rejects_unpreferred
+            and shape.exclusive
+            and kubelet_home(node, shape) is None
+            and not spans_idle_node(node, shape)
+        ):
             return 0
         return sum(frees[i] for i in fitting)
     home = kubelet_home(node, shape)
     on_home = [frees[i] for i in fitting if node.numas[i] == home]
     return sum(on_home) if home is not None and len(on_home) >= count else 0
+
+
+def spans_idle_node(node: NodeState, shape: Shape) -> bool:
+    """Whether kubelet admits an aligned shape no NUMA node holds, across NUMA nodes, on this node.
+
+    Under the ``span`` rule the plugin of a node with nothing booked lists one replica per GPU, so
+    where no NUMA node has as many GPUs as the shape asks, the device manager's spanning hint is
+    preferred like the CPU manager's: the Topology Manager admits it with every CPU it needs free.
+    """
+    if node.hide != HIDE_SPAN or node.numa is None or any(free < WHOLE for free in node.frees):
+        return False
+    widest = max(Counter(node.numas).values(), default=0)
+    return widest < shape.gpus and sum(r.free for r in node.numa) >= shape.exclusive
 
 
 def kubelet_home(node: NodeState, shape: Shape) -> int | None:

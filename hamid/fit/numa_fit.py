@@ -13,7 +13,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
-from hamid.fit.replica_room import hidden_by_gpu
+from hamid.fit.replica_room import hidden_by_gpu, omitted_by_gpu
 from hamid.fit.usage import NodeUsage
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
@@ -86,10 +86,11 @@ def gpu_replicas(
     the plugin hides by rule ``hide`` (:mod:`hamid.fit.replica_room`; ``keep``: replicas per GPU
     a pending booking needs, which stay offered)."""
     hidden = hidden_by_gpu(usage, hide, keep)
+    omitted = omitted_by_gpu(usage, hide, keep)
     return {
         d.id: (
             d.numa if d.numa >= 0 else NO_TOPOLOGY,
-            max(d.count - d.used - hidden.get(d.id, 0), 0) if d.health else 0,
+            max(d.count - d.used - hidden.get(d.id, 0) - omitted.get(d.id, 0), 0) if d.health else 0,
         )
         for d in usage.devices
     }

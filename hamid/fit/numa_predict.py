@@ -177,17 +177,24 @@ class NumaLedger:
         """The device-plugin resources of the node."""
         return frozenset(self._devices)
 
-    def hiding(self, resource: str, hidden: Mapping[int, int]) -> NumaLedger:
+    def hiding(
+        self, resource: str, hidden: Mapping[int, int], omitted: Mapping[int, int] | None = None
+    ) -> NumaLedger:
         """The ledger as kubelet sees it when ``hidden`` free replicas of ``resource`` per NUMA bucket
         are reported Unhealthy (a GPU with no room, :mod:`hamid.fit.replica_room`): a copy with
         that many fewer free (totals unchanged: kubelet sizes hints with every device); ``self``
         when nothing is hidden."""
-        if not any(hidden.values()):
+        if not any(hidden.values()) and not (omitted and any(omitted.values())):
             return self
         ledger = self.copy()
         for numa, n in hidden.items():
             counts = ledger._devices.get(resource, {}).get(numa)
             if counts is not None:
+                counts[1] = max(counts[1] - n, 0)
+        for numa, n in (omitted or {}).items():
+            counts = ledger._devices.get(resource, {}).get(numa)
+            if counts is not None:
+                counts[0] = max(counts[0] - n, 0)
                 counts[1] = max(counts[1] - n, 0)
         return ledger
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
-from hamid.model.numa import HIDE_BUSY
+from hamid.model.numa import HIDE_BUSY, HIDE_SPAN
 
 
 def no_room(usedmem: int, totalmem: int, usedcores: int, totalcore: int) -> bool:
@@ -45,7 +45,7 @@ def hides(rule: str | None, *, room: bool, idle: bool, idle_on_node: bool) -> bo
         return False
     if not room:
         return True
-    return rule == HIDE_BUSY and not idle and idle_on_node
+    return rule in (HIDE_BUSY, HIDE_SPAN) and not idle and idle_on_node
 
 
 def _takes_part(d: DeviceUsage) -> bool:
@@ -93,5 +93,40 @@ def hidden_replicas(
     numa = {d.id: d.numa if d.numa >= 0 else NO_TOPOLOGY for d in usage.devices}
     out: dict[int, int] = {}
     for gpu, n in hidden_by_gpu(usage, rule, keep).items():
+        out[numa[gpu]] = out.get(numa[gpu], 0) + n
+    return out
+
+
+def lists_one_per_gpu(rule: str | None, usage: NodeUsage) -> bool:
+    """Whether the plugin lists one free replica per GPU: rule ``span`` on a node with nothing booked."""
+    return rule == HIDE_SPAN and all(
+        is_idle(d.used, d.usedmem, d.usedcores) for d in usage.devices if _takes_part(d)
+    )
+
+
+def omitted_by_gpu(
+    usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Free replicas per GPU ID the plugin leaves out of its list (kubelet does not count them at
+    all): under ``span`` on a node with nothing booked, all but one per GPU (or as many as pending
+    bookings need)."""
+    if not lists_one_per_gpu(rule, usage):
+        return {}
+    out: dict[str, int] = {}
+    for d in usage.devices:
+        if _takes_part(d):
+            n = max(d.count - max((keep or {}).get(d.id, 0), 1), 0)
+            if n:
+                out[d.id] = n
+    return out
+
+
+def omitted_replicas(
+    usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
+) -> dict[int, int]:
+    """:func:`omitted_by_gpu` summed per NUMA bucket."""
+    numa = {d.id: d.numa if d.numa >= 0 else NO_TOPOLOGY for d in usage.devices}
+    out: dict[int, int] = {}
+    for gpu, n in omitted_by_gpu(usage, rule, keep).items():
         out[numa[gpu]] = out.get(numa[gpu], 0) + n
     return out

@@ -168,10 +168,14 @@ PROFILE_MEMORY_VERSION = 4
 PROFILE_HIDE_REPLICAS_VERSION = 5
 #: Format version of a profile that carries ``devices`` (readers of 1 to 5 refuse the field).
 PROFILE_DEVICES_VERSION = 6
+#: Format version of a profile whose ``hideReplicas`` rule is ``span`` (readers of 1 to 6 know
+#: only ``full`` and ``busy``).
+PROFILE_SPAN_VERSION = 7
 #: The rules by which hamid's device plugin hides free GPU replicas from kubelet
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
-#: those of a partly booked GPU while the node has an idle one.
-HIDE_FULL, HIDE_BUSY = HIDE_RULES = ("full", "busy")
+#: those of a partly booked GPU while the node has an idle one; ``span`` as ``busy``, and a node
+#: with nothing booked lists one free replica per GPU (the others left out of the list).
+HIDE_FULL, HIDE_BUSY, HIDE_SPAN = HIDE_RULES = ("full", "busy", "span")
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,12 +443,18 @@ PROFILE_VERSIONS = (
     PROFILE_MEMORY_VERSION,
     PROFILE_HIDE_REPLICAS_VERSION,
     PROFILE_DEVICES_VERSION,
+    PROFILE_SPAN_VERSION,
 )
 
 
-def profile_version(fields: Iterable[str]) -> int:
-    """The format version of a profile with these top-level fields."""
-    return max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in fields), default=FORMAT_VERSION)
+def profile_version(doc: Mapping[str, object]) -> int:
+    """The format version of a profile document: the highest its top-level fields need, and
+    :data:`PROFILE_SPAN_VERSION` for a ``span`` rule."""
+    version = max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in doc), default=FORMAT_VERSION)
+    hiding = doc.get("hideReplicas")
+    if isinstance(hiding, Mapping) and hiding.get("rule") == HIDE_SPAN:
+        version = max(version, PROFILE_SPAN_VERSION)
+    return version
 
 
 _KUBELET_KEYS = {
@@ -635,7 +645,7 @@ def decode_profile(text: object) -> NumaProfile:
         needs = ", ".join(f"{f!r} needs {v}" for f, v in _FIELD_VERSIONS.items())
         raise InvalidInput(
             f"{key}: format version {doc['v']} does not match its fields "
-            f"({needs}; else 1, the highest applies)"
+            f"({needs}, rule 'span' {PROFILE_SPAN_VERSION}; else 1, the highest applies)"
         )
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)

@@ -243,6 +243,8 @@ class Plugin:
         """Run every task until cancelled (zero GPUs: keep running, register nothing)."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.pods.run())
+            if self.room is not None:
+                tg.create_task(self._judge_room_once_synced(self.room))
             if not self.inventory.gpus:
                 log.warning("no_gpus_to_advertise", cause="none discovered, or all filtered/MIG-enabled")
                 return
@@ -255,6 +257,12 @@ class Plugin:
                 tg.create_task(self.numa.run())
             if self.setup.nvml is not None and self.health_policy.active:
                 tg.create_task(self._watch_health(self.setup.nvml))
+
+    async def _judge_room_once_synced(self, room: ReplicaRoom) -> None:
+        """Judge the hidden replicas once the pod cache listed the node's pods: a node without pods
+        sends no event, and ``span`` lists its GPUs one replica each only then."""
+        await self.pods.wait_synced()
+        room.sync()
 
     async def _watch_health(self, nvml: ModuleType) -> None:
         """The XID watcher; its failure disables health checks only, never serving or registration."""

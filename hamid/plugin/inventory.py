@@ -59,6 +59,8 @@ class GpuInventory:
             self._replica_uuid.update(dict.fromkeys(ids, gpu.uuid))
         #: Replica IDs reported Unhealthy by the ``--hide-replicas`` rule (by GPU UUID; not sticky).
         self._hidden: dict[str, frozenset[str]] = {}
+        #: Replica IDs left out of the list entirely (rule ``span`` on an empty node).
+        self._omitted: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
         #: Called after a GPU turned unhealthy (the hidden replicas depend on which GPUs are healthy).
@@ -106,9 +108,11 @@ class GpuInventory:
             numa = gpu.numa if self.settings.enable_numa_topology else None
             healthy = self._healthy[gpu.uuid]
             hidden = self._hidden.get(gpu.uuid, frozenset())
+            omitted = self._omitted.get(gpu.uuid, frozenset())
             out.extend(
                 Replica(rid, gpu.uuid, healthy and rid not in hidden, numa)
                 for rid in self._replicas_of[gpu.uuid]
+                if rid not in omitted
             )
         return out
 
@@ -120,13 +124,20 @@ class GpuInventory:
         """The replicas of a GPU hidden for want of room (empty: none)."""
         return self._hidden.get(uuid, frozenset())
 
-    def set_hidden(self, hidden: Mapping[str, frozenset[str]], cause: str = "no room left") -> bool:
+    def set_hidden(
+        self,
+        hidden: Mapping[str, frozenset[str]],
+        cause: str = "no room left",
+        omitted: Mapping[str, frozenset[str]] | None = None,
+    ) -> bool:
         """Hide exactly these replicas (by GPU UUID; ``cause``: the rule, for the log), re-offering
         all others; wakes watchers when what kubelet sees changed. Returns whether it changed."""
         wanted = {u: frozenset(ids) & frozenset(self._replicas_of.get(u, ())) for u, ids in hidden.items()}
         wanted = {u: ids for u, ids in wanted.items() if ids}
-        if wanted == self._hidden:
+        left_out = {u: frozenset(ids) for u, ids in (omitted or {}).items() if ids}
+        if wanted == self._hidden and left_out == self._omitted:
             return False
+        self._omitted = left_out
         for uuid in sorted(self._hidden.keys() | wanted.keys()):
             before, after = self._hidden.get(uuid, frozenset()), wanted.get(uuid, frozenset())
             if after and not before:

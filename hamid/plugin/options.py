@@ -15,7 +15,7 @@ import click
 from hamid.listen import OPTIONAL_LISTEN
 from hamid.model import cdi
 from hamid.model import nvidia_runtime as nv
-from hamid.model.numa import HIDE_BUSY, HIDE_RULES
+from hamid.model.numa import HIDE_RULES, HIDE_SPAN
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
 from hamid.plugin.device_lists import DeviceLists, check_strategies
 from hamid.plugin.device_nodes import DeviceNodes
@@ -67,7 +67,7 @@ REFIT_FLAGS = {
 HIDE_CHOICES = ("auto", "off", *HIDE_RULES)
 #: The rule ``auto`` applies: the one that left the fewest GPUs unallocated on the trace
 #: (docs/packing.md, "Aligned LS pods with NUMA on"; the measurements: docs/packing-log.md).
-AUTO_HIDE_RULE = HIDE_BUSY
+AUTO_HIDE_RULE = HIDE_SPAN
 
 
 def hide_rule(setting: str, numa_topology: bool) -> str | None:
@@ -311,8 +311,10 @@ class PluginOptions:
         "Report some free GPU replicas as Unhealthy to kubelet (held ones stay Healthy), so kubelet's "
         "Topology Manager aligns pods with GPUs that can take them: full (those of a GPU whose cores "
         "or memory are fully booked), busy (also those of a partly booked GPU while the node has an "
-        f"idle one), off, or auto ({AUTO_HIDE_RULE} where the node config sets enablenumatopology, "
-        "else off). Announced in hamid.io/numa-profile for the scheduler.",
+        "idle one), span (busy, and while no pod holds a replica each GPU lists one, the others left "
+        "out of the list, so a pod wider than a NUMA node gets a preferred hint under restricted), "
+        f"off, or auto ({AUTO_HIDE_RULE} where the node config sets enablenumatopology, else off). "
+        "Announced in hamid.io/numa-profile for the scheduler.",
         default="auto",
         type=click.Choice(HIDE_CHOICES),
     )

@@ -40,6 +40,7 @@ from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
+from hamid.model.numa import HIDE_SPAN
 from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.podresources_client import HeldPod
@@ -99,9 +100,15 @@ class ReplicaRoom:
         self._seen: set[str] = set()
         self._scheduled = False
         self._unknown_logged = False
+        self._omitted_now: dict[str, frozenset[str]] = {}
+        #: Whether ``pods`` lists every pod of the node (its cache applied its first list): only
+        #: then may ``span`` take an empty list for an idle node.
+        self._complete: Callable[[], bool] = lambda: True
 
     def watch(self, cache: PodCache) -> None:
-        """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn)."""
+        """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn);
+        ``span`` lists an idle node's GPUs one replica each only once the cache has synced."""
+        self._complete = lambda: cache.synced
         cache.add_handlers(
             on_add=lambda _pod: self.poke(),
             on_update=lambda _old, _new: self.poke(),
@@ -138,7 +145,8 @@ class ReplicaRoom:
 
     def sync(self) -> bool:
         """Recompute the hidden replicas from the pods now on the node; whether kubelet's view changed."""
-        return self.inventory.set_hidden(self.hidden(), f"--hide-replicas {self.rule}")
+        hidden = self.hidden()
+        return self.inventory.set_hidden(hidden, f"--hide-replicas {self.rule}", self._omitted_now)
 
     def _booking(self, pod: Mapping[str, Any]) -> PodBooking | None:
         key, version = objects.namespaced_key(pod), objects.resource_version(pod)
@@ -151,6 +159,7 @@ class ReplicaRoom:
 
     def hidden(self) -> dict[str, frozenset[str]]:
         """The replicas to hide now, by GPU UUID (empty when nothing may be hidden)."""
+        self._omitted_now = {}
         mem: Counter[str] = Counter()
         cores: Counter[str] = Counter()
         slots: Counter[str] = Counter()
@@ -175,7 +184,15 @@ class ReplicaRoom:
                 slots[uuid] += amount.slots
         self._forget_gone(live)
         held = self._held_ids(holders)
+        self._omitted_now = {}
         if held is None:
+            return {}
+        if self.rule == HIDE_SPAN and not holders and self._complete():
+            for gpu in self.inventory.gpus:
+                if not self.inventory.is_healthy(gpu.uuid):
+                    continue
+                free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
+                self._omitted_now[gpu.uuid] = frozenset(free[max(needs[gpu.uuid], 1) :])
             return {}
         idle = {g.uuid for g in self.inventory.gpus if is_idle(slots[g.uuid], mem[g.uuid], cores[g.uuid])}
         idle_on_node = any(self.inventory.is_healthy(u) for u in idle)

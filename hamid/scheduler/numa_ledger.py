@@ -46,8 +46,8 @@ from hamid.fit.numa_predict import (
     usage_of_placement,
     usage_of_prediction,
 )
-from hamid.fit.replica_room import hidden_replicas
-from hamid.fit.usage import NodeUsage
+from hamid.fit.replica_room import hidden_replicas, omitted_replicas
+from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.devices import DeviceInfo, PodDevices
@@ -123,6 +123,8 @@ class NodeNuma:
     profile: NumaProfile | None = None
     profile_raw: str = ""
     totals: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    #: Replicas per NUMA bucket the plugin leaves out of its list while nothing is booked (``span``).
+    idle_omitted: dict[int, int] = field(default_factory=dict)
     ledger: NumaLedger | None = None
     records: dict[str, PodRecord] = field(default_factory=dict)
     #: Grows on every change of the ledger: the memo key of predictions.
@@ -332,6 +334,8 @@ class NumaLedgers:
                 sys.intern(encode_profile(replace(profile, observed_at=0))) if profile is not None else ""
             )
         entry.totals = totals
+        idle = NodeUsage(name, [DeviceUsage.from_info(i) for i in infos or ()])
+        entry.idle_omitted = omitted_replicas(idle, self.hide_rule(name))
         self._rebuild(entry)
 
     def on_node_deleted(self, name: str) -> None:
@@ -565,6 +569,12 @@ class NumaLedgers:
         ``keep``: replicas per GPU a pending booking needs, which the plugin keeps offered)."""
         return hidden_replicas(usage, self.hide_rule(node), keep) if usage is not None else {}
 
+    def omitted(
+        self, node: str, usage: NodeUsage | None, keep: Mapping[str, int] | None = None
+    ) -> dict[int, int]:
+        """Free replicas per NUMA bucket the node's plugin leaves out of its list (rule ``span``)."""
+        return omitted_replicas(usage, self.hide_rule(node), keep) if usage is not None else {}
+
     def predict(
         self, node: str, pod: JSON, shape: Hashable, uid: str, usage: NodeUsage | None = None
     ) -> Prediction | None:
@@ -583,15 +593,18 @@ class NumaLedgers:
             return Prediction(Outcome.UNKNOWN, UNKNOWN_PROFILE_STALE, "the NUMA ledger disagrees with a pod")
         now = self.clock()
         hidden = self.hidden(node, usage)
+        omitted = self.omitted(node, usage)
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
             ledger = self._ledger_without(entry, uid)
-            visible = ledger.hiding(self.resource, hidden) if ledger is not None else None
+            visible = ledger.hiding(self.resource, hidden, omitted) if ledger is not None else None
             return _named(predict(entry.profile, visible, pod, now=now), pod)
-        key = (entry.memo_key(), tuple(sorted(hidden.items())), shape)
+        key = (entry.memo_key(), tuple(sorted(hidden.items())), tuple(sorted(omitted.items())), shape)
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, now):
-            visible = entry.ledger.hiding(self.resource, hidden) if entry.ledger is not None else None
+            visible = (
+                entry.ledger.hiding(self.resource, hidden, omitted) if entry.ledger is not None else None
+            )
             cached = self._remember(key, predict(entry.profile, visible, pod, now=now))
         return _named(cached, pod)
 
@@ -609,12 +622,15 @@ class NumaLedgers:
             _IDLE,
             entry.profile_key,
             tuple(sorted((r, tuple(sorted(t.items()))) for r, t in entry.totals.items())),
+            tuple(sorted(entry.idle_omitted.items())),
             shape,
         )
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, self.clock()):
             try:
-                ledger = self._idle_ledger(entry.profile, entry.totals)
+                ledger = self._idle_ledger(entry.profile, entry.totals).hiding(
+                    self.resource, {}, entry.idle_omitted
+                )
             except InvalidInput:
                 return False
             cached = self._remember(key, predict(entry.profile, ledger, pod, now=self.clock()))
@@ -646,7 +662,11 @@ class NumaLedgers:
         keep = Counter(d.uuid for container in devices for d in container)
         view = PluginView(self.resource, gpu_replicas(usage, self.hide_rule(node), keep), devices)
         ledger = self._ledger_without(entry, uid)
-        visible = ledger.hiding(self.resource, self.hidden(node, usage, keep)) if ledger is not None else None
+        visible = (
+            ledger.hiding(self.resource, self.hidden(node, usage, keep), self.omitted(node, usage, keep))
+            if ledger is not None
+            else None
+        )
         return _named(predict(entry.profile, visible, pod, now=self.clock(), plugin=view), pod)
 
     @staticmethod

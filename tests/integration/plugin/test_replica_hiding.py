@@ -187,3 +187,21 @@ async def test_an_allocate_cancelled_mid_commit_still_tells_which_replicas_the_p
             env.server.faults.remove(slow.id)
         await eventually(lambda: room._allocated.get("default/p") == frozenset({"GPU-1-0"}))
         assert env.plugin.inventory.hidden("GPU-0") != frozenset()  # hiding goes on
+
+
+async def test_span_lists_one_replica_per_gpu_to_kubelet_over_list_and_watch_until_one_is_held() -> None:
+    """``span`` over the real ListAndWatch stream: while nothing is held kubelet receives one
+    replica per GPU (the rest not sent at all); after Allocate served a pod every replica is sent
+    again (``busy``: GPU-0's free ones Unhealthy while other GPUs are idle)."""
+    async with running_plugin(with_kubelet=True, hide_replicas="span") as (env, kubelet):
+        assert kubelet is not None and env.plugin.room is not None
+        await eventually(lambda: bool(kubelet.lists) and len(kubelet.lists[-1].devices) == 4)
+        assert sorted(_health(kubelet.lists[-1])) == ["GPU-0-0", "GPU-1-0", "GPU-2-0", "GPU-3-0"]
+        env.server.put(scheduled_pod("a", ((dev("GPU-0", 4000, 30),),)))
+        lock_node(env.server, "a")
+        async with stub_for(env) as stub:
+            await allocate(stub, "GPU-0-0")
+        await eventually(lambda: len(kubelet.lists[-1].devices) == 16)
+        health = _health(kubelet.lists[-1])
+        assert [health[f"GPU-0-{i}"] for i in range(4)] == ["Healthy"] + ["Unhealthy"] * 3
+        assert all(health[f"GPU-1-{i}"] == "Healthy" for i in range(4))

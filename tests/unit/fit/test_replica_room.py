@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from hamid.fit.fgd import Gpu, NodeState, NumaRoom, Shape, Workload, after, fragmentation, kubelet_home
+from hamid.fit.fgd import (
+    Gpu,
+    NodeState,
+    NumaRoom,
+    Shape,
+    Workload,
+    after,
+    fragmentation,
+    kubelet_home,
+    spans_idle_node,
+    usable,
+)
 from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_predict import NumaLedger
-from hamid.fit.replica_room import hidden_replicas, hides, idle_on_node, no_room
+from hamid.fit.replica_room import (
+    hidden_replicas,
+    hides,
+    idle_on_node,
+    lists_one_per_gpu,
+    no_room,
+    omitted_by_gpu,
+    omitted_replicas,
+)
 from hamid.fit.usage import DeviceAmount, NodeUsage
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
 
@@ -72,6 +91,45 @@ def test_the_ledger_kubelet_sees_has_fewer_free_replicas_and_the_same_totals() -
     assert visible.device_counts(GPU) == {0: (20, 9), 1: (10, 0)}
     assert ledger.device_counts(GPU) == {0: (20, 18), 1: (10, 10)}  # a copy
     assert ledger.hiding(GPU, {}) is ledger
+    # replicas left out of the list are not counted at all: fewer totals too
+    assert ledger.hiding(GPU, {}, {0: 18, 1: 9}).device_counts(GPU) == {0: (2, 0), 1: (1, 1)}
+    assert ledger.hiding(GPU, {}, {}) is ledger
+
+
+def test_span_lists_one_replica_per_gpu_while_nothing_is_booked() -> None:
+    usage = _usage(0, 0, 1, 1)
+    assert lists_one_per_gpu("span", usage) and not lists_one_per_gpu("busy", usage)
+    assert omitted_by_gpu(usage, "span") == {"g0": 9, "g1": 9, "g2": 9, "g3": 9}
+    assert omitted_replicas(usage, "span") == {0: 18, 1: 18}
+    # a pending booking keeps the replicas it needs listed
+    assert omitted_by_gpu(usage, "span", {"g0": 3}) == {"g0": 7, "g1": 9, "g2": 9, "g3": 9}
+    assert gpu_replicas(usage, "span") == {"g0": (0, 1), "g1": (0, 1), "g2": (1, 1), "g3": (1, 1)}
+    assert omitted_by_gpu(usage, "busy") == {} and hidden_replicas(usage, "span") == {}
+    # once anything is booked, every replica is listed and span hides as busy does
+    usage.add({"g0": DeviceAmount(1, 2000, 30)})
+    assert omitted_by_gpu(usage, "span") == {}
+    assert hidden_replicas(usage, "span") == hidden_replicas(usage, "busy") == {0: 9}
+    mig = _usage(0, mode=MODE_MIG)
+    assert omitted_by_gpu(mig, "span") == {}  # MIG nodes never take part
+
+
+def test_fgd_a_shape_wider_than_any_numa_node_uses_an_idle_span_node_under_restricted() -> None:
+    """Eight whole GPUs and 65 exclusive CPUs on a node of 4 + 4 GPUs and 64 + 64 CPUs: kubelet
+    never admits it where every replica is listed (``busy``), but does on an idle ``span`` node;
+    a node with a share booked lists every replica again."""
+    wide = Shape(65_000, 1024, 8, 1000, exclusive=65)
+    share = Shape(1000, 1024, 1, 300)
+    rooms = (NumaRoom(64, 64, 80), NumaRoom(64, 64, 80))
+    gpus = tuple(Gpu(1000, i // 4, "A100") for i in range(8))
+    for rule, runs in (("span", True), ("busy", False)):
+        state = NodeState.of(128_000, 256_000, gpus, rooms, hide=rule, rejects_unpreferred=True)
+        assert spans_idle_node(state, wide) is runs
+        assert usable(state, wide) == (8000 if runs else 0)
+        assert not spans_idle_node(after(state, share, (0,)), wide)
+    few_cpus = NodeState.of(128_000, 256_000, gpus, (NumaRoom(30, 64, 80),) * 2, hide="span")
+    assert not spans_idle_node(few_cpus, wide)  # 60 free exclusive CPUs: not enough
+    four = Shape(65_000, 1024, 4, 1000, exclusive=65)  # 4 GPUs fit one NUMA node's listed GPUs
+    assert not spans_idle_node(NodeState.of(128_000, 256_000, gpus, rooms, hide="span"), four)
 
 
 def test_fgd_filling_the_last_gpu_of_a_numa_node_moves_kubelets_choice() -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import generate_latest
 
+from hamid.kube.cache import PodCache
 from hamid.model.annotations import DEVICES_ALLOCATED, DEVICES_TO_ALLOCATE, encode_pod_devices
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.nodeconfig import NodeConfig
@@ -202,6 +203,65 @@ def test_busy_keeps_the_replica_a_pending_share_needs_and_counts_only_healthy_id
     assert len(node.healthy(G0)) == SPLIT
 
 
+def _listed(node: Node) -> dict[str, int]:
+    """Replicas kubelet sees per GPU (healthy or not): what the plugin lists."""
+    devices = list_response(node.inventory).devices
+    return {u: sum(1 for d in devices if d.ID.startswith(u)) for u in (G0, G1)}
+
+
+def test_span_lists_one_replica_per_gpu_while_no_pod_holds_any() -> None:
+    """``span``: nothing held, so each GPU lists one replica (the rest left out of the list, not
+    Unhealthy: kubelet counts Unhealthy devices when it sizes its hints); a pending booking keeps
+    what it needs listed; once a pod holds a replica every replica is listed again (``busy``)."""
+    node = Node("span")
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
+    assert node.healthy(G0) == {f"{G0}-0"} and node.healthy(G1) == {f"{G1}-0"}
+    node.pods.append(_gpu_pod("a", G0, 4096, 25, pending=True))
+    node.pods.append(_gpu_pod("b", G0, 4096, 25, pending=True))
+    node.room.sync()
+    assert _listed(node) == {G0: 2, G1: 1}
+    node.pods[0] = _gpu_pod("a", G0, 4096, 25)
+    node.room.allocated("default/a", [f"{G0}-0"])
+    assert _listed(node) == {G0: SPLIT, G1: SPLIT}
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"}  # busy: G1 idle, G0 keeps held + pending
+    node.pods.clear()
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
+
+
+class _Cache:
+    """The pod cache's part the room reads: whether its first list was applied."""
+
+    synced = False
+
+    def add_handlers(self, **_: Any) -> None:
+        return None
+
+
+def test_span_lists_everything_until_the_pod_cache_listed_the_node() -> None:
+    """Before the first list an empty pod view says nothing about the node: no replica is left out."""
+    node = Node("span")
+    cache = _Cache()
+    node.room.watch(cast(PodCache, cache))
+    node.room.sync()
+    assert _listed(node) == {G0: SPLIT, G1: SPLIT}
+    cache.synced = True
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
+
+
+def test_span_lists_everything_while_a_holder_is_not_known_and_skips_unhealthy_gpus() -> None:
+    node = Node("span")
+    node.inventory.mark_unhealthy(G1, "XID 79")
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: SPLIT}  # an unhealthy GPU keeps its (Unhealthy) replicas
+    held = _gpu_pod("a", G0, 4096, 25)
+    node.pods.append(held)  # admitted, its replicas not known yet (after a restart)
+    node.room.sync()
+    assert _listed(node) == {G0: SPLIT, G1: SPLIT}
+
+
 @pytest.mark.parametrize(
     ("setting", "numa", "rule"),
     [
@@ -209,6 +269,7 @@ def test_busy_keeps_the_replica_a_pending_share_needs_and_counts_only_healthy_id
         ("auto", False, None),
         ("full", False, "full"),
         ("busy", True, "busy"),
+        ("span", True, "span"),
         ("off", True, None),
     ],
 )

@@ -8,15 +8,19 @@ from typing import Any
 from hamid.fit.numa_fit import pod_shape
 from hamid.fit.numa_predict import Outcome
 from hamid.model import annotations as ann
+from hamid.model import reasons as R
 from hamid.model.numa import NUMA_PROFILE, ReplicaHiding, decode_profile, encode_profile
 from hamid.scheduler.core import Scheduler
 from tests.unit.scheduler.test_numa_ledger import GPU, _gpus_of, _node, _plan, _pod, _scheduler
 
 
-def _hiding_node(rule: str = "full") -> dict[str, Any]:
+def _hiding_node(rule: str = "full", topology_policy: str | None = None) -> dict[str, Any]:
     node = _node()
     notes = node["metadata"]["annotations"]
     profile = decode_profile(notes[NUMA_PROFILE])
+    if topology_policy is not None:
+        policies = dataclasses.replace(profile.policies, topology_manager_policy=topology_policy)
+        profile = dataclasses.replace(profile, policies=policies)
     notes[NUMA_PROFILE] = encode_profile(dataclasses.replace(profile, hide_replicas=ReplicaHiding(GPU, rule)))
     return node
 
@@ -71,3 +75,25 @@ def test_busy_sends_the_next_pod_to_the_idle_gpu_while_full_keeps_it_on_the_shar
         assert _numa(numa.predictions["n1"]) == want
         usage = scheduler.state.inventory.nodes["n1"].usage
         assert scheduler.numa.hidden("n1", usage) == ({0: 9} if want == {1} else {})
+
+
+def test_span_predicts_a_pod_wider_than_a_numa_node_admitted_on_the_idle_node_only() -> None:
+    """Both GPUs and 5 exclusive CPUs (NUMA 0 has 3 assignable, NUMA 1 has 4) under ``restricted``:
+    where every replica is listed kubelet never admits it (``NumaNeverAdmissible``); under ``span``
+    the idle node lists one replica per GPU, the spanning hint is preferred, and the pod is placed
+    across both NUMA nodes; once a share is booked there every replica is listed again."""
+    wide = _pod("wide", cpus=5, gpus=2)
+    busy, _ = _scheduler(_hiding_node("busy", "restricted"))
+    chosen, _fitted, failed, _fit = _plan(busy, wide)
+    assert chosen is None and failed == {"n1": R.NUMA_NEVER_ADMISSIBLE}
+    span, _ = _scheduler(_hiding_node("span", "restricted"))
+    usage = span.state.inventory.nodes["n1"].usage
+    assert span.numa.omitted("n1", usage) == {0: 9, 1: 9} and span.numa.hidden("n1", usage) == {}
+    chosen, fitted, _failed, fit = _plan(span, wide)
+    assert chosen == "n1" and sorted(_gpus_of(fitted)) == ["n1-g0", "n1-g1"]
+    assert _numa(fit.predictions["n1"]) == {0, 1}
+    # a share booked on GPU 0: every replica listed, the wide pod is refused (but not "never")
+    _fill_gpu0(span, mem=2000)
+    assert span.numa.omitted("n1", usage) == {}
+    chosen, _fitted, failed, _fit = _plan(span, wide)
+    assert chosen is None and failed["n1"] != R.NUMA_NEVER_ADMISSIBLE
