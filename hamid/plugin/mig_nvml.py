@@ -145,13 +145,7 @@ def read_slice_profiles(lib: ModuleType, handle: Any) -> tuple[MigSliceProfile, 
 
 def _mig_uuid(lib: ModuleType, handle: Any, gpu_instance_id: int, compute_instance_id: int) -> str | None:
     """The UUID of the MIG device of this GPU and compute instance (None: NVML shows none)."""
-    for index in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
-        try:
-            device = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-        except lib.NVMLError as exc:
-            if _code(exc) == lib.NVML_ERROR_NOT_FOUND:
-                continue
-            raise
+    for device in _mig_devices(lib, handle):
         if (
             int(lib.nvmlDeviceGetGpuInstanceId(device)) == gpu_instance_id
             and int(lib.nvmlDeviceGetComputeInstanceId(device)) == compute_instance_id
@@ -175,10 +169,11 @@ def create_instance(
 ) -> tuple[LiveInstance, bool]:
     """Realize a GPU instance of ``slices`` at exactly ``placement`` with a compute instance spanning it.
 
-    Returns the instance and whether this call created it: a GPU instance already at that placement
-    with that profile is taken over (a plugin that died between creating and recording leaves one),
-    given a compute instance if it has none. Never tries another placement. On any failure what this
-    call created is destroyed again, and :class:`MigNvmlError` names the step and NVML's error.
+    Returns the instance and whether this call created it: an idle GPU instance already at that
+    placement with that profile is taken over (a plugin that died between creating and recording
+    leaves one), given a compute instance if it has none; one running processes is refused. Never
+    tries another placement. On any failure what this call created is destroyed again, and
+    :class:`MigNvmlError` names the step and NVML's error.
     """
     where = f"{slices} at start {placement.start} size {placement.size} on {uuid}"
     try:
@@ -203,6 +198,12 @@ def create_instance(
     created_gi = not existing
     if existing:
         gpu_instance = existing[0]
+        try:
+            busy = _has_processes(lib, handle, int(lib.nvmlGpuInstanceGetInfo(gpu_instance).id))
+        except lib.NVMLError as exc:
+            raise MigNvmlError(f"check the processes on GPU instance {where}: {exc}") from exc
+        if busy:
+            raise MigNvmlError(f"GPU instance {where} exists and runs processes: not taken over")
     else:
         request = lib.c_nvmlGpuInstancePlacement_t(placement.start, placement.size)
         try:
@@ -331,25 +332,40 @@ def find_instance(
     return False
 
 
+def _mig_devices(lib: ModuleType, handle: Any) -> list[Any]:
+    """The GPU's MIG devices (one per compute instance)."""
+    devices = []
+    for index in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            devices.append(lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+        except lib.NVMLError as exc:
+            if _code(exc) != lib.NVML_ERROR_NOT_FOUND:
+                raise
+    return devices
+
+
+def _runs_processes(lib: ModuleType, device: Any) -> bool:
+    return bool(lib.nvmlDeviceGetComputeRunningProcesses(device)) or bool(
+        lib.nvmlDeviceGetGraphicsRunningProcesses(device)
+    )
+
+
+def _has_processes(lib: ModuleType, handle: Any, gpu_instance_id: int) -> bool:
+    """Whether a MIG device of this GPU instance runs a process."""
+    return any(
+        _runs_processes(lib, d)
+        for d in _mig_devices(lib, handle)
+        if int(lib.nvmlDeviceGetGpuInstanceId(d)) == gpu_instance_id
+    )
+
+
 def busy_reason(lib: ModuleType, uuid: str) -> str | None:
     """Why the GPU counts as in use for NVML (processes on one of its MIG devices, or a query that
     failed: assumed busy, as HAMi does); None when idle."""
-
-    def has_processes(device: Any) -> bool:
-        return bool(lib.nvmlDeviceGetComputeRunningProcesses(device)) or bool(
-            lib.nvmlDeviceGetGraphicsRunningProcesses(device)
-        )
-
     try:
         handle = lib.nvmlDeviceGetHandleByUUID(uuid)
-        for index in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
-            try:
-                device = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-            except lib.NVMLError as exc:
-                if _code(exc) == lib.NVML_ERROR_NOT_FOUND:
-                    continue
-                raise
-            if has_processes(device):
+        for device in _mig_devices(lib, handle):
+            if _runs_processes(lib, device):
                 return f"processes on MIG device {_text(lib.nvmlDeviceGetUUID(device))}"
     except lib.NVMLError as exc:
         return f"NVML process query failed ({exc}); assumed busy"
