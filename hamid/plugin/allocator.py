@@ -28,6 +28,12 @@ Every refusal is counted by code (:attr:`Allocator.refusals`). Deadlines: the wo
 Allocate's commit (the second door's refit included) runs within ``prepare_timeout`` (past it: the
 failure path); the commit patch with its lock release and the failure path always complete
 (:func:`complete`).
+
+On a ``mig`` mode node the same identification, entries and commit serve MIG pods: instead of
+HAMi-core's answer, each container's reservations (``hami.io/vgpu-mig-allocations``) are realized
+by the :class:`~hamid.plugin.mig_manager.MigManager`, the answer names the MIG devices, and the
+commit patch adds their runtime ids to the reservation records; a failed Allocate destroys the
+instances it created. Such a node never runs the NUMA mismatch policy.
 """
 
 from __future__ import annotations

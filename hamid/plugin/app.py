@@ -221,6 +221,7 @@ class Plugin:
             error_interval=error_interval,
         )
         self.metrics.attach(self.connector, self.registrar, self.pods)
+        self.metrics.mig = self.mig
         self.numa: NumaPublisher | None = None
         if numa_sources is not None:
             self.numa = NumaPublisher(

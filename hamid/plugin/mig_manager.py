@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
@@ -87,6 +88,18 @@ def active_reservations(pods: Iterable[Mapping[str, object]]) -> list[tuple[str,
             raise InvalidInput(f"pod {objects.namespaced_key(pod)}: {exc}") from exc
         out.extend((objects.namespaced_key(pod), r) for r in records)
     return out
+
+
+async def _settled(task: asyncio.Future[Any]) -> bool:
+    """Wait for ``task`` (an NVML call in a thread, which a cancel cannot stop) to end even when
+    cancelled meanwhile, so that what it created is recorded; whether a cancel came."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def key_of(allocation: MigAllocation) -> Key:
@@ -172,10 +185,14 @@ class MigManager:
                     code="mig-placement-busy",
                 )
             slices = profile_slice_key(allocation.profile)
-            try:
-                live, created = await asyncio.to_thread(
+            creating = asyncio.ensure_future(
+                asyncio.to_thread(
                     create_instance, self._nvml, allocation.gpu_uuid, slices, allocation.placement
                 )
+            )
+            cancelled = await _settled(creating)
+            try:
+                live, created = creating.result()
             except MigNvmlError as exc:
                 self.events["create_failed"] += 1
                 log.error(
@@ -189,6 +206,8 @@ class MigManager:
                 ) from exc
             self._instances[key] = Managed(key, live, asyncio.get_running_loop().time())
         self.events["created" if created else "reused"] += 1
+        if cancelled:  # recorded all the same: a retry finds it, a reconcile reclaims it
+            raise asyncio.CancelledError
         log.info(
             "mig_instance_created" if created else "mig_instance_taken_over",
             gpu=allocation.gpu_uuid,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
+from prometheus_client import generate_latest
 
 from hamid.model.annotations import (
     BIND_PHASE,
@@ -238,3 +239,14 @@ async def test_cdi_strategies_are_refused_at_start_on_a_mig_node() -> None:
     with pytest.raises(PluginStartupError, match="dynamic MIG"):
         async with mig_plugin(lib, device_list_strategy=("cdi-cri",)):
             pass
+
+
+async def test_mig_metrics() -> None:
+    lib = FakeNvml([a100("GPU-a")])
+    async with mig_plugin(lib) as env, stub_for(env) as stub:
+        await seeded(env, mig_pod("p", [r("GPU-a", "1g.5gb", 0, 1)]))
+        await allocate(stub, "GPU-a-0")
+        text = generate_latest(env.plugin.metrics.registry).decode()
+        assert 'hamid_plugin_mig_instances{device_uuid="GPU-a"} 1.0' in text
+        assert 'hamid_plugin_mig_events_total{event="created"} 1.0' in text
+        assert 'hamid_plugin_mig_events_total{event="reset"} 1.0' in text

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -319,3 +321,28 @@ async def test_start_preserves_every_gpu_when_a_reservation_is_unreadable() -> N
     manager = MigManager(lib, ["GPU-a"], Pods(broken))
     await manager.start()
     assert len(lib.live(gpu)) == 1 and manager.events == {}
+
+
+async def test_a_creation_cut_off_by_a_cancel_is_recorded_not_orphaned() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    started = threading.Event()
+    create = lib.nvmlDeviceCreateGpuInstanceWithPlacement
+
+    def slow_create(*args: Any) -> Any:
+        started.set()
+        time.sleep(0.2)  # the driver takes its time; the caller's deadline passes meanwhile
+        return create(*args)
+
+    lib.nvmlDeviceCreateGpuInstanceWithPlacement = slow_create  # type: ignore[method-assign,assignment]
+    r = reservation("GPU-a", "1g.5gb", 2, 1)
+    manager = MigManager(lib, ["GPU-a"], Pods(pod("p", r, phase="Pending")))
+    ensuring = asyncio.create_task(manager.ensure(r))
+    await asyncio.to_thread(started.wait, 5)
+    ensuring.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ensuring
+    ((_s, _z, _g, mig_uuid),) = lib.live(gpu)
+    assert [m.live.mig_uuid for m in manager.instances()] == [mig_uuid]
+    live, created = await manager.ensure(r)  # the retry converges on it
+    assert (live.mig_uuid, created) == (mig_uuid, False)
