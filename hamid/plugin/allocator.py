@@ -255,13 +255,12 @@ class Allocator:
         device_lists: DeviceLists | None = None,
         cdi_specs: CdiSpecs | None = None,
         mig: MigManager | None = None,
-        mig_minors: str = MIG_MINORS,
     ) -> None:
         self.client = client
         #: Realizes the MIG reservations of a ``mig`` mode node (None: not one, or no NVML to do it).
         self.mig = mig
         #: The driver's MIG capability minors, read for the DeviceSpecs of MIG devices.
-        self.mig_minors = mig_minors
+        self.mig_minors = MIG_MINORS
         #: The MIG instances the Allocate in progress created: destroyed again when it fails.
         self._mig_created: list[Key] = []
         #: Where the device nodes declared as DeviceSpecs are (``--pass-device-specs``); None: off.
@@ -553,7 +552,6 @@ class Allocator:
                 code="mig-unsupported",
             )
         async with self._lock:
-            self._mig_created.clear()
             deadline = asyncio.get_running_loop().time() + self.prepare_timeout
             first = [self.inventory.uuid_of(i) for i in requests[0]]
             known = None if None in first else [u for u in first if u is not None]
@@ -581,7 +579,7 @@ class Allocator:
                     message = f"API server call failed while allocating: {exc}"
                     await complete(self._fail(pod, message))
                     raise AllocationError(message, code="api-error") from exc
-                finally:
+                finally:  # committed, undone, or left to the manager's reconcile
                     self._mig_created.clear()
 
     def _plan(
@@ -719,7 +717,6 @@ class Allocator:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
             held = [i for ids in requests for i in ids]
             if await complete(self._commit(pod, patch, prepared.plans, budget, held, release=done)):
-                self._mig_created.clear()  # committed: the instances are the pod's now
                 return prepared.answers
             try:
                 async with asyncio.timeout_at(deadline):

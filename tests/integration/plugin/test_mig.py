@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -250,3 +251,31 @@ async def test_mig_metrics() -> None:
         assert 'hamid_plugin_mig_instances{device_uuid="GPU-a"} 1.0' in text
         assert 'hamid_plugin_mig_events_total{event="created"} 1.0' in text
         assert 'hamid_plugin_mig_events_total{event="reset"} 1.0' in text
+
+
+async def test_pass_device_specs_declares_the_mig_capability_nodes(tmp_path: Path) -> None:
+    gpu = a100("GPU-a", minor=3)
+    lib = FakeNvml([gpu])
+    root = tmp_path / "root"
+    caps = ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+    nodes = ("/dev/nvidiactl", "/dev/nvidia3", *caps)
+    for node in nodes:
+        (root / node.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / node.lstrip("/")).touch()
+    minors = tmp_path / "mig-minors"
+    minors.write_text("config 1\nmonitor 2\ngpu3/gi1/access 21\ngpu3/gi1/ci0/access 22\n")
+    async with mig_plugin(lib, pass_device_specs=True, dev_root=str(root)) as env, stub_for(env) as stub:
+        env.plugin.allocator.mig_minors = str(minors)
+        await seeded(env, mig_pod("p", [r("GPU-a", "7g.40gb", 0, 8)]))
+        response = await allocate(stub, "GPU-a-0")
+        declared = [(d.container_path, d.host_path) for d in response.devices]
+        assert declared == [(n, f"{root}{n}") for n in nodes]
+        # an instance whose capability the driver does not list: refused, and destroyed again (the
+        # deleted pod's overlapping instance is reclaimed first)
+        await seeded(env, mig_pod("q", [r("GPU-a", "3g.20gb", 4, 4)]))
+        env.server.delete("Pod", "default", "p")
+        await eventually(lambda: env.plugin.pods.pod("default/p") is None)
+        minors.write_text("config 1\n")
+        with pytest.raises(GRPCError, match="lists no MIG capability gpu3/gi"):
+            await allocate(stub, "GPU-a-1")
+        assert lib.live(gpu) == []
