@@ -28,6 +28,12 @@ Every refusal is counted by code (:attr:`Allocator.refusals`). Deadlines: the wo
 Allocate's commit (the second door's refit included) runs within ``prepare_timeout`` (past it: the
 failure path); the commit patch with its lock release and the failure path always complete
 (:func:`complete`).
+
+On a ``mig`` mode node the same identification, entries and commit serve MIG pods: instead of
+HAMi-core's answer, each container's reservations (``hami.io/vgpu-mig-allocations``) are realized
+by the :class:`~hamid.plugin.mig_manager.MigManager`, the answer names the MIG devices, and the
+commit patch adds their runtime ids to the reservation records; a failed Allocate destroys the
+instances it created. Such a node never runs the NUMA mismatch policy.
 """
 
 from __future__ import annotations
@@ -53,12 +59,14 @@ from hamid.model.annotations import (
     BIND_PHASE_FAILED,
     BIND_PHASE_SUCCESS,
     DEVICES_TO_ALLOCATE,
+    MIG_ALLOCATIONS,
     NUMA_ALIGNMENT,
     encode_pod_devices,
 )
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, NodeBody
+from hamid.model.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.allocator_rules import (
@@ -78,10 +86,20 @@ from hamid.plugin.allocator_rules import (
 )
 from hamid.plugin.cdi_specs import CdiScan, CdiSpecs
 from hamid.plugin.device_lists import DeviceLists
-from hamid.plugin.device_nodes import CONTROL_NODES, DeviceNodes, gpu_nodes
+from hamid.plugin.device_nodes import (
+    CONTROL_NODES,
+    MIG_MINORS,
+    MIG_MINORS_LIMIT,
+    DeviceNodes,
+    gpu_nodes,
+    mig_nodes,
+    parse_mig_minors,
+)
 from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
+from hamid.plugin.hostfiles import read_text
 from hamid.plugin.inventory import GpuInventory
+from hamid.plugin.mig_manager import Key, MigManager
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -138,6 +156,17 @@ class PreferredRequest:
     available: tuple[str, ...]
     must_include: tuple[str, ...]
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One Allocate's plan before its commit: each served container's entry, the to-allocate value
+    after them, the answers, and further annotations the commit writes (MIG runtime ids)."""
+
+    plans: list[tuple[int, ContainerDevices]]
+    remaining: PodDevices
+    answers: list[ContainerAnswer]
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +254,15 @@ class Allocator:
         device_nodes: DeviceNodes | None = None,
         device_lists: DeviceLists | None = None,
         cdi_specs: CdiSpecs | None = None,
+        mig: MigManager | None = None,
     ) -> None:
         self.client = client
+        #: Realizes the MIG reservations of a ``mig`` mode node (None: not one, or no NVML to do it).
+        self.mig = mig
+        #: The driver's MIG capability minors, read for the DeviceSpecs of MIG devices.
+        self.mig_minors = MIG_MINORS
+        #: The MIG instances the Allocate in progress created: destroyed again when it fails.
+        self._mig_created: list[Key] = []
         #: Where the device nodes declared as DeviceSpecs are (``--pass-device-specs``); None: off.
         self.device_nodes = device_nodes
         #: How the answer names the GPUs to the runtime (``--device-list-strategy``, features).
@@ -509,10 +545,11 @@ class Allocator:
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         if not requests:
             raise AllocationError("Allocate called without container requests", code="empty-request")
-        if self.inventory.is_mig:
+        if self.inventory.is_mig and self.mig is None:
             raise AllocationError(
-                f"node {self.node_name} is in mig operating mode; hamid does not create MIG instances",
-                code="mig-node",
+                f"node {self.node_name} is in mig operating mode but its plugin has no NVML to create "
+                "MIG instances with (it reads a --devices-file)",
+                code="mig-unsupported",
             )
         async with self._lock:
             deadline = asyncio.get_running_loop().time() + self.prepare_timeout
@@ -542,6 +579,8 @@ class Allocator:
                     message = f"API server call failed while allocating: {exc}"
                     await complete(self._fail(pod, message))
                     raise AllocationError(message, code="api-error") from exc
+                finally:  # committed, undone, or left to the manager's reconcile
+                    self._mig_created.clear()
 
     def _plan(
         self, pod: JSON, requests: Sequence[Sequence[str]]
@@ -584,12 +623,13 @@ class Allocator:
             devices = consume(devices, entry.index)
         return plans, devices
 
-    async def _prepare(
-        self, pod: JSON, requests: Sequence[Sequence[str]]
-    ) -> tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]:
+    async def _prepare(self, pod: JSON, requests: Sequence[Sequence[str]]) -> Prepared:
         """Plan, host directories, device nodes and answers (all before the commit; one thread hop
-        for the host)."""
+        for the host); on a MIG node, the instances instead (:meth:`_prepare_mig`)."""
         plans, remaining = self._plan(pod, requests)
+        if self.mig is not None:
+            answers, notes = await self._prepare_mig(pod, plans, self.mig)
+            return Prepared(plans, remaining, answers, notes)
         uid = objects.uid(pod)
         containers = [container_at(pod, idx) for idx, _ in plans]
         hook = self.hami.hook_path
@@ -625,11 +665,11 @@ class Allocator:
                 dataclasses.replace(answer, devices=nodes.specs(each, host.present))
                 for answer, each in zip(answers, gpus, strict=True)
             ]
-        return plans, remaining, answers
+        return Prepared(plans, remaining, answers)
 
     async def _prepare_booked(
         self, pod: JSON, requests: Sequence[Sequence[str]], deadline: float
-    ) -> tuple[JSON, tuple[list[tuple[int, ContainerDevices]], PodDevices, list[ContainerAnswer]]]:
+    ) -> tuple[JSON, Prepared]:
         """:meth:`_prepare`; an entry the status record does not name yet is read again until it
         does, for up to :data:`BOOKED_RECORD_WAIT_S` within ``deadline`` (then refused): a refit
         that landed while its answer was lost writes its record a moment later, off its path."""
@@ -662,19 +702,22 @@ class Allocator:
             try:
                 async with asyncio.timeout_at(deadline):
                     pod = await self._mismatch_policy_at_allocate(pod, requests)
-                    pod, (plans, remaining, answers) = await self._prepare_booked(pod, requests, deadline)
+                    pod, prepared = await self._prepare_booked(pod, requests, deadline)
             except TimeoutError as exc:
                 raise AllocationError(
                     f"Allocate did not finish preparing within {self.prepare_timeout:g}s "
                     "(nothing was committed)"
                 ) from exc
-            patch: dict[str, str | None] = {DEVICES_TO_ALLOCATE: encode_pod_devices(remaining)}
-            done = not pending_entries(remaining)
+            patch: dict[str, str | None] = {
+                DEVICES_TO_ALLOCATE: encode_pod_devices(prepared.remaining),
+                **prepared.notes,
+            }
+            done = not pending_entries(prepared.remaining)
             if done:
                 patch[BIND_PHASE] = BIND_PHASE_SUCCESS
             held = [i for ids in requests for i in ids]
-            if await complete(self._commit(pod, patch, plans, budget, held, release=done)):
-                return answers
+            if await complete(self._commit(pod, patch, prepared.plans, budget, held, release=done)):
+                return prepared.answers
             try:
                 async with asyncio.timeout_at(deadline):
                     fresh = await self.pods.fetch_pod(namespace, name)
@@ -770,9 +813,141 @@ class Allocator:
 
     async def _fail(self, pod: JSON, reason: str) -> None:
         """Mark the pod ``bind-phase=failed`` and release the node lock if it holds it (best effort,
-        both at once)."""
+        both at once); destroy the MIG instances this Allocate created."""
         log.error("allocation_failed", reason=reason)
-        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod))
+        await asyncio.gather(self._mark_failed(pod), self._release_lock(pod), self._undo_mig())
+
+    async def _undo_mig(self) -> None:
+        """Destroy the MIG instances the failed Allocate created (a failure is logged by the manager
+        and left to its reconcile)."""
+        created, self._mig_created = self._mig_created, []
+        if self.mig is not None:
+            for key in reversed(created):
+                await self.mig.release(key)
+
+    # -- MIG ----------------------------------------------------------------------------------------
+
+    def _mig_reservations(
+        self, pod: JSON, plans: Sequence[tuple[int, ContainerDevices]]
+    ) -> tuple[MigAllocation, ...]:
+        """The pod's reservations, each container served checked against its entry and this node's
+        registered capability (``mig-reservation-missing`` / ``mig-reservation-invalid``)."""
+        value = objects.annotations(pod).get(MIG_ALLOCATIONS, "")
+        try:
+            records = decode_mig_allocations(value)
+        except InvalidInput as exc:
+            raise AllocationError(
+                f"the MIG reservation of pod {objects.namespaced_key(pod)} cannot be read: {exc}",
+                code="mig-reservation-invalid",
+            ) from exc
+        for index, devices in plans:
+            mine = sorted((r for r in records if r.container_index == index), key=lambda r: r.device_index)
+            if not mine:
+                raise AllocationError(
+                    f"pod {objects.namespaced_key(pod)} has no MIG reservation ({MIG_ALLOCATIONS}) for "
+                    f"container {index}; a MIG node serves only pods its scheduler reserved MIG "
+                    "instances for",
+                    code="mig-reservation-missing",
+                )
+            if len(mine) != len(devices):
+                raise AllocationError(
+                    f"container {index} has {len(mine)} MIG reservations for {len(devices)} devices",
+                    code="mig-reservation-invalid",
+                )
+            for record, device in zip(mine, devices, strict=True):
+                self._check_reservation(index, record, device.uuid)
+        return records
+
+    def _check_reservation(self, index: int, record: MigAllocation, uuid: str) -> None:
+        """A reservation must name the entry's GPU, and a profile and placement the GPU registered."""
+        where = f"MIG reservation of container {index} device {record.device_index}"
+        if record.gpu_uuid != uuid:
+            raise AllocationError(
+                f"{where} names GPU {record.gpu_uuid}, but the container's allocation names {uuid}",
+                code="mig-reservation-invalid",
+            )
+        profile = self.inventory.mig_profile(uuid, record.profile)
+        if profile is None:
+            raise AllocationError(
+                f"{where}: profile {record.profile!r} is not registered for GPU {uuid} on node "
+                f"{self.node_name}",
+                code="mig-reservation-invalid",
+            )
+        if record.placement not in profile.placements:
+            raise AllocationError(
+                f"{where}: placement start {record.placement.start} size {record.placement.size} is not "
+                f"one of profile {record.profile}'s on GPU {uuid} "
+                f"({[(p.start, p.size) for p in profile.placements]})",
+                code="mig-reservation-invalid",
+            )
+
+    async def _prepare_mig(
+        self, pod: JSON, plans: Sequence[tuple[int, ContainerDevices]], mig: MigManager
+    ) -> tuple[list[ContainerAnswer], dict[str, str]]:
+        """Realize each served container's reservations; answer their MIG UUIDs (no HAMi-core part:
+        MIG isolates in hardware), and the annotation with the runtime ids added."""
+        records = self._mig_reservations(pod, plans)
+        realized: dict[tuple[int, int], MigAllocation] = {}
+        for index, _devices in plans:
+            for record in sorted(
+                (r for r in records if r.container_index == index), key=lambda r: r.device_index
+            ):
+                live, created = await mig.ensure(record)
+                if created:
+                    self._mig_created.append(record.reservation_key)
+                realized[(index, record.device_index)] = dataclasses.replace(
+                    record,
+                    mig_uuid=live.mig_uuid,
+                    gpu_instance_id=live.gpu_instance_id,
+                    compute_instance_id=live.compute_instance_id,
+                )
+        per_container = [
+            [r for (i, _d), r in sorted(realized.items()) if i == index] for index, _devices in plans
+        ]
+        answers = []
+        for each in per_container:
+            part = self.device_lists.answer([r.mig_uuid for r in each], str(uuidlib.uuid4()))
+            answers.append(
+                ContainerAnswer(
+                    envs=part.envs,
+                    mounts=part.mounts,
+                    cache_dir="",
+                    annotations=part.annotations,
+                    cdi_devices=part.cdi_devices,
+                )
+            )
+        if self.device_nodes is not None:
+            answers = await self._mig_device_specs(answers, per_container, self.device_nodes)
+        merged = tuple(realized.get((r.container_index, r.device_index), r) for r in records)
+        return answers, {MIG_ALLOCATIONS: encode_mig_allocations(merged)}
+
+    async def _mig_device_specs(
+        self, answers: list[ContainerAnswer], per_container: list[list[MigAllocation]], nodes: DeviceNodes
+    ) -> list[ContainerAnswer]:
+        """Each answer with the DeviceSpecs of its MIG devices: control nodes, the parent GPU, the
+        GPU and compute instance capability nodes (as NVIDIA's plugin declares a MIG device)."""
+        wanted: list[dict[str, str]] = []
+        try:
+            minors = parse_mig_minors(await asyncio.to_thread(read_text, self.mig_minors, MIG_MINORS_LIMIT))
+        except (OSError, InvalidInput) as exc:
+            raise AllocationError(
+                f"--pass-device-specs: cannot read the MIG capability minors ({exc})",
+                code="device-node-missing",
+            ) from exc
+        for each in per_container:
+            nodes_of: dict[str, str] = {}
+            for r in each:
+                assert r.gpu_instance_id is not None and r.compute_instance_id is not None
+                instance = (r.gpu_instance_id, r.compute_instance_id)
+                nodes_of |= mig_nodes(minors, r.gpu_uuid, self.inventory.minor_of, r.mig_uuid, instance)
+            wanted.append(nodes_of)
+        present = await asyncio.to_thread(
+            nodes.present, [*CONTROL_NODES, *(n for each in wanted for n in each.values())]
+        )
+        return [
+            dataclasses.replace(answer, devices=nodes.specs(each, present))
+            for answer, each in zip(answers, wanted, strict=True)
+        ]
 
     async def _mark_failed(self, pod: JSON) -> None:
         try:

@@ -15,8 +15,10 @@ from types import ModuleType
 from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model.devices import MODE_MIG
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import GpuLinks
+from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
@@ -40,6 +42,7 @@ from hamid.plugin.hamicore_answer import HamiCoreSettings
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.kubelet_connector import KubeletConnector
 from hamid.plugin.metrics import PluginMetrics, serve_metrics
+from hamid.plugin.mig_manager import RECONCILE_INTERVAL_S, MigManager
 from hamid.plugin.numa_policy import MismatchHandler, log_mismatch, make_mismatch_handler
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
 from hamid.plugin.options import PluginOptions, hide_rule
@@ -68,6 +71,8 @@ class PluginTimings:
     cleanup_min_age: float | None = None
     #: The NUMA publisher's PodResources poll period (None: the publisher's default).
     numa_interval: float | None = None
+    #: How often a ``mig`` mode node reconciles its MIG instances with its active pods.
+    mig_interval: float = RECONCILE_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,8 @@ class NodeSetup:
     nvml: ModuleType | None
     #: links between the GPUs (NVML, or the devices file's ``links``); None: no pair scores
     links: GpuLinks | None = None
+    #: the device config's ``migProfileAllowlist`` (what a ``mig`` mode node may register)
+    mig_allowlist: tuple[AllowedMigProfiles, ...] = ()
 
 
 def _read_optional(path: str) -> bytes | None:
@@ -128,7 +135,15 @@ async def load_setup(options: PluginOptions) -> NodeSetup:
         except NvmlTopologyError as exc:
             log.error("gpu_links_unreadable_score_not_written", error=str(exc))
     resource_name = options.resource_name or device_config.resources.resource_count_name
-    return NodeSetup(config, device_config.resources, resource_name, tuple(gpus), nvml, links)
+    return NodeSetup(
+        config,
+        device_config.resources,
+        resource_name,
+        tuple(gpus),
+        nvml,
+        links,
+        device_config.mig_profile_allowlist,
+    )
 
 
 class Plugin:
@@ -154,10 +169,21 @@ class Plugin:
         device_nodes: DeviceNodes | None = None,
         device_lists: DeviceLists | None = None,
         cdi_specs: CdiSpecs | None = None,
+        mig_interval: float = RECONCILE_INTERVAL_S,
     ) -> None:
         self.setup = setup
-        self.inventory = GpuInventory(setup.gpus, setup.config)
+        self.inventory = GpuInventory(setup.gpus, setup.config, setup.mig_allowlist)
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
+        #: Owns the MIG instances of a ``mig`` mode node (None: another mode, or no NVML).
+        self.mig: MigManager | None = None
+        if self.inventory.is_mig and setup.nvml is not None:
+            self.mig = MigManager(
+                setup.nvml,
+                self.inventory.mig,
+                self.pods.fetch_pods,
+                interval=mig_interval,
+                retry=error_interval,
+            )
         #: Hides free replicas from kubelet by the ``--hide-replicas`` rule; None: off.
         self.room: ReplicaRoom | None = None
         if hide_replicas is not None and not self.inventory.is_mig:
@@ -195,6 +221,7 @@ class Plugin:
             error_interval=error_interval,
         )
         self.metrics.attach(self.connector, self.registrar, self.pods)
+        self.metrics.mig = self.mig
         self.numa: NumaPublisher | None = None
         if numa_sources is not None:
             self.numa = NumaPublisher(
@@ -237,6 +264,7 @@ class Plugin:
             device_nodes=device_nodes,
             device_lists=device_lists,
             cdi_specs=cdi_specs,
+            mig=self.mig,
         )
 
     async def run(self) -> None:
@@ -248,6 +276,9 @@ class Plugin:
             if not self.inventory.gpus:
                 log.warning("no_gpus_to_advertise", cause="none discovered, or all filtered/MIG-enabled")
                 return
+            if self.mig is not None:  # before kubelet can call Allocate
+                await self.mig.start()
+                tg.create_task(self.mig.run())
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
             tg.create_task(self.cleaner.run())
@@ -347,6 +378,7 @@ class PluginApp:
             setup = self._setup or await load_setup(self.options)
             policy = self._health_policy or _policy_from_env()
             _log_configured(self.options, setup)
+            _check_mig(self.options, setup)
             await _check_device_nodes(self.options.device_nodes(), setup)
             self._cdi_specs = await _check_cdi_specs(self.options, setup)
             if self._kube is None:
@@ -396,6 +428,7 @@ class PluginApp:
             device_nodes=options.device_nodes(),
             device_lists=options.device_lists(),
             cdi_specs=self._cdi_specs,
+            mig_interval=timings.mig_interval,
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -431,6 +464,22 @@ def _policy_from_env() -> HealthCheckPolicy:
         return health_policy_from_env(os.environ)
     except InvalidInput as exc:
         raise PluginStartupError(str(exc)) from exc
+
+
+def _check_mig(options: PluginOptions, setup: NodeSetup) -> None:
+    """A ``mig`` mode node answers Allocate with MIG UUIDs of instances made at that moment: a CDI
+    spec generated before names none of them, so only the envvar and volume-mounts strategies
+    serve (HAMi's plugin would name CDI devices no spec defines). Without NVML (a devices file)
+    nothing can be created: logged, Allocate refuses."""
+    if setup.config.operating_mode != MODE_MIG:
+        return
+    if options.device_lists().any_cdi:
+        raise PluginStartupError(
+            "--device-list-strategy: dynamic MIG (operatingmode mig) names MIG devices created at "
+            "Allocate, which no CDI spec defines; use envvar or volume-mounts on this node"
+        )
+    if setup.nvml is None:
+        log.error("mig_mode_without_nvml_allocate_refuses", hint="dynamic MIG creates instances through NVML")
 
 
 async def _check_device_nodes(nodes: DeviceNodes | None, setup: NodeSetup) -> None:

@@ -15,6 +15,7 @@ own ``/dev``, which the runtime filled for its own needs. Blocking calls: run th
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,11 @@ from hamid.plugin.errors import AllocationError
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 #: Read and write, no mknod: what NVIDIA's plugin grants.
 PERMISSIONS = "rw"
+#: Where the driver lists the device minor of each MIG capability (``gpu0/gi1/ci0/access 13``).
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+#: Larger than any mig-minors file (a line per GPU instance and compute instance of every GPU).
+MIG_MINORS_LIMIT = 1 << 20
+_MIG_MINOR_LINE = re.compile(r"(gpu\d+/gi\d+(?:/ci\d+)?/access) (\d+)\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,45 @@ def gpu_nodes(uuids: Iterable[str], minor_of: Callable[[str], int | None]) -> di
             )
         nodes[uuid] = gpu_node(minor)
     return nodes
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """The capability minors of ``/proc/driver/nvidia-caps/mig-minors`` by ``gpu<m>/gi<g>[/ci<c>]/access``
+    (the ``config``/``monitor`` lines and lines of another shape are left out)."""
+    minors: dict[str, int] = {}
+    for line in text.splitlines():
+        match = _MIG_MINOR_LINE.match(line.strip())
+        if match:
+            minors[match.group(1)] = int(match.group(2))
+    return minors
+
+
+def mig_nodes(
+    minors: Mapping[str, int],
+    uuid: str,
+    minor_of: Callable[[str], int | None],
+    mig_uuid: str,
+    instance: tuple[int, int],
+) -> dict[str, str]:
+    """The device nodes of one MIG device by what each is, as NVIDIA's plugin declares them: the
+    parent GPU's (:func:`gpu_nodes`, which refuses an unknown minor), then the capability nodes of
+    its GPU instance and compute instance (``instance``). Refuses (``device-node-missing``) a
+    capability the driver does not list."""
+    parent = gpu_nodes([uuid], minor_of)
+    minor = minor_of(uuid)
+    gpu_instance, compute_instance = instance
+    wanted = (
+        f"gpu{minor}/gi{gpu_instance}/access",
+        f"gpu{minor}/gi{gpu_instance}/ci{compute_instance}/access",
+    )
+    missing = [w for w in wanted if w not in minors]
+    if missing:
+        raise AllocationError(
+            f"--pass-device-specs: the driver lists no MIG capability {', '.join(missing)} in {MIG_MINORS}",
+            code="device-node-missing",
+        )
+    gi, ci = (f"/dev/nvidia-caps/nvidia-cap{minors[w]}" for w in wanted)
+    return {**parent, f"{mig_uuid} (GPU instance)": gi, f"{mig_uuid} (compute instance)": ci}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,4 +147,4 @@ class DeviceNodes:
                 code="device-node-missing",
             )
         nodes = [*(n for n in CONTROL_NODES if n in present), *gpus.values()]
-        return tuple(DeviceSpec(n, self.host_path(n)) for n in nodes)
+        return tuple(DeviceSpec(n, self.host_path(n)) for n in dict.fromkeys(nodes))

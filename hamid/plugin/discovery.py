@@ -18,8 +18,10 @@ from typing import Any
 
 from hamid.log import get_logger
 from hamid.model._wire import load_yaml
+from hamid.model.devices import MigPlacement
 from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import MAX_SCORED_NVLINKS, NVML_TOPOLOGY_LEVELS, P2P_LEVEL_SCORES, GpuLink, GpuLinks
+from hamid.plugin.mig_nvml import SLICE_GROUPS, MigNvmlError, MigSliceProfile, read_slice_profiles
 
 log = get_logger("plugin.discovery")
 
@@ -28,9 +30,24 @@ IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 #: How long one NVML event wait blocks (ms); bounds how fast the health thread notices a stop.
 EVENT_WAIT_MS = 1000
 
-_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId", "migEnabled", "healthy", "minor")
+_FILE_KEYS = (
+    "uuid",
+    "index",
+    "name",
+    "memoryMiB",
+    "numa",
+    "pciBusId",
+    "migEnabled",
+    "healthy",
+    "minor",
+    "migProfiles",
+)
 _REQUIRED_FILE_KEYS = ("uuid", "index", "name", "memoryMiB", "numa", "pciBusId")
 _LINK_KEYS = ("level", "nvlinks")
+_MIG_PROFILE_KEYS = ("slices", "memoryMB", "multiprocessors", "sliceCount", "instanceCount", "placements")
+#: Bounds of a MIG profile in a devices file: slices and placements of real GPUs fit well inside.
+MAX_MIG_SLICES = 64
+MAX_MIG_MULTIPROCESSORS = 4096
 #: Bounds that keep every registered value inside HAMi's int32 fields even at the largest
 #: scaling the node config allows (16 TiB x 100 < 2^31), and indices/NUMA ids real machines have.
 MAX_MEMORY_MIB = 2**24
@@ -56,7 +73,8 @@ class NvmlTopologyError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class PhysicalGpu:
     """One physical GPU as discovered (``numa`` None = unknown NUMA node; ``minor``: the minor
-    number of its ``/dev/nvidia<minor>`` node, None = unknown)."""
+    number of its ``/dev/nvidia<minor>`` node, None = unknown; ``mig_profiles``: what NVML offers
+    per MIG slice group, read only while MIG mode is on)."""
 
     uuid: str
     index: int
@@ -67,6 +85,7 @@ class PhysicalGpu:
     mig_enabled: bool = False
     healthy: bool = True
     minor: int | None = None
+    mig_profiles: tuple[MigSliceProfile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +171,9 @@ def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
     mig = _bool_field(item, "migEnabled", where, default=False)
     healthy = _bool_field(item, "healthy", where, default=True)
     minor = _int_field(item, "minor", where, 0, MAX_GPU_MINOR) if "minor" in item else None
+    profiles = _parse_mig_profiles(item.get("migProfiles"), f"{where}.migProfiles")
+    if profiles and not mig:
+        raise InvalidInput(f"{where}: migProfiles needs migEnabled: true (NVML offers them in MIG mode only)")
     return PhysicalGpu(
         uuid=uuid,
         index=index,
@@ -162,6 +184,56 @@ def _parse_device_item(item: Any, where: str) -> PhysicalGpu:
         mig_enabled=mig,
         healthy=healthy,
         minor=minor,
+        mig_profiles=profiles,
+    )
+
+
+def _parse_mig_profiles(raw: Any, where: str) -> tuple[MigSliceProfile, ...]:
+    """A devices file's ``migProfiles``: what NVML would report per slice group (absent: none)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidInput(f"{where}: expected a list of MIG profiles")
+    out: list[MigSliceProfile] = []
+    for position, item in enumerate(raw):
+        at = f"{where}[{position}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{at}: expected a mapping")
+        unknown = sorted(str(k) for k in set(item) - set(_MIG_PROFILE_KEYS))
+        missing = [k for k in _MIG_PROFILE_KEYS if k not in item]
+        if unknown or missing:
+            raise InvalidInput(
+                f"{at}: keys must be exactly {list(_MIG_PROFILE_KEYS)} (unknown {unknown}, missing {missing})"
+            )
+        slices = item["slices"]
+        if slices not in SLICE_GROUPS:
+            raise InvalidInput(f"{at}: slices must be one of {list(SLICE_GROUPS)}, got {_shown(slices)}")
+        if any(p.slices == slices for p in out):
+            raise InvalidInput(f"{at}: slice group {slices} given twice")
+        placements = item["placements"]
+        if not isinstance(placements, list) or not placements:
+            raise InvalidInput(f"{at}: placements must be a non-empty list of {{start, size}}")
+        out.append(
+            MigSliceProfile(
+                slices=slices,
+                memory_mb=_int_field(item, "memoryMB", at, 1, MAX_MEMORY_MIB),
+                multiprocessors=_int_field(item, "multiprocessors", at, 1, MAX_MIG_MULTIPROCESSORS),
+                slice_count=_int_field(item, "sliceCount", at, 1, MAX_MIG_SLICES),
+                instance_count=_int_field(item, "instanceCount", at, 1, MAX_MIG_SLICES),
+                placements=tuple(
+                    _parse_placement(p, f"{at}.placements[{i}]") for i, p in enumerate(placements)
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _parse_placement(raw: Any, where: str) -> MigPlacement:
+    if not isinstance(raw, dict) or set(raw) != {"start", "size"}:
+        raise InvalidInput(f"{where}: expected a mapping with exactly 'start' and 'size'")
+    return MigPlacement(
+        start=_int_field(raw, "start", where, 0, MAX_MIG_SLICES - 1),
+        size=_int_field(raw, "size", where, 1, MAX_MIG_SLICES),
     )
 
 
@@ -351,6 +423,12 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
     except lib.NVMLError as exc:
         if getattr(exc, "value", None) != lib.NVML_ERROR_NOT_SUPPORTED:
             log.warning("gpu_mig_mode_unreadable", uuid=uuid, error=str(exc))
+    profiles: tuple[MigSliceProfile, ...] = ()
+    if mig:
+        try:
+            profiles = read_slice_profiles(lib, handle)
+        except MigNvmlError as exc:
+            log.error("gpu_mig_profiles_unreadable", uuid=uuid, error=str(exc))
     try:
         minor = int(lib.nvmlDeviceGetMinorNumber(handle))
     except lib.NVMLError as exc:  # only --pass-device-specs needs it: not a fault
@@ -365,6 +443,7 @@ def _probe_device(lib: ModuleType, index: int, sysfs_root: str | os.PathLike[str
         mig_enabled=mig,
         healthy=healthy,
         minor=minor,
+        mig_profiles=profiles,
     )
 
 
@@ -626,6 +705,18 @@ def _device_item(gpu: PhysicalGpu) -> dict[str, Any]:
     }
     if gpu.minor is not None:
         item["minor"] = gpu.minor
+    if gpu.mig_profiles:
+        item["migProfiles"] = [
+            {
+                "slices": p.slices,
+                "memoryMB": p.memory_mb,
+                "multiprocessors": p.multiprocessors,
+                "sliceCount": p.slice_count,
+                "instanceCount": p.instance_count,
+                "placements": [{"start": x.start, "size": x.size} for x in p.placements],
+            }
+            for p in gpu.mig_profiles
+        ]
     return item
 
 

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
-from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile
+from hamid.model.mig import AllowedMigProfiles, allowed_profiles_for, profile_slice_key
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.allocator_rules import GpuFacts
 from hamid.plugin.discovery import PhysicalGpu
@@ -42,12 +43,84 @@ def device_type(name: str) -> str:
     return name if name.upper().startswith(NVIDIA) else f"{NVIDIA}-{name}"
 
 
+@dataclass(frozen=True, slots=True)
+class MigCapacity:
+    """A GPU's registered dynamic MIG capability: the allowlisted profiles NVML offers, and the most
+    instances one of them can have (HAMi registers that as the GPU's ``count``)."""
+
+    profiles: tuple[MigProfile, ...]
+    count: int
+
+
+def mig_capacity(gpu: PhysicalGpu, allowlist: Sequence[AllowedMigProfiles]) -> MigCapacity | None:
+    """HAMi's ``discoverMigProfiles``: the profiles of the first allowlist entry naming the GPU's
+    model, each with what NVML reports for its slice group (``core``: its share of the full GPU's
+    multiprocessors, rounded up). None, with a warning, when nothing can be registered."""
+    model = device_type(gpu.name)
+    if not gpu.mig_enabled:
+        log.warning(
+            "gpu_mig_disabled_not_registered",
+            uuid=gpu.uuid,
+            hint=f"enable MIG mode (nvidia-smi -i {gpu.index} -mig 1) and restart the plugin",
+        )
+        return None
+    allowed = allowed_profiles_for(model, allowlist)
+    if not allowed:
+        log.warning(
+            "gpu_model_not_in_mig_allowlist_not_registered",
+            uuid=gpu.uuid,
+            model=model,
+            hint="add the model to nvidia.migProfileAllowlist in the device config",
+        )
+        return None
+    offered = {p.slices: p for p in gpu.mig_profiles}
+    full = max((p.multiprocessors for p in gpu.mig_profiles), default=0)
+    profiles: list[MigProfile] = []
+    counts: list[int] = []
+    for name in allowed:
+        found = offered.get(profile_slice_key(name))
+        if found is None:
+            log.warning("mig_profile_not_offered_by_gpu", uuid=gpu.uuid, model=model, profile=name)
+            continue
+        core = -(-found.multiprocessors * 100 // full) if full else 0
+        profiles.append(MigProfile(name, found.memory_mb, core, found.slice_count, found.placements))
+        counts.append(found.instance_count)
+    if not profiles:
+        log.warning(
+            "gpu_no_mig_profile_not_registered", uuid=gpu.uuid, model=model, allowlisted=list(allowed)
+        )
+        return None
+    log.info(
+        "gpu_mig_profiles_discovered",
+        uuid=gpu.uuid,
+        model=model,
+        profiles=[
+            f"{p.name}:{p.memory_mb}MiB/{p.core}%/{[(x.start, x.size) for x in p.placements]}"
+            for p in profiles
+        ],
+    )
+    return MigCapacity(tuple(profiles), max(counts))
+
+
 class GpuInventory:
     """Physical GPUs selected for this node (filters applied) and their replicas."""
 
-    def __init__(self, gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[PhysicalGpu],
+        settings: NodeConfig,
+        mig_allowlist: Sequence[AllowedMigProfiles] = (),
+    ) -> None:
         self.settings = settings
         self.gpus: tuple[PhysicalGpu, ...] = tuple(self._select(gpus, settings))
+        #: In ``mig`` mode, the registered MIG capability of each GPU that has one (others are not
+        #: registered: MIG mode off, model not allowlisted, or no allowlisted profile offered).
+        self.mig: dict[str, MigCapacity] = {}
+        if self.is_mig:
+            for gpu in self.gpus:
+                capacity = mig_capacity(gpu, mig_allowlist)
+                if capacity is not None:
+                    self.mig[gpu.uuid] = capacity
         self._healthy = {g.uuid: g.healthy for g in self.gpus}
         self._minor = {g.uuid: g.minor for g in self.gpus}
         self._unhealthy_reason = {g.uuid: "unhealthy at discovery" for g in self.gpus if not g.healthy}
@@ -91,6 +164,11 @@ class GpuInventory:
     def uuid_of(self, device_id: str) -> str | None:
         """The physical GPU UUID of one of this node's replica IDs (None if unknown)."""
         return self._replica_uuid.get(device_id)
+
+    def mig_profile(self, uuid: str, name: str) -> MigProfile | None:
+        """The registered MIG profile ``name`` of a GPU (None: not registered for it)."""
+        capacity = self.mig.get(uuid)
+        return next((p for p in capacity.profiles if p.name == name), None) if capacity else None
 
     def minor_of(self, uuid: str) -> int | None:
         """The minor number of an advertised GPU's device node (None: unknown, or no such GPU)."""
@@ -180,17 +258,21 @@ class GpuInventory:
                 )
                 continue
             devmem, devcore = capacity
+            mig = self.mig.get(gpu.uuid)
+            if self.is_mig and mig is None:
+                continue  # why was logged once, at start
             infos.append(
                 DeviceInfo(
                     id=gpu.uuid,
                     index=gpu.index,
-                    count=s.device_split_count,
+                    count=mig.count if mig is not None else s.device_split_count,
                     devmem=devmem,
                     devcore=devcore,
                     type=device_type(gpu.name),
                     numa=gpu.numa if gpu.numa is not None else 0,
                     mode=s.operating_mode,
                     health=self._healthy[gpu.uuid],
+                    mig_profiles=mig.profiles if mig is not None else (),
                 )
             )
         return infos

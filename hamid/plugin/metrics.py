@@ -38,6 +38,7 @@ from hamid.model.kube import PodBody
 from hamid.model.numa import MISS_CAUSES
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.inventory import GpuInventory
+from hamid.plugin.mig_manager import MigManager
 from hamid.plugin.vgpu_monitor import UsageScan, scan
 
 log = get_logger("plugin.metrics")
@@ -114,6 +115,8 @@ class PluginMetrics:
         self.kubelet: KubeletRegistration | None = None
         self.node: NodeRegistration | None = None
         self.pod_names: PodNames = dict
+        #: The MIG instance manager of a ``mig`` mode node (None: none; no MIG families then).
+        self.mig: MigManager | None = None
         self.usage = UsageScan((), 0)
         self._names: Mapping[str, tuple[str, str]] = {}
         self.registry = CollectorRegistry()
@@ -322,7 +325,30 @@ class _StateCollector(Collector):
             "Register annotation patches sent.",
             node.patches if node else 0,
         )
+        if m.mig is not None:
+            yield from self._mig(m.mig)
         yield from self._usage()
+
+    @staticmethod
+    def _mig(mig: MigManager) -> Iterator[Metric]:
+        instances = GaugeMetricFamily(
+            "hamid_plugin_mig_instances",
+            "MIG instances this plugin owns (created or adopted, not yet reclaimed), by GPU.",
+            labels=["device_uuid"],
+        )
+        for uuid in mig.gpus:
+            instances.add_metric([uuid], sum(1 for m in mig.instances() if m.key[0] == uuid))
+        yield instances
+        events = CounterMetricFamily(
+            "hamid_plugin_mig_events",
+            "MIG instance lifecycle events: created, reused (taken over), adopted, destroyed, reset, "
+            "and the failures create_failed, destroy_failed, adopt_failed, reset_failed, "
+            "reconcile_skipped.",
+            labels=["event"],
+        )
+        for event, count in sorted(mig.events.items()):
+            events.add_metric([event], count)
+        yield events
 
     def _usage(self) -> Iterator[Metric]:
         labels = ["namespace", "pod", "container", "device_index", "device_uuid"]

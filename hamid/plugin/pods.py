@@ -106,7 +106,12 @@ class NodePods:
         are at least as new as the plugin's own writes, so no overlay applies to them.
         """
         node = await self.fetch_node()
+        return node, await self.fetch_pods()
+
+    async def fetch_pods(self) -> list[JSON]:
+        """One LIST of the pods bound to the node, past the caches: a complete, current list (what
+        destroys MIG instances may rely on nothing less)."""
         pods, _version = await self.client.list_pods(
             field_selector=f"spec.nodeName={self.node_name}", timeout=self.call_timeout
         )
-        return node, pods
+        return pods

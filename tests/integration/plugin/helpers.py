@@ -36,6 +36,7 @@ from hamid.model.annotations import (
 from hamid.model.booked import booked_condition
 from hamid.model.devices import ContainerDevice, PodDevices
 from hamid.model.gpulinks import GpuLinks
+from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.resources import ResourceConfig
 from hamid.plugin.app import NodeSetup, Plugin, PluginApp, PluginTimings
@@ -224,21 +225,27 @@ async def running_plugin(
     links: GpuLinks | None = None,
     hide_replicas: str = "auto",
     devices_file: Path | None = None,
+    mig_allowlist: tuple[AllowedMigProfiles, ...] = (),
+    mig_interval: float = 300.0,
+    pods: tuple[dict[str, Any], ...] = (),
     **options: Any,
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
     """Start an API server, a node, optionally a fake kubelet, and the plugin (``hide_replicas``:
     its ``--hide-replicas``; ``devices_file``: discover the GPUs from it as ``--devices-file`` does,
-    with the default node config, instead of ``gpus`` and ``config``; ``options``: more
+    with the default node config, instead of ``gpus`` and ``config``; ``mig_allowlist``: the
+    device config's ``migProfileAllowlist``; ``mig_interval``: how often MIG instances are
+    reconciled; ``pods``: stored before the plugin starts, as after a restart; ``options``: more
     :class:`PluginOptions` fields); tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
     with short_dir() as directory:
         async with ApiServer() as server:
             server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            server.put_many(pods)
             client = await connect(api_server=server.url, request_timeout=5.0)
             kubelet = FakeKubelet(directory) if with_kubelet else None
             if kubelet is not None:
                 await kubelet.start()
-            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml, links)
+            setup = NodeSetup(config, ResourceConfig(), "nvidia.com/gpu", gpus, nvml, links, mig_allowlist)
             if devices_file is not None:
                 options |= {"devices_file": str(devices_file), "node_config_file": str(directory / "none")}
             hook = directory / "hook"
@@ -256,6 +263,7 @@ async def running_plugin(
                 error_interval=0.05,
                 cleanup_interval=cleanup_interval,
                 cleanup_min_age=cleanup_min_age,
+                mig_interval=mig_interval,
             )
             app = PluginApp(
                 plugin_options,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ from hamid.model.annotations import (
     VGPU_NODE,
     encode_node_devices,
 )
-from hamid.model.devices import ContainerDevice
+from hamid.model.devices import ContainerDevice, MigPlacement
+from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.preferred import distinct_gpu_preference, select_preferred
 from hamid.plugin.allocator_rules import (
@@ -32,6 +34,7 @@ from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import HamiCoreSettings, MountSpec, hami_core_answer
 from hamid.plugin.inventory import GpuInventory, device_type
+from hamid.plugin.mig_nvml import MigSliceProfile
 
 V100_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
 V100_B = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -73,11 +76,13 @@ def test_register_scaling_numa_filter_and_mig() -> None:
         ("GPU-a", 1500, 200, 1, 4),
         ("GPU-z", 1500, 200, 0, 4),  # preconfigured memory when NVML gives none; numa unknown → 0
     ]
-    mig = GpuInventory(gpus[:3], NodeConfig(operating_mode="mig", device_memory_scaling=2))
-    assert [(i.id, i.mode, i.devmem, i.devcore) for i in mig.device_infos()] == [
-        ("GPU-a", "mig", 1000, 100),
-        ("GPU-x", "mig", 32768, 100),
-        ("GPU-m", "mig", 32768, 100),
+    # MIG mode: no scaling, and only GPUs with MIG on and an allowlisted profile NVML offers
+    one = MigSliceProfile("1g", 4864, 14, 1, 7, (MigPlacement(0, 1),))
+    gpus[2] = dataclasses.replace(gpus[2], mig_profiles=(one,))
+    allow = (AllowedMigProfiles(("V100",), ("1g.5gb",)),)
+    mig = GpuInventory(gpus[:3], NodeConfig(operating_mode="mig", device_memory_scaling=2), allow)
+    assert [(i.id, i.mode, i.devmem, i.devcore, i.count) for i in mig.device_infos()] == [
+        ("GPU-m", "mig", 32768, 100, 7),
     ]
     assert mig.is_mig
 
