@@ -100,6 +100,15 @@ log = get_logger("sim.cluster")
 DEMO_MACHINE = "demo-2numa-8gpu.yaml"
 #: A node with MIG-enabled GPUs (its plugin runs in ``mig`` operating mode).
 DEMO_MIG_MACHINE = "demo-mig-node.yaml"
+#: The device config of a MIG-mode node's plugin: the profiles of the demo's A100-SXM4-80GB it may
+#: register (HAMi's chart list for the model).
+MIG_DEVICE_CONFIG = {
+    "nvidia": {
+        "migProfileAllowlist": [
+            {"models": ["A100-SXM4-80GB"], "profiles": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]}
+        ]
+    }
+}
 RESOURCE_NAME = "nvidia.com/gpu"
 #: The scheduler's decision settings the simulator starts from: the product's, except binds wait less.
 SCHEDULER_SETTINGS = SchedulerSettings(bind_wait_s=10.0)
@@ -543,6 +552,10 @@ class SimCluster(ClusterView):
         config_file, devices_file = directory / "config.json", directory / "devices.json"
         await asyncio.to_thread(config_file.write_text, _node_config(spec, self.options), "utf-8")
         await asyncio.to_thread(devices_file.write_text, json.dumps(node.machine.devices_document()), "utf-8")
+        device_config: Path | None = None
+        if spec.mig:
+            device_config = directory / "device-config.yaml"
+            await asyncio.to_thread(device_config.write_text, yaml.safe_dump(MIG_DEVICE_CONFIG), "utf-8")
         if node.client_cert is None:
             node.client_cert = await asyncio.to_thread(
                 self._ca.issue_client, directory / "tls", f"system:node:{spec.name}"
@@ -551,6 +564,7 @@ class SimCluster(ClusterView):
             node_name=spec.name,
             devices_file=str(devices_file),
             node_config_file=str(config_file),
+            device_config_file=None if device_config is None else str(device_config),
             device_plugin_dir=str(node.root),
             hook_path=str(directory / "hook"),
             refit=await self._refit_config(node),

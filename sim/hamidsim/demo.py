@@ -30,12 +30,12 @@ from hamid import log as hamid_log
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
-from hamid.model.devices import NVIDIA, ContainerDevice, PodDevices
+from hamid.model.devices import PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import decode_mig_allocations
 from hamid.model.numa import NUMA_PREDICTED, SINGLE_NUMA_NODE, decode_prediction
 from hamid.options import option
 from hamid.plugin.discovery import PhysicalGpu
-from hamid.scheduler.core import DEFAULT_SCHEDULER_NAME
 from hamidsim.cluster import (
     DEMO_MACHINE,
     DEMO_MIG_MACHINE,
@@ -663,67 +663,48 @@ async def scenario_heterogeneous_strict() -> ScenarioResult:
 
 
 async def scenario_mig_node() -> ScenarioResult:
-    """A node in MIG operating mode never takes part in refit (nor does the scheduler place vGPUs there)."""
+    """Dynamic MIG: the scheduler reserves a profile and placement on a MIG GPU; the demo's plugin
+    reads a devices file, so it has no NVML to create the instance with and refuses; never refitted."""
     result = ScenarioResult(
-        "mig-node", "no refit on a MIG-mode node; the allocation is refused, never refitted"
+        "mig-node",
+        "dynamic MIG: a profile and placement reserved; without NVML the instance is refused, never refitted",
     )
     options = ClusterOptions(
         nodes=(NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True),), numa_publish=False
     )
     async with _cluster(options, result) as cluster:
         blocked = await _stage(cluster, result)
-        probe = seed_pod(name="probe")
-        await cluster.create_pod(probe)
-        await cluster.wait_pod(
-            "probe",
-            lambda _p: bool(cluster.events("probe", reason=R.EVENT_FILTERING_FAILED)),
-            what="FilteringFailed",
-        )
-        failed = cluster.events("probe", reason=R.EVENT_FILTERING_FAILED)
-        result.step("scheduler", f"probe pod: {failed[0].get('message') if failed else '-'}")
-        result.check("scheduler does not place vGPU pods on a MIG-mode node", bool(failed))
-        await cluster.delete_pod("probe")
-        gpu = next(g for g in cluster.machine(NODE).gpus if g.numa == blocked)
-        pod = _preassigned_pod(seed_pod(), NODE, gpu.uuid, 20000)
-        await cluster.kube.create_pod({"apiVersion": "v1", "kind": "Pod", **pod})
+        await cluster.create_pod(seed_pod())
         result.step(
-            "pod",
-            f"created {SEED_NAME} already bound to {NODE} with GPU [{gpu.uuid}] on NUMA {gpu.numa} "
-            "(as a MIG-aware HAMi scheduler would annotate it)",
+            "pod", f"created {SEED_NAME}: one GPU with 20000 MiB (NUMA {blocked} holds the CPU batch)"
         )
         await cluster.wait_settled(SEED_NAME, timeout=_SETTLE_S)
+        raw = cluster.annotations(SEED_NAME).get(ann.MIG_ALLOCATIONS, "")
+        reserved = decode_mig_allocations(raw) if raw else ()
+        for r in reserved:
+            result.step(
+                "scheduler",
+                f"reserved MIG profile {r.profile} at slices {r.placement.start}-"
+                f"{r.placement.start + r.placement.size - 1} of {r.gpu_uuid} ({ann.MIG_ALLOCATIONS})",
+            )
+        result.check(
+            "scheduler reserves the smallest profile with the memory (3g.40gb: 2g.20gb has 19968 MiB)",
+            [r.profile for r in reserved] == ["3g.40gb"],
+            raw or "no reservation",
+        )
         _kubelet_step(result, cluster.assignment(SEED_NAME))
         calls = _refit_step(cluster, result)
         events = _events_step(cluster, result)
         state = _final_state(cluster, result)
+        message = str((cluster.pod(SEED_NAME).get("status") or {}).get("message") or "")
         result.check("no refit request", not calls, f"{len(calls)} refit call(s)")
         result.check("no NumaRefit event", not events)
         result.check(
-            "annotations unchanged",
-            state["allocatedAnnotation"] == [gpu.uuid],
-            str(state["allocatedAnnotation"]),
+            "no instance without NVML: Allocate refused, the pod failed",
+            state["phase"] == "Failed" and "no NVML" in message,
+            f"{state['phase']}: {message}",
         )
-        result.check("pod not run with a refitted GPU", state["phase"] == "Failed", str(state["phase"]))
     return result
-
-
-def _preassigned_pod(pod: dict[str, Any], node: str, uuid: str, mem: int) -> dict[str, Any]:
-    """``pod`` bound to ``node`` with allocation annotations for one GPU (node lock not taken)."""
-    encoded = ann.encode_pod_devices(((ContainerDevice(uuid, NVIDIA, mem, 0),),))
-    notes = dict(objects.annotations(pod))
-    notes.update(
-        {
-            ann.VGPU_NODE: node,
-            ann.DEVICES_ALLOCATED: encoded,
-            ann.DEVICES_TO_ALLOCATE: encoded,
-            ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING,
-            ann.BIND_TIME: "1700000000",
-        }
-    )
-    return {
-        "metadata": {**pod["metadata"], "annotations": notes},
-        "spec": {**pod["spec"], "nodeName": node, "schedulerName": DEFAULT_SCHEDULER_NAME},
-    }
 
 
 async def scenario_many_numa() -> ScenarioResult:

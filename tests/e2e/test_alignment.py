@@ -14,6 +14,8 @@ import pytest
 
 from hamid.model import annotations as ann
 from hamid.model import reasons as R
+from hamid.model.devices import MigPlacement
+from hamid.model.mig import decode_mig_allocations
 from hamidsim.cluster import DEMO_MIG_MACHINE, ClusterOptions, NodeSpec, SimCluster, data_file, wait_until
 from hamidsim.demo import HETERO_MACHINE, SEED_NAME, data_machine_gpus, heterogeneous_pod, seed_pod
 from hamidsim.kubelet import REASON_UNEXPECTED_ADMISSION
@@ -256,31 +258,24 @@ async def test_preferred_allocation_off_refits_at_the_allocate_door(alignment: s
 
 
 async def test_mig_node_never_refits() -> None:
+    """Dynamic MIG through the whole stack: the scheduler reserves the smallest profile with the
+    memory (3g.40gb: the 2g.20gb has 19968 MiB) at the highest placement (3g packs from the top) and
+    the plugin, reading a devices file, has no NVML to create it: Allocate refuses, the pod fails,
+    and a MIG-mode node is never refitted."""
     node = NodeSpec(NODE, machine_file=data_file(DEMO_MIG_MACHINE), mig=True)
     async with SimCluster(ClusterOptions(numa_publish=False, nodes=(node,))) as cluster:
         await stage(cluster)
-        gpu = next(g for g in cluster.machine(NODE).gpus if g.numa == 1)
-        encoded = f"{gpu.uuid},NVIDIA,20000,0:;"
-        pod = seed_pod()
-        pod["metadata"]["annotations"].update(
-            {
-                ann.VGPU_NODE: NODE,
-                ann.DEVICES_ALLOCATED: encoded,
-                ann.DEVICES_TO_ALLOCATE: encoded,
-                ann.BIND_PHASE: ann.BIND_PHASE_ALLOCATING,
-                ann.BIND_TIME: "1700000000",
-            }
-        )
-        pod["spec"]["nodeName"] = NODE
-        await cluster.kube.create_pod({"apiVersion": "v1", "kind": "Pod", **pod})
+        await cluster.create_pod(seed_pod())
         await cluster.wait_settled(SEED_NAME, timeout=15)
+        (reserved,) = decode_mig_allocations(cluster.annotations(SEED_NAME)[ann.MIG_ALLOCATIONS])
+        assert (reserved.profile, reserved.placement) == ("3g.40gb", MigPlacement(4, 4))
+        assert reserved.gpu_uuid in uuids(cluster.allocated(SEED_NAME)) and not reserved.realized
         assert cluster.refit_calls() == []
         assert not _events(cluster, R.EVENT_NUMA_REFIT_SUCCEED) and not _events(
             cluster, R.EVENT_NUMA_REFIT_FAILED
         )
-        assert cluster.annotations(SEED_NAME)[ann.DEVICES_ALLOCATED] == encoded
         assert cluster.pod(SEED_NAME)["status"]["phase"] == "Failed"
-        assert "mig operating mode" in cluster.pod(SEED_NAME)["status"]["message"]
+        assert "no NVML" in cluster.pod(SEED_NAME)["status"]["message"]
 
 
 async def test_numa_bind_and_alignment_combined() -> None:
