@@ -15,7 +15,7 @@ import click
 from hamid.listen import OPTIONAL_LISTEN
 from hamid.model import cdi
 from hamid.model import nvidia_runtime as nv
-from hamid.model.numa import HIDE_RULES, HIDE_SPAN
+from hamid.model.numa import HIDE_BUSY, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
 from hamid.plugin.device_lists import DeviceLists, check_strategies
 from hamid.plugin.device_nodes import DeviceNodes
@@ -67,7 +67,7 @@ REFIT_FLAGS = {
 HIDE_CHOICES = ("auto", "off", *HIDE_RULES)
 #: The rule ``auto`` applies: the one that left the fewest GPUs unallocated on the trace
 #: (docs/packing.md, "Aligned LS pods with NUMA on"; the measurements: docs/packing-log.md).
-AUTO_HIDE_RULE = HIDE_SPAN
+AUTO_HIDE_RULE = HIDE_BUSY
 
 
 def hide_rule(setting: str, numa_topology: bool) -> str | None:
