@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from hamid.model.devices import PodDevices
-from hamidsim.cluster import SimCluster
+from hamid.model.numa import NUMA_PROFILE
+from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster
 from hamidsim.demo import FILLER_NAME, NODE, filler_pod, refit_event_message
 
 __all__ = ["NODE", "refit_event_message", "stage", "uuids"]
+
+#: The GPUs of :func:`two_numa_two_gpu_node`: one on each NUMA node.
+GPU0, GPU1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000000-0000-4000-8000-000000000001"
 
 
 async def stage(cluster: SimCluster, node: str = NODE) -> int:
@@ -34,3 +41,29 @@ def env_of(cluster: SimCluster, name: str) -> dict[str, Any]:
     admission = cluster.assignment(name)
     assert admission is not None and admission.containers
     return dict(admission.containers[0].env)
+
+
+def two_numa_two_gpu_node(directory: Path, hide: str, split: int) -> ClusterOptions:
+    """A cluster of one node, two NUMA nodes of 16 CPUs (CPU 0 reserved) with one 46 GB GPU each,
+    Topology Manager ``restricted``, its plugin hiding replicas by ``hide`` (``--hide-replicas``)."""
+    rows = [f"{cpu},{cpu},{numa},{numa}" for numa in (0, 1) for cpu in range(numa * 16, numa * 16 + 16)]
+    doc = {
+        "lscpu": "# CPU,Core,Socket,Node\n" + "\n".join(rows) + "\n",
+        "reservedCpus": "0",
+        "memory": "128Gi",
+        "devices": [
+            {"uuid": uuid, "index": i, "name": "NVIDIA L40S", "memoryMiB": 46068, "numa": i,
+             "pciBusId": f"00000000:{0x18 + i:02x}:00.0"}
+            for i, uuid in enumerate((GPU0, GPU1))
+        ],
+    }  # fmt: skip
+    path = directory / "two-numa-two-gpu.yaml"
+    path.write_text(yaml.safe_dump(doc), "utf-8")
+    spec = NodeSpec(NODE, machine_file=path, topology_policy="restricted", split=split)
+    return ClusterOptions(nodes=(spec,), hide_replicas=hide)
+
+
+def numa_profile(cluster: SimCluster, node: str = NODE) -> str | None:
+    """The node's ``hamid.io/numa-profile`` as stored (None until its plugin published one)."""
+    stored = cluster.server.get("Node", None, node) or {}
+    return ((stored.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE)

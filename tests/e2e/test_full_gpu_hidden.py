@@ -18,45 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hamid.model import annotations as ann
-from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, ReplicaHiding, decode_prediction, decode_profile
-from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until
+from hamid.model.numa import NUMA_PREDICTED, ReplicaHiding, decode_prediction, decode_profile
+from hamidsim.cluster import SimCluster, wait_until
 from hamidsim.demo import seed_pod
-from tests.e2e.helpers import NODE, uuids
+from tests.e2e.helpers import GPU0, GPU1, NODE, numa_profile, two_numa_two_gpu_node, uuids
 
-GPU0, GPU1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000000-0000-4000-8000-000000000001"
 SPLIT = 10
 RESOURCE = "nvidia.com/gpu"
-
-
-def _machine(directory: Path) -> Path:
-    """Two NUMA nodes of 16 CPUs (CPU 0 reserved), one 46 GB GPU on each."""
-    rows = [f"{cpu},{cpu},{numa},{numa}" for numa in (0, 1) for cpu in range(numa * 16, numa * 16 + 16)]
-    doc = {
-        "lscpu": "# CPU,Core,Socket,Node\n" + "\n".join(rows) + "\n",
-        "reservedCpus": "0",
-        "memory": "128Gi",
-        "devices": [
-            {"uuid": uuid, "index": i, "name": "NVIDIA L40S", "memoryMiB": 46068, "numa": i,
-             "pciBusId": f"00000000:{0x18 + i:02x}:00.0"}
-            for i, uuid in enumerate((GPU0, GPU1))
-        ],
-    }  # fmt: skip
-    path = directory / "two-numa-two-gpu.yaml"
-    path.write_text(yaml.safe_dump(doc), "utf-8")
-    return path
-
-
-def _options(tmp_path: Path, hide: str) -> ClusterOptions:
-    spec = NodeSpec(NODE, machine_file=_machine(tmp_path), topology_policy="restricted", split=SPLIT)
-    return ClusterOptions(nodes=(spec,), hide_replicas=hide)
-
-
-def _profile(cluster: SimCluster) -> str | None:
-    node = cluster.server.get("Node", None, NODE) or {}
-    return ((node.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE)
 
 
 def _share(name: str, gpu: str | None) -> dict[str, Any]:
@@ -85,7 +54,7 @@ async def _run_share(cluster: SimCluster, name: str, gpu: str | None) -> list[st
 
 async def _fill_gpu0(cluster: SimCluster) -> None:
     """``full``: all of GPU 0's memory and 2 exclusive CPUs of NUMA 0."""
-    await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+    await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
     full = seed_pod("full", alignment="", gpumem=None, gpumem_percentage=100)
     full["metadata"]["annotations"][ann.USE_GPU_UUID] = GPU0
     full["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
@@ -108,10 +77,10 @@ async def _run_aligned(cluster: SimCluster) -> tuple[int | None, list[str], int]
 
 
 async def test_full_gpu_hidden_so_aligned_pod_gets_cpus_and_gpu_on_numa_1(tmp_path: Path) -> None:
-    async with SimCluster(_options(tmp_path, "full")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "full", SPLIT)) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
         await _fill_gpu0(cluster)
-        assert decode_profile(_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "full")
+        assert decode_profile(numa_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "full")
         # GPU 0's 9 free replicas hidden; the one ``full`` holds stays healthy: allocatable 1 + 10
         await wait_until(lambda: kubelet.allocatable(RESOURCE) == 1 + SPLIT, 10, "GPU 0's replicas hidden")
         numa, gpus, predicted = await _run_aligned(cluster)
@@ -130,9 +99,9 @@ async def test_full_gpu_hidden_so_aligned_pod_gets_cpus_and_gpu_on_numa_1(tmp_pa
 
 async def test_without_hiding_the_aligned_pod_runs_off_its_cpus_numa_node(tmp_path: Path) -> None:
     """The same stage with ``--hide-replicas=off``: the behaviour the option fixes."""
-    async with SimCluster(_options(tmp_path, "off")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "off", SPLIT)) as cluster:
         await _fill_gpu0(cluster)
-        assert decode_profile(_profile(cluster)).hide_replicas is None
+        assert decode_profile(numa_profile(cluster)).hide_replicas is None
         numa, gpus, predicted = await _run_aligned(cluster)
         assert (numa, gpus, predicted) == (0, [GPU1], 0)
         assert [c.outcome for c in cluster.refit_calls("aligned")] == ["unaligned"]
@@ -143,10 +112,10 @@ async def test_busy_sends_an_aligned_whole_gpu_pod_to_the_idle_gpu_of_numa_1(tmp
     """GPU 0 (NUMA 0) holds a Burstable share, GPU 1 (NUMA 1) is idle: ``busy`` hides GPU 0's
     free replicas, so a whole-GPU aligned pod gets CPUs and GPU on NUMA 1, as predicted, with no
     refit (``full`` would offer GPU 0's replicas and send its CPUs to NUMA 0)."""
-    async with SimCluster(_options(tmp_path, "busy")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "busy", SPLIT)) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
-        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
-        assert decode_profile(_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "busy")
+        await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
+        assert decode_profile(numa_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "busy")
         assert await _run_share(cluster, "share", GPU0) == [GPU0]
         await wait_until(lambda: kubelet.allocatable(RESOURCE) == 1 + SPLIT, 10, "GPU 0's replicas hidden")
         await cluster.create_pod(seed_pod("whole", gpumem=None, gpumem_percentage=100))
@@ -165,9 +134,9 @@ async def test_busy_still_admits_burstable_shares_wherever_they_were_booked(tmp_
     """A second share booked on GPU 0 while its free replicas are hidden (GPU 1 idle) runs there
     (the plugin keeps the replica it needs offered); once GPU 1 holds a share too no GPU is idle,
     every replica is offered again, and a share the scheduler places freely is admitted."""
-    async with SimCluster(_options(tmp_path, "busy")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "busy", SPLIT)) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
-        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+        await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
         assert await _run_share(cluster, "a", GPU0) == [GPU0]
         await wait_until(lambda: kubelet.allocatable(RESOURCE) == 1 + SPLIT, 10, "GPU 0's replicas hidden")
         assert await _run_share(cluster, "b", GPU0) == [GPU0]

@@ -17,44 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hamid.model.numa import NUMA_PREDICTED, NUMA_PROFILE, ReplicaHiding, decode_prediction, decode_profile
-from hamidsim.cluster import ClusterOptions, NodeSpec, SimCluster, wait_until
+from hamid.model.numa import NUMA_PREDICTED, ReplicaHiding, decode_prediction, decode_profile
+from hamidsim.cluster import SimCluster, wait_until
 from hamidsim.demo import seed_pod
-from tests.e2e.helpers import NODE, uuids
+from tests.e2e.helpers import GPU0, GPU1, NODE, numa_profile, two_numa_two_gpu_node, uuids
 
-GPU0, GPU1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000000-0000-4000-8000-000000000001"
 SPLIT = 10
 RESOURCE = "nvidia.com/gpu"
-
-
-def _machine(directory: Path) -> Path:
-    """Two NUMA nodes of 16 CPUs (CPU 0 reserved), one 46 GB GPU on each."""
-    rows = [f"{cpu},{cpu},{numa},{numa}" for numa in (0, 1) for cpu in range(numa * 16, numa * 16 + 16)]
-    doc = {
-        "lscpu": "# CPU,Core,Socket,Node\n" + "\n".join(rows) + "\n",
-        "reservedCpus": "0",
-        "memory": "128Gi",
-        "devices": [
-            {"uuid": uuid, "index": i, "name": "NVIDIA L40S", "memoryMiB": 46068, "numa": i,
-             "pciBusId": f"00000000:{0x18 + i:02x}:00.0"}
-            for i, uuid in enumerate((GPU0, GPU1))
-        ],
-    }  # fmt: skip
-    path = directory / "two-numa-two-gpu.yaml"
-    path.write_text(yaml.safe_dump(doc), "utf-8")
-    return path
-
-
-def _options(tmp_path: Path, hide: str) -> ClusterOptions:
-    spec = NodeSpec(NODE, machine_file=_machine(tmp_path), topology_policy="restricted", split=SPLIT)
-    return ClusterOptions(nodes=(spec,), hide_replicas=hide)
-
-
-def _profile(cluster: SimCluster) -> str | None:
-    node = cluster.server.get("Node", None, NODE) or {}
-    return ((node.get("metadata") or {}).get("annotations") or {}).get(NUMA_PROFILE)
 
 
 def _big() -> dict[str, Any]:
@@ -65,10 +34,10 @@ def _big() -> dict[str, Any]:
 
 
 async def test_span_runs_a_pod_wider_than_a_numa_node_on_both_gpus(tmp_path: Path) -> None:
-    async with SimCluster(_options(tmp_path, "span")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "span", SPLIT)) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
-        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
-        assert decode_profile(_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "span")
+        await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
+        assert decode_profile(numa_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, "span")
         # nothing booked: one replica listed per GPU (kubelet's capacity counts only those)
         await wait_until(lambda: kubelet.allocatable(RESOURCE) == 2, 10, "one replica listed per GPU")
         await cluster.create_pod(_big())
@@ -91,7 +60,7 @@ async def test_span_lists_every_replica_once_a_share_is_booked(tmp_path: Path) -
     """A Burstable share on the empty node runs on the GPU the scheduler booked (the replica it
     needs stays listed); then GPU 0 is partly booked and GPU 1 idle: ``busy``'s rule, GPU 1's
     replicas all listed, GPU 0's free ones Unhealthy."""
-    async with SimCluster(_options(tmp_path, "span")) as cluster:
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "span", SPLIT)) as cluster:
         kubelet = cluster.nodes[NODE].kubelet
         await wait_until(lambda: kubelet.allocatable(RESOURCE) == 2, 10, "one replica listed per GPU")
         share = seed_pod("share", alignment="", gpumem=10000)
@@ -108,8 +77,8 @@ async def test_span_lists_every_replica_once_a_share_is_booked(tmp_path: Path) -
 async def test_without_span_the_wide_pod_is_never_admissible(tmp_path: Path) -> None:
     """The same pod under ``busy``: every replica listed, kubelet would reject it, the scheduler
     places it nowhere and says why."""
-    async with SimCluster(_options(tmp_path, "busy")) as cluster:
-        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, "busy", SPLIT)) as cluster:
+        await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
         await cluster.create_pod(_big())
         await wait_until(lambda: bool(cluster.scheduling_failures("big")), 15, "a failed attempt")
         assert "NumaNeverAdmissible" in cluster.scheduling_failures("big")[0]
