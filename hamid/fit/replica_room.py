@@ -90,9 +90,14 @@ def hidden_replicas(
     usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
 ) -> dict[int, int]:
     """:func:`hidden_by_gpu` summed per NUMA bucket."""
+    return _per_numa(usage, hidden_by_gpu(usage, rule, keep))
+
+
+def _per_numa(usage: NodeUsage, by_gpu: Mapping[str, int]) -> dict[int, int]:
+    """Replica counts per GPU ID summed per NUMA bucket of the GPUs."""
     numa = {d.id: d.numa if d.numa >= 0 else NO_TOPOLOGY for d in usage.devices}
     out: dict[int, int] = {}
-    for gpu, n in hidden_by_gpu(usage, rule, keep).items():
+    for gpu, n in by_gpu.items():
         out[numa[gpu]] = out.get(numa[gpu], 0) + n
     return out
 
@@ -125,8 +130,4 @@ def omitted_replicas(
     usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
 ) -> dict[int, int]:
     """:func:`omitted_by_gpu` summed per NUMA bucket."""
-    numa = {d.id: d.numa if d.numa >= 0 else NO_TOPOLOGY for d in usage.devices}
-    out: dict[int, int] = {}
-    for gpu, n in omitted_by_gpu(usage, rule, keep).items():
-        out[numa[gpu]] = out.get(numa[gpu], 0) + n
-    return out
+    return _per_numa(usage, omitted_by_gpu(usage, rule, keep))
