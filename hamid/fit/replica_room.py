@@ -3,13 +3,17 @@
 kubelet counts device *replicas*, not the GPU room behind them: for an aligned pod the Topology
 Manager takes the lowest NUMA node with free CPUs and free replicas, even when no GPU there can
 take the pod. Where its NUMA profile says so (``hideReplicas``), hamid's plugin reports some free
-replicas as Unhealthy, by one of two rules:
+replicas as Unhealthy, by one of three rules:
 
 * ``full``: those of a GPU with no room (booked cores or memory at capacity);
 * ``busy``: those too of every partly booked GPU while the node has an idle one (healthy, nothing
   booked), so an aligned pod's CPUs go to a NUMA node with an idle GPU whenever the node has one
   (most aligned pods ask whole GPUs); once no GPU is idle, partly booked GPUs with room are offered
-  again and shares still fit.
+  again and shares still fit;
+* ``span``: as ``busy``, and while nothing is booked on the node each GPU *lists* one free replica
+  (or as many as pending bookings need), the others left out of the list: kubelet sizes its NUMA
+  hints by every listed device, healthy or not, so a pod asking more GPUs than one NUMA node has
+  (and CPUs that need more than one) then gets a preferred spanning hint under ``restricted``.
 
 Replicas a container holds, or a pending booking needs, stay Healthy (the plugin's side). The
 scheduler's predictor and ``fgd`` count only the replicas kubelet can see. This module is the one

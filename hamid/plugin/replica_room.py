@@ -7,7 +7,9 @@ node none of whose GPUs can take it (docs/packing.md, "Aligned LS pods with NUMA
 this node's pods (``hami.io/vgpu-devices-allocated``, the same phase-aware usage the scheduler
 books) by the rule of :func:`hamid.fit.replica_room.hides`: ``full`` reports the *free* replicas of
 a GPU whose booked memory or cores reach its registered capacity Unhealthy; ``busy`` also those of a
-partly booked GPU while some healthy GPU of the node has no booking. Only the bookings of pods
+partly booked GPU while some healthy GPU of the node has no booking; ``span`` as ``busy``, and while
+no pod holds a replica (the pod cache listed the node), each GPU lists one free replica or what
+pending bookings need, the rest left out of ListAndWatch. Only the bookings of pods
 kubelet admitted (Allocate served them) count: a pod bound but not yet admitted counts for nothing,
 so its GPUs are judged as before it (a GPU it fills keeps every free replica, an idle GPU it takes
 stays idle) until it is admitted, and kubelet sizes its hints for it as without it (were its GPUs'
