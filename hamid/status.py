@@ -4,7 +4,8 @@ recent NUMA refits — the view operators otherwise assemble from annotations an
 Read-only and stateless: one LIST of nodes, pods and refit events through the same kubeconfig
 rules as kubectl (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``, then in-cluster). Usage
 is the scheduler's own phase-aware rule (:func:`hamid.fit.usage.effective_pod_usage`) applied to
-``hami.io/vgpu-devices-allocated`` of every pod that is neither Succeeded nor Failed.
+``hami.io/vgpu-devices-allocated`` (with ``hami.io/vgpu-mig-allocations``) of every pod that is
+neither Succeeded nor Failed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,15 @@ from hamid.fit.usage import container_kinds, effective_pod_usage, init_container
 from hamid.kube.client import EVENTS, KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.model import objects
-from hamid.model.annotations import DEVICES_ALLOCATED, NODE_REGISTER, decode_node_devices, decode_pod_devices
+from hamid.model.annotations import (
+    DEVICES_ALLOCATED,
+    MIG_ALLOCATIONS,
+    NODE_REGISTER,
+    decode_node_devices,
+    decode_pod_devices,
+)
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import decode_mig_allocations
 from hamid.model.reasons import EVENT_NUMA_REFIT_FAILED, EVENT_NUMA_REFIT_SUCCEED
 from hamid.options import option
 
@@ -113,7 +121,10 @@ def _book(
     node = nodes.get(str(spec.get("nodeName") or ""))
     try:
         usage = effective_pod_usage(
-            decode_pod_devices(raw), container_kinds(pod), init_containers_succeeded(pod)
+            decode_pod_devices(raw),
+            container_kinds(pod),
+            init_containers_succeeded(pod),
+            decode_mig_allocations(objects.annotations(pod).get(MIG_ALLOCATIONS, "")),
         )
     except InvalidInput as exc:
         if node is not None:

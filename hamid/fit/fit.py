@@ -611,7 +611,8 @@ def fit_pod(
     Returns one entry per container (GPU-less ones empty — the intended format of
     docs/hami-wire.md §8.1) and the node score, or the first failing container's reason.
     A device on a GPU in MIG mode books its profile's memory and cores and comes with its
-    reservation (:attr:`Fitted.mig`); a pod's instances never share a slice, whatever their phases.
+    reservation (:attr:`Fitted.mig`); a pod's instances never share a slice, whatever their phases,
+    and its later containers there run beside all of them (each lives until the pod ends).
     """
     score = node.score(release)
     n = len(spec.requests)
@@ -624,7 +625,7 @@ def fit_pod(
             continue
         allowed = targets[t] if t < len(targets) else None
         cands = node.candidates if allowed is None else [d for d in node.candidates if d.numa in allowed]
-        own = own_usage_for(tuple(layout), spec.kinds, t) if any_placed else {}
+        own = own_usage_for(tuple(layout), spec.kinds, t, mig=reservations) if any_placed else {}
         result = _fit_container(
             cands,
             node.cordoned,
@@ -728,14 +729,18 @@ def replace_entry(layout: PodDevices, index: int, devices: ContainerDevices) -> 
 
 
 def pod_quota_usage(
-    layout: PodDevices, kinds: Sequence[ContainerKind], init_released: bool = False
+    layout: PodDevices,
+    kinds: Sequence[ContainerKind],
+    init_released: bool = False,
+    mig: Sequence[MigAllocation] = (),
 ) -> tuple[int, int]:
-    """(memory, cores) a pod counts against its namespace quota, from its positional layout.
+    """(memory, cores) a pod counts against its namespace quota, from its positional layout and
+    MIG reservations (``mig``), as :func:`~hamid.fit.usage.effective_pod_usage` books them.
 
     Upstream #2836's ``effectivePodDeviceUsage`` + sum: e.g. init@A 5000, app@A 5000,
     app@A 5000 counts 10000; with the init container moved to B it counts 15000.
     """
-    return usage_totals(effective_pod_usage(layout, kinds, init_released))
+    return usage_totals(effective_pod_usage(layout, kinds, init_released, mig))
 
 
 def fit_container_restricted(

@@ -6,7 +6,9 @@ it; then all sidecars and app containers run concurrently. The usage a pod books
 field, the maximum over those phases of the sum of the containers of that phase on that GPU
 (HAMi's ``CollapseInitContainerUsage`` when sidecars come after the regular init containers,
 exact when they do not). Once all regular init containers succeeded only the last phase remains
-(HAMi's ``AppContainersOnlyDeviceUsage``; sidecars keep running and stay counted).
+(HAMi's ``AppContainersOnlyDeviceUsage``; sidecars keep running and stay counted). On a GPU
+the pod's MIG reservations name, every container's entry counts in every phase, init containers'
+after their release too: each is an instance that lives until the pod ends.
 
 The scheduler keeps :class:`NodeUsage` incrementally: :meth:`NodeUsage.add` when a pod is
 reserved or seen, :meth:`NodeUsage.remove` when it ends, both with the same :class:`PodUsage`.
@@ -398,13 +400,25 @@ def phases(kinds: Sequence[ContainerKind], init_released: bool = False) -> tuple
     return tuple(out)
 
 
-def _phase_sums(layout: PodDevices, phase: Iterable[int]) -> dict[str, list[int]]:
+def _held_gpus(mig: Iterable[MigAllocation]) -> frozenset[str]:
+    """The GPUs whose entries a pod holds for its whole life: those its MIG reservations name (the
+    plugin destroys an instance, an init container's too, only when the pod ends)."""
+    return frozenset(a.gpu_uuid for a in mig)
+
+
+def _phase_sums(
+    layout: PodDevices, phase: Iterable[int], held: frozenset[str], skip: int = -1
+) -> dict[str, list[int]]:
+    """(slots, mem, cores) per GPU of the containers of ``phase``, and on a ``held`` GPU of every
+    container (:func:`_held_gpus`); container ``skip`` left out."""
     sums: dict[str, list[int]] = {}
-    for ci in phase:
-        if ci >= len(layout):
+    members = frozenset(phase)
+    for ci, entry in enumerate(layout):
+        if ci == skip:
             continue
-        for dev in layout[ci]:
-            if dev.type != NVIDIA:
+        running = ci in members
+        for dev in entry:
+            if dev.type != NVIDIA or not (running or dev.uuid in held):
                 continue
             acc = sums.get(dev.uuid)
             if acc is None:
@@ -417,18 +431,23 @@ def _phase_sums(layout: PodDevices, phase: Iterable[int]) -> dict[str, list[int]
 
 
 def effective_pod_usage(
-    layout: PodDevices, kinds: Sequence[ContainerKind], init_released: bool = False
+    layout: PodDevices,
+    kinds: Sequence[ContainerKind],
+    init_released: bool = False,
+    mig: Iterable[MigAllocation] = (),
 ) -> dict[str, DeviceAmount]:
     """A pod's phase-aware usage per GPU UUID, from its positional allocation (init first).
 
-    Per field, the maximum over :func:`phases` of the phase's sum; slots at least 1. Entries
-    of other device types than NVIDIA are ignored. ``kinds`` shorter than ``layout`` counts
-    the extra entries as app containers.
+    Per field, the maximum over :func:`phases` of the phase's sum; slots at least 1. On a GPU
+    its MIG reservations (``mig``) name, the sum of all its entries there (they are instances held
+    side by side). Entries of other device types than NVIDIA are ignored. ``kinds`` shorter than
+    ``layout`` counts the extra entries as app containers.
     """
     kinds = _pad_kinds(kinds, len(layout))
+    held = _held_gpus(mig)
     peak: dict[str, list[int]] = {}
     for phase in phases(kinds, init_released):
-        for uuid, (s, m, c) in _phase_sums(layout, phase).items():
+        for uuid, (s, m, c) in _phase_sums(layout, phase, held).items():
             acc = peak.get(uuid)
             if acc is None:
                 peak[uuid] = [s, m, c]
@@ -473,11 +492,15 @@ def allocation_refusal(
 
 
 def overcommit_refusal(
-    layout: PodDevices, kinds: Sequence[ContainerKind], devices: Mapping[str, DeviceUsage]
+    layout: PodDevices,
+    kinds: Sequence[ContainerKind],
+    devices: Mapping[str, DeviceUsage],
+    mig: Sequence[MigAllocation] = (),
 ) -> str:
-    """Why booking ``layout`` beside what ``devices`` already book would over-commit a GPU ("" when
-    it fits: slots, memory and cores within the registered capacity)."""
-    for uuid, amount in effective_pod_usage(layout, kinds).items():
+    """Why booking ``layout`` (with its MIG reservations ``mig``) beside what ``devices`` already
+    book would over-commit a GPU ("" when it fits: slots, memory and cores within the registered
+    capacity)."""
+    for uuid, amount in effective_pod_usage(layout, kinds, mig=mig).items():
         dev = devices.get(uuid)
         if dev is None:
             continue
@@ -545,15 +568,21 @@ class OwnUsage:
 
 
 def own_usage_for(
-    layout: PodDevices, kinds: Sequence[ContainerKind], target: int, init_released: bool = False
+    layout: PodDevices,
+    kinds: Sequence[ContainerKind],
+    target: int,
+    init_released: bool = False,
+    mig: Iterable[MigAllocation] = (),
 ) -> dict[str, OwnUsage]:
-    """The pod's own usage per GPU as seen by container ``target`` (its own entry excluded)."""
+    """The pod's own usage per GPU as seen by container ``target`` (its own entry excluded; on a
+    GPU its MIG reservations ``mig`` name, every other entry runs with it)."""
     kinds = _pad_kinds(kinds, max(len(layout), target + 1))
+    held = _held_gpus(mig)
     con: dict[str, list[int]] = {}
     oth: dict[str, list[int]] = {}
     for phase in phases(kinds, init_released):
         dest = con if target in phase else oth
-        for uuid, (s, m, c) in _phase_sums(layout, (i for i in phase if i != target)).items():
+        for uuid, (s, m, c) in _phase_sums(layout, phase, held, target).items():
             acc = dest.get(uuid)
             if acc is None:
                 dest[uuid] = [s, m, c]

@@ -24,7 +24,9 @@ do not verify, or verify as older (a tenant rewrote them past admission).
 
 A pod's MIG reservations (``hami.io/vgpu-mig-allocations``, less the runtime ids its plugin adds)
 are part of its allocation here: signed and recorded with it, compared with the booking as it is,
-booked on the GPUs they name (their placements occupied) and released with it. A booking that is
+booked on the GPUs they name (their placements occupied; memory, cores and slots the sum of the
+pod's entries there, init containers' included, as its instances all live until it ends) and
+released with it. A booking that is
 inconsistent on MIG (:func:`~hamid.fit.mig.mig_faults`) makes that GPU unfit while it stays, and
 is logged (``mig_reservation_inconsistent``).
 """
@@ -111,12 +113,6 @@ class Reservation:
     def mig_text(self) -> str:
         """The MIG reservations as signed and recorded (``""``: none)."""
         return reservation_text(self.mig)
-
-    @property
-    def released(self) -> bool:
-        """Whether the init containers' usage is released: never while the pod holds MIG instances,
-        which live as long as the pod (its plugin removes them when it ends)."""
-        return self.init_released and not self.mig
 
 
 @dataclass(slots=True, eq=False)
@@ -467,7 +463,7 @@ class Ledger:
     def _apply(self, res: Reservation, entry: NodeEntry) -> None:
         """Book ``res`` on ``entry`` (a fresh NodeUsage, or one without ``res``)."""
         usage = entry.usage
-        res.applied = effective_pod_usage(res.layout, res.kinds, res.released)
+        res.applied = effective_pod_usage(res.layout, res.kinds, res.init_released, res.mig)
         if res.mig or usage.has_mig:
             res.applied = with_mig(res.applied, res.layout, res.mig, usage.by_id)
             problems = usage.mig_problems(res.applied)
@@ -714,10 +710,10 @@ class Ledger:
         if entry is None:
             return ""
         kinds = container_kinds(pod)
-        refusal = overcommit_refusal(layout, kinds, entry.usage.by_id)
+        refusal = overcommit_refusal(layout, kinds, entry.usage.by_id, mig)
         if refusal or not mig:
             return refusal
-        usage = with_mig(effective_pod_usage(layout, kinds), layout, mig, entry.usage.by_id)
+        usage = with_mig(effective_pod_usage(layout, kinds, mig=mig), layout, mig, entry.usage.by_id)
         return "; ".join(entry.usage.mig_problems(usage))
 
     def _report(
@@ -784,12 +780,12 @@ class Ledger:
         used_mem, used_cores = self.quotas.used(namespace)
         res = self._reservations.get(exclude_uid) if exclude_uid else None
         if res is not None and res.namespace == namespace:
-            mem, core = pod_quota_usage(res.layout, res.kinds, res.released)
+            mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released, res.mig)
             used_mem, used_cores = used_mem - mem, used_cores - core
         return Quota(limits[0], limits[1], used_mem, used_cores)
 
     def _quota_add(self, res: Reservation, sign: int) -> None:
-        mem, cores = pod_quota_usage(res.layout, res.kinds, res.released)
+        mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released, res.mig)
         self.quotas.shift(res.namespace, sign * mem, sign * cores)
 
     # -- holds -------------------------------------------------------------------------------------

@@ -15,10 +15,17 @@ import yaml
 
 from hamid.kube.client import connect
 from hamid.kube.events import EventRecorder
-from hamid.model.annotations import DEVICES_ALLOCATED, NODE_REGISTER, encode_node_devices, encode_pod_devices
-from hamid.model.devices import MODE_HAMI_CORE, ContainerDevice, DeviceInfo
+from hamid.model.annotations import (
+    DEVICES_ALLOCATED,
+    MIG_ALLOCATIONS,
+    NODE_REGISTER,
+    encode_node_devices,
+    encode_pod_devices,
+)
+from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevice, DeviceInfo, MigPlacement
+from hamid.model.mig import MigAllocation, encode_mig_allocations
 from hamid.model.reasons import EVENT_NUMA_REFIT_SUCCEED
-from hamid.status import collect, render_text
+from hamid.status import build_status, collect, render_text
 from hamidsim.apiserver import ApiServer
 from tests import builders
 
@@ -101,6 +108,25 @@ async def hamid(*args: str) -> tuple[int, str, str]:
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
+
+
+def test_status_counts_every_mig_instance_of_a_pod_as_the_scheduler_books_them() -> None:
+    """An init container's MIG instance stays beside the app's after the init release: their sum."""
+    register = encode_node_devices([DeviceInfo("GPU-m", 0, 7, 40960, 100, "NVIDIA-A100", 0, MODE_MIG, True)])
+    p = pod(
+        "p", [[ContainerDevice("GPU-m", "NVIDIA", 5120, 14)], [ContainerDevice("GPU-m", "NVIDIA", 10240, 28)]]
+    )
+    p["spec"]["initContainers"] = [p["spec"]["containers"].pop(0)]
+    p["status"]["initContainerStatuses"] = [{"name": "c0", "state": {"terminated": {"exitCode": 0}}}]
+    p["metadata"]["annotations"][MIG_ALLOCATIONS] = encode_mig_allocations(
+        [
+            MigAllocation(0, 0, "GPU-m", "1g.5gb", MigPlacement(6, 1)),
+            MigAllocation(1, 0, "GPU-m", "2g.10gb", MigPlacement(0, 2)),
+        ]
+    )
+    (node,) = build_status([builders.node("n1", annotations={NODE_REGISTER: register})], [p])
+    (gpu_m,) = node.gpus
+    assert (gpu_m.used_slots, gpu_m.used_memory_mib, gpu_m.used_cores) == (2, 15360, 42)
 
 
 async def test_status_cli_with_a_kubeconfig(apiserver: ApiServer, tmp_path: Path) -> None:

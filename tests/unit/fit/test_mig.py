@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from hamid.fit import DeviceAmount, DeviceUsage, Fitted, PodPolicy, Unfit, fit_pod
+from hamid.fit import DeviceAmount, DeviceUsage, Fitted, PodPolicy, Quota, Unfit, fit_pod
 from hamid.fit.mig import fits_another, select_candidate
 from hamid.fit.usage import with_mig
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_MIG, MigPlacement, MigProfile
 from hamid.model.mig import MigAllocation
 
-from .helpers import cd, dev, fitted, node, req, spec
+from .helpers import A, I, cd, dev, fitted, node, req, spec
 
 
 def reason(result: Fitted | Unfit) -> str:
@@ -130,6 +130,16 @@ def test_vgpu_mode_hami_core_skips_mig_gpus_and_mig_skips_hami_core_ones() -> No
 def test_containers_of_one_pod_never_share_a_slice() -> None:
     r = fitted(fit_pod(node(mig(profiles=(P1G,))), spec(req(mem=4000), req(mem=4000))))
     assert [(a.container_index, a.device_index, a.placement.start) for a in r.mig] == [(0, 0, 6), (1, 0, 5)]
+
+
+def test_a_later_container_is_fitted_beside_an_init_containers_instance() -> None:
+    """The init container's instance lives until the pod ends, so the app's request counts against
+    the quota on top of it (5120 MiB booked + 4000 MiB asked), not instead of it."""
+    pod = spec(req(mem=4000), req(mem=4000), kinds=(I, A))
+    assert fitted(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=9120))).mig[1].placement.start == 5
+    assert (
+        reason(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=9119))) == "1/1 ResourceQuotaNotFit"
+    )
 
 
 def test_booked_placements_are_occupied_until_removed() -> None:

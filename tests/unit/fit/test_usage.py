@@ -11,9 +11,11 @@ from hamid.fit import (
     init_containers_succeeded,
     own_usage_for,
     phases,
+    pod_quota_usage,
     usage_totals,
 )
-from hamid.model.devices import DeviceInfo
+from hamid.model.devices import DeviceInfo, MigPlacement
+from hamid.model.mig import MigAllocation
 
 from .helpers import A, I, S, cd, dev, node
 
@@ -88,6 +90,25 @@ def test_own_usage_for_target():
     own = own_usage_for(layout, [I, A, A], 1)
     assert (own["a"].con_mem, own["a"].con_slots, own["a"].oth_mem) == (5000, 1, 5000)
     assert own["a"].booked() == (1, 5000, 0)
+
+
+def test_entries_on_a_gpu_the_mig_reservations_name_are_summed_for_the_pods_life():
+    """Each is an instance held until the pod ends, an init container's too: no phase maximum on
+    that GPU, before or after the init release; another GPU of the pod keeps the phase rule."""
+    layout = ((cd("m", 4864, 15), cd("h", 30000, 30)), (cd("m", 20096, 43), cd("h", 20000, 20)))
+    mig = (
+        MigAllocation(0, 0, "m", "1g.5gb", MigPlacement(6, 1)),
+        MigAllocation(1, 0, "m", "3g.20gb", MigPlacement(0, 4)),
+    )
+    held = DeviceAmount(2, 4864 + 20096, 15 + 43)
+    assert effective_pod_usage(layout, [I, A], mig=mig) == {"h": DeviceAmount(1, 30000, 30), "m": held}
+    assert effective_pod_usage(layout, [I, A], True, mig) == {"h": DeviceAmount(1, 20000, 20), "m": held}
+    assert pod_quota_usage(layout, [I, A], False, mig) == (30000 + 24960, 30 + 58)
+    assert pod_quota_usage(layout, [I, A], True, mig) == (20000 + 24960, 20 + 58)
+    # the fit of the app container sees the init container's instance beside it
+    own = own_usage_for(layout, [I, A], 1, mig=mig)
+    assert (own["m"].con_slots, own["m"].con_mem, own["m"].con_cores) == (1, 4864, 15)
+    assert (own["h"].con_mem, own["h"].oth_mem) == (0, 30000)
 
 
 def test_node_add_remove_and_unknown():

@@ -199,3 +199,37 @@ def test_an_unreadable_reservation_books_nothing() -> None:
     p["metadata"]["annotations"][ann.MIG_ALLOCATIONS] = "[{"
     state = state_of(None, p)
     assert state.ledger.reservation("uid-p") is None and state.ledger.undecodable
+
+
+def test_an_init_containers_instance_is_booked_with_the_apps_until_the_pod_ends() -> None:
+    """Both instances live until the pod ends: GPU-m and the namespace's quota book their sum (not the
+    larger phase), through the init release and a restart, and the pod's end gives all of it back."""
+    raw = "GPU-m,NVIDIA,5120,14:;GPU-m,NVIDIA,10240,28:;"
+    mig = encode_mig_allocations(
+        [
+            MigAllocation(0, 0, "GPU-m", "1g.5gb", MigPlacement(6, 1)),
+            MigAllocation(1, 0, "GPU-m", "2g.10gb", MigPlacement(0, 2)),
+        ]
+    )
+    p = placed(
+        pod("p", containers=[container("main", 1, 8000)], init=[container("init", 1, 4000)]), "n1", raw
+    )
+    p["metadata"]["annotations"][ann.MIG_ALLOCATIONS] = mig
+    p["spec"]["nodeName"] = "n1"
+    done = copy.deepcopy(p)
+    done["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}],
+    }
+    both = (2, 5120 + 10240, 14 + 28)
+
+    def booked(state: SchedulerState) -> tuple[tuple[int, int, int], tuple[int, int]]:
+        return state.ledger.snapshot()["n1"]["GPU-m"], state.ledger.quotas.used("default")
+
+    state = state_of(None, p)
+    assert booked(state) == (both, both[1:])
+    state.ledger.on_pod(done)  # the init container succeeded: its instance stays
+    assert booked(state) == (both, both[1:]) and occupied(state) == [("1g.5gb", 6), ("2g.10gb", 0)]
+    assert booked(state_of(None, done)) == (both, both[1:])  # a restart books the same
+    state.ledger.on_pod(dict(done, status={"phase": "Succeeded"}))
+    assert booked(state) == ((0, 0, 0), (0, 0)) and occupied(state) == []
