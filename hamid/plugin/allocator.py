@@ -81,6 +81,7 @@ from hamid.plugin.allocator_rules import (
     kubelet_differs,
     pending_entries,
     refuse_unbooked,
+    refuse_unbooked_mig,
     refuse_unservable,
     to_allocate,
 )
@@ -99,7 +100,7 @@ from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
 from hamid.plugin.hostfiles import read_text
 from hamid.plugin.inventory import GpuInventory
-from hamid.plugin.mig_manager import Key, MigManager
+from hamid.plugin.mig_manager import Key, MigManager, owner_of
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -830,8 +831,10 @@ class Allocator:
     def _mig_reservations(
         self, pod: JSON, plans: Sequence[tuple[int, ContainerDevices]]
     ) -> tuple[MigAllocation, ...]:
-        """The pod's reservations, each container served checked against its entry and this node's
-        registered capability (``mig-reservation-missing`` / ``mig-reservation-invalid``)."""
+        """The pod's reservations: those its status record books (``unbooked-allocation`` otherwise;
+        the annotation alone where the pod has no record, as HAMi's scheduler writes none), each
+        container served checked against its entry and this node's registered capability
+        (``mig-reservation-missing`` / ``mig-reservation-invalid``)."""
         value = objects.annotations(pod).get(MIG_ALLOCATIONS, "")
         try:
             records = decode_mig_allocations(value)
@@ -840,6 +843,7 @@ class Allocator:
                 f"the MIG reservation of pod {objects.namespaced_key(pod)} cannot be read: {exc}",
                 code="mig-reservation-invalid",
             ) from exc
+        refuse_unbooked_mig(pod, records)
         for index, devices in plans:
             mine = sorted((r for r in records if r.container_index == index), key=lambda r: r.device_index)
             if not mine:
@@ -892,7 +896,7 @@ class Allocator:
             for record in sorted(
                 (r for r in records if r.container_index == index), key=lambda r: r.device_index
             ):
-                live, created = await mig.ensure(record)
+                live, created = await mig.ensure(record, owner_of(pod))
                 if created:
                     self._mig_created.append(record.reservation_key)
                 realized[(index, record.device_index)] = dataclasses.replace(

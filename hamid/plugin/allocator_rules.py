@@ -21,6 +21,7 @@ from hamid.model.annotations import (
     BIND_TIME,
     DEVICES_ALLOCATED,
     DEVICES_TO_ALLOCATE,
+    MIG_ALLOCATIONS,
     NODE_LOCK,
     VGPU_NODE,
     decode_pod_devices,
@@ -29,6 +30,7 @@ from hamid.model.annotations import (
 from hamid.model.booked import booked_conditions, booked_record
 from hamid.model.devices import ContainerDevices, PodDevices
 from hamid.model.errors import InvalidInput
+from hamid.model.mig import MigAllocation, reservation_text
 from hamid.model.preferred import UuidOf
 from hamid.model.quantity import quantity_as_int
 from hamid.model.resources import all_containers
@@ -121,6 +123,31 @@ def refuse_unbooked(entry: PendingEntry, booked: tuple[str, PodDevices | None]) 
         f"container {entry.index}'s pending allocation {encode_container_devices(entry.devices)} is not "
         f"what the scheduler booked for it ({shown}, from {source}): the pod's {DEVICES_TO_ALLOCATE} "
         "was changed after the scheduler wrote it. Delete the pod so the scheduler places it again",
+        code="unbooked-allocation",
+    )
+
+
+def unbooked_mig(pod: Pod, records: Sequence[MigAllocation]) -> str | None:
+    """The MIG reservations the scheduler booked for the pod (:func:`reservation_text`) when its
+    annotation's ``records`` are not them; None when they are, or when the pod has no status
+    record (HAMi's scheduler writes none: its annotation is the reservation)."""
+    record = booked_record(pod)
+    if record is None or reservation_text(records) == record.mig:
+        return None
+    return record.mig
+
+
+def refuse_unbooked_mig(pod: Pod, records: Sequence[MigAllocation]) -> None:
+    """Refuse MIG reservations that are not the ones the scheduler booked: a tenant who rewrote its
+    pod's annotation after the bind would get another profile, placement or GPU than the one booked
+    for it, possibly another pod's instance."""
+    booked = unbooked_mig(pod, records)
+    if booked is None:
+        return
+    raise AllocationError(
+        f"the pod's MIG reservations {reservation_text(records) or 'none'} are not what the scheduler "
+        f"booked for it ({booked or 'none'}, from the pod's status record): the pod's {MIG_ALLOCATIONS} was "
+        "changed after the scheduler wrote it. Delete the pod so the scheduler places it again",
         code="unbooked-allocation",
     )
 

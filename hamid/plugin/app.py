@@ -181,6 +181,7 @@ class Plugin:
                 setup.nvml,
                 self.inventory.mig,
                 self.pods.fetch_pods,
+                resource_name=setup.resource_name,
                 interval=mig_interval,
                 retry=error_interval,
             )

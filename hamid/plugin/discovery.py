@@ -206,7 +206,7 @@ def _parse_mig_profiles(raw: Any, where: str) -> tuple[MigSliceProfile, ...]:
                 f"{at}: keys must be exactly {list(_MIG_PROFILE_KEYS)} (unknown {unknown}, missing {missing})"
             )
         slices = item["slices"]
-        if slices not in SLICE_GROUPS:
+        if not isinstance(slices, str) or slices not in SLICE_GROUPS:
             raise InvalidInput(f"{at}: slices must be one of {list(SLICE_GROUPS)}, got {_shown(slices)}")
         if any(p.slices == slices for p in out):
             raise InvalidInput(f"{at}: slice group {slices} given twice")

@@ -341,9 +341,10 @@ class _StateCollector(Collector):
         yield instances
         events = CounterMetricFamily(
             "hamid_plugin_mig_events",
-            "MIG instance lifecycle events: created, reused (taken over), adopted, destroyed, reset, "
+            "MIG instance lifecycle events: created, reused (taken over), adopted, unowned (found at "
+            "start, no record naming it), destroyed, destroy_deferred (a process runs on it), reset, "
             "and the failures create_failed, destroy_failed, adopt_failed, reset_failed, "
-            "reconcile_skipped.",
+            "reconcile_skipped, reservation_unreadable.",
             labels=["event"],
         )
         for event, count in sorted(mig.events.items()):

@@ -3,16 +3,20 @@
 The scheduler reserves a GPU, a profile and a placement per MIG device (``hami.io/vgpu-mig-
 allocations``); ``Allocate`` asks :meth:`MigManager.ensure` to realize each reservation, exactly
 there and never elsewhere. A reservation key (GPU, profile, placement) maps to at most one managed
-instance, so a repeated ``Allocate`` converges on the instance already made. The pod annotations
-stay the record: an instance whose reservation no active pod holds any more (the pod finished or
-was deleted) is destroyed by :meth:`MigManager.reconcile`, periodically and before a creation that
-would overlap it, and only from a complete, fresh pod list (a failed read destroys nothing).
+instance, handed to one pod (its owner), so a repeated ``Allocate`` of that pod converges on the
+instance already made and no other pod is handed it while its owner is active. The pods stay the
+record (a pod's reservations are those its status record books; the annotation only where it agrees
+with the record, or where there is none: :func:`pod_reservations`): an instance whose owner holds
+its reservation no more (the pod finished or is gone) is destroyed by :meth:`MigManager.reconcile`,
+periodically and before a creation that would overlap it, and only from a complete, fresh pod list
+(a failed read destroys nothing; an unreadable pod keeps the instances of its GPUs).
 
 At start (:meth:`MigManager.start`, before kubelet can call ``Allocate``): GPUs no active pod
-reserves and with no process on a MIG device are reset (every leftover instance destroyed); a GPU
-with an active reservation or a process is never touched; realized records of active pods are
-verified against NVML and adopted, so a restarted plugin re-creates nothing. Until the pod list
-can be read, nothing is touched (the start waits for it).
+reserves and with no process on a MIG device are reset (every leftover instance destroyed); on the
+others realized records of active pods are verified against NVML and adopted, so a restarted plugin
+re-creates nothing, and every other instance is registered without an owner, for a reconcile to
+destroy once idle and no running pod's reservation overlaps it. Until the pod list can be read,
+nothing is touched (the start waits for it).
 
 Per GPU, NVML mutations are serialised (one :class:`asyncio.Lock` each) and run in a thread, as
 all of hamid's NVML use does.
@@ -21,6 +25,7 @@ all of hamid's NVML use does.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -32,19 +37,30 @@ from hamid.kube.errors import KubeError
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.annotations import MIG_ALLOCATIONS
+from hamid.model.booked import booked_record
 from hamid.model.devices import MigPlacement
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
 from hamid.model.mig import MigAllocation, decode_mig_allocations, placements_overlap, profile_slice_key
+from hamid.model.resources import ResourceConfig
+from hamid.plugin.allocator_rules import (
+    booked_entries,
+    is_unadmitted,
+    requests_resource,
+    unbooked_mig,
+    went_through_hamid,
+)
 from hamid.plugin.errors import AllocationError
 from hamid.plugin.mig_nvml import (
     LiveInstance,
+    MigInstanceInUse,
     MigNvmlError,
     busy_reason,
     create_instance,
     destroy_all,
     destroy_instance,
     find_instance,
+    live_instances,
 )
 
 log = get_logger("plugin.mig")
@@ -59,35 +75,103 @@ Key = tuple[str, str, int, int]
 
 @dataclass(frozen=True, slots=True)
 class Managed:
-    """One instance this plugin owns: its reservation key, what NVML shows, and since when (loop
-    time; a reconcile whose pod list began earlier never destroys it)."""
+    """One instance this plugin owns: its reservation key, what NVML shows, since when (loop
+    time; a reconcile whose pod list began earlier never destroys it), and the pod it was handed to
+    (:func:`owner_of`). ``owner`` None: found at start with no record naming it (its key names the
+    slice group, ``1g``), reclaimed once no running pod's reservation overlaps it."""
 
     key: Key
     live: LiveInstance
     since: float
+    owner: str | None
+
+
+def owner_of(pod: Mapping[str, Any]) -> str:
+    """A pod as an instance owner: its UID (a new pod of the same name is another owner), else its
+    ``namespace/name``."""
+    return objects.uid(pod) or objects.namespaced_key(pod)
 
 
 def is_active(pod: Mapping[str, object]) -> bool:
-    """HAMi's active pod: not being deleted, not Succeeded or Failed (Pending and Running hold)."""
-    phase = objects.section(pod, "status").get("phase")
-    return not objects.metadata(pod).get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
+    """Whether a pod may still run on its instances: not Succeeded or Failed. A pod being deleted
+    stays active until then or until it is gone (its containers run through their grace period,
+    and the scheduler keeps its slices booked as long); HAMi counts it ended at once."""
+    return objects.section(pod, "status").get("phase") not in ("Succeeded", "Failed")
 
 
-def active_reservations(pods: Iterable[Mapping[str, object]]) -> list[tuple[str, MigAllocation]]:
-    """Every reservation of the active pods, with its pod's ``namespace/name``. Raises
-    :class:`InvalidInput` for an annotation that cannot be read: its reservations are unknown, and
-    what relies on this list destroys instances."""
-    out: list[tuple[str, MigAllocation]] = []
+def pod_reservations(pod: Mapping[str, Any]) -> tuple[MigAllocation, ...]:
+    """A pod's reservations: its annotation's (with the runtime ids this plugin added) when they are
+    what its status record books or it has none (HAMi's scheduler), else the record's (a tenant's
+    rewrite is not followed; no runtime ids then). Raises :class:`InvalidInput` when they cannot
+    be read."""
+    value = objects.annotations(pod).get(MIG_ALLOCATIONS, "")
+    record = booked_record(pod)
+    if record is None:
+        return decode_mig_allocations(value)
+    try:
+        annotated = decode_mig_allocations(value)
+    except InvalidInput:
+        annotated = None
+    if annotated is not None and unbooked_mig(pod, annotated) is None:
+        return annotated
+    return decode_mig_allocations(record.mig)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One reservation of an active pod: the pod (``namespace/name``), its owner identity, whether
+    it may run on the instance already (admitted by kubelet, or realized), and the record."""
+
+    pod: str
+    owner: str
+    running: bool
+    record: MigAllocation
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A pod whose reservations cannot be read: why, and the GPUs its allocation holds (empty:
+    unknown too)."""
+
+    pod: str
+    error: str
+    gpus: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReservations:
+    """What the node's active pods reserve, and the pods whose reservations cannot be read."""
+
+    holdings: tuple[Holding, ...]
+    unreadable: tuple[Unreadable, ...]
+
+    def known(self, gpu: str) -> bool:
+        """Whether every reservation on ``gpu`` is known (an unreadable pod's GPUs are not; all GPUs
+        are not when its GPUs cannot be told either)."""
+        return not any(not u.gpus or gpu in u.gpus for u in self.unreadable)
+
+
+def read_reservations(pods: Iterable[Mapping[str, Any]], resource_name: str) -> NodeReservations:
+    """The reservations of the active pods that may hold an instance: those the scheduler recorded
+    and those that request ``resource_name`` (``Allocate`` serves no other pod, so another pod's
+    annotation neither pins an instance nor stops a reclaim). A pod whose reservations cannot be
+    read is listed with the GPUs its booked allocation names, whose instances are then kept."""
+    holdings: list[Holding] = []
+    unreadable: list[Unreadable] = []
     for pod in pods:
-        if not is_active(pod):
+        if not is_active(pod) or not (went_through_hamid(pod) or requests_resource(pod, resource_name)):
             continue
-        value = objects.annotations(pod).get(MIG_ALLOCATIONS, "")
+        name = objects.namespaced_key(pod)
         try:
-            records = decode_mig_allocations(value)
+            records = pod_reservations(pod)
         except InvalidInput as exc:
-            raise InvalidInput(f"pod {objects.namespaced_key(pod)}: {exc}") from exc
-        out.extend((objects.namespaced_key(pod), r) for r in records)
-    return out
+            _source, layout = booked_entries(pod)
+            gpus = frozenset(d.uuid for entry in layout or () for d in entry)
+            unreadable.append(Unreadable(name, str(exc), gpus))
+            continue
+        admitted = not is_unadmitted(pod)
+        holdings.extend(Holding(name, owner_of(pod), admitted or r.realized, r) for r in records)
+    return NodeReservations(tuple(holdings), tuple(unreadable))
 
 
 async def _settled(task: asyncio.Future[Any]) -> bool:
@@ -116,6 +200,7 @@ class MigManager:
         gpus: Iterable[str],
         list_pods: Callable[[], Awaitable[list[JSON]]],
         *,
+        resource_name: str = ResourceConfig().resource_count_name,
         interval: float = RECONCILE_INTERVAL_S,
         retry: float = START_RETRY_S,
     ) -> None:
@@ -123,11 +208,15 @@ class MigManager:
         self._list_pods = list_pods
         self._locks = {uuid: asyncio.Lock() for uuid in gpus}
         self._instances: dict[Key, Managed] = {}
+        #: The resource a pod requests to be served (only such pods and recorded ones hold instances).
+        self.resource_name = resource_name
         self.interval = interval
         self.retry = retry
-        #: What happened, by kind (``created``, ``reused``, ``adopted``, ``destroyed``, ``reset``,
-        #: ``create_failed``, ``destroy_failed``, ``adopt_failed``, ``reset_failed``,
-        #: ``reconcile_skipped``): for metrics and tests.
+        #: The pods whose reservations the last read could not decode (each logged once).
+        self._unreadable: frozenset[str] = frozenset()
+        #: What happened, by kind (``created``, ``reused``, ``adopted``, ``unowned``, ``destroyed``,
+        #: ``destroy_deferred``, ``reset``, ``create_failed``, ``destroy_failed``, ``adopt_failed``,
+        #: ``reset_failed``, ``reconcile_skipped``, ``reservation_unreadable``): for metrics and tests.
         self.events: Counter[str] = Counter()
 
     @property
@@ -152,31 +241,41 @@ class MigManager:
     # -- realize ------------------------------------------------------------------------------
 
     def _overlapping(self, key: Key) -> list[Managed]:
+        """The managed instances sharing a slice with ``key``'s placement, but for an unowned one at
+        exactly it (:func:`create_instance` takes that over when idle, as after a plugin died
+        between creating and recording)."""
         uuid, _profile, start, size = key
         wanted = MigPlacement(start, size)
         return [
             m
             for m in self._instances.values()
-            if m.key != key and m.key[0] == uuid and placements_overlap(m.live.placement, wanted)
+            if m.key not in (key, _unowned_key(key))
+            and m.key[0] == uuid
+            and placements_overlap(m.live.placement, wanted)
         ]
 
-    async def ensure(self, allocation: MigAllocation) -> tuple[LiveInstance, bool]:
-        """The instance of a reservation, created when there is none; whether this call created it.
+    async def ensure(self, allocation: MigAllocation, owner: str) -> tuple[LiveInstance, bool]:
+        """The instance of a reservation for the pod ``owner`` (:func:`owner_of`), created when there
+        is none; whether this call created it.
 
-        A managed instance that overlaps it must belong to a pod that is gone (the scheduler never
-        reserves overlapping slices for two active pods): a reconcile runs first, and if one still
-        overlaps, the reservation is refused (``mig-placement-busy``). NVML's refusals are
-        ``mig-create-failed`` with its error; nothing this call made is left behind.
+        An instance another pod was handed, or a managed instance that overlaps, must belong to a
+        pod that is gone (the scheduler never reserves the same slices for two active pods): a
+        reconcile runs first, and if one is still held, the reservation is refused
+        (``mig-placement-busy``), never shared. NVML's refusals are ``mig-create-failed`` with its
+        error; nothing this call made is left behind.
         """
         key = key_of(allocation)
         lock = self._lock(allocation.gpu_uuid)
-        if key not in self._instances and self._overlapping(key):
+        current = self._instances.get(key)
+        if (current is None and self._overlapping(key)) or (current is not None and current.owner != owner):
             await self.reconcile()
         async with lock:
+            now = asyncio.get_running_loop().time()
             managed = self._instances.get(key)
-            if managed is not None:
+            if managed is not None and managed.owner == owner:  # again: no older list judges it now
+                self._instances[key] = dataclasses.replace(managed, since=now)
                 return managed.live, False
-            busy = self._overlapping(key)
+            busy = [managed] if managed is not None else self._overlapping(key)
             if busy:
                 raise AllocationError(
                     f"MIG reservation {allocation.profile} at start {allocation.placement.start} size "
@@ -204,7 +303,8 @@ class MigManager:
                 raise AllocationError(
                     f"creating MIG instance {allocation.profile} failed: {exc}", code="mig-create-failed"
                 ) from exc
-            self._instances[key] = Managed(key, live, asyncio.get_running_loop().time())
+            self._instances.pop(_unowned_key(key), None)  # taken over, or destroyed by a reconcile
+            self._instances[key] = Managed(key, live, asyncio.get_running_loop().time(), owner)
         self.events["created" if created else "reused"] += 1
         if cancelled:  # recorded all the same: a retry finds it, a reconcile reclaims it
             raise asyncio.CancelledError
@@ -220,9 +320,10 @@ class MigManager:
         )
         return live, created
 
-    async def release(self, key: Key) -> bool:
-        """Destroy one managed instance; whether it is gone (a failure is logged and kept for the
-        next reconcile)."""
+    async def release(self, key: Key, before: float = math.inf) -> bool:
+        """Destroy one managed instance unless it was handed out at ``before`` or later (a reconcile's
+        list began then); whether it is gone. A process on it defers the destroy to the next
+        reconcile (``destroy_deferred``); another failure is logged and kept for it too."""
         lock = self._locks.get(key[0])
         if lock is None:
             return False
@@ -230,35 +331,70 @@ class MigManager:
             managed = self._instances.get(key)
             if managed is None:
                 return True
+            if managed.since >= before:
+                return False
             live = managed.live
             try:
-                await asyncio.to_thread(
-                    destroy_instance, self._nvml, key[0], live.gpu_instance_id, live.compute_instance_id
-                )
+                destroyed = await asyncio.to_thread(destroy_instance, self._nvml, key[0], live)
+            except MigInstanceInUse as exc:
+                self.events["destroy_deferred"] += 1
+                log.info("mig_instance_destroy_deferred_in_use", mig_uuid=live.mig_uuid, error=str(exc))
+                return False
             except MigNvmlError as exc:
                 self.events["destroy_failed"] += 1
                 log.error("mig_instance_destroy_failed", mig_uuid=live.mig_uuid, error=str(exc))
                 return False
             del self._instances[key]
         self.events["destroyed"] += 1
-        log.info("mig_instance_destroyed", gpu=key[0], profile=key[1], start=key[2], mig_uuid=live.mig_uuid)
+        log.info(
+            "mig_instance_destroyed" if destroyed else "mig_instance_already_gone",
+            gpu=key[0],
+            profile=key[1],
+            start=key[2],
+            mig_uuid=live.mig_uuid,
+        )
         return True
 
     # -- reconcile ----------------------------------------------------------------------------
 
+    async def _read(self) -> NodeReservations:
+        """The node's reservations from a fresh pod list (:class:`KubeError` when it fails); each
+        pod whose reservations turn unreadable is logged once, naming it and the GPUs kept."""
+        reservations = read_reservations(await self._list_pods(), self.resource_name)
+        for bad in reservations.unreadable:
+            if bad.pod not in self._unreadable:
+                self.events["reservation_unreadable"] += 1
+                log.error(
+                    "mig_reservation_unreadable_instances_kept",
+                    pod=bad.pod,
+                    error=bad.error,
+                    gpus=sorted(bad.gpus) or "all (its allocation cannot be read either)",
+                )
+        self._unreadable = frozenset(b.pod for b in reservations.unreadable)
+        return reservations
+
     async def reconcile(self) -> bool:
-        """Destroy the managed instances no active pod reserves; False when skipped (the pod list
-        or an annotation could not be read: nothing is destroyed then)."""
+        """Destroy the managed instances no active pod holds; False when skipped (the pod list could
+        not be read, or no GPU's reservations are known: nothing is destroyed then). Instances on a
+        GPU an unreadable reservation may name are kept."""
         started = asyncio.get_running_loop().time()
         try:
-            active = {key_of(r) for _pod, r in active_reservations(await self._list_pods())}
-        except (KubeError, InvalidInput) as exc:
+            reservations = await self._read()
+        except KubeError as exc:
             self.events["reconcile_skipped"] += 1
             log.warning("mig_reconcile_skipped_nothing_destroyed", error=str(exc))
             return False
-        stale = [m.key for m in self.instances() if m.key not in active and m.since < started]
+        if not any(reservations.known(uuid) for uuid in self.gpus):
+            self.events["reconcile_skipped"] += 1
+            log.warning("mig_reconcile_skipped_nothing_destroyed", error="no GPU's reservations are known")
+            return False
+        stale = [
+            m.key
+            for m in self.instances()
+            if m.since < started and reservations.known(m.key[0]) and not _held(m, reservations.holdings)
+        ]
         for key in stale:
-            await self.release(key)
+            await self.release(key, started)
         return True
 
     async def run(self) -> None:
@@ -270,45 +406,41 @@ class MigManager:
     # -- start --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Reset idle GPUs and adopt the realized reservations of active pods (see the module doc);
-        waits until the pod list can be read."""
+        """Reset idle GPUs, adopt the realized reservations of active pods and register the other
+        instances of the GPUs kept (see the module doc); waits until the pod list can be read."""
         while True:
             try:
-                pods = await self._list_pods()
+                reservations = await self._read()
                 break
             except KubeError as exc:
                 log.warning(
                     "mig_start_waiting_for_pod_list_nothing_touched", error=str(exc), retry_s=self.retry
                 )
                 await asyncio.sleep(self.retry)
-        reservations: list[tuple[str, MigAllocation]] = []
-        readable = True
-        for pod in pods:
-            try:
-                reservations.extend(active_reservations([pod]))
-            except InvalidInput as exc:
-                readable = False
-                log.error("mig_reservation_unreadable_preserving_all_gpus", error=str(exc))
-        in_use = {r.gpu_uuid for _pod, r in reservations}
+        in_use = {h.record.gpu_uuid for h in reservations.holdings}
         reset: list[str] = []
         for uuid in self.gpus:
-            if not readable or uuid in in_use:
-                log.info(
-                    "mig_gpu_preserved", gpu=uuid, reason="active reservation" if readable else "unreadable"
-                )
+            if not reservations.known(uuid) or uuid in in_use:
+                reason = "active reservation" if reservations.known(uuid) else "unreadable reservation"
+                log.info("mig_gpu_preserved", gpu=uuid, reason=reason)
                 continue
             if await self._reset(uuid):
                 reset.append(uuid)
         adopted = 0
-        for owner, record in reservations:
-            if record.realized:
-                adopted += await self._adopt(owner, record)
+        for holding in reservations.holdings:
+            if holding.record.realized:
+                adopted += await self._adopt_isolated(holding)
+        unowned = 0
+        for uuid in self.gpus:
+            if uuid not in reset:
+                unowned += await self._register_unowned(uuid)
         log.info(
             "mig_started",
             in_use=sorted(in_use),
             reset=reset,
             adopted=adopted,
-            unrealized=sum(1 for _p, r in reservations if not r.realized),
+            unowned=unowned,
+            unrealized=sum(1 for h in reservations.holdings if not h.record.realized),
         )
 
     async def _reset(self, uuid: str) -> bool:
@@ -330,8 +462,19 @@ class MigManager:
         log.info("mig_gpu_reset", gpu=uuid, destroyed_gpu_instances=destroyed)
         return True
 
-    async def _adopt(self, pod: str, record: MigAllocation) -> int:
-        """Adopt one realized record when NVML confirms its instance (1), else log why (0)."""
+    async def _adopt_isolated(self, holding: Holding) -> int:
+        """:meth:`_adopt`, where no failure of one record stops the start (``adopt_failed``)."""
+        try:
+            return await self._adopt(holding)
+        except Exception as exc:  # one bad record must never keep the plugin from starting
+            self.events["adopt_failed"] += 1
+            mig_uuid = holding.record.mig_uuid
+            log.error("mig_instance_not_adopted", pod=holding.pod, mig_uuid=mig_uuid, reason=repr(exc))
+            return 0
+
+    async def _adopt(self, holding: Holding) -> int:
+        """Adopt one realized record for its pod when NVML confirms its instance (1), else log why (0)."""
+        pod, record = holding.pod, holding.record
         assert record.gpu_instance_id is not None and record.compute_instance_id is not None
         expected = LiveInstance(
             record.gpu_instance_id, record.compute_instance_id, record.mig_uuid, record.placement
@@ -361,7 +504,8 @@ class MigManager:
                 self.events["adopt_failed"] += 1
                 log.error("mig_instance_not_adopted", pod=pod, mig_uuid=record.mig_uuid, reason=reason)
                 return 0
-            self._instances[key_of(record)] = Managed(key_of(record), expected, -math.inf)
+            key = key_of(record)
+            self._instances[key] = Managed(key, expected, -math.inf, holding.owner)
         self.events["adopted"] += 1
         log.info(
             "mig_instance_adopted",
@@ -371,3 +515,50 @@ class MigManager:
             profile=record.profile,
         )
         return 1
+
+    async def _register_unowned(self, uuid: str) -> int:
+        """Register the instances of a GPU kept at start that no adopted record names (their pods
+        ended while the plugin was down, or they are no pod's), so that a reconcile reclaims each
+        once idle and no running pod's reservation overlaps it; how many."""
+        async with self._locks[uuid]:
+            try:
+                found = await asyncio.to_thread(live_instances, self._nvml, uuid)
+            except MigNvmlError as exc:
+                log.error("mig_instances_not_listed", gpu=uuid, error=str(exc))
+                return 0
+            owned = {m.live.gpu_instance_id for m in self._instances.values() if m.key[0] == uuid}
+            count = 0
+            for slices, live in found:
+                if live.gpu_instance_id in owned:
+                    continue
+                key = _unowned_key((uuid, slices, live.placement.start, live.placement.size))
+                self._instances[key] = Managed(key, live, -math.inf, None)
+                self.events["unowned"] += 1
+                log.info(
+                    "mig_instance_unowned_registered",
+                    gpu=uuid,
+                    mig_uuid=live.mig_uuid,
+                    start=live.placement.start,
+                    size=live.placement.size,
+                )
+                count += 1
+        return count
+
+
+def _unowned_key(key: Key) -> Key:
+    """The key an unowned instance at ``key``'s placement is registered under (its slice group)."""
+    uuid, profile, start, size = key
+    return (uuid, profile_slice_key(profile), start, size)
+
+
+def _held(managed: Managed, holdings: Iterable[Holding]) -> bool:
+    """Whether an active pod holds a managed instance: its owner still reserves its key; for one with
+    no owner, a pod that may run on it reserves slices it covers (an unadopted realized record)."""
+    if managed.owner is not None:
+        return any(h.owner == managed.owner and key_of(h.record) == managed.key for h in holdings)
+    return any(
+        h.running
+        and h.record.gpu_uuid == managed.key[0]
+        and placements_overlap(h.record.placement, managed.live.placement)
+        for h in holdings
+    )

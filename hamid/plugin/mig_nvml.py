@@ -34,6 +34,10 @@ class MigNvmlError(RuntimeError):
     """A MIG operation NVML refused or could not finish; the message names the step and NVML's error."""
 
 
+class MigInstanceInUse(MigNvmlError):
+    """NVML keeps an instance because a process runs on it: a destroy to try again later, no fault."""
+
+
 @dataclass(frozen=True, slots=True)
 class MigSliceProfile:
     """What NVML reports for one slice group of a GPU: the capability a profile name registers."""
@@ -65,14 +69,23 @@ def _code(exc: Exception) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def _slice_group(slices: str) -> tuple[str, str]:
+    """The NVML profile constants of a slice group; :class:`MigNvmlError` for one without any (a
+    record naming an unknown profile is bad input, never a crash)."""
+    group = SLICE_GROUPS.get(slices)
+    if group is None:
+        raise MigNvmlError(f"no NVML MIG profile for slice group {slices!r} (known: {list(SLICE_GROUPS)})")
+    return group
+
+
 def _gi_info(lib: ModuleType, handle: Any, slices: str) -> Any:
     """NVML's GPU instance profile of a slice group (its ``id`` is what creation takes)."""
-    return lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, getattr(lib, SLICE_GROUPS[slices][0]))
+    return lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, getattr(lib, _slice_group(slices)[0]))
 
 
 def _ci_info(lib: ModuleType, gpu_instance: Any, slices: str) -> Any:
     return lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-        gpu_instance, getattr(lib, SLICE_GROUPS[slices][1]), lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        gpu_instance, getattr(lib, _slice_group(slices)[1]), lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
     )
 
 
@@ -145,13 +158,7 @@ def read_slice_profiles(lib: ModuleType, handle: Any) -> tuple[MigSliceProfile, 
 
 def _mig_uuid(lib: ModuleType, handle: Any, gpu_instance_id: int, compute_instance_id: int) -> str | None:
     """The UUID of the MIG device of this GPU and compute instance (None: NVML shows none)."""
-    for device in _mig_devices(lib, handle):
-        if (
-            int(lib.nvmlDeviceGetGpuInstanceId(device)) == gpu_instance_id
-            and int(lib.nvmlDeviceGetComputeInstanceId(device)) == compute_instance_id
-        ):
-            return _text(lib.nvmlDeviceGetUUID(device))
-    return None
+    return _devices_by_id(lib, handle).get((gpu_instance_id, compute_instance_id))
 
 
 def _destroy_quietly(lib: ModuleType, destroy: Callable[[Any], Any], handle: Any, what: str) -> None:
@@ -258,27 +265,40 @@ def _with_compute_instance(
     return LiveInstance(gi_id, ci_id, mig_uuid, placement)
 
 
-def destroy_instance(lib: ModuleType, uuid: str, gpu_instance_id: int, compute_instance_id: int) -> None:
-    """Destroy one compute instance and its GPU instance; already gone counts as destroyed."""
-    where = f"GPU instance {gpu_instance_id} compute instance {compute_instance_id} on {uuid}"
+def destroy_instance(lib: ModuleType, uuid: str, expected: LiveInstance) -> bool:
+    """Destroy one compute instance and its GPU instance; False when ``expected`` is already gone.
+
+    The GPU instance id alone proves nothing (the driver reuses ids once an instance goes outside
+    this plugin): it must sit at the expected placement, and its compute instance of the expected id
+    must be the expected MIG device; otherwise another instance took the id and is left alone. A
+    GPU instance whose compute instance is gone (an earlier destroy stopped half way) is destroyed
+    when it has no other. A process on it raises :class:`MigInstanceInUse`.
+    """
+    gi_id, ci_id = expected.gpu_instance_id, expected.compute_instance_id
+    where = f"GPU instance {gi_id} compute instance {ci_id} ({expected.mig_uuid}) on {uuid}"
     try:
         handle = lib.nvmlDeviceGetHandleByUUID(uuid)
         try:
-            gpu_instance = lib.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+            gpu_instance = lib.nvmlDeviceGetGpuInstanceById(handle, gi_id)
         except lib.NVMLError as exc:
             if _code(exc) == lib.NVML_ERROR_NOT_FOUND:
-                return
+                return False
             raise
-        try:
-            lib.nvmlComputeInstanceDestroy(
-                lib.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, compute_instance_id)
-            )
-        except lib.NVMLError as exc:
-            if _code(exc) != lib.NVML_ERROR_NOT_FOUND:
-                raise
+        if _placement_of(lib.nvmlGpuInstanceGetInfo(gpu_instance)) != expected.placement:
+            return False
+        devices = _devices_by_id(lib, handle)
+        found = devices.get((gi_id, ci_id))
+        if found is not None and found != expected.mig_uuid:
+            return False
+        if found is None and any(g == gi_id for g, _c in devices):
+            return False  # its compute instances are another's
+        if found is not None:
+            lib.nvmlComputeInstanceDestroy(lib.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id))
         lib.nvmlGpuInstanceDestroy(gpu_instance)
     except lib.NVMLError as exc:
-        raise MigNvmlError(f"destroy {where}: {exc}") from exc
+        error = MigInstanceInUse if _code(exc) == lib.NVML_ERROR_IN_USE else MigNvmlError
+        raise error(f"destroy {where}: {exc}") from exc
+    return True
 
 
 def destroy_all(lib: ModuleType, uuid: str) -> int:
@@ -330,6 +350,43 @@ def find_instance(
     except lib.NVMLError as exc:
         raise MigNvmlError(f"look up MIG instance {expected.mig_uuid} on {uuid}: {exc}") from exc
     return False
+
+
+def live_instances(lib: ModuleType, uuid: str) -> list[tuple[str, LiveInstance]]:
+    """Every GPU instance of a known slice group on the GPU that has a MIG device, with that slice
+    group: its id, placement, and its first compute instance's id and MIG UUID. A GPU instance
+    without a compute instance is left out. Raises :class:`MigNvmlError` when NVML cannot tell."""
+    out: list[tuple[str, LiveInstance]] = []
+    try:
+        handle = lib.nvmlDeviceGetHandleByUUID(uuid)
+        devices = _devices_by_id(lib, handle)
+        for slices in SLICE_GROUPS:
+            try:
+                info = _gi_info(lib, handle, slices)
+            except lib.NVMLError as exc:
+                if _code(exc) in (lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            for gpu_instance in _gpu_instances(lib, handle, info):
+                gi = lib.nvmlGpuInstanceGetInfo(gpu_instance)
+                gi_id = int(gi.id)
+                ci_id = min((c for g, c in devices if g == gi_id), default=None)
+                if ci_id is not None:
+                    live = LiveInstance(gi_id, ci_id, devices[(gi_id, ci_id)], _placement_of(gi))
+                    out.append((slices, live))
+    except lib.NVMLError as exc:
+        raise MigNvmlError(f"list the MIG instances on {uuid}: {exc}") from exc
+    return out
+
+
+def _devices_by_id(lib: ModuleType, handle: Any) -> dict[tuple[int, int], str]:
+    """The GPU's MIG device UUIDs by (GPU instance id, compute instance id)."""
+    return {
+        (int(lib.nvmlDeviceGetGpuInstanceId(d)), int(lib.nvmlDeviceGetComputeInstanceId(d))): _text(
+            lib.nvmlDeviceGetUUID(d)
+        )
+        for d in _mig_devices(lib, handle)
+    }
 
 
 def _mig_devices(lib: ModuleType, handle: Any) -> list[Any]:

@@ -82,9 +82,11 @@ def scheduled_pod(
     node: str = NODE,
     extra: dict[str, str] | None = None,
     env: dict[str, list[dict[str, str]]] | None = None,
+    mig: str = "",
 ) -> dict[str, Any]:
     """A pod as it looks after hamid's /filter and /bind: annotations set, the booking recorded in
-    its status (unsigned: the plugin reads only that the record is there), bound, Pending."""
+    its status (unsigned: the plugin reads only that the record is there; ``mig``: the MIG
+    reservations it books, as ``reservation_text`` writes them), bound, Pending."""
     value = encode_pod_devices(devices)
     env = env or {}
 
@@ -112,7 +114,7 @@ def scheduled_pod(
             "initContainers": [spec_of(n) for n in init],
             "containers": [spec_of(n) for n in containers],
         },
-        "status": {"phase": "Pending", "conditions": [booked_condition(node, value, "", 1700000001.0)]},
+        "status": {"phase": "Pending", "conditions": [booked_condition(node, value, "", 1700000001.0, mig)]},
     }
 
 

@@ -23,9 +23,15 @@ from hamid.model.annotations import (
     decode_node_devices,
 )
 from hamid.model.devices import ContainerDevices, MigPlacement
-from hamid.model.mig import AllowedMigProfiles, MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hamid.model.mig import (
+    AllowedMigProfiles,
+    MigAllocation,
+    decode_mig_allocations,
+    encode_mig_allocations,
+    reservation_text,
+)
 from hamid.model.nodeconfig import NodeConfig
-from hamid.plugin import mig_nvml
+from hamid.plugin import allocator, mig_nvml
 from hamid.plugin.app import PluginStartupError
 from hamid.plugin.discovery import PhysicalGpu, discover_nvml
 from tests.integration.plugin.helpers import (
@@ -67,7 +73,7 @@ def mig_pod(name: str, records: Sequence[MigAllocation], **kwargs: Any) -> dict[
         mine = sorted((x for x in records if x.container_index == index), key=lambda x: x.device_index)
         devices.append(tuple(dev(x.gpu_uuid, MEMORY[x.profile], 0) for x in mine))
     extra = {MIG_ALLOCATIONS: encode_mig_allocations(records)}
-    return scheduled_pod(name, tuple(devices), extra=extra, **kwargs)
+    return scheduled_pod(name, tuple(devices), extra=extra, mig=reservation_text(records), **kwargs)
 
 
 def recorded(env: Env, name: str) -> tuple[MigAllocation, ...]:
@@ -134,7 +140,8 @@ async def test_an_instance_left_by_a_plugin_that_died_is_taken_over_not_created_
         assert response.envs["NVIDIA_VISIBLE_DEVICES"] == left.mig_uuid
         assert lib.mig_log == mutations  # nothing created (nor destroyed)
         assert recorded(env, "p")[0].mig_uuid == left.mig_uuid
-        assert env.plugin.mig is not None and env.plugin.mig.events == {"reused": 1}
+        # registered at start without an owner, then taken over for the pod it is reserved for
+        assert env.plugin.mig is not None and env.plugin.mig.events == {"unowned": 1, "reused": 1}
 
 
 @pytest.mark.parametrize(
@@ -156,6 +163,7 @@ async def test_a_reservation_that_cannot_be_realized_is_refused_creating_nothing
         ((dev(devices_gpu, 4864, 0),), ()),
         containers=("main", "side"),
         extra={MIG_ALLOCATIONS: encode_mig_allocations(records)},
+        mig=reservation_text(records),
     )
     async with mig_plugin(lib) as env, stub_for(env) as stub:
         await seeded(env, pod)
@@ -165,6 +173,36 @@ async def test_a_reservation_that_cannot_be_realized_is_refused_creating_nothing
         assert env.plugin.allocator.refusals == {code: 1}
         assert lib.mig_log == []
         assert stored_annotations(env.server, "Pod", "p")[BIND_PHASE] == "failed"
+
+
+@pytest.mark.parametrize(
+    "rewritten",
+    [
+        [r("GPU-a", "7g.40gb", 0, 8)],  # the whole GPU instead of the booked 1g
+        [r("GPU-a", "1g.5gb", 5, 1)],  # the victim's instance
+    ],
+)
+async def test_a_reservation_rewritten_after_the_bind_is_refused_not_realized(
+    rewritten: list[MigAllocation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding (s21 #1): Allocate realized whatever the annotation said; the status record's
+    booked reservation is what counts (the annotation is tenant-writable)."""
+    monkeypatch.setattr(allocator, "BOOKED_RECORD_WAIT_S", 0.3)  # the record never changes
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    async with mig_plugin(lib) as env, stub_for(env) as stub:
+        await seeded(env, mig_pod("v", [r("GPU-a", "1g.5gb", 5, 1)]))
+        victim = await allocate(stub, "GPU-a-1")
+        p = mig_pod("p", [r("GPU-a", "1g.5gb", 6, 1)])  # books the 1g at slice 6
+        p["metadata"]["annotations"][MIG_ALLOCATIONS] = encode_mig_allocations(rewritten)
+        await seeded(env, p)
+        before = list(lib.live(gpu))
+        with pytest.raises(GRPCError, match="are not what the scheduler booked") as refused:
+            await allocate(stub, "GPU-a-0")
+        assert refused.value.status == Status.FAILED_PRECONDITION
+        assert env.plugin.allocator.refusals == {"unbooked-allocation": 1}
+        assert lib.live(gpu) == before  # nothing created, the victim's instance its own
+        assert [u for *_x, u in lib.live(gpu)] == [victim.envs["NVIDIA_VISIBLE_DEVICES"]]
 
 
 async def test_a_failed_second_device_destroys_the_first_leaving_no_orphan() -> None:

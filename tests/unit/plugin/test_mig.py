@@ -4,6 +4,7 @@ instance manager (idempotence, reconcile, start: reset and adoption), MIG device
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -13,17 +14,24 @@ import pytest
 import structlog.testing
 
 from hamid.kube.errors import KubeError
-from hamid.model.annotations import MIG_ALLOCATIONS, decode_node_devices, encode_node_devices
-from hamid.model.devices import MigPlacement
+from hamid.model.annotations import (
+    DEVICES_ALLOCATED,
+    MIG_ALLOCATIONS,
+    decode_node_devices,
+    encode_node_devices,
+    encode_pod_devices,
+)
+from hamid.model.booked import booked_condition
+from hamid.model.devices import ContainerDevice, MigPlacement
 from hamid.model.errors import InvalidInput
-from hamid.model.mig import AllowedMigProfiles, MigAllocation, encode_mig_allocations
+from hamid.model.mig import AllowedMigProfiles, MigAllocation, encode_mig_allocations, reservation_text
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin import mig_nvml
 from hamid.plugin.device_nodes import mig_nodes, parse_mig_minors
 from hamid.plugin.discovery import devices_file_json, discover_nvml, parse_devices_text
 from hamid.plugin.errors import AllocationError
 from hamid.plugin.inventory import GpuInventory
-from hamid.plugin.mig_manager import MigManager, active_reservations
+from hamid.plugin.mig_manager import MigManager, read_reservations
 from tests.unit.plugin.fake_nvml import FakeGpu, FakeNvml, a100
 
 ALLOW = (AllowedMigProfiles(("A100-SXM4-40GB",), ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),)
@@ -36,7 +44,16 @@ def reservation(
     return MigAllocation(container, device, gpu, profile, MigPlacement(start, size))
 
 
-def pod(name: str, *records: MigAllocation, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
+def pod(
+    name: str,
+    *records: MigAllocation,
+    phase: str = "Running",
+    deleting: bool = False,
+    gpu: bool = True,
+    admitted: bool = True,
+) -> dict[str, Any]:
+    """A pod of the node holding ``records`` (``gpu``: its container requests the plugin's resource,
+    as every pod Allocate serves does; ``admitted``: kubelet wrote its container statuses)."""
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "default",
@@ -44,7 +61,15 @@ def pod(name: str, *records: MigAllocation, phase: str = "Running", deleting: bo
     }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": phase}}
+    limits = {"nvidia.com/gpu": "1"} if gpu else {"cpu": "1"}
+    status: dict[str, Any] = {"phase": phase}
+    if admitted:
+        status["containerStatuses"] = [{"name": "main"}]
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "status": status,
+    }
 
 
 # --- discovery and registration --------------------------------------------------------------------
@@ -105,6 +130,8 @@ def test_devices_file_carries_mig_profiles_and_checks_them(tmp_path: Any) -> Non
     bad_cases = [
         ({**item, "migEnabled": False}, "migProfiles needs migEnabled: true"),
         ({**item, "migProfiles": [{**item["migProfiles"][0], "slices": "5g"}]}, "slices must be one of"),
+        ({**item, "migProfiles": [{**item["migProfiles"][0], "slices": ["1g"]}]}, "slices must be one of"),
+        ({**item, "migProfiles": [{**item["migProfiles"][0], "slices": {"n": 1}}]}, "slices must be one of"),
         ({**item, "migProfiles": [item["migProfiles"][0]] * 2}, "slice group 1g given twice"),
         ({**item, "migProfiles": [{**item["migProfiles"][0], "placements": []}]}, "non-empty list"),
         ({**item, "migProfiles": [{**item["migProfiles"][0], "extra": 1}]}, "unknown ['extra']"),
@@ -199,23 +226,51 @@ class Pods:
         return list(self.items)
 
 
-def test_active_reservations_follow_hami() -> None:
+def test_reservations_of_the_pods_that_may_hold_an_instance() -> None:
     live = reservation("GPU-a", "1g.5gb", 6, 1)
+    broken_here = pod("broken-here", gpu=True)
+    broken_here["metadata"]["annotations"] |= {
+        MIG_ALLOCATIONS: "[{",
+        DEVICES_ALLOCATED: encode_pod_devices(((ContainerDevice("GPU-b", "NVIDIA", 4864, 15),),)),
+    }
     pods = [
         pod("running", live),
-        pod("pending", reservation("GPU-b", "2g.10gb", 0, 2), phase="Pending"),
+        pod("pending", reservation("GPU-b", "2g.10gb", 0, 2), phase="Pending", admitted=False),
         pod("done", reservation("GPU-c", "1g.5gb", 0, 1), phase="Succeeded"),
         pod("failed", reservation("GPU-c", "1g.5gb", 1, 1), phase="Failed"),
+        # its containers run through their grace period: it still holds its instance
         pod("deleting", reservation("GPU-d", "1g.5gb", 0, 1), deleting=True),
+        # requests no GPU: Allocate never serves it, so its annotation pins nothing
+        pod("cpu-only", reservation("GPU-a", "7g.40gb", 0, 8), gpu=False),
+        broken_here,
     ]
-    assert [(p, r.gpu_uuid) for p, r in active_reservations(pods)] == [
-        ("default/running", "GPU-a"),
-        ("default/pending", "GPU-b"),
+    read = read_reservations(pods, "nvidia.com/gpu")
+    assert [(h.pod, h.record.gpu_uuid, h.running) for h in read.holdings] == [
+        ("default/running", "GPU-a", True),
+        ("default/pending", "GPU-b", False),
+        ("default/deleting", "GPU-d", True),
     ]
-    broken = pod("broken")
-    broken["metadata"]["annotations"][MIG_ALLOCATIONS] = "[{"
-    with pytest.raises(InvalidInput, match="pod default/broken"):
-        active_reservations([broken])
+    (bad,) = read.unreadable
+    assert (bad.pod, bad.gpus) == ("default/broken-here", frozenset({"GPU-b"}))
+    assert read.known("GPU-a") and not read.known("GPU-b")
+    cpu_broken = pod("cpu-broken", gpu=False)
+    cpu_broken["metadata"]["annotations"][MIG_ALLOCATIONS] = "not json"
+    assert read_reservations([cpu_broken], "nvidia.com/gpu").unreadable == ()
+    nowhere = pod("nowhere")
+    nowhere["metadata"]["annotations"][MIG_ALLOCATIONS] = "not json"
+    assert not read_reservations([nowhere], "nvidia.com/gpu").known("GPU-a")  # its GPUs unknown: all
+
+
+def test_a_recorded_pods_reservations_are_the_records_not_a_rewritten_annotation() -> None:
+    booked = reservation("GPU-a", "1g.5gb", 6, 1)
+    p = pod("p", reservation("GPU-a", "7g.40gb", 0, 8), gpu=False)  # the tenant's rewrite
+    p["status"]["conditions"] = [booked_condition("node", "", "", 1.0, reservation_text([booked]))]
+    (held,) = read_reservations([p], "nvidia.com/gpu").holdings
+    assert held.record == booked
+    realized = dataclasses.replace(booked, mig_uuid="MIG-x", gpu_instance_id=1, compute_instance_id=0)
+    p["metadata"]["annotations"][MIG_ALLOCATIONS] = encode_mig_allocations([realized])
+    (held,) = read_reservations([p], "nvidia.com/gpu").holdings
+    assert held.record == realized  # the annotation agrees with the record: its runtime ids count
 
 
 async def test_ensure_converges_and_reconcile_reclaims_only_from_a_complete_list() -> None:
@@ -224,8 +279,8 @@ async def test_ensure_converges_and_reconcile_reclaims_only_from_a_complete_list
     r = reservation("GPU-a", "3g.20gb", 4, 4)
     pods = Pods(pod("p", r, phase="Pending"))
     manager = MigManager(lib, ["GPU-a"], pods)
-    live, created = await manager.ensure(r)
-    assert created and (await manager.ensure(r)) == (live, False)
+    live, created = await manager.ensure(r, "default/p")
+    assert created and (await manager.ensure(r, "default/p")) == (live, False)
     assert [e[0] for e in lib.mig_log] == ["create_gi", "create_ci"]
     assert await manager.reconcile() and len(lib.live(gpu)) == 1  # still reserved
     pods.items.clear()
@@ -243,13 +298,13 @@ async def test_an_overlapping_instance_of_a_gone_pod_is_reclaimed_before_creatin
     old = reservation("GPU-a", "7g.40gb", 0, 8)
     pods = Pods(pod("old", old))
     manager = MigManager(lib, ["GPU-a"], pods)
-    await manager.ensure(old)
+    await manager.ensure(old, "default/old")
     new = reservation("GPU-a", "1g.5gb", 0, 1)
     with pytest.raises(AllocationError) as busy:
-        await manager.ensure(new)  # the old pod is still active: its slices are not free
+        await manager.ensure(new, "default/new")  # the old pod is still active: its slices are not free
     assert busy.value.code == "mig-placement-busy"
     pods.items = [pod("new", new, phase="Pending")]
-    live, created = await manager.ensure(new)
+    live, created = await manager.ensure(new, "default/new")
     assert created and lib.live(gpu) == [(0, 1, live.gpu_instance_id, live.mig_uuid)]
 
 
@@ -261,10 +316,10 @@ async def test_nvml_refusal_is_a_clear_refusal() -> None:
     with pytest.raises(
         AllocationError, match=r"creating MIG instance 2g\.10gb failed: create GPU instance"
     ) as err:
-        await manager.ensure(reservation("GPU-a", "2g.10gb", 0, 2))
+        await manager.ensure(reservation("GPU-a", "2g.10gb", 0, 2), "default/p")
     assert err.value.code == "mig-create-failed"
     with pytest.raises(AllocationError) as unknown:
-        await manager.ensure(reservation("GPU-x", "1g.5gb", 0, 1))
+        await manager.ensure(reservation("GPU-x", "1g.5gb", 0, 1), "default/p")
     assert unknown.value.code == "mig-reservation-invalid"
 
 
@@ -283,13 +338,17 @@ async def test_start_resets_idle_gpus_preserves_busy_ones_and_adopts() -> None:
     with structlog.testing.capture_logs() as logs:
         await manager.start()
     assert lib.live(idle) == [] and len(lib.live(reserved)) == 1 and len(lib.live(busy)) == 1
-    assert [m.live for m in manager.instances()] == [realized]
-    assert manager.events == {"reset": 1, "adopted": 1}
+    # the busy GPU's instance, which no record names, is registered without an owner
+    assert [(m.live, m.owner) for m in manager.instances()] == [
+        (realized, "default/p"),
+        (manager.instances()[1].live, None),
+    ]
+    assert manager.events == {"reset": 1, "adopted": 1, "unowned": 1}
     (started,) = [e for e in logs if e["event"] == "mig_started"]
     assert (started["reset"], started["in_use"], started["adopted"]) == (["GPU-idle"], ["GPU-res"], 1)
     # the adopted instance converges: nothing is created for its reservation again
     before = list(lib.mig_log)
-    assert await manager.ensure(record) == (realized, False)
+    assert await manager.ensure(record, "default/p") == (realized, False)
     assert lib.mig_log == before
     assert leftover.mig_uuid not in {m.live.mig_uuid for m in manager.instances()}
 
@@ -308,8 +367,10 @@ async def test_start_touches_nothing_until_the_pods_are_read_and_adopts_only_wha
     pods.fail = False
     with structlog.testing.capture_logs() as logs:
         await asyncio.wait_for(starting, 5)
-    assert len(lib.live(gpu)) == 1 and manager.instances() == []  # reserved: kept, but not adopted
     assert any(e["event"] == "mig_instance_not_adopted" and e["mig_uuid"] == "MIG-other" for e in logs)
+    # not adopted, but the running pod's reservation covers it: kept by every reconcile
+    assert [m.owner for m in manager.instances()] == [None]
+    assert await manager.reconcile() and len(lib.live(gpu)) == 1
 
 
 async def test_start_preserves_every_gpu_when_a_reservation_is_unreadable() -> None:
@@ -319,8 +380,13 @@ async def test_start_preserves_every_gpu_when_a_reservation_is_unreadable() -> N
     broken = pod("broken")
     broken["metadata"]["annotations"][MIG_ALLOCATIONS] = "not json"
     manager = MigManager(lib, ["GPU-a"], Pods(broken))
-    await manager.start()
-    assert len(lib.live(gpu)) == 1 and manager.events == {}
+    with structlog.testing.capture_logs() as logs:
+        await manager.start()
+        assert not await manager.reconcile()
+    assert len(lib.live(gpu)) == 1
+    assert manager.events == {"reservation_unreadable": 1, "unowned": 1, "reconcile_skipped": 1}
+    (unreadable,) = [e for e in logs if e["event"] == "mig_reservation_unreadable_instances_kept"]
+    assert unreadable["pod"] == "default/broken"  # named, and logged once
 
 
 async def test_a_creation_cut_off_by_a_cancel_is_recorded_not_orphaned() -> None:
@@ -337,12 +403,156 @@ async def test_a_creation_cut_off_by_a_cancel_is_recorded_not_orphaned() -> None
     lib.nvmlDeviceCreateGpuInstanceWithPlacement = slow_create  # type: ignore[method-assign,assignment]
     r = reservation("GPU-a", "1g.5gb", 2, 1)
     manager = MigManager(lib, ["GPU-a"], Pods(pod("p", r, phase="Pending")))
-    ensuring = asyncio.create_task(manager.ensure(r))
+    ensuring = asyncio.create_task(manager.ensure(r, "default/p"))
     await asyncio.to_thread(started.wait, 5)
     ensuring.cancel()
     with pytest.raises(asyncio.CancelledError):
         await ensuring
     ((_s, _z, _g, mig_uuid),) = lib.live(gpu)
     assert [m.live.mig_uuid for m in manager.instances()] == [mig_uuid]
-    live, created = await manager.ensure(r)  # the retry converges on it
+    live, created = await manager.ensure(r, "default/p")  # the retry converges on it
     assert (live.mig_uuid, created) == (mig_uuid, False)
+
+
+# --- review findings (session 21): ownership, races, bad records, orphans ------------------------------
+
+
+async def test_an_instance_is_never_handed_to_another_active_pod() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    r = reservation("GPU-a", "1g.5gb", 5, 1)
+    pods = Pods(pod("victim", r), pod("tenant", r, phase="Pending", admitted=False))  # no record: unsigned
+    manager = MigManager(lib, ["GPU-a"], pods)
+    victim, _ = await manager.ensure(r, "default/victim")
+    with pytest.raises(AllocationError) as busy:
+        await manager.ensure(r, "default/tenant")  # the tenant's annotation names the victim's key
+    assert busy.value.code == "mig-placement-busy" and victim.mig_uuid in str(busy.value)
+    pods.items = [pod("victim", r, phase="Succeeded"), pod("tenant", r, phase="Pending", admitted=False)]
+    live, created = await manager.ensure(r, "default/tenant")  # its owner ended: a fresh instance
+    assert created and live.mig_uuid != victim.mig_uuid
+    assert [m.owner for m in manager.instances()] == ["default/tenant"]
+
+
+async def test_start_survives_a_record_of_an_unknown_profile() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    bad = MigAllocation(0, 0, "GPU-a", "x.y", MigPlacement(0, 1), "MIG-x", 1, 0)
+    with pytest.raises(mig_nvml.MigNvmlError, match="no NVML MIG profile for slice group 'x'"):
+        mig_nvml.find_instance(
+            lib, "GPU-a", "x", MigPlacement(0, 1), mig_nvml.LiveInstance(1, 0, "MIG-x", bad.placement)
+        )
+    good, _ = mig_nvml.create_instance(lib, "GPU-a", "1g", MigPlacement(6, 1))
+    record = MigAllocation(
+        0, 0, "GPU-a", "1g.5gb", MigPlacement(6, 1), good.mig_uuid, good.gpu_instance_id, 0
+    )
+    manager = MigManager(lib, ["GPU-a"], Pods(pod("bad", bad), pod("good", record)))
+    await manager.start()
+    assert manager.events == {"adopt_failed": 1, "adopted": 1}
+    assert [m.live for m in manager.instances()] == [good]
+
+
+async def test_a_reconcile_never_destroys_an_instance_handed_out_meanwhile() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    destroy = lib.nvmlGpuInstanceDestroy
+
+    def slow_destroy(handle: Any) -> int:  # a real GPU instance destroy takes a while
+        time.sleep(0.3)
+        return destroy(handle)
+
+    lib.nvmlGpuInstanceDestroy = slow_destroy  # type: ignore[method-assign]
+    first, second = reservation("GPU-a", "1g.5gb", 6, 1), reservation("GPU-a", "1g.5gb", 5, 1)
+    pods = Pods(pod("a1", first), pod("a2", second))
+    manager = MigManager(lib, ["GPU-a"], pods)
+    await manager.ensure(first, "default/a1")
+    await manager.ensure(second, "default/a2")
+    pods.items = [pod("a1", first, phase="Succeeded"), pod("a2", second, phase="Succeeded")]
+    reconciling = asyncio.create_task(manager.reconcile())
+    await asyncio.sleep(0.05)  # it destroys a1's instance; a2's is next on its list
+    # the scheduler gave a2's slice to b, whose Allocate comes now
+    pods.items.append(pod("b", second, phase="Pending", admitted=False))
+    live, _created = await manager.ensure(second, "default/b")
+    await reconciling
+    assert live.mig_uuid in [u for *_x, u in lib.live(gpu)]
+    assert [m.owner for m in manager.instances()] == ["default/b"]
+
+
+async def test_an_unreadable_reservation_keeps_only_its_pods_gpus() -> None:
+    a, b = a100("GPU-a"), a100("GPU-b")
+    lib = FakeNvml([a, b])
+    on_a, on_b = reservation("GPU-a", "1g.5gb", 6, 1), reservation("GPU-b", "1g.5gb", 6, 1)
+    pods = Pods(pod("pa", on_a), pod("pb", on_b))
+    manager = MigManager(lib, ["GPU-a", "GPU-b"], pods)
+    await manager.ensure(on_a, "default/pa")
+    await manager.ensure(on_b, "default/pb")
+    cpu_only = pod("cpu-only", gpu=False)
+    cpu_only["metadata"]["annotations"][MIG_ALLOCATIONS] = "not json"
+    broken = pod("broken")
+    broken["metadata"]["annotations"] |= {
+        MIG_ALLOCATIONS: "not json",
+        DEVICES_ALLOCATED: encode_pod_devices(((ContainerDevice("GPU-b", "NVIDIA", 4864, 15),),)),
+    }
+    pods.items = [pod("pa", on_a, phase="Succeeded"), pod("pb", on_b, phase="Succeeded"), cpu_only, broken]
+    with structlog.testing.capture_logs() as logs:
+        assert await manager.reconcile()
+    assert lib.live(a) == [] and len(lib.live(b)) == 1  # GPU-b's reservations are unknown: kept
+    (logged,) = [e for e in logs if e["event"] == "mig_reservation_unreadable_instances_kept"]
+    assert (logged["pod"], logged["gpus"]) == ("default/broken", ["GPU-b"])
+    new = reservation("GPU-a", "3g.20gb", 4, 4)
+    pods.items.append(pod("new", new, phase="Pending", admitted=False))
+    _live, created = await manager.ensure(new, "default/new")
+    assert created
+
+
+async def test_instances_of_pods_gone_while_down_are_reclaimed_on_a_kept_gpu() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    kept, _ = mig_nvml.create_instance(lib, "GPU-a", "1g", MigPlacement(6, 1))  # pod a, still running
+    mig_nvml.create_instance(lib, "GPU-a", "1g", MigPlacement(5, 1))  # pod b, deleted meanwhile
+    record = dataclasses.replace(
+        reservation("GPU-a", "1g.5gb", 6, 1),
+        mig_uuid=kept.mig_uuid,
+        gpu_instance_id=kept.gpu_instance_id,
+        compute_instance_id=kept.compute_instance_id,
+    )
+    pods = Pods(pod("a", record))
+    manager = MigManager(lib, ["GPU-a"], pods)
+    await manager.start()
+    assert manager.events == {"adopted": 1, "unowned": 1}
+    assert await manager.reconcile()
+    assert [(s, z) for s, z, *_ in lib.live(gpu)] == [(6, 1)]
+    new = reservation("GPU-a", "2g.10gb", 4, 2)  # the scheduler's books: slices 4-5 are free
+    pods.items.append(pod("c", new, phase="Pending", admitted=False))
+    _live, created = await manager.ensure(new, "default/c")
+    assert created and sorted((s, z) for s, z, *_ in lib.live(gpu)) == [(4, 2), (6, 1)]
+
+
+def test_destroy_by_a_reused_gpu_instance_id_leaves_the_new_instance() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    old, _ = mig_nvml.create_instance(lib, "GPU-a", "1g", MigPlacement(3, 1))
+    mig_nvml.destroy_all(lib, "GPU-a")  # gone outside the manager (nvidia-smi mig -dgi)
+    new, _ = mig_nvml.create_instance(lib, "GPU-a", "1g", MigPlacement(3, 1))
+    other, _ = mig_nvml.create_instance(lib, "GPU-a", "2g", MigPlacement(0, 2))
+    assert new.gpu_instance_id == old.gpu_instance_id  # the driver reused the id
+    assert not mig_nvml.destroy_instance(lib, "GPU-a", old)  # same id and place, another MIG device
+    moved = dataclasses.replace(old, gpu_instance_id=other.gpu_instance_id, mig_uuid=other.mig_uuid)
+    assert not mig_nvml.destroy_instance(lib, "GPU-a", moved)  # that id sits elsewhere
+    assert len(lib.live(gpu)) == 2
+    assert mig_nvml.destroy_instance(lib, "GPU-a", new) and len(lib.live(gpu)) == 1
+
+
+async def test_a_deleting_pod_keeps_its_instance_and_a_busy_destroy_is_deferred() -> None:
+    gpu = a100("GPU-a")
+    lib = FakeNvml([gpu])
+    r = reservation("GPU-a", "1g.5gb", 0, 1)
+    pods = Pods(pod("p", r, deleting=True))  # its containers run through their grace period
+    manager = MigManager(lib, ["GPU-a"], pods)
+    live, _ = await manager.ensure(r, "default/p")
+    assert await manager.reconcile() and len(lib.live(gpu)) == 1 and manager.events == {"created": 1}
+    gpu.instances[live.gpu_instance_id].cis[0].processes.append(object())
+    pods.items = []  # gone while a process still runs on it
+    assert await manager.reconcile() and len(lib.live(gpu)) == 1
+    assert manager.events == {"created": 1, "destroy_deferred": 1}  # no destroy_failed to alert on
+    gpu.instances[live.gpu_instance_id].cis[0].processes.clear()
+    assert await manager.reconcile() and lib.live(gpu) == []
