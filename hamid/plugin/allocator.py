@@ -100,7 +100,7 @@ from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import ContainerAnswer, HamiCoreSettings, hami_core_answer
 from hamid.plugin.hostfiles import read_text
 from hamid.plugin.inventory import GpuInventory
-from hamid.plugin.mig_manager import Key, MigManager, owner_of
+from hamid.plugin.mig_manager import Key, MigManager, owner_of, settled
 from hamid.plugin.numa_policy import Door, MismatchHandler, NumaMismatch, log_mismatch
 from hamid.plugin.pods import NodePods
 
@@ -137,13 +137,7 @@ async def complete(coro: Coroutine[Any, Any, T]) -> T:
     failure path. Every call inside has its own timeout, so this always ends.
     """
     task = asyncio.ensure_future(coro)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait([task])
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
+    if await settled(task):
         if not task.cancelled() and task.exception() is not None:
             log.error("write_failed_after_cancel", error=str(task.exception()))
         raise asyncio.CancelledError
@@ -217,7 +211,7 @@ class EntryMemory:
 
     @staticmethod
     def _key(pod: Mapping[str, Any], index: int) -> tuple[str, int]:
-        return objects.uid(pod) or objects.namespaced_key(pod), index
+        return owner_of(pod), index
 
     def remember(self, pod: Mapping[str, Any], index: int, devices: ContainerDevices) -> None:
         """Container ``index``'s entry is ``devices``, as this plugin decided."""

@@ -87,8 +87,8 @@ class Managed:
 
 
 def owner_of(pod: Mapping[str, Any]) -> str:
-    """A pod as an instance owner: its UID (a new pod of the same name is another owner), else its
-    ``namespace/name``."""
+    """A pod's identity: its UID (a new pod of the same name is another pod), else its
+    ``namespace/name``; the owner of a MIG instance, and the allocator's key of a remembered entry."""
     return objects.uid(pod) or objects.namespaced_key(pod)
 
 
@@ -174,9 +174,10 @@ def read_reservations(pods: Iterable[Mapping[str, Any]], resource_name: str) -> 
     return NodeReservations(tuple(holdings), tuple(unreadable))
 
 
-async def _settled(task: asyncio.Future[Any]) -> bool:
-    """Wait for ``task`` (an NVML call in a thread, which a cancel cannot stop) to end even when
-    cancelled meanwhile, so that what it created is recorded; whether a cancel came."""
+async def settled(task: asyncio.Future[Any]) -> bool:
+    """Wait for ``task`` to end even when cancelled meanwhile; whether a cancel came. For work a
+    cancel must not cut in half: an NVML call in a thread (a cancel cannot stop it, and what it
+    created must be recorded), the allocator's consume patch and failure path."""
     cancelled = False
     while not task.done():
         try:
@@ -289,7 +290,7 @@ class MigManager:
                     create_instance, self._nvml, allocation.gpu_uuid, slices, allocation.placement
                 )
             )
-            cancelled = await _settled(creating)
+            cancelled = await settled(creating)
             try:
                 live, created = creating.result()
             except MigNvmlError as exc:

@@ -13,7 +13,7 @@ NVML's profile of that many compute slices. The compute instance always spans it
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -126,19 +126,30 @@ def _placement_of(info: Any) -> MigPlacement:
     return MigPlacement(int(info.placement.start), int(info.placement.size))
 
 
-def read_slice_profiles(lib: ModuleType, handle: Any) -> tuple[MigSliceProfile, ...]:
-    """Every slice group the GPU offers, with its placements (a group NVML does not know is left out).
-
-    Raises :class:`MigNvmlError` for another NVML failure, which leaves the GPU's capability unknown.
-    """
-    out: list[MigSliceProfile] = []
+def _offered_groups(lib: ModuleType, handle: Any) -> Iterator[tuple[str, Any]]:
+    """Each slice group the GPU offers with NVML's profile of it (one the GPU does not know, NVML's
+    NOT_SUPPORTED or INVALID_ARGUMENT, is left out); another NVML error is raised as it comes."""
     for slices in SLICE_GROUPS:
         try:
             info = _gi_info(lib, handle, slices)
         except lib.NVMLError as exc:
             if _code(exc) in (lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_INVALID_ARGUMENT):
                 continue
-            raise MigNvmlError(f"read MIG profile {slices}: {exc}") from exc
+            raise
+        yield slices, info
+
+
+def read_slice_profiles(lib: ModuleType, handle: Any) -> tuple[MigSliceProfile, ...]:
+    """Every slice group the GPU offers, with its placements (a group NVML does not know is left out).
+
+    Raises :class:`MigNvmlError` for another NVML failure, which leaves the GPU's capability unknown.
+    """
+    out: list[MigSliceProfile] = []
+    try:
+        offered = list(_offered_groups(lib, handle))
+    except lib.NVMLError as exc:
+        raise MigNvmlError(f"read MIG profiles: {exc}") from exc
+    for slices, info in offered:
         try:
             placements = _placements(lib, handle, int(info.id))
         except lib.NVMLError as exc:
@@ -360,13 +371,7 @@ def live_instances(lib: ModuleType, uuid: str) -> list[tuple[str, LiveInstance]]
     try:
         handle = lib.nvmlDeviceGetHandleByUUID(uuid)
         devices = _devices_by_id(lib, handle)
-        for slices in SLICE_GROUPS:
-            try:
-                info = _gi_info(lib, handle, slices)
-            except lib.NVMLError as exc:
-                if _code(exc) in (lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
+        for slices, info in _offered_groups(lib, handle):
             for gpu_instance in _gpu_instances(lib, handle, info):
                 gi = lib.nvmlGpuInstanceGetInfo(gpu_instance)
                 gi_id = int(gi.id)
