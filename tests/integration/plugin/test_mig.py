@@ -24,7 +24,6 @@ from hamid.model.annotations import (
 )
 from hamid.model.devices import ContainerDevices, MigPlacement
 from hamid.model.mig import (
-    AllowedMigProfiles,
     MigAllocation,
     decode_mig_allocations,
     encode_mig_allocations,
@@ -44,9 +43,9 @@ from tests.integration.plugin.helpers import (
     stored_annotations,
 )
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
-from tests.unit.plugin.fake_nvml import FakeNvml, a100
+from tests.unit.plugin.fake_nvml import A100_ALLOWLIST, FakeNvml, a100
 
-ALLOW = (AllowedMigProfiles(("A100-SXM4-40GB",), ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),)
+ALLOW = A100_ALLOWLIST
 MIG = NodeConfig(operating_mode="mig", device_split_count=7)
 MEMORY = {"1g.5gb": 4864, "2g.10gb": 9984, "3g.20gb": 20096, "7g.40gb": 40192}
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pynvml as real  # its ctypes structures and constants only: the library is never loaded
 
+from hamid.model.mig import AllowedMigProfiles
+
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_FEATURE_ENABLED = 1
@@ -122,6 +124,10 @@ CI_SLICES = {
     real.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE: 8,
     real.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE: 6,
 }
+
+
+#: The allowlist entry of :func:`a100` (HAMi's chart list for the model).
+A100_ALLOWLIST = (AllowedMigProfiles(("A100-SXM4-40GB",), ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),)
 
 
 def a100(uuid: str, **kwargs: Any) -> FakeGpu:

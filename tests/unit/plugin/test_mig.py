@@ -32,9 +32,9 @@ from hamid.plugin.discovery import devices_file_json, discover_nvml, parse_devic
 from hamid.plugin.errors import AllocationError
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.mig_manager import MigManager, read_reservations
-from tests.unit.plugin.fake_nvml import FakeGpu, FakeNvml, a100
+from tests.unit.plugin.fake_nvml import A100_ALLOWLIST, FakeGpu, FakeNvml, a100
 
-ALLOW = (AllowedMigProfiles(("A100-SXM4-40GB",), ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),)
+ALLOW = A100_ALLOWLIST
 MIG = NodeConfig(operating_mode="mig", device_split_count=10)
 
 
