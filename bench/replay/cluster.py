@@ -220,9 +220,16 @@ class ShapeCheck:
             for model, layout in listed
             for numa, cpus in layout.numa_cpus.items()
         }
-        #: (model, GPUs, GPUs of its widest NUMA node, assignable CPUs) of every kind of node
+        #: (model, GPUs, GPUs of its widest NUMA node, CPUs of its widest NUMA node, CPUs) of every
+        #: kind of node (assignable CPUs: the reserved one aside)
         self._nodes = {
-            (model, len(layout.gpu_numa), max(Counter(layout.gpu_numa).values(), default=0), layout.cpus)
+            (
+                model,
+                len(layout.gpu_numa),
+                max(Counter(layout.gpu_numa).values(), default=0),
+                max(len(cpus - layout.reserved) for cpus in layout.numa_cpus.values()),
+                layout.cpus,
+            )
             for model, layout in listed
         }
         self.spans = spans
@@ -239,11 +246,14 @@ class ShapeCheck:
         return self._one_numa_holds(pod, SPLIT) or (self.spans and self._spans_some_node(pod))
 
     def _spans_some_node(self, pod: TracePod) -> bool:
-        """Whether some idle node of the pod's model admits it across NUMA nodes."""
+        """Whether some idle node of the pod's model admits it across NUMA nodes: it asks more GPUs
+        than any NUMA node has and more CPUs than any NUMA node assigns, within the node's."""
         models, cpus = pod.gpu_models, math.ceil(pod.cpu_milli / MILLI)
         return any(
-            (models is None or model in models) and widest < pod.num_gpu <= gpus and cpus <= node_cpus
-            for model, gpus, widest, node_cpus in self._nodes
+            (models is None or model in models)
+            and widest < pod.num_gpu <= gpus
+            and numa_cpus < cpus <= node_cpus
+            for model, gpus, widest, numa_cpus, node_cpus in self._nodes
         )
 
     def never_admissible(self, pod: TracePod, numa: str) -> bool:
@@ -318,7 +328,9 @@ class SimNode:
         self.room: ReplicaRoom | None = None
         rule = hide_rule(hide_replicas, node_config.enable_numa_topology)
         if rule is not None:
-            self.room = ReplicaRoom(self.inventory, self.pods.pods, RESOURCE, rule)
+            self.room = ReplicaRoom(
+                self.inventory, self.pods.pods, RESOURCE, rule, lambda: self.topology_policy
+            )
         handler = log_mismatch if refit is None else NumaMismatchPolicy(refit)  # type: ignore[arg-type]
         allocator = Allocator(
             kube,

@@ -338,14 +338,16 @@ def usable(node: NodeState, shape: Shape) -> int:
 def spans_idle_node(node: NodeState, shape: Shape) -> bool:
     """Whether kubelet admits an aligned shape no NUMA node holds, across NUMA nodes, on this node.
 
-    Under the ``span`` rule the plugin of a node with nothing booked lists one replica per GPU, so
-    where no NUMA node has as many GPUs as the shape asks, the device manager's spanning hint is
-    preferred like the CPU manager's: the Topology Manager admits it with every CPU it needs free.
+    Under the ``span`` rule (in effect under ``restricted`` only) the plugin of a node with nothing
+    booked lists one replica per GPU, so where no NUMA node has as many GPUs as the shape asks, the
+    device manager's only preferred hint spans NUMA nodes; the Topology Manager admits it when the
+    CPU manager's does too, i.e. when no NUMA node can assign the shape's exclusive CPUs.
     """
     if node.hide != HIDE_SPAN or node.numa is None or any(free < WHOLE for free in node.frees):
         return False
     widest = max(Counter(node.numas).values(), default=0)
-    return widest < shape.gpus and sum(r.free for r in node.numa) >= shape.exclusive
+    cpus_span = all(r.assignable < shape.exclusive for r in node.numa)
+    return widest < shape.gpus and cpus_span and sum(r.free for r in node.numa) >= shape.exclusive
 
 
 def kubelet_home(node: NodeState, shape: Shape) -> int | None:

@@ -30,6 +30,16 @@ from hamid.model.devices import MODE_MIG
 from hamid.model.numa import HIDE_BUSY, HIDE_SPAN
 
 
+def effective_rule(rule: str | None, topology_policy: str | None) -> str | None:
+    """The rule a node's plugin applies: ``span`` leaves replicas out of the list only under Topology
+    Manager ``restricted``, the one policy a preferred spanning hint helps (under ``single-numa-node``
+    it could only reject pods, under ``best-effort`` and ``none`` it changes nothing); elsewhere it
+    is ``busy``. Both sides read the policy from the node's NUMA profile."""
+    if rule == HIDE_SPAN and topology_policy != "restricted":
+        return HIDE_BUSY
+    return rule
+
+
 def no_room(usedmem: int, totalmem: int, usedcores: int, totalcore: int) -> bool:
     """Whether a GPU's booked memory or cores reach its registered capacity (a capacity of 0
     is not a limit: such a GPU registers nothing on that axis)."""

@@ -188,7 +188,9 @@ class Plugin:
         #: Hides free replicas from kubelet by the ``--hide-replicas`` rule; None: off.
         self.room: ReplicaRoom | None = None
         if hide_replicas is not None and not self.inventory.is_mig:
-            self.room = ReplicaRoom(self.inventory, self.pods.pods, setup.resource_name, hide_replicas)
+            self.room = ReplicaRoom(
+                self.inventory, self.pods.pods, setup.resource_name, hide_replicas, self._topology_policy
+            )
             self.room.watch(self.pods.pod_cache)
             self.inventory.on_health_change = self.room.poke
         self.cleaner = CacheDirCleaner(
@@ -289,6 +291,11 @@ class Plugin:
                 tg.create_task(self.numa.run())
             if self.setup.nvml is not None and self.health_policy.active:
                 tg.create_task(self._watch_health(self.setup.nvml))
+
+    def _topology_policy(self) -> str | None:
+        """kubelet's Topology Manager policy as this plugin last published it (None: not yet)."""
+        profile = self.numa.profile if self.numa is not None else None
+        return profile.policies.topology_manager_policy if profile is not None else None
 
     async def _judge_room_once_synced(self, room: ReplicaRoom) -> None:
         """Judge the hidden replicas once the pod cache listed the node's pods: a node without pods

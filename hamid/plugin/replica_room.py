@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hamid.fit.replica_room import hides, is_idle, no_room
+from hamid.fit.replica_room import effective_rule, hides, is_idle, no_room
 from hamid.fit.usage import PodUsage, container_kinds, effective_pod_usage, init_containers_succeeded
 from hamid.kube.cache import PodCache
 from hamid.log import get_logger
@@ -86,11 +86,15 @@ class ReplicaRoom:
         pods: Callable[[], Iterable[PodBody]],
         resource_name: str,
         rule: str,
+        topology_policy: Callable[[], str | None] = lambda: None,
     ) -> None:
         """``pods``: the pods bound to the node now (:meth:`NodePods.pods`, own writes included);
-        ``rule``: which free replicas to hide (:data:`hamid.model.numa.HIDE_RULES`)."""
+        ``rule``: which free replicas to hide (:data:`hamid.model.numa.HIDE_RULES`);
+        ``topology_policy``: kubelet's Topology Manager policy as the node's NUMA profile says (None:
+        not known yet), which ``span`` needs (:func:`hamid.fit.replica_room.effective_rule`)."""
         self.inventory = inventory
         self.rule = rule
+        self.topology_policy = topology_policy
         self.pods = pods
         self.resource_name = resource_name
         #: Replica IDs held per pod (``namespace/name``): from Allocate, and from PodResources.
@@ -186,10 +190,10 @@ class ReplicaRoom:
                 slots[uuid] += amount.slots
         self._forget_gone(live)
         held = self._held_ids(holders)
-        self._omitted_now = {}
         if held is None:
             return {}
-        if self.rule == HIDE_SPAN and not holders and self._complete():
+        spans = effective_rule(self.rule, self.topology_policy()) == HIDE_SPAN
+        if spans and not holders and self._complete():
             for gpu in self.inventory.gpus:
                 if not self.inventory.is_healthy(gpu.uuid):
                     continue

@@ -99,11 +99,14 @@ def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
 
 
 def numa_room(
-    entry: NodeNuma | None, resource: str, hidden: Mapping[int, int] | None = None
+    entry: NodeNuma | None,
+    resource: str,
+    hidden: Mapping[int, int] | None = None,
+    omitted: Mapping[int, int] | None = None,
 ) -> tuple[NumaRoom, ...] | None:
     """Free and assignable exclusive CPUs and free ``resource`` replicas kubelet sees (at most
-    :data:`~hamid.fit.fgd.REPLICAS_SEEN`; less the ``hidden`` ones of GPUs with no room) by NUMA
-    id from a node's ledger (None: not aligning)."""
+    :data:`~hamid.fit.fgd.REPLICAS_SEEN`; less the ``hidden`` ones and those the plugin leaves out
+    of its list, ``omitted``) by NUMA id from a node's ledger (None: not aligning)."""
     if entry is None or entry.ledger is None or entry.profile is None:
         return None
     profile = entry.profile
@@ -116,7 +119,7 @@ def numa_room(
     for numa, cpus in topo.cpus_of_numa.items():
         if 0 <= numa < len(out):
             assignable = cpus - profile.reserved_cpus
-            seen = replicas.get(numa, (0, 0))[1] - (hidden or {}).get(numa, 0)
+            seen = replicas.get(numa, (0, 0))[1] - (hidden or {}).get(numa, 0) - (omitted or {}).get(numa, 0)
             spare = min(max(seen, 0), REPLICAS_SEEN)
             out[numa] = NumaRoom(len(assignable & free), len(assignable), spare)
     return tuple(out)
@@ -372,7 +375,7 @@ class FgdRanker:
             numa = self.numa
             hidden = numa.hidden(name, usage)
             ledger = numa.nodes.get(name)
-            rooms = numa_room(ledger, numa.resource, hidden)
+            rooms = numa_room(ledger, numa.resource, hidden, numa.omitted(name, usage))
             profile = ledger.profile if ledger is not None else None
             state = NodeState.of(
                 room.cpu,

@@ -46,7 +46,7 @@ from hamid.fit.numa_predict import (
     usage_of_placement,
     usage_of_prediction,
 )
-from hamid.fit.replica_room import hidden_replicas, omitted_replicas
+from hamid.fit.replica_room import effective_rule, hidden_replicas, omitted_replicas
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.log import get_logger
 from hamid.model import objects
@@ -70,7 +70,7 @@ from hamid.model.numa import (
     miss_cause,
 )
 from hamid.model.quantity import parse_quantity
-from hamid.model.resources import all_containers
+from hamid.model.resources import all_containers, resource_value
 
 log = get_logger("scheduler.numa")
 
@@ -213,6 +213,20 @@ def device_totals(infos: Iterable[DeviceInfo]) -> dict[int, tuple[int, int]]:
         if d.health:
             per[1] += d.count
     return {n: (t, h) for n, (t, h) in out.items()}
+
+
+def _replicas_asked(pod: Mapping[str, Any], resource: str) -> int:
+    """The replicas of ``resource`` the pod's containers ask together (init containers included;
+    what cannot be read counts as nothing: the predictor judges the pod anyway)."""
+    total = 0
+    for c in all_containers(pod):
+        try:
+            present, raw = resource_value(c, resource)
+        except InvalidInput:
+            continue
+        if present and isinstance(raw, (int, str)) and str(raw).isdigit():
+            total += int(raw)
+    return total
 
 
 def _bound_node(pod: Mapping[str, Any]) -> str:
@@ -559,8 +573,12 @@ class NumaLedgers:
         """The rule by which the node's plugin hides free replicas of the scheduler's resource
         from kubelet (its profile says so; None: it hides none; :mod:`hamid.fit.replica_room`)."""
         entry = self.nodes.get(node)
-        hiding = entry.profile.hide_replicas if entry is not None and entry.profile is not None else None
-        return hiding.rule if hiding is not None and hiding.resource == self.resource else None
+        if entry is None or entry.profile is None:
+            return None
+        hiding = entry.profile.hide_replicas
+        if hiding is None or hiding.resource != self.resource:
+            return None
+        return effective_rule(hiding.rule, entry.profile.policies.topology_manager_policy)
 
     def hidden(
         self, node: str, usage: NodeUsage | None, keep: Mapping[str, int] | None = None
@@ -593,7 +611,7 @@ class NumaLedgers:
             return Prediction(Outcome.UNKNOWN, UNKNOWN_PROFILE_STALE, "the NUMA ledger disagrees with a pod")
         now = self.clock()
         hidden = self.hidden(node, usage)
-        omitted = self.omitted(node, usage)
+        omitted = self._omitted_for(pod, self.omitted(node, usage), usage)
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
             ledger = self._ledger_without(entry, uid)
@@ -611,30 +629,45 @@ class NumaLedgers:
     def never_admits(self, node: str, pod: JSON, shape: Hashable) -> bool:
         """Whether kubelet would reject ``pod`` on ``node`` even with nothing else there (every
         CPU, replica and memory block of its profile free): then no scheduling choice helps, e.g. a
-        Guaranteed GPU pod whose exclusive CPUs exceed every NUMA node under ``restricted``.
+        Guaranteed GPU pod whose exclusive CPUs exceed every NUMA node under ``restricted``. Under
+        ``span`` the idle node lists one replica per GPU, and once anything is booked every replica:
+        never only when kubelet rejects the pod on both lists.
 
-        Memoized per (profile, registered replicas, pod shape): nodes of one kind share it.
+        Memoized per (profile, registered replicas, listing, pod shape): nodes of one kind share it.
         """
         entry = self.nodes.get(node)
         if entry is None or entry.profile is None:
             return False
+        listings = [{}, entry.idle_omitted] if entry.idle_omitted else [{}]
+        return all(self._rejects_idle(entry, pod, shape, omitted) for omitted in listings)
+
+    def _rejects_idle(self, entry: NodeNuma, pod: JSON, shape: Hashable, omitted: Mapping[int, int]) -> bool:
+        """Whether kubelet rejects ``pod`` on the node idle, ``omitted`` replicas left out of the list."""
+        assert entry.profile is not None
         key = (
             _IDLE,
             entry.profile_key,
             tuple(sorted((r, tuple(sorted(t.items()))) for r, t in entry.totals.items())),
-            tuple(sorted(entry.idle_omitted.items())),
+            tuple(sorted(omitted.items())),
             shape,
         )
         cached = self._memo.get(key)
         if cached is None or _aged(entry.profile, self.clock()):
             try:
-                ledger = self._idle_ledger(entry.profile, entry.totals).hiding(
-                    self.resource, {}, entry.idle_omitted
-                )
+                ledger = self._idle_ledger(entry.profile, entry.totals).hiding(self.resource, {}, omitted)
             except InvalidInput:
                 return False
             cached = self._remember(key, predict(entry.profile, ledger, pod, now=self.clock()))
         return cached.outcome is Outcome.REJECT
+
+    def _omitted_for(self, pod: JSON, omitted: dict[int, int], usage: NodeUsage | None) -> dict[int, int]:
+        """The replicas left out of the list as kubelet will see them for ``pod``: none when the pod
+        asks more replicas than the node lists (its own booking makes the plugin list what it needs;
+        the full list stands for that here, as before its GPUs are chosen nothing more is known)."""
+        if not omitted or usage is None:
+            return omitted
+        listed = sum(d.count for d in usage.devices if d.health) - sum(omitted.values())
+        return {} if _replicas_asked(pod, self.resource) > listed else omitted
 
     def _remember(self, key: Hashable, prediction: Prediction) -> Prediction:
         """Keep a prediction in the memo (dropped whole when full); returns it."""

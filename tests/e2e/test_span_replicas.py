@@ -83,3 +83,26 @@ async def test_without_span_the_wide_pod_is_never_admissible(tmp_path: Path) -> 
         await wait_until(lambda: bool(cluster.scheduling_failures("big")), 15, "a failed attempt")
         assert "NumaNeverAdmissible" in cluster.scheduling_failures("big")[0]
         assert cluster.assignment("big") is None
+
+
+async def test_span_leaves_a_wide_gpu_pod_with_cpus_of_one_numa_node_pending_on_the_idle_node(
+    tmp_path: Path,
+) -> None:
+    """The price of ``span`` (docs/operating.md): both GPUs but 8 exclusive CPUs, which NUMA 0 can
+    assign. On the idle ``span`` node the CPU manager prefers NUMA 0 and the device manager only the
+    span, so kubelet would reject it: the scheduler places it nowhere (not ``NumaNeverAdmissible``:
+    with every replica listed it would run), where ``busy`` runs it."""
+    for hide, runs in (("span", False), ("busy", True)):
+        async with SimCluster(two_numa_two_gpu_node(tmp_path, hide, SPLIT)) as cluster:
+            await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
+            pod = _big()
+            pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "8"
+            await cluster.create_pod(pod)
+            if runs:
+                await cluster.wait_settled("big", timeout=15)
+                admission = cluster.assignment("big")
+                assert admission is not None and admission.admitted
+                continue
+            await wait_until(lambda: bool(cluster.scheduling_failures("big")), 15, "a failed attempt")
+            assert "NumaPredictedNotFit" in cluster.scheduling_failures("big")[0]
+            assert cluster.assignment("big") is None

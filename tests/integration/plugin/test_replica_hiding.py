@@ -192,10 +192,16 @@ async def test_an_allocate_cancelled_mid_commit_still_tells_which_replicas_the_p
 async def test_span_lists_one_replica_per_gpu_to_kubelet_over_list_and_watch_until_one_is_held() -> None:
     """``span`` over the real ListAndWatch stream: while nothing is held kubelet receives one
     replica per GPU (the rest not sent at all); after Allocate served a pod every replica is sent
-    again (``busy``: GPU-0's free ones Unhealthy while other GPUs are idle)."""
+    again (``busy``: GPU-0's free ones Unhealthy while other GPUs are idle). ``span`` acts only
+    under kubelet's ``restricted`` policy, which this plugin (no kubelet config here) learns as its
+    NUMA publisher would announce it; before that it lists every replica."""
     async with running_plugin(with_kubelet=True, hide_replicas="span") as (env, kubelet):
-        assert kubelet is not None and env.plugin.room is not None
-        await eventually(lambda: bool(kubelet.lists) and len(kubelet.lists[-1].devices) == 4)
+        room = env.plugin.room
+        assert kubelet is not None and room is not None
+        await eventually(lambda: bool(kubelet.lists) and len(kubelet.lists[-1].devices) == 16)
+        room.topology_policy = lambda: "restricted"
+        room.sync()
+        await eventually(lambda: len(kubelet.lists[-1].devices) == 4)
         assert sorted(_health(kubelet.lists[-1])) == ["GPU-0-0", "GPU-1-0", "GPU-2-0", "GPU-3-0"]
         env.server.put(scheduled_pod("a", ((dev("GPU-0", 4000, 30),),)))
         lock_node(env.server, "a")

@@ -17,6 +17,7 @@ from hamid.fit.fgd import (
 from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_predict import NumaLedger
 from hamid.fit.replica_room import (
+    effective_rule,
     hidden_replicas,
     hides,
     idle_on_node,
@@ -96,6 +97,15 @@ def test_the_ledger_kubelet_sees_has_fewer_free_replicas_and_the_same_totals() -
     assert ledger.hiding(GPU, {}, {}) is ledger
 
 
+def test_span_acts_only_under_restricted() -> None:
+    """Under ``single-numa-node`` a spanning hint could only reject pods, under ``best-effort`` and
+    ``none`` it changes nothing: there ``span`` is ``busy``."""
+    assert effective_rule("span", "restricted") == "span"
+    for policy in ("single-numa-node", "best-effort", "none", None):
+        assert effective_rule("span", policy) == "busy"
+    assert effective_rule("busy", None) == "busy" and effective_rule(None, "restricted") is None
+
+
 def test_span_lists_one_replica_per_gpu_while_nothing_is_booked() -> None:
     usage = _usage(0, 0, 1, 1)
     assert lists_one_per_gpu("span", usage) and not lists_one_per_gpu("busy", usage)
@@ -128,6 +138,10 @@ def test_fgd_a_shape_wider_than_any_numa_node_uses_an_idle_span_node_under_restr
         assert not spans_idle_node(after(state, share, (0,)), wide)
     few_cpus = NodeState.of(128_000, 256_000, gpus, (NumaRoom(30, 64, 80),) * 2, hide="span")
     assert not spans_idle_node(few_cpus, wide)  # 60 free exclusive CPUs: not enough
+    # CPUs one NUMA node can assign: the CPU manager prefers that node, the device manager only the
+    # span (one replica listed per GPU), so kubelet rejects it on the idle span node
+    narrow = Shape(64_000, 1024, 8, 1000, exclusive=64)
+    assert not spans_idle_node(NodeState.of(128_000, 256_000, gpus, rooms, hide="span"), narrow)
     four = Shape(65_000, 1024, 4, 1000, exclusive=65)  # 4 GPUs fit one NUMA node's listed GPUs
     assert not spans_idle_node(NodeState.of(128_000, 256_000, gpus, rooms, hide="span"), four)
 

@@ -52,7 +52,8 @@ class Node:
     def __init__(self, rule: str = "full") -> None:
         self.pods: list[Any] = []
         self.inventory = _inventory()
-        self.room = ReplicaRoom(self.inventory, lambda: list(self.pods), RESOURCE, rule)
+        self.policy: str | None = "restricted"
+        self.room = ReplicaRoom(self.inventory, lambda: list(self.pods), RESOURCE, rule, lambda: self.policy)
 
     def healthy(self, uuid: str) -> set[str]:
         return {
@@ -237,6 +238,19 @@ class _Cache:
 
     def add_handlers(self, **_: Any) -> None:
         return None
+
+
+@pytest.mark.parametrize("policy", [None, "single-numa-node", "best-effort"])
+def test_span_lists_everything_but_under_restricted(policy: str | None) -> None:
+    """``span`` leaves replicas out only where kubelet's policy is ``restricted`` (the profile not
+    published yet, None, counts as not known: nothing is left out)."""
+    node = Node("span")
+    node.policy = policy
+    node.room.sync()
+    assert _listed(node) == {G0: SPLIT, G1: SPLIT}
+    node.policy = "restricted"
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
 
 
 def test_span_lists_everything_until_the_pod_cache_listed_the_node() -> None:

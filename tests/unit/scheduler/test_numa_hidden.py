@@ -97,3 +97,33 @@ def test_span_predicts_a_pod_wider_than_a_numa_node_admitted_on_the_idle_node_on
     assert span.numa.omitted("n1", usage) == {}
     chosen, _fitted, failed, _fit = _plan(span, wide)
     assert chosen is None and failed["n1"] != R.NUMA_NEVER_ADMISSIBLE
+
+
+def test_span_never_admissible_only_when_both_lists_reject() -> None:
+    """Both GPUs and 3 exclusive CPUs (NUMA 0 assigns 3): on the idle ``span`` node kubelet would
+    reject it (the CPUs prefer NUMA 0, the devices only the span), but once anything is booked every
+    replica is listed and it fits NUMA 0: refused, yet not ``NumaNeverAdmissible``."""
+    narrow = _pod("narrow", cpus=3, gpus=2)
+    span, _ = _scheduler(_hiding_node("span", "restricted"))
+    chosen, _fitted, failed, _fit = _plan(span, narrow)
+    assert chosen is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
+    busy, _ = _scheduler(_hiding_node("busy", "restricted"))
+    chosen, _fitted, _failed, _fit = _plan(busy, narrow)
+    assert chosen == "n1"
+
+
+def test_span_predicts_a_pod_asking_more_replicas_than_the_idle_node_lists_on_the_full_list() -> None:
+    """Three containers sharing GPU replicas ask 3 of the 2 listed: once bound, the plugin lists
+    what the booking needs, so the prediction takes the full list rather than refusing the pod."""
+    pod = _pod("three", cpus=1, gpus=1)
+    main = pod["spec"]["containers"][0]
+    pod["spec"]["containers"] = [dict(main, name=f"c{i}") for i in range(3)]
+    span, _ = _scheduler(_hiding_node("span", "restricted"))
+    chosen, _fitted, failed, _fit = _plan(span, pod)
+    assert chosen == "n1", failed
+
+
+def test_span_is_busy_under_single_numa_node() -> None:
+    scheduler, _ = _scheduler(_hiding_node("span", "single-numa-node"))
+    usage = scheduler.state.inventory.nodes["n1"].usage
+    assert scheduler.numa.hide_rule("n1") == "busy" and scheduler.numa.omitted("n1", usage) == {}
