@@ -116,7 +116,7 @@ class Scheduler:
             lambda: self.readiness.leading,
             lambda: len(self.nodes) > len(self.ledger.nodes),
         )
-        self.metrics = SchedulerMetrics(self.ledger, self.fgd)
+        self.metrics = SchedulerMetrics(self.ledger, self.fgd, pod_of=lambda key: self.pods.get(key))
         self.tasks = Tasks()
         #: The refit and fit-failure Events recorded here, bounded (the web view reads them).
         self.history = EventHistory(lambda: self.ledger.clock())

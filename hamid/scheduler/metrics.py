@@ -11,7 +11,8 @@ HAMi-WebUI, computed from the same ledger). HAMi's names are not all promtool-cl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,6 +20,10 @@ from prometheus_client.registry import Collector
 
 from hamid.exposition import HAMI_ZONE, register_hami_build_info, register_process_metrics
 from hamid.fit.usage import DeviceUsage
+from hamid.model import objects
+from hamid.model.annotations import MIG_ALLOCATIONS
+from hamid.model.errors import InvalidInput
+from hamid.model.mig import decode_mig_allocations
 from hamid.model.numa import MISS_CAUSES
 from hamid.scheduler.fgd_rank import FgdRanker
 from hamid.scheduler.ledger import Ledger
@@ -28,6 +33,7 @@ from hamid.scheduler.reconcile import DRIFT_KINDS
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MIB = 1024 * 1024
+_MIG_INFO_HELP = "Realized MIG instance identity and scheduler placement"
 
 
 class _GpuCollector(Collector):
@@ -154,8 +160,10 @@ class HamiCompatCollector(Collector):
     Every family carries ``zone="vGPU"`` as HAMi's does.
     """
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, pod_of: Callable[[str], Mapping[str, Any] | None]) -> None:
+        """``pod_of``: the cached pod of a ``namespace/name`` (the MIG runtime ids the plugin wrote)."""
         self.ledger = ledger
+        self.pod_of = pod_of
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         fams: dict[str, GaugeMetricFamily] = {}
@@ -169,6 +177,7 @@ class HamiCompatCollector(Collector):
         self._devices(add)
         self._containers(add)
         self._quotas(add)
+        self._mig_instances(add)
         yield from fams.values()
 
     def _devices(self, add: _Add) -> None:
@@ -207,6 +216,37 @@ class HamiCompatCollector(Collector):
                     add("hami_vgpu_core_allocated_ratio", core_help, new, allocated)
                     add("vGPUMemoryAllocated", mem_help, old, dev.usedmem * _MIB)
                     add("vGPUCoreAllocated", core_help, old, dev.usedcores)
+
+    def _mig_instances(self, add: _Add) -> None:
+        """HAMi's ``hami_node_gpu_mig_instance_info``: each realized MIG instance of a booked
+        reservation, with the runtime ids the plugin recorded beside that very reservation (a record
+        whose GPU, profile or placement is not the booked one shows nothing)."""
+        index_of = {d.id: d.index for entry in self.ledger.nodes.values() for d in entry.usage.devices}
+        for res in self.ledger.reservations():
+            pod = self.pod_of(res.key) if res.mig else None
+            if pod is None:
+                continue
+            try:
+                recorded = decode_mig_allocations(objects.annotations(pod).get(MIG_ALLOCATIONS) or "")
+            except InvalidInput:
+                continue
+            realized = {a.reservation_key: a for a in recorded if a.realized}
+            for booked in res.mig:
+                a = realized.get(booked.reservation_key)
+                if a is None:
+                    continue
+                labels = {
+                    "node": res.node,
+                    "device_uuid": a.gpu_uuid,
+                    "device_index": str(index_of.get(a.gpu_uuid, "")),
+                    "mig_uuid": a.mig_uuid,
+                    "profile": a.profile,
+                    "gpu_instance_id": str(a.gpu_instance_id),
+                    "compute_instance_id": str(a.compute_instance_id),
+                    "placement_start": str(a.placement.start),
+                    "placement_size": str(a.placement.size),
+                }
+                add("hami_node_gpu_mig_instance_info", _MIG_INFO_HELP, labels, 1.0)
 
     def _quotas(self, add: _Add) -> None:
         """HAMi's quota families: every namespace with a GPU quota or GPU usage, each resource it
@@ -314,7 +354,14 @@ CLUSTER_METRICS = frozenset(family.name for family in _GpuCollector(Ledger()).co
 class SchedulerMetrics:
     """Histograms and counters of the scheduler, registered in their own registry."""
 
-    def __init__(self, ledger: Ledger, fgd: FgdRanker | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        fgd: FgdRanker | None = None,
+        pod_of: Callable[[str], Mapping[str, Any] | None] = lambda _key: None,
+    ) -> None:
+        """``pod_of``: the cached pod of a ``namespace/name`` (HAMi's MIG instance family reads
+        the runtime ids the plugin wrote there; none without it)."""
         self.registry = CollectorRegistry()
         register_process_metrics(self.registry)
         self.filter_seconds = Histogram(
@@ -346,7 +393,7 @@ class SchedulerMetrics:
             self.registry.register(_FgdCollector(fgd))
         #: ``/metrics/hami``: HAMi's names from the same state (cluster families only: leader only).
         self.hami_registry = CollectorRegistry()
-        self.hami_registry.register(HamiCompatCollector(ledger))
+        self.hami_registry.register(HamiCompatCollector(ledger, pod_of))
         register_hami_build_info(self.hami_registry)
 
     def _reconcile_metrics(self) -> None:

@@ -68,6 +68,16 @@ def events(env: Env, reason: str) -> list[dict[str, Any]]:
     return [e for e in env.server.list("Event", "default") if e.get("reason") == reason]
 
 
+def mig_instances(env: Env) -> list[dict[str, str]]:
+    """The labels of ``hami_node_gpu_mig_instance_info`` on the scheduler's ``/metrics/hami`` registry."""
+    return [
+        dict(sample.labels)
+        for family in env.scheduler.metrics.hami_registry.collect()
+        if family.name == "hami_node_gpu_mig_instance_info"
+        for sample in family.samples
+    ]
+
+
 def stored_mig(env: Env, name: str) -> str:
     return str(env.server.get("Pod", "default", name)["metadata"]["annotations"].get(ann.MIG_ALLOCATIONS))
 
@@ -117,6 +127,21 @@ async def test_filter_writes_the_reservation_books_it_and_a_restart_rebuilds_it(
             )
             assert occupied(env) == [("1g.5gb", 6), ("2g.10gb", 0)]
             assert not events(env, R.EVENT_ALLOCATION_IGNORED)
+            # HAMi's family of realized instances: the first one only (the second is not realized)
+            assert mig_instances(env) == [
+                {
+                    "compute_instance_id": "0",
+                    "device_index": "0",
+                    "device_uuid": "GPU-m",
+                    "gpu_instance_id": "3",
+                    "mig_uuid": "MIG-1",
+                    "node": "n1",
+                    "placement_size": "2",
+                    "placement_start": "0",
+                    "profile": "2g.10gb",
+                    "zone": "vGPU",
+                }
+            ]
 
             # a tenant past admission moves the second pod's instance onto the first's slices
             forged = encode_mig_allocations([type(realized)(0, 0, "GPU-m", "2g.10gb", MigPlacement(0, 2))])
@@ -124,6 +149,15 @@ async def test_filter_writes_the_reservation_books_it_and_a_restart_rebuilds_it(
             await wait_for(lambda: bool(events(env, R.EVENT_ALLOCATION_IGNORED)))
             assert "stays booked" in events(env, R.EVENT_ALLOCATION_IGNORED)[0]["message"]
             assert occupied(env) == [("1g.5gb", 6), ("2g.10gb", 0)]  # the booking stays as it was
+            # a realized record on the forged slices shows nothing: it is not the booked reservation
+            forged_ids = type(realized)(0, 0, "GPU-m", "2g.10gb", MigPlacement(0, 2), "MIG-2", 4, 0)
+            await env.kube.patch_pod_metadata(
+                "default", "second", annotations={ann.MIG_ALLOCATIONS: encode_mig_allocations([forged_ids])}
+            )
+            await wait_for(
+                lambda: "MIG-2" in str(env.scheduler.pods.get("default/second")["metadata"]["annotations"])
+            )
+            assert [s["mig_uuid"] for s in mig_instances(env)] == ["MIG-1"]
 
         async with scheduler(server) as env:  # a restart: the bound pod's record and annotations agree
             await wait_for(lambda: "n1" in env.scheduler.ledger.nodes)
