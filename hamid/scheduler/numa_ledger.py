@@ -219,7 +219,11 @@ def _replicas_asked(pod: Mapping[str, Any], resource: str) -> int:
     """The replicas of ``resource`` the pod's containers ask together (init containers included;
     what cannot be read counts as nothing: the predictor judges the pod anyway)."""
     total = 0
-    for c in all_containers(pod):
+    try:
+        containers = all_containers(pod)
+    except InvalidInput:
+        return 0
+    for c in containers:
         try:
             present, raw = resource_value(c, resource)
         except InvalidInput:
