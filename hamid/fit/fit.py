@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamid.fit.mig import fits_another, select_candidate
+from hamid.fit.mig import next_candidate, select_candidate
 from hamid.fit.policy import PodPolicy, device_score, request_memory, try_order
 from hamid.fit.usage import (
     ContainerKind,
@@ -35,7 +35,15 @@ from hamid.fit.usage import (
 )
 from hamid.model import objects
 from hamid.model import reasons as R
-from hamid.model.devices import MODE_MIG, NVIDIA, ContainerDevice, ContainerDevices, MigPlacement, PodDevices
+from hamid.model.devices import (
+    MODE_MIG,
+    NVIDIA,
+    ContainerDevice,
+    ContainerDevices,
+    MigPlacement,
+    MigProfile,
+    PodDevices,
+)
 from hamid.model.errors import InvalidInput
 from hamid.model.mig import MigAllocation
 from hamid.model.quantity import integer_quantity
@@ -268,11 +276,22 @@ class _ContainerFit:
         self.need_cores = max(own.con_cores + self.cores, own.oth_cores)
 
     def extra(self, row: _Row) -> tuple[int, int]:
-        """(memory, cores) placing the container on the sized device adds to the pod's booking."""
+        """(memory, cores) placing the container on the sized device adds to the pod's booking: on a
+        GPU in MIG mode the instance's profile, which is what gets booked (HAMi counts the request
+        against the quota and books the profile, so a pod could end up over its quota)."""
         own = row.own
         mem = self.need_mem - max(own.con_mem, own.oth_mem)
         cores = self.need_cores - max(own.con_cores, own.oth_cores)
+        chosen = self.mig_choice(row.device) if self.mig and row.device.mode == MODE_MIG else None
+        if chosen is not None:
+            mem += chosen[0].memory_mb - self.memreq
+            cores += chosen[0].core - self.cores
         return mem, cores
+
+    def mig_choice(self, device: DeviceUsage) -> tuple[MigProfile, MigPlacement] | None:
+        """The instance the sized request takes on ``device`` after this container's earlier ones."""
+        earlier = [d.usedmem for d in self.collected if d.uuid == device.id]
+        return next_candidate(device.mig_profiles, self.occupied(device), earlier, self.memreq)
 
     def enter_group(self, numa: int, reasons: Counter[str]) -> None:
         """Fit step 4 under numa-bind: a new NUMA group discards what the previous one collected."""
@@ -351,11 +370,7 @@ def _compute_exhausted(fit: _ContainerFit, row: _Row) -> bool:
 
 
 def _mig_infeasible(fit: _ContainerFit, row: _Row) -> bool:
-    device = row.device
-    if device.mode != MODE_MIG:
-        return False
-    earlier = [d.usedmem for d in fit.collected if d.uuid == device.id]
-    return not fits_another(device.mig_profiles, fit.occupied(device), earlier, fit.memreq)
+    return row.device.mode == MODE_MIG and fit.mig_choice(row.device) is None
 
 
 def mig_occupied(

@@ -48,18 +48,19 @@ def select_candidate(
     return None
 
 
-def fits_another(
+def next_candidate(
     profiles: Sequence[MigProfile], occupied: Sequence[MigPlacement], earlier: Sequence[int], memory: int
-) -> bool:
-    """Whether one more device of ``memory`` MiB fits after the container's ``earlier`` devices on
-    this GPU (their memory each, placed first in order) beside ``occupied`` (HAMi ``CustomFilterRule``)."""
+) -> tuple[MigProfile, MigPlacement] | None:
+    """The profile and placement one more device of ``memory`` MiB takes after the container's
+    ``earlier`` devices on this GPU (their memory each, placed first in order) beside ``occupied``;
+    None when it does not fit (HAMi ``CustomFilterRule``)."""
     taken = list(occupied)
     for mem in earlier:
         chosen = select_candidate(profiles, taken, mem)
         if chosen is None:
-            return False
+            return None
         taken.append(chosen[1])
-    return select_candidate(profiles, taken, memory) is not None
+    return select_candidate(profiles, taken, memory)
 
 
 def mig_refusal(layout: PodDevices, mig: Sequence[MigAllocation]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hamid.fit import DeviceAmount, DeviceUsage, Fitted, PodPolicy, Quota, Unfit, fit_pod
-from hamid.fit.mig import fits_another, select_candidate
+from hamid.fit.mig import next_candidate, select_candidate
 from hamid.fit.usage import with_mig
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_MIG, MigPlacement, MigProfile
@@ -71,9 +71,9 @@ def test_a_larger_profile_serves_when_the_smallest_has_no_free_placement() -> No
 
 def test_reported_placements_bound_the_fit() -> None:
     three_2g = [MigPlacement(0, 2), MigPlacement(2, 2), MigPlacement(4, 2)]
-    assert not fits_another(A100, three_2g, [], 10000)
-    assert fits_another(A100, three_2g, [], 5000)
-    assert not fits_another(A100, three_2g, [5000], 5000)  # the container's earlier device took slice 6
+    assert next_candidate(A100, three_2g, [], 10000) is None
+    assert next_candidate(A100, three_2g, [], 5000) is not None
+    assert next_candidate(A100, three_2g, [5000], 5000) is None  # the container's earlier device took slice 6
 
 
 def test_two_devices_of_one_container_take_two_instances_of_one_gpu() -> None:
@@ -133,12 +133,24 @@ def test_containers_of_one_pod_never_share_a_slice() -> None:
 
 
 def test_a_later_container_is_fitted_beside_an_init_containers_instance() -> None:
-    """The init container's instance lives until the pod ends, so the app's request counts against
-    the quota on top of it (5120 MiB booked + 4000 MiB asked), not instead of it."""
+    """The init container's instance lives until the pod ends, so the app's instance counts against
+    the quota on top of it (5120 MiB booked + 5120 MiB, the profile its 4000 MiB take), not instead."""
     pod = spec(req(mem=4000), req(mem=4000), kinds=(I, A))
-    assert fitted(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=9120))).mig[1].placement.start == 5
     assert (
-        reason(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=9119))) == "1/1 ResourceQuotaNotFit"
+        fitted(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=10240))).mig[1].placement.start == 5
+    )
+    assert (
+        reason(fit_pod(node(mig(profiles=(P1G,))), pod, Quota(mem_limit=10239))) == "1/1 ResourceQuotaNotFit"
+    )
+
+
+def test_the_quota_counts_the_profile_a_request_takes_not_the_request() -> None:
+    """4000 MiB asked take a 1g.5gb instance of 5120 MiB, which is what gets booked: a quota of 5000
+    MiB refuses it (HAMi checks the 4000 and books 5120, over the quota)."""
+    one = spec(req(mem=4000))
+    assert fitted(fit_pod(node(mig(profiles=(P1G,))), one, Quota(mem_limit=5120))).mig[0].profile == "1g.5gb"
+    assert (
+        reason(fit_pod(node(mig(profiles=(P1G,))), one, Quota(mem_limit=5000))) == "1/1 ResourceQuotaNotFit"
     )
 
 
