@@ -153,6 +153,11 @@ class PreferredRequest:
     size: int
 
 
+def _of_container(records: Sequence[MigAllocation], index: int) -> list[MigAllocation]:
+    """The MIG reservations of container ``index``, in device order."""
+    return sorted((r for r in records if r.container_index == index), key=lambda r: r.device_index)
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """One Allocate's plan before its commit: each served container's entry, the to-allocate value
@@ -839,7 +844,7 @@ class Allocator:
             ) from exc
         refuse_unbooked_mig(pod, records)
         for index, devices in plans:
-            mine = sorted((r for r in records if r.container_index == index), key=lambda r: r.device_index)
+            mine = _of_container(records, index)
             if not mine:
                 raise AllocationError(
                     f"pod {objects.namespaced_key(pod)} has no MIG reservation ({MIG_ALLOCATIONS}) for "
@@ -885,23 +890,23 @@ class Allocator:
         """Realize each served container's reservations; answer their MIG UUIDs (no HAMi-core part:
         MIG isolates in hardware), and the annotation with the runtime ids added."""
         records = self._mig_reservations(pod, plans)
-        realized: dict[tuple[int, int], MigAllocation] = {}
+        per_container: list[list[MigAllocation]] = []
         for index, _devices in plans:
-            for record in sorted(
-                (r for r in records if r.container_index == index), key=lambda r: r.device_index
-            ):
+            each = []
+            for record in _of_container(records, index):
                 live, created = await mig.ensure(record, owner_of(pod))
                 if created:
                     self._mig_created.append(record.reservation_key)
-                realized[(index, record.device_index)] = dataclasses.replace(
-                    record,
-                    mig_uuid=live.mig_uuid,
-                    gpu_instance_id=live.gpu_instance_id,
-                    compute_instance_id=live.compute_instance_id,
+                each.append(
+                    dataclasses.replace(
+                        record,
+                        mig_uuid=live.mig_uuid,
+                        gpu_instance_id=live.gpu_instance_id,
+                        compute_instance_id=live.compute_instance_id,
+                    )
                 )
-        per_container = [
-            [r for (i, _d), r in sorted(realized.items()) if i == index] for index, _devices in plans
-        ]
+            per_container.append(each)
+        realized = {(r.container_index, r.device_index): r for each in per_container for r in each}
         answers = []
         for each in per_container:
             part = self.device_lists.answer([r.mig_uuid for r in each], str(uuidlib.uuid4()))

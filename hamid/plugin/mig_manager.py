@@ -187,11 +187,6 @@ async def settled(task: asyncio.Future[Any]) -> bool:
     return cancelled
 
 
-def key_of(allocation: MigAllocation) -> Key:
-    """The reservation key of a record (HAMi's: GPU, profile, placement)."""
-    return allocation.reservation_key
-
-
 class MigManager:
     """Creates, adopts and destroys this node's MIG instances (the GPUs given: those registered)."""
 
@@ -265,7 +260,7 @@ class MigManager:
         (``mig-placement-busy``), never shared. NVML's refusals are ``mig-create-failed`` with its
         error; nothing this call made is left behind.
         """
-        key = key_of(allocation)
+        key = allocation.reservation_key
         lock = self._lock(allocation.gpu_uuid)
         current = self._instances.get(key)
         if (current is None and self._overlapping(key)) or (current is not None and current.owner != owner):
@@ -505,7 +500,7 @@ class MigManager:
                 self.events["adopt_failed"] += 1
                 log.error("mig_instance_not_adopted", pod=pod, mig_uuid=record.mig_uuid, reason=reason)
                 return 0
-            key = key_of(record)
+            key = record.reservation_key
             self._instances[key] = Managed(key, expected, -math.inf, holding.owner)
         self.events["adopted"] += 1
         log.info(
@@ -556,7 +551,7 @@ def _held(managed: Managed, holdings: Iterable[Holding]) -> bool:
     """Whether an active pod holds a managed instance: its owner still reserves its key; for one with
     no owner, a pod that may run on it reserves slices it covers (an unadopted realized record)."""
     if managed.owner is not None:
-        return any(h.owner == managed.owner and key_of(h.record) == managed.key for h in holdings)
+        return any(h.owner == managed.owner and h.record.reservation_key == managed.key for h in holdings)
     return any(
         h.running
         and h.record.gpu_uuid == managed.key[0]
