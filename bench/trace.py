@@ -342,7 +342,7 @@ async def replay_one(
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_replicas)
         await cluster.start()
         freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
-        spans = numa == "on" and cluster.hide_rule == HIDE_SPAN
+        spans = numa == "on" and cluster.hide_rule in (HIDE_SPAN, "steer")
         shapes = ShapeCheck(((n.trace.model, n.layout) for n in cluster.nodes.values()), spans)
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)

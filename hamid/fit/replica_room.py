@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
-from hamid.model.numa import HIDE_BUSY, HIDE_SPAN
+from hamid.model.numa import HIDE_BUSY, HIDE_SPAN, HIDE_STEER
 
 
 def effective_rule(rule: str | None, topology_policy: str | None) -> str | None:
@@ -35,7 +35,7 @@ def effective_rule(rule: str | None, topology_policy: str | None) -> str | None:
     Manager ``restricted``, the one policy a preferred spanning hint helps (under ``single-numa-node``
     it could only reject pods, under ``best-effort`` and ``none`` it changes nothing); elsewhere it
     is ``busy``. Both sides read the policy from the node's NUMA profile."""
-    if rule == HIDE_SPAN and topology_policy != "restricted":
+    if rule in (HIDE_SPAN, HIDE_STEER) and topology_policy != "restricted":
         return HIDE_BUSY
     return rule
 
@@ -59,7 +59,7 @@ def hides(rule: str | None, *, room: bool, idle: bool, idle_on_node: bool) -> bo
         return False
     if not room:
         return True
-    return rule in (HIDE_BUSY, HIDE_SPAN) and not idle and idle_on_node
+    return rule in (HIDE_BUSY, HIDE_SPAN, HIDE_STEER) and not idle and idle_on_node
 
 
 def _takes_part(d: DeviceUsage) -> bool:
@@ -91,6 +91,14 @@ def hidden_by_gpu(
     out: dict[str, int] = {}
     if rule is None:
         return out
+    if rule == HIDE_STEER and keep:
+        omitted = omitted_by_gpu(usage, rule, keep)
+        for d in usage.devices:
+            if _takes_part(d):
+                hidden = max(d.count - d.used - keep.get(d.id, 0) - omitted.get(d.id, 0), 0)
+                if hidden:
+                    out[d.id] = hidden
+        return out
     idle = idle_on_node(usage)
     for d in usage.devices:
         if hides_free_replicas(d, rule, idle):
@@ -118,7 +126,7 @@ def _per_numa(usage: NodeUsage, by_gpu: Mapping[str, int]) -> dict[int, int]:
 
 def lists_one_per_gpu(rule: str | None, usage: NodeUsage) -> bool:
     """Whether the plugin lists one free replica per GPU: rule ``span`` on a node with nothing booked."""
-    return rule == HIDE_SPAN and all(
+    return rule in (HIDE_SPAN, HIDE_STEER) and all(
         is_idle(d.used, d.usedmem, d.usedcores) for d in usage.devices if _takes_part(d)
     )
 

@@ -175,7 +175,7 @@ PROFILE_SPAN_VERSION = 7
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
 #: those of a partly booked GPU while the node has an idle one; ``span`` as ``busy``, and a node
 #: with nothing booked lists one free replica per GPU (the others left out of the list).
-HIDE_FULL, HIDE_BUSY, HIDE_SPAN = HIDE_RULES = ("full", "busy", "span")
+HIDE_FULL, HIDE_BUSY, HIDE_SPAN, HIDE_STEER = HIDE_RULES = ("full", "busy", "span", "steer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +452,7 @@ def profile_version(doc: Mapping[str, object]) -> int:
     :data:`PROFILE_SPAN_VERSION` for a ``span`` rule."""
     version = max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in doc), default=FORMAT_VERSION)
     hiding = doc.get("hideReplicas")
-    if isinstance(hiding, Mapping) and hiding.get("rule") == HIDE_SPAN:
+    if isinstance(hiding, Mapping) and hiding.get("rule") in (HIDE_SPAN, HIDE_STEER):
         version = max(version, PROFILE_SPAN_VERSION)
     return version
 

@@ -42,7 +42,7 @@ from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import HIDE_SPAN
+from hamid.model.numa import HIDE_SPAN, HIDE_STEER
 from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.podresources_client import HeldPod
@@ -192,14 +192,26 @@ class ReplicaRoom:
         held = self._held_ids(holders)
         if held is None:
             return {}
-        spans = effective_rule(self.rule, self.topology_policy()) == HIDE_SPAN
+        rule = effective_rule(self.rule, self.topology_policy())
+        spans = rule in (HIDE_SPAN, HIDE_STEER)
+        steered = rule == HIDE_STEER and +needs
         if spans and not holders and self._complete():
+            steer_out: dict[str, frozenset[str]] = {}
             for gpu in self.inventory.gpus:
                 if not self.inventory.is_healthy(gpu.uuid):
                     continue
                 free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
                 self._omitted_now[gpu.uuid] = frozenset(free[max(needs[gpu.uuid], 1) :])
-            return {}
+                if steered and free[needs[gpu.uuid] : max(needs[gpu.uuid], 1)]:
+                    steer_out[gpu.uuid] = frozenset(free[needs[gpu.uuid] : max(needs[gpu.uuid], 1)])
+            return steer_out
+        if steered:
+            steer_hidden: dict[str, frozenset[str]] = {}
+            for gpu in self.inventory.gpus:
+                free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
+                if free[needs[gpu.uuid] :]:
+                    steer_hidden[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])
+            return steer_hidden
         idle = {g.uuid for g in self.inventory.gpus if is_idle(slots[g.uuid], mem[g.uuid], cores[g.uuid])}
         idle_on_node = any(self.inventory.is_healthy(u) for u in idle)
         out: dict[str, frozenset[str]] = {}

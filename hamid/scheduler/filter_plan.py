@@ -21,6 +21,7 @@ from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
 from hamid.fit.numa_fit import numa_targets, offered_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
+from hamid.model.numa import HIDE_STEER
 from hamid.fit.policy import BINPACK, FGD, best_first
 from hamid.fit.usage import PodUsage
 from hamid.log import get_logger
@@ -493,6 +494,8 @@ class Planner:
         order = prefer(entry) if prefer is not None else ()
         if numa is None:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
+        if self.ledgers.hide_rule(entry.name) == HIDE_STEER:
+            return self._fit_steered(entry, spec, quota, release, order, numa)
         prediction = numa.predict(self.ledgers, entry)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
             fitted = self._fit_offered(entry, spec, quota, release, order, prediction)
@@ -511,6 +514,35 @@ class Planner:
         if numa.mode is AlignmentMode.STRICT:
             return Unfit(R.NUMA_PREDICTED_NOT_FIT), True
         return fit_pod(entry.usage, spec, quota, release, prefer=order), False
+
+    def _fit_steered(
+        self,
+        entry: NodeEntry,
+        spec: PodFitSpec,
+        quota: Quota | None,
+        release: PodUsage | None,
+        order: tuple[str, ...],
+        numa: NumaFit,
+    ) -> tuple[Fitted | Unfit, bool]:
+        """EXPERIMENT: the plugin lists only the booked GPUs' replicas while the pod is admitted."""
+        first = fit_pod(entry.usage, spec, quota, release, prefer=order)
+        if not isinstance(first, Fitted):
+            return first, True
+        tries: list[Fitted] = [first]
+        numas = sorted({d.numa for d in entry.usage.devices if d.numa >= 0})
+        for n in numas:
+            within = fit_pod(entry.usage, spec, quota, release, (frozenset({n}),) * len(spec.requests), order)
+            if isinstance(within, Fitted):
+                tries.append(within)
+        for fitted in tries:
+            resolved = self.ledgers.predict_chosen(entry.name, numa.pod, numa.uid, fitted.devices, entry.usage)
+            if resolved is None:
+                return first, True
+            if resolved.outcome is Outcome.PLACED:
+                numa.predictions[entry.name] = resolved
+                return fitted, True
+        never = self.ledgers.never_admits(entry.name, numa.pod, numa.shape)
+        return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT), True
 
     def _fit_offered(
         self,
