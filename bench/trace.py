@@ -58,7 +58,7 @@ from replay.pods import (  # noqa: E402
 
 from hamid.fit.policy import FGD, GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
-from hamid.model.numa import HIDE_SPAN  # noqa: E402
+from hamid.model.numa import SPANNING_RULES  # noqa: E402
 from hamid.plugin.options import AUTO_HIDE_RULE, HIDE_CHOICES  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings, freeze_heap  # noqa: E402
 from hamidsim.apiserver.patch import json_patch  # noqa: E402
@@ -342,7 +342,7 @@ async def replay_one(
         cluster = Cluster(nodes, numa, policy[0], policy[1], hook, cpu_pods == "hamid", hide_replicas)
         await cluster.start()
         freeze_heap()  # as ``hamid scheduler`` does after its first sync: full GCs skip the cluster
-        spans = numa == "on" and cluster.hide_rule in (HIDE_SPAN, "steer")
+        spans = numa == "on" and cluster.hide_rule in SPANNING_RULES
         shapes = ShapeCheck(((n.trace.model, n.layout) for n in cluster.nodes.values()), spans)
         replay = Replay(capacity, shapes=shapes)
         rng = random.Random(seed)

@@ -30,7 +30,7 @@ from hamid.fit.node_room import CpuMem
 from hamid.fit.replica_room import hides
 from hamid.model._wire import want_number
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import HIDE_SPAN, HIDE_STEER
+from hamid.model.numa import HIDE_STEER, SPANNING_RULES
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import ContainerDeviceRequest
 
@@ -330,17 +330,12 @@ def usable(node: NodeState, shape: Shape) -> int:
         ):
             return 0
         return sum(frees[i] for i in fitting)
-    if node.hide == HIDE_STEER and node.numa is not None:
-        total = 0
-        for h, room in enumerate(node.numa):
-            if room.assignable >= shape.exclusive and room.free >= shape.exclusive:
-                on = [frees[i] for i in fitting if node.numas[i] == h]
-                if len(on) >= count:
-                    total += sum(on)
-        return total
-    home = kubelet_home(node, shape)
-    on_home = [frees[i] for i in fitting if node.numas[i] == home]
-    return sum(on_home) if home is not None and len(on_home) >= count else 0
+    total = 0
+    for home in aligned_homes(node, shape):
+        on_home = [frees[i] for i in fitting if node.numas[i] == home]
+        if len(on_home) >= count:
+            total += sum(on_home)
+    return total
 
 
 def spans_idle_node(node: NodeState, shape: Shape) -> bool:
@@ -351,11 +346,26 @@ def spans_idle_node(node: NodeState, shape: Shape) -> bool:
     device manager's only preferred hint spans NUMA nodes; the Topology Manager admits it when the
     CPU manager's does too, i.e. when no NUMA node can assign the shape's exclusive CPUs.
     """
-    if node.hide not in (HIDE_SPAN, HIDE_STEER) or node.numa is None or any(free < WHOLE for free in node.frees):
+    if node.hide not in SPANNING_RULES or node.numa is None or any(free < WHOLE for free in node.frees):
         return False
     widest = max(Counter(node.numas).values(), default=0)
     cpus_span = all(r.assignable < shape.exclusive for r in node.numa)
     return widest < shape.gpus and cpus_span and sum(r.free for r in node.numa) >= shape.exclusive
+
+
+def aligned_homes(node: NodeState, shape: Shape) -> tuple[int, ...]:
+    """The NUMA nodes an aligned shape's exclusive CPUs may go to with its GPUs on the same one.
+
+    Under ``steer`` the plugin offers kubelet only the booked GPUs' replicas while the pod is
+    admitted, so kubelet follows the scheduler to any NUMA node with the free exclusive CPUs;
+    elsewhere kubelet chooses (:func:`kubelet_home`), whatever the scheduler books.
+    """
+    if node.numa is None:
+        return ()
+    if node.hide == HIDE_STEER:
+        return tuple(n for n, room in enumerate(node.numa) if room.free >= shape.exclusive)
+    home = kubelet_home(node, shape)
+    return () if home is None else (home,)
 
 
 def kubelet_home(node: NodeState, shape: Shape) -> int | None:
@@ -419,12 +429,8 @@ def _options(node: NodeState, pod: Shape) -> tuple[list[tuple[int, ...]], bool]:
         options = [_tightest(node, ids, pod.gpus) for ids in by_numa.values() if len(ids) >= pod.gpus]
         options = options or [_tightest(node, fitting, pod.gpus)]
     if pod.exclusive and node.numa is not None:
-        if node.hide == HIDE_STEER:
-            homes = {h for h, room in enumerate(node.numa) if room.free >= pod.exclusive}
-            aligned = [o for o in options if len({node.numas[i] for i in o}) == 1 and node.numas[o[0]] in homes]
-            return (aligned, True) if aligned else (options, False)
-        home = kubelet_home(node, pod)
-        aligned = [o for o in options if all(node.numas[i] == home for i in o)]
+        homes = aligned_homes(node, pod)
+        aligned = [o for o in options if len({node.numas[i] for i in o}) == 1 and node.numas[o[0]] in homes]
         return (aligned, True) if aligned else (options, False)
     return options, True
 
@@ -442,7 +448,7 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     frees = tuple(taking)
     numa = node.numa
     if numa is not None and pod.exclusive and gpus:
-        home = kubelet_home(node, pod) if node.hide != HIDE_STEER else node.numas[gpus[0]]
+        home = node.numas[gpus[0]] if node.hide == HIDE_STEER else kubelet_home(node, pod)
         home = node.numas[gpus[0]] if home is None else home
         if 0 <= home < len(numa):
             room = numa[home]

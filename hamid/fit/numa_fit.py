@@ -15,6 +15,7 @@ from typing import Any
 from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
 from hamid.fit.replica_room import hidden_by_gpu, omitted_by_gpu
 from hamid.fit.usage import NodeUsage
+from hamid.model.devices import PodDevices
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]
@@ -68,6 +69,22 @@ def numa_targets(prediction: Prediction, resource: str, count: int) -> NumaTarge
         nodes = frozenset(n for n, k in per_numa.items() if k > 0 and n != NO_TOPOLOGY)
         targets.append(nodes or None)
     return tuple(targets)
+
+
+def follows_booking(prediction: Prediction, resource: str, devices: PodDevices, usage: NodeUsage) -> bool:
+    """Whether kubelet, as predicted, gives each container its replicas on the NUMA nodes of the
+    GPUs booked for it (``devices``), and those within the container's NUMA affinity (where its
+    exclusive CPUs are): the pod then runs aligned on the GPUs its annotations name."""
+    numa = {d.id: d.numa for d in usage.devices}
+    for i, booked in enumerate(devices):
+        if not booked:
+            continue
+        c = prediction.containers[i] if i < len(prediction.containers) else None
+        given = frozenset(n for n, k in (c.devices.get(resource, {}) if c else {}).items() if k > 0)
+        wanted = frozenset(numa.get(d.uuid, NO_TOPOLOGY) for d in booked)
+        if c is None or given != wanted or not given <= c.numa:
+            return False
+    return True
 
 
 def offered_targets(prediction: Prediction, resource: str, count: int) -> NumaTargets:

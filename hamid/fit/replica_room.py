@@ -13,7 +13,11 @@ replicas as Unhealthy, by one of three rules:
 * ``span``: as ``busy``, and while nothing is booked on the node each GPU *lists* one free replica
   (or as many as pending bookings need), the others left out of the list: kubelet sizes its NUMA
   hints by every listed device, healthy or not, so a pod asking more GPUs than one NUMA node has
-  (and CPUs that need more than one) then gets a preferred spanning hint under ``restricted``.
+  (and CPUs that need more than one) then gets a preferred spanning hint under ``restricted``;
+* ``steer``: as ``span``, and while a booked pod waits for kubelet's admission every free replica
+  but those its booking needs is hidden: kubelet's device hint is then the NUMA node of the GPUs the
+  scheduler chose, so the pod's exclusive CPUs follow them instead of going to the lowest NUMA
+  node with CPUs and replicas (the plugin confirms the list before the bind; docs/operating.md).
 
 Replicas a container holds, or a pending booking needs, stay Healthy (the plugin's side). The
 scheduler's predictor and ``fgd`` count only the replicas kubelet can see. This module is the one
@@ -27,15 +31,16 @@ from collections.abc import Mapping
 from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
-from hamid.model.numa import HIDE_BUSY, HIDE_SPAN, HIDE_STEER
+from hamid.model.numa import HIDE_BUSY, HIDE_STEER, SPANNING_RULES
 
 
 def effective_rule(rule: str | None, topology_policy: str | None) -> str | None:
     """The rule a node's plugin applies: ``span`` leaves replicas out of the list only under Topology
     Manager ``restricted``, the one policy a preferred spanning hint helps (under ``single-numa-node``
     it could only reject pods, under ``best-effort`` and ``none`` it changes nothing); elsewhere it
-    is ``busy``. Both sides read the policy from the node's NUMA profile."""
-    if rule in (HIDE_SPAN, HIDE_STEER) and topology_policy != "restricted":
+    is ``busy``, and so is ``steer``, which includes it. Both sides read the policy from the node's
+    NUMA profile."""
+    if rule in SPANNING_RULES and topology_policy != "restricted":
         return HIDE_BUSY
     return rule
 
@@ -59,7 +64,7 @@ def hides(rule: str | None, *, room: bool, idle: bool, idle_on_node: bool) -> bo
         return False
     if not room:
         return True
-    return rule in (HIDE_BUSY, HIDE_SPAN, HIDE_STEER) and not idle and idle_on_node
+    return rule in (HIDE_BUSY, *SPANNING_RULES) and not idle and idle_on_node
 
 
 def _takes_part(d: DeviceUsage) -> bool:
@@ -86,26 +91,33 @@ def hidden_by_gpu(
     usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
 ) -> dict[str, int]:
     """Free replicas kubelet cannot see per GPU ID on a node whose plugin hides them by ``rule``
-    (a GPU's free replicas are its count less its bookings; ``keep``: per GPU ID, the replicas a
-    pending booking still needs, which the plugin keeps Healthy)."""
+    (a GPU's free replicas are its count less its bookings and those left out of the list;
+    ``keep``: per GPU ID, the replicas a pending booking still needs, which the plugin keeps
+    Healthy; under ``steer`` every free replica on the other NUMA nodes is hidden too)."""
     out: dict[str, int] = {}
     if rule is None:
         return out
-    if rule == HIDE_STEER and keep:
-        omitted = omitted_by_gpu(usage, rule, keep)
-        for d in usage.devices:
-            if _takes_part(d):
-                hidden = max(d.count - d.used - keep.get(d.id, 0) - omitted.get(d.id, 0), 0)
-                if hidden:
-                    out[d.id] = hidden
-        return out
+    keep = keep or {}
     idle = idle_on_node(usage)
+    steered = steered_numa(usage, rule, keep)
+    omitted = omitted_by_gpu(usage, rule, keep) if steered is not None else {}
     for d in usage.devices:
-        if hides_free_replicas(d, rule, idle):
-            hidden = max(d.count - d.used - (keep or {}).get(d.id, 0), 0)
-            if hidden:
+        if hides_free_replicas(d, rule, idle) or (
+            steered is not None and _takes_part(d) and d.numa not in steered
+        ):
+            hidden = d.count - d.used - keep.get(d.id, 0) - omitted.get(d.id, 0)
+            if hidden > 0:
                 out[d.id] = hidden
     return out
+
+
+def steered_numa(usage: NodeUsage, rule: str | None, keep: Mapping[str, int]) -> frozenset[int] | None:
+    """Under ``steer``, the NUMA nodes of the GPUs a pending booking needs, whose replicas alone
+    kubelet sees free while it admits the pod (None: nothing steered)."""
+    if rule != HIDE_STEER:
+        return None
+    numa = frozenset(d.numa for d in usage.devices if keep.get(d.id, 0) > 0)
+    return numa or None
 
 
 def hidden_replicas(
@@ -125,8 +137,9 @@ def _per_numa(usage: NodeUsage, by_gpu: Mapping[str, int]) -> dict[int, int]:
 
 
 def lists_one_per_gpu(rule: str | None, usage: NodeUsage) -> bool:
-    """Whether the plugin lists one free replica per GPU: rule ``span`` on a node with nothing booked."""
-    return rule in (HIDE_SPAN, HIDE_STEER) and all(
+    """Whether the plugin lists one free replica per GPU: rule ``span`` (or ``steer``) on a node with
+    nothing booked."""
+    return rule in SPANNING_RULES and all(
         is_idle(d.used, d.usedmem, d.usedcores) for d in usage.devices if _takes_part(d)
     )
 
@@ -135,8 +148,8 @@ def omitted_by_gpu(
     usage: NodeUsage, rule: str | None, keep: Mapping[str, int] | None = None
 ) -> dict[str, int]:
     """Free replicas per GPU ID the plugin leaves out of its list (kubelet does not count them at
-    all): under ``span`` on a node with nothing booked, all but one per GPU (or as many as pending
-    bookings need)."""
+    all): under ``span`` or ``steer`` on a node with nothing booked, all but one per GPU (or as
+    many as pending bookings need)."""
     if not lists_one_per_gpu(rule, usage):
         return {}
     out: dict[str, int] = {}

@@ -171,11 +171,20 @@ PROFILE_DEVICES_VERSION = 6
 #: Format version of a profile whose ``hideReplicas`` rule is ``span`` (readers of 1 to 6 know
 #: only ``full`` and ``busy``).
 PROFILE_SPAN_VERSION = 7
+#: Format version of a profile whose ``hideReplicas`` rule is ``steer`` (readers of 1 to 7 know
+#: only ``full``, ``busy`` and ``span``).
+PROFILE_STEER_VERSION = 8
 #: The rules by which hamid's device plugin hides free GPU replicas from kubelet
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
 #: those of a partly booked GPU while the node has an idle one; ``span`` as ``busy``, and a node
-#: with nothing booked lists one free replica per GPU (the others left out of the list).
+#: with nothing booked lists one free replica per GPU (the others left out of the list); ``steer``
+#: as ``span``, and while a booked pod is admitted only the free replicas its booking needs are
+#: offered.
 HIDE_FULL, HIDE_BUSY, HIDE_SPAN, HIDE_STEER = HIDE_RULES = ("full", "busy", "span", "steer")
+#: The rules under which an idle node lists one free replica per GPU (``span``'s listing).
+SPANNING_RULES = frozenset({HIDE_SPAN, HIDE_STEER})
+#: The format version each rule needs beyond :data:`PROFILE_HIDE_REPLICAS_VERSION`.
+_RULE_VERSIONS = {HIDE_SPAN: PROFILE_SPAN_VERSION, HIDE_STEER: PROFILE_STEER_VERSION}
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,16 +453,17 @@ PROFILE_VERSIONS = (
     PROFILE_HIDE_REPLICAS_VERSION,
     PROFILE_DEVICES_VERSION,
     PROFILE_SPAN_VERSION,
+    PROFILE_STEER_VERSION,
 )
 
 
 def profile_version(doc: Mapping[str, object]) -> int:
     """The format version of a profile document: the highest its top-level fields need, and
-    :data:`PROFILE_SPAN_VERSION` for a ``span`` rule."""
+    the version its ``hideReplicas`` rule needs (``span``: 7, ``steer``: 8)."""
     version = max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in doc), default=FORMAT_VERSION)
     hiding = doc.get("hideReplicas")
-    if isinstance(hiding, Mapping) and hiding.get("rule") in (HIDE_SPAN, HIDE_STEER):
-        version = max(version, PROFILE_SPAN_VERSION)
+    if isinstance(hiding, Mapping):
+        version = max(version, _RULE_VERSIONS.get(str(hiding.get("rule")), FORMAT_VERSION))
     return version
 
 
@@ -643,9 +653,10 @@ def decode_profile(text: object) -> NumaProfile:
             raise InvalidInput(f"{key}: missing field {required!r}")
     if doc["v"] != profile_version(doc):
         needs = ", ".join(f"{f!r} needs {v}" for f, v in _FIELD_VERSIONS.items())
+        rules = ", ".join(f"rule {r!r} {v}" for r, v in _RULE_VERSIONS.items())
         raise InvalidInput(
             f"{key}: format version {doc['v']} does not match its fields "
-            f"({needs}, rule 'span' {PROFILE_SPAN_VERSION}; else 1, the highest applies)"
+            f"({needs}, {rules}; else 1, the highest applies)"
         )
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)

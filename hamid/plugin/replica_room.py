@@ -42,7 +42,7 @@ from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import HIDE_SPAN, HIDE_STEER
+from hamid.model.numa import HIDE_STEER, SPANNING_RULES
 from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.podresources_client import HeldPod
@@ -193,38 +193,39 @@ class ReplicaRoom:
         if held is None:
             return {}
         rule = effective_rule(self.rule, self.topology_policy())
-        spans = rule in (HIDE_SPAN, HIDE_STEER)
-        steered = rule == HIDE_STEER and +needs
-        if spans and not holders and self._complete():
-            steer_out: dict[str, frozenset[str]] = {}
+        steered = self._steered_numa(needs) if rule == HIDE_STEER else None
+        out: dict[str, frozenset[str]] = {}
+        if rule in SPANNING_RULES and not holders and self._complete():
             for gpu in self.inventory.gpus:
                 if not self.inventory.is_healthy(gpu.uuid):
                     continue
                 free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
-                self._omitted_now[gpu.uuid] = frozenset(free[max(needs[gpu.uuid], 1) :])
-                if steered and free[needs[gpu.uuid] : max(needs[gpu.uuid], 1)]:
-                    steer_out[gpu.uuid] = frozenset(free[needs[gpu.uuid] : max(needs[gpu.uuid], 1)])
-            return steer_out
-        if steered:
-            steer_hidden: dict[str, frozenset[str]] = {}
-            for gpu in self.inventory.gpus:
-                free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
-                if free[needs[gpu.uuid] :]:
-                    steer_hidden[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])
-            return steer_hidden
+                listed = max(needs[gpu.uuid], 1)
+                self._omitted_now[gpu.uuid] = frozenset(free[listed:])
+                if steered is not None and gpu.numa not in steered and free[:listed]:
+                    out[gpu.uuid] = frozenset(free[:listed])
+            return out
         idle = {g.uuid for g in self.inventory.gpus if is_idle(slots[g.uuid], mem[g.uuid], cores[g.uuid])}
         idle_on_node = any(self.inventory.is_healthy(u) for u in idle)
-        out: dict[str, frozenset[str]] = {}
         for gpu in self.inventory.gpus:
             facts = self.inventory.facts(gpu.uuid)
             if facts is None:
                 continue
             room = not no_room(mem[gpu.uuid], facts.memory_mib, cores[gpu.uuid], facts.cores)
-            if not hides(self.rule, room=room, idle=gpu.uuid in idle, idle_on_node=idle_on_node):
+            if not (
+                hides(self.rule, room=room, idle=gpu.uuid in idle, idle_on_node=idle_on_node)
+                or (steered is not None and gpu.numa not in steered)
+            ):
                 continue
             free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
             out[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])
         return out
+
+    def _steered_numa(self, needs: Counter[str]) -> frozenset[int | None] | None:
+        """The NUMA nodes of the GPUs pending bookings need (None: none pending): under ``steer``
+        only their free replicas are offered while kubelet admits the pod."""
+        numa = frozenset(g.numa for g in self.inventory.gpus if needs[g.uuid] > 0)
+        return numa or None
 
     def _forget_gone(self, live: set[str]) -> None:
         """Forget the pods seen on the node before and gone now (a pod Allocate served before the

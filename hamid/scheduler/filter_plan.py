@@ -19,9 +19,8 @@ from typing import NamedTuple
 
 from hamid.fit.fgd import Placement, Shape
 from hamid.fit.fit import Fitted, PodFitSpec, Quota, Unfit, fit_pod, room_needed
-from hamid.fit.numa_fit import numa_targets, offered_targets, pod_shape
+from hamid.fit.numa_fit import follows_booking, numa_targets, offered_targets, pod_shape
 from hamid.fit.numa_predict import Outcome, Prediction
-from hamid.model.numa import HIDE_STEER
 from hamid.fit.policy import BINPACK, FGD, best_first
 from hamid.fit.usage import PodUsage
 from hamid.log import get_logger
@@ -30,6 +29,7 @@ from hamid.model import reasons as R
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
+from hamid.model.numa import HIDE_STEER
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
@@ -495,7 +495,9 @@ class Planner:
         if numa is None:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
         if self.ledgers.hide_rule(entry.name) == HIDE_STEER:
-            return self._fit_steered(entry, spec, quota, release, order, numa)
+            steered = self._fit_steered(entry, spec, quota, release, order, numa)
+            if steered is not None:
+                return steered
         prediction = numa.predict(self.ledgers, entry)
         if prediction is None or prediction.outcome is Outcome.UNKNOWN:
             fitted = self._fit_offered(entry, spec, quota, release, order, prediction)
@@ -523,24 +525,43 @@ class Planner:
         release: PodUsage | None,
         order: tuple[str, ...],
         numa: NumaFit,
-    ) -> tuple[Fitted | Unfit, bool]:
-        """EXPERIMENT: the plugin lists only the booked GPUs' replicas while the pod is admitted."""
+    ) -> tuple[Fitted | Unfit, bool] | None:
+        """Fit the pod on a node whose plugin steers kubelet (``--hide-replicas steer``): while the
+        pod is admitted only its booked GPUs' NUMA nodes offer free replicas, so kubelet follows the
+        GPUs the scheduler chooses. The policy's choice first, then within each NUMA node in turn;
+        the first kubelet is predicted to admit with the booked GPUs' replicas, within the NUMA
+        node(s) of its CPUs, wins; else (not ``strict``) the first it admits at all, unaligned.
+        None: nothing is known of the node's
+        prediction (the plain path decides)."""
         first = fit_pod(entry.usage, spec, quota, release, prefer=order)
         if not isinstance(first, Fitted):
             return first, True
-        tries: list[Fitted] = [first]
-        numas = sorted({d.numa for d in entry.usage.devices if d.numa >= 0})
-        for n in numas:
-            within = fit_pod(entry.usage, spec, quota, release, (frozenset({n}),) * len(spec.requests), order)
-            if isinstance(within, Fitted):
-                tries.append(within)
-        for fitted in tries:
-            resolved = self.ledgers.predict_chosen(entry.name, numa.pod, numa.uid, fitted.devices, entry.usage)
+        numa_nodes = sorted({d.numa for d in entry.usage.devices if d.numa >= 0})
+        fallback: tuple[Fitted, Prediction] | None = None
+        for target in (None, *numa_nodes):
+            fitted = (
+                first
+                if target is None
+                else fit_pod(
+                    entry.usage, spec, quota, release, (frozenset({target}),) * len(spec.requests), order
+                )
+            )
+            if not isinstance(fitted, Fitted):
+                continue
+            resolved = self.ledgers.predict_chosen(
+                entry.name, numa.pod, numa.uid, fitted.devices, entry.usage
+            )
             if resolved is None:
-                return first, True
-            if resolved.outcome is Outcome.PLACED:
+                return None
+            if resolved.outcome is not Outcome.PLACED:
+                continue
+            if follows_booking(resolved, self.config.resource_count_name, fitted.devices, entry.usage):
                 numa.predictions[entry.name] = resolved
                 return fitted, True
+            fallback = fallback or (fitted, resolved)
+        if fallback is not None and numa.mode is not AlignmentMode.STRICT:
+            numa.predictions[entry.name] = fallback[1]
+            return fallback[0], False
         never = self.ledgers.never_admits(entry.name, numa.pod, numa.shape)
         return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT), True
 

@@ -54,6 +54,7 @@ from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, PodBody
 from hamid.model.numa import (
+    HIDE_STEER,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -685,19 +686,19 @@ class NumaLedgers:
     ) -> Prediction | None:
         """The prediction once the pod's GPUs are chosen (``devices``, init first; ``usage``: the
         node's GPUs), where the node's profile says hamid's plugin offers kubelet
-        ``GetPreferredAllocation`` for them; None elsewhere (nothing more is known)."""
+        ``GetPreferredAllocation`` for them or steers kubelet to them (``steer``: the replicas
+        kubelet picks among are then only on the booked GPUs' NUMA nodes); None elsewhere (nothing
+        more is known)."""
         entry = self.nodes.get(node)
-        if (
-            entry is None
-            or entry.profile is None
-            or entry.ledger is None
-            or entry.unbooked
-            or entry.profile.preferred_allocation != self.resource
-        ):
+        if entry is None or entry.profile is None or entry.ledger is None or entry.unbooked:
+            return None
+        rule = self.hide_rule(node)
+        preferred = entry.profile.preferred_allocation == self.resource
+        if not preferred and rule != HIDE_STEER:
             return None
         # once bound, the pod's booking is pending: the plugin keeps the replicas it needs offered
         keep = Counter(d.uuid for container in devices for d in container)
-        view = PluginView(self.resource, gpu_replicas(usage, self.hide_rule(node), keep), devices)
+        view = PluginView(self.resource, gpu_replicas(usage, rule, keep), devices) if preferred else None
         ledger = self._ledger_without(entry, uid)
         visible = (
             ledger.hiding(self.resource, self.hidden(node, usage, keep), self.omitted(node, usage, keep))

@@ -1,9 +1,10 @@
-"""The rule both sides share: which free replicas kubelet sees (``full`` and ``busy``)."""
+"""The rule both sides share: which free replicas kubelet sees (``full``, ``busy``, ``span``, ``steer``)."""
 
 from __future__ import annotations
 
 from hamid.fit.fgd import (
     Gpu,
+    aligned_homes,
     NodeState,
     NumaRoom,
     Shape,
@@ -25,6 +26,7 @@ from hamid.fit.replica_room import (
     no_room,
     omitted_by_gpu,
     omitted_replicas,
+    steered_numa,
 )
 from hamid.fit.usage import DeviceAmount, NodeUsage
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, DeviceInfo
@@ -175,3 +177,43 @@ def test_fgd_busy_moves_kubelets_choice_to_the_idle_gpu_and_back_once_none_is_id
     assert both.numa is not None and both.numa[0].replicas >= 1 and kubelet_home(both, aligned) == 0
     full = after(NodeState.of(64_000, 256_000, gpus, rooms, hide="full"), share, (0,))
     assert kubelet_home(full, aligned) == 0
+
+
+def test_steer_offers_only_the_booked_gpus_numa_node_while_a_booking_is_pending() -> None:
+    """A pending booking on g2 (NUMA 1): every free replica on NUMA 0 is hidden, so kubelet's
+    device hint is NUMA 1; without one ``steer`` hides as ``span`` (and so as ``busy``)."""
+    assert effective_rule("steer", "restricted") == "steer"
+    assert effective_rule("steer", "single-numa-node") == "busy"
+    usage = _usage(0, 0, 1, 1)
+    usage.add({"g0": DeviceAmount(1, 2000, 30)})  # a share on g0: every replica listed again
+    assert steered_numa(usage, "steer", {}) is None and steered_numa(usage, "busy", {"g2": 1}) is None
+    assert hidden_replicas(usage, "steer") == hidden_replicas(usage, "busy") == {0: 9}
+    assert steered_numa(usage, "steer", {"g2": 1}) == frozenset({1})
+    assert hidden_replicas(usage, "steer", {"g2": 1}) == {0: 19}  # g0's 9 free and g1's 10
+    assert gpu_replicas(usage, "steer", {"g2": 1}) == {"g0": (0, 0), "g1": (0, 0), "g2": (1, 10), "g3": (1, 10)}
+    # a booking on both NUMA nodes hides nothing more than busy does
+    both = {"g1": 1, "g2": 1}
+    assert hidden_replicas(usage, "steer", both) == hidden_replicas(usage, "busy", both) == {0: 9}
+    # the idle node lists one replica per GPU (span's listing): those off NUMA 1 are hidden
+    idle = _usage(0, 0, 1, 1)
+    assert omitted_by_gpu(idle, "steer", {"g3": 1}) == {"g0": 9, "g1": 9, "g2": 9, "g3": 9}
+    assert gpu_replicas(idle, "steer", {"g3": 1}) == {"g0": (0, 0), "g1": (0, 0), "g2": (1, 1), "g3": (1, 1)}
+
+
+def test_fgd_under_steer_an_aligned_shape_uses_the_gpus_of_every_numa_node_with_its_cpus() -> None:
+    """kubelet gives an aligned shape NUMA 0 (the lowest with CPUs and replicas) whatever its GPU
+    there has left; under ``steer`` it follows the booking to any NUMA node with the CPUs."""
+    aligned = Shape(4000, 1024, 1, 500, exclusive=4)
+    gpus = (Gpu(300, 0, "A100"), Gpu(1000, 1, "A100"))
+    rooms = (NumaRoom(20, 32, 16), NumaRoom(32, 32, 16))
+    busy = NodeState.of(64_000, 256_000, gpus, rooms, hide="busy", rejects_unpreferred=True)
+    steer = NodeState.of(64_000, 256_000, gpus, rooms, hide="steer", rejects_unpreferred=True)
+    assert kubelet_home(busy, aligned) == 0 and aligned_homes(busy, aligned) == (0,)
+    assert usable(busy, aligned) == 0  # NUMA 0's GPU has 300 left: nothing usable aligned
+    assert aligned_homes(steer, aligned) == (0, 1)
+    assert usable(steer, aligned) == 1000
+    # the pod runs on GPU 1 with its exclusive CPUs from NUMA 1
+    placed = after(steer, aligned, (1,))
+    assert placed.numa is not None and (placed.numa[0].free, placed.numa[1].free) == (20, 28)
+    short = NodeState.of(64_000, 256_000, gpus, (NumaRoom(20, 32, 16), NumaRoom(2, 32, 16)), hide="steer")
+    assert aligned_homes(short, aligned) == (0,) and usable(short, aligned) == 0

@@ -404,8 +404,8 @@ def test_profile_saying_the_plugin_hides_replicas_is_format_5_and_older_ones_dec
     for rule in HIDE_RULES:
         hiding = dataclasses.replace(plain, hide_replicas=ReplicaHiding("nvidia.com/gpu", rule))
         doc = json.loads(encode_profile(hiding))
-        # ``span`` needs a reader that knows the rule: format 7
-        want = 7 if rule == "span" else 5
+        # ``span`` and ``steer`` need a reader that knows the rule: formats 7 and 8
+        want = {"span": 7, "steer": 8}.get(rule, 5)
         assert (doc["v"], doc["hideReplicas"]) == (want, {"resource": "nvidia.com/gpu", "rule": rule})
         assert decode_profile(encode_profile(hiding)) == hiding
         for v in range(1, want):

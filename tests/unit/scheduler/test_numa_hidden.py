@@ -30,12 +30,12 @@ def _numa(prediction: Any) -> set[int]:
     return set(prediction.containers[0].numa)
 
 
-def _fill_gpu0(scheduler: Scheduler, mem: int = 8000) -> None:
-    """``full``: one CPU and ``mem`` MiB of GPU 0 (NUMA 0; all of it by default), planned and
-    booked as the filter does."""
-    p = _pod("full", cpus=1, mem=mem)
+def _fill_gpu0(scheduler: Scheduler, mem: int = 8000, gpu: str = "n1-g0") -> None:
+    """``full``: one CPU and ``mem`` MiB of GPU 0 (NUMA 0; all of it by default; or ``gpu``),
+    planned and booked as the filter does."""
+    p = _pod("full", cpus=1, mem=mem, annotations={ann.USE_GPU_UUID: gpu})
     node, fitted, _, numa = _plan(scheduler, p)
-    assert node == "n1" and _gpus_of(fitted) == ["n1-g0"]
+    assert node == "n1" and _gpus_of(fitted) == [gpu]
     scheduler.ledger.reserve(p, node, fitted.devices, ann.encode_pod_devices(fitted.devices))
     scheduler.numa.book("uid-full", node, numa.predictions[node], p)
 
@@ -127,3 +127,32 @@ def test_span_is_busy_under_single_numa_node() -> None:
     scheduler, _ = _scheduler(_hiding_node("span", "single-numa-node"))
     usage = scheduler.state.inventory.nodes["n1"].usage
     assert scheduler.numa.hide_rule("n1") == "busy" and scheduler.numa.omitted("n1", usage) == {}
+
+
+def test_steer_lets_the_gpu_policy_choose_and_kubelet_follow_it() -> None:
+    """GPU 0 (NUMA 0) holds a share, GPU 1 (NUMA 1) is idle, and ``binpack`` prefers GPU 0. Under
+    ``busy`` GPU 0's free replicas are hidden, kubelet's hint is NUMA 1 and the pod can only go to
+    GPU 1; under ``steer`` only the booked GPU's NUMA node offers free replicas while the pod is
+    admitted, so kubelet gives its CPUs NUMA 0 and the pod packs GPU 0, aligned."""
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+    for rule, gpu, want in (("busy", "n1-g1", {1}), ("steer", "n1-g0", {0})):
+        scheduler, _ = _scheduler(_hiding_node(rule, "restricted"))
+        _fill_gpu0(scheduler, mem=2000)
+        chosen, fitted, _failed, numa = _plan(scheduler, _pod("b", cpus=2, annotations=binpack))
+        assert chosen == "n1" and _gpus_of(fitted) == [gpu]
+        assert _numa(numa.predictions["n1"]) == want
+
+
+def test_steer_books_a_pod_across_numa_nodes_only_as_the_unaligned_fallback() -> None:
+    """Both GPUs and 3 exclusive CPUs, a share on GPU 1: a booking on both NUMA nodes steers
+    nothing, kubelet's hint is NUMA 0 (its CPUs, and GPU 0's replicas) and the plugin hands out GPU
+    0's replicas only, so the booking is never predicted to be followed; no NUMA node holds both
+    GPUs, and the pod (not ``strict``) runs as the unaligned fallback with kubelet's prediction."""
+    steer, _ = _scheduler(_hiding_node("steer", "restricted"))
+    _fill_gpu0(steer, mem=2000, gpu="n1-g1")
+    chosen, fitted, _failed, numa = _plan(steer, _pod("two", cpus=3, gpus=2))
+    assert chosen == "n1" and sorted(_gpus_of(fitted)) == ["n1-g0", "n1-g1"]
+    assert _numa(numa.predictions["n1"]) == {0}
+    strict = _pod("strict", cpus=3, gpus=2, annotations={"hami.io/numa-alignment": "strict"})
+    chosen, _fitted, failed, _numa_fit = _plan(steer, strict)
+    assert chosen is None and failed == {"n1": R.NUMA_PREDICTED_NOT_FIT}
