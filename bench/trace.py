@@ -58,7 +58,7 @@ from replay.pods import (  # noqa: E402
 
 from hamid.fit.policy import FGD, GPU_POLICIES, NODE_POLICIES  # noqa: E402
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices  # noqa: E402
-from hamid.model.numa import SPANNING_RULES  # noqa: E402
+from hamid.model.numa import HIDE_STEER, SPANNING_RULES  # noqa: E402
 from hamid.plugin.options import AUTO_HIDE_RULE, HIDE_CHOICES  # noqa: E402
 from hamid.scheduler.core import SchedulerSettings, freeze_heap  # noqa: E402
 from hamidsim.apiserver.patch import json_patch  # noqa: E402
@@ -278,7 +278,8 @@ def _could_align(
     CPUs one NUMA node whose GPUs have room for it (by the bookings of the pods kubelet admitted). It
     is the simulator's and the bench's judgement, not hamid's: the other nodes are as they were when
     the pod came; on ``chosen`` kubelet gave the pod's CPUs the NUMA node it would have given them,
-    and the pod's own GPUs are taken out of the bookings."""
+    and the pod's own GPUs are taken out of the bookings. Under ``--hide-replicas steer`` the plugin
+    leads kubelet to any NUMA node with the free exclusive CPUs, so each such one counts."""
     used = Counter(replay.gpu_used)
     for device in devices:
         used[device.uuid] -= device.usedcores
@@ -290,8 +291,14 @@ def _could_align(
         node = cluster.nodes[name]
         if models is not None and node.trace.model not in models:
             continue
-        numa = given_numa if node is chosen else node.kubelet_numa(pod)
-        if numa is not None and _room_on(node, numa, trace, used):
+        if cluster.hide_rule == HIDE_STEER:
+            need = -(-trace.cpu_milli // MILLI)
+            numas = {n for n in node.layout.numa_cpus if node.free_cpus_on(n) >= need}
+            numas |= {given_numa} if node is chosen and given_numa is not None else set()
+        else:
+            numa = given_numa if node is chosen else node.kubelet_numa(pod)
+            numas = {numa} if numa is not None else set()
+        if any(_room_on(node, n, trace, used) for n in numas):
             return True
     return False
 
