@@ -254,6 +254,7 @@ class Allocator:
         device_nodes: DeviceNodes | None = None,
         device_lists: DeviceLists | None = None,
         cdi_specs: CdiSpecs | None = None,
+        on_cdi_scan: Callable[[CdiScan], None] | None = None,
         mig: MigManager | None = None,
     ) -> None:
         self.client = client
@@ -271,6 +272,8 @@ class Allocator:
         self.cdi_specs = cdi_specs
         if self.device_lists.any_cdi and cdi_specs is None:
             raise ValueError("a CDI device list strategy needs the CDI spec directories")
+        #: Told each scan of the spec directories (the GPUs' CDI health follows it).
+        self.on_cdi_scan = on_cdi_scan
         #: Told ``(namespace/name, replica IDs)`` after each committed Allocate (the replicas the
         #: pod holds from now on: :class:`~hamid.plugin.replica_room.ReplicaRoom`).
         self.on_allocated = on_allocated
@@ -652,6 +655,8 @@ class Allocator:
             raise AllocationError(f"preparing the node for the containers failed: {exc!r}") from exc
         lists = self.device_lists
         if host.cdi is not None:
+            if self.on_cdi_scan is not None:
+                self.on_cdi_scan(host.cdi)
             for each in uuids:
                 host.cdi.require(lists.cdi_names(each))
         answers = [

@@ -23,7 +23,8 @@ from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
-from hamid.plugin.cdi_specs import CdiSpecs
+from hamid.plugin.cdi_health import CdiHealth
+from hamid.plugin.cdi_specs import RESCAN_INTERVAL_S, CdiSpecs
 from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.discovery import (
@@ -73,6 +74,8 @@ class PluginTimings:
     numa_interval: float | None = None
     #: How often a ``mig`` mode node reconciles its MIG instances with its active pods.
     mig_interval: float = RECONCILE_INTERVAL_S
+    #: How often the CDI spec directories are read for the GPUs' health (with a CDI strategy).
+    cdi_interval: float = RESCAN_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +173,16 @@ class Plugin:
         device_lists: DeviceLists | None = None,
         cdi_specs: CdiSpecs | None = None,
         mig_interval: float = RECONCILE_INTERVAL_S,
+        cdi_interval: float = RESCAN_INTERVAL_S,
     ) -> None:
         self.setup = setup
         self.inventory = GpuInventory(setup.gpus, setup.config, setup.mig_allowlist)
+        #: Reports the GPUs no CDI spec names unhealthy (None: no CDI strategy).
+        self.cdi: CdiHealth | None = None
+        if cdi_specs is not None:
+            self.cdi = CdiHealth(
+                cdi_specs, device_lists or DeviceLists(), self.inventory, interval=cdi_interval
+            )
         self.pods = NodePods(client, node_name, call_timeout=CALL_TIMEOUT_S)
         #: Owns the MIG instances of a ``mig`` mode node (None: another mode, or no NVML).
         self.mig: MigManager | None = None
@@ -267,6 +277,7 @@ class Plugin:
             device_nodes=device_nodes,
             device_lists=device_lists,
             cdi_specs=cdi_specs,
+            on_cdi_scan=self.cdi.apply if self.cdi is not None else None,
             mig=self.mig,
         )
 
@@ -282,6 +293,9 @@ class Plugin:
             if self.mig is not None:  # before kubelet can call Allocate
                 await self.mig.start()
                 tg.create_task(self.mig.run())
+            if self.cdi is not None:  # before kubelet and the scheduler see the GPUs' health
+                await self.cdi.start()
+                tg.create_task(self.cdi.run())
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
             tg.create_task(self.cleaner.run())
@@ -388,7 +402,7 @@ class PluginApp:
             _log_configured(self.options, setup)
             _check_mig(self.options, setup)
             await _check_device_nodes(self.options.device_nodes(), setup)
-            self._cdi_specs = await _check_cdi_specs(self.options, setup)
+            self._cdi_specs = _cdi_specs_of(self.options)
             if self._kube is None:
                 self._kube = await _connect(self.options)
             self._plugin = plugin = self._wire(self._kube, setup, handler, policy)
@@ -437,6 +451,7 @@ class PluginApp:
             device_lists=options.device_lists(),
             cdi_specs=self._cdi_specs,
             mig_interval=timings.mig_interval,
+            cdi_interval=timings.cdi_interval,
         )
         if self._refit_client is not None:
             self._refit_client.observer = plugin.metrics.observe_refit
@@ -503,29 +518,16 @@ async def _check_device_nodes(nodes: DeviceNodes | None, setup: NodeSetup) -> No
         log.error("gpu_minor_unknown_allocate_refuses", uuids=unknown, option="--pass-device-specs")
 
 
-async def _check_cdi_specs(options: PluginOptions, setup: NodeSetup) -> CdiSpecs | None:
-    """With a CDI device list strategy: the spec directories, read once now so that what is wrong
-    is logged at start (a file that defines nothing, a GPU or feature no spec names: Allocate then
-    refuses its containers); they are read again at each Allocate, so a spec written later counts.
-    Never stops the start: the spec may be generated after the plugin."""
+def _cdi_specs_of(options: PluginOptions) -> CdiSpecs | None:
+    """With a CDI device list strategy: the spec directories (first read when the plugin runs:
+    :class:`~hamid.plugin.cdi_health.CdiHealth`, then again at each Allocate and periodically)."""
     lists = options.device_lists()
     if options.pass_device_specs and lists.all_cdi:
         log.warning(
             "pass_device_specs_ignored",
             reason="every device list strategy is a CDI one: the CDI spec declares the device nodes",
         )
-    if not lists.any_cdi:
-        return None
-    specs = CdiSpecs(options.cdi_spec_dirs)
-    scan = await asyncio.to_thread(specs.scan)
-    for problem in scan.problems:
-        log.warning("cdi_spec_problem", problem=problem)
-    missing = scan.missing(lists.cdi_names([g.uuid for g in setup.gpus]))
-    if missing:
-        log.error("cdi_devices_missing_allocate_refuses", devices=missing, dirs=list(specs.dirs))
-    else:
-        log.info("cdi_devices_found", gpus=len(setup.gpus), dirs=list(specs.dirs))
-    return specs
+    return CdiSpecs(options.cdi_spec_dirs) if lists.any_cdi else None
 
 
 async def _connect(options: PluginOptions) -> KubeClient:

@@ -7,14 +7,16 @@ would otherwise fail the container's creation later, with a vaguer error, or a c
 start without its GPU. Each scan lists the directories and re-reads only files whose size or
 modification time changed, so a spec written after the plugin started is seen at the next
 ``Allocate``. A file that cannot be read or parsed is reported (logged once per version, naming the
-file) and defines nothing, as in the runtime; it never stops the plugin. One scan at a time: run
-:meth:`CdiSpecs.scan` in a thread.
+file) and defines nothing, as in the runtime; it never stops the plugin. Run :meth:`CdiSpecs.scan`
+in a thread; scans are serialised (Allocate's and the periodic one of
+:mod:`hamid.plugin.cdi_health` may overlap).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,9 +66,14 @@ class CdiSpecs:
     def __init__(self, dirs: Sequence[str]) -> None:
         self.dirs = tuple(dirs)
         self._files: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
+        self._lock = threading.Lock()
 
     def scan(self) -> CdiScan:
         """Read the directories now (files unchanged since the last scan are not parsed again)."""
+        with self._lock:
+            return self._scan()
+
+    def _scan(self) -> CdiScan:
         problems: list[str] = []
         entries: list[tuple[int, str, cdi.SpecDevices]] = []
         seen: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
@@ -132,6 +139,9 @@ class CdiSpecs:
         return stamp, content
 
 
+#: How often the plugin reads the directories besides at start and at each ``Allocate`` (the GPUs'
+#: CDI health: :mod:`hamid.plugin.cdi_health`).
+RESCAN_INTERVAL_S = 30.0
 #: The stamp of a file that could not be read: it matches no file, so the next scan reads it again.
 _UNREAD: _Stamp = (-1, -1, -1)
 #: The largest spec read (``nvidia-ctk``'s for 8 GPUs is a few KiB): a bigger file defines nothing.

@@ -82,11 +82,16 @@ class DeviceLists:
         """Whether devices are named through CDI only (no env, no device nodes from the plugin)."""
         return all(s in nv.CDI_STRATEGIES for s in self.strategies)
 
+    @staticmethod
+    def gpu_cdi_name(uuid: str) -> str:
+        """The CDI device a GPU is named by (by UUID: the only ``--device-id-strategy`` built)."""
+        return cdi.qualified_name(nv.GPU_KIND, uuid)
+
     def cdi_names(self, uuids: Sequence[str]) -> tuple[str, ...]:
         """The CDI devices of a container with these GPUs: each GPU's, then each feature's."""
         if not self.any_cdi:
             return ()
-        gpus = (cdi.qualified_name(nv.GPU_KIND, u) for u in uuids)
+        gpus = (self.gpu_cdi_name(u) for u in uuids)
         features = (cdi.qualified_name(nv.feature_kind(f), nv.FEATURE_DEVICE) for f in self.features)
         return (*gpus, *features)
 

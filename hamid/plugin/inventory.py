@@ -2,15 +2,18 @@
 
 Owned by the event loop: health changes arrive through :meth:`GpuInventory.mark_unhealthy` (the XID
 thread schedules it with ``loop.call_soon_threadsafe``) and wake every ``ListAndWatch`` stream and
-the registration loop. Apart from XID health (sticky), free replicas may be hidden from kubelet by
-the ``--hide-replicas`` rule (:meth:`GpuInventory.set_hidden`, kept by :mod:`hamid.plugin.replica_room`):
-they are reported Unhealthy while the rule says so.
+the registration loop. XID health is sticky, as upstream; a recoverable condition (no CDI spec names
+the GPU: :mod:`hamid.plugin.cdi_health`) holds only while its cause does
+(:meth:`GpuInventory.set_condition`), and a GPU is healthy while neither holds. Apart from health,
+free replicas may be hidden from kubelet by the ``--hide-replicas`` rule
+(:meth:`GpuInventory.set_hidden`, kept by :mod:`hamid.plugin.replica_room`): they are reported
+Unhealthy while the rule says so.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
@@ -41,6 +44,14 @@ def replica_id(uuid: str, i: int) -> str:
 def device_type(name: str) -> str:
     """The registered ``type``: the NVML name prefixed with ``NVIDIA-`` unless it starts with NVIDIA."""
     return name if name.upper().startswith(NVIDIA) else f"{NVIDIA}-{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionChange:
+    """The GPUs a :meth:`GpuInventory.set_condition` made hold the condition, and those it cleared."""
+
+    began: tuple[str, ...] = ()
+    ended: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,8 @@ class GpuInventory:
         self._healthy = {g.uuid: g.healthy for g in self.gpus}
         self._minor = {g.uuid: g.minor for g in self.gpus}
         self._unhealthy_reason = {g.uuid: "unhealthy at discovery" for g in self.gpus if not g.healthy}
+        #: Recoverable conditions: condition -> the GPUs (UUIDs) it holds on.
+        self._conditions: dict[str, frozenset[str]] = {}
         self._replica_uuid: dict[str, str] = {}
         self._replicas_of: dict[str, tuple[str, ...]] = {}
         for gpu in self.gpus:
@@ -136,7 +149,7 @@ class GpuInventory:
         self._omitted: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
-        #: Called after a GPU turned unhealthy (the hidden replicas depend on which GPUs are healthy).
+        #: Called after a GPU's health changed (the hidden replicas depend on which GPUs are healthy).
         self.on_health_change: Callable[[], None] | None = None
 
     @staticmethod
@@ -184,7 +197,7 @@ class GpuInventory:
         out: list[Replica] = []
         for gpu in self.gpus:
             numa = gpu.numa if self.settings.enable_numa_topology else None
-            healthy = self._healthy[gpu.uuid]
+            healthy = self.is_healthy(gpu.uuid)
             hidden = self._hidden.get(gpu.uuid, frozenset())
             omitted = self._omitted.get(gpu.uuid, frozenset())
             out.extend(
@@ -195,8 +208,23 @@ class GpuInventory:
         return out
 
     def is_healthy(self, uuid: str) -> bool:
-        """Whether an advertised GPU is healthy (XID health; hidden replicas aside)."""
-        return self._healthy.get(uuid, False)
+        """Whether an advertised GPU is healthy: no XID marked it and no condition holds (hidden
+        replicas aside)."""
+        return self._healthy.get(uuid, False) and not any(uuid in held for held in self._conditions.values())
+
+    def set_condition(self, condition: str, uuids: Iterable[str]) -> ConditionChange:
+        """From now on ``condition`` holds on exactly these advertised GPUs (others ignored); wakes
+        watchers when a GPU began or ceased to hold it."""
+        wanted = frozenset(u for u in uuids if u in self._healthy)
+        before = self._conditions.get(condition, frozenset())
+        change = ConditionChange(tuple(sorted(wanted - before)), tuple(sorted(before - wanted)))
+        if wanted:
+            self._conditions[condition] = wanted
+        else:
+            self._conditions.pop(condition, None)
+        if change.began or change.ended:
+            self._health_changed()
+        return change
 
     def hidden(self, uuid: str) -> frozenset[str]:
         """The replicas of a GPU hidden for want of room (empty: none)."""
@@ -239,7 +267,8 @@ class GpuInventory:
         return int(memory * s.device_memory_scaling), int(s.device_core_scaling * 100)
 
     def facts(self, uuid: str) -> GpuFacts | None:
-        """Registered capacity and health of one advertised GPU (None: the node has no such GPU)."""
+        """Registered capacity and XID health of one advertised GPU (None: the node has no such
+        GPU). Conditions are left out: Allocate checks their causes itself, as they are now."""
         gpu = next((g for g in self.gpus if g.uuid == uuid), None)
         capacity = self._capacity(gpu) if gpu is not None else None
         if capacity is None:
@@ -271,7 +300,7 @@ class GpuInventory:
                     type=device_type(gpu.name),
                     numa=gpu.numa if gpu.numa is not None else 0,
                     mode=s.operating_mode,
-                    health=self._healthy[gpu.uuid],
+                    health=self.is_healthy(gpu.uuid),
                     mig_profiles=mig.profiles if mig is not None else (),
                 )
             )
@@ -284,10 +313,13 @@ class GpuInventory:
         self._healthy[uuid] = False
         self._unhealthy_reason[uuid] = reason
         log.warning("gpu_marked_unhealthy", uuid=uuid, reason=reason)
+        self._health_changed()
+        return True
+
+    def _health_changed(self) -> None:
         self._bump()
         if self.on_health_change is not None:
             self.on_health_change()
-        return True
 
     def _bump(self) -> None:
         self.generation += 1

@@ -287,7 +287,9 @@ class _StateCollector(Collector):
         # no node label: the scrape target carries it (the chart's ServiceMonitor relabels it in)
         gpu_labels = ["device_uuid", "device_index", "numa"]
         healthy = GaugeMetricFamily(
-            "hamid_plugin_gpu_healthy", "1 while the GPU is healthy.", labels=gpu_labels
+            "hamid_plugin_gpu_healthy",
+            "1 while the GPU is healthy (no critical XID; with a CDI strategy, a CDI spec names it).",
+            labels=gpu_labels,
         )
         replicas = GaugeMetricFamily(
             "hamid_plugin_gpu_replicas", "Replicas (vGPU slots) advertised to kubelet.", labels=gpu_labels

@@ -229,6 +229,7 @@ async def running_plugin(
     devices_file: Path | None = None,
     mig_allowlist: tuple[AllowedMigProfiles, ...] = (),
     mig_interval: float = 300.0,
+    cdi_interval: float = 300.0,
     pods: tuple[dict[str, Any], ...] = (),
     **options: Any,
 ) -> AsyncIterator[tuple[Env, FakeKubelet | None]]:
@@ -236,8 +237,9 @@ async def running_plugin(
     its ``--hide-replicas``; ``devices_file``: discover the GPUs from it as ``--devices-file`` does,
     with the default node config, instead of ``gpus`` and ``config``; ``mig_allowlist``: the
     device config's ``migProfileAllowlist``; ``mig_interval``: how often MIG instances are
-    reconciled; ``pods``: stored before the plugin starts, as after a restart; ``options``: more
-    :class:`PluginOptions` fields); tear all down."""
+    reconciled; ``cdi_interval``: how often the CDI specs are read for the GPUs' health; ``pods``:
+    stored before the plugin starts, as after a restart; ``options``: more :class:`PluginOptions`
+    fields); tear all down."""
     config = config or NodeConfig(device_split_count=4, enable_numa_topology=True)
     with short_dir() as directory:
         async with ApiServer() as server:
@@ -266,6 +268,7 @@ async def running_plugin(
                 cleanup_interval=cleanup_interval,
                 cleanup_min_age=cleanup_min_age,
                 mig_interval=mig_interval,
+                cdi_interval=cdi_interval,
             )
             app = PluginApp(
                 plugin_options,

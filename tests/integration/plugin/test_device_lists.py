@@ -14,11 +14,25 @@ import pytest
 import structlog.testing
 from grpclib import GRPCError
 from grpclib.const import Status
+from prometheus_client import generate_latest
 
 from hamid._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from hamid.model.annotations import BIND_PHASE, DEVICES_TO_ALLOCATE, NODE_LOCK
+from hamid.model.annotations import (
+    BIND_PHASE,
+    DEVICES_TO_ALLOCATE,
+    NODE_LOCK,
+    NODE_REGISTER,
+    decode_node_devices,
+)
 from hamid.plugin.cdi_specs import CdiSpecs
-from tests.integration.plugin.helpers import NODE, dev, running_plugin, scheduled_pod, stored_annotations
+from tests.integration.plugin.helpers import (
+    NODE,
+    dev,
+    eventually,
+    running_plugin,
+    scheduled_pod,
+    stored_annotations,
+)
 from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
 KEY = re.compile(r"cdi\.k8s\.io/nvidia-device-plugin_[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\Z")
@@ -28,7 +42,8 @@ CORE_ENVS = {"CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_
 
 
 def write_spec(directory: Path, name: str, kind: str, *devices: str) -> Path:
-    """A spec file as ``nvidia-ctk cdi generate`` writes it (edits trimmed)."""
+    """A spec file as ``nvidia-ctk cdi generate`` writes it (edits trimmed), replaced at once: a
+    periodic scan never reads it half written."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     spec = {
@@ -39,7 +54,9 @@ def write_spec(directory: Path, name: str, kind: str, *devices: str) -> Path:
         ],
         "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
     }
-    path.write_text(json.dumps(spec))
+    partial = directory / f".{name}.tmp"
+    partial.write_text(json.dumps(spec))
+    partial.replace(path)
     return path
 
 
@@ -319,3 +336,117 @@ async def test_a_failure_preparing_the_node_is_a_refusal_like_any(
         assert "injected" in str(err.value.message)
         assert stored_annotations(env.server, "Pod", "p").get(BIND_PHASE) == "failed"
         assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
+
+
+def gpu_health(listed: pb.ListAndWatchResponse) -> dict[str, str]:
+    """Each GPU's health in one ListAndWatch message (all its replicas agree)."""
+    health: dict[str, set[str]] = {}
+    for d in listed.devices:
+        health.setdefault(d.ID.rpartition("-")[0], set()).add(d.health)
+    assert all(len(h) == 1 for h in health.values())
+    return {gpu: h.pop() for gpu, h in health.items()}
+
+
+def registered_health(env: Any) -> dict[str, bool]:
+    """Each GPU's health in the node's register annotation, as the scheduler reads it."""
+    value = stored_annotations(env.server, "Node", NODE, None).get(NODE_REGISTER)
+    return {d.id: d.health for d in decode_node_devices(value)} if value else {}
+
+
+def healthy_gauge(env: Any) -> dict[str, float]:
+    """``hamid_plugin_gpu_healthy`` by GPU, as scraped."""
+    text = generate_latest(env.plugin.metrics.registry).decode()
+    found = re.findall(
+        r'^hamid_plugin_gpu_healthy\{[^}]*device_uuid="([^"]+)"[^}]*\} (\S+)$', text, re.MULTILINE
+    )
+    return {uuid: float(value) for uuid, value in found}
+
+
+async def test_a_gpu_no_spec_names_is_unhealthy_until_a_scan_finds_its_spec(tmp_path: Path) -> None:
+    """Over the real ListAndWatch stream, the register annotation and the gauge: a GPU whose CDI
+    device no spec defines is Unhealthy from the first list (Allocate would refuse its pods), and
+    Healthy again at the periodic scan after its spec is written; it turns Unhealthy again when the
+    spec stops naming it. An XID stays sticky whatever the specs say, and a malformed spec file
+    only defines nothing."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, "GPU-0", "GPU-1")
+    (specs / "broken.yaml").write_text("cdiVersion: [\n")
+    unhealthy = {"GPU-0": "Healthy", "GPU-1": "Healthy", "GPU-2": "Unhealthy", "GPU-3": "Unhealthy"}
+    with structlog.testing.capture_logs() as logs:
+        async with running_plugin(
+            device_list_strategy=("cdi-cri",),
+            cdi_spec_dirs=(str(specs),),
+            with_kubelet=True,
+            hide_replicas="off",
+            cdi_interval=0.05,
+        ) as (env, kubelet):
+            assert kubelet is not None
+            await eventually(lambda: bool(kubelet.lists))
+            assert gpu_health(kubelet.lists[0]) == unhealthy  # never advertised Healthy first
+            await eventually(lambda: bool(registered_health(env)))
+            assert registered_health(env) == {"GPU-0": True, "GPU-1": True, "GPU-2": False, "GPU-3": False}
+            assert healthy_gauge(env) == {"GPU-0": 1, "GPU-1": 1, "GPU-2": 0, "GPU-3": 0}
+
+            env.plugin.inventory.mark_unhealthy("GPU-3", "XID 79")
+            gpu_spec(specs, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+            healed = {**unhealthy, "GPU-2": "Healthy"}  # GPU-3 stays out: its XID is sticky
+            await eventually(lambda: gpu_health(kubelet.lists[-1]) == healed)
+            await eventually(lambda: registered_health(env)["GPU-2"])
+            assert not registered_health(env)["GPU-3"]
+            assert healthy_gauge(env) == {"GPU-0": 1, "GPU-1": 1, "GPU-2": 1, "GPU-3": 0}
+
+            gpu_spec(specs, "GPU-0", "GPU-2", "GPU-3")  # a regenerated spec without GPU-1
+            await eventually(lambda: gpu_health(kubelet.lists[-1])["GPU-1"] == "Unhealthy")
+            await eventually(lambda: not registered_health(env)["GPU-1"])
+    gone = [(e["uuid"], e["dirs"]) for e in logs if e["event"] == "gpu_unhealthy_cdi_spec_missing"]
+    assert gone == [("GPU-2", [str(specs)]), ("GPU-3", [str(specs)]), ("GPU-1", [str(specs)])]
+    assert [e["uuid"] for e in logs if e["event"] == "gpu_healthy_cdi_spec_found"] == ["GPU-2"]
+    assert [e["uuid"] for e in logs if e["event"] == "gpu_cdi_spec_found_still_unhealthy"] == ["GPU-3"]
+    assert any(e["event"] == "cdi_spec_ignored" and e["path"] == str(specs / "broken.yaml") for e in logs)
+
+
+async def test_each_allocate_scan_updates_the_gpus_cdi_health(tmp_path: Path) -> None:
+    """Allocate's own scan of the specs updates the GPUs' health at once (no periodic scan runs
+    here): a spec written since the start heals the GPUs it names."""
+    gpu_spec(tmp_path, "GPU-0", "GPU-1")
+    async with (
+        running_plugin(
+            device_list_strategy=("cdi-annotations",), cdi_spec_dirs=(str(tmp_path),), hide_replicas="off"
+        ) as (env, _),
+        stub_for(env) as stub,
+    ):
+        inventory = env.plugin.inventory
+        assert [inventory.is_healthy(f"GPU-{i}") for i in range(4)] == [True, True, False, False]
+        gpu_spec(tmp_path, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+        await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+        await allocate(stub, "GPU-1-0")
+        assert [inventory.is_healthy(f"GPU-{i}") for i in range(4)] == [True] * 4
+
+
+async def test_a_failing_scan_stops_nothing_and_changes_no_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks in a scan (an injected fault here) is logged and tried again at the next
+    one: the plugin registers and lists its GPUs, their health as it was, until a scan succeeds."""
+    gpu_spec(tmp_path, "GPU-0", "GPU-1")
+
+    def broken(self: CdiSpecs) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(CdiSpecs, "scan", broken)
+    with structlog.testing.capture_logs() as logs:
+        async with running_plugin(
+            device_list_strategy=("cdi-cri",),
+            cdi_spec_dirs=(str(tmp_path),),
+            with_kubelet=True,
+            hide_replicas="off",
+            cdi_interval=0.05,
+        ) as (_env, kubelet):
+            assert kubelet is not None
+            await eventually(lambda: bool(kubelet.lists))
+            await eventually(lambda: sum(e["event"] == "cdi_spec_scan_failed" for e in logs) >= 2)
+            assert set(gpu_health(kubelet.lists[-1]).values()) == {"Healthy"}
+            monkeypatch.undo()
+            expected = {"GPU-0": "Healthy", "GPU-1": "Healthy", "GPU-2": "Unhealthy", "GPU-3": "Unhealthy"}
+            await eventually(lambda: gpu_health(kubelet.lists[-1]) == expected)
+    assert any(e["event"] == "cdi_spec_scan_failed" and "injected" in e["error"] for e in logs)

@@ -33,7 +33,7 @@ from hamid.plugin.allocator_rules import (
 from hamid.plugin.discovery import PhysicalGpu
 from hamid.plugin.errors import AllocationError, summarize
 from hamid.plugin.hamicore_answer import HamiCoreSettings, MountSpec, hami_core_answer
-from hamid.plugin.inventory import GpuInventory, device_type
+from hamid.plugin.inventory import ConditionChange, GpuInventory, device_type
 from hamid.plugin.mig_nvml import MigSliceProfile
 
 V100_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
@@ -107,6 +107,25 @@ def test_replicas_topology_and_health() -> None:
     assert topo.mark_unhealthy("GPU-a", "XID 79") and not topo.mark_unhealthy("GPU-a", "again")
     assert topo.generation == 1
     assert [r.healthy for r in topo.replicas()] == [False, False, True, True]
+
+
+def test_conditions_are_recoverable_and_apart_from_sticky_xid_health() -> None:
+    inv = GpuInventory([gpu("GPU-a", 0, 0), gpu("GPU-b", 1, 0)], NodeConfig(device_split_count=1))
+    pokes: list[None] = []
+    inv.on_health_change = lambda: pokes.append(None)
+    assert inv.set_condition("cdi-spec-missing", ["GPU-a", "GPU-z"]) == ConditionChange(began=("GPU-a",))
+    assert inv.set_condition("cdi-spec-missing", ["GPU-a"]) == ConditionChange()  # no change, no wake-up
+    assert inv.set_condition("other", ["GPU-a", "GPU-b"]) == ConditionChange(began=("GPU-a", "GPU-b"))
+    assert (inv.generation, len(pokes)) == (2, 2)
+    assert [r.healthy for r in inv.replicas()] == [False, False]
+    assert inv.set_condition("other", []) == ConditionChange(ended=("GPU-a", "GPU-b"))
+    assert [r.healthy for r in inv.replicas()] == [False, True]  # GPU-a still holds the first one
+    assert [d.health for d in inv.device_infos()] == [False, True]
+    assert inv.facts("GPU-a") == GpuFacts(32768, 100, None)  # Allocate checks the cause itself
+    inv.mark_unhealthy("GPU-a", "XID 79")
+    assert inv.set_condition("cdi-spec-missing", []) == ConditionChange(ended=("GPU-a",))
+    assert not inv.is_healthy("GPU-a") and inv.is_healthy("GPU-b")  # the XID is sticky
+    assert (inv.generation, len(pokes)) == (5, 5)
 
 
 def cd(uuid: str, mem: int = 1000, cores: int = 30) -> ContainerDevice:
