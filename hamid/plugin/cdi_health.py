@@ -73,10 +73,11 @@ class CdiHealth:
                 hint="generate a spec: nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml",
             )
         for uuid in change.ended:
-            event = "gpu_healthy_cdi_spec_found"
-            if not self.inventory.is_healthy(uuid):
-                event = "gpu_cdi_spec_found_still_unhealthy"  # an XID marked it: that stays
-            log.info(event, uuid=uuid, device=name(uuid), dirs=list(scan.dirs))
+            where = {"uuid": uuid, "device": name(uuid), "dirs": list(scan.dirs)}
+            if self.inventory.is_healthy(uuid):
+                log.info("gpu_healthy_cdi_spec_found", **where)
+            else:  # an XID marked it: that stays
+                log.info("gpu_cdi_spec_found_still_unhealthy", **where)
 
     async def run(self) -> None:
         """Scan every ``interval`` s until cancelled."""
