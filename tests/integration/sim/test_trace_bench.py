@@ -162,7 +162,7 @@ def test_a_pod_wider_than_every_numa_node_is_never_admissible_with_numa(
     assert ("no node could ever admit" in result.stdout) == bool(never)
 
 
-@pytest.mark.parametrize(("hide", "aligned"), [("off", 0.0), ("auto", 100.0)])
+@pytest.mark.parametrize(("hide", "aligned"), [("off", 0.0), ("auto", 100.0), ("steer", 100.0)])
 def test_an_unaligned_pod_that_had_an_aligned_place_elsewhere_counts_against_alignment(
     tmp_path: Path, hide: str, aligned: float
 ) -> None:
@@ -172,7 +172,8 @@ def test_an_unaligned_pod_that_had_an_aligned_place_elsewhere_counts_against_ali
     (GPU 0 still shows free replicas), ``binpack`` tries the used nodes first and falls back to GPU 1
     of the first once four more nodes gave no aligned fit: it runs unaligned while the idle sixth
     node had an aligned place, which the bench's judge (the simulated kubelet and the bookings) finds.
-    With the replicas hidden kubelet gives NUMA 1 on a used node, and the pod runs aligned there."""
+    With the replicas hidden kubelet gives NUMA 1 on a used node, and the pod runs aligned there;
+    steered, kubelet follows ``binpack``'s GPU 1 of the first used node to NUMA 1."""
     nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
     nodes.write_text(f"{NODES_HEADER}\n" + "".join(f"n{i},16000,65536,2,T4\n" for i in range(6)))
     pods.write_text(
