@@ -43,6 +43,10 @@ NODE_SCORE = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE = "hami.io/node-handshake"
 NODE_LOCK = "hami.io/mutex.lock"
 DEVICE_CORDON = "hami.io/device-cordon"
+#: hamid's plugin, under ``--hide-replicas steer``: the node lock value (exactly) whose pod's replicas
+#: it has sent kubelet on every ListAndWatch stream; the scheduler's ``/bind`` waits for it before
+#: the Binding (``--steer-wait``). On the Node: tenants may write their pods' annotations, not Nodes.
+DEVICES_LISTED_FOR = "hamid.io/devices-listed-for"
 
 # --- pod annotations written by the scheduler and the plugin --------------------------------
 VGPU_NODE = "hami.io/vgpu-node"  # annotation and label
@@ -102,6 +106,7 @@ HAMID_ANNOTATION_KEYS = (
     NODE_HANDSHAKE,
     NODE_LOCK,
     DEVICE_CORDON,
+    DEVICES_LISTED_FOR,
     *SCHEDULER_OWNED_ANNOTATIONS,
     USE_GPU_UUID,
     NOUSE_GPU_UUID,

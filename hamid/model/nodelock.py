@@ -19,7 +19,13 @@ from typing import Any
 
 from hamid.model import annotations as ann
 from hamid.model import objects
-from hamid.model.annotations import NODE_LOCK, NodeLock, format_node_lock, parse_node_lock
+from hamid.model.annotations import (
+    DEVICES_LISTED_FOR,
+    NODE_LOCK,
+    NodeLock,
+    format_node_lock,
+    parse_node_lock,
+)
 from hamid.model.errors import InvalidInput
 
 #: ``--node-lock-max-hold``: how long a Pending, unallocated holder may keep a node lock at most.
@@ -56,8 +62,12 @@ def expired(lock: NodeLock, now: datetime, timeout: timedelta) -> bool:
 
 
 def take_annotations(now: datetime, namespace: str, name: str) -> dict[str, str | None]:
-    """What taking the lock for ``namespace/name`` writes (``now`` aware; HAMi writes local time)."""
-    return {NODE_LOCK: format_node_lock(now, namespace, name)}
+    """What taking the lock for ``namespace/name`` writes (``now`` aware; HAMi writes local time).
+
+    A take also removes the plugin's acknowledgement of an earlier take (``steer``): lock values
+    have whole seconds, so a take repeated within the second would otherwise find it already there.
+    """
+    return {NODE_LOCK: format_node_lock(now, namespace, name), DEVICES_LISTED_FOR: None}
 
 
 def release_annotations() -> dict[str, str | None]:

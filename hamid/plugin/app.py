@@ -20,6 +20,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.gpulinks import GpuLinks
 from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
+from hamid.model.numa import HIDE_STEER
 from hamid.model.resources import DeviceConfig, ResourceConfig, load_device_config
 from hamid.plugin.allocator import CALL_TIMEOUT_S, Allocator
 from hamid.plugin.cachedirs import CLEANUP_INTERVAL_S, CacheDirCleaner
@@ -52,6 +53,7 @@ from hamid.plugin.refit_client import RefitClient, build_refit_client
 from hamid.plugin.register import ERROR_INTERVAL_S, REGISTER_INTERVAL_S, NodeRegistrar
 from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import DevicePluginService
+from hamid.plugin.steering import LockSteering
 from hamid.plugin.vgpu_feedback import VgpuFeedback
 
 log = get_logger("plugin")
@@ -216,6 +218,10 @@ class Plugin:
             client, hook_path, mismatch_handler, device_nodes, device_lists, cdi_specs
         )
         self.service = DevicePluginService(self.inventory, self.allocator, preferred_allocation=preferred)
+        #: The ``steer`` handshake with the scheduler's /bind (None: another rule).
+        self.steering: LockSteering | None = None
+        if self.room is not None and self.room.rule == HIDE_STEER:
+            self.steering = LockSteering(self.pods, self.room, self.service.sent)
         self.metrics = PluginMetrics(
             self.inventory, hook_path=hook_path, nvml=setup.nvml, node_name=node_name
         )
@@ -298,6 +304,8 @@ class Plugin:
                 tg.create_task(self.cdi.run())
             tg.create_task(self.registrar.run())
             tg.create_task(self.connector.run())
+            if self.steering is not None:
+                tg.create_task(self.steering.run())
             tg.create_task(self.cleaner.run())
             if self.feedback is not None:
                 tg.create_task(self.feedback.run())

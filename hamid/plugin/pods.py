@@ -16,7 +16,7 @@ from hamid.kube.errors import NotFound
 from hamid.log import get_logger
 from hamid.model import nodelock
 from hamid.model.errors import InvalidInput
-from hamid.model.kube import JSON, Body, Node, NodeBody, Pod, PodBody
+from hamid.model.kube import JSON, Body, Node, NodeBody, Pod, PodBody, view
 from hamid.model.objects import object_key, resource_version, version_at_least
 
 log = get_logger("plugin.pods")
@@ -30,6 +30,8 @@ class NodePods:
         self.node_name = node_name
         self.call_timeout = call_timeout
         self._overlay: dict[str, JSON] = {}
+        #: The node as the plugin's last write returned it, until the cache has that version.
+        self._own_node: Node | None = None
         self.pod_cache = PodCache(client, node_name=node_name, on_delete=self._forget)
         self.node_cache = NodeCache(client, field_selector=f"metadata.name={node_name}")
 
@@ -74,8 +76,24 @@ class NodePods:
         return out
 
     def node(self) -> Node | None:
-        """The node record from the cache (None until seen)."""
-        return self.node_cache.get(self.node_name)
+        """The node record from the cache, or the plugin's own newer write (None until seen)."""
+        cached = self.node_cache.get(self.node_name)
+        ours = self._own_node
+        if ours is None:
+            return cached
+        # versions that cannot be ordered leave the cache in charge
+        if (
+            cached is not None
+            and version_at_least(resource_version(cached), resource_version(ours)) is not False
+        ):
+            self._own_node = None
+            return cached
+        return ours
+
+    def remember_node(self, node: JSON) -> None:
+        """Overlay the node as a write of the plugin returned it (until the cache has that version):
+        a resourceVersion-guarded write right after it (the lock release) then need not conflict."""
+        self._own_node = view(Node, node)
 
     def lock_owner(self, node: NodeBody | None = None) -> str | None:
         """``namespace/name`` of the pod holding ``hami.io/mutex.lock`` (None: no lock or legacy form)."""
@@ -86,13 +104,15 @@ class NodePods:
             return None
         return None if lock is None else nodelock.holder_key(lock)
 
-    async def fetch_pod(self, namespace: str, name: str) -> JSON | None:
-        """One GET of a pod (when the cache lags); remembered in the overlay. None when it is gone."""
+    async def fetch_pod(self, namespace: str, name: str, *, remember: bool = True) -> JSON | None:
+        """One GET of a pod (when the cache lags); remembered in the overlay unless ``remember`` is
+        False (a pod that may never be bound here). None when it is gone."""
         try:
             pod = await self.client.get_pod(namespace, name, timeout=self.call_timeout)
         except NotFound:
             return None
-        self.remember(pod)
+        if remember:
+            self.remember(pod)
         return pod
 
     async def fetch_node(self) -> JSON:

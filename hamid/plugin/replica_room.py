@@ -24,6 +24,10 @@ replicas hidden down to the one it needs, an 8-GPU pod would see 4 replicas per 
   before PodResources was read): hiding a held replica would shrink kubelet's allocatable.
 
 A GPU with room again re-offers its replicas; XID unhealthiness stays separate and sticky.
+
+``steer`` lists, while pending bookings are admitted, only the free replicas they need (the pod
+the node lock names counts from the moment the scheduler's ``/bind`` took the lock, before it is
+bound: :mod:`hamid.plugin.steering`); otherwise it is ``span``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hamid.fit.replica_room import effective_rule, hides, is_idle, no_room
@@ -77,6 +81,18 @@ def pod_booking(pod: Mapping[str, Any], resource_name: str) -> PodBooking | None
     return PodBooking(usage, dict(needs), len(pending) < sum(1 for entry in layout if entry))
 
 
+@dataclass(slots=True)
+class _Booked:
+    """What the live pods of the node book per GPU (of the admitted ones), need (pending entries)
+    and who holds replicas."""
+
+    mem: Counter[str] = field(default_factory=Counter)
+    cores: Counter[str] = field(default_factory=Counter)
+    slots: Counter[str] = field(default_factory=Counter)
+    needs: Counter[str] = field(default_factory=Counter)
+    holders: set[str] = field(default_factory=set)
+
+
 class ReplicaRoom:
     """Keeps the inventory's hidden replicas from the node's bookings (event-loop owned)."""
 
@@ -110,6 +126,9 @@ class ReplicaRoom:
         #: Whether ``pods`` lists every pod of the node (its cache applied its first list): only
         #: then may ``span`` take an empty list for an idle node.
         self._complete: Callable[[], bool] = lambda: True
+        #: The pod the node lock names while it is being bound (``namespace/name``) and the replicas
+        #: its pending booking needs per GPU: counted as a bound pod's until ``pods`` lists it.
+        self._binding: tuple[str, Mapping[str, int]] | None = None
 
     def watch(self, cache: PodCache) -> None:
         """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn);
@@ -134,7 +153,19 @@ class ReplicaRoom:
     def allocated(self, pod_key: str, ids: Iterable[str]) -> None:
         """Allocate served ``pod_key`` these replica IDs (they are held from now on); re-judge."""
         self._allocated[pod_key] = self._allocated.get(pod_key, frozenset()) | frozenset(ids)
+        if self._binding is not None and self._binding[0] == pod_key:
+            self._binding = None  # served: what it needed is held now
         self.sync()
+
+    def binding(self, pod_key: str | None, needs: Mapping[str, int] | None = None) -> bool:
+        """The pod the node lock names is being bound here and its pending booking ``needs`` these
+        replicas per GPU (None: no such pod any more); re-judge, and whether kubelet's view changed."""
+        self._binding = None if pod_key is None else (pod_key, dict(needs or {}))
+        return self.sync()
+
+    def effective_rule(self) -> str | None:
+        """The rule applied now (``span`` and ``steer`` only under ``restricted``)."""
+        return effective_rule(self.rule, self.topology_policy())
 
     def listed(self, held: Sequence[HeldPod]) -> None:
         """kubelet's PodResources answer: the replicas each active pod holds; re-judge."""
@@ -166,12 +197,28 @@ class ReplicaRoom:
     def hidden(self) -> dict[str, frozenset[str]]:
         """The replicas to hide now, by GPU UUID (empty when nothing may be hidden)."""
         self._omitted_now = {}
-        mem: Counter[str] = Counter()
-        cores: Counter[str] = Counter()
-        slots: Counter[str] = Counter()
-        needs: Counter[str] = Counter()
+        booked = self._tally()
+        if booked is None:
+            return {}  # an allocation that cannot be read: its GPUs' room is not known
+        held = self._held_ids(booked.holders)
+        if held is None:
+            return {}
+        rule = self.effective_rule()
+        steered = self._steered_numa(booked.needs) if rule == HIDE_STEER else None
+        if rule in SPANNING_RULES and not booked.holders and self._complete():
+            return self._one_each(held, booked.needs, steered)
+        return self._by_room(held, booked, steered)
+
+    def _steered_numa(self, needs: Counter[str]) -> frozenset[int | None] | None:
+        """The NUMA nodes of the GPUs pending bookings need (None: none pending): under ``steer``
+        only their free replicas are offered while kubelet admits the pod."""
+        numa = frozenset(g.numa for g in self.inventory.gpus if needs[g.uuid] > 0)
+        return numa or None
+
+    def _tally(self) -> _Booked | None:
+        """What the live pods book and need (None: a booking cannot be read)."""
+        booked = _Booked()
         live: set[str] = set()
-        holders: set[str] = set()
         for pod in self.pods():
             if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
                 continue
@@ -179,34 +226,48 @@ class ReplicaRoom:
             live.add(key)
             booking = self._booking(pod)
             if booking is None:
-                return {}  # an allocation that cannot be read: its GPUs' room is not known
-            needs.update(booking.pending)
+                return None
+            booked.needs.update(booking.pending)
             if not booking.holds:
                 continue  # not admitted yet: its GPUs keep every free replica (see the module)
-            holders.add(key)
+            booked.holders.add(key)
             for uuid, amount in booking.usage.items():
-                mem[uuid] += amount.mem
-                cores[uuid] += amount.cores
-                slots[uuid] += amount.slots
+                booked.mem[uuid] += amount.mem
+                booked.cores[uuid] += amount.cores
+                booked.slots[uuid] += amount.slots
+        if self._binding is not None and self._binding[0] not in live:
+            booked.needs.update(self._binding[1])
         self._forget_gone(live)
-        held = self._held_ids(holders)
-        if held is None:
-            return {}
-        rule = effective_rule(self.rule, self.topology_policy())
-        steered = self._steered_numa(needs) if rule == HIDE_STEER else None
+        return booked
+
+    def _free(self, uuid: str, held: frozenset[str]) -> list[str]:
+        return [r for r in self.inventory.replica_ids(uuid) if r not in held]
+
+    def _one_each(
+        self, held: frozenset[str], needs: Counter[str], steered: frozenset[int | None] | None
+    ) -> dict[str, frozenset[str]]:
+        """An idle node (``span``): each healthy GPU lists one free replica or what pending bookings
+        need, the others left out; ``steered``: a GPU off those NUMA nodes reports its one Unhealthy."""
         out: dict[str, frozenset[str]] = {}
-        if rule in SPANNING_RULES and not holders and self._complete():
-            for gpu in self.inventory.gpus:
-                if not self.inventory.is_healthy(gpu.uuid):
-                    continue
-                free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
-                listed = max(needs[gpu.uuid], 1)
-                self._omitted_now[gpu.uuid] = frozenset(free[listed:])
-                if steered is not None and gpu.numa not in steered and free[:listed]:
-                    out[gpu.uuid] = frozenset(free[:listed])
-            return out
+        for gpu in self.inventory.gpus:
+            if not self.inventory.is_healthy(gpu.uuid):
+                continue
+            free = self._free(gpu.uuid, held)
+            listed = max(needs[gpu.uuid], 1)
+            self._omitted_now[gpu.uuid] = frozenset(free[listed:])
+            if steered is not None and gpu.numa not in steered and free[:listed]:
+                out[gpu.uuid] = frozenset(free[:listed])
+        return out
+
+    def _by_room(
+        self, held: frozenset[str], booked: _Booked, steered: frozenset[int | None] | None
+    ) -> dict[str, frozenset[str]]:
+        """``full``/``busy`` (and ``span``, ``steer`` outside their cases): by each GPU's room;
+        ``steered``: every free replica off those NUMA nodes too, but what bookings need."""
+        mem, cores, slots, needs = booked.mem, booked.cores, booked.slots, booked.needs
         idle = {g.uuid for g in self.inventory.gpus if is_idle(slots[g.uuid], mem[g.uuid], cores[g.uuid])}
         idle_on_node = any(self.inventory.is_healthy(u) for u in idle)
+        out: dict[str, frozenset[str]] = {}
         for gpu in self.inventory.gpus:
             facts = self.inventory.facts(gpu.uuid)
             if facts is None:
@@ -217,15 +278,8 @@ class ReplicaRoom:
                 or (steered is not None and gpu.numa not in steered)
             ):
                 continue
-            free = [r for r in self.inventory.replica_ids(gpu.uuid) if r not in held]
-            out[gpu.uuid] = frozenset(free[needs[gpu.uuid] :])
+            out[gpu.uuid] = frozenset(self._free(gpu.uuid, held)[needs[gpu.uuid] :])
         return out
-
-    def _steered_numa(self, needs: Counter[str]) -> frozenset[int | None] | None:
-        """The NUMA nodes of the GPUs pending bookings need (None: none pending): under ``steer``
-        only their free replicas are offered while kubelet admits the pod."""
-        numa = frozenset(g.numa for g in self.inventory.gpus if needs[g.uuid] > 0)
-        return numa or None
 
     def _forget_gone(self, live: set[str]) -> None:
         """Forget the pods seen on the node before and gone now (a pod Allocate served before the

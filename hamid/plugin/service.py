@@ -8,6 +8,9 @@ ID longer than any replica ID, answer ``INVALID_ARGUMENT`` at once. Every status
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
 
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -68,6 +71,46 @@ def check_requests(kind: str, id_lists: list[list[str]]) -> None:
             )
 
 
+class SentLists:
+    """Which inventory generation each open ``ListAndWatch`` stream has sent kubelet (event-loop
+    owned): the ``steer`` handshake acknowledges a steered list only once kubelet was sent it."""
+
+    def __init__(self) -> None:
+        #: Per open stream (a number of this process), the last generation sent on it (-1: none yet).
+        self._streams: dict[int, int] = {}
+        self._opened = itertools.count()
+        self._changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[Callable[[int], None]]:
+        """Count one stream as open while inside; yields what records a generation sent on it."""
+        key = next(self._opened)
+        self._streams[key] = -1
+
+        def sent(generation: int) -> None:
+            self._streams[key] = generation
+            self._wake()
+
+        try:
+            yield sent
+        finally:
+            del self._streams[key]
+            self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def sent(self, generation: int) -> bool:
+        """Whether some stream is open and every open one has sent ``generation`` or a later one."""
+        return bool(self._streams) and min(self._streams.values()) >= generation
+
+    async def wait_sent(self, generation: int) -> None:
+        """Wait until :meth:`sent` (with no stream open: until kubelet opens one and it has sent)."""
+        while not self.sent(generation):
+            await self._changed.wait()
+
+
 def list_response(inventory: GpuInventory) -> pb.ListAndWatchResponse:
     """The full device list: one ``Device`` per replica, topology only when the NUMA node is sent."""
     devices = []
@@ -107,6 +150,8 @@ class DevicePluginService(DevicePluginBase):
         self.inventory = inventory
         self.allocator = allocator
         self.preferred_allocation = preferred_allocation
+        #: What the open ListAndWatch streams have sent.
+        self.sent = SentLists()
 
     @property
     def handler_timeout(self) -> float:
@@ -127,10 +172,12 @@ class DevicePluginService(DevicePluginBase):
     async def ListAndWatch(self, stream: Stream[pb.Empty, pb.ListAndWatchResponse]) -> None:
         """Send the full list now and again after every health change; never returns on its own."""
         await stream.recv_message()
-        generation = self.inventory.generation
-        while True:
-            await stream.send_message(list_response(self.inventory))
-            generation = await self.inventory.wait_changed(generation)
+        with self.sent.stream() as sent:
+            while True:
+                generation = self.inventory.generation
+                await stream.send_message(list_response(self.inventory))
+                sent(generation)
+                await self.inventory.wait_changed(generation)
 
     async def GetPreferredAllocation(
         self, stream: Stream[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]

@@ -1,5 +1,5 @@
 """The extender bind verb: node lock (when HAMi takes one), bind-phase patch, the booking's
-record in the pod's status, Binding, undo.
+record in the pod's status, on a ``steer`` node the plugin's acknowledgement, Binding, undo.
 
 Everything fits in :data:`BIND_BUDGET_S`, inside kube-scheduler's 30 s extender httpTimeout; a
 failed bind leaves nothing behind (lock released, ``bind-phase``/``bind-time`` removed) and
@@ -21,9 +21,11 @@ from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
+from hamid.model.numa import HIDE_STEER
 from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
+from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.settings import BIND_AFTER_LOCK_S, BIND_BUDGET_S
 from hamid.scheduler.signing import record_booked
 from hamid.scheduler.verbs import VerbContext
@@ -51,10 +53,16 @@ class Fenced(Exception):
     """
 
 
-class Binder:
-    """The bind verb over the verbs' shared context, the node cache and the node locker."""
+class SteerUnconfirmed(Exception):
+    """The node's plugin did not confirm within ``--steer-wait`` that kubelet was sent the replicas
+    of the pod being bound (``steer``): bound now, kubelet could align it by another list."""
 
-    def __init__(self, context: VerbContext, nodes: NodeCache, locker: NodeLocker) -> None:
+
+class Binder:
+    """The bind verb over the verbs' shared context, the node cache, the node locker and the NUMA
+    ledgers (which say by which rule a node's plugin hides replicas)."""
+
+    def __init__(self, context: VerbContext, nodes: NodeCache, locker: NodeLocker, numa: NumaLedgers) -> None:
         self.ledger = context.ledger
         self.kube = context.kube
         self.config = context.config
@@ -66,6 +74,7 @@ class Binder:
         self.record = context.record
         self.nodes = nodes
         self.locker = locker
+        self.numa = numa
         #: UIDs of pods whose bind is in flight (the reconcile leaves their reservations alone).
         self.in_flight: set[str] = set()
         #: Binds running, each its own task (see :meth:`bind`).
@@ -196,7 +205,8 @@ class Binder:
             self.record(pod, "Warning", R.EVENT_BINDING_FAILED, message)
             return message
         loop = asyncio.get_running_loop()
-        wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - BIND_AFTER_LOCK_S), 0.0)
+        keep = BIND_AFTER_LOCK_S + self._steer_wait(args.node)
+        wait_s = max(min(self.settings.bind_wait_s, deadline - loop.time() - keep), 0.0)
         try:
             waited = await self._acquire_or_close(args, wait_s, epoch)
         except (LockContention, KubeError) as exc:
@@ -222,6 +232,12 @@ class Binder:
         # a replay for a pod bound here and waiting for Allocate: its lock and bind-phase are what
         # the plugin serves it by, so no failure of the replay undoes them
         replay = objects.section(pod, "spec").get("nodeName") == args.node
+        # the lock value the node's plugin acknowledges once kubelet was sent the pod's replicas
+        steered = (
+            self.locker.value(args.node)
+            if needs_lock and not replay and self._steer_wait(args.node)
+            else None
+        )
         binding = False
         try:
             fenced = self._fenced(epoch)
@@ -235,9 +251,16 @@ class Binder:
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
             await self._record_booked(args, deadline)
+            confirmed = steered is None or await self._steer_confirmed(args, steered, deadline)
             fenced = self._fenced(epoch)
             if fenced:
                 raise Fenced(fenced)
+            if not confirmed:
+                raise SteerUnconfirmed(
+                    f"node {args.node}: its device plugin did not confirm within --steer-wait "
+                    f"{self.settings.steer_wait_s:g}s that kubelet was sent the GPU replicas booked for "
+                    f"pod {key} (hide-replicas steer); kube-scheduler retries the pod"
+                )
             binding = True
             await self.kube.bind_pod(
                 args.pod_namespace,
@@ -252,6 +275,12 @@ class Binder:
         except Fenced as exc:
             log.warning("bind_fenced", pod=key, node=args.node, reason=str(exc))
             return str(exc)
+        except SteerUnconfirmed as exc:
+            await self._undo_bind(args, needs_lock, False, deadline)
+            self.backoff.note(args.node, ok=False)
+            self.record(pod, "Warning", R.EVENT_BINDING_FAILED, str(exc))
+            log.warning("bind_steer_unconfirmed", pod=key, node=args.node, lock=steered)
+            return f"binding pod {key} to {args.node} failed: {exc}"
         except KubeError as exc:
             # A Binding that timed out may have landed; a 409 may be a retry of one that did.
             bound = (outcome_unknown(exc) or isinstance(exc, Conflict)) and await self._bound_to(
@@ -288,6 +317,37 @@ class Binder:
         )
         log.info("bind_ok", pod=key, node=args.node)
         return ""
+
+    def _steer_wait(self, node: str) -> float:
+        """How long a bind to ``node`` waits for its plugin's acknowledgement (0: not at all): only
+        where the node's NUMA profile says its plugin steers (``steer`` under ``restricted``)."""
+        if self.settings.steer_wait_s <= 0 or self.numa.hide_rule(node) != HIDE_STEER:
+            return 0.0
+        return self.settings.steer_wait_s
+
+    async def _steer_confirmed(self, args: BindArgs, value: str, deadline: float) -> bool:
+        """Wait on the node cache until the plugin of ``args.node`` acknowledged lock ``value``
+        (``hamid.io/devices-listed-for``): kubelet was sent the replicas the pod needs, and only
+        those free ones, before it can see the pod bound. False after ``--steer-wait`` (or when
+        the bind's budget leaves no more), counted and logged."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        end = min(started + self.settings.steer_wait_s, deadline - _BIND_UNDO_S - _MIN_CALL_S)
+        while objects.annotations(self.nodes.get(args.node)).get(ann.DEVICES_LISTED_FOR) != value:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                self.metrics.bind_steer_wait_seconds.labels("unconfirmed").observe(loop.time() - started)
+                return False
+            await self.ledger.wait_change(args.node, remaining)
+        waited = loop.time() - started
+        self.metrics.bind_steer_wait_seconds.labels("confirmed").observe(waited)
+        log.info(
+            "bind_steer_confirmed",
+            pod=f"{args.pod_namespace}/{args.pod_name}",
+            node=args.node,
+            ms=round(waited * 1000, 1),
+        )
+        return True
 
     async def _record_booked(self, args: BindArgs, deadline: float) -> None:
         """Record the pod's booking in its status before it can run (docs/trust.md §3)."""

@@ -196,7 +196,7 @@ class Scheduler:
             max_hold=s.node_lock_max_hold,
             stall=s.node_lock_stall,
         )
-        self.binder = Binder(context, self.nodes, self.locker)
+        self.binder = Binder(context, self.nodes, self.locker, self.numa)
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -383,6 +383,17 @@ class SchedulerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.bind_steer_wait_seconds = Histogram(
+            "hamid_bind_steer_wait_seconds",
+            "Time a bind to a node whose plugin hides replicas by steer waited for the plugin to "
+            "confirm that kubelet was sent the pod's replicas, by outcome: confirmed, unconfirmed "
+            "(the bind failed).",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        for outcome in ("confirmed", "unconfirmed"):
+            self.bind_steer_wait_seconds.labels(outcome)
         self.filter_results = Counter(
             "hamid_filter_total", "Filter calls by result.", ["result"], registry=self.registry
         )

@@ -172,6 +172,12 @@ class NodeLocker:
             return _Seen.of(cached)
         return ours
 
+    def value(self, node: str) -> str | None:
+        """The lock value of ``node`` as last known here (a take of this process until the node
+        cache has caught up with it; None: unlocked or not known)."""
+        seen = self._latest(node)
+        return None if seen is None else seen.value
+
     def _view(self, node: str, seen: _Seen, namespace: str, name: str) -> LockView:
         return decide(
             seen.value,

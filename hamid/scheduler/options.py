@@ -224,6 +224,17 @@ SETTINGS_FLAGS = {
         parse=parse_seconds,
         show=format_duration,
     ),
+    "steer_wait_s": Opt(
+        "How long a bind to a node whose plugin hides replicas by steer waits, after taking the "
+        "node lock and before the Binding, for the plugin to confirm on the Node "
+        "(hamid.io/devices-listed-for = the lock value) that kubelet was sent the pod's replicas; "
+        "unconfirmed, the bind fails (the lock released) and kube-scheduler retries the pod. Taken "
+        "from the bind's budget, so the lock wait on such nodes is that much shorter; 0 disables "
+        "the wait (a kubelet that reads the plugin's list synchronously).",
+        flag="--steer-wait",
+        parse=parse_interval,
+        show=format_duration,
+    ),
     "reconcile_interval_s": Opt(
         "How often the leader checks its GPU accounting against a fresh LIST of pods and repairs "
         "drift (missed watch events): logged, counted in hamid_reconcile_drift_total; 0 disables.",
@@ -446,6 +457,12 @@ class SchedulerOptions:
                 self, "settings", dataclasses.replace(settings, bind_wait_s=DEFAULT_BIND_WAIT_S)
             )
             settings = self.settings
+        if settings.steer_wait_s >= DEFAULT_BIND_WAIT_S:
+            raise OptionError(
+                "--steer-wait",
+                f"{format_duration(settings.steer_wait_s)} leaves a bind no time to wait for the node "
+                f"lock (a /bind has {format_duration(DEFAULT_BIND_WAIT_S)} for both)",
+            )
         if settings.node_lock_max_hold < settings.node_lock_timeout:
             raise OptionError(
                 "--node-lock-max-hold",

@@ -19,6 +19,7 @@ __all__ = [
     "BIND_BUDGET_S",
     "DEFAULT_BIND_WAIT_S",
     "DEFAULT_SCHEDULER_NAME",
+    "DEFAULT_STEER_WAIT_S",
     "SchedulerSettings",
 ]
 
@@ -32,6 +33,9 @@ BIND_BUDGET_S = 27.0
 BIND_AFTER_LOCK_S = 8.0
 #: How long a bind waits for a contended node lock, at most and by default: all the budget leaves.
 DEFAULT_BIND_WAIT_S = BIND_BUDGET_S - BIND_AFTER_LOCK_S
+#: How long a bind to a node whose plugin hides replicas by ``steer`` waits, by default, for the
+#: plugin to confirm that kubelet was sent the pod's replicas (``--steer-wait``).
+DEFAULT_STEER_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class SchedulerSettings:
     #: A Pending holder that made no progress this long loses the node lock (None: never).
     node_lock_stall: timedelta | None = DEFAULT_STALL
     bind_wait_s: float = DEFAULT_BIND_WAIT_S
+    #: How long a bind to a ``steer`` node waits for its plugin's acknowledgement (0: not at all).
+    steer_wait_s: float = DEFAULT_STEER_WAIT_S
     api_timeout_s: float = 5.0
     handshake_interval_s: float = 15.0
     #: Seconds between reconciles of the accounting against a fresh pod list (0: never).

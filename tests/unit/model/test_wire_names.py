@@ -15,6 +15,7 @@ ANNOTATIONS = {
     "NODE_HANDSHAKE": "hami.io/node-handshake",
     "NODE_LOCK": "hami.io/mutex.lock",
     "DEVICE_CORDON": "hami.io/device-cordon",
+    "DEVICES_LISTED_FOR": "hamid.io/devices-listed-for",  # hamid's steer handshake (no HAMi key)
     "VGPU_NODE": "hami.io/vgpu-node",
     "VGPU_TIME": "hami.io/vgpu-time",
     "DEVICES_TO_ALLOCATE": "hami.io/vgpu-devices-to-allocate",

@@ -231,6 +231,35 @@ def test_span_lists_one_replica_per_gpu_while_no_pod_holds_any() -> None:
     assert _listed(node) == {G0: 1, G1: 1}
 
 
+def test_steer_lists_only_what_the_locked_pod_needs_until_the_pod_cache_lists_it() -> None:
+    """``steer``: the pod the node lock names, not bound yet, counts as a pending booking, so
+    every other free replica is Unhealthy (held ones stay Healthy); bound, it counts once; served,
+    the steering for it ends (``busy``: G1 idle, G0's free replicas hidden)."""
+    node = Node("steer")
+    node.pods.append(_gpu_pod("a", G0, 4096, 25))
+    node.room.allocated("default/a", [f"{G0}-0"])
+    assert node.healthy(G0) == {f"{G0}-0"} and len(node.healthy(G1)) == SPLIT
+    assert node.room.binding("default/b", {G0: 1})
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"} and node.healthy(G1) == set()
+    node.pods.append(_gpu_pod("b", G0, 4096, 25, pending=True))  # bound: the pod cache lists it
+    assert not node.room.binding("default/b", {G0: 1})  # counted once, not twice
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"}
+    node.pods[1] = _gpu_pod("b", G0, 4096, 25)
+    node.room.allocated("default/b", [f"{G0}-1"])
+    assert node.healthy(G0) == {f"{G0}-0", f"{G0}-1"} and len(node.healthy(G1)) == SPLIT
+
+
+def test_steer_on_an_idle_node_lists_the_locked_pods_replica_alone_healthy() -> None:
+    node = Node("steer")
+    node.room.sync()
+    assert _listed(node) == {G0: 1, G1: 1}
+    node.room.binding("default/b", {G1: 1})
+    assert _listed(node) == {G0: 1, G1: 1}
+    assert node.healthy(G0) == set() and node.healthy(G1) == {f"{G1}-0"}
+    node.room.binding(None)
+    assert node.healthy(G0) == {f"{G0}-0"} and node.healthy(G1) == {f"{G1}-0"}
+
+
 class _Cache:
     """The pod cache's part the room reads: whether its first list was applied."""
 

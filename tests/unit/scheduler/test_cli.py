@@ -234,3 +234,26 @@ def test_hamis_bool_spelling_is_refused_loudly() -> None:
     error (never read as true); ``--no-force-overwrite-default-scheduler`` is the spelling."""
     bad = CliRunner().invoke(cli.scheduler_command, [UNSIGNED, "--force-overwrite-default-scheduler=false"])
     assert bad.exit_code == 2 and "does not take a value" in bad.output
+
+
+def test_steer_wait_is_a_duration_zero_disables_it_and_it_must_leave_time_for_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float] = []
+
+    async def fake_run(options: SchedulerOptions, **_: Any) -> None:
+        seen.append(options.settings.steer_wait_s)
+
+    monkeypatch.setattr(cli, "run_scheduler", fake_run)
+    runner = CliRunner()
+    for args in ([], ["--steer-wait", "0"], ["--steer-wait", "250ms"]):
+        assert runner.invoke(cli.scheduler_command, [UNSIGNED, *args]).exit_code == 0, args
+    assert seen == [5.0, 0.0, 0.25]
+    bad = runner.invoke(cli.scheduler_command, [UNSIGNED, "--steer-wait", "19s"])
+    assert (
+        bad.exit_code == 2
+        and "--steer-wait" in bad.output
+        and "no time to wait for the node lock" in bad.output
+    )
+    helped = runner.invoke(cli.scheduler_command, ["--help"])
+    assert "--steer-wait" in helped.output and "HAMID_STEER_WAIT; default: 5s" in helped.output
