@@ -459,8 +459,14 @@ class Cluster:
         self.numa = numa
         #: The rule every node's plugin hides replicas by (None: none).
         self.hide_rule = hide_rule(hide_replicas, numa != "off")
+        # steer_wait_s=0: the simulated kubelet reads each plugin's list when it admits the pod,
+        # after the bind, so the list is current without the plugin's confirmation the bind waits for
         settings = SchedulerSettings(
-            node_policy=node_policy, gpu_policy=gpu_policy, reconcile_interval_s=0, schedule_cpu_pods=cpu_pods
+            node_policy=node_policy,
+            gpu_policy=gpu_policy,
+            reconcile_interval_s=0,
+            schedule_cpu_pods=cpu_pods,
+            steer_wait_s=0,
         )
         self.scheduler = Scheduler(self.api, settings=settings, events=_NoEvents())  # type: ignore[arg-type]
         self.refit: LocalRefitClient | None = None

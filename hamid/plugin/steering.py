@@ -1,7 +1,8 @@
 """The plugin's side of the ``steer`` handshake: kubelet holds the steered list before the pod.
 
-Under ``--hide-replicas steer`` kubelet must have been sent the steered device list (only the free
-replicas the pod's booking needs, :mod:`hamid.plugin.replica_room`) before it computes the pod's
+Under ``--hide-replicas steer`` kubelet must have been sent the steered device list (free replicas
+only on the NUMA nodes of the GPUs the pod's booking needs, :mod:`hamid.plugin.replica_room`)
+before it computes the pod's
 hints, and it starts as soon as it sees the pod bound. The scheduler's ``/bind`` takes HAMi's node
 lock (``hami.io/mutex.lock``) before it creates the Binding, and the filter wrote the booking
 before that. So when the lock names a pod booked here with pending entries, the plugin steers for

@@ -1,6 +1,6 @@
 """The plugin's side of the ``steer`` handshake (:mod:`hamid.plugin.steering`): the node lock names
-a pod booked here and not yet bound, the plugin lists kubelet only the free replicas that pod
-needs, and once every open ListAndWatch stream was sent that list it writes the lock value into
+a pod booked here and not yet bound, the plugin lists kubelet free replicas only on the NUMA nodes
+of the GPUs that pod needs, and once every open ListAndWatch stream was sent that list it writes the lock value into
 the Node's ``hamid.io/devices-listed-for``. The real PluginApp, its gRPC server over a unix socket
 with kubelet's side dialling it, the embedded API server."""
 
@@ -80,9 +80,9 @@ def _skipped(logs: Logs, pod: str) -> list[str]:
 
 
 async def test_a_locked_pod_not_yet_bound_is_listed_alone_then_acknowledged() -> None:
-    """A running pod holds GPU-0-0; ``b``, booked on GPU-2 and not bound, takes the lock: kubelet
-    is sent GPU-2-0 and the held replica Healthy, every other free replica Unhealthy, and then the
-    Node says the lock value. Once ``b`` is bound and Allocate served it (the plugin releases the
+    """A running pod holds GPU-0-0; ``b``, booked on GPU-2 (NUMA 1) and not bound, takes the lock:
+    kubelet is sent the held replica and NUMA 1's free replicas Healthy, every free replica of NUMA
+    0 Unhealthy, and then the Node says the lock value. Once ``b`` is bound and Allocate served it (the plugin releases the
     lock after its own acknowledgement write, without a conflict), the steering ends."""
     async with running_plugin(with_kubelet=True, hide_replicas="steer") as (env, kubelet):
         assert kubelet is not None
@@ -100,7 +100,8 @@ async def test_a_locked_pod_not_yet_bound_is_listed_alone_then_acknowledged() ->
         lock_node(env.server, "b")
         value = _node_notes(env)[NODE_LOCK]
         await eventually(lambda: _node_notes(env).get(DEVICES_LISTED_FOR) == value)
-        assert _sent_healthy(kubelet.lists[-1]) == {"GPU-0-0", "GPU-2-0"}
+        numa1 = {f"GPU-{g}-{r}" for g in (2, 3) for r in range(4)}
+        assert _sent_healthy(kubelet.lists[-1]) == {"GPU-0-0"} | numa1
 
         conflicts: list[Conflict] = []
         patch = env.client.patch_node_metadata
@@ -131,13 +132,13 @@ async def test_no_acknowledgement_before_a_stream_was_sent_the_list() -> None:
         env.server.put(booked_pod("b", ((dev("GPU-1", 4000, 30),),)))
         lock_node(env.server, "b")
         value = _node_notes(env)[NODE_LOCK]
-        await eventually(lambda: _healthy(env) == {"GPU-1-0"})
+        await eventually(lambda: _healthy(env) == {"GPU-0-0", "GPU-1-0"})  # NUMA 0's listed one each
         await asyncio.sleep(0.3)
         assert DEVICES_LISTED_FOR not in _node_notes(env)
         async with stub_for(env) as stub, stub.ListAndWatch.open() as stream:
             await stream.send_message(pb.Empty(), end=True)
             first = await stream.recv_message()
-            assert first is not None and _sent_healthy(first) == {"GPU-1-0"}
+            assert first is not None and _sent_healthy(first) == {"GPU-0-0", "GPU-1-0"}
             await eventually(lambda: _node_notes(env).get(DEVICES_LISTED_FOR) == value)
             await stream.cancel()  # the plugin's stream never ends on its own
 
@@ -178,7 +179,7 @@ async def test_a_lock_that_names_no_pod_to_steer_for_is_not_acknowledged(
         lock_node(env.server, "c")
         value = _node_notes(env)[NODE_LOCK]
         await eventually(lambda: _node_notes(env).get(DEVICES_LISTED_FOR) == value)
-        assert _sent_healthy(kubelet.lists[-1]) == {"GPU-3-0"}
+        assert _sent_healthy(kubelet.lists[-1]) == {"GPU-2-0", "GPU-3-0"}  # NUMA 1's
 
 
 async def test_steering_ends_when_the_lock_names_the_pod_no_more() -> None:
@@ -193,9 +194,9 @@ async def test_steering_ends_when_the_lock_names_the_pod_no_more() -> None:
         env.server.put(booked_pod("c", ((dev("GPU-3", 4000, 30),),)))
         lock_node(env.server, "b")
         await eventually(lambda: DEVICES_LISTED_FOR in _node_notes(env))
-        assert _healthy(env) == {"GPU-1-0"}
+        assert _healthy(env) == {"GPU-0-0", "GPU-1-0"}
         lock_node(env.server, "c")
-        await eventually(lambda: _healthy(env) == {"GPU-3-0"})
+        await eventually(lambda: _healthy(env) == {"GPU-2-0", "GPU-3-0"})
         env.server.patch("Node", None, NODE, {"metadata": {"annotations": {NODE_LOCK: None}}})
         await eventually(lambda: _healthy(env) == idle)
 
@@ -214,7 +215,7 @@ async def test_steering_for_a_pod_never_bound_ends_after_the_bind_window(
         env.server.put(booked_pod("b", ((dev("GPU-1", 4000, 30),),)))
         lock_node(env.server, "b")
         await eventually(lambda: DEVICES_LISTED_FOR in _node_notes(env))
-        assert _healthy(env) == {"GPU-1-0"}
+        assert _healthy(env) == {"GPU-0-0", "GPU-1-0"}
         env.server.delete("Pod", "default", "b")
         await eventually(lambda: _sent_healthy(kubelet.lists[-1]) == idle)
         assert NODE_LOCK in _node_notes(env)  # still naming the pod that is gone
