@@ -1,8 +1,8 @@
 """The plugin's side of the ``steer`` handshake (:mod:`hamid.plugin.steering`): the node lock names
 a pod booked here and not yet bound, the plugin lists kubelet free replicas only on the NUMA nodes
-of the GPUs that pod needs, and once every open ListAndWatch stream was sent that list it writes the lock value into
-the Node's ``hamid.io/devices-listed-for``. The real PluginApp, its gRPC server over a unix socket
-with kubelet's side dialling it, the embedded API server."""
+of the GPUs that pod needs, and once every open ListAndWatch stream was sent that list it writes
+the lock value into the Node's ``hamid.io/devices-listed-for``. The real PluginApp, its gRPC
+server over a unix socket with kubelet's side dialling it, the embedded API server."""
 
 from __future__ import annotations
 
@@ -82,8 +82,9 @@ def _skipped(logs: Logs, pod: str) -> list[str]:
 async def test_a_locked_pod_not_yet_bound_is_listed_alone_then_acknowledged() -> None:
     """A running pod holds GPU-0-0; ``b``, booked on GPU-2 (NUMA 1) and not bound, takes the lock:
     kubelet is sent the held replica and NUMA 1's free replicas Healthy, every free replica of NUMA
-    0 Unhealthy, and then the Node says the lock value. Once ``b`` is bound and Allocate served it (the plugin releases the
-    lock after its own acknowledgement write, without a conflict), the steering ends."""
+    0 Unhealthy, and then the Node says the lock value. Once ``b`` is bound and Allocate served it
+    (the plugin releases the lock after its own acknowledgement write, without a conflict), the
+    steering ends."""
     async with running_plugin(with_kubelet=True, hide_replicas="steer") as (env, kubelet):
         assert kubelet is not None
         _restricted(env.plugin.room)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from hamid.fit.fgd import (
     Gpu,
-    aligned_homes,
     NodeState,
     NumaRoom,
     Shape,
     Workload,
     after,
+    aligned_homes,
     fragmentation,
     kubelet_home,
     spans_idle_node,
@@ -190,7 +190,12 @@ def test_steer_offers_only_the_booked_gpus_numa_node_while_a_booking_is_pending(
     assert hidden_replicas(usage, "steer") == hidden_replicas(usage, "busy") == {0: 9}
     assert steered_numa(usage, "steer", {"g2": 1}) == frozenset({1})
     assert hidden_replicas(usage, "steer", {"g2": 1}) == {0: 19}  # g0's 9 free and g1's 10
-    assert gpu_replicas(usage, "steer", {"g2": 1}) == {"g0": (0, 0), "g1": (0, 0), "g2": (1, 10), "g3": (1, 10)}
+    assert gpu_replicas(usage, "steer", {"g2": 1}) == {
+        "g0": (0, 0),
+        "g1": (0, 0),
+        "g2": (1, 10),
+        "g3": (1, 10),
+    }
     # a booking on both NUMA nodes hides nothing more than busy does
     both = {"g1": 1, "g2": 1}
     assert hidden_replicas(usage, "steer", both) == hidden_replicas(usage, "busy", both) == {0: 9}
