@@ -252,6 +252,7 @@ class Plugin:
                 on_prediction=self.metrics.numa_prediction,
                 on_held=self.room.listed if self.room is not None else None,
                 hide_rule=self.room.rule if self.room is not None else None,
+                on_profile=self._profile_set,
             )
 
     def _allocator(
@@ -313,6 +314,14 @@ class Plugin:
                 tg.create_task(self.numa.run())
             if self.setup.nvml is not None and self.health_policy.active:
                 tg.create_task(self._watch_health(self.setup.nvml))
+
+    def _profile_set(self) -> None:
+        """The published profile was set: the rule in effect (``span``, ``steer`` only under
+        ``restricted``) is judged again, and the steering looks at the node lock again."""
+        if self.room is not None:
+            self.room.poke()
+        if self.steering is not None:
+            self.steering.poke()
 
     def _topology_policy(self) -> str | None:
         """kubelet's Topology Manager policy as this plugin last published it (None: not yet)."""

@@ -277,11 +277,15 @@ class NumaPublisher:
         on_held: Callable[[Sequence[HeldPod]], None] | None = None,
         hide_rule: str | None = None,
         clock: Callable[[], float] = time.time,
+        on_profile: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         #: Told what PodResources lists after each read; set when the plugin hides free replicas
         #: (:class:`~hamid.plugin.replica_room.ReplicaRoom`) by ``hide_rule``, which the profile says.
         self.on_held = on_held
+        #: Told each time :attr:`profile` is set: the rule in effect depends on its Topology Manager
+        #: policy, and a profile taken over from the Node at a restart comes with no Node event.
+        self.on_profile = on_profile
         self.hide_rule = hide_rule
         self.preferred_allocation = preferred_allocation
         self.pods = pods
@@ -428,6 +432,7 @@ class NumaPublisher:
         if current is not None and dataclasses.replace(current, generation=0, observed_at=0) == content:
             if now - current.observed_at < self.sources.restamp_s:
                 self.profile = current
+                self.on_profile()
                 return current
             reason, new = "re-stamped", dataclasses.replace(current, observed_at=now)
         else:
@@ -440,6 +445,7 @@ class NumaPublisher:
             self.node_name, annotations={NUMA_PROFILE: value}, timeout=self.sources.call_timeout
         )
         self.profile = new
+        self.on_profile()
         self.profile_patches += 1
         pol = new.policies
         log.info(

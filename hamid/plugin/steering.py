@@ -26,7 +26,7 @@ from hamid.log import get_logger
 from hamid.model import nodelock, objects
 from hamid.model.annotations import DEVICES_LISTED_FOR, VGPU_NODE, parse_node_lock
 from hamid.model.errors import InvalidInput
-from hamid.model.kube import Body, PodBody
+from hamid.model.kube import PodBody
 from hamid.model.numa import HIDE_STEER
 from hamid.plugin.pods import NodePods
 from hamid.plugin.replica_room import ReplicaRoom, pod_booking
@@ -70,11 +70,13 @@ class LockSteering:
         self._value: str | None = None
         self._wake = asyncio.Event()
         pods.node_cache.add_handlers(
-            on_add=self._poke, on_update=lambda _old, new: self._poke(new), on_delete=self._poke
+            on_add=lambda _node: self.poke(),
+            on_update=lambda _old, _new: self.poke(),
+            on_delete=lambda _node: self.poke(),
         )
 
-    def _poke(self, _node: Body) -> None:
-        """A node event: the lock may have changed (looked at in :meth:`run`, never here)."""
+    def poke(self) -> None:
+        """The lock or the rule in effect may have changed (looked at in :meth:`run`, never here)."""
         self._wake.set()
 
     def _wanted(self) -> str | None:

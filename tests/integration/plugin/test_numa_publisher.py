@@ -416,3 +416,21 @@ async def test_memory_of_the_static_memory_manager_is_published(env: Env) -> Non
     (main,) = placement.containers
     assert main.memory == (MemoryBlock(frozenset({0, 1}), "memory", 40 * gi),)
     assert main.numa == {0, 1} and main.cpus == frozenset()
+
+
+async def test_each_profile_set_is_told_also_one_taken_over_from_the_node(env: Env) -> None:
+    """``on_profile`` (the replica rule in effect and the ``steer`` handshake depend on the profile's
+    Topology Manager policy) fires when a profile is published and when an unchanged one on the
+    Node is taken over after a restart, which writes nothing and so brings no Node event."""
+    told: list[int] = []
+    env.publisher.on_profile = lambda: told.append(
+        env.publisher.profile.generation if env.publisher.profile else 0
+    )
+    now = [1_000_000.0]
+    env.publisher.clock = lambda: now[0]
+    await env.publisher.publish_once()
+    assert told == [1] and env.publisher.profile_patches == 1
+    env.publisher.profile = None  # a restarted plugin: the profile is only on the Node
+    await env.synced()
+    await env.publisher.publish_once()
+    assert env.publisher.profile_patches == 1 and told == [1, 1]
