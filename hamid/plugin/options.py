@@ -315,6 +315,9 @@ class PluginOptions:
         "or memory are fully booked), busy (also those of a partly booked GPU while the node has an "
         "idle one), span (busy, and while no pod holds a replica each GPU lists one, the others left "
         "out of the list, so a pod wider than a NUMA node gets a preferred hint under restricted), "
+        "steer (span, and while a pod the scheduler booked here is admitted, those on the NUMA nodes "
+        "its GPUs are not on, so kubelet puts its CPUs with the GPUs the scheduler chose; under "
+        "restricted, and the scheduler's bind waits for this plugin's confirmation), "
         f"off, or auto ({AUTO_HIDE_RULE} where the node config sets enablenumatopology, else off). "
         "Announced in hamid.io/numa-profile for the scheduler.",
         default="auto",
