@@ -505,8 +505,7 @@ class Planner:
                 numa.resolve(self.ledgers, entry, fitted)
             return fitted, True
         if prediction.outcome is Outcome.REJECT:
-            never = self.ledgers.never_admits(entry.name, numa.pod, numa.shape)
-            return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT), True
+            return self._refused(entry, numa), True
         targets = numa_targets(prediction, self.config.resource_count_name, len(spec.requests))
         if all(t is None for t in targets):
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
@@ -562,8 +561,13 @@ class Planner:
         if fallback is not None and numa.mode is not AlignmentMode.STRICT:
             numa.predictions[entry.name] = fallback[1]
             return fallback[0], False
+        return self._refused(entry, numa), True
+
+    def _refused(self, entry: NodeEntry, numa: NumaFit) -> Unfit:
+        """kubelet would reject the pod here: ``NumaNeverAdmissible`` where it would even on the
+        idle node, else ``NumaPredictedNotFit``."""
         never = self.ledgers.never_admits(entry.name, numa.pod, numa.shape)
-        return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT), True
+        return Unfit(R.NUMA_NEVER_ADMISSIBLE if never else R.NUMA_PREDICTED_NOT_FIT)
 
     def _fit_offered(
         self,
