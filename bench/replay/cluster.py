@@ -39,6 +39,7 @@ from hamid.model.devices import ContainerDevices
 from hamid.model.kube import JSON
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
+    HIDE_STEER,
     NUMA_PLACEMENT,
     NUMA_PROFILE,
     CpuInfo,
@@ -61,6 +62,7 @@ from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitRefused
 from hamid.plugin.replica_room import ReplicaRoom
 from hamid.plugin.service import DevicePluginService, list_response
+from hamid.plugin.steering import binding_needs
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
@@ -402,8 +404,15 @@ class SimNode:
         allocatable predicate); an admitted pod stays active."""
         meta = pod["metadata"]
         record = PodAdmission(meta["namespace"], meta["name"], meta["uid"], self.name, admitted=False)
+        steering = self.room if self.room is not None and self.room.rule == HIDE_STEER else None
+        if steering is not None:  # what the plugin did for the pod the lock named, before the bind
+            needs = binding_needs(pod, self.name, RESOURCE)
+            key = f"{meta['namespace']}/{meta['name']}"
+            steering.binding(key, None if isinstance(needs, str) else needs)
         self.list_and_watch()
         await admit_pod(self.admitter, pod, record, self.active.values(), self.allocatable)
+        if steering is not None:  # the plugin released the lock after Allocate: steering ends
+            steering.binding(None)
         if record.admitted:
             self.active[record.uid] = pod
         return record

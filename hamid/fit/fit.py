@@ -112,6 +112,16 @@ class PodFitSpec:
         """Whether any container requests an NVIDIA device."""
         return any(r is not None and r.nums > 0 for r in self.requests)
 
+    @property
+    def takes_node_lock(self) -> bool:
+        """Whether a regular container requests an NVIDIA device: only then does HAMi's bind take
+        the node lock (and, under ``steer``, wait for the plugin's list)."""
+        return any(
+            r is not None and r.nums > 0
+            for r, kind in zip(self.requests, self.kinds, strict=True)
+            if kind is ContainerKind.APP
+        )
+
     @classmethod
     def from_pod(
         cls,

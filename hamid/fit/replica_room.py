@@ -14,10 +14,12 @@ replicas as Unhealthy, by one of three rules:
   (or as many as pending bookings need), the others left out of the list: kubelet sizes its NUMA
   hints by every listed device, healthy or not, so a pod asking more GPUs than one NUMA node has
   (and CPUs that need more than one) then gets a preferred spanning hint under ``restricted``;
-* ``steer``: as ``span``, and while a booked pod waits for kubelet's admission every free replica
-  but those its booking needs is hidden: kubelet's device hint is then the NUMA node of the GPUs the
-  scheduler chose, so the pod's exclusive CPUs follow them instead of going to the lowest NUMA
-  node with CPUs and replicas (the plugin confirms the list before the bind; docs/operating.md).
+* ``steer``: as ``span``, and while the pod the node lock names waits for kubelet's admission
+  every free replica on the NUMA nodes its booked GPUs are not on is hidden: kubelet's device hint
+  is then the NUMA node of the GPUs the scheduler chose, so the pod's exclusive CPUs follow them
+  instead of going to the lowest NUMA node with CPUs and replicas (the plugin confirms the list
+  before the bind; docs/operating.md). Each side judges it on its own inputs: the scheduler on the
+  booking it predicts (``keep``), the plugin on the lock holder's.
 
 Replicas a container holds, or a pending booking needs, stay Healthy (the plugin's side). The
 scheduler's predictor and ``fgd`` count only the replicas kubelet can see. This module is the one

@@ -178,8 +178,8 @@ PROFILE_STEER_VERSION = 8
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
 #: those of a partly booked GPU while the node has an idle one; ``span`` as ``busy``, and a node
 #: with nothing booked lists one free replica per GPU (the others left out of the list); ``steer``
-#: as ``span``, and while a booked pod is admitted only the free replicas its booking needs are
-#: offered.
+#: as ``span``, and while a booked pod is admitted only the NUMA nodes of its GPUs offer free
+#: replicas.
 HIDE_FULL, HIDE_BUSY, HIDE_SPAN, HIDE_STEER = HIDE_RULES = ("full", "busy", "span", "steer")
 #: The rules under which an idle node lists one free replica per GPU (``span``'s listing).
 SPANNING_RULES = frozenset({HIDE_SPAN, HIDE_STEER})

@@ -129,6 +129,9 @@ class ReplicaRoom:
         #: The pod the node lock names while it is being bound (``namespace/name``) and the replicas
         #: its pending booking needs per GPU: counted as a bound pod's until ``pods`` lists it.
         self._binding: tuple[str, Mapping[str, int]] | None = None
+        #: Whether the last judgement steered for the pod the lock names (``steer``): the plugin
+        #: confirms a list to the bind only then.
+        self.steering_applied = False
 
     def watch(self, cache: PodCache) -> None:
         """Re-judge after every event of the node's pod cache (coalesced into one sync per loop turn);
@@ -154,7 +157,10 @@ class ReplicaRoom:
         """Allocate served ``pod_key`` these replica IDs (they are held from now on); re-judge."""
         self._allocated[pod_key] = self._allocated.get(pod_key, frozenset()) | frozenset(ids)
         if self._binding is not None and self._binding[0] == pod_key:
-            self._binding = None  # served: what it needed is held now
+            # what is served is held now; the pod's other containers are still admitted steered
+            left = Counter(self._binding[1])
+            left.subtract(Counter(u for u in map(self.inventory.uuid_of, ids) if u is not None))
+            self._binding = (pod_key, +left) if +left else None
         self.sync()
 
     def binding(self, pod_key: str | None, needs: Mapping[str, int] | None = None) -> bool:
@@ -197,6 +203,7 @@ class ReplicaRoom:
     def hidden(self) -> dict[str, frozenset[str]]:
         """The replicas to hide now, by GPU UUID (empty when nothing may be hidden)."""
         self._omitted_now = {}
+        self.steering_applied = False
         booked = self._tally()
         if booked is None:
             return {}  # an allocation that cannot be read: its GPUs' room is not known
@@ -204,14 +211,20 @@ class ReplicaRoom:
         if held is None:
             return {}
         rule = self.effective_rule()
-        steered = self._steered_numa(booked.needs) if rule == HIDE_STEER else None
-        if rule in SPANNING_RULES and not booked.holders and self._complete():
+        # only the pod the node lock names steers: what other pods' annotations say is pending
+        # keeps its replicas listed, never moves kubelet (a tenant can write its own pod's)
+        binding = self._binding if rule == HIDE_STEER else None
+        steered = self._steered_numa(Counter(binding[1])) if binding is not None else None
+        self.steering_applied = steered is not None
+        # idle: no pod holds a replica, by the annotations and by what kubelet handed out (a pod's
+        # own annotations may say it waits for devices it holds)
+        if rule in SPANNING_RULES and not booked.holders and not held and self._complete():
             return self._one_each(held, booked.needs, steered)
         return self._by_room(held, booked, steered)
 
     def _steered_numa(self, needs: Counter[str]) -> frozenset[int | None] | None:
-        """The NUMA nodes of the GPUs pending bookings need (None: none pending): under ``steer``
-        only their free replicas are offered while kubelet admits the pod."""
+        """The NUMA nodes of the GPUs the lock holder's pending booking needs (None: none): under
+        ``steer`` only their free replicas are offered while kubelet admits the pod."""
         numa = frozenset(g.numa for g in self.inventory.gpus if needs[g.uuid] > 0)
         return numa or None
 

@@ -58,6 +58,10 @@ def binding_needs(pod: PodBody | None, node: str, resource_name: str) -> Mapping
     return booking.pending
 
 
+#: How often a steering that cannot be applied yet is judged again (within the bind window).
+STEER_RETRY_S = 0.25
+
+
 class LockSteering:
     """Steers kubelet for the pod the node lock names, then acknowledges on the Node (event-loop owned)."""
 
@@ -142,6 +146,13 @@ class LockSteering:
             log.info("steer_skipped", node=self.pods.node_name, pod=key, reason=needs)
             return
         self.room.binding(key, needs)
+        if not self.room.steering_applied:
+            # nothing may be hidden now (a booking that cannot be read, holders not known yet after
+            # a restart): kubelet would choose, so no confirmation until the steering holds
+            log.warning("steer_not_applied", node=self.pods.node_name, pod=key, lock=value)
+            while not self.room.steering_applied:
+                await asyncio.sleep(STEER_RETRY_S)
+                self.room.sync()
         await self.sent.wait_sent(self.room.inventory.generation)
         if await self._ack(value):
             log.info(

@@ -22,7 +22,6 @@ from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
 from hamid.model.numa import HIDE_STEER
-from hamid.model.resources import init_container_count
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
 from hamid.scheduler.numa_ledger import NumaLedgers
@@ -225,6 +224,7 @@ class Binder:
         if pod is None:
             return answer
         needs_lock = self._needs_lock(pod)
+        held_before = self.locker.value(args.node)
         if needs_lock:
             refused = self._fenced(epoch) or await self._lock(args, pod, deadline, epoch)
             if refused:
@@ -251,7 +251,7 @@ class Binder:
                 timeout=self._call_timeout(deadline, _BIND_UNDO_S),
             )
             await self._record_booked(args, deadline)
-            confirmed = steered is None or await self._steer_confirmed(args, steered, deadline)
+            confirmed = steered is None or await self._steer_confirmed(args, steered, held_before, deadline)
             fenced = self._fenced(epoch)
             if fenced:
                 raise Fenced(fenced)
@@ -325,11 +325,21 @@ class Binder:
             return 0.0
         return self.settings.steer_wait_s
 
-    async def _steer_confirmed(self, args: BindArgs, value: str, deadline: float) -> bool:
+    async def _steer_confirmed(
+        self, args: BindArgs, value: str, held_before: str | None, deadline: float
+    ) -> bool:
         """Wait on the node cache until the plugin of ``args.node`` acknowledged lock ``value``
-        (``hamid.io/devices-listed-for``): kubelet was sent the replicas the pod needs, and only
-        those free ones, before it can see the pod bound. False after ``--steer-wait`` (or when
-        the bind's budget leaves no more), counted and logged."""
+        (``hamid.io/devices-listed-for``): kubelet was sent the pod's replicas, the other NUMA
+        nodes' free ones hidden, before it can see the pod bound. False after ``--steer-wait`` (or
+        when the bind's budget leaves no more), counted and logged. A lock this pod held already
+        (``held_before``: an earlier attempt, fenced or of unknown outcome) raises: its
+        acknowledgement was for that attempt's booking, and a fresh take will do."""
+        if value == held_before:
+            raise SteerUnconfirmed(
+                f"node {args.node}: the node lock is pod {args.pod_namespace}/{args.pod_name}'s from an "
+                "earlier bind attempt, whose device list confirmation does not hold for this booking "
+                "(hide-replicas steer); the lock is released and kube-scheduler retries the pod"
+            )
         loop = asyncio.get_running_loop()
         started = loop.time()
         end = min(started + self.settings.steer_wait_s, deadline - _BIND_UNDO_S - _MIN_CALL_S)
@@ -437,5 +447,4 @@ class Binder:
             requests = PodFitSpec.from_pod(pod, self.config, settings.gpu_policy, settings.node_policy)
         except InvalidInput:
             return True
-        n_init = init_container_count(pod)
-        return any(r is not None and r.nums > 0 for r in requests.requests[n_init:])
+        return requests.takes_node_lock

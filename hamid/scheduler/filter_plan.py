@@ -532,6 +532,8 @@ class Planner:
         node(s) of its CPUs, wins; else (not ``strict``) the first it admits at all, unaligned.
         None: nothing is known of the node's
         prediction (the plain path decides)."""
+        if not spec.takes_node_lock:
+            return None  # no lock, no handshake: the plugin may steer too late for kubelet
         first = fit_pod(entry.usage, spec, quota, release, prefer=order)
         if not isinstance(first, Fitted):
             return first, True

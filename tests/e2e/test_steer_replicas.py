@@ -7,7 +7,7 @@ a share, pinned to GPU 0 too (``nvidia.com/use-gpuuuid``: the scheduler's choice
 either rule). Under ``busy`` kubelet's device hint is NUMA 1, the only NUMA node with a healthy
 free replica: ``b``'s CPUs go there while Allocate serves GPU 0 (the refit is refused, the pod
 is pinned). Under ``steer`` the scheduler's ``/bind`` takes the node lock, the plugin lists
-healthy only the replica ``b``'s booking needs, acknowledges on the Node once kubelet's
+healthy free replicas only on the NUMA node of ``b``'s GPU, acknowledges on the Node once kubelet's
 ListAndWatch stream was sent that list, and only then is ``b`` bound: its CPUs are on NUMA 0 with
 its GPU. Everything is real: scheduler, plugin (unix-socket gRPC to the simulated kubelet),
 PodResources, API server.

@@ -235,3 +235,24 @@ async def test_the_plugins_own_node_write_is_read_back_before_the_watch_has_it()
         assert node is not None and resource_version(node) == resource_version(patched)
         await eventually(lambda: pods.node_cache.get(NODE) is not None and pods.node() is not patched)
         assert resource_version(pods.node()) == resource_version(patched)
+
+
+async def test_no_acknowledgement_while_the_steering_cannot_be_applied() -> None:
+    """A pod on the node whose booking cannot be read (its GPUs' room unknown) makes the plugin
+    hide nothing: it confirms no list kubelet would choose by, and does once the pod is gone."""
+    async with running_plugin(with_kubelet=True, hide_replicas="steer") as (env, kubelet):
+        assert kubelet is not None
+        _restricted(env.plugin.room)
+        await eventually(lambda: bool(kubelet.lists) and len(kubelet.lists[-1].devices) == 4)
+        bad = scheduled_pod("bad", ((dev("GPU-0", 1000, 10),),))
+        bad["metadata"]["annotations"][DEVICES_ALLOCATED] = "garbage"
+        env.server.put(bad)
+        await eventually(lambda: env.plugin.pods.pod("default/bad") is not None)
+        env.server.put(booked_pod("b", ((dev("GPU-3", 4000, 30),),)))
+        lock_node(env.server, "b")
+        value = _node_notes(env)[NODE_LOCK]
+        await asyncio.sleep(0.5)
+        assert DEVICES_LISTED_FOR not in _node_notes(env)
+        env.server.delete("Pod", "default", "bad")
+        await eventually(lambda: _node_notes(env).get(DEVICES_LISTED_FOR) == value)
+        assert not any(h.startswith(("GPU-0", "GPU-1")) for h in _sent_healthy(kubelet.lists[-1]))

@@ -125,3 +125,19 @@ async def test_no_wait_where_the_plugin_does_not_steer_or_the_wait_is_off(
         assert await env.bind(pod, "n1") == ""
         assert _bound(env)
         assert _waits(env, "confirmed") == 0 and _waits(env, "unconfirmed") == 0
+
+
+async def test_a_lock_the_pod_still_holds_from_an_earlier_attempt_is_never_confirmed_by_its_ack() -> None:
+    """The node lock and the plugin's acknowledgement both name this pod's earlier attempt (fenced
+    by a takeover, or of unknown outcome: nothing was undone). The lock is re-entered without a
+    new take, and the acknowledgement was for that attempt's booking: the bind fails at once,
+    releasing the lock, and kube-scheduler's retry takes it afresh."""
+    earlier = ann.format_node_lock(datetime.now().astimezone(), "default", "a")
+    async with running_scheduler(SchedulerSettings(bind_wait_s=19.0, steer_wait_s=5.0)) as env:
+        await _steer_node(env, **{ann.NODE_LOCK: earlier, ann.DEVICES_LISTED_FOR: earlier})
+        pod = await _filtered(env)
+        started = time.monotonic()
+        error = await env.bind(pod, "n1")
+        assert "earlier bind attempt" in error, error
+        assert time.monotonic() - started < 5.0  # no wait for an acknowledgement that cannot come
+        assert not _bound(env) and ann.NODE_LOCK not in _node_notes(env)

@@ -325,3 +325,46 @@ def test_auto_hides_by_the_default_rule_where_numa_topology_is_reported(
 def test_a_bad_setting_is_refused() -> None:
     with pytest.raises(OptionError, match="--hide-replicas"):
         PluginOptions(node_name="n1", hide_replicas="sometimes")
+
+
+def test_steer_only_the_pod_the_lock_names_steers_and_a_pod_holding_replicas_keeps_the_node_busy() -> None:
+    """A running pod holds G1-0 and its own annotation (a tenant can write it) says an entry on G1
+    is pending again: that never steers (G0's free replicas stay listed), and the node is not
+    idle for ``span``'s listing, whatever the annotation says. The pod the lock names steers."""
+    node = Node("steer")
+    node.pods.append(_gpu_pod("running", G1, 1024, 10, pending=True))
+    node.room.allocated("default/running", [f"{G1}-0"])
+    node.room.sync()
+    assert node.healthy(G0) == {f"{G0}-{i}" for i in range(SPLIT)}
+    assert not node.room.steering_applied
+    node.room.binding("default/b", {G1: 1})
+    assert node.healthy(G0) == set() and node.room.steering_applied
+    node.room.binding(None)
+    assert node.healthy(G0) == {f"{G0}-{i}" for i in range(SPLIT)}
+
+
+def test_steer_lasts_until_the_last_container_of_the_locked_pod_is_served() -> None:
+    """The pod the lock names needs two replicas of G1 (two containers): the first Allocate leaves
+    the steering on for the second, which kubelet admits next, even before the pod cache lists it."""
+    node = Node("steer")
+    node.room.sync()
+    node.room.binding("default/b", {G1: 2})
+    assert node.healthy(G0) == set()
+    node.room.allocated("default/b", [f"{G1}-0"])
+    assert node.healthy(G0) == set() and node.room.steering_applied
+    node.room.allocated("default/b", [f"{G1}-1"])
+    assert not node.room.steering_applied
+
+
+def test_steer_is_not_applied_while_a_booking_cannot_be_read() -> None:
+    """A pod whose booking cannot be decoded makes the plugin hide nothing (its GPUs' room is not
+    known): the steering is then not applied, which the handshake reads before it confirms."""
+    node = Node("steer")
+    bad = _gpu_pod("bad", G0, 1024, 10)
+    bad["metadata"]["annotations"][DEVICES_ALLOCATED] = "garbage"
+    node.pods.append(bad)
+    node.room.binding("default/b", {G1: 1})
+    assert not node.room.steering_applied
+    node.pods.clear()
+    node.room.sync()
+    assert node.room.steering_applied and node.healthy(G0) == set()
