@@ -314,7 +314,7 @@ def test_pod_fit_spec_from_pod():
     assert s.kinds == (I, S, A)
     assert s.wants_gpu and s.requests[1] is None and s.requests[2].nums == 2
     assert s.takes_node_lock  # a regular container asks GPUs: HAMi's bind takes the node lock
-    init_only = {"spec": {**pod["spec"], "containers": [{"name": "c"}]}}
+    init_only = {"spec": {"initContainers": pod["spec"]["initContainers"], "containers": [{"name": "c"}]}}  # type: ignore[index]
     only = PodFitSpec.from_pod(init_only, ResourceConfig(), "spread", "binpack")
     assert only.wants_gpu and not only.takes_node_lock
     assert s.policy.gpu_policy == GpuPolicy.parse("binpack") and s.policy.numa_bind
