@@ -12,7 +12,8 @@ before it creates the Binding (the value names one take of the lock, so an ackno
 earlier take satisfies no later bind). Steering for the pod ends when Allocate served it
 (:meth:`ReplicaRoom.allocated`), when the lock no longer names it (released, undone, taken over),
 or :data:`BIND_WINDOW_S` after the lock was taken (the pod gone, its scheduler stopped midway); a
-pod bound here by then is steered by its pending booking as every bound pod is.
+pod kubelet has still not admitted by then is admitted on ``span``'s list (only the pod the lock
+names steers: another pod's annotations never do).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class LockSteering:
 
     async def _steer(self, value: str) -> None:
         """Steer for the pod lock ``value`` names and acknowledge once every stream sent the list;
-        the steering ends after :data:`BIND_WINDOW_S` (a bound pod goes on by its booking)."""
+        the steering ends after :data:`BIND_WINDOW_S` at the latest."""
         loop = asyncio.get_running_loop()
         closes = loop.time() + BIND_WINDOW_S
         try:
