@@ -25,9 +25,10 @@ replicas hidden down to the one it needs, an 8-GPU pod would see 4 replicas per 
 
 A GPU with room again re-offers its replicas; XID unhealthiness stays separate and sticky.
 
-``steer`` reports, while pending bookings are admitted, every free replica Unhealthy on the NUMA
-nodes none of their GPUs is on (the pod the node lock names counts from the moment the scheduler's
-``/bind`` took the lock, before it is bound: :mod:`hamid.plugin.steering`); otherwise it is ``span``.
+``steer`` reports, while the pod the node lock names is admitted, every free replica Unhealthy on
+the NUMA nodes none of its booked GPUs is on (from the moment the scheduler's ``/bind`` took the
+lock, before the pod is bound, to its last container's Allocate: :mod:`hamid.plugin.steering`);
+other pods' pending entries never steer. Otherwise it is ``span``.
 """
 
 from __future__ import annotations

@@ -530,23 +530,18 @@ class Planner:
         GPUs the scheduler chooses. The policy's choice first, then within each NUMA node in turn;
         the first kubelet is predicted to admit with the booked GPUs' replicas, within the NUMA
         node(s) of its CPUs, wins; else (not ``strict``) the first it admits at all, unaligned.
-        None: nothing is known of the node's
-        prediction (the plain path decides)."""
+        None: nothing is known of the node's prediction (the plain path decides)."""
         if not spec.takes_node_lock:
             return None  # no lock, no handshake: the plugin may steer too late for kubelet
         first = fit_pod(entry.usage, spec, quota, release, prefer=order)
         if not isinstance(first, Fitted):
             return first, True
-        numa_nodes = sorted({d.numa for d in entry.usage.devices if d.numa >= 0})
+        within = (
+            fit_pod(entry.usage, spec, quota, release, (frozenset({n}),) * len(spec.requests), order)
+            for n in sorted({d.numa for d in entry.usage.devices if d.numa >= 0})
+        )
         fallback: tuple[Fitted, Prediction] | None = None
-        for target in (None, *numa_nodes):
-            fitted = (
-                first
-                if target is None
-                else fit_pod(
-                    entry.usage, spec, quota, release, (frozenset({target}),) * len(spec.requests), order
-                )
-            )
+        for fitted in itertools.chain((first,), within):
             if not isinstance(fitted, Fitted):
                 continue
             resolved = self.ledgers.predict_chosen(
