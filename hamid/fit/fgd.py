@@ -30,7 +30,7 @@ from hamid.fit.node_room import CpuMem
 from hamid.fit.replica_room import hides
 from hamid.model._wire import want_number
 from hamid.model.errors import InvalidInput
-from hamid.model.numa import HIDE_STEER, SPANNING_RULES
+from hamid.model.numa import SPANNING_RULES, STEERING_RULES
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import ContainerDeviceRequest
 
@@ -362,7 +362,7 @@ def aligned_homes(node: NodeState, shape: Shape) -> tuple[int, ...]:
     """
     if node.numa is None:
         return ()
-    if node.hide == HIDE_STEER:
+    if node.hide in STEERING_RULES:
         return tuple(n for n, room in enumerate(node.numa) if room.free >= shape.exclusive)
     home = kubelet_home(node, shape)
     return () if home is None else (home,)
@@ -448,7 +448,7 @@ def after(node: NodeState, pod: Shape, gpus: tuple[int, ...]) -> NodeState:
     frees = tuple(taking)
     numa = node.numa
     if numa is not None and pod.exclusive and gpus:
-        home = node.numas[gpus[0]] if node.hide == HIDE_STEER else kubelet_home(node, pod)
+        home = node.numas[gpus[0]] if node.hide in STEERING_RULES else kubelet_home(node, pod)
         home = node.numas[gpus[0]] if home is None else home
         if 0 <= home < len(numa):
             room = numa[home]

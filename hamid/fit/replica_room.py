@@ -33,15 +33,25 @@ from collections.abc import Mapping
 from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
-from hamid.model.numa import HIDE_BUSY, HIDE_STEER, SPANNING_RULES
+from hamid.model.numa import (
+    HIDE_BUSY,
+    HIDE_BUSY_STEER,
+    HIDE_STEER,
+    SPANNING_RULES,
+    STEERED_WITHOUT_SPAN,
+    STEERING_RULES,
+)
 
 
 def effective_rule(rule: str | None, topology_policy: str | None) -> str | None:
     """The rule a node's plugin applies: ``span`` leaves replicas out of the list only under Topology
     Manager ``restricted``, the one policy a preferred spanning hint helps (under ``single-numa-node``
     it could only reject pods, under ``best-effort`` and ``none`` it changes nothing); elsewhere it
-    is ``busy``, and so is ``steer``, which includes it. Both sides read the policy from the node's
-    NUMA profile."""
+    is ``busy``. ``steer`` still steers under ``single-numa-node`` and ``best-effort``, whose merged
+    hint follows the device hint too (``busy+steer``), and under ``none`` is ``busy``. Both sides
+    read the policy from the node's NUMA profile."""
+    if rule == HIDE_STEER and topology_policy in STEERED_WITHOUT_SPAN:
+        return HIDE_BUSY_STEER
     if rule in SPANNING_RULES and topology_policy != "restricted":
         return HIDE_BUSY
     return rule
@@ -66,7 +76,7 @@ def hides(rule: str | None, *, room: bool, idle: bool, idle_on_node: bool) -> bo
         return False
     if not room:
         return True
-    return rule in (HIDE_BUSY, *SPANNING_RULES) and not idle and idle_on_node
+    return rule in (HIDE_BUSY, *SPANNING_RULES, *STEERING_RULES) and not idle and idle_on_node
 
 
 def _takes_part(d: DeviceUsage) -> bool:
@@ -116,7 +126,7 @@ def hidden_by_gpu(
 def steered_numa(usage: NodeUsage, rule: str | None, keep: Mapping[str, int]) -> frozenset[int] | None:
     """Under ``steer``, the NUMA nodes of the GPUs a pending booking needs, whose replicas alone
     kubelet sees free while it admits the pod (None: nothing steered)."""
-    if rule != HIDE_STEER:
+    if rule not in STEERING_RULES:
         return None
     numa = frozenset(d.numa for d in usage.devices if keep.get(d.id, 0) > 0)
     return numa or None

@@ -174,6 +174,10 @@ PROFILE_SPAN_VERSION = 7
 #: Format version of a profile whose ``hideReplicas`` rule is ``steer`` (readers of 1 to 7 know
 #: only ``full``, ``busy`` and ``span``).
 PROFILE_STEER_VERSION = 8
+#: Format version of a profile whose rule is ``steer`` under Topology Manager ``single-numa-node``
+#: or ``best-effort`` (plugins of 8 steer only under ``restricted``; a scheduler must not expect
+#: their steering elsewhere).
+PROFILE_STEER_POLICIES_VERSION = 9
 #: The rules by which hamid's device plugin hides free GPU replicas from kubelet
 #: (:mod:`hamid.fit.replica_room`): ``full`` hides those of a GPU with no room; ``busy`` also
 #: those of a partly booked GPU while the node has an idle one; ``span`` as ``busy``, and a node
@@ -181,8 +185,17 @@ PROFILE_STEER_VERSION = 8
 #: as ``span``, and while a booked pod is admitted only the NUMA nodes of its GPUs offer free
 #: replicas.
 HIDE_FULL, HIDE_BUSY, HIDE_SPAN, HIDE_STEER = HIDE_RULES = ("full", "busy", "span", "steer")
+#: What ``steer`` applies under Topology Manager ``single-numa-node`` or ``best-effort``, where
+#: ``span``'s listing would not help: ``busy``, and the steering (never configured, only applied;
+#: :func:`hamid.fit.replica_room.effective_rule`).
+HIDE_BUSY_STEER = "busy+steer"
 #: The rules under which an idle node lists one free replica per GPU (``span``'s listing).
 SPANNING_RULES = frozenset({HIDE_SPAN, HIDE_STEER})
+#: The applied rules under which the plugin steers kubelet to the booked GPUs' NUMA node.
+STEERING_RULES = frozenset({HIDE_STEER, HIDE_BUSY_STEER})
+#: The Topology Manager policies but ``restricted`` under which ``steer`` still steers (it does not
+#: list one replica per GPU there).
+STEERED_WITHOUT_SPAN = frozenset({SINGLE_NUMA_NODE, "best-effort"})
 #: The format version each rule needs beyond :data:`PROFILE_HIDE_REPLICAS_VERSION`.
 _RULE_VERSIONS = {HIDE_SPAN: PROFILE_SPAN_VERSION, HIDE_STEER: PROFILE_STEER_VERSION}
 
@@ -454,16 +467,23 @@ PROFILE_VERSIONS = (
     PROFILE_DEVICES_VERSION,
     PROFILE_SPAN_VERSION,
     PROFILE_STEER_VERSION,
+    PROFILE_STEER_POLICIES_VERSION,
 )
 
 
 def profile_version(doc: Mapping[str, object]) -> int:
     """The format version of a profile document: the highest its top-level fields need, and
-    the version its ``hideReplicas`` rule needs (``span``: 7, ``steer``: 8)."""
+    the version its ``hideReplicas`` rule needs (``span``: 7, ``steer``: 8, ``steer`` under
+    ``single-numa-node`` or ``best-effort``: 9)."""
     version = max((_FIELD_VERSIONS.get(f, FORMAT_VERSION) for f in doc), default=FORMAT_VERSION)
     hiding = doc.get("hideReplicas")
     if isinstance(hiding, Mapping):
-        version = max(version, _RULE_VERSIONS.get(str(hiding.get("rule")), FORMAT_VERSION))
+        rule = str(hiding.get("rule"))
+        version = max(version, _RULE_VERSIONS.get(rule, FORMAT_VERSION))
+        kubelet = doc.get("kubelet")
+        policy = kubelet.get("topologyManagerPolicy") if isinstance(kubelet, Mapping) else None
+        if rule == HIDE_STEER and policy in STEERED_WITHOUT_SPAN:
+            version = max(version, PROFILE_STEER_POLICIES_VERSION)
     return version
 
 
@@ -656,7 +676,9 @@ def decode_profile(text: object) -> NumaProfile:
         rules = ", ".join(f"rule {r!r} {v}" for r, v in _RULE_VERSIONS.items())
         raise InvalidInput(
             f"{key}: format version {doc['v']} does not match its fields "
-            f"({needs}, {rules}; else 1, the highest applies)"
+            f"({needs}, {rules}, rule {HIDE_STEER!r} under "
+            f"{' or '.join(sorted(STEERED_WITHOUT_SPAN))} {PROFILE_STEER_POLICIES_VERSION}; "
+            "else 1, the highest applies)"
         )
     content = json.dumps({k: v for k, v in doc.items() if k not in ("gen", "at")}, sort_keys=True)
     topology = _TOPOLOGIES.get(content)

@@ -317,7 +317,8 @@ class PluginOptions:
         "out of the list, so a pod wider than a NUMA node gets a preferred hint under restricted), "
         "steer (span, and while a pod the scheduler booked here is admitted, those on the NUMA nodes "
         "its GPUs are not on, so kubelet puts its CPUs with the GPUs the scheduler chose; under "
-        "restricted, and the scheduler's bind waits for this plugin's confirmation), "
+        "restricted, single-numa-node and best-effort, the span part under restricted only; the "
+        "scheduler's bind waits for this plugin's confirmation), "
         f"off, or auto ({AUTO_HIDE_RULE} where the node config sets enablenumatopology, else off). "
         "Announced in hamid.io/numa-profile for the scheduler.",
         default="auto",

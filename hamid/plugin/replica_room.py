@@ -47,7 +47,7 @@ from hamid.model import objects
 from hamid.model.annotations import DEVICES_ALLOCATED, decode_pod_devices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import HIDE_STEER, SPANNING_RULES
+from hamid.model.numa import SPANNING_RULES, STEERING_RULES
 from hamid.plugin.allocator_rules import is_unadmitted, pending_entries, requests_resource, to_allocate
 from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.podresources_client import HeldPod
@@ -171,7 +171,7 @@ class ReplicaRoom:
         return self.sync()
 
     def effective_rule(self) -> str | None:
-        """The rule applied now (``span`` and ``steer`` only under ``restricted``)."""
+        """The rule applied now (:func:`hamid.fit.replica_room.effective_rule`)."""
         return effective_rule(self.rule, self.topology_policy())
 
     def listed(self, held: Sequence[HeldPod]) -> None:
@@ -214,7 +214,7 @@ class ReplicaRoom:
         rule = self.effective_rule()
         # only the pod the node lock names steers: what other pods' annotations say is pending
         # keeps its replicas listed, never moves kubelet (a tenant can write its own pod's)
-        binding = self._binding if rule == HIDE_STEER else None
+        binding = self._binding if rule in STEERING_RULES else None
         steered = self._steered_numa(Counter(binding[1])) if binding is not None else None
         self.steering_applied = steered is not None
         # idle: no pod holds a replica, by the annotations and by what kubelet handed out (a pod's

@@ -28,7 +28,7 @@ from hamid.model import nodelock, objects
 from hamid.model.annotations import DEVICES_LISTED_FOR, VGPU_NODE, parse_node_lock
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import HIDE_STEER
+from hamid.model.numa import STEERING_RULES
 from hamid.plugin.pods import NodePods
 from hamid.plugin.replica_room import ReplicaRoom, pod_booking
 from hamid.plugin.service import SentLists
@@ -86,7 +86,7 @@ class LockSteering:
 
     def _wanted(self) -> str | None:
         """The lock value to steer for: the node's lock while the rule in effect is ``steer``."""
-        if self.room.effective_rule() != HIDE_STEER:
+        if self.room.effective_rule() not in STEERING_RULES:
             return None
         return nodelock.lock_value(self.pods.node())
 

@@ -21,7 +21,7 @@ from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import PodBody
-from hamid.model.numa import HIDE_STEER
+from hamid.model.numa import STEERING_RULES
 from hamid.scheduler.extender_json import BindArgs
 from hamid.scheduler.nodelock import Holder, LockContention, NodeLocker, holder_state
 from hamid.scheduler.numa_ledger import NumaLedgers
@@ -320,8 +320,9 @@ class Binder:
 
     def _steer_wait(self, node: str) -> float:
         """How long a bind to ``node`` waits for its plugin's acknowledgement (0: not at all): only
-        where the node's NUMA profile says its plugin steers (``steer`` under ``restricted``)."""
-        if self.settings.steer_wait_s <= 0 or self.numa.hide_rule(node) != HIDE_STEER:
+        where the node's NUMA profile says its plugin steers (``steer``, under a Topology Manager
+        policy but ``none``)."""
+        if self.settings.steer_wait_s <= 0 or self.numa.hide_rule(node) not in STEERING_RULES:
             return 0.0
         return self.settings.steer_wait_s
 

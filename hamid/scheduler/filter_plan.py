@@ -29,7 +29,7 @@ from hamid.model import reasons as R
 from hamid.model.alignment import AlignmentMode, parse_alignment
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
-from hamid.model.numa import HIDE_STEER
+from hamid.model.numa import STEERING_RULES
 from hamid.model.resources import ResourceConfig
 from hamid.scheduler.bind_backoff import BindBackoff
 from hamid.scheduler.fgd_rank import FgdRanker, fgd_cpu_only, fgd_ranked
@@ -494,7 +494,7 @@ class Planner:
         order = prefer(entry) if prefer is not None else ()
         if numa is None:
             return fit_pod(entry.usage, spec, quota, release, prefer=order), True
-        if self.ledgers.hide_rule(entry.name) == HIDE_STEER:
+        if self.ledgers.hide_rule(entry.name) in STEERING_RULES:
             steered = self._fit_steered(entry, spec, quota, release, order, numa)
             if steered is not None:
                 return steered

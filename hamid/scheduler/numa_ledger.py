@@ -54,10 +54,10 @@ from hamid.model.devices import DeviceInfo, PodDevices
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, PodBody
 from hamid.model.numa import (
-    HIDE_STEER,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
+    STEERING_RULES,
     ContainerPrediction,
     MemoryBlock,
     NewerFormat,
@@ -694,7 +694,7 @@ class NumaLedgers:
             return None
         rule = self.hide_rule(node)
         preferred = entry.profile.preferred_allocation == self.resource
-        if not preferred and rule != HIDE_STEER:
+        if not preferred and rule not in STEERING_RULES:
             return None
         # once bound, the pod's booking is pending: the plugin keeps the replicas it needs offered
         keep = Counter(d.uuid for container in devices for d in container)

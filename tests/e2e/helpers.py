@@ -43,9 +43,11 @@ def env_of(cluster: SimCluster, name: str) -> dict[str, Any]:
     return dict(admission.containers[0].env)
 
 
-def two_numa_two_gpu_node(directory: Path, hide: str, split: int) -> ClusterOptions:
+def two_numa_two_gpu_node(
+    directory: Path, hide: str, split: int, topology_policy: str = "restricted"
+) -> ClusterOptions:
     """A cluster of one node, two NUMA nodes of 16 CPUs (CPU 0 reserved) with one 46 GB GPU each,
-    Topology Manager ``restricted``, its plugin hiding replicas by ``hide`` (``--hide-replicas``)."""
+    Topology Manager ``topology_policy``, its plugin hiding replicas by ``hide`` (``--hide-replicas``)."""
     rows = [f"{cpu},{cpu},{numa},{numa}" for numa in (0, 1) for cpu in range(numa * 16, numa * 16 + 16)]
     doc = {
         "lscpu": "# CPU,Core,Socket,Node\n" + "\n".join(rows) + "\n",
@@ -59,7 +61,7 @@ def two_numa_two_gpu_node(directory: Path, hide: str, split: int) -> ClusterOpti
     }  # fmt: skip
     path = directory / "two-numa-two-gpu.yaml"
     path.write_text(yaml.safe_dump(doc), "utf-8")
-    spec = NodeSpec(NODE, machine_file=path, topology_policy="restricted", split=split)
+    spec = NodeSpec(NODE, machine_file=path, topology_policy=topology_policy, split=split)
     return ClusterOptions(nodes=(spec,), hide_replicas=hide)
 
 

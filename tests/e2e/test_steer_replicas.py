@@ -1,6 +1,7 @@
 """``--hide-replicas steer``: kubelet aligns a pod's CPUs with the GPU the scheduler booked.
 
-A node with one GPU per NUMA node (16 CPUs each, CPU 0 reserved), Topology Manager ``restricted``.
+A node with one GPU per NUMA node (16 CPUs each, CPU 0 reserved), Topology Manager ``restricted``
+(``single-numa-node`` and ``best-effort`` where the test says).
 ``a``, a share pinned to GPU 0, runs: GPU 0 is partly booked, GPU 1 idle, so ``busy`` (and
 ``steer`` between binds) report GPU 0's free replicas Unhealthy. ``b`` asks 4 exclusive CPUs and
 a share, pinned to GPU 0 too (``nvidia.com/use-gpuuuid``: the scheduler's choice is the same under
@@ -51,11 +52,22 @@ def _steer_waits(cluster: SimCluster, outcome: str) -> float | None:
     )
 
 
-@pytest.mark.parametrize(("hide", "cpu_numa"), [("busy", 1), ("steer", 0)])
+@pytest.mark.parametrize(
+    ("hide", "policy", "cpu_numa"),
+    [
+        ("busy", "restricted", 1),
+        ("steer", "restricted", 0),
+        ("busy", "single-numa-node", 1),
+        ("steer", "single-numa-node", 0),
+        ("steer", "best-effort", 0),
+    ],
+)
 async def test_steer_puts_the_cpus_on_the_numa_node_of_the_booked_gpu(
-    tmp_path: Path, hide: str, cpu_numa: int
+    tmp_path: Path, hide: str, policy: str, cpu_numa: int
 ) -> None:
-    async with SimCluster(two_numa_two_gpu_node(tmp_path, hide, SPLIT)) as cluster:
+    """Under every Topology Manager policy whose merged hint follows the devices' hint (under
+    ``single-numa-node`` and ``best-effort`` without ``span``'s listing)."""
+    async with SimCluster(two_numa_two_gpu_node(tmp_path, hide, SPLIT, policy)) as cluster:
         await wait_until(lambda: numa_profile(cluster) is not None, 10, "NUMA profile on the Node")
         assert decode_profile(numa_profile(cluster)).hide_replicas == ReplicaHiding(RESOURCE, hide)
         await cluster.create_pod(_on_gpu0("a", "", 8))

@@ -68,7 +68,8 @@ def _sent_healthy(listed: pb.ListAndWatchResponse) -> set[str]:
 
 
 def _restricted(room: ReplicaRoom | None) -> ReplicaRoom:
-    """``steer`` acts only under ``restricted``, which the NUMA publisher (off here) would announce."""
+    """``steer`` acts only where kubelet's Topology Manager merges hints (here ``restricted``), which
+    the NUMA publisher (off here) would announce."""
     assert room is not None
     room.topology_policy = lambda: "restricted"
     room.sync()

@@ -60,9 +60,11 @@ async def _filtered(env: Env) -> dict[str, Any]:
     return pod
 
 
-async def test_the_bind_waits_for_the_plugins_acknowledgement_of_its_lock() -> None:
+@pytest.mark.parametrize("policy", ["restricted", "single-numa-node", "best-effort"])
+async def test_the_bind_waits_for_the_plugins_acknowledgement_of_its_lock(policy: str) -> None:
+    """Under every Topology Manager policy whose merged hint follows the devices' hint."""
     async with running_scheduler(SchedulerSettings(bind_wait_s=19.0, steer_wait_s=10.0)) as env:
-        await _steer_node(env)
+        await _steer_node(env, policy=policy)
         pod = await _filtered(env)
         seen: list[str] = []
 
@@ -112,13 +114,13 @@ async def test_without_the_acknowledgement_of_its_own_lock_the_bind_fails_and_le
 
 @pytest.mark.parametrize(
     ("rule", "policy", "wait"),
-    [("busy", "restricted", 5.0), ("steer", "single-numa-node", 5.0), ("steer", "restricted", 0.0)],
+    [("busy", "restricted", 5.0), ("steer", "none", 5.0), ("steer", "restricted", 0.0)],
 )
 async def test_no_wait_where_the_plugin_does_not_steer_or_the_wait_is_off(
     rule: str, policy: str, wait: float
 ) -> None:
-    """``busy``, ``steer`` where it is ``busy`` (not ``restricted``), or ``--steer-wait 0``: the bind
-    goes on without an acknowledgement."""
+    """``busy``, ``steer`` where it is ``busy`` (Topology Manager ``none``: no hints), or
+    ``--steer-wait 0``: the bind goes on without an acknowledgement."""
     async with running_scheduler(SchedulerSettings(bind_wait_s=19.0, steer_wait_s=wait)) as env:
         await _steer_node(env, rule, policy)
         pod = await _filtered(env)

@@ -183,7 +183,6 @@ def test_steer_offers_only_the_booked_gpus_numa_node_while_a_booking_is_pending(
     """A pending booking on g2 (NUMA 1): every free replica on NUMA 0 is hidden, so kubelet's
     device hint is NUMA 1; without one ``steer`` hides as ``span`` (and so as ``busy``)."""
     assert effective_rule("steer", "restricted") == "steer"
-    assert effective_rule("steer", "single-numa-node") == "busy"
     usage = _usage(0, 0, 1, 1)
     usage.add({"g0": DeviceAmount(1, 2000, 30)})  # a share on g0: every replica listed again
     assert steered_numa(usage, "steer", {}) is None and steered_numa(usage, "busy", {"g2": 1}) is None
@@ -203,6 +202,28 @@ def test_steer_offers_only_the_booked_gpus_numa_node_while_a_booking_is_pending(
     idle = _usage(0, 0, 1, 1)
     assert omitted_by_gpu(idle, "steer", {"g3": 1}) == {"g0": 9, "g1": 9, "g2": 9, "g3": 9}
     assert gpu_replicas(idle, "steer", {"g3": 1}) == {"g0": (0, 0), "g1": (0, 0), "g2": (1, 1), "g3": (1, 1)}
+
+
+def test_steer_steers_without_spans_listing_under_single_numa_node_and_best_effort() -> None:
+    """Their merged hint follows the device hint too, so ``steer`` steers there (``busy+steer``);
+    a spanning hint would not help (``single-numa-node`` rejects it, ``best-effort`` admits any),
+    so an idle node lists every replica. Under ``none`` kubelet computes no hints: ``busy``."""
+    for policy in ("single-numa-node", "best-effort"):
+        assert effective_rule("steer", policy) == "busy+steer"
+    assert effective_rule("steer", "none") == effective_rule("steer", None) == "busy"
+    idle = _usage(0, 0, 1, 1)
+    assert not lists_one_per_gpu("busy+steer", idle) and omitted_by_gpu(idle, "busy+steer", {"g3": 1}) == {}
+    assert steered_numa(idle, "busy+steer", {"g3": 1}) == frozenset({1})
+    assert gpu_replicas(idle, "busy+steer", {"g3": 1}) == {
+        "g0": (0, 0),
+        "g1": (0, 0),
+        "g2": (1, 10),
+        "g3": (1, 10),
+    }
+    usage = _usage(0, 0, 1, 1)
+    usage.add({"g0": DeviceAmount(1, 2000, 30)})
+    assert hidden_replicas(usage, "busy+steer") == hidden_replicas(usage, "busy") == {0: 9}
+    assert hidden_replicas(usage, "busy+steer", {"g2": 1}) == {0: 19}
 
 
 def test_fgd_under_steer_an_aligned_shape_uses_the_gpus_of_every_numa_node_with_its_cpus() -> None:

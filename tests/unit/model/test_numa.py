@@ -400,7 +400,9 @@ def test_profile_naming_the_preferring_plugin_is_format_2_and_older_ones_still_d
 def test_profile_saying_the_plugin_hides_replicas_is_format_5_and_older_ones_decode_as_not_hiding() -> None:
     """``hideReplicas`` (which free replicas of which resource hamid's plugin reports Unhealthy)
     needs a reader that knows it: format 5; a profile without it decodes as "not hiding"."""
-    plain = dataclasses.replace(linux_node(2, 4, 2), preferred_allocation="nvidia.com/gpu")
+    node = linux_node(2, 4, 2)
+    policies = dataclasses.replace(node.policies, topology_manager_policy="restricted")
+    plain = dataclasses.replace(node, preferred_allocation="nvidia.com/gpu", policies=policies)
     for rule in HIDE_RULES:
         hiding = dataclasses.replace(plain, hide_replicas=ReplicaHiding("nvidia.com/gpu", rule))
         doc = json.loads(encode_profile(hiding))
@@ -417,6 +419,24 @@ def test_profile_saying_the_plugin_hides_replicas_is_format_5_and_older_ones_dec
     for value in bad:
         with pytest.raises(InvalidInput, match="hideReplicas"):
             decode_profile(json.dumps({**doc, "hideReplicas": value}))
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"), [("restricted", 8), ("none", 8), ("single-numa-node", 9), ("best-effort", 9)]
+)
+def test_a_profile_steering_beyond_restricted_is_format_9(policy: str, want: int) -> None:
+    """Plugins of format 8 steer only under ``restricted``: a profile saying ``steer`` under
+    ``single-numa-node`` or ``best-effort``, where newer plugins steer too, needs format 9, and one
+    of 8 saying so (an older plugin, which does not steer there) is refused, never misread."""
+    node = linux_node(2, 4, 2)
+    policies = dataclasses.replace(node.policies, topology_manager_policy=policy)
+    steer = dataclasses.replace(node, policies=policies, hide_replicas=ReplicaHiding("nvidia.com/gpu", "steer"))
+    doc = json.loads(encode_profile(steer))
+    assert doc["v"] == want
+    assert decode_profile(encode_profile(steer)) == steer
+    for v in range(1, want):
+        with pytest.raises(InvalidInput, match="format version"):
+            decode_profile(json.dumps({**doc, "v": v}))
 
 
 def test_profile_naming_other_numa_devices_is_format_6_and_older_ones_decode_as_none() -> None:
