@@ -430,7 +430,8 @@ def test_a_profile_steering_beyond_restricted_is_format_9(policy: str, want: int
     of 8 saying so (an older plugin, which does not steer there) is refused, never misread."""
     node = linux_node(2, 4, 2)
     policies = dataclasses.replace(node.policies, topology_manager_policy=policy)
-    steer = dataclasses.replace(node, policies=policies, hide_replicas=ReplicaHiding("nvidia.com/gpu", "steer"))
+    hiding = ReplicaHiding("nvidia.com/gpu", "steer")
+    steer = dataclasses.replace(node, policies=policies, hide_replicas=hiding)
     doc = json.loads(encode_profile(steer))
     assert doc["v"] == want
     assert decode_profile(encode_profile(steer)) == steer
