@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import logging
 import ssl
 from typing import TYPE_CHECKING
 
 import click
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hamid.model._wire import is_decimal
 from hamid.model.errors import InvalidInput
@@ -66,6 +68,28 @@ _BIND_REASONS = {
 }
 
 
+#: The longest part of a client's bad request quoted in the log line about it.
+_QUOTED = 200
+
+
+class _ClientFaults(logging.Filter):
+    """aiohttp logs a request it cannot parse, a body it cannot decode and a client gone mid-body
+    at ERROR with a traceback: the client's doing, not the server's, so one warning naming it (a
+    log line per connection anyone can open must not be a traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (HttpProcessingError, web.RequestPayloadError, ConnectionResetError)):
+            detail = " ".join(str(exc).split())[:_QUOTED]
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {detail}", None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_CLIENT_FAULTS = _ClientFaults()
+
+
 async def serve(
     app: web.Application, listen: str, ssl_context: ssl.SSLContext | None = None, *, what: str = "listener"
 ) -> tuple[web.AppRunner, int]:
@@ -74,6 +98,7 @@ async def serve(
     A bind failure raises :class:`ListenError` naming ``what``, the address and the reason.
     """
     host, port = parse_listen(listen)
+    logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS)  # once: the same filter
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

@@ -25,11 +25,12 @@ def configure(log_format: LogFormat = "auto", level: str = "info") -> None:
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
@@ -38,7 +39,34 @@ def configure(log_format: LogFormat = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    # libraries log through stdlib logging: the same one line per record, their logger as component
+    handler = _LibraryHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                _component,
+                stamp,
+                structlog.processors.format_exc_info,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _LibraryHandler)] + [handler]
+    root.setLevel(max(numeric, logging.WARNING))
+
+
+class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure` installs (replaced, not added again, when called again)."""
+
+
+def _component(_logger: object, _name: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """A library record's logger name as ``component``, as hamid's own lines carry theirs."""
+    record = event.get("_record")
+    if isinstance(record, logging.LogRecord):
+        event.setdefault("component", record.name)
+    return event
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -103,9 +103,20 @@ def _depth_exceeds(body: bytes, value: Any, limit: int) -> bool:
     return False
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request body; raises 413 (too large) or 400 (a ``Content-Encoding`` it is not in)."""
+    try:
+        return await request.read()  # aiohttp raises 413 above client_max_size
+    except web.RequestPayloadError as exc:  # e.g. "Content-Encoding: gzip" on a plain body
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"cannot read the request body: {exc}"}),
+            content_type="application/json",
+        ) from None
+
+
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON (:func:`parse_json_body`); raises 413 (too large) or 400 HTTP errors."""
-    body = await request.read()  # aiohttp raises 413 above client_max_size
+    body = await read_body(request)
     try:
         return parse_json_body(body)
     except InvalidInput as exc:

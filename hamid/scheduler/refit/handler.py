@@ -26,7 +26,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.kube import Pod, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S, RefitRequest, RefitResponse
 from hamid.model.resources import ResourceConfig
-from hamid.scheduler.http import RouteRegistrar, parse_json_body
+from hamid.scheduler.http import RouteRegistrar, parse_json_body, read_body
 from hamid.scheduler.ledger import Ledger
 from hamid.scheduler.metrics import SchedulerMetrics
 from hamid.scheduler.numa_ledger import NumaLedgers
@@ -181,7 +181,7 @@ class RefitService:
         """
         deadline = asyncio.get_running_loop().time() + self.deadline
         started = time.perf_counter()
-        body = await request.read()  # the app's client_max_size (1 MiB) answers 413 above it
+        body = await read_body(request)  # 413 above the app's client_max_size (1 MiB), 400 undecodable
         if not body:
             return web.Response(status=400, text=MSG_NO_BODY)
         try:  # not JSON at all, not UTF-8, or nested too deep

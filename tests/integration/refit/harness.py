@@ -234,11 +234,13 @@ class Env:
             )
         )
 
-    async def post_raw(self, body: bytes | None, cn: str = "system:node:n1") -> tuple[int, str]:
+    async def post_raw(
+        self, body: bytes | None, cn: str = "system:node:n1", headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
         """POST raw bytes to /refit with a node client certificate: (status, text)."""
         pair = self.tls.client(cn)
         ctx = client_ssl_context(self.tls.ca_file, cert_file=pair.cert_file, key_file=pair.key_file)
-        async with self.session.post(self.cluster + "/refit", data=body, ssl=ctx) as resp:
+        async with self.session.post(self.cluster + "/refit", data=body, ssl=ctx, headers=headers) as resp:
             return resp.status, await resp.text()
 
     def annotations(self, name: str, namespace: str = "default") -> dict[str, str]:

@@ -267,6 +267,8 @@ async def test_route_status_codes_and_metrics(tls_files: TLSFiles, tmp_path: Pat
     async with refit_env(tls_files, tmp_path) as env:
         pod = await setup(env)
         assert await env.post_raw(None) == (400, MSG_NO_BODY)
+        status, text = await env.post_raw(b"{}", headers={"Content-Encoding": "gzip"})  # not gzip
+        assert status == 400 and "cannot read the request body" in text, (status, text)
         # upstream TestNumaRefitRoute_DecodeError: malformed JSON and wrong field types are
         # in-band refusals carrying the decode error
         status, text = await env.post_raw(b"{not json")
