@@ -204,7 +204,7 @@ class Plugin:
                 self.inventory, self.pods.pods, setup.resource_name, hide_replicas, self._topology_policy
             )
             self.room.watch(self.pods.pod_cache)
-            self.inventory.on_health_change = self.room.poke
+            self.inventory.on_health_change = self.room.sync  # at once: one list per change
         self.cleaner = CacheDirCleaner(
             self.pods, hook_path, interval=cleanup_interval, min_age=cleanup_min_age
         )

@@ -6,9 +6,10 @@ advertised healthy, such a GPU would draw pod after pod into that refusal (kubel
 (at start, each ``Allocate``'s, and one every :data:`RESCAN_INTERVAL_S`) sets the recoverable
 condition :data:`CONDITION` on exactly the GPUs whose CDI device it leaves undefined: kubelet
 (``ListAndWatch``) and the scheduler (``hami.io/node-nvidia-register``) see them unhealthy, and
-healthy again after the first scan that defines them. XID health stays apart, and sticky. A
-feature's device (``nvidia.com/gds=all``) concerns every GPU alike: left to ``Allocate``'s refusal
-and the start's log.
+healthy again after the first scan that defines them. A scan's result is applied only if no later
+scan's was (the scans run in threads and hand results back in any order). XID health stays apart,
+and sticky. A feature's device (``nvidia.com/gds=all``) concerns every GPU alike: left to
+``Allocate``'s refusal and the start's log.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from hamid.log import get_logger
-from hamid.plugin.cdi_specs import RESCAN_INTERVAL_S, CdiScan, CdiSpecs
+from hamid.plugin.cdi_specs import GENERATE_SPEC, RESCAN_INTERVAL_S, CdiScan, CdiSpecs
 from hamid.plugin.device_lists import DeviceLists
 from hamid.plugin.inventory import GpuInventory
 
@@ -41,6 +42,8 @@ class CdiHealth:
         self.lists = lists
         self.inventory = inventory
         self.interval = interval
+        #: The number of the last scan applied (:attr:`CdiScan.seq`).
+        self._applied = 0
 
     async def start(self) -> None:
         """The first scan, before kubelet or the scheduler is told of the GPUs; what is wrong is
@@ -59,7 +62,12 @@ class CdiHealth:
         self.apply(scan)
 
     def apply(self, scan: CdiScan) -> None:
-        """Set the condition from one scan, logging each GPU that began or ceased to hold it."""
+        """Set the condition from one scan, logging each GPU that began or ceased to hold it; a scan
+        older than the last applied is ignored (it read the directories before that one)."""
+        if scan.seq < self._applied:
+            log.debug("cdi_scan_stale_ignored", seq=scan.seq, applied=self._applied)
+            return
+        self._applied = scan.seq
         name = self.lists.gpu_cdi_name
         undefined = [g.uuid for g in self.inventory.gpus if name(g.uuid) not in scan.devices]
         change = self.inventory.set_condition(CONDITION, undefined)
@@ -70,7 +78,7 @@ class CdiHealth:
                 device=name(uuid),
                 dirs=list(scan.dirs),
                 problems=list(scan.problems),
-                hint="generate a spec: nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml",
+                hint=f"generate a spec naming GPUs by UUID: {GENERATE_SPEC}",
             )
         for uuid in change.ended:
             where = {"uuid": uuid, "device": name(uuid), "dirs": list(scan.dirs)}

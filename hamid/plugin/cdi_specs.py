@@ -6,10 +6,12 @@ service). Before it names a CDI device, the plugin checks that a spec defines it
 would otherwise fail the container's creation later, with a vaguer error, or a container could
 start without its GPU. Each scan lists the directories and re-reads only files whose size or
 modification time changed, so a spec written after the plugin started is seen at the next
-``Allocate``. A file that cannot be read or parsed is reported (logged once per version, naming the
-file) and defines nothing, as in the runtime; it never stops the plugin. Run :meth:`CdiSpecs.scan`
-in a thread; scans are serialised (Allocate's and the periodic one of
-:mod:`hamid.plugin.cdi_health` may overlap).
+``Allocate``. A file that cannot be parsed is reported (logged once per version, naming the file)
+and defines nothing, as in the runtime; it never stops the plugin. A file or directory this process
+cannot read now (a passing EMFILE or EIO; the runtime, another process, reads it) keeps what it
+defined at the last scan that read it, and is read again at the next scan. Run
+:meth:`CdiSpecs.scan` in a thread; scans are serialised and numbered (Allocate's and the periodic
+one of :mod:`hamid.plugin.cdi_health` may overlap, and their results arrive in any order).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class CdiScan:
     dirs: tuple[str, ...]
     devices: frozenset[str]
     problems: tuple[str, ...]
+    #: Its place among the scans of its :class:`CdiSpecs`: a higher one read the directories later.
+    seq: int
 
     def missing(self, names: Sequence[str]) -> list[str]:
         """Those of ``names`` no spec makes resolvable."""
@@ -53,8 +57,8 @@ class CdiScan:
         problems = f"; spec problems: {summarize(self.problems)}" if self.problems else ""
         raise AllocationError(
             f"no CDI spec in {', '.join(self.dirs)} defines {', '.join(missing)}: generate one on the "
-            "node (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml; for a feature add "
-            f"--mode=<feature> --class=<feature>), or use --device-list-strategy=envvar{problems}",
+            f"node ({GENERATE_SPEC}; for a feature add --mode=<feature> --class=<feature>), or use "
+            f"--device-list-strategy=envvar{problems}",
             code="cdi-device-missing",
         )
 
@@ -66,25 +70,38 @@ class CdiSpecs:
     def __init__(self, dirs: Sequence[str]) -> None:
         self.dirs = tuple(dirs)
         self._files: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
+        #: Each directory's file names at the last scan that listed it.
+        self._names: dict[str, list[str]] = {}
+        self._scans = 0
         self._lock = threading.Lock()
 
     def scan(self) -> CdiScan:
         """Read the directories now (files unchanged since the last scan are not parsed again)."""
         with self._lock:
-            return self._scan()
+            self._scans += 1
+            return self._scan(self._scans)
 
-    def _scan(self) -> CdiScan:
+    def _scan(self, seq: int) -> CdiScan:
         problems: list[str] = []
         entries: list[tuple[int, str, cdi.SpecDevices]] = []
         seen: dict[str, tuple[_Stamp, cdi.SpecDevices | str]] = {}
+        listed: dict[str, list[str]] = {}
         for priority, directory in enumerate(self.dirs):
             try:
                 names = sorted(os.listdir(directory))
             except FileNotFoundError:
                 continue
             except OSError as exc:
+                names = self._names.get(directory, [])
                 problems.append(f"cannot list {directory}: {exc.strerror or exc}")
-                continue
+                if names:
+                    log.warning(
+                        "cdi_spec_dir_unlisted_last_listing_kept",
+                        dir=directory,
+                        error=exc.strerror or str(exc),
+                        files=len(names),
+                    )
+            listed[directory] = names
             for name in names:
                 if not name.endswith(cdi.SPEC_SUFFIXES):
                     continue
@@ -99,26 +116,26 @@ class CdiSpecs:
                 else:
                     entries.append((priority, path, content))
         self._files = seen
+        self._names = listed
         resolved = cdi.resolve(entries)
         for device, paths in sorted(resolved.conflicts.items()):
             files = " and ".join(paths)
             problems.append(f"{device} is defined by {files}: a conflict, the runtime resolves neither")
-        return CdiScan(self.dirs, resolved.devices, tuple(problems))
+        return CdiScan(self.dirs, resolved.devices, tuple(problems), seq)
 
     def _read(self, path: str) -> tuple[_Stamp, cdi.SpecDevices | str] | None:
         """The cached or freshly parsed content of one file (a string: why it defines nothing);
-        None for what is no regular file or a file gone meanwhile. A read that failed is tried
-        again at the next scan (a passing EMFILE or EIO must not refuse every Allocate after it)."""
+        None for what is no regular file or a file gone meanwhile."""
+        cached = self._files.get(path)
         try:
             st = os.stat(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            return _UNREAD, f"{path}: cannot read: {exc.strerror or exc}"
+            return self._unreadable(path, exc, cached)
         if not stat.S_ISREG(st.st_mode):
             return None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        cached = self._files.get(path)
         if cached is not None and cached[0] == stamp:
             return cached
         content: cdi.SpecDevices | str
@@ -127,7 +144,7 @@ class CdiSpecs:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            content, stamp = f"{path}: cannot read: {exc.strerror or exc}", _UNREAD
+            return self._unreadable(path, exc, cached)
         except InvalidInput as exc:
             content = str(exc)
         except Exception as exc:  # whatever a spec holds, it never stops the plugin
@@ -138,11 +155,28 @@ class CdiSpecs:
             log.info("cdi_spec_read", path=path, kind=content.kind, devices=len(content.names))
         return stamp, content
 
+    @staticmethod
+    def _unreadable(
+        path: str, exc: OSError, cached: tuple[_Stamp, cdi.SpecDevices | str] | None
+    ) -> tuple[_Stamp, cdi.SpecDevices | str]:
+        """A file this process cannot read now: what it defined at the last read (a passing EMFILE
+        or EIO must neither refuse every Allocate nor turn its GPUs unhealthy), read again at the
+        next scan (:data:`_UNREAD`)."""
+        problem = f"{path}: cannot read: {exc.strerror or exc}"
+        if cached is None or isinstance(cached[1], str):
+            log.warning("cdi_spec_ignored", path=path, problem=problem)
+            return _UNREAD, problem
+        log.warning("cdi_spec_unreadable_last_content_kept", path=path, problem=problem)
+        return _UNREAD, cached[1]
+
 
 #: How often the plugin reads the directories besides at start and at each ``Allocate`` (the GPUs'
 #: CDI health: :mod:`hamid.plugin.cdi_health`).
 RESCAN_INTERVAL_S = 30.0
 #: The stamp of a file that could not be read: it matches no file, so the next scan reads it again.
 _UNREAD: _Stamp = (-1, -1, -1)
+#: How a spec the plugin can use is written: GPUs named by UUID (``nvidia-ctk`` before 1.15 names
+#: them by index only unless told).
+GENERATE_SPEC = "nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml"
 #: The largest spec read (``nvidia-ctk``'s for 8 GPUs is a few KiB): a bigger file defines nothing.
 MAX_SPEC_BYTES = 4 << 20

@@ -149,8 +149,9 @@ class GpuInventory:
         self._omitted: dict[str, frozenset[str]] = {}
         self.generation = 0
         self._changed = asyncio.Event()
-        #: Called after a GPU's health changed (the hidden replicas depend on which GPUs are healthy).
-        self.on_health_change: Callable[[], None] | None = None
+        #: Called when a GPU's health changed, before watchers are woken: the hidden replicas depend
+        #: on which GPUs are healthy, and kubelet must get one list with both judged.
+        self.on_health_change: Callable[[], object] | None = None
 
     @staticmethod
     def _select(gpus: Sequence[PhysicalGpu], settings: NodeConfig) -> list[PhysicalGpu]:
@@ -317,9 +318,9 @@ class GpuInventory:
         return True
 
     def _health_changed(self) -> None:
-        self._bump()
         if self.on_health_change is not None:
             self.on_health_change()
+        self._bump()
 
     def _bump(self) -> None:
         self.generation += 1

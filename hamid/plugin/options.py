@@ -17,7 +17,7 @@ from hamid.model import cdi
 from hamid.model import nvidia_runtime as nv
 from hamid.model.numa import HIDE_BUSY, HIDE_RULES
 from hamid.options import Opt, OptionError, nested_field, option_field, or_none
-from hamid.plugin.cdi_specs import RESCAN_INTERVAL_S
+from hamid.plugin.cdi_specs import GENERATE_SPEC, RESCAN_INTERVAL_S
 from hamid.plugin.device_lists import DeviceLists, check_strategies
 from hamid.plugin.device_nodes import DeviceNodes
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG
@@ -268,7 +268,7 @@ class PluginOptions:
         "The node's CDI spec directories where this process sees them, lowest priority first "
         "(comma list or repeated; mount the runtime's). hamid writes no spec: with a CDI strategy it "
         f"checks at start, at each Allocate and every {RESCAN_INTERVAL_S:g} s that a spec of kind "
-        f"{nv.GPU_KIND} names every GPU by UUID (nvidia-ctk cdi generate does); a GPU none names is "
+        f"{nv.GPU_KIND} names every GPU by UUID ({GENERATE_SPEC} writes one); a GPU none names is "
         "reported Unhealthy until one does, and Allocate refuses a container whose CDI device no "
         "spec defines.",
         default=cdi.DEFAULT_SPEC_DIRS,

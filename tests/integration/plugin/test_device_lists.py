@@ -5,8 +5,12 @@ on), with HAMi-core's env and mounts in every case. CDI specs are files in a tem
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,9 @@ from hamid.model.annotations import (
     NODE_REGISTER,
     decode_node_devices,
 )
-from hamid.plugin.cdi_specs import CdiSpecs
+from hamid.plugin.cdi_specs import GENERATE_SPEC, CdiScan, CdiSpecs
 from tests.integration.plugin.helpers import (
+    GPUS,
     NODE,
     dev,
     eventually,
@@ -37,6 +42,7 @@ from tests.integration.plugin.test_allocate import allocate, seeded, stub_for
 
 KEY = re.compile(r"cdi\.k8s\.io/nvidia-device-plugin_[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\Z")
 ROOT = "/var/run/nvidia-container-devices"
+ALL = tuple(g.uuid for g in GPUS)
 #: The env names HAMi-core's part of the answer always has (one GPU).
 CORE_ENVS = {"CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
 
@@ -450,3 +456,106 @@ async def test_a_failing_scan_stops_nothing_and_changes_no_health(
             expected = {"GPU-0": "Healthy", "GPU-1": "Healthy", "GPU-2": "Unhealthy", "GPU-3": "Unhealthy"}
             await eventually(lambda: gpu_health(kubelet.lists[-1]) == expected)
     assert any(e["event"] == "cdi_spec_scan_failed" and "injected" in e["error"] for e in logs)
+
+
+async def test_a_passing_error_listing_the_spec_dir_changes_no_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec names every GPU and never changes; one periodic scan meets a passing EMFILE listing
+    its directory (this process ran out of descriptors; the runtime reads the spec fine). No GPU's
+    health changes: every GPU was sent Unhealthy, to kubelet and the scheduler, until the next scan."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, *ALL)
+    real_listdir = os.listdir
+    armed = threading.Event()
+    listings: list[str] = []
+
+    def flaky_listdir(path: str) -> list[str]:
+        if armed.is_set() and path == str(specs):
+            listings.append(path)
+            if len(listings) == 1:
+                raise OSError(errno.EMFILE, "Too many open files")
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", flaky_listdir)
+    with structlog.testing.capture_logs() as logs:
+        async with running_plugin(
+            device_list_strategy=("cdi-cri",),
+            cdi_spec_dirs=(str(specs),),
+            with_kubelet=True,
+            hide_replicas="off",
+            cdi_interval=0.05,
+        ) as (env, kubelet):
+            assert kubelet is not None
+            await eventually(lambda: bool(kubelet.lists) and bool(registered_health(env)))
+            generation, sent = env.plugin.inventory.generation, len(kubelet.lists)
+            armed.set()
+            await eventually(lambda: len(listings) >= 3)  # the failed scan was applied, and one more
+            assert (env.plugin.inventory.generation, len(kubelet.lists)) == (generation, sent)
+            assert set(gpu_health(kubelet.lists[-1]).values()) == {"Healthy"}
+            assert all(registered_health(env).values())
+    assert any(e["event"] == "cdi_spec_dir_unlisted_last_listing_kept" for e in logs)
+
+
+async def test_a_stale_periodic_scan_never_overrides_a_newer_allocate_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scans run in threads and their results are applied in whatever order they come back. Forced
+    here: the periodic scan reads the spec without GPU-3 and is slow to hand it back; the spec is
+    regenerated with GPU-3 and an Allocate's scan heals GPU-3. The older periodic result must not
+    turn GPU-3 unhealthy again (it did, for a whole interval)."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, "GPU-0", "GPU-1", "GPU-2")
+    real_scan = CdiSpecs.scan
+    armed, held, release, returned = (threading.Event() for _ in range(4))
+
+    def slow_to_return(self: CdiSpecs) -> CdiScan:
+        scan = real_scan(self)
+        if armed.is_set() and not held.is_set():  # the periodic scan: no Allocate runs yet
+            held.set()
+            release.wait(10)
+            returned.set()
+        return scan
+
+    monkeypatch.setattr(CdiSpecs, "scan", slow_to_return)
+    async with (
+        running_plugin(
+            device_list_strategy=("cdi-cri",),
+            cdi_spec_dirs=(str(specs),),
+            hide_replicas="off",
+            cdi_interval=0.5,
+        ) as (env, _),
+        stub_for(env) as stub,
+    ):
+        inventory = env.plugin.inventory
+        assert not inventory.is_healthy("GPU-3")
+        armed.set()
+        await eventually(held.is_set)  # the periodic scan read the spec without GPU-3
+        gpu_spec(specs, *ALL)
+        await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+        await allocate(stub, "GPU-1-0")
+        assert inventory.is_healthy("GPU-3")  # Allocate's scan defines it
+        release.set()
+        await eventually(returned.is_set)
+        await asyncio.sleep(0.05)  # the periodic result is applied (the next scan is 0.5 s away)
+        assert inventory.is_healthy("GPU-3")
+
+
+async def test_the_hint_for_a_spec_naming_gpus_by_index_says_to_name_them_by_uuid(tmp_path: Path) -> None:
+    """A spec as ``nvidia-ctk`` before 1.15 writes it by default (``0``..``3``, ``all``) names no GPU
+    by UUID: every GPU is unhealthy, and the log and the refusal say how to write one that does
+    (they gave the very command that wrote this spec)."""
+    write_spec(tmp_path, "nvidia.yaml", "nvidia.com/gpu", "0", "1", "2", "3", "all")
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            running_plugin(
+                device_list_strategy=("cdi-cri",), cdi_spec_dirs=(str(tmp_path),), hide_replicas="off"
+            ) as (env, _),
+            stub_for(env) as stub,
+        ):
+            assert not any(env.plugin.inventory.is_healthy(u) for u in ALL)
+            await seeded(env, scheduled_pod("p", ((dev("GPU-1", 1000, 10),),)))
+            message = await refused(env, stub, "p", "GPU-1-0")
+    hints = [e["hint"] for e in logs if e["event"] == "gpu_unhealthy_cdi_spec_missing"]
+    assert hints == [f"generate a spec naming GPUs by UUID: {GENERATE_SPEC}"] * 4
+    assert GENERATE_SPEC in message and "--device-name-strategy=uuid" in GENERATE_SPEC

@@ -1,9 +1,10 @@
 """The replicas the plugin hides from kubelet (``--hide-replicas``) across a restart of the plugin
-and a GPU turning unhealthy: the real PluginApp, the simulated kubelet's PodResources server,
+and a GPU turning unhealthy or healthy again: the real PluginApp, the simulated kubelet's PodResources server,
 the embedded API server."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.integration.plugin.helpers import (
     stored_annotations,
 )
 from tests.integration.plugin.test_allocate import allocate, stub_for
+from tests.integration.plugin.test_device_lists import gpu_spec
 
 GPU = "nvidia.com/gpu"
 MACHINE = "numaNodes: [{id: 0, cpus: '0-3'}, {id: 1, cpus: '4-7'}]\ndistances: [[10, 21], [21, 10]]\n"
@@ -157,6 +159,44 @@ async def test_a_gpu_turning_unhealthy_re_judges_the_hidden_replicas() -> None:
             lambda: [_health(kubelet.lists[-1])[f"GPU-0-{i}"] for i in range(4)] == ["Healthy"] * 4
         )
         assert env.plugin.inventory.hidden("GPU-0") == frozenset()
+
+
+async def test_a_cdi_health_change_reaches_kubelet_as_one_list_judged_by_the_rule(tmp_path: Path) -> None:
+    """``busy``: GPU-0 is partly booked and held, GPU-1 idle, so GPU-0's free replicas are hidden.
+    GPU-1's CDI device goes (no idle healthy GPU: they are offered) and comes back (hidden again):
+    one list per change, judged by the rule. There were two, the first sent before the room judged
+    again: with GPU-1 healthy and idle, GPU-0's free replicas were still offered."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, "GPU-0", "GPU-1")  # GPU-2 and GPU-3 stay unhealthy
+    async with running_plugin(
+        with_kubelet=True,
+        hide_replicas="busy",
+        device_list_strategy=("cdi-cri",),
+        cdi_spec_dirs=(str(specs),),
+    ) as (env, kubelet):
+        cdi = env.plugin.cdi
+        assert kubelet is not None and cdi is not None
+        await eventually(lambda: bool(kubelet.lists))
+        env.server.put(scheduled_pod("a", ((dev("GPU-0", 4000, 30),),)))
+        lock_node(env.server, "a")
+        async with stub_for(env) as stub:
+            await allocate(stub, "GPU-0-0")
+        free0 = [f"GPU-0-{i}" for i in (1, 2, 3)]
+        await eventually(lambda: [_health(kubelet.lists[-1])[r] for r in free0] == ["Unhealthy"] * 3)
+
+        async def rescan(*defined: str) -> list[list[str]]:
+            """Write a spec defining ``defined`` and apply a scan as each does: what kubelet is
+            sent for GPU-1's and GPU-0's free replicas."""
+            gpu_spec(specs, *defined)
+            sent = len(kubelet.lists)
+            cdi.apply(cdi.specs.scan())
+            await eventually(lambda: len(kubelet.lists) > sent)
+            await asyncio.sleep(0.1)  # a second list would be here by now
+            lists = [_health(listed) for listed in kubelet.lists[sent:]]
+            return [[h[r] for r in ("GPU-1-0", *free0)] for h in lists]
+
+        assert await rescan("GPU-0") == [["Unhealthy"] + ["Healthy"] * 3]
+        assert await rescan("GPU-0", "GPU-1") == [["Healthy"] + ["Unhealthy"] * 3]
 
 
 async def test_an_allocate_cancelled_mid_commit_still_tells_which_replicas_the_pod_holds() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +42,7 @@ from tests.integration.plugin.helpers import (
     stored_annotations,
 )
 from tests.integration.plugin.test_allocate import allocate, stub_for
+from tests.integration.plugin.test_device_lists import gpu_spec
 
 Logs = list[MutableMapping[str, Any]]
 
@@ -124,6 +126,37 @@ async def test_a_locked_pod_not_yet_bound_is_listed_alone_then_acknowledged() ->
         assert conflicts == []
         await eventually(lambda: len(_sent_healthy(kubelet.lists[-1])) > 2)  # busy again
         assert _node_notes(env)[DEVICES_LISTED_FOR] == value  # kept: a nonce no later bind matches
+
+
+async def test_a_gpu_healed_by_its_cdi_spec_is_never_offered_off_the_steered_numa_node(
+    tmp_path: Path,
+) -> None:
+    """Steering for ``p`` (booked on GPU-0, NUMA 0) on an idle node; GPU-3 (NUMA 1) is unhealthy for
+    want of a CDI spec, so none of its replicas was hidden or left out. Its spec appears: kubelet is
+    sent one list, offering nothing on NUMA 1. The list sent before the room judged again offered
+    all four of GPU-3's replicas."""
+    specs = tmp_path / "cdi"
+    gpu_spec(specs, "GPU-0", "GPU-1", "GPU-2")
+    async with running_plugin(
+        with_kubelet=True,
+        hide_replicas="steer",
+        device_list_strategy=("cdi-cri",),
+        cdi_spec_dirs=(str(specs),),
+    ) as (env, kubelet):
+        cdi, room = env.plugin.cdi, _restricted(env.plugin.room)
+        assert kubelet is not None and cdi is not None
+        env.server.put(booked_pod("p", ((dev("GPU-0", 1000, 10),),)))
+        lock_node(env.server, "p")
+        value = _node_notes(env)[NODE_LOCK]
+        await eventually(lambda: _node_notes(env).get(DEVICES_LISTED_FOR) == value)
+        sent = len(kubelet.lists)
+        gpu_spec(specs, "GPU-0", "GPU-1", "GPU-2", "GPU-3")
+        cdi.apply(cdi.specs.scan())  # as each scan does
+        assert env.plugin.inventory.is_healthy("GPU-3") and room.steering_applied
+        await eventually(lambda: len(kubelet.lists) > sent)
+        await asyncio.sleep(0.1)  # a second list would be here by now
+        offered = [_sent_healthy(listed) for listed in kubelet.lists[sent:]]
+        assert offered == [{"GPU-0-0", "GPU-1-0"}]
 
 
 async def test_no_acknowledgement_before_a_stream_was_sent_the_list() -> None:

@@ -128,6 +128,17 @@ def test_conditions_are_recoverable_and_apart_from_sticky_xid_health() -> None:
     assert (inv.generation, len(pokes)) == (5, 5)
 
 
+def test_a_health_change_is_judged_again_before_watchers_wake() -> None:
+    """The hook (the replica room's re-judgement) runs before the generation moves, so kubelet is
+    sent one list with the new health and the hidden replicas that go with it, never one between."""
+    inv = GpuInventory([gpu("GPU-a", 0, 0), gpu("GPU-b", 1, 0)], NodeConfig(device_split_count=1))
+    seen: list[int] = []
+    inv.on_health_change = lambda: seen.append(inv.generation)
+    inv.set_condition("cdi-spec-missing", ["GPU-a"])
+    inv.mark_unhealthy("GPU-b", "XID 79")
+    assert (seen, inv.generation) == ([0, 1], 2)
+
+
 def cd(uuid: str, mem: int = 1000, cores: int = 30) -> ContainerDevice:
     return ContainerDevice(uuid, "NVIDIA", mem, cores)
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from hamid.model import cdi
 from hamid.plugin import cdi_specs, hostfiles
@@ -99,7 +100,8 @@ def test_require_refuses_with_what_to_do_and_the_problems(tmp_path: Path) -> Non
     assert err.value.code == "cdi-device-missing"
     message = str(err.value)
     assert message.startswith(f"no CDI spec in {tmp_path} defines nvidia.com/gpu=GPU-z, nvidia.com/gds=all:")
-    assert "nvidia-ctk cdi generate" in message and f"{tmp_path}/bad.json" in message
+    assert cdi_specs.GENERATE_SPEC in message and f"{tmp_path}/bad.json" in message
+    assert "--device-name-strategy=uuid" in message  # the spec must name GPUs by UUID
 
 
 def test_an_unlistable_directory_is_a_problem(tmp_path: Path) -> None:
@@ -144,6 +146,74 @@ def test_a_read_that_failed_is_tried_again_at_the_next_scan(
     first = specs.scan()
     assert first.devices == frozenset() and "Too many open files" in first.problems[0]
     assert specs.scan().devices == {"nvidia.com/gpu=GPU-1"}
+
+
+def test_a_file_this_process_cannot_read_now_keeps_what_it_defined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A passing EMFILE or EIO in this process (the runtime reads the file fine) must not count as
+    a spec that defines nothing: that would turn every GPU it names unhealthy. The file is read
+    again at the next scan; a parse error still defines nothing, as in the runtime."""
+    path = write(tmp_path / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-1"))
+    specs = CdiSpecs([str(tmp_path)])
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-1"}
+    path.write_text(spec_text("nvidia.com/gpu", "GPU-1", "GPU-2"))
+    os.utime(path, ns=(1, 1))
+    real_stat, real_open = os.stat, os.open
+    failures = {"stat": OSError(errno.EMFILE, "Too many open files"), "open": OSError(errno.EIO, "I/O error")}
+
+    def flaky_stat(p: str, *, follow_symlinks: bool = True) -> os.stat_result:
+        if p == str(path) and "stat" in failures:
+            raise failures.pop("stat")
+        return real_stat(p, follow_symlinks=follow_symlinks)
+
+    def flaky_open(p: str, flags: int, *args: int) -> int:
+        if p == str(path) and "open" in failures:
+            raise failures.pop("open")
+        return real_open(p, flags, *args)
+
+    monkeypatch.setattr(os, "stat", flaky_stat)
+    monkeypatch.setattr(os, "open", flaky_open)
+    with structlog.testing.capture_logs() as logs:
+        assert specs.scan().devices == {"nvidia.com/gpu=GPU-1"}  # stat failed
+        assert specs.scan().devices == {"nvidia.com/gpu=GPU-1"}  # open failed
+    assert [e["event"] for e in logs] == ["cdi_spec_unreadable_last_content_kept"] * 2
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"}  # read again
+    path.write_text("{")
+    assert specs.scan().devices == frozenset()
+
+
+def test_a_directory_this_process_cannot_list_now_keeps_its_last_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a file: a passing EMFILE listing the directory leaves its files defining what they
+    did (a problem, logged), and the next scan lists it again."""
+    write(tmp_path / "nvidia.json", spec_text("nvidia.com/gpu", "GPU-1"))
+    specs = CdiSpecs([str(tmp_path)])
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-1"}
+    real_listdir = os.listdir
+    failures = [OSError(errno.EMFILE, "Too many open files")]
+
+    def flaky(p: str) -> list[str]:
+        if failures:
+            raise failures.pop()
+        return real_listdir(p)
+
+    monkeypatch.setattr(os, "listdir", flaky)
+    write(tmp_path / "late.json", spec_text("nvidia.com/gds", "all"))
+    with structlog.testing.capture_logs() as logs:
+        scan = specs.scan()
+    assert scan.devices == {"nvidia.com/gpu=GPU-1"}
+    assert scan.problems == (f"cannot list {tmp_path}: Too many open files",)
+    assert [e["event"] for e in logs] == ["cdi_spec_dir_unlisted_last_listing_kept"]
+    assert specs.scan().devices == {"nvidia.com/gpu=GPU-1", "nvidia.com/gds=all"}
+
+
+def test_scans_are_numbered_in_the_order_they_read(tmp_path: Path) -> None:
+    """Allocate's scan and the periodic one run in threads and hand results back in any order:
+    the number tells which read the directories later."""
+    specs = CdiSpecs([str(tmp_path)])
+    assert [specs.scan().seq for _ in range(3)] == [1, 2, 3]
 
 
 def test_no_fifo_hangs_and_no_huge_file_is_read_whole(tmp_path: Path) -> None:
