@@ -176,7 +176,11 @@ RESCAN_INTERVAL_S = 30.0
 #: The stamp of a file that could not be read: it matches no file, so the next scan reads it again.
 _UNREAD: _Stamp = (-1, -1, -1)
 #: How a spec the plugin can use is written: GPUs named by UUID (``nvidia-ctk`` before 1.15 names
-#: them by index only unless told).
-GENERATE_SPEC = "nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml"
+#: them by index only unless told; a toolkit whose flag takes several values keeps the index names
+#: other consumers may use too, one that takes one value uses the last).
+GENERATE_SPEC = (
+    "nvidia-ctk cdi generate --device-name-strategy=index --device-name-strategy=uuid "
+    "--output=/var/run/cdi/nvidia.yaml"
+)
 #: The largest spec read (``nvidia-ctk``'s for 8 GPUs is a few KiB): a bigger file defines nothing.
 MAX_SPEC_BYTES = 4 << 20
