@@ -24,6 +24,7 @@ from hamid.fit.usage import container_kinds, effective_pod_usage, init_container
 from hamid.kube.client import EVENTS, KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.model import objects
+from hamid.model._wire import printable
 from hamid.model.annotations import (
     DEVICES_ALLOCATED,
     MIG_ALLOCATIONS,
@@ -195,15 +196,17 @@ def render_text(status: ClusterStatus) -> str:
             for g in (g for g in node.gpus if g.numa == numa):
                 health = "" if g.healthy else "  UNHEALTHY"
                 lines.append(
-                    f"    GPU {g.index} {g.uuid} {g.type}: memory {g.used_memory_mib}/{g.memory_mib} MiB, "
-                    f"cores {g.used_cores}/{g.cores}%, slots {g.used_slots}/{g.slots}{health}"
+                    f"    GPU {g.index} {printable(g.uuid)} {printable(g.type)}: memory "
+                    f"{g.used_memory_mib}/{g.memory_mib} MiB, cores {g.used_cores}/{g.cores}%, "
+                    f"slots {g.used_slots}/{g.slots}{health}"
                 )
                 lines.extend(f"      pod {p}" for p in sorted(g.pods))
-        lines.extend(f"  problem: {p}" for p in node.problems)
+        lines.extend(f"  problem: {printable(p)}" for p in node.problems)
     lines.append("recent NUMA refits:" if status.refits else "recent NUMA refits: none")
     for r in status.refits:
         times = f" (x{r.count})" if r.count > 1 else ""
-        lines.append(f"  {r.time} {r.type} {r.reason} {r.pod}{times}: {r.message}")
+        what = printable(f"{r.time} {r.type} {r.reason} {r.pod}")
+        lines.append(f"  {what}{times}: {printable(r.message)}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError, NotFound
 from hamid.log import get_logger
 from hamid.model import objects
+from hamid.model._wire import printable
 from hamid.model.kube import Body
 from hamid.model.reasons import EVENT_BINDING_SUCCEED, EVENT_FILTERING_SUCCEED
 
@@ -138,7 +139,7 @@ class EventRecorder:
         if event_type == "Normal" and reason in ROUTINE_REASONS and not self._routine.take():
             self._note_shed(reason)
             return
-        message = message[:MAX_MESSAGE_LEN]
+        message = printable(message)[:MAX_MESSAGE_LEN]
         involved = {
             "apiVersion": str(obj.get("apiVersion") or "v1"),
             "kind": kind,

@@ -86,6 +86,15 @@ def go_quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (control codes: ESC, BEL, CR, newline, C1, ...)
+    as its backslash escape: cluster text shown on a terminal or in an Event must not carry
+    escape sequences (a tenant writes its own pod's annotations)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def is_decimal(text: str) -> bool:
     """Whether ``text`` is one or more ASCII digits: ``str.isdigit`` alone also admits digits such
     as ``'²'`` that ``int`` refuses, so a check by it still lets ``int`` raise on hostile input."""

@@ -6,7 +6,10 @@ page's name as ``Host``, so the view answers only names that are the scheduler's
 outsider can register: IP literals, ``localhost`` and ``*.localhost`` (RFC 6761: always
 loopback), one-label names (a Service's short name) and in-cluster Service names (``*.svc``,
 ``*.svc.cluster.local``), plus the operator's (``--ui-hosts``: a custom cluster domain, an
-Ingress's name). A request without ``Host`` comes from no browser and is answered.
+Ingress's name). A request without ``Host`` comes from no browser and is answered. Over a
+loopback connection (``kubectl port-forward``, the attack's path) Service names are not answered:
+multicast DNS and LLMNR let a neighbour on the operator's network answer one-label and ``.local``
+names with 127.0.0.1, and in-cluster clients connect from a pod address.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ SERVICE_SUFFIXES = (".svc", ".svc.cluster.local")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-def host_allowed(host: str | None, extra: tuple[str, ...] = ()) -> bool:
+def host_allowed(host: str | None, extra: tuple[str, ...] = (), *, loopback: bool = False) -> bool:
     """Whether a request naming authority ``host`` (``name[:port]``, ``[v6]:port``) is answered;
-    ``extra``: the operator's names (``--ui-hosts``), ``*.<domain>`` for the names under it."""
+    ``extra``: the operator's names (``--ui-hosts``), ``*.<domain>`` for the names under it;
+    ``loopback``: the request came over a loopback connection (a port-forward)."""
     if not host:
         return True
     name = _name(host.strip().lower())
@@ -35,12 +39,20 @@ def host_allowed(host: str | None, extra: tuple[str, ...] = ()) -> bool:
     labels = name.split(".")
     if not all(_LABEL.fullmatch(label) for label in labels):
         return False
+    service = len(labels) == 1 or any(name.endswith(suffix) for suffix in SERVICE_SUFFIXES)
     return (
-        len(labels) == 1
-        or labels[-1] == "localhost"
-        or any(name.endswith(suffix) for suffix in SERVICE_SUFFIXES)
+        labels[-1] == "localhost"
+        or (service and not loopback)
         or any(name == e or (e.startswith("*.") and name.endswith(e[1:])) for e in extra)
     )
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a peer address is a loopback one (None, a unix socket's: no)."""
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_hosts(value: str | tuple[str, ...]) -> tuple[str, ...]:

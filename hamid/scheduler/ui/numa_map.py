@@ -22,6 +22,10 @@ _CELL, _GAP, _PER_ROW = 14, 3, 24
 _BAR_W, _BAR_H = 400, 12
 _GPU_H = 58
 _HEAD = 34
+#: A node with more CPUs than this (the largest servers have under 2,000) is drawn without a
+#: square per CPU, its panels' titles still counting them: a page stays bounded work whatever a
+#: node's profile lists (a profile may name 65,536 CPUs).
+MAX_DRAWN_CPUS = 2048
 #: Colour of reserved CPUs, shared CPUs and unbooked GPU capacity.
 RESERVED, SHARED, FREE = "#4a4f57", "#dfe6ee", "#eef1f4"
 
@@ -59,7 +63,8 @@ def numa_map(data: MapInput, colour: Mapping[str, str], link: Callable[[str], st
         if gpu.numa not in nodes:
             nodes.append(gpu.numa)
     nodes.sort()
-    panels = [_panel(data, n, i * (_PANEL_W + 10), colour, link) for i, n in enumerate(nodes)]
+    drawn = data.profile is None or len(data.profile.cpus) <= MAX_DRAWN_CPUS
+    panels = [_panel(data, n, i * (_PANEL_W + 10), colour, link, drawn) for i, n in enumerate(nodes)]
     height = max((h for _, h in panels), default=_HEAD)
     width = max(len(nodes), 1) * (_PANEL_W + 10)
     return el(
@@ -77,8 +82,9 @@ def numa_map(data: MapInput, colour: Mapping[str, str], link: Callable[[str], st
 
 
 def _panel(
-    data: MapInput, numa: int, x: int, colour: Mapping[str, str], link: Callable[[str], str]
+    data: MapInput, numa: int, x: int, colour: Mapping[str, str], link: Callable[[str], str], drawn: bool
 ) -> tuple[Safe, int]:
+    """One NUMA node's panel (``drawn``: a square per CPU, else only their counts)."""
     profile = data.profile
     cpus = sorted(c.cpu for c in profile.cpus if c.numa == numa) if profile is not None else []
     reserved = profile.reserved_cpus if profile is not None else frozenset()
@@ -90,6 +96,8 @@ def _panel(
         else f"NUMA {numa}: CPUs unknown (no NUMA profile)"
     )
     marks = [el("text", title, x=x + 4, y=18, class_="panel-title")]
+    if not drawn:
+        cpus = []  # counted in the title only
     for i, cpu in enumerate(cpus):
         cx = x + 4 + (i % _PER_ROW) * (_CELL + _GAP)
         cy = _HEAD + (i // _PER_ROW) * (_CELL + _GAP)

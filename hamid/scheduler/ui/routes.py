@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from hamid.log import get_logger
-from hamid.scheduler.ui.hosts import host_allowed
+from hamid.scheduler.ui.hosts import host_allowed, is_loopback
 from hamid.scheduler.ui.markup import Safe, el, join, path_part
 from hamid.scheduler.ui.pages import (
     UNSYNCED,
@@ -102,7 +102,7 @@ def add_ui(app: web.Application, source: UiSource, hosts: tuple[str, ...] = ()) 
     app.on_cleanup.append(close)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
-        if not host_allowed(_authority(request), hosts):
+        if not host_allowed(_authority(request), hosts, loopback=is_loopback(request.remote)):
             why = (
                 "this view answers only its own host names: localhost, an IP address, the Service's "
                 "name or one given with --ui-hosts"

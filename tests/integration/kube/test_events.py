@@ -52,6 +52,18 @@ async def test_event_fields(kube: KubeClient) -> None:
     assert event["firstTimestamp"].endswith("Z")
 
 
+async def test_a_message_carries_no_control_character(kube: KubeClient) -> None:
+    """Messages quote what tenants wrote (a pinned GPU list): escapes, not terminal sequences."""
+    await create_namespace(kube, "ml")
+    target = await kube.create_pod(pod("trainer-0", "ml"))
+    recorder = EventRecorder(kube, "hami-scheduler", "sched-1")
+    await recorder.record(
+        target, "Warning", EVENT_NUMA_REFIT_SUCCEED, "pinned to [GPU-a \x1b]0;t\x07\x1b[2J\r]"
+    )
+    [event] = await events_for(kube, "ml", "trainer-0")
+    assert event["message"] == "pinned to [GPU-a \\x1b]0;t\\x07\\x1b[2J\\r]"
+
+
 async def test_repeats_are_aggregated(kube: KubeClient) -> None:
     target = await kube.create_pod(pod("again"))
     recorder = EventRecorder(kube, "hami-scheduler", "sched-1")

@@ -60,9 +60,11 @@ async def test_body_limits_and_malformed_json() -> None:
             # aiohttp's parser (its own 400, naming the encoding)
             for encoding, reason in (("gzip", "cannot read the request body"), ("deflate", "deflate")):
                 headers = {"Content-Encoding": encoding, "Connection": "close"}
-                async with aiohttp.ClientSession() as session:  # no connection the 413 closed
-                    async with session.post(base + path, data=b"{}", headers=headers) as resp:
-                        assert resp.status == 400 and reason in await resp.text(), resp.status
+                async with (
+                    aiohttp.ClientSession() as session,  # no connection the 413 closed
+                    session.post(base + path, data=b"{}", headers=headers) as resp,
+                ):
+                    assert resp.status == 400 and reason in await resp.text(), resp.status
         # extender args of the wrong shape are answered in-band, like HAMi (kube-scheduler reads Error)
         status, body = await env.post(env.extender, "/filter", {"NodeNames": ["a"]})
         assert status == 200 and body["Error"] == "extender args missing pod"

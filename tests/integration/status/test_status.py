@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from hamid.model.annotations import (
 from hamid.model.devices import MODE_HAMI_CORE, MODE_MIG, ContainerDevice, DeviceInfo, MigPlacement
 from hamid.model.mig import MigAllocation, encode_mig_allocations
 from hamid.model.reasons import EVENT_NUMA_REFIT_SUCCEED
-from hamid.status import build_status, collect, render_text
+from hamid.status import ClusterStatus, build_status, collect, refit_records, render_text
 from hamidsim.apiserver import ApiServer
 from tests import builders
 
@@ -92,6 +93,24 @@ async def test_status_per_node_numa_gpu(apiserver: ApiServer) -> None:
     text = render_text(status)
     assert "  NUMA 1\n    GPU 2 GPU-2 NVIDIA-A100: memory 6000/16000 MiB, cores 50/100%, slots 2/10" in text
     assert "from [GPU-0] to [GPU-2]" in text
+
+
+def test_status_text_carries_no_terminal_escape() -> None:
+    """What tenants or nodes wrote (an Event message quoting a pod's annotation, a GPU type from a
+    registration) is shown with its control characters escaped, never run by the terminal."""
+    hostile = "\x1b]0;PWNED\x07\x1b[2J\x1b]52;c;Zm9v\x07\r\x9b31m"
+    register = encode_node_devices([dataclasses.replace(gpu(0, 0), type=f"NVIDIA-A100{hostile}")])
+    node = builders.node("n1", annotations={NODE_REGISTER: register})
+    event = {
+        "type": "Warning",
+        "reason": EVENT_NUMA_REFIT_SUCCEED,
+        "message": f"refused: pinned to [{hostile}]",
+        "involvedObject": {"namespace": "default", "name": "a"},
+        "lastTimestamp": "2026-12-04T10:00:00Z",
+    }
+    text = render_text(ClusterStatus(build_status([node], []), refit_records([event], 10)))
+    assert all(c.isprintable() for line in text.splitlines() for c in line), text
+    assert "NVIDIA-A100\\x1b]0;PWNED\\x07" in text and "pinned to [\\x1b]0;PWNED" in text
 
 
 async def hamid(*args: str) -> tuple[int, str, str]:

@@ -274,7 +274,14 @@ def test_the_device_plugin_writes_only_annotations_of_its_node_and_its_pods() ->
     cordoned["spec"]["unschedulable"] = True
     relabelled = _node("n1")
     relabelled["metadata"]["labels"] = {"gpu": "off"}
-    for old, new in ((_on("n1"), image), (_node("n1"), cordoned), (_node("n1"), relabelled)):
-        assert judge(old, new) == ["the device plugin writes annotations only, never a spec or labels"]
+    owned = _on("n1")  # the garbage collector would delete the pod with its "owner"
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": "n9", "uid": "u"}]
+    held = _node("n1")  # its deletion would wait for nobody
+    held["metadata"]["finalizers"] = ["example.com/never"]
+    changed = (image, cordoned, relabelled, owned, held)
+    for old, new in zip((_on("n1"), _node("n1"), _node("n1"), _on("n1"), _node("n1")), changed, strict=True):
+        assert judge(old, new) == [
+            "the device plugin writes annotations only, never a spec, labels, owners or finalizers"
+        ]
     assert "names no node" in judge(_on("n1"), _on("n1", served), extra=None)[0]
     assert judge(_on("n2"), image, user=SCHEDULER) == []  # not the plugin: not matched

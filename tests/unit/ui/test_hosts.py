@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hamid.scheduler.ui.hosts import host_allowed, parse_hosts
+from hamid.scheduler.ui.hosts import host_allowed, is_loopback, parse_hosts
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,22 @@ def test_the_documented_ways_in_are_answered(host: str | None) -> None:
 )
 def test_other_names_are_refused(host: str) -> None:
     assert not host_allowed(host)
+
+
+def test_over_a_port_forward_service_names_are_refused() -> None:
+    """A port-forward's connection is loopback; there a one-label or ``.local`` name may have been
+    answered with 127.0.0.1 by a neighbour (multicast DNS, LLMNR): only loopback names and
+    addresses, and the operator's, are answered."""
+    for host in ("localhost:9395", "ui.localhost", "127.0.0.1:9395", "[::1]:9395", None):
+        assert host_allowed(host, loopback=True)
+    for host in ("hamid-scheduler:9395", "hamid-scheduler.kube-system.svc.cluster.local", "printer"):
+        assert not host_allowed(host, loopback=True) and host_allowed(host)
+    assert host_allowed("hamid.example.com", ("hamid.example.com",), loopback=True)
+
+
+def test_loopback_peers() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("127.9.9.9")
+    assert not is_loopback("10.244.3.17") and not is_loopback(None) and not is_loopback("nonsense")
 
 
 def test_the_operators_names_are_answered_and_nothing_more() -> None:
