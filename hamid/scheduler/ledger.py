@@ -14,7 +14,8 @@ repairs the live ledger where the two differ.
 The ledger trusts what it booked, not what a pod says later (docs/trust.md): a booked pod's
 booking changes only through the scheduler's own verbs (:meth:`Ledger.reserve`,
 :meth:`Ledger.move`, :meth:`Ledger.release`; a finished or deleted pod releases), or by an
-allocation this scheduler signed after the one booked (another replica's refit). An annotation
+allocation this scheduler signed after the one booked (another replica's refit) where it fits
+beside the other bookings (:meth:`Ledger._room_refusal`). An annotation
 that disagrees with the booking is reported (``disagreed``: a Warning Event, a metric, a log line)
 and never re-booked. A pod without a booking (a restart, another replica's filter) books its
 allocation only when its signature verifies (:mod:`hamid.scheduler.signing`); unsigned or
@@ -540,7 +541,7 @@ class Ledger:
             return
         issued = self._claim(pod, node, raw, signature, mig, current, settled)
         if issued is not None:
-            self._book(pod, node, raw, mig, issued, current)
+            self._book(pod, node, raw, mig, issued, current, settled)
 
     def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None, str]:
         """(node, allocation, signature, MIG reservations) the pod names: its annotations', or the
@@ -606,8 +607,9 @@ class Ledger:
 
         With a key ring, only a verified signature books a pod without a booking (or, with
         ``accept_unsigned``, no signature at all), and only one signed after the booked allocation
-        replaces a booking (another replica's refit; or any the pod's first event decides after
-        this scheduler's undecided refit). Without one, a booking is never replaced from a pod.
+        replaces a booking (another replica's refit, where it fits: :meth:`_book`; or any the pod's
+        first event decides after this scheduler's undecided refit). Without one, a booking is never
+        replaced from a pod.
         """
         uid = objects.uid(pod)
         signed = self.keys.verify(uid, node, raw, signature, mig) if self.keys is not None else None
@@ -648,25 +650,38 @@ class Ledger:
             self.coordination.notify(current.node)
 
     def _book(
-        self, pod: PodBody, node: str, raw: str, mig_text: str, issued: int, current: Reservation | None
+        self,
+        pod: PodBody,
+        node: str,
+        raw: str,
+        mig_text: str,
+        issued: int,
+        current: Reservation | None,
+        settled: bool,
     ) -> None:
         """Book the allocation ``raw`` and MIG reservations ``mig_text`` the pod names on ``node``
-        (if it may book)."""
+        (if it may book; a refused replacement leaves ``current`` booked).
+
+        ``settled``: this replica's refit just held room for both of its outcomes until this event
+        decided between them, so no room is judged.
+        """
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
             mig = decode_mig_allocations(mig_text)
         except InvalidInput as exc:
             self._report(self.coordination.undecodable, "undecodable", pod, node, raw, str(exc))
             return
-        refusal = (
-            booking_refusal(self, pod, node, layout)
-            or mig_refusal(layout, mig)
-            or self._late_write_refusal(pod, node, layout, mig, current)
-        )
+        uid = objects.uid(pod)
+        refusal = booking_refusal(self, pod, node, layout) or mig_refusal(layout, mig)
+        if not refusal and not settled:
+            self._remove(uid)  # judged beside the other bookings, not beside its own
+            refusal = self._room_refusal(pod, node, layout, mig, replaces=current is not None)
+            if refusal and current is not None:
+                self._insert(current)
+                refusal = f"{refusal}; {current.node}: {current.raw} stays booked"
         if refusal:
             self._report(self.coordination.refused, "booking", pod, node, raw, refusal)
             return
-        uid = objects.uid(pod)
         self._remove(uid)
         self._insert(
             Reservation(
@@ -687,29 +702,36 @@ class Ledger:
             self.coordination.notify(current.node)
         self.coordination.notify(node)
 
-    def _late_write_refusal(
-        self,
-        pod: PodBody,
-        node: str,
-        layout: PodDevices,
-        mig: tuple[MigAllocation, ...],
-        current: Reservation | None,
+    def _room_refusal(
+        self, pod: PodBody, node: str, layout: PodDevices, mig: tuple[MigAllocation, ...], replaces: bool
     ) -> str:
-        """Why a first booking of a pod not yet bound would over-commit ("" when it fits).
+        """Why booking ``layout`` beside the other bookings would over-commit a GPU (its MIG
+        placements too) or the namespace's GPU quota ("" when it fits).
 
-        Such an allocation is a filter's that this replica did not make: another replica's, or one
-        whose write a replica sent before it lost its lease and the API server applied after the
-        new leader placed other pods (an HA audit: both pods were then bound to one GPU). Booked
-        only where it still fits (its MIG placements too), it is otherwise never bound by this
-        scheduler (a bind needs the booking) and kube-scheduler filters the pod again. A bound pod
-        is booked as it runs.
+        Judged for an allocation that replaces a booking (a later-signed refit) and for a first
+        booking of a pod not yet bound (a filter's this replica did not make). Either may be a
+        write the API server applied late: after its replica undid or lost its hold, or after a
+        takeover, when the new leader had placed other pods there (HA audits: a filter write was
+        bound past a GPU's capacity and past the quota; a refit was booked at 60,000 of 40,000
+        MiB). Refused, a replacement keeps the earlier booking (where the container may still
+        run) and a first booking books nothing, so its bind fails and kube-scheduler filters the
+        pod again. A bound pod's first booking is booked as it runs.
         """
-        if current is not None or objects.section(pod, "spec").get("nodeName"):
+        if not replaces and objects.section(pod, "spec").get("nodeName"):
             return ""
+        kinds = container_kinds(pod)
+        namespace = objects.namespace(pod)
+        quota = self.fit_quota(namespace)
+        mem, cores = pod_quota_usage(layout, kinds, init_containers_succeeded(pod), mig)
+        if quota is not None and not quota.fits(mem, cores):
+            return (
+                f"namespace {namespace} books {quota.used_mem} MiB, {quota.used_cores} % of its GPU "
+                f"quota (limits {quota.mem_limit} MiB, {quota.cores_limit} %): {mem} MiB, "
+                f"{cores} % more do not fit"
+            )
         entry = self.inventory.nodes.get(node)
         if entry is None:
             return ""
-        kinds = container_kinds(pod)
         refusal = overcommit_refusal(layout, kinds, entry.usage.by_id, mig)
         if refusal or not mig:
             return refusal

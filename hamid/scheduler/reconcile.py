@@ -34,6 +34,7 @@ from hamid.kube.cache import PodCache
 from hamid.kube.client import KubeClient
 from hamid.kube.errors import KubeError
 from hamid.log import get_logger
+from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.kube import Pod, PodBody
 from hamid.scheduler.ledger import Ledger, Reservation
@@ -228,19 +229,17 @@ def reconcile_state(
     differing node is recomputed from its reservations.
     """
     shadow = ledger.blank_copy()
-    listed: dict[str, PodBody] = {}
-    for pod in _held_first(ledger, pods):
-        uid = objects.uid(pod)
-        if uid:
-            listed[uid] = pod
-            shadow.adopt(ledger.reservation(uid), uid)
-            try:
-                shadow.on_pod(pod)
-            except Exception:
-                # As the cache's callbacks do: one pod the ledger cannot read must not end the
-                # reconcile (nor, through its TaskGroup, the scheduler); the shadow keeps the live
-                # booking, so nothing of it is repaired.
-                log.exception("reconcile_pod_unreadable", pod=objects.namespaced_key(pod))
+    listed = {uid: pod for pod in pods if (uid := objects.uid(pod))}
+    for uid in listed:
+        shadow.adopt(ledger.reservation(uid), uid)
+    for pod in _feed_order(ledger, listed.values()):
+        try:
+            shadow.on_pod(pod)
+        except Exception:
+            # As the cache's callbacks do: one pod the ledger cannot read must not end the
+            # reconcile (nor, through its TaskGroup, the scheduler); the shadow keeps the live
+            # booking, so nothing of it is repaired.
+            log.exception("reconcile_pod_unreadable", pod=objects.namespaced_key(pod))
     # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
     # newer than the patch's precondition decides it as well as an event would.
     for uid in ledger.settle_holds(list_version):
@@ -253,17 +252,26 @@ def reconcile_state(
     return report
 
 
-def _held_first(ledger: Ledger, pods: Iterable[PodBody]) -> list[PodBody]:
-    """The listed pods, those bound or booked here first: the allocation of a pod neither bound
-    nor booked (a filter's write that landed after this replica refused or undid it) is judged by
-    the shadow against everything the others hold, not against whatever the list put before it
-    (in list order such a write was adopted past a GPU's capacity)."""
-    held: list[PodBody] = []
+def _feed_order(ledger: Ledger, pods: Iterable[PodBody]) -> list[PodBody]:
+    """The listed pods in the order the shadow judges them: first those bound, or booked here as
+    their annotations name, then those naming another allocation than booked, then those neither
+    bound nor booked. An allocation that replaces a booking, or a first one of a pod not yet bound
+    (a write that landed after this replica refused or undid it), is judged by the shadow against
+    what every other listed pod holds (their live bookings are adopted before any pod is fed), not
+    against whatever the list put before it: in list order such writes were adopted past a GPU's
+    capacity."""
+    kept: list[PodBody] = []
+    replacing: list[PodBody] = []
     unheld: list[PodBody] = []
     for pod in pods:
-        bound = objects.section(pod, "spec").get("nodeName")
-        (held if bound or ledger.reservation(objects.uid(pod)) is not None else unheld).append(pod)
-    return held + unheld
+        res = ledger.reservation(objects.uid(pod))
+        if res is not None:
+            named = objects.annotations(pod)
+            same = (named.get(ann.VGPU_NODE), named.get(ann.DEVICES_ALLOCATED)) == (res.node, res.raw)
+            (kept if same else replacing).append(pod)
+        else:
+            (kept if objects.section(pod, "spec").get("nodeName") else unheld).append(pod)
+    return kept + replacing + unheld
 
 
 class ReconcileMetrics(Protocol):

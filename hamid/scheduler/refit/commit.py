@@ -3,10 +3,10 @@
 Until the patch is decided the pod books BOTH its old and its new GPUs (a state hold): a filter
 running meanwhile can take neither, so a rollback never over-commits the old GPUs; likewise its
 namespace quota counts the larger of its old and new usage. A definite refusal (409, 404, other
-4xx) rolls back at once. An ambiguous failure (timeout, no answer, 5xx) may have been applied:
-one bounded GET decides, and when it cannot, a follow-up reads the pod back again within
-seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first (see
-``Ledger.settle_on_event``) — the accounting follows what the API server holds.
+4xx) rolls back at once. An ambiguous failure (timeout, no answer, 5xx) may have been applied,
+even later: a GET that shows the pod changed decides, and while none does, a follow-up reads it
+back again within seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next event decides first
+(see ``Ledger.settle_on_event``) — the accounting follows what the API server holds.
 """
 
 from __future__ import annotations
@@ -237,7 +237,10 @@ class RefitCommitter:
         self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str
     ) -> JSON | Literal[False] | None:
         """Whether an ambiguous patch landed, from one bounded GET: the pod read back when it did,
-        False when it did not, None when the GET failed too."""
+        False when the pod changed otherwise (the patch's resourceVersion precondition can no
+        longer hold), None when the GET failed or shows the pod unchanged: the API server may still
+        apply a write whose client gave up (an audit saw one land after a read-back judged it not
+        applied, booked over the pod placed on the GPUs its undo had freed)."""
         try:
             current = await self.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
         except NotFound:
@@ -248,5 +251,5 @@ class RefitCommitter:
         if objects.uid(current) != uid:
             return False
         if objects.resource_version(current) == precondition:
-            return False
+            return None
         return current if objects.annotations(current).get(ann.DEVICES_ALLOCATED) == new_allocated else False

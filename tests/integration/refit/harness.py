@@ -24,6 +24,7 @@ from hamid.scheduler.http import RouteRegistrar
 from hamid.scheduler.options import DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT, DEFAULT_NAMESPACE, SchedulerOptions
 from hamid.scheduler.refit import refit_routes
 from hamid.scheduler.refit.auth import DEFAULT_TOKEN_AUDIENCE, ServiceAccount
+from hamid.scheduler.signing import AllocationKeys
 from hamid.tls import client_ssl_context
 from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
@@ -289,11 +290,16 @@ async def refit_env(
     settings: SchedulerSettings | None = None,
     token_audience: str = DEFAULT_TOKEN_AUDIENCE,
     hami_plugins: ServiceAccount | None = None,
+    server: ApiServer | None = None,
+    keys: AllocationKeys | None = None,
 ) -> AsyncIterator[Env]:
-    """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit."""
-    async with ApiServer() as server:
+    """API server + scheduler (caches synced unless ``start`` is False) + TLS cluster app with /refit.
+
+    ``server``: an API server already running (another replica's); ``keys``: signed mode.
+    """
+    async with ApiServer() if server is None else contextlib.nullcontext(server) as api:
         options = loopback_options(
-            server,
+            api,
             tls_cert_file=str(tls.server.cert_file),
             tls_key_file=str(tls.server.key_file),
             client_ca_file=str(tls.ca_file) if client_ca else None,
@@ -301,6 +307,7 @@ async def refit_env(
             refit_auth=tuple(methods),
             refit_token_audience=token_audience,
             refit_hami_plugin_service_account=hami_plugins,
+            allocation_keys=keys,
         )
 
         def routes(scheduler: Scheduler, opts: SchedulerOptions) -> RouteRegistrar:
@@ -312,7 +319,7 @@ async def refit_env(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         ):
             yield Env(
-                server,
+                api,
                 app.scheduler.kube,
                 app.scheduler,
                 tls,

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from hamid.model import annotations as ann
+from hamid.model import reasons as R
 from hamid.plugin.refit_client import RefitError
+from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import SchedulerState
+from hamidsim.apiserver import ApiServer
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
 
@@ -69,11 +72,99 @@ async def test_patch_deadline_does_not_block_filter_and_holds_both_gpus(
         with pytest.raises(RefitError, match="cannot patch pod annotations"):
             await asyncio.wait_for(refit, 10)
         assert env.annotations("p") == before
+        # the pod read back unchanged: the write may still land, so both stay booked until the
+        # pod changes (here the plugin's own update after its Allocate); then it rolls back
+        assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+        env.server.patch("Pod", "default", "p", {"metadata": {"annotations": {ann.BIND_PHASE: "success"}}})
+        await eventually(lambda: not env.scheduler.ledger.holds(uid))
         res = env.scheduler.ledger.reservation(uid)
         assert res is not None and res.raw == before[AL]
         assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
         assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
         assert not over_committed(env)
+
+
+async def test_a_refit_write_landing_after_an_unchanged_read_back_is_not_booked_over_another_pod(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """An audit: the patch's answer timed out and one GET showed the pod unchanged, so the refit was
+    answered "not applied", rolled back and released its hold; a 40,000 MiB pod then took the GPU
+    it had freed, and the API server applied the write (it finishes a write whose client hung up;
+    the resourceVersion precondition still held): the ledger booked the move over that pod, 60,000
+    of 40,000 MiB. An unchanged pod decides nothing: both GPU sets stay booked until it changes."""
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        env.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        pod = await env.place("p", "n1", ((d("GPU-a", 20000, 30),),))
+        uid, version = pod["metadata"]["uid"], pod["metadata"]["resourceVersion"]
+        slow = env.server.faults.add_latency(3.0, verb="patch", path_pattern="/pods/p$")
+        try:
+            with pytest.raises(RefitError, match="its outcome is unknown"):
+                await env.mtls_client("system:node:n1").refit(request(pod, "n1", 0, ["GPU-b"]))
+        finally:
+            env.server.faults.remove(slow.id)
+        assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+        big = new_pod(env, "big", 40000)
+        assert not (await filter_on(env, big, ["n1"])).get("NodeNames")  # neither GPU is free
+        await asyncio.sleep(1.0)  # the follow-up's read-backs see the pod unchanged: still held
+        assert env.scheduler.ledger.holds(uid)
+        # the API server applies the write now, its precondition still holding
+        moved = "GPU-b,NVIDIA,20000,30:;"
+        late = {"resourceVersion": version, "annotations": {ann.DEVICES_TO_ALLOCATE: moved, AL: moved}}
+        env.server.patch("Pod", "default", "p", {"metadata": late})
+        await eventually(lambda: not env.scheduler.ledger.holds(uid))
+        res = env.scheduler.ledger.reservation(uid)
+        assert res is not None and res.raw == moved
+        assert env.scheduler.ledger.snapshot()["n1"] == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
+        assert not over_committed(env)
+        assert (await filter_on(env, big, ["n1"]))["NodeNames"] == ["n1"]  # GPU-a, free now
+
+
+async def test_an_old_leaders_refit_landing_after_a_takeover_is_not_booked_over_the_new_leaders_pod(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """An HA audit: replica A's refit patch was slow and landed, within its budget, after B had
+    placed a pod on the GPU it moved to; B followed A's later-signed allocation without judging
+    it: 60,000 of 40,000 MiB. B now keeps the earlier booking and says why (an Event)."""
+    keys = AllocationKeys.generate()
+    async with (
+        ApiServer() as server,
+        refit_env(tls_files, tmp_path, server=server, keys=keys) as a,
+        refit_env(tls_files, tmp_path, server=server, keys=keys) as b,
+    ):
+        a.add_node("n1", [gpu("GPU-a", 0), gpu("GPU-b", 1)])
+        await eventually(lambda: "n1" in b.scheduler.ledger.nodes)
+        p = new_pod(a, "p", 20000)
+        uid = p["metadata"]["uid"]
+        assert (await filter_on(a, p, ["n1"]))["NodeNames"] == ["n1"]
+        await eventually(lambda: (res := a.scheduler.ledger.reservation(uid)) is not None and not res.pending)
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": "n1"}
+        async with a.session.post(a.extender + "/bind", json=bind) as resp:
+            assert not (await resp.json()).get("Error")
+        await eventually(lambda: b.scheduler.ledger.reservation(uid) is not None)
+        old = a.annotations("p")[AL]
+        to = "GPU-b" if old.startswith("GPU-a") else "GPU-a"
+        slow = server.faults.add_latency(1.0, verb="patch", path_pattern="/pods/p$")
+        pod = server.get("Pod", "default", "p")
+        refit = asyncio.create_task(a.mtls_client("system:node:n1").refit(request(pod, "n1", 0, [to])))
+        await eventually(lambda: bool(a.scheduler.ledger.holds(uid)))  # A's patch is on the wire
+        big = new_pod(b, "big", 40000)
+        assert (await filter_on(b, big, ["n1"]))["NodeNames"] == ["n1"]  # B: that GPU is free
+        assert (await asyncio.wait_for(refit, 10))[0].uuid == to  # the plugin serves it
+        server.faults.remove(slow.id)
+        await eventually(lambda: b.annotations("p")[AL].startswith(to))
+
+        def refused() -> list[dict[str, Any]]:
+            return [e for e in b.events(R.EVENT_ALLOCATION_REFUSED) if e["involvedObject"]["name"] == "p"]
+
+        await eventually(lambda: bool(refused()))
+        assert f"n1: {old} stays booked" in refused()[0]["message"]
+        res = b.scheduler.ledger.reservation(uid)
+        assert res is not None and res.raw == old
+        assert b.scheduler.ledger.snapshot()["n1"][to] == (1, 40000, 0)
+        assert not over_committed(b)
+        report = await b.scheduler.reconciler.reconcile_once()  # judged by the same rule
+        assert report is not None and report.drifts == []
+        assert not over_committed(b)
 
 
 async def test_in_flight_refit_that_lowers_quota_usage_frees_no_headroom(

@@ -14,6 +14,7 @@ from hamid.kube.client import KubeClient
 from hamid.scheduler.app import RouteFactory, SchedulerApp
 from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.options import SchedulerOptions
+from hamid.scheduler.signing import AllocationKeys
 from hamidsim.apiserver import ApiServer
 from tests.unit.scheduler.helpers import node as node_dict
 
@@ -103,19 +104,27 @@ async def running_app(
 
 @contextlib.asynccontextmanager
 async def running_scheduler(
-    settings: SchedulerSettings | None = None, start: bool = True, seed: Sequence[dict[str, Any]] = ()
+    settings: SchedulerSettings | None = None,
+    start: bool = True,
+    seed: Sequence[dict[str, Any]] = (),
+    *,
+    server: ApiServer | None = None,
+    keys: AllocationKeys | None = None,
 ) -> AsyncIterator[Env]:
     """Start API server, scheduler (caches synced unless ``start`` is False) and its listeners;
-    ``seed`` objects are in the API server before the scheduler starts."""
-    async with ApiServer() as server:
-        server.put_many(seed)
-        options = loopback_options(server, settings=settings or SchedulerSettings(bind_wait_s=19.0))
+    ``seed`` objects are in the API server before the scheduler starts. ``server``: an API server
+    already running (another replica's); ``keys``: signed mode."""
+    async with ApiServer() if server is None else contextlib.nullcontext(server) as api:
+        api.put_many(seed)
+        options = loopback_options(
+            api, settings=settings or SchedulerSettings(bind_wait_s=19.0), allocation_keys=keys
+        )
         async with (
             running_app(options, start=start) as app,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         ):
             yield Env(
-                server,
+                api,
                 app.scheduler.kube,
                 app.scheduler,
                 session,

@@ -10,7 +10,10 @@ from typing import Any
 from hamid.kube.errors import Timeout
 from hamid.model import annotations as ann
 from hamid.model import objects
+from hamid.model import reasons as R
 from hamid.scheduler.extender_json import decode_filter_args
+from hamid.scheduler.signing import AllocationKeys
+from hamidsim.apiserver import ApiServer
 from tests.integration.scheduler.harness import Env, running_scheduler, wait_for
 from tests.unit.scheduler.helpers import container, pod
 
@@ -141,3 +144,51 @@ async def test_a_second_filter_of_a_pod_whose_write_is_on_the_wire_waits_for_its
         notes = env.server.get("Pod", "default", "a")["metadata"]["annotations"]
         assert res is not None and (res.node, res.raw) == (notes[ann.VGPU_NODE], notes[ann.DEVICES_ALLOCATED])
         assert (await env.filter(env.server.get("Pod", "default", "a"), ["n2"]))["NodeNames"] == ["n2"]
+
+
+async def test_a_late_filter_write_past_the_namespace_quota_is_neither_booked_nor_bound() -> None:
+    """An HA audit: the old leader's filter write landed after the new leader, not seeing it, had
+    admitted another pod of the namespace under its GPU quota; the new leader booked the late
+    write from its valid signature (its GPU had room) and bound both, 2x the quota. It is refused
+    now: its bind fails for want of a booking, and kube-scheduler filters it again."""
+    keys = AllocationKeys.generate()  # one Secret, mounted by both replicas
+    async with (
+        ApiServer() as server,
+        running_scheduler(server=server, keys=keys) as a,
+        running_scheduler(server=server, keys=keys) as b,
+    ):
+        a.add_node("n1", gpus=2)
+        server.put(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "gpu", "namespace": "team"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}},  # room for one pod
+            }
+        )
+        for env in (a, b):
+            await wait_for(lambda env=env: env.scheduler.ledger.quota_usage("team")[0][0] == 6000)
+            await wait_for(lambda env=env: "n1" in env.scheduler.ledger.nodes)
+        p1 = await a.create_pod(pod("p1", namespace="team", containers=BIG))
+        p2 = await b.create_pod(pod("p2", namespace="team", containers=BIG))
+        await wait_for(lambda: b.scheduler.pods.get("team/p1") is not None)
+        # A (leading) books p1 under the quota; its write is slow at the API server
+        slow = server.faults.add_latency(2.0, verb="patch", path_pattern="/pods/p1$")
+        first = asyncio.create_task(a.filter(p1, ["n1"]))
+        await wait_for(lambda: a.scheduler.ledger.reservation(p1["metadata"]["uid"]) is not None)
+        # B takes over (here it simply decides, as a new leader does) and admits p2 under the quota
+        assert (await b.filter(p2, ["n1"]))["NodeNames"] == ["n1"]
+        assert (await first)["NodeNames"] == ["n1"]  # A's write landed; kube-scheduler binds p1
+        server.faults.remove(slow.id)
+        await wait_for(lambda: ann.DEVICES_ALLOCATED in objects.annotations(b.scheduler.pods.get("team/p1")))
+        assert b.scheduler.ledger.reservation(p1["metadata"]["uid"]) is None
+        assert b.scheduler.ledger.quota_usage("team") == ((6000, None), (6000, 50))
+        await wait_for(
+            lambda: any(
+                e["involvedObject"]["name"] == "p1" and "GPU quota" in e["message"]
+                for e in server.list("Event", "team")
+                if e.get("reason") == R.EVENT_ALLOCATION_REFUSED
+            )
+        )
+        assert "no GPU reservation" in await b.bind(p1, "n1")
+        assert await b.bind(p2, "n1") == ""

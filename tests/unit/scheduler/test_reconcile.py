@@ -22,7 +22,7 @@ from hamid.scheduler.reconcile import (
 )
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import node, placed, pod, signed, ticking_keys
+from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
 
 GPU0 = "n1-gpu0,NVIDIA,1000,10:;"
 GPU1 = "n1-gpu1,NVIDIA,1000,10:;"
@@ -84,6 +84,35 @@ def test_changed_allocation_is_moved_to_a_later_signed_one() -> None:
     res = state.ledger.reservation("uid-a")
     assert res is not None and (res.raw, res.version) == (GPU1, "8")
     assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 1000, 10)}
+
+
+def test_a_later_signed_allocation_is_judged_beside_every_other_listed_booking() -> None:
+    """The live ledger refused a refit landing late on a GPU another pod holds; the list puts the
+    refitted pod first and a pod that finished, holding the other GPU, last. Fed in list order,
+    the shadow judged the move before the holder's booking was there (and the finished pod's
+    still was) and would adopt it past the GPU's capacity, or refuse one the live ledger took."""
+    keys = ticking_keys()
+    big = [container("c", 1, 6000, 10)]
+    gpu0, gpu1 = "n1-gpu0,NVIDIA,6000,10:;", "n1-gpu1,NVIDIA,6000,10:;"
+
+    def six(name: str, raw: str, version: int, node_name: str = "n1") -> dict[str, Any]:
+        return signed(versioned(placed(pod(name, containers=big), node_name, raw), version), keys)
+
+    p = six("p", gpu0, 5)
+    state = fresh_state(p, six("q", gpu1, 6), keys=keys)
+    late = six("p", gpu1, 8)
+    state.ledger.on_pod(late)
+    res = state.ledger.reservation("uid-p")
+    assert res is not None and res.raw == gpu0
+    report = reconcile_state(state.ledger, [late, six("q", gpu1, 6)], "10", state.ledger.seq)
+    assert report.drifts == []
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (1, 6000, 10)}
+    # the GPU's holder finished: the move fits now, listed before the finished pod or not
+    done = six("q", gpu1, 9)
+    done["status"]["phase"] = "Succeeded"
+    report = reconcile_state(state.ledger, [late, done], "10", state.ledger.seq)
+    assert [d.kind for d in report.drifts] == [DRIFT_CHANGED, DRIFT_LEAKED]
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 6000, 10)}
 
 
 @pytest.mark.parametrize("signing", [False, True])

@@ -246,3 +246,51 @@ def test_a_pending_pods_signed_allocation_that_no_longer_fits_is_not_booked() ->
     bound["spec"]["nodeName"] = "n1"
     state.ledger.on_pod(bound)
     assert state.ledger.snapshot()["n1"]["n1-gpu0"] == (2, 12000, 20)
+
+
+def test_a_pending_pods_signed_allocation_past_its_namespaces_quota_is_not_booked() -> None:
+    """An HA audit: the old leader's filter write landed after the new leader admitted another pod
+    of the namespace under its quota without seeing the first; both were booked and bound, 40,000
+    MiB of a 20,000 MiB quota. A first booking of a pod not yet bound must fit the quota too."""
+    keys = ticking_keys()
+    state = _restarted(keys)
+    state.on_quota(
+        {
+            "metadata": {"name": "gpu", "namespace": "team"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}},
+        }
+    )
+    state.ledger.on_pod(signed(placed(pod("new", namespace="team"), "n1", RAW), keys))
+    late = signed(placed(pod("late", namespace="team"), "n1", "n1-gpu1,NVIDIA,1000,10:;"), keys)
+    state.ledger.on_pod(late)
+    assert state.ledger.quota_usage("team") == ((1000, None), (1000, 10))
+    (refused, why), *_ = state.ledger.refused
+    assert refused is late and "GPU quota" in why and "do not fit" in why
+    assert state.ledger.reservation(late["metadata"]["uid"]) is None
+
+
+def test_a_later_signed_allocation_that_does_not_fit_beside_the_others_keeps_the_booking() -> None:
+    """An audit: a refit's patch the API server applied late (after its replica had undone the move
+    and released its hold, or after a takeover) was booked over the pod placed meanwhile on the
+    GPU it named: 60,000 of 40,000 MiB, and the reconcile found nothing to repair. A later-signed
+    replacement is booked only where it fits beside the other bookings; refused, the earlier
+    booking stays (the pod's container may still run there) until it fits."""
+    keys = ticking_keys()
+    six = [container("c", 1, 6000, 10)]
+    gpu0, gpu1 = "n1-gpu0,NVIDIA,6000,10:;", "n1-gpu1,NVIDIA,6000,10:;"
+    state = _restarted(keys)
+    first = signed(placed(pod("p", containers=six), "n1", gpu0), keys)
+    first["spec"]["nodeName"] = "n1"
+    state.ledger.on_pod(first)
+    q = signed(placed(pod("q", containers=six), "n1", gpu1), keys)
+    state.ledger.on_pod(q)
+    late = signed(placed(copy.deepcopy(first), "n1", gpu1), keys)
+    state.ledger.on_pod(late)
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (1, 6000, 10)}
+    ((refused, why),) = state.ledger.refused
+    assert refused is late and "6000 of 8000 MiB" in why and f"n1: {gpu0} stays booked" in why
+    res = state.ledger.reservation("uid-p")
+    assert res is not None and res.raw == gpu0
+    state.ledger.on_pod_deleted(q)
+    state.ledger.on_pod(late)  # the pod's next event, once there is room
+    assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 6000, 10)}
