@@ -86,6 +86,18 @@ def go_quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def go_field(obj: Mapping[str, Any], name: str) -> Any:
+    """The value Go's ``encoding/json`` decodes into field ``name`` (None: no key for it): every key
+    equal to the name but for case sets the field, in the object's order, so the last one wins
+    (``{"deviceSplitCount": 4}`` sets HAMi's ``devicesplitcount``)."""
+    folded = name.casefold()
+    value = None
+    for key, item in obj.items():
+        if key == name or key.casefold() == folded:
+            value = item
+    return value
+
+
 def printable(text: str) -> str:
     """``text`` with every non-printable character (control codes: ESC, BEL, CR, newline, C1, ...)
     as its backslash escape: cluster text shown on a terminal or in an Event must not carry

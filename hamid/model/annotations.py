@@ -503,19 +503,23 @@ def parse_handshake(value: str) -> Handshake:
 
 
 def _parse_list(value: str | None, key: str) -> tuple[str, ...] | None:
+    """Trimmed non-blank entries; None (no constraint) for an absent or blank value. A value of
+    separators only (``","``) is a list naming nothing, as in HAMi (``CheckUUID``/``CheckType``):
+    a ``use-*`` list then allows no GPU."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidInput(f"{key}: want a string, got {type_name(value)}")
-    entries = tuple(e.strip() for e in value.split(",") if e.strip())
-    return entries or None
+    if not value.strip():
+        return None
+    return tuple(e.strip() for e in value.split(",") if e.strip())
 
 
 def parse_uuid_list(value: str | None, key: str = USE_GPU_UUID) -> tuple[str, ...] | None:
     """A comma list of GPU UUIDs (``nvidia.com/use-gpuuuid`` / ``nouse-gpuuuid``).
 
     Entries are whitespace-trimmed and blank entries dropped; an absent or blank value means "no
-    constraint" and returns ``None``.
+    constraint" and returns ``None``; separators alone (``","``) name no GPU: ``()``.
     """
     return _parse_list(value, key)
 

@@ -11,6 +11,7 @@ from typing import Any
 from hamid.model._wire import (
     INT32_MAX,
     INT32_MIN,
+    go_field,
     load_json,
     want_bool,
     want_int,
@@ -106,7 +107,7 @@ _SCALAR_KEYS: tuple[tuple[str, str, Callable[[object, str], Any]], ...] = (
 
 def _filter_devices(value: object, where: str) -> dict[str, Any]:
     fd = want_object(value, f"{where}.filterdevices")
-    uuids, indices = fd.get("uuid"), fd.get("index")
+    uuids, indices = go_field(fd, "uuid"), go_field(fd, "index")
     uuid_list = () if uuids is None else want_list(uuids, f"{where}.filterdevices.uuid")
     index_list = () if indices is None else want_list(indices, f"{where}.filterdevices.index")
     return {
@@ -123,10 +124,10 @@ def _entry_overrides(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The non-null fields of one ``nodeconfig`` entry as NodeConfig field overrides (type-checked)."""
     out: dict[str, Any] = {}
     for key, name, parse in _SCALAR_KEYS:
-        value = entry.get(key)
+        value = go_field(entry, key)
         if value is not None:
             out[name] = parse(value, f"{where}.{key}")
-    if (value := entry.get("filterdevices")) is not None:
+    if (value := go_field(entry, "filterdevices")) is not None:
         out.update(_filter_devices(value, where))
     return out
 
@@ -149,18 +150,19 @@ def resolve_node_config(config_json: str | bytes | None, node_name: str, default
     Only non-null fields override; matching entries apply in file order. Every entry is type-checked
     (like Go's decoder, a type error anywhere fails the file); the merged result is then validated
     (known ``operatingmode``/``migstrategy``, split count ≥ 1, positive scalings, ...).
-    Unknown keys are ignored, as in HAMi. Errors name the entry (index and name) and the key.
+    Keys match as Go's decoder matches them, whatever their case (``deviceSplitCount``); unknown
+    keys are ignored, as in HAMi. Errors name the entry (index and name) and the key.
     """
     if config_json is None:
         return defaults
     where = "node config"
     root = want_object(load_json(_config_text(config_json, where), where), where)
-    raw_entries = root.get("nodeconfig")
+    raw_entries = go_field(root, "nodeconfig")
     entries = () if raw_entries is None else want_list(raw_entries, f"{where}.nodeconfig")
     result = defaults
     for i, raw in enumerate(entries):
         entry = want_object(raw, f"{where}.nodeconfig[{i}]")
-        raw_name = entry.get("name")
+        raw_name = go_field(entry, "name")
         name = "" if raw_name is None else want_str(raw_name, f"{where}.nodeconfig[{i}].name")
         entry_where = f"{where}.nodeconfig[{i}] (name {name!r})"
         overrides = _entry_overrides(entry, entry_where)

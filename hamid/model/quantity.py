@@ -92,6 +92,18 @@ def quantity_as_int(value: object, where: str) -> int | None:
     return number.numerator
 
 
+def quantity_value(value: object, where: str) -> int | None:
+    """A quantity rounded up, away from zero, to an int64, like Go's ``Quantity.Value`` (HAMi's
+    webhook reads ``gpumem-percentage`` and ``priority`` so: ``"99.5"`` is 100); ``None`` outside
+    int64; text that is not a quantity raises InvalidInput."""
+    try:
+        number = _exact(value, where)
+    except _OutOfRange:
+        return None
+    rounded = math.ceil(abs(number)) * (1 if number >= 0 else -1)
+    return rounded if INT64_MIN <= rounded <= INT64_MAX else None
+
+
 def integer_quantity(value: object, where: str) -> int:
     """A quantity that must be an int64 (a quota's limit); InvalidInput naming ``where`` otherwise."""
     number = quantity_as_int(value, where)

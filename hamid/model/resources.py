@@ -270,7 +270,8 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
     ``max(memoryFactor, 1)``) or the whole request is ``None``; it is multiplied by the factor.
     Percentage: 101 = unset, ``> 100`` → 100, ``<= 0`` (or not an integer) → unset. With no memory and
     no percentage: ``defaultMemory`` if set (percentage stays 101), else 100 %. Cores: given value, else
-    ``defaultCores``; must be an integer in ``[0, MaxInt32]`` or the whole request is ``None``.
+    ``defaultCores`` (also for one that is not an integer); an integer outside ``[0, MaxInt32]`` makes
+    the whole request ``None``.
     """
     where = f"container {container.get('name')!r}" if isinstance(container, Mapping) else "container"
     if not isinstance(container, Mapping):
@@ -305,11 +306,11 @@ def container_request(container: Mapping[str, Any], config: ResourceConfig) -> C
 
     cores = config.default_cores
     found, raw = resource_value(container, config.resource_core_name, where)
-    if found:
+    if found:  # not an integer: the default, as HAMi (its webhook refuses one out of range)
         value = quantity_as_int(raw, f"{where} {config.resource_core_name}")
-        if value is None or not 0 <= value <= INT32_MAX:
+        if value is not None and not 0 <= value <= INT32_MAX:
             return None
-        cores = value
+        cores = cores if value is None else value
     return ContainerDeviceRequest(
         nums=nums, type=NVIDIA, memreq=memnum, mem_percentage_req=mempct, coresreq=cores
     )

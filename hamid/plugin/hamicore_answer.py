@@ -16,13 +16,15 @@ from hamid.plugin.device_nodes import DeviceSpec
 
 
 def env_is_true(container: Mapping[str, Any] | None, name: str) -> bool:
-    """Whether the container spec sets env ``name`` to a Go ``ParseBool`` true value."""
+    """Whether some entry of env ``name`` in the container spec is a Go ``ParseBool`` true value
+    (HAMi skips the false and unparsable ones and acts on any true one)."""
     for env in (container or {}).get("env") or []:
         if env.get("name") == name:
             try:
-                return parse_go_bool(str(env.get("value", "")), name)
+                if parse_go_bool(str(env.get("value", "")), name):
+                    return True
             except InvalidInput:
-                return False
+                continue
     return False
 
 

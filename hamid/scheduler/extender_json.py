@@ -1,33 +1,22 @@
 """kube-scheduler extender wire types (``k8s.io/kube-scheduler/extender/v1``), decoded like Go.
 
 The Go structs carry no JSON tags, so keys are the Go field names (``Pod``, ``NodeNames``, ...);
-Go's decoder matches keys case-insensitively (exact match first), so ``pod``/``nodenames``
-from older HAMi-style clients are accepted too. Responses use the canonical Go names.
+Go's decoder matches keys case-insensitively (:func:`hamid.model._wire.go_field`), so
+``pod``/``nodenames`` from older HAMi-style clients are accepted too. Responses use the canonical
+Go names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
 from hamid.model import objects
-from hamid.model._wire import type_name
+from hamid.model._wire import go_field, type_name
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
 from hamid.model.resources import all_containers, check_pod_metadata
-
-
-def go_field(obj: Mapping[str, Any], name: str) -> Any:
-    """The value of Go field ``name`` in a decoded JSON object: exact key first, then case-insensitive."""
-    if name in obj:
-        return obj[name]
-    folded = name.casefold()
-    for key, value in obj.items():
-        if key.casefold() == folded:
-            return value
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,11 +32,11 @@ from hamid.fit.fit import Quota
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import hamicore, objects
-from hamid.model._wire import want_list, want_object
+from hamid.model._wire import INT32_MAX, want_list, want_object
 from hamid.model.alignment import parse_alignment
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON
-from hamid.model.quantity import quantity_as_int
+from hamid.model.quantity import quantity_as_int, quantity_value
 from hamid.model.resources import (
     ResourceConfig,
     all_containers,
@@ -174,20 +174,30 @@ def _asks_whole_card(container: JSON, config: ResourceConfig, where: str) -> boo
     if not count_present or cores_present:
         return False
     pct_found, pct_raw = resource_value(container, config.resource_memory_percentage_name)
-    if pct_found:  # a percentage decides: only 100 % is the whole card
-        return quantity_as_int(pct_raw, where) == 100
+    if pct_found:  # a percentage decides: only 100 % is the whole card (rounded up, as HAMi reads it)
+        return quantity_value(pct_raw, where) == 100
     mem_found, _ = resource_value(container, config.resource_memory_name)
     return not config.resource_memory_name or not mem_found
+
+
+def _check_ranges(container: JSON, config: ResourceConfig, where: str) -> None:
+    """InvalidInput for a memory percentage or a core count the pod could not be booked with."""
+    found, raw = resource_value(container, config.resource_memory_percentage_name)
+    if found:  # rounded up, as HAMi's webhook reads it (Quantity.Value): "99.5" is 100
+        pct = quantity_value(raw, f"{where} {config.resource_memory_percentage_name}")
+        if pct is None or not 0 <= pct <= 100:
+            raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
+    found, raw = resource_value(container, config.resource_core_name)
+    if found:  # HAMi keeps any integer (int32-wrapped, negative ones too) and books it as such
+        cores = quantity_as_int(raw, f"{where} {config.resource_core_name}")
+        if cores is not None and not 0 <= cores <= INT32_MAX:
+            raise InvalidInput(f"{where}: {config.resource_core_name} must be within [0, {INT32_MAX}]")
 
 
 def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
     """HAMi ``MutateAdmission`` on one container (in place); True when it uses HAMi resources."""
     where = f"container {container.get('name')!r}"
-    found, raw = resource_value(container, config.resource_memory_percentage_name)
-    if found:
-        pct = quantity_as_int(raw, f"{where} {config.resource_memory_percentage_name}")
-        if pct is None or not 0 <= pct <= 100:
-            raise InvalidInput(f"{where}: {config.resource_memory_percentage_name} must be within [0, 100]")
+    _check_ranges(container, config, where)
     resources: JSON | None = container.get("resources")
     if resources is None:  # absent or null: the same to the API server
         resources = container["resources"] = {}
@@ -195,8 +205,8 @@ def _mutate_container(container: JSON, config: ResourceConfig) -> bool:
     if limits is None:
         limits = resources["limits"] = {}
     if config.resource_priority_name in limits:
-        priority = quantity_as_int(limits[config.resource_priority_name], f"{where} priority")
-        if priority is None:
+        priority = quantity_value(limits[config.resource_priority_name], f"{where} priority")
+        if priority is None:  # rounded up as HAMi reads it ("1.5" is 2); None: beyond int64
             raise InvalidInput(f"{where}: {config.resource_priority_name} must be an integer")
         _append_env(container, hamicore.ENV_TASK_PRIORITY, str(priority))
     if config.gpu_core_policy and config.gpu_core_policy != "default":

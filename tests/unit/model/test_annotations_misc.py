@@ -115,7 +115,7 @@ def test_handshake_unrecognized(value: str) -> None:
         (None, None),
         ("", None),
         ("   ", None),
-        (" , ", None),
+        (" , ", ()),  # separators alone: HAMi's CheckUUID/CheckType match no GPU (not "no constraint")
         ("GPU-a", ("GPU-a",)),
         (" GPU-a , GPU-b ,", ("GPU-a", "GPU-b")),
     ],

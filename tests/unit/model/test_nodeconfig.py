@@ -24,6 +24,27 @@ def test_chart_example() -> None:
     assert resolve_node_config(CHART_EXAMPLE, "other-node", DEFAULTS) == DEFAULTS
 
 
+def test_keys_match_whatever_their_case_as_gos_decoder_matches_them() -> None:
+    """HAMi reads the file with Go's ``encoding/json``: ``operatingMode``, ``filterDevices``,
+    ``deviceSplitCount``, ``Name``, ``nodeConfig`` are its keys too (the last of equal ones wins)."""
+    text = json.dumps(
+        {
+            "nodeConfig": [
+                {
+                    "Name": "gpu-1",
+                    "operatingMode": "mig",
+                    "filterDevices": {"UUID": ["GPU-broken"], "Index": [3]},
+                    "deviceSplitCount": 4,
+                    "DEVICESPLITCOUNT": 6,
+                }
+            ]
+        }
+    )
+    config = resolve_node_config(text, "gpu-1", DEFAULTS)
+    assert (config.operating_mode, config.device_split_count) == ("mig", 6)
+    assert (config.filter_uuids, config.filter_indices) == (("GPU-broken",), (3,))
+
+
 def test_no_file_means_defaults() -> None:
     assert resolve_node_config(None, "n", DEFAULTS) is DEFAULTS
     assert resolve_node_config("{}", "n", DEFAULTS) == DEFAULTS

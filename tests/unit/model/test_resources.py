@@ -94,6 +94,8 @@ def test_default_cores_and_explicit_cores() -> None:
     config = ResourceConfig(default_cores=20)
     assert container_request(ctr({GPU: "1"}), config) == req(1, 0, 100, 20)
     assert container_request(ctr({GPU: "1", CORES: "0"}), config) == req(1, 0, 100, 0)
+    # not an integer: the default, as HAMi (``AsInt64`` fails, ``corenum`` stays the default)
+    assert container_request(ctr({GPU: "1", CORES: "0.5"}), config) == req(1, 0, 100, 20)
 
 
 def test_limits_before_requests_per_resource() -> None:
@@ -114,7 +116,6 @@ def test_limits_before_requests_per_resource() -> None:
         ctr({GPU: "1", MEM: "1.5"}),
         ctr({GPU: "1", MEM: "-1"}),
         ctr({GPU: "1", CORES: "-5"}),
-        ctr({GPU: "1", CORES: "0.5"}),
     ],
 )
 def test_empty_requests(container: dict[str, Any]) -> None:

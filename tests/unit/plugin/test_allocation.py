@@ -334,6 +334,17 @@ def test_cuda_disable_control_is_a_go_bool(value: str, mounted: bool) -> None:
     assert (MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) in answer.mounts) is mounted
 
 
+def test_cuda_disable_control_given_twice_is_true_when_any_entry_is() -> None:
+    """HAMi skips the false and unparsable entries and leaves the preload out for any true one
+    (the container sees the last: here true)."""
+    for values in (("false", "true"), ("nonsense", "1"), ("true", "false")):
+        env = [{"name": "CUDA_DISABLE_CONTROL", "value": v} for v in values]
+        answer = hami_core_answer(
+            (cd("GPU-a"),), "uid1", {"name": "m", "env": env}, HamiCoreSettings("/h"), "t"
+        )
+        assert MountSpec("/etc/ld.so.preload", "/h/vgpu/ld.so.preload", True) not in answer.mounts, values
+
+
 def test_inventory_facts_follow_scaling_and_health() -> None:
     inv = GpuInventory(
         [gpu("GPU-a", 0, mem=1000), gpu("GPU-b", 1, mem=0)],

@@ -6,12 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hamid.model._wire import go_field
 from hamid.model.errors import InvalidInput
-from hamid.scheduler.extender_json import FilterResult, decode_bind_args, decode_filter_args, go_field
+from hamid.scheduler.extender_json import FilterResult, decode_bind_args, decode_filter_args
 
 
-def test_go_field_exact_first_then_folded() -> None:
-    assert go_field({"NodeNames": 1, "nodenames": 2}, "NodeNames") == 1
+def test_go_field_any_case_the_last_key_wins() -> None:
+    """Go's decoder sets the field for every key equal to its name but for case, in order."""
+    assert go_field({"NodeNames": 1, "nodenames": 2}, "NodeNames") == 2
+    assert go_field({"nodenames": 2, "NodeNames": 1}, "NodeNames") == 1
     assert go_field({"nodenames": 2}, "NodeNames") == 2
     assert go_field({"NODENAMES": 3}, "NodeNames") == 3
     assert go_field({}, "NodeNames") is None

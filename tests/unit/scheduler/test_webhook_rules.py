@@ -83,6 +83,23 @@ def test_denials() -> None:
         ],
     )
     assert "within [0, 100]" in review(bad_pct).message
+    # HAMi keeps any integer core count (int32-wrapped: 2^32 + 50 is 50; -1 is booked as -1)
+    for cores in ("-1", str(2**32 + 50)):
+        wrapped = pod("a", containers=[container("c", 1, 1000, 10)])
+        wrapped["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = cores
+        assert "nvidia.com/gpucores must be within [0, 2147483647]" in review(wrapped).message
+
+
+def test_fractions_are_read_rounded_up_as_hamis_webhook_reads_them() -> None:
+    """``Quantity.Value`` rounds up: a percentage of 99.5 is 100 (the whole card: 100 cores) and a
+    priority of 1.5 is 2; both pods are admitted."""
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "99.5", "nvidia.com/priority": "1.5"}
+    p = pod("a", containers=[{"name": "c", "resources": {"limits": dict(limits)}}])
+    verdict = review(p)
+    assert verdict.allowed, verdict.message
+    new = ops_by_path(verdict)["/spec/containers/0"]["value"]
+    assert new["resources"]["limits"]["nvidia.com/gpucores"] == "100"
+    assert {e["name"]: e["value"] for e in new["env"]} == {"CUDA_TASK_PRIORITY": "2"}
 
 
 def test_quota_precheck_uses_init_peak() -> None:
