@@ -26,6 +26,7 @@ from hamid.model.devices import MODE_HAMI_CORE
 from hamid.model.errors import InvalidInput
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
 from hamid.model.numa import SINGLE_NUMA_NODE
+from hamid.model.quantity import parse_quantity
 from hamid.model.resources import load_device_config
 from hamid.options import option
 from hamid.plugin.discovery import NvmlUnavailable, PhysicalGpu, discover_nvml, load_devices_file
@@ -85,6 +86,10 @@ def load_kubelet_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot read kubelet config {os.fspath(path)!r}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"kubelet config {os.fspath(path)!r} is not UTF-8 (byte offset {exc.start}: {exc.reason})"
+        ) from None
     doc = load_yaml(text, f"kubelet config {os.fspath(path)!r}")
     if not isinstance(doc, dict):
         raise InvalidInput(f"kubelet config {os.fspath(path)!r} is not a mapping")
@@ -97,9 +102,17 @@ def _cpu_reservation(config: Mapping[str, Any]) -> str:
         return "reservedSystemCPUs"
     for key in ("kubeReserved", "systemReserved"):
         reserved = config.get(key)
-        if isinstance(reserved, Mapping) and str(reserved.get("cpu") or "").strip() not in ("", "0"):
+        if isinstance(reserved, Mapping) and _positive_quantity(reserved.get("cpu")):
             return f"{key}.cpu"
     return ""
+
+
+def _positive_quantity(value: object) -> bool:
+    """Whether ``value`` is a quantity above zero (``"0m"`` and ``"0.0"`` reserve nothing)."""
+    try:
+        return value is not None and parse_quantity(value, "cpu") > 0
+    except InvalidInput:
+        return False
 
 
 def check_kubelet(config: Mapping[str, Any]) -> list[Finding]:
@@ -415,7 +428,11 @@ def _node_config_findings(
 def _endpoint_finding(endpoint: str | None, ca_file: str | None) -> Finding:
     if not endpoint:
         return Finding(Status.SKIP, "scheduler endpoint", "not checked (pass --scheduler-endpoint)")
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 -- raises for a port that is no number or out of range
+    except ValueError as exc:
+        return _fail("scheduler endpoint", f"{endpoint!r} is not a URL: {exc}", "pass https://<host>:<port>")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return _fail(
             "scheduler endpoint", f"{endpoint!r} is not an http(s) URL", "pass https://<host>:<port>"

@@ -35,6 +35,9 @@ def lint_errors(values: dict[str, Any]) -> list[str]:
         ({"scheduler": {"replicas": "two"}}, "'/scheduler/replicas'"),
         ({"devicePlugin": {"metricsPort": 70000}}, "'/devicePlugin/metricsPort'"),
         ({"scheduler": {"podAntiAffinity": "always"}}, "'/scheduler/podAntiAffinity'"),
+        # what the API server refuses for a Deployment / a DaemonSet
+        ({"scheduler": {"updateStrategy": {"type": "OnDelete"}}}, "'/scheduler/updateStrategy/type'"),
+        ({"devicePlugin": {"updateStrategy": {"type": "Recreate"}}}, "'/devicePlugin/updateStrategy/type'"),
     ],
 )
 def test_schema_refuses_unknown_keys_and_bad_types_with_the_path(values: dict[str, Any], path: str) -> None:
@@ -100,6 +103,20 @@ def test_plugin_defaults_for_gpu_nodes() -> None:
     assert {o.name for o in plugin_command.params} >= {"metrics_listen"}
     service = r.get("Service", f"{PLUGIN}-metrics")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["port"] == 9394
+
+
+def test_one_scheduler_without_leader_election_is_never_rolled_beside_its_successor() -> None:
+    """A rolling update started the new scheduler before the old one stopped: two deciding
+    schedulers (the same GPU booked twice) on every upgrade of the default install."""
+
+    def strategy(values: dict[str, Any]) -> Any:
+        return render(values).get("Deployment", SCHED)["spec"].get("strategy")
+
+    assert strategy({}) == {"type": "Recreate"}
+    assert strategy({"scheduler": {"replicas": 2, "leaderElect": False}}) == {"type": "Recreate"}
+    assert strategy({"scheduler": {"replicas": 2}}) is None  # followers wait for the Lease
+    given = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert strategy({"scheduler": {"updateStrategy": given}}) == given
 
 
 def test_hami_nvidia_node_selector_is_honoured() -> None:

@@ -88,6 +88,15 @@ def test_missing_kubelet_config_fails(tmp_path: Path) -> None:
     assert "cannot read kubelet config" in result.output
 
 
+def test_a_kubelet_config_that_is_not_utf8_fails_in_one_line(tmp_path: Path) -> None:
+    """One byte that is no UTF-8 raised a traceback and printed no report."""
+    config = tmp_path / "kubelet.yaml"
+    config.write_bytes(GOOD_KUBELET.read_bytes() + b"\n# \xff\n")
+    result = doctor(*node(tmp_path, kubelet=config))
+    assert result.exit_code == 1
+    assert "is not UTF-8 (byte offset" in "\n".join(lines(result, Status.FAIL))
+
+
 def test_more_numa_nodes_than_kubelet_allows(tmp_path: Path) -> None:
     result = doctor(*node(tmp_path, numa=16))
     assert result.exit_code == 1
@@ -108,6 +117,17 @@ def test_the_reservation_line_names_the_setting_that_reserves(tmp_path: Path) ->
     config.write_text(GOOD_KUBELET.read_text().replace("reservedSystemCPUs:", only_kube_reserved))
     assert "kubeReserved.cpu is set" in _ok_line(doctor(*node(tmp_path, kubelet=config)), "CPU reservation")
     assert "reservedSystemCPUs is set" in _ok_line(doctor(*node(tmp_path / "good")), "CPU reservation")
+
+
+@pytest.mark.parametrize("cpu", ["0m", "0.0", "0", "none"])
+def test_a_reservation_of_no_cpu_is_none(tmp_path: Path, cpu: str) -> None:
+    """``kubeReserved.cpu: 0m`` reserves nothing (kubelet's static policy then refuses to start):
+    it passed as a reservation, compared as text."""
+    config = tmp_path / "kubelet.yaml"
+    zero = f"kubeReserved: {{cpu: '{cpu}'}}\n#reservedSystemCPUs:"
+    config.write_text(GOOD_KUBELET.read_text().replace("reservedSystemCPUs:", zero))
+    result = doctor(*node(tmp_path, kubelet=config))
+    assert any("reservedSystemCPUs" in line for line in lines(result, Status.FAIL)), result.output
 
 
 def test_one_numa_node_is_one_verdict_with_or_without_a_kubelet_config(tmp_path: Path) -> None:
@@ -255,6 +275,9 @@ async def https_endpoint(tls_files: TLSFiles) -> AsyncIterator[str]:
         ("http://127.0.0.1:9", "is plain HTTP"),
         ("notaurl", "is not an http(s) URL"),
         ("ftp://x", "not an http"),
+        ("https://[::1", "is not a URL: Invalid IPv6 URL"),  # raised a traceback
+        ("https://h:99999", "is not a URL: Port out of range"),
+        ("https://h:https", "is not a URL: Port could not be cast"),
     ],
 )
 def test_an_endpoint_the_plugin_would_refuse_fails_before_any_probe(endpoint: str, says: str) -> None:
