@@ -629,7 +629,7 @@ class NumaLedgers:
         omitted = self._omitted_for(pod, self.omitted(node, usage), usage)
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
-            ledger = self._ledger_without(entry, uid)
+            ledger = self.ledger_without(entry, uid)
             visible = ledger.hiding(self.resource, hidden, omitted) if ledger is not None else None
             return _named(predict(entry.profile, visible, pod, now=now), pod)
         key = (entry.memo_key(), tuple(sorted(hidden.items())), tuple(sorted(omitted.items())), shape)
@@ -709,7 +709,7 @@ class NumaLedgers:
         # once bound, the pod's booking is pending: the plugin keeps the replicas it needs offered
         keep = Counter(d.uuid for container in devices for d in container)
         view = PluginView(self.resource, gpu_replicas(usage, rule, keep), devices) if preferred else None
-        ledger = self._ledger_without(entry, uid)
+        ledger = self.ledger_without(entry, uid)
         visible = (
             ledger.hiding(self.resource, self.hidden(node, usage, keep), self.omitted(node, usage, keep))
             if ledger is not None
@@ -718,7 +718,7 @@ class NumaLedgers:
         return _named(predict(entry.profile, visible, pod, now=self.clock(), plugin=view), pod)
 
     @staticmethod
-    def _ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
+    def ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
         """The node's ledger without the pod's own booking (a copy when it has one)."""
         own = entry.records.get(uid)
         if own is None or own.held is None or entry.ledger is None:
