@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import time
 
 from hamid.fit.fgd import Shape, parse_workload
@@ -119,11 +120,30 @@ async def test_a_restarted_scheduler_rebuilds_the_workload_from_its_cache() -> N
         options = loopback_options(env.server, settings=SchedulerSettings(node_policy="fgd"))
         async with running_app(options) as restarted:
             fgd = restarted.scheduler.fgd
-            assert fgd.histogram.observed == 4  # the cache lists pods in its own order: decay differs a hair
+            assert fgd.histogram.observed == 4
             fgd.ranking(SHARE, restarted.scheduler.ledger.nodes)
             assert {s: round(p, 3) for s, p in fgd.workload.shapes} == {
                 s: round(p, 3) for s, p in learned.items()
             }
+
+
+async def test_a_restart_relearns_the_workload_in_creation_order_whatever_the_names() -> None:
+    """The API server lists pods by namespace/name; the cache tells a list oldest first, so a
+    restarted scheduler weighs pods by age as the live one did, not by name (older 20 % shares
+    named z-*, newer 70 % ones a-*: in list order the two flipped, 89 % / 11 %)."""
+    settings = SchedulerSettings(node_policy="fgd", fgd_half_life=20)
+    async with running_scheduler(settings) as env:
+        for name, cores in [(f"z-{i:02}", 20) for i in range(40)] + [(f"a-{i:02}", 70) for i in range(40)]:
+            env.server.put(
+                {"apiVersion": "v1", "kind": "Pod", **pod(name, containers=[container("c", 1, 1000, cores)])}
+            )
+        await wait_for(lambda: env.scheduler.fgd.histogram.observed == 80)
+        live = env.scheduler.fgd.histogram.weights()
+        assert max(live, key=live.__getitem__).share == 700
+        async with running_app(loopback_options(env.server, settings=settings)) as restarted:
+            again = restarted.scheduler.fgd.histogram.weights()
+        assert again.keys() == live.keys()
+        assert all(math.isclose(again[s], live[s], rel_tol=0.01) for s in live)  # "a hair"
 
 
 async def test_a_pod_filtered_again_keeps_the_node_its_first_filter_chose() -> None:
