@@ -40,6 +40,10 @@ WHOLE = 1000
 COVERAGE = 0.95
 #: Pods after which an observation weighs half as much as a new one.
 DEFAULT_HALF_LIFE = 5000.0
+#: The half-lives a histogram takes, in pods: under one pod the newest outweighs all before it
+#: together (under 0.025 it falls below the rescale's floor at once and nothing is learned); over
+#: 10^12 the decay steps near float precision (beyond ~10^15 none is left).
+HALF_LIFE_RANGE = (1.0, 1e12)
 #: Shapes a histogram keeps: past this the lightest tenth are folded into one remainder (their
 #: weight still counts in the total, so the typical workload is the same while they weigh under
 #: 1 - COVERAGE, but for a folded shape seen again: it starts afresh, its old weight left in the
@@ -549,12 +553,19 @@ def memory_bucket(mib: int) -> int:
     return math.ceil(2 ** (math.ceil(math.log2(mib) * _MEMORY_STEPS) / _MEMORY_STEPS))
 
 
+def check_half_life(half_life: float) -> float:
+    """``half_life`` if within :data:`HALF_LIFE_RANGE`, else InvalidInput naming the range."""
+    low, high = HALF_LIFE_RANGE
+    if not low <= half_life <= high:
+        raise InvalidInput(f"the fgd half-life must be {low:g} to {high:,.0f} pods, not {half_life:g}")
+    return half_life
+
+
 class ShapeHistogram:
     """A decayed histogram of the shapes of observed pods (newest weigh most)."""
 
     def __init__(self, half_life: float = DEFAULT_HALF_LIFE) -> None:
-        if not half_life > 0:
-            raise InvalidInput(f"the histogram's half-life must be positive, not {half_life}")
+        check_half_life(half_life)
         self._growth = 2 ** (1 / half_life)
         self._scale = 1.0
         self._weights: dict[Shape, float] = {}

@@ -11,6 +11,7 @@ from hamid.fit import fgd
 from hamid.fit.fgd import (
     EMPTY,
     GAIN_STEP,
+    HALF_LIFE_RANGE,
     UNALIGNED,
     Gpu,
     NodeState,
@@ -242,6 +243,22 @@ def test_histogram_covers_the_most_frequent_shapes() -> None:
     assert [s.share for s, _ in histogram.typical().shapes] == [500]
     with pytest.raises(InvalidInput, match="half-life"):
         ShapeHistogram(half_life=0)
+
+
+@pytest.mark.parametrize("half_life", [1e-300, 0.01, 0.5, 1e13, math.inf, math.nan])
+def test_a_half_life_outside_its_range_is_refused_naming_the_range(half_life: float) -> None:
+    """1e-300 overflowed the decay factor; 0.01 dropped every pod at the first rescale (an empty
+    workload for good); past 10^12 the decay nears float precision."""
+    with pytest.raises(InvalidInput, match=r"must be 1 to 1,000,000,000,000 pods"):
+        ShapeHistogram(half_life=half_life)
+
+
+def test_the_shortest_half_life_still_learns_the_newest_pods() -> None:
+    histogram = ShapeHistogram(half_life=HALF_LIFE_RANGE[0])
+    for _ in range(500):  # many rescales
+        histogram.observe(WHOLE_1)
+    histogram.observe(HALF)
+    assert {s.share for s, _ in histogram.typical().shapes} == {500, 1000}
 
 
 def test_a_histogram_of_ever_new_shapes_stays_bounded_and_learns_the_same_workload(
