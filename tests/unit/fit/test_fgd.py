@@ -12,6 +12,7 @@ from hamid.fit.fgd import (
     EMPTY,
     GAIN_STEP,
     HALF_LIFE_RANGE,
+    TYPICAL_SHAPES,
     UNALIGNED,
     Gpu,
     NodeState,
@@ -259,6 +260,20 @@ def test_the_shortest_half_life_still_learns_the_newest_pods() -> None:
         histogram.observe(WHOLE_1)
     histogram.observe(HALF)
     assert {s.share for s, _ in histogram.typical().shapes} == {500, 1000}
+
+
+def test_the_typical_workload_keeps_at_most_typical_shapes() -> None:
+    """A long tail of unique shapes (one tenant's per-job sizes) would pull thousands into the
+    95 %, each fragmentation a pass over them: the most frequent TYPICAL_SHAPES are kept."""
+    histogram = ShapeHistogram(half_life=1e9)
+    for _ in range(800):
+        histogram.observe(HALF)
+    for i in range(1000):
+        histogram.observe(Shape(1000, 1024, 1, 500, (f"X{i}",)))
+    typical = histogram.typical()
+    assert len(typical.shapes) == TYPICAL_SHAPES
+    assert max(typical.shapes, key=lambda entry: entry[1])[0] == HALF
+    assert math.isclose(sum(p for _, p in typical.shapes), 1.0)
 
 
 def test_a_histogram_of_ever_new_shapes_stays_bounded_and_learns_the_same_workload(
