@@ -5,8 +5,10 @@ to every callback and reader, so none may change it.
 
 A cache lists, then watches from the list's resourceVersion; a dropped stream resumes from the
 last resourceVersion seen; ``410 Gone`` triggers a re-list whose differences are delivered as
-add/update/delete callbacks, so consumers stay exact. Errors back off (bounded, jittered).
-Callbacks are synchronous and run on the event loop, in event order.
+add/update/delete callbacks, so consumers stay exact. A list's objects are told oldest first
+(:func:`creation_order`), as the watch told them, not in the API server's key order: a consumer
+that weighs what it saw by recency (the ``fgd`` policy's learned workload) rebuilds the same.
+Errors back off (bounded, jittered). Callbacks are synchronous and run on the event loop, in event order.
 """
 
 # Every ``timeout`` parameter here is a deadline enforced inside with ``asyncio.timeout``.
@@ -94,6 +96,15 @@ def trim_node(obj: JSON) -> Node:
 def trim_quota(obj: JSON) -> ResourceQuota:
     """A ResourceQuota record: no managedFields; spec and status kept whole."""
     return view(ResourceQuota, trim_metadata(obj))
+
+
+def creation_order(obj: Mapping[str, Any]) -> tuple[str, int, str]:
+    """Where an object was created among a list's: its ``creationTimestamp`` (UTC RFC 3339, whole
+    seconds: compares as text), then its resourceVersion (its creation's while it is unchanged,
+    else its last change: the closest a list tells), then its key."""
+    created = objects.metadata(obj).get("creationTimestamp")
+    version = objects.version_number(objects.resource_version(obj))
+    return (created if isinstance(created, str) else "", -1 if version is None else version, object_key(obj))
 
 
 def join_selectors(*selectors: str | None) -> str | None:
@@ -255,6 +266,7 @@ class WatchCache(Generic[Record]):
 
     async def _relist(self) -> None:
         fresh: dict[str, Record] = {}
+        created: dict[str, tuple[str, int, str]] = {}
         resource_version = ""
         async for page, version in self.client.list_pages(
             self.resource,
@@ -265,8 +277,9 @@ class WatchCache(Generic[Record]):
         ):
             resource_version = version
             for item in page:  # trimmed page by page: one page of whole objects alive at a time
-                obj = self.record(item)
-                fresh[object_key(obj)] = obj
+                key = object_key(item)
+                created[key] = creation_order(item)  # before the trim drops the timestamp
+                fresh[key] = self.record(item)
             del page
         old = self._items
         self._items = fresh
@@ -275,7 +288,8 @@ class WatchCache(Generic[Record]):
         for key, obj in old.items():
             if key not in fresh:
                 self._deleted(obj)
-        for key, obj in fresh.items():
+        for key in sorted(fresh, key=created.__getitem__):  # oldest first, as the watch told them
+            obj = fresh[key]
             previous = old.get(key)
             if previous is None:
                 self._added(obj)

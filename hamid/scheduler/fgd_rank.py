@@ -37,18 +37,19 @@ from hamid.fit.fgd import (
 )
 from hamid.fit.fit import PodFitSpec
 from hamid.fit.node_room import CpuMem, is_guaranteed, pod_cpu_mem
-from hamid.fit.numa_predict import topology_of
-from hamid.fit.usage import DeviceUsage
+from hamid.fit.numa_predict import NumaLedger, topology_of
+from hamid.fit.usage import DeviceUsage, NodeUsage, PodUsage
 from hamid.log import get_logger
 from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model import reasons as R
 from hamid.model.devices import MODE_MIG
 from hamid.model.errors import InvalidInput
+from hamid.model.numa import NumaProfile
 from hamid.model.resources import ResourceConfig, pod_requests
 from hamid.scheduler.inventory import NodeEntry, NodeInventory
 from hamid.scheduler.node_cpu_mem import NodeCpuMem
-from hamid.scheduler.numa_ledger import NodeNuma, NumaLedgers
+from hamid.scheduler.numa_ledger import NumaLedgers
 
 log = get_logger("scheduler.fgd")
 
@@ -99,22 +100,22 @@ def device_free(d: DeviceUsage, cordoned: frozenset[str]) -> int:
 
 
 def numa_room(
-    entry: NodeNuma | None,
+    profile: NumaProfile | None,
+    ledger: NumaLedger | None,
     resource: str,
     hidden: Mapping[int, int] | None = None,
     omitted: Mapping[int, int] | None = None,
 ) -> tuple[NumaRoom, ...] | None:
     """Free and assignable exclusive CPUs and free ``resource`` replicas kubelet sees (at most
     :data:`~hamid.fit.fgd.REPLICAS_SEEN`; less the ``hidden`` ones and those the plugin leaves out
-    of its list, ``omitted``) by NUMA id from a node's ledger (None: not aligning)."""
-    if entry is None or entry.ledger is None or entry.profile is None:
+    of its list, ``omitted``) by NUMA id from a node's profile and ledger (None: not aligning)."""
+    if ledger is None or profile is None:
         return None
-    profile = entry.profile
     if profile.policies.cpu_manager_policy != "static" or profile.policies.topology_manager_policy == "none":
         return None
     topo = topology_of(profile)
-    free = entry.ledger.free_cpus
-    replicas = entry.ledger.device_counts(resource)
+    free = ledger.free_cpus
+    replicas = ledger.device_counts(resource)
     out = [NumaRoom(0, 0, 0)] * (max(profile.numa_nodes, default=-1) + 1)
     for numa, cpus in topo.cpus_of_numa.items():
         if 0 <= numa < len(out):
@@ -369,24 +370,9 @@ class FgdRanker:
         """The node's state, rebuilt only when it changed (call :meth:`sync` first)."""
         state = self._states.get(name)
         if state is None:
-            usage = entry.usage
-            gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
-            room = self.cpu_mem.room(name) or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
-            numa = self.numa
-            hidden = numa.hidden(name, usage)
-            ledger = numa.nodes.get(name)
-            rooms = numa_room(ledger, numa.resource, hidden, numa.omitted(name, usage))
-            profile = ledger.profile if ledger is not None else None
-            state = NodeState.of(
-                room.cpu,
-                room.memory_mib,
-                gpus,
-                rooms,
-                hide=numa.hide_rule(name),
-                rejects_unpreferred=rooms is not None
-                and profile is not None
-                and profile.policies.rejects_unpreferred,
-            )
+            numa = self.numa.nodes.get(name)
+            ledger = numa.ledger if numa is not None else None
+            state = self._state_of(name, entry.usage, self.cpu_mem.room(name), ledger)
             group = self._members.get(state)
             if group is None:
                 self._members[state] = (state, {name})
@@ -395,6 +381,36 @@ class FgdRanker:
                 group[1].add(name)
             self._states[name] = state
         return state
+
+    def own_state(self, name: str, entry: NodeEntry, uid: str, release: PodUsage) -> NodeState:
+        """The node's state as a pod filtered again sees it: its own booking there (GPUs
+        ``release``, CPU and memory, NUMA) free, as HAMi's policies score its own node (not kept)."""
+        usage = entry.usage.copy()
+        usage.remove(release)
+        numa = self.numa.nodes.get(name)
+        ledger = NumaLedgers.ledger_without(numa, uid) if numa is not None else None
+        return self._state_of(name, usage, self.cpu_mem.room(name, without=uid), ledger)
+
+    def _state_of(
+        self, name: str, usage: NodeUsage, room: CpuMem | None, ledger: NumaLedger | None
+    ) -> NodeState:
+        """A state of node ``name`` from its GPUs, CPU/memory room and NUMA ledger."""
+        gpus = (Gpu(device_free(d, usage.cordoned), d.numa, d.type.upper()) for d in usage.candidates)
+        room = room or CpuMem(_UNBOUNDED, _UNBOUNDED << 20)
+        numa = self.numa
+        entry = numa.nodes.get(name)
+        profile = entry.profile if entry is not None else None
+        rooms = numa_room(profile, ledger, numa.resource, numa.hidden(name, usage), numa.omitted(name, usage))
+        return NodeState.of(
+            room.cpu,
+            room.memory_mib,
+            gpus,
+            rooms,
+            hide=numa.hide_rule(name),
+            rejects_unpreferred=rooms is not None
+            and profile is not None
+            and profile.policies.rejects_unpreferred,
+        )
 
     def forget_node(self, name: str) -> None:
         """A node went, or its CPU/memory room or NUMA ledger changed: forget what is kept of it
@@ -588,9 +604,13 @@ def fgd_ranked(
     nodes: Mapping[str, NodeEntry],
     own: str | None,
     failed: dict[str, str],
+    uid: str,
+    release: PodUsage,
 ) -> tuple[list[tuple[float, str]], dict[str, Placement]]:
     """``(rank, name)`` ascending for the registered nodes (the index's live list: do not mutate;
-    the plan skips non-candidates), and the placement on ``own`` (the pod's booked node, if any).
+    the plan skips non-candidates), and the placement on ``own`` (the pod's booked node, if any),
+    judged with the pod's own booking there free (:meth:`FgdRanker.own_state`; ``release``: its
+    GPU usage), so a retry after a failed bind keeps the node the first filter chose.
 
     A candidate short of CPU or memory for the pod gets kube-scheduler's reason in ``failed`` (not
     ``own``, whose own request counts there); one where FGD finds no GPU room ranks last, so the
@@ -604,7 +624,8 @@ def fgd_ranked(
     placements: dict[str, Placement] = {}
     entry = nodes.get(own) if own is not None else None
     if own is not None and entry is not None:
-        placed = ranker.placement(own, ranker.node_state(own, entry), shape)
+        state = ranker.own_state(own, entry, uid, release)
+        placed = ranker.state_placement(state, shape)
         if placed is not None:
             placements[own] = placed
     return index.keys, placements

@@ -232,7 +232,8 @@ class Planner:
         passed: list[NodeEntry] = []  # best-first; only their reasons are needed when nothing fits
         backing_off = self.backoff.active(now, nodes)
         judged = len(walk.failed)
-        ranked, node_policy, own, prefer = self._ordering(pod, spec, position, own, walk.failed)
+        release = previous.applied if own is not None and previous is not None else {}
+        ranked, node_policy, own, prefer = self._ordering(pod, spec, position, own, release, walk.failed)
         # nodes short of CPU/memory for this pod say nothing about its GPU shape: not memoised
         memo = len(walk.failed) == judged
         for group in best_first(ranked, node_policy, position, own):
@@ -263,13 +264,15 @@ class Planner:
         spec: PodFitSpec,
         position: Mapping[str, int],
         own: tuple[float, str] | None,
+        release: PodUsage,
         failed: dict[str, str],
     ) -> tuple[list[tuple[float, str]], str, tuple[float, str] | None, Prefer | None]:
         """The ranking a plan walks, its direction, the own node's rank and the GPU order, per policy.
 
         HAMi's policies walk the score index; ``fgd`` walks the candidates by fragmentation gain
-        (highest first; nodes short of CPU or memory get kube-scheduler's reason in ``failed``)
-        and, as GPU policy, tries first the GPUs where the pod removes the most fragmentation.
+        (highest first; nodes short of CPU or memory get kube-scheduler's reason in ``failed``;
+        the own node judged with the pod's booking there, ``release``, free) and, as GPU policy,
+        tries first the GPUs where the pod removes the most fragmentation.
         """
         policy = spec.policy
         fgd_node, fgd_gpu = policy.node_policy == FGD, policy.gpu_policy.value == FGD
@@ -283,7 +286,9 @@ class Planner:
         placements: dict[str, Placement] = {}
         if fgd_node:
             own_name = own[1] if own is not None else None
-            ranked, placements = fgd_ranked(self.fgd, shape, position, self.ledger.nodes, own_name, failed)
+            ranked, placements = fgd_ranked(
+                self.fgd, shape, position, self.ledger.nodes, own_name, failed, objects.uid(pod), release
+            )
             node_policy = BINPACK  # highest gain first
             if own is not None:
                 gain = placements[own[1]].gain if own[1] in placements else -math.inf

@@ -34,12 +34,15 @@ class NodeCpuMem:
         #: Called with a node's name whenever its room changes (the ``fgd`` ranker's hook).
         self.on_change: Callable[[str], None] | None = None
 
-    def room(self, node: str) -> CpuMem | None:
-        """Allocatable minus requests (None: the node publishes no allocatable cpu/memory)."""
+    def room(self, node: str, without: str = "") -> CpuMem | None:
+        """Allocatable minus requests (None: the node publishes no allocatable cpu/memory), but
+        the request of pod ``without`` (a UID) if counted there."""
         allocatable = self._allocatable.get(node)
         if allocatable is None:
             return None
-        return allocatable - self._requested.get(node, CpuMem())
+        room = allocatable - self._requested.get(node, CpuMem())
+        counted = self._pods.get(without)
+        return room + counted[1] if counted is not None and counted[0] == node else room
 
     def requested(self, node: str) -> CpuMem:
         """The requests of the pods counted on ``node``."""

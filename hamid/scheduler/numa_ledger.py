@@ -102,6 +102,8 @@ class PodRecord:
     uid: str
     node: str
     source: Source
+    #: What the source says the pod holds; booked again on every rebuild (GPUs back from
+    #: unhealthy take a prediction again).
     usage: NumaUsage
     own: bool
     seq: int
@@ -113,7 +115,14 @@ class PodRecord:
     #: Other own pods predicted on the node and not yet observed when this one was booked.
     inflight_before: int = 0
     scored: bool = False
-    booked: bool = False
+    #: What the ledger holds for the pod: ``usage``, or a replay where that does not fit (its GPUs
+    #: unhealthy); None: not booked.
+    held: NumaUsage | None = None
+
+    @property
+    def booked(self) -> bool:
+        """Whether the ledger holds something for the pod."""
+        return self.held is not None
 
 
 @dataclass(slots=True)
@@ -279,14 +288,15 @@ def _placement_beyond(pod: Mapping[str, Any], placement: PodPlacement) -> str | 
     return None
 
 
-def _may_hold(pod: Mapping[str, Any], resources: frozenset[str]) -> bool:
-    """Whether a pod can hold exclusive CPUs or device replicas (only those are replayed)."""
+def _may_hold(pod: Mapping[str, Any], resource: str) -> bool:
+    """Whether a pod can hold exclusive CPUs or replicas of ``resource`` (only those are replayed:
+    on its node's ledger as it stands, or once its node arrives)."""
     spec = pod.get("spec") or {}
     guaranteed = True
     for c in itertools.chain(spec.get("initContainers") or (), spec.get("containers") or ()):
         res = c.get("resources") if isinstance(c, Mapping) else None
         limits = (res or {}).get("limits") or {} if isinstance(res, Mapping) else {}
-        if any(r in limits for r in resources):
+        if resource in limits:
             return True
         if "cpu" not in limits or "memory" not in limits:
             guaranteed = False
@@ -377,7 +387,7 @@ class NumaLedgers:
         entry.unbooked = 0
         profile = entry.profile
         for rec in entry.records.values():
-            rec.booked = False
+            rec.held = None
         if profile is None:
             entry.ledger = None
             return
@@ -414,7 +424,7 @@ class NumaLedgers:
             return
         try:
             ledger.apply(rec.usage)
-            rec.booked = True
+            rec.held = rec.usage
             return
         except InvalidInput:
             pass
@@ -422,7 +432,7 @@ class NumaLedgers:
             replayed = self._replay_usage(entry, rec.pod)
             try:
                 ledger.apply(replayed)
-                rec.usage, rec.booked = replayed, True
+                rec.held = replayed
                 return
             except InvalidInput:
                 pass
@@ -434,13 +444,13 @@ class NumaLedgers:
 
     def _unbook(self, entry: NodeNuma, rec: PodRecord) -> None:
         self._changed(entry)
-        if rec.booked and entry.ledger is not None:
+        if rec.held is not None and entry.ledger is not None:
             try:
-                entry.ledger.release(rec.usage)
+                entry.ledger.release(rec.held)
             except InvalidInput:  # cannot happen for a booked record; rebuild to be exact
                 self._rebuild(entry)
-            rec.booked = False
-        elif not rec.booked and entry.unbooked > 0:
+            rec.held = None
+        elif rec.held is None and entry.unbooked > 0:
             entry.unbooked -= 1
 
     def _replay_usage(self, entry: NodeNuma, pod: PodBody) -> NumaUsage:
@@ -482,10 +492,10 @@ class NumaLedgers:
             return
         if current is not None and current.source is Source.PREDICTED and not bound:
             return  # the filter's own booking, its patch not seen yet
-        if bound and bound in self.nodes and _may_hold(pod, frozenset(self.nodes[bound].totals)):
+        if bound and _may_hold(pod, self.resource):
             if current is not None and current.source is Source.REPLAY and current.node == bound:
                 return
-            entry = self.nodes[bound]
+            entry = self.nodes.setdefault(bound, NodeNuma(bound))
             rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, pod), own, 0, pod)
             self._put(rec)
             if not own:
@@ -508,9 +518,9 @@ class NumaLedgers:
         entry = self.nodes[node]
         rec = entry.records.pop(uid, None)
         if rec is not None:
-            held = rec.booked
+            booked = rec.booked
             self._unbook(entry, rec)
-            if held and entry.unbooked:  # what it held may be what a record left unbooked needs
+            if booked and entry.unbooked:  # what it held may be what a record left unbooked needs
                 self._rebuild(entry)
             self._forget_if_empty(entry)
         return rec
@@ -619,7 +629,7 @@ class NumaLedgers:
         omitted = self._omitted_for(pod, self.omitted(node, usage), usage)
         own = entry.records.get(uid)
         if own is not None and own.booked and entry.ledger is not None:
-            ledger = self._ledger_without(entry, uid)
+            ledger = self.ledger_without(entry, uid)
             visible = ledger.hiding(self.resource, hidden, omitted) if ledger is not None else None
             return _named(predict(entry.profile, visible, pod, now=now), pod)
         key = (entry.memo_key(), tuple(sorted(hidden.items())), tuple(sorted(omitted.items())), shape)
@@ -699,7 +709,7 @@ class NumaLedgers:
         # once bound, the pod's booking is pending: the plugin keeps the replicas it needs offered
         keep = Counter(d.uuid for container in devices for d in container)
         view = PluginView(self.resource, gpu_replicas(usage, rule, keep), devices) if preferred else None
-        ledger = self._ledger_without(entry, uid)
+        ledger = self.ledger_without(entry, uid)
         visible = (
             ledger.hiding(self.resource, self.hidden(node, usage, keep), self.omitted(node, usage, keep))
             if ledger is not None
@@ -708,13 +718,13 @@ class NumaLedgers:
         return _named(predict(entry.profile, visible, pod, now=self.clock(), plugin=view), pod)
 
     @staticmethod
-    def _ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
+    def ledger_without(entry: NodeNuma, uid: str) -> NumaLedger | None:
         """The node's ledger without the pod's own booking (a copy when it has one)."""
         own = entry.records.get(uid)
-        if own is None or not own.booked or entry.ledger is None:
+        if own is None or own.held is None or entry.ledger is None:
             return entry.ledger
         ledger = entry.ledger.copy()
-        ledger.release(own.usage)
+        ledger.release(own.held)
         return ledger
 
     def book(self, uid: str, node: str, prediction: Prediction, pod: PodBody) -> Callable[[], None]:
@@ -779,7 +789,9 @@ def _moved(entry: NodeNuma, rec: PodRecord, container: int, numa: int, resource:
     cpus = c.cpus
     numa_cpus = entry.profile.cpus_of_numa(numa)
     if cpus and not cpus <= numa_cpus and entry.ledger is not None:
-        free = (entry.ledger.free_cpus | (cpus if rec.booked else frozenset())) & numa_cpus
+        free = (
+            entry.ledger.free_cpus | (cpus & rec.held.cpus if rec.held is not None else frozenset())
+        ) & numa_cpus
         topo = topology_of(entry.profile)
         taken = take_cpus(topo, free, len(cpus), Packing.of(entry.profile.policies, topo.cpus_per_core))
         cpus = taken if taken is not None else cpus

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from hamid.fit.fgd import Workload, parse_workload
+from hamid.fit.fgd import HALF_LIFE_RANGE, Workload, check_half_life, parse_workload
 from hamid.fit.policy import GPU_POLICIES, NODE_POLICIES
 from hamid.listen import LISTEN
 from hamid.log import get_logger
@@ -128,14 +128,12 @@ def load_fgd_workload_file(path: str) -> Workload | None:
     return parse_workload(load_yaml(text, path))
 
 
-def _positive_float(text: str) -> float:
+def _half_life(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise InvalidInput(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise InvalidInput(f"{text!r} must be a positive number")
-    return value
+    return check_half_life(value)
 
 
 def _gpu_policy(text: str) -> str:
@@ -179,9 +177,10 @@ SETTINGS_FLAGS = {
         show=_no_default,
     ),
     "fgd_half_life": Opt(
-        "Pods after which a shape the fgd policy learned weighs half as much as a new one.",
+        "Pods after which a shape the fgd policy learned weighs half as much as a new one "
+        f"({HALF_LIFE_RANGE[0]:g} to {HALF_LIFE_RANGE[1]:,.0f}).",
         flag="--fgd-half-life",
-        parse=_positive_float,
+        parse=_half_life,
     ),
     "schedule_cpu_pods": Opt(
         "The webhook also sets --scheduler-name on pods without GPUs, so that the fgd node policy "

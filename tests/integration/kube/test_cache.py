@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache, trim_pod
+from hamid.kube.cache import NodeCache, PodCache, ResourceQuotaCache, WatchCache, creation_order, trim_pod
 from hamid.kube.client import RESOURCE_QUOTAS, KubeClient, connect
 from hamid.kube.errors import Timeout
 from hamid.model.kube import Pod
@@ -53,6 +53,26 @@ async def test_sync_and_callbacks(kube: KubeClient) -> None:
         assert [p["metadata"]["name"] for p in cache.values()] == ["before"]
         assert cache.keys() == ["default/before"]
         task.cancel()
+
+
+async def test_a_list_is_told_oldest_first_not_in_key_order(kube: KubeClient) -> None:
+    """The API server lists by namespace/name; a consumer weighing what it saw by recency (fgd's
+    learned workload) must see a list as the watch told it: by creation (then resourceVersion)."""
+    for name in ("z", "m", "a"):
+        await kube.create_pod(pod(name))
+    cache, rec = recorded_cache(PodCache, kube)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(cache.run())
+        await cache.wait_synced(10)
+        assert [key for kind, key, _ in rec.events if kind == "add"] == [
+            "default/z",
+            "default/m",
+            "default/a",
+        ]
+        task.cancel()
+    older = {"metadata": {"name": "b", "creationTimestamp": "2024-01-01T00:00:00Z", "resourceVersion": "90"}}
+    newer = {"metadata": {"name": "a", "creationTimestamp": "2024-01-01T00:00:01Z", "resourceVersion": "10"}}
+    assert creation_order(older) < creation_order(newer)
 
 
 async def test_records_are_trimmed(kube: KubeClient) -> None:

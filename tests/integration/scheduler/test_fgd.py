@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import time
 
 from hamid.fit.fgd import Shape, parse_workload
@@ -119,11 +120,70 @@ async def test_a_restarted_scheduler_rebuilds_the_workload_from_its_cache() -> N
         options = loopback_options(env.server, settings=SchedulerSettings(node_policy="fgd"))
         async with running_app(options) as restarted:
             fgd = restarted.scheduler.fgd
-            assert fgd.histogram.observed == 4  # the cache lists pods in its own order: decay differs a hair
+            assert fgd.histogram.observed == 4
             fgd.ranking(SHARE, restarted.scheduler.ledger.nodes)
             assert {s: round(p, 3) for s, p in fgd.workload.shapes} == {
                 s: round(p, 3) for s, p in learned.items()
             }
+
+
+async def test_a_restart_relearns_the_workload_in_creation_order_whatever_the_names() -> None:
+    """The API server lists pods by namespace/name; the cache tells a list oldest first, so a
+    restarted scheduler weighs pods by age as the live one did, not by name (older 20 % shares
+    named z-*, newer 70 % ones a-*: in list order the two flipped, 89 % / 11 %)."""
+    settings = SchedulerSettings(node_policy="fgd", fgd_half_life=20)
+    async with running_scheduler(settings) as env:
+        for name, cores in [(f"z-{i:02}", 20) for i in range(40)] + [(f"a-{i:02}", 70) for i in range(40)]:
+            env.server.put(
+                {"apiVersion": "v1", "kind": "Pod", **pod(name, containers=[container("c", 1, 1000, cores)])}
+            )
+        await wait_for(lambda: env.scheduler.fgd.histogram.observed == 80)
+        live = env.scheduler.fgd.histogram.weights()
+        assert max(live, key=live.__getitem__).share == 700
+        async with running_app(loopback_options(env.server, settings=settings)) as restarted:
+            again = restarted.scheduler.fgd.histogram.weights()
+        assert again.keys() == live.keys()
+        assert all(math.isclose(again[s], live[s], rel_tol=0.01) for s in live)  # "a hair"
+
+
+async def test_a_pod_filtered_again_keeps_the_node_its_first_filter_chose() -> None:
+    """kube-scheduler filters a pod again after a failed bind, its first booking still standing:
+    its own node is judged with that booking free, as HAMi's policies do (it hopped n1 -> n2 ->
+    n1: n1's one GPU full of the pod itself ranked last)."""
+    whole = parse_workload([{"cpu": "1", "gpus": 1, "gpuShare": 100}])
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=whole)
+    async with running_scheduler(settings) as env:
+        env.add_node("n1", gpus=1)  # a whole-GPU pod fills it exactly
+        env.add_node("n2", gpus=2)
+        await wait_for(lambda: {"n1", "n2"} <= env.scheduler.ledger.nodes.keys())
+        p = await env.create_pod(pod("p", containers=[container("c", 1, 8000, 100)]))
+        answers = [(await env.filter(p, ["n1", "n2"]))["NodeNames"] for _ in range(3)]
+        assert answers == [["n1"]] * 3
+
+
+async def test_a_pods_own_node_is_judged_without_its_gpu_cpu_and_numa_booking() -> None:
+    aligned = parse_workload([{"cpu": "2", "gpus": 1, "gpuShare": 100, "aligned": True}])
+    settings = SchedulerSettings(node_policy="fgd", gpu_policy="fgd", fgd_workload=aligned)
+    async with running_scheduler(settings) as env:
+        body = numa_node("n1")
+        body["metadata"]["annotations"][NUMA_PROFILE] = encode_profile(
+            dataclasses.replace(PROFILE, observed_at=int(time.time()))
+        )
+        body["status"]["allocatable"] |= {"cpu": "8", "memory": "16Gi"}
+        env.server.put({"apiVersion": "v1", "kind": "Node", **body})
+        await wait_for(lambda: env.scheduler.numa.free_cpus("n1") is not None)
+        await wait_for(lambda: env.scheduler.cpu_mem.room("n1") is not None)
+        fgd, entry = env.scheduler.fgd, env.scheduler.ledger.nodes["n1"]
+        fgd.sync()
+        idle = fgd.node_state("n1", entry)
+        p = await env.create_pod(numa_pod("x", mem=8000))
+        assert (await env.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+        fgd.sync()
+        booked = fgd.node_state("n1", entry)
+        assert booked.cpu < idle.cpu and booked.frees != idle.frees and booked.numa != idle.numa
+        reservation = env.scheduler.ledger.reservation(p["metadata"]["uid"])
+        assert reservation is not None
+        assert fgd.own_state("n1", entry, p["metadata"]["uid"], reservation.applied) == idle
 
 
 async def test_schedule_cpu_pods_routes_pods_without_gpus_to_hamid() -> None:

@@ -18,7 +18,7 @@ import yaml
 from cryptography import x509
 
 from hamid.cli import cli
-from hamid.fit.fgd import parse_workload
+from hamid.fit.fgd import HALF_LIFE_RANGE, check_half_life, parse_workload
 from hamid.model import annotations as ann
 from hamid.model.mig import AllowedMigProfiles
 from hamid.model.nodeconfig import NodeConfig, resolve_node_config
@@ -842,6 +842,20 @@ def test_hamis_node_label_selector_and_force_overwrite_reach_the_scheduler() -> 
     defaults, args = settings(rendered("defaults"))
     assert args == ["--force-overwrite-default-scheduler"]  # HAMi's default, and every node
     assert defaults.force_overwrite_default_scheduler is True and defaults.node_label_selector.pairs == ()
+
+
+def test_schema_takes_the_fgd_half_lives_the_scheduler_takes() -> None:
+    """Out of ``HALF_LIFE_RANGE`` the scheduler would not start: the chart refuses it first."""
+    for absurd in (0.01, 1e-300, 1e13):
+        with pytest.raises(helm_python.HelmError, match="halfLife"):
+            render({"scheduler": {"fgd": {"halfLife": absurd}}})
+    for edge in HALF_LIFE_RANGE:
+        args = flag_values(
+            container(
+                render({"scheduler": {"fgd": {"halfLife": edge}}}).get("Deployment", SCHED), "hamid-scheduler"
+            )["args"]
+        )
+        assert check_half_life(float(args["--fgd-half-life"])) == edge
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ from hamid.fit import fgd
 from hamid.fit.fgd import (
     EMPTY,
     GAIN_STEP,
+    HALF_LIFE_RANGE,
+    TYPICAL_SHAPES,
     UNALIGNED,
     Gpu,
     NodeState,
@@ -242,6 +244,36 @@ def test_histogram_covers_the_most_frequent_shapes() -> None:
     assert [s.share for s, _ in histogram.typical().shapes] == [500]
     with pytest.raises(InvalidInput, match="half-life"):
         ShapeHistogram(half_life=0)
+
+
+@pytest.mark.parametrize("half_life", [1e-300, 0.01, 0.5, 1e13, math.inf, math.nan])
+def test_a_half_life_outside_its_range_is_refused_naming_the_range(half_life: float) -> None:
+    """1e-300 overflowed the decay factor; 0.01 dropped every pod at the first rescale (an empty
+    workload for good); past 10^12 the decay nears float precision."""
+    with pytest.raises(InvalidInput, match=r"must be 1 to 1,000,000,000,000 pods"):
+        ShapeHistogram(half_life=half_life)
+
+
+def test_the_shortest_half_life_still_learns_the_newest_pods() -> None:
+    histogram = ShapeHistogram(half_life=HALF_LIFE_RANGE[0])
+    for _ in range(500):  # many rescales
+        histogram.observe(WHOLE_1)
+    histogram.observe(HALF)
+    assert {s.share for s, _ in histogram.typical().shapes} == {500, 1000}
+
+
+def test_the_typical_workload_keeps_at_most_typical_shapes() -> None:
+    """A long tail of unique shapes (one tenant's per-job sizes) would pull thousands into the
+    95 %, each fragmentation a pass over them: the most frequent TYPICAL_SHAPES are kept."""
+    histogram = ShapeHistogram(half_life=1e9)
+    for _ in range(800):
+        histogram.observe(HALF)
+    for i in range(1000):
+        histogram.observe(Shape(1000, 1024, 1, 500, (f"X{i}",)))
+    typical = histogram.typical()
+    assert len(typical.shapes) == TYPICAL_SHAPES
+    assert max(typical.shapes, key=lambda entry: entry[1])[0] == HALF
+    assert math.isclose(sum(p for _, p in typical.shapes), 1.0)
 
 
 def test_a_histogram_of_ever_new_shapes_stays_bounded_and_learns_the_same_workload(

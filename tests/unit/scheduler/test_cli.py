@@ -126,12 +126,12 @@ def test_fgd_policy_flags_and_pinned_workload(monkeypatch: pytest.MonkeyPatch, t
         ["--allow-unsigned-allocations", "--fgd-workload-file", str(tmp_path / "none.yaml")],
     )
     assert missing.exit_code == 2 and "cannot read" in missing.output
-    assert (
-        runner.invoke(
-            cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-half-life", "0"]
-        ).exit_code
-        == 2
-    )
+    for absurd in ("0", "1e-300", "0.01", "1e13"):  # 1e-300 overflowed; 0.01 learned nothing
+        refused = runner.invoke(
+            cli.scheduler_command, ["--allow-unsigned-allocations", "--fgd-half-life", absurd]
+        )
+        assert refused.exit_code == 2 and "Traceback" not in refused.output
+        assert "--fgd-half-life: the fgd half-life must be 1 to 1,000,000,000,000 pods" in refused.output
     assert len(seen) == 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -329,6 +330,42 @@ def test_a_terminal_pod_frees_its_booking_at_once() -> None:
     done = {**foreign, "status": {"phase": "Succeeded"}}
     scheduler._pod_updated(foreign, done)
     assert scheduler.numa.free_cpus("n1") == frozenset(range(1, 8))
+
+
+def test_a_bound_pod_listed_before_its_node_is_replayed_once_the_node_comes() -> None:
+    """A restart may list pods before nodes: a bound pod without a placement (another scheduler's,
+    before the node agent annotates it) is replayed when its node arrives, not dropped."""
+    scheduler, _ = _scheduler(_node())
+    foreign = _pod("f", cpus=2, scheduler="default-scheduler", node="n1")
+    foreign["status"]["phase"] = "Running"
+    scheduler._pod_seen(foreign)
+    want = scheduler.numa.free_cpus("n1"), scheduler.numa.nodes["n1"].ledger.device_counts(GPU)
+    assert want[0] is not None and len(want[0]) == 5  # its 2 exclusive CPUs of the 7 assignable
+    restarted = NumaLedgers("hami-scheduler", GPU, lambda: float(NOW), booked_on=scheduler._booked_on)
+    restarted.on_pod(foreign)  # the pod list first
+    restarted.on_node(_node(), scheduler.ledger.nodes["n1"].infos)
+    assert (restarted.free_cpus("n1"), restarted.nodes["n1"].ledger.device_counts(GPU)) == want
+    assert _source(restarted, "uid-f") == Source.REPLAY
+
+
+def test_a_gpu_health_flap_gives_a_prediction_its_booking_back() -> None:
+    """Every GPU unhealthy, then healthy again (an XID flap): the pod's ``numa-predicted`` booking
+    holds again, as a restarted scheduler books it from the same annotation (it was replayed as
+    nothing while its replicas were unhealthy, and that empty booking kept for good)."""
+    scheduler, _ = _scheduler(_node())
+    scheduler._pod_seen(_filtered(scheduler, "p"))
+    entry = scheduler.numa.nodes["n1"]
+    assert entry.ledger is not None
+    want = entry.ledger.free_cpus, entry.ledger.device_counts(GPU)
+    sick = _node()
+    gpus = [dataclasses.replace(_gpu(f"n1-g{i}", i, i), health=False) for i in range(2)]
+    sick["metadata"]["annotations"][ann.NODE_REGISTER] = ann.encode_node_devices(gpus)
+    scheduler._node_seen(sick)
+    scheduler._node_seen(_node())
+    assert entry.ledger is not None
+    assert (entry.ledger.free_cpus, entry.ledger.device_counts(GPU)) == want
+    rec = entry.records["uid-p"]
+    assert rec.source is Source.PREDICTED and rec.held == rec.usage
 
 
 def test_a_replayed_pod_is_kept_as_what_the_predictor_reads() -> None:
