@@ -142,6 +142,7 @@ def test_common_keys_render() -> None:
                 "updateStrategy": {"type": "Recreate"},
                 "resources": {"limits": {"memory": "512Mi"}},
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                "kubeScheduler": {"securityContext": {"runAsUser": None, "runAsGroup": None}},
             },
             "devicePlugin": {
                 "podAnnotations": {"b": "2"},
@@ -165,6 +166,8 @@ def test_common_keys_render() -> None:
     # Helm merges maps: the given keys win, the restricted defaults stay (null removes one)
     assert hamid["securityContext"]["runAsUser"] == 1000
     assert hamid["securityContext"]["readOnlyRootFilesystem"] is True
+    kube = container(deploy, "kube-scheduler")["securityContext"]  # OpenShift assigns the user
+    assert "runAsUser" not in kube and "runAsGroup" not in kube and kube["runAsNonRoot"] is True
     plugin = container(ds, "device-plugin")
     assert plugin["args"][-1] == "--device-plugin-dir=/var/lib/kubelet/device-plugins/"
     assert plugin["resources"] == {"requests": {"cpu": "50m"}} and "readinessProbe" not in plugin
