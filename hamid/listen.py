@@ -84,6 +84,7 @@ class _ClientFaults(logging.Filter):
             record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {detail}", None
             record.exc_info = record.exc_text = None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return logging.getLogger(record.name).isEnabledFor(logging.WARNING)  # as if logged so
         return True
 
 

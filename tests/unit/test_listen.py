@@ -95,6 +95,24 @@ async def test_a_clients_bad_request_is_one_warning_without_a_traceback(
     assert "Content-Length: abc" in records[1].getMessage()
 
 
+async def test_a_clients_bad_request_is_not_logged_under_a_level_above_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lowered to a warning after aiohttp's level check, it was still printed under ``error``."""
+    app = web.Application()
+    caplog.set_level(logging.DEBUG)  # the capture takes anything that reaches it
+    server_log = logging.getLogger("aiohttp.server")
+    level = server_log.level
+    server_log.setLevel(logging.ERROR)  # as --log-level error sets the root's
+    runner, port = await serve(app, "127.0.0.1:0")
+    try:
+        assert (await _raw(port, b"GET x HTTP/1.1\r\nHost: h\r\n\r\n")).split(b" ", 2)[1] == b"400"
+    finally:
+        await runner.cleanup()
+        server_log.setLevel(level)
+    assert [r for r in caplog.records if r.name == "aiohttp.server"] == []
+
+
 def test_library_records_are_one_line_in_the_configured_format(capsys: pytest.CaptureFixture[str]) -> None:
     """A library's record (stdlib logging) is one JSON line like hamid's own, its logger as
     ``component``, its traceback inside the line; configuring twice installs one handler."""
