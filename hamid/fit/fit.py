@@ -17,7 +17,7 @@ import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hamid.fit.mig import next_candidate, select_candidate
@@ -76,6 +76,16 @@ class Quota:
         if self.mem_limit is not None and self.used_mem + mem > self.mem_limit:
             return False
         return self.cores_limit is None or self.used_cores + cores <= self.cores_limit
+
+    def keeping(self, mem: int, cores: int) -> Quota:
+        """This headroom for a pod that replaces a booking counting ``mem``/``cores``: a limit the
+        namespace exceeds with that booking (a quota lowered later) stands at that usage, so only
+        growth is refused; a replacement that grows nothing is never refused for the quota."""
+        return replace(
+            self,
+            mem_limit=None if self.mem_limit is None else max(self.mem_limit, self.used_mem + mem),
+            cores_limit=None if self.cores_limit is None else max(self.cores_limit, self.used_cores + cores),
+        )
 
     @property
     def limited(self) -> bool:

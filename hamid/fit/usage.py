@@ -496,11 +496,12 @@ def overcommit_refusal(
     kinds: Sequence[ContainerKind],
     devices: Mapping[str, DeviceUsage],
     mig: Sequence[MigAllocation] = (),
+    init_released: bool = False,
 ) -> str:
-    """Why booking ``layout`` (with its MIG reservations ``mig``) beside what ``devices`` already
-    book would over-commit a GPU ("" when it fits: slots, memory and cores within the registered
-    capacity)."""
-    for uuid, amount in effective_pod_usage(layout, kinds, mig=mig).items():
+    """Why booking ``layout`` (with its MIG reservations ``mig``; its init containers' only while
+    they run, as :func:`effective_pod_usage`) beside what ``devices`` already book would
+    over-commit a GPU ("" when it fits: slots, memory and cores within the registered capacity)."""
+    for uuid, amount in effective_pod_usage(layout, kinds, init_released, mig).items():
         dev = devices.get(uuid)
         if dev is None:
             continue

@@ -75,6 +75,12 @@ Undo = Callable[[], None]
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _DELETED_MEMORY = 10_000
+#: How long an undecided refit's hold waits for its pod to change before a reconcile that lists
+#: the pod unchanged settles it as not applied: well past the API server's request timeout
+#: (kube-apiserver ``--request-timeout``, 60 s by default), by which a write whose client gave up
+#: has been applied or dropped; without a bound, the hold of a pod that never changes would
+#: book its GPUs twice until the pod ends.
+UNDECIDED_HOLD_S = 300.0
 
 
 def _noop() -> None:
@@ -120,10 +126,11 @@ class Reservation:
 class Hold:
     """Usage booked for pod ``uid`` beyond its reservation while a write about it is undecided.
 
-    A refit books the pod's old GPUs (``amounts`` on ``node``) and the larger of its old and new
-    quota usage (``mem``/``cores`` more on ``namespace``) until its patch is decided. ``after``
-    is None while the refit decides itself; once set, the first pod event newer than that
-    resourceVersion (or the pod's delete, or a reconcile list newer than it) decides instead.
+    A refit books the pod's old GPUs (``amounts`` on ``node``, of allocation ``kept``, booked
+    when the hold was made) and the larger of its old and new quota usage (``mem``/``cores`` more
+    on ``namespace``) until its patch is decided. ``after`` is None while the refit decides
+    itself; once set (at ``unknown_since``), the first pod event newer than that resourceVersion
+    decides instead, or the pod's delete, or a reconcile (:meth:`Ledger.settle_holds`).
     """
 
     uid: str
@@ -132,8 +139,15 @@ class Hold:
     namespace: str
     mem: int
     cores: int
+    kept: str = ""
     after: str | None = None
+    unknown_since: float = 0.0
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
+
+
+def _quota_usage(res: Reservation) -> tuple[int, int]:
+    """(memory, cores) reservation ``res`` counts against its namespace's quota."""
+    return pod_quota_usage(res.layout, res.kinds, res.init_released, res.mig)
 
 
 def _mig_text(value: str | None) -> str:
@@ -211,7 +225,8 @@ class Ledger:
         self._touched: dict[str, int] = {}
 
     def blank_copy(self) -> Ledger:
-        """A quiet ledger with this one's config, clock and registered nodes, no usage or pods."""
+        """A quiet ledger with this one's config, clock, registered nodes, quota limits and holds
+        (never settled there), no pods: it judges room as this one does."""
         copy = Ledger(
             self.config,
             self.clock,
@@ -222,6 +237,10 @@ class Ledger:
             accept_unsigned=self.accept_unsigned,
         )
         copy.placed = set(self.placed)
+        copy.quotas = self.quotas.blank_copy()
+        for holds in self._holds.values():
+            for h in holds:
+                copy.hold(h.uid, h.node, h.amounts, h.namespace, h.mem, h.cores)
         return copy
 
     # -- views --------------------------------------------------------------------------------------
@@ -519,7 +538,7 @@ class Ledger:
         if not uid:
             return
         current = self._reservations.get(uid)
-        settled = bool(self._holds) and self._settle_hold(uid, objects.resource_version(pod))
+        kept = self._settle_hold(uid, objects.resource_version(pod)) if self._holds else frozenset()
         if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
             self._forget(uid, current)
             return
@@ -539,9 +558,10 @@ class Ledger:
             if current is not None:
                 self._disagree(pod, current, node, raw, "the allocation annotations were removed")
             return
-        issued = self._claim(pod, node, raw, signature, mig, current, settled)
+        rollback = (node, raw) in kept
+        issued = self._claim(pod, node, raw, signature, mig, current, rollback)
         if issued is not None:
-            self._book(pod, node, raw, mig, issued, current, settled)
+            self._book(pod, node, raw, mig, issued, current, rollback)
 
     def _allocation(self, pod: PodBody) -> tuple[str | None, str | None, str | None, str]:
         """(node, allocation, signature, MIG reservations) the pod names: its annotations', or the
@@ -600,25 +620,25 @@ class Ledger:
         signature: str | None,
         mig: str,
         current: Reservation | None,
-        settled: bool,
+        rollback: bool,
     ) -> int | None:
         """When the allocation ``raw`` the pod names now was signed (0: unsigned) if it may be
         booked; None (reported) when it is foreign or disagrees with the booking.
 
         With a key ring, only a verified signature books a pod without a booking (or, with
         ``accept_unsigned``, no signature at all), and only one signed after the booked allocation
-        replaces a booking (another replica's refit, where it fits: :meth:`_book`; or any the pod's
-        first event decides after this scheduler's undecided refit). Without one, a booking is never
-        replaced from a pod.
+        replaces a booking (another replica's refit, where it fits: :meth:`_book`), or the
+        ``rollback`` of this replica's undecided refit the pod's event decided. Without one, a
+        booking is replaced from a pod only by such a rollback.
         """
         uid = objects.uid(pod)
         signed = self.keys.verify(uid, node, raw, signature, mig) if self.keys is not None else None
         if self.keys is None:
-            if current is None or settled:
+            if current is None or rollback:
                 return 0
             why = "a booking changes only through the scheduler's own filter, bind, refit or release"
         elif signed is not None:
-            if current is None or settled or signed.issued > current.issued:
+            if current is None or rollback or signed.issued > current.issued:
                 return signed.issued
             why = "it is signed no later than the booked allocation (a replayed allocation)"
         elif signature is None:
@@ -657,13 +677,13 @@ class Ledger:
         mig_text: str,
         issued: int,
         current: Reservation | None,
-        settled: bool,
+        rollback: bool,
     ) -> None:
         """Book the allocation ``raw`` and MIG reservations ``mig_text`` the pod names on ``node``
         (if it may book; a refused replacement leaves ``current`` booked).
 
-        ``settled``: this replica's refit just held room for both of its outcomes until this event
-        decided between them, so no room is judged.
+        ``rollback``: the pod names the old allocation of this replica's refit, whose GPUs its hold
+        kept until this event decided the refit was not applied, so no room is judged.
         """
         try:
             layout: PodDevices = tuple(ann.decode_pod_devices(raw))
@@ -673,9 +693,9 @@ class Ledger:
             return
         uid = objects.uid(pod)
         refusal = booking_refusal(self, pod, node, layout) or mig_refusal(layout, mig)
-        if not refusal and not settled:
+        if not refusal and not rollback:
             self._remove(uid)  # judged beside the other bookings, not beside its own
-            refusal = self._room_refusal(pod, node, layout, mig, replaces=current is not None)
+            refusal = self._room_refusal(pod, node, layout, mig, current)
             if refusal and current is not None:
                 self._insert(current)
                 refusal = f"{refusal}; {current.node}: {current.raw} stays booked"
@@ -703,7 +723,12 @@ class Ledger:
         self.coordination.notify(node)
 
     def _room_refusal(
-        self, pod: PodBody, node: str, layout: PodDevices, mig: tuple[MigAllocation, ...], replaces: bool
+        self,
+        pod: PodBody,
+        node: str,
+        layout: PodDevices,
+        mig: tuple[MigAllocation, ...],
+        replaces: Reservation | None,
     ) -> str:
         """Why booking ``layout`` beside the other bookings would over-commit a GPU (its MIG
         placements too) or the namespace's GPU quota ("" when it fits).
@@ -715,15 +740,19 @@ class Ledger:
         bound past a GPU's capacity and past the quota; a refit was booked at 60,000 of 40,000
         MiB). Refused, a replacement keeps the earlier booking (where the container may still
         run) and a first booking books nothing, so its bind fails and kube-scheduler filters the
-        pod again. A bound pod's first booking is booked as it runs.
+        pod again. A bound pod's first booking is booked as it runs. Judged as the booking would
+        be: init containers only while they run; against the quota, only what the namespace's
+        usage grows by replacing the booking ``replaces`` (its own, taken off meanwhile).
         """
-        if not replaces and objects.section(pod, "spec").get("nodeName"):
+        if replaces is None and objects.section(pod, "spec").get("nodeName"):
             return ""
         kinds = container_kinds(pod)
+        released = init_containers_succeeded(pod)
         namespace = objects.namespace(pod)
         quota = self.fit_quota(namespace)
-        mem, cores = pod_quota_usage(layout, kinds, init_containers_succeeded(pod), mig)
-        if quota is not None and not quota.fits(mem, cores):
+        mem, cores = pod_quota_usage(layout, kinds, released, mig)
+        booked = (0, 0) if replaces is None else _quota_usage(replaces)
+        if quota is not None and not quota.keeping(*booked).fits(mem, cores):
             return (
                 f"namespace {namespace} books {quota.used_mem} MiB, {quota.used_cores} % of its GPU "
                 f"quota (limits {quota.mem_limit} MiB, {quota.cores_limit} %): {mem} MiB, "
@@ -732,10 +761,10 @@ class Ledger:
         entry = self.inventory.nodes.get(node)
         if entry is None:
             return ""
-        refusal = overcommit_refusal(layout, kinds, entry.usage.by_id, mig)
+        refusal = overcommit_refusal(layout, kinds, entry.usage.by_id, mig, released)
         if refusal or not mig:
             return refusal
-        usage = with_mig(effective_pod_usage(layout, kinds, mig=mig), layout, mig, entry.usage.by_id)
+        usage = with_mig(effective_pod_usage(layout, kinds, released, mig), layout, mig, entry.usage.by_id)
         return "; ".join(entry.usage.mig_problems(usage))
 
     def _report(
@@ -802,12 +831,12 @@ class Ledger:
         used_mem, used_cores = self.quotas.used(namespace)
         res = self._reservations.get(exclude_uid) if exclude_uid else None
         if res is not None and res.namespace == namespace:
-            mem, core = pod_quota_usage(res.layout, res.kinds, res.init_released, res.mig)
+            mem, core = _quota_usage(res)
             used_mem, used_cores = used_mem - mem, used_cores - core
         return Quota(limits[0], limits[1], used_mem, used_cores)
 
     def _quota_add(self, res: Reservation, sign: int) -> None:
-        mem, cores = pod_quota_usage(res.layout, res.kinds, res.init_released, res.mig)
+        mem, cores = _quota_usage(res)
         self.quotas.shift(res.namespace, sign * mem, sign * cores)
 
     # -- holds -------------------------------------------------------------------------------------
@@ -822,7 +851,9 @@ class Ledger:
         A refit holds the pod's old GPUs and the larger of its old and new quota usage while its
         patch is undecided, so a filter meanwhile takes nothing a rollback would need.
         """
-        h = Hold(uid, node, dict(amounts), namespace, mem, cores)
+        res = self._reservations.get(uid)
+        kept = res.raw if res is not None and res.node == node else ""
+        h = Hold(uid, node, dict(amounts), namespace, mem, cores, kept)
         self._holds.setdefault(uid, []).append(h)
         entry = self.inventory.nodes.get(node)
         if entry is not None:
@@ -848,6 +879,7 @@ class Ledger:
     def settle_on_event(self, h: Hold, after: str) -> None:
         """Let the pod's first event newer than resourceVersion ``after`` release ``h``."""
         h.after = after
+        h.unknown_since = self.clock()
 
     def holds(self, uid: str) -> tuple[Hold, ...]:
         """The holds booked for pod ``uid``."""
@@ -857,23 +889,44 @@ class Ledger:
         """Whether a hold is booked on ``node``."""
         return any(h.node == node for holds in self._holds.values() for h in holds)
 
-    def _settle_hold(self, uid: str, version: str) -> bool:
-        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`)."""
-        settled = False
+    def _settle_hold(self, uid: str, version: str) -> frozenset[tuple[str, str]]:
+        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`);
+        the (node, allocation) each kept, which the event may name as the refit's rollback."""
+        kept: set[tuple[str, str]] = set()
         for h in list(self._holds.get(uid, ())):
             if h.after is not None and newer_than(version, h.after):
                 self.release_hold(h)
-                settled = True
-        return settled
+                kept.add((h.node, h.kept))
+        return frozenset(kept)
 
-    def settle_holds(self, list_version: str) -> list[str]:
-        """Release the event-settled holds a list at ``list_version`` decides; their pod UIDs."""
+    def settle_holds(self, list_version: str, listed: Mapping[str, PodBody]) -> list[str]:
+        """Release the event-settled holds a list at ``list_version`` (pods by UID) decides; their
+        pod UIDs. As an event would: the pod is listed changed since the hold's precondition, or
+        not listed in a list newer than it (gone). A pod listed unchanged decides nothing (the
+        write may still land) until :data:`UNDECIDED_HOLD_S` passed: then not applied."""
         decided: list[str] = []
+        now = self.clock()
         for uid, holds in list(self._holds.items()):
+            pod = listed.get(uid)
             for h in list(holds):
-                if h.after is not None and newer_than(list_version, h.after):
-                    self.release_hold(h)
-                    decided.append(uid)
+                if h.after is None:
+                    continue
+                if pod is None:
+                    if not newer_than(list_version, h.after):
+                        continue
+                elif not newer_than(objects.resource_version(pod), h.after):
+                    waited = now - h.unknown_since
+                    if waited < UNDECIDED_HOLD_S:
+                        continue
+                    log.warning(
+                        "refit_hold_expired",
+                        pod=objects.namespaced_key(pod),
+                        node=h.node,
+                        held=sorted(h.amounts),
+                        waited_s=round(waited, 1),
+                    )
+                self.release_hold(h)
+                decided.append(uid)
         return decided
 
     def _apply_hold(self, h: Hold, entry: NodeEntry) -> None:

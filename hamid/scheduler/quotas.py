@@ -25,6 +25,12 @@ class QuotaBook:
         self._objects: dict[str, dict[str, tuple[int | None, int | None]]] = {}
         self._used: dict[str, list[int]] = {}
 
+    def blank_copy(self) -> QuotaBook:
+        """The same limits with no usage (the reconcile's shadow judges quotas as this book does)."""
+        copy = QuotaBook(self.config)
+        copy._objects = {ns: dict(found) for ns, found in self._objects.items()}
+        return copy
+
     def on_quota(self, quota: QuotaBody) -> None:
         """Apply a ResourceQuota add/update (``limits.<gpumem>`` / ``limits.<gpucores>``)."""
         hard = objects.section(quota, "spec").get("hard") or {}

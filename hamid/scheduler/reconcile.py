@@ -221,15 +221,21 @@ def reconcile_state(
 
     ``pods`` is a fresh list at ``list_version``, requested when ``ledger.seq`` was ``since``;
     ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow ledger with
-    the same nodes (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
+    the same nodes, quotas and holds (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
     :meth:`~hamid.scheduler.ledger.Ledger.on_pod`, each starting from its live booking; a differing
     reservation is repaired to the shadow's with :meth:`~hamid.scheduler.ledger.Ledger.adopt` (or
     :meth:`~hamid.scheduler.ledger.Ledger.on_pod_deleted` when the pod is not listed), then each
     GPU's usage is compared with the shadow's (which mirrors the reservations left alone) and a
     differing node is recomputed from its reservations.
     """
-    shadow = ledger.blank_copy()
     listed = {uid: pod for pod in pods if (uid := objects.uid(pod))}
+    # A refit whose patch outcome was unknown left a hold for the pod's next update: the list
+    # decides it as an event would (or, past its time bound, as not applied), before the shadow
+    # copies the holds left.
+    for uid in ledger.settle_holds(list_version, listed):
+        if uid in listed:
+            ledger.resync_pod(listed[uid])
+    shadow = ledger.blank_copy()
     for uid in listed:
         shadow.adopt(ledger.reservation(uid), uid)
     for pod in _feed_order(ledger, listed.values()):
@@ -240,11 +246,6 @@ def reconcile_state(
             # reconcile (nor, through its TaskGroup, the scheduler); the shadow keeps the live
             # booking, so nothing of it is repaired.
             log.exception("reconcile_pod_unreadable", pod=objects.namespaced_key(pod))
-    # A refit whose patch outcome was unknown left a hold for the pod's next update: a list
-    # newer than the patch's precondition decides it as well as an event would.
-    for uid in ledger.settle_holds(list_version):
-        if uid in listed:
-            ledger.resync_pod(listed[uid])
     report = ReconcileReport(list_version, pods=len(listed))
     _judge(ledger, shadow, listed, report, since, busy)
     _judge_gpus(ledger, shadow, report)

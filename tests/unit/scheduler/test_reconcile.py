@@ -12,6 +12,7 @@ from hamid.fit.usage import DeviceAmount
 from hamid.model import annotations as ann
 from hamid.model.devices import ContainerDevice
 from hamid.model.objects import newer_than
+from hamid.scheduler.ledger import UNDECIDED_HOLD_S
 from hamid.scheduler.options import parse_interval
 from hamid.scheduler.reconcile import (
     DRIFT_CHANGED,
@@ -113,6 +114,67 @@ def test_a_later_signed_allocation_is_judged_beside_every_other_listed_booking()
     report = reconcile_state(state.ledger, [late, done], "10", state.ledger.seq)
     assert [d.kind for d in report.drifts] == [DRIFT_CHANGED, DRIFT_LEAKED]
     assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 6000, 10)}
+
+
+def test_the_shadow_judges_a_late_write_against_the_quota_and_holds_as_the_live_ledger() -> None:
+    """Review s23 R1: the shadow had no quota limits, so a late filter write the live ledger
+    refused for its namespace's quota was booked there and adopted as missing, past the quota."""
+    keys = ticking_keys()
+    state = fresh_state(keys=keys)
+    state.on_quota(
+        {
+            "metadata": {"name": "gpu", "namespace": "team"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "2000"}},
+        }
+    )
+    first = signed(versioned(placed(pod("new", namespace="team"), "n1", GPU0), 5), keys)
+    state.ledger.on_pod(first)
+    state.ledger.hold("uid-r", "n2", {}, "team", 1000, 0)  # another pod's refit, on another node
+    late = signed(versioned(placed(pod("late", namespace="team"), "n1", GPU1), 6), keys)
+    state.ledger.on_pod(late)
+    assert state.ledger.reservation("uid-late") is None
+    report = reconcile_state(state.ledger, [first, late], "10", state.ledger.seq)
+    assert report.drifts == []
+    assert state.ledger.reservation("uid-late") is None
+    assert state.ledger.quota_usage("team")[1] == (2000, 10)
+
+
+def test_a_list_showing_an_undecided_refits_pod_unchanged_settles_it_only_past_the_time_bound(
+    logs: list[dict[str, Any]],
+) -> None:
+    """Review s23 R2: a list newer than an undecided refit's precondition released its hold though
+    it showed the pod unchanged (the write may still land: over the pod a filter then placed on
+    the GPU freed). Unchanged, the hold stays, until UNDECIDED_HOLD_S: then it was not applied."""
+    keys = ticking_keys()
+    state = fresh_state(keys=keys)
+    now = [1000.0]
+    state.clock = lambda: now[0]
+    six = [container("c", 1, 6000, 10)]
+    gpu0, gpu1 = "n1-gpu0,NVIDIA,6000,10:;", "n1-gpu1,NVIDIA,6000,10:;"
+    p = placed(pod("p", containers=six, phase="Running"), "n1", gpu0)
+    p["spec"]["nodeName"] = "n1"
+    p = signed(versioned(p, 100), keys)
+    ledger = state.ledger
+    ledger.on_pod(p)
+    res = ledger.reservation("uid-p")
+    assert res is not None
+    hold = ledger.hold("uid-p", "n1", res.applied, "default", 0, 0)
+    sig = ledger.signature("uid-p", "n1", gpu1)[ann.ALLOCATION_SIGNATURE]
+    ledger.move("uid-p", tuple(ann.decode_pod_devices(gpu1)), gpu1, sig)
+    ledger.settle_on_event(hold, "100")
+    both = {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (1, 6000, 10)}
+    now[0] += UNDECIDED_HOLD_S - 1
+    reconcile_state(ledger, [copy.deepcopy(p)], "150", ledger.seq)
+    assert ledger.holds("uid-p") == (hold,)
+    assert ledger.snapshot()["n1"] == both
+    now[0] += 1
+    reconcile_state(ledger, [copy.deepcopy(p)], "160", ledger.seq)
+    assert ledger.holds("uid-p") == ()
+    back = ledger.reservation("uid-p")
+    assert back is not None and back.raw == gpu0
+    assert ledger.snapshot()["n1"] == {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (0, 0, 0)}
+    (expired,) = [e for e in logs if e["event"] == "refit_hold_expired"]
+    assert expired["pod"] == "default/p" and expired["waited_s"] == UNDECIDED_HOLD_S
 
 
 @pytest.mark.parametrize("signing", [False, True])

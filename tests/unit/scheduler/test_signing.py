@@ -294,3 +294,102 @@ def test_a_later_signed_allocation_that_does_not_fit_beside_the_others_keeps_the
     state.ledger.on_pod_deleted(q)
     state.ledger.on_pod(late)  # the pod's next event, once there is room
     assert state.ledger.snapshot()["n1"] == {"n1-gpu0": (0, 0, 0), "n1-gpu1": (1, 6000, 10)}
+
+
+def _running(name: str, raw: str, keys: AllocationKeys, version: int, **kw: Any) -> dict[str, Any]:
+    """Pod ``name`` bound to n1 and running there with the signed allocation ``raw``."""
+    p = placed(pod(name, phase="Running", **kw), "n1", raw)
+    p["spec"]["nodeName"] = "n1"
+    p["metadata"]["resourceVersion"] = str(version)
+    return signed(p, keys)
+
+
+def test_a_replacement_is_judged_without_the_init_containers_that_finished() -> None:
+    """Review s23 R3: the booking of a pod whose init containers finished leaves their GPU free,
+    but a replacement was judged with them, so moving its app container was refused while another
+    pod used the init container's GPU; the ledger kept a GPU the container had left."""
+    keys = ticking_keys()
+    state = SchedulerState(keys=keys)
+    state.on_node(node("n1", gpus=3))
+    app = [container("main", 1, 1000, 10)]
+    init = [container("setup", 1, 6000, 10)]
+    old, new = (
+        "n1-gpu0,NVIDIA,6000,10:;n1-gpu1,NVIDIA,1000,10:;",
+        "n1-gpu0,NVIDIA,6000,10:;n1-gpu2,NVIDIA,1000,10:;",
+    )
+    p = _running("p", old, keys, 5, containers=app, init=init)
+    p["status"]["initContainerStatuses"] = [{"name": "setup", "state": {"terminated": {"exitCode": 0}}}]
+    state.ledger.on_pod(p)
+    six = [container("c", 1, 6000, 10)]
+    state.ledger.on_pod(_running("q", "n1-gpu0,NVIDIA,6000,10:;", keys, 6, containers=six))
+    state.ledger.on_pod(signed(placed(copy.deepcopy(p), "n1", new), keys))
+    res = state.ledger.reservation("uid-p")
+    assert res is not None and res.raw == new, state.ledger.refused
+    assert state.ledger.snapshot()["n1"]["n1-gpu1"] == (0, 0, 0)
+
+
+def test_a_replacement_is_refused_for_its_namespaces_quota_only_where_it_grows_the_usage() -> None:
+    """Review s23 R5: in a namespace over its quota (lowered after its pods ran), every replacement
+    was refused, even one using less; the ledger then kept an allocation the container had left.
+    Only growth past the quota is refused."""
+    keys = ticking_keys()
+    state = SchedulerState(keys=keys)
+    state.on_node(node("n1"))
+    six = [container("c", 1, 6000, 10)]
+    for version, (name, gpu) in enumerate((("p", "n1-gpu0"), ("r", "n1-gpu1")), 5):
+        raw = f"{gpu},NVIDIA,6000,10:;"
+        state.ledger.on_pod(_running(name, raw, keys, version, containers=six, namespace="team"))
+    state.on_quota(
+        {
+            "metadata": {"name": "gpu", "namespace": "team"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}},
+        }
+    )
+    smaller = "n1-gpu0,NVIDIA,6000,5:;"
+    state.ledger.on_pod(_running("p", smaller, keys, 9, containers=six, namespace="team"))
+    res = state.ledger.reservation("uid-p")
+    assert res is not None and res.raw == smaller, state.ledger.refused
+    larger = "n1-gpu0,NVIDIA,7000,5:;"
+    state.ledger.on_pod(_running("p", larger, keys, 10, containers=six, namespace="team"))
+    ((refused, why),) = state.ledger.refused
+    assert refused["metadata"]["resourceVersion"] == "10" and "GPU quota" in why
+    assert state.ledger.quota_usage("team")[1] == (12000, 15)
+
+
+def test_only_the_rollback_of_this_replicas_undecided_refit_skips_the_room_check() -> None:
+    """Review s23 R4: the event that settled this replica's undecided refit booked whatever it
+    named unjudged, also a third allocation (another replica's later refit, after a takeover) on
+    a GPU full of another pod. Only the old allocation, whose GPUs the hold kept, may skip it."""
+    keys = ticking_keys()
+    six = [container("c", 1, 6000, 10)]
+    gpu0, gpu1, gpu2 = (f"n1-gpu{i},NVIDIA,6000,10:;" for i in range(3))
+
+    def undecided() -> SchedulerState:
+        """p refitted gpu0 -> gpu1 by this replica, outcome unknown; q runs on gpu2."""
+        state = SchedulerState(keys=keys)
+        state.on_node(node("n1", gpus=3))
+        ledger = state.ledger
+        ledger.on_pod(_running("p", gpu0, keys, 100, containers=six))
+        ledger.on_pod(_running("q", gpu2, keys, 101, containers=six))
+        res = ledger.reservation("uid-p")
+        assert res is not None
+        hold = ledger.hold("uid-p", "n1", res.applied, "default", 0, 0)
+        sig = ledger.signature("uid-p", "n1", gpu1)[ann.ALLOCATION_SIGNATURE]
+        ledger.move("uid-p", tuple(ann.decode_pod_devices(gpu1)), gpu1, sig)
+        ledger.settle_on_event(hold, "100")
+        return state
+
+    old = _running("p", gpu0, keys, 102, containers=six)  # signed before the move
+    state = undecided()
+    state.ledger.on_pod(old)  # not applied: the rollback books, though signed before the move
+    assert state.ledger.snapshot()["n1"] == {
+        "n1-gpu0": (1, 6000, 10),
+        "n1-gpu1": (0, 0, 0),
+        "n1-gpu2": (1, 6000, 10),
+    }
+    state = undecided()
+    other = _running("p", gpu2, keys, 102, containers=six)  # signed after the move
+    state.ledger.on_pod(other)
+    ((refused, why),) = state.ledger.refused
+    assert refused is other and "6000 of 8000 MiB" in why and f"n1: {gpu1} stays booked" in why
+    assert state.ledger.snapshot()["n1"]["n1-gpu2"] == (1, 6000, 10)
