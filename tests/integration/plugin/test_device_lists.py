@@ -344,6 +344,17 @@ async def test_a_failure_preparing_the_node_is_a_refusal_like_any(
         assert NODE_LOCK not in stored_annotations(env.server, "Node", NODE, None)
 
 
+def cdi_scanning_plugin(specs: Path) -> Any:
+    """A plugin serving CDI devices from ``specs``, rescanning every 50 ms, to a fake kubelet."""
+    return running_plugin(
+        device_list_strategy=("cdi-cri",),
+        cdi_spec_dirs=(str(specs),),
+        with_kubelet=True,
+        hide_replicas="off",
+        cdi_interval=0.05,
+    )
+
+
 def gpu_health(listed: pb.ListAndWatchResponse) -> dict[str, str]:
     """Each GPU's health in one ListAndWatch message (all its replicas agree)."""
     health: dict[str, set[str]] = {}
@@ -379,13 +390,7 @@ async def test_a_gpu_no_spec_names_is_unhealthy_until_a_scan_finds_its_spec(tmp_
     (specs / "broken.yaml").write_text("cdiVersion: [\n")
     unhealthy = {"GPU-0": "Healthy", "GPU-1": "Healthy", "GPU-2": "Unhealthy", "GPU-3": "Unhealthy"}
     with structlog.testing.capture_logs() as logs:
-        async with running_plugin(
-            device_list_strategy=("cdi-cri",),
-            cdi_spec_dirs=(str(specs),),
-            with_kubelet=True,
-            hide_replicas="off",
-            cdi_interval=0.05,
-        ) as (env, kubelet):
+        async with cdi_scanning_plugin(specs) as (env, kubelet):
             assert kubelet is not None
             await eventually(lambda: bool(kubelet.lists))
             assert gpu_health(kubelet.lists[0]) == unhealthy  # never advertised Healthy first
@@ -441,13 +446,7 @@ async def test_a_failing_scan_stops_nothing_and_changes_no_health(
 
     monkeypatch.setattr(CdiSpecs, "scan", broken)
     with structlog.testing.capture_logs() as logs:
-        async with running_plugin(
-            device_list_strategy=("cdi-cri",),
-            cdi_spec_dirs=(str(tmp_path),),
-            with_kubelet=True,
-            hide_replicas="off",
-            cdi_interval=0.05,
-        ) as (_env, kubelet):
+        async with cdi_scanning_plugin(tmp_path) as (_env, kubelet):
             assert kubelet is not None
             await eventually(lambda: bool(kubelet.lists))
             await eventually(lambda: sum(e["event"] == "cdi_spec_scan_failed" for e in logs) >= 2)
@@ -479,13 +478,7 @@ async def test_a_passing_error_listing_the_spec_dir_changes_no_health(
 
     monkeypatch.setattr(os, "listdir", flaky_listdir)
     with structlog.testing.capture_logs() as logs:
-        async with running_plugin(
-            device_list_strategy=("cdi-cri",),
-            cdi_spec_dirs=(str(specs),),
-            with_kubelet=True,
-            hide_replicas="off",
-            cdi_interval=0.05,
-        ) as (env, kubelet):
+        async with cdi_scanning_plugin(specs) as (env, kubelet):
             assert kubelet is not None
             await eventually(lambda: bool(kubelet.lists) and bool(registered_health(env)))
             generation, sent = env.plugin.inventory.generation, len(kubelet.lists)

@@ -7,6 +7,7 @@ from typing import Any
 
 from hamid.model import annotations as ann
 from hamid.model.devices import MODE_HAMI_CORE, DeviceInfo
+from hamid.scheduler.ledger import Hold, Ledger
 from hamid.scheduler.signing import AllocationKeys
 
 
@@ -100,3 +101,15 @@ def signed(p: dict[str, Any], keys: AllocationKeys) -> dict[str, Any]:
     uid = p["metadata"]["uid"]
     notes[ann.ALLOCATION_SIGNATURE] = keys.sign(uid, notes[ann.VGPU_NODE], notes[ann.DEVICES_ALLOCATED])
     return p
+
+
+def undecided_refit(ledger: Ledger, uid: str, node_name: str, new: str, version: str) -> Hold:
+    """This replica's refit of ``uid`` onto allocation ``new``: moved, its old GPUs held, the
+    patch's outcome unknown since the pod's resourceVersion ``version``."""
+    res = ledger.reservation(uid)
+    assert res is not None
+    hold = ledger.hold(uid, node_name, res.applied, "default", 0, 0)
+    sig = ledger.signature(uid, node_name, new)[ann.ALLOCATION_SIGNATURE]
+    ledger.move(uid, tuple(ann.decode_pod_devices(new)), new, sig)
+    ledger.settle_on_event(hold, version)
+    return hold

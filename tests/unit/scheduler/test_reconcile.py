@@ -23,7 +23,7 @@ from hamid.scheduler.reconcile import (
 )
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
+from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys, undecided_refit
 
 GPU0 = "n1-gpu0,NVIDIA,1000,10:;"
 GPU1 = "n1-gpu1,NVIDIA,1000,10:;"
@@ -156,12 +156,7 @@ def test_a_list_showing_an_undecided_refits_pod_unchanged_settles_it_only_past_t
     p = signed(versioned(p, 100), keys)
     ledger = state.ledger
     ledger.on_pod(p)
-    res = ledger.reservation("uid-p")
-    assert res is not None
-    hold = ledger.hold("uid-p", "n1", res.applied, "default", 0, 0)
-    sig = ledger.signature("uid-p", "n1", gpu1)[ann.ALLOCATION_SIGNATURE]
-    ledger.move("uid-p", tuple(ann.decode_pod_devices(gpu1)), gpu1, sig)
-    ledger.settle_on_event(hold, "100")
+    hold = undecided_refit(ledger, "uid-p", "n1", gpu1, "100")
     both = {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (1, 6000, 10)}
     now[0] += UNDECIDED_HOLD_S - 1
     reconcile_state(ledger, [copy.deepcopy(p)], "150", ledger.seq)

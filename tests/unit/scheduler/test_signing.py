@@ -14,7 +14,7 @@ from hamid.model.booked import booked_condition, booked_record
 from hamid.model.errors import InvalidInput
 from hamid.scheduler.signing import AllocationKeys, key_id, load_key_file
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys
+from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys, undecided_refit
 
 OLD = b"old-key-0123456789abcdef0123456789ab"
 NEW = b"new-key-0123456789abcdef0123456789ab"
@@ -371,12 +371,7 @@ def test_only_the_rollback_of_this_replicas_undecided_refit_skips_the_room_check
         ledger = state.ledger
         ledger.on_pod(_running("p", gpu0, keys, 100, containers=six))
         ledger.on_pod(_running("q", gpu2, keys, 101, containers=six))
-        res = ledger.reservation("uid-p")
-        assert res is not None
-        hold = ledger.hold("uid-p", "n1", res.applied, "default", 0, 0)
-        sig = ledger.signature("uid-p", "n1", gpu1)[ann.ALLOCATION_SIGNATURE]
-        ledger.move("uid-p", tuple(ann.decode_pod_devices(gpu1)), gpu1, sig)
-        ledger.settle_on_event(hold, "100")
+        undecided_refit(ledger, "uid-p", "n1", gpu1, "100")
         return state
 
     old = _running("p", gpu0, keys, 102, containers=six)  # signed before the move
