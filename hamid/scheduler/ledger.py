@@ -141,7 +141,9 @@ class Hold:
     cores: int
     kept: str = ""
     after: str | None = None
-    unknown_since: float = 0.0
+    unknown_since: float = 0.0  #: on :attr:`Ledger.elapsed`'s clock
+    #: Past :data:`UNDECIDED_HOLD_S` with its pod unchanged: the pod's next feed decides (not applied).
+    expired: bool = False
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
 
 
@@ -202,6 +204,9 @@ class Ledger:
     ) -> None:
         self.config = config or ResourceConfig()
         self.clock = clock
+        #: How long an undecided refit's hold has waited (:data:`UNDECIDED_HOLD_S`): monotonic, so a
+        #: step of the wall clock (NTP, a VM resumed) neither ends a hold early nor keeps it.
+        self.elapsed: Callable[[], float] = time.monotonic
         #: The scheduler's name: a pod of another scheduler is booked only if this one placed it.
         self.scheduler_name = scheduler_name
         self.inventory = inventory or NodeInventory(self.config, clock)
@@ -795,14 +800,6 @@ class Ledger:
             )
             outbox.append((pod, why))
 
-    def resync_pod(self, pod: PodBody) -> None:
-        """Re-derive pod's reservation from scratch through :meth:`on_pod` (a list decided it)."""
-        uid = objects.uid(pod)
-        previous = self._remove(uid)
-        self.on_pod(pod)
-        if previous is not None:
-            self.coordination.notify(previous.node)
-
     def on_pod_deleted(self, pod: PodBody) -> None:
         """A pod is gone: release its reservation and remember the UID (undos skip it)."""
         uid = objects.uid(pod)
@@ -879,7 +876,7 @@ class Ledger:
     def settle_on_event(self, h: Hold, after: str) -> None:
         """Let the pod's first event newer than resourceVersion ``after`` release ``h``."""
         h.after = after
-        h.unknown_since = self.clock()
+        h.unknown_since = self.elapsed()
 
     def holds(self, uid: str) -> tuple[Hold, ...]:
         """The holds booked for pod ``uid``."""
@@ -894,30 +891,33 @@ class Ledger:
         the (node, allocation) each kept, which the event may name as the refit's rollback."""
         kept: set[tuple[str, str]] = set()
         for h in list(self._holds.get(uid, ())):
-            if h.after is not None and newer_than(version, h.after):
+            if h.after is not None and (h.expired or newer_than(version, h.after)):
                 self.release_hold(h)
                 kept.add((h.node, h.kept))
         return frozenset(kept)
 
     def settle_holds(self, list_version: str, listed: Mapping[str, PodBody]) -> list[str]:
-        """Release the event-settled holds a list at ``list_version`` (pods by UID) decides; their
-        pod UIDs. As an event would: the pod is listed changed since the hold's precondition, or
-        not listed in a list newer than it (gone). A pod listed unchanged decides nothing (the
-        write may still land) until :data:`UNDECIDED_HOLD_S` passed: then not applied."""
+        """The listed pods (UIDs) whose event-settled holds a list at ``list_version`` decides: fed
+        to :meth:`on_pod`, each is then decided as its event would be (the pod changed since the
+        hold's precondition; or, listed unchanged past :data:`UNDECIDED_HOLD_S`, not applied: the
+        write may land until then), its room judged as any allocation's but the rollback's. The
+        hold of a pod not listed in a list newer than the precondition (gone) is released here."""
         decided: list[str] = []
-        now = self.clock()
+        now = self.elapsed()
         for uid, holds in list(self._holds.items()):
             pod = listed.get(uid)
             for h in list(holds):
                 if h.after is None:
                     continue
                 if pod is None:
-                    if not newer_than(list_version, h.after):
-                        continue
-                elif not newer_than(objects.resource_version(pod), h.after):
+                    if newer_than(list_version, h.after):
+                        self.release_hold(h)
+                    continue
+                if not newer_than(objects.resource_version(pod), h.after):
                     waited = now - h.unknown_since
                     if waited < UNDECIDED_HOLD_S:
                         continue
+                    h.expired = True
                     log.warning(
                         "refit_hold_expired",
                         pod=objects.namespaced_key(pod),
@@ -925,9 +925,8 @@ class Ledger:
                         held=sorted(h.amounts),
                         waited_s=round(waited, 1),
                     )
-                self.release_hold(h)
                 decided.append(uid)
-        return decided
+        return list(dict.fromkeys(decided))
 
     def _apply_hold(self, h: Hold, entry: NodeEntry) -> None:
         h.applied = dict(h.amounts)

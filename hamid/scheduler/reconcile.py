@@ -233,8 +233,7 @@ def reconcile_state(
     # decides it as an event would (or, past its time bound, as not applied), before the shadow
     # copies the holds left.
     for uid in ledger.settle_holds(list_version, listed):
-        if uid in listed:
-            ledger.resync_pod(listed[uid])
+        ledger.on_pod(listed[uid])
     shadow = ledger.blank_copy()
     for uid in listed:
         shadow.adopt(ledger.reservation(uid), uid)

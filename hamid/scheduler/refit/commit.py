@@ -24,6 +24,7 @@ from hamid.model import annotations as ann
 from hamid.model import objects
 from hamid.model.kube import JSON, PodBody
 from hamid.model.refit import REFIT_TIMEOUT_S
+from hamid.scheduler import ledger as ledger_module
 from hamid.scheduler.ledger import Hold, Ledger, Undo
 from hamid.scheduler.numa_ledger import NumaLedgers
 from hamid.scheduler.outbox import Spawn
@@ -205,7 +206,9 @@ class RefitCommitter:
             self.ledgers.on_refit(uid, node, plan.index, numa)
 
     async def follow_up(self, pending: _Undecided) -> None:
-        """Settle an undecided refit within seconds: read the pod back until it says, or an event did.
+        """Settle an undecided refit within seconds: read the pod back until it says, or an event did;
+        a pod still unchanged at :data:`~hamid.scheduler.ledger.UNDECIDED_HOLD_S` was not applied
+        (the reconcile judges so too; this holds where it is off).
 
         Under the node's lock, so no refit of the node interleaves; a hold already released (the
         pod's event, its deletion, or a reconcile decided first) ends it with nothing done.
@@ -232,6 +235,32 @@ class RefitCommitter:
             log.info("refit_outcome_settled", applied=outcome is not False, after_s=waited)
             return
         log.warning("refit_outcome_still_unknown", held=sorted(pending.hold.amounts))
+        await asyncio.sleep(ledger_module.UNDECIDED_HOLD_S - (asyncio.get_running_loop().time() - started))
+        await self._settle_at_bound(pending, started)
+
+    async def _settle_at_bound(self, pending: _Undecided, started: float) -> None:
+        """An undecided refit's hold still there at the bound: landed if the pod says so, else not
+        applied (no write waits that long at the API server)."""
+        ledger = self.ledger
+        async with ledger.node_guard(pending.node):
+            if pending.hold not in ledger.holds(pending.uid):
+                return
+            pod = (pending.namespace, pending.name, pending.uid)
+            outcome = await self.decide(*pod, pending.precondition, pending.new_allocated)
+            if pending.hold not in ledger.holds(pending.uid):
+                return
+            if outcome:  # it landed after all (no event told the ledger)
+                self.spawn(self._record(pod, pending.node, pending.new_allocated))
+            else:
+                pending.undo()
+                log.warning(
+                    "refit_hold_expired",
+                    pod=f"{pending.namespace}/{pending.name}",
+                    node=pending.node,
+                    held=sorted(pending.hold.amounts),
+                    waited_s=round(asyncio.get_running_loop().time() - started, 1),
+                )
+            ledger.release_hold(pending.hold)
 
     async def decide(
         self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str

@@ -8,9 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+import structlog.testing
+
 from hamid.model import annotations as ann
 from hamid.model.booked import booked_condition, booked_record
 from hamid.plugin.allocator_rules import booked_entries, pending_entries, refuse_unbooked, to_allocate
+from hamid.scheduler import ledger as ledger_module
+from hamid.scheduler.refit import commit
 from tests.fixtures.tls import TLSFiles
 from tests.integration.refit.harness import Env, container, d, eventually, gpu, refit_env, request
 
@@ -182,6 +187,34 @@ async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod
         assert env.annotations("p")[AL] == OLD
         assert ledger.reservation(uid).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+
+
+async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_reconcile_off(
+    tls_files: TLSFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review s23 N3: only the reconcile ended an undecided refit's hold, so with
+    ``--reconcile-interval 0`` a pod that never changed kept both GPU sets booked for good. The
+    follow-up reads it back once more at the bound (UNDECIDED_HOLD_S, shortened here): unchanged,
+    the write was not applied."""
+    monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (0.1, 0.1))
+    monkeypatch.setattr(ledger_module, "UNDECIDED_HOLD_S", 1.5)
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        pod = await placed(env)
+        uid = pod["metadata"]["uid"]
+        ledger = env.scheduler.ledger
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        try:
+            with structlog.testing.capture_logs() as logs:
+                result = await post(env, pod)
+                assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+                await asyncio.sleep(0.6)  # both read-backs: unchanged, both GPU sets stay booked
+                assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+                await eventually(lambda: not ledger.holds(uid), within=5)
+        finally:
+            env.server.faults.remove(slow.id)
+        assert ledger.reservation(uid).raw == OLD
+        assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
+        assert [e["pod"] for e in logs if e["event"] == "refit_hold_expired"] == ["default/p"]
 
 
 async def test_one_deadline_covers_the_node_lock_wait(tls_files: TLSFiles, tmp_path: Path) -> None:

@@ -148,7 +148,8 @@ def test_a_list_showing_an_undecided_refits_pod_unchanged_settles_it_only_past_t
     keys = ticking_keys()
     state = fresh_state(keys=keys)
     now = [1000.0]
-    state.clock = lambda: now[0]
+    state.ledger.elapsed = lambda: now[0]
+    state.clock = lambda: now[0] + 10**6  # a step of the wall clock moves no hold
     six = [container("c", 1, 6000, 10)]
     gpu0, gpu1 = "n1-gpu0,NVIDIA,6000,10:;", "n1-gpu1,NVIDIA,6000,10:;"
     p = placed(pod("p", containers=six, phase="Running"), "n1", gpu0)
@@ -170,6 +171,32 @@ def test_a_list_showing_an_undecided_refits_pod_unchanged_settles_it_only_past_t
     assert ledger.snapshot()["n1"] == {"n1-gpu0": (1, 6000, 10), "n1-gpu1": (0, 0, 0)}
     (expired,) = [e for e in logs if e["event"] == "refit_hold_expired"]
     assert expired["pod"] == "default/p" and expired["waited_s"] == UNDECIDED_HOLD_S
+
+
+def test_a_list_deciding_an_undecided_refit_judges_a_third_allocation_as_its_event_would() -> None:
+    """Review s23 N1: the reconcile released the hold and re-fed the pod with no booking, so the
+    allocation another replica signed later onto a full GPU was booked past its capacity; the list
+    now decides as the pod's event does: the move is refused and the refit's outcome stays booked."""
+    keys = ticking_keys()
+    state = fresh_state(keys=keys)
+    state.on_node(node("n1", gpus=3))
+    six = [container("c", 1, 6000, 10)]
+    gpu0, gpu1, gpu2 = (f"n1-gpu{i},NVIDIA,6000,10:;" for i in range(3))
+    ledger = state.ledger
+    running: dict[str, dict[str, Any]] = {}
+    for name, raw, version in (("p", gpu0, 100), ("q", gpu2, 101)):
+        running[name] = placed(pod(name, containers=six, phase="Running"), "n1", raw)
+        running[name]["spec"]["nodeName"] = "n1"
+        running[name] = signed(versioned(running[name], version), keys)
+        ledger.on_pod(running[name])
+    undecided_refit(ledger, "uid-p", "n1", gpu1, "100")
+    moved = placed(pod("p", containers=six, phase="Running"), "n1", gpu2)  # another replica's, later
+    moved["spec"]["nodeName"] = "n1"
+    reconcile_state(ledger, [signed(versioned(moved, 120), keys), running["q"]], "150", ledger.seq)
+    assert ledger.holds("uid-p") == ()
+    res = ledger.reservation("uid-p")
+    assert res is not None and res.raw == gpu1
+    assert ledger.snapshot()["n1"]["n1-gpu2"] == (1, 6000, 10)  # q alone
 
 
 @pytest.mark.parametrize("signing", [False, True])

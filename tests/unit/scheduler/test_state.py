@@ -262,7 +262,16 @@ def test_event_settled_hold_waits_for_a_newer_pod_event_or_delete() -> None:
     state.ledger.settle_on_event(h2, "11")
     assert state.ledger.settle_holds("11", {}) == []  # a list no newer than the precondition decides nothing
     assert state.ledger.settle_holds("12", {"uid-a": newer}) == []  # listed unchanged: the write may land
-    assert state.ledger.settle_holds("12", {}) == ["uid-a"]  # not listed in a newer list: gone
+    changed = copy.deepcopy(newer)
+    changed["metadata"]["resourceVersion"] = "12"
+    assert state.ledger.settle_holds("12", {"uid-a": changed}) == ["uid-a"]  # decided by its feed:
+    assert state.ledger.holds("uid-a") == (h2,)
+    state.ledger.on_pod(changed)  # as its event would
+    assert state.ledger.holds("uid-a") == ()
+    h2 = state.ledger.hold("uid-a", "n1", state.ledger.reservation("uid-a").applied, "default", 0, 0)
+    state.ledger.settle_on_event(h2, "12")
+    assert state.ledger.settle_holds("13", {}) == []  # not listed in a newer list: gone, released
+    assert state.ledger.holds("uid-a") == ()
     h3 = state.ledger.hold("uid-a", "n1", state.ledger.reservation("uid-a").applied, "default", 0, 0)
     state.ledger.on_pod_deleted(newer)
     assert state.ledger.holds("uid-a") == () and h3.applied == {}
