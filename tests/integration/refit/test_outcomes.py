@@ -154,6 +154,19 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
 
 
+async def refit_of_unknown_outcome(env: Env) -> str:
+    """Refit ``p`` while its patch outlasts the refit's patch timeout (the API server then drops
+    it: its client hung up); the refit answers that its outcome is unknown. The pod's UID."""
+    pod = await placed(env)
+    slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+    try:
+        result = await post(env, pod)
+    finally:
+        env.server.faults.remove(slow.id)
+    assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+    return str(pod["metadata"]["uid"])
+
+
 async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod_event(
     tls_files: TLSFiles, tmp_path: Path
 ) -> None:
@@ -162,15 +175,8 @@ async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod
     until the next reconcile, 5 min later). A read-back of the pod unchanged decides nothing:
     the API server may still apply the write (an audit saw one land after such a read-back)."""
     async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
-        pod = await placed(env)
-        uid = pod["metadata"]["uid"]
+        uid = await refit_of_unknown_outcome(env)
         ledger = env.scheduler.ledger
-        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
-        try:
-            result = await post(env, pod)
-            assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
-        finally:
-            env.server.faults.remove(slow.id)
         await asyncio.sleep(1.0)  # read back unchanged (0.5 s): both GPU sets stay booked
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
         heard = ledger.on_pod
@@ -199,19 +205,12 @@ async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_re
     monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (0.1, 0.1))
     monkeypatch.setattr(ledger_module, "UNDECIDED_HOLD_S", 1.5)
     async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
-        pod = await placed(env)
-        uid = pod["metadata"]["uid"]
         ledger = env.scheduler.ledger
-        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
-        try:
-            with structlog.testing.capture_logs() as logs:
-                result = await post(env, pod)
-                assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
-                await asyncio.sleep(0.6)  # both read-backs: unchanged, both GPU sets stay booked
-                assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
-                await eventually(lambda: not ledger.holds(uid), within=5)
-        finally:
-            env.server.faults.remove(slow.id)
+        with structlog.testing.capture_logs() as logs:
+            uid = await refit_of_unknown_outcome(env)
+            await asyncio.sleep(0.6)  # both read-backs: unchanged, both GPU sets stay booked
+            assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+            await eventually(lambda: not ledger.holds(uid), within=5)
         assert ledger.reservation(uid).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
         assert [e["pod"] for e in logs if e["event"] == "refit_hold_expired"] == ["default/p"]
