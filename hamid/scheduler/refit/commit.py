@@ -239,37 +239,58 @@ class RefitCommitter:
         await self._settle_at_bound(pending, started)
 
     async def _settle_at_bound(self, pending: _Undecided, started: float) -> None:
-        """An undecided refit's hold still there at the bound: landed if the pod says so, else not
-        applied (no write waits that long at the API server)."""
+        """An undecided refit's hold still there at the bound: landed if the pod says so, not
+        applied if it is unchanged (no write waits that long at the API server); a pod that cannot
+        be read decides nothing, and it is read again (the last follow-up delay apart)."""
         ledger = self.ledger
-        async with ledger.node_guard(pending.node):
-            if pending.hold not in ledger.holds(pending.uid):
-                return
-            pod = (pending.namespace, pending.name, pending.uid)
-            outcome = await self.decide(*pod, pending.precondition, pending.new_allocated)
-            if pending.hold not in ledger.holds(pending.uid):
-                return
-            if outcome:  # it landed after all (no event told the ledger)
-                self.spawn(self._record(pod, pending.node, pending.new_allocated))
-            else:
-                pending.undo()
-                log.warning(
-                    "refit_hold_expired",
-                    pod=f"{pending.namespace}/{pending.name}",
-                    node=pending.node,
-                    held=sorted(pending.hold.amounts),
-                    waited_s=round(asyncio.get_running_loop().time() - started, 1),
+        pod = (pending.namespace, pending.name, pending.uid)
+        while True:
+            async with ledger.node_guard(pending.node):
+                if pending.hold not in ledger.holds(pending.uid):
+                    return
+                outcome = await self.decide(*pod, pending.precondition, pending.new_allocated, at_bound=True)
+                if pending.hold not in ledger.holds(pending.uid):
+                    return
+                if outcome is not None:
+                    self._settled_at_bound(pending, outcome, started)
+                    return
+            await asyncio.sleep(FOLLOW_UP_DELAYS_S[-1])
+
+    def _settled_at_bound(self, pending: _Undecided, outcome: JSON | Literal[False], started: float) -> None:
+        """Act on what the read-back at the bound said (under the node's lock)."""
+        if outcome:  # it landed after all (no event told the ledger)
+            self.spawn(
+                self._record(
+                    (pending.namespace, pending.name, pending.uid), pending.node, pending.new_allocated
                 )
-            ledger.release_hold(pending.hold)
+            )
+        else:
+            pending.undo()
+            log.warning(
+                "refit_hold_expired",
+                pod=f"{pending.namespace}/{pending.name}",
+                node=pending.node,
+                held=sorted(pending.hold.amounts),
+                waited_s=round(asyncio.get_running_loop().time() - started, 1),
+            )
+        self.ledger.release_hold(pending.hold)
 
     async def decide(
-        self, namespace: str, name: str, uid: str, precondition: str, new_allocated: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        precondition: str,
+        new_allocated: str,
+        *,
+        at_bound: bool = False,
     ) -> JSON | Literal[False] | None:
         """Whether an ambiguous patch landed, from one bounded GET: the pod read back when it did,
         False when the pod changed otherwise (the patch's resourceVersion precondition can no
         longer hold), None when the GET failed or shows the pod unchanged: the API server may still
         apply a write whose client gave up (an audit saw one land after a read-back judged it not
-        applied, booked over the pod placed on the GPUs its undo had freed)."""
+        applied, booked over the pod placed on the GPUs its undo had freed). ``at_bound``: past
+        :data:`~hamid.scheduler.ledger.UNDECIDED_HOLD_S` no write waits: unchanged is False."""
         try:
             current = await self.kube.get_pod(namespace, name, timeout=POD_READ_TIMEOUT_S)
         except NotFound:
@@ -280,5 +301,5 @@ class RefitCommitter:
         if objects.uid(current) != uid:
             return False
         if objects.resource_version(current) == precondition:
-            return None
+            return False if at_bound else None
         return current if objects.annotations(current).get(ann.DEVICES_ALLOCATED) == new_allocated else False

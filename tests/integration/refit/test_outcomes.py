@@ -201,7 +201,8 @@ async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_re
     """Review s23 N3: only the reconcile ended an undecided refit's hold, so with
     ``--reconcile-interval 0`` a pod that never changed kept both GPU sets booked for good. The
     follow-up reads it back once more at the bound (UNDECIDED_HOLD_S, shortened here): unchanged,
-    the write was not applied."""
+    the write was not applied. A read that fails there decides nothing (review3: it was taken as
+    "not applied" too): it is read again until it says."""
     monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (0.1, 0.1))
     monkeypatch.setattr(ledger_module, "UNDECIDED_HOLD_S", 1.5)
     async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
@@ -210,7 +211,12 @@ async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_re
             uid = await refit_of_unknown_outcome(env)
             await asyncio.sleep(0.6)  # both read-backs: unchanged, both GPU sets stay booked
             assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (1, 20000, 30)}
+            env.server.faults.fail_next(3, verb="get", path_pattern="/pods/p$", status=503)
             await eventually(lambda: not ledger.holds(uid), within=5)
+        order = [
+            e["event"] for e in logs if e["event"] in ("refit_patch_outcome_unreadable", "refit_hold_expired")
+        ]
+        assert order == ["refit_patch_outcome_unreadable"] * 3 + ["refit_hold_expired"], order
         assert ledger.reservation(uid).raw == OLD
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
         assert [e["pod"] for e in logs if e["event"] == "refit_hold_expired"] == ["default/p"]
