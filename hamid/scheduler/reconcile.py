@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -216,11 +216,13 @@ def reconcile_state(
     list_version: str,
     since: int,
     busy: frozenset[str] = frozenset(),
+    cached: Callable[[str], PodBody | None] | None = None,
 ) -> ReconcileReport:
     """Compare ``state`` with the reservations ``pods`` imply and repair it (synchronous).
 
     ``pods`` is a fresh list at ``list_version``, requested when ``ledger.seq`` was ``since``;
-    ``busy`` holds the UIDs of pods a bind or refit holds. Pods are fed to a shadow ledger with
+    ``busy`` holds the UIDs of pods a bind or refit holds; ``cached`` looks a pod up in the cache
+    by its key (``namespace/name``). Pods are fed to a shadow ledger with
     the same nodes, quotas and holds (:meth:`~hamid.scheduler.ledger.Ledger.blank_copy`) through its
     :meth:`~hamid.scheduler.ledger.Ledger.on_pod`, each starting from its live booking; a differing
     reservation is repaired to the shadow's with :meth:`~hamid.scheduler.ledger.Ledger.adopt` (or
@@ -233,7 +235,7 @@ def reconcile_state(
     # decides it as an event would (or, past its time bound, as not applied), before the shadow
     # copies the holds left.
     for uid in ledger.settle_holds(list_version, listed):
-        ledger.on_pod(listed[uid])
+        ledger.on_pod(_newest(listed[uid], cached))
     shadow = ledger.blank_copy()
     for uid in listed:
         shadow.adopt(ledger.reservation(uid), uid)
@@ -250,6 +252,16 @@ def reconcile_state(
     _judge_gpus(ledger, shadow, report)
     ledger.prune_marks(since, listed)
     return report
+
+
+def _newest(listed: PodBody, cached: Callable[[str], PodBody | None] | None) -> PodBody:
+    """The listed pod, or the cache's copy of it where that is newer: a list must not undo what
+    the cache already applied (a pod that finished after the list was taken is not booked again)."""
+    copy = cached(objects.object_key(listed)) if cached is not None else None
+    if copy is None or objects.uid(copy) != objects.uid(listed):
+        return listed
+    newer = objects.version_at_least(objects.resource_version(listed), objects.resource_version(copy))
+    return copy if newer is False else listed
 
 
 def _feed_order(ledger: Ledger, pods: Iterable[PodBody]) -> list[PodBody]:
@@ -388,7 +400,9 @@ class Reconciler:
                 log.info("reconcile_abandoned", reason=reason)
                 return None
             # from here to the return: no await (the comparison and the repair see one ledger)
-            report = reconcile_state(s.ledger, items, list_version, since, frozenset(s.binding))
+            report = reconcile_state(
+                s.ledger, items, list_version, since, frozenset(s.binding), cached=cache.get
+            )
             cache.forget_missing({objects.object_key(item) for item in items}, list_version)
         except Exception:
             s.metrics.reconcile_runs.labels("failed").inc()

@@ -219,6 +219,7 @@ class RefitCommitter:
             await asyncio.sleep(delay)
             async with ledger.node_guard(pending.node):
                 if pending.hold not in ledger.holds(pending.uid):
+                    self._record_if_kept(pending)
                     return
                 outcome = await self.decide(
                     pending.namespace, pending.name, pending.uid, pending.precondition, pending.new_allocated
@@ -247,6 +248,7 @@ class RefitCommitter:
         while True:
             async with ledger.node_guard(pending.node):
                 if pending.hold not in ledger.holds(pending.uid):
+                    self._record_if_kept(pending)
                     return
                 outcome = await self.decide(*pod, pending.precondition, pending.new_allocated, at_bound=True)
                 if pending.hold not in ledger.holds(pending.uid):
@@ -255,6 +257,19 @@ class RefitCommitter:
                     self._settled_at_bound(pending, outcome, started)
                     return
             await asyncio.sleep(FOLLOW_UP_DELAYS_S[-1])
+
+    def _record_if_kept(self, pending: _Undecided) -> None:
+        """A pod event (or a list) decided the refit's hold first: when it showed the refit
+        applied, the booking is still the refit's, and its record follows as for any landed refit
+        (else a restart would rebuild the booking from the older record)."""
+        res = self.ledger.reservation(pending.uid)
+        if res is not None and (res.node, res.raw) == (pending.node, pending.new_allocated):
+            log.info("refit_outcome_settled_by_event", applied=True)
+            self.spawn(
+                self._record(
+                    (pending.namespace, pending.name, pending.uid), pending.node, pending.new_allocated
+                )
+            )
 
     def _settled_at_bound(self, pending: _Undecided, outcome: JSON | Literal[False], started: float) -> None:
         """Act on what the read-back at the bound said (under the node's lock)."""

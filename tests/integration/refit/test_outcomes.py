@@ -195,6 +195,36 @@ async def test_unknown_patch_outcome_is_read_back_within_seconds_without_any_pod
         assert used(env) == {"GPU-a": (1, 20000, 30), "GPU-b": (0, 0, 0)}
 
 
+async def test_a_refit_whose_landing_a_pod_event_tells_is_recorded_as_booked(
+    tls_files: TLSFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The patch's outcome was unknown and the pod's event, not the follow-up's read-back, showed
+    it landed: the booking moved, but the status record kept naming the old allocation (a restart
+    then rebuilt the booking from the record). The follow-up writes the record as for any landed
+    refit."""
+    monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (1.0,))
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        record = booked_condition("n1", OLD, "", time.time())
+        pod = await placed(env, status={"conditions": [record]})
+        uid = pod["metadata"]["uid"]
+        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+        env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
+        result = await post(env, pod)
+        env.server.faults.remove(slow.id)
+        assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+        with structlog.testing.capture_logs() as logs:
+            # the write lands late; its event reaches the ledger before the follow-up reads back
+            moved = {"metadata": {"annotations": {TA: NEW, AL: NEW}}}
+            landed = env.server.patch("Pod", "default", "p", moved)
+            await cache_at(env, landed["metadata"]["resourceVersion"])
+            assert not env.scheduler.ledger.holds(uid)
+            await eventually(lambda: booked_record(env.server.get("Pod", "default", "p")).allocated == NEW)
+        assert [e["event"] for e in logs if e["event"].startswith("refit_outcome")] == [
+            "refit_outcome_settled_by_event"
+        ]
+        assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
+
+
 async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_reconcile_off(
     tls_files: TLSFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -103,13 +103,20 @@ def signed(p: dict[str, Any], keys: AllocationKeys) -> dict[str, Any]:
     return p
 
 
-def undecided_refit(ledger: Ledger, uid: str, node_name: str, new: str, version: str) -> Hold:
-    """This replica's refit of ``uid`` onto allocation ``new``: moved, its old GPUs held, the
-    patch's outcome unknown since the pod's resourceVersion ``version``."""
+def refit_in_flight(ledger: Ledger, uid: str, node_name: str, new: str) -> Hold:
+    """This replica's refit of ``uid`` onto allocation ``new`` before its patch is answered:
+    moved, its old GPUs held (no pod event decides the hold yet)."""
     res = ledger.reservation(uid)
     assert res is not None
     hold = ledger.hold(uid, node_name, res.applied, "default", 0, 0)
     sig = ledger.signature(uid, node_name, new)[ann.ALLOCATION_SIGNATURE]
     ledger.move(uid, tuple(ann.decode_pod_devices(new)), new, sig)
+    return hold
+
+
+def undecided_refit(ledger: Ledger, uid: str, node_name: str, new: str, version: str) -> Hold:
+    """:func:`refit_in_flight` whose patch's outcome is unknown since the pod's resourceVersion
+    ``version``."""
+    hold = refit_in_flight(ledger, uid, node_name, new)
     ledger.settle_on_event(hold, version)
     return hold

@@ -23,7 +23,16 @@ from hamid.scheduler.reconcile import (
 )
 from hamid.scheduler.signing import AllocationKeys
 from hamid.scheduler.state import SchedulerState
-from tests.unit.scheduler.helpers import container, node, placed, pod, signed, ticking_keys, undecided_refit
+from tests.unit.scheduler.helpers import (
+    container,
+    node,
+    placed,
+    pod,
+    refit_in_flight,
+    signed,
+    ticking_keys,
+    undecided_refit,
+)
 
 GPU0 = "n1-gpu0,NVIDIA,1000,10:;"
 GPU1 = "n1-gpu1,NVIDIA,1000,10:;"
@@ -396,3 +405,40 @@ def test_cli_reads_reconcile_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     bad = runner.invoke(cli.scheduler_command, [unsigned, "--reconcile-interval", "often"])
     assert bad.exit_code == 2 and "often" in bad.output
     assert seen == [90.0, 0.0, 300.0]
+
+
+def test_a_list_older_than_the_cache_does_not_book_again_a_pod_the_cache_saw_finish() -> None:
+    """Review s23 review3 D2: a list taken before the pod finished decided its undecided refit
+    with the listed (Running) copy and booked the finished pod again as the refit's rollback,
+    until the next reconcile. The cache's newer copy decides instead."""
+    keys = ticking_keys()
+    state = fresh_state(keys=keys)
+    ledger = state.ledger
+    six = [container("c", 1, 6000, 10)]
+    gpu0, gpu1 = "n1-gpu0,NVIDIA,6000,10:;", "n1-gpu1,NVIDIA,6000,10:;"
+    p = placed(pod("p", containers=six, phase="Running"), "n1", gpu0)
+    p["spec"]["nodeName"] = "n1"
+    p = signed(versioned(p, 100), keys)
+    ledger.on_pod(p)
+    hold = refit_in_flight(ledger, "uid-p", "n1", gpu1)
+    touched = versioned(copy.deepcopy(p), 101)  # an unrelated update: the refit's patch will fail
+    touched["metadata"]["labels"] = {"touched": "yes"}
+    ledger.on_pod(touched)
+    since = ledger.seq  # the list is taken now: it shows p at 101
+    done = versioned(copy.deepcopy(touched), 102)
+    done["status"]["phase"] = "Succeeded"
+    ledger.on_pod(done)  # the cache applies the pod's end
+    assert ledger.reservation("uid-p") is None
+    ledger.settle_on_event(hold, "100")  # the patch timed out, its read-back failed
+    cache = {"default/p": done}
+    reconcile_state(ledger, [copy.deepcopy(touched)], "101", since, cached=cache.get)
+    assert ledger.holds("uid-p") == ()
+    assert ledger.reservation("uid-p") is None
+    assert ledger.snapshot()["n1"]["n1-gpu0"] == (0, 0, 0)
+    # A cache copy older than the list (the cache not caught up) is not used: the list decides.
+    ledger.on_pod(p)
+    hold = undecided_refit(ledger, "uid-p", "n1", gpu1, "100")
+    reconcile_state(ledger, [copy.deepcopy(touched)], "101", ledger.seq, cached={"default/p": p}.get)
+    assert ledger.holds("uid-p") == ()
+    back = ledger.reservation("uid-p")
+    assert back is not None and back.raw == gpu0
