@@ -67,7 +67,7 @@ from hamid.scheduler.core import Scheduler, SchedulerSettings
 from hamid.scheduler.extender_json import BindArgs, FilterArgs
 from hamid.scheduler.refit import RefitService
 from hamid.scheduler.refit.auth import Caller
-from hamidsim.kube_scheduler import NodeRequests, NodeRoomIndex, Resources
+from hamidsim.kube_scheduler import NodeRequests, NodeRoomIndex, NodeSampler, Resources
 from hamidsim.kubelet.admission import Admitter, admit_pod
 from hamidsim.kubelet.assignment import PodAdmission
 from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
@@ -463,6 +463,7 @@ class Cluster:
         hook_path: str,
         cpu_pods: bool = False,
         hide_replicas: str = "auto",
+        nodes_to_score: int = 100,
     ) -> None:
         self.api = MemoryApi()
         self.numa = numa
@@ -486,6 +487,10 @@ class Cluster:
         self.kube = {name: node.requests() for name, node in self.nodes.items()}
         #: kube-scheduler's NodeResourcesFit over ``kube`` (pods bound and gone go through it).
         self.room = NodeRoomIndex(self.kube)
+        #: The nodes each kube-scheduler sends on (``percentageOfNodesToScore``): the one with hamid
+        #: as extender, and the default one, for the pods hamid leaves alone.
+        self.extender_search = NodeSampler(self.names, nodes_to_score)
+        self.default_search = NodeSampler(self.names, nodes_to_score)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:

@@ -328,6 +328,55 @@ class NodeRoomIndex:
         return last
 
 
+#: kube-scheduler searches every node of a cluster smaller than this, and at least this many.
+MIN_FEASIBLE_NODES_TO_FIND = 100
+#: The least share of the nodes kube-scheduler's adaptive ``percentageOfNodesToScore`` searches.
+MIN_FEASIBLE_NODES_PERCENTAGE = 5
+#: The adaptive percentage: this, less one point per this many nodes.
+ADAPTIVE_BASE_PERCENTAGE, ADAPTIVE_NODES_PER_POINT = 50, 125
+
+
+def nodes_to_find(percentage: int, total: int) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops searching
+    (``numFeasibleNodesToFind`` in ``schedule_one.go``): every node of a small cluster; else
+    ``percentage`` of them (``percentageOfNodesToScore``; 0: the adaptive default, 50 % less a
+    point per 125 nodes, at least 5 %), at least 100."""
+    if total < MIN_FEASIBLE_NODES_TO_FIND:
+        return total
+    if percentage == 0:
+        percentage = max(
+            ADAPTIVE_BASE_PERCENTAGE - total // ADAPTIVE_NODES_PER_POINT, MIN_FEASIBLE_NODES_PERCENTAGE
+        )
+    return max(total * percentage // 100, MIN_FEASIBLE_NODES_TO_FIND)
+
+
+class NodeSampler:
+    """The nodes one kube-scheduler sends its extender: it filters the nodes in its snapshot's
+    order from where its last search stopped (``nextStartNodeIndex``, so every node gets its turn),
+    stops once it has :func:`nodes_to_find` feasible ones, and starts the next pod's search after
+    the last node it examined (every node when too few were feasible). Its filters run in parallel;
+    here in order."""
+
+    def __init__(self, names: Iterable[str], percentage: int) -> None:
+        self.ordinal = {name: i for i, name in enumerate(names)}
+        self.total = len(self.ordinal)
+        self.wanted = nodes_to_find(percentage, self.total)
+        self.start = 0
+
+    def sample(self, feasible: tuple[str, ...]) -> tuple[str, ...]:
+        """Of the ``feasible`` nodes (in the snapshot's order), those the search finds."""
+        if self.wanted >= self.total:
+            return feasible
+        ordinals = [self.ordinal[name] for name in feasible]
+        first = bisect.bisect_left(ordinals, self.start)
+        found = (feasible[first:] + feasible[:first])[: self.wanted]
+        if len(found) < self.wanted:
+            return found  # every node examined: the next search starts where this one did
+        examined = (self.ordinal[found[-1]] - self.start) % self.total + 1
+        self.start = (self.start + examined) % self.total
+        return found
+
+
 def default_score(request: Resources, node: NodeRequests) -> int:
     """The default profile's score of a node for a pod without affinities, taints or spreading.
 

@@ -49,30 +49,32 @@ def _trace(tmp_path: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("numa", "policies", "cpu_pods", "hide"),
+    ("numa", "policies", "cpu_pods", "hide", "to_score"),
     [
-        ("off", "binpack/spread", "kube-scheduler", "auto"),
-        ("on", "spread/spread", "kube-scheduler", "auto"),
-        ("on", "spread/spread", "kube-scheduler", "off"),
-        ("on", "fgd/fgd", "hamid", "busy"),
-        ("off", "fgd/fgd", "hamid", "auto"),
+        ("off", "binpack/spread", "kube-scheduler", "auto", "100"),
+        ("on", "spread/spread", "kube-scheduler", "auto", "100"),
+        ("on", "spread/spread", "kube-scheduler", "off", "100"),
+        ("on", "fgd/fgd", "hamid", "busy", "100"),
+        ("off", "fgd/fgd", "hamid", "auto", "0"),
     ],
 )
 def test_replay_accounts_allocated_failed_and_idle_gpus_by_hand(
-    tmp_path: Path, numa: str, policies: str, cpu_pods: str, hide: str
+    tmp_path: Path, numa: str, policies: str, cpu_pods: str, hide: str, to_score: str
 ) -> None:
     """With ``--cpu-pods hamid`` the CPU-only pod goes through hamid's fgd filter: it strands no GPU
     on either node (a keeps CPUs for the 4-CPU shapes, b never had them), so the gains tie and
-    hamid answers ``a``, registered first: the figures are kube-scheduler's."""
+    hamid answers ``a``, registered first: the figures are kube-scheduler's. kube-scheduler's
+    adaptive share of the nodes (``--nodes-to-score 0``) is every node of a cluster this small."""
     nodes, pods = _trace(tmp_path)
     result = run_bench("trace.py",
         "--nodes-csv", nodes, "--pods-csv", pods, "--numa", numa, "--seeds", "42-43",
         "--policies", policies, "--jobs", "1", "--cpu-pods", cpu_pods, "--hide-replicas", hide,
+        "--nodes-to-score", to_score,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["seeds"] == [42, 43] and summary["cpu_pods"] == cpu_pods
-    assert summary["hide_replicas"] == hide
+    assert summary["hide_replicas"] == hide and summary["nodes_to_score"] == int(to_score)
     for figures in summary["policies"].values():
         _check(figures, numa, hiding=hide != "off")
         per_seed = figures["per_seed"]  # beside each median, the figure of every seed
@@ -86,7 +88,7 @@ def _check(figures: dict[str, Any], numa: str, *, hiding: bool) -> None:
         assert figures[f"unallocated_pct_at_{arrived}"] == pytest.approx(100 / 3)
     # two whole-GPU pods and the A10 share fail where only node b (short of CPU) has GPU room
     assert figures["failed_cpu_memory_short"] == 3
-    assert figures["failed_no_gpu_room"] == figures["failed_numa_refused"] == 0
+    assert figures["failed_no_gpu_room"] == figures["failed_numa_refused"] == figures["failed_not_sent"] == 0
     assert figures["failed_never_admissible"] == 0
     assert figures["never_admissible_failed_pct_at_100"] == 0
     assert figures["failed_kubelet"] == figures["failed_other"] == 0

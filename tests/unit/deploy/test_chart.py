@@ -246,6 +246,7 @@ def test_kube_scheduler_configuration() -> None:
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["profiles"] == [{"schedulerName": "hami-scheduler"}]
     assert config["leaderElection"] == {"leaderElect": False}
+    assert "percentageOfNodesToScore" not in config  # kube-scheduler's adaptive default, as HAMi's
     (extender,) = config["extenders"]
     assert extender["urlPrefix"] == "http://127.0.0.1:9444"
     assert extender["filterVerb"] == "filter"
@@ -842,6 +843,14 @@ def test_hamis_node_label_selector_and_force_overwrite_reach_the_scheduler() -> 
     defaults, args = settings(rendered("defaults"))
     assert args == ["--force-overwrite-default-scheduler"]  # HAMi's default, and every node
     assert defaults.force_overwrite_default_scheduler is True and defaults.node_label_selector.pairs == ()
+
+
+def test_the_share_of_nodes_kube_scheduler_sends_is_a_value_and_checked() -> None:
+    every = render({"scheduler": {"kubeScheduler": {"percentageOfNodesToScore": 100}}})
+    assert kube_scheduler_config(every)["percentageOfNodesToScore"] == 100
+    for wrong in (101, -1, "50%"):
+        with pytest.raises(helm_python.HelmError, match="percentageOfNodesToScore"):
+            render({"scheduler": {"kubeScheduler": {"percentageOfNodesToScore": wrong}}})
 
 
 def test_schema_takes_the_fgd_half_lives_the_scheduler_takes() -> None:

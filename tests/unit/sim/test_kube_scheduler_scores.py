@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hamidsim.kube_scheduler import (
     DEFAULT_MEMORY_REQUEST,
     NodeRequests,
     NodeRoomIndex,
+    NodeSampler,
     Resources,
     default_score,
     feasible_nodes,
+    nodes_to_find,
     select_host,
 )
 
@@ -86,3 +90,38 @@ def test_select_host_takes_the_best_score_and_breaks_ties_at_random() -> None:
     picks = {select_host(scored, random.Random(seed)) for seed in range(50)}
     assert picks == {"a", "b"}
     assert select_host([], random.Random(1)) is None
+
+
+@pytest.mark.parametrize(
+    ("percentage", "total", "wanted"),
+    [
+        # kube-scheduler's TestNumFeasibleNodesToFind (schedule_one_test.go), by its case names
+        (0, 10, 10),  # not set percentageOfNodesToScore and nodes number not more than 50
+        (40, 10, 10),  # set percentageOfNodesToScore and nodes number not more than 50
+        (0, 1000, 420),  # not set percentageOfNodesToScore and nodes number more than 50
+        (40, 1000, 400),  # set percentageOfNodesToScore and nodes number more than 50
+        (0, 6000, 300),  # not set percentageOfNodesToScore and nodes number more than 50*125
+        (40, 6000, 2400),  # set percentageOfNodesToScore and nodes number more than 50*125
+        (0, 1213, 497),  # the openb trace's nodes: 41 %
+        (100, 1213, 1213),
+        (5, 1213, 100),  # never fewer than 100
+    ],
+)
+def test_nodes_to_find_is_kube_schedulers_count(percentage: int, total: int, wanted: int) -> None:
+    assert nodes_to_find(percentage, total) == wanted
+
+
+def test_the_sampler_searches_from_where_the_last_search_stopped() -> None:
+    names = [f"n{i:03}" for i in range(200)]
+    sampler = NodeSampler(names, 50)  # 100 of 200
+    every = tuple(names)
+    assert sampler.sample(every) == every[:100]
+    assert sampler.sample(every) == every[100:]  # the next search starts after the last one examined
+    assert sampler.start == 0
+    odd = every[1::2]  # half the nodes feasible: the search examines every node, finds 100
+    assert sampler.sample(odd) == odd and sampler.start == 0  # all examined: the start stays
+    sampler.start = 150
+    found = sampler.sample(every[10:])  # wraps around past the end, skipping the infeasible
+    assert found == every[150:] + every[10:60]
+    assert sampler.start == 60
+    assert NodeSampler(names, 100).sample(odd) == odd
