@@ -21,6 +21,7 @@ import asyncio
 import os
 import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,15 +200,15 @@ def client_ssl_context(
     return ctx
 
 
-def peer_common_name(peercert: dict[str, object] | None) -> str | None:
-    """The subject CN of a verified peer certificate (``SSLObject.getpeercert()`` form), if any."""
-    if not peercert:
-        return None
-    subject = peercert.get("subject")
+def peer_subject_values(peercert: Mapping[str, object] | None, attribute: str) -> tuple[str, ...]:
+    """Every value of ``attribute`` (``commonName``, ``organizationName``) in the subject of a verified
+    peer certificate (``SSLObject.getpeercert()`` form), in order.
+
+    All of them, never the first: a subject may repeat an attribute, and readers disagree on which
+    counts (Go's ``pkix``, so Kubernetes, takes the last CN), so a caller deciding an identity must
+    see them all.
+    """
+    subject = peercert.get("subject") if peercert else None
     if not isinstance(subject, tuple):
-        return None
-    for rdn in subject:
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
+        return ()
+    return tuple(str(value) for rdn in subject for key, value in rdn if key == attribute)

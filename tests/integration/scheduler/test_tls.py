@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from hamid.tls import TLSConfigError, client_ssl_context, peer_common_name, server_ssl_context
+from hamid.tls import TLSConfigError, client_ssl_context, peer_subject_values, server_ssl_context
 from hamidsim.certs import CertificateAuthority
 from tests.fixtures.tls import TLSFiles, commented_bundle
 from tests.integration.kube.helpers import eventually
@@ -19,8 +19,8 @@ from tests.integration.kube.helpers import eventually
 async def _serve(ctx: ssl.SSLContext) -> tuple[web.AppRunner, int]:
     async def whoami(request: web.Request) -> web.Response:
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
-        cn = peer_common_name(ssl_obj.getpeercert() if ssl_obj else None)
-        return web.json_response({"cn": cn})
+        names = peer_subject_values(ssl_obj.getpeercert() if ssl_obj else None, "commonName")
+        return web.json_response({"cn": ", ".join(names) or None})
 
     app = web.Application()
     app.router.add_get("/whoami", whoami)
