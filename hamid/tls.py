@@ -9,13 +9,19 @@ callback only swaps in the newest context (no I/O on the handshake path).
 
 Client: verifies the server by default against a CA file or the system roots; an unreadable or
 empty CA file is an error, never a silent fallback; skipping verification is explicit.
+
+CA bundles are read as OpenSSL reads them: only the PEM certificate blocks count, so the comment
+lines around them (certifi's and distributions' bundles name issuers such as "Főtanúsítvány") may
+hold any byte. Whatever a file holds, loading it raises :class:`TLSConfigError`, never another error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +30,9 @@ from hamid.model.errors import InvalidInput
 
 log = get_logger("tls")
 
-_PEM_CERT_MARKER = "-----BEGIN CERTIFICATE-----"
+_PEM_CERT_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.DOTALL)
+#: What ``load_verify_locations`` may raise for CA data it cannot use (all are TLSConfigError here).
+_CA_LOAD_ERRORS = (ssl.SSLError, ValueError, TypeError)
 
 
 class TLSConfigError(InvalidInput):
@@ -47,14 +55,21 @@ def _stamp(path: Path) -> _FileStamp | None:
 
 
 def _read_ca(ca_file: str | os.PathLike[str], what: str) -> str:
-    """Read a PEM CA bundle; raise TLSConfigError if unreadable or holding no certificate."""
+    """The PEM certificate blocks of a CA bundle as ASCII text (``cadata`` takes no other str; text
+    outside the blocks is dropped, as OpenSSL ignores it); TLSConfigError if unreadable, holding no
+    certificate or a non-ASCII byte inside one."""
+    name = os.fspath(ca_file)
     try:
-        text = Path(ca_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TLSConfigError(f"{what} {os.fspath(ca_file)!r} is unreadable: {exc}") from exc
-    if _PEM_CERT_MARKER not in text:
-        raise TLSConfigError(f"{what} {os.fspath(ca_file)!r} holds no PEM certificate")
-    return text
+        data = Path(ca_file).read_bytes()
+    except OSError as exc:
+        raise TLSConfigError(f"{what} {name!r} is unreadable: {exc}") from exc
+    blocks = _PEM_CERT_BLOCK.findall(data)
+    if not blocks:
+        raise TLSConfigError(f"{what} {name!r} holds no PEM certificate")
+    try:
+        return "\n".join(block.decode("ascii") for block in blocks) + "\n"
+    except UnicodeDecodeError as exc:
+        raise TLSConfigError(f"{what} {name!r} has a non-ASCII byte inside a PEM certificate") from exc
 
 
 def _build_server_context(cert_file: Path, key_file: Path, client_ca_pem: str | None) -> ssl.SSLContext:
@@ -69,7 +84,7 @@ def _build_server_context(cert_file: Path, key_file: Path, client_ca_pem: str | 
     if client_ca_pem is not None:
         try:
             ctx.load_verify_locations(cadata=client_ca_pem)
-        except ssl.SSLError as exc:
+        except _CA_LOAD_ERRORS as exc:
             raise TLSConfigError(f"client CA is not a valid PEM bundle: {exc}") from exc
         ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
@@ -112,14 +127,17 @@ class ReloadingServerContext:
             ssl_obj.context = self._current
 
     async def reload_if_changed(self) -> bool:
-        """Reload when the certificate, key or client CA file changed; True when the new one is live."""
+        """Reload when the certificate, key or client CA file changed; True when the new one is live.
+
+        Never raises: :meth:`run` is a task of the scheduler, whose failure ends the process."""
         stamps = await asyncio.to_thread(self._current_stamps)
         if stamps == self._stamps or None in stamps:
             return False
         try:
             fresh, pem = await asyncio.to_thread(self._load)
-        except TLSConfigError as exc:
-            log.warning("tls_reload_failed", error=str(exc), cert_file=str(self.cert_file))
+        except Exception as exc:  # whatever the files hold: the reloader lives on, the last good one serves
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("tls_reload_failed", error=error, cert_file=str(self.cert_file))
             return False
         self._stamps = stamps
         self._current = fresh
@@ -170,7 +188,7 @@ def client_ssl_context(
         pem = _read_ca(ca_file, "CA file")
         try:
             ctx.load_verify_locations(cadata=pem)
-        except ssl.SSLError as exc:
+        except _CA_LOAD_ERRORS as exc:
             raise TLSConfigError(f"CA file {os.fspath(ca_file)!r} is not a valid PEM bundle: {exc}") from exc
     else:
         ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
@@ -182,15 +200,15 @@ def client_ssl_context(
     return ctx
 
 
-def peer_common_name(peercert: dict[str, object] | None) -> str | None:
-    """The subject CN of a verified peer certificate (``SSLObject.getpeercert()`` form), if any."""
-    if not peercert:
-        return None
-    subject = peercert.get("subject")
+def peer_subject_values(peercert: Mapping[str, object] | None, attribute: str) -> tuple[str, ...]:
+    """Every value of ``attribute`` (``commonName``, ``organizationName``) in the subject of a verified
+    peer certificate (``SSLObject.getpeercert()`` form), in order.
+
+    All of them, never the first: a subject may repeat an attribute, and readers disagree on which
+    counts (Go's ``pkix``, so Kubernetes, takes the last CN), so a caller deciding an identity must
+    see them all.
+    """
+    subject = peercert.get("subject") if peercert else None
     if not isinstance(subject, tuple):
-        return None
-    for rdn in subject:
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
+        return ()
+    return tuple(str(value) for rdn in subject for key, value in rdn if key == attribute)

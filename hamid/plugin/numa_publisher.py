@@ -312,7 +312,8 @@ class NumaPublisher:
         self.placement_patches = 0
 
     async def run(self) -> None:
-        """Poll and publish until cancelled; never raises for a missing source."""
+        """Poll and publish until cancelled; never raises (the plugin runs this in the TaskGroup that
+        serves ``Allocate``: an optional feature must never end the device plugin)."""
         log.info(
             "numa_publishing_started",
             node=self.node_name,
@@ -327,9 +328,12 @@ class NumaPublisher:
                 self.problems.report("API server", str(exc), "NUMA annotations not written; retrying")
             except InvalidInput as exc:  # what this round would write is not writable: never the plugin's end
                 self.problems.report("NUMA annotations", str(exc), "not written; retrying")
+            except Exception as exc:  # unforeseen: this round is lost, the next one retries
+                self.problems.report("NUMA publisher", f"{type(exc).__name__}: {exc}", "round lost; retrying")
             else:
                 self.problems.clear("API server")
                 self.problems.clear("NUMA annotations")
+                self.problems.clear("NUMA publisher")
             await asyncio.sleep(self.sources.interval)
 
     async def publish_once(self) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from grpclib import GRPCError
 from grpclib.client import Channel
-from grpclib.exceptions import StreamTerminatedError
 
 from hamid._proto.podresources.v1 import api_pb2 as pr
 from hamid._proto.podresources.v1.api_grpc import PodResourcesListerStub
@@ -29,7 +28,9 @@ DevicesByNuma = Mapping[str, Mapping[int, tuple[str, ...]]]
 
 
 class PodResourcesUnavailable(Exception):
-    """The PodResources API did not answer (no socket, refused, gRPC error, timeout)."""
+    """The PodResources API did not answer usably (no socket, refused, gRPC error, timeout, an answer
+    that does not decode): every failure but cancellation, so a kubelet answering badly costs the
+    NUMA annotations only, never the device plugin."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +120,8 @@ class PodResourcesClient:
             return await getattr(stub, method)(request, timeout=self.timeout)
         except GRPCError as exc:
             raise PodResourcesUnavailable(f"{method}: {exc.status.name}: {exc.message}") from exc
-        except (OSError, TimeoutError, StreamTerminatedError) as exc:
-            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        except Exception as exc:  # no socket, a timeout, an answer that does not decode: unavailable
+            why = ": ".join(filter(None, (type(exc).__name__, getattr(exc, "strerror", None) or str(exc))))
             raise PodResourcesUnavailable(f"{method} on {self.socket}: {why}") from exc
         finally:
             channel.close()

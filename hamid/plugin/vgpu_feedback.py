@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +37,6 @@ from hamid.plugin.allocator_rules import booked_entries
 from hamid.plugin.vgpu_monitor import (
     MAGIC,
     MAJOR_VERSION,
-    MAX_CACHE_FILES,
     MAX_DEVICES,
     UUID_BYTES,
     RegionError,
@@ -208,18 +208,20 @@ def feedback_pass(hook_path: str, trusted: Mapping[tuple[str, str], Trusted]) ->
     raw: list[tuple[int, int]] = []
     controls: list[Control] = []
     skipped = 0
-    for uid, container, path in cache_files(hook_path):
-        known = trusted.get((uid, container))
+
+    def skip(path: str, exc: Exception) -> None:
+        nonlocal skipped
+        log.debug("feedback_region_skipped", file=path, error=str(exc))
+        skipped += 1
+
+    for files in cache_files(hook_path):
+        known = trusted.get((files.pod_uid, files.container))
         if known is None:
             continue
-        try:
-            if path is None:
-                raise RegionError(f"{uid}_{container}: more than {MAX_CACHE_FILES} cache files")
-            control = _read_control(path, known)
-        except (OSError, RegionError) as exc:
-            log.debug("feedback_region_skipped", file=path, error=str(exc))
-            skipped += 1
+        current = files.current(functools.partial(_read_control, trusted=known), skip)
+        if current is None:
             continue
+        path, control = current
         paths.append(path)
         raw.append((control.recent_kernel, control.utilization_switch))
         # a count above HAMi-core's own is the tenant's: it counts as a launch, and is written back

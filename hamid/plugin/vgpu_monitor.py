@@ -17,8 +17,9 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hamid.log import get_logger
 from hamid.model import hamicore
@@ -220,7 +221,7 @@ def _device(head: RegionHead, live: list[ProcSlot], i: int, last_kernel: int) ->
 
 @dataclass(frozen=True, slots=True)
 class ContainerUsage:
-    """The devices of one container's cache file, named by pod UID and container."""
+    """The devices of one container's current region, named by pod UID and container."""
 
     pod_uid: str
     container: str
@@ -235,15 +236,62 @@ class UsageScan:
     skipped: int
 
 
-#: Cache files read per container directory at most, as HAMi's monitor allows (``loadCache``).
+#: Cache files per container directory at most, as HAMi's monitor allows (``loadCache``).
 MAX_CACHE_FILES = 2
+_T = TypeVar("_T")
 
 
-def cache_files(hook_path: str) -> Iterator[tuple[str, str, str | None]]:
-    """``(pod UID, container, path)`` of each container's ``<uid>_<container>/*.cache`` under
-    ``<hook_path>/vgpu/containers``, in name order (blocking). HAMi-core keeps one per container;
-    a directory holding more than :data:`MAX_CACHE_FILES` (the container writes it: thousands of
-    files would cost every pass a descriptor and a read each) is one ``path`` None, read not at all."""
+@dataclass(frozen=True, slots=True)
+class ContainerFiles:
+    """One container's cache directory: its cache files, newest first.
+
+    Each ``Allocate`` names a fresh ``<uuid4>.cache``, so a container allocated again while its
+    pod lives (re-admitted after a node reboot) keeps its previous region beside the one its
+    HAMi-core now writes, until the pod goes. HAMi's monitor (v2.10 ``loadCache``) reads one region
+    per container directory, the first ``.cache`` by name (random), mapped once and kept; hamid
+    reads one too, so every series is exported once per container and device, but the newest
+    by modification time that reads as a region: the live one (HAMi-core created it last; a newer
+    one still being created falls back to the older until it is complete).
+    """
+
+    pod_uid: str
+    container: str
+    #: Newest first (a tie: the later name first); None: more than :data:`MAX_CACHE_FILES`.
+    paths: tuple[str, ...] | None
+
+    def current(
+        self, read: Callable[[str], _T], skipped: Callable[[str, Exception], None]
+    ) -> tuple[str, _T] | None:
+        """The newest file ``read`` accepts and what it read; each refused one is told to ``skipped``."""
+        if self.paths is None:
+            directory = f"{self.pod_uid}_{self.container}"
+            skipped(directory, RegionError(f"{directory}: more than {MAX_CACHE_FILES} cache files"))
+            return None
+        for path in self.paths:
+            try:
+                return path, read(path)
+            except (OSError, RegionError) as exc:
+                skipped(path, exc)
+        return None
+
+
+def _newest_first(directory: str, files: list[str]) -> tuple[str, ...]:
+    """``files`` by modification time, newest first (never following a link the tenant placed)."""
+    stamped = []
+    for name in files:
+        path = os.path.join(directory, name)
+        try:
+            stamped.append((os.stat(path, follow_symlinks=False).st_mtime_ns, name, path))
+        except OSError:
+            continue  # gone meanwhile
+    return tuple(path for _at, _name, path in sorted(stamped, reverse=True))
+
+
+def cache_files(hook_path: str) -> Iterator[ContainerFiles]:
+    """Each container's ``<uid>_<container>/*.cache`` under ``<hook_path>/vgpu/containers``, in
+    name order (blocking). A directory holding more than :data:`MAX_CACHE_FILES` (the container
+    writes it: thousands of files would cost every pass a descriptor and a read each) comes with
+    ``paths`` None, read not at all."""
     root = hamicore.containers_dir(hook_path)
     try:
         entries = sorted(os.listdir(root))
@@ -260,24 +308,23 @@ def cache_files(hook_path: str) -> Iterator[tuple[str, str, str | None]]:
             continue
         container = name[len(uid) + 1 :]
         if len(files) > MAX_CACHE_FILES:
-            yield uid, container, None
-            continue
-        for file in sorted(files):
-            yield uid, container, os.path.join(directory, file)
+            yield ContainerFiles(uid, container, None)
+        elif files:
+            yield ContainerFiles(uid, container, _newest_first(directory, files))
 
 
 def scan(hook_path: str) -> UsageScan:
-    """Read every container's cache file (:func:`cache_files`; blocking)."""
+    """Read every container's current region (:meth:`ContainerFiles.current`; blocking)."""
     found: list[ContainerUsage] = []
     skipped = 0
-    for uid, container, path in cache_files(hook_path):
-        try:
-            if path is None:
-                raise RegionError(f"{uid}_{container}: more than {MAX_CACHE_FILES} cache files")
-            devices = read_region(path)
-        except (OSError, RegionError) as exc:
-            log.debug("cache_file_skipped", file=path, error=str(exc))
-            skipped += 1
-            continue
-        found.append(ContainerUsage(uid, container, devices))
+
+    def skip(path: str, exc: Exception) -> None:
+        nonlocal skipped
+        log.debug("cache_file_skipped", file=path, error=str(exc))
+        skipped += 1
+
+    for files in cache_files(hook_path):
+        current = files.current(read_region, skip)
+        if current is not None:
+            found.append(ContainerUsage(files.pod_uid, files.container, current[1]))
     return UsageScan(tuple(found), skipped)

@@ -86,7 +86,7 @@ class CertificateAuthority:
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
         common_name = dns_names[0] if dns_names else (ip_addresses[0] if ip_addresses else name)
-        return self._issue(directory, name, common_name, sans, ExtendedKeyUsageOID.SERVER_AUTH, days)
+        return self._issue(directory, name, (common_name,), sans, ExtendedKeyUsageOID.SERVER_AUTH, days)
 
     def issue_client(
         self,
@@ -95,24 +95,32 @@ class CertificateAuthority:
         name: str | None = None,
         days: int = _DEFAULT_DAYS,
         organizations: tuple[str, ...] | None = None,
+        more_common_names: tuple[str, ...] = (),
     ) -> CertPair:
         """Issue a client certificate whose subject CN is ``common_name`` (e.g. ``system:node:n1``).
 
         ``organizations`` are the subject's ``O`` values; by default ``system:nodes`` for a
         ``system:node:<name>`` CN, as in kubelet's client certificates, and none otherwise.
+        ``more_common_names``: further CNs after it (a subject repeating CN, as a hostile CSR may).
         """
         if organizations is None:
             organizations = ("system:nodes",) if common_name.startswith("system:node:") else ()
-        file_stem = name or common_name.replace(":", "_").replace("/", "_")
+        file_stem = name or "_".join((common_name, *more_common_names)).replace(":", "_").replace("/", "_")
         return self._issue(
-            directory, file_stem, common_name, [], ExtendedKeyUsageOID.CLIENT_AUTH, days, organizations
+            directory,
+            file_stem,
+            (common_name, *more_common_names),
+            [],
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            days,
+            organizations,
         )
 
     def _issue(
         self,
         directory: Path,
         stem: str,
-        common_name: str,
+        common_names: tuple[str, ...],
         sans: list[x509.GeneralName],
         usage: x509.ObjectIdentifier,
         days: int,
@@ -126,7 +134,7 @@ class CertificateAuthority:
             .subject_name(
                 x509.Name(
                     [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-                    + [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+                    + [x509.NameAttribute(NameOID.COMMON_NAME, cn) for cn in common_names]
                 )
             )
             .issuer_name(self.cert.subject)

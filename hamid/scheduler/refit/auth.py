@@ -5,7 +5,9 @@ A caller is accepted only when it proves a node identity equal to the request's 
 * ``mtls``: a client certificate verified against ``--client-ca-file`` during the TLS handshake
   with Kubernetes' node identity: subject CN ``system:node:<node>`` **and** ``O=system:nodes``, as
   kubelet's client certificates carry and the Node authorizer requires. A bare CN ``<node>`` is
-  refused: with the cluster CA as client CA, any user whose name equals a node name has one;
+  refused: with the cluster CA as client CA, any user whose name equals a node name has one. So is
+  a subject with several CNs (Kubernetes reads the last, so node n2 can get one approved whose
+  first CN names n1) or several ``O`` (kubelet's client certificate signer allows exactly one);
 * ``token``: ``Authorization: Bearer <token>`` (TLS only), checked with a TokenReview for the
   audience ``--refit-token-audience`` (default ``hamid-refit``; the review must list it): the user is
   ``system:serviceaccount:<device-plugin-namespace>:<device-plugin-service-account>``, the token is
@@ -38,7 +40,7 @@ from hamid.kube.tokens import POD_NAME_EXTRA, POD_UID_EXTRA
 from hamid.log import get_logger
 from hamid.model import objects
 from hamid.model.refit import REFIT_TIMEOUT_S
-from hamid.tls import peer_common_name
+from hamid.tls import peer_subject_values
 
 log = get_logger("scheduler.refit_auth")
 
@@ -128,14 +130,6 @@ def bearer_token(header: str | None) -> str:
 def node_of_common_name(cn: str) -> str:
     """The node a certificate CN names: ``system:node:<n>`` → ``<n>``, any other CN as is."""
     return cn[len(NODE_CN_PREFIX) :] if cn.startswith(NODE_CN_PREFIX) else cn
-
-
-def peer_organizations(peercert: Mapping[str, Any]) -> tuple[str, ...]:
-    """The subject ``O`` values of a verified peer certificate (``getpeercert()`` form)."""
-    subject = peercert.get("subject")
-    if not isinstance(subject, tuple):
-        return ()
-    return tuple(str(value) for rdn in subject for key, value in rdn if key == "organizationName")
 
 
 def peer_certificate(request: web.Request) -> dict[str, Any] | None:
@@ -239,15 +233,28 @@ class RefitAuthenticator:
         raise AuthError("no caller credentials presented")
 
     def _from_certificate(self, cert: dict[str, Any], node_name: str) -> Caller:
-        cn = peer_common_name(cert)
-        if not cn:
+        names = peer_subject_values(cert, "commonName")
+        if not names:
             raise AuthError("client certificate has no subject common name", AuthFailure.CERTIFICATE)
+        if len(names) > 1:
+            raise AuthError(
+                f"client certificate has {len(names)} subject common names ({', '.join(names)}); "
+                "Kubernetes reads the last, so it names no single node",
+                AuthFailure.CERTIFICATE,
+            )
+        (cn,) = names
         if not cn.startswith(NODE_CN_PREFIX):
             raise AuthError(
                 f"client certificate {cn!r} is not a node identity (want CN {NODE_CN_PREFIX}<node>)",
                 AuthFailure.CERTIFICATE,
             )
-        organizations = peer_organizations(cert)
+        organizations = peer_subject_values(cert, "organizationName")
+        if len(organizations) > 1:
+            raise AuthError(
+                f"client certificate {cn!r} has {len(organizations)} O ({', '.join(organizations)}); "
+                f"a node's has O={NODE_ORGANIZATION} only",
+                AuthFailure.CERTIFICATE,
+            )
         if NODE_ORGANIZATION not in organizations:
             raise AuthError(
                 f"client certificate {cn!r} is not in O={NODE_ORGANIZATION} "

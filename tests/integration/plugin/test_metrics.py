@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import threading
 import time
@@ -176,6 +177,42 @@ async def test_health_readiness_and_allocate_metrics() -> None:
             assert 30 <= one(found, "hami_container_last_kernel_elapsed_seconds", **new) < 90
             assert 30 <= one(found, "Device_last_kernel_of_container", **old) < 90
             assert one(found, "hami_build_info", version=hamid.__version__) == 1
+
+
+async def test_a_container_with_two_cache_files_is_exported_once_from_its_newest_region() -> None:
+    """A container allocated again (each ``Allocate`` names a fresh cache file) keeps its previous
+    region beside the live one: every usage series was exported twice under one label set, and
+    Prometheus kept whichever came first. One series per container and device, from the newest
+    region (HAMi's monitor takes the first by name: here the stale one)."""
+    async with running_plugin(with_kubelet=True) as (env, _kubelet), endpoint(env.plugin.metrics) as url:
+        await eventually(lambda: env.plugin.connector.registered)
+        uid = await _allocate_one(env)
+        cache = env.hook / "vgpu" / "containers" / f"{uid}_main"
+        cache.mkdir(parents=True, exist_ok=True)
+        mib = 1024 * 1024
+        stale, live = cache / "0f0e.cache", cache / "a1b2.cache"
+        write_region(stale, ["GPU-0"], [2000 * mib], [(7, [300 * mib], [12])])
+        write_region(live, ["GPU-0"], [2000 * mib], [(9, [900 * mib], [40])])
+        earlier = time.time_ns() - 600 * 10**9
+        os.utime(stale, ns=(earlier, earlier))
+        ctr = {"namespace": "default", "pod": "p1", "container": "main", "device_index": "0"}
+        old = {"podnamespace": "default", "podname": "p1", "ctrname": "main", "vdeviceid": "0"}
+        for path, used, sm in ((live, 900, 40), (stale, 300, 12)):
+            os.utime(path)  # now the newest
+            _status, text = await get(url + "/metrics")
+            _status, hami = await get(url + "/metrics/hami")
+            for exposition in (text, hami):
+                series = [
+                    (s.name, tuple(sorted(s.labels.items())))
+                    for family in text_string_to_metric_families(exposition)
+                    for s in family.samples
+                ]
+                assert len(series) == len(set(series)), exposition
+            found, found_hami = samples(text), samples(hami)
+            assert one(found, "hamid_container_gpu_memory_used_bytes", **ctr) == used * mib
+            assert one(found, "hamid_container_gpu_sm_utilization_percent", **ctr) == sm
+            assert one(found, "hamid_container_cache_files_skipped") == 0
+            assert one(found_hami, "vGPU_device_memory_usage_in_bytes", **old) == used * mib
 
 
 @needs_promtool

@@ -4,6 +4,8 @@ a sysfs tree and a kubelet config file on disk, the embedded API server through 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import json
 import shutil
@@ -15,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpclib.const import Cardinality, Handler
+from grpclib.server import Server, Stream
 
-from hamid.kube.client import KubeClient
+from hamid._proto.podresources.v1 import api_pb2 as pr
+from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
+from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
     ContainerPrediction,
     MemoryBlock,
@@ -26,7 +32,10 @@ from hamid.model.numa import (
     decode_profile,
     encode_prediction,
 )
+from hamid.model.resources import ResourceConfig
+from hamid.plugin.app import NodeSetup, PluginApp, PluginTimings
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
+from hamid.plugin.options import PluginOptions
 from hamid.plugin.podresources_client import NO_TOPOLOGY, PodResourcesClient, PodResourcesUnavailable
 from hamid.plugin.pods import NodePods
 from hamidsim.apiserver import ApiServer
@@ -35,6 +44,7 @@ from hamidsim.kubelet.devicemanager import ResourceState
 from hamidsim.kubelet.podresources import PodResourcesServer, PodResourcesView
 from hamidsim.machine import parse_machine_text
 from hamidsim.sysfs import write_sysfs_tree
+from tests.integration.plugin.helpers import GPUS, eventually, short_dir
 
 NODE = "n1"
 GPU = "nvidia.com/gpu"
@@ -434,3 +444,141 @@ async def test_each_profile_set_is_told_also_one_taken_over_from_the_node(env: E
     await env.synced()
     await env.publisher.publish_once()
     assert env.publisher.profile_patches == 1 and told == [1, 1]
+
+
+class _Bytes:
+    """A reply that serialises to bytes the test chooses (the injected fault: no valid protobuf)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+
+class _CorruptLister:
+    """A PodResources server that answers every call with ``data`` (a kubelet, shim or proxy on
+    the socket that answers badly)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def _reply(self, stream: Stream[Any, _Bytes]) -> None:
+        await stream.recv_message()
+        await stream.send_message(_Bytes(self.data))
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/v1.PodResourcesLister/List": Handler(
+                self._reply, Cardinality.UNARY_UNARY, pr.ListPodResourcesRequest, _Bytes
+            ),
+            "/v1.PodResourcesLister/GetAllocatableResources": Handler(
+                self._reply, Cardinality.UNARY_UNARY, pr.AllocatableResourcesRequest, _Bytes
+            ),
+        }
+
+
+@contextlib.asynccontextmanager
+async def corrupt_podresources(socket: Path, data: bytes = b"\x0a\x05ab") -> AsyncIterator[None]:
+    """Serve ``data`` as every PodResources answer on ``socket`` (default: a truncated field)."""
+    server = Server([_CorruptLister(data)])
+    await server.start(path=str(socket))
+    try:
+        yield
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\xff\xff\xff"], ids=["truncated", "bad-tag"])
+async def test_an_answer_that_does_not_decode_is_podresources_unavailable(env: Env, data: bytes) -> None:
+    """grpclib decodes the reply inside the call: a protobuf DecodeError was let through, and
+    through the publisher it ended the device plugin's TaskGroup."""
+    socket = env.directory / "corrupt.sock"
+    async with corrupt_podresources(socket, data):
+        client = PodResourcesClient(str(socket), timeout=2)
+        with pytest.raises(PodResourcesUnavailable, match=r"List on .*corrupt\.sock: DecodeError"):
+            await client.list_pods()
+        with pytest.raises(PodResourcesUnavailable, match="GetAllocatableResources"):
+            await client.allocatable()
+
+
+class _FailingProfileWrite:
+    """An injected fault the publisher does not foresee: the Node write raises ``RuntimeError``
+    while ``failing`` is set."""
+
+    def __init__(self, inner: KubeClient) -> None:
+        self.inner, self.failing = inner, True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def patch_node_metadata(self, name: str, **kw: Any) -> Any:
+        if self.failing:
+            raise RuntimeError("injected")
+        return await self.inner.patch_node_metadata(name, **kw)
+
+
+async def test_an_unforeseen_fault_costs_its_rounds_only_and_is_logged_once(
+    env: Env, logs: list[dict[str, Any]]
+) -> None:
+    """``run`` shares the device plugin's TaskGroup: whatever a round raises, it logs the reason
+    once, retries at its interval, and says when it recovered."""
+    faulty = _FailingProfileWrite(env.publisher.client)
+    env.publisher.client = faulty  # type: ignore[assignment]
+    env.publisher.sources = dataclasses.replace(env.publisher.sources, interval=0.02)
+    task = asyncio.create_task(env.publisher.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        failed = [e for e in logs if e["event"] == "numa_source_unavailable"]
+        assert len(failed) == 1 and failed[0]["source"] == "NUMA publisher"
+        assert failed[0]["error"] == "RuntimeError: injected"
+        faulty.failing = False
+        await eventually(lambda: PROFILE in env.annotations("Node", NODE))
+        assert any(e["event"] == "numa_source_available_again" for e in logs)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_corrupt_podresources_answer_never_ends_the_device_plugin(logs: list[dict[str, Any]]) -> None:
+    """The real PluginApp with its publisher on, kubelet's PodResources answering garbage on every
+    poll: the plugin keeps running (it serves ``Allocate`` for every GPU pod of the node)."""
+    with short_dir() as directory:
+        write_sysfs_tree(parse_machine_text(MACHINE), directory / "sys")
+        (directory / "config.yaml").write_text(CONFIG)
+        socket = directory / "pr.sock"
+        async with corrupt_podresources(socket), ApiServer() as server:
+            server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            client = await connect(api_server=server.url, request_timeout=5.0)
+            setup = NodeSetup(
+                NodeConfig(device_split_count=4, enable_numa_topology=True),
+                ResourceConfig(),
+                GPU,
+                GPUS,
+                None,
+                None,
+            )
+            options = PluginOptions(
+                node_name=NODE,
+                device_plugin_dir=str(directory),
+                hook_path=str(directory / "hook"),
+                metrics_listen="",
+                api_server=server.url,
+                kubelet_config=str(directory / "config.yaml"),
+                sysfs_root=str(directory / "sys"),
+                pod_resources_socket=str(socket),
+            )
+            app = PluginApp(options, kube=client, setup=setup, timings=PluginTimings(numa_interval=0.05))
+            try:
+                await app.start()
+                with pytest.raises(TimeoutError):  # ten polls answered with garbage: still serving
+                    await asyncio.wait_for(app.wait(), 0.5)
+                assert app.plugin.connector.socket_path.exists()
+                reported = [e for e in logs if e["event"] == "numa_source_unavailable"]
+                assert [e["source"] for e in reported] == ["kubelet PodResources API"]
+                assert "DecodeError" in reported[0]["error"]
+            finally:
+                await app.stop()
+                await client.close()

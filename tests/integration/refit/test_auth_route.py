@@ -206,9 +206,45 @@ async def test_mtls_node_identity(tls_files: TLSFiles, tmp_path: Path) -> None:
         other_group = await reason_of(env.mtls_client("system:node:n1", organizations=("developers",)), req)
         assert other_group.endswith("is not in O=system:nodes (its O: developers)")
         assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
-        # kubelet's identity: CN system:node:n1, O system:nodes (with another O alongside)
-        kubelet = env.mtls_client("system:node:n1", organizations=("system:nodes", "extra"))
+        # another O alongside: kubelet's client certificate signer allows O=system:nodes alone
+        extra = await reason_of(
+            env.mtls_client("system:node:n1", organizations=("system:nodes", "extra")), req
+        )
+        assert extra.endswith(
+            "client certificate 'system:node:n1' has 2 O (system:nodes, extra); "
+            "a node's has O=system:nodes only"
+        )
+        # kubelet's identity: CN system:node:n1, O system:nodes
+        kubelet = env.mtls_client("system:node:n1")
         assert (await kubelet.refit(req))[0].uuid == "GPU-b"
+
+
+async def test_a_certificate_with_several_common_names_speaks_for_no_node(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """Kubernetes (Go's pkix) reads a subject's last CN, hamid read the first: node n2 can get a
+    certificate approved as itself (last CN system:node:n2) whose first CN names n1, and it was
+    accepted for n1's pods. A subject with several CNs is refused whichever node it names."""
+    async with refit_env(tls_files, tmp_path) as env:
+        pod = await setup(env)
+        req = request(pod, "n1", 0, ["GPU-b"])
+        for names in (("system:node:n1", "system:node:n2"), ("system:node:n1", "system:node:n1")):
+            pair = tls_files.ca.issue_client(tmp_path / "two", names[0], more_common_names=names[1:])
+            client = RefitClient(
+                RefitClientConfig(
+                    env.cluster,
+                    ca_file=str(tls_files.ca_file),
+                    client_cert_file=str(pair.cert_file),
+                    client_key_file=str(pair.key_file),
+                    token_file=None,
+                )
+            )
+            reason = await reason_of(client, req)
+            assert reason.endswith(
+                f"client certificate has 2 subject common names ({', '.join(names)}); "
+                "Kubernetes reads the last, so it names no single node"
+            )
+        assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
 
 
 async def test_only_configured_methods_are_accepted(tls_files: TLSFiles, tmp_path: Path) -> None:

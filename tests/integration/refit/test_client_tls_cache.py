@@ -12,7 +12,7 @@ from hamid.model.devices import ContainerDevice
 from hamid.model.refit import RefitRequest
 from hamid.plugin.refit_client import RefitClient, RefitClientConfig, RefitError
 from hamidsim.certs import CertificateAuthority
-from tests.fixtures.tls import TLSFiles
+from tests.fixtures.tls import TLSFiles, commented_bundle
 from tests.integration.refit.fake_scheduler import fake_scheduler
 
 REQ = RefitRequest("u", "ns", "p", "n1", 0, "NVIDIA", ("GPU-2",), container_name="main")
@@ -60,3 +60,18 @@ async def test_tls_context_is_reused_and_rebuilt_on_rotation(tls_files: TLSFiles
         with pytest.raises(RefitError, match="cannot read scheduler CA bundle"):
             await client.refit(REQ)
         assert len(fake.requests) == 5
+
+
+async def test_a_rotation_to_a_ca_bundle_with_non_ascii_comments_is_used(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """A certifi-style bundle (issuers named in non-ASCII comment lines) rotated in during a refit
+    was a TypeError out of the client; it is read as OpenSSL reads it."""
+    ca_file = tmp_path / "ca.crt"
+    shutil.copyfile(tls_files.ca_file, ca_file)
+    async with fake_scheduler(tls_files) as fake:
+        client = RefitClient(RefitClientConfig(endpoint=fake.url, ca_file=str(ca_file), token_file=None))
+        assert await client.refit(REQ) == DEVICES
+        _replace(ca_file, commented_bundle(tls_files.ca_file, tmp_path / "bundle.pem"))
+        assert await client.refit(REQ) == DEVICES
+        assert client.tls_builds == 2

@@ -5,20 +5,22 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 
-from hamid.tls import TLSConfigError, client_ssl_context, peer_common_name, server_ssl_context
+from hamid.tls import TLSConfigError, client_ssl_context, peer_subject_values, server_ssl_context
 from hamidsim.certs import CertificateAuthority
-from tests.fixtures.tls import TLSFiles
+from tests.fixtures.tls import TLSFiles, commented_bundle
+from tests.integration.kube.helpers import eventually
 
 
 async def _serve(ctx: ssl.SSLContext) -> tuple[web.AppRunner, int]:
     async def whoami(request: web.Request) -> web.Response:
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
-        cn = peer_common_name(ssl_obj.getpeercert() if ssl_obj else None)
-        return web.json_response({"cn": cn})
+        names = peer_subject_values(ssl_obj.getpeercert() if ssl_obj else None, "commonName")
+        return web.json_response({"cn": ", ".join(names) or None})
 
     app = web.Application()
     app.router.add_get("/whoami", whoami)
@@ -151,3 +153,80 @@ def test_server_context_bad_key(tmp_path: Path, tls_files: TLSFiles) -> None:
     empty.write_text("nothing")
     with pytest.raises(TLSConfigError, match="client CA"):
         server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file, empty)
+
+
+async def test_a_ca_bundle_with_non_ascii_comments_is_read_as_openssl_reads_it(
+    tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    """A certifi-style bundle names issuers in comment lines ("Főtanúsítvány"): the text went to
+    ``cadata`` as a str, which takes ASCII only, and both contexts failed with a TypeError traceback."""
+    import aiohttp
+
+    bundle = commented_bundle(tls_files.ca_file, tmp_path / "bundle.pem")
+    server = server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file, bundle)
+    runner, port = await _serve(server.context)
+    try:
+        pair = tls_files.client("system:node:n1")
+        ctx = client_ssl_context(bundle, cert_file=pair.cert_file, key_file=pair.key_file)
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"https://localhost:{port}/whoami", ssl=ctx) as resp,
+        ):
+            assert (await resp.json()) == {"cn": "system:node:n1"}
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [("\u0151MIIB", "non-ASCII byte inside a PEM certificate"), ("AAAA", "not a valid PEM bundle")],
+    ids=["non-ascii", "not-a-certificate"],
+)
+def test_a_ca_bundle_that_cannot_be_loaded_is_a_tls_config_error(
+    tls_files: TLSFiles, tmp_path: Path, block: str, reason: str
+) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text(f"-----BEGIN CERTIFICATE-----\n{block}\n-----END CERTIFICATE-----\n", encoding="utf-8")
+    with pytest.raises(TLSConfigError, match=reason):
+        client_ssl_context(bad)
+    with pytest.raises(TLSConfigError, match="client CA"):
+        server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file, bad)
+
+
+async def test_the_reloader_task_outlives_any_rotation(
+    tls_files: TLSFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: list[dict[str, Any]]
+) -> None:
+    """The scheduler runs :meth:`ReloadingServerContext.run` as a task whose failure ends the
+    process: a rotation to a certifi-style bundle is loaded, and one that raises anything at all
+    (an injected fault) is logged while the last good context keeps serving."""
+    import aiohttp
+
+    client_ca = tmp_path / "clients.crt"
+    client_ca.write_bytes(tls_files.ca_file.read_bytes())
+    server = server_ssl_context(tls_files.server.cert_file, tls_files.server.key_file, client_ca)
+    reloader = asyncio.create_task(server.run(interval=0.02))
+    runner, port = await _serve(server.context)
+    try:
+        rotated = CertificateAuthority.create(tmp_path / "rotated", "rotated client CA")
+        pair = rotated.issue_client(tmp_path / "rotated", "system:node:n1")
+        ctx = client_ssl_context(tls_files.ca_file, cert_file=pair.cert_file, key_file=pair.key_file)
+        commented_bundle(rotated.cert_file, client_ca)
+        await eventually(lambda: any(e["event"] == "tls_files_reloaded" for e in logs))
+
+        def unforeseen(*_args: object) -> ssl.SSLContext:
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr("hamid.tls._build_server_context", unforeseen)
+        client_ca.write_bytes(tls_files.ca_file.read_bytes() + rotated.cert_file.read_bytes())
+        await eventually(lambda: any(e["event"] == "tls_reload_failed" for e in logs))
+        failed = next(e for e in logs if e["event"] == "tls_reload_failed")
+        assert failed["error"] == "RuntimeError: injected" and not reloader.done()
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"https://localhost:{port}/whoami", ssl=ctx) as resp,
+        ):
+            assert (await resp.json()) == {"cn": "system:node:n1"}  # the rotated CA's context serves
+    finally:
+        reloader.cancel()
+        await asyncio.gather(reloader, return_exceptions=True)
+        await runner.cleanup()

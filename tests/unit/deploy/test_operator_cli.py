@@ -20,7 +20,7 @@ from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.cli import check_refit_config
 from hamid.plugin.refit_client import RefitClientConfig
 from hamid.tls import client_ssl_context
-from tests.fixtures.tls import TLSFiles
+from tests.fixtures.tls import TLSFiles, commented_bundle
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -98,6 +98,20 @@ def test_plugin_refuses_an_unreadable_ca_file(tmp_path: Path) -> None:
     garbage.write_text("not a certificate\n")
     with pytest.raises(click.UsageError, match="NUMA refit TLS"):
         check_refit_config(RefitClientConfig(endpoint="https://s:443", ca_file=str(garbage), token_file=None))
+
+
+def test_plugin_accepts_a_ca_bundle_with_non_ascii_comments(tls_files: TLSFiles, tmp_path: Path) -> None:
+    """A certifi-style ``--scheduler-ca-file`` (issuers named in non-ASCII comment lines) was a
+    TypeError traceback at start; OpenSSL reads it, and so does the start check now."""
+    bundle = commented_bundle(tls_files.ca_file, tmp_path / "bundle.pem")
+    assert (
+        check_refit_config(RefitClientConfig(endpoint="https://s:443", ca_file=str(bundle), token_file=None))
+        == []
+    )
+    inside = tmp_path / "inside.pem"
+    inside.write_text(bundle.read_text().replace("-----\n", "-----\n\u0151", 1), encoding="utf-8")
+    with pytest.raises(click.UsageError, match=r"NUMA refit TLS: .*non-ASCII byte inside a PEM certificate"):
+        check_refit_config(RefitClientConfig(endpoint="https://s:443", ca_file=str(inside), token_file=None))
 
 
 def test_plugin_http_endpoint(tmp_path: Path) -> None:

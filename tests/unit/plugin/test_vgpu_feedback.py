@@ -123,6 +123,21 @@ def test_a_pass_writes_the_regions_of_this_nodes_pods_only(tmp_path: Path) -> No
     assert feedback_pass(str(tmp_path), trusted).changed == 0
 
 
+def test_a_container_allocated_again_is_fed_back_through_its_newest_region_only(tmp_path: Path) -> None:
+    """Each ``Allocate`` names a fresh cache file, so a container allocated again keeps its previous
+    region beside the live one. Both were fed back as two containers sharing the GPU: the stale
+    one, a peer of the same priority, switched the live one's core limit on."""
+    live = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
+    stale = live.with_name("0000.cache")  # first by name, as HAMi's monitor would pick
+    stale.write_bytes(live.read_bytes())
+    earlier = live.stat().st_mtime_ns - 600 * 10**9
+    os.utime(stale, ns=(earlier, earlier))
+    result = feedback_pass(str(tmp_path), _trusted(_pod(UID_HI, A, 1)))
+    assert (result.regions, result.changed, result.skipped) == (1, 1, 0)
+    assert _fields(live) == (1, 0)  # alone on its GPU: unthrottled
+    assert _fields(stale) == (LAUNCHED, 1)  # the previous run's region: left alone
+
+
 def test_the_plugins_loop_passes_over_the_pods_it_knows(tmp_path: Path) -> None:
     lone = _region_file(tmp_path, UID_HI, "main", A, priority=1, recent=LAUNCHED)
     feedback = VgpuFeedback(str(tmp_path), lambda: [_pod(UID_HI, A)], interval=0.01)
