@@ -10,16 +10,15 @@ callback only swaps in the newest context (no I/O on the handshake path).
 Client: verifies the server by default against a CA file or the system roots; an unreadable or
 empty CA file is an error, never a silent fallback; skipping verification is explicit.
 
-CA bundles are read as OpenSSL reads them: only the PEM certificate blocks count, so the comment
-lines around them (certifi's and distributions' bundles name issuers such as "Főtanúsítvány") may
-hold any byte. Whatever a file holds, loading it raises :class:`TLSConfigError`, never another error.
+CA bundles are handed to OpenSSL whole, as it reads a CA file: the comment lines around the PEM
+blocks (certifi's and distributions' bundles name issuers such as "Főtanúsítvány") may hold any
+byte. Whatever a file holds, loading it raises :class:`TLSConfigError`, never another error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from hamid.model.errors import InvalidInput
 
 log = get_logger("tls")
 
-_PEM_CERT_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.DOTALL)
+_PEM_CERT_MARKER = "-----BEGIN CERTIFICATE-----"
 #: What ``load_verify_locations`` may raise for CA data it cannot use (all are TLSConfigError here).
 _CA_LOAD_ERRORS = (ssl.SSLError, ValueError, TypeError)
 
@@ -55,21 +54,18 @@ def _stamp(path: Path) -> _FileStamp | None:
 
 
 def _read_ca(ca_file: str | os.PathLike[str], what: str) -> str:
-    """The PEM certificate blocks of a CA bundle as ASCII text (``cadata`` takes no other str; text
-    outside the blocks is dropped, as OpenSSL ignores it); TLSConfigError if unreadable, holding no
-    certificate or a non-ASCII byte inside one."""
+    """A PEM CA bundle as ASCII text, each non-ASCII byte a ``?`` (``cadata`` takes no other str;
+    OpenSSL ignores the text around the PEM blocks and refuses such a byte inside one, so it reads
+    the bundle as it reads the file); TLSConfigError if unreadable or holding no certificate."""
     name = os.fspath(ca_file)
     try:
         data = Path(ca_file).read_bytes()
     except OSError as exc:
         raise TLSConfigError(f"{what} {name!r} is unreadable: {exc}") from exc
-    blocks = _PEM_CERT_BLOCK.findall(data)
-    if not blocks:
+    text = data.decode("latin-1").encode("ascii", "replace").decode("ascii")
+    if _PEM_CERT_MARKER not in text:
         raise TLSConfigError(f"{what} {name!r} holds no PEM certificate")
-    try:
-        return "\n".join(block.decode("ascii") for block in blocks) + "\n"
-    except UnicodeDecodeError as exc:
-        raise TLSConfigError(f"{what} {name!r} has a non-ASCII byte inside a PEM certificate") from exc
+    return text
 
 
 def _build_server_context(cert_file: Path, key_file: Path, client_ca_pem: str | None) -> ssl.SSLContext:

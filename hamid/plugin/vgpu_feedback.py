@@ -193,11 +193,17 @@ def _read_control(path: str, trusted: Trusted) -> Control:
 
 
 def _write(path: str, values: Sequence[tuple[int, int]]) -> None:
-    """Write ``(offset, int)`` pairs into one region (reopened: the file may have been replaced)."""
+    """Write ``(offset, int)`` pairs into one region (reopened: the file may have been replaced).
+
+    The file keeps its modification time: a container's current region is its newest file by that
+    time (:class:`~hamid.plugin.vgpu_monitor.ContainerFiles`), and HAMi-core's own writes, through
+    its mapping, rarely move it, so a write here would make a stale region look current for good."""
     fd = open_region(path, write=True)
     try:
+        before = os.fstat(fd)
         for at, value in values:
             os.pwrite(fd, bytes(ctypes.c_int(value)), at)
+        os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)
 

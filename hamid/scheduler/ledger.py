@@ -130,7 +130,8 @@ class Hold:
     when the hold was made) and the larger of its old and new quota usage (``mem``/``cores`` more
     on ``namespace``) until its patch is decided. ``after`` is None while the refit decides
     itself; once set (at ``unknown_since``), the first pod event newer than that resourceVersion
-    decides instead, or the pod's delete, or a reconcile (:meth:`Ledger.settle_holds`).
+    decides instead, or the pod's delete, or a reconcile (:meth:`Ledger.settle_holds`); an event
+    that names the refit's ``target`` allocation, booked, tells ``on_landed``.
     """
 
     uid: str
@@ -145,6 +146,10 @@ class Hold:
     #: Past :data:`UNDECIDED_HOLD_S` with its pod unchanged: the pod's next feed decides (not applied).
     expired: bool = False
     applied: dict[str, DeviceAmount] = field(default_factory=dict)
+    #: The allocation the undecided write names, and what to call when a pod event deciding the
+    #: hold shows it landed (the event names it and it stays booked): the refit's status record.
+    target: str = ""
+    on_landed: Callable[[], None] | None = None
 
 
 def _quota_usage(res: Reservation) -> tuple[int, int]:
@@ -542,8 +547,27 @@ class Ledger:
         uid = objects.uid(pod)
         if not uid:
             return
+        decided = self._settle_hold(uid, objects.resource_version(pod)) if self._holds else ()
+        self._apply_pod(pod, uid, frozenset((h.node, h.kept) for h in decided))
+        for h in decided:
+            if h.on_landed is not None and self._landed(pod, h):
+                h.on_landed()
+
+    def _landed(self, pod: PodBody, h: Hold) -> bool:
+        """Whether pod event ``pod``, which decided ``h``, shows its write landed: the pod names the
+        write's allocation and it is what the pod books now (a later write of the same allocation,
+        not yet landed, has moved the booking there but is not on the pod)."""
+        named = objects.annotations(pod)
+        res = self._reservations.get(h.uid)
+        return (
+            res is not None
+            and (named.get(ann.VGPU_NODE), named.get(ann.DEVICES_ALLOCATED)) == (h.node, h.target)
+            and (res.node, res.raw) == (h.node, h.target)
+        )
+
+    def _apply_pod(self, pod: PodBody, uid: str, kept: frozenset[tuple[str, str]]) -> None:
+        """:meth:`on_pod` once the holds the event decides are released (``kept``: what each kept)."""
         current = self._reservations.get(uid)
-        kept = self._settle_hold(uid, objects.resource_version(pod)) if self._holds else frozenset()
         if objects.section(pod, "status").get("phase") in _TERMINAL_PHASES:
             self._forget(uid, current)
             return
@@ -873,10 +897,14 @@ class Ledger:
         self.quotas.shift(h.namespace, -h.mem, -h.cores)
         self.coordination.notify(h.node)
 
-    def settle_on_event(self, h: Hold, after: str) -> None:
-        """Let the pod's first event newer than resourceVersion ``after`` release ``h``."""
+    def settle_on_event(
+        self, h: Hold, after: str, target: str = "", on_landed: Callable[[], None] | None = None
+    ) -> None:
+        """Let the pod's first event newer than resourceVersion ``after`` release ``h``; if that event
+        names allocation ``target`` and it stays booked, call ``on_landed``."""
         h.after = after
         h.unknown_since = self.elapsed()
+        h.target, h.on_landed = target, on_landed
 
     def holds(self, uid: str) -> tuple[Hold, ...]:
         """The holds booked for pod ``uid``."""
@@ -886,15 +914,17 @@ class Ledger:
         """Whether a hold is booked on ``node``."""
         return any(h.node == node for holds in self._holds.values() for h in holds)
 
-    def _settle_hold(self, uid: str, version: str) -> frozenset[tuple[str, str]]:
-        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`);
-        the (node, allocation) each kept, which the event may name as the refit's rollback."""
-        kept: set[tuple[str, str]] = set()
-        for h in list(self._holds.get(uid, ())):
-            if h.after is not None and (h.expired or newer_than(version, h.after)):
-                self.release_hold(h)
-                kept.add((h.node, h.kept))
-        return frozenset(kept)
+    def _settle_hold(self, uid: str, version: str) -> tuple[Hold, ...]:
+        """A pod event at ``version``: release the holds it decides (see :meth:`settle_on_event`) and
+        return them; the (node, allocation) each kept the event may name as the refit's rollback."""
+        decided = tuple(
+            h
+            for h in self._holds.get(uid, ())
+            if h.after is not None and (h.expired or newer_than(version, h.after))
+        )
+        for h in decided:
+            self.release_hold(h)
+        return decided
 
     def settle_holds(self, list_version: str, listed: Mapping[str, PodBody]) -> list[str]:
         """The listed pods (UIDs) whose event-settled holds a list at ``list_version`` decides: fed

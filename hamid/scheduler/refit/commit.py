@@ -12,6 +12,7 @@ back again within seconds (:data:`FOLLOW_UP_DELAYS_S`) unless the pod's next eve
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -131,7 +132,10 @@ class RefitCommitter:
                 raise RefusalError(_definite_code(exc), f"cannot patch pod annotations: {detail}") from None
             outcome = await self.decide(namespace, name, uid, precondition, plan.new_allocated)
             if outcome is None:
-                ledger.settle_on_event(hold, precondition)
+                landed = functools.partial(
+                    self._landed_by_event, (namespace, name, uid), res.node, plan.new_allocated
+                )
+                ledger.settle_on_event(hold, precondition, plan.new_allocated, landed)
                 log.warning("refit_patch_outcome_unknown", held=sorted(hold.amounts))
                 pending = _Undecided(
                     namespace, name, uid, res.node, precondition, plan.new_allocated, hold, undo
@@ -219,7 +223,6 @@ class RefitCommitter:
             await asyncio.sleep(delay)
             async with ledger.node_guard(pending.node):
                 if pending.hold not in ledger.holds(pending.uid):
-                    self._record_if_kept(pending)
                     return
                 outcome = await self.decide(
                     pending.namespace, pending.name, pending.uid, pending.precondition, pending.new_allocated
@@ -248,7 +251,6 @@ class RefitCommitter:
         while True:
             async with ledger.node_guard(pending.node):
                 if pending.hold not in ledger.holds(pending.uid):
-                    self._record_if_kept(pending)
                     return
                 outcome = await self.decide(*pod, pending.precondition, pending.new_allocated, at_bound=True)
                 if pending.hold not in ledger.holds(pending.uid):
@@ -258,18 +260,12 @@ class RefitCommitter:
                     return
             await asyncio.sleep(FOLLOW_UP_DELAYS_S[-1])
 
-    def _record_if_kept(self, pending: _Undecided) -> None:
-        """A pod event (or a list) decided the refit's hold first: when it showed the refit
-        applied, the booking is still the refit's, and its record follows as for any landed refit
-        (else a restart would rebuild the booking from the older record)."""
-        res = self.ledger.reservation(pending.uid)
-        if res is not None and (res.node, res.raw) == (pending.node, pending.new_allocated):
-            log.info("refit_outcome_settled_by_event", applied=True)
-            self.spawn(
-                self._record(
-                    (pending.namespace, pending.name, pending.uid), pending.node, pending.new_allocated
-                )
-            )
+    def _landed_by_event(self, pod: tuple[str, str, str], node: str, allocated: str) -> None:
+        """A pod event (or a list) decided an undecided refit and showed it landed: its record
+        follows at once, as for any landed refit (else a restart would rebuild the booking from
+        the older record)."""
+        log.info("refit_outcome_settled_by_event", pod=f"{pod[0]}/{pod[1]}", applied=True)
+        self.spawn(self._record(pod, node, allocated))
 
     def _settled_at_bound(self, pending: _Undecided, outcome: JSON | Literal[False], started: float) -> None:
         """Act on what the read-back at the bound said (under the node's lock)."""

@@ -154,16 +154,25 @@ async def test_unknown_patch_outcome_books_both_until_the_next_pod_event(
         assert env.scheduler.ledger.quotas.used("default") == (20000, 30)
 
 
-async def refit_of_unknown_outcome(env: Env) -> str:
-    """Refit ``p`` while its patch outlasts the refit's patch timeout (the API server then drops
-    it: its client hung up); the refit answers that its outcome is unknown. The pod's UID."""
-    pod = await placed(env)
+async def undecided_refit(env: Env, pod: dict[str, Any], read_fails: bool = True) -> None:
+    """Refit ``p`` onto GPU-b while the API server drops its patch (its client hung up) and the
+    read-back fails (or shows the pod unchanged): the answer is that the outcome is unknown; the
+    booking moved, both GPU sets held."""
     slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
+    if read_fails:
+        env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
     try:
         result = await post(env, pod)
     finally:
         env.server.faults.remove(slow.id)
-    assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+    assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"], result
+
+
+async def refit_of_unknown_outcome(env: Env) -> str:
+    """Refit ``p`` while its patch outlasts the refit's patch timeout (the API server then drops
+    it: its client hung up) and its read-back shows it unchanged; the pod's UID."""
+    pod = await placed(env)
+    await undecided_refit(env, pod, read_fails=False)
     return str(pod["metadata"]["uid"])
 
 
@@ -200,29 +209,52 @@ async def test_a_refit_whose_landing_a_pod_event_tells_is_recorded_as_booked(
 ) -> None:
     """The patch's outcome was unknown and the pod's event, not the follow-up's read-back, showed
     it landed: the booking moved, but the status record kept naming the old allocation (a restart
-    then rebuilt the booking from the record). The follow-up writes the record as for any landed
-    refit."""
-    monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (1.0,))
+    then rebuilt the booking from the record). The event that decides the hold writes it, as for
+    any landed refit, at once (not when a follow-up wakes: review s24 R2)."""
+    monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (60.0,))  # no read-back within the test
     async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
         record = booked_condition("n1", OLD, "", time.time())
         pod = await placed(env, status={"conditions": [record]})
         uid = pod["metadata"]["uid"]
-        slow = env.server.faults.add_latency(5.0, verb="patch", path_pattern="/pods/p$")
-        env.server.faults.fail_next(1, verb="get", path_pattern="/pods/p$", status=503)
-        result = await post(env, pod)
-        env.server.faults.remove(slow.id)
-        assert result["succeeded"] is False and "outcome is unknown" in result["failureReason"]
+        await undecided_refit(env, pod)
         with structlog.testing.capture_logs() as logs:
             # the write lands late; its event reaches the ledger before the follow-up reads back
             moved = {"metadata": {"annotations": {TA: NEW, AL: NEW}}}
-            landed = env.server.patch("Pod", "default", "p", moved)
-            await cache_at(env, landed["metadata"]["resourceVersion"])
-            assert not env.scheduler.ledger.holds(uid)
+            env.server.patch("Pod", "default", "p", moved)
+            await eventually(lambda: not env.scheduler.ledger.holds(uid))
             await eventually(lambda: booked_record(env.server.get("Pod", "default", "p")).allocated == NEW)
         assert [e["event"] for e in logs if e["event"].startswith("refit_outcome")] == [
             "refit_outcome_settled_by_event"
         ]
         assert used(env) == {"GPU-a": (0, 0, 0), "GPU-b": (1, 20000, 30)}
+
+
+async def test_a_rolled_back_refit_never_records_a_later_refits_undecided_move(
+    tls_files: TLSFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review s24 R1: a refit's follow-up, woken after the pod's event had rolled the refit back,
+    recorded its GPUs as booked because a second refit of the same plan, still undecided, had moved
+    the booking there: the record named GPUs the pod never got (the plugin then refuses the pod's
+    real allocation; signed, the ledger books the wrong GPUs). Only the event that shows the
+    write on the pod records it."""
+    monkeypatch.setattr(commit, "FOLLOW_UP_DELAYS_S", (3.0,))
+    async with refit_env(tls_files, tmp_path, patch_timeout=0.5) as env:
+        record = booked_condition("n1", OLD, "", time.time())
+        pod = await placed(env, status={"conditions": [record]})
+        uid = pod["metadata"]["uid"]
+        ledger = env.scheduler.ledger
+        await undecided_refit(env, pod)
+        update = env.server.patch("Pod", "default", "p", {"metadata": {"labels": {"next": "update"}}})
+        await cache_at(env, update["metadata"]["resourceVersion"])
+        await eventually(lambda: not ledger.holds(uid))  # not applied: rolled back
+        assert ledger.reservation(uid).raw == OLD
+        await undecided_refit(env, env.server.get("Pod", "default", "p"))  # the same plan again
+        await asyncio.sleep(3.5)  # the first refit's follow-up has woken
+        stored = env.server.get("Pod", "default", "p")
+        assert stored["metadata"]["annotations"][AL] == OLD  # nothing landed
+        assert booked_record(stored).allocated == OLD
+        (entry,) = pending_entries(to_allocate(stored))
+        refuse_unbooked(entry, booked_entries(stored))  # the plugin still serves the pod
 
 
 async def test_a_pod_unchanged_until_the_bound_was_not_refitted_even_with_the_reconcile_off(

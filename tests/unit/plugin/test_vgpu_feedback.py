@@ -73,6 +73,13 @@ def _region_file(hook: Path, uid: str, container: str, gpu: bytes, priority: int
     return path
 
 
+def _set_recent(path: Path, recent: int) -> None:
+    """The container's HAMi-core counts a launched kernel."""
+    region = SharedRegion.from_buffer_copy(path.read_bytes()[:REGION_SIZE])
+    region.recent_kernel = recent
+    path.write_bytes(bytes(region))
+
+
 def _fields(path: Path) -> tuple[int, int]:
     region = SharedRegion.from_buffer_copy(path.read_bytes()[:REGION_SIZE])
     return region.recent_kernel, region.utilization_switch
@@ -136,6 +143,31 @@ def test_a_container_allocated_again_is_fed_back_through_its_newest_region_only(
     assert (result.regions, result.changed, result.skipped) == (1, 1, 0)
     assert _fields(live) == (1, 0)  # alone on its GPU: unthrottled
     assert _fields(stale) == (LAUNCHED, 1)  # the previous run's region: left alone
+
+
+def test_a_pass_that_fell_back_to_the_stale_region_does_not_pin_the_feedback_to_it(tmp_path: Path) -> None:
+    """Review s24 R4: the live region, just created, did not read yet, so a pass wrote the previous
+    run's region (intended); that write moved its modification time, and HAMi-core's writes through
+    its mapping do not (never on tmpfs), so the stale region stayed "newest" for good: the live
+    low-priority container was never held back. The feedback's writes keep the file's time."""
+    high = _region_file(tmp_path, UID_HI, "main", A, priority=0, recent=LAUNCHED)
+    stale = _region_file(tmp_path, UID_LO, "main", A, priority=1, recent=0)
+    earlier = stale.stat().st_mtime_ns - 600 * 10**9
+    os.utime(stale, ns=(earlier, earlier))
+    live = stale.with_name("ffff.cache")  # re-admitted: HAMi-core created it, not yet initialised
+    image = stale.read_bytes()
+    live.write_bytes(b"\0" * len(image))
+    created = live.stat().st_mtime_ns
+    trusted = _trusted(_pod(UID_HI, A, 0), _pod(UID_LO, A, 1))
+    feedback_pass(str(tmp_path), trusted)
+    assert _fields(stale) == (-1, 1)  # the fallback, held back
+    with live.open("r+b") as region:  # HAMi-core initialises it through its mapping: no new time
+        region.write(image)
+    os.utime(live, ns=(created, created))
+    for _ in range(2):
+        _set_recent(high, LAUNCHED)  # the high-priority container keeps launching kernels
+        feedback_pass(str(tmp_path), trusted)
+    assert _fields(live) == (-1, 1)
 
 
 def test_the_plugins_loop_passes_over_the_pods_it_knows(tmp_path: Path) -> None:
