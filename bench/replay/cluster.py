@@ -57,7 +57,7 @@ from hamid.plugin.inventory import GpuInventory
 from hamid.plugin.numa_policy import NumaMismatchPolicy, log_mismatch
 from hamid.plugin.numa_publisher import build_profile, holds_anything, placement_of
 from hamid.plugin.options import hide_rule
-from hamid.plugin.podresources_client import NO_TOPOLOGY, HeldContainer, HeldPod
+from hamid.plugin.podresources_client import held_pod
 from hamid.plugin.pods import NodePods
 from hamid.plugin.refit_client import RefitRefused
 from hamid.plugin.replica_room import ReplicaRoom
@@ -74,6 +74,7 @@ from hamidsim.kubelet.cadvisor import CpuTopology, MachineInfo, numa_nodes_of
 from hamidsim.kubelet.config import KubeletConfig
 from hamidsim.kubelet.devicemanager import DeviceManager, ResourceState
 from hamidsim.kubelet.node import build_managers
+from hamidsim.kubelet.podresources import PodResourcesView
 from replay.api import MemoryApi
 from replay.pods import MILLI, RESOURCES, TraceNode, TracePod, aligned_shape
 
@@ -418,19 +419,10 @@ class SimNode:
         return record
 
     def placement(self, record: PodAdmission) -> str | None:
-        """The ``hamid.io/numa-placement`` the NUMA publisher writes from PodResources (None: none)."""
-        containers = []
-        for c in record.containers:
-            topology = self.devices.resources[RESOURCE].all_devices
-            devices: dict[str, dict[int, tuple[str, ...]]] = {}
-            for resource, ids in c.devices.items():
-                per: dict[int, list[str]] = {}
-                for device in ids:
-                    for numa in topology.get(device) or (NO_TOPOLOGY,):
-                        per.setdefault(numa, []).append(device)
-                devices[resource] = {n: tuple(v) for n, v in per.items()}
-            containers.append(HeldContainer(c.name, c.cpus, devices))
-        held = HeldPod(record.namespace, record.name, tuple(containers))
+        """The ``hamid.io/numa-placement`` the NUMA publisher writes from PodResources (None: none),
+        from the simulated kubelet's answer for the pod (the containers kubelet's ``List`` reports)."""
+        view = PodResourcesView(list, dict, frozenset, lambda r: self.devices.resources[r].all_devices)
+        held = held_pod(view.pod(record))
         if not holds_anything(held):
             return None
         numa_of = {cpu: n for n, cpus in self.layout.numa_cpus.items() for cpu in cpus}

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from hamid.fit.numa_predict import NO_TOPOLOGY, Prediction
+from hamid.fit.numa_predict import Prediction
 from hamid.fit.replica_room import hidden_by_gpu, omitted_by_gpu
 from hamid.fit.usage import NodeUsage
 from hamid.model.devices import PodDevices
+from hamid.model.numa import NO_TOPOLOGY
 
 #: Per container (init first), the NUMA nodes its GPUs must be on; None: no restriction.
 NumaTargets = tuple[frozenset[int] | None, ...]

@@ -126,6 +126,21 @@ class MemoryLedger:
         for mask, b in checked:
             self._take(mask, b.resource, b.size)
 
+    def fitting(self, blocks: Sequence[MemoryBlock]) -> tuple[MemoryBlock, ...]:
+        """``blocks`` shrunk, in order, to the bytes free now (one on a NUMA node the state does not
+        have left out): what :meth:`apply` then books without refusing."""
+        scratch = self.copy()
+        out = []
+        for b in blocks:
+            try:
+                ((mask, _block),) = scratch._check((b,))
+            except InvalidInput:
+                continue
+            fit = MemoryBlock(b.numa, b.resource, min(b.size, scratch.free(mask, b.resource)))
+            scratch.apply((fit,))
+            out.append(fit)
+        return tuple(out)
+
     def _take(self, mask: int, name: str, size: int) -> None:
         for n in _bits(mask):
             self._blocks[n] += 1

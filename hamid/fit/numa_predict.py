@@ -37,6 +37,7 @@ from hamid.model.numa import (
     CPU_OPTION_FULL_PCPUS_ONLY,
     CPU_OPTION_STRICT_RESERVATION,
     DEFAULT_MAX_ALLOWABLE_NUMA_NODES,
+    NO_TOPOLOGY,
     SINGLE_NUMA_NODE,
     TM_OPTION_MAX_NUMA_NODES,
     TM_OPTION_PREFER_CLOSEST,
@@ -52,8 +53,6 @@ from hamid.model.preferred import preferred_answer
 from hamid.model.quantity import parse_quantity
 from hamid.model.resources import is_sidecar
 
-#: Ledger bucket for devices that report no NUMA node (kubelet's fake NUMA node -1).
-NO_TOPOLOGY = -1
 #: A profile not confirmed by the node agent for this long is stale (it re-stamps far more often).
 DEFAULT_PROFILE_MAX_AGE_S = 30 * 60
 #: Bound on merged hint permutations for the non-single-numa policies (kubelet enumerates them all).
@@ -110,6 +109,23 @@ class NumaUsage:
     devices: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     #: The Static memory manager's blocks, container by container.
     memory: tuple[MemoryBlock, ...] = ()
+
+    def plus(self, other: NumaUsage) -> NumaUsage:
+        """Both usages together (a placement and what its pod's unlisted containers keep beside it)."""
+        devices = {r: dict(per) for r, per in self.devices.items()}
+        for r, per in other.devices.items():
+            into = devices.setdefault(r, {})
+            for n, k in per.items():
+                into[n] = into.get(n, 0) + k
+        return NumaUsage(self.cpus | other.cpus, devices, self.memory + other.memory)
+
+    def only(self, resources: frozenset[str]) -> NumaUsage:
+        """The usage with the devices of ``resources`` only: a ledger that keeps no other resource
+        (the scheduler's keeps its GPUs) books the rest of a pod's placement all the same."""
+        if self.devices.keys() <= resources:
+            return self
+        devices = {r: per for r, per in self.devices.items() if r in resources}
+        return NumaUsage(self.cpus, devices, self.memory)
 
 
 class NumaLedger:
@@ -197,6 +213,18 @@ class NumaLedger:
                 counts[0] = max(counts[0] - n, 0)
                 counts[1] = max(counts[1] - n, 0)
         return ledger
+
+    def fitting(self, usage: NumaUsage) -> NumaUsage:
+        """The part of ``usage`` that is free now: a guess booked beside the truth (what a pod's
+        unlisted containers keep) never displaces what an observed placement books."""
+        devices: dict[str, dict[int, int]] = {}
+        for res, per_numa in usage.devices.items():
+            for numa, n in per_numa.items():
+                k = min(n, self._devices.get(res, {}).get(numa, [0, 0])[1])
+                if k > 0:
+                    devices.setdefault(res, {})[numa] = k
+        memory = self.memory.fitting(usage.memory) if self.memory is not None else ()
+        return NumaUsage(usage.cpus & self._free_cpus, devices, memory)
 
     def device_counts(self, resource: str) -> dict[int, tuple[int, int]]:
         """``{numa: (total, free)}`` of one resource (empty when the node has none)."""
@@ -1484,6 +1512,46 @@ def usage_of_prediction(containers: Iterable[ContainerPrediction]) -> NumaUsage:
             for n, k in per_numa.items():
                 into[n] = into.get(n, 0) + k
     return NumaUsage(frozenset(cpus), devices, tuple(memory))
+
+
+def kept_usage(booked: NumaUsage, unlisted: NumaUsage, observed: NumaUsage) -> NumaUsage:
+    """What a pod holds that its placement cannot show: the exclusive CPUs, replicas and memory of
+    its regular init containers beyond what its listed containers reuse of them.
+
+    kubelet keeps an init container's resources until the pod ends (later containers only reuse
+    them), but PodResources lists app and restartable init containers only. ``booked`` is the
+    pod's predicted usage, ``unlisted`` the share of it the unlisted containers took (replicas and
+    memory newly taken, CPUs with those they reused), ``observed`` what the listed containers hold.
+    Exact when the prediction was: the pod holds the booked total, of which the listed part is
+    observed, CPU by CPU, per NUMA bucket and per memory mask. After a miss it is a guess: as much
+    as the booked total exceeds the observed one, where the prediction put the init containers.
+    Every unlisted memory block stays, as kubelet keeps an init container's block shrunk by what
+    later containers reused, to 0 bytes if need be.
+    """
+    spare = len(booked.cpus) - len(observed.cpus)
+    cpus = frozenset(sorted(unlisted.cpus - observed.cpus)[: max(spare, 0)])
+    devices: dict[str, dict[int, int]] = {}
+    for res, per_numa in unlisted.devices.items():
+        total, seen = booked.devices.get(res, {}), observed.devices.get(res, {})
+        spare = sum(total.values()) - sum(seen.values())
+        for n, took in sorted(per_numa.items()):
+            k = min(took, total.get(n, 0) - seen.get(n, 0), spare)
+            if k > 0:
+                devices.setdefault(res, {})[n] = k
+                spare -= k
+    by_mask: dict[tuple[frozenset[int], str], int] = {}
+    by_type: dict[str, int] = {}
+    for sign, blocks in ((1, booked.memory), (-1, observed.memory)):
+        for b in blocks:
+            by_mask[b.numa, b.resource] = by_mask.get((b.numa, b.resource), 0) + sign * b.size
+            by_type[b.resource] = by_type.get(b.resource, 0) + sign * b.size
+    memory = []
+    for b in unlisted.memory:
+        size = max(0, min(b.size, by_mask.get((b.numa, b.resource), 0), by_type.get(b.resource, 0)))
+        by_mask[b.numa, b.resource] = by_mask.get((b.numa, b.resource), 0) - size
+        by_type[b.resource] = by_type.get(b.resource, 0) - size
+        memory.append(MemoryBlock(b.numa, b.resource, size))
+    return NumaUsage(cpus, devices, tuple(memory))
 
 
 def usage_of_placement(containers: Iterable[ContainerPlacement]) -> NumaUsage:

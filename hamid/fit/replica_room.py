@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hamid.fit.numa_predict import NO_TOPOLOGY
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.model.devices import MODE_MIG
 from hamid.model.numa import (
     HIDE_BUSY,
     HIDE_BUSY_STEER,
     HIDE_STEER,
+    NO_TOPOLOGY,
     SPANNING_RULES,
     STEERED_WITHOUT_SPAN,
     STEERING_RULES,

@@ -13,6 +13,17 @@ MODE_MPS = "mps"
 OPERATING_MODES = (MODE_HAMI_CORE, MODE_MIG, MODE_MPS)
 
 
+def replica_id(uuid: str, i: int) -> str:
+    """HAMi's replica ID ``<UUID>-<i>``: the device ID kubelet sees for replica ``i`` of a GPU."""
+    return f"{uuid}-{i}"
+
+
+def replica_gpu(device_id: str) -> str:
+    """The GPU UUID of a replica ID (:func:`replica_id` read back; an ID of another form as it is)."""
+    uuid, sep, index = device_id.rpartition("-")
+    return uuid if sep and index.isdigit() else device_id
+
+
 @dataclass(frozen=True, slots=True)
 class MigPlacement:
     """A MIG placement (``{"start","size"}``)."""

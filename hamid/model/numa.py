@@ -45,6 +45,8 @@ FORMAT_VERSION = 1
 MAX_ANNOTATION_BYTES = 16 * 1024
 MAX_CPU_ID = 65535
 MAX_NUMA_ID = 63  # kubelet's NUMA bitmask is 64 bits wide
+#: NUMA bucket of a device whose plugin advertised no topology (kubelet's fake NUMA node -1).
+NO_TOPOLOGY = -1
 MAX_DEVICE_ID_LENGTH = 256
 
 #: The Topology Manager policy NUMA alignment needs (the only one that rejects a pod it cannot align).
@@ -68,6 +70,8 @@ _CPU_TOKEN = re.compile(rf"({_INT})(?:-({_INT}))?\Z")
 _GROUP = re.compile(rf"({_INT}(?:,{_INT})*)(?:x([1-9][0-9]{{0,4}}))?\Z")
 _OPTION_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}\Z")
 _NUMA_KEY = re.compile(r"(?:0|[1-9][0-9]?)\Z")
+#: A pod record's device bucket: a NUMA node, or -1 for devices without topology.
+_DEVICE_NUMA_KEY = re.compile(r"(?:-1|0|[1-9][0-9]?)\Z")
 
 
 # ==========================================================================================
@@ -210,6 +214,9 @@ class ReplicaHiding:
 
 #: Format version of a placement or prediction whose containers carry ``memory``.
 POD_MEMORY_VERSION = 2
+#: Format version of a placement or prediction with devices without topology (bucket -1), with or
+#: without ``memory``: a reader that knows no such bucket sees a newer format, not corruption.
+POD_NO_TOPOLOGY_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -777,7 +784,8 @@ def _decode_memory(value: object) -> tuple[tuple[int, tuple[tuple[str, int], ...
 
 @dataclass(frozen=True, slots=True)
 class ContainerPlacement:
-    """What one container holds: its NUMA node(s), exclusive CPUs, device IDs per resource per NUMA."""
+    """What one container holds: its NUMA node(s), exclusive CPUs, device IDs per resource per NUMA
+    bucket (:data:`NO_TOPOLOGY` for devices without topology, never one of ``numa``)."""
 
     name: str
     numa: frozenset[int]
@@ -791,8 +799,9 @@ class ContainerPlacement:
 class ContainerPrediction:
     """The predicted share of one container: NUMA node(s), exclusive CPUs, device counts per NUMA.
 
-    ``devices`` counts the replicas the container newly takes; replicas reused from an init
-    container stay on the container that took them, so a pod's usage is the sum over containers.
+    ``devices`` counts the replicas the container newly takes per NUMA bucket (:data:`NO_TOPOLOGY`
+    for devices without topology); replicas reused from an init container stay on the container
+    that took them, so a pod's usage is the sum over containers.
     """
 
     name: str
@@ -828,7 +837,9 @@ _DEVICE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_DEVICE_ID_LENGTH}}}\Z")
 
 def _encode_pod(gen: int, containers: Iterable[ContainerPlacement | ContainerPrediction], key: str) -> str:
     rows = []
+    flat = False
     for c in containers:
+        flat = flat or any(NO_TOPOLOGY in per for per in c.devices.values())
         devices = {
             res: {str(n): (list(v) if isinstance(v, tuple) else v) for n, v in sorted(per_numa.items())}
             for res, per_numa in sorted(c.devices.items())
@@ -843,9 +854,14 @@ def _encode_pod(gen: int, containers: Iterable[ContainerPlacement | ContainerPre
         if c.memory:
             row["memory"] = {b.resource: [format_cpu_list(b.numa), b.size] for b in c.memory}
         rows.append(row)
-    version = POD_MEMORY_VERSION if any("memory" in row for row in rows) else FORMAT_VERSION
-    doc = {"v": version, "gen": gen, "containers": rows}
+    doc = {"v": _pod_version(any("memory" in row for row in rows), flat), "gen": gen, "containers": rows}
     return _bounded(json.dumps(doc, separators=(",", ":"), sort_keys=True), key)
+
+
+def _pod_version(memory: bool, flat: bool) -> int:
+    """A pod record's format version: the lowest that carries its content (``memory`` blocks,
+    devices without topology)."""
+    return POD_NO_TOPOLOGY_VERSION if flat else POD_MEMORY_VERSION if memory else FORMAT_VERSION
 
 
 def encode_placement(placement: PodPlacement) -> str:
@@ -876,7 +892,7 @@ def _check_pod(
             if not isinstance(res, str) or not _RESOURCE.match(res):
                 raise InvalidInput(f"{where}: {res!r:.70} is not an extended resource name")
             for n, v in per_numa.items():
-                if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_NUMA_ID:
+                if isinstance(n, bool) or not isinstance(n, int) or not NO_TOPOLOGY <= n <= MAX_NUMA_ID:
                     raise InvalidInput(f"{where}: {res}: NUMA {n!r:.20} out of range")
                 _check_devices(v, f"{where}: {res} on NUMA {n}", ids)
         types = [b.resource for b in c.memory]
@@ -919,13 +935,10 @@ def _decode_pod(
 ) -> tuple[
     int, list[tuple[str, frozenset[int], frozenset[int], dict[str, dict[int, Any]], tuple[MemoryBlock, ...]]]
 ]:
-    doc = _load(text, key, _POD_KEYS, (FORMAT_VERSION, POD_MEMORY_VERSION))
+    doc = _load(text, key, _POD_KEYS, (FORMAT_VERSION, POD_MEMORY_VERSION, POD_NO_TOPOLOGY_VERSION))
     if "gen" not in doc or "containers" not in doc:
         raise InvalidInput(f"{key}: missing field 'gen' or 'containers'")
     rows = want_list(doc["containers"], f"{key}.containers")
-    has_memory = any(isinstance(r, Mapping) and "memory" in r for r in rows)
-    if has_memory != (doc["v"] == POD_MEMORY_VERSION):
-        raise InvalidInput(f"{key}: container memory comes with format version 2, and only with it")
     gen = want_int(doc["gen"], f"{key}.gen", 0)
     out = []
     for i, raw in enumerate(rows):
@@ -940,7 +953,7 @@ def _decode_pod(
         for res, per_numa in want_object(row.get("devices", {}), f"{where}.devices").items():
             devices[res] = {}
             for n, v in want_object(per_numa, f"{where}.devices.{res}").items():
-                if not _NUMA_KEY.match(n):
+                if not _DEVICE_NUMA_KEY.match(n):
                     raise InvalidInput(f"{where}.devices.{res}: key {n!r:.20} is not a NUMA id")
                 if ids:
                     items = want_list(v, f"{where}.devices.{res}.{n}")
@@ -955,6 +968,13 @@ def _decode_pod(
                 devices,
                 _decode_memory_blocks(row.get("memory", {}), f"{where}.memory"),
             )
+        )
+    memory = any("memory" in row for row in rows)
+    flat = any(NO_TOPOLOGY in per for row in out for per in row[3].values())
+    if doc["v"] != _pod_version(memory, flat):
+        raise InvalidInput(
+            f"{key}: format version {doc['v']} does not match its content "
+            "(2 with memory, 3 with a device without topology, else 1)"
         )
     return gen, out
 

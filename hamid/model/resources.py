@@ -250,6 +250,15 @@ def is_sidecar(container: Mapping[str, Any]) -> bool:
     return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
 
 
+def unlisted_containers(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the containers kubelet's PodResources API does not report: the regular init
+    containers. ``List`` and ``Get`` walk the restartable init containers (SidecarContainers, GA
+    since 1.33) and ``spec.containers`` only (``server_v1.go``), yet kubelet keeps what a regular
+    init container was given, less what later containers reused, until the pod ends."""
+    regular = (c for c in _container_list(_spec(pod), "initContainers") if not is_sidecar(c))
+    return frozenset(str(c.get("name") or "") for c in regular)
+
+
 def resource_value(container: Mapping[str, Any], name: str, where: str = "container") -> tuple[bool, object]:
     """``(present, raw value)`` of resource ``name``: limits first, then requests (HAMi's order)."""
     resources_raw = container.get("resources")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hamid.log import get_logger
-from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile
+from hamid.model.devices import MODE_MIG, NVIDIA, DeviceInfo, MigProfile, replica_id
 from hamid.model.mig import AllowedMigProfiles, allowed_profiles_for, profile_slice_key
 from hamid.model.nodeconfig import NodeConfig
 from hamid.plugin.allocator_rules import GpuFacts
@@ -34,11 +34,6 @@ class Replica:
     uuid: str
     healthy: bool
     numa: int | None
-
-
-def replica_id(uuid: str, i: int) -> str:
-    """HAMi's replica ID ``<UUID>-<i>``."""
-    return f"{uuid}-{i}"
 
 
 def device_type(name: str) -> str:

@@ -38,6 +38,7 @@ from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
     CPU_OPTION_ALIGN_BY_UNCORE_CACHE,
     CPU_POLICIES,
+    NO_TOPOLOGY,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -58,7 +59,6 @@ from hamid.plugin.cpu_topology import CpuTopology, read_cpu_topology
 from hamid.plugin.kubelet_config import DEFAULT_KUBELET_CONFIG, load_kubelet_policies
 from hamid.plugin.podresources_client import (
     DEFAULT_SOCKET,
-    NO_TOPOLOGY,
     HeldPod,
     PodResourcesClient,
     PodResourcesUnavailable,
@@ -151,16 +151,15 @@ def _reads_uncore(policies: KubeletPolicies) -> bool:
 
 
 def placement_of(held: HeldPod, numa_of: Mapping[int, int], generation: int) -> PodPlacement:
-    """A pod's ``hamid.io/numa-placement`` from PodResources (devices without topology are left out:
-    they have no NUMA node to book)."""
+    """A pod's ``hamid.io/numa-placement`` from PodResources. Devices without topology stay, in
+    bucket -1: kubelet counts them in every "enough devices" check, and a prediction books them
+    there, so a placement that dropped them would free them in the scheduler's ledger. They name
+    no NUMA node of the container's ``numa``."""
     containers = []
     for c in held.containers:
-        devices = {
-            res: {n: ids for n, ids in per.items() if n != NO_TOPOLOGY}
-            for res, per in c.devices.items()
-            if any(n != NO_TOPOLOGY for n in per)
-        }
-        numa = {numa_of[x] for x in c.cpus if x in numa_of} | {n for per in devices.values() for n in per}
+        devices = {res: dict(per) for res, per in c.devices.items() if per}
+        numa = {numa_of[x] for x in c.cpus if x in numa_of}
+        numa |= {n for per in devices.values() for n in per if n != NO_TOPOLOGY}
         numa |= {n for b in c.memory for n in b.numa}
         containers.append(ContainerPlacement(c.name, frozenset(numa), c.cpus, devices, c.memory))
     return PodPlacement(generation, tuple(containers))

@@ -17,11 +17,9 @@ from grpclib.client import Channel
 
 from hamid._proto.podresources.v1 import api_pb2 as pr
 from hamid._proto.podresources.v1.api_grpc import PodResourcesListerStub
-from hamid.model.numa import MemoryBlock
+from hamid.model.numa import NO_TOPOLOGY, MemoryBlock
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-#: NUMA bucket of a device whose plugin advertised no topology (kubelet's fake node -1).
-NO_TOPOLOGY = -1
 
 #: resource name -> NUMA node (or NO_TOPOLOGY) -> device IDs.
 DevicesByNuma = Mapping[str, Mapping[int, tuple[str, ...]]]
@@ -95,7 +93,8 @@ def _devices(entries: Iterable[pr.ContainerDevices]) -> dict[str, dict[int, tupl
     return {res: {n: tuple(ids) for n, ids in sorted(per.items())} for res, per in sorted(grouped.items())}
 
 
-def _pod(message: pr.PodResources) -> HeldPod:
+def held_pod(message: pr.PodResources) -> HeldPod:
+    """One pod of a ``List`` answer as plain records (the simulator's answers are read so too)."""
     containers = tuple(
         HeldContainer(
             c.name, frozenset(int(x) for x in c.cpu_ids), _devices(c.devices), _memory_blocks(c.memory)
@@ -137,4 +136,4 @@ class PodResourcesClient:
         """Every pod kubelet considers active, with what its containers hold."""
         reply = await self._call("List", pr.ListPodResourcesRequest())
         assert isinstance(reply, pr.ListPodResourcesResponse)
-        return [_pod(p) for p in reply.pod_resources]
+        return [held_pod(p) for p in reply.pod_resources]

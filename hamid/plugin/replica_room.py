@@ -17,7 +17,8 @@ replicas hidden down to the one it needs, an 8-GPU pod would see 4 replicas per 
 ``restricted`` with a TopologyAffinityError). What stays Healthy:
 
 * replicas a container holds (Allocate's device IDs, and kubelet's PodResources API after a
-  restart), so kubelet's allocatable never drops below what its pods request;
+  restart), so kubelet's allocatable never drops below what its pods request (PodResources lists
+  no regular init container: after a restart a replica only such a container holds is not known);
 * as many free replicas as pending bookings on the GPU still need, should one be booked on a GPU
   already without room (a share of no cores on a GPU whose cores are all booked);
 * everything, while a pod that holds replicas is not known to the plugin yet (after a restart,

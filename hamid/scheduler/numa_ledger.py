@@ -4,7 +4,10 @@ Each node that publishes ``hamid.io/numa-profile`` gets a :class:`~hamid.fit.num
 fed incrementally by watch events, one record per pod on the node, best source first:
 
 - ``placement``: the pod's observed ``hamid.io/numa-placement`` (written by the node agent from
-  kubelet's PodResources API) — the truth;
+  kubelet's PodResources API) — the truth, for what it shows. PodResources does not list regular
+  init containers, yet kubelet keeps what they took (less what later containers reused) until the
+  pod ends: that part is kept from what was booked before (the prediction or a replay; where none
+  was, the pod's own prediction or a replay on the node), beside the placement and yielding to it;
 - ``predicted``: the scheduler's own prediction for a pod filtered or bound but not yet observed,
   booked by the filter at once (so a burst to one node sees its predecessors) and recorded in the
   filter's patch as ``hamid.io/numa-predicted`` (so a restarted scheduler rebuilds it exactly);
@@ -32,7 +35,6 @@ from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_memory import MemoryLedger
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
-    NO_TOPOLOGY,
     UNKNOWN_PROFILE_STALE,
     NumaLedger,
     NumaUsage,
@@ -40,6 +42,7 @@ from hamid.fit.numa_predict import (
     Packing,
     PluginView,
     Prediction,
+    kept_usage,
     predict,
     take_cpus,
     topology_of,
@@ -50,10 +53,11 @@ from hamid.fit.replica_room import effective_rule, hidden_replicas, omitted_repl
 from hamid.fit.usage import DeviceUsage, NodeUsage
 from hamid.log import get_logger
 from hamid.model import objects
-from hamid.model.devices import DeviceInfo, PodDevices
+from hamid.model.devices import DeviceInfo, PodDevices, replica_gpu
 from hamid.model.errors import InvalidInput
 from hamid.model.kube import JSON, PodBody
 from hamid.model.numa import (
+    NO_TOPOLOGY,
     NUMA_PLACEMENT,
     NUMA_PREDICTED,
     NUMA_PROFILE,
@@ -71,7 +75,7 @@ from hamid.model.numa import (
     miss_cause,
 )
 from hamid.model.quantity import parse_quantity
-from hamid.model.resources import all_containers, resource_value
+from hamid.model.resources import all_containers, resource_value, unlisted_containers
 
 log = get_logger("scheduler.numa")
 
@@ -108,7 +112,8 @@ class PodRecord:
     own: bool
     seq: int
     #: The pod a replay reads: the pod cache's own (trimmed) object, shared rather than copied, or
-    #: :func:`replay_view` of a pod the filter received whole.
+    #: :func:`replay_view` of a pod the filter received whole; on a placement, the pod whose
+    #: ``kept`` is still to be replayed (its node had no ledger, or the replay was not placed).
     pod: PodBody | None = None
     #: The scheduler's prediction, until it is scored (once, when the placement or a refit arrives).
     predicted: PodPrediction | None = None
@@ -116,8 +121,17 @@ class PodRecord:
     inflight_before: int = 0
     scored: bool = False
     #: What the ledger holds for the pod: ``usage``, or a replay where that does not fit (its GPUs
-    #: unhealthy); None: not booked.
+    #: unhealthy), a placement's with the part of ``kept`` that was free; None: not booked.
     held: NumaUsage | None = None
+    #: The booked prediction's or replay's containers PodResources does not list (regular init
+    #: containers): what they hold beyond the listed ones becomes ``kept`` when the placement comes.
+    unlisted: tuple[ContainerPrediction, ...] = ()
+    #: A placement's: what the pod's unlisted containers keep, which no placement shows and kubelet
+    #: holds until the pod ends; booked beside ``usage`` as far as it is free.
+    kept: NumaUsage = _NO_USAGE
+    #: A placement's replicas (ID, bucket listed) observed before the node's GPUs were known:
+    #: ``usage`` counts them as listed until they are bucketed by their GPU.
+    replicas: tuple[tuple[str, int], ...] = ()
 
     @property
     def booked(self) -> bool:
@@ -133,6 +147,10 @@ class NodeNuma:
     profile: NumaProfile | None = None
     profile_raw: str = ""
     totals: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    #: The bucket each registered GPU (by UUID) is counted in: a placement's replicas are booked
+    #: there, as a prediction books them (kubelet lists a GPU it sees without topology under -1,
+    #: where the register may have it on a NUMA node).
+    gpus: dict[str, int] = field(default_factory=dict)
     #: Replicas per NUMA bucket the plugin leaves out of its list while nothing is booked (``span``).
     idle_omitted: dict[int, int] = field(default_factory=dict)
     ledger: NumaLedger | None = None
@@ -214,11 +232,27 @@ def _container_view(container: object) -> object:
     return {k: container[k] for k in ("name", "resources", "restartPolicy") if k in container}
 
 
+def _unlisted(
+    containers: Iterable[ContainerPrediction], pod: Mapping[str, Any]
+) -> tuple[ContainerPrediction, ...]:
+    """The predicted containers PodResources will not list (the pod's regular init containers)."""
+    try:
+        names = unlisted_containers(pod)
+    except InvalidInput:
+        return ()
+    return tuple(c for c in containers if c.name in names) if names else ()
+
+
+def _bucket(d: DeviceInfo) -> int:
+    """The ledger bucket of a registered GPU: its NUMA node, -1 for none."""
+    return d.numa if d.numa >= 0 else NO_TOPOLOGY
+
+
 def device_totals(infos: Iterable[DeviceInfo]) -> dict[int, tuple[int, int]]:
     """``{numa: (total, healthy)}`` replicas of the registered GPUs (``count`` replicas each)."""
     out: dict[int, list[int]] = {}
     for d in infos:
-        per = out.setdefault(d.numa if d.numa >= 0 else NO_TOPOLOGY, [0, 0])
+        per = out.setdefault(_bucket(d), [0, 0])
         per[0] += d.count
         if d.health:
             per[1] += d.count
@@ -321,6 +355,8 @@ class NumaLedgers:
         #: carries whatever its creator wrote, with a ``vgpu-node`` of its choice).
         self.booked_on = booked_on
         self.resource = resource
+        #: The device resources a ledger keeps (a placement's other devices are not booked).
+        self._tracked = frozenset({resource})
         self.clock = clock
         #: ``report(result, cause)`` for every scored prediction (cause "" unless a miss).
         self.report = report or (lambda _result, _cause: None)
@@ -363,6 +399,7 @@ class NumaLedgers:
                 sys.intern(encode_profile(replace(profile, observed_at=0))) if profile is not None else ""
             )
         entry.totals = totals
+        entry.gpus = {d.id: _bucket(d) for d in infos or ()}
         idle = NodeUsage(name, [DeviceUsage.from_info(i) for i in infos or ()])
         entry.idle_omitted = omitted_replicas(idle, self.hide_rule(name))
         self._rebuild(entry)
@@ -399,9 +436,18 @@ class NumaLedgers:
             return
         entry.ledger = ledger
         order = {Source.PLACEMENT: 0, Source.PREDICTED: 1, Source.REPLAY: 2}
-        for rec in sorted(entry.records.values(), key=lambda r: (order[r.source], r.seq)):
+        records = sorted(entry.records.values(), key=lambda r: (order[r.source], r.seq))
+        placed = [r for r in records if r.source is Source.PLACEMENT]
+        for rec in placed:
+            if rec.replicas and self.resource in entry.totals:
+                rec.usage = self._shared.usage(self._bucketed(entry, rec.usage, rec.replicas))
+                rec.replicas = ()
+            self._book(entry, rec, rebuild=False)
+        for rec in placed:  # what unlisted containers keep yields to every placement
+            self._keep(entry, rec)
+        for rec in records[len(placed) :]:
             if rec.source is Source.REPLAY and rec.pod is not None:
-                rec.usage = self._replay_usage(entry, rec.pod)
+                rec.usage, rec.unlisted = self._replay_usage(entry, rec.pod)
             self._book(entry, rec, rebuild=False)
 
     def _idle_ledger(
@@ -417,7 +463,8 @@ class NumaLedgers:
         )
 
     def _book(self, entry: NodeNuma, rec: PodRecord, rebuild: bool = True) -> None:
-        """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked."""
+        """Apply a record to the ledger; on a conflict re-predict it, or rebuild, or leave it unbooked.
+        A placement's ``kept`` follows it (in a rebuild, once every placement is booked)."""
         ledger = entry.ledger
         self._changed(entry)
         if ledger is None:
@@ -425,11 +472,13 @@ class NumaLedgers:
         try:
             ledger.apply(rec.usage)
             rec.held = rec.usage
+            if rebuild and rec.source is Source.PLACEMENT:
+                self._keep(entry, rec)
             return
         except InvalidInput:
             pass
         if rec.source is not Source.PLACEMENT and rec.pod is not None:
-            replayed = self._replay_usage(entry, rec.pod)
+            replayed = self._replay_usage(entry, rec.pod)[0]
             try:
                 ledger.apply(replayed)
                 rec.held = replayed
@@ -453,12 +502,52 @@ class NumaLedgers:
         elif rec.held is None and entry.unbooked > 0:
             entry.unbooked -= 1
 
-    def _replay_usage(self, entry: NodeNuma, pod: PodBody) -> NumaUsage:
+    def _keep(self, entry: NodeNuma, rec: PodRecord) -> None:
+        """Book beside a booked placement the part of its ``kept`` that is free (an observed
+        placement, the truth, wins over this guess), replaying the pod first where ``kept`` is
+        still to be found."""
+        ledger = entry.ledger
+        if ledger is None or rec.held is None:
+            return
+        if rec.pod is not None:
+            self._replay_kept(entry, rec)
+        if rec.kept == _NO_USAGE:
+            return
+        part = ledger.fitting(rec.kept)
+        ledger.apply(part)
+        rec.held = self._shared.usage(rec.usage.plus(part))
+        if part != rec.kept:
+            log.info("numa_kept_trimmed", node=entry.name, pod=rec.uid)
+
+    def _replay_kept(self, entry: NodeNuma, rec: PodRecord) -> None:
+        """A placement's ``kept`` from a replay of its pod on the node with the placement free, as
+        its prediction would have been made; a replay not placed is tried again at the next rebuild."""
+        assert entry.ledger is not None and rec.held is not None and rec.pod is not None
+        before = entry.ledger.copy()
+        before.release(rec.held)
+        try:
+            p = predict(entry.profile, before, rec.pod, now=self.clock())
+        except InvalidInput:  # the pod cannot be read: nothing to replay, ever
+            rec.pod = None
+            return
+        if p.outcome is not Outcome.PLACED:
+            return
+        unlisted = usage_of_prediction(_unlisted(p.containers, rec.pod))
+        rec.kept = self._shared.usage(kept_usage(p.usage, unlisted, rec.usage))
+        rec.pod = None
+
+    def _replay_usage(
+        self, entry: NodeNuma, pod: PodBody
+    ) -> tuple[NumaUsage, tuple[ContainerPrediction, ...]]:
+        """The replay of ``pod`` on the ledger as it stands: its usage and unlisted containers
+        (nothing when it is not placed)."""
         try:
             p = predict(entry.profile, entry.ledger, pod, now=self.clock())
         except InvalidInput:
-            return _NO_USAGE
-        return self._shared.usage(p.usage) if p.outcome is Outcome.PLACED else _NO_USAGE
+            return _NO_USAGE, ()
+        if p.outcome is not Outcome.PLACED:
+            return _NO_USAGE, ()
+        return self._shared.usage(p.usage), _unlisted(p.containers, pod)
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -478,17 +567,18 @@ class NumaLedgers:
         if placement is not None:
             beyond = _placement_beyond(pod, placement)
             if beyond is None:
-                self._observe(uid, bound, own, placement, current)
+                self._observe(pod, bound, own, placement, current)
                 return
             log.info("numa_placement_ignored", pod=objects.namespaced_key(pod), node=bound, reason=beyond)
-        predicted = _decoded(annotations.get(NUMA_PREDICTED), decode_prediction) if own else None
-        booked = self.booked_on(uid) if predicted is not None else None
-        node = booked if booked and bound in ("", booked) else ""
-        if predicted is not None and node:
+        own_prediction = self._own_prediction(pod, own, bound)
+        if own_prediction is not None:
+            predicted, node = own_prediction
             if current is not None and current.source is Source.PREDICTED and current.predicted == predicted:
                 return
             usage = usage_of_prediction(predicted.containers)
-            self._put(PodRecord(uid, node, Source.PREDICTED, usage, own, 0, pod, predicted))
+            rec = PodRecord(uid, node, Source.PREDICTED, usage, own, 0, pod, predicted)
+            rec.unlisted = _unlisted(predicted.containers, pod)
+            self._put(rec)
             return
         if current is not None and current.source is Source.PREDICTED and not bound:
             return  # the filter's own booking, its patch not seen yet
@@ -496,12 +586,22 @@ class NumaLedgers:
             if current is not None and current.source is Source.REPLAY and current.node == bound:
                 return
             entry = self.nodes.setdefault(bound, NodeNuma(bound))
-            rec = PodRecord(uid, bound, Source.REPLAY, self._replay_usage(entry, pod), own, 0, pod)
+            usage, unlisted = self._replay_usage(entry, pod)
+            rec = PodRecord(uid, bound, Source.REPLAY, usage, own, 0, pod, unlisted=unlisted)
             self._put(rec)
             if not own:
                 entry.foreign_seq = rec.seq
             return
         self._drop(uid)
+
+    def _own_prediction(self, pod: PodBody, own: bool, bound: str) -> tuple[PodPrediction, str] | None:
+        """The pod's ``numa-predicted`` and its node, where the record is this scheduler's: on a pod
+        of this scheduler its GPU ledger booked on that node (and bound there, if bound)."""
+        if not own:
+            return None
+        predicted = _decoded(objects.annotations(pod).get(NUMA_PREDICTED), decode_prediction)
+        booked = self.booked_on(objects.uid(pod)) if predicted is not None else None
+        return (predicted, booked) if predicted is not None and booked and bound in ("", booked) else None
 
     def on_pod_deleted(self, pod: Mapping[str, Any]) -> None:
         """A pod went: its usage returns to its node's ledger."""
@@ -535,18 +635,21 @@ class NumaLedgers:
         self._book(entry, rec)
 
     def _observe(
-        self, uid: str, node: str, own: bool, placement: PodPlacement, current: PodRecord | None
+        self, pod: PodBody, node: str, own: bool, placement: PodPlacement, current: PodRecord | None
     ) -> None:
-        """An observed placement replaces whatever the pod had booked; a pending prediction is scored."""
-        if (
-            current is not None
-            and current.source is Source.PLACEMENT
-            and current.node == node
-            and usage_of_placement(placement.containers) == current.usage
-        ):
+        """An observed placement replaces whatever the pod had booked, but for what its unlisted
+        containers keep (:meth:`_kept`); a pending prediction is scored."""
+        uid = objects.uid(pod)
+        observed, replicas = self._observed(node, placement)
+        here = current if current is not None and current.node == node else None
+        if here is not None and here.source is Source.PLACEMENT and observed == here.usage:
             return
-        predicted = current.predicted if current is not None and current.node == node else None
-        rec = PodRecord(uid, node, Source.PLACEMENT, usage_of_placement(placement.containers), own, 0, None)
+        predicted = here.predicted if here is not None else None
+        rec = PodRecord(uid, node, Source.PLACEMENT, observed, own, 0, None, replicas=replicas)
+        if here is not None and here.source is Source.PLACEMENT:
+            rec.kept, rec.pod = here.kept, here.pod
+        else:
+            rec.kept, rec.pod = self._kept(pod, node, own, here, observed)
         rec.predicted = predicted
         rec.scored = current.scored if current is not None else False
         rec.inflight_before = current.inflight_before if current is not None else 0
@@ -559,6 +662,58 @@ class NumaLedgers:
         self._put(rec)
         if not own and (current is None or current.source is not Source.PLACEMENT):
             self.nodes[node].foreign_seq = rec.seq
+
+    def _observed(self, node: str, placement: PodPlacement) -> tuple[NumaUsage, tuple[tuple[str, int], ...]]:
+        """A placement's usage as the ledger books it: the scheduler's resource only (the ledger
+        keeps no other), each replica in its GPU's bucket; while the node's GPUs are not known, as
+        listed, with the replicas to bucket once they are."""
+        usage = usage_of_placement(placement.containers).only(self._tracked)
+        listed = tuple(
+            sorted(
+                {
+                    (device, n)
+                    for c in placement.containers
+                    for n, ids in c.devices.get(self.resource, {}).items()
+                    for device in ids
+                }
+            )
+        )
+        entry = self.nodes.get(node)
+        if not listed or entry is None or self.resource not in entry.totals:
+            return usage, listed
+        return self._bucketed(entry, usage, listed), ()
+
+    def _bucketed(self, entry: NodeNuma, usage: NumaUsage, listed: Iterable[tuple[str, int]]) -> NumaUsage:
+        """``usage`` with the replicas ``listed`` counted in their GPU's bucket (a replica of a GPU
+        the node does not register: where it was listed), each once."""
+        held: dict[int, set[str]] = {}
+        for device, n in listed:
+            held.setdefault(entry.gpus.get(replica_gpu(device), n), set()).add(device)
+        devices = {self.resource: {n: len(ids) for n, ids in sorted(held.items())}}
+        return NumaUsage(usage.cpus, devices, usage.memory)
+
+    def _kept(
+        self, pod: PodBody, node: str, own: bool, before: PodRecord | None, observed: NumaUsage
+    ) -> tuple[NumaUsage, PodBody | None]:
+        """What the pod's unlisted containers keep beside its first placement: from what was booked
+        for it before (its prediction, or a replay that placed it), else from its own prediction;
+        otherwise (a restart, another scheduler's pod) still to be replayed, the pod's view kept."""
+        try:
+            names = unlisted_containers(pod)
+        except InvalidInput:
+            return _NO_USAGE, None
+        if not names:
+            return _NO_USAGE, None
+        if before is not None and before.unlisted:
+            unlisted = usage_of_prediction(before.unlisted)
+            return self._shared.usage(kept_usage(before.usage, unlisted, observed)), None
+        own_prediction = self._own_prediction(pod, own, node)
+        if own_prediction is not None:
+            containers = own_prediction[0].containers
+            unlisted = usage_of_prediction(_unlisted(containers, pod))
+            kept = kept_usage(usage_of_prediction(containers), unlisted, observed)
+            return self._shared.usage(kept), None
+        return _NO_USAGE, replay_view(pod)
 
     def _score(
         self, node: str, predicted: PodPrediction, placement: PodPlacement, seq: int, inflight: int
@@ -738,6 +893,7 @@ class NumaLedgers:
         rec = PodRecord(
             uid, node, Source.PREDICTED, prediction.usage, True, 0, replay_view(pod), record, inflight
         )
+        rec.unlisted = _unlisted(prediction.containers, pod)
         self._put(rec)
 
         def undo() -> None:
@@ -768,6 +924,8 @@ class NumaLedgers:
         self._drop(uid)
         # the recorded prediction stays (the annotation still holds it); only the booking follows
         rec.usage, rec.pod = usage_of_prediction(moved.containers), None
+        names = {c.name for c in rec.unlisted}
+        rec.unlisted = tuple(c for c in moved.containers if c.name in names)
         self._put(rec)
 
     # -- reading -------------------------------------------------------------------------------

@@ -113,3 +113,33 @@ async def test_without_the_publisher_nothing_is_written() -> None:
         await cluster.wait_settled(SEED_NAME, timeout=15)
         assert _profile(cluster) is None
         assert NUMA_PLACEMENT not in cluster.annotations(SEED_NAME)
+
+
+async def test_an_init_containers_cpus_stay_booked_beside_the_placement() -> None:
+    """kubelet's PodResources lists the app container only, yet kubelet keeps the init container's
+    CPUs the app did not reuse until the pod ends: the placement shows the app's CPUs, and the
+    scheduler's NUMA ledger, kept from the events of the whole stack, frees exactly what kubelet
+    frees (outside audit s24, F1; before, the simulated kubelet listed the init container too)."""
+    async with SimCluster() as cluster:
+        await wait_until(lambda: _profile(cluster) is not None, 10, "NUMA profile on the Node")
+        pod = filler_pod(NODE, cpus=2, name="init-batch")
+        limits = {"cpu": "6", "memory": "1Gi"}
+        pod["spec"]["initContainers"] = [
+            {"name": "prepare", "image": "busybox", "resources": {"limits": limits}}
+        ]
+        await cluster.create_pod(pod)
+        await cluster.wait_settled("init-batch")
+        await _placed(cluster, "init-batch")
+        admission = cluster.assignment("init-batch")
+        assert admission is not None and admission.admitted
+        prepare, batch = admission.containers
+        assert len(prepare.cpus) == 6 and batch.cpus < prepare.cpus
+        placement = decode_placement(cluster.annotations("init-batch")[NUMA_PLACEMENT])
+        assert [c.name for c in placement.containers] == ["batch"]
+        kubelet = cluster.nodes[NODE].kubelet
+        assert not prepare.cpus & kubelet.cpus.available()  # kubelet holds all six
+        await wait_until(
+            lambda: cluster.scheduler.numa.free_cpus(NODE) == kubelet.cpus.available(),
+            10,
+            "the scheduler's NUMA ledger to free what kubelet frees",
+        )

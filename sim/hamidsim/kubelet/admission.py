@@ -96,9 +96,12 @@ class Admitter:
                     hint = self._merge(
                         self._container_providers(pod, record.uid, container, reuse_devices, reuse_cpus)
                     )
-                assignment = ContainerAssignment(name=name, index=index, init=is_init, hint=hint)
+                restartable = is_init and is_restartable_init(container)
+                assignment = ContainerAssignment(
+                    name=name, index=index, init=is_init, hint=hint, restartable=restartable
+                )
                 record.containers.append(assignment)
-                releases = is_init and not is_restartable_init(container)
+                releases = is_init and not restartable
                 await self._allocate(
                     pod, record.uid, container, assignment, reuse_devices, reuse_cpus, releases
                 )

@@ -69,6 +69,8 @@ class ContainerAssignment:
     allocate: dict[str, JSON] = field(default_factory=dict)
     #: The Static memory manager's blocks: memory type → (NUMA nodes, bytes).
     memory: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
+    #: An init container with ``restartPolicy: Always`` (a sidecar): PodResources reports it.
+    restartable: bool = False
 
     @property
     def numa_node(self) -> int | None:
@@ -96,6 +98,7 @@ class ContainerAssignment:
             "name": self.name,
             "index": self.index,
             "init": self.init,
+            "restartable": self.restartable,
             "hint": hint,
             "numaNode": self.numa_node,
             "cpus": format_cpu_list(self.cpus),
@@ -120,6 +123,7 @@ class ContainerAssignment:
             name=str(data["name"]),
             index=int(data["index"]),
             init=bool(data.get("init")),
+            restartable=bool(data.get("restartable")),
             hint=hint,
             cpus=parse_cpu_list(str(data.get("cpus") or ""), "assignment cpus"),
             cpu_numa_nodes=tuple(data.get("cpuNumaNodes") or ()),

@@ -2,9 +2,13 @@
 ``GetAllocatableResources`` and ``Get`` over a unix socket, answered from the same records the
 assignment annotation is written from, so the two always agree.
 
-Devices are reported per NUMA node as kubelet's ``podDevices`` keeps them (devices without topology
-under node -1); ``cpu_ids`` are exclusive CPUs only; ``memory`` is the Static memory manager's blocks
-(and, in ``GetAllocatableResources``, its allocatable memory per NUMA node; empty with policy None).
+A pod's containers are those kubelet's ``List`` and ``Get`` walk (``server_v1.go``): restartable
+init containers, then ``spec.containers``; a regular init container is never reported, although
+kubelet keeps what it was given until the pod ends (SidecarContainers is GA since 1.33, so its
+gate's off branch, app containers only, is not modelled). Devices are reported per NUMA node as
+kubelet's ``podDevices`` keeps them (devices without topology under node -1); ``cpu_ids`` are
+exclusive CPUs only; ``memory`` is the Static memory manager's blocks (and, in
+``GetAllocatableResources``, its allocatable memory per NUMA node; empty with policy None).
 """
 
 # ruff: noqa: ASYNC109
@@ -93,9 +97,11 @@ class PodResourcesView:
         self.allocatable_memory = allocatable_memory
 
     def pod(self, record: PodAdmission) -> pr.PodResources:
-        """One pod's resources (every container, also those holding nothing)."""
+        """One pod's resources: every container kubelet reports, also those holding nothing."""
         containers = []
         for c in record.containers:
+            if c.init and not c.restartable:
+                continue  # kubelet's List skips regular init containers
             devices = [
                 d for r in sorted(c.devices) for d in _per_numa(r, c.devices[r], self.device_topology(r))
             ]

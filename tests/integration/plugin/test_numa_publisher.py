@@ -25,6 +25,7 @@ from hamid.kube.client import KubeClient, connect
 from hamid.kube.errors import KubeError
 from hamid.model.nodeconfig import NodeConfig
 from hamid.model.numa import (
+    NO_TOPOLOGY,
     ContainerPrediction,
     MemoryBlock,
     PodPrediction,
@@ -36,7 +37,7 @@ from hamid.model.resources import ResourceConfig
 from hamid.plugin.app import NodeSetup, PluginApp, PluginTimings
 from hamid.plugin.numa_publisher import NumaPublisher, NumaSources
 from hamid.plugin.options import PluginOptions
-from hamid.plugin.podresources_client import NO_TOPOLOGY, PodResourcesClient, PodResourcesUnavailable
+from hamid.plugin.podresources_client import PodResourcesClient, PodResourcesUnavailable
 from hamid.plugin.pods import NodePods
 from hamidsim.apiserver import ApiServer
 from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
@@ -217,8 +218,10 @@ async def test_profile_and_placements_are_published_and_judged(env: Env) -> None
     assert profile.policies.topology_manager_policy == "single-numa-node"
     gpu = decode_placement(env.annotations("Pod", "gpu")[PLACEMENT])
     assert gpu.generation == 1
+    # NOTOPO-0 is booked in bucket -1, as a prediction books it, and names no NUMA node
     assert gpu.containers[0].numa == {0} and gpu.containers[0].cpus == {1, 2}
-    assert gpu.containers[0].devices == {GPU: {0: ("GPU-0-0",)}}  # no NUMA node to book for NOTOPO-0
+    assert gpu.containers[0].devices == {GPU: {NO_TOPOLOGY: ("NOTOPO-0",), 0: ("GPU-0-0",)}}
+    assert json.loads(env.annotations("Pod", "gpu")[PLACEMENT])["v"] == 3
     assert decode_placement(env.annotations("Pod", "cpu")[PLACEMENT]).containers[0].numa == {1}
     assert PLACEMENT not in env.annotations("Pod", "shared")
     assert sorted(env.results) == ["hit", "miss", "unknown"]  # the foreign CPU pod is not judged

@@ -38,10 +38,12 @@ from hypothesis import strategies as st
 
 from hamid.fit.numa_fit import NumaTargets, numa_targets, offered_targets
 from hamid.fit.numa_memory import MemoryLedger
-from hamid.fit.numa_predict import NO_TOPOLOGY, NumaLedger, Outcome, PluginView, Prediction, predict
+from hamid.fit.numa_predict import NumaLedger, Outcome, PluginView, Prediction, predict, usage_of_placement
 from hamid.model.devices import ContainerDevice, PodDevices
-from hamid.model.numa import CpuInfo, KubeletPolicies, MemoryBlock, NumaProfile
+from hamid.model.numa import NO_TOPOLOGY, CpuInfo, KubeletPolicies, MemoryBlock, NumaProfile
 from hamid.model.preferred import distinct_gpu_preference, preferred_answer, select_preferred
+from hamid.plugin.numa_publisher import placement_of
+from hamid.plugin.podresources_client import HeldPod, held_pod
 from hamidsim.kubelet.admission import Admitter
 from hamidsim.kubelet.assignment import ContainerAssignment, PodAdmission
 from hamidsim.kubelet.cadvisor import CpuInfo as SimCpuInfo
@@ -52,6 +54,7 @@ from hamidsim.kubelet.endpoint import Endpoint, connect
 from hamidsim.kubelet.errors import AdmissionFailure
 from hamidsim.kubelet.memorymanager import MemoryReservation
 from hamidsim.kubelet.node import build_managers, build_memory_manager
+from hamidsim.kubelet.podresources import PodResourcesView
 from tests.integration.sim.fakeplugin import FakePlugin
 
 GPU = "nvidia.com/gpu"
@@ -551,14 +554,15 @@ def sim_device_usage(node: SimNode, uid: str) -> dict[str, dict[int, int]]:
 
 def check_agreement(
     node: SimNode, pod: Mapping[str, Any], got: Prediction, annotated: PodDevices = ()
-) -> None:
+) -> PodAdmission:
+    """Admit ``pod`` on the simulated kubelet and check the prediction against it; its record."""
     record = node.admit(pod, annotated)
     if got.outcome is Outcome.UNKNOWN:
-        return
+        return record
     if got.outcome is Outcome.REJECT:
         assert not record.admitted, f"predictor rejects ({got.reason}: {got.message}); kubelet admits"
         assert got.reason == record.reason, (got.message, record.message)
-        return
+        return record
     assert record.admitted, f"predictor places; kubelet rejects: {record.reason}: {record.message}"
     assert [c.name for c in got.containers] == [a.name for a in record.containers]
     for predicted, actual in zip(got.containers, record.containers, strict=True):
@@ -575,6 +579,7 @@ def check_agreement(
     assert _bytes_by_type(b for c in got.containers for b in c.memory) == _bytes_by_type(
         MemoryBlock(frozenset(n), t, size) for a in record.containers for t, (n, size) in a.memory.items()
     )
+    return record
 
 
 def _bytes_by_type(blocks: Iterable[MemoryBlock]) -> dict[str, int]:
@@ -841,3 +846,66 @@ def test_a_rejection_whichever_device_kubelet_takes_is_a_reject(plugin: Plugin) 
     got = predict(profile_of(m), node.ledger(1), pod, now=NOW)
     assert (got.outcome, got.reason) == (Outcome.REJECT, "UnexpectedAdmissionError")
     check_agreement(node, pod, got)
+
+
+# What the node agent reads back: the simulated kubelet's PodResources (outside audit s24)
+# ==========================================================================================
+
+
+def held_of(node: SimNode, record: PodAdmission) -> HeldPod:
+    """What the node agent reads of ``record`` from the simulated kubelet's PodResources ``List``,
+    decoded as the node agent decodes it."""
+    view = PodResourcesView(list, dict, frozenset, lambda r: node.devices.resources[r].all_devices)
+    return held_pod(view.pod(record))
+
+
+def _pod_of(name: str, init: list[dict[str, Any]], apps: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = {"initContainers": init, "containers": apps}
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"}, "spec": spec}
+
+
+def test_pod_resources_lists_sidecars_and_app_containers_only(plugin: Plugin) -> None:
+    """kubelet's ``List`` walks the restartable init containers, then ``spec.containers``
+    (``server_v1.go``; ``TestListPodResourcesWithInitContainersV1``: "pod having an init
+    container" lists the app container only): a regular init container is never reported, though
+    kubelet keeps the CPUs it took that no later container reused. The oracle listed it (s24 F1)."""
+    m = _case(cores_per_numa=4, threads=1, tm_policy="single-numa-node")
+    node = SimNode(m, plugin)
+    pod = _pod_of(
+        "a",
+        [_container("init", "Guaranteed", "3", 0, False), _container("side", "Guaranteed", "1", 0, True)],
+        [_container("app", "Guaranteed", "1", 0, False)],
+    )
+    record = node.admit(pod)
+    assert record.admitted, record.message
+    held = held_of(node, record)
+    assert [c.name for c in held.containers] == ["side", "app"]
+    init = record.container("init").cpus
+    listed = frozenset().union(*(c.cpus for c in held.containers))
+    assert len(init) == 3 and len(init - listed) == 1  # the side car and the app reuse two of its three
+    assert not init & node.cpus.available()  # kubelet holds all three until the pod ends
+
+
+def _flat_gpu_pod(name: str, gpus: int) -> dict[str, Any]:
+    return _pod_of(name, [], [_container("c", "Burstable", "1", gpus, False)])
+
+
+def test_a_gpu_without_topology_stays_in_the_placement(plugin: Plugin) -> None:
+    """The node agent left a device without NUMA topology out of the placement, so the ledger the
+    placement replaced a prediction with (which books such devices in bucket -1, as kubelet counts
+    them) showed it free (s24 F2)."""
+    m = _case(devices=((GPU, 0, 1, 0), (GPU, NO_TOPOLOGY, 1, 0)))
+    node = SimNode(m, plugin)
+    profile = profile_of(m)
+    record = node.admit(_flat_gpu_pod("a", 2))
+    assert record.admitted and sorted(record.containers[0].devices[GPU]) == ["gpu-00-0", "gpu-none-0"]
+    placement = placement_of(held_of(node, record), {c.cpu: c.numa for c in profile.cpus}, 1)
+    assert placement.containers[0].devices == {GPU: {NO_TOPOLOGY: ("gpu-none-0",), 0: ("gpu-00-0",)}}
+    assert placement.containers[0].numa == frozenset({0})  # -1 names no NUMA node
+    ledger = NumaLedger.for_profile(profile, {GPU: {0: 1, NO_TOPOLOGY: 1}})
+    ledger.apply(usage_of_placement(placement.containers))
+    assert ledger.device_counts(GPU) == node.ledger(1).device_counts(GPU) == {0: (1, 0), NO_TOPOLOGY: (1, 0)}
+    # the next pod finds no GPU: kubelet rejects it ("requested number of devices unavailable")
+    got = predict(profile, ledger, _flat_gpu_pod("b", 1), now=NOW)
+    assert (got.outcome, got.reason) == (Outcome.REJECT, "UnexpectedAdmissionError")
+    check_agreement(node, _flat_gpu_pod("b", 1), got)

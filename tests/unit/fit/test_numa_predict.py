@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from hamid.fit.numa_predict import (
     CANNOT,
     DONT_CARE,
-    NO_TOPOLOGY,
     SMT_ALIGNMENT_ERROR,
     TOPOLOGY_AFFINITY_ERROR,
     UNEXPECTED_ADMISSION_ERROR,
@@ -39,6 +38,7 @@ from hamid.fit.numa_predict import (
 from hamid.model.devices import ContainerDevice
 from hamid.model.errors import InvalidInput
 from hamid.model.numa import (
+    NO_TOPOLOGY,
     ContainerPlacement,
     CpuInfo,
     KubeletPolicies,

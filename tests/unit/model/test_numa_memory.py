@@ -110,8 +110,11 @@ def test_pod_records_with_memory_are_format_2() -> None:
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ('{"v":1,"gen":1,"containers":[{"name":"a","memory":{"memory":["0",1]}}]}', "format version 2"),
-        ('{"v":2,"gen":1,"containers":[{"name":"a"}]}', "format version 2"),
+        (
+            '{"v":1,"gen":1,"containers":[{"name":"a","memory":{"memory":["0",1]}}]}',
+            "format version 1 does not match its content",
+        ),
+        ('{"v":2,"gen":1,"containers":[{"name":"a"}]}', "format version 2 does not match its content"),
         (
             '{"v":2,"gen":1,"containers":[{"name":"a","memory":{"memory":["0"]}}]}',
             r"want \[NUMA nodes, bytes\]",
