@@ -57,7 +57,7 @@ def _bits(mask: int) -> list[int]:
 class MemoryLedger:
     """The Static memory manager's machine state of one node, kept like kubelet keeps it."""
 
-    __slots__ = ("_blocks", "_cells", "_free", "allocatable")
+    __slots__ = ("_blocks", "_cells", "_free", "_masks", "allocatable")
 
     def __init__(self, allocatable: Mapping[int, Mapping[str, int]]) -> None:
         #: Allocatable bytes per NUMA node and type (immutable, shared by copies).
@@ -65,6 +65,9 @@ class MemoryLedger:
         self._free = {n: dict(types) for n, types in allocatable.items()}
         self._cells = {n: 1 << n for n in allocatable}
         self._blocks = dict.fromkeys(allocatable, 0)
+        #: Blocks booked per mask: what :meth:`release` checks a block against (kubelet's state
+        #: keeps no such count; a node's group alone cannot tell, as it follows the last block).
+        self._masks: dict[int, int] = {}
 
     @classmethod
     def for_profile(cls, profile: NumaProfile) -> MemoryLedger | None:
@@ -77,6 +80,7 @@ class MemoryLedger:
         other.allocatable = self.allocatable
         other._free = {n: dict(types) for n, types in self._free.items()}
         other._cells, other._blocks = dict(self._cells), dict(self._blocks)
+        other._masks = dict(self._masks)
         return other
 
     def state_key(self) -> tuple[object, ...]:
@@ -142,6 +146,7 @@ class MemoryLedger:
         return tuple(out)
 
     def _take(self, mask: int, name: str, size: int) -> None:
+        self._masks[mask] = self._masks.get(mask, 0) + 1
         for n in _bits(mask):
             self._blocks[n] += 1
             self._cells[n] = mask
@@ -152,15 +157,25 @@ class MemoryLedger:
                 size -= used
 
     def release(self, blocks: Sequence[MemoryBlock]) -> None:
-        """Return blocks as ``RemoveContainer`` does; InvalidInput and no change if not booked."""
+        """Return blocks as ``RemoveContainer`` does; InvalidInput and no change if not booked.
+
+        A node's group stays as it is until its last block goes, as in kubelet, whatever blocks
+        were pinned on it after this one: a pod's blocks can be released in any order (a check
+        of the group refused a multi-node block once a single-node one was pinned on one of its
+        nodes, and the scheduler's ledger raised half-way through an event)."""
         checked = self._check(blocks)
+        wanted: dict[int, int] = {}
         for mask, b in checked:
+            wanted[mask] = wanted.get(mask, 0) + 1
             held = self.total(mask, b.resource) - self.free(mask, b.resource)
-            if held < b.size or any(self._blocks[n] == 0 or self._cells[n] != mask for n in _bits(mask)):
+            if held < b.size or self._masks.get(mask, 0) < wanted[mask]:
                 raise InvalidInput(
                     f"ledger: {b.size} bytes of {b.resource} on NUMA {_bits(mask)} are not in use"
                 )
         for mask, b in checked:
+            self._masks[mask] -= 1
+            if not self._masks[mask]:
+                del self._masks[mask]
             size = b.size
             for n in _bits(mask):
                 self._blocks[n] -= 1

@@ -1523,13 +1523,17 @@ def kept_usage(booked: NumaUsage, unlisted: NumaUsage, observed: NumaUsage) -> N
     pod's predicted usage, ``unlisted`` the share of it the unlisted containers took (replicas and
     memory newly taken, CPUs with those they reused), ``observed`` what the listed containers hold.
     Exact when the prediction was: the pod holds the booked total, of which the listed part is
-    observed, CPU by CPU, per NUMA bucket and per memory mask. After a miss it is a guess: as much
-    as the booked total exceeds the observed one, where the prediction put the init containers.
-    Every unlisted memory block stays, as kubelet keeps an init container's block shrunk by what
-    later containers reused, to 0 bytes if need be.
+    observed, CPU by CPU, per NUMA bucket and per memory mask. After a miss (or a replay other than
+    kubelet's admission) it is a guess placed where the prediction put the init containers, sized
+    never below kubelet's where the prediction's init containers were as large: a listed CPU or
+    memory block counts as reused only where the prediction's init containers held it (whether
+    kubelet's later containers reused them is not in the placement, and taking the prediction's
+    reuse for kubelet's under-booked); replicas by count, as kubelet reuses an init container's
+    devices first whatever their NUMA node. One memory block per unlisted block, in order, as
+    kubelet keeps an init container's block shrunk by what later containers reused, to 0 bytes if
+    need be.
     """
-    spare = len(booked.cpus) - len(observed.cpus)
-    cpus = frozenset(sorted(unlisted.cpus - observed.cpus)[: max(spare, 0)])
+    cpus = unlisted.cpus - observed.cpus
     devices: dict[str, dict[int, int]] = {}
     for res, per_numa in unlisted.devices.items():
         total, seen = booked.devices.get(res, {}), observed.devices.get(res, {})
@@ -1540,16 +1544,13 @@ def kept_usage(booked: NumaUsage, unlisted: NumaUsage, observed: NumaUsage) -> N
                 devices.setdefault(res, {})[n] = k
                 spare -= k
     by_mask: dict[tuple[frozenset[int], str], int] = {}
-    by_type: dict[str, int] = {}
     for sign, blocks in ((1, booked.memory), (-1, observed.memory)):
         for b in blocks:
             by_mask[b.numa, b.resource] = by_mask.get((b.numa, b.resource), 0) + sign * b.size
-            by_type[b.resource] = by_type.get(b.resource, 0) + sign * b.size
     memory = []
     for b in unlisted.memory:
-        size = max(0, min(b.size, by_mask.get((b.numa, b.resource), 0), by_type.get(b.resource, 0)))
+        size = max(0, min(b.size, by_mask.get((b.numa, b.resource), 0)))
         by_mask[b.numa, b.resource] = by_mask.get((b.numa, b.resource), 0) - size
-        by_type[b.resource] = by_type.get(b.resource, 0) - size
         memory.append(MemoryBlock(b.numa, b.resource, size))
     return NumaUsage(cpus, devices, tuple(memory))
 

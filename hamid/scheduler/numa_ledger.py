@@ -35,6 +35,7 @@ from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_memory import MemoryLedger
 from hamid.fit.numa_predict import (
     DEFAULT_PROFILE_MAX_AGE_S,
+    UNKNOWN_PROFILE_MISSING,
     UNKNOWN_PROFILE_STALE,
     NumaLedger,
     NumaUsage,
@@ -62,6 +63,7 @@ from hamid.model.numa import (
     NUMA_PREDICTED,
     NUMA_PROFILE,
     STEERING_RULES,
+    ContainerPlacement,
     ContainerPrediction,
     MemoryBlock,
     NewerFormat,
@@ -89,6 +91,8 @@ HIT, MISS, UNKNOWN = "hit", "miss", "unknown"
 _SHARED_SIZE = 100_000
 _T = TypeVar("_T")
 _NO_USAGE = NumaUsage()
+#: Why a replay got no answer from the ledger (none yet, a stale profile): tried again at a rebuild.
+_UNANSWERED = frozenset({UNKNOWN_PROFILE_STALE, UNKNOWN_PROFILE_MISSING})
 
 
 class Source(enum.StrEnum):
@@ -113,7 +117,8 @@ class PodRecord:
     seq: int
     #: The pod a replay reads: the pod cache's own (trimmed) object, shared rather than copied, or
     #: :func:`replay_view` of a pod the filter received whole; on a placement, the pod whose
-    #: ``kept`` is still to be replayed (its node had no ledger, or the replay was not placed).
+    #: ``kept`` is still to be found by a replay (its node had no ledger, or the replay on this
+    #: profile generation was not placed: then ``kept`` is unknown, see ``replayed``).
     pod: PodBody | None = None
     #: The scheduler's prediction, until it is scored (once, when the placement or a refit arrives).
     predicted: PodPrediction | None = None
@@ -125,10 +130,25 @@ class PodRecord:
     held: NumaUsage | None = None
     #: The booked prediction's or replay's containers PodResources does not list (regular init
     #: containers): what they hold beyond the listed ones becomes ``kept`` when the placement comes.
+    #: A placement keeps them, with the booked total in ``basis``, so ``kept`` is measured again
+    #: whenever the placement changes (one read while kubelet was still admitting the pod,
+    #: container by container, shows less than the pod holds).
     unlisted: tuple[ContainerPrediction, ...] = ()
+    #: A placement's: the booked total (prediction or replay) ``kept`` is measured from.
+    basis: NumaUsage = _NO_USAGE
     #: A placement's: what the pod's unlisted containers keep, which no placement shows and kubelet
     #: holds until the pod ends; booked beside ``usage`` as far as it is free.
     kept: NumaUsage = _NO_USAGE
+    #: A placement's: the admission rank (container index) of each memory block of ``usage``, then
+    #: of ``kept``. Both are booked merged in that order, kubelet's (init containers first), as a
+    #: NUMA node's memory group is the mask of the last block pinned on it.
+    ranks: tuple[int, ...] = ()
+    #: The profile generation whose ledger answered the pod's replay (a replay record's usage, a
+    #: placement's ``kept``); -1: none did yet (no ledger, a stale profile). kubelet admits a pod
+    #: once, so a rebuild does not replay it again (:func:`_replay_due`): re-replaying a pod that
+    #: never gets a placement at every rebuild (every profile re-stamp) moved its CPUs in the
+    #: ledger but not in kubelet, and a replay that never placed cost a prediction each time.
+    replayed: int = -1
     #: A placement's replicas (ID, bucket listed) observed before the node's GPUs were known:
     #: ``usage`` counts them as listed until they are bucketed by their GPU.
     replicas: tuple[tuple[str, int], ...] = ()
@@ -165,6 +185,17 @@ class NodeNuma:
     profile_key: str = ""
     state_key: Hashable = None
     state_version: int = -1
+
+    @property
+    def kept_unknown(self) -> int:
+        """Placements whose ``kept`` no replay on this profile found (logged ``numa_kept_unknown``):
+        booked without what their init containers keep."""
+        generation = self.profile.generation if self.profile is not None else None
+        return sum(
+            1
+            for r in self.records.values()
+            if r.source is Source.PLACEMENT and r.pod is not None and r.replayed == generation
+        )
 
     def memo_key(self) -> Hashable:
         """What a prediction depends on besides the pod: profile and ledger content (cached per version)."""
@@ -241,6 +272,43 @@ def _unlisted(
     except InvalidInput:
         return ()
     return tuple(c for c in containers if c.name in names) if names else ()
+
+
+def _ranks(
+    pod: Mapping[str, Any], containers: Iterable[ContainerPlacement | ContainerPrediction]
+) -> tuple[int, ...]:
+    """The admission rank (index among the init then app containers) of each memory block of
+    ``containers``, in order: kubelet pins a pod's blocks container by container."""
+    try:
+        index = {str(c.get("name") or ""): i for i, c in enumerate(all_containers(pod))}
+    except InvalidInput:
+        index = {}
+    return tuple(index.get(c.name, len(index)) for c in containers for _block in c.memory)
+
+
+def _admission_order(rec: PodRecord, part: Iterable[MemoryBlock]) -> tuple[MemoryBlock, ...]:
+    """A placement's memory blocks and ``part`` (what fits of its ``kept``'s, in order, less any
+    on a NUMA node the ledger does not have) merged in kubelet's admission order (``ranks``)."""
+    listed, kept = rec.usage.memory, rec.kept.memory
+    if not kept:
+        return listed
+    ranks = rec.ranks if len(rec.ranks) == len(listed) + len(kept) else (1,) * len(listed) + (0,) * len(kept)
+    ranked = [(ranks[i], i, b) for i, b in enumerate(listed)]
+    fitted = iter(part)
+    nxt = next(fitted, None)
+    for i, b in enumerate(kept):
+        if nxt is not None and (nxt.numa, nxt.resource) == (b.numa, b.resource):
+            ranked.append((ranks[len(listed) + i], len(listed) + i, nxt))
+            nxt = next(fitted, None)
+    return tuple(b for _rank, _i, b in sorted(ranked, key=lambda t: (t[0], t[1])))
+
+
+def _replay_due(rec: PodRecord, generation: int) -> bool:
+    """Whether a rebuild replays a replay record again: when no ledger answered its replay yet, or
+    one of an earlier profile generation answered without placing it. A placed replay stands, as
+    kubelet admitted the pod once (where it no longer fits the ledger, :meth:`NumaLedgers._book`
+    replays it all the same)."""
+    return rec.replayed < 0 or (rec.replayed != generation and rec.usage == _NO_USAGE)
 
 
 def _bucket(d: DeviceInfo) -> int:
@@ -444,11 +512,30 @@ class NumaLedgers:
                 rec.replicas = ()
             self._book(entry, rec, rebuild=False)
         for rec in placed:  # what unlisted containers keep yields to every placement
-            self._keep(entry, rec)
+            self._keep(entry, rec, regroup=False)
+        self._regroup(entry, placed)
         for rec in records[len(placed) :]:
-            if rec.source is Source.REPLAY and rec.pod is not None:
-                rec.usage, rec.unlisted = self._replay_usage(entry, rec.pod)
+            if rec.source is Source.REPLAY and rec.pod is not None and _replay_due(rec, profile.generation):
+                rec.usage, rec.unlisted, rec.replayed = self._replay_usage(entry, rec.pod)
             self._book(entry, rec, rebuild=False)
+
+    def _regroup(self, entry: NodeNuma, placed: Iterable[PodRecord]) -> None:
+        """Pin the placements' memory blocks again, pod by pod and each pod's in kubelet's order: the
+        kept parts were booked after every placement (a guess yields to the truth), and a NUMA
+        node's group is the mask of the last block pinned on it. Only placements hold memory yet."""
+        ledger = entry.ledger
+        held = [r.held.memory for r in placed if r.held is not None and r.held.memory]
+        if ledger is None or ledger.memory is None or entry.profile is None or not held:
+            return
+        memory = MemoryLedger.for_profile(entry.profile)
+        assert memory is not None
+        try:
+            for blocks in held:
+                memory.apply(blocks)
+        except InvalidInput as exc:  # the same bytes in another order: kept as booked
+            log.info("numa_memory_regroup_failed", node=entry.name, error=str(exc))
+            return
+        ledger.memory = memory
 
     def _idle_ledger(
         self, profile: NumaProfile, totals: Mapping[str, Mapping[int, tuple[int, int]]]
@@ -502,10 +589,11 @@ class NumaLedgers:
         elif rec.held is None and entry.unbooked > 0:
             entry.unbooked -= 1
 
-    def _keep(self, entry: NodeNuma, rec: PodRecord) -> None:
+    def _keep(self, entry: NodeNuma, rec: PodRecord, regroup: bool = True) -> None:
         """Book beside a booked placement the part of its ``kept`` that is free (an observed
         placement, the truth, wins over this guess), replaying the pod first where ``kept`` is
-        still to be found."""
+        still to be found. With ``regroup`` the pod's memory blocks are pinned again, merged in
+        kubelet's order (a rebuild does it for every placement at once, :meth:`_regroup`)."""
         ledger = entry.ledger
         if ledger is None or rec.held is None:
             return
@@ -514,40 +602,75 @@ class NumaLedgers:
         if rec.kept == _NO_USAGE:
             return
         part = ledger.fitting(rec.kept)
-        ledger.apply(part)
-        rec.held = self._shared.usage(rec.usage.plus(part))
+        held = replace(rec.usage.plus(part), memory=_admission_order(rec, part.memory))
+        memory = ledger.memory.copy() if regroup and part.memory and ledger.memory is not None else None
+        if memory is not None:
+            # the placement's blocks were pinned last: pin them again with the kept ones, in order
+            try:
+                memory.release(rec.usage.memory)
+                memory.apply(held.memory)
+            except InvalidInput as exc:  # cannot happen (the same bytes); booked unordered then
+                log.info("numa_memory_regroup_failed", node=entry.name, error=str(exc))
+                memory = None
+        if memory is not None:
+            ledger.apply(replace(part, memory=()))
+            ledger.memory = memory
+        else:
+            ledger.apply(part)
+        rec.held = self._shared.usage(held)
         if part != rec.kept:
             log.info("numa_kept_trimmed", node=entry.name, pod=rec.uid)
 
     def _replay_kept(self, entry: NodeNuma, rec: PodRecord) -> None:
         """A placement's ``kept`` from a replay of its pod on the node with the placement free, as
-        its prediction would have been made; a replay not placed is tried again at the next rebuild."""
-        assert entry.ledger is not None and rec.held is not None and rec.pod is not None
+        its prediction would have been made: once per profile generation (a replay not placed, or
+        a placement that cannot be taken out of the ledger, leaves ``kept`` unknown: counted in
+        ``kept_unknown`` and logged, never raised out of an event)."""
+        assert entry.ledger is not None and entry.profile is not None
+        assert rec.held is not None and rec.pod is not None
+        generation = entry.profile.generation
+        if rec.replayed == generation:
+            return
         before = entry.ledger.copy()
-        before.release(rec.held)
         try:
+            before.release(rec.held)
             p = predict(entry.profile, before, rec.pod, now=self.clock())
-        except InvalidInput:  # the pod cannot be read: nothing to replay, ever
-            rec.pod = None
+        except InvalidInput as exc:
+            self._kept_unknown(entry, rec, generation, str(exc))
             return
         if p.outcome is not Outcome.PLACED:
+            if p.reason not in _UNANSWERED:
+                self._kept_unknown(entry, rec, generation, p.message or p.reason)
             return
-        unlisted = usage_of_prediction(_unlisted(p.containers, rec.pod))
-        rec.kept = self._shared.usage(kept_usage(p.usage, unlisted, rec.usage))
-        rec.pod = None
+        rec.basis, rec.unlisted = self._shared.usage(p.usage), _unlisted(p.containers, rec.pod)
+        rec.kept = self._kept_of(rec)
+        rec.ranks = rec.ranks[: len(rec.usage.memory)] + _ranks(rec.pod, rec.unlisted)
+        rec.pod, rec.replayed = None, generation
+
+    def _kept_unknown(self, entry: NodeNuma, rec: PodRecord, generation: int, why: str) -> None:
+        rec.replayed = generation
+        log.info("numa_kept_unknown", node=entry.name, pod=rec.uid, reason=why)
+
+    def _kept_of(self, rec: PodRecord) -> NumaUsage:
+        """A placement's ``kept``: its unlisted containers' share of ``basis`` beyond the placement."""
+        if not rec.unlisted:
+            return _NO_USAGE
+        return self._shared.usage(kept_usage(rec.basis, usage_of_prediction(rec.unlisted), rec.usage))
 
     def _replay_usage(
         self, entry: NodeNuma, pod: PodBody
-    ) -> tuple[NumaUsage, tuple[ContainerPrediction, ...]]:
+    ) -> tuple[NumaUsage, tuple[ContainerPrediction, ...], int]:
         """The replay of ``pod`` on the ledger as it stands: its usage and unlisted containers
-        (nothing when it is not placed)."""
+        (nothing when it is not placed), and the profile generation that answered it (-1: none,
+        as the node has no ledger or a stale profile: it is replayed again at the next rebuild)."""
+        answered = entry.profile.generation if entry.profile is not None and entry.ledger is not None else -1
         try:
             p = predict(entry.profile, entry.ledger, pod, now=self.clock())
         except InvalidInput:
-            return _NO_USAGE, ()
+            return _NO_USAGE, (), answered
         if p.outcome is not Outcome.PLACED:
-            return _NO_USAGE, ()
-        return self._shared.usage(p.usage), _unlisted(p.containers, pod)
+            return _NO_USAGE, (), -1 if p.reason in _UNANSWERED else answered
+        return self._shared.usage(p.usage), _unlisted(p.containers, pod), answered
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -586,8 +709,10 @@ class NumaLedgers:
             if current is not None and current.source is Source.REPLAY and current.node == bound:
                 return
             entry = self.nodes.setdefault(bound, NodeNuma(bound))
-            usage, unlisted = self._replay_usage(entry, pod)
-            rec = PodRecord(uid, bound, Source.REPLAY, usage, own, 0, pod, unlisted=unlisted)
+            usage, unlisted, replayed = self._replay_usage(entry, pod)
+            rec = PodRecord(
+                uid, bound, Source.REPLAY, usage, own, 0, pod, unlisted=unlisted, replayed=replayed
+            )
             self._put(rec)
             if not own:
                 entry.foreign_seq = rec.seq
@@ -647,9 +772,16 @@ class NumaLedgers:
         predicted = here.predicted if here is not None else None
         rec = PodRecord(uid, node, Source.PLACEMENT, observed, own, 0, None, replicas=replicas)
         if here is not None and here.source is Source.PLACEMENT:
-            rec.kept, rec.pod = here.kept, here.pod
+            rec.basis, rec.unlisted, rec.pod, rec.replayed = (
+                here.basis,
+                here.unlisted,
+                here.pod,
+                here.replayed,
+            )
         else:
-            rec.kept, rec.pod = self._kept(pod, node, own, here, observed)
+            rec.basis, rec.unlisted, rec.pod = self._kept(pod, node, own, here)
+        rec.kept = self._kept_of(rec)
+        rec.ranks = _ranks(pod, placement.containers) + _ranks(pod, rec.unlisted)
         rec.predicted = predicted
         rec.scored = current.scored if current is not None else False
         rec.inflight_before = current.inflight_before if current is not None else 0
@@ -693,27 +825,25 @@ class NumaLedgers:
         return NumaUsage(usage.cpus, devices, usage.memory)
 
     def _kept(
-        self, pod: PodBody, node: str, own: bool, before: PodRecord | None, observed: NumaUsage
-    ) -> tuple[NumaUsage, PodBody | None]:
-        """What the pod's unlisted containers keep beside its first placement: from what was booked
-        for it before (its prediction, or a replay that placed it), else from its own prediction;
-        otherwise (a restart, another scheduler's pod) still to be replayed, the pod's view kept."""
+        self, pod: PodBody, node: str, own: bool, before: PodRecord | None
+    ) -> tuple[NumaUsage, tuple[ContainerPrediction, ...], PodBody | None]:
+        """What a placement's ``kept`` is measured from (``basis`` and ``unlisted``): what was
+        booked for the pod before (its prediction, or a replay that placed it), else its own
+        prediction; otherwise (a restart, another scheduler's pod) still to be replayed, the pod's
+        view kept."""
         try:
             names = unlisted_containers(pod)
         except InvalidInput:
-            return _NO_USAGE, None
+            return _NO_USAGE, (), None
         if not names:
-            return _NO_USAGE, None
+            return _NO_USAGE, (), None
         if before is not None and before.unlisted:
-            unlisted = usage_of_prediction(before.unlisted)
-            return self._shared.usage(kept_usage(before.usage, unlisted, observed)), None
+            return before.usage, before.unlisted, None
         own_prediction = self._own_prediction(pod, own, node)
         if own_prediction is not None:
             containers = own_prediction[0].containers
-            unlisted = usage_of_prediction(_unlisted(containers, pod))
-            kept = kept_usage(usage_of_prediction(containers), unlisted, observed)
-            return self._shared.usage(kept), None
-        return _NO_USAGE, replay_view(pod)
+            return self._shared.usage(usage_of_prediction(containers)), _unlisted(containers, pod), None
+        return _NO_USAGE, (), replay_view(pod)
 
     def _score(
         self, node: str, predicted: PodPrediction, placement: PodPlacement, seq: int, inflight: int
@@ -879,7 +1009,11 @@ class NumaLedgers:
         if own is None or own.held is None or entry.ledger is None:
             return entry.ledger
         ledger = entry.ledger.copy()
-        ledger.release(own.held)
+        try:
+            ledger.release(own.held)
+        except InvalidInput as exc:  # a booked record is releasable; else answer nothing definite
+            log.info("numa_release_failed", node=entry.name, pod=uid, error=str(exc))
+            return None
         return ledger
 
     def book(self, uid: str, node: str, prediction: Prediction, pod: PodBody) -> Callable[[], None]:

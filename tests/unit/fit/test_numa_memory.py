@@ -98,6 +98,28 @@ def test_ledger_books_and_releases_like_kubelet() -> None:
     assert ledger.state_key() == ledger_with({0: GI, 1: GI}).state_key()
 
 
+def test_a_block_is_released_whatever_was_pinned_after_it() -> None:
+    """``RemoveContainer`` checks no group: a NUMA node's group stays the mask of the last block
+    pinned on it until its last block goes. A single-node block pinned on node 1 after a block on
+    NUMA 0-1 (kubelet allows it: a single-node mask never violates a group) left the 0-1 block
+    unreleasable, and the scheduler's ledger raised out of its event handlers (review2 R1)."""
+    ledger = ledger_with({0: GI, 1: GI})
+    wide = MemoryBlock(frozenset({0, 1}), "memory", 1536 * MI)
+    narrow = MemoryBlock(frozenset({1}), "memory", 64 * MI)
+    ledger.apply([wide])
+    ledger.apply([narrow])
+    with pytest.raises(InvalidInput, match="not in use"):  # none was booked on NUMA 0 alone
+        ledger.release([MemoryBlock(frozenset({0}), "memory", 64 * MI)])
+    ledger.release([wide])
+    # node 0 held nothing more: its own group again; node 1 keeps the last group pinned on it
+    assert ledger.respects_groups(0b01) and not ledger.respects_groups(0b11)
+    assert (ledger.free(0b01, "memory"), ledger.free(0b10, "memory")) == (GI, GI - 64 * MI)
+    with pytest.raises(InvalidInput, match="not in use"):  # released once only
+        ledger.release([wide])
+    ledger.release([narrow])
+    assert ledger.state_key() == ledger_with({0: GI, 1: GI}).state_key()
+
+
 def test_numa_ledger_without_memory_refuses_memory_blocks() -> None:
     ledger = NumaLedger(1, {0, 1}, {})
     with pytest.raises(InvalidInput, match="without the Static memory manager"):
