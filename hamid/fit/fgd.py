@@ -4,7 +4,9 @@ A node's fragmentation under a typical workload is the GPU capacity (milli-GPU) 
 pods cannot use there, weighted by how often each shape comes: for shape ``m`` it is all the
 node's idle GPU when ``m`` cannot run there at all (it needs no GPU, the node is short of CPU or
 memory, no GPU of an allowed model has room for it, or too few do), else the idle GPU on the
-GPUs that cannot take it. Beyond the paper, an *aligned* shape (exclusive CPUs on its GPUs' NUMA
+GPUs that cannot take it. Beyond the paper, a share (one GPU, part of it) uses its room as many
+pods, each with its own CPU, so it counts only as far as the node's free CPU backs them; and an
+*aligned* shape (exclusive CPUs on its GPUs' NUMA
 node) can use a GPU only when that NUMA node still has the exclusive CPUs it needs, so GPUs
 stranded beside exhausted CPUs count as fragment too, as do all of a node's GPUs for a shape that
 kubelet's Topology Manager would not admit there. A pod goes where it removes the most
@@ -116,11 +118,11 @@ class NodeState(NamedTuple):
     hide: str | None = None
     #: kubelet's Topology Manager admits only a preferred hint (``restricted``, ``single-numa-node``):
     #: an aligned shape with no NUMA node holding both its exclusive CPUs and its replicas cannot run
-    #: there at all (:func:`usable`).
+    #: there at all (:func:`gpu_use`).
     rejects_unpreferred: bool = False
 
     def gpu_side(self) -> tuple[object, ...]:
-        """Every field but the CPU and memory: all that :func:`usable` reads, so states differing
+        """Every field but the CPU and memory: all that :func:`gpu_use` reads, so states differing
         only in CPU or memory (the same GPUs after pods of one GPU part but other CPU asks) share
         its results."""
         return self[2:]
@@ -188,7 +190,7 @@ class Workload:
     total: float = 0.0
     cpu_keys: tuple[int, ...] = ()  #: ``-cpu`` of ``by_cpu``'s shapes (ascending: for bisection)
     memory_keys: tuple[int, ...] = ()  #: ``-memory`` of ``by_memory``'s shapes
-    runnable: dict[tuple[int, int], tuple[tuple[int, Shape, float], ...]] = field(
+    runnable: dict[tuple[int, int], tuple[tuple[int, Shape, float, Group], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -196,8 +198,8 @@ class Workload:
         """How many shapes ask more CPU than ``cpu``, and how many more memory than ``memory``."""
         return bisect.bisect_left(self.cpu_keys, -cpu), bisect.bisect_left(self.memory_keys, -memory)
 
-    def runnable_at(self, cpu: int, memory: int) -> tuple[tuple[int, Shape, float], ...]:
-        """``(key, part, probability)`` of each group with a GPU that a node with ``cpu`` and
+    def runnable_at(self, cpu: int, memory: int) -> tuple[tuple[int, Shape, float, Group], ...]:
+        """``(key, part, probability, group)`` of each group with a GPU that a node with ``cpu`` and
         ``memory`` free can run, its probability less its shapes short there (memoised by levels)."""
         levels = self.levels(cpu, memory)
         known = self.runnable.get(levels)
@@ -213,9 +215,9 @@ class Workload:
                 if shape_cpu <= cpu:  # not counted above
                     short[group] += p
             known = tuple(
-                (key, part, group_p - shortage)
-                for (part, _, group_p), key, shortage in zip(self.groups, self.keys, short, strict=True)
-                if part.gpus and group_p - shortage > 0
+                (key, group.part, group.p - shortage, group)
+                for group, key, shortage in zip(self.groups, self.keys, short, strict=True)
+                if group.part.gpus and group.p - shortage > 0
             )
             if len(self.runnable) >= _STATIC_MEMO:
                 self.runnable.clear()
@@ -252,7 +254,7 @@ _PART_KEYS_MAX = 10_000
 
 
 def part_key(part: Shape) -> int:
-    """A number for a GPU part, never reused: the key of :func:`usable`'s memo, cheaper to look up
+    """A number for a GPU part, never reused: the key of :func:`gpu_use`'s memo, cheaper to look up
     than the part itself. Past :data:`_PART_KEYS_MAX` parts the table starts afresh with new
     numbers (a memo keyed by an old one then misses, never answers wrongly)."""
     key = _PART_KEYS.get(part)
@@ -314,19 +316,15 @@ def fitting_gpus(node: NodeState, shape: Shape) -> list[int]:
     return [i for i, free in enumerate(node.frees) if free >= share and mask[i]]
 
 
-def usable(node: NodeState, shape: Shape) -> int:
-    """The node's free milli-GPU that ``shape`` can use (its GPU part only: no CPU/memory test)."""
+def usable_frees(node: NodeState, shape: Shape) -> tuple[int, ...]:
+    """The free milli-GPU of each GPU ``shape`` can use on the node (its GPU part only)."""
     share, count, frees = shape.share, shape.gpus, node.frees
     if shape.models is None and not (shape.exclusive and node.numa is not None):
-        n = total = 0
-        for free in frees:
-            if free >= share:
-                n += 1
-                total += free
-        return total if n >= count else 0
+        room = tuple(free for free in frees if free >= share)
+        return room if len(room) >= count else ()
     fitting = fitting_gpus(node, shape)
     if len(fitting) < count:
-        return 0
+        return ()
     if not _alignable(node, shape):
         # More GPUs or CPUs than one NUMA node holds: the paper's rule, but where kubelet admits only
         # a preferred hint it needs a NUMA node with the CPUs and the replicas: the device manager's
@@ -338,14 +336,14 @@ def usable(node: NodeState, shape: Shape) -> int:
             and kubelet_home(node, shape) is None
             and not spans_idle_node(node, shape)
         ):
-            return 0
-        return sum(frees[i] for i in fitting)
-    total = 0
+            return ()
+        return tuple(frees[i] for i in fitting)
+    aligned: list[int] = []
     for home in aligned_homes(node, shape):
         on_home = [frees[i] for i in fitting if node.numas[i] == home]
         if len(on_home) >= count:
-            total += sum(on_home)
-    return total
+            aligned += on_home
+    return tuple(aligned)
 
 
 def spans_idle_node(node: NodeState, shape: Shape) -> bool:
@@ -396,14 +394,41 @@ def kubelet_home(node: NodeState, shape: Shape) -> int | None:
     return None
 
 
-def fragmentation(node: NodeState, workload: Workload, uses: dict[int, int] | None = None) -> float:
+#: What a typical GPU part can use on a node's GPUs: (milli-GPU, pods of a share they hold side
+#: by side; 0 for whole GPUs).
+Use = tuple[int, int]
+
+
+def gpu_use(node: NodeState, part: Shape) -> Use:
+    """What GPU part ``part`` can use of the node's GPUs (:data:`Use`; its CPU and memory aside)."""
+    frees = usable_frees(node, part)
+    pods = sum(free // part.share for free in frees) if part.share < WHOLE else 0
+    return sum(frees), pods
+
+
+def cpu_backed(group: Group, cpu: int, memory: int, pods: int) -> float:
+    """The probability of the group's shapes that run on a node with ``cpu`` and ``memory`` free,
+    each counted for the part of its ``pods`` (the share's pods the node's GPUs hold) that the
+    free CPU can back: a share's room is many pods, each with its own CPU, and GPU room beside too
+    little CPU for them is fragment in proportion (docs/packing.md)."""
+    backed = 0.0
+    for shape_cpu, shape_memory, p in group.entries:
+        if shape_cpu > cpu or shape_memory > memory:
+            continue
+        wanted = shape_cpu * pods
+        backed += p if wanted <= cpu else p * cpu / wanted
+    return backed
+
+
+def fragmentation(node: NodeState, workload: Workload, uses: dict[int, Use] | None = None) -> float:
     """The node's expected fragmentation (milli-GPU) under ``workload``: ``sum p_m * F_n(m)``.
 
     Every shape counts the whole idle GPU but for what it can use there: ``F = idle * sum p -
-    sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing.
-    ``uses`` memoises :func:`usable` by GPU part (:func:`part_key`) for this node: it does not
-    depend on the workload's weights, so a caller keeping it per node state recomputes only the
-    weighted sum when the learned workload moves (the same float operations: the same result).
+    sum over runnable shapes of p * usable``; a shape short of CPU or memory uses nothing, and a
+    share uses its room only as far as the free CPU backs the pods it holds (:func:`cpu_backed`).
+    ``uses`` memoises :func:`gpu_use` by GPU part (:func:`part_key`) for this node: it does not
+    depend on the workload's weights nor on the node's CPU and memory, so a caller keeping it per
+    GPU side recomputes only the weighted sum when the learned workload moves.
     """
     idle = sum(node.frees)
     if idle == 0 or not workload.groups:
@@ -411,12 +436,16 @@ def fragmentation(node: NodeState, workload: Workload, uses: dict[int, int] | No
     if uses is None:
         uses = {}
     used = 0.0
-    for key, part, runnable in workload.runnable_at(node.cpu, node.memory):
+    for key, part, runnable, group in workload.runnable_at(node.cpu, node.memory):
         use = uses.get(key)
         if use is None:
-            use = uses[key] = usable(node, part)
-        if use:
-            used += runnable * use
+            use = uses[key] = gpu_use(node, part)
+        milli, pods = use
+        if not milli:
+            continue
+        if pods:
+            runnable = cpu_backed(group, node.cpu, node.memory, pods)
+        used += runnable * milli
     return max(idle * workload.total - used, 0.0)
 
 

@@ -29,6 +29,7 @@ from hamid.fit.fgd import (
     Placement,
     Shape,
     ShapeHistogram,
+    Use,
     Workload,
     best_placement,
     fragmentation,
@@ -163,14 +164,14 @@ class FgdRanker:
         #: answer to its nodes.
         self._members: dict[NodeState, tuple[NodeState, set[str]]] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
-        #: Fragmentation under the current workload by GPU side and CPU/memory levels
-        #: (:meth:`~hamid.fit.fgd.Workload.levels`), all it depends on: states differing only in
-        #: CPU or memory that no typical shape tells apart share it.
-        self._frag: dict[tuple[tuple[object, ...], tuple[int, int]], float] = {}
+        #: Fragmentation under the current workload by GPU side, free CPU (a share's room counts as
+        #: far as the CPU backs it) and memory level (:meth:`~hamid.fit.fgd.Workload.levels`), all
+        #: it depends on: states differing only in memory no typical shape tells apart share it.
+        self._frag: dict[tuple[tuple[object, ...], int, int], float] = {}
         #: What each typical GPU part can use on a state's GPU side: independent of the workload's
         #: weights and of the node's CPU and memory, so kept when the workload moves (its
         #: fragmentation is then one weighted sum) and shared by states differing only in those.
-        self._uses: dict[tuple[object, ...], dict[int, int]] = {}
+        self._uses: dict[tuple[object, ...], dict[int, Use]] = {}
         self._placements: dict[tuple[NodeState, Shape], Placement | None] = {}
         #: Per pod shape, the candidates ranked by gain (re-keyed only for nodes changed since),
         #: the least recently used first.
@@ -421,7 +422,7 @@ class FgdRanker:
     def fragmentation(self, state: NodeState) -> float:
         """The state's fragmentation under the current workload (memoised)."""
         side = state.gpu_side()
-        key = (side, self._workload.levels(state.cpu, state.memory))
+        key = (side, state.cpu, self._workload.levels(state.cpu, state.memory)[1])
         value = self._frag.get(key)
         if value is None:
             if len(self._frag) >= _MEMO_SIZE:

@@ -162,9 +162,22 @@ def test_cpu_only_pod_is_placed_without_gpus_and_never_gains() -> None:
     roomy = best_placement(node(1000, 1000), pod, f)
     assert roomy is not None and roomy.gpus == () and roomy.gain == 0  # still room for the typical pod
     tight = best_placement(node(1000, 1000, cpu=4000), pod, f)
-    assert tight is not None and tight.gain == -2000  # 1 CPU left: both idle GPUs stranded
+    # 4 CPUs backed 2 of the 4 typical pods the GPUs hold (half their room); 1 CPU left: none
+    assert tight is not None and tight.gain == -1000
     assert best_placement(node(0, 0, cpu=4000), pod, f) == (0.0, ())  # nothing idle to strand
     assert best_placement(node(1000, cpu=2000), pod, f) is None  # no room for it
+
+
+def test_a_shares_room_counts_only_as_far_as_the_free_cpu_backs_its_pods() -> None:
+    """Four 250 milli-GPU pods of 4 CPUs fit an idle GPU: 16 CPUs use all of it, 8 CPUs half (the
+    other half is fragment), fewer than 4 none; whole GPUs are used by one pod each, as before."""
+    share = Shape(4000, 1024, 1, 250)
+    for cpu, fragment in ((16_000, 0.0), (32_000, 0.0), (8_000, 500.0), (6_000, 625.0), (3_999, 1000.0)):
+        assert frag(node(1000, cpu=cpu), (share, 1)) == fragment
+    whole = Shape(4000, 1024, 1, 1000)
+    assert frag(node(1000, 1000, cpu=4_000), (whole, 1)) == 0.0  # one pod per GPU: room for one
+    # the share's pods on what its GPUs hold: 700 and 300 free hold two 250s and one
+    assert frag(node(700, 300, cpu=8_000), (share, 1)) == pytest.approx(1000 * (1 - 8 / 12))
 
 
 def test_aligned_placement_prefers_the_numa_node_with_cpus() -> None:

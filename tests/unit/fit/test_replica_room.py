@@ -11,9 +11,9 @@ from hamid.fit.fgd import (
     after,
     aligned_homes,
     fragmentation,
+    gpu_use,
     kubelet_home,
     spans_idle_node,
-    usable,
 )
 from hamid.fit.numa_fit import gpu_replicas
 from hamid.fit.numa_predict import NumaLedger
@@ -136,7 +136,7 @@ def test_fgd_a_shape_wider_than_any_numa_node_uses_an_idle_span_node_under_restr
     for rule, runs in (("span", True), ("busy", False)):
         state = NodeState.of(128_000, 256_000, gpus, rooms, hide=rule, rejects_unpreferred=True)
         assert spans_idle_node(state, wide) is runs
-        assert usable(state, wide) == (8000 if runs else 0)
+        assert gpu_use(state, wide)[0] == (8000 if runs else 0)
         assert not spans_idle_node(after(state, share, (0,)), wide)
     few_cpus = NodeState.of(128_000, 256_000, gpus, (NumaRoom(30, 64, 80),) * 2, hide="span")
     assert not spans_idle_node(few_cpus, wide)  # 60 free exclusive CPUs: not enough
@@ -235,11 +235,11 @@ def test_fgd_under_steer_an_aligned_shape_uses_the_gpus_of_every_numa_node_with_
     busy = NodeState.of(64_000, 256_000, gpus, rooms, hide="busy", rejects_unpreferred=True)
     steer = NodeState.of(64_000, 256_000, gpus, rooms, hide="steer", rejects_unpreferred=True)
     assert kubelet_home(busy, aligned) == 0 and aligned_homes(busy, aligned) == (0,)
-    assert usable(busy, aligned) == 0  # NUMA 0's GPU has 300 left: nothing usable aligned
+    assert gpu_use(busy, aligned)[0] == 0  # NUMA 0's GPU has 300 left: nothing usable aligned
     assert aligned_homes(steer, aligned) == (0, 1)
-    assert usable(steer, aligned) == 1000
+    assert gpu_use(steer, aligned)[0] == 1000
     # the pod runs on GPU 1 with its exclusive CPUs from NUMA 1
     placed = after(steer, aligned, (1,))
     assert placed.numa is not None and (placed.numa[0].free, placed.numa[1].free) == (20, 28)
     short = NodeState.of(64_000, 256_000, gpus, (NumaRoom(20, 32, 16), NumaRoom(2, 32, 16)), hide="steer")
-    assert aligned_homes(short, aligned) == (0,) and usable(short, aligned) == 0
+    assert aligned_homes(short, aligned) == (0,) and gpu_use(short, aligned)[0] == 0
