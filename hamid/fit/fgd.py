@@ -402,7 +402,7 @@ Use = tuple[int, int]
 def gpu_use(node: NodeState, part: Shape) -> Use:
     """What GPU part ``part`` can use of the node's GPUs (:data:`Use`; its CPU and memory aside)."""
     frees = usable_frees(node, part)
-    pods = sum(free // part.share for free in frees) if part.share < WHOLE else 0
+    pods = sum(free // part.share for free in frees) if part.gpus == 1 and part.share < WHOLE else 0
     return sum(frees), pods
 
 

@@ -175,7 +175,9 @@ def test_a_shares_room_counts_only_as_far_as_the_free_cpu_backs_its_pods() -> No
     for cpu, fragment in ((16_000, 0.0), (32_000, 0.0), (8_000, 500.0), (6_000, 625.0), (3_999, 1000.0)):
         assert frag(node(1000, cpu=cpu), (share, 1)) == fragment
     whole = Shape(4000, 1024, 1, 1000)
-    assert frag(node(1000, 1000, cpu=4_000), (whole, 1)) == 0.0  # one pod per GPU: room for one
+    assert frag(node(1000, 1000, cpu=4_000), (whole, 1)) == 0.0  # whole GPUs: the paper's rule
+    halves = Shape(4000, 1024, 2, 500)  # two GPUs at a time: the paper's rule too
+    assert frag(node(1000, 1000, cpu=4_000), (halves, 1)) == 0.0
     # the share's pods on what its GPUs hold: 700 and 300 free hold two 250s and one
     assert frag(node(700, 300, cpu=8_000), (share, 1)) == pytest.approx(1000 * (1 - 8 / 12))
 
