@@ -399,11 +399,42 @@ def kubelet_home(node: NodeState, shape: Shape) -> int | None:
 Use = tuple[int, int]
 
 
+def _is_share(part: Shape) -> bool:
+    """One GPU, part of it: its room is many pods side by side, each with its own CPU."""
+    return part.gpus == 1 and 0 < part.share < WHOLE
+
+
 def gpu_use(node: NodeState, part: Shape) -> Use:
     """What GPU part ``part`` can use of the node's GPUs (:data:`Use`; its CPU and memory aside)."""
+    share = part.share
+    if part.models is None and not (part.exclusive and node.numa is not None):  # the common case, one pass
+        n = total = pods = 0
+        for free in node.frees:
+            if free >= share:
+                n += 1
+                total += free
+                pods += free // share if share else 0
+        if n < part.gpus:
+            return 0, 0
+        return total, pods if _is_share(part) else 0
     frees = usable_frees(node, part)
-    pods = sum(free // part.share for free in frees) if part.gpus == 1 and part.share < WHOLE else 0
-    return sum(frees), pods
+    return sum(frees), sum(free // share for free in frees) if _is_share(part) else 0
+
+
+def backing_cpu(node: NodeState, workload: Workload, uses: dict[int, Use]) -> int:
+    """The free CPU from which the node's GPUs back every typical share's pods in full: at or above
+    it the node's fragmentation depends on its CPU only through its levels, as the paper's does
+    (a memo key; ``uses`` as :func:`fragmentation` keeps it)."""
+    top = 0
+    for group, key in zip(workload.groups, workload.keys, strict=True):
+        if not _is_share(group.part):
+            continue
+        use = uses.get(key)
+        if use is None:
+            use = uses[key] = gpu_use(node, group.part)
+        if use[1]:
+            top = max(top, use[1] * max(cpu for cpu, _, _ in group.entries))
+    return top
 
 
 def cpu_backed(group: Group, cpu: int, memory: int, pods: int) -> float:

@@ -31,6 +31,7 @@ from hamid.fit.fgd import (
     ShapeHistogram,
     Use,
     Workload,
+    backing_cpu,
     best_placement,
     fragmentation,
     gain_steps,
@@ -164,10 +165,13 @@ class FgdRanker:
         #: answer to its nodes.
         self._members: dict[NodeState, tuple[NodeState, set[str]]] = {}
         self._placed: dict[str, dict[Shape, Placement | None]] = {}
-        #: Fragmentation under the current workload by GPU side, free CPU (a share's room counts as
-        #: far as the CPU backs it) and memory level (:meth:`~hamid.fit.fgd.Workload.levels`), all
-        #: it depends on: states differing only in memory no typical shape tells apart share it.
-        self._frag: dict[tuple[tuple[object, ...], int, int], float] = {}
+        #: Fragmentation under the current workload by GPU side and CPU/memory levels
+        #: (:meth:`~hamid.fit.fgd.Workload.levels`), or, below the CPU that backs every typical
+        #: share's pods in full (:func:`~hamid.fit.fgd.backing_cpu`, per GPU side in ``_backing``),
+        #: by GPU side, free CPU and memory level: all it depends on, so states no typical shape
+        #: tells apart share it.
+        self._frag: dict[tuple[object, ...], float] = {}
+        self._backing: dict[tuple[object, ...], int] = {}
         #: What each typical GPU part can use on a state's GPU side: independent of the workload's
         #: weights and of the node's CPU and memory, so kept when the workload moves (its
         #: fragmentation is then one weighted sum) and shared by states differing only in those.
@@ -250,6 +254,7 @@ class FgdRanker:
             self.epoch += 1
             self._placed.clear()
             self._frag.clear()
+            self._backing.clear()
             self._placements.clear()
             self._indexes.clear()
 
@@ -422,16 +427,21 @@ class FgdRanker:
     def fragmentation(self, state: NodeState) -> float:
         """The state's fragmentation under the current workload (memoised)."""
         side = state.gpu_side()
-        key = (side, state.cpu, self._workload.levels(state.cpu, state.memory)[1])
+        uses = self._uses.get(side)
+        if uses is None:
+            if len(self._uses) >= _USES_SIZE:
+                self._uses.clear()
+                self._backing.clear()
+            uses = self._uses[side] = {}
+        backing = self._backing.get(side)
+        if backing is None:
+            backing = self._backing[side] = backing_cpu(state, self._workload, uses)
+        levels = self._workload.levels(state.cpu, state.memory)
+        key = (side, levels) if state.cpu >= backing else (side, state.cpu, levels[1])
         value = self._frag.get(key)
         if value is None:
             if len(self._frag) >= _MEMO_SIZE:
                 self._frag.clear()
-            uses = self._uses.get(side)
-            if uses is None:
-                if len(self._uses) >= _USES_SIZE:
-                    self._uses.clear()
-                uses = self._uses[side] = {}
             value = self._frag[key] = fragmentation(state, self._workload, uses)
         return value
 

@@ -178,6 +178,7 @@ def test_a_shares_room_counts_only_as_far_as_the_free_cpu_backs_its_pods() -> No
     assert frag(node(1000, 1000, cpu=4_000), (whole, 1)) == 0.0  # whole GPUs: the paper's rule
     halves = Shape(4000, 1024, 2, 500)  # two GPUs at a time: the paper's rule too
     assert frag(node(1000, 1000, cpu=4_000), (halves, 1)) == 0.0
+    assert frag(node(1000, cpu=0), (Shape(0, 1024, 1, 0), 1)) == 0.0  # a share of nothing: no pods to back
     # the share's pods on what its GPUs hold: 700 and 300 free hold two 250s and one
     assert frag(node(700, 300, cpu=8_000), (share, 1)) == pytest.approx(1000 * (1 - 8 / 12))
 

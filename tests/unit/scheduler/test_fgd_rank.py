@@ -109,21 +109,25 @@ def test_states_differing_only_in_cpu_and_memory_share_the_usable_room() -> None
 
 
 def test_states_no_typical_shape_tells_apart_share_one_fragmentation() -> None:
-    """Fragmentation is memoised by the GPU side, the free CPU (a share's room counts as far as it
-    backs its pods) and the memory level: a node with a MiB more or less that every typical shape
-    still fits is not computed again; one CPU less is, and backs less of a share's room."""
+    """Fragmentation is memoised by the GPU side and the CPU/memory levels while the free CPU backs
+    every typical share's pods (a node with a CPU or a MiB more or less is not computed again);
+    below that CPU, by the free CPU itself (a share's room counts as far as the CPU backs it)."""
     fgd = ranker()
     learn(fgd, HALF, ALIGNED, TWO)
-    state = states()[0]
+    state = states()[0]._replace(cpu=1_000_000)
     fgd.fragmentation(state)
-    fgd.fragmentation(state._replace(memory=state.memory - 1))
+    fgd.fragmentation(state._replace(cpu=state.cpu - 1, memory=state.memory - 1))
     assert len(fgd._frag) == 1
     short = state._replace(cpu=min(s.cpu for s, _ in fgd.workload.shapes) - 1)
     assert fgd.fragmentation(short) == fragmentation(short, fgd.workload) > fgd.fragmentation(state)
     assert len(fgd._frag) == 2
-    less = state._replace(cpu=state.cpu - 1)
-    assert fgd.fragmentation(less) == fragmentation(less, fgd.workload)
-    assert len(fgd._frag) == 3
+    backing = fgd._backing[state.gpu_side()]
+    assert backing > 0  # HALF's pods need CPU to use the room
+    below = state._replace(cpu=backing - 1)
+    lower = below._replace(cpu=backing - 2)
+    assert fgd.fragmentation(below) == fragmentation(below, fgd.workload) > fgd.fragmentation(state)
+    assert fgd.fragmentation(lower) == fragmentation(lower, fgd.workload) > fgd.fragmentation(below)
+    assert len(fgd._frag) == 4
 
 
 def test_memos_belong_to_one_ranker() -> None:
