@@ -190,7 +190,7 @@ class Workload:
     total: float = 0.0
     cpu_keys: tuple[int, ...] = ()  #: ``-cpu`` of ``by_cpu``'s shapes (ascending: for bisection)
     memory_keys: tuple[int, ...] = ()  #: ``-memory`` of ``by_memory``'s shapes
-    runnable: dict[tuple[int, int], tuple[tuple[int, Shape, float, Group], ...]] = field(
+    runnable: dict[tuple[int, int], tuple[tuple[int, float, Group], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -198,8 +198,8 @@ class Workload:
         """How many shapes ask more CPU than ``cpu``, and how many more memory than ``memory``."""
         return bisect.bisect_left(self.cpu_keys, -cpu), bisect.bisect_left(self.memory_keys, -memory)
 
-    def runnable_at(self, cpu: int, memory: int) -> tuple[tuple[int, Shape, float, Group], ...]:
-        """``(key, part, probability, group)`` of each group with a GPU that a node with ``cpu`` and
+    def runnable_at(self, cpu: int, memory: int) -> tuple[tuple[int, float, Group], ...]:
+        """``(key, probability, group)`` of each group with a GPU that a node with ``cpu`` and
         ``memory`` free can run, its probability less its shapes short there (memoised by levels)."""
         levels = self.levels(cpu, memory)
         known = self.runnable.get(levels)
@@ -215,7 +215,7 @@ class Workload:
                 if shape_cpu <= cpu:  # not counted above
                     short[group] += p
             known = tuple(
-                (key, group.part, group.p - shortage, group)
+                (key, group.p - shortage, group)
                 for group, key, shortage in zip(self.groups, self.keys, short, strict=True)
                 if group.part.gpus and group.p - shortage > 0
             )
@@ -467,10 +467,10 @@ def fragmentation(node: NodeState, workload: Workload, uses: dict[int, Use] | No
     if uses is None:
         uses = {}
     used = 0.0
-    for key, part, runnable, group in workload.runnable_at(node.cpu, node.memory):
+    for key, runnable, group in workload.runnable_at(node.cpu, node.memory):
         use = uses.get(key)
         if use is None:
-            use = uses[key] = gpu_use(node, part)
+            use = uses[key] = gpu_use(node, group.part)
         milli, pods = use
         if not milli:
             continue

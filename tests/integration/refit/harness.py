@@ -216,7 +216,10 @@ class Env:
 
         ``organizations``: the certificate's ``O`` (default: ``system:nodes`` for a node CN).
         """
-        pair = self.tls.client(cn, organizations)
+        return self.certificate_client(self.tls.client(cn, organizations), **kw)
+
+    def certificate_client(self, pair: Any, **kw: Any) -> RefitClient:
+        """A refit client presenting the client certificate ``pair`` (any CA's; no token)."""
         config = RefitClientConfig(
             endpoint=self.cluster,
             ca_file=str(self.tls.ca_file),

@@ -186,15 +186,7 @@ async def test_mtls_node_identity(tls_files: TLSFiles, tmp_path: Path) -> None:
         )
         other_ca = CertificateAuthority.create(tmp_path / "rogue", "rogue CA")
         rogue = other_ca.issue_client(tmp_path / "rogue", "system:node:n1")
-        rogue_client = RefitClient(
-            RefitClientConfig(
-                env.cluster,
-                ca_file=str(tls_files.ca_file),
-                client_cert_file=str(rogue.cert_file),
-                client_key_file=str(rogue.key_file),
-                token_file=None,
-            )
-        )
+        rogue_client = env.certificate_client(rogue)
         assert (await reason_of(rogue_client, req)).startswith("scheduler refit request failed")
         assert env.annotations("p")[AL] == "GPU-a,NVIDIA,20000,0:;"
         # a bare CN <node> (any user named like a node has one from the cluster CA) is refused
@@ -230,15 +222,7 @@ async def test_a_certificate_with_several_common_names_speaks_for_no_node(
         req = request(pod, "n1", 0, ["GPU-b"])
         for names in (("system:node:n1", "system:node:n2"), ("system:node:n1", "system:node:n1")):
             pair = tls_files.ca.issue_client(tmp_path / "two", names[0], more_common_names=names[1:])
-            client = RefitClient(
-                RefitClientConfig(
-                    env.cluster,
-                    ca_file=str(tls_files.ca_file),
-                    client_cert_file=str(pair.cert_file),
-                    client_key_file=str(pair.key_file),
-                    token_file=None,
-                )
-            )
+            client = env.certificate_client(pair)
             reason = await reason_of(client, req)
             assert reason.endswith(
                 f"client certificate has 2 subject common names ({', '.join(names)}); "
